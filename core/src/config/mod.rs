@@ -1,0 +1,704 @@
+//! One configuration struct for every floe process.
+//!
+//! Settings are read in three layers, each overriding the one before:
+//!
+//! 1. a TOML file (`--config FILE`, or the `FLOE_CONFIG` environment variable);
+//! 2. `FLOE_<SECTION>_<KEY>` environment variables, e.g. `FLOE_SCHEDULER_RPC_PORT=7701`
+//!    sets `scheduler.rpc_port` (every `FLOE_*` variable except `FLOE_CONFIG` must name a
+//!    setting, so a typo is an error instead of a silently ignored value);
+//! 3. command-line flags: `--set section.key=value`, and the dedicated flags of each command.
+//!
+//! Every default is in [`Config::default`] and documented on its field; `floe config show`
+//! prints the effective result. Values are checked twice: [`Config::validate`] checks what can
+//! be checked on paper (fractions, port clashes, limits), and [`Config::preflight`] checks the
+//! machine (token set, directories writable, ports free) before a service starts.
+
+mod bytesize;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub use bytesize::{ByteSize, ByteSizeError};
+
+/// The environment variable that names the config file.
+pub const CONFIG_FILE_ENV: &str = "FLOE_CONFIG";
+const ENV_PREFIX: &str = "FLOE_";
+
+/// The whole configuration of a floe process.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub net: NetConfig,
+    pub scheduler: SchedulerConfig,
+    pub node: NodeConfig,
+    pub paths: PathsConfig,
+    pub memory: MemoryConfig,
+    pub timeouts: TimeoutsConfig,
+    pub log: LogConfig,
+}
+
+/// `[cluster]`: what every member of one cluster shares.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The shared secret every connection presents in its handshake. Default: empty, which
+    /// servers refuse to start with; set it with `FLOE_CLUSTER_TOKEN` rather than a flag so it
+    /// stays out of process listings.
+    pub token: ClusterToken,
+}
+
+/// The cluster's shared secret. `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClusterToken(String);
+
+impl ClusterToken {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for ClusterToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "ClusterToken(<empty>)"
+        } else {
+            "ClusterToken(<redacted>)"
+        })
+    }
+}
+
+/// `[net]`: sockets and framing shared by all services.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetConfig {
+    /// The address services listen on. Default `127.0.0.1`: nothing is reachable from other
+    /// hosts until an operator says so.
+    pub bind_host: IpAddr,
+    /// The largest RPC frame accepted or sent. Default 64MiB (objects move in ~5 MiB chunks).
+    pub max_frame: ByteSize,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        Self {
+            bind_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            max_frame: ByteSize::mib(64),
+        }
+    }
+}
+
+/// `[scheduler]`: a scheduler replica's ports. Port 0 asks the OS for a free port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Internal RPC (nodes, clients, other replicas). Default 7700.
+    pub rpc_port: u16,
+    /// REST API, dashboard and `/metrics`. Default 7780.
+    pub http_port: u16,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            rpc_port: 7700,
+            http_port: 7780,
+        }
+    }
+}
+
+/// `[node]`: a node agent's ports. Port 0 asks the OS for a free port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Object transfer and actor messages between nodes. Default 7800.
+    pub rpc_port: u16,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self { rpc_port: 7800 }
+    }
+}
+
+/// `[paths]`: where floe keeps files. Relative paths are resolved against `data_dir`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathsConfig {
+    /// Root of everything floe writes. Default `/tmp/floe` (as Ray uses `/tmp/ray`); production
+    /// deployments point it at a real disk.
+    pub data_dir: PathBuf,
+    /// Objects spilled from the object store. Default `spill`.
+    pub spill_dir: PathBuf,
+    /// Fingerprint cache shards. Default `cache`.
+    pub cache_dir: PathBuf,
+    /// Disk-backed objects created when the store is full of pinned objects. Default `fallback`.
+    pub fallback_dir: PathBuf,
+    /// A scheduler replica's Raft log, hard state and snapshots. Default `raft`.
+    pub raft_dir: PathBuf,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/tmp/floe"),
+            spill_dir: PathBuf::from("spill"),
+            cache_dir: PathBuf::from("cache"),
+            fallback_dir: PathBuf::from("fallback"),
+            raft_dir: PathBuf::from("raft"),
+        }
+    }
+}
+
+impl PathsConfig {
+    pub fn spill_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.spill_dir)
+    }
+
+    pub fn cache_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.cache_dir)
+    }
+
+    pub fn fallback_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.fallback_dir)
+    }
+
+    pub fn raft_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.raft_dir)
+    }
+}
+
+/// `[memory]`: how a node divides its memory (DESIGN.md, "Memory model").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// The node's memory M: `"auto"` (read from the host) or a size such as `"16GiB"`.
+    pub total: MemoryTotal,
+    /// Share of M given to the shared-memory object store. Default 0.3.
+    pub object_store_fraction: f64,
+    /// Share of M kept free for the OS and floe's own processes. Default 0.1.
+    pub system_reserve_fraction: f64,
+    /// Lower bound of the object store. Default 75MiB.
+    pub object_store_min: ByteSize,
+    /// Upper bound of the object store. Default 200GB.
+    pub object_store_max: ByteSize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            total: MemoryTotal::Auto,
+            object_store_fraction: 0.3,
+            system_reserve_fraction: 0.1,
+            object_store_min: ByteSize::mib(75),
+            object_store_max: ByteSize(200_000_000_000),
+        }
+    }
+}
+
+/// A node's total memory: detected, or set by the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryTotal {
+    Auto,
+    Fixed(ByteSize),
+}
+
+impl Serialize for MemoryTotal {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MemoryTotal::Auto => serializer.serialize_str("auto"),
+            MemoryTotal::Fixed(size) => size.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryTotal {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Bytes(u64),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Text(text) if text.eq_ignore_ascii_case("auto") => Ok(MemoryTotal::Auto),
+            Raw::Text(text) => text
+                .parse()
+                .map(MemoryTotal::Fixed)
+                .map_err(serde::de::Error::custom),
+            Raw::Bytes(bytes) => Ok(MemoryTotal::Fixed(ByteSize(bytes))),
+        }
+    }
+}
+
+/// `[timeouts]`, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    /// Opening a TCP connection. Default 5000.
+    pub connect_ms: u64,
+    /// The handshake after connecting; a peer that stalls here is dropped. Default 5000.
+    pub handshake_ms: u64,
+    /// Receiving one frame once it has started, or a reply to a request. Default 30000.
+    pub read_ms: u64,
+    /// Sending one frame. Default 30000.
+    pub write_ms: u64,
+    /// How long a server keeps a connection with no request in flight. Default 300000.
+    pub idle_ms: u64,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            connect_ms: 5_000,
+            handshake_ms: 5_000,
+            read_ms: 30_000,
+            write_ms: 30_000,
+            idle_ms: 300_000,
+        }
+    }
+}
+
+impl TimeoutsConfig {
+    pub fn connect(&self) -> Duration {
+        Duration::from_millis(self.connect_ms)
+    }
+
+    pub fn handshake(&self) -> Duration {
+        Duration::from_millis(self.handshake_ms)
+    }
+
+    pub fn read(&self) -> Duration {
+        Duration::from_millis(self.read_ms)
+    }
+
+    pub fn write(&self) -> Duration {
+        Duration::from_millis(self.write_ms)
+    }
+
+    pub fn idle(&self) -> Duration {
+        Duration::from_millis(self.idle_ms)
+    }
+}
+
+/// `[log]`. The filter comes from `RUST_LOG` (default `info`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `"text"` for people (default) or `"json"`, one object per line, for machines.
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Which long-running service a host check is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Scheduler,
+    Node,
+}
+
+/// Where a setting came from, so an error can point at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    Env(String),
+    Flag,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(path) => write!(f, "config file {}", path.display()),
+            Origin::Env(name) => write!(f, "environment variable {name}"),
+            Origin::Flag => f.write_str("command-line flag"),
+        }
+    }
+}
+
+/// Why a configuration could not be loaded or is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {}: {message}", path.display())]
+    ParseFile { path: PathBuf, message: String },
+    #[error("{origin}: unknown setting {key:?}; known settings: {known}")]
+    UnknownKey {
+        origin: Origin,
+        key: String,
+        known: String,
+    },
+    #[error("{origin}: bad value {value:?} for {key}: {reason}")]
+    BadValue {
+        origin: Origin,
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{origin}: expected section.key=value, got {input:?}")]
+    BadAssignment { origin: Origin, input: String },
+    #[error("invalid setting {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+    #[error("{key} = {}: {problem}", path.display())]
+    Directory {
+        key: &'static str,
+        path: PathBuf,
+        problem: String,
+    },
+    #[error("{key}: cannot listen on {addr}: {source} (is another floe process using it?)")]
+    PortUnavailable {
+        key: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot represent the configuration as TOML: {0}")]
+    Render(String),
+}
+
+/// One `section.key = value` assignment from the environment or the command line.
+#[derive(Debug, Clone)]
+struct Assignment {
+    key: String,
+    value: String,
+    origin: Origin,
+}
+
+/// Builds a [`Config`] from its three layers; see the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigLoader {
+    file: Option<PathBuf>,
+    env: Vec<Assignment>,
+    flags: Vec<Assignment>,
+}
+
+impl ConfigLoader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Layer 1: the TOML file.
+    pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.file = Some(path.into());
+        self
+    }
+
+    /// Layer 2: every `FLOE_*` variable except `FLOE_CONFIG`; other variables are ignored.
+    /// Pass `std::env::vars()`.
+    pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        let mut settings: Vec<(String, String)> = vars
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(ENV_PREFIX) && name != CONFIG_FILE_ENV)
+            .collect();
+        // The environment has no order of its own; sort so errors are reproducible.
+        settings.sort();
+        for (name, value) in settings {
+            let key = env_name_to_key(&name);
+            self.env.push(Assignment {
+                key,
+                value,
+                origin: Origin::Env(name),
+            });
+        }
+        self
+    }
+
+    /// Layer 3: a `section.key=value` flag.
+    pub fn set(mut self, assignment: &str) -> Result<Self, ConfigError> {
+        let Some((key, value)) = assignment.split_once('=') else {
+            return Err(ConfigError::BadAssignment {
+                origin: Origin::Flag,
+                input: assignment.to_owned(),
+            });
+        };
+        self.flags.push(Assignment {
+            key: key.trim().to_owned(),
+            value: value.to_owned(),
+            origin: Origin::Flag,
+        });
+        Ok(self)
+    }
+
+    pub fn load(self) -> Result<Config, ConfigError> {
+        let base = match &self.file {
+            Some(path) => read_file(path)?,
+            None => Config::default(),
+        };
+        let mut table = base.to_table()?;
+        let mut config = base;
+        // Layers apply in precedence order, whatever order the builder was called in.
+        for assignment in self.env.iter().chain(&self.flags) {
+            config = apply(&mut table, assignment)?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn read_file(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|error| ConfigError::ParseFile {
+        path: path.to_owned(),
+        message: error.to_string(),
+    })
+}
+
+/// `FLOE_SCHEDULER_RPC_PORT` → `scheduler.rpc_port`. Section names are single words, so the
+/// first underscore after the prefix separates section from key.
+fn env_name_to_key(name: &str) -> String {
+    let rest = name.trim_start_matches(ENV_PREFIX).to_ascii_lowercase();
+    match rest.split_once('_') {
+        Some((section, key)) => format!("{section}.{key}"),
+        None => rest,
+    }
+}
+
+/// Sets one key in `table`, typed like the value it replaces, and re-reads the whole config so
+/// that a bad value is reported against the assignment that introduced it.
+fn apply(table: &mut toml::Table, assignment: &Assignment) -> Result<Config, ConfigError> {
+    let unknown = |table: &toml::Table| ConfigError::UnknownKey {
+        origin: assignment.origin.clone(),
+        key: assignment.key.clone(),
+        known: known_keys(table).join(", "),
+    };
+    let bad_value = |reason: String| ConfigError::BadValue {
+        origin: assignment.origin.clone(),
+        key: assignment.key.clone(),
+        value: assignment.value.clone(),
+        reason,
+    };
+    let Some((section_name, field)) = assignment.key.split_once('.') else {
+        return Err(unknown(table));
+    };
+    let current = table
+        .get(section_name)
+        .and_then(toml::Value::as_table)
+        .and_then(|section| section.get(field));
+    let Some(current) = current else {
+        return Err(unknown(table));
+    };
+    let raw = assignment.value.trim();
+    let value = match current {
+        toml::Value::Integer(_) => raw
+            .parse()
+            .map(toml::Value::Integer)
+            .map_err(|_| bad_value("expected an integer".into()))?,
+        toml::Value::Float(_) => raw
+            .parse()
+            .map(toml::Value::Float)
+            .map_err(|_| bad_value("expected a number".into()))?,
+        toml::Value::Boolean(_) => raw
+            .parse()
+            .map(toml::Value::Boolean)
+            .map_err(|_| bad_value("expected true or false".into()))?,
+        _ => toml::Value::String(assignment.value.clone()),
+    };
+    if let Some(section) = table
+        .get_mut(section_name)
+        .and_then(toml::Value::as_table_mut)
+    {
+        section.insert(field.to_owned(), value);
+    }
+    Config::deserialize(toml::Value::Table(table.clone()))
+        .map_err(|error| bad_value(error.message().to_owned()))
+}
+
+fn known_keys(table: &toml::Table) -> Vec<String> {
+    table
+        .iter()
+        .filter_map(|(section, value)| Some((section, value.as_table()?)))
+        .flat_map(|(section, fields)| fields.keys().map(move |field| format!("{section}.{field}")))
+        .collect()
+}
+
+impl Config {
+    fn to_table(&self) -> Result<toml::Table, ConfigError> {
+        toml::Table::try_from(self).map_err(|error| ConfigError::Render(error.to_string()))
+    }
+
+    /// The effective configuration as TOML, with the token replaced by `<redacted>`.
+    pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
+        let mut shown = self.clone();
+        if !shown.cluster.token.is_empty() {
+            shown.cluster.token = ClusterToken::new("<redacted>");
+        }
+        toml::to_string(&shown).map_err(|error| ConfigError::Render(error.to_string()))
+    }
+
+    /// Checks everything that does not need the machine.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let memory = &self.memory;
+        check_fraction("memory.object_store_fraction", memory.object_store_fraction)?;
+        check_fraction(
+            "memory.system_reserve_fraction",
+            memory.system_reserve_fraction,
+        )?;
+        let reserved = memory.object_store_fraction + memory.system_reserve_fraction;
+        if reserved >= 1.0 {
+            return Err(ConfigError::Invalid {
+                key: "memory.object_store_fraction",
+                reason: format!(
+                    "object_store_fraction {} + system_reserve_fraction {} = {reserved} leaves \
+                     no heap for tasks; the two must sum to less than 1",
+                    memory.object_store_fraction, memory.system_reserve_fraction
+                ),
+            });
+        }
+        if memory.object_store_min > memory.object_store_max {
+            return Err(ConfigError::Invalid {
+                key: "memory.object_store_min",
+                reason: format!(
+                    "object_store_min {} is larger than object_store_max {}",
+                    memory.object_store_min, memory.object_store_max
+                ),
+            });
+        }
+        if let MemoryTotal::Fixed(total) = memory.total
+            && total < memory.object_store_min
+        {
+            return Err(ConfigError::Invalid {
+                key: "memory.total",
+                reason: format!(
+                    "{total} is less than the object store's minimum {}",
+                    memory.object_store_min
+                ),
+            });
+        }
+        let frame = self.net.max_frame;
+        if frame < ByteSize::kib(64) || frame > ByteSize::gib(1) {
+            return Err(ConfigError::Invalid {
+                key: "net.max_frame",
+                reason: format!("{frame} is outside the supported range 64KiB..=1GiB"),
+            });
+        }
+        let scheduler = &self.scheduler;
+        if scheduler.rpc_port != 0 && scheduler.rpc_port == scheduler.http_port {
+            return Err(ConfigError::Invalid {
+                key: "scheduler.http_port",
+                reason: format!(
+                    "{} is also scheduler.rpc_port; the two need different ports",
+                    scheduler.http_port
+                ),
+            });
+        }
+        let timeouts = &self.timeouts;
+        for (key, value) in [
+            ("timeouts.connect_ms", timeouts.connect_ms),
+            ("timeouts.handshake_ms", timeouts.handshake_ms),
+            ("timeouts.read_ms", timeouts.read_ms),
+            ("timeouts.write_ms", timeouts.write_ms),
+            ("timeouts.idle_ms", timeouts.idle_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: "must be at least 1 millisecond".into(),
+                });
+            }
+        }
+        if self.paths.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "paths.data_dir",
+                reason: "must not be empty".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `service` can start here: the cluster token is set, its directories exist
+    /// (they are created) and are writable, and its ports are free on `net.bind_host`.
+    pub fn preflight(&self, service: Service) -> Result<(), ConfigError> {
+        if self.cluster.token.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "cluster.token",
+                reason: "is empty, and servers refuse connections without a token; set \
+                         FLOE_CLUSTER_TOKEN to a long random secret"
+                    .into(),
+            });
+        }
+        let paths = &self.paths;
+        let directories = match service {
+            Service::Scheduler => vec![
+                ("paths.data_dir", paths.data_dir.clone()),
+                ("paths.raft_dir", paths.raft_dir()),
+            ],
+            Service::Node => vec![
+                ("paths.data_dir", paths.data_dir.clone()),
+                ("paths.spill_dir", paths.spill_dir()),
+                ("paths.cache_dir", paths.cache_dir()),
+                ("paths.fallback_dir", paths.fallback_dir()),
+            ],
+        };
+        for (key, path) in directories {
+            check_writable_dir(key, &path)?;
+        }
+        let ports = match service {
+            Service::Scheduler => vec![
+                ("scheduler.rpc_port", self.scheduler.rpc_port),
+                ("scheduler.http_port", self.scheduler.http_port),
+            ],
+            Service::Node => vec![("node.rpc_port", self.node.rpc_port)],
+        };
+        for (key, port) in ports {
+            let addr = SocketAddr::new(self.net.bind_host, port);
+            TcpListener::bind(addr).map_err(|source| ConfigError::PortUnavailable {
+                key,
+                addr,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn check_fraction(key: &'static str, value: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && (0.0..1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            key,
+            reason: format!("{value} is not a fraction in [0, 1)"),
+        })
+    }
+}
+
+fn check_writable_dir(key: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let problem = |action: &str, error: std::io::Error| ConfigError::Directory {
+        key,
+        path: path.to_owned(),
+        problem: format!("{action}: {error}"),
+    };
+    std::fs::create_dir_all(path).map_err(|error| problem("cannot create the directory", error))?;
+    let probe = path.join(format!(".floe-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe")
+        .map_err(|error| problem("the directory is not writable", error))?;
+    std::fs::remove_file(&probe).map_err(|error| problem("cannot remove a probe file", error))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,391 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn write_file(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+    let path = dir.path().join("floe.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn defaults_are_the_documented_values() {
+    let config = ConfigLoader::new().load().unwrap();
+    assert_eq!(config.memory.object_store_fraction, 0.3);
+    assert_eq!(config.memory.system_reserve_fraction, 0.1);
+    assert_eq!(config.memory.object_store_min, ByteSize::mib(75));
+    assert_eq!(config.memory.object_store_max, ByteSize(200_000_000_000));
+    assert_eq!(config.memory.total, MemoryTotal::Auto);
+    assert_eq!(config.scheduler.rpc_port, 7700);
+    assert_eq!(config.scheduler.http_port, 7780);
+    assert_eq!(config.node.rpc_port, 7800);
+    assert_eq!(config.net.bind_host.to_string(), "127.0.0.1");
+    assert_eq!(config.paths.spill_dir(), PathBuf::from("/tmp/floe/spill"));
+    assert_eq!(config.paths.cache_dir(), PathBuf::from("/tmp/floe/cache"));
+    assert_eq!(config.timeouts.connect(), Duration::from_secs(5));
+    assert_eq!(config.log.format, LogFormat::Text);
+    assert!(config.cluster.token.is_empty());
+}
+
+#[test]
+fn file_then_env_then_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(
+        &dir,
+        "[scheduler]\nrpc_port = 1111\nhttp_port = 1112\n[node]\nrpc_port = 1113\n",
+    );
+    // The file alone.
+    let config = ConfigLoader::new().file(&path).load().unwrap();
+    assert_eq!(
+        (config.scheduler.rpc_port, config.scheduler.http_port),
+        (1111, 1112)
+    );
+
+    // The environment overrides the file; unrelated variables are ignored.
+    let vars = env(&[
+        ("FLOE_SCHEDULER_RPC_PORT", "2221"),
+        ("FLOE_NODE_RPC_PORT", "2223"),
+        ("FLOE_CONFIG", "ignored: it names the file"),
+        ("HOME", "/root"),
+    ]);
+    let config = ConfigLoader::new()
+        .file(&path)
+        .env(vars.clone())
+        .load()
+        .unwrap();
+    assert_eq!(config.scheduler.rpc_port, 2221);
+    assert_eq!(config.scheduler.http_port, 1112, "untouched by env");
+    assert_eq!(config.node.rpc_port, 2223);
+
+    // A flag overrides both, whatever order the layers were given in.
+    let config = ConfigLoader::new()
+        .set("scheduler.rpc_port=3331")
+        .unwrap()
+        .env(vars)
+        .file(&path)
+        .load()
+        .unwrap();
+    assert_eq!(config.scheduler.rpc_port, 3331);
+    assert_eq!(config.node.rpc_port, 2223);
+    assert_eq!(config.scheduler.http_port, 1112);
+}
+
+#[test]
+fn env_and_flags_are_typed_by_the_setting() {
+    let config = ConfigLoader::new()
+        .env(env(&[
+            ("FLOE_MEMORY_TOTAL", "16GiB"),
+            ("FLOE_NET_MAX_FRAME", "1048576"),
+            ("FLOE_LOG_FORMAT", "json"),
+            ("FLOE_CLUSTER_TOKEN", "12345"),
+            ("FLOE_NET_BIND_HOST", "0.0.0.0"),
+            ("FLOE_MEMORY_OBJECT_STORE_FRACTION", "0.25"),
+        ]))
+        .set("paths.data_dir=/srv/floe")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.memory.total, MemoryTotal::Fixed(ByteSize::gib(16)));
+    assert_eq!(config.net.max_frame, ByteSize::mib(1));
+    assert_eq!(config.log.format, LogFormat::Json);
+    assert_eq!(config.cluster.token, ClusterToken::new("12345"));
+    assert_eq!(config.net.bind_host.to_string(), "0.0.0.0");
+    assert_eq!(config.memory.object_store_fraction, 0.25);
+    assert_eq!(config.paths.spill_dir(), PathBuf::from("/srv/floe/spill"));
+}
+
+#[test]
+fn absolute_subdirectories_are_kept() {
+    let config = ConfigLoader::new()
+        .set("paths.spill_dir=/mnt/fast/spill")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.paths.spill_dir(), PathBuf::from("/mnt/fast/spill"));
+}
+
+#[test]
+fn unknown_settings_are_errors_naming_their_origin() {
+    let error = ConfigLoader::new()
+        .env(env(&[("FLOE_SCHEDULER_RPC_PROT", "1")]))
+        .load()
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with(
+            "environment variable FLOE_SCHEDULER_RPC_PROT: unknown setting \"scheduler.rpc_prot\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("scheduler.rpc_port"),
+        "lists known keys: {text}"
+    );
+
+    let error = ConfigLoader::new()
+        .set("nosuch.key=1")
+        .unwrap()
+        .load()
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        ConfigError::UnknownKey {
+            origin: Origin::Flag,
+            ..
+        }
+    ));
+
+    let error = ConfigLoader::new().set("no-equals-sign").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "command-line flag: expected section.key=value, got \"no-equals-sign\""
+    );
+}
+
+#[test]
+fn file_errors_name_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(&dir, "[scheduler]\nrpc_port = 1\nrpc_prot = 2\n");
+    let text = ConfigLoader::new()
+        .file(&path)
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("floe.toml"), "{text}");
+    assert!(text.contains("line 3"), "{text}");
+    assert!(text.contains("unknown field `rpc_prot`"), "{text}");
+
+    let path = write_file(&dir, "[scheduler]\nrpc_port = \"many\"\n");
+    let text = ConfigLoader::new()
+        .file(&path)
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("line 2"), "{text}");
+
+    let missing = dir.path().join("missing.toml");
+    let error = ConfigLoader::new().file(&missing).load().unwrap_err();
+    assert!(matches!(error, ConfigError::ReadFile { .. }), "{error}");
+}
+
+#[test]
+fn bad_values_name_the_variable_and_the_expectation() {
+    let cases = [
+        ("FLOE_SCHEDULER_RPC_PORT", "abc", "expected an integer"),
+        ("FLOE_SCHEDULER_RPC_PORT", "70000", "invalid value"),
+        (
+            "FLOE_MEMORY_OBJECT_STORE_FRACTION",
+            "lots",
+            "expected a number",
+        ),
+        ("FLOE_MEMORY_TOTAL", "12XB", "is not a byte size"),
+        ("FLOE_LOG_FORMAT", "xml", "unknown variant `xml`"),
+        ("FLOE_NET_BIND_HOST", "localhost:80", "invalid IP address"),
+    ];
+    for (name, value, expected) in cases {
+        let error = ConfigLoader::new()
+            .env(env(&[(name, value)]))
+            .load()
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with(&format!("environment variable {name}: bad value {value:?}")),
+            "{text}"
+        );
+        assert!(text.contains(expected), "{name}: {text}");
+    }
+}
+
+fn invalid(assignments: &[&str]) -> (String, String) {
+    let mut loader = ConfigLoader::new();
+    for assignment in assignments {
+        loader = loader.set(assignment).unwrap();
+    }
+    match loader.load() {
+        Err(ConfigError::Invalid { key, reason }) => (key.to_owned(), reason),
+        other => panic!("{assignments:?} should be invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn validation_errors() {
+    let (key, reason) = invalid(&[
+        "memory.object_store_fraction=0.8",
+        "memory.system_reserve_fraction=0.3",
+    ]);
+    assert_eq!(key, "memory.object_store_fraction");
+    assert!(
+        reason.contains("0.8 + system_reserve_fraction 0.3") && reason.contains("less than 1"),
+        "{reason}"
+    );
+
+    let (key, reason) = invalid(&["memory.system_reserve_fraction=-0.1"]);
+    assert_eq!(key, "memory.system_reserve_fraction");
+    assert!(reason.contains("not a fraction"), "{reason}");
+
+    let (key, _) = invalid(&["memory.object_store_fraction=NaN"]);
+    assert_eq!(key, "memory.object_store_fraction");
+
+    let (key, reason) = invalid(&[
+        "memory.object_store_min=1GiB",
+        "memory.object_store_max=1MiB",
+    ]);
+    assert_eq!(key, "memory.object_store_min");
+    assert!(
+        reason.contains("larger than object_store_max 1MiB"),
+        "{reason}"
+    );
+
+    let (key, _) = invalid(&["memory.total=10MiB"]);
+    assert_eq!(key, "memory.total");
+
+    let (key, reason) = invalid(&["net.max_frame=100"]);
+    assert_eq!(key, "net.max_frame");
+    assert!(reason.contains("64KiB..=1GiB"), "{reason}");
+
+    let (key, reason) = invalid(&["scheduler.rpc_port=9000", "scheduler.http_port=9000"]);
+    assert_eq!(key, "scheduler.http_port");
+    assert!(reason.contains("different ports"), "{reason}");
+
+    let (key, _) = invalid(&["timeouts.read_ms=0"]);
+    assert_eq!(key, "timeouts.read_ms");
+
+    let (key, _) = invalid(&["paths.data_dir="]);
+    assert_eq!(key, "paths.data_dir");
+}
+
+#[test]
+fn host_check_creates_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .set(&format!("paths.data_dir={}", data_dir.display()))
+        .unwrap()
+        .set("node.rpc_port=0")
+        .unwrap()
+        .load()
+        .unwrap();
+    config.preflight(Service::Node).unwrap();
+    for sub in ["spill", "cache", "fallback"] {
+        assert!(data_dir.join(sub).is_dir(), "{sub} created");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&data_dir)
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".floe-write-probe")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "probe files are removed");
+}
+
+#[test]
+fn host_check_reports_an_unusable_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where a directory should be: fails even for root, unlike permissions.
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"").unwrap();
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .set(&format!("paths.data_dir={}", dir.path().display()))
+        .unwrap()
+        .set(&format!("paths.raft_dir={}/raft", blocker.display()))
+        .unwrap()
+        .set("scheduler.rpc_port=0")
+        .unwrap()
+        .set("scheduler.http_port=0")
+        .unwrap()
+        .load()
+        .unwrap();
+    let error = config.preflight(Service::Scheduler).unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "paths.raft_dir = {}/raft: cannot create",
+            blocker.display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn host_check_reports_a_taken_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .set(&format!("paths.data_dir={}", dir.path().display()))
+        .unwrap()
+        .set(&format!("node.rpc_port={port}"))
+        .unwrap()
+        .load()
+        .unwrap();
+    let error = config.preflight(Service::Node).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ConfigError::PortUnavailable {
+                key: "node.rpc_port",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("node.rpc_port: cannot listen on 127.0.0.1:{port}")),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_token_is_never_shown() {
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_CLUSTER_TOKEN", "hunter2-secret")]))
+        .load()
+        .unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let shown = config.to_toml_redacted().unwrap();
+    assert!(!shown.contains("hunter2"));
+    assert!(shown.contains("token = \"<redacted>\""), "{shown}");
+}
+
+#[test]
+fn shown_config_loads_back_identically() {
+    let config = ConfigLoader::new()
+        .set("memory.total=8GiB")
+        .unwrap()
+        .load()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(&dir, &config.to_toml_redacted().unwrap());
+    assert_eq!(ConfigLoader::new().file(&path).load().unwrap(), config);
+}
+
+#[test]
+fn preflight_requires_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ConfigLoader::new()
+        .set(&format!("paths.data_dir={}", dir.path().display()))
+        .unwrap()
+        .load()
+        .unwrap();
+    let error = config.preflight(Service::Node).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("invalid setting cluster.token: is empty"),
+        "{error}"
+    );
+}

@@ -1,0 +1,28 @@
+//! floe-core: the pieces every other floe crate agrees on.
+//!
+//! - [`ids`]: newtype identifiers for nodes, jobs, tasks, objects and actors.
+//! - [`config`]: the one [`Config`](config::Config) struct, loaded from a TOML file, then
+//!   `FLOE_*` environment variables, then command-line overrides.
+//! - [`wire`]: the internal RPC protocol — framing, handshake, the bincode codec and a typed
+//!   request/response helper. It is the only module that encodes bytes for the network.
+
+pub mod config;
+pub mod ids;
+pub mod wire;
+
+pub use config::{Config, ConfigError};
+pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, TaskId};
+pub use wire::WireError;
+
+/// Every error floe-core can return.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Id(#[from] IdError),
+    #[error(transparent)]
+    Wire(#[from] WireError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,43 @@
+//! The one place that turns messages into bytes and back.
+//!
+//! bincode 1.3.3 is pinned (DESIGN.md) with one fixed option set: little-endian, variable-length
+//! integers, trailing bytes rejected, and a byte limit equal to the input on decode, so a
+//! corrupt length inside a message can never make the decoder reserve more than the frame
+//! it came in. Swapping the codec means changing only this file.
+
+use bincode::Options;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::WireError;
+
+fn options() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_little_endian()
+        .with_varint_encoding()
+        .reject_trailing_bytes()
+}
+
+/// Appends the encoding of `value` to `out`, so callers can reuse one buffer per connection.
+pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), WireError> {
+    options()
+        .serialize_into(out, value)
+        .map_err(|error| WireError::Encode(error.to_string()))
+}
+
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::new();
+    encode_into(value, &mut out)?;
+    Ok(out)
+}
+
+/// Decodes exactly one value that must fill `bytes`; `what` names it in the error.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<T, WireError> {
+    options()
+        .with_limit(bytes.len() as u64)
+        .deserialize(bytes)
+        .map_err(|error| WireError::Decode {
+            what,
+            message: error.to_string(),
+        })
+}

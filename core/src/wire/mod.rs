@@ -1,0 +1,81 @@
+//! floe's internal RPC protocol.
+//!
+//! Layers, bottom up: [`codec`] (the only place bytes are encoded), [`frame`] (length-prefixed
+//! frames with a limit checked before allocation, and timeouts), [`handshake`] (protocol version
+//! and cluster token) and [`rpc`] (typed request/response over a handshaken connection).
+
+pub mod codec;
+pub mod frame;
+pub mod handshake;
+pub mod rpc;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use frame::FramedStream;
+pub use handshake::{PROTOCOL_VERSION, PeerKind, Refusal};
+pub use rpc::{Handler, Peer, Protocol, RemoteError, RemoteErrorKind, RpcClient, RpcServer};
+
+use crate::config::{ClusterToken, Config, TimeoutsConfig};
+
+/// What a connection needs to know, taken from [`Config`].
+#[derive(Debug, Clone)]
+pub struct WireConfig {
+    pub token: ClusterToken,
+    pub max_frame: usize,
+    pub timeouts: TimeoutsConfig,
+}
+
+impl WireConfig {
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            token: config.cluster.token.clone(),
+            // `Config::validate` caps the frame at 1 GiB, which fits every target's usize.
+            max_frame: usize::try_from(config.net.max_frame.bytes()).unwrap_or(usize::MAX),
+            timeouts: config.timeouts.clone(),
+        }
+    }
+}
+
+/// A failure of the connection or of the peer's protocol. After any variant but `Remote` the
+/// connection is dropped.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{op} failed: {source}")]
+    Io {
+        op: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{op} timed out after {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("the connection closed in the middle of a {expected}-byte frame")]
+    Truncated { expected: usize },
+    #[error("frame of {len} bytes exceeds the {max}-byte limit (net.max_frame)")]
+    FrameTooLarge { len: u64, max: u64 },
+    #[error("cannot encode a message: {0}")]
+    Encode(String),
+    #[error("cannot decode the {what}: {message}")]
+    Decode { what: &'static str, message: String },
+    #[error("not a floe peer: {0}")]
+    NotFloe(String),
+    #[error("{message}")]
+    Refused { reason: Refusal, message: String },
+    #[error("reply to request {got} arrived while waiting for request {expected}")]
+    IdMismatch { expected: u64, got: u64 },
+    #[error("the cluster token is empty: set cluster.token (FLOE_CLUSTER_TOKEN) on every process")]
+    EmptyToken,
+    #[error("remote error: {0}")]
+    Remote(#[from] RemoteError),
+}
