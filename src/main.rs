@@ -1,0 +1,141 @@
+//! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use floe_core::config::{ConfigLoader, LogFormat, Service};
+use tracing_subscriber::EnvFilter;
+
+/// floe: a distributed data-processing cluster.
+///
+/// Settings come from a TOML file (--config or FLOE_CONFIG), then FLOE_<SECTION>_<KEY>
+/// environment variables, then --set flags, each layer overriding the one before.
+/// `floe config show` prints the result. Logs go to stderr, filtered by RUST_LOG
+/// (default: info).
+#[derive(Debug, Parser)]
+#[command(name = "floe", version)]
+struct Cli {
+    /// A TOML config file.
+    #[arg(long, global = true, env = "FLOE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override one setting, e.g. --set scheduler.rpc_port=7701. Repeatable.
+    #[arg(long = "set", global = true, value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Log as human-readable text or as JSON lines (log.format).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect and check the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration as TOML (the token is redacted).
+    Show,
+    /// Check that a service could start here: settings valid, token set, directories
+    /// writable, ports free.
+    Check {
+        /// The services to check (default: all).
+        #[arg(long = "service", value_enum)]
+        services: Vec<ServiceArg>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ServiceArg {
+    Scheduler,
+    Node,
+}
+
+impl From<ServiceArg> for Service {
+    fn from(service: ServiceArg) -> Self {
+        match service {
+            ServiceArg::Scheduler => Service::Scheduler,
+            ServiceArg::Node => Service::Node,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut loader = ConfigLoader::new().env(std::env::vars());
+    if let Some(path) = &cli.config {
+        loader = loader.file(path);
+    }
+    for assignment in &cli.set {
+        loader = loader.set(assignment)?;
+    }
+    if let Some(format) = cli.log_format {
+        let name = match format {
+            LogFormatArg::Text => "text",
+            LogFormatArg::Json => "json",
+        };
+        loader = loader.set(&format!("log.format={name}"))?;
+    }
+    let config = loader.load()?;
+    init_tracing(config.log.format)?;
+    tracing::debug!(?config, "configuration loaded");
+
+    match cli.command {
+        Command::Config(ConfigCommand::Show) => {
+            print!("{}", config.to_toml_redacted()?);
+        }
+        Command::Config(ConfigCommand::Check { services }) => {
+            let services = if services.is_empty() {
+                vec![ServiceArg::Scheduler, ServiceArg::Node]
+            } else {
+                services
+            };
+            for service in services {
+                config
+                    .preflight(service.into())
+                    .with_context(|| format!("{service:?} preflight failed"))?;
+                println!("ok: {service:?} can start with this configuration");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env().or_else(|error| {
+        if std::env::var_os(EnvFilter::DEFAULT_ENV).is_some() {
+            Err(error).context("RUST_LOG is not a valid filter")
+        } else {
+            Ok(EnvFilter::new("info"))
+        }
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed.map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
+}
