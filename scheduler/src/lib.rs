@@ -1,0 +1,54 @@
+//! floe-scheduler: the Raft-replicated control plane of a floe cluster.
+//!
+//! - [`storage`]: the Raft log behind the [`storage::LogStore`] trait — in memory for tests,
+//!   or durable on disk (a checksummed WAL, hard state and snapshots).
+//! - [`state`]: the replicated state machine — nodes, jobs, actors and the fingerprint cache
+//!   index — and the [`state::Command`]s that change it.
+//! - [`placement`]: pure placement logic (SPREAD, DEFAULT, node affinity, memory hints).
+//! - [`replica`]: one scheduler replica — the task that owns the `RawNode`, the transport
+//!   between replicas, health checks, and the RPC service clients and nodes call.
+//! - [`client`]: a client of that service that knows every replica and follows redirects.
+
+pub mod storage;
+
+use std::path::PathBuf;
+
+use floe_core::WireError;
+
+/// Every error floe-scheduler can return.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is corrupt at byte {offset}: {reason}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("cannot decode a raft {what}: {message}")]
+    Protobuf { what: &'static str, message: String },
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("invalid --peers: {0}")]
+    Peers(String),
+    #[error("the replica has stopped")]
+    Stopped,
+    #[error("no scheduler replica answered: {0}")]
+    NoReplica(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
+    }
+}

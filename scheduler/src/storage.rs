@@ -1,0 +1,537 @@
+//! The Raft log: entries, hard state and the latest snapshot.
+//!
+//! [`LogStore`] is what the replica needs beyond raft-rs's read-only [`Storage`]: durable
+//! writes. [`MemoryLog`] keeps everything in memory (tests, and the read side of the disk
+//! store); [`DiskLog`] adds a write-ahead log and a snapshot file under `paths.raft_dir`.
+//!
+//! On disk, both files are sequences of records: a 4-byte little-endian payload length, a
+//! 4-byte check of that length, an 8-byte xxh3 of the payload, then the payload. The length
+//! check lets recovery tell a record that was being written when the process died (its header
+//! is intact but its payload is short or fails its checksum, and nothing follows it: the torn
+//! tail is cut off) from damage in the middle of the log (an error: entries that may have been
+//! acknowledged must never silently disappear).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use raft::prelude::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::{Error, Result};
+
+/// A Raft log that can be written durably. Reads come from raft-rs's [`Storage`].
+pub trait LogStore: Storage + Send + 'static {
+    /// Appends `entries` (replacing any conflicting suffix) and records `hard_state`; both are
+    /// durable when this returns.
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()>;
+
+    /// Replaces the whole log by a snapshot received from the leader.
+    fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()>;
+
+    /// Keeps `snapshot` of the local state machine and drops the entries it covers.
+    fn compact(&mut self, snapshot: Snapshot) -> Result<()>;
+
+    /// The latest snapshot (index 0 when there is none yet).
+    fn latest_snapshot(&self) -> &Snapshot;
+}
+
+/// The log in memory: a snapshot followed by the entries after it.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLog {
+    hard_state: HardState,
+    conf_state: ConfState,
+    snapshot: Snapshot,
+    /// `entries[0].index == snapshot index + 1`.
+    entries: Vec<Entry>,
+}
+
+impl MemoryLog {
+    /// An empty log whose replica group is `voters` (a fixed membership).
+    pub fn new(voters: Vec<u64>) -> Self {
+        Self {
+            conf_state: ConfState::from((voters, Vec::new())),
+            ..Self::default()
+        }
+    }
+
+    fn snapshot_index(&self) -> u64 {
+        self.snapshot.get_metadata().index
+    }
+
+    fn last(&self) -> u64 {
+        self.snapshot_index() + self.entries.len() as u64
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    /// Appends entries, dropping any suffix they replace. A gap, or an entry the snapshot
+    /// already covers, is a broken invariant of the caller and is reported as corruption.
+    fn append(&mut self, entries: &[Entry]) -> std::result::Result<(), String> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        if first.index <= self.snapshot_index() {
+            return Err(format!(
+                "entry {} is already covered by the snapshot at {}",
+                first.index,
+                self.snapshot_index()
+            ));
+        }
+        if first.index > self.last() + 1 {
+            return Err(format!(
+                "entry {} leaves a gap after the last entry {}",
+                first.index,
+                self.last()
+            ));
+        }
+        let keep = (first.index - self.snapshot_index() - 1) as usize;
+        self.entries.truncate(keep);
+        self.entries.extend_from_slice(entries);
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snapshot: Snapshot) -> std::result::Result<(), String> {
+        let meta = snapshot.get_metadata();
+        if meta.index < self.snapshot_index() {
+            return Err(format!(
+                "snapshot at {} is older than the current one at {}",
+                meta.index,
+                self.snapshot_index()
+            ));
+        }
+        self.hard_state.term = self.hard_state.term.max(meta.term);
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.conf_state = meta.get_conf_state().clone();
+        self.entries.clear();
+        self.snapshot = snapshot;
+        Ok(())
+    }
+
+    fn compact_to(&mut self, snapshot: Snapshot) -> std::result::Result<(), String> {
+        let index = snapshot.get_metadata().index;
+        if index <= self.snapshot_index() {
+            return Ok(());
+        }
+        if index > self.last() {
+            return Err(format!(
+                "cannot compact to {index}: the log ends at {}",
+                self.last()
+            ));
+        }
+        let drop = (index - self.snapshot_index()) as usize;
+        self.entries.drain(..drop);
+        self.conf_state = snapshot.get_metadata().get_conf_state().clone();
+        self.snapshot = snapshot;
+        Ok(())
+    }
+}
+
+fn invariant(reason: String) -> Error {
+    Error::Corrupt {
+        path: PathBuf::from("<raft log>"),
+        offset: 0,
+        reason,
+    }
+}
+
+impl Storage for MemoryLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.hard_state.clone(),
+            self.conf_state.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.snapshot_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let offset = self.snapshot_index() + 1;
+        let mut entries = self.entries[(low - offset) as usize..(high - offset) as usize].to_vec();
+        raft::util::limit_size(&mut entries, max_size.into());
+        Ok(entries)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        let snapshot = self.snapshot.get_metadata();
+        if index == snapshot.index {
+            return Ok(snapshot.term);
+        }
+        if index < snapshot.index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.entries
+            .get((index - snapshot.index - 1) as usize)
+            .map(|entry| entry.term)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.snapshot_index() + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot_index() == 0 {
+            // Nothing was ever compacted, so every follower can still be sent entries.
+            return Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
+
+impl LogStore for MemoryLog {
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
+        self.append(entries).map_err(invariant)?;
+        if let Some(hard_state) = hard_state {
+            self.hard_state = hard_state.clone();
+        }
+        Ok(())
+    }
+
+    fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.install_snapshot(snapshot).map_err(invariant)
+    }
+
+    fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.compact_to(snapshot).map_err(invariant)
+    }
+
+    fn latest_snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
+
+const HEADER_LEN: usize = 16;
+const TAG_ENTRY: u8 = 1;
+const TAG_HARD_STATE: u8 = 2;
+const TAG_SNAPSHOT: u8 = 3;
+const WAL_FILE: &str = "wal";
+const SNAPSHOT_FILE: &str = "snapshot";
+
+fn length_check(len: u32) -> u32 {
+    // Truncation is the point: 32 bits of a hash of the length guard the length.
+    xxh3_64(&len.to_le_bytes()) as u32
+}
+
+/// Appends one record holding `tag` + `body` to `out`.
+fn encode_record(tag: u8, body: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    let payload_len = body.len() + 1;
+    let len = u32::try_from(payload_len)
+        .map_err(|_| invariant(format!("a {payload_len}-byte record is too large")))?;
+    let start = out.len();
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&length_check(len).to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.push(tag);
+    out.extend_from_slice(body);
+    let checksum = xxh3_64(&out[start + HEADER_LEN..]);
+    out[start + 8..start + HEADER_LEN].copy_from_slice(&checksum.to_le_bytes());
+    Ok(())
+}
+
+/// What reading a file of records found.
+struct Records<'a> {
+    records: Vec<(u8, &'a [u8])>,
+    /// Where the valid records end; anything after is a torn tail.
+    valid_len: usize,
+}
+
+fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Records<'a>> {
+    let corrupt = |offset: usize, reason: String| Error::Corrupt {
+        path: path.to_owned(),
+        offset: offset as u64,
+        reason,
+    };
+    let mut records = Vec::new();
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let rest = &bytes[offset..];
+        let Some((header, payload_and_more)) = rest.split_first_chunk::<HEADER_LEN>() else {
+            break; // A header cut short can only be the last write.
+        };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let check = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if check != length_check(len) {
+            return Err(corrupt(offset, "record header checksum mismatch".into()));
+        }
+        let len = len as usize;
+        let Some(payload) = payload_and_more.get(..len) else {
+            break; // The header made it to disk, the payload did not: a torn tail.
+        };
+        let mut checksum = [0u8; 8];
+        checksum.copy_from_slice(&header[8..]);
+        if xxh3_64(payload) != u64::from_le_bytes(checksum) {
+            if payload_and_more.len() == len {
+                break; // The last record's payload is damaged: a torn tail.
+            }
+            return Err(corrupt(offset, "record checksum mismatch".into()));
+        }
+        let Some((&tag, body)) = payload.split_first() else {
+            return Err(corrupt(offset, "empty record".into()));
+        };
+        records.push((tag, body));
+        offset += HEADER_LEN + len;
+    }
+    Ok(Records {
+        records,
+        valid_len: offset,
+    })
+}
+
+fn decode_message<M: protobuf::Message>(body: &[u8], what: &'static str) -> Result<M> {
+    M::parse_from_bytes(body).map_err(|error| Error::Protobuf {
+        what,
+        message: error.to_string(),
+    })
+}
+
+fn encode_message<M: protobuf::Message>(message: &M, what: &'static str) -> Result<Vec<u8>> {
+    message.write_to_bytes().map_err(|error| Error::Protobuf {
+        what,
+        message: error.to_string(),
+    })
+}
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename,
+/// then fsync of the directory so the rename itself survives a crash.
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    let temp = dir.join(format!("{name}.tmp"));
+    let mut file = File::create(&temp).map_err(Error::io("creating", &temp))?;
+    file.write_all(bytes).map_err(Error::io("writing", &temp))?;
+    file.sync_all().map_err(Error::io("syncing", &temp))?;
+    std::fs::rename(&temp, &path).map_err(Error::io("renaming into place", &path))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(Error::io("syncing directory", dir))
+}
+
+/// The durable log: a [`MemoryLog`] for reads, mirrored by a WAL and a snapshot file.
+#[derive(Debug)]
+pub struct DiskLog {
+    memory: MemoryLog,
+    dir: PathBuf,
+    wal: File,
+    buffer: Vec<u8>,
+}
+
+impl DiskLog {
+    /// Opens (or creates) the log in `dir`. `voters` is the replica group; it is used until
+    /// a snapshot records one. A torn tail is cut off; corruption anywhere else is an error.
+    pub fn open(dir: &Path, voters: Vec<u64>) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+        let mut memory = MemoryLog::new(voters);
+        let snapshot_path = dir.join(SNAPSHOT_FILE);
+        match std::fs::read(&snapshot_path) {
+            Ok(bytes) => {
+                let records = read_records(&snapshot_path, &bytes)?;
+                // The snapshot is renamed into place whole, so anything short of one complete
+                // record is damage, not a torn write.
+                let [(TAG_SNAPSHOT, body)] = records.records[..] else {
+                    return Err(Error::Corrupt {
+                        path: snapshot_path,
+                        offset: records.valid_len as u64,
+                        reason: "expected exactly one snapshot record".into(),
+                    });
+                };
+                let snapshot: Snapshot = decode_message(body, "snapshot")?;
+                memory.install_snapshot(snapshot).map_err(invariant)?;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(Error::io("reading", &snapshot_path)(error)),
+        }
+        let wal_path = dir.join(WAL_FILE);
+        let bytes = match std::fs::read(&wal_path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(error) => return Err(Error::io("reading", &wal_path)(error)),
+        };
+        let records = read_records(&wal_path, &bytes)?;
+        for (tag, body) in &records.records {
+            match *tag {
+                TAG_ENTRY => {
+                    let entry: Entry = decode_message(body, "log entry")?;
+                    // Entries the snapshot covers were written before a compaction finished.
+                    if entry.index > memory.snapshot_index() {
+                        memory.append(&[entry]).map_err(|reason| Error::Corrupt {
+                            path: wal_path.clone(),
+                            offset: 0,
+                            reason,
+                        })?;
+                    }
+                }
+                TAG_HARD_STATE => {
+                    let hard_state: HardState = decode_message(body, "hard state")?;
+                    // The snapshot may be newer than the last hard state written before it.
+                    memory.hard_state.term = hard_state.term.max(memory.hard_state.term);
+                    memory.hard_state.commit = hard_state.commit.max(memory.hard_state.commit);
+                    memory.hard_state.vote = hard_state.vote;
+                }
+                other => {
+                    return Err(Error::Corrupt {
+                        path: wal_path,
+                        offset: 0,
+                        reason: format!("unknown record tag {other}"),
+                    });
+                }
+            }
+        }
+        let wal = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&wal_path)
+            .map_err(Error::io("opening", &wal_path))?;
+        if records.valid_len < bytes.len() {
+            tracing::warn!(
+                path = %wal_path.display(),
+                kept = records.valid_len,
+                dropped = bytes.len() - records.valid_len,
+                "cutting off a torn record at the end of the raft log"
+            );
+            wal.set_len(records.valid_len as u64)
+                .and_then(|()| wal.sync_all())
+                .map_err(Error::io("truncating", &wal_path))?;
+        }
+        Ok(Self {
+            memory,
+            dir: dir.to_owned(),
+            wal,
+            buffer: Vec::new(),
+        })
+    }
+
+    pub fn memory(&self) -> &MemoryLog {
+        &self.memory
+    }
+
+    /// Rewrites the WAL to hold only the current hard state and the entries after the
+    /// snapshot; called after the snapshot file is durable.
+    fn rewrite_wal(&mut self) -> Result<()> {
+        let mut bytes = Vec::new();
+        let hard_state = encode_message(&self.memory.hard_state, "hard state")?;
+        encode_record(TAG_HARD_STATE, &hard_state, &mut bytes)?;
+        for entry in &self.memory.entries {
+            encode_record(TAG_ENTRY, &encode_message(entry, "log entry")?, &mut bytes)?;
+        }
+        write_atomically(&self.dir, WAL_FILE, &bytes)?;
+        let wal_path = self.dir.join(WAL_FILE);
+        self.wal = OpenOptions::new()
+            .append(true)
+            .open(&wal_path)
+            .map_err(Error::io("opening", &wal_path))?;
+        Ok(())
+    }
+
+    fn write_snapshot_file(&self, snapshot: &Snapshot) -> Result<()> {
+        let mut bytes = Vec::new();
+        encode_record(
+            TAG_SNAPSHOT,
+            &encode_message(snapshot, "snapshot")?,
+            &mut bytes,
+        )?;
+        write_atomically(&self.dir, SNAPSHOT_FILE, &bytes)
+    }
+}
+
+impl Storage for DiskLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.memory.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.memory.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        self.memory.term(index)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.memory.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.memory.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        self.memory.snapshot(request_index, to)
+    }
+}
+
+impl LogStore for DiskLog {
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
+        if entries.is_empty() && hard_state.is_none() {
+            return Ok(());
+        }
+        self.buffer.clear();
+        for entry in entries {
+            let body = encode_message(entry, "log entry")?;
+            encode_record(TAG_ENTRY, &body, &mut self.buffer)?;
+        }
+        if let Some(hard_state) = hard_state {
+            let body = encode_message(hard_state, "hard state")?;
+            encode_record(TAG_HARD_STATE, &body, &mut self.buffer)?;
+        }
+        let wal_path = || self.dir.join(WAL_FILE);
+        self.wal
+            .write_all(&self.buffer)
+            .map_err(|source| Error::io("appending to", wal_path())(source))?;
+        // One fsync for the whole batch: this is what makes batching proposals pay.
+        self.wal
+            .sync_data()
+            .map_err(|source| Error::io("syncing", wal_path())(source))?;
+        self.memory.persist(entries, hard_state)
+    }
+
+    fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.write_snapshot_file(&snapshot)?;
+        self.memory.install_snapshot(snapshot).map_err(invariant)?;
+        self.rewrite_wal()
+    }
+
+    fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
+        if snapshot.get_metadata().index <= self.memory.snapshot_index() {
+            return Ok(());
+        }
+        self.write_snapshot_file(&snapshot)?;
+        self.memory.compact_to(snapshot).map_err(invariant)?;
+        self.rewrite_wal()
+    }
+
+    fn latest_snapshot(&self) -> &Snapshot {
+        &self.memory.snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,238 @@
+use super::*;
+
+fn entry(index: u64, term: u64, data: &str) -> Entry {
+    let mut entry = Entry::default();
+    entry.index = index;
+    entry.term = term;
+    entry.data = data.as_bytes().to_vec().into();
+    entry
+}
+
+fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
+    range
+        .map(|index| entry(index, term, &format!("e{index}")))
+        .collect()
+}
+
+fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
+    let mut hard_state = HardState::default();
+    hard_state.term = term;
+    hard_state.vote = vote;
+    hard_state.commit = commit;
+    hard_state
+}
+
+fn snapshot(index: u64, term: u64, data: &str) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = index;
+    snapshot.mut_metadata().term = term;
+    snapshot
+        .mut_metadata()
+        .set_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
+    snapshot.data = data.as_bytes().to_vec().into();
+    snapshot
+}
+
+fn all_entries(log: &impl Storage) -> Vec<(u64, u64, Vec<u8>)> {
+    let low = log.first_index().unwrap();
+    let high = log.last_index().unwrap() + 1;
+    log.entries(low, high, None, GetEntriesContext::empty(false))
+        .unwrap()
+        .into_iter()
+        .map(|entry| (entry.index, entry.term, entry.data.to_vec()))
+        .collect()
+}
+
+fn expected(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<(u64, u64, Vec<u8>)> {
+    range
+        .map(|index| (index, term, format!("e{index}").into_bytes()))
+        .collect()
+}
+
+#[test]
+fn memory_log_appends_overwrites_and_compacts() {
+    let mut log = MemoryLog::new(vec![1, 2, 3]);
+    assert_eq!(log.first_index().unwrap(), 1);
+    assert_eq!(log.last_index().unwrap(), 0);
+    log.persist(&entries(1..=5, 1), Some(&hard_state(1, 1, 3)))
+        .unwrap();
+    // A new leader overwrites the uncommitted suffix from index 4.
+    log.persist(&entries(4..=6, 2), None).unwrap();
+    let mut want = expected(1..=3, 1);
+    want.extend(expected(4..=6, 2));
+    assert_eq!(all_entries(&log), want);
+    assert_eq!(log.term(5).unwrap(), 2);
+    assert_eq!(log.hard_state().commit, 3);
+
+    log.compact(snapshot(4, 2, "state@4")).unwrap();
+    assert_eq!(log.first_index().unwrap(), 5);
+    assert_eq!(log.term(4).unwrap(), 2);
+    assert!(matches!(
+        log.term(3),
+        Err(raft::Error::Store(StorageError::Compacted))
+    ));
+    assert_eq!(all_entries(&log), expected(5..=6, 2));
+    assert_eq!(log.snapshot(0, 2).unwrap().data.to_vec(), b"state@4");
+    // A gap is refused, not silently accepted.
+    assert!(log.persist(&entries(9..=9, 2), None).is_err());
+}
+
+#[test]
+fn disk_log_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=3, 1), Some(&hard_state(1, 2, 2)))
+            .unwrap();
+        log.persist(&entries(3..=4, 2), Some(&hard_state(2, 3, 4)))
+            .unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    let mut want = expected(1..=2, 1);
+    want.extend(expected(3..=4, 2));
+    assert_eq!(all_entries(&log), want);
+    let state = log.initial_state().unwrap();
+    assert_eq!(
+        (
+            state.hard_state.term,
+            state.hard_state.vote,
+            state.hard_state.commit
+        ),
+        (2, 3, 4)
+    );
+    assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
+}
+
+fn wal_len(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join(WAL_FILE)).unwrap().len()
+}
+
+#[test]
+fn a_torn_last_record_is_cut_off() {
+    for cut in [1, 5, HEADER_LEN as u64 + 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let before_last;
+        {
+            let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
+            log.persist(&entries(1..=3, 1), None).unwrap();
+            before_last = wal_len(dir.path());
+            log.persist(&entries(4..=4, 1), None).unwrap();
+        }
+        let full = wal_len(dir.path());
+        let file = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(WAL_FILE))
+            .unwrap();
+        file.set_len(full - cut).unwrap();
+        drop(file);
+
+        let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
+        assert_eq!(all_entries(&log), expected(1..=3, 1), "cut {cut}");
+        assert_eq!(wal_len(dir.path()), before_last, "the tail is truncated");
+        // The log keeps working after the repair.
+        log.persist(&entries(4..=5, 1), None).unwrap();
+        drop(log);
+        let log = DiskLog::open(dir.path(), vec![1]).unwrap();
+        assert_eq!(all_entries(&log), expected(1..=5, 1));
+    }
+}
+
+#[test]
+fn a_damaged_last_payload_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
+        log.persist(&entries(1..=3, 1), None).unwrap();
+    }
+    let path = dir.path().join(WAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let log = DiskLog::open(dir.path(), vec![1]).unwrap();
+    assert_eq!(all_entries(&log), expected(1..=2, 1));
+}
+
+#[test]
+fn a_damaged_middle_record_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
+        log.persist(&entries(1..=3, 1), None).unwrap();
+    }
+    let path = dir.path().join(WAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The last byte of the first record's payload.
+    let first_len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+    bytes[HEADER_LEN + first_len - 1] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let error = DiskLog::open(dir.path(), vec![1]).unwrap_err();
+    assert!(
+        matches!(&error, Error::Corrupt { offset: 0, reason, .. } if reason.contains("checksum")),
+        "{error}"
+    );
+    // A damaged length is caught by its own check, also before the tail.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[HEADER_LEN + first_len - 1] ^= 0xff;
+    bytes[0] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let error = DiskLog::open(dir.path(), vec![1]).unwrap_err();
+    assert!(
+        matches!(&error, Error::Corrupt { reason, .. } if reason.contains("header")),
+        "{error}"
+    );
+}
+
+#[test]
+fn compaction_keeps_the_snapshot_and_shrinks_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
+            .unwrap();
+        let before = wal_len(dir.path());
+        log.compact(snapshot(90, 1, "state@90")).unwrap();
+        assert!(wal_len(dir.path()) < before / 5);
+        log.persist(&entries(101..=102, 1), None).unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.first_index().unwrap(), 91);
+    assert_eq!(all_entries(&log), expected(91..=102, 1));
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"state@90");
+    assert_eq!(log.initial_state().unwrap().hard_state.commit, 100);
+}
+
+#[test]
+fn an_installed_snapshot_replaces_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=3, 1), Some(&hard_state(1, 1, 3)))
+            .unwrap();
+        log.apply_snapshot(snapshot(50, 4, "leader@50")).unwrap();
+        log.persist(&entries(51..=52, 4), Some(&hard_state(4, 0, 52)))
+            .unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.first_index().unwrap(), 51);
+    assert_eq!(all_entries(&log), expected(51..=52, 4));
+    assert_eq!(log.term(50).unwrap(), 4);
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"leader@50");
+}
+
+#[test]
+fn a_damaged_snapshot_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
+        log.persist(&entries(1..=3, 1), None).unwrap();
+        log.compact(snapshot(2, 1, "state@2")).unwrap();
+    }
+    let path = dir.path().join(SNAPSHOT_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    assert!(matches!(
+        DiskLog::open(dir.path(), vec![1]),
+        Err(Error::Corrupt { .. })
+    ));
+}
