@@ -195,6 +195,12 @@ pub struct MemoryConfig {
     pub object_store_min: ByteSize,
     /// Upper bound of the object store. Default 200GB.
     pub object_store_max: ByteSize,
+    /// Share of the object store in use past which the least recently used unpinned objects
+    /// are spilled to `paths.spill_dir`. Default 0.8.
+    pub spill_threshold: f64,
+    /// Smallest spill file: small objects are fused until a file holds at least this much,
+    /// so spilling many small objects does not become many small writes. Default 100MiB.
+    pub min_spilling_size: ByteSize,
 }
 
 impl Default for MemoryConfig {
@@ -205,6 +211,8 @@ impl Default for MemoryConfig {
             system_reserve_fraction: 0.1,
             object_store_min: ByteSize::mib(75),
             object_store_max: ByteSize(200_000_000_000),
+            spill_threshold: 0.8,
+            min_spilling_size: ByteSize::mib(100),
         }
     }
 }
@@ -587,6 +595,26 @@ impl Config {
                     "{total} is less than the object store's minimum {}",
                     memory.object_store_min
                 ),
+            });
+        }
+        // A threshold of 0 would spill every object as soon as it is sealed; above 1 would never
+        // spill before allocations start failing.
+        if !(memory.spill_threshold.is_finite()
+            && memory.spill_threshold > 0.0
+            && memory.spill_threshold <= 1.0)
+        {
+            return Err(ConfigError::Invalid {
+                key: "memory.spill_threshold",
+                reason: format!(
+                    "{} is not a share of the object store in (0, 1]",
+                    memory.spill_threshold
+                ),
+            });
+        }
+        if memory.min_spilling_size.bytes() == 0 {
+            return Err(ConfigError::Invalid {
+                key: "memory.min_spilling_size",
+                reason: "must be at least 1 byte".into(),
             });
         }
         let frame = self.net.max_frame;

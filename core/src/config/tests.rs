@@ -21,6 +21,8 @@ fn defaults_are_the_documented_values() {
     assert_eq!(config.memory.object_store_min, ByteSize::mib(75));
     assert_eq!(config.memory.object_store_max, ByteSize(200_000_000_000));
     assert_eq!(config.memory.total, MemoryTotal::Auto);
+    assert_eq!(config.memory.spill_threshold, 0.8);
+    assert_eq!(config.memory.min_spilling_size, ByteSize::mib(100));
     assert_eq!(config.scheduler.rpc_port, 7700);
     assert_eq!(config.scheduler.http_port, 7780);
     assert_eq!(config.node.rpc_port, 7800);
@@ -244,6 +246,14 @@ fn validation_errors() {
     let (key, _) = invalid(&["memory.total=10MiB"]);
     assert_eq!(key, "memory.total");
 
+    for threshold in ["0", "1.5", "-0.2", "NaN"] {
+        let (key, reason) = invalid(&[&format!("memory.spill_threshold={threshold}")]);
+        assert_eq!(key, "memory.spill_threshold");
+        assert!(reason.contains("(0, 1]"), "{reason}");
+    }
+    let (key, _) = invalid(&["memory.min_spilling_size=0"]);
+    assert_eq!(key, "memory.min_spilling_size");
+
     let (key, reason) = invalid(&["net.max_frame=100"]);
     assert_eq!(key, "net.max_frame");
     assert!(reason.contains("64KiB..=1GiB"), "{reason}");
@@ -388,4 +398,17 @@ fn preflight_requires_a_token() {
             .starts_with("invalid setting cluster.token: is empty"),
         "{error}"
     );
+}
+
+#[test]
+fn spill_settings_come_from_the_environment() {
+    let config = ConfigLoader::new()
+        .env(env(&[
+            ("FLOE_MEMORY_SPILL_THRESHOLD", "1"),
+            ("FLOE_MEMORY_MIN_SPILLING_SIZE", "4MiB"),
+        ]))
+        .load()
+        .unwrap();
+    assert_eq!(config.memory.spill_threshold, 1.0);
+    assert_eq!(config.memory.min_spilling_size, ByteSize::mib(4));
 }
