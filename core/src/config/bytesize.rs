@@ -46,7 +46,7 @@ impl fmt::Display for ByteSize {
         let unit = UNITS
             .iter()
             .filter(|(_, size)| *size > 1)
-            .find(|(_, size)| self.0 != 0 && self.0 % size == 0);
+            .find(|(_, size)| self.0 != 0 && self.0.is_multiple_of(*size));
         match unit {
             Some((name, size)) => write!(f, "{}{name}", self.0 / size),
             None => write!(f, "{}B", self.0),

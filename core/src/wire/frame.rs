@@ -123,9 +123,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
             .map_err(|source| truncated_or_io(source, len))?;
         Ok(&self.buffer)
     }
+}
 
-    pub fn get_ref(&self) -> &S {
-        &self.stream
+impl FramedStream<tokio::net::TcpStream> {
+    /// True when the peer has closed (or reset) a connection we are not reading from, e.g. a
+    /// server that dropped an idle client. Checked without blocking before reusing a
+    /// connection, so a request is never written into a socket the peer already abandoned.
+    pub fn peer_has_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
+            // Bytes nobody asked for mean the stream is out of step: treat it as closed too.
+            Ok(_) => true,
+        }
     }
 }
 

@@ -162,8 +162,8 @@ impl<P: Protocol> RpcClient<P> {
 
     pub async fn call(&mut self, request: &P::Request) -> Result<P::Response, WireError> {
         let mut stream = match self.stream.take() {
-            Some(stream) => stream,
-            None => open(&self.addr, &self.config, self.peer).await?,
+            Some(stream) if !stream.peer_has_closed() => stream,
+            _ => open(&self.addr, &self.config, self.peer).await?,
         };
         let id = self.next_id;
         self.next_id += 1;
