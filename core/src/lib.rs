@@ -3,14 +3,18 @@
 //! - [`ids`]: newtype identifiers for nodes, jobs, tasks, objects and actors.
 //! - [`config`]: the one [`Config`](config::Config) struct, loaded from a TOML file, then
 //!   `FLOE_*` environment variables, then command-line overrides.
+//! - [`fingerprint`]: 128-bit content addresses of sources and transforms, and the lineage
+//!   kept beside them so a cache miss can be explained.
 //! - [`wire`]: the internal RPC protocol — framing, handshake, the bincode codec and a typed
 //!   request/response helper. It is the only module that encodes bytes for the network.
 
 pub mod config;
+pub mod fingerprint;
 pub mod ids;
 pub mod wire;
 
 pub use config::{Config, ConfigError};
+pub use fingerprint::{Fingerprint, FingerprintError};
 pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, TaskId};
 pub use wire::WireError;
 
@@ -19,6 +23,8 @@ pub use wire::WireError;
 pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
     #[error(transparent)]
     Id(#[from] IdError),
     #[error(transparent)]
