@@ -1,0 +1,563 @@
+//! The wire protocol end to end: frames, handshake and typed RPC over real TCP sockets.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floe_core::config::{ClusterToken, TimeoutsConfig};
+use floe_core::wire::handshake::{
+    self, HANDSHAKE_MAX_FRAME, HandshakeReply, Hello, MAGIC, PeerKind, Refusal,
+};
+use floe_core::wire::rpc::{self, Handler, Peer, Protocol, RemoteError, RemoteErrorKind};
+use floe_core::wire::{
+    FramedStream, PROTOCOL_VERSION, RpcClient, RpcServer, WireConfig, WireError, codec,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::net::TcpStream;
+
+const TOKEN: &str = "test-cluster-token";
+
+struct Echo;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum EchoRequest {
+    Say(String),
+    Blob(Vec<u8>),
+    Fail(RemoteErrorKind),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum EchoResponse {
+    Said(String),
+    BlobLen(usize),
+}
+
+impl Protocol for Echo {
+    const NAME: &'static str = "echo";
+    type Request = EchoRequest;
+    type Response = EchoResponse;
+}
+
+struct EchoHandler;
+
+impl Handler<Echo> for EchoHandler {
+    async fn handle(&self, peer: Peer, request: EchoRequest) -> Result<EchoResponse, RemoteError> {
+        match request {
+            EchoRequest::Say(text) => {
+                Ok(EchoResponse::Said(format!("{:?} says {text}", peer.kind)))
+            }
+            EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
+            EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
+        }
+    }
+}
+
+fn wire_config(token: &str) -> WireConfig {
+    WireConfig {
+        token: ClusterToken::new(token),
+        max_frame: 1 << 20,
+        timeouts: TimeoutsConfig {
+            connect_ms: 2_000,
+            handshake_ms: 2_000,
+            read_ms: 2_000,
+            write_ms: 2_000,
+            idle_ms: 10_000,
+        },
+    }
+}
+
+async fn start_server(config: WireConfig) -> RpcServer {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    RpcServer::bind::<Echo, _>(addr, Arc::new(EchoHandler), config)
+        .await
+        .unwrap()
+}
+
+async fn assert_serves(server: &RpcServer) {
+    let mut client = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config(TOKEN),
+        PeerKind::Client,
+    )
+    .await
+    .unwrap();
+    let reply = client.call(&EchoRequest::Say("hi".into())).await.unwrap();
+    assert_eq!(reply, EchoResponse::Said("Client says hi".into()));
+}
+
+fn pipe(max_frame: usize) -> (FramedStream<DuplexStream>, FramedStream<DuplexStream>) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let timeout = Duration::from_secs(2);
+    (
+        FramedStream::new(a, max_frame, timeout, timeout),
+        FramedStream::new(b, max_frame, timeout, timeout),
+    )
+}
+
+const WAIT: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn every_message_kind_round_trips_through_frames() {
+    let (mut left, mut right) = pipe(1 << 20);
+
+    let hello = Hello {
+        peer: PeerKind::Worker,
+        token: ClusterToken::new("secret"),
+    };
+    left.send_with(|out| handshake::encode_hello(PROTOCOL_VERSION, &hello, out))
+        .await
+        .unwrap();
+    let body = right.recv(WAIT).await.unwrap();
+    assert_eq!(&body[..4], &MAGIC, "magic leads the hello");
+    assert_eq!(
+        handshake::decode_hello(body).unwrap(),
+        (PROTOCOL_VERSION, Some(hello))
+    );
+
+    let replies = [
+        HandshakeReply::Welcome,
+        HandshakeReply::Refused {
+            reason: Refusal::WrongToken,
+            message: "no".into(),
+        },
+        HandshakeReply::Refused {
+            reason: Refusal::VersionMismatch {
+                server: PROTOCOL_VERSION,
+                client: PROTOCOL_VERSION + 1,
+            },
+            message: "versions".into(),
+        },
+        HandshakeReply::Refused {
+            reason: Refusal::Malformed,
+            message: "garbage".into(),
+        },
+    ];
+    for reply in replies {
+        left.send_with(|out| {
+            handshake::encode_reply(&reply, out);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let body = right.recv(WAIT).await.unwrap();
+        assert_eq!(
+            handshake::decode_reply(body, PROTOCOL_VERSION + 1).unwrap(),
+            reply
+        );
+    }
+
+    let requests = [
+        EchoRequest::Say("héllo".into()),
+        EchoRequest::Blob(vec![7; 70_000]),
+        EchoRequest::Fail(RemoteErrorKind::NotFound),
+    ];
+    for (id, request) in (1u64..).zip(requests) {
+        left.send_with(|out| rpc::encode_request::<Echo>(id, &request, out))
+            .await
+            .unwrap();
+        let (got_id, got) = rpc::decode_request::<Echo>(right.recv(WAIT).await.unwrap()).unwrap();
+        assert_eq!((got_id, got.unwrap()), (id, request));
+    }
+
+    let responses = [
+        Ok(EchoResponse::Said("x".into())),
+        Ok(EchoResponse::BlobLen(3)),
+        Err(RemoteError::new(RemoteErrorKind::BadRequest, "b")),
+        Err(RemoteError::new(RemoteErrorKind::NotFound, "n")),
+        Err(RemoteError::new(RemoteErrorKind::Unavailable, "u")),
+        Err(RemoteError::new(RemoteErrorKind::Internal, "i")),
+    ];
+    for (id, response) in (100u64..).zip(responses) {
+        right
+            .send_with(|out| rpc::encode_response::<Echo>(id, &response, out))
+            .await
+            .unwrap();
+        let decoded = rpc::decode_response::<Echo>(left.recv(WAIT).await.unwrap()).unwrap();
+        assert_eq!(decoded, (id, response));
+    }
+}
+
+#[tokio::test]
+async fn frames_are_big_endian_length_prefixed() {
+    let (a, mut raw) = tokio::io::duplex(1024);
+    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
+    framed
+        .send_with(|out| {
+            out.extend_from_slice(b"abc");
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let mut bytes = [0u8; 7];
+    raw.read_exact(&mut bytes).await.unwrap();
+    assert_eq!(bytes, [0, 0, 0, 3, b'a', b'b', b'c']);
+}
+
+#[tokio::test]
+async fn an_oversize_frame_is_refused_on_both_ends() {
+    let (mut left, mut right) = pipe(1024);
+    let error = left
+        .send_with(|out| {
+            out.resize(out.len() + 1025, 0);
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            WireError::FrameTooLarge {
+                len: 1025,
+                max: 1024
+            }
+        ),
+        "{error}"
+    );
+
+    // A peer that announces 4 GiB gets an immediate error: no body is ever sent, so waiting
+    // for it (or allocating it) would show up as a timeout here.
+    let (a, mut raw) = tokio::io::duplex(1024);
+    raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
+    let error = framed.recv(WAIT).await.unwrap_err();
+    assert!(
+        matches!(error, WireError::FrameTooLarge { len, max: 1024 } if len == u64::from(u32::MAX)),
+        "{error}"
+    );
+    drop(right.recv(Duration::from_millis(1)).await);
+}
+
+#[tokio::test]
+async fn truncated_frames_and_stalls_are_errors() {
+    let (a, mut raw) = tokio::io::duplex(1024);
+    raw.write_all(&100u32.to_be_bytes()).await.unwrap();
+    raw.write_all(&[1; 50]).await.unwrap();
+    drop(raw);
+    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
+    let error = framed.recv(WAIT).await.unwrap_err();
+    assert!(
+        matches!(error, WireError::Truncated { expected: 100 }),
+        "{error}"
+    );
+
+    // Half a header, then the peer closes.
+    let (a, mut raw) = tokio::io::duplex(1024);
+    raw.write_all(&[0, 0]).await.unwrap();
+    drop(raw);
+    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
+    let error = framed.recv(WAIT).await.unwrap_err();
+    assert!(
+        matches!(error, WireError::Truncated { expected: 4 }),
+        "{error}"
+    );
+
+    // A header, then silence: the read timeout fires.
+    let (a, mut raw) = tokio::io::duplex(1024);
+    raw.write_all(&10u32.to_be_bytes()).await.unwrap();
+    let short = Duration::from_millis(50);
+    let mut framed = FramedStream::new(a, 1024, short, short);
+    let error = framed.recv(WAIT).await.unwrap_err();
+    assert!(matches!(error, WireError::Timeout { .. }), "{error}");
+    drop(raw);
+
+    // A clean close between frames is reported as such.
+    let (a, raw) = tokio::io::duplex(1024);
+    drop(raw);
+    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
+    assert!(matches!(framed.recv(WAIT).await, Err(WireError::Closed)));
+}
+
+#[tokio::test]
+async fn calls_and_remote_errors() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config(TOKEN),
+        PeerKind::Node,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        client.call(&EchoRequest::Say("a".into())).await.unwrap(),
+        EchoResponse::Said("Node says a".into())
+    );
+    let error = client
+        .call(&EchoRequest::Fail(RemoteErrorKind::Unavailable))
+        .await
+        .unwrap_err();
+    match error {
+        WireError::Remote(remote) => {
+            assert_eq!(remote.kind, RemoteErrorKind::Unavailable);
+            assert_eq!(remote.message, "asked to fail");
+        }
+        other => panic!("expected a remote error, got {other}"),
+    }
+    // A remote error leaves the connection usable.
+    assert_eq!(
+        client
+            .call(&EchoRequest::Blob(vec![1; 5000]))
+            .await
+            .unwrap(),
+        EchoResponse::BlobLen(5000)
+    );
+}
+
+#[tokio::test]
+async fn a_request_over_the_frame_limit_fails_before_sending() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config(TOKEN),
+        PeerKind::Client,
+    )
+    .await
+    .unwrap();
+    let error = client
+        .call(&EchoRequest::Blob(vec![0; 2 << 20]))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, WireError::FrameTooLarge { .. }), "{error}");
+    // The client reconnects for the next call.
+    assert_eq!(
+        client.call(&EchoRequest::Blob(vec![0; 10])).await.unwrap(),
+        EchoResponse::BlobLen(10)
+    );
+}
+
+#[tokio::test]
+async fn wrong_token_is_refused_with_a_reason() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let result = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config("not-the-token"),
+        PeerKind::Client,
+    )
+    .await;
+    match result {
+        Err(WireError::Refused {
+            reason: Refusal::WrongToken,
+            message,
+        }) => assert!(message.contains("FLOE_CLUSTER_TOKEN"), "{message}"),
+        Err(other) => panic!("expected a wrong-token refusal, got {other}"),
+        Ok(_) => panic!("a wrong token was accepted"),
+    }
+    let result = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config(""),
+        PeerKind::Client,
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(WireError::Refused {
+                reason: Refusal::WrongToken,
+                ..
+            })
+        ),
+        "an empty token is refused too"
+    );
+    assert_serves(&server).await;
+}
+
+#[tokio::test]
+async fn a_server_without_a_token_does_not_start() {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let result = RpcServer::bind::<Echo, _>(addr, Arc::new(EchoHandler), wire_config("")).await;
+    assert!(matches!(result, Err(WireError::EmptyToken)));
+}
+
+/// Opens a raw TCP connection, sends `bytes` as they are, and returns whatever the server
+/// answers before closing.
+async fn raw_exchange(server: &RpcServer, bytes: &[u8]) -> Vec<u8> {
+    let mut socket = TcpStream::connect(server.local_addr()).await.unwrap();
+    // The server may close before reading everything; that is an answer too.
+    let _ = socket.write_all(bytes).await;
+    let _ = socket.shutdown().await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(WAIT * 2, socket.read_to_end(&mut answer)).await;
+    answer
+}
+
+fn parse_reply(answer: &[u8]) -> HandshakeReply {
+    let len = u32::from_be_bytes(answer[..4].try_into().unwrap()) as usize;
+    assert_eq!(answer.len(), 4 + len, "exactly one reply frame, then close");
+    handshake::decode_reply(&answer[4..], 99).unwrap()
+}
+
+#[tokio::test]
+async fn a_version_mismatch_is_refused_with_both_versions() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut body = Vec::new();
+    let hello = Hello {
+        peer: PeerKind::Client,
+        token: ClusterToken::new(TOKEN),
+    };
+    handshake::encode_hello(99, &hello, &mut body).unwrap();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    match parse_reply(&raw_exchange(&server, &frame).await) {
+        HandshakeReply::Refused {
+            reason: Refusal::VersionMismatch { server, client },
+            message,
+        } => {
+            assert_eq!((server, client), (PROTOCOL_VERSION, 99));
+            assert!(message.contains("speaks 99"), "{message}");
+        }
+        other => panic!("expected a version refusal, got {other:?}"),
+    }
+    assert_serves(&server).await;
+}
+
+#[tokio::test]
+async fn garbage_and_oversize_handshakes_are_refused_and_the_server_keeps_serving() {
+    let server = start_server(wire_config(TOKEN)).await;
+
+    // HTTP on the RPC port: the first four bytes read as a ~1.2 GB length.
+    let answer = raw_exchange(&server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(
+        matches!(parse_reply(&answer), HandshakeReply::Refused { reason: Refusal::Malformed, ref message } if message.contains("exceeds")),
+        "{answer:?}"
+    );
+
+    // A small frame that is not a hello.
+    let answer = raw_exchange(&server, &[0, 0, 0, 3, 1, 2, 3]).await;
+    assert!(matches!(
+        parse_reply(&answer),
+        HandshakeReply::Refused {
+            reason: Refusal::Malformed,
+            ..
+        }
+    ));
+
+    // A hello of the right version whose body is garbage.
+    let mut body = MAGIC.to_vec();
+    body.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    body.extend_from_slice(&[0xff; 16]);
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    assert!(matches!(
+        parse_reply(&raw_exchange(&server, &frame).await),
+        HandshakeReply::Refused {
+            reason: Refusal::Malformed,
+            ..
+        }
+    ));
+
+    // Just over the pre-authentication limit.
+    let header = ((HANDSHAKE_MAX_FRAME + 1) as u32).to_be_bytes();
+    assert!(matches!(
+        parse_reply(&raw_exchange(&server, &header).await),
+        HandshakeReply::Refused {
+            reason: Refusal::Malformed,
+            ..
+        }
+    ));
+
+    // A truncated hello: the server gives up on it without a reply.
+    assert!(raw_exchange(&server, &[0, 0, 0, 50, b'F']).await.is_empty());
+
+    assert_serves(&server).await;
+}
+
+#[tokio::test]
+async fn a_malformed_request_gets_bad_request_and_the_connection_survives() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let socket = TcpStream::connect(server.local_addr()).await.unwrap();
+    let mut stream = FramedStream::new(socket, 1 << 20, WAIT, WAIT);
+    let hello = Hello {
+        peer: PeerKind::Client,
+        token: ClusterToken::new(TOKEN),
+    };
+    handshake::client_handshake(&mut stream, &hello, WAIT)
+        .await
+        .unwrap();
+
+    stream
+        .send_with(|out| {
+            out.extend_from_slice(&7u64.to_be_bytes());
+            out.extend_from_slice(&[0xee; 9]);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let (id, reply) = rpc::decode_response::<Echo>(stream.recv(WAIT).await.unwrap()).unwrap();
+    assert_eq!(id, 7);
+    let error = reply.unwrap_err();
+    assert_eq!(error.kind, RemoteErrorKind::BadRequest);
+    assert!(
+        error.message.contains("cannot decode the request"),
+        "{}",
+        error.message
+    );
+
+    stream
+        .send_with(|out| rpc::encode_request::<Echo>(8, &EchoRequest::Say("ok".into()), out))
+        .await
+        .unwrap();
+    let (id, reply) = rpc::decode_response::<Echo>(stream.recv(WAIT).await.unwrap()).unwrap();
+    assert_eq!(
+        (id, reply),
+        (8, Ok(EchoResponse::Said("Client says ok".into())))
+    );
+}
+
+#[tokio::test]
+async fn an_idle_connection_closed_by_the_server_is_replaced_transparently() {
+    let mut config = wire_config(TOKEN);
+    config.timeouts.idle_ms = 100;
+    let server = start_server(config).await;
+    let mut client = RpcClient::<Echo>::connect(
+        server.local_addr().to_string(),
+        wire_config(TOKEN),
+        PeerKind::Client,
+    )
+    .await
+    .unwrap();
+    client.call(&EchoRequest::Say("one".into())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        client.call(&EchoRequest::Say("two".into())).await.unwrap(),
+        EchoResponse::Said("Client says two".into())
+    );
+}
+
+#[tokio::test]
+async fn shutting_down_closes_connections() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let addr = server.local_addr();
+    let mut client =
+        RpcClient::<Echo>::connect(addr.to_string(), wire_config(TOKEN), PeerKind::Client)
+            .await
+            .unwrap();
+    server.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let error = client
+        .call(&EchoRequest::Say("x".into()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            WireError::Connect { .. } | WireError::Closed | WireError::Io { .. }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn codec_rejects_trailing_bytes_and_lies_about_lengths() {
+    let mut bytes = codec::encode(&EchoRequest::Say("abc".into())).unwrap();
+    bytes.push(0);
+    assert!(codec::decode::<EchoRequest>(&bytes, "request").is_err());
+    // A Vec claiming 2^60 elements in a 20-byte message fails instead of reserving memory.
+    let mut lying = vec![1u8];
+    lying.push(0xff);
+    lying.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    lying.extend_from_slice(&[0; 10]);
+    assert!(codec::decode::<EchoRequest>(&lying, "request").is_err());
+}
