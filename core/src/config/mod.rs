@@ -492,7 +492,7 @@ fn apply(table: &mut toml::Table, assignment: &Assignment) -> Result<Config, Con
     let unknown = |table: &toml::Table| ConfigError::UnknownKey {
         origin: assignment.origin.clone(),
         key: assignment.key.clone(),
-        known: known_keys(table).join(", "),
+        known: known_keys(table, &assignment.key).join(", "),
     };
     let bad_value = |reason: String| ConfigError::BadValue {
         origin: assignment.origin.clone(),
@@ -536,9 +536,14 @@ fn apply(table: &mut toml::Table, assignment: &Assignment) -> Result<Config, Con
         .map_err(|error| bad_value(error.message().to_owned()))
 }
 
-fn known_keys(table: &toml::Table) -> Vec<String> {
+/// The settings to suggest for an unknown `key`: those of its section when the section
+/// exists, else every setting.
+fn known_keys(table: &toml::Table, key: &str) -> Vec<String> {
+    let wanted_section = key.split_once('.').map_or(key, |(section, _)| section);
+    let section_exists = table.contains_key(wanted_section);
     table
         .iter()
+        .filter(|(section, _)| !section_exists || section.as_str() == wanted_section)
         .filter_map(|(section, value)| Some((section, value.as_table()?)))
         .flat_map(|(section, fields)| fields.keys().map(move |field| format!("{section}.{field}")))
         .collect()
