@@ -128,6 +128,10 @@ fn unknown_settings_are_errors_naming_their_origin() {
         text.contains("scheduler.rpc_port"),
         "lists known keys: {text}"
     );
+    assert!(
+        !text.contains("node.rpc_port"),
+        "only the section's keys: {text}"
+    );
 
     let error = ConfigLoader::new()
         .set("nosuch.key=1")
@@ -141,6 +145,10 @@ fn unknown_settings_are_errors_naming_their_origin() {
             ..
         }
     ));
+    assert!(
+        error.to_string().contains("node.rpc_port"),
+        "an unknown section lists every key: {error}"
+    );
 
     let error = ConfigLoader::new().set("no-equals-sign").unwrap_err();
     assert_eq!(
