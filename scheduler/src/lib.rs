@@ -9,6 +9,8 @@
 //!   between replicas, health checks, and the RPC service clients and nodes call.
 //! - [`client`]: a client of that service that knows every replica and follows redirects.
 
+pub mod placement;
+pub mod state;
 pub mod storage;
 
 use std::path::PathBuf;
@@ -42,6 +44,8 @@ pub enum Error {
     Stopped,
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
+    #[error(transparent)]
+    Placement(#[from] placement::PlacementError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

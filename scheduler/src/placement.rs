@@ -1,0 +1,334 @@
+//! Placement: which node runs a task or actor. Pure logic over a [`ResourceView`].
+//!
+//! The leader keeps the view (node totals from the committed state, reservations as soft
+//! state) and calls [`ResourceView::place`] for each batch of requests. Strategies (DESIGN.md,
+//! "Scheduler"):
+//!
+//! - SPREAD: the least utilized node that fits; ties go round-robin, so equal nodes fill evenly.
+//! - DEFAULT, Ray's hybrid policy: the preferred node (most input bytes, else the requester)
+//!   while its utilization is under [`SPREAD_THRESHOLD`]; else the first node under the
+//!   threshold (so work packs node by node); else the least utilized node.
+//! - NodeAffinity: hard (that node or nothing) or soft (that node if it fits now, else DEFAULT).
+//!
+//! Utilization is the larger of a node's CPU share and heap share in use. Memory hints are
+//! reserved against the node's heap pool and a request is only placed where it fits now, so a
+//! node is never oversubscribed. A request that no alive node could hold even when idle is an
+//! error; one that only needs others to finish waits in a [`PlacementQueue`].
+
+use std::collections::{BTreeMap, VecDeque};
+
+use floe_core::NodeId;
+use floe_core::config::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::state::Resources;
+
+/// Nodes below this utilization are packed; at or above it, work spreads out.
+pub const SPREAD_THRESHOLD: f64 = 0.5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Strategy {
+    Spread,
+    Default,
+    NodeAffinity { node: NodeId, soft: bool },
+}
+
+/// What one task or actor needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRequest {
+    pub cpu_millis: u64,
+    /// Expected peak heap use in bytes; reserved against the node's heap pool.
+    pub memory_hint: u64,
+    pub strategy: Strategy,
+    /// Nodes holding the request's inputs, with how many input bytes each holds.
+    pub preferred: Vec<(NodeId, u64)>,
+    /// The node asking, used by DEFAULT when no preferred node is known.
+    pub requester: Option<NodeId>,
+}
+
+impl PlacementRequest {
+    fn need(&self) -> Resources {
+        Resources {
+            cpu_millis: self.cpu_millis,
+            heap_bytes: self.memory_hint,
+        }
+    }
+}
+
+/// Why a request can never be placed as asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum PlacementError {
+    #[error(
+        "the request for {} CPUs and {} of heap fits no alive node even when idle: the most \
+         CPUs on one node is {}, the largest heap pool {}",
+        cpus(*cpu_millis), ByteSize(*memory_hint), cpus(*largest_cpu_millis), ByteSize(*largest_heap_bytes)
+    )]
+    Infeasible {
+        cpu_millis: u64,
+        memory_hint: u64,
+        largest_cpu_millis: u64,
+        largest_heap_bytes: u64,
+    },
+    #[error("no alive node to place on")]
+    NoNodes,
+    #[error("node {node} (hard affinity) is not alive")]
+    AffinityNodeGone { node: NodeId },
+}
+
+fn cpus(millis: u64) -> String {
+    format!("{}.{:03}", millis / 1000, millis % 1000)
+}
+
+/// The answer for one request of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    Placed(NodeId),
+    /// It fits some node once running work releases resources.
+    Wait,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeLoad {
+    total: Resources,
+    used: Resources,
+}
+
+impl NodeLoad {
+    fn utilization(&self) -> f64 {
+        let share = |used: u64, total: u64| {
+            if total == 0 {
+                if used == 0 { 0.0 } else { 1.0 }
+            } else {
+                used as f64 / total as f64
+            }
+        };
+        share(self.used.cpu_millis, self.total.cpu_millis)
+            .max(share(self.used.heap_bytes, self.total.heap_bytes))
+    }
+
+    fn fits_now(&self, need: Resources) -> bool {
+        self.used.cpu_millis.saturating_add(need.cpu_millis) <= self.total.cpu_millis
+            && self.used.heap_bytes.saturating_add(need.heap_bytes) <= self.total.heap_bytes
+    }
+
+    fn fits_when_idle(&self, need: Resources) -> bool {
+        need.cpu_millis <= self.total.cpu_millis && need.heap_bytes <= self.total.heap_bytes
+    }
+}
+
+/// The leader's view of alive nodes: totals and what placements reserved.
+#[derive(Debug, Clone, Default)]
+pub struct ResourceView {
+    nodes: BTreeMap<NodeId, NodeLoad>,
+    /// The node SPREAD chose last; ties go to the next one after it.
+    spread_cursor: Option<NodeId>,
+}
+
+impl ResourceView {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a node, or updates its totals (its reservations are kept).
+    pub fn upsert_node(&mut self, node: NodeId, total: Resources) {
+        self.nodes
+            .entry(node)
+            .and_modify(|load| load.total = total)
+            .or_insert(NodeLoad {
+                total,
+                used: Resources::default(),
+            });
+    }
+
+    pub fn remove_node(&mut self, node: NodeId) {
+        self.nodes.remove(&node);
+    }
+
+    pub fn contains(&self, node: NodeId) -> bool {
+        self.nodes.contains_key(&node)
+    }
+
+    /// Returns what a finished task reserved on `node`.
+    pub fn release(&mut self, node: NodeId, cpu_millis: u64, memory_hint: u64) {
+        if let Some(load) = self.nodes.get_mut(&node) {
+            load.used.cpu_millis = load.used.cpu_millis.saturating_sub(cpu_millis);
+            load.used.heap_bytes = load.used.heap_bytes.saturating_sub(memory_hint);
+        }
+    }
+
+    /// What is reserved on `node`.
+    pub fn used(&self, node: NodeId) -> Option<Resources> {
+        self.nodes.get(&node).map(|load| load.used)
+    }
+
+    pub fn utilization(&self, node: NodeId) -> Option<f64> {
+        self.nodes.get(&node).map(NodeLoad::utilization)
+    }
+
+    /// Places a batch in order; each placement reserves its resources before the next
+    /// request is considered.
+    pub fn place(
+        &mut self,
+        requests: &[PlacementRequest],
+    ) -> Vec<Result<Decision, PlacementError>> {
+        requests
+            .iter()
+            .map(|request| self.place_one(request))
+            .collect()
+    }
+
+    pub fn place_one(&mut self, request: &PlacementRequest) -> Result<Decision, PlacementError> {
+        let need = request.need();
+        let chosen = match request.strategy {
+            Strategy::NodeAffinity { node, soft: false } => {
+                let Some(load) = self.nodes.get(&node) else {
+                    return Err(PlacementError::AffinityNodeGone { node });
+                };
+                if !load.fits_when_idle(need) {
+                    return Err(self.infeasible(request, [load]));
+                }
+                load.fits_now(need).then_some(node)
+            }
+            Strategy::NodeAffinity { node, soft: true } => {
+                match self.nodes.get(&node).filter(|load| load.fits_now(need)) {
+                    Some(_) => Some(node),
+                    None => self.choose_default(request),
+                }
+            }
+            Strategy::Default => self.choose_default(request),
+            Strategy::Spread => self.choose_spread(need),
+        };
+        match chosen {
+            Some(node) => {
+                if let Some(load) = self.nodes.get_mut(&node) {
+                    load.used.cpu_millis += need.cpu_millis;
+                    load.used.heap_bytes += need.heap_bytes;
+                }
+                if request.strategy == Strategy::Spread {
+                    self.spread_cursor = Some(node);
+                }
+                Ok(Decision::Placed(node))
+            }
+            None if self.nodes.is_empty() => Err(PlacementError::NoNodes),
+            None if self.nodes.values().any(|load| load.fits_when_idle(need)) => Ok(Decision::Wait),
+            None => Err(self.infeasible(request, self.nodes.values())),
+        }
+    }
+
+    fn infeasible<'a>(
+        &self,
+        request: &PlacementRequest,
+        nodes: impl IntoIterator<Item = &'a NodeLoad>,
+    ) -> PlacementError {
+        let (mut largest_cpu_millis, mut largest_heap_bytes) = (0, 0);
+        for load in nodes {
+            largest_cpu_millis = largest_cpu_millis.max(load.total.cpu_millis);
+            largest_heap_bytes = largest_heap_bytes.max(load.total.heap_bytes);
+        }
+        PlacementError::Infeasible {
+            cpu_millis: request.cpu_millis,
+            memory_hint: request.memory_hint,
+            largest_cpu_millis,
+            largest_heap_bytes,
+        }
+    }
+
+    fn choose_default(&self, request: &PlacementRequest) -> Option<NodeId> {
+        let need = request.need();
+        // The preferred node holds the most input bytes (ties: the lower id); only alive
+        // nodes count.
+        let preferred = request
+            .preferred
+            .iter()
+            .filter(|(node, _)| self.nodes.contains_key(node))
+            .max_by(|(a, a_bytes), (b, b_bytes)| a_bytes.cmp(b_bytes).then(b.cmp(a)))
+            .map(|(node, _)| *node)
+            .or(request.requester);
+        if let Some(node) = preferred
+            && let Some(load) = self.nodes.get(&node)
+            && load.fits_now(need)
+            && load.utilization() < SPREAD_THRESHOLD
+        {
+            return Some(node);
+        }
+        let fitting = || self.nodes.iter().filter(|(_, load)| load.fits_now(need));
+        if let Some((node, _)) = fitting().find(|(_, load)| load.utilization() < SPREAD_THRESHOLD) {
+            return Some(*node);
+        }
+        fitting()
+            .min_by(|(_, a), (_, b)| a.utilization().total_cmp(&b.utilization()))
+            .map(|(node, _)| *node)
+    }
+
+    fn choose_spread(&self, need: Resources) -> Option<NodeId> {
+        // Visit nodes starting after the cursor so equal candidates take turns.
+        let after = |cursor: NodeId| {
+            self.nodes
+                .range(cursor..)
+                .skip(1)
+                .chain(self.nodes.range(..=cursor))
+        };
+        let mut best: Option<(NodeId, f64)> = None;
+        let order: Box<dyn Iterator<Item = (&NodeId, &NodeLoad)>> = match self.spread_cursor {
+            Some(cursor) => Box::new(after(cursor)),
+            None => Box::new(self.nodes.iter()),
+        };
+        for (node, load) in order {
+            if !load.fits_now(need) {
+                continue;
+            }
+            let utilization = load.utilization();
+            if best.is_none_or(|(_, lowest)| utilization < lowest) {
+                best = Some((*node, utilization));
+            }
+        }
+        best.map(|(node, _)| node)
+    }
+}
+
+/// Requests that wait for resources, in arrival order, each with whatever `T` the caller
+/// needs to answer it (a reply channel). They are retried when resources are released or a
+/// node joins — never by polling.
+#[derive(Debug)]
+pub struct PlacementQueue<T> {
+    waiting: VecDeque<(PlacementRequest, T)>,
+}
+
+impl<T> Default for PlacementQueue<T> {
+    fn default() -> Self {
+        Self {
+            waiting: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> PlacementQueue<T> {
+    pub fn push(&mut self, request: PlacementRequest, waiter: T) {
+        self.waiting.push_back((request, waiter));
+    }
+
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Retries every waiting request in order. Returns the ones that were placed or became
+    /// infeasible (e.g. their only big node died); the rest keep waiting, in order.
+    pub fn retry(&mut self, view: &mut ResourceView) -> Vec<(T, Result<NodeId, PlacementError>)> {
+        let mut settled = Vec::new();
+        for (request, waiter) in std::mem::take(&mut self.waiting) {
+            match view.place_one(&request) {
+                Ok(Decision::Placed(node)) => settled.push((waiter, Ok(node))),
+                Ok(Decision::Wait) => self.waiting.push_back((request, waiter)),
+                Err(error) => settled.push((waiter, Err(error))),
+            }
+        }
+        settled
+    }
+}
+
+#[cfg(test)]
+mod tests;

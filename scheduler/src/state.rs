@@ -1,0 +1,373 @@
+//! The replicated state machine.
+//!
+//! Every replica applies the same committed [`Command`]s in the same order to a
+//! [`ClusterState`], so `apply` must be deterministic: ordered maps only, no clocks, no
+//! randomness, and a command that does not make sense (an unknown job, say) is answered with
+//! the same [`Outcome::Rejected`] everywhere rather than failing on some replicas.
+
+use std::collections::BTreeMap;
+
+use floe_core::wire::codec;
+use floe_core::{ActorId, JobId, NodeId};
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+
+/// What a node offers to tasks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// Thousandths of a CPU, so fractional requests stay exact.
+    pub cpu_millis: u64,
+    /// The node's heap pool: memory for tasks' working sets, against which memory hints are
+    /// accounted.
+    pub heap_bytes: u64,
+}
+
+/// Where a node can be reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddresses {
+    /// The node agent's RPC address (`host:port`).
+    pub rpc: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Liveness {
+    Alive,
+    /// Committed dead at log index `index`. A dead node never comes back under the same id.
+    Dead {
+        index: u64,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub addresses: NodeAddresses,
+    pub resources: Resources,
+    pub labels: BTreeMap<String, String>,
+    pub liveness: Liveness,
+}
+
+impl NodeRecord {
+    pub fn is_alive(&self) -> bool {
+        self.liveness == Liveness::Alive
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobStatus {
+    /// Waiting for its driver to be placed (again, after a driver's node died).
+    Pending,
+    Running,
+    Succeeded,
+    Failed {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    /// The encoded logical plan, opaque to the scheduler.
+    pub plan: Vec<u8>,
+    pub status: JobStatus,
+    /// The node running the job's driver, while one does.
+    pub driver: Option<NodeId>,
+    /// How many times a driver was started for this job.
+    pub attempts: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorRecord {
+    pub id: ActorId,
+    pub kind: String,
+    pub node: NodeId,
+}
+
+/// One cached output shard of an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedShard {
+    pub node: NodeId,
+    pub bytes: u64,
+    pub rows: u64,
+}
+
+/// The shards cached for one (fingerprint, shard count).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    /// Shard rank → where it is.
+    pub shards: BTreeMap<u32, CachedShard>,
+}
+
+/// A committed node death, as published to subscribers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDeath {
+    pub node: NodeId,
+    /// The log index that committed the death; subscribers resume after it.
+    pub index: u64,
+    pub reason: String,
+}
+
+/// A change to the cluster state, proposed through Raft.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    RegisterNode {
+        addresses: NodeAddresses,
+        resources: Resources,
+        labels: BTreeMap<String, String>,
+    },
+    MarkNodeDead {
+        node: NodeId,
+        reason: String,
+    },
+    SubmitJob {
+        plan: Vec<u8>,
+    },
+    /// Starts a driver for `job` on `node` (counting an attempt).
+    StartDriver {
+        job: JobId,
+        node: NodeId,
+    },
+    FinishJob {
+        job: JobId,
+        status: JobStatus,
+    },
+    RegisterActor {
+        actor: ActorId,
+        kind: String,
+        node: NodeId,
+    },
+    RemoveActor {
+        actor: ActorId,
+    },
+    RecordCacheShard {
+        fingerprint: String,
+        shard_count: u32,
+        rank: u32,
+        shard: CachedShard,
+    },
+    EvictCache {
+        fingerprint: String,
+    },
+}
+
+/// The result of applying one command, returned to whoever proposed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    NodeRegistered(NodeId),
+    JobSubmitted(JobId),
+    Applied,
+    /// The command was valid to propose but does not apply to the current state.
+    Rejected(String),
+}
+
+/// Everything the replicas agree on. Cloned for snapshots and linearizable reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// The last log index applied; saved with the state so a restart never applies an entry
+    /// twice.
+    pub applied_index: u64,
+    /// How many commands were applied in total (a cross-check that nothing ran twice).
+    pub applied_commands: u64,
+    pub next_node_id: u64,
+    pub next_job_id: u64,
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+    pub jobs: BTreeMap<JobId, JobRecord>,
+    pub actors: BTreeMap<ActorId, ActorRecord>,
+    /// Fingerprint (32 hex digits) → shard count → shards.
+    pub cache: BTreeMap<String, BTreeMap<u32, CacheEntry>>,
+}
+
+impl ClusterState {
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        Ok(codec::encode(self)?)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        Ok(codec::decode(bytes, "cluster state snapshot")?)
+    }
+
+    /// Records that the entry at `index` was applied without a command (an empty entry a new
+    /// leader appends).
+    pub fn skip(&mut self, index: u64) {
+        self.applied_index = self.applied_index.max(index);
+    }
+
+    /// Applies the command committed at `index`. Returns `None` when `index` was already
+    /// applied, which only a bug could cause and which must never change the state.
+    pub fn apply(&mut self, index: u64, command: Command) -> Option<Outcome> {
+        if index <= self.applied_index {
+            tracing::error!(
+                index,
+                applied = self.applied_index,
+                "refusing to apply a log entry twice"
+            );
+            return None;
+        }
+        self.applied_index = index;
+        self.applied_commands += 1;
+        Some(self.apply_command(index, command))
+    }
+
+    fn apply_command(&mut self, index: u64, command: Command) -> Outcome {
+        match command {
+            Command::RegisterNode {
+                addresses,
+                resources,
+                labels,
+            } => {
+                self.next_node_id += 1;
+                let id = NodeId::new(self.next_node_id);
+                self.nodes.insert(
+                    id,
+                    NodeRecord {
+                        id,
+                        addresses,
+                        resources,
+                        labels,
+                        liveness: Liveness::Alive,
+                    },
+                );
+                Outcome::NodeRegistered(id)
+            }
+            Command::MarkNodeDead { node, reason } => self.mark_dead(index, node, reason),
+            Command::SubmitJob { plan } => {
+                self.next_job_id += 1;
+                let id = JobId::new(self.next_job_id);
+                self.jobs.insert(
+                    id,
+                    JobRecord {
+                        id,
+                        plan,
+                        status: JobStatus::Pending,
+                        driver: None,
+                        attempts: 0,
+                    },
+                );
+                Outcome::JobSubmitted(id)
+            }
+            Command::StartDriver { job, node } => {
+                if !self.nodes.get(&node).is_some_and(NodeRecord::is_alive) {
+                    return Outcome::Rejected(format!("node {node} is not alive"));
+                }
+                let Some(record) = self.jobs.get_mut(&job) else {
+                    return Outcome::Rejected(format!("no job {job}"));
+                };
+                record.driver = Some(node);
+                record.status = JobStatus::Running;
+                record.attempts += 1;
+                Outcome::Applied
+            }
+            Command::FinishJob { job, status } => {
+                let Some(record) = self.jobs.get_mut(&job) else {
+                    return Outcome::Rejected(format!("no job {job}"));
+                };
+                record.status = status;
+                record.driver = None;
+                Outcome::Applied
+            }
+            Command::RegisterActor { actor, kind, node } => {
+                if !self.nodes.get(&node).is_some_and(NodeRecord::is_alive) {
+                    return Outcome::Rejected(format!("node {node} is not alive"));
+                }
+                self.actors.insert(
+                    actor,
+                    ActorRecord {
+                        id: actor,
+                        kind,
+                        node,
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::RemoveActor { actor } => match self.actors.remove(&actor) {
+                Some(_) => Outcome::Applied,
+                None => Outcome::Rejected(format!("no actor {actor}")),
+            },
+            Command::RecordCacheShard {
+                fingerprint,
+                shard_count,
+                rank,
+                shard,
+            } => {
+                if rank >= shard_count {
+                    return Outcome::Rejected(format!(
+                        "shard rank {rank} is not below the shard count {shard_count}"
+                    ));
+                }
+                if !self
+                    .nodes
+                    .get(&shard.node)
+                    .is_some_and(NodeRecord::is_alive)
+                {
+                    return Outcome::Rejected(format!("node {} is not alive", shard.node));
+                }
+                self.cache
+                    .entry(fingerprint)
+                    .or_default()
+                    .entry(shard_count)
+                    .or_default()
+                    .shards
+                    .insert(rank, shard);
+                Outcome::Applied
+            }
+            Command::EvictCache { fingerprint } => match self.cache.remove(&fingerprint) {
+                Some(_) => Outcome::Applied,
+                None => Outcome::Rejected(format!("no cache entry {fingerprint}")),
+            },
+        }
+    }
+
+    /// A dead node's actors and cached shards are gone with it; a job whose driver ran there
+    /// goes back to pending so the leader starts its driver elsewhere.
+    fn mark_dead(&mut self, index: u64, node: NodeId, reason: String) -> Outcome {
+        let Some(record) = self.nodes.get_mut(&node) else {
+            return Outcome::Rejected(format!("no node {node}"));
+        };
+        if !record.is_alive() {
+            return Outcome::Rejected(format!("node {node} is already dead"));
+        }
+        record.liveness = Liveness::Dead { index, reason };
+        self.actors.retain(|_, actor| actor.node != node);
+        for by_count in self.cache.values_mut() {
+            for entry in by_count.values_mut() {
+                entry.shards.retain(|_, shard| shard.node != node);
+            }
+            by_count.retain(|_, entry| !entry.shards.is_empty());
+        }
+        self.cache.retain(|_, by_count| !by_count.is_empty());
+        for job in self.jobs.values_mut() {
+            if job.driver == Some(node) {
+                job.driver = None;
+                job.status = JobStatus::Pending;
+            }
+        }
+        Outcome::Applied
+    }
+
+    /// Deaths committed after log index `after`, oldest first.
+    pub fn deaths_after(&self, after: u64) -> Vec<NodeDeath> {
+        let mut deaths: Vec<NodeDeath> = self
+            .nodes
+            .values()
+            .filter_map(|node| match &node.liveness {
+                Liveness::Dead { index, reason } if *index > after => Some(NodeDeath {
+                    node: node.id,
+                    index: *index,
+                    reason: reason.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        deaths.sort_by_key(|death| death.index);
+        deaths
+    }
+
+    pub fn alive_nodes(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.nodes.values().filter(|node| node.is_alive())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+use super::*;
+
+fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
+    let outcome = state
+        .apply(
+            index,
+            Command::RegisterNode {
+                addresses: NodeAddresses { rpc: rpc.into() },
+                resources: Resources {
+                    cpu_millis: 4_000,
+                    heap_bytes: 1 << 30,
+                },
+                labels: BTreeMap::new(),
+            },
+        )
+        .unwrap();
+    match outcome {
+        Outcome::NodeRegistered(id) => id,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn fingerprint(n: u8) -> String {
+    format!("{n:032x}")
+}
+
+#[test]
+fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    let b = register(&mut state, 2, "b:1");
+    assert_eq!((a.get(), b.get()), (1, 2));
+    assert_eq!(
+        state.apply(3, Command::SubmitJob { plan: vec![7] }),
+        Some(Outcome::JobSubmitted(JobId::new(1)))
+    );
+    let job = JobId::new(1);
+    state.apply(4, Command::StartDriver { job, node: a });
+    let actor_a = ActorId::new(10);
+    let actor_b = ActorId::new(11);
+    for (index, actor, node) in [(5, actor_a, a), (6, actor_b, b)] {
+        state.apply(
+            index,
+            Command::RegisterActor {
+                actor,
+                kind: "HashShuffleAggregator".into(),
+                node,
+            },
+        );
+    }
+    for (index, rank, node) in [(7, 0, a), (8, 1, b)] {
+        state.apply(
+            index,
+            Command::RecordCacheShard {
+                fingerprint: fingerprint(1),
+                shard_count: 2,
+                rank,
+                shard: CachedShard {
+                    node,
+                    bytes: 100,
+                    rows: 10,
+                },
+            },
+        );
+    }
+    state.apply(
+        9,
+        Command::MarkNodeDead {
+            node: a,
+            reason: "missed 5 heartbeats".into(),
+        },
+    );
+
+    assert!(!state.nodes[&a].is_alive());
+    assert_eq!(state.actors.keys().copied().collect::<Vec<_>>(), [actor_b]);
+    let shards = &state.cache[&fingerprint(1)][&2].shards;
+    assert_eq!(shards.keys().copied().collect::<Vec<_>>(), [1]);
+    let job = &state.jobs[&job];
+    assert_eq!(
+        (job.status.clone(), job.driver, job.attempts),
+        (JobStatus::Pending, None, 1)
+    );
+    assert_eq!(
+        state.deaths_after(0),
+        vec![NodeDeath {
+            node: a,
+            index: 9,
+            reason: "missed 5 heartbeats".into()
+        }]
+    );
+    assert!(state.deaths_after(9).is_empty());
+    // Nothing new may be placed on a dead node, and it can only come back as a new node.
+    assert!(matches!(
+        state.apply(
+            10,
+            Command::StartDriver {
+                job: JobId::new(1),
+                node: a
+            }
+        ),
+        Some(Outcome::Rejected(_))
+    ));
+    assert_eq!(register(&mut state, 11, "a:1").get(), 3);
+}
+
+#[test]
+fn an_entry_is_never_applied_twice() {
+    let mut state = ClusterState::default();
+    register(&mut state, 5, "a:1");
+    let before = state.clone();
+    assert_eq!(state.apply(5, Command::SubmitJob { plan: vec![] }), None);
+    assert_eq!(state.apply(3, Command::SubmitJob { plan: vec![] }), None);
+    assert_eq!(state, before);
+    state.skip(6);
+    assert_eq!(state.apply(6, Command::SubmitJob { plan: vec![] }), None);
+    assert_eq!(state.applied_commands, 1);
+}
+
+#[test]
+fn the_snapshot_round_trips_and_is_deterministic() {
+    let build = || {
+        let mut state = ClusterState::default();
+        let node = register(&mut state, 1, "a:1");
+        for (index, n) in (2..40).zip(0u8..) {
+            state.apply(
+                index,
+                Command::RecordCacheShard {
+                    fingerprint: fingerprint(n % 7),
+                    shard_count: 4,
+                    rank: u32::from(n % 4),
+                    shard: CachedShard {
+                        node,
+                        bytes: u64::from(n),
+                        rows: 1,
+                    },
+                },
+            );
+        }
+        state
+    };
+    let bytes = build().encode().unwrap();
+    assert_eq!(bytes, build().encode().unwrap());
+    assert_eq!(ClusterState::decode(&bytes).unwrap(), build());
+    assert!(ClusterState::decode(&bytes[..bytes.len() - 1]).is_err());
+}
+
+#[test]
+fn invalid_commands_are_rejected_without_changing_the_state() {
+    let mut state = ClusterState::default();
+    let node = register(&mut state, 1, "a:1");
+    let before_counts = (state.jobs.len(), state.cache.len());
+    let rejected = [
+        Command::FinishJob {
+            job: JobId::new(9),
+            status: JobStatus::Succeeded,
+        },
+        Command::RecordCacheShard {
+            fingerprint: fingerprint(1),
+            shard_count: 2,
+            rank: 2,
+            shard: CachedShard {
+                node,
+                bytes: 1,
+                rows: 1,
+            },
+        },
+        Command::MarkNodeDead {
+            node: NodeId::new(42),
+            reason: String::new(),
+        },
+    ];
+    for (index, command) in (2..).zip(rejected) {
+        assert!(matches!(
+            state.apply(index, command),
+            Some(Outcome::Rejected(_))
+        ));
+    }
+    assert_eq!((state.jobs.len(), state.cache.len()), before_counts);
+}
