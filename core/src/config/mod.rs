@@ -109,6 +109,21 @@ pub struct SchedulerConfig {
     pub rpc_port: u16,
     /// REST API, dashboard and `/metrics`. Default 7780.
     pub http_port: u16,
+    /// How often nodes send a heartbeat with their resource use. Default 1000.
+    pub heartbeat_interval_ms: u64,
+    /// Heartbeat periods a node may miss before the leader commits it dead (as Ray's
+    /// health-check failure threshold). Default 5.
+    pub missed_heartbeats: u32,
+    /// One Raft tick. Default 100.
+    pub raft_tick_ms: u64,
+    /// Ticks without a leader before a follower campaigns; raft-rs randomizes the timeout in
+    /// [election_ticks, 2 × election_ticks). Default 10 (1 to 2 seconds).
+    pub election_ticks: u32,
+    /// Ticks between the leader's heartbeats; must be below `election_ticks`. Default 2.
+    pub heartbeat_ticks: u32,
+    /// Applied entries past the last snapshot that trigger a new snapshot and log compaction.
+    /// Default 10000.
+    pub snapshot_entries: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -116,7 +131,28 @@ impl Default for SchedulerConfig {
         Self {
             rpc_port: 7700,
             http_port: 7780,
+            heartbeat_interval_ms: 1_000,
+            missed_heartbeats: 5,
+            raft_tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            snapshot_entries: 10_000,
         }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+
+    pub fn raft_tick(&self) -> Duration {
+        Duration::from_millis(self.raft_tick_ms)
+    }
+
+    /// How long a node may stay silent before it is committed dead.
+    pub fn node_timeout(&self) -> Duration {
+        self.heartbeat_interval() * self.missed_heartbeats
     }
 }
 
@@ -636,6 +672,39 @@ impl Config {
                 reason: format!(
                     "{} is also scheduler.rpc_port; the two need different ports",
                     scheduler.http_port
+                ),
+            });
+        }
+        for (key, value) in [
+            (
+                "scheduler.heartbeat_interval_ms",
+                scheduler.heartbeat_interval_ms,
+            ),
+            (
+                "scheduler.missed_heartbeats",
+                u64::from(scheduler.missed_heartbeats),
+            ),
+            ("scheduler.raft_tick_ms", scheduler.raft_tick_ms),
+            (
+                "scheduler.heartbeat_ticks",
+                u64::from(scheduler.heartbeat_ticks),
+            ),
+            ("scheduler.snapshot_entries", scheduler.snapshot_entries),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if scheduler.election_ticks <= scheduler.heartbeat_ticks {
+            return Err(ConfigError::Invalid {
+                key: "scheduler.election_ticks",
+                reason: format!(
+                    "{} must be larger than scheduler.heartbeat_ticks ({}), or followers would \
+                     campaign against a healthy leader",
+                    scheduler.election_ticks, scheduler.heartbeat_ticks
                 ),
             });
         }

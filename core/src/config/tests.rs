@@ -420,3 +420,36 @@ fn spill_settings_come_from_the_environment() {
     assert_eq!(config.memory.spill_threshold, 1.0);
     assert_eq!(config.memory.min_spilling_size, ByteSize::mib(4));
 }
+
+#[test]
+fn scheduler_timing_defaults_and_validation() {
+    let config = ConfigLoader::new().load().unwrap();
+    let scheduler = &config.scheduler;
+    assert_eq!(scheduler.heartbeat_interval(), Duration::from_secs(1));
+    assert_eq!(scheduler.missed_heartbeats, 5);
+    assert_eq!(scheduler.node_timeout(), Duration::from_secs(5));
+    assert_eq!(scheduler.raft_tick(), Duration::from_millis(100));
+    assert_eq!(
+        (scheduler.election_ticks, scheduler.heartbeat_ticks),
+        (10, 2)
+    );
+    assert_eq!(scheduler.snapshot_entries, 10_000);
+
+    for key in [
+        "heartbeat_interval_ms",
+        "missed_heartbeats",
+        "raft_tick_ms",
+        "heartbeat_ticks",
+        "snapshot_entries",
+    ] {
+        let (invalid_key, reason) = invalid(&[&format!("scheduler.{key}=0")]);
+        assert_eq!(invalid_key, format!("scheduler.{key}"));
+        assert!(reason.contains("at least 1"), "{reason}");
+    }
+    let (key, reason) = invalid(&["scheduler.election_ticks=3", "scheduler.heartbeat_ticks=3"]);
+    assert_eq!(key, "scheduler.election_ticks");
+    assert!(
+        reason.contains("larger than scheduler.heartbeat_ticks (3)"),
+        "{reason}"
+    );
+}
