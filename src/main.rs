@@ -1,5 +1,7 @@
 //! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
 
+mod scheduler;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,6 +43,8 @@ enum Command {
     /// Inspect and check the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run one replica of the Raft-replicated scheduler.
+    Scheduler(scheduler::SchedulerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("ok: {service:?} can start with this configuration");
             }
         }
+        Command::Scheduler(args) => scheduler::run(&config, args)?,
     }
     Ok(())
 }

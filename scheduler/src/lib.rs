@@ -9,7 +9,11 @@
 //!   between replicas, health checks, and the RPC service clients and nodes call.
 //! - [`client`]: a client of that service that knows every replica and follows redirects.
 
+pub mod client;
+pub mod logging;
 pub mod placement;
+pub mod protocol;
+pub mod replica;
 pub mod state;
 pub mod storage;
 

@@ -124,6 +124,9 @@ impl MemoryLog {
         }
         let drop = (index - self.snapshot_index()) as usize;
         self.entries.drain(..drop);
+        // Only committed entries are compacted; say so, in case the last hard state written
+        // predates the commit (raft-rs reports some commit advances outside the hard state).
+        self.hard_state.commit = self.hard_state.commit.max(index);
         self.conf_state = snapshot.get_metadata().get_conf_state().clone();
         self.snapshot = snapshot;
         Ok(())

@@ -1,11 +1,12 @@
 use super::*;
 
 fn entry(index: u64, term: u64, data: &str) -> Entry {
-    let mut entry = Entry::default();
-    entry.index = index;
-    entry.term = term;
-    entry.data = data.as_bytes().to_vec().into();
-    entry
+    Entry {
+        index,
+        term,
+        data: data.as_bytes().to_vec().into(),
+        ..Entry::default()
+    }
 }
 
 fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
@@ -15,21 +16,24 @@ fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
 }
 
 fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
-    let mut hard_state = HardState::default();
-    hard_state.term = term;
-    hard_state.vote = vote;
-    hard_state.commit = commit;
-    hard_state
+    HardState {
+        term,
+        vote,
+        commit,
+        ..HardState::default()
+    }
 }
 
 fn snapshot(index: u64, term: u64, data: &str) -> Snapshot {
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot {
+        data: data.as_bytes().to_vec().into(),
+        ..Snapshot::default()
+    };
     snapshot.mut_metadata().index = index;
     snapshot.mut_metadata().term = term;
     snapshot
         .mut_metadata()
         .set_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
-    snapshot.data = data.as_bytes().to_vec().into();
     snapshot
 }
 

@@ -1,0 +1,230 @@
+//! A client of the scheduler service that knows every replica.
+//!
+//! It sends each request to the replica it believes leads, follows `NotLeader` redirects, and
+//! on a connection failure or a leadership change tries the other replicas until its retry
+//! window closes. Retrying makes proposals at-least-once: a command whose leader died after
+//! committing it but before answering may be applied again when sent to the new leader.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use floe_core::NodeId;
+use floe_core::WireError;
+use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig};
+
+use crate::placement::{PlacementError, PlacementRequest};
+use crate::protocol::{
+    ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+};
+use crate::state::{ClusterState, Command, NodeAddresses, NodeDeath, Outcome, Resources};
+use crate::{Error, Result};
+
+/// Pause between attempts when no replica could answer, so failover costs no busy loop.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// What the leader said to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatReply {
+    Accepted,
+    /// The node was declared dead; it must register again and use its new id.
+    Rejoin,
+}
+
+pub struct SchedulerClient {
+    replicas: Vec<String>,
+    wire: WireConfig,
+    kind: PeerKind,
+    retry_for: Duration,
+    /// The replica currently talked to, and the connection to it.
+    target: String,
+    connection: Option<RpcClient<SchedulerProtocol>>,
+}
+
+fn unexpected(response: SchedulerResponse) -> Error {
+    Error::NoReplica(format!("unexpected response {response:?}"))
+}
+
+impl SchedulerClient {
+    /// A client of the replicas at `replicas` (`host:port`); it connects on first use.
+    pub fn new(replicas: Vec<String>, wire: WireConfig, kind: PeerKind) -> Result<Self> {
+        let target = replicas
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::Peers("no scheduler replica address given".into()))?;
+        Ok(Self {
+            replicas,
+            wire,
+            kind,
+            retry_for: Duration::from_secs(10),
+            target,
+            connection: None,
+        })
+    }
+
+    /// How long a call keeps trying replicas before it fails. Default 10 s (two election
+    /// timeouts, with margin).
+    pub fn with_retry_for(mut self, retry_for: Duration) -> Self {
+        self.retry_for = retry_for;
+        self
+    }
+
+    fn switch_to(&mut self, addr: String) {
+        if addr != self.target {
+            self.target = addr;
+            self.connection = None;
+        }
+    }
+
+    fn rotate(&mut self) {
+        let position = self.replicas.iter().position(|addr| *addr == self.target);
+        let next = position.map_or(0, |position| (position + 1) % self.replicas.len());
+        self.switch_to(self.replicas[next].clone());
+    }
+
+    async fn call_target(
+        &mut self,
+        request: &SchedulerRequest,
+    ) -> Result<SchedulerResponse, WireError> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => self.connection.insert(
+                RpcClient::connect(self.target.clone(), self.wire.clone(), self.kind).await?,
+            ),
+        };
+        let result = connection.call(request).await;
+        if matches!(&result, Err(error) if !matches!(error, WireError::Remote(_))) {
+            self.connection = None;
+        }
+        result
+    }
+
+    /// Sends `request` to the leader (or any replica, for requests any replica answers).
+    pub async fn call(&mut self, request: &SchedulerRequest) -> Result<SchedulerResponse> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut last_problem;
+        loop {
+            match self.call_target(request).await {
+                Ok(SchedulerResponse::NotLeader { leader: Some(hint) })
+                    if hint.addr != self.target =>
+                {
+                    self.switch_to(hint.addr);
+                    last_problem = "redirected".to_owned();
+                }
+                Ok(SchedulerResponse::NotLeader { .. }) => {
+                    last_problem = format!("{} knows no leader", self.target);
+                    self.rotate();
+                }
+                Ok(response) => return Ok(response),
+                Err(WireError::Remote(error)) if error.kind == RemoteErrorKind::Unavailable => {
+                    last_problem = format!("{}: {error}", self.target);
+                    self.rotate();
+                }
+                Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
+                Err(error) => {
+                    last_problem = format!("{}: {error}", self.target);
+                    self.rotate();
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::NoReplica(format!(
+                    "gave up after {:?}; last problem: {last_problem}",
+                    self.retry_for
+                )));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Commits `command` and returns its outcome.
+    pub async fn propose(&mut self, command: Command) -> Result<Outcome> {
+        match self.call(&SchedulerRequest::Propose(command)).await? {
+            SchedulerResponse::Committed(outcome) => Ok(outcome),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A linearizable read of the cluster state.
+    pub async fn read_state(&mut self) -> Result<ClusterState> {
+        match self.call(&SchedulerRequest::ReadState).await? {
+            SchedulerResponse::State(state) => Ok(*state),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn register_node(
+        &mut self,
+        addresses: NodeAddresses,
+        resources: Resources,
+        labels: BTreeMap<String, String>,
+    ) -> Result<NodeId> {
+        let request = SchedulerRequest::RegisterNode {
+            addresses,
+            resources,
+            labels,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => Ok(node),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn heartbeat(
+        &mut self,
+        node: NodeId,
+        usage: ResourceUsage,
+    ) -> Result<HeartbeatReply> {
+        match self
+            .call(&SchedulerRequest::Heartbeat { node, usage })
+            .await?
+        {
+            SchedulerResponse::HeartbeatAccepted => Ok(HeartbeatReply::Accepted),
+            SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Places a batch; requests that fit only later are answered once they are placed.
+    pub async fn place(
+        &mut self,
+        requests: Vec<PlacementRequest>,
+    ) -> Result<Vec<Result<NodeId, PlacementError>>> {
+        match self.call(&SchedulerRequest::Place { requests }).await? {
+            SchedulerResponse::Placements(placements) => Ok(placements),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn release(&mut self, node: NodeId, cpu_millis: u64, memory_hint: u64) -> Result<()> {
+        let request = SchedulerRequest::Release {
+            node,
+            cpu_millis,
+            memory_hint,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::Released => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Node deaths committed after log index `after`, waiting up to `wait` for the next one.
+    pub async fn watch_deaths(&mut self, after: u64, wait: Duration) -> Result<Vec<NodeDeath>> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        match self
+            .call(&SchedulerRequest::WatchDeaths { after, wait_ms })
+            .await?
+        {
+            SchedulerResponse::Deaths(deaths) => Ok(deaths),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The Raft status of the replica at `addr` itself (no redirect).
+    pub async fn status_of(addr: &str, wire: WireConfig) -> Result<ReplicaStatus> {
+        let mut client =
+            RpcClient::<SchedulerProtocol>::connect(addr, wire, PeerKind::Client).await?;
+        match client.call(&SchedulerRequest::Status).await? {
+            SchedulerResponse::Status(status) => Ok(status),
+            other => Err(unexpected(other)),
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The RPC service every scheduler replica serves on its address: Raft traffic between
+//! replicas, and the requests of clients and nodes. Any replica answers; one that is not the
+//! leader answers requests that need the leader with [`SchedulerResponse::NotLeader`].
+
+use std::collections::BTreeMap;
+
+use floe_core::NodeId;
+use floe_core::wire::Protocol;
+use serde::{Deserialize, Serialize};
+
+use crate::placement::{PlacementError, PlacementRequest};
+use crate::state::{ClusterState, Command, NodeAddresses, NodeDeath, Outcome, Resources};
+
+pub struct SchedulerProtocol;
+
+impl Protocol for SchedulerProtocol {
+    const NAME: &'static str = "scheduler";
+    type Request = SchedulerRequest;
+    type Response = SchedulerResponse;
+}
+
+/// What a node reports in each heartbeat; kept by the leader as soft state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceUsage {
+    pub cpu_millis: u64,
+    pub heap_bytes: u64,
+    pub object_store_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SchedulerRequest {
+    /// Raft messages from another replica, each protobuf-encoded (raft-rs's own format).
+    /// Only accepted from scheduler peers.
+    Raft {
+        messages: Vec<Vec<u8>>,
+    },
+    RegisterNode {
+        addresses: NodeAddresses,
+        resources: Resources,
+        labels: BTreeMap<String, String>,
+    },
+    Heartbeat {
+        node: NodeId,
+        usage: ResourceUsage,
+    },
+    /// Commits a command through Raft and returns its outcome.
+    Propose(Command),
+    /// A linearizable read of the whole cluster state (ReadIndex).
+    ReadState,
+    Place {
+        requests: Vec<PlacementRequest>,
+    },
+    /// Returns what a finished task reserved.
+    Release {
+        node: NodeId,
+        cpu_millis: u64,
+        memory_hint: u64,
+    },
+    /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
+    WatchDeaths {
+        after: u64,
+        wait_ms: u64,
+    },
+    Status,
+}
+
+/// Where the leader is, so a client can go straight there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderHint {
+    pub id: u64,
+    pub addr: String,
+}
+
+/// One replica's view of Raft, for operators and tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub commit: u64,
+    pub applied: u64,
+    /// How many commands this replica's state machine has applied since the cluster began.
+    pub applied_commands: u64,
+    /// The first log index still in the log (everything before is in the snapshot).
+    pub first_index: u64,
+    pub snapshot_index: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SchedulerResponse {
+    /// This replica is not the leader; `leader` is who is, when known.
+    NotLeader {
+        leader: Option<LeaderHint>,
+    },
+    RaftAccepted,
+    Committed(Outcome),
+    HeartbeatAccepted,
+    /// The node was committed dead and must register again, as a new node.
+    Rejoin,
+    State(Box<ClusterState>),
+    Placements(Vec<Result<NodeId, PlacementError>>),
+    Released,
+    Deaths(Vec<NodeDeath>),
+    Status(ReplicaStatus),
+}

@@ -1,0 +1,207 @@
+use std::time::Duration;
+
+use floe_core::config::ClusterToken;
+
+use super::*;
+use crate::client::{HeartbeatReply, SchedulerClient};
+use crate::placement::Strategy;
+use crate::state::{NodeAddresses, Resources};
+use crate::storage::MemoryLog;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn test_config() -> Config {
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new("replica-tests");
+    config.scheduler.raft_tick_ms = 20;
+    config.scheduler.heartbeat_interval_ms = 50;
+    config.scheduler.missed_heartbeats = 4;
+    config
+}
+
+async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerClient) {
+    let peers: BTreeMap<u64, String> = (1..=count)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let mut replicas = Vec::new();
+    for id in 1..=count {
+        let replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        let store = MemoryLog::new(peers.keys().copied().collect());
+        replicas.push(Replica::start(replica_config, store).await.unwrap());
+    }
+    let client = SchedulerClient::new(
+        peers.values().cloned().collect(),
+        WireConfig::from_config(config),
+        PeerKind::Client,
+    )
+    .unwrap();
+    (replicas, client)
+}
+
+fn resources(cpus: u64, heap: u64) -> Resources {
+    Resources {
+        cpu_millis: cpus * 1000,
+        heap_bytes: heap,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_commit_on_every_replica_and_reads_see_them() {
+    let config = test_config();
+    let (replicas, mut client) = start_cluster(&config, 3).await;
+    let mut submitted = Vec::new();
+    for n in 0..20u8 {
+        match client
+            .propose(Command::SubmitJob { plan: vec![n] })
+            .await
+            .unwrap()
+        {
+            Outcome::JobSubmitted(job) => submitted.push(job.get()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(submitted, (1..=20).collect::<Vec<_>>());
+    let state = client.read_state().await.unwrap();
+    assert_eq!(state.jobs.len(), 20);
+    assert_eq!(state.jobs[&floe_core::JobId::new(7)].plan, vec![6]);
+
+    // Every replica applies the same commands exactly once.
+    let wire = WireConfig::from_config(&config);
+    for replica in &replicas {
+        let addr = replica.local_addr().to_string();
+        let mut applied = 0;
+        for _ in 0..100 {
+            applied = SchedulerClient::status_of(&addr, wire.clone())
+                .await
+                .unwrap()
+                .applied_commands;
+            if applied == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(applied, 20, "replica at {addr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_is_committed_dead_and_must_rejoin() {
+    let config = test_config();
+    let (_replicas, mut client) = start_cluster(&config, 3).await;
+    let addresses = NodeAddresses {
+        rpc: "127.0.0.1:1".into(),
+    };
+    let quiet = client
+        .register_node(addresses.clone(), resources(4, 1 << 30), BTreeMap::new())
+        .await
+        .unwrap();
+    let chatty = client
+        .register_node(addresses.clone(), resources(4, 1 << 30), BTreeMap::new())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let timeout = config.scheduler.node_timeout();
+    let mut deaths = Vec::new();
+    while deaths.is_empty() {
+        assert_eq!(
+            client
+                .heartbeat(chatty, ResourceUsage::default())
+                .await
+                .unwrap(),
+            HeartbeatReply::Accepted
+        );
+        deaths = client
+            .watch_deaths(0, config.scheduler.heartbeat_interval())
+            .await
+            .unwrap();
+        assert!(started.elapsed() < timeout * 4, "no death committed");
+    }
+    assert_eq!(deaths.len(), 1);
+    assert_eq!(deaths[0].node, quiet);
+    assert!(
+        deaths[0].reason.contains("missed 4 heartbeats"),
+        "{}",
+        deaths[0].reason
+    );
+    // Not before the timeout (it started counting at registration, before `started`).
+    assert!(started.elapsed() >= timeout - Duration::from_millis(100));
+    assert_eq!(
+        client
+            .heartbeat(quiet, ResourceUsage::default())
+            .await
+            .unwrap(),
+        HeartbeatReply::Rejoin
+    );
+    let again = client
+        .register_node(addresses, resources(4, 1 << 30), BTreeMap::new())
+        .await
+        .unwrap();
+    assert!(again > chatty);
+    let state = client.read_state().await.unwrap();
+    assert!(!state.nodes[&quiet].is_alive());
+    assert!(state.nodes[&chatty].is_alive() && state.nodes[&again].is_alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fits_later_waits_for_a_release() {
+    let mut config = test_config();
+    // Keep the node alive without heartbeats for the length of the test.
+    config.scheduler.heartbeat_interval_ms = 10_000;
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let node = client
+        .register_node(
+            NodeAddresses::default(),
+            resources(2, 1 << 30),
+            BTreeMap::new(),
+        )
+        .await
+        .unwrap();
+    let request = PlacementRequest {
+        cpu_millis: 2000,
+        memory_hint: 1 << 29,
+        strategy: Strategy::Default,
+        preferred: Vec::new(),
+        requester: None,
+    };
+    assert_eq!(
+        client.place(vec![request.clone()]).await.unwrap(),
+        vec![Ok(node)]
+    );
+    let mut too_big = request.clone();
+    too_big.cpu_millis = 3000;
+    assert!(matches!(
+        client.place(vec![too_big]).await.unwrap().as_slice(),
+        [Err(PlacementError::Infeasible {
+            cpu_millis: 3000,
+            largest_cpu_millis: 2000,
+            ..
+        })]
+    ));
+
+    let mut waiter = SchedulerClient::new(
+        vec![client_target(&replicas)],
+        WireConfig::from_config(&config),
+        PeerKind::Client,
+    )
+    .unwrap();
+    let waiting = tokio::spawn(async move { waiter.place(vec![request]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "placed while the node was full");
+    client.release(node, 2000, 1 << 29).await.unwrap();
+    let placed = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(placed, vec![Ok(node)]);
+}
+
+fn client_target(replicas: &[Replica]) -> String {
+    replicas[0].local_addr().to_string()
+}
