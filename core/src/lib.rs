@@ -3,19 +3,25 @@
 //! - [`ids`]: newtype identifiers for nodes, jobs, tasks, objects and actors.
 //! - [`config`]: the one [`Config`](config::Config) struct, loaded from a TOML file, then
 //!   `FLOE_*` environment variables, then command-line overrides.
+//! - [`expr`]: the expression language (columns, literals, arithmetic, comparison, strings,
+//!   casts, null handling) with type inference against an Arrow schema.
+//! - [`plan`]: the Dataset logical plan, its optimizer rules and the physical stages.
 //! - [`fingerprint`]: 128-bit content addresses of sources and transforms, and the lineage
 //!   kept beside them so a cache miss can be explained.
 //! - [`wire`]: the internal RPC protocol — framing, handshake, the bincode codec and a typed
 //!   request/response helper. It is the only module that encodes bytes for the network.
 
 pub mod config;
+pub mod expr;
 pub mod fingerprint;
 pub mod ids;
+pub mod plan;
 pub mod wire;
 
 pub use config::{Config, ConfigError};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, TaskId};
+pub use plan::PlanError;
 pub use wire::WireError;
 
 /// Every error floe-core can return.
@@ -27,6 +33,8 @@ pub enum Error {
     Fingerprint(#[from] FingerprintError),
     #[error(transparent)]
     Id(#[from] IdError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     #[error(transparent)]
     Wire(#[from] WireError),
 }

@@ -1,0 +1,249 @@
+//! Type inference for expressions (the rules are documented on the parent module).
+
+use arrow_schema::{DataType, Schema};
+
+use super::Expr;
+use crate::plan::PlanError;
+
+/// The type two numeric operands are computed in, or `None` when one is not numeric.
+pub fn arithmetic_type(left: &DataType, right: &DataType) -> Option<DataType> {
+    let numeric = |t: &DataType| t.is_integer() || t.is_floating() || *t == DataType::Null;
+    if !numeric(left) || !numeric(right) {
+        return None;
+    }
+    Some(if left.is_floating() || right.is_floating() {
+        DataType::Float64
+    } else if unsigned_or_null(left) && unsigned_or_null(right) {
+        DataType::UInt64
+    } else {
+        DataType::Int64
+    })
+}
+
+fn unsigned_or_null(t: &DataType) -> bool {
+    t.is_unsigned_integer() || *t == DataType::Null
+}
+
+fn is_string(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// A type both values can be compared or merged in (comparison, `coalesce`, `if` branches).
+pub fn common_type(left: &DataType, right: &DataType) -> Option<DataType> {
+    match (left, right) {
+        (DataType::Null, other) | (other, DataType::Null) => Some(other.clone()),
+        (l, r) if l == r => Some(l.clone()),
+        (l, r) if is_string(l) && is_string(r) => Some(DataType::Utf8),
+        (l, r) => arithmetic_type(l, r),
+    }
+}
+
+/// Types `cast` accepts, as source and target: the scalar types Arrow converts between.
+fn castable(t: &DataType) -> bool {
+    t.is_integer()
+        || t.is_floating()
+        || is_string(t)
+        || matches!(
+            t,
+            DataType::Null
+                | DataType::Boolean
+                | DataType::Date32
+                | DataType::Date64
+                | DataType::Timestamp(_, _)
+                | DataType::Binary
+        )
+}
+
+fn orderable(t: &DataType) -> bool {
+    t.is_integer()
+        || t.is_floating()
+        || is_string(t)
+        || t.is_temporal()
+        || matches!(t, DataType::Boolean | DataType::Null | DataType::Binary)
+}
+
+fn mismatch(operator: &str, expr: &Expr, expected: &str, actual: &DataType) -> PlanError {
+    PlanError::TypeMismatch {
+        operator: operator.to_owned(),
+        expr: expr.to_string(),
+        expected: expected.to_owned(),
+        actual: actual.clone(),
+    }
+}
+
+/// `(type, nullable)` of `expr` over `schema`.
+pub(super) fn infer(
+    expr: &Expr,
+    schema: &Schema,
+    operator: &str,
+) -> Result<(DataType, bool), PlanError> {
+    let infer_in = |inner: &Expr| infer(inner, schema, operator);
+    match expr {
+        Expr::Column(name) => match schema.column_with_name(name) {
+            Some((_, field)) => Ok((field.data_type().clone(), field.is_nullable())),
+            None => Err(PlanError::unknown_column(operator, name, schema)),
+        },
+        Expr::Literal(value) => {
+            let data_type = value.data_type();
+            let nullable = data_type == DataType::Null;
+            Ok((data_type, nullable))
+        }
+        Expr::Binary { op, left, right } => {
+            let (left_type, left_null) = infer_in(left)?;
+            let (right_type, right_null) = infer_in(right)?;
+            let operands = || format!("{} and {}", type_name(&left_type), type_name(&right_type));
+            let binary_mismatch = |expected: &str| PlanError::OperandMismatch {
+                operator: operator.to_owned(),
+                expr: expr.to_string(),
+                op: op.symbol().to_owned(),
+                expected: expected.to_owned(),
+                operands: operands(),
+            };
+            if op.is_arithmetic() {
+                let result = arithmetic_type(&left_type, &right_type)
+                    .ok_or_else(|| binary_mismatch("numeric operands"))?;
+                // Overflow and division by zero give null, so arithmetic is always nullable.
+                Ok((result, true))
+            } else if op.is_comparison() {
+                let comparable = common_type(&left_type, &right_type)
+                    .filter(orderable)
+                    .is_some();
+                if !comparable {
+                    return Err(binary_mismatch("operands of one comparable type"));
+                }
+                Ok((DataType::Boolean, left_null || right_null))
+            } else {
+                let boolean = |t: &DataType| matches!(t, DataType::Boolean | DataType::Null);
+                if !boolean(&left_type) || !boolean(&right_type) {
+                    return Err(binary_mismatch("Boolean operands"));
+                }
+                Ok((DataType::Boolean, left_null || right_null))
+            }
+        }
+        Expr::Not(inner) => {
+            let (data_type, nullable) = infer_in(inner)?;
+            if !matches!(data_type, DataType::Boolean | DataType::Null) {
+                return Err(mismatch(operator, inner, "Boolean for not", &data_type));
+            }
+            Ok((DataType::Boolean, nullable))
+        }
+        Expr::Negate(inner) => {
+            let (data_type, _) = infer_in(inner)?;
+            if data_type.is_unsigned_integer() || arithmetic_type(&data_type, &data_type).is_none()
+            {
+                return Err(mismatch(
+                    operator,
+                    inner,
+                    "a signed numeric type for negation",
+                    &data_type,
+                ));
+            }
+            let result = arithmetic_type(&data_type, &DataType::Int64).unwrap_or(DataType::Int64);
+            Ok((result, true))
+        }
+        Expr::IsNull(inner) | Expr::IsNotNull(inner) => {
+            infer_in(inner)?;
+            Ok((DataType::Boolean, false))
+        }
+        Expr::Coalesce(items) => {
+            let Some(first) = items.first() else {
+                return Err(PlanError::InvalidArgument {
+                    operator: operator.to_owned(),
+                    message: "coalesce needs at least one argument".to_owned(),
+                });
+            };
+            let (mut data_type, mut nullable) = infer_in(first)?;
+            for item in &items[1..] {
+                let (item_type, item_null) = infer_in(item)?;
+                data_type = common_type(&data_type, &item_type).ok_or_else(|| {
+                    mismatch(
+                        operator,
+                        item,
+                        &format!("a type compatible with {}", type_name(&data_type)),
+                        &item_type,
+                    )
+                })?;
+                // Non-null as soon as one argument can never be null.
+                nullable &= item_null;
+            }
+            Ok((data_type, nullable))
+        }
+        Expr::Cast { expr: inner, to } => {
+            let (from, _) = infer_in(inner)?;
+            if !castable(&from) || !castable(to) {
+                return Err(PlanError::UnsupportedCast {
+                    operator: operator.to_owned(),
+                    expr: inner.to_string(),
+                    from,
+                    to: to.clone(),
+                });
+            }
+            // A value that does not fit the target becomes null.
+            Ok((to.clone(), true))
+        }
+        Expr::String {
+            function,
+            expr: inner,
+        } => {
+            let (data_type, nullable) = infer_in(inner)?;
+            if !is_string(&data_type) && data_type != DataType::Null {
+                return Err(mismatch(
+                    operator,
+                    inner,
+                    &format!("Utf8 for {}", function.name()),
+                    &data_type,
+                ));
+            }
+            if let super::StringFunction::RegexMatch(pattern) = function {
+                regex::Regex::new(pattern).map_err(|error| PlanError::InvalidArgument {
+                    operator: operator.to_owned(),
+                    message: format!("invalid regular expression {pattern:?}: {error}"),
+                })?;
+            }
+            Ok((function.output_type(), nullable))
+        }
+        Expr::Hash(items) => {
+            if items.is_empty() {
+                return Err(PlanError::InvalidArgument {
+                    operator: operator.to_owned(),
+                    message: "hash needs at least one argument".to_owned(),
+                });
+            }
+            for item in items {
+                infer_in(item)?;
+            }
+            Ok((DataType::UInt64, false))
+        }
+        Expr::IfThenElse {
+            condition,
+            then,
+            otherwise,
+        } => {
+            let (condition_type, _) = infer_in(condition)?;
+            if !matches!(condition_type, DataType::Boolean | DataType::Null) {
+                return Err(mismatch(
+                    operator,
+                    condition,
+                    "Boolean for the if condition",
+                    &condition_type,
+                ));
+            }
+            let (then_type, then_null) = infer_in(then)?;
+            let (else_type, else_null) = infer_in(otherwise)?;
+            let data_type = common_type(&then_type, &else_type).ok_or_else(|| {
+                mismatch(
+                    operator,
+                    otherwise,
+                    &format!("the then-branch's type {}", type_name(&then_type)),
+                    &else_type,
+                )
+            })?;
+            Ok((data_type, then_null || else_null))
+        }
+    }
+}
+
+/// How a type is named in error messages.
+pub(crate) fn type_name(data_type: &DataType) -> String {
+    format!("{data_type}")
+}

@@ -1,0 +1,595 @@
+//! The logical operators and their arguments.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
+
+use super::udf::{UdfCall, UdfKind, UdfParams};
+use crate::expr::Expr;
+use crate::fingerprint::{ArgValue, Args, FileStamp, Seed};
+
+/// How a text file is laid out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileFormat {
+    Parquet,
+    Csv(CsvOptions),
+    /// Newline-delimited JSON: one object per line.
+    Json,
+}
+
+impl FileFormat {
+    pub fn name(&self) -> &'static str {
+        match self {
+            FileFormat::Parquet => "parquet",
+            FileFormat::Csv(_) => "csv",
+            FileFormat::Json => "json",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsvOptions {
+    pub has_header: bool,
+    pub delimiter: u8,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        Self {
+            has_header: true,
+            delimiter: b',',
+        }
+    }
+}
+
+/// A read of files. `projection`, `predicate` and `limit` start empty and are filled by the
+/// optimizer's pushdown rules; the read kernel applies them (the predicate first by skipping
+/// Parquet row groups whose statistics exclude it, then row by row).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileScan {
+    pub format: FileFormat,
+    /// Sorted by path; the size and modification time are the source's fingerprint.
+    pub files: Vec<FileStamp>,
+    /// The schema of the files (all of them share it; the reader checks).
+    pub file_schema: Schema,
+    /// Columns to read, in file order; `None` reads all.
+    pub projection: Option<Vec<String>>,
+    pub predicate: Option<Expr>,
+    pub limit: Option<u64>,
+}
+
+impl FileScan {
+    pub fn new(format: FileFormat, files: Vec<FileStamp>, file_schema: Schema) -> Self {
+        Self {
+            format,
+            files,
+            file_schema,
+            projection: None,
+            predicate: None,
+            limit: None,
+        }
+    }
+
+    /// Whether this reader can skip data for a predicate itself (Parquet row-group statistics).
+    pub fn supports_predicate(&self) -> bool {
+        self.format == FileFormat::Parquet
+    }
+}
+
+/// One sort key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SortKey {
+    pub column: String,
+    pub descending: bool,
+    pub nulls_first: bool,
+}
+
+impl SortKey {
+    /// Ascending with nulls last.
+    pub fn asc(column: impl Into<String>) -> Self {
+        Self {
+            column: column.into(),
+            descending: false,
+            nulls_first: false,
+        }
+    }
+
+    /// Descending with nulls first (the mirror of ascending, as in SQL).
+    pub fn desc(column: impl Into<String>) -> Self {
+        Self {
+            column: column.into(),
+            descending: true,
+            nulls_first: true,
+        }
+    }
+
+    pub fn nulls_first(mut self, nulls_first: bool) -> Self {
+        self.nulls_first = nulls_first;
+        self
+    }
+
+    fn to_arg(&self) -> ArgValue {
+        ArgValue::List(vec![
+            self.column.as_str().into(),
+            self.descending.into(),
+            self.nulls_first.into(),
+        ])
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AggFunction {
+    /// Rows (with no column) or non-null values of a column.
+    Count,
+    Sum,
+    Mean,
+    Min,
+    Max,
+    /// Sample standard deviation (divides by n − 1; null for fewer than two values).
+    Std,
+    CountDistinct,
+}
+
+impl AggFunction {
+    pub fn name(self) -> &'static str {
+        match self {
+            AggFunction::Count => "count",
+            AggFunction::Sum => "sum",
+            AggFunction::Mean => "mean",
+            AggFunction::Min => "min",
+            AggFunction::Max => "max",
+            AggFunction::Std => "std",
+            AggFunction::CountDistinct => "count_distinct",
+        }
+    }
+}
+
+/// One aggregate output column: `function(column) as alias`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Aggregation {
+    pub function: AggFunction,
+    /// `None` only for `count`, which then counts rows.
+    pub column: Option<String>,
+    pub alias: String,
+}
+
+impl Aggregation {
+    /// `count(*)`.
+    pub fn count_rows(alias: impl Into<String>) -> Self {
+        Self {
+            function: AggFunction::Count,
+            column: None,
+            alias: alias.into(),
+        }
+    }
+
+    /// `function(column)`, named `function_column` (e.g. `sum_price`).
+    pub fn of(function: AggFunction, column: impl Into<String>) -> Self {
+        let column = column.into();
+        Self {
+            alias: format!("{}_{column}", function.name()),
+            function,
+            column: Some(column),
+        }
+    }
+
+    pub fn alias(mut self, alias: impl Into<String>) -> Self {
+        self.alias = alias.into();
+        self
+    }
+
+    fn to_arg(&self) -> ArgValue {
+        ArgValue::List(vec![
+            self.function.name().into(),
+            self.column
+                .as_deref()
+                .map_or(ArgValue::Null, ArgValue::from),
+            self.alias.as_str().into(),
+        ])
+    }
+}
+
+impl fmt::Display for Aggregation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let column = self.column.as_deref().unwrap_or("*");
+        write!(f, "{}({column}) as {}", self.function.name(), self.alias)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JoinType {
+    Inner,
+    Left,
+    Right,
+    Full,
+    /// Left rows that have a match, left columns only.
+    Semi,
+    /// Left rows that have no match, left columns only.
+    Anti,
+}
+
+impl JoinType {
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinType::Inner => "inner",
+            JoinType::Left => "left",
+            JoinType::Right => "right",
+            JoinType::Full => "full",
+            JoinType::Semi => "semi",
+            JoinType::Anti => "anti",
+        }
+    }
+}
+
+/// A random shuffle's seed: chosen by the user, or drawn once at submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SeedChoice {
+    /// To be drawn by [`super::LogicalPlan::resolve_seeds`] when the job is submitted.
+    Unresolved,
+    Fixed(Seed),
+}
+
+/// Where and how a sink writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteSpec {
+    pub format: FileFormat,
+    pub directory: PathBuf,
+    /// Files are cut once they pass this many bytes (of Arrow data), so sizes land near it.
+    pub target_file_size: u64,
+}
+
+/// The default target size of written files: 128 MiB, like the maximum block size.
+pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 << 20;
+
+/// A logical operator: *what* to compute, never how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Operator {
+    Read(FileScan),
+    /// The integers `0..n` in one `Int64` column `id`.
+    Range {
+        n: u64,
+    },
+    /// Rows the client supplied, as Arrow IPC stream bytes (decoded by the node).
+    FromBatches {
+        schema: Schema,
+        ipc: Vec<u8>,
+        rows: u64,
+    },
+    WithColumn {
+        name: String,
+        expr: Expr,
+    },
+    Select {
+        columns: Vec<String>,
+    },
+    Drop {
+        columns: Vec<String>,
+    },
+    Rename {
+        /// `(from, to)` pairs in the order given.
+        pairs: Vec<(String, String)>,
+    },
+    Filter {
+        predicate: Expr,
+    },
+    /// A named UDF over whole batches (`map_batches`, or `flat_map` when it changes the row
+    /// count; `kind` comes from the UDF's signature).
+    Udf {
+        call: UdfCall,
+        params: UdfParams,
+        kind: UdfKind,
+        output_schema: Schema,
+        /// Rows per call; performance only, never hashed.
+        batch_size: Option<u64>,
+    },
+    Limit {
+        n: u64,
+    },
+    Sort {
+        keys: Vec<SortKey>,
+    },
+    Aggregate {
+        keys: Vec<String>,
+        aggregations: Vec<Aggregation>,
+    },
+    Repartition {
+        partitions: u32,
+        /// Empty: split into equal-sized partitions; else hash-partition on these columns.
+        keys: Vec<String>,
+    },
+    RandomShuffle {
+        seed: SeedChoice,
+    },
+    Join {
+        left_keys: Vec<String>,
+        right_keys: Vec<String>,
+        how: JoinType,
+    },
+    Union,
+    /// Distinct rows of `columns` (all columns when empty).
+    Unique {
+        columns: Vec<String>,
+    },
+    /// Keep this output in the cache; the data (and so the fingerprint) is the input's.
+    Cache,
+    Write(WriteSpec),
+}
+
+impl Operator {
+    /// The transform id hashed into fingerprints and shown by `explain()`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Operator::Read(scan) => match scan.format {
+                FileFormat::Parquet => "read_parquet",
+                FileFormat::Csv(_) => "read_csv",
+                FileFormat::Json => "read_json",
+            },
+            Operator::Range { .. } => "range",
+            Operator::FromBatches { .. } => "from_batches",
+            Operator::WithColumn { .. } => "with_column",
+            Operator::Select { .. } => "select",
+            Operator::Drop { .. } => "drop",
+            Operator::Rename { .. } => "rename",
+            Operator::Filter { .. } => "filter",
+            Operator::Udf { kind, .. } => match kind {
+                UdfKind::RowPreserving => "map_batches",
+                UdfKind::RowChanging => "flat_map",
+            },
+            Operator::Limit { .. } => "limit",
+            Operator::Sort { .. } => "sort",
+            Operator::Aggregate { .. } => "aggregate",
+            Operator::Repartition { .. } => "repartition",
+            Operator::RandomShuffle { .. } => "random_shuffle",
+            Operator::Join { .. } => "join",
+            Operator::Union => "union",
+            Operator::Unique { .. } => "unique",
+            Operator::Cache => "cache",
+            Operator::Write(spec) => match spec.format {
+                FileFormat::Parquet => "write_parquet",
+                FileFormat::Csv(_) => "write_csv",
+                FileFormat::Json => "write_json",
+            },
+        }
+    }
+
+    /// The version of this operator's semantics; bump it when its output changes for the same
+    /// input and arguments, so older cache entries stop matching.
+    pub fn version(&self) -> u32 {
+        1
+    }
+
+    /// Row-wise operators work on each block alone and can be fused into one task.
+    pub fn is_row_wise(&self) -> bool {
+        matches!(
+            self,
+            Operator::WithColumn { .. }
+                | Operator::Select { .. }
+                | Operator::Drop { .. }
+                | Operator::Rename { .. }
+                | Operator::Filter { .. }
+                | Operator::Udf { .. }
+        )
+    }
+
+    /// Row-wise operators that emit exactly one row per input row (a limit commutes with them).
+    pub fn preserves_rows(&self) -> bool {
+        match self {
+            Operator::WithColumn { .. }
+            | Operator::Select { .. }
+            | Operator::Drop { .. }
+            | Operator::Rename { .. } => true,
+            Operator::Udf { kind, .. } => *kind == UdfKind::RowPreserving,
+            _ => false,
+        }
+    }
+
+    /// All-to-all operators need every input block before emitting (the shuffle issue runs them).
+    pub fn is_all_to_all(&self) -> bool {
+        matches!(
+            self,
+            Operator::Sort { .. }
+                | Operator::Aggregate { .. }
+                | Operator::Repartition { .. }
+                | Operator::RandomShuffle { .. }
+                | Operator::Join { .. }
+                | Operator::Unique { .. }
+        )
+    }
+
+    /// The semantic arguments (and performance-only ones, which are never hashed).
+    pub fn args(&self) -> Args {
+        let strings =
+            |items: &[String]| ArgValue::List(items.iter().map(|s| s.as_str().into()).collect());
+        let option = |value: Option<ArgValue>| value.unwrap_or(ArgValue::Null);
+        match self {
+            Operator::Read(scan) => {
+                let mut args = Args::new()
+                    .arg_with_default(
+                        "projection",
+                        option(scan.projection.as_deref().map(strings)),
+                        ArgValue::Null,
+                    )
+                    .arg_with_default(
+                        "predicate",
+                        option(scan.predicate.as_ref().map(Expr::to_arg)),
+                        ArgValue::Null,
+                    )
+                    .arg_with_default(
+                        "limit",
+                        option(scan.limit.map(ArgValue::from)),
+                        ArgValue::Null,
+                    );
+                if let FileFormat::Csv(options) = &scan.format {
+                    args = args
+                        .arg_with_default("has_header", options.has_header, true)
+                        .arg_with_default(
+                            "delimiter",
+                            u32::from(options.delimiter),
+                            u32::from(b','),
+                        );
+                }
+                args
+            }
+            Operator::Range { .. } | Operator::FromBatches { .. } => Args::new(),
+            Operator::WithColumn { name, expr } => Args::new()
+                .arg("name", name.as_str())
+                .arg("expr", expr.to_arg()),
+            Operator::Select { columns } | Operator::Drop { columns } => {
+                Args::new().arg("columns", strings(columns))
+            }
+            Operator::Rename { pairs } => Args::new().arg(
+                "pairs",
+                ArgValue::List(
+                    pairs
+                        .iter()
+                        .map(|(from, to)| {
+                            ArgValue::List(vec![from.as_str().into(), to.as_str().into()])
+                        })
+                        .collect(),
+                ),
+            ),
+            Operator::Filter { predicate } => Args::new().arg("predicate", predicate.to_arg()),
+            Operator::Udf {
+                call,
+                params,
+                batch_size,
+                ..
+            } => {
+                // The UDF's name and version are arguments so that a cache miss can say which
+                // UDF changed; `params` has every declared parameter, defaults filled in, so
+                // spelling out a default hashes like leaving it out.
+                let mut args = Args::new()
+                    .arg("udf", call.name.as_str())
+                    .arg("udf_version", call.version)
+                    .arg("params", params.to_arg());
+                if let Some(batch_size) = batch_size {
+                    args = args.performance("batch_size", *batch_size);
+                }
+                args
+            }
+            Operator::Limit { n } => Args::new().arg("n", *n),
+            Operator::Sort { keys } => Args::new().arg(
+                "keys",
+                ArgValue::List(keys.iter().map(SortKey::to_arg).collect()),
+            ),
+            Operator::Aggregate { keys, aggregations } => {
+                Args::new().arg("keys", strings(keys)).arg(
+                    "aggregations",
+                    ArgValue::List(aggregations.iter().map(Aggregation::to_arg).collect()),
+                )
+            }
+            Operator::Repartition { partitions, keys } => Args::new()
+                .arg("partitions", *partitions)
+                .arg_with_default("keys", strings(keys), ArgValue::List(Vec::new())),
+            Operator::RandomShuffle { seed } => match seed {
+                SeedChoice::Fixed(seed) => Args::new().seed(*seed),
+                SeedChoice::Unresolved => Args::new().arg("seed", ArgValue::Null),
+            },
+            Operator::Join {
+                left_keys,
+                right_keys,
+                how,
+            } => Args::new()
+                .arg("left_keys", strings(left_keys))
+                .arg("right_keys", strings(right_keys))
+                .arg("how", how.name()),
+            Operator::Union | Operator::Cache => Args::new(),
+            Operator::Unique { columns } => Args::new().arg("columns", strings(columns)),
+            Operator::Write(spec) => {
+                let mut args = Args::new()
+                    .arg("directory", spec.directory.to_string_lossy().into_owned())
+                    .arg("target_file_size", spec.target_file_size);
+                if let FileFormat::Csv(options) = &spec.format {
+                    args = args
+                        .arg_with_default("has_header", options.has_header, true)
+                        .arg_with_default(
+                            "delimiter",
+                            u32::from(options.delimiter),
+                            u32::from(b','),
+                        );
+                }
+                args
+            }
+        }
+    }
+
+    /// One line describing the operator and its arguments, for `explain()`.
+    pub fn describe(&self) -> String {
+        let list = |items: &[String]| items.join(", ");
+        match self {
+            Operator::Read(scan) => {
+                let mut text = format!("{} files={}", self.name(), scan.files.len());
+                if let Some(projection) = &scan.projection {
+                    text.push_str(&format!(" projection=[{}]", list(projection)));
+                }
+                if let Some(predicate) = &scan.predicate {
+                    text.push_str(&format!(" predicate={predicate}"));
+                }
+                if let Some(limit) = scan.limit {
+                    text.push_str(&format!(" limit={limit}"));
+                }
+                text
+            }
+            Operator::Range { n } => format!("range n={n}"),
+            Operator::FromBatches { rows, ipc, .. } => {
+                format!("from_batches rows={rows} bytes={}", ipc.len())
+            }
+            Operator::WithColumn { name, expr } => format!("with_column {name}={expr}"),
+            Operator::Select { columns } => format!("select [{}]", list(columns)),
+            Operator::Drop { columns } => format!("drop [{}]", list(columns)),
+            Operator::Rename { pairs } => {
+                let pairs: Vec<String> = pairs.iter().map(|(a, b)| format!("{a}->{b}")).collect();
+                format!("rename [{}]", pairs.join(", "))
+            }
+            Operator::Filter { predicate } => format!("filter {predicate}"),
+            Operator::Udf { call, .. } => format!("{} {call}", self.name()),
+            Operator::Limit { n } => format!("limit {n}"),
+            Operator::Sort { keys } => {
+                let keys: Vec<String> = keys
+                    .iter()
+                    .map(|k| {
+                        let order = if k.descending { "desc" } else { "asc" };
+                        let nulls = if k.nulls_first { "first" } else { "last" };
+                        format!("{} {order} nulls {nulls}", k.column)
+                    })
+                    .collect();
+                format!("sort [{}]", keys.join(", "))
+            }
+            Operator::Aggregate { keys, aggregations } => {
+                let aggs: Vec<String> = aggregations.iter().map(ToString::to_string).collect();
+                format!("groupby [{}] agg [{}]", list(keys), aggs.join(", "))
+            }
+            Operator::Repartition { partitions, keys } if keys.is_empty() => {
+                format!("repartition {partitions}")
+            }
+            Operator::Repartition { partitions, keys } => {
+                format!("repartition {partitions} by [{}]", list(keys))
+            }
+            Operator::RandomShuffle { seed } => match seed {
+                SeedChoice::Fixed(seed) => format!("random_shuffle seed={}", seed.get()),
+                SeedChoice::Unresolved => "random_shuffle seed=<at submission>".to_owned(),
+            },
+            Operator::Join {
+                left_keys,
+                right_keys,
+                how,
+            } => format!(
+                "join {} on [{}] = [{}]",
+                how.name(),
+                list(left_keys),
+                list(right_keys)
+            ),
+            Operator::Union => "union".to_owned(),
+            Operator::Unique { columns } => format!("unique [{}]", list(columns)),
+            Operator::Cache => "cache".to_owned(),
+            Operator::Write(spec) => format!(
+                "{} {} target_file_size={}",
+                self.name(),
+                spec.directory.display(),
+                spec.target_file_size
+            ),
+        }
+    }
+}

@@ -1,0 +1,705 @@
+use std::path::PathBuf;
+
+use arrow_schema::{DataType, Field, Schema};
+
+use super::optimizer::{Optimizer, PushFilters, PushLimits, PushProjections, Rule};
+use super::physical::{PhysicalPlan, StageKind};
+use super::*;
+use crate::expr::{col, lit};
+use crate::fingerprint::FileStamp;
+
+/// A catalog with two UDFs, enough to check how plans use a catalog.
+struct TestCatalog {
+    signatures: Vec<UdfSignature>,
+}
+
+impl TestCatalog {
+    fn new() -> Self {
+        Self {
+            signatures: vec![
+                UdfSignature::new("scale", 1, UdfKind::RowPreserving)
+                    .param("column", ParamType::Str, "column to scale")
+                    .param_with_default("factor", ParamType::Float, 1.0, "multiplier"),
+                UdfSignature::new("explode", 2, UdfKind::RowChanging),
+            ],
+        }
+    }
+}
+
+impl UdfCatalog for TestCatalog {
+    fn signature(&self, name: &str, version: u32) -> Option<&UdfSignature> {
+        self.signatures
+            .iter()
+            .find(|s| s.name == name && s.version == version)
+    }
+
+    fn registered(&self) -> Vec<String> {
+        self.signatures
+            .iter()
+            .map(|s| format!("{}@{}", s.name, s.version))
+            .collect()
+    }
+
+    fn output_schema(
+        &self,
+        _call: &UdfCall,
+        params: &UdfParams,
+        input: &Schema,
+        operator: &str,
+    ) -> Result<Schema, PlanError> {
+        if let Some(column) = params.str("column") {
+            input
+                .column_with_name(column)
+                .ok_or_else(|| PlanError::unknown_column(operator, column, input))?;
+        }
+        Ok(input.clone())
+    }
+}
+
+fn stamp(name: &str, size: u64) -> FileStamp {
+    FileStamp {
+        path: PathBuf::from(format!("/data/{name}")),
+        size,
+        modified_secs: 1_700_000_000,
+        modified_nanos: 0,
+    }
+}
+
+fn sales_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("region", DataType::Utf8, true),
+        Field::new("price", DataType::Float64, true),
+        Field::new("qty", DataType::Int32, false),
+    ])
+}
+
+fn parquet(files: Vec<FileStamp>) -> LogicalPlan {
+    LogicalPlan::read(FileScan::new(FileFormat::Parquet, files, sales_schema())).unwrap()
+}
+
+fn sales() -> LogicalPlan {
+    parquet(vec![stamp("a.parquet", 100), stamp("b.parquet", 200)])
+}
+
+fn names(plan: &LogicalPlan) -> Vec<String> {
+    plan.schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
+}
+
+/// Every node of a linear pipeline, from the source up.
+fn chain(plan: &LogicalPlan) -> Vec<LogicalPlan> {
+    let mut nodes = vec![plan.clone()];
+    while let Some(input) = nodes.last().and_then(|n| n.inputs().first().cloned()) {
+        nodes.push(input);
+    }
+    nodes.reverse();
+    nodes
+}
+
+/// The pipeline used by the fingerprint test, with one argument chosen by `variant`.
+fn pipeline(variant: usize) -> LogicalPlan {
+    let pick =
+        |index: usize, normal: i64, changed: i64| if variant == index { changed } else { normal };
+    let files = vec![stamp("a.parquet", 100 + pick(0, 0, 1) as u64)];
+    parquet(files)
+        .with_column("total", col("price") * lit(pick(1, 2, 3)))
+        .unwrap()
+        .filter(col("qty").gt(lit(pick(2, 1, 2) as i32)))
+        .unwrap()
+        .udf(
+            UdfCall::new("scale", 1)
+                .with("column", "price")
+                .with("factor", pick(3, 2, 4) as f64),
+            UdfKind::RowPreserving,
+            None,
+            &TestCatalog::new(),
+        )
+        .unwrap()
+        .sort(vec![if variant == 4 {
+            SortKey::desc("total")
+        } else {
+            SortKey::asc("total")
+        }])
+        .unwrap()
+        .limit(pick(5, 10, 11) as u64)
+        .unwrap()
+}
+
+#[test]
+fn changing_one_argument_changes_every_downstream_fingerprint_and_none_upstream() {
+    let base = chain(&pipeline(usize::MAX));
+    // Variant i changes an argument of node i (node 0 is the source: its file size).
+    let changed_node = [0, 1, 2, 3, 4, 5];
+    for (variant, &changed) in changed_node.iter().enumerate() {
+        let other = chain(&pipeline(variant));
+        assert_eq!(other.len(), base.len());
+        for (index, (a, b)) in base.iter().zip(&other).enumerate() {
+            if index < changed {
+                assert_eq!(
+                    a.fingerprint(),
+                    b.fingerprint(),
+                    "variant {variant} node {index}"
+                );
+            } else {
+                assert_ne!(
+                    a.fingerprint(),
+                    b.fingerprint(),
+                    "variant {variant} node {index}"
+                );
+            }
+        }
+    }
+    // Building the same pipeline twice gives the same fingerprints.
+    let again = chain(&pipeline(usize::MAX));
+    for (a, b) in base.iter().zip(&again) {
+        assert_eq!(a.fingerprint(), b.fingerprint());
+    }
+}
+
+#[test]
+fn defaults_and_performance_arguments_are_not_hashed() {
+    let catalog = TestCatalog::new();
+    let scaled = |call: UdfCall, batch: Option<u64>| {
+        sales()
+            .udf(call, UdfKind::RowPreserving, batch, &catalog)
+            .unwrap()
+            .fingerprint()
+    };
+    let implicit = scaled(UdfCall::new("scale", 1).with("column", "price"), None);
+    let explicit = scaled(
+        UdfCall::new("scale", 1)
+            .with("column", "price")
+            .with("factor", 1.0),
+        Some(4096),
+    );
+    assert_eq!(implicit, explicit);
+    assert_ne!(
+        implicit,
+        scaled(
+            UdfCall::new("scale", 1)
+                .with("column", "price")
+                .with("factor", 1.5),
+            None
+        )
+    );
+    // cache() marks an output; it does not change what the data is.
+    assert_eq!(
+        sales().cache().unwrap().fingerprint(),
+        sales().fingerprint()
+    );
+    // Two reads of the same files in another order are the same source.
+    let reordered = parquet(vec![stamp("b.parquet", 200), stamp("a.parquet", 100)]);
+    let sorted_files = |plan: &LogicalPlan| match plan.operator() {
+        Operator::Read(scan) => {
+            let mut files = scan.files.clone();
+            files.sort();
+            files
+        }
+        _ => unreachable!(),
+    };
+    assert_eq!(sorted_files(&reordered), sorted_files(&sales()));
+}
+
+#[test]
+fn schema_inference_through_row_wise_operators() {
+    let plan = sales()
+        .with_column("total", col("price") * col("qty"))
+        .unwrap()
+        .drop_columns(&["region"])
+        .unwrap()
+        .rename(&[("qty", "quantity")])
+        .unwrap()
+        .select(&["total", "id", "quantity"])
+        .unwrap();
+    assert_eq!(names(&plan), vec!["total", "id", "quantity"]);
+    assert_eq!(
+        plan.schema().field(0),
+        &Field::new("total", DataType::Float64, true)
+    );
+    // with_column on an existing name replaces it in place.
+    let replaced = sales()
+        .with_column("qty", col("qty").cast(DataType::Utf8))
+        .unwrap();
+    assert_eq!(names(&replaced), names(&sales()));
+    assert_eq!(replaced.schema().field(3).data_type(), &DataType::Utf8);
+    let range = LogicalPlan::range(5).unwrap();
+    assert_eq!(
+        range.schema(),
+        &Schema::new(vec![Field::new("id", DataType::Int64, false)])
+    );
+    let projected = LogicalPlan::read(FileScan {
+        projection: Some(vec!["price".into(), "id".into()]),
+        ..FileScan::new(FileFormat::Parquet, vec![stamp("a", 1)], sales_schema())
+    })
+    .unwrap();
+    assert_eq!(names(&projected), vec!["id", "price"]);
+}
+
+#[test]
+fn schema_inference_through_all_to_all_operators() {
+    let aggregated = sales()
+        .aggregate(
+            &["region"],
+            vec![
+                Aggregation::count_rows("n"),
+                Aggregation::of(AggFunction::Sum, "qty"),
+                Aggregation::of(AggFunction::Mean, "price"),
+                Aggregation::of(AggFunction::Min, "region").alias("first_region"),
+                Aggregation::of(AggFunction::Std, "price"),
+                Aggregation::of(AggFunction::CountDistinct, "id"),
+                Aggregation::of(AggFunction::Max, "price"),
+            ],
+        )
+        .unwrap();
+    let fields: Vec<(String, DataType, bool)> = aggregated
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().clone(), f.is_nullable()))
+        .collect();
+    let expected = vec![
+        ("region", DataType::Utf8, true),
+        ("n", DataType::Int64, false),
+        ("sum_qty", DataType::Int64, true),
+        ("mean_price", DataType::Float64, true),
+        ("first_region", DataType::Utf8, true),
+        ("std_price", DataType::Float64, true),
+        ("count_distinct_id", DataType::Int64, false),
+        ("max_price", DataType::Float64, true),
+    ];
+    let expected: Vec<(String, DataType, bool)> = expected
+        .into_iter()
+        .map(|(n, t, b)| (n.to_owned(), t, b))
+        .collect();
+    assert_eq!(fields, expected);
+
+    let regions = LogicalPlan::read(FileScan::new(
+        FileFormat::Json,
+        vec![stamp("r.json", 5)],
+        Schema::new(vec![
+            Field::new("region", DataType::Utf8, false),
+            Field::new("price", DataType::Float64, false),
+        ]),
+    ))
+    .unwrap();
+    let joined = sales()
+        .join(&regions, &["region"], &["region"], JoinType::Left)
+        .unwrap();
+    assert_eq!(
+        names(&joined),
+        vec!["id", "region", "price", "qty", "price_right"]
+    );
+    assert!(joined.schema().field(4).is_nullable());
+    let semi = sales()
+        .join(&regions, &["region"], &["region"], JoinType::Anti)
+        .unwrap();
+    assert_eq!(semi.schema(), sales().schema());
+    let full = sales()
+        .join(&regions, &["region"], &["region"], JoinType::Full)
+        .unwrap();
+    assert!(
+        full.schema().field(0).is_nullable(),
+        "left id under full join"
+    );
+
+    for plan in [
+        sales()
+            .sort(vec![SortKey::desc("price"), SortKey::asc("id")])
+            .unwrap(),
+        sales().repartition(4, &[]).unwrap(),
+        sales().repartition(4, &["region"]).unwrap(),
+        sales().random_shuffle(Some(7)).unwrap(),
+        sales().union(&sales()).unwrap(),
+        sales().cache().unwrap(),
+        sales().limit(3).unwrap(),
+    ] {
+        assert_eq!(
+            plan.schema(),
+            sales().schema(),
+            "{}",
+            plan.operator().name()
+        );
+    }
+    assert_eq!(
+        names(&sales().unique(&["region", "qty"]).unwrap()),
+        vec!["region", "qty"]
+    );
+}
+
+fn error_text(result: Result<LogicalPlan, PlanError>) -> String {
+    result.unwrap_err().to_string()
+}
+
+#[test]
+fn validation_errors_name_operator_column_and_types() {
+    let available = "id Int64 not null, region Utf8, price Float64, qty Int32 not null";
+    assert_eq!(
+        error_text(sales().select(&["id", "prize"])),
+        format!("select: unknown column \"prize\" (available: {available})")
+    );
+    assert_eq!(
+        error_text(sales().filter(col("price") + lit(1.0))),
+        "filter: expected a Boolean predicate, but (col(\"price\") + 1.0) has type Float64"
+    );
+    assert_eq!(
+        error_text(sales().with_column("up", col("price").upper())),
+        "with_column(\"up\"): expected Utf8 for upper, but col(\"price\") has type Float64"
+    );
+    let other = LogicalPlan::range(3).unwrap();
+    assert_eq!(
+        error_text(sales().join(&other, &["id"], &["key"], JoinType::Inner)),
+        "join(inner): key \"key\" is missing on the right side (available: id Int64 not null)"
+    );
+    assert_eq!(
+        error_text(other.join(&sales(), &["key"], &["id"], JoinType::Semi)),
+        format!(
+            "join(semi): key \"key\" is missing on the left side (available: id Int64 not null)"
+        )
+    );
+    assert_eq!(
+        error_text(sales().join(&other, &["region"], &["id"], JoinType::Inner)),
+        "join(inner): key types differ: left \"region\" is Utf8, right \"id\" is Int64"
+    );
+    assert_eq!(
+        error_text(sales().union(&other)),
+        format!("union: schemas differ: left has {available}, right has id Int64 not null")
+    );
+    assert_eq!(
+        error_text(sales().aggregate(
+            &["region"],
+            vec![Aggregation::of(AggFunction::Mean, "region")]
+        )),
+        "aggregate: expected a numeric column for mean, but col(\"region\") has type Utf8"
+    );
+    assert_eq!(
+        error_text(sales().rename(&[("id", "qty")])),
+        "rename: column \"qty\" appears more than once"
+    );
+    assert_eq!(
+        error_text(sales().repartition(0, &[])),
+        "repartition: needs at least one partition"
+    );
+    let catalog = TestCatalog::new();
+    assert_eq!(
+        error_text(sales().udf(
+            UdfCall::new("scale", 2),
+            UdfKind::RowPreserving,
+            None,
+            &catalog
+        )),
+        "map_batches(scale): unknown UDF \"scale\"@2 (registered: scale@1, explode@2)"
+    );
+    assert_eq!(
+        error_text(sales().udf(
+            UdfCall::new("scale", 1),
+            UdfKind::RowPreserving,
+            None,
+            &catalog
+        )),
+        "map_batches(scale): scale@1 needs parameter \"column\""
+    );
+    assert_eq!(
+        error_text(
+            sales().udf(
+                UdfCall::new("scale", 1)
+                    .with("column", "price")
+                    .with("factor", "x"),
+                UdfKind::RowPreserving,
+                None,
+                &catalog
+            )
+        ),
+        "map_batches(scale): scale@1 parameter \"factor\" must be Float, got \"x\""
+    );
+    assert_eq!(
+        error_text(sales().udf(
+            UdfCall::new("explode", 2),
+            UdfKind::RowPreserving,
+            None,
+            &catalog
+        )),
+        "map_batches(explode): this UDF may change the row count: use flat_map"
+    );
+    assert!(
+        sales()
+            .udf(
+                UdfCall::new("explode", 2),
+                UdfKind::RowChanging,
+                None,
+                &catalog
+            )
+            .is_ok()
+    );
+}
+
+#[test]
+fn seeds_are_drawn_at_submission_and_hashed() {
+    let unseeded = sales().random_shuffle(None).unwrap().limit(5).unwrap();
+    assert!(matches!(
+        unseeded.check_resolved(),
+        Err(PlanError::UnresolvedSeed { .. })
+    ));
+    let first = unseeded.resolve_seeds().unwrap();
+    let second = unseeded.resolve_seeds().unwrap();
+    first.check_resolved().unwrap();
+    assert_ne!(first.fingerprint(), second.fingerprint());
+    // Resolving again keeps the drawn seed: a retry reuses its own cache entries.
+    assert_eq!(
+        first.resolve_seeds().unwrap().fingerprint(),
+        first.fingerprint()
+    );
+    let seeded = |seed| sales().random_shuffle(Some(seed)).unwrap().fingerprint();
+    assert_eq!(seeded(1), seeded(1));
+    assert_ne!(seeded(1), seeded(2));
+}
+
+#[test]
+fn plans_round_trip_through_the_wire_codec() {
+    let right = LogicalPlan::range(10).unwrap();
+    let plan = sales()
+        .with_column("k", col("id") % lit(3i64))
+        .unwrap()
+        .join(&right, &["k"], &["id"], JoinType::Inner)
+        .unwrap()
+        .write(WriteSpec {
+            format: FileFormat::Csv(CsvOptions::default()),
+            directory: PathBuf::from("/out"),
+            target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        })
+        .unwrap();
+    let bytes = crate::wire::codec::encode(&plan).unwrap();
+    let decoded: LogicalPlan = crate::wire::codec::decode(&bytes, "plan").unwrap();
+    assert_eq!(decoded.fingerprint(), plan.fingerprint());
+    assert_eq!(decoded.display_tree(), plan.display_tree());
+}
+
+fn read_of(plan: &LogicalPlan) -> FileScan {
+    let mut node = plan.clone();
+    loop {
+        if let Operator::Read(scan) = node.operator() {
+            return scan.clone();
+        }
+        node = node.inputs()[0].clone();
+    }
+}
+
+#[test]
+fn filters_move_into_parquet_reads_through_projections_and_renames() {
+    let plan = sales()
+        .rename(&[("price", "cost")])
+        .unwrap()
+        .select(&["id", "cost"])
+        .unwrap()
+        .filter(col("cost").gt(lit(10.0)))
+        .unwrap()
+        .filter(col("id").lt(lit(100i64)))
+        .unwrap();
+    let optimized = Optimizer::new(vec![Box::new(PushFilters)])
+        .optimize(&plan)
+        .unwrap();
+    let scan = read_of(&optimized);
+    assert_eq!(
+        scan.predicate,
+        Some(col("price").gt(lit(10.0)).and(col("id").lt(lit(100i64))))
+    );
+    assert!(
+        chain(&optimized)
+            .iter()
+            .all(|n| !matches!(n.operator(), Operator::Filter { .. }))
+    );
+    assert_eq!(optimized.schema(), plan.schema());
+    // CSV readers cannot skip data by statistics: the filter stays a filter.
+    let csv = LogicalPlan::read(FileScan::new(
+        FileFormat::Csv(CsvOptions::default()),
+        vec![stamp("a.csv", 1)],
+        sales_schema(),
+    ))
+    .unwrap()
+    .filter(col("qty").gt(lit(1)))
+    .unwrap();
+    let optimized = PushFilters.apply(&csv).unwrap();
+    assert_eq!(read_of(&optimized).predicate, None);
+    // A filter never moves below the with_column that defines its column.
+    let defined = sales()
+        .with_column("t", col("qty") * lit(2))
+        .unwrap()
+        .filter(col("t").gt(lit(4i64)))
+        .unwrap();
+    assert!(matches!(
+        PushFilters.apply(&defined).unwrap().operator(),
+        Operator::Filter { .. }
+    ));
+}
+
+#[test]
+fn projections_move_into_reads() {
+    let plan = sales()
+        .with_column("total", col("price") * lit(2.0))
+        .unwrap()
+        .drop_columns(&["region"])
+        .unwrap()
+        .select(&["total", "id"])
+        .unwrap();
+    let optimized = PushProjections.apply(&plan).unwrap();
+    assert_eq!(
+        read_of(&optimized).projection,
+        Some(vec!["id".to_owned(), "price".to_owned()])
+    );
+    assert_eq!(optimized.schema(), plan.schema());
+    // The drop of a column no longer read disappears with it.
+    assert!(
+        chain(&optimized)
+            .iter()
+            .all(|n| !matches!(n.operator(), Operator::Drop { .. }))
+    );
+    let aggregated = sales()
+        .aggregate(&["region"], vec![Aggregation::of(AggFunction::Sum, "qty")])
+        .unwrap();
+    assert_eq!(
+        read_of(&PushProjections.apply(&aggregated).unwrap()).projection,
+        Some(vec!["region".to_owned(), "qty".to_owned()])
+    );
+    // A UDF may read any column: nothing is pruned below it.
+    let udf = sales()
+        .udf(
+            UdfCall::new("scale", 1).with("column", "price"),
+            UdfKind::RowPreserving,
+            None,
+            &TestCatalog::new(),
+        )
+        .unwrap()
+        .select(&["id"])
+        .unwrap();
+    assert_eq!(
+        read_of(&PushProjections.apply(&udf).unwrap()).projection,
+        None
+    );
+}
+
+#[test]
+fn limits_move_down_and_merge() {
+    let plan = sales()
+        .with_column("x", col("qty") + lit(1))
+        .unwrap()
+        .limit(10)
+        .unwrap()
+        .limit(4)
+        .unwrap();
+    let optimized = Optimizer::new(vec![Box::new(PushLimits)])
+        .optimize(&plan)
+        .unwrap();
+    let ops: Vec<&'static str> = chain(&optimized)
+        .iter()
+        .map(|n| n.operator().name())
+        .collect();
+    assert_eq!(ops, vec!["read_parquet", "limit", "with_column"]);
+    assert_eq!(read_of(&optimized).limit, Some(4));
+    let range = LogicalPlan::range(100).unwrap().limit(7).unwrap();
+    assert_eq!(
+        PushLimits.apply(&range).unwrap().fingerprint(),
+        LogicalPlan::range(7).unwrap().fingerprint()
+    );
+    // Filters change the row count: a limit stays above them.
+    let filtered = sales()
+        .filter(col("qty").gt(lit(1)))
+        .unwrap()
+        .limit(3)
+        .unwrap();
+    assert_eq!(
+        PushLimits.apply(&filtered).unwrap().fingerprint(),
+        filtered.fingerprint()
+    );
+    // Once the filter is inside the read, the read applies it before its limit, so the limit
+    // may join it; but a filter never moves into a read that already limits.
+    let optimized = Optimizer::default().optimize(&filtered).unwrap();
+    let scan = read_of(&optimized);
+    assert!(scan.predicate.is_some());
+    assert_eq!(scan.limit, Some(3));
+    let limited_first = sales()
+        .limit(3)
+        .unwrap()
+        .filter(col("qty").gt(lit(1)))
+        .unwrap();
+    let optimized = Optimizer::default().optimize(&limited_first).unwrap();
+    assert!(matches!(optimized.operator(), Operator::Filter { .. }));
+    assert_eq!(read_of(&optimized).predicate, None);
+}
+
+#[test]
+fn row_wise_operators_fuse_into_their_read_stage() {
+    let plan = sales()
+        .filter(col("qty").gt(lit(1)))
+        .unwrap()
+        .with_column("total", col("price") * col("qty"))
+        .unwrap()
+        .sort(vec![SortKey::asc("total")])
+        .unwrap()
+        .with_column("rank", col("total") + lit(1.0))
+        .unwrap()
+        .select(&["rank"])
+        .unwrap();
+    let physical = PhysicalPlan::from_logical(&plan);
+    let kinds: Vec<String> = physical
+        .stages
+        .iter()
+        .map(|s| format!("{}+{}", describe_kind(&s.kind), s.row_ops.len()))
+        .collect();
+    assert_eq!(kinds, vec!["read+2", "all_to_all+0", "map+2"]);
+    assert_eq!(
+        physical.stage(physical.output).fingerprint,
+        plan.fingerprint()
+    );
+    assert_eq!(physical.stages[0].inputs, vec![]);
+    assert_eq!(physical.stages[2].inputs, vec![physical::StageId(1)]);
+    // A read consumed twice (a self-join) cannot absorb either consumer's operators.
+    let doubled = sales().with_column("two", lit(2)).unwrap();
+    let shared = sales();
+    let joined = shared
+        .filter(col("qty").gt(lit(1)))
+        .unwrap()
+        .union(&shared.filter(col("qty").lt(lit(1))).unwrap())
+        .unwrap();
+    let physical = PhysicalPlan::from_logical(&joined);
+    assert_eq!(physical.stages.len(), 4, "{physical}");
+    assert_eq!(PhysicalPlan::from_logical(&doubled).stages.len(), 1);
+}
+
+fn describe_kind(kind: &StageKind) -> &'static str {
+    match kind {
+        StageKind::Read(_) => "read",
+        StageKind::Map => "map",
+        StageKind::AllToAll(_) => "all_to_all",
+        _ => "other",
+    }
+}
+
+#[test]
+fn explain_prints_logical_optimized_and_physical_plans() {
+    let plan = sales()
+        .filter(col("price").gt(lit(5.0)))
+        .unwrap()
+        .select(&["id"])
+        .unwrap()
+        .limit(3)
+        .unwrap();
+    let text = plan.explain().unwrap();
+    let logical = text.find("== Logical plan ==").unwrap();
+    let optimized = text.find("== Optimized plan ==").unwrap();
+    let physical = text.find("== Physical plan ==").unwrap();
+    assert!(logical < optimized && optimized < physical);
+    assert!(
+        text[optimized..physical]
+            .contains("projection=[id, price] predicate=(col(\"price\") > 5.0)")
+    );
+    assert!(text[physical..].contains("stage 0: read_parquet files=2"));
+    assert!(text[physical..].contains("then select [id]"));
+    assert!(text.contains(&plan.fingerprint().to_string()));
+    assert_eq!(
+        Optimizer::default().rule_names(),
+        vec!["push_filters", "push_projections", "push_limits"]
+    );
+}
