@@ -1,0 +1,146 @@
+//! Arrow blocks: record batches stored as one Arrow IPC file per object.
+//!
+//! Writing serializes straight into the object's shared memory: a first pass over a counting
+//! sink measures the encoding (the IPC writer is deterministic), so the object is created at
+//! its exact size and no intermediate buffer of the block's size is ever allocated. Buffers are
+//! padded to 64 bytes, and objects start 64-byte aligned, so every column buffer of the decoded
+//! batches is aligned in place.
+//!
+//! Reading wraps the object's bytes in an Arrow [`Buffer`] that owns a pin on the object, and
+//! decodes with [`FileDecoder`]: column buffers are slices of the mapping, no column data is
+//! copied, and the object stays pinned as long as any decoded array is alive. Alignment is
+//! required rather than repaired, so a misaligned block is an error instead of a silent copy.
+//! Arrays are still validated (for fixed-width columns that costs nothing per row; string
+//! offsets and UTF-8 are checked in time proportional to their bytes), because objects come
+//! from other processes and a damaged one must not become undefined behaviour.
+
+use std::io::{Cursor, Write};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
+use arrow::ipc::convert::try_fb_to_schema;
+use arrow::ipc::reader::{FileDecoder, read_footer_length};
+use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+use arrow::ipc::{MetadataVersion, root_as_footer};
+use floe_core::ObjectId;
+
+use crate::{Error, ObjectStore, ObjectView, Result};
+
+/// Length of the IPC file trailer: footer length (4 bytes) and `ARROW1`.
+const TRAILER_LEN: usize = 10;
+
+/// A decoded block: its schema and batches, whose buffers point into the object.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+}
+
+impl Block {
+    pub fn num_rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+}
+
+/// Writes `batches` (all of `schema`) as a sealed object; returns the object's size.
+pub fn write_block(
+    store: &ObjectStore,
+    object: ObjectId,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<u64> {
+    let arrow_error = |source| Error::Block { object, source };
+    let mut counter = CountingSink(0);
+    encode(&mut counter, schema, batches).map_err(arrow_error)?;
+    let len = counter.0;
+    let mut writer = store.create(object, len)?;
+    let mut cursor = Cursor::new(writer.as_mut_slice());
+    encode(&mut cursor, schema, batches).map_err(arrow_error)?;
+    if cursor.position() != len {
+        return Err(arrow_error(ArrowError::IpcError(format!(
+            "the encoding measured {len} bytes but wrote {}",
+            cursor.position()
+        ))));
+    }
+    writer.seal()?;
+    Ok(len)
+}
+
+/// Decodes the block in `view` without copying column data.
+pub fn read_block(view: &ObjectView) -> Result<Block> {
+    let object = view.object();
+    decode(&view.to_buffer()).map_err(|source| Error::Block { object, source })
+}
+
+fn encode<W: Write>(
+    sink: W,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<(), ArrowError> {
+    let options = IpcWriteOptions::try_new(64, false, MetadataVersion::V5)?;
+    let mut writer = FileWriter::try_new_with_options(sink, schema, options)?;
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()
+}
+
+pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
+    let bad = |what: &str| ArrowError::IpcError(format!("not an Arrow IPC file: {what}"));
+    let trailer_start = buffer
+        .len()
+        .checked_sub(TRAILER_LEN)
+        .ok_or_else(|| bad("shorter than the trailer"))?;
+    let mut trailer = [0u8; TRAILER_LEN];
+    trailer.copy_from_slice(&buffer[trailer_start..]);
+    let footer_len = read_footer_length(trailer)?;
+    let footer_start = trailer_start
+        .checked_sub(footer_len)
+        .ok_or_else(|| bad("footer longer than the file"))?;
+    let footer = root_as_footer(&buffer[footer_start..trailer_start])
+        .map_err(|error| bad(&format!("unreadable footer: {error}")))?;
+    let schema = Arc::new(try_fb_to_schema(
+        footer.schema().ok_or_else(|| bad("no schema"))?,
+    )?);
+    let mut decoder =
+        FileDecoder::new(Arc::clone(&schema), footer.version()).with_require_alignment(true);
+    let slice = |block: &arrow::ipc::Block| -> Result<Buffer, ArrowError> {
+        let start = usize::try_from(block.offset()).map_err(|_| bad("negative offset"))?;
+        let len = usize::try_from(block.metaDataLength())
+            .ok()
+            .zip(usize::try_from(block.bodyLength()).ok())
+            .and_then(|(meta, body)| meta.checked_add(body))
+            .ok_or_else(|| bad("negative length"))?;
+        if start.checked_add(len).is_none_or(|end| end > footer_start) {
+            return Err(bad("a message lies outside the file"));
+        }
+        Ok(buffer.slice_with_length(start, len))
+    };
+    for block in footer.dictionaries().iter().flatten() {
+        decoder.read_dictionary(block, &slice(block)?)?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().iter().flatten() {
+        if let Some(batch) = decoder.read_record_batch(block, &slice(block)?)? {
+            batches.push(batch);
+        }
+    }
+    Ok(Block { schema, batches })
+}
+
+/// Counts the bytes written to it and keeps none.
+struct CountingSink(u64);
+
+impl Write for CountingSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

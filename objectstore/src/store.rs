@@ -1,0 +1,865 @@
+//! The object store of one node.
+//!
+//! All objects live in one shared-memory segment of the store's capacity, created when the
+//! store opens and kept for its lifetime: objects are ranges of it handed out by an
+//! [`Allocator`], so a new object reuses pages an old one already touched instead of faulting
+//! in fresh memory. An object is created, written through an [`ObjectWriter`], and sealed;
+//! from then on it is immutable, and any process on the host can map it from its
+//! [`ObjectLocation`].
+//!
+//! Lifetime: an object has reference counts (held by its owner, normally the job driver;
+//! [`ObjectStore::add_ref`]/[`ObjectStore::remove_ref`]) and pins (one per live
+//! [`ObjectView`]). It is freed once it has no references left, or was
+//! [deleted](ObjectStore::delete), and no view pins it.
+//!
+//! Memory pressure: before an allocation would take the segment past `spill_threshold`, the
+//! least recently used sealed, unpinned objects are written to spill files (fused until a file
+//! holds `min_spilling_size`) and their memory is freed; a later [`ObjectStore::get`] restores
+//! them. When nothing can be spilled — everything is pinned or being written — the object is
+//! created in a mapped file in the fallback directory instead, and only if that fails too does
+//! creation fail with [`Error::ObjectStoreFull`].
+//!
+//! Spilling runs on the thread that needs the memory, without the store's lock held during
+//! disk I/O, so a producer that outruns the disk is slowed down rather than failing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use floe_core::{Config, ObjectId};
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::{Allocator, aligned};
+use crate::mapping::{HEADER_LEN, Header, Mapping, available_space};
+use crate::pools::MemoryPools;
+use crate::spill::{SpillSlot, write_spill_file};
+use crate::view::{ObjectLocation, ObjectSource, ObjectView};
+use crate::{Error, Result};
+
+/// Where shared memory lives on Linux; checked for room when a store opens.
+const SHM_DIR: &str = "/dev/shm";
+
+/// What an [`ObjectStore`] needs to open.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// Names the shared-memory segment (`/floe-<name>`) and the store's spill and fallback
+    /// files; unique among the stores on one host. ASCII letters, digits, `-`, `_` and `.`.
+    pub name: String,
+    /// Bytes of shared memory, headers included.
+    pub capacity: u64,
+    /// Share of `capacity` past which objects are spilled, in (0, 1].
+    pub spill_threshold: f64,
+    /// Smallest spill file, unless fewer bytes can be spilled.
+    pub min_spilling_size: u64,
+    pub spill_dir: PathBuf,
+    pub fallback_dir: PathBuf,
+}
+
+impl StoreConfig {
+    /// A node's store: its capacity is the node's object-store pool.
+    pub fn for_node(config: &Config, pools: &MemoryPools, name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            capacity: pools.object_store,
+            spill_threshold: config.memory.spill_threshold,
+            min_spilling_size: config.memory.min_spilling_size.bytes(),
+            spill_dir: config.paths.spill_dir(),
+            fallback_dir: config.paths.fallback_dir(),
+        }
+    }
+}
+
+/// A snapshot of the store's use, for the node to report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStats {
+    pub capacity: u64,
+    /// Shared memory allocated to objects, headers included.
+    pub used: u64,
+    pub objects_in_memory: u64,
+    /// Bytes and objects whose copy is in a spill file now (an object restored to memory keeps
+    /// its spilled copy until freed, so evicting it again costs no write).
+    pub spilled_bytes: u64,
+    pub spilled_objects: u64,
+    /// Bytes written to spill files and read back from them since the store opened.
+    pub spilled_bytes_total: u64,
+    pub restored_bytes_total: u64,
+    /// Objects held in disk-backed fallback files now.
+    pub fallback_bytes: u64,
+    pub fallback_objects: u64,
+}
+
+/// A node's shared-memory object store. Cheap to clone; all clones are the same store.
+#[derive(Clone, Debug)]
+pub struct ObjectStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    config: StoreConfig,
+    segment: Arc<Mapping>,
+    state: Mutex<State>,
+    /// Signalled whenever a spill or restore finishes.
+    io_finished: Condvar,
+    next_file: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    allocator: Allocator,
+    objects: HashMap<ObjectId, Entry>,
+    /// Sealed objects in memory by last use (a logical clock), oldest first.
+    lru: BTreeMap<u64, ObjectId>,
+    clock: u64,
+    spilled_bytes_total: u64,
+    restored_bytes_total: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    sealed: bool,
+    /// Header offset in the segment.
+    memory: Option<u64>,
+    fallback: Option<Arc<Mapping>>,
+    spilled: Option<SpillSlot>,
+    refs: u64,
+    pins: u64,
+    io: Option<Io>,
+    deleted: bool,
+    last_used: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Io {
+    Spilling,
+    Restoring,
+}
+
+/// Where a new or restored object's bytes go.
+enum Placement {
+    Memory(u64),
+    Fallback(Arc<Mapping>),
+}
+
+/// Bytes an object of `size` takes in the segment.
+fn region_len(object: ObjectId, size: u64) -> Result<u64> {
+    aligned(size)
+        .and_then(|payload| payload.checked_add(HEADER_LEN))
+        .ok_or_else(|| Error::ObjectTooLarge {
+            object,
+            size,
+            capacity: 0,
+            disk_available: None,
+            problem: "the size overflows a 64-bit offset".into(),
+        })
+}
+
+impl ObjectStore {
+    /// Creates the store's segment (`/floe-<name>`) and its spill and fallback directories.
+    pub fn open(config: StoreConfig) -> Result<Self> {
+        let name_ok = !config.name.is_empty()
+            && config.name.len() <= 200
+            && config
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !name_ok {
+            return Err(Error::InvalidStoreName {
+                name: config.name.clone(),
+            });
+        }
+        let allocator = Allocator::new(config.capacity);
+        if allocator.capacity() < HEADER_LEN * 2 {
+            return Err(Error::CapacityTooSmall {
+                capacity: config.capacity,
+            });
+        }
+        if let Some(available) = available_space(std::path::Path::new(SHM_DIR))
+            && available < allocator.capacity()
+        {
+            return Err(Error::SharedMemoryTooSmall {
+                capacity: allocator.capacity(),
+                available,
+            });
+        }
+        for dir in [&config.spill_dir, &config.fallback_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                action: "create a directory",
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let capacity =
+            usize::try_from(allocator.capacity()).map_err(|_| Error::CapacityTooSmall {
+                capacity: config.capacity,
+            })?;
+        let segment = Mapping::create_shared(&format!("/floe-{}", config.name), capacity)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                segment: Arc::new(segment),
+                state: Mutex::new(State {
+                    allocator,
+                    objects: HashMap::new(),
+                    lru: BTreeMap::new(),
+                    clock: 0,
+                    spilled_bytes_total: 0,
+                    restored_bytes_total: 0,
+                }),
+                io_finished: Condvar::new(),
+                next_file: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// The shared-memory segment's os id, which readers in other processes open.
+    pub fn segment_name(&self) -> String {
+        self.inner.segment.name()
+    }
+
+    /// Starts a new object of `size` bytes with one reference. Its bytes are written through
+    /// the returned writer and become readable when it is sealed; dropping the writer unsealed
+    /// abandons the object.
+    pub fn create(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
+        let inner = &self.inner;
+        let mut state = inner.lock();
+        if state.objects.contains_key(&object) {
+            return Err(Error::AlreadyExists { object });
+        }
+        state.objects.insert(
+            object,
+            Entry {
+                size,
+                sealed: false,
+                memory: None,
+                fallback: None,
+                spilled: None,
+                refs: 1,
+                pins: 0,
+                io: None,
+                deleted: false,
+                last_used: 0,
+            },
+        );
+        let (mut state, placed) = inner.place(state, object, size);
+        let placement = match placed {
+            Ok(placement) => placement,
+            Err(error) => {
+                state.objects.remove(&object);
+                return Err(error);
+            }
+        };
+        let (base, header_offset, mapping) = match placement {
+            Placement::Memory(offset) => {
+                if let Some(entry) = state.objects.get_mut(&object) {
+                    entry.memory = Some(offset);
+                }
+                (inner.segment.base(), offset, Arc::clone(&inner.segment))
+            }
+            Placement::Fallback(mapping) => {
+                if let Some(entry) = state.objects.get_mut(&object) {
+                    entry.fallback = Some(Arc::clone(&mapping));
+                }
+                (mapping.base(), 0, mapping)
+            }
+        };
+        drop(state);
+        let header = Header {
+            object,
+            len: size,
+            sealed: false,
+            checksum: 0,
+        };
+        // SAFETY: the range was just allocated to this object and nobody else writes it.
+        unsafe { mapping.write_header(header_offset, &header) };
+        // SAFETY: `header_offset + HEADER_LEN + size` lies inside the mapping (the range was
+        // sized by `region_len`), and the pointer is non-null since it comes from a mapping.
+        let payload = unsafe { base.add((header_offset + HEADER_LEN) as usize) };
+        Ok(ObjectWriter {
+            inner: Arc::clone(inner),
+            object,
+            payload,
+            size: size as usize,
+            header_offset,
+            mapping,
+            sealed: false,
+        })
+    }
+
+    /// Creates, writes and seals an object holding `bytes`.
+    pub fn put(&self, object: ObjectId, bytes: &[u8]) -> Result<()> {
+        let mut writer = self.create(object, bytes.len() as u64)?;
+        writer.as_mut_slice().copy_from_slice(bytes);
+        writer.seal()
+    }
+
+    /// A read-only view of a sealed object, restoring it from its spill file if needed. The
+    /// object stays pinned in memory (neither spilled nor freed) while the view or any clone
+    /// of it, or any Arrow buffer made from it, is alive.
+    pub fn get(&self, object: ObjectId) -> Result<ObjectView> {
+        let inner = &self.inner;
+        let mut state = inner.lock();
+        loop {
+            let tick = state.tick();
+            let Some(entry) = state
+                .objects
+                .get_mut(&object)
+                .filter(|entry| !entry.deleted)
+            else {
+                return Err(Error::NotFound { object });
+            };
+            if !entry.sealed {
+                return Err(Error::NotSealed { object });
+            }
+            if entry.io == Some(Io::Restoring) {
+                state = inner.wait(state);
+                continue;
+            }
+            let size = entry.size;
+            if let Some(offset) = entry.memory {
+                entry.pins += 1;
+                let previous = std::mem::replace(&mut entry.last_used, tick);
+                state.lru.remove(&previous);
+                state.lru.insert(tick, object);
+                return Ok(inner.view(object, size, offset, None));
+            }
+            if let Some(mapping) = &entry.fallback {
+                entry.pins += 1;
+                let mapping = Arc::clone(mapping);
+                return Ok(inner.view(object, size, 0, Some(mapping)));
+            }
+            let Some(slot) = entry.spilled.clone() else {
+                return Err(Error::NotFound { object });
+            };
+            entry.io = Some(Io::Restoring);
+            entry.pins += 1;
+            return inner.restore(state, object, size, slot);
+        }
+    }
+
+    /// Adds a reference to an object.
+    pub fn add_ref(&self, object: ObjectId) -> Result<()> {
+        let mut state = self.inner.lock();
+        let entry = state.live_entry(object)?;
+        entry.refs += 1;
+        Ok(())
+    }
+
+    /// Drops a reference; the object is freed when none remain and no view pins it. Returns
+    /// the references left.
+    pub fn remove_ref(&self, object: ObjectId) -> Result<u64> {
+        let mut state = self.inner.lock();
+        let entry = state.live_entry(object)?;
+        entry.refs = entry.refs.saturating_sub(1);
+        let left = entry.refs;
+        state.free_if_unused(object);
+        Ok(left)
+    }
+
+    /// Deletes an object whatever its reference count: it disappears at once for new
+    /// [`get`](Self::get)s, and its space is reclaimed when the last view of it is dropped.
+    pub fn delete(&self, object: ObjectId) -> Result<()> {
+        let mut state = self.inner.lock();
+        let entry = state.live_entry(object)?;
+        entry.deleted = true;
+        state.free_if_unused(object);
+        Ok(())
+    }
+
+    /// Whether a live (not deleted) object with this id exists, sealed or not.
+    pub fn contains(&self, object: ObjectId) -> bool {
+        self.inner
+            .lock()
+            .objects
+            .get(&object)
+            .is_some_and(|entry| !entry.deleted)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let state = self.inner.lock();
+        let mut stats = StoreStats {
+            capacity: state.allocator.capacity(),
+            used: state.allocator.used(),
+            spilled_bytes_total: state.spilled_bytes_total,
+            restored_bytes_total: state.restored_bytes_total,
+            ..StoreStats::default()
+        };
+        for entry in state.objects.values() {
+            if entry.memory.is_some() {
+                stats.objects_in_memory += 1;
+            }
+            if let Some(slot) = &entry.spilled {
+                stats.spilled_bytes += slot.len();
+                stats.spilled_objects += 1;
+            }
+            if entry.fallback.is_some() {
+                stats.fallback_bytes += entry.size;
+                stats.fallback_objects += 1;
+            }
+        }
+        stats
+    }
+
+    /// The spill file holding an object's spilled copy, if it has one.
+    pub fn spill_path(&self, object: ObjectId) -> Option<PathBuf> {
+        let state = self.inner.lock();
+        let slot = state.objects.get(&object)?.spilled.as_ref()?;
+        Some(slot.path().to_owned())
+    }
+}
+
+impl State {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn live_entry(&mut self, object: ObjectId) -> Result<&mut Entry> {
+        self.objects
+            .get_mut(&object)
+            .filter(|entry| !entry.deleted)
+            .ok_or(Error::NotFound { object })
+    }
+
+    /// Frees memory held by `object`'s in-memory copy.
+    fn evict(&mut self, object: ObjectId) {
+        let Some(entry) = self.objects.get_mut(&object) else {
+            return;
+        };
+        if let Some(offset) = entry.memory.take() {
+            let last_used = entry.last_used;
+            let size = entry.size;
+            self.lru.remove(&last_used);
+            if let Ok(len) = region_len(object, size) {
+                self.allocator.free(offset, len);
+            }
+        }
+    }
+
+    /// Removes `object` and releases everything it holds, if it is no longer wanted and
+    /// nothing is using it.
+    fn free_if_unused(&mut self, object: ObjectId) {
+        let unused = self.objects.get(&object).is_some_and(|entry| {
+            (entry.deleted || entry.refs == 0) && entry.pins == 0 && entry.io.is_none()
+        });
+        if unused {
+            self.evict(object);
+            // Dropping the entry drops its fallback mapping (removing the file) and its spill
+            // slot (removing the spill file with its last slot).
+            self.objects.remove(&object);
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the bookkeeping as it was between two complete
+        // updates (every update is a few field writes with no early exit), so keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.io_finished
+            .wait(state)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn view(
+        self: &Arc<Self>,
+        object: ObjectId,
+        size: u64,
+        header_offset: u64,
+        fallback: Option<Arc<Mapping>>,
+    ) -> ObjectView {
+        let pin = Arc::new(Pin {
+            inner: Arc::clone(self),
+            object,
+            _fallback: fallback.clone(),
+        });
+        let (mapping, source) = match fallback {
+            Some(mapping) => {
+                let source = ObjectSource::File {
+                    path: PathBuf::from(mapping.name()),
+                };
+                (mapping, source)
+            }
+            None => (
+                Arc::clone(&self.segment),
+                ObjectSource::Segment {
+                    os_id: self.segment.name(),
+                },
+            ),
+        };
+        let location = ObjectLocation {
+            object,
+            source,
+            offset: header_offset,
+            len: size,
+        };
+        // SAFETY: the object is sealed and pinned by `pin`, so its range stays allocated and
+        // unchanged for as long as the view (which owns `pin`) lives.
+        unsafe { ObjectView::new(location, &mapping, pin) }
+    }
+
+    /// Finds room for `need` bytes of a new or restored object: memory, after spilling what it
+    /// takes to stay under the threshold; or a fallback file when memory cannot be had.
+    fn place<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        object: ObjectId,
+        size: u64,
+    ) -> (MutexGuard<'a, State>, Result<Placement>) {
+        let need = match region_len(object, size) {
+            Ok(need) => need,
+            Err(error) => return (state, Err(error)),
+        };
+        let capacity = state.allocator.capacity();
+        let threshold = (capacity as f64 * self.config.spill_threshold) as u64;
+        let mut spill_error = None;
+        // An object larger than the segment can only go to a fallback file.
+        if need <= capacity {
+            loop {
+                let over = (state.allocator.used() + need).saturating_sub(threshold);
+                if over > 0 && spill_error.is_none() {
+                    let (next, progress) = self.spill(state, over);
+                    state = next;
+                    match progress {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(error) => spill_error = Some(error),
+                    }
+                }
+                if let Some(offset) = state.allocator.allocate(need) {
+                    return (state, Ok(Placement::Memory(offset)));
+                }
+                if spill_error.is_none() {
+                    let (next, progress) = self.spill(state, need);
+                    state = next;
+                    match progress {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(error) => spill_error = Some(error),
+                    }
+                }
+                // Another thread may be spilling right now; its memory is about to come free.
+                let spilling = state
+                    .objects
+                    .values()
+                    .any(|entry| entry.io == Some(Io::Spilling));
+                if !spilling {
+                    break;
+                }
+                state = self.wait(state);
+            }
+        }
+        let used = state.allocator.used();
+        drop(state);
+        let path = self
+            .config
+            .fallback_dir
+            .join(format!("{}-{object}.object", self.config.name));
+        let created = Mapping::create_file(&path, need);
+        let state = self.lock();
+        let placement = match created {
+            Ok(mapping) => Ok(Placement::Fallback(Arc::new(mapping))),
+            Err(fallback_error) if need > capacity => Err(Error::ObjectTooLarge {
+                object,
+                size,
+                capacity,
+                disk_available: available_space(&self.config.fallback_dir),
+                problem: fallback_error.to_string(),
+            }),
+            Err(fallback_error) => Err(Error::ObjectStoreFull {
+                object,
+                size,
+                capacity,
+                used,
+                spill_problem: spill_error.map(|error| error.to_string()),
+                fallback_problem: fallback_error.to_string(),
+            }),
+        };
+        (state, placement)
+    }
+
+    /// Frees at least `wanted` bytes of memory if it can, spilling the least recently used
+    /// sealed, unpinned objects (fused into one file of at least `min_spilling_size`, or what
+    /// there is). Objects that already have a spilled copy are just evicted. Returns whether any
+    /// memory was freed.
+    fn spill<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        wanted: u64,
+    ) -> (MutexGuard<'a, State>, Result<bool>) {
+        let mut freed = 0u64;
+        let mut batch: Vec<(ObjectId, u64, u64)> = Vec::new();
+        let mut batch_bytes = 0u64;
+        let candidates: Vec<ObjectId> = state.lru.values().copied().collect();
+        for object in candidates {
+            let enough = freed + batch_bytes >= wanted
+                && (batch.is_empty() || batch_bytes >= self.config.min_spilling_size);
+            if enough {
+                break;
+            }
+            let Some(entry) = state.objects.get_mut(&object) else {
+                continue;
+            };
+            let Some(offset) = entry.memory else {
+                continue;
+            };
+            if entry.pins > 0 || entry.io.is_some() || !entry.sealed {
+                continue;
+            }
+            let region = region_len(object, entry.size).unwrap_or(0);
+            if entry.spilled.is_some() {
+                state.evict(object);
+                freed += region;
+            } else {
+                entry.io = Some(Io::Spilling);
+                batch.push((object, offset, entry.size));
+                batch_bytes += region;
+            }
+        }
+        if batch.is_empty() {
+            return (state, Ok(freed > 0));
+        }
+        drop(state);
+
+        let number = self.next_file.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .config
+            .spill_dir
+            .join(format!("{}-{number:06}.spill", self.config.name));
+        let base = self.segment.base();
+        let payloads: Vec<(ObjectId, &[u8])> = batch
+            .iter()
+            .map(|&(object, offset, size)| {
+                // SAFETY: the object is sealed and marked `Spilling`, which keeps its range
+                // allocated and unchanged until the mark is cleared below.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        base.add((offset + HEADER_LEN) as usize),
+                        size as usize,
+                    )
+                };
+                (object, bytes)
+            })
+            .collect();
+        let written = write_spill_file(&path, &payloads);
+
+        let mut state = self.lock();
+        let result = match written {
+            Ok(slots) => {
+                for ((object, _, size), slot) in batch.iter().zip(slots) {
+                    state.spilled_bytes_total += size;
+                    let Some(entry) = state.objects.get_mut(object) else {
+                        continue;
+                    };
+                    entry.io = None;
+                    entry.spilled = Some(slot);
+                    // A reader that pinned the object meanwhile keeps the memory copy alive.
+                    if entry.pins == 0 {
+                        state.evict(*object);
+                        freed += region_len(*object, *size).unwrap_or(0);
+                    }
+                    state.free_if_unused(*object);
+                }
+                Ok(freed > 0)
+            }
+            Err(error) => {
+                for (object, _, _) in &batch {
+                    if let Some(entry) = state.objects.get_mut(object) {
+                        entry.io = None;
+                    }
+                    state.free_if_unused(*object);
+                }
+                tracing::warn!(%error, "spilling failed");
+                Err(error)
+            }
+        };
+        self.io_finished.notify_all();
+        (state, result)
+    }
+
+    /// Reads a spilled object back. The caller has marked it `Restoring` and pinned it for the
+    /// view this returns.
+    fn restore<'a>(
+        self: &'a Arc<Self>,
+        state: MutexGuard<'a, State>,
+        object: ObjectId,
+        size: u64,
+        slot: SpillSlot,
+    ) -> Result<ObjectView> {
+        let (state, placed) = self.place(state, object, size);
+        let placement = match placed {
+            Ok(placement) => placement,
+            Err(error) => {
+                self.finish_restore_failed(state, object);
+                return Err(error);
+            }
+        };
+        drop(state);
+        let (mapping, header_offset) = match &placement {
+            Placement::Memory(offset) => (Arc::clone(&self.segment), *offset),
+            Placement::Fallback(mapping) => (Arc::clone(mapping), 0),
+        };
+        // SAFETY: the range was just allocated for this restore and nobody else can reach it
+        // until the entry points at it below.
+        let destination = unsafe {
+            std::slice::from_raw_parts_mut(
+                mapping.base().add((header_offset + HEADER_LEN) as usize),
+                size as usize,
+            )
+        };
+        let restored = slot.restore_into(object, destination);
+        let mut state = self.lock();
+        if let Err(error) = restored {
+            if let Placement::Memory(offset) = placement
+                && let Ok(len) = region_len(object, size)
+            {
+                state.allocator.free(offset, len);
+            }
+            self.finish_restore_failed(state, object);
+            return Err(error);
+        }
+        let header = Header {
+            object,
+            len: size,
+            sealed: true,
+            checksum: 0,
+        };
+        // SAFETY: as for `destination`.
+        unsafe { mapping.write_header(header_offset, &header) };
+        state.restored_bytes_total += size;
+        let tick = state.tick();
+        let mut fallback = None;
+        if let Some(entry) = state.objects.get_mut(&object) {
+            entry.io = None;
+            match placement {
+                Placement::Memory(offset) => {
+                    entry.memory = Some(offset);
+                    entry.last_used = tick;
+                    state.lru.insert(tick, object);
+                }
+                Placement::Fallback(mapping) => {
+                    entry.fallback = Some(Arc::clone(&mapping));
+                    fallback = Some(mapping);
+                }
+            }
+        }
+        drop(state);
+        self.io_finished.notify_all();
+        Ok(self.view(object, size, header_offset, fallback))
+    }
+
+    fn finish_restore_failed(&self, mut state: MutexGuard<'_, State>, object: ObjectId) {
+        if let Some(entry) = state.objects.get_mut(&object) {
+            entry.io = None;
+            entry.pins -= 1;
+        }
+        state.free_if_unused(object);
+        drop(state);
+        self.io_finished.notify_all();
+    }
+
+    fn unpin(&self, object: ObjectId) {
+        let mut state = self.lock();
+        if let Some(entry) = state.objects.get_mut(&object) {
+            entry.pins = entry.pins.saturating_sub(1);
+        }
+        state.free_if_unused(object);
+    }
+}
+
+/// Keeps an object pinned; shared by a view, its clones and Arrow buffers made from it.
+#[derive(Debug)]
+pub(crate) struct Pin {
+    inner: Arc<Inner>,
+    object: ObjectId,
+    _fallback: Option<Arc<Mapping>>,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.inner.unpin(self.object);
+    }
+}
+
+/// Writes a new object's bytes. Seal it to make it readable; dropping it unsealed abandons the
+/// object and frees its space.
+#[derive(Debug)]
+pub struct ObjectWriter {
+    inner: Arc<Inner>,
+    object: ObjectId,
+    payload: *mut u8,
+    size: usize,
+    header_offset: u64,
+    mapping: Arc<Mapping>,
+    sealed: bool,
+}
+
+// SAFETY: the writer is the only handle to its range until it is sealed; moving it to another
+// thread moves that exclusive access along.
+unsafe impl Send for ObjectWriter {}
+
+impl ObjectWriter {
+    pub fn object(&self) -> ObjectId {
+        self.object
+    }
+
+    /// The object's bytes, to fill in before sealing. They start 64-byte aligned.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the range is allocated to this object, inside a live mapping (held by
+        // `self.mapping`), and this writer is its only handle until sealed.
+        unsafe { std::slice::from_raw_parts_mut(self.payload, self.size) }
+    }
+
+    /// Makes the object immutable and readable by [`ObjectStore::get`] and other processes.
+    pub fn seal(mut self) -> Result<()> {
+        let header = Header {
+            object: self.object,
+            len: self.size as u64,
+            sealed: true,
+            checksum: 0,
+        };
+        // SAFETY: the header range belongs to this object and only this writer writes it.
+        unsafe { self.mapping.write_header(self.header_offset, &header) };
+        let mut state = self.inner.lock();
+        let tick = state.tick();
+        let entry = state.live_entry(self.object)?;
+        entry.sealed = true;
+        entry.last_used = tick;
+        if entry.memory.is_some() {
+            state.lru.insert(tick, self.object);
+        }
+        self.sealed = true;
+        Ok(())
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        if !self.sealed {
+            let mut state = self.inner.lock();
+            if let Some(entry) = state.objects.get_mut(&self.object) {
+                entry.deleted = true;
+            }
+            state.free_if_unused(self.object);
+        }
+    }
+}
+
+/// The object's payload pointer for a view: non-null because it points into a mapping.
+pub(crate) fn payload_ptr(mapping: &Mapping, header_offset: u64) -> Option<NonNull<u8>> {
+    let start = usize::try_from(header_offset + HEADER_LEN).ok()?;
+    // SAFETY: callers pass offsets of objects inside `mapping`.
+    NonNull::new(unsafe { mapping.base().add(start) })
+}

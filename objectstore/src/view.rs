@@ -1,0 +1,180 @@
+//! Reading objects: views, the locations that name them across processes, and the client a
+//! worker process uses to map them.
+//!
+//! The store hands out an [`ObjectLocation`] with every view; the node sends it to a worker
+//! (which holds the view, and so the pin, on the worker's behalf), and the worker's
+//! [`StoreClient`] maps the segment or file by name and checks the object header there before
+//! exposing a byte.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use arrow::buffer::Buffer;
+use floe_core::ObjectId;
+use serde::{Deserialize, Serialize};
+
+use crate::mapping::{HEADER_LEN, Mapping};
+use crate::store::payload_ptr;
+use crate::{Error, Result};
+
+/// Where a sealed object's bytes are, as another process on the host can open them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectLocation {
+    pub object: ObjectId,
+    pub source: ObjectSource,
+    /// Offset of the object's header; the payload follows it.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ObjectSource {
+    /// The store's shared-memory segment, by its os id.
+    Segment { os_id: String },
+    /// A disk-backed fallback object.
+    File { path: PathBuf },
+}
+
+/// Read-only bytes of a sealed object, mapped in place. Cloning is cheap; the object stays
+/// pinned (when the view came from the store) and mapped until the last clone, and the last
+/// Arrow buffer made by [`to_buffer`](Self::to_buffer), is dropped.
+#[derive(Clone)]
+pub struct ObjectView {
+    location: ObjectLocation,
+    ptr: NonNull<u8>,
+    len: usize,
+    owner: Arc<dyn arrow::alloc::Allocation>,
+}
+
+// SAFETY: the bytes are immutable while the view exists (the object is sealed, and `owner`
+// keeps the mapping and the pin alive), so sharing them across threads is sound.
+unsafe impl Send for ObjectView {}
+// SAFETY: as above.
+unsafe impl Sync for ObjectView {}
+
+impl std::fmt::Debug for ObjectView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectView")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectView {
+    /// # Safety
+    /// `location` must describe a sealed object inside `mapping`, and `owner` must keep that
+    /// range mapped and unchanged for as long as it lives.
+    pub(crate) unsafe fn new(
+        location: ObjectLocation,
+        mapping: &Mapping,
+        owner: Arc<dyn arrow::alloc::Allocation>,
+    ) -> Self {
+        let ptr = payload_ptr(mapping, location.offset).unwrap_or(NonNull::dangling());
+        Self {
+            len: location.len as usize,
+            location,
+            ptr,
+            owner,
+        }
+    }
+
+    pub fn object(&self) -> ObjectId {
+        self.location.object
+    }
+
+    pub fn location(&self) -> &ObjectLocation {
+        &self.location
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: see `new`: the range is mapped, sealed and unchanged while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes as an Arrow buffer pointing into the mapping (no copy); the buffer keeps the
+    /// object pinned and mapped.
+    pub fn to_buffer(&self) -> Buffer {
+        // SAFETY: `owner` keeps the range valid and immutable for the buffer's lifetime.
+        unsafe { Buffer::from_custom_allocation(self.ptr, self.len, Arc::clone(&self.owner)) }
+    }
+}
+
+/// Opens objects of the stores on this host by location, from any process. Mapped segments
+/// are cached, so opening many objects of one store maps its segment once.
+#[derive(Debug, Default)]
+pub struct StoreClient {
+    segments: Mutex<HashMap<String, Arc<Mapping>>>,
+}
+
+impl StoreClient {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A view of the object at `location`, after checking that the header there names this
+    /// object, with this length, sealed. The caller must hold a pin on the object in the
+    /// store (the node holds one per worker request) for as long as it uses the view.
+    pub fn open(&self, location: &ObjectLocation) -> Result<ObjectView> {
+        let mapping = match &location.source {
+            ObjectSource::Segment { os_id } => {
+                let mut segments = self
+                    .segments
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match segments.get(os_id) {
+                    Some(mapping) => Arc::clone(mapping),
+                    None => {
+                        let mapping = Arc::new(Mapping::open_shared(os_id)?);
+                        segments.insert(os_id.clone(), Arc::clone(&mapping));
+                        mapping
+                    }
+                }
+            }
+            ObjectSource::File { path } => Arc::new(Mapping::open_file(path)?),
+        };
+        let stale = |reason: String| Error::StaleLocation {
+            object: location.object,
+            reason,
+        };
+        let end = location
+            .offset
+            .checked_add(HEADER_LEN)
+            .and_then(|start| start.checked_add(location.len))
+            .ok_or_else(|| stale("offset and length overflow".into()))?;
+        if end > mapping.len() as u64 {
+            return Err(stale(format!(
+                "bytes {}..{end} lie outside the {}-byte mapping",
+                location.offset,
+                mapping.len()
+            )));
+        }
+        match mapping.header_at(location.offset) {
+            Some(header)
+                if header.object == location.object
+                    && header.len == location.len
+                    && header.sealed => {}
+            Some(header) => {
+                return Err(stale(format!(
+                    "found object {} of {} bytes (sealed: {}) there instead",
+                    header.object, header.len, header.sealed
+                )));
+            }
+            None => return Err(stale("no object header at that offset".into())),
+        }
+        let owner: Arc<dyn arrow::alloc::Allocation> = Arc::clone(&mapping) as _;
+        // SAFETY: the header check shows a sealed object of this length in range; the caller's
+        // pin keeps it there, and `owner` keeps the mapping alive.
+        Ok(unsafe { ObjectView::new(location.clone(), &mapping, owner) })
+    }
+}

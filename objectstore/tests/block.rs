@@ -1,0 +1,137 @@
+//! Arrow blocks in the store: round trips, and decoding that does not copy column data.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+#[allow(dead_code)] // each test binary uses a different subset of the helpers
+mod common;
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use common::{MIB, store_in};
+use floe_core::ObjectId;
+use floe_objectstore::block::{read_block, write_block};
+use floe_objectstore::{Error, StoreClient};
+
+fn sample(rows: i64, offset: i64) -> RecordBatch {
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(offset..offset + rows));
+    let scores: ArrayRef = Arc::new(Float64Array::from_iter(
+        (0..rows).map(|i| (i % 3 != 0).then_some(i as f64 * 0.5)),
+    ));
+    let names: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..rows).map(|i| format!("name-{}", offset + i)),
+    ));
+    RecordBatch::try_from_iter([("id", ids), ("score", scores), ("name", names)]).unwrap()
+}
+
+/// Every buffer of every column, including nested children.
+fn buffer_ranges(array: &dyn Array) -> Vec<(usize, usize)> {
+    let data = array.to_data();
+    let mut ranges: Vec<(usize, usize)> = data
+        .buffers()
+        .iter()
+        .map(|buffer| (buffer.as_ptr() as usize, buffer.len()))
+        .collect();
+    if let Some(nulls) = data.nulls() {
+        let buffer = nulls.buffer();
+        ranges.push((buffer.as_ptr() as usize, buffer.len()));
+    }
+    for child in data.child_data() {
+        ranges.extend(buffer_ranges(&arrow::array::make_array(child.clone())));
+    }
+    ranges
+}
+
+#[test]
+fn decoded_column_buffers_lie_inside_the_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 8 * MIB, MIB);
+    let batches = vec![sample(1000, 0), sample(2500, 1000)];
+    let schema = batches[0].schema();
+    let object = ObjectId::new(1);
+    let len = write_block(&store, object, &schema, &batches).unwrap();
+
+    let view = store.get(object).unwrap();
+    assert_eq!(view.len() as u64, len);
+    let block = read_block(&view).unwrap();
+    assert_eq!(block.schema, schema);
+    assert_eq!(block.batches, batches);
+    assert_eq!(block.num_rows(), 3500);
+
+    let start = view.as_bytes().as_ptr() as usize;
+    let end = start + view.len();
+    let mut checked = 0;
+    for batch in &block.batches {
+        for column in batch.columns() {
+            for (ptr, len) in buffer_ranges(column.as_ref()) {
+                assert!(
+                    ptr >= start && ptr + len <= end,
+                    "a buffer at {ptr:#x}+{len} was copied out of the object at {start:#x}..{end:#x}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    // ids: values; scores: values + nulls; names: offsets + values — per batch.
+    assert_eq!(checked, 2 * 5);
+
+    // The decoded arrays keep the object pinned after the view is gone.
+    drop(view);
+    store.delete(object).unwrap();
+    assert!(store.stats().used > 0);
+    let ids = block.batches[1]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    assert_eq!(ids.value(0), 1000);
+    drop(block);
+    assert_eq!(store.stats().used, 0);
+}
+
+#[test]
+fn a_block_decodes_zero_copy_through_a_client_mapping_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let batches = vec![sample(300, 0)];
+    let object = ObjectId::new(2);
+    write_block(&store, object, &batches[0].schema(), &batches).unwrap();
+    let pin = store.get(object).unwrap();
+    let client = StoreClient::new();
+    let view = client.open(pin.location()).unwrap();
+    // A separate mapping of the same segment: different addresses, same bytes.
+    assert_ne!(view.as_bytes().as_ptr(), pin.as_bytes().as_ptr());
+    let block = read_block(&view).unwrap();
+    assert_eq!(block.batches, batches);
+    let start = view.as_bytes().as_ptr() as usize;
+    let ids = block.batches[0].column(0).to_data();
+    let values = ids.buffers()[0].as_ptr() as usize;
+    assert!(values >= start && values < start + view.len());
+}
+
+#[test]
+fn an_empty_block_keeps_its_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+    write_block(&store, ObjectId::new(3), &schema, &[]).unwrap();
+    let block = read_block(&store.get(ObjectId::new(3)).unwrap()).unwrap();
+    assert_eq!(block.schema, schema);
+    assert!(block.batches.is_empty());
+}
+
+#[test]
+fn an_object_that_is_not_a_block_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let object = ObjectId::new(4);
+    store.put(object, b"definitely not arrow").unwrap();
+    let error = read_block(&store.get(object).unwrap()).unwrap_err();
+    assert!(
+        matches!(&error, Error::Block { object: o, .. } if *o == object),
+        "{error}"
+    );
+    assert!(error.to_string().contains(&object.to_string()));
+}

@@ -1,0 +1,400 @@
+//! The store against real shared memory, real files and a real second process.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+#[allow(dead_code)] // each test binary uses a different subset of the helpers
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use common::{KIB, MIB, config_in, contents, files_in, shm_path, store_in};
+use floe_core::ObjectId;
+use floe_objectstore::{Error, ObjectLocation, ObjectSource, ObjectStore, StoreClient};
+
+const CHILD_ENV: &str = "FLOE_OBJECTSTORE_TEST_LOCATIONS";
+
+fn id(n: u128) -> ObjectId {
+    ObjectId::new(0xf10e_0000_0000_0000_0000_0000_0000_0000 | n)
+}
+
+/// As the parent: seal objects (one in shared memory, one in a fallback file) and have a
+/// child process — this test binary again — map them by location and report what it read.
+/// As the child (the variable set): open each location and print its length and checksum.
+#[test]
+fn a_child_process_reads_sealed_objects() {
+    if let Ok(json) = std::env::var(CHILD_ENV) {
+        let locations: Vec<ObjectLocation> = serde_json::from_str(&json).unwrap();
+        let client = StoreClient::new();
+        for location in &locations {
+            match client.open(location) {
+                Ok(view) => println!(
+                    "\nread {} {} {:016x}",
+                    view.object(),
+                    view.len(),
+                    xxhash_rust::xxh3::xxh3_64(view.as_bytes())
+                ),
+                Err(error) => println!("\nrefused: {error}"),
+            }
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 2 * MIB, MIB);
+    let (small, large) = (id(1), id(2));
+    store.put(small, &contents(small, 300 * KIB)).unwrap();
+    let in_memory = store.get(small).unwrap();
+    // Pinned by `in_memory`, the first object leaves too little room: the second goes to disk.
+    store.put(large, &contents(large, 1900 * KIB)).unwrap();
+    let on_disk = store.get(large).unwrap();
+    assert!(matches!(
+        in_memory.location().source,
+        ObjectSource::Segment { .. }
+    ));
+    assert!(matches!(
+        on_disk.location().source,
+        ObjectSource::File { .. }
+    ));
+    // A stale location (right place, wrong id) must be refused, not read.
+    let mut stale = in_memory.location().clone();
+    stale.object = id(99);
+    let locations = vec![
+        in_memory.location().clone(),
+        on_disk.location().clone(),
+        stale,
+    ];
+
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_child_process_reads_sealed_objects",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, serde_json::to_string(&locations).unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let reads: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.starts_with("read ") || line.starts_with("refused: "))
+        .collect();
+    let expected: Vec<String> = [(small, 300 * KIB), (large, 1900 * KIB)]
+        .iter()
+        .map(|&(object, len)| {
+            format!(
+                "read {object} {len} {:016x}",
+                xxhash_rust::xxh3::xxh3_64(&contents(object, len))
+            )
+        })
+        .chain([format!(
+            "refused: location of object {} is stale: found object {small} of {} bytes \
+             (sealed: true) there instead",
+            id(99),
+            300 * KIB
+        )])
+        .collect();
+    assert_eq!(reads, expected, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(output.status.success(), "{stderr}");
+}
+
+#[test]
+fn references_and_pins_decide_when_an_object_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let object = id(1);
+    store.put(object, &contents(object, 100 * KIB)).unwrap();
+    let used = store.stats().used;
+    assert_eq!(used, 64 + 100 * KIB);
+    store.add_ref(object).unwrap();
+    let view = store.get(object).unwrap();
+    assert_eq!(store.remove_ref(object).unwrap(), 1);
+    assert_eq!(store.remove_ref(object).unwrap(), 0);
+    // No references left, but the view still pins it: readable, and its memory still used.
+    assert_eq!(store.stats().used, used);
+    assert_eq!(view.as_bytes(), &contents(object, 100 * KIB)[..]);
+    drop(view);
+    assert_eq!(store.stats().used, 0);
+    assert!(matches!(
+        store.get(object),
+        Err(Error::NotFound { object: o }) if o == object
+    ));
+
+    // Delete ignores references, and hides the object at once even while it is pinned.
+    let other = id(2);
+    store.put(other, b"payload").unwrap();
+    store.add_ref(other).unwrap();
+    let view = store.get(other).unwrap();
+    store.delete(other).unwrap();
+    assert!(!store.contains(other));
+    assert!(store.get(other).is_err());
+    assert_eq!(view.as_bytes(), b"payload");
+    drop(view);
+    assert_eq!(store.stats().used, 0);
+}
+
+#[test]
+fn errors_name_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), MIB, MIB);
+    let object = id(7);
+    let missing = store.get(object).unwrap_err().to_string();
+    assert_eq!(missing, format!("object {object} not found"));
+    let writer = store.create(object, 10).unwrap();
+    let unsealed = store.get(object).unwrap_err().to_string();
+    assert!(unsealed.contains("not sealed"), "{unsealed}");
+    let twice = store.create(object, 10).unwrap_err().to_string();
+    assert_eq!(twice, format!("object {object} already exists"));
+    // An abandoned writer frees its space and its id.
+    drop(writer);
+    assert_eq!(store.stats().used, 0);
+    store.put(object, b"0123456789").unwrap();
+}
+
+#[test]
+fn dropping_the_store_unlinks_its_segment_and_removes_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), MIB, 256 * KIB);
+    let segment = shm_path(&store);
+    assert!(segment.exists());
+    for n in 0..8 {
+        store.put(id(n), &contents(id(n), 200 * KIB)).unwrap();
+    }
+    assert!(!files_in(&dir.path().join("spill")).is_empty());
+    let view = store.get(id(7)).unwrap();
+    drop(store);
+    // A live view keeps the mapping (and the pin) valid after the last store handle goes.
+    assert_eq!(view.as_bytes(), &contents(id(7), 200 * KIB)[..]);
+    drop(view);
+    assert!(!segment.exists());
+    assert!(files_in(&dir.path().join("spill")).is_empty());
+}
+
+#[test]
+fn spill_round_trip_of_three_times_the_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let capacity = 4 * MIB;
+    let store = store_in(dir.path(), capacity, MIB);
+    let mut written = BTreeMap::new();
+    let mut total = 0;
+    let mut n = 0;
+    while total < 3 * capacity {
+        let object = id(n);
+        // Sizes from a few bytes to 700 KiB, so fused files mix small and large objects.
+        let len = (n as u64 * 7919 * 37) % (700 * KIB) + 3;
+        store.put(object, &contents(object, len)).unwrap();
+        written.insert(object, len);
+        total += len;
+        n += 1;
+        let stats = store.stats();
+        assert!(stats.used <= capacity);
+    }
+    let stats = store.stats();
+    assert!(
+        stats.spilled_objects > 0 && stats.spilled_bytes > 2 * capacity,
+        "{stats:?}"
+    );
+    assert_eq!(stats.fallback_objects, 0);
+    assert!(stats.used <= (capacity as f64 * 0.8) as u64 + 700 * KIB + 64);
+    for (&object, &len) in &written {
+        let view = store.get(object).unwrap();
+        assert_eq!(view.as_bytes(), &contents(object, len)[..], "{object}");
+    }
+    let stats = store.stats();
+    assert!(stats.restored_bytes_total > 2 * capacity, "{stats:?}");
+    assert_eq!(stats.fallback_objects, 0);
+}
+
+#[test]
+fn a_fused_spill_file_is_removed_when_its_last_object_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let capacity = 4 * MIB;
+    let min_spilling_size = MIB;
+    let store = store_in(dir.path(), capacity, min_spilling_size);
+    // 40 objects of 100 KiB: the first to be spilled are fused, about ten to a file.
+    for n in 0..40 {
+        store.put(id(n), &contents(id(n), 100 * KIB)).unwrap();
+    }
+    let first_file = store.spill_path(id(0)).unwrap();
+    let fused: Vec<ObjectId> = (0..40)
+        .map(id)
+        .filter(|&object| store.spill_path(object).as_ref() == Some(&first_file))
+        .collect();
+    assert!(fused.len() > 1, "{fused:?}");
+    let file_len = std::fs::metadata(&first_file).unwrap().len();
+    assert!(file_len >= min_spilling_size, "{file_len}");
+    assert_eq!(file_len, fused.len() as u64 * (64 + 100 * KIB));
+
+    let (last, rest) = fused.split_last().unwrap();
+    for &object in rest {
+        store.delete(object).unwrap();
+    }
+    assert!(first_file.exists());
+    // Restoring does not drop the spilled copy, so the file is still needed.
+    drop(store.get(*last).unwrap());
+    assert!(first_file.exists());
+    store.delete(*last).unwrap();
+    assert!(!first_file.exists());
+}
+
+#[test]
+fn a_corrupt_spill_file_is_an_error_never_wrong_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 2 * MIB, 256 * KIB);
+    for n in 0..8 {
+        store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
+    }
+    let path = store.spill_path(id(0)).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Flip one bit in the middle of the first object's payload.
+    bytes[64 + 150 * KIB as usize] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    for _ in 0..2 {
+        let error = store.get(id(0)).unwrap_err();
+        assert!(
+            matches!(&error, Error::CorruptSpill { object, .. } if *object == id(0)),
+            "{error}"
+        );
+        assert!(error.to_string().contains("checksum"), "{error}");
+    }
+    // A truncated file is caught too.
+    let other = (1..8)
+        .map(id)
+        .find(|&object| store.spill_path(object).is_some_and(|p| p != path))
+        .unwrap();
+    let other_path = store.spill_path(other).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&other_path)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let error = store.get(other).unwrap_err();
+    assert!(matches!(error, Error::CorruptSpill { .. }), "{error}");
+    // The failed restores gave their memory back.
+    let stats = store.stats();
+    assert!(stats.used <= 2 * MIB, "{stats:?}");
+}
+
+#[test]
+fn a_store_full_of_pinned_objects_falls_back_to_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let capacity = MIB;
+    let store = store_in(dir.path(), capacity, 256 * KIB);
+    let pinned: Vec<_> = (0..3)
+        .map(|n| {
+            store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
+            store.get(id(n)).unwrap()
+        })
+        .collect();
+    let object = id(10);
+    store.put(object, &contents(object, 300 * KIB)).unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.fallback_objects, 1);
+    assert_eq!(stats.fallback_bytes, 300 * KIB);
+    let fallback_files = files_in(&dir.path().join("fallback"));
+    assert_eq!(fallback_files.len(), 1);
+    let view = store.get(object).unwrap();
+    assert_eq!(view.as_bytes(), &contents(object, 300 * KIB)[..]);
+    assert!(matches!(view.location().source, ObjectSource::File { .. }));
+    drop(view);
+    store.delete(object).unwrap();
+    assert!(files_in(&dir.path().join("fallback")).is_empty());
+
+    // An object larger than the whole store goes straight to disk.
+    let huge = id(11);
+    store.put(huge, &contents(huge, 3 * MIB)).unwrap();
+    assert_eq!(
+        store.get(huge).unwrap().as_bytes(),
+        &contents(huge, 3 * MIB)[..]
+    );
+    drop(pinned);
+}
+
+#[test]
+fn when_fallback_fails_too_the_error_gives_the_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path(), MIB, 256 * KIB);
+    let fallback_dir = config.fallback_dir.clone();
+    let store = ObjectStore::open(config).unwrap();
+    // A file where the fallback directory should be: creating fallback files fails.
+    std::fs::remove_dir(&fallback_dir).unwrap();
+    std::fs::write(&fallback_dir, b"not a directory").unwrap();
+    let _pinned: Vec<_> = (0..3)
+        .map(|n| {
+            store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
+            store.get(id(n)).unwrap()
+        })
+        .collect();
+    let object = id(10);
+    let error = store.put(object, &contents(object, 300 * KIB)).unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, Error::ObjectStoreFull { .. }), "{text}");
+    let used = 3 * (64 + 300 * KIB);
+    for needle in [
+        object.to_string(),
+        (300 * KIB).to_string(),
+        used.to_string(),
+        MIB.to_string(),
+    ] {
+        assert!(text.contains(&needle), "{needle} missing from: {text}");
+    }
+    let error = store.put(id(11), &contents(id(11), 2 * MIB)).unwrap_err();
+    assert!(
+        matches!(error, Error::ObjectTooLarge { size, capacity, .. } if size == 2 * MIB && capacity == MIB),
+        "{error}"
+    );
+    // The failed creations left nothing behind.
+    assert!(!store.contains(object));
+    assert_eq!(store.stats().used, used);
+}
+
+#[test]
+fn concurrent_writers_and_readers_lose_and_tear_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 2 * MIB, 256 * KIB);
+    let sealed: Arc<Mutex<Vec<(ObjectId, u64)>>> = Arc::default();
+    std::thread::scope(|scope| {
+        for writer in 0..3u128 {
+            let store = store.clone();
+            let sealed = Arc::clone(&sealed);
+            scope.spawn(move || {
+                for n in 0..40u128 {
+                    let object = id(writer << 32 | n);
+                    let len = ((n as u64 * 131 + writer as u64 * 977) * 613) % (150 * KIB) + 1;
+                    store.put(object, &contents(object, len)).unwrap();
+                    sealed.lock().unwrap().push((object, len));
+                }
+            });
+        }
+        for reader in 0..3usize {
+            let store = store.clone();
+            let sealed = Arc::clone(&sealed);
+            scope.spawn(move || {
+                for round in 0..150usize {
+                    let pick = {
+                        let sealed = sealed.lock().unwrap();
+                        (!sealed.is_empty()).then(|| sealed[(round * 7 + reader) % sealed.len()])
+                    };
+                    if let Some((object, len)) = pick {
+                        let view = store.get(object).unwrap();
+                        assert_eq!(view.as_bytes(), &contents(object, len)[..], "{object}");
+                    }
+                }
+            });
+        }
+    });
+    let sealed = sealed.lock().unwrap();
+    assert_eq!(sealed.len(), 120);
+    for &(object, len) in sealed.iter() {
+        assert_eq!(
+            store.get(object).unwrap().as_bytes(),
+            &contents(object, len)[..]
+        );
+    }
+    let stats = store.stats();
+    assert!(stats.spilled_objects > 0, "{stats:?}");
+}
