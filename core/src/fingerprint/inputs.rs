@@ -1,6 +1,7 @@
 //! What a fingerprint was computed from, kept so a cache miss can be explained.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -12,14 +13,20 @@ use super::{
 };
 
 /// The lineage behind a fingerprint: a source, or a transform over parent lineages.
+///
+/// It serializes as a flat table of nodes (see [`LineageTable`]), so a deep plan never nests
+/// deeply in JSON or bincode, and decoding recomputes every fingerprint and sub-hash from the
+/// recorded values: a decoded lineage is always consistent with itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "LineageTable", try_from = "LineageTable")]
 pub enum FingerprintInputs {
     Source(SourceDescription),
     Transform(TransformDescription),
 }
 
 /// One transform applied to its parents, with the arguments that entered its fingerprint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Serialized as part of a [`FingerprintInputs`], which recomputes it on decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransformDescription {
     transform: String,
     version: u32,
@@ -139,6 +146,137 @@ impl FingerprintInputs {
             .iter()
             .map(Difference::weight)
             .sum()
+    }
+}
+
+/// The serialized form of a lineage: nodes with parents before children, each shared
+/// sub-lineage once; the last node is the lineage itself. Fingerprints and argument hashes are
+/// not stored: they are recomputed on decoding.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LineageTable {
+    nodes: Vec<LineageNode>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum LineageNode {
+    Source(SourceDescription),
+    Transform {
+        transform: String,
+        version: u32,
+        /// Indices of earlier nodes.
+        parents: Vec<usize>,
+        /// Hashed arguments, sorted by name.
+        args: Vec<(String, ArgValue)>,
+    },
+}
+
+impl From<FingerprintInputs> for LineageTable {
+    fn from(inputs: FingerprintInputs) -> Self {
+        fn add(
+            inputs: &FingerprintInputs,
+            nodes: &mut Vec<LineageNode>,
+            seen: &mut BTreeMap<Fingerprint, usize>,
+        ) -> usize {
+            if let Some(&index) = seen.get(&inputs.fingerprint()) {
+                return index;
+            }
+            let node = match inputs {
+                FingerprintInputs::Source(source) => LineageNode::Source(source.clone()),
+                FingerprintInputs::Transform(transform) => LineageNode::Transform {
+                    transform: transform.transform.clone(),
+                    version: transform.version,
+                    parents: transform
+                        .parents
+                        .iter()
+                        .map(|parent| add(parent, nodes, seen))
+                        .collect(),
+                    args: transform
+                        .args
+                        .iter()
+                        .map(|arg| (arg.name.clone(), arg.value.clone()))
+                        .collect(),
+                },
+            };
+            nodes.push(node);
+            seen.insert(inputs.fingerprint(), nodes.len() - 1);
+            nodes.len() - 1
+        }
+        let mut nodes = Vec::new();
+        add(&inputs, &mut nodes, &mut BTreeMap::new());
+        LineageTable { nodes }
+    }
+}
+
+impl TryFrom<LineageTable> for FingerprintInputs {
+    type Error = String;
+
+    fn try_from(table: LineageTable) -> Result<Self, String> {
+        // How often each node is a parent, so a node used once is moved rather than cloned
+        // (a chain then decodes in linear time).
+        let mut uses = vec![0usize; table.nodes.len()];
+        for (index, node) in table.nodes.iter().enumerate() {
+            if let LineageNode::Transform { parents, .. } = node {
+                for &parent in parents {
+                    if parent >= index {
+                        return Err(format!(
+                            "lineage node {index} names node {parent} as a parent, which does not precede it"
+                        ));
+                    }
+                    uses[parent] += 1;
+                }
+            }
+        }
+        let mut built: Vec<Option<FingerprintInputs>> = Vec::with_capacity(table.nodes.len());
+        for node in table.nodes {
+            let inputs = match node {
+                LineageNode::Source(source) => FingerprintInputs::Source(source),
+                LineageNode::Transform {
+                    transform,
+                    version,
+                    parents,
+                    args,
+                } => {
+                    if args.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
+                        return Err(format!(
+                            "the arguments of {transform}@{version} are not sorted and unique"
+                        ));
+                    }
+                    let mut parent_inputs = Vec::with_capacity(parents.len());
+                    for parent in parents {
+                        uses[parent] -= 1;
+                        let slot = &mut built[parent];
+                        let taken = if uses[parent] == 0 {
+                            slot.take()
+                        } else {
+                            slot.clone()
+                        };
+                        parent_inputs.push(taken.ok_or("a lineage node is used twice")?);
+                    }
+                    let args: Vec<HashedArg> = args
+                        .into_iter()
+                        .map(|(name, value)| HashedArg::new(name, value))
+                        .collect();
+                    let parent_fingerprints: Vec<Fingerprint> = parent_inputs
+                        .iter()
+                        .map(FingerprintInputs::fingerprint)
+                        .collect();
+                    let fingerprint =
+                        transform_fingerprint(&parent_fingerprints, &transform, version, &args);
+                    FingerprintInputs::Transform(TransformDescription {
+                        transform,
+                        version,
+                        parents: parent_inputs,
+                        args,
+                        fingerprint,
+                    })
+                }
+            };
+            built.push(Some(inputs));
+        }
+        built
+            .pop()
+            .flatten()
+            .ok_or_else(|| "an empty lineage".to_owned())
     }
 }
 

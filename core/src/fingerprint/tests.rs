@@ -512,6 +512,62 @@ fn descriptions_survive_a_json_round_trip_exactly() {
     assert_eq!(back.fingerprint(), odd.fingerprint());
 }
 
+#[test]
+fn a_deep_lineage_serializes_flat_and_decodes_consistently() {
+    let mut plan = FingerprintInputs::Source(SourceDescription::range(10));
+    for index in 0..300i64 {
+        plan = transform(&plan, "map", 1, &Args::new().arg("step", index));
+    }
+    // JSON nests only a few levels however deep the plan (serde_json stops at 128).
+    let json = serde_json::to_string(&plan).unwrap();
+    let back: FingerprintInputs = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, plan);
+    let bytes = crate::wire::codec::encode(&plan).unwrap();
+    let back: FingerprintInputs = crate::wire::codec::decode(&bytes, "lineage").unwrap();
+    assert_eq!(back.fingerprint(), plan.fingerprint());
+}
+
+#[test]
+fn a_shared_parent_is_stored_once() {
+    let source = FingerprintInputs::Source(SourceDescription::range(10));
+    let left = transform(&source, "map", 1, &Args::new().arg("side", "left"));
+    let right = transform(&source, "map", 1, &Args::new().arg("side", "right"));
+    let join = FingerprintInputs::Transform(
+        TransformDescription::new(vec![left, right], "join", 1, &Args::new().arg("on", "id"))
+            .unwrap(),
+    );
+    let json = serde_json::to_value(&join).unwrap();
+    assert_eq!(json["nodes"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        serde_json::from_value::<FingerprintInputs>(json).unwrap(),
+        join
+    );
+}
+
+#[test]
+fn decoding_recomputes_fingerprints_and_rejects_malformed_tables() {
+    let chain = golden_chain();
+    let mut json = serde_json::to_value(&chain[2]).unwrap();
+    // Editing a recorded value changes the decoded fingerprint: nothing stored is trusted.
+    let text = json.to_string().replace("x > 10", "x > 11");
+    let edited: FingerprintInputs = serde_json::from_str(&text).unwrap();
+    assert_ne!(edited.fingerprint(), chain[2].fingerprint());
+
+    json["nodes"][1]["Transform"]["parents"] = serde_json::json!([1]);
+    let error = serde_json::from_value::<FingerprintInputs>(json).unwrap_err();
+    assert!(error.to_string().contains("does not precede it"), "{error}");
+
+    let unsorted = serde_json::json!({"nodes": [
+        {"Source": {"Range": {"n": 1}}},
+        {"Transform": {"transform": "map", "version": 1, "parents": [0],
+            "args": [["b", "Null"], ["a", "Null"]]}}
+    ]});
+    let error = serde_json::from_value::<FingerprintInputs>(unsorted).unwrap_err();
+    assert!(error.to_string().contains("not sorted"), "{error}");
+    let empty = serde_json::json!({"nodes": []});
+    assert!(serde_json::from_value::<FingerprintInputs>(empty).is_err());
+}
+
 proptest! {
     #[test]
     fn fingerprints_round_trip_through_text(value: u128) {
