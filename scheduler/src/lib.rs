@@ -8,8 +8,10 @@
 //! - [`replica`]: one scheduler replica — the task that owns the `RawNode`, the transport
 //!   between replicas, health checks, and the RPC service clients and nodes call.
 //! - [`client`]: a client of that service that knows every replica and follows redirects.
+//! - [`local`]: a cluster of local `floe scheduler` processes, for tests and benchmarks.
 
 pub mod client;
+pub mod local;
 pub mod logging;
 pub mod placement;
 pub mod protocol;

@@ -1,0 +1,231 @@
+//! The Raft-replicated scheduler as real `floe scheduler` processes on loopback: failover,
+//! restart from disk, snapshots for a lagging replica, and heartbeat loss.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use floe_core::JobId;
+use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
+use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
+use floe_scheduler::protocol::ResourceUsage;
+use floe_scheduler::state::{Command, NodeAddresses, Outcome, Resources};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalCluster {
+    // Fast elections keep the suite quick: ticks of 30 ms, elections after 0.3–0.6 s.
+    let mut all = vec!["scheduler.raft_tick_ms=30".to_owned()];
+    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+    LocalCluster::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 3,
+        dir: dir.path().to_owned(),
+        token: "scheduler-cluster-tests".into(),
+        settings: all,
+    })
+    .unwrap()
+}
+
+async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
+    let command = Command::SubmitJob {
+        plan: plan.to_be_bytes().to_vec(),
+    };
+    match client.propose(command).await.unwrap() {
+        Outcome::JobSubmitted(job) => job,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Every submitted plan is in the state exactly once.
+fn assert_jobs(state: &floe_scheduler::state::ClusterState, plans: impl Iterator<Item = u32>) {
+    let mut expected: Vec<Vec<u8>> = plans.map(|plan| plan.to_be_bytes().to_vec()).collect();
+    let mut found: Vec<Vec<u8>> = state.jobs.values().map(|job| job.plan.clone()).collect();
+    expected.sort();
+    found.sort();
+    assert_eq!(found, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_elects_a_new_one_that_keeps_committed_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = cluster(&dir, &[]);
+    let old_leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    let mut acknowledged = BTreeMap::new();
+    for plan in 0..10 {
+        acknowledged.insert(submit(&mut client, plan).await, plan);
+    }
+
+    cluster.kill(old_leader).unwrap();
+    let new_leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    assert_ne!(new_leader, old_leader);
+    for plan in 10..15 {
+        acknowledged.insert(submit(&mut client, plan).await, plan);
+    }
+    let state = client.read_state().await.unwrap();
+    for (job, plan) in &acknowledged {
+        assert_eq!(state.jobs[job].plan, plan.to_be_bytes(), "job {job}");
+    }
+    assert_eq!(state.jobs.len(), 15);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_restores_state_without_applying_anything_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    // A snapshot every 8 entries, so the restart needs both the snapshot and the log tail.
+    let mut cluster = cluster(&dir, &["scheduler.snapshot_entries=8"]);
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    for plan in 0..20 {
+        submit(&mut client, plan).await;
+    }
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let applied = cluster.status(leader).await.unwrap().applied;
+    for id in 1..=3 {
+        let status = cluster
+            .wait_for_status(id, LEADER_TIMEOUT, |status| status.applied >= applied)
+            .await
+            .unwrap();
+        assert_eq!(status.applied_commands, 20);
+        assert!(
+            status.snapshot_index > 0,
+            "replica {id} never took a snapshot"
+        );
+    }
+
+    for id in 1..=3 {
+        cluster.kill(id).unwrap();
+    }
+    for id in 1..=3 {
+        cluster.start_replica(id).unwrap();
+    }
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    let state = client.read_state().await.unwrap();
+    assert_jobs(&state, 0..20);
+    assert_eq!(state.applied_commands, 20, "an entry was applied twice");
+    assert_eq!(state.next_job_id, 20);
+    // And the restarted cluster keeps numbering where it stopped.
+    assert_eq!(submit(&mut client, 20).await, JobId::new(21));
+    for id in 1..=3 {
+        let status = cluster
+            .wait_for_status(id, LEADER_TIMEOUT, |status| status.applied_commands >= 21)
+            .await
+            .unwrap();
+        assert_eq!(status.applied_commands, 21, "replica {id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_catches_up_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = cluster(&dir, &["scheduler.snapshot_entries=10"]);
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    submit(&mut client, 0).await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.kill(lagging).unwrap();
+
+    for plan in 1..50 {
+        submit(&mut client, plan).await;
+    }
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let leader_status = cluster.status(leader).await.unwrap();
+    assert!(
+        leader_status.first_index > 2,
+        "the leader compacted its log: {leader_status:?}"
+    );
+
+    cluster.start_replica(lagging).unwrap();
+    let status = cluster
+        .wait_for_status(lagging, LEADER_TIMEOUT, |status| {
+            status.applied_commands >= 50
+        })
+        .await
+        .unwrap();
+    assert_eq!(status.applied_commands, 50);
+    // The entries it missed were compacted away on the leader, so it must have been sent
+    // a snapshot; its own log starts after it.
+    assert!(
+        status.snapshot_index >= leader_status.first_index - 1,
+        "{status:?}"
+    );
+    assert!(status.first_index > 2, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(
+        &dir,
+        &[
+            "scheduler.heartbeat_interval_ms=200",
+            "scheduler.missed_heartbeats=3",
+        ],
+    );
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    let resources = Resources {
+        cpu_millis: 4000,
+        heap_bytes: 1 << 30,
+    };
+    let register = |rpc: &str| {
+        (
+            NodeAddresses { rpc: rpc.into() },
+            resources,
+            BTreeMap::<String, String>::new(),
+        )
+    };
+    let (addresses, resources, labels) = register("127.0.0.1:9");
+    let quiet = client
+        .register_node(addresses, resources, labels)
+        .await
+        .unwrap();
+    let silent_since = Instant::now();
+    let (addresses, resources, labels) = register("127.0.0.1:10");
+    let alive = client
+        .register_node(addresses, resources, labels)
+        .await
+        .unwrap();
+
+    // The configured timeout is 3 × 200 ms; the leader checks every 200 ms and the death
+    // then needs one commit, so allow one more period plus commit and polling slack.
+    let timeout = Duration::from_millis(600);
+    let mut deaths = Vec::new();
+    while deaths.is_empty() {
+        assert_eq!(
+            client
+                .heartbeat(alive, ResourceUsage::default())
+                .await
+                .unwrap(),
+            HeartbeatReply::Accepted
+        );
+        deaths = client
+            .watch_deaths(0, Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(
+            silent_since.elapsed() < timeout + Duration::from_secs(1),
+            "no death committed after {:?}",
+            silent_since.elapsed()
+        );
+    }
+    let detected = silent_since.elapsed();
+    assert!(detected >= timeout, "declared dead after only {detected:?}");
+    assert_eq!(deaths.len(), 1);
+    assert_eq!(deaths[0].node, quiet);
+    let state = client.read_state().await.unwrap();
+    assert!(!state.nodes[&quiet].is_alive());
+    assert!(state.nodes[&alive].is_alive());
+    assert_eq!(
+        client
+            .heartbeat(quiet, ResourceUsage::default())
+            .await
+            .unwrap(),
+        HeartbeatReply::Rejoin
+    );
+}
