@@ -1,0 +1,276 @@
+//! `floe bench cache`: what a cache hit saves.
+//!
+//! Builds a dataset (~1 GiB, `--quick` ~64 MiB) of seeded random columns `a`, `b` and
+//! `c = a * 3 + b` (two arithmetic kernels), stores it as cached shards in the node's cache
+//! directory, then measures, in one run:
+//! - `open_hit_ms`: look the fingerprint up, open every shard as a verified hit (checksums
+//!   included) and sum column `c`;
+//! - `open_hit_structure_ms`: the same with structural verification only;
+//! - `recompute_ms`: produce the same column from its source (generator and kernels) and sum
+//!   it, which is what a miss costs;
+//! - `fingerprint_us`: fingerprint a 20-operator plan.
+//!
+//! Times are medians of several runs; every hit's sum is checked to be bit-identical to the
+//! recomputed one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+
+use super::{median_time, print_figure};
+use arrow::array::{Array, AsArray, Float64Array, Int64Array, RecordBatch};
+use arrow::compute::kernels::numeric::{add, mul};
+use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use floe_core::Config;
+use floe_core::config::ByteSize;
+use floe_core::fingerprint::{
+    Args, FingerprintInputs, Seed, SourceDescription, TransformDescription,
+};
+use floe_objectstore::cache::{
+    Cache, CacheConfig, CachePolicy, Lookup, ShardIndex, ShardName, Verification,
+};
+
+const SHARDS: u32 = 16;
+const ROWS_PER_BATCH: u64 = 1 << 18;
+/// Four 8-byte columns.
+const BYTES_PER_ROW: u64 = 32;
+const SEED: u64 = 0x5eed;
+
+pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
+    let target = if quick {
+        ByteSize::mib(64)
+    } else {
+        ByteSize::gib(1)
+    };
+    let rows_per_shard = target.bytes() / BYTES_PER_ROW / u64::from(SHARDS);
+    let dir = ScratchDir(
+        config
+            .paths
+            .cache_dir()
+            .join(format!("bench-{}", std::process::id())),
+    );
+    let dataset = dataset_inputs(rows_per_shard * u64::from(SHARDS))?;
+    let fingerprint = dataset.fingerprint();
+
+    let cache = open_cache(&dir.0, target, Verification::Checksum)?;
+    let started = Instant::now();
+    let mut stored_bytes = 0;
+    for rank in 0..SHARDS {
+        let batches = shard_batches(rank, rows_per_shard)?;
+        let outcome = cache.write_shard(
+            CachePolicy::Recompute,
+            &dataset,
+            ShardIndex::new(rank, SHARDS)?,
+            &schema(),
+            &batches,
+        )?;
+        if let floe_objectstore::cache::WriteOutcome::Written { bytes } = outcome {
+            stored_bytes += bytes;
+        }
+    }
+    let write_ms = millis(started.elapsed());
+
+    let mut expected = 0.0;
+    let recompute = median_time(3, || {
+        let started = Instant::now();
+        expected = recompute_sum(rows_per_shard)?;
+        Ok(started.elapsed())
+    })?;
+    let open_hit_at = |verification| {
+        median_time(5, || {
+            let started = Instant::now();
+            let cache = open_cache(&dir.0, target, verification)?;
+            let sum = open_hit_sum(&cache, fingerprint)?;
+            let elapsed = started.elapsed();
+            ensure!(
+                sum.to_bits() == expected.to_bits(),
+                "the cached sum {sum} differs from the recomputed {expected}"
+            );
+            Ok(elapsed)
+        })
+    };
+    let open_hit = open_hit_at(Verification::Checksum)?;
+    let open_hit_structure = open_hit_at(Verification::Structure)?;
+    let fingerprint_time = median_time(201, || {
+        let started = Instant::now();
+        fingerprint_plan(20)?;
+        Ok(started.elapsed())
+    })?;
+
+    let figure = |name: &str, value: f64, unit: &str| print_figure("cache", name, value, unit, &[]);
+    figure("dataset_bytes", stored_bytes as f64, "bytes");
+    figure("shards", f64::from(SHARDS), "count");
+    figure("write_ms", write_ms, "ms");
+    figure("open_hit_ms", millis(open_hit), "ms");
+    figure("open_hit_structure_ms", millis(open_hit_structure), "ms");
+    figure("recompute_ms", millis(recompute), "ms");
+    figure(
+        "open_hit_to_recompute",
+        open_hit.as_secs_f64() / recompute.as_secs_f64(),
+        "ratio",
+    );
+    figure("fingerprint_us", fingerprint_time.as_secs_f64() * 1e6, "us");
+    Ok(())
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Removes the benchmark's cache directory however the run ends.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover directory is visible and harmless.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open_cache(
+    dir: &std::path::Path,
+    target: ByteSize,
+    verification: Verification,
+) -> anyhow::Result<Cache> {
+    Ok(Cache::open(CacheConfig {
+        dir: dir.to_owned(),
+        max_bytes: ByteSize(target.bytes() * 2),
+        verification,
+    })?)
+}
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        ["id", "a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let data_type = if *name == "id" {
+                    DataType::Int64
+                } else {
+                    DataType::Float64
+                };
+                Field::new(*name, data_type, false)
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The lineage of the benchmark dataset: range → seeded uniform columns → map.
+fn dataset_inputs(rows: u64) -> anyhow::Result<FingerprintInputs> {
+    let source = FingerprintInputs::Source(SourceDescription::range(rows));
+    let random = TransformDescription::new(
+        vec![source],
+        "random_uniform",
+        1,
+        &Args::new().arg("columns", "a,b").seed(Seed::new(SEED)),
+    )?;
+    let map = TransformDescription::new(
+        vec![FingerprintInputs::Transform(random)],
+        "map",
+        1,
+        &Args::new()
+            .arg("expr", "c = a * 3 + b")
+            .performance("batch_size", ROWS_PER_BATCH),
+    )?;
+    Ok(FingerprintInputs::Transform(map))
+}
+
+/// SplitMix64: a seeded generator whose stream depends only on its seed.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Rows `start..start + rows` of the dataset, computed from scratch.
+fn generate(start: u64, rows: u64) -> anyhow::Result<RecordBatch> {
+    let mut rng = SplitMix64(SEED ^ start.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let rows = usize::try_from(rows)?;
+    let a = Float64Array::from_iter_values((0..rows).map(|_| rng.next_unit()));
+    let b = Float64Array::from_iter_values((0..rows).map(|_| rng.next_unit()));
+    let scaled = mul(&a, &Float64Array::new_scalar(3.0))?;
+    let c = add(&scaled, &b)?;
+    let first = i64::try_from(start)?;
+    let id = Int64Array::from_iter_values(first..first + i64::try_from(rows)?);
+    Ok(RecordBatch::try_new(
+        schema(),
+        vec![Arc::new(id), Arc::new(a), Arc::new(b), c],
+    )?)
+}
+
+fn shard_batches(rank: u32, rows_per_shard: u64) -> anyhow::Result<Vec<RecordBatch>> {
+    let first = u64::from(rank) * rows_per_shard;
+    (0..rows_per_shard.div_ceil(ROWS_PER_BATCH))
+        .map(|index| {
+            let start = first + index * ROWS_PER_BATCH;
+            generate(start, ROWS_PER_BATCH.min(first + rows_per_shard - start))
+        })
+        .collect()
+}
+
+fn sum_c(batches: &[RecordBatch]) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for batch in batches {
+        let column = batch
+            .column_by_name("c")
+            .context("column c is missing")?
+            .as_primitive_opt::<Float64Type>()
+            .context("column c is not Float64")?;
+        ensure!(column.null_count() == 0, "column c has nulls");
+        total += arrow::compute::sum(column).unwrap_or(0.0);
+    }
+    Ok(total)
+}
+
+/// What a miss costs: every shard computed from its source, then summed.
+fn recompute_sum(rows_per_shard: u64) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for rank in 0..SHARDS {
+        total += sum_c(&shard_batches(rank, rows_per_shard)?)?;
+    }
+    Ok(total)
+}
+
+/// What a hit costs: look up, open (map and verify) every shard, and sum column `c`.
+fn open_hit_sum(cache: &Cache, fingerprint: floe_core::Fingerprint) -> anyhow::Result<f64> {
+    let lookup = cache.lookup(fingerprint, SHARDS, CachePolicy::Reuse)?;
+    if lookup != (Lookup::FullHit { count: SHARDS }) {
+        bail!("expected a full hit, got {lookup:?}");
+    }
+    let mut total = 0.0;
+    for rank in 0..SHARDS {
+        let name = ShardName {
+            fingerprint,
+            shard: ShardIndex::new(rank, SHARDS)?,
+        };
+        let shard = cache
+            .open_shard(name)?
+            .with_context(|| format!("shard {rank} failed verification"))?;
+        total += sum_c(&shard.block.batches)?;
+    }
+    Ok(total)
+}
+
+/// Builds and fingerprints a plan of `operators` transforms over a file-free source.
+fn fingerprint_plan(operators: usize) -> anyhow::Result<FingerprintInputs> {
+    let mut plan = FingerprintInputs::Source(SourceDescription::range(1_000_000));
+    for index in 0..operators {
+        let args = Args::new()
+            .arg("expr", format!("col_{index} * 2 + 1"))
+            .arg_with_default("factor", 1.5 + index as f64, 1.0)
+            .arg_with_default("keep_nulls", false, false)
+            .performance("batch_size", 4096u64);
+        plan =
+            FingerprintInputs::Transform(TransformDescription::new(vec![plan], "map", 1, &args)?);
+    }
+    Ok(plan)
+}
