@@ -1,5 +1,6 @@
 //! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
 
+mod bench;
 mod scheduler;
 
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ enum Command {
     Config(ConfigCommand),
     /// Run one replica of the Raft-replicated scheduler.
     Scheduler(scheduler::SchedulerArgs),
+    /// Measure a part of floe; prints one JSON line per figure.
+    #[command(subcommand)]
+    Bench(bench::Bench),
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Scheduler(args) => scheduler::run(&config, args)?,
+        Command::Bench(which) => bench::run(which, &config)?,
     }
     Ok(())
 }

@@ -344,6 +344,25 @@ impl ObjectStore {
         }
     }
 
+    /// Spills the least recently used unpinned objects until at least `bytes` of memory are
+    /// freed or nothing more can be spilled, as if an allocation needed the room (a node under
+    /// memory pressure sheds memory this way). Returns the bytes freed.
+    pub fn spill(&self, bytes: u64) -> Result<u64> {
+        let mut state = self.inner.lock();
+        let before = state.allocator.used();
+        loop {
+            let freed = before - state.allocator.used().min(before);
+            if freed >= bytes {
+                return Ok(freed);
+            }
+            let (next, progress) = self.inner.spill(state, bytes - freed);
+            state = next;
+            if !progress? {
+                return Ok(before - state.allocator.used().min(before));
+            }
+        }
+    }
+
     /// Adds a reference to an object.
     pub fn add_ref(&self, object: ObjectId) -> Result<()> {
         let mut state = self.inner.lock();

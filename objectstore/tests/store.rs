@@ -398,3 +398,27 @@ fn concurrent_writers_and_readers_lose_and_tear_nothing() {
     let stats = store.stats();
     assert!(stats.spilled_objects > 0, "{stats:?}");
 }
+
+#[test]
+fn spilling_on_request_frees_memory_in_lru_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, 256 * KIB);
+    for n in 0..6 {
+        store.put(id(n), &contents(id(n), 256 * KIB)).unwrap();
+    }
+    // Touch the oldest so it becomes the most recently used.
+    drop(store.get(id(0)).unwrap());
+    let freed = store.spill(600 * KIB).unwrap();
+    // Whole objects go, fused to at least 256 KiB per file: three of them cover 600 KiB.
+    assert_eq!(freed, 3 * (64 + 256 * KIB));
+    let spilled: Vec<u128> = (0..6)
+        .filter(|&n| store.spill_path(id(n)).is_some())
+        .collect();
+    assert_eq!(spilled, [1, 2, 3]);
+    // Asking for more than there is frees everything unpinned and says how much.
+    let pinned = store.get(id(5)).unwrap();
+    let freed = store.spill(u64::MAX).unwrap();
+    assert_eq!(freed, 2 * (64 + 256 * KIB));
+    assert_eq!(store.stats().used, 64 + 256 * KIB);
+    assert_eq!(pinned.as_bytes(), &contents(id(5), 256 * KIB)[..]);
+}

@@ -1,0 +1,77 @@
+//! `floe bench <part> [--quick]`: measurements of one part of floe, printed as JSON lines.
+//!
+//! Every figure is one line, `{"bench": <part>, "figure": <name>, "value": <number>,
+//! "unit": <unit>, ...labels}`, and every figure of one run is measured in that run, so ratios
+//! between them (a store's put against a plain memcpy on the same machine, at the same moment)
+//! are meaningful. `--quick` runs a smaller version for CI and smoke tests. Figures for
+//! docs/BENCHMARKS.md come from `--release` builds.
+//!
+//! Each part is a module with a `run` function and a variant of [`Bench`].
+
+mod cache;
+mod objectstore;
+
+use std::time::Duration;
+
+use clap::Subcommand;
+use floe_core::Config;
+
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Fingerprint cache: opening a cached result against recomputing it.
+    Cache {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Object store: put/get against memcpy, zero-copy block decoding, spill and restore
+    /// against plain file I/O.
+    Objectstore {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
+    match which {
+        Bench::Cache { quick } => cache::run(quick, config),
+        Bench::Objectstore { quick } => objectstore::run(quick, config),
+    }
+}
+
+/// Prints one figure as a JSON line.
+fn print_figure(
+    bench: &str,
+    figure: &str,
+    value: f64,
+    unit: &str,
+    labels: &[(&str, serde_json::Value)],
+) {
+    let mut line = serde_json::Map::new();
+    line.insert("bench".into(), bench.into());
+    line.insert("figure".into(), figure.into());
+    line.insert("value".into(), value.into());
+    line.insert("unit".into(), unit.into());
+    for (name, label) in labels {
+        line.insert((*name).into(), label.clone());
+    }
+    println!("{}", serde_json::Value::Object(line));
+}
+
+/// The median of `runs` timings of `work` (at least one run).
+fn median_time(
+    runs: usize,
+    mut work: impl FnMut() -> anyhow::Result<Duration>,
+) -> anyhow::Result<Duration> {
+    let mut times = (0..runs.max(1))
+        .map(|_| work())
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// Bytes per second in GB/s (10^9 bytes).
+fn gbps(bytes: u64, time: Duration) -> f64 {
+    bytes as f64 / time.as_secs_f64() / 1e9
+}
