@@ -67,7 +67,7 @@ fn mismatch(operator: &str, expr: &Expr, expected: &str, actual: &DataType) -> P
         operator: operator.to_owned(),
         expr: expr.to_string(),
         expected: expected.to_owned(),
-        actual: actual.clone(),
+        actual: actual.to_string(),
     }
 }
 
@@ -174,8 +174,8 @@ pub(super) fn infer(
                 return Err(PlanError::UnsupportedCast {
                     operator: operator.to_owned(),
                     expr: inner.to_string(),
-                    from,
-                    to: to.clone(),
+                    from: from.to_string(),
+                    to: to.to_string(),
                 });
             }
             // A value that does not fit the target becomes null.

@@ -1,8 +1,9 @@
 //! Errors found while a plan is built: they name the operator, the column and the types.
 
-use arrow_schema::{DataType, Schema};
+use arrow_schema::Schema;
 
-/// Why a plan is invalid. Every message names the operator (with its main argument) so the
+/// Why a plan is invalid. Types are kept as their display names (the errors are for people).
+/// Every message names the operator (with its main argument) so the
 /// user can find the offending line of their pipeline.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
@@ -17,7 +18,7 @@ pub enum PlanError {
         operator: String,
         expr: String,
         expected: String,
-        actual: DataType,
+        actual: String,
     },
     #[error("{operator}: {op} in {expr} needs {expected}, got {operands}")]
     OperandMismatch {
@@ -31,8 +32,8 @@ pub enum PlanError {
     UnsupportedCast {
         operator: String,
         expr: String,
-        from: DataType,
-        to: DataType,
+        from: String,
+        to: String,
     },
     #[error("{operator}: key {column:?} is missing on the {side} side (available: {available})")]
     MissingJoinKey {
@@ -41,15 +42,12 @@ pub enum PlanError {
         side: &'static str,
         available: String,
     },
-    #[error(
-        "{operator}: key types differ: left {left_column:?} is {left_type}, right {right_column:?} is {right_type}"
-    )]
+    /// `left` and `right` read like `"id" is Int64`.
+    #[error("{operator}: key types differ: left {left}, right {right}")]
     JoinKeyTypeMismatch {
         operator: String,
-        left_column: String,
-        left_type: DataType,
-        right_column: String,
-        right_type: DataType,
+        left: String,
+        right: String,
     },
     #[error("{operator}: schemas differ: left has {left}, right has {right}")]
     SchemaMismatch {

@@ -72,7 +72,7 @@ fn expect_type(
         operator: operator.to_owned(),
         expr: format!("col({column:?})"),
         expected: expected.to_owned(),
-        actual: actual.clone(),
+        actual: actual.to_string(),
     })
 }
 
@@ -270,7 +270,7 @@ fn check_predicate(
             operator: operator.to_owned(),
             expr: predicate.to_string(),
             expected: "a Boolean predicate".to_owned(),
-            actual: data_type,
+            actual: data_type.to_string(),
         });
     }
     Ok(())
@@ -381,10 +381,8 @@ fn join_schema(
         if !compatible {
             return Err(PlanError::JoinKeyTypeMismatch {
                 operator: name.to_owned(),
-                left_column: left_key.clone(),
-                left_type: l.data_type().clone(),
-                right_column: right_key.clone(),
-                right_type: r.data_type().clone(),
+                left: format!("{left_key:?} is {}", l.data_type()),
+                right: format!("{right_key:?} is {}", r.data_type()),
             });
         }
     }

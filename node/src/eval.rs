@@ -1,0 +1,320 @@
+//! Expression evaluation over record batches with Arrow's compute kernels.
+//!
+//! Types follow [`floe_core::expr`]'s inference exactly (so a batch's schema is the plan's),
+//! and so does its one rule for arithmetic without an answer: integer overflow, division or
+//! remainder by zero and casts that do not fit produce null.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, BinaryArray, BooleanArray, Date32Array, Float32Array,
+    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, PrimitiveArray, StringArray,
+    UInt8Array, UInt16Array, UInt32Array, UInt64Array, new_null_array,
+};
+use arrow::compute::kernels::cmp;
+use arrow::compute::kernels::comparison::{contains, regexp_is_match_scalar, starts_with};
+use arrow::compute::kernels::substring::substring_by_char;
+use arrow::compute::kernels::zip::zip;
+use arrow::compute::{
+    CastOptions, and_kleene, cast_with_options, is_not_null, is_null, not, or_kleene,
+    prep_null_mask_filter,
+};
+use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, SortField};
+use floe_core::expr::{BinaryOp, Expr, Scalar, StringFunction, arithmetic_type, common_type};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::{Error, Result};
+
+/// Evaluates `expr` over every row of `batch`, giving an array of `batch.num_rows()` values.
+pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
+    let rows = batch.num_rows();
+    match expr {
+        Expr::Column(name) => batch.column_by_name(name).cloned().ok_or_else(|| {
+            Error::from(floe_core::PlanError::UnknownColumn {
+                operator: "evaluate".to_owned(),
+                column: name.clone(),
+                available: floe_core::plan::describe_schema(&batch.schema()),
+            })
+        }),
+        Expr::Literal(value) => Ok(literal_array(value, rows)),
+        Expr::Binary { op, left, right } => {
+            let left = evaluate(left, batch)?;
+            let right = evaluate(right, batch)?;
+            binary(*op, &left, &right)
+        }
+        Expr::Not(inner) => Ok(Arc::new(not(&as_boolean(&evaluate(inner, batch)?)?)?)),
+        Expr::Negate(inner) => {
+            let value = evaluate(inner, batch)?;
+            let target =
+                arithmetic_type(value.data_type(), &DataType::Int64).unwrap_or(DataType::Int64);
+            let value = safe_cast(&value, &target)?;
+            match target {
+                DataType::Float64 => Ok(Arc::new(
+                    primitive::<Float64Type>(&value)?.unary::<_, Float64Type>(|x| -x),
+                )),
+                _ => Ok(Arc::new(checked_unary::<Int64Type>(
+                    primitive(&value)?,
+                    i64::checked_neg,
+                ))),
+            }
+        }
+        Expr::IsNull(inner) => Ok(Arc::new(is_null(&evaluate(inner, batch)?)?)),
+        Expr::IsNotNull(inner) => Ok(Arc::new(is_not_null(&evaluate(inner, batch)?)?)),
+        Expr::Coalesce(items) => {
+            let values = items
+                .iter()
+                .map(|item| evaluate(item, batch))
+                .collect::<Result<Vec<_>>>()?;
+            let target = values
+                .iter()
+                .try_fold(DataType::Null, |acc, v| common_type(&acc, v.data_type()))
+                .unwrap_or(DataType::Null);
+            let mut values = values
+                .iter()
+                .map(|v| safe_cast(v, &target))
+                .collect::<Result<Vec<_>>>()?;
+            let mut result = values
+                .pop()
+                .unwrap_or_else(|| new_null_array(&target, rows));
+            while let Some(value) = values.pop() {
+                result = zip(&is_not_null(&value)?, &value, &result)?;
+            }
+            Ok(result)
+        }
+        Expr::Cast { expr, to } => safe_cast(&evaluate(expr, batch)?, to),
+        Expr::String { function, expr } => {
+            let value = safe_cast(&evaluate(expr, batch)?, &DataType::Utf8)?;
+            string_function(function, &value)
+        }
+        Expr::Hash(items) => {
+            let values = items
+                .iter()
+                .map(|item| evaluate(item, batch))
+                .collect::<Result<Vec<_>>>()?;
+            hash_rows(&values, rows)
+        }
+        Expr::IfThenElse {
+            condition,
+            then,
+            otherwise,
+        } => {
+            let mask = nulls_as_false(&as_boolean(&evaluate(condition, batch)?)?);
+            let then = evaluate(then, batch)?;
+            let otherwise = evaluate(otherwise, batch)?;
+            let target =
+                common_type(then.data_type(), otherwise.data_type()).unwrap_or(DataType::Null);
+            Ok(zip(
+                &mask,
+                &safe_cast(&then, &target)?,
+                &safe_cast(&otherwise, &target)?,
+            )?)
+        }
+    }
+}
+
+/// Evaluates a predicate to a selection mask where null counts as false.
+pub fn evaluate_predicate(predicate: &Expr, batch: &RecordBatch) -> Result<BooleanArray> {
+    let value = evaluate(predicate, batch)?;
+    Ok(nulls_as_false(&as_boolean(&value)?))
+}
+
+/// A mask where null is false (Arrow's helper expects a null buffer to exist).
+fn nulls_as_false(mask: &BooleanArray) -> BooleanArray {
+    if mask.null_count() == 0 {
+        mask.clone()
+    } else {
+        prep_null_mask_filter(mask)
+    }
+}
+
+/// A value that does not fit the target type becomes null (the documented rule).
+pub fn safe_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == to {
+        return Ok(array.clone());
+    }
+    let options = CastOptions {
+        safe: true,
+        ..CastOptions::default()
+    };
+    Ok(cast_with_options(array, to, &options)?)
+}
+
+fn as_boolean(array: &ArrayRef) -> Result<BooleanArray> {
+    let array = safe_cast(array, &DataType::Boolean)?;
+    array
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .cloned()
+        .ok_or_else(|| type_error("Boolean", array.data_type()))
+}
+
+fn type_error(expected: &str, actual: &DataType) -> Error {
+    Error::Arrow(arrow::error::ArrowError::InvalidArgumentError(format!(
+        "expected {expected}, got {actual}"
+    )))
+}
+
+fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {
+    array
+        .as_any()
+        .downcast_ref::<PrimitiveArray<T>>()
+        .ok_or_else(|| type_error(&T::DATA_TYPE.to_string(), array.data_type()))
+}
+
+/// A literal repeated `rows` times.
+pub fn literal_array(value: &Scalar, rows: usize) -> ArrayRef {
+    match value {
+        Scalar::Null => new_null_array(&DataType::Null, rows),
+        Scalar::Boolean(v) => Arc::new(BooleanArray::from(vec![*v; rows])),
+        Scalar::Int8(v) => Arc::new(Int8Array::from_value(*v, rows)),
+        Scalar::Int16(v) => Arc::new(Int16Array::from_value(*v, rows)),
+        Scalar::Int32(v) => Arc::new(Int32Array::from_value(*v, rows)),
+        Scalar::Int64(v) => Arc::new(Int64Array::from_value(*v, rows)),
+        Scalar::UInt8(v) => Arc::new(UInt8Array::from_value(*v, rows)),
+        Scalar::UInt16(v) => Arc::new(UInt16Array::from_value(*v, rows)),
+        Scalar::UInt32(v) => Arc::new(UInt32Array::from_value(*v, rows)),
+        Scalar::UInt64(v) => Arc::new(UInt64Array::from_value(*v, rows)),
+        Scalar::Float32(v) => Arc::new(Float32Array::from_value(*v, rows)),
+        Scalar::Float64(v) => Arc::new(Float64Array::from_value(*v, rows)),
+        Scalar::Utf8(v) => Arc::new(StringArray::from_iter_values(std::iter::repeat_n(v, rows))),
+        Scalar::Binary(v) => Arc::new(BinaryArray::from_iter_values(std::iter::repeat_n(v, rows))),
+        Scalar::Date32(v) => Arc::new(Date32Array::from_value(*v, rows)),
+    }
+}
+
+fn checked_binary<T: ArrowPrimitiveType>(
+    left: &PrimitiveArray<T>,
+    right: &PrimitiveArray<T>,
+    op: impl Fn(T::Native, T::Native) -> Option<T::Native>,
+) -> PrimitiveArray<T> {
+    left.iter()
+        .zip(right.iter())
+        .map(|pair| match pair {
+            (Some(a), Some(b)) => op(a, b),
+            _ => None,
+        })
+        .collect()
+}
+
+fn checked_unary<T: ArrowPrimitiveType>(
+    value: &PrimitiveArray<T>,
+    op: impl Fn(T::Native) -> Option<T::Native>,
+) -> PrimitiveArray<T> {
+    value.iter().map(|v| v.and_then(&op)).collect()
+}
+
+macro_rules! integer_arithmetic {
+    ($op:expr, $left:expr, $right:expr, $type:ty) => {{
+        let (l, r) = (primitive::<$type>($left)?, primitive::<$type>($right)?);
+        let result = match $op {
+            BinaryOp::Add => checked_binary(l, r, |a, b| a.checked_add(b)),
+            BinaryOp::Subtract => checked_binary(l, r, |a, b| a.checked_sub(b)),
+            BinaryOp::Multiply => checked_binary(l, r, |a, b| a.checked_mul(b)),
+            BinaryOp::Divide => checked_binary(l, r, |a, b| a.checked_div(b)),
+            _ => checked_binary(l, r, |a, b| a.checked_rem(b)),
+        };
+        Arc::new(result) as ArrayRef
+    }};
+}
+
+fn arithmetic(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
+    let target = arithmetic_type(left.data_type(), right.data_type())
+        .ok_or_else(|| type_error("numeric operands", left.data_type()))?;
+    let (left, right) = (safe_cast(left, &target)?, safe_cast(right, &target)?);
+    Ok(match target {
+        DataType::Float64 => {
+            let (l, r) = (
+                primitive::<Float64Type>(&left)?,
+                primitive::<Float64Type>(&right)?,
+            );
+            let result = match op {
+                BinaryOp::Add => checked_binary(l, r, |a, b| Some(a + b)),
+                BinaryOp::Subtract => checked_binary(l, r, |a, b| Some(a - b)),
+                BinaryOp::Multiply => checked_binary(l, r, |a, b| Some(a * b)),
+                BinaryOp::Divide => checked_binary(l, r, |a, b| (b != 0.0).then(|| a / b)),
+                _ => checked_binary(l, r, |a, b| (b != 0.0).then(|| a % b)),
+            };
+            Arc::new(result)
+        }
+        DataType::UInt64 => integer_arithmetic!(op, &left, &right, UInt64Type),
+        _ => integer_arithmetic!(op, &left, &right, Int64Type),
+    })
+}
+
+fn binary(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
+    if op.is_arithmetic() {
+        return arithmetic(op, left, right);
+    }
+    if op.is_comparison() {
+        let target = common_type(left.data_type(), right.data_type())
+            .ok_or_else(|| type_error("comparable operands", right.data_type()))?;
+        let (l, r) = (safe_cast(left, &target)?, safe_cast(right, &target)?);
+        let result = match op {
+            BinaryOp::Eq => cmp::eq(&l, &r)?,
+            BinaryOp::NotEq => cmp::neq(&l, &r)?,
+            BinaryOp::Lt => cmp::lt(&l, &r)?,
+            BinaryOp::LtEq => cmp::lt_eq(&l, &r)?,
+            BinaryOp::Gt => cmp::gt(&l, &r)?,
+            _ => cmp::gt_eq(&l, &r)?,
+        };
+        return Ok(Arc::new(result));
+    }
+    let (l, r) = (as_boolean(left)?, as_boolean(right)?);
+    Ok(Arc::new(match op {
+        BinaryOp::And => and_kleene(&l, &r)?,
+        _ => or_kleene(&l, &r)?,
+    }))
+}
+
+fn string_function(function: &StringFunction, value: &ArrayRef) -> Result<ArrayRef> {
+    let strings = value
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or_else(|| type_error("Utf8", value.data_type()))?;
+    let pattern = |text: &str| arrow::array::Scalar::new(StringArray::from(vec![text]));
+    Ok(match function {
+        StringFunction::Contains(needle) => Arc::new(contains(strings, &pattern(needle))?),
+        StringFunction::StartsWith(prefix) => Arc::new(starts_with(strings, &pattern(prefix))?),
+        StringFunction::RegexMatch(regex) => {
+            Arc::new(regexp_is_match_scalar(strings, regex, None)?)
+        }
+        StringFunction::Lower => Arc::new(
+            strings
+                .iter()
+                .map(|s| s.map(str::to_lowercase))
+                .collect::<StringArray>(),
+        ),
+        StringFunction::Upper => Arc::new(
+            strings
+                .iter()
+                .map(|s| s.map(str::to_uppercase))
+                .collect::<StringArray>(),
+        ),
+        StringFunction::Length => Arc::new(
+            strings
+                .iter()
+                .map(|s| s.map(|s| s.chars().count() as i64))
+                .collect::<Int64Array>(),
+        ),
+        StringFunction::Substring { start, length } => {
+            Arc::new(substring_by_char(strings, *start, *length)?)
+        }
+    })
+}
+
+/// xxh3-64 of each row's values in Arrow's row format, which encodes every value (and null)
+/// unambiguously, so rows hash alike exactly when their values and types are equal.
+fn hash_rows(values: &[ArrayRef], rows: usize) -> Result<ArrayRef> {
+    let fields = values
+        .iter()
+        .map(|v| SortField::new(v.data_type().clone()))
+        .collect();
+    let converter = RowConverter::new(fields)?;
+    let encoded = converter.convert_columns(values)?;
+    let hashes: UInt64Array = (0..rows)
+        .map(|i| xxh3_64(encoded.row(i).as_ref()))
+        .collect();
+    Ok(Arc::new(hashes))
+}

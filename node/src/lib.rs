@@ -1,0 +1,66 @@
+//! floe-node: the code that runs on a node. For now, the kernels a worker process runs for
+//! the row-wise part of a Dataset plan, in-process:
+//!
+//! - [`eval`]: evaluates [`floe_core::expr::Expr`] over a record batch with Arrow's compute
+//!   kernels, following the expression module's null-on-unrepresentable rule.
+//! - [`read`]: finds files (paths, directories, globs), discovers their schema, and reads
+//!   Parquet (projection, row-group pruning by statistics, predicate, limit), CSV and NDJSON.
+//! - [`ops`]: the row-wise operators (`with_column`, `select`, `drop`, `rename`, `filter`,
+//!   UDFs) and the streaming limit.
+//! - [`udf`]: the registry of named UDFs compiled into this binary, with the built-ins.
+//! - [`write`]: Parquet/CSV/NDJSON sinks with deterministic file names, cut at a target size,
+//!   written to temporary files and renamed only when the whole task succeeded.
+//! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
+
+pub mod blocks;
+pub mod eval;
+pub mod ops;
+pub mod read;
+pub mod udf;
+pub mod write;
+
+use std::path::PathBuf;
+
+use arrow::error::ArrowError;
+use floe_core::PlanError;
+use parquet::errors::ParquetError;
+
+/// Every error a kernel can return.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Arrow(#[from] ArrowError),
+    #[error(transparent)]
+    Parquet(#[from] ParquetError),
+    /// Boxed: plan errors carry types and texts, and kernels' results should stay small.
+    #[error(transparent)]
+    Plan(Box<PlanError>),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    BadFile { path: PathBuf, message: String },
+    #[error("no files match {0}")]
+    NoFiles(String),
+    #[error("UDF {name}: {message}")]
+    Udf { name: String, message: String },
+    #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]
+    NotRowWise { operator: &'static str },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<PlanError> for Error {
+    fn from(error: PlanError) -> Self {
+        Error::Plan(Box::new(error))
+    }
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+}

@@ -1,0 +1,128 @@
+//! Row-wise operator kernels: what a fused map stage does to each block.
+
+use std::sync::Arc;
+
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{Field, Schema};
+use arrow::record_batch::RecordBatch;
+use floe_core::plan::Operator;
+
+use crate::eval::{evaluate, evaluate_predicate, safe_cast};
+use crate::udf::Registry;
+use crate::{Error, Result};
+
+/// Applies `ops` in order to `batch` (a fused stage's row-wise operators).
+pub fn apply_row_ops(
+    batch: RecordBatch,
+    ops: &[Operator],
+    registry: &Registry,
+) -> Result<RecordBatch> {
+    ops.iter()
+        .try_fold(batch, |batch, op| apply_row_op(&batch, op, registry))
+}
+
+fn columns_named(batch: &RecordBatch, names: &[String]) -> Result<RecordBatch> {
+    let indices = names
+        .iter()
+        .map(|name| Ok(batch.schema().index_of(name)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(batch.project(&indices)?)
+}
+
+/// One row-wise operator over one batch.
+pub fn apply_row_op(
+    batch: &RecordBatch,
+    op: &Operator,
+    registry: &Registry,
+) -> Result<RecordBatch> {
+    match op {
+        Operator::WithColumn { name, expr } => {
+            let schema = batch.schema();
+            let field = expr.to_field(&schema, "with_column", name)?;
+            let values = safe_cast(&evaluate(expr, batch)?, field.data_type())?;
+            let mut fields: Vec<Field> =
+                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut columns = batch.columns().to_vec();
+            match fields.iter().position(|f| f.name() == name) {
+                Some(index) => {
+                    fields[index] = field;
+                    columns[index] = values;
+                }
+                None => {
+                    fields.push(field);
+                    columns.push(values);
+                }
+            }
+            Ok(RecordBatch::try_new(
+                Arc::new(Schema::new(fields)),
+                columns,
+            )?)
+        }
+        Operator::Select { columns } => columns_named(batch, columns),
+        Operator::Drop { columns } => {
+            let keep: Vec<String> = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .filter(|name| !columns.contains(name))
+                .collect();
+            columns_named(batch, &keep)
+        }
+        Operator::Rename { pairs } => {
+            let fields: Vec<Field> = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| match pairs.iter().find(|(from, _)| from == f.name()) {
+                    Some((_, to)) => f.as_ref().clone().with_name(to),
+                    None => f.as_ref().clone(),
+                })
+                .collect();
+            Ok(RecordBatch::try_new(
+                Arc::new(Schema::new(fields)),
+                batch.columns().to_vec(),
+            )?)
+        }
+        Operator::Filter { predicate } => {
+            let mask = evaluate_predicate(predicate, batch)?;
+            Ok(filter_record_batch(batch, &mask)?)
+        }
+        Operator::Udf { call, .. } => registry.apply(call, batch),
+        other => Err(Error::NotRowWise {
+            operator: other.name(),
+        }),
+    }
+}
+
+/// The streaming part of `limit(n)`: passes the first `n` rows of a stream of batches.
+#[derive(Debug, Clone, Copy)]
+pub struct Limiter {
+    remaining: u64,
+}
+
+impl Limiter {
+    pub fn new(n: u64) -> Self {
+        Self { remaining: n }
+    }
+
+    /// The part of `batch` still within the limit (`None` once the limit is reached).
+    pub fn admit(&mut self, batch: RecordBatch) -> Option<RecordBatch> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let rows = batch.num_rows() as u64;
+        if rows <= self.remaining {
+            self.remaining -= rows;
+            return Some(batch);
+        }
+        // `remaining < rows`, and `rows` came from a usize.
+        let take = self.remaining as usize;
+        self.remaining = 0;
+        Some(batch.slice(0, take))
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.remaining == 0
+    }
+}

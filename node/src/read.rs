@@ -1,0 +1,498 @@
+//! Read kernels: file discovery, schema discovery, and Parquet/CSV/NDJSON readers that apply a
+//! scan's projection, predicate and limit.
+//!
+//! Parquet reads skip whole row groups whose min/max statistics prove that a conjunct of the
+//! predicate (`column op literal`, op one of `== < <= > >=`) is false for every row; the rows of
+//! the remaining groups are then filtered exactly. [`ReadStats`] counts what was skipped.
+
+use std::fs::File;
+use std::io::{BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray};
+use arrow::compute::kernels::cmp;
+use arrow::compute::{and_kleene, filter_record_batch};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use floe_core::expr::{BinaryOp, Expr, common_type};
+use floe_core::fingerprint::FileStamp;
+use floe_core::plan::{FileFormat, FileScan};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::file::metadata::RowGroupMetaData;
+
+use crate::eval::{evaluate_predicate, literal_array, safe_cast};
+use crate::ops::Limiter;
+use crate::{Error, Result};
+
+/// Rows per batch a reader emits before block sizing regroups them; performance only.
+pub const DEFAULT_BATCH_ROWS: usize = 8192;
+
+/// How many rows text-format schema inference looks at.
+const INFER_ROWS: usize = 1000;
+
+/// What a read did, for tests and the dashboard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    pub files: usize,
+    pub row_groups: usize,
+    pub row_groups_pruned: usize,
+    pub rows_read: u64,
+    pub rows_out: u64,
+}
+
+impl ReadStats {
+    fn add(&mut self, other: ReadStats) {
+        self.files += other.files;
+        self.row_groups += other.row_groups;
+        self.row_groups_pruned += other.row_groups_pruned;
+        self.rows_read += other.rows_read;
+        self.rows_out += other.rows_out;
+    }
+}
+
+/// Expands paths, directories and globs into a sorted list of files.
+///
+/// A directory stands for every file below it, recursively; a `*` or `?` in the last path
+/// component matches names in its directory. Names starting with `.` or `_` are skipped
+/// (temporary and marker files, such as an unfinished write's).
+pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for pattern in patterns {
+        let pattern = pattern.as_ref();
+        let name = pattern
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let before = files.len();
+        if name.contains(['*', '?']) {
+            let parent = pattern.parent().unwrap_or(Path::new("."));
+            for entry in read_dir_sorted(parent)? {
+                let entry_name = entry
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if entry.is_file() && !hidden(&entry_name) && wildcard_match(&name, &entry_name) {
+                    files.push(entry);
+                }
+            }
+        } else if pattern.is_dir() {
+            collect_dir(pattern, &mut files)?;
+        } else if pattern.is_file() {
+            files.push(pattern.to_owned());
+        }
+        if files.len() == before {
+            return Err(Error::NoFiles(pattern.display().to_string()));
+        }
+    }
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+fn hidden(name: &str) -> bool {
+    name.starts_with('.') || name.starts_with('_')
+}
+
+fn read_dir_sorted(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(Error::io(dir))?
+        .map(|entry| entry.map(|e| e.path()).map_err(Error::io(dir)))
+        .collect::<Result<Vec<_>>>()?;
+    entries.sort();
+    Ok(entries)
+}
+
+fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in read_dir_sorted(dir)? {
+        let name = entry
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if hidden(&name) {
+            continue;
+        }
+        if entry.is_dir() {
+            collect_dir(&entry, files)?;
+        } else if entry.is_file() {
+            files.push(entry);
+        }
+    }
+    Ok(())
+}
+
+/// `*` matches any run of characters, `?` exactly one.
+fn wildcard_match(pattern: &str, name: &str) -> bool {
+    let (pattern, name): (Vec<char>, Vec<char>) =
+        (pattern.chars().collect(), name.chars().collect());
+    // Classic two-pointer match with backtracking to the last `*`.
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if p < pattern.len() && (pattern[p] == '?' || pattern[p] == name[n]) {
+            p += 1;
+            n += 1;
+        } else if p < pattern.len() && pattern[p] == '*' {
+            star = Some((p, n));
+            p += 1;
+        } else if let Some((star_p, star_n)) = star {
+            p = star_p + 1;
+            n = star_n + 1;
+            star = Some((star_p, star_n + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|c| *c == '*')
+}
+
+/// Finds the files, stamps them (their fingerprint) and discovers their schema: every Parquet
+/// file's footer must agree; CSV and NDJSON schemas are inferred from the first file.
+pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<FileScan> {
+    let paths = expand_paths(patterns)?;
+    let stamps = paths
+        .iter()
+        .map(|path| {
+            FileStamp::of(path).map_err(|e| Error::BadFile {
+                path: path.clone(),
+                message: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let schema = match &format {
+        FileFormat::Parquet => {
+            let mut schema: Option<Schema> = None;
+            for path in &paths {
+                let file_schema = parquet_schema(path)?;
+                match &schema {
+                    None => schema = Some(file_schema),
+                    Some(first) if first.fields() != file_schema.fields() => {
+                        return Err(Error::BadFile {
+                            path: path.clone(),
+                            message: format!(
+                                "schema ({}) differs from the first file's ({})",
+                                floe_core::plan::describe_schema(&file_schema),
+                                floe_core::plan::describe_schema(first)
+                            ),
+                        });
+                    }
+                    Some(_) => {}
+                }
+            }
+            schema.ok_or_else(|| Error::NoFiles("parquet".to_owned()))?
+        }
+        FileFormat::Csv(options) => {
+            let path = first(&paths)?;
+            let mut file = File::open(path).map_err(Error::io(path))?;
+            let (schema, _) = arrow::csv::reader::Format::default()
+                .with_header(options.has_header)
+                .with_delimiter(options.delimiter)
+                .infer_schema(&mut file, Some(INFER_ROWS))?;
+            schema
+        }
+        FileFormat::Json => {
+            let path = first(&paths)?;
+            let file = File::open(path).map_err(Error::io(path))?;
+            let (schema, _) =
+                arrow::json::reader::infer_json_schema(BufReader::new(file), Some(INFER_ROWS))?;
+            schema
+        }
+    };
+    // Metadata is dropped: plans compare and hash schemas by their fields.
+    let mut stamps = stamps;
+    stamps.sort();
+    Ok(FileScan::new(
+        format,
+        stamps,
+        Schema::new(schema.fields().clone()),
+    ))
+}
+
+fn first(paths: &[PathBuf]) -> Result<&PathBuf> {
+    paths
+        .first()
+        .ok_or_else(|| Error::NoFiles("(no paths)".to_owned()))
+}
+
+fn parquet_schema(path: &Path) -> Result<Schema> {
+    let file = File::open(path).map_err(Error::io(path))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::BadFile {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok(Schema::new(builder.schema().fields().clone()))
+}
+
+/// The columns a scan outputs (its projection, or all), in file order.
+fn output_schema(scan: &FileScan) -> Schema {
+    match &scan.projection {
+        None => scan.file_schema.clone(),
+        Some(columns) => Schema::new(
+            scan.file_schema
+                .fields()
+                .iter()
+                .filter(|f| columns.contains(f.name()))
+                .cloned()
+                .collect::<Vec<_>>(),
+        ),
+    }
+}
+
+fn projection_indices(scan: &FileScan, file_schema: &Schema) -> Result<Vec<usize>> {
+    output_schema(scan)
+        .fields()
+        .iter()
+        .map(|f| Ok(file_schema.index_of(f.name())?))
+        .collect()
+}
+
+/// Reads every file of `scan` in order, applying the projection, predicate and limit.
+pub fn read_scan(scan: &FileScan, batch_rows: usize) -> Result<(Vec<RecordBatch>, ReadStats)> {
+    let mut batches = Vec::new();
+    let mut stats = ReadStats::default();
+    let mut limiter = scan.limit.map(Limiter::new);
+    for index in 0..scan.files.len() {
+        if limiter.as_ref().is_some_and(Limiter::is_done) {
+            break;
+        }
+        let (file_batches, file_stats) = read_file(scan, index, batch_rows)?;
+        stats.add(file_stats);
+        for batch in file_batches {
+            match &mut limiter {
+                Some(limiter) => batches.extend(limiter.admit(batch)),
+                None => batches.push(batch),
+            }
+        }
+    }
+    stats.rows_out = batches.iter().map(|b| b.num_rows() as u64).sum();
+    Ok((batches, stats))
+}
+
+/// Reads file `index` of `scan` (one read task): projection, predicate, then the limit.
+pub fn read_file(
+    scan: &FileScan,
+    index: usize,
+    batch_rows: usize,
+) -> Result<(Vec<RecordBatch>, ReadStats)> {
+    let stamp = scan
+        .files
+        .get(index)
+        .ok_or_else(|| Error::NoFiles(format!("file #{index}")))?;
+    let path = &stamp.path;
+    let bad_file = |message: String| Error::BadFile {
+        path: path.clone(),
+        message,
+    };
+    check_unchanged(stamp)?;
+    let mut stats = ReadStats {
+        files: 1,
+        ..ReadStats::default()
+    };
+    let output = Arc::new(output_schema(scan));
+    let raw: Vec<RecordBatch> = match &scan.format {
+        FileFormat::Parquet => {
+            let file = File::open(path).map_err(Error::io(path))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            let file_schema = builder.schema().clone();
+            let metadata = builder.metadata().clone();
+            let row_groups = metadata.row_groups();
+            stats.row_groups = row_groups.len();
+            let keep = match &scan.predicate {
+                Some(predicate) => prune_row_groups(
+                    predicate,
+                    &file_schema,
+                    builder.parquet_schema(),
+                    row_groups,
+                )?,
+                None => (0..row_groups.len()).collect(),
+            };
+            stats.row_groups_pruned = row_groups.len() - keep.len();
+            let mask = ProjectionMask::roots(
+                builder.parquet_schema(),
+                projection_indices(scan, &file_schema)?,
+            );
+            let reader = builder
+                .with_row_groups(keep)
+                .with_projection(mask)
+                .with_batch_size(batch_rows)
+                .build()
+                .map_err(|e| bad_file(e.to_string()))?;
+            reader
+                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
+                .collect::<Result<Vec<_>>>()?
+        }
+        FileFormat::Csv(options) => {
+            let file = File::open(path).map_err(Error::io(path))?;
+            let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
+                .with_header(options.has_header)
+                .with_delimiter(options.delimiter)
+                .with_projection(projection_indices(scan, &scan.file_schema)?)
+                .with_batch_size(batch_rows)
+                .build(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            reader
+                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
+                .collect::<Result<Vec<_>>>()?
+        }
+        FileFormat::Json => {
+            let mut file = File::open(path).map_err(Error::io(path))?;
+            file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
+            // Fields outside the projected schema are ignored by the JSON reader.
+            let reader = arrow::json::ReaderBuilder::new(output.clone())
+                .with_batch_size(batch_rows)
+                .build(BufReader::new(file))
+                .map_err(|e| bad_file(e.to_string()))?;
+            reader
+                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    let mut limiter = scan.limit.map(Limiter::new);
+    let mut batches = Vec::new();
+    for batch in raw {
+        stats.rows_read += batch.num_rows() as u64;
+        // Readers may return the file's own field metadata; the plan's schema is canonical.
+        let batch = RecordBatch::try_new(output.clone(), batch.columns().to_vec())
+            .map_err(|e| bad_file(e.to_string()))?;
+        let batch = match &scan.predicate {
+            Some(predicate) => {
+                filter_record_batch(&batch, &evaluate_predicate(predicate, &batch)?)?
+            }
+            None => batch,
+        };
+        let batch = match &mut limiter {
+            Some(limiter) => match limiter.admit(batch) {
+                Some(batch) => batch,
+                None => break,
+            },
+            None => batch,
+        };
+        if batch.num_rows() > 0 {
+            batches.push(batch);
+        }
+    }
+    stats.rows_out = batches.iter().map(|b| b.num_rows() as u64).sum();
+    Ok((batches, stats))
+}
+
+/// A file that changed since the plan was built would silently break the fingerprint's
+/// promise ("same stamp, same data"), so a task refuses it.
+fn check_unchanged(stamp: &FileStamp) -> Result<()> {
+    let now = FileStamp::of(&stamp.path).map_err(|e| Error::BadFile {
+        path: stamp.path.clone(),
+        message: e.to_string(),
+    })?;
+    if now != *stamp {
+        return Err(Error::BadFile {
+            path: stamp.path.clone(),
+            message: "the file changed after the plan was built; submit the pipeline again"
+                .to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The indices of the row groups whose statistics do not rule the predicate out.
+fn prune_row_groups(
+    predicate: &Expr,
+    file_schema: &SchemaRef,
+    parquet_schema: &parquet::schema::types::SchemaDescriptor,
+    row_groups: &[RowGroupMetaData],
+) -> Result<Vec<usize>> {
+    let mut may_match: Vec<bool> = vec![true; row_groups.len()];
+    for conjunct in predicate.conjuncts() {
+        let Some((column, op, literal)) = column_vs_literal(conjunct) else {
+            continue;
+        };
+        let Ok(converter) = StatisticsConverter::try_new(column, file_schema, parquet_schema)
+        else {
+            continue;
+        };
+        let (Ok(mins), Ok(maxes)) = (
+            converter.row_group_mins(row_groups.iter()),
+            converter.row_group_maxes(row_groups.iter()),
+        ) else {
+            continue;
+        };
+        let Some(verdict) = conjunct_may_match(op, &mins, &maxes, literal)? else {
+            continue;
+        };
+        for (index, keep) in may_match.iter_mut().enumerate() {
+            // Missing statistics (null) prove nothing.
+            if verdict.is_valid(index) && !verdict.value(index) {
+                *keep = false;
+            }
+        }
+    }
+    Ok(may_match
+        .iter()
+        .enumerate()
+        .filter_map(|(index, keep)| keep.then_some(index))
+        .collect())
+}
+
+/// `col op lit` or `lit op col`, normalized to `col op lit`.
+fn column_vs_literal(expr: &Expr) -> Option<(&str, BinaryOp, &floe_core::expr::Scalar)> {
+    let Expr::Binary { op, left, right } = expr else {
+        return None;
+    };
+    if !op.is_comparison() || *op == BinaryOp::NotEq {
+        return None;
+    }
+    match (left.as_ref(), right.as_ref()) {
+        (Expr::Column(column), Expr::Literal(value)) => Some((column, *op, value)),
+        (Expr::Literal(value), Expr::Column(column)) => Some((column, op.flipped(), value)),
+        _ => None,
+    }
+}
+
+/// Per row group: can `column op literal` hold for some value in `[min, max]`? Both sides are
+/// compared in the type expressions compare them in; the casts are monotonic, so the bounds
+/// stay bounds.
+fn conjunct_may_match(
+    op: BinaryOp,
+    mins: &ArrayRef,
+    maxes: &ArrayRef,
+    literal: &floe_core::expr::Scalar,
+) -> Result<Option<BooleanArray>> {
+    let literal = literal_array(literal, 1);
+    let Some(target) = common_type(mins.data_type(), literal.data_type()) else {
+        return Ok(None);
+    };
+    if target == DataType::Null {
+        return Ok(None);
+    }
+    let (mins, maxes) = (safe_cast(mins, &target)?, safe_cast(maxes, &target)?);
+    let literal = safe_cast(&literal, &target)?;
+    if literal.is_null(0) {
+        return Ok(None);
+    }
+    let value = arrow::array::Scalar::new(literal);
+    let verdict = match op {
+        BinaryOp::Gt => cmp::gt(&maxes, &value)?,
+        BinaryOp::GtEq => cmp::gt_eq(&maxes, &value)?,
+        BinaryOp::Lt => cmp::lt(&mins, &value)?,
+        BinaryOp::LtEq => cmp::lt_eq(&mins, &value)?,
+        BinaryOp::Eq => and_kleene(&cmp::lt_eq(&mins, &value)?, &cmp::gt_eq(&maxes, &value)?)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(verdict))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard_match;
+
+    #[test]
+    fn wildcards_match_like_a_shell() {
+        assert!(wildcard_match("*.parquet", "part-00001.parquet"));
+        assert!(wildcard_match("part-?????.csv", "part-00001.csv"));
+        assert!(wildcard_match("a*b*c", "axxbyyc"));
+        assert!(!wildcard_match("*.parquet", "part.csv"));
+        assert!(!wildcard_match("a?c", "ac"));
+        assert!(wildcard_match("*", ""));
+    }
+}
