@@ -10,6 +10,8 @@
 
 mod cache;
 mod objectstore;
+mod placement;
+mod raft;
 
 use std::time::Duration;
 
@@ -31,10 +33,25 @@ pub enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Scheduler: commits per second and commit latency of three replicas on loopback, and
+    /// the time to fail over after the leader is killed.
+    Raft {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Placement decisions per second against 1,000 simulated nodes.
+    Placement {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
     match which {
+        Bench::Raft { quick } => raft::run(quick, config),
+        Bench::Placement { quick } => placement::run(quick),
         Bench::Cache { quick } => cache::run(quick, config),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
     }
