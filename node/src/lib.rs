@@ -10,12 +10,15 @@
 //! - [`udf`]: the registry of named UDFs compiled into this binary, with the built-ins.
 //! - [`write`]: Parquet/CSV/NDJSON sinks with deterministic file names, cut at a target size,
 //!   written to temporary files and renamed only when the whole task succeeded.
+//! - [`task`]: one task of a stage — its source or input blocks, its fused row-wise
+//!   operators, then block sizing — plus `range` batches and the IPC bytes of `from_batches`.
 //! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
 
 pub mod blocks;
 pub mod eval;
 pub mod ops;
 pub mod read;
+pub mod task;
 pub mod udf;
 pub mod write;
 
@@ -46,6 +49,10 @@ pub enum Error {
     NoFiles(String),
     #[error("UDF {name}: {message}")]
     Udf { name: String, message: String },
+    #[error("a {stage} stage cannot run on {input}")]
+    StageInput { stage: String, input: String },
+    #[error("range bound {0} does not fit in Int64")]
+    RangeOverflow(u64),
     #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]
     NotRowWise { operator: &'static str },
 }

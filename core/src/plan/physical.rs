@@ -43,6 +43,20 @@ pub enum StageKind {
 }
 
 impl StageKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            StageKind::Read(_) => "read",
+            StageKind::Range { .. } => "range",
+            StageKind::FromBatches { .. } => "from_batches",
+            StageKind::Map => "map",
+            StageKind::Limit { .. } => "limit",
+            StageKind::AllToAll(operator) => operator.name(),
+            StageKind::Union => "union",
+            StageKind::Cache => "cache",
+            StageKind::Write(_) => "write",
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             StageKind::Read(scan) => Operator::Read(scan.clone()).describe(),

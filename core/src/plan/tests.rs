@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use arrow_schema::{DataType, Field, Schema};
 
 use super::optimizer::{Optimizer, PushFilters, PushLimits, PushProjections, Rule};
-use super::physical::{PhysicalPlan, StageKind};
+use super::physical::PhysicalPlan;
 use super::*;
 use crate::expr::{col, lit};
 use crate::fingerprint::FileStamp;
@@ -646,9 +646,9 @@ fn row_wise_operators_fuse_into_their_read_stage() {
     let kinds: Vec<String> = physical
         .stages
         .iter()
-        .map(|s| format!("{}+{}", describe_kind(&s.kind), s.row_ops.len()))
+        .map(|s| format!("{}+{}", s.kind.name(), s.row_ops.len()))
         .collect();
-    assert_eq!(kinds, vec!["read+2", "all_to_all+0", "map+2"]);
+    assert_eq!(kinds, vec!["read+2", "sort+0", "map+2"]);
     assert_eq!(
         physical.stage(physical.output).fingerprint,
         plan.fingerprint()
@@ -666,15 +666,6 @@ fn row_wise_operators_fuse_into_their_read_stage() {
     let physical = PhysicalPlan::from_logical(&joined);
     assert_eq!(physical.stages.len(), 4, "{physical}");
     assert_eq!(PhysicalPlan::from_logical(&doubled).stages.len(), 1);
-}
-
-fn describe_kind(kind: &StageKind) -> &'static str {
-    match kind {
-        StageKind::Read(_) => "read",
-        StageKind::Map => "map",
-        StageKind::AllToAll(_) => "all_to_all",
-        _ => "other",
-    }
 }
 
 #[test]
