@@ -15,7 +15,7 @@
 //! node is never oversubscribed. A request that no alive node could hold even when idle is an
 //! error; one that only needs others to finish waits in a [`PlacementQueue`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use floe_core::NodeId;
 use floe_core::config::ByteSize;
@@ -106,6 +106,12 @@ impl NodeLoad {
             .max(share(self.used.heap_bytes, self.total.heap_bytes))
     }
 
+    /// The utilization as a key that sorts like the number: the bits of a non-negative
+    /// float order as the float does.
+    fn utilization_key(&self) -> u64 {
+        self.utilization().to_bits()
+    }
+
     fn fits_now(&self, need: Resources) -> bool {
         self.used.cpu_millis.saturating_add(need.cpu_millis) <= self.total.cpu_millis
             && self.used.heap_bytes.saturating_add(need.heap_bytes) <= self.total.heap_bytes
@@ -120,6 +126,9 @@ impl NodeLoad {
 #[derive(Debug, Clone, Default)]
 pub struct ResourceView {
     nodes: BTreeMap<NodeId, NodeLoad>,
+    /// Nodes ordered by utilization (then id), so SPREAD and the least-utilized fallback find
+    /// their node without scanning the cluster.
+    by_utilization: BTreeSet<(u64, NodeId)>,
     /// The node SPREAD chose last; ties go to the next one after it.
     spread_cursor: Option<NodeId>,
 }
@@ -131,17 +140,30 @@ impl ResourceView {
 
     /// Adds a node, or updates its totals (its reservations are kept).
     pub fn upsert_node(&mut self, node: NodeId, total: Resources) {
-        self.nodes
-            .entry(node)
-            .and_modify(|load| load.total = total)
-            .or_insert(NodeLoad {
+        self.update(node, |load| load.total = total);
+        if !self.nodes.contains_key(&node) {
+            let load = NodeLoad {
                 total,
                 used: Resources::default(),
-            });
+            };
+            self.by_utilization.insert((load.utilization_key(), node));
+            self.nodes.insert(node, load);
+        }
     }
 
     pub fn remove_node(&mut self, node: NodeId) {
-        self.nodes.remove(&node);
+        if let Some(load) = self.nodes.remove(&node) {
+            self.by_utilization.remove(&(load.utilization_key(), node));
+        }
+    }
+
+    /// Changes a node's load and keeps the utilization index in step.
+    fn update(&mut self, node: NodeId, change: impl FnOnce(&mut NodeLoad)) {
+        if let Some(load) = self.nodes.get_mut(&node) {
+            self.by_utilization.remove(&(load.utilization_key(), node));
+            change(load);
+            self.by_utilization.insert((load.utilization_key(), node));
+        }
     }
 
     pub fn contains(&self, node: NodeId) -> bool {
@@ -150,10 +172,10 @@ impl ResourceView {
 
     /// Returns what a finished task reserved on `node`.
     pub fn release(&mut self, node: NodeId, cpu_millis: u64, memory_hint: u64) {
-        if let Some(load) = self.nodes.get_mut(&node) {
+        self.update(node, |load| {
             load.used.cpu_millis = load.used.cpu_millis.saturating_sub(cpu_millis);
             load.used.heap_bytes = load.used.heap_bytes.saturating_sub(memory_hint);
-        }
+        });
     }
 
     /// What is reserved on `node`.
@@ -200,10 +222,10 @@ impl ResourceView {
         };
         match chosen {
             Some(node) => {
-                if let Some(load) = self.nodes.get_mut(&node) {
+                self.update(node, |load| {
                     load.used.cpu_millis += need.cpu_millis;
                     load.used.heap_bytes += need.heap_bytes;
-                }
+                });
                 if request.strategy == Strategy::Spread {
                     self.spread_cursor = Some(node);
                 }
@@ -255,34 +277,36 @@ impl ResourceView {
         if let Some((node, _)) = fitting().find(|(_, load)| load.utilization() < SPREAD_THRESHOLD) {
             return Some(*node);
         }
-        fitting()
-            .min_by(|(_, a), (_, b)| a.utilization().total_cmp(&b.utilization()))
-            .map(|(node, _)| *node)
+        self.by_utilization
+            .iter()
+            .map(|(_, node)| *node)
+            .find(|node| self.nodes.get(node).is_some_and(|load| load.fits_now(need)))
     }
 
     fn choose_spread(&self, need: Resources) -> Option<NodeId> {
-        // Visit nodes starting after the cursor so equal candidates take turns.
-        let after = |cursor: NodeId| {
-            self.nodes
-                .range(cursor..)
-                .skip(1)
-                .chain(self.nodes.range(..=cursor))
-        };
-        let mut best: Option<(NodeId, f64)> = None;
-        let order: Box<dyn Iterator<Item = (&NodeId, &NodeLoad)>> = match self.spread_cursor {
-            Some(cursor) => Box::new(after(cursor)),
-            None => Box::new(self.nodes.iter()),
-        };
-        for (node, load) in order {
-            if !load.fits_now(need) {
-                continue;
+        let fits = |node: &NodeId| self.nodes.get(node).is_some_and(|load| load.fits_now(need));
+        let cursor = self.spread_cursor.map_or(0, NodeId::get);
+        // Walk the utilization levels from the lowest; within a level, start after the node
+        // chosen last so equal candidates take turns.
+        let mut level = self.by_utilization.first().map(|(key, _)| *key);
+        while let Some(key) = level {
+            let after = self
+                .by_utilization
+                .range((key, NodeId::new(cursor.saturating_add(1)))..=(key, NodeId::new(u64::MAX)));
+            let up_to = self
+                .by_utilization
+                .range((key, NodeId::new(0))..=(key, NodeId::new(cursor)));
+            if let Some((_, node)) = after.chain(up_to).find(|(_, node)| fits(node)) {
+                return Some(*node);
             }
-            let utilization = load.utilization();
-            if best.is_none_or(|(_, lowest)| utilization < lowest) {
-                best = Some((*node, utilization));
-            }
+            level = key.checked_add(1).and_then(|next| {
+                self.by_utilization
+                    .range((next, NodeId::new(0))..)
+                    .next()
+                    .map(|(key, _)| *key)
+            });
         }
-        best.map(|(node, _)| node)
+        None
     }
 }
 
