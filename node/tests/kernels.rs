@@ -291,6 +291,9 @@ fn udf_calls_are_validated_when_the_plan_is_built() {
         )
         .unwrap();
     assert_eq!(tokenized.operator().name(), "flat_map");
+    // A worker binary re-checks the plan against its own registry.
+    tokenized.check_udfs(&registry).unwrap();
+    assert!(tokenized.check_udfs(&Registry::empty()).is_err());
     assert_eq!(
         tokenized.schema().field(1),
         &Field::new("name", DataType::Utf8, false)

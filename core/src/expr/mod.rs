@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::fingerprint::ArgValue;
 use crate::plan::PlanError;
 
-pub use types::{arithmetic_type, common_type};
+pub use types::{arithmetic_type, common_type, is_numeric, is_orderable, is_string};
 
 /// A typed literal value.
 #[derive(Debug, Clone, Serialize, Deserialize)]

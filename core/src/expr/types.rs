@@ -24,7 +24,8 @@ fn unsigned_or_null(t: &DataType) -> bool {
     t.is_unsigned_integer() || *t == DataType::Null
 }
 
-fn is_string(t: &DataType) -> bool {
+/// `Utf8`, `LargeUtf8` or `Utf8View`.
+pub fn is_string(t: &DataType) -> bool {
     matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
 
@@ -54,7 +55,13 @@ fn castable(t: &DataType) -> bool {
         )
 }
 
-fn orderable(t: &DataType) -> bool {
+/// Integers and floats.
+pub fn is_numeric(t: &DataType) -> bool {
+    t.is_integer() || t.is_floating()
+}
+
+/// Types with a total order that comparisons, sorts and min/max use.
+pub fn is_orderable(t: &DataType) -> bool {
     t.is_integer()
         || t.is_floating()
         || is_string(t)
@@ -106,7 +113,7 @@ pub(super) fn infer(
                 Ok((result, true))
             } else if op.is_comparison() {
                 let comparable = common_type(&left_type, &right_type)
-                    .filter(orderable)
+                    .filter(is_orderable)
                     .is_some();
                 if !comparable {
                     return Err(binary_mismatch("operands of one comparable type"));

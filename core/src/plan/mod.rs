@@ -382,6 +382,38 @@ impl LogicalPlan {
             .try_for_each(LogicalPlan::check_resolved)
     }
 
+    /// Checks every UDF call against `catalog` (this binary's registry): its `name@version`
+    /// must exist, and the parameters and output schema the plan recorded when it was built
+    /// must be what this catalog computes. A driver runs it on a received plan, so a client
+    /// built with a different version of a UDF is refused at submission, not mid-job.
+    pub fn check_udfs(&self, catalog: &dyn UdfCatalog) -> Result<(), PlanError> {
+        if let Operator::Udf {
+            call,
+            params,
+            kind,
+            output_schema,
+            ..
+        } = self.operator()
+        {
+            let operator = format!("{}({})", self.operator().name(), call.name);
+            let (found_kind, found_params, found_schema) =
+                udf::resolve(catalog, call, self.inputs()[0].schema(), &operator)?;
+            if found_kind != *kind || found_params != *params || found_schema != *output_schema {
+                return Err(PlanError::invalid(
+                    &operator,
+                    format!(
+                        "{}@{} differs between the client and this binary (kind, parameters \
+                         or output schema); rebuild them from the same sources",
+                        call.name, call.version
+                    ),
+                ));
+            }
+        }
+        self.inputs()
+            .iter()
+            .try_for_each(|input| input.check_udfs(catalog))
+    }
+
     /// The plan as an indented tree, one node per line with its fingerprint and schema.
     pub fn display_tree(&self) -> String {
         let mut out = String::new();

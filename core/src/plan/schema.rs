@@ -5,7 +5,7 @@ use arrow_schema::{DataType, Field, Schema};
 
 use super::PlanError;
 use super::operator::{AggFunction, Aggregation, JoinType, Operator};
-use crate::expr::common_type;
+use crate::expr::{common_type, is_numeric as numeric, is_orderable as orderable};
 
 /// How an operator is named in error messages: its name and main argument.
 pub(crate) fn label(operator: &Operator) -> String {
@@ -38,24 +38,6 @@ fn check_unique_names<'a>(
         seen.push(name);
     }
     Ok(())
-}
-
-fn numeric(data_type: &DataType) -> bool {
-    data_type.is_integer() || data_type.is_floating()
-}
-
-fn orderable(data_type: &DataType) -> bool {
-    numeric(data_type)
-        || data_type.is_temporal()
-        || matches!(
-            data_type,
-            DataType::Boolean
-                | DataType::Utf8
-                | DataType::LargeUtf8
-                | DataType::Utf8View
-                | DataType::Binary
-                | DataType::Null
-        )
 }
 
 fn expect_type(

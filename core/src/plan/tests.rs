@@ -437,6 +437,61 @@ fn validation_errors_name_operator_column_and_types() {
 }
 
 #[test]
+fn udf_calls_are_rechecked_against_the_running_binary() {
+    let plan = sales()
+        .udf(
+            UdfCall::new("scale", 1).with("column", "price"),
+            UdfKind::RowPreserving,
+            None,
+            &TestCatalog::new(),
+        )
+        .unwrap()
+        .limit(3)
+        .unwrap();
+    plan.check_udfs(&TestCatalog::new()).unwrap();
+    // Another binary whose scale@1 has a different default factor.
+    let mut other = TestCatalog::new();
+    other.signatures[0] = UdfSignature::new("scale", 1, UdfKind::RowPreserving)
+        .param("column", ParamType::Str, "column to scale")
+        .param_with_default("factor", ParamType::Float, 2.0, "multiplier");
+    assert_eq!(
+        plan.check_udfs(&other).unwrap_err().to_string(),
+        "map_batches(scale): scale@1 differs between the client and this binary (kind, \
+         parameters or output schema); rebuild them from the same sources"
+    );
+    other.signatures.remove(0);
+    assert_eq!(
+        plan.check_udfs(&other).unwrap_err().to_string(),
+        "map_batches(scale): unknown UDF \"scale\"@1 (registered: explode@2)"
+    );
+}
+
+#[test]
+fn a_join_fingerprint_follows_both_sides() {
+    let left = |n| LogicalPlan::range(n).unwrap();
+    let right = |n| {
+        LogicalPlan::range(n)
+            .unwrap()
+            .with_column("v", lit(1))
+            .unwrap()
+    };
+    let join = |l, r| {
+        left(l)
+            .join(&right(r), &["id"], &["id"], JoinType::Inner)
+            .unwrap()
+            .fingerprint()
+    };
+    assert_eq!(join(5, 6), join(5, 6));
+    assert_ne!(join(5, 6), join(5, 7));
+    assert_ne!(join(5, 6), join(4, 6));
+    // Sides are ordered: swapping them is another join.
+    let swapped = right(6)
+        .join(&left(5), &["id"], &["id"], JoinType::Inner)
+        .unwrap();
+    assert_ne!(swapped.fingerprint(), join(5, 6));
+}
+
+#[test]
 fn seeds_are_drawn_at_submission_and_hashed() {
     let unseeded = sales().random_shuffle(None).unwrap().limit(5).unwrap();
     assert!(matches!(

@@ -6,6 +6,7 @@ use arrow::array::{Array, ArrayRef, Float64Array, StringArray, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
+use floe_core::expr::{is_numeric, is_string};
 use floe_core::plan::{ParamType, PlanError, UdfKind, UdfParams, UdfSignature};
 
 use super::BatchUdf;
@@ -51,13 +52,6 @@ fn replace_field(
     let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
     fields[index] = replacement(field);
     Ok(Schema::new(fields))
-}
-
-fn is_string(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-    )
 }
 
 fn string_column(batch: &RecordBatch, column: &str) -> Result<StringArray> {
@@ -236,7 +230,7 @@ impl BatchUdf for Standardize {
             column_param(params),
             operator,
             "a numeric column",
-            |t| t.is_integer() || t.is_floating(),
+            is_numeric,
             |f| Field::new(f.name(), DataType::Float64, true),
         )
     }
