@@ -455,7 +455,13 @@ fn owned(columns: &[&str]) -> Vec<String> {
 
 fn source_description(operator: &Operator) -> Option<SourceDescription> {
     match operator {
-        Operator::Read(scan) => Some(SourceDescription::Files(scan.files.clone())),
+        Operator::Read(scan) => {
+            // The fields are public, so a scan built by hand may be unsorted.
+            let mut files = scan.files.clone();
+            files.sort();
+            files.dedup();
+            Some(SourceDescription::Files(files))
+        }
         Operator::Range { n } => Some(SourceDescription::range(*n)),
         Operator::FromBatches { ipc, .. } => Some(SourceDescription::in_memory(ipc)),
         _ => None,

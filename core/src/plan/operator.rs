@@ -61,7 +61,10 @@ pub struct FileScan {
 }
 
 impl FileScan {
-    pub fn new(format: FileFormat, files: Vec<FileStamp>, file_schema: Schema) -> Self {
+    /// `files` are sorted (and deduplicated): the order they are given in does not matter.
+    pub fn new(format: FileFormat, mut files: Vec<FileStamp>, file_schema: Schema) -> Self {
+        files.sort();
+        files.dedup();
         Self {
             format,
             files,

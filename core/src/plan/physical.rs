@@ -114,7 +114,7 @@ pub fn default_rules() -> Vec<Box<dyn PhysicalRule>> {
 }
 
 impl PhysicalPlan {
-    /// One stage per logical node (a node shared by two consumers becomes one stage), then
+    /// One stage per distinct logical node (see [`Builder`]'s `planned`), then
     /// the default physical rules.
     pub fn from_logical(plan: &LogicalPlan) -> Self {
         Self::with_rules(plan, &default_rules())
@@ -148,13 +148,17 @@ impl PhysicalPlan {
 #[derive(Default)]
 struct Builder {
     stages: Vec<Stage>,
-    /// Logical nodes already planned, so a shared subplan is planned once.
-    planned: Vec<(LogicalPlan, StageId)>,
+    /// Nodes already planned, by fingerprint and operator, so a subplan that appears twice
+    /// (a self-join, a union of two branches of one read) is computed once. Equal fingerprints
+    /// mean equal data; the operator name keeps `cache()` (which shares its input's
+    /// fingerprint) a stage of its own.
+    planned: Vec<((Fingerprint, &'static str), StageId)>,
 }
 
 impl Builder {
     fn add(&mut self, plan: &LogicalPlan) -> StageId {
-        if let Some((_, id)) = self.planned.iter().find(|(node, _)| node.same_node(plan)) {
+        let key = (plan.fingerprint(), plan.operator().name());
+        if let Some((_, id)) = self.planned.iter().find(|(planned, _)| *planned == key) {
             return *id;
         }
         let inputs: Vec<StageId> = plan.inputs().iter().map(|input| self.add(input)).collect();
@@ -184,7 +188,7 @@ impl Builder {
             schema: plan.schema().clone(),
         });
         let id = StageId(self.stages.len() - 1);
-        self.planned.push((plan.clone(), id));
+        self.planned.push((key, id));
         id
     }
 }

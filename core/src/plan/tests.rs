@@ -193,15 +193,13 @@ fn defaults_and_performance_arguments_are_not_hashed() {
     );
     // Two reads of the same files in another order are the same source.
     let reordered = parquet(vec![stamp("b.parquet", 200), stamp("a.parquet", 100)]);
-    let sorted_files = |plan: &LogicalPlan| match plan.operator() {
-        Operator::Read(scan) => {
-            let mut files = scan.files.clone();
-            files.sort();
-            files
-        }
-        _ => unreachable!(),
-    };
-    assert_eq!(sorted_files(&reordered), sorted_files(&sales()));
+    assert_eq!(reordered.fingerprint(), sales().fingerprint());
+    let mut unsorted = FileScan::new(FileFormat::Parquet, Vec::new(), sales_schema());
+    unsorted.files = vec![stamp("b.parquet", 200), stamp("a.parquet", 100)];
+    assert_eq!(
+        LogicalPlan::read(unsorted).unwrap().fingerprint(),
+        sales().fingerprint()
+    );
 }
 
 #[test]
@@ -720,6 +718,19 @@ fn row_wise_operators_fuse_into_their_read_stage() {
         .unwrap();
     let physical = PhysicalPlan::from_logical(&joined);
     assert_eq!(physical.stages.len(), 4, "{physical}");
+    // Two equal subplans built separately are one stage.
+    let twice = sales().union(&sales()).unwrap();
+    let physical = PhysicalPlan::from_logical(&twice);
+    assert_eq!(physical.stages.len(), 2, "{physical}");
+    assert_eq!(physical.stages[1].inputs, vec![physical::StageId(0); 2]);
+    // Optimized, each branch's filter becomes its own read's predicate: two reads, no maps.
+    let optimized = Optimizer::default().optimize(&joined).unwrap();
+    let physical = PhysicalPlan::from_logical(&optimized);
+    let kinds: Vec<&str> = physical.stages.iter().map(|s| s.kind.name()).collect();
+    assert_eq!(kinds, vec!["read", "read", "union"]);
+    // cache() shares its input's fingerprint but stays a stage.
+    let cached = sales().cache().unwrap();
+    assert_eq!(PhysicalPlan::from_logical(&cached).stages.len(), 2);
     assert_eq!(PhysicalPlan::from_logical(&doubled).stages.len(), 1);
 }
 
