@@ -300,8 +300,9 @@ impl Args {
 }
 
 /// An argument that enters a fingerprint, with its own hash so a cache miss can name the
-/// argument that changed without storing or comparing whole values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// argument that changed without storing or comparing whole values. Not serialized on its
+/// own: a lineage stores names and values and recomputes the hashes when decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HashedArg {
     pub name: String,
     pub value: ArgValue,
