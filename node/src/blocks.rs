@@ -12,7 +12,7 @@ use crate::{Error, Result};
 
 const MIB: u64 = 1 << 20;
 
-/// The target block size range (1–128 MiB by default, like Ray Data).
+/// The target block size range (1–128 MiB by default, like Ray Data; `[data]` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSizing {
     min_bytes: u64,
@@ -43,6 +43,11 @@ impl BlockSizing {
             min_bytes,
             max_bytes,
         })
+    }
+
+    /// The sizes set in the `[data]` section of the configuration.
+    pub fn from_config(config: &floe_core::config::DataConfig) -> Result<Self> {
+        Self::new(config.min_block_size.bytes(), config.max_block_size.bytes())
     }
 
     pub fn min_bytes(&self) -> u64 {

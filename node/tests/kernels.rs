@@ -383,6 +383,30 @@ fn oversized_blocks_split_and_tiny_ones_coalesce() {
             .collect::<Vec<_>>(),
         vec![125]
     );
+    let config = floe_core::config::ConfigLoader::new()
+        .set("data.min_block_size=2KiB")
+        .unwrap()
+        .set("data.max_block_size=4MiB")
+        .unwrap()
+        .load()
+        .unwrap();
+    let configured = BlockSizing::from_config(&config.data).unwrap();
+    assert_eq!(
+        (configured.min_bytes(), configured.max_bytes()),
+        (2048, 4 << 20)
+    );
+    assert_eq!(
+        BlockSizing::from_config(&Default::default()).unwrap(),
+        BlockSizing::default()
+    );
+    let error = floe_core::config::ConfigLoader::new()
+        .set("data.min_block_size=8MiB")
+        .unwrap()
+        .set("data.max_block_size=4MiB")
+        .unwrap()
+        .load()
+        .unwrap_err();
+    assert!(error.to_string().contains("data.min_block_size"), "{error}");
     assert!(BlockSizing::new(0, 10).is_err());
     assert!(BlockSizing::new(11, 10).is_err());
 }

@@ -38,6 +38,7 @@ pub struct Config {
     pub node: NodeConfig,
     pub paths: PathsConfig,
     pub memory: MemoryConfig,
+    pub data: DataConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
 }
@@ -249,6 +250,25 @@ impl Default for MemoryConfig {
             object_store_max: ByteSize(200_000_000_000),
             spill_threshold: 0.8,
             min_spilling_size: ByteSize::mib(100),
+        }
+    }
+}
+
+/// `[data]`: how Dataset execution cuts data into blocks (DESIGN.md, "Blocks and objects").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Outputs smaller than this are coalesced with their neighbours. Default 1MiB.
+    pub min_block_size: ByteSize,
+    /// Reads aim for blocks up to this size; an output over 1.5 × this is split. Default 128MiB.
+    pub max_block_size: ByteSize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            min_block_size: ByteSize::mib(1),
+            max_block_size: ByteSize::mib(128),
         }
     }
 }
@@ -656,6 +676,16 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "memory.min_spilling_size",
                 reason: "must be at least 1 byte".into(),
+            });
+        }
+        let data = &self.data;
+        if data.min_block_size.bytes() == 0 || data.min_block_size > data.max_block_size {
+            return Err(ConfigError::Invalid {
+                key: "data.min_block_size",
+                reason: format!(
+                    "{} must be at least 1 byte and at most data.max_block_size {}",
+                    data.min_block_size, data.max_block_size
+                ),
             });
         }
         let frame = self.net.max_frame;
