@@ -9,6 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 
 use floe_core::ObjectId;
 use shared_memory::{Shmem, ShmemConf};
@@ -66,7 +67,7 @@ impl Header {
 /// A mapped region: a shared-memory segment (created by the store, or opened by a reader) or
 /// a file (a fallback object).
 pub struct Mapping {
-    ptr: *mut u8,
+    ptr: NonNull<u8>,
     len: usize,
     backing: Backing,
 }
@@ -117,10 +118,33 @@ impl Mapping {
                 reason: error.to_string(),
             })?;
         Ok(Self {
-            ptr: shmem.as_ptr(),
+            ptr: non_null(shmem.as_ptr(), os_id)?,
             len: shmem.len(),
             backing: Backing::Shared(shmem),
         })
+    }
+
+    /// Unlinks segment `os_id` if it exists; returns whether it did.
+    pub fn unlink_shared(os_id: &str) -> Result<bool> {
+        let name = std::ffi::CString::new(os_id).map_err(|_| Error::SharedMemory {
+            name: os_id.to_owned(),
+            action: "unlink",
+            reason: "the name contains a NUL byte".into(),
+        })?;
+        // SAFETY: plain syscall with a valid C string.
+        if unsafe { libc::shm_unlink(name.as_ptr()) } == 0 {
+            return Ok(true);
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Ok(false)
+        } else {
+            Err(Error::SharedMemory {
+                name: os_id.to_owned(),
+                action: "unlink",
+                reason: error.to_string(),
+            })
+        }
     }
 
     /// Maps an existing segment created by a store, possibly in another process. Readers only
@@ -135,7 +159,7 @@ impl Mapping {
                 reason: error.to_string(),
             })?;
         Ok(Self {
-            ptr: shmem.as_ptr(),
+            ptr: non_null(shmem.as_ptr(), os_id)?,
             len: shmem.len(),
             backing: Backing::Shared(shmem),
         })
@@ -175,7 +199,7 @@ impl Mapping {
             .map_err(io("map a fallback file"))
             .map_err(removing)?;
         Ok(Self {
-            ptr: map.as_mut_ptr(),
+            ptr: non_null(map.as_mut_ptr(), &path.display().to_string())?,
             len: map.len(),
             backing: Backing::OwnedFile {
                 _map: map,
@@ -198,7 +222,7 @@ impl Mapping {
         // and never truncated while it exists.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io("map a fallback file"))?;
         Ok(Self {
-            ptr: map.as_ptr().cast_mut(),
+            ptr: non_null(map.as_ptr().cast_mut(), &path.display().to_string())?,
             len: map.len(),
             backing: Backing::File {
                 _map: map,
@@ -212,7 +236,16 @@ impl Mapping {
     }
 
     pub fn base(&self) -> *mut u8 {
-        self.ptr
+        self.ptr.as_ptr()
+    }
+
+    /// Where the payload of the object whose header is at `header_offset` starts.
+    ///
+    /// # Safety
+    /// `header_offset + HEADER_LEN` must lie inside the mapping.
+    pub unsafe fn payload(&self, header_offset: u64) -> NonNull<u8> {
+        // SAFETY: in bounds by the caller's promise, so the result is non-null as well.
+        unsafe { self.ptr.add((header_offset + HEADER_LEN) as usize) }
     }
 
     /// The shared-memory os id or the file path, as a reader would open it.
@@ -235,7 +268,7 @@ impl Mapping {
         // SAFETY: the range is inside the mapping (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.ptr.add(offset as usize),
+                self.ptr.as_ptr().add(offset as usize),
                 bytes.as_mut_ptr(),
                 bytes.len(),
             );
@@ -253,7 +286,7 @@ impl Mapping {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
-                self.ptr.add(offset as usize),
+                self.ptr.as_ptr().add(offset as usize),
                 bytes.len(),
             );
         }
@@ -268,6 +301,14 @@ impl Drop for Mapping {
             tracing::warn!(path = %path.display(), %error, "cannot remove a fallback file");
         }
     }
+}
+
+fn non_null(ptr: *mut u8, name: &str) -> Result<NonNull<u8>> {
+    NonNull::new(ptr).ok_or_else(|| Error::SharedMemory {
+        name: name.to_owned(),
+        action: "map",
+        reason: "the mapping has a null address".into(),
+    })
 }
 
 fn reserve(file: &File, len: u64) -> std::io::Result<()> {

@@ -24,7 +24,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -196,7 +195,9 @@ impl ObjectStore {
             usize::try_from(allocator.capacity()).map_err(|_| Error::CapacityTooSmall {
                 capacity: config.capacity,
             })?;
-        let segment = Mapping::create_shared(&format!("/floe-{}", config.name), capacity)?;
+        let os_id = format!("/floe-{}", config.name);
+        remove_leftovers(&config, &os_id)?;
+        let segment = Mapping::create_shared(&os_id, capacity)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -432,6 +433,56 @@ impl ObjectStore {
         let slot = state.objects.get(&object)?.spilled.as_ref()?;
         Some(slot.path().to_owned())
     }
+}
+
+/// Removes what a previous store of the same name left when its process died: its segment,
+/// spill files and fallback files. Store names are unique among live stores on a host, so
+/// anything under this name belongs to a dead one.
+fn remove_leftovers(config: &StoreConfig, os_id: &str) -> Result<()> {
+    if Mapping::unlink_shared(os_id)? {
+        tracing::warn!(
+            segment = os_id,
+            "removed a shared-memory segment left by a dead store"
+        );
+    }
+    let prefix = format!("{}-", config.name);
+    let leftovers = [
+        (&config.spill_dir, ".spill"),
+        (&config.fallback_dir, ".object"),
+    ];
+    for (dir, suffix) in leftovers {
+        let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+            action: "list a directory",
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(middle) = name
+                .to_str()
+                .and_then(|name| name.strip_prefix(&prefix))
+                .and_then(|rest| rest.strip_suffix(suffix))
+            else {
+                continue;
+            };
+            // `<name>-<number>.spill` or `<name>-<object id>.object`, and not another store's
+            // files whose name merely starts with this one's.
+            let ours = match suffix {
+                ".spill" => !middle.is_empty() && middle.bytes().all(|b| b.is_ascii_digit()),
+                _ => middle.parse::<ObjectId>().is_ok(),
+            };
+            if ours {
+                let path = entry.path();
+                tracing::warn!(path = %path.display(), "removing a file left by a dead store");
+                std::fs::remove_file(&path).map_err(|source| Error::Io {
+                    action: "remove a leftover file",
+                    path,
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl State {
@@ -874,11 +925,4 @@ impl Drop for ObjectWriter {
             state.free_if_unused(self.object);
         }
     }
-}
-
-/// The object's payload pointer for a view: non-null because it points into a mapping.
-pub(crate) fn payload_ptr(mapping: &Mapping, header_offset: u64) -> Option<NonNull<u8>> {
-    let start = usize::try_from(header_offset + HEADER_LEN).ok()?;
-    // SAFETY: callers pass offsets of objects inside `mapping`.
-    NonNull::new(unsafe { mapping.base().add(start) })
 }

@@ -16,7 +16,6 @@ use floe_core::ObjectId;
 use serde::{Deserialize, Serialize};
 
 use crate::mapping::{HEADER_LEN, Mapping};
-use crate::store::payload_ptr;
 use crate::{Error, Result};
 
 /// Where a sealed object's bytes are, as another process on the host can open them.
@@ -72,7 +71,8 @@ impl ObjectView {
         mapping: &Mapping,
         owner: Arc<dyn arrow::alloc::Allocation>,
     ) -> Self {
-        let ptr = payload_ptr(mapping, location.offset).unwrap_or(NonNull::dangling());
+        // SAFETY: the object, header included, lies inside the mapping (the caller's promise).
+        let ptr = unsafe { mapping.payload(location.offset) };
         Self {
             len: location.len as usize,
             location,

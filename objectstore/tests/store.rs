@@ -422,3 +422,37 @@ fn spilling_on_request_frees_memory_in_lru_order() {
     assert_eq!(store.stats().used, 64 + 256 * KIB);
     assert_eq!(pinned.as_bytes(), &contents(id(5), 256 * KIB)[..]);
 }
+
+#[test]
+fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path(), MIB, 256 * KIB);
+    std::fs::create_dir_all(&config.spill_dir).unwrap();
+    std::fs::create_dir_all(&config.fallback_dir).unwrap();
+    // What a crashed store leaves: its segment, a spill file and a fallback file — next to a
+    // file of another store whose name starts with this one's.
+    let mut segment = shared_memory::ShmemConf::new()
+        .os_id(format!("/floe-{}", config.name))
+        .size(4096)
+        .create()
+        .unwrap();
+    segment.set_owner(false);
+    drop(segment);
+    let spill = config
+        .spill_dir
+        .join(format!("{}-000003.spill", config.name));
+    let fallback = config
+        .fallback_dir
+        .join(format!("{}-{}.object", config.name, id(5)));
+    let neighbour = config
+        .spill_dir
+        .join(format!("{}-2-000001.spill", config.name));
+    for path in [&spill, &fallback, &neighbour] {
+        std::fs::write(path, b"left over").unwrap();
+    }
+    let store = ObjectStore::open(config).unwrap();
+    assert!(!spill.exists() && !fallback.exists());
+    assert!(neighbour.exists());
+    store.put(id(1), b"fresh").unwrap();
+    assert_eq!(store.get(id(1)).unwrap().as_bytes(), b"fresh");
+}

@@ -58,7 +58,7 @@ fn put_get_memcpy(
     size: u64,
     runs: usize,
 ) -> anyhow::Result<()> {
-    let source = pattern(size);
+    let source = pattern(size, 0);
     let mut target = vec![0u8; size as usize];
     // Warm-up: the first put faults the segment's pages in; later puts reuse them, as a
     // long-running store does.
@@ -144,14 +144,15 @@ fn spill_restore(
     runs: usize,
 ) -> anyhow::Result<()> {
     const OBJECT: u64 = 16 * MIB;
-    let source = pattern(OBJECT);
     let count = total / OBJECT;
+    // Distinct bytes per object, so neither side reads from a cache-resident source.
+    let mut data: Vec<Vec<u8>> = (0..count).map(|n| pattern(OBJECT, n)).collect();
     let mut spill = Vec::new();
     let mut restore = Vec::new();
     for _ in 0..runs {
         let objects: Vec<ObjectId> = ids.take(count as usize).collect();
-        for &object in &objects {
-            store.put(object, &source)?;
+        for (&object, bytes) in objects.iter().zip(&data) {
+            store.put(object, bytes)?;
         }
         let before = store.stats();
         let started = Instant::now();
@@ -169,7 +170,11 @@ fn spill_restore(
             ensure!(view.len() as u64 == OBJECT);
         }
         restore.push(started.elapsed());
-        for &object in &objects {
+        for (&object, bytes) in objects.iter().zip(&data) {
+            ensure!(
+                store.get(object)?.as_bytes() == &bytes[..],
+                "restored bytes differ"
+            );
             store.delete(object)?;
         }
     }
@@ -177,22 +182,22 @@ fn spill_restore(
     restore.sort();
     let (spill, restore) = (spill[spill.len() / 2], restore[restore.len() / 2]);
 
+    // The same bytes written to and read back from one plain file, object by object.
     let path = scratch.join("plain-file");
     let mut write = Vec::new();
     let mut read = Vec::new();
-    let mut back = vec![0u8; OBJECT as usize];
     for _ in 0..runs {
         let started = Instant::now();
         let mut file = std::fs::File::create(&path)?;
-        for _ in 0..count {
-            file.write_all(&source)?;
+        for bytes in &data {
+            file.write_all(bytes)?;
         }
         drop(file);
         write.push(started.elapsed());
         let started = Instant::now();
         let file = std::fs::File::open(&path)?;
-        for index in 0..count {
-            file.read_exact_at(&mut back, index * OBJECT)?;
+        for (index, bytes) in data.iter_mut().enumerate() {
+            file.read_exact_at(bytes, index as u64 * OBJECT)?;
         }
         read.push(started.elapsed());
         std::fs::remove_file(&path)?;
@@ -221,9 +226,9 @@ fn spill_restore(
     Ok(())
 }
 
-/// Non-constant bytes, so nothing can shortcut the copies.
-fn pattern(size: u64) -> Vec<u8> {
-    (0..size).map(|i| (i * 31 % 251) as u8).collect()
+/// Non-constant bytes, different for each `seed`, so nothing can shortcut the copies.
+fn pattern(size: u64, seed: u64) -> Vec<u8> {
+    (0..size).map(|i| ((i + seed) * 31 % 251) as u8).collect()
 }
 
 fn millis(time: Duration) -> f64 {
