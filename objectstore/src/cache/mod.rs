@@ -34,7 +34,7 @@ use floe_core::fingerprint::{Difference, FingerprintInputs};
 pub use manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
 pub use shard::{CachedShard, ShardIndex, ShardName, Verification};
 
-use shard::{ShardContents, TEMP_PREFIX};
+use shard::{ShardContents, TEMP_PREFIX, VerifiedFiles};
 
 /// Temporary files older than this are debris of a crashed writer; younger ones may belong to
 /// a write in progress in another process.
@@ -275,6 +275,7 @@ impl fmt::Display for MissExplanation {
 pub struct Cache {
     config: CacheConfig,
     pins: Arc<Pins>,
+    verified: VerifiedFiles,
     counters: Counters,
     /// Serializes this process's evictions so two writers do not both delete for one overflow.
     eviction: Mutex<()>,
@@ -288,6 +289,7 @@ impl Cache {
         Ok(Self {
             config,
             pins: Arc::default(),
+            verified: VerifiedFiles::default(),
             counters: Counters::default(),
             eviction: Mutex::new(()),
         })
@@ -379,7 +381,7 @@ impl Cache {
             return Ok(None);
         }
         let pin = PinGuard::new(&self.pins, name);
-        match shard::open(&path, name, self.config.verification, pin) {
+        match shard::open(&path, name, self.config.verification, &self.verified, pin) {
             Ok(opened) => {
                 // The modification time is the LRU clock; failing to advance it only makes
                 // this shard an earlier eviction candidate.

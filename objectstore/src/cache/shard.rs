@@ -6,11 +6,13 @@
 //! computed while the data streams out, and there is exactly one file per shard: a reader can
 //! never pair one writer's data with another writer's manifest.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
@@ -204,7 +206,10 @@ impl<W: Write> Write for ChecksumWriter<W> {
 /// How much of a shard to check when it is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Verification {
-    /// Everything below, plus the checksum over all the data: reads the whole file.
+    /// Everything below, plus the checksum over all the data: reads the whole file the first
+    /// time this `Cache` opens it. The file (device, inode, length) and its checksum are then
+    /// remembered, so reopening it costs no pass over the data: floe never modifies a shard
+    /// file in place, and a rewritten shard is a new file that is verified again.
     #[default]
     Checksum,
     /// Name, manifest, footer, schema and row counts; the data pages are not touched until
@@ -230,19 +235,51 @@ struct MappedShard {
 /// Why a shard on disk is not a usable hit.
 pub(crate) struct Invalid(pub String);
 
+/// A file's identity on this host, with the checksum its manifest claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct VerifiedFile {
+    device: u64,
+    inode: u64,
+    len: u64,
+    checksum: u128,
+}
+
+/// The shard files whose checksums this process has verified.
+#[derive(Debug, Default)]
+pub(crate) struct VerifiedFiles(Mutex<BTreeSet<VerifiedFile>>);
+
+impl VerifiedFiles {
+    fn contains(&self, file: &VerifiedFile) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(file)
+    }
+
+    fn insert(&self, file: VerifiedFile) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(file);
+    }
+}
+
 /// Maps and verifies the shard at `path`. `Ok(Err(_))` is a bad file (a miss), `Err(_)` a
 /// failure to even look at it.
 pub(crate) fn open(
     path: &Path,
     name: ShardName,
     verification: Verification,
+    verified: &VerifiedFiles,
     pin: PinGuard,
 ) -> std::result::Result<CachedShard, Invalid> {
     let file = File::open(path).map_err(|error| Invalid(format!("cannot open: {error}")))?;
-    let len = file
+    // The identity comes from the handle, so it is the file that gets mapped even if the
+    // name is replaced meanwhile.
+    let metadata = file
         .metadata()
-        .map_err(|error| Invalid(format!("cannot stat: {error}")))?
-        .len();
+        .map_err(|error| Invalid(format!("cannot stat: {error}")))?;
+    let len = metadata.len();
     if len < TRAILER_LEN as u64 {
         return Err(Invalid(format!("only {len} bytes long")));
     }
@@ -274,7 +311,13 @@ pub(crate) fn open(
                 manifest.data_bytes
             ))
         })?;
-    if verification == Verification::Checksum {
+    let identity = VerifiedFile {
+        device: metadata.dev(),
+        inode: metadata.ino(),
+        len,
+        checksum: manifest.checksum.0,
+    };
+    if verification == Verification::Checksum && !verified.contains(&identity) {
         let actual = Checksum(xxh3_128(&map[..data_end]));
         if actual != manifest.checksum {
             return Err(Invalid(format!(
@@ -311,6 +354,9 @@ pub(crate) fn open(
     }
     if FieldSummary::of(&block.schema) != manifest.schema {
         return Err(Invalid("its schema differs from its manifest's".into()));
+    }
+    if verification == Verification::Checksum {
+        verified.insert(identity);
     }
     Ok(CachedShard {
         name,

@@ -247,6 +247,29 @@ fn a_torn_write_is_never_a_hit() {
 }
 
 #[test]
+fn a_replaced_file_is_verified_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    let inputs = map(&source(), 2.5);
+    write(&cache, &inputs, shard(0, 1), 1000);
+    let name = name(&inputs, shard(0, 1));
+    let path = dir.path().join(name.file_name());
+    // The first open hashes the data and remembers this file.
+    assert!(cache.open_shard(name).unwrap().is_some());
+    assert!(cache.open_shard(name).unwrap().is_some());
+
+    // A damaged copy renamed over it is a new file: its checksum is checked, not assumed.
+    let mut damaged = fs::read(&path).unwrap();
+    let middle = damaged.len() / 3;
+    damaged[middle] ^= 0x01;
+    let staged = dir.path().join(".tmp-damaged.part");
+    fs::write(&staged, &damaged).unwrap();
+    fs::rename(&staged, &path).unwrap();
+    assert!(cache.open_shard(name).unwrap().is_none());
+    assert!(!path.exists());
+}
+
+#[test]
 fn a_shard_whose_manifest_disagrees_with_its_name_is_removed() {
     let dir = tempfile::tempdir().unwrap();
     let cache = cache_in(dir.path(), u64::MAX);
