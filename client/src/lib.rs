@@ -23,7 +23,8 @@
 //!
 //! Submitting a dataset to a cluster (`Client::submit`) and the consuming calls that need one
 //! (`count`, `take`, `iter_batches`, `materialize`) belong to the client-submission work; this
-//! crate currently builds, validates, fingerprints and explains plans.
+//! crate builds, validates, fingerprints and explains plans, and
+//! [`Dataset::execute_locally`] runs plans without all-to-all operators in-process.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,10 +32,16 @@ use std::sync::Arc;
 use arrow::datatypes::Schema;
 use arrow::record_batch::RecordBatch;
 use floe_core::Fingerprint;
+use floe_core::plan::optimizer::Optimizer;
+use floe_core::plan::physical::PhysicalPlan;
 use floe_core::plan::{
     DEFAULT_TARGET_FILE_SIZE, FileScan, LogicalPlan, PlanError, UdfKind, WriteSpec,
 };
+use floe_node::blocks::BlockSizing;
+use floe_node::task::TaskContext;
 use floe_node::udf::Registry;
+
+pub use floe_node::local::LocalOutput;
 
 pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 pub use floe_core::plan::{
@@ -308,6 +315,21 @@ impl Dataset {
     /// The logical, optimized and physical plans.
     pub fn explain(&self) -> Result<String> {
         Ok(self.plan.explain()?)
+    }
+
+    /// Optimizes the plan and runs it in this process with the node's kernels: the output
+    /// blocks, and the files any sink wrote. All-to-all operators (sort, groupby, joins, …)
+    /// need a cluster's shuffle and are refused here with an error naming them.
+    pub fn execute_locally(&self) -> Result<LocalOutput> {
+        let plan = self.plan.resolve_seeds()?;
+        let optimized = Optimizer::default().optimize(&plan)?;
+        let physical = PhysicalPlan::from_logical(&optimized);
+        let context = TaskContext {
+            registry: self.udfs.as_ref(),
+            sizing: BlockSizing::default(),
+            batch_rows: floe_node::read::DEFAULT_BATCH_ROWS,
+        };
+        Ok(floe_node::local::execute(&physical, &context)?)
     }
 }
 

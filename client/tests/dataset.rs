@@ -223,3 +223,88 @@ fn explain_shows_pushdown_into_the_read() {
         "{text}"
     );
 }
+
+/// Reads CSV, transforms, writes Parquet, reads it back: every step checked against a
+/// row-by-row computation of the same pipeline.
+#[test]
+fn a_pipeline_runs_in_process_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from("id,word,amount\n");
+    let mut expected = Vec::new();
+    for i in 0..200i64 {
+        let word = if i % 4 == 0 {
+            "Apple Pie".to_owned()
+        } else {
+            format!("w{i}")
+        };
+        let amount = i as f64 / 4.0;
+        csv.push_str(&format!("{i},{word},{amount}\n"));
+        if amount >= 10.0 && word.contains("Apple") {
+            expected.push((i, word.to_lowercase(), amount * 2.0 + 1.0));
+        }
+    }
+    write_csv(&dir.path().join("input.csv"), &csv);
+    let out = dir.path().join("out");
+    let written = Dataset::read_csv(&[dir.path().join("input.csv")])
+        .unwrap()
+        .filter(
+            col("amount")
+                .gt_eq(lit(10.0))
+                .and(col("word").contains("Apple")),
+        )
+        .unwrap()
+        .map_batches(UdfCall::new("lowercase_normalize", 1).with("column", "word"))
+        .unwrap()
+        .with_column("score", col("amount") * lit(2i64) + lit(1))
+        .unwrap()
+        .drop(&["amount"])
+        .unwrap()
+        .write_parquet(&out, WriteOptions::default())
+        .unwrap()
+        .execute_locally()
+        .unwrap();
+    assert_eq!(written.written, vec![out.join("part-00000-00000.parquet")]);
+
+    let back = Dataset::read_parquet(&[&out]).unwrap();
+    assert_eq!(back.column_names(), vec!["id", "word", "score"]);
+    let batches = back.limit(1000).unwrap().execute_locally().unwrap().batches;
+    let mut actual = Vec::new();
+    for batch in &batches {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let words = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        let scores = batch
+            .column(2)
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .unwrap();
+        for row in 0..batch.num_rows() {
+            actual.push((
+                ids.value(row),
+                words.value(row).to_owned(),
+                scores.value(row),
+            ));
+        }
+    }
+    assert_eq!(actual, expected);
+    assert_eq!(actual.len(), 40);
+
+    // Shuffles need a cluster: refused with the operator's name.
+    let error = Dataset::range(5)
+        .unwrap()
+        .sort(vec![SortKey::asc("id")])
+        .unwrap()
+        .execute_locally()
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "sort is not a row-wise operator; the shuffle executor runs it"
+    );
+}

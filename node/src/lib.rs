@@ -12,10 +12,13 @@
 //!   written to temporary files and renamed only when the whole task succeeded.
 //! - [`task`]: one task of a stage — its source or input blocks, its fused row-wise
 //!   operators, then block sizing — plus `range` batches and the IPC bytes of `from_batches`.
+//! - [`local`]: runs a physical plan's non-shuffle stages in this process, stage by stage,
+//!   with the same task function.
 //! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
 
 pub mod blocks;
 pub mod eval;
+pub mod local;
 pub mod ops;
 pub mod read;
 pub mod task;
