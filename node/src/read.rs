@@ -149,7 +149,8 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
 }
 
 /// Finds the files, stamps them (their fingerprint) and discovers their schema: every Parquet
-/// file's footer must agree; CSV and NDJSON schemas are inferred from the first file.
+/// file's footer must agree; CSV column types are inferred from the first file and every
+/// file's header must name the same columns; NDJSON schemas are inferred from the first file.
 pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<FileScan> {
     let paths = expand_paths(patterns)?;
     let stamps = paths
@@ -184,12 +185,31 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
             schema.ok_or_else(|| Error::NoFiles("parquet".to_owned()))?
         }
         FileFormat::Csv(options) => {
+            let format = arrow::csv::reader::Format::default()
+                .with_header(options.has_header)
+                .with_delimiter(options.delimiter);
             let path = first(&paths)?;
             let mut file = File::open(path).map_err(Error::io(path))?;
-            let (schema, _) = arrow::csv::reader::Format::default()
-                .with_header(options.has_header)
-                .with_delimiter(options.delimiter)
-                .infer_schema(&mut file, Some(INFER_ROWS))?;
+            let (schema, _) = format.infer_schema(&mut file, Some(INFER_ROWS))?;
+            // Types come from the first file, but every header must name the same columns,
+            // so a mismatched file fails now rather than halfway through the job.
+            for other in &paths[1..] {
+                let mut file = File::open(other).map_err(Error::io(other))?;
+                let (header, _) = format.infer_schema(&mut file, Some(1))?;
+                let names = |s: &Schema| -> Vec<String> {
+                    s.fields().iter().map(|f| f.name().clone()).collect()
+                };
+                if names(&header) != names(&schema) {
+                    return Err(Error::BadFile {
+                        path: other.clone(),
+                        message: format!(
+                            "columns [{}] differ from the first file's [{}]",
+                            names(&header).join(", "),
+                            names(&schema).join(", ")
+                        ),
+                    });
+                }
+            }
             schema
         }
         FileFormat::Json => {

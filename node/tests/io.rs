@@ -207,6 +207,20 @@ fn changed_files_and_mismatched_parquet_schemas_are_refused() {
         "{error}"
     );
 
+    std::fs::write(dir.path().join("a.csv"), "id,name\n1,x\n").unwrap();
+    std::fs::write(dir.path().join("b.csv"), "id,title\n2,y\n").unwrap();
+    let error = discover(
+        FileFormat::Csv(CsvOptions::default()),
+        &[dir.path().join("*.csv")],
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("b.csv: columns [id, title] differ from the first file's [id, name]"),
+        "{error}"
+    );
+
     let scan = discover(FileFormat::Parquet, &[&path]).unwrap();
     std::fs::write(&path, b"not parquet any more").unwrap();
     let error = read_scan(&scan, 64).unwrap_err();
