@@ -465,6 +465,50 @@ fn udf_calls_are_rechecked_against_the_running_binary() {
 }
 
 #[test]
+fn lineage_matches_the_fingerprint_and_explains_a_change() {
+    let build = |threshold: i32, file_size: u64| {
+        parquet(vec![stamp("a.parquet", file_size)])
+            .filter(col("qty").gt(lit(threshold)))
+            .unwrap()
+            .cache()
+            .unwrap()
+            .join(
+                &LogicalPlan::range(4).unwrap(),
+                &["id"],
+                &["id"],
+                JoinType::Semi,
+            )
+            .unwrap()
+    };
+    let plan = build(1, 100);
+    let lineage = plan.lineage().unwrap();
+    assert_eq!(lineage.fingerprint(), plan.fingerprint());
+    assert!(
+        lineage
+            .differences(&build(1, 100).lineage().unwrap())
+            .is_empty()
+    );
+    // The join's first parent is the (cached) filter, whose `predicate` argument changed.
+    let changed = build(2, 100).lineage().unwrap();
+    let differences = lineage.differences(&changed);
+    let crate::fingerprint::Difference::Parent {
+        index, differences, ..
+    } = &differences[0]
+    else {
+        panic!("{differences:?}");
+    };
+    assert_eq!(*index, 0);
+    assert!(matches!(
+        &differences[0],
+        crate::fingerprint::Difference::Argument { name, .. } if name == "predicate"
+    ));
+    // A touched file shows up as a changed file, however deep.
+    let touched = build(1, 101).lineage().unwrap();
+    let text = format!("{:?}", lineage.differences(&touched));
+    assert!(text.contains("FileChanged"), "{text}");
+}
+
+#[test]
 fn a_join_fingerprint_follows_both_sides() {
     let left = |n| LogicalPlan::range(n).unwrap();
     let right = |n| {
