@@ -367,6 +367,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_disk_is_reported_with_the_bytes_needed_and_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("object");
+        let full =
+            disk_error("write", &path, 12_345)(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let free = available_space(dir.path()).unwrap();
+        match &full {
+            Error::DiskFull {
+                needed, available, ..
+            } => {
+                assert_eq!(*needed, 12_345);
+                // Free space moves with other writers; it is the same file system's figure.
+                assert!(available.is_some_and(|bytes| bytes.abs_diff(free) < 1 << 30));
+            }
+            other => panic!("expected DiskFull, got {other}"),
+        }
+        assert!(full.to_string().contains("needs 12345 bytes"), "{full}");
+        let other = disk_error("write", &path, 1)(std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(other, Error::Io { .. }), "{other}");
+    }
+
+    #[test]
     fn headers_round_trip_and_reject_garbage() {
         let header = Header {
             object: ObjectId::new(0x1234_5678_9abc_def0_1122_3344_5566_7788),

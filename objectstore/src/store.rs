@@ -926,3 +926,53 @@ impl Drop for ObjectWriter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use floe_core::config::ConfigLoader;
+
+    use super::*;
+
+    #[test]
+    fn a_node_store_takes_its_capacity_from_the_pool_and_the_rest_from_config() {
+        let config = ConfigLoader::new()
+            .set("paths.data_dir=/srv/floe")
+            .unwrap()
+            .set("memory.spill_threshold=0.6")
+            .unwrap()
+            .set("memory.min_spilling_size=8MiB")
+            .unwrap()
+            .load()
+            .unwrap();
+        let pools = MemoryPools::split(16 << 30, &config.memory).unwrap();
+        let store = StoreConfig::for_node(&config, &pools, "node-3");
+        assert_eq!(store.capacity, pools.object_store);
+        assert_eq!(store.spill_threshold, 0.6);
+        assert_eq!(store.min_spilling_size, 8 << 20);
+        assert_eq!(store.spill_dir, PathBuf::from("/srv/floe/spill"));
+        assert_eq!(store.fallback_dir, PathBuf::from("/srv/floe/fallback"));
+        assert_eq!(store.name, "node-3");
+    }
+
+    #[test]
+    fn bad_names_and_tiny_capacities_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |name: &str, capacity| StoreConfig {
+            name: name.into(),
+            capacity,
+            spill_threshold: 0.8,
+            min_spilling_size: 1 << 20,
+            spill_dir: dir.path().join("spill"),
+            fallback_dir: dir.path().join("fallback"),
+        };
+        for name in ["", "a/b", "with space", &"x".repeat(201)] {
+            let error = ObjectStore::open(config(name, 1 << 20)).unwrap_err();
+            assert!(matches!(error, Error::InvalidStoreName { .. }), "{error}");
+        }
+        let error = ObjectStore::open(config("tiny", 100)).unwrap_err();
+        assert!(
+            matches!(error, Error::CapacityTooSmall { capacity: 100 }),
+            "{error}"
+        );
+    }
+}
