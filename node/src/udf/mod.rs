@@ -64,11 +64,12 @@
 //! ```
 //!
 //! To run it on a cluster, the UDF must be compiled into the `floe` binary that the nodes run
-//! (and into the client, which validates plans against the same registry): build your own
-//! `floe` — a binary crate that depends on `floe-node` and this workspace's `floe` package
-//! sources, and whose registry is `Registry::with_builtins()` plus your `register` calls — and
-//! deploy that binary to every node. A client whose registry has a different version of a
-//! UDF than the nodes is rejected at submission by the version check above.
+//! (and into the client, which validates plans against the same registry — see
+//! `client/examples/custom_udf.rs`): build your own `floe` by depending on `floe-node`,
+//! constructing `Registry::with_builtins()` plus your `register` calls, and handing that
+//! registry to the node and worker entry points; deploy that binary to every node. A node
+//! whose registry lacks the UDF, or has another version of it, refuses the plan at submission
+//! (`LogicalPlan::check_udfs`).
 
 mod builtins;
 
