@@ -49,3 +49,46 @@ impl Drain for TracingDrain {
 pub fn raft_logger(replica: u64) -> slog::Logger {
     slog::Logger::root(TracingDrain, slog::o!("replica" => replica))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Collects everything the subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn slog_records_become_tracing_events_with_their_fields() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let logger = raft_logger(7);
+            slog::warn!(logger, "became leader"; "term" => 3);
+            slog::trace!(logger, "below the subscriber's level");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("WARN"), "{text}");
+        assert!(text.contains("raft:"), "the target is raft: {text}");
+        assert!(text.contains("became leader term=3 replica=7"), "{text}");
+    }
+}

@@ -205,3 +205,35 @@ async fn a_request_that_fits_later_waits_for_a_release() {
 fn client_target(replicas: &[Replica]) -> String {
     replicas[0].local_addr().to_string()
 }
+
+#[test]
+fn peers_parse_and_bad_specs_say_why() {
+    let peers = parse_peers("1=127.0.0.1:7701, 2=host-b:7702,3=[::1]:7703").unwrap();
+    assert_eq!(
+        peers.into_iter().collect::<Vec<_>>(),
+        vec![
+            (1, "127.0.0.1:7701".to_owned()),
+            (2, "host-b:7702".to_owned()),
+            (3, "[::1]:7703".to_owned())
+        ]
+    );
+    for (spec, problem) in [
+        ("1=a:1,2=b:2", "odd number"),
+        ("1=a:1,1=b:2,3=c:3", "appears twice"),
+        ("0=a:1", "positive integer"),
+        ("1=a", "not host:port"),
+        ("1:a:1", "not id=host:port"),
+    ] {
+        let error = parse_peers(spec).unwrap_err().to_string();
+        assert!(error.contains(problem), "{spec}: {error}");
+    }
+    let config = test_config();
+    let peers = parse_peers("1=a:1").unwrap();
+    let error = ReplicaConfig::new(&config, 2, peers)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("--id 2 is not one of the replicas"),
+        "{error}"
+    );
+}
