@@ -9,6 +9,7 @@
 //! Each part is a module with a `run` function and a variant of [`Bench`].
 
 mod cache;
+mod dataset;
 mod objectstore;
 mod placement;
 mod raft;
@@ -22,6 +23,13 @@ use floe_core::Config;
 pub enum Bench {
     /// Fingerprint cache: opening a cached result against recomputing it.
     Cache {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Dataset kernels: a fused with_column + filter stage against a hand-written loop, and a
+    /// Parquet read that skips row groups by statistics against a full scan.
+    Dataset {
         /// A smaller run that finishes in seconds.
         #[arg(long)]
         quick: bool,
@@ -53,6 +61,7 @@ pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Raft { quick } => raft::run(quick, config),
         Bench::Placement { quick } => placement::run(quick),
         Bench::Cache { quick } => cache::run(quick, config),
+        Bench::Dataset { quick } => dataset::run(quick),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
     }
 }
