@@ -14,7 +14,8 @@ use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::protocol::{
-    ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+    NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
+    SchedulerResponse,
 };
 use crate::state::{ClusterState, Command, NodeAddresses, NodeDeath, Outcome, Resources};
 use crate::{Error, Result};
@@ -179,6 +180,14 @@ impl SchedulerClient {
         {
             SchedulerResponse::HeartbeatAccepted => Ok(HeartbeatReply::Accepted),
             SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The leader's latest heartbeat report from every alive node.
+    pub async fn node_reports(&mut self) -> Result<BTreeMap<NodeId, NodeReport>> {
+        match self.call(&SchedulerRequest::NodeReports).await? {
+            SchedulerResponse::NodeReports(reports) => Ok(reports),
             other => Err(unexpected(other)),
         }
     }

@@ -56,12 +56,22 @@ pub enum SchedulerRequest {
         cpu_millis: u64,
         memory_hint: u64,
     },
+    /// The leader's latest heartbeat report from every alive node.
+    NodeReports,
     /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
     WatchDeaths {
         after: u64,
         wait_ms: u64,
     },
     Status,
+}
+
+/// A node's last heartbeat as the leader saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub usage: ResourceUsage,
+    /// Milliseconds since that heartbeat arrived.
+    pub age_ms: u64,
 }
 
 /// Where the leader is, so a client can go straight there.
@@ -100,6 +110,7 @@ pub enum SchedulerResponse {
     State(Box<ClusterState>),
     Placements(Vec<Result<NodeId, PlacementError>>),
     Released,
+    NodeReports(BTreeMap<NodeId, NodeReport>),
     Deaths(Vec<NodeDeath>),
     Status(ReplicaStatus),
 }

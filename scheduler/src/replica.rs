@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::placement::{Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView};
 use crate::protocol::{
-    LeaderHint, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
+    LeaderHint, NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
 use crate::state::{ClusterState, Command, NodeDeath, Outcome};
@@ -471,6 +471,25 @@ impl<S: LogStore> RaftLoop<S> {
                 let _ = reply.send(Ok(response));
             }
             SchedulerRequest::ReadState => self.reads_unissued.push(reply),
+            SchedulerRequest::NodeReports => {
+                let now = Instant::now();
+                let reports = self
+                    .usage
+                    .iter()
+                    .filter_map(|(node, usage)| {
+                        let seen = self.last_seen.get(node)?;
+                        let age = now.duration_since(*seen).as_millis();
+                        Some((
+                            *node,
+                            NodeReport {
+                                usage: *usage,
+                                age_ms: u64::try_from(age).unwrap_or(u64::MAX),
+                            },
+                        ))
+                    })
+                    .collect();
+                let _ = reply.send(Ok(SchedulerResponse::NodeReports(reports)));
+            }
             SchedulerRequest::Place { requests } => self.place(requests, reply),
             SchedulerRequest::Release {
                 node,

@@ -107,13 +107,15 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         .unwrap();
     let started = Instant::now();
     let timeout = config.scheduler.node_timeout();
+    let usage = ResourceUsage {
+        cpu_millis: 1500,
+        heap_bytes: 1 << 20,
+        object_store_bytes: 7,
+    };
     let mut deaths = Vec::new();
     while deaths.is_empty() {
         assert_eq!(
-            client
-                .heartbeat(chatty, ResourceUsage::default())
-                .await
-                .unwrap(),
+            client.heartbeat(chatty, usage).await.unwrap(),
             HeartbeatReply::Accepted
         );
         deaths = client
@@ -131,6 +133,11 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     );
     // Not before the timeout (it started counting at registration, before `started`).
     assert!(started.elapsed() >= timeout - Duration::from_millis(100));
+    // The leader keeps the last report of the node that heartbeats, and nothing of the other.
+    let reports = client.node_reports().await.unwrap();
+    assert_eq!(reports.keys().copied().collect::<Vec<_>>(), [chatty]);
+    assert_eq!(reports[&chatty].usage, usage);
+    assert!(reports[&chatty].age_ms < 2 * config.scheduler.heartbeat_interval_ms);
     assert_eq!(
         client
             .heartbeat(quiet, ResourceUsage::default())
