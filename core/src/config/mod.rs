@@ -157,17 +157,46 @@ impl SchedulerConfig {
     }
 }
 
-/// `[node]`: a node agent's ports. Port 0 asks the OS for a free port.
+/// `[node]`: a node agent's port, worker processes, object transfer and memory monitor. Port 0
+/// asks the OS for a free port.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
     /// Object transfer and actor messages between nodes. Default 7800.
     pub rpc_port: u16,
+    /// `floe worker` processes the agent keeps running; 0 means one per CPU. Default 0.
+    pub workers: u32,
+    /// Share of host memory in use past which the memory monitor kills the newest task's
+    /// worker, in (0, 1]. Default 0.95.
+    pub memory_monitor_threshold: f64,
+    /// How often the memory monitor reads host memory. Default 250.
+    pub memory_monitor_interval_ms: u64,
+    /// Bytes per request when pulling an object from another node. Default 5MiB.
+    pub transfer_chunk: ByteSize,
+    /// Bytes of chunk requests one pull keeps in flight; at least one chunk. Default 20MiB.
+    pub transfer_max_in_flight: ByteSize,
+    /// Objects up to this size travel inline in one message instead of in chunks. Default
+    /// 100KiB.
+    pub transfer_inline_max: ByteSize,
 }
 
 impl Default for NodeConfig {
     fn default() -> Self {
-        Self { rpc_port: 7800 }
+        Self {
+            rpc_port: 7800,
+            workers: 0,
+            memory_monitor_threshold: 0.95,
+            memory_monitor_interval_ms: 250,
+            transfer_chunk: ByteSize::mib(5),
+            transfer_max_in_flight: ByteSize::mib(20),
+            transfer_inline_max: ByteSize::kib(100),
+        }
+    }
+}
+
+impl NodeConfig {
+    pub fn memory_monitor_interval(&self) -> Duration {
+        Duration::from_millis(self.memory_monitor_interval_ms)
     }
 }
 
@@ -620,6 +649,51 @@ impl Config {
     }
 
     /// Checks everything that does not need the machine.
+    fn validate_node(&self) -> Result<(), ConfigError> {
+        let node = &self.node;
+        let threshold = node.memory_monitor_threshold;
+        if !(threshold.is_finite() && threshold > 0.0 && threshold <= 1.0) {
+            return Err(ConfigError::Invalid {
+                key: "node.memory_monitor_threshold",
+                reason: format!("{threshold} is not a share of host memory in (0, 1]"),
+            });
+        }
+        if node.memory_monitor_interval_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "node.memory_monitor_interval_ms",
+                reason: "must be at least 1".into(),
+            });
+        }
+        // A chunk larger than net.max_frame allows is cut down to fit by the agent, so the two
+        // settings need not be changed together.
+        let chunk = node.transfer_chunk;
+        if chunk.bytes() == 0 {
+            return Err(ConfigError::Invalid {
+                key: "node.transfer_chunk",
+                reason: "must be at least 1 byte".into(),
+            });
+        }
+        if node.transfer_max_in_flight < chunk {
+            return Err(ConfigError::Invalid {
+                key: "node.transfer_max_in_flight",
+                reason: format!(
+                    "{} is less than one node.transfer_chunk ({chunk})",
+                    node.transfer_max_in_flight
+                ),
+            });
+        }
+        if node.transfer_inline_max > chunk {
+            return Err(ConfigError::Invalid {
+                key: "node.transfer_inline_max",
+                reason: format!(
+                    "{} is larger than node.transfer_chunk ({chunk})",
+                    node.transfer_inline_max
+                ),
+            });
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let memory = &self.memory;
         check_fraction("memory.object_store_fraction", memory.object_store_fraction)?;
@@ -695,6 +769,7 @@ impl Config {
                 reason: format!("{frame} is outside the supported range 64KiB..=1GiB"),
             });
         }
+        self.validate_node()?;
         let scheduler = &self.scheduler;
         if scheduler.rpc_port != 0 && scheduler.rpc_port == scheduler.http_port {
             return Err(ConfigError::Invalid {

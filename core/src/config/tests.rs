@@ -453,3 +453,49 @@ fn scheduler_timing_defaults_and_validation() {
         "{reason}"
     );
 }
+
+#[test]
+fn node_agent_settings_have_documented_defaults_and_are_validated() {
+    let config = ConfigLoader::new().load().unwrap();
+    assert_eq!(config.node.workers, 0);
+    assert_eq!(config.node.memory_monitor_threshold, 0.95);
+    assert_eq!(config.node.transfer_chunk, ByteSize::mib(5));
+    assert_eq!(config.node.transfer_inline_max, ByteSize::kib(100));
+    for (assignments, key) in [
+        (
+            &["node.memory_monitor_threshold=0"][..],
+            "node.memory_monitor_threshold",
+        ),
+        (
+            &["node.memory_monitor_threshold=1.5"],
+            "node.memory_monitor_threshold",
+        ),
+        (
+            &["node.memory_monitor_interval_ms=0"],
+            "node.memory_monitor_interval_ms",
+        ),
+        (&["node.transfer_chunk=0"], "node.transfer_chunk"),
+        (
+            &["node.transfer_max_in_flight=1MiB"],
+            "node.transfer_max_in_flight",
+        ),
+        (
+            &[
+                "node.transfer_chunk=64KiB",
+                "node.transfer_max_in_flight=64KiB",
+            ],
+            "node.transfer_inline_max",
+        ),
+    ] {
+        assert_eq!(invalid(assignments).0, key, "{assignments:?}");
+    }
+    let config = ConfigLoader::new()
+        .set("node.workers=3")
+        .unwrap()
+        .set("node.memory_monitor_threshold=1")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.node.workers, 3);
+    assert_eq!(config.node.memory_monitor_threshold, 1.0);
+}
