@@ -215,7 +215,12 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
         );
     }
     let detected = silent_since.elapsed();
-    assert!(detected >= timeout, "declared dead after only {detected:?}");
+    // The leader starts the node's clock when it applies the registration, a moment before
+    // this client hears of it.
+    assert!(
+        detected >= timeout - Duration::from_millis(50),
+        "declared dead after only {detected:?}"
+    );
     assert_eq!(deaths.len(), 1);
     assert_eq!(deaths[0].node, quiet);
     let state = client.read_state().await.unwrap();

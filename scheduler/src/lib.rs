@@ -38,6 +38,9 @@ pub enum Error {
         offset: u64,
         reason: String,
     },
+    /// A write that would break the log's shape (a gap, or an overwrite of compacted entries).
+    #[error("raft log invariant broken: {0}")]
+    LogInvariant(String),
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
     #[error("cannot decode a raft {what}: {message}")]
@@ -46,8 +49,8 @@ pub enum Error {
     Wire(#[from] WireError),
     #[error("invalid --peers: {0}")]
     Peers(String),
-    #[error("the replica has stopped")]
-    Stopped,
+    #[error("the raft task panicked: {0}")]
+    RaftTaskPanicked(String),
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
     #[error(transparent)]

@@ -164,7 +164,7 @@ impl Replica {
     pub async fn wait(self) -> Result<()> {
         match self.raft_loop.await {
             Ok(result) => result,
-            Err(error) => Err(Error::NoReplica(format!("the raft loop panicked: {error}"))),
+            Err(error) => Err(Error::RaftTaskPanicked(error.to_string())),
         }
     }
 }

@@ -69,7 +69,7 @@ impl MemoryLog {
     }
 
     /// Appends entries, dropping any suffix they replace. A gap, or an entry the snapshot
-    /// already covers, is a broken invariant of the caller and is reported as corruption.
+    /// already covers, is a broken invariant of the caller and is reported as an error.
     fn append(&mut self, entries: &[Entry]) -> std::result::Result<(), String> {
         let Some(first) = entries.first() else {
             return Ok(());
@@ -130,14 +130,6 @@ impl MemoryLog {
         self.conf_state = snapshot.get_metadata().get_conf_state().clone();
         self.snapshot = snapshot;
         Ok(())
-    }
-}
-
-fn invariant(reason: String) -> Error {
-    Error::Corrupt {
-        path: PathBuf::from("<raft log>"),
-        offset: 0,
-        reason,
     }
 }
 
@@ -203,7 +195,7 @@ impl Storage for MemoryLog {
 
 impl LogStore for MemoryLog {
     fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
-        self.append(entries).map_err(invariant)?;
+        self.append(entries).map_err(Error::LogInvariant)?;
         if let Some(hard_state) = hard_state {
             self.hard_state = hard_state.clone();
         }
@@ -211,11 +203,11 @@ impl LogStore for MemoryLog {
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
-        self.install_snapshot(snapshot).map_err(invariant)
+        self.install_snapshot(snapshot).map_err(Error::LogInvariant)
     }
 
     fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
-        self.compact_to(snapshot).map_err(invariant)
+        self.compact_to(snapshot).map_err(Error::LogInvariant)
     }
 
     fn latest_snapshot(&self) -> &Snapshot {
@@ -239,7 +231,7 @@ fn length_check(len: u32) -> u32 {
 fn encode_record(tag: u8, body: &[u8], out: &mut Vec<u8>) -> Result<()> {
     let payload_len = body.len() + 1;
     let len = u32::try_from(payload_len)
-        .map_err(|_| invariant(format!("a {payload_len}-byte record is too large")))?;
+        .map_err(|_| Error::LogInvariant(format!("a {payload_len}-byte record is too large")))?;
     let start = out.len();
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&length_check(len).to_le_bytes());
@@ -361,7 +353,9 @@ impl DiskLog {
                     });
                 };
                 let snapshot: Snapshot = decode_message(body, "snapshot")?;
-                memory.install_snapshot(snapshot).map_err(invariant)?;
+                memory
+                    .install_snapshot(snapshot)
+                    .map_err(Error::LogInvariant)?;
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(Error::io("reading", &snapshot_path)(error)),
@@ -518,7 +512,9 @@ impl LogStore for DiskLog {
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
         self.write_snapshot_file(&snapshot)?;
-        self.memory.install_snapshot(snapshot).map_err(invariant)?;
+        self.memory
+            .install_snapshot(snapshot)
+            .map_err(Error::LogInvariant)?;
         self.rewrite_wal()
     }
 
@@ -527,7 +523,9 @@ impl LogStore for DiskLog {
             return Ok(());
         }
         self.write_snapshot_file(&snapshot)?;
-        self.memory.compact_to(snapshot).map_err(invariant)?;
+        self.memory
+            .compact_to(snapshot)
+            .map_err(Error::LogInvariant)?;
         self.rewrite_wal()
     }
 
