@@ -41,6 +41,12 @@ pub enum Error {
     /// A write that would break the log's shape (a gap, or an overwrite of compacted entries).
     #[error("raft log invariant broken: {0}")]
     LogInvariant(String),
+    #[error(
+        "{} is in use by another replica (its lock is held); each replica needs its own \
+         paths.data_dir",
+        path.display()
+    )]
+    LogInUse { path: PathBuf },
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
     #[error("cannot decode a raft {what}: {message}")]

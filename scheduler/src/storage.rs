@@ -221,6 +221,7 @@ const TAG_HARD_STATE: u8 = 2;
 const TAG_SNAPSHOT: u8 = 3;
 const WAL_FILE: &str = "wal";
 const SNAPSHOT_FILE: &str = "snapshot";
+const LOCK_FILE: &str = "lock";
 
 fn length_check(len: u32) -> u32 {
     // Truncation is the point: 32 bits of a hash of the length guard the length.
@@ -331,6 +332,9 @@ pub struct DiskLog {
     dir: PathBuf,
     wal: File,
     buffer: Vec<u8>,
+    /// Held while the log is open: two replicas writing one log would corrupt it. The OS
+    /// releases it when the process dies, however it dies.
+    _lock: File,
 }
 
 impl DiskLog {
@@ -338,6 +342,19 @@ impl DiskLog {
     /// a snapshot records one. A torn tail is cut off; corruption anywhere else is an error.
     pub fn open(dir: &Path, voters: Vec<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::create(&lock_path).map_err(Error::io("creating", &lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::LogInUse {
+                    path: dir.to_owned(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(error)) => {
+                return Err(Error::io("locking", &lock_path)(error));
+            }
+        }
         let mut memory = MemoryLog::new(voters);
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         match std::fs::read(&snapshot_path) {
@@ -417,6 +434,7 @@ impl DiskLog {
             dir: dir.to_owned(),
             wal,
             buffer: Vec::new(),
+            _lock: lock,
         })
     }
 

@@ -240,3 +240,15 @@ fn a_damaged_snapshot_file_is_an_error() {
         Err(Error::Corrupt { .. })
     ));
 }
+
+#[test]
+fn a_log_is_opened_by_one_replica_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = DiskLog::open(dir.path(), vec![1]).unwrap();
+    assert!(matches!(
+        DiskLog::open(dir.path(), vec![1]),
+        Err(Error::LogInUse { .. })
+    ));
+    drop(log);
+    DiskLog::open(dir.path(), vec![1]).unwrap();
+}
