@@ -194,6 +194,9 @@ fn performance_only_arguments_do_not_change_the_fingerprint() {
         .performance("batch_size", 512u64)
         .performance("block_size", 1u64 << 27);
     assert_eq!(update(&parent, "map", 1, &tuned).unwrap(), base);
+    // They are still carried for the executor.
+    assert_eq!(tuned.get("batch_size"), Some(&ArgValue::UInt(512)));
+    assert_eq!(tuned.get("absent"), None);
 }
 
 #[test]
