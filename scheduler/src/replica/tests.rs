@@ -245,3 +245,113 @@ fn peers_parse_and_bad_specs_say_why() {
         "{error}"
     );
 }
+
+/// A log whose writes start failing once `fail` is set, as a full or broken disk would.
+struct FailingLog {
+    inner: MemoryLog,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl raft::Storage for FailingLog {
+    fn initial_state(&self) -> raft::Result<raft::RaftState> {
+        self.inner.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: raft::GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.inner.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        self.inner.term(index)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.inner.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.inner.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        self.inner.snapshot(request_index, to)
+    }
+}
+
+impl LogStore for FailingLog {
+    fn persist(
+        &mut self,
+        entries: &[Entry],
+        hard_state: Option<&raft::prelude::HardState>,
+    ) -> Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Io {
+                op: "appending to",
+                path: "wal".into(),
+                source: std::io::Error::other("disk full"),
+            });
+        }
+        self.inner.persist(entries, hard_state)
+    }
+
+    fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.inner.apply_snapshot(snapshot)
+    }
+
+    fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.inner.compact(snapshot)
+    }
+
+    fn latest_snapshot(&self) -> &Snapshot {
+        self.inner.latest_snapshot()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_stops_the_replica_with_the_error() {
+    let config = test_config();
+    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FailingLog {
+        inner: MemoryLog::new(vec![1]),
+        fail: fail.clone(),
+    };
+    let replica = Replica::start(
+        ReplicaConfig::new(&config, 1, peers.clone()).unwrap(),
+        store,
+    )
+    .await
+    .unwrap();
+    let mut client = SchedulerClient::new(
+        peers.values().cloned().collect(),
+        WireConfig::from_config(&config),
+        PeerKind::Client,
+    )
+    .unwrap()
+    .with_retry_for(Duration::from_secs(1));
+    client
+        .propose(Command::SubmitJob { plan: vec![1] })
+        .await
+        .unwrap();
+
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        client
+            .propose(Command::SubmitJob { plan: vec![2] })
+            .await
+            .is_err()
+    );
+    let stopped = tokio::time::timeout(Duration::from_secs(5), replica.wait())
+        .await
+        .expect("the replica stops");
+    assert!(
+        matches!(&stopped, Err(Error::Io { source, .. }) if source.to_string() == "disk full"),
+        "{stopped:?}"
+    );
+}
