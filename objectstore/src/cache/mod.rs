@@ -54,6 +54,12 @@ pub enum CacheError {
         path: PathBuf,
         source: arrow::error::ArrowError,
     },
+    #[error("batch {batch} does not have the shard's schema: expected {expected}, found {found}")]
+    SchemaMismatch {
+        batch: usize,
+        expected: String,
+        found: String,
+    },
     #[error("cannot encode a shard manifest: {0}")]
     Manifest(String),
     #[error(

@@ -99,6 +99,19 @@ pub(crate) struct ShardContents<'a> {
 /// shard's name, so a crash leaves at most a temporary file that lookups ignore. Returns the
 /// file's size.
 pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
+    // The IPC writer does not check this, and a mismatch would make a file that fails to
+    // decode (or decodes wrongly) on every open.
+    if let Some(index) = contents
+        .batches
+        .iter()
+        .position(|batch| batch.schema().fields() != contents.schema.fields())
+    {
+        return Err(CacheError::SchemaMismatch {
+            batch: index,
+            expected: contents.schema.to_string(),
+            found: contents.batches[index].schema().to_string(),
+        });
+    }
     let path = dir.join(contents.name.file_name());
     let io = |action: &'static str, path: &Path| {
         let path = path.to_owned();

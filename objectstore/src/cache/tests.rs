@@ -247,6 +247,27 @@ fn a_torn_write_is_never_a_hit() {
 }
 
 #[test]
+fn a_failed_write_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    let other_schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let error = cache
+        .write_shard(
+            CachePolicy::Reuse,
+            &map(&source(), 2.5),
+            shard(0, 1),
+            &other_schema,
+            &[batch(0, 10)],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, CacheError::SchemaMismatch { batch: 0, .. }),
+        "{error}"
+    );
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn a_replaced_file_is_verified_again() {
     let dir = tempfile::tempdir().unwrap();
     let cache = cache_in(dir.path(), u64::MAX);
