@@ -234,3 +234,35 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
         HeartbeatReply::Rejoin
     );
 }
+
+#[test]
+fn bad_scheduler_arguments_fail_with_the_reason() {
+    let run = |args: &[&str], token: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floe"));
+        command.arg("scheduler").args(args);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("FLOE_") {
+                command.env_remove(name);
+            }
+        }
+        if let Some(token) = token {
+            command.env("FLOE_CLUSTER_TOKEN", token);
+        }
+        let output = command.output().unwrap();
+        assert!(!output.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let peers = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
+    let stderr = run(&["--id", "1", "--peers", peers], None);
+    assert!(stderr.contains("cluster.token is empty"), "{stderr}");
+    let stderr = run(
+        &["--id", "1", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2"],
+        Some("t"),
+    );
+    assert!(stderr.contains("use an odd number"), "{stderr}");
+    let stderr = run(&["--id", "4", "--peers", peers], Some("t"));
+    assert!(
+        stderr.contains("--id 4 is not one of the replicas"),
+        "{stderr}"
+    );
+}
