@@ -1,11 +1,17 @@
 //! floe-objectstore: a node's memory pools and its shared-memory object store.
 //!
 //! - [`MemoryPools`]: how the node's memory splits into object store, system reserve and heap.
-//! - [`ObjectStore`]: immutable objects in one long-lived shared-memory segment, with
-//!   reference counts, pins, spilling to disk past a threshold, transparent restore, and
-//!   disk-backed fallback allocation when memory is full of pinned objects.
+//! - [`ObjectStore`]: immutable objects in one long-lived region of memory, with reference
+//!   counts, pins, spilling to disk past a threshold, transparent restore, and disk-backed
+//!   fallback allocation when memory is full of pinned objects.
+//! - [`Backing`]: what that region is. [`ObjectStore::open`] uses a shared-memory segment (what
+//!   a node runs on); [`ObjectStore::open_with`]`(config, Backing::Heap)` puts the same store
+//!   in the process's heap, for tests that need no /dev/shm and no second process. The store
+//!   reaches its memory through one internal trait, `Region` (base address, length, how a
+//!   reader reaches it), so everything but cross-process reading behaves the same on both.
 //! - [`ObjectView`] / [`StoreClient`]: zero-copy read access, in the store's process or in any
-//!   other process on the host that is given an object's [`ObjectLocation`].
+//!   other process on the host that is given an object's [`ObjectLocation`] (shared-memory
+//!   and fallback-file locations only: heap memory is private to the store's process).
 //! - [`block`]: Arrow record batches as IPC objects, decoded without copying column data.
 //! - [`cache`]: the fingerprint cache: operator outputs as verified shard files, reused by
 //!   fingerprint, with LRU eviction under a size cap and explanations for misses.
@@ -15,6 +21,7 @@ pub mod block;
 pub mod cache;
 mod mapping;
 mod pools;
+mod region;
 mod spill;
 mod store;
 mod view;
@@ -24,6 +31,7 @@ use std::path::PathBuf;
 use floe_core::ObjectId;
 
 pub use pools::MemoryPools;
+pub use region::Backing;
 pub use store::{ObjectStore, ObjectWriter, StoreConfig, StoreStats};
 pub use view::{ObjectLocation, ObjectSource, ObjectView, StoreClient};
 
@@ -58,6 +66,17 @@ pub enum Error {
         name: String,
         action: &'static str,
         reason: String,
+    },
+    #[error("cannot allocate {len} bytes of heap memory for in-memory store {store}")]
+    HeapMemory { store: String, len: u64 },
+    #[error(
+        "object {object} is in the heap memory of in-memory store {store} (process {pid}), which \
+         other processes cannot map; open the store with shared memory to share its objects"
+    )]
+    NotShared {
+        object: ObjectId,
+        store: String,
+        pid: u32,
     },
     #[error("object {object} already exists")]
     AlreadyExists { object: ObjectId },

@@ -1,5 +1,5 @@
-//! Memory that objects live in — a shared-memory segment or a mapped file — and the header
-//! every object carries in it.
+//! The operating-system [`Region`]s objects live in — the store's shared-memory segment and
+//! fallback objects' mapped files — and the header every object carries in its region.
 //!
 //! Each object starts with a 64-byte header naming it, so a process that maps an object from a
 //! location it was given can check it found the object it asked for (and that the object is
@@ -14,7 +14,12 @@ use std::ptr::NonNull;
 use floe_core::ObjectId;
 use shared_memory::{Shmem, ShmemConf};
 
+use crate::region::Region;
+use crate::view::ObjectSource;
 use crate::{Error, Result};
+
+/// Where shared memory lives on Linux; checked for room when a store opens.
+const SHM_DIR: &str = "/dev/shm";
 
 /// Bytes before each object's payload.
 pub const HEADER_LEN: u64 = 64;
@@ -64,68 +69,106 @@ impl Header {
     }
 }
 
-/// A mapped region: a shared-memory segment (created by the store, or opened by a reader) or
-/// a file (a fallback object).
-pub struct Mapping {
+/// A shared-memory segment: the production store's memory (created by the store, unlinked
+/// when it is dropped) or a reader's mapping of it.
+pub struct SharedSegment {
     ptr: NonNull<u8>,
     len: usize,
-    backing: Backing,
+    shmem: Shmem,
 }
 
-enum Backing {
-    Shared(Shmem),
-    /// Created by the store: writable, and the file is removed when the mapping goes.
-    OwnedFile {
-        _map: memmap2::MmapMut,
-        path: PathBuf,
-    },
-    /// Opened by a reader.
-    File {
-        _map: memmap2::Mmap,
-        path: PathBuf,
-    },
-}
-
-// SAFETY: the mapping stays valid at the same address until drop, and `Mapping` hands out only
-// raw pointers; who may write where is decided by the store (a range is written only by the one
-// `ObjectWriter` that allocated it, and read only after it is sealed).
-unsafe impl Send for Mapping {}
+// SAFETY: the mapping stays valid at the same address until drop, and the segment hands out
+// only raw pointers; who may write where is decided by the store (a range is written only by
+// the one `ObjectWriter` that allocated it, and read only after it is sealed).
+unsafe impl Send for SharedSegment {}
 // SAFETY: as above; no method takes `&self` and mutates.
-unsafe impl Sync for Mapping {}
-// A panic cannot leave a `Mapping` half-updated: it has no interior mutability.
-impl std::panic::RefUnwindSafe for Mapping {}
+unsafe impl Sync for SharedSegment {}
+// A panic cannot leave a segment half-updated: it has no interior mutability.
+impl std::panic::RefUnwindSafe for SharedSegment {}
 
-impl std::fmt::Debug for Mapping {
+impl std::fmt::Debug for SharedSegment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mapping")
-            .field("name", &self.name())
+        f.debug_struct("SharedSegment")
+            .field("os_id", &self.shmem.get_os_id())
             .field("len", &self.len)
             .finish()
     }
 }
 
-impl Mapping {
-    /// Creates shared-memory segment `os_id` of `len` bytes; it is unlinked when this mapping
-    /// is dropped.
-    pub fn create_shared(os_id: &str, len: usize) -> Result<Self> {
+// SAFETY: `ptr` is the start of the `len`-byte mapping `shmem` owns, zero-filled by the OS when
+// created, and mapped at that address until `shmem` is dropped with `self`.
+unsafe impl Region for SharedSegment {
+    fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn source(&self) -> ObjectSource {
+        ObjectSource::Segment {
+            os_id: self.shmem.get_os_id().to_owned(),
+        }
+    }
+}
+
+impl SharedSegment {
+    /// Creates the segment of store `name`, `/floe-<name>`, of `len` bytes, after checking
+    /// that /dev/shm has room for it and unlinking a segment of that name left by a dead store
+    /// (store names are unique among live stores on a host). It is unlinked when dropped.
+    pub fn create_for_store(name: &str, len: usize) -> Result<Self> {
+        if let Some(available) = available_space(Path::new(SHM_DIR))
+            && available < len as u64
+        {
+            return Err(Error::SharedMemoryTooSmall {
+                capacity: len as u64,
+                available,
+            });
+        }
+        let os_id = format!("/floe-{name}");
+        if Self::unlink(&os_id)? {
+            tracing::warn!(
+                segment = os_id,
+                "removed a shared-memory segment left by a dead store"
+            );
+        }
         let shmem = ShmemConf::new()
-            .os_id(os_id)
+            .os_id(&os_id)
             .size(len)
             .create()
             .map_err(|error| Error::SharedMemory {
-                name: os_id.to_owned(),
+                name: os_id.clone(),
                 action: "create",
                 reason: error.to_string(),
             })?;
+        Self::new(shmem, &os_id)
+    }
+
+    /// Maps an existing segment created by a store, possibly in another process. Readers only
+    /// read through it (the shared_memory crate always maps read-write).
+    pub fn open(os_id: &str) -> Result<Self> {
+        let shmem = ShmemConf::new()
+            .os_id(os_id)
+            .open()
+            .map_err(|error| Error::SharedMemory {
+                name: os_id.to_owned(),
+                action: "open",
+                reason: error.to_string(),
+            })?;
+        Self::new(shmem, os_id)
+    }
+
+    fn new(shmem: Shmem, os_id: &str) -> Result<Self> {
         Ok(Self {
             ptr: non_null(shmem.as_ptr(), os_id)?,
             len: shmem.len(),
-            backing: Backing::Shared(shmem),
+            shmem,
         })
     }
 
     /// Unlinks segment `os_id` if it exists; returns whether it did.
-    pub fn unlink_shared(os_id: &str) -> Result<bool> {
+    fn unlink(os_id: &str) -> Result<bool> {
         let name = std::ffi::CString::new(os_id).map_err(|_| Error::SharedMemory {
             name: os_id.to_owned(),
             action: "unlink",
@@ -146,29 +189,63 @@ impl Mapping {
             })
         }
     }
+}
 
-    /// Maps an existing segment created by a store, possibly in another process. Readers only
-    /// read through it (the shared_memory crate always maps read-write).
-    pub fn open_shared(os_id: &str) -> Result<Self> {
-        let shmem = ShmemConf::new()
-            .os_id(os_id)
-            .open()
-            .map_err(|error| Error::SharedMemory {
-                name: os_id.to_owned(),
-                action: "open",
-                reason: error.to_string(),
-            })?;
-        Ok(Self {
-            ptr: non_null(shmem.as_ptr(), os_id)?,
-            len: shmem.len(),
-            backing: Backing::Shared(shmem),
-        })
+/// A mapped file holding one disk-backed fallback object.
+pub struct FileMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    path: PathBuf,
+    map: FileMap,
+}
+
+enum FileMap {
+    /// Created by the store: writable, and the file is removed when the mapping goes.
+    Owned { _map: memmap2::MmapMut },
+    /// Opened by a reader.
+    Reader { _map: memmap2::Mmap },
+}
+
+// SAFETY: as for `SharedSegment`: the mapping stays put until drop and only raw pointers are
+// handed out, with writes confined to the object's one writer before it is sealed.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above; no method takes `&self` and mutates.
+unsafe impl Sync for FileMapping {}
+// A panic cannot leave a mapping half-updated: it has no interior mutability.
+impl std::panic::RefUnwindSafe for FileMapping {}
+
+impl std::fmt::Debug for FileMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileMapping")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: `ptr` is the start of the `len`-byte mapping `map` owns, of a file that is created
+// with its blocks reserved (read back as zeroes) and never truncated while it is mapped.
+unsafe impl Region for FileMapping {
+    fn base(&self) -> NonNull<u8> {
+        self.ptr
     }
 
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn source(&self) -> ObjectSource {
+        ObjectSource::File {
+            path: self.path.clone(),
+        }
+    }
+}
+
+impl FileMapping {
     /// Creates file `path` of `len` bytes with its blocks reserved up front, and maps it. The
     /// reservation turns a full disk into an error here; a sparse file would instead fault
     /// (SIGBUS) on the first write that finds no free block.
-    pub fn create_file(path: &Path, len: u64) -> Result<Self> {
+    pub fn create(path: &Path, len: u64) -> Result<Self> {
         let io = |action: &'static str| {
             move |source: std::io::Error| Error::Io {
                 action,
@@ -201,15 +278,13 @@ impl Mapping {
         Ok(Self {
             ptr: non_null(map.as_mut_ptr(), &path.display().to_string())?,
             len: map.len(),
-            backing: Backing::OwnedFile {
-                _map: map,
-                path: path.to_owned(),
-            },
+            path: path.to_owned(),
+            map: FileMap::Owned { _map: map },
         })
     }
 
     /// Maps a fallback object's file read-only.
-    pub fn open_file(path: &Path) -> Result<Self> {
+    pub fn open(path: &Path) -> Result<Self> {
         let io = |action: &'static str| {
             move |source: std::io::Error| Error::Io {
                 action,
@@ -224,81 +299,18 @@ impl Mapping {
         Ok(Self {
             ptr: non_null(map.as_ptr().cast_mut(), &path.display().to_string())?,
             len: map.len(),
-            backing: Backing::File {
-                _map: map,
-                path: path.to_owned(),
-            },
+            path: path.to_owned(),
+            map: FileMap::Reader { _map: map },
         })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn base(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// Where the payload of the object whose header is at `header_offset` starts.
-    ///
-    /// # Safety
-    /// `header_offset + HEADER_LEN` must lie inside the mapping.
-    pub unsafe fn payload(&self, header_offset: u64) -> NonNull<u8> {
-        // SAFETY: in bounds by the caller's promise, so the result is non-null as well.
-        unsafe { self.ptr.add((header_offset + HEADER_LEN) as usize) }
-    }
-
-    /// The shared-memory os id or the file path, as a reader would open it.
-    pub fn name(&self) -> String {
-        match &self.backing {
-            Backing::Shared(shmem) => shmem.get_os_id().to_owned(),
-            Backing::OwnedFile { path, .. } | Backing::File { path, .. } => {
-                path.display().to_string()
-            }
-        }
-    }
-
-    /// Reads the header at `offset`, if the range lies inside the mapping.
-    pub fn header_at(&self, offset: u64) -> Option<Header> {
-        let end = offset.checked_add(HEADER_LEN)?;
-        if end > self.len as u64 {
-            return None;
-        }
-        let mut bytes = [0u8; HEADER_LEN as usize];
-        // SAFETY: the range is inside the mapping (checked above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset as usize),
-                bytes.as_mut_ptr(),
-                bytes.len(),
-            );
-        }
-        Header::decode(&bytes)
-    }
-
-    /// Writes `header` at `offset`.
-    ///
-    /// # Safety
-    /// `offset..offset + HEADER_LEN` must be inside the mapping and owned by the caller.
-    pub unsafe fn write_header(&self, offset: u64, header: &Header) {
-        let bytes = header.encode();
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.ptr.as_ptr().add(offset as usize),
-                bytes.len(),
-            );
-        }
     }
 }
 
-impl Drop for Mapping {
+impl Drop for FileMapping {
     fn drop(&mut self) {
-        if let Backing::OwnedFile { path, .. } = &self.backing
-            && let Err(error) = std::fs::remove_file(path)
+        if let FileMap::Owned { .. } = &self.map
+            && let Err(error) = std::fs::remove_file(&self.path)
         {
-            tracing::warn!(path = %path.display(), %error, "cannot remove a fallback file");
+            tracing::warn!(path = %self.path.display(), %error, "cannot remove a fallback file");
         }
     }
 }

@@ -1,23 +1,23 @@
 //! The object store of one node.
 //!
-//! All objects live in one shared-memory segment of the store's capacity, created when the
-//! store opens and kept for its lifetime: objects are ranges of it handed out by an
-//! [`Allocator`], so a new object reuses pages an old one already touched instead of faulting
-//! in fresh memory. An object is created, written through an [`ObjectWriter`], and sealed;
-//! from then on it is immutable, and any process on the host can map it from its
-//! [`ObjectLocation`].
+//! All objects live in one region of memory of the store's capacity, created when the store
+//! opens and kept for its lifetime: a shared-memory segment, or heap memory for tests
+//! ([`Backing`]). Objects are ranges of it handed out by an [`Allocator`], so a new object
+//! reuses pages an old one already touched instead of faulting in fresh memory. An object is
+//! created, written through an [`ObjectWriter`], and sealed; from then on it is immutable, and
+//! (in shared memory) any process on the host can map it from its [`ObjectLocation`].
 //!
 //! Lifetime: an object has reference counts (held by its owner, normally the job driver;
 //! [`ObjectStore::add_ref`]/[`ObjectStore::remove_ref`]) and pins (one per live
 //! [`ObjectView`]). It is freed once it has no references left, or was
 //! [deleted](ObjectStore::delete), and no view pins it.
 //!
-//! Memory pressure: before an allocation would take the segment past `spill_threshold`, the
-//! least recently used sealed, unpinned objects are written to spill files (fused until a file
-//! holds `min_spilling_size`) and their memory is freed; a later [`ObjectStore::get`] restores
-//! them. When nothing can be spilled — everything is pinned or being written — the object is
-//! created in a mapped file in the fallback directory instead, and only if that fails too does
-//! creation fail with [`Error::ObjectStoreFull`].
+//! Memory pressure: before an allocation would take the store's memory past
+//! `spill_threshold`, the least recently used sealed, unpinned objects are written to spill
+//! files (fused until a file holds `min_spilling_size`) and their memory is freed; a later
+//! [`ObjectStore::get`] restores them. When nothing can be spilled — everything is pinned or
+//! being written — the object is created in a mapped file in the fallback directory instead,
+//! and only if that fails too does creation fail with [`Error::ObjectStoreFull`].
 //!
 //! Spilling runs on the thread that needs the memory, without the store's lock held during
 //! disk I/O, so a producer that outruns the disk is slowed down rather than failing.
@@ -31,14 +31,12 @@ use floe_core::{Config, ObjectId};
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::{Allocator, aligned};
-use crate::mapping::{HEADER_LEN, Header, Mapping, available_space};
+use crate::mapping::{FileMapping, HEADER_LEN, Header, available_space};
 use crate::pools::MemoryPools;
+use crate::region::{Backing, Region};
 use crate::spill::{SpillSlot, write_spill_file};
 use crate::view::{ObjectLocation, ObjectSource, ObjectView};
 use crate::{Error, Result};
-
-/// Where shared memory lives on Linux; checked for room when a store opens.
-const SHM_DIR: &str = "/dev/shm";
 
 /// What an [`ObjectStore`] needs to open.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +44,7 @@ pub struct StoreConfig {
     /// Names the shared-memory segment (`/floe-<name>`) and the store's spill and fallback
     /// files; unique among the stores on one host. ASCII letters, digits, `-`, `_` and `.`.
     pub name: String,
-    /// Bytes of shared memory, headers included.
+    /// Bytes of memory for objects, headers included.
     pub capacity: u64,
     /// Share of `capacity` past which objects are spilled, in (0, 1].
     pub spill_threshold: f64,
@@ -74,7 +72,7 @@ impl StoreConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreStats {
     pub capacity: u64,
-    /// Shared memory allocated to objects, headers included.
+    /// Memory allocated to objects, headers included.
     pub used: u64,
     pub objects_in_memory: u64,
     /// Bytes and objects whose copy is in a spill file now (an object restored to memory keeps
@@ -89,7 +87,8 @@ pub struct StoreStats {
     pub fallback_objects: u64,
 }
 
-/// A node's shared-memory object store. Cheap to clone; all clones are the same store.
+/// A node's object store, in shared memory (or heap memory, for tests). Cheap to clone; all
+/// clones are the same store.
 #[derive(Clone, Debug)]
 pub struct ObjectStore {
     inner: Arc<Inner>,
@@ -98,7 +97,8 @@ pub struct ObjectStore {
 #[derive(Debug)]
 pub(crate) struct Inner {
     config: StoreConfig,
-    segment: Arc<Mapping>,
+    /// Where objects live unless they are spilled or in fallback files.
+    memory: Arc<dyn Region>,
     state: Mutex<State>,
     /// Signalled whenever a spill or restore finishes.
     io_finished: Condvar,
@@ -120,9 +120,9 @@ struct State {
 struct Entry {
     size: u64,
     sealed: bool,
-    /// Header offset in the segment.
+    /// Header offset in the store's memory.
     memory: Option<u64>,
-    fallback: Option<Arc<Mapping>>,
+    fallback: Option<Arc<FileMapping>>,
     spilled: Option<SpillSlot>,
     refs: u64,
     pins: u64,
@@ -140,10 +140,10 @@ enum Io {
 /// Where a new or restored object's bytes go.
 enum Placement {
     Memory(u64),
-    Fallback(Arc<Mapping>),
+    Fallback(Arc<FileMapping>),
 }
 
-/// Bytes an object of `size` takes in the segment.
+/// Bytes an object of `size` takes in the store's memory.
 fn region_len(object: ObjectId, size: u64) -> Result<u64> {
     aligned(size)
         .and_then(|payload| payload.checked_add(HEADER_LEN))
@@ -157,8 +157,15 @@ fn region_len(object: ObjectId, size: u64) -> Result<u64> {
 }
 
 impl ObjectStore {
-    /// Creates the store's segment (`/floe-<name>`) and its spill and fallback directories.
+    /// Creates the store's shared-memory segment (`/floe-<name>`) and its spill and fallback
+    /// directories.
     pub fn open(config: StoreConfig) -> Result<Self> {
+        Self::open_with(config, Backing::SharedMemory)
+    }
+
+    /// Opens the store with its memory in `backing`: [`Backing::Heap`] gives a store that
+    /// behaves the same in its own process but cannot be read from others.
+    pub fn open_with(config: StoreConfig, backing: Backing) -> Result<Self> {
         let name_ok = !config.name.is_empty()
             && config.name.len() <= 200
             && config
@@ -176,14 +183,6 @@ impl ObjectStore {
                 capacity: config.capacity,
             });
         }
-        if let Some(available) = available_space(std::path::Path::new(SHM_DIR))
-            && available < allocator.capacity()
-        {
-            return Err(Error::SharedMemoryTooSmall {
-                capacity: allocator.capacity(),
-                available,
-            });
-        }
         for dir in [&config.spill_dir, &config.fallback_dir] {
             std::fs::create_dir_all(dir).map_err(|source| Error::Io {
                 action: "create a directory",
@@ -195,13 +194,12 @@ impl ObjectStore {
             usize::try_from(allocator.capacity()).map_err(|_| Error::CapacityTooSmall {
                 capacity: config.capacity,
             })?;
-        let os_id = format!("/floe-{}", config.name);
-        remove_leftovers(&config, &os_id)?;
-        let segment = Mapping::create_shared(&os_id, capacity)?;
+        remove_leftovers(&config)?;
+        let memory = backing.create(&config.name, capacity)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
-                segment: Arc::new(segment),
+                memory,
                 state: Mutex::new(State {
                     allocator,
                     objects: HashMap::new(),
@@ -220,9 +218,13 @@ impl ObjectStore {
         &self.inner.config
     }
 
-    /// The shared-memory segment's os id, which readers in other processes open.
-    pub fn segment_name(&self) -> String {
-        self.inner.segment.name()
+    /// The shared-memory segment's os id, which readers in other processes open; `None` for a
+    /// store in heap memory.
+    pub fn segment_name(&self) -> Option<String> {
+        match self.inner.memory.source() {
+            ObjectSource::Segment { os_id } => Some(os_id),
+            ObjectSource::File { .. } | ObjectSource::Heap { .. } => None,
+        }
     }
 
     /// Starts a new object of `size` bytes with one reference. Its bytes are written through
@@ -257,18 +259,18 @@ impl ObjectStore {
                 return Err(error);
             }
         };
-        let (base, header_offset, mapping) = match placement {
+        let (header_offset, region): (u64, Arc<dyn Region>) = match placement {
             Placement::Memory(offset) => {
                 if let Some(entry) = state.objects.get_mut(&object) {
                     entry.memory = Some(offset);
                 }
-                (inner.segment.base(), offset, Arc::clone(&inner.segment))
+                (offset, Arc::clone(&inner.memory))
             }
             Placement::Fallback(mapping) => {
                 if let Some(entry) = state.objects.get_mut(&object) {
                     entry.fallback = Some(Arc::clone(&mapping));
                 }
-                (mapping.base(), 0, mapping)
+                (0, mapping)
             }
         };
         drop(state);
@@ -279,17 +281,17 @@ impl ObjectStore {
             checksum: 0,
         };
         // SAFETY: the range was just allocated to this object and nobody else writes it.
-        unsafe { mapping.write_header(header_offset, &header) };
-        // SAFETY: `header_offset + HEADER_LEN + size` lies inside the mapping (the range was
-        // sized by `region_len`), and the pointer is non-null since it comes from a mapping.
-        let payload = unsafe { base.add((header_offset + HEADER_LEN) as usize) };
+        unsafe { region.write_header(header_offset, &header) };
+        // SAFETY: `header_offset + HEADER_LEN + size` lies inside the region (the range was
+        // sized by `region_len`).
+        let payload = unsafe { region.payload(header_offset) }.as_ptr();
         Ok(ObjectWriter {
             inner: Arc::clone(inner),
             object,
             payload,
             size: size as usize,
             header_offset,
-            mapping,
+            region,
             sealed: false,
         })
     }
@@ -435,16 +437,10 @@ impl ObjectStore {
     }
 }
 
-/// Removes what a previous store of the same name left when its process died: its segment,
-/// spill files and fallback files. Store names are unique among live stores on a host, so
-/// anything under this name belongs to a dead one.
-fn remove_leftovers(config: &StoreConfig, os_id: &str) -> Result<()> {
-    if Mapping::unlink_shared(os_id)? {
-        tracing::warn!(
-            segment = os_id,
-            "removed a shared-memory segment left by a dead store"
-        );
-    }
+/// Removes the spill and fallback files a previous store of the same name left when its
+/// process died (a shared-memory backing also removes its segment). Store names are unique
+/// among live stores on a host, so anything under this name belongs to a dead one.
+fn remove_leftovers(config: &StoreConfig) -> Result<()> {
     let prefix = format!("{}-", config.name);
     let leftovers = [
         (&config.spill_dir, ".spill"),
@@ -548,36 +544,26 @@ impl Inner {
         object: ObjectId,
         size: u64,
         header_offset: u64,
-        fallback: Option<Arc<Mapping>>,
+        fallback: Option<Arc<FileMapping>>,
     ) -> ObjectView {
+        let region: Arc<dyn Region> = match &fallback {
+            Some(mapping) => Arc::clone(mapping) as _,
+            None => Arc::clone(&self.memory),
+        };
         let pin = Arc::new(Pin {
             inner: Arc::clone(self),
             object,
-            _fallback: fallback.clone(),
+            _fallback: fallback,
         });
-        let (mapping, source) = match fallback {
-            Some(mapping) => {
-                let source = ObjectSource::File {
-                    path: PathBuf::from(mapping.name()),
-                };
-                (mapping, source)
-            }
-            None => (
-                Arc::clone(&self.segment),
-                ObjectSource::Segment {
-                    os_id: self.segment.name(),
-                },
-            ),
-        };
         let location = ObjectLocation {
             object,
-            source,
+            source: region.source(),
             offset: header_offset,
             len: size,
         };
         // SAFETY: the object is sealed and pinned by `pin`, so its range stays allocated and
         // unchanged for as long as the view (which owns `pin`) lives.
-        unsafe { ObjectView::new(location, &mapping, pin) }
+        unsafe { ObjectView::new(location, region.as_ref(), pin) }
     }
 
     /// Finds room for `need` bytes of a new or restored object: memory, after spilling what it
@@ -595,7 +581,7 @@ impl Inner {
         let capacity = state.allocator.capacity();
         let threshold = (capacity as f64 * self.config.spill_threshold) as u64;
         let mut spill_error = None;
-        // An object larger than the segment can only go to a fallback file.
+        // An object larger than the store's memory can only go to a fallback file.
         if need <= capacity {
             loop {
                 let over = (state.allocator.used() + need).saturating_sub(threshold);
@@ -637,7 +623,7 @@ impl Inner {
             .config
             .fallback_dir
             .join(format!("{}-{object}.object", self.config.name));
-        let created = Mapping::create_file(&path, need);
+        let created = FileMapping::create(&path, need);
         let state = self.lock();
         let placement = match created {
             Ok(mapping) => Ok(Placement::Fallback(Arc::new(mapping))),
@@ -708,7 +694,7 @@ impl Inner {
             .config
             .spill_dir
             .join(format!("{}-{number:06}.spill", self.config.name));
-        let base = self.segment.base();
+        let base = self.memory.base().as_ptr();
         let payloads: Vec<(ObjectId, &[u8])> = batch
             .iter()
             .map(|&(object, offset, size)| {
@@ -777,17 +763,14 @@ impl Inner {
             }
         };
         drop(state);
-        let (mapping, header_offset) = match &placement {
-            Placement::Memory(offset) => (Arc::clone(&self.segment), *offset),
-            Placement::Fallback(mapping) => (Arc::clone(mapping), 0),
+        let (region, header_offset): (Arc<dyn Region>, u64) = match &placement {
+            Placement::Memory(offset) => (Arc::clone(&self.memory), *offset),
+            Placement::Fallback(mapping) => (Arc::clone(mapping) as _, 0),
         };
         // SAFETY: the range was just allocated for this restore and nobody else can reach it
         // until the entry points at it below.
         let destination = unsafe {
-            std::slice::from_raw_parts_mut(
-                mapping.base().add((header_offset + HEADER_LEN) as usize),
-                size as usize,
-            )
+            std::slice::from_raw_parts_mut(region.payload(header_offset).as_ptr(), size as usize)
         };
         let restored = slot.restore_into(object, destination);
         let mut state = self.lock();
@@ -807,7 +790,7 @@ impl Inner {
             checksum: 0,
         };
         // SAFETY: as for `destination`.
-        unsafe { mapping.write_header(header_offset, &header) };
+        unsafe { region.write_header(header_offset, &header) };
         state.restored_bytes_total += size;
         let tick = state.tick();
         let mut fallback = None;
@@ -854,7 +837,7 @@ impl Inner {
 pub(crate) struct Pin {
     inner: Arc<Inner>,
     object: ObjectId,
-    _fallback: Option<Arc<Mapping>>,
+    _fallback: Option<Arc<FileMapping>>,
 }
 
 impl Drop for Pin {
@@ -872,7 +855,7 @@ pub struct ObjectWriter {
     payload: *mut u8,
     size: usize,
     header_offset: u64,
-    mapping: Arc<Mapping>,
+    region: Arc<dyn Region>,
     sealed: bool,
 }
 
@@ -887,8 +870,8 @@ impl ObjectWriter {
 
     /// The object's bytes, to fill in before sealing. They start 64-byte aligned.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: the range is allocated to this object, inside a live mapping (held by
-        // `self.mapping`), and this writer is its only handle until sealed.
+        // SAFETY: the range is allocated to this object, inside a live region (held by
+        // `self.region`), and this writer is its only handle until sealed.
         unsafe { std::slice::from_raw_parts_mut(self.payload, self.size) }
     }
 
@@ -901,7 +884,7 @@ impl ObjectWriter {
             checksum: 0,
         };
         // SAFETY: the header range belongs to this object and only this writer writes it.
-        unsafe { self.mapping.write_header(self.header_offset, &header) };
+        unsafe { self.region.write_header(self.header_offset, &header) };
         let mut state = self.inner.lock();
         let tick = state.tick();
         let entry = state.live_entry(self.object)?;
@@ -965,14 +948,16 @@ mod tests {
             spill_dir: dir.path().join("spill"),
             fallback_dir: dir.path().join("fallback"),
         };
-        for name in ["", "a/b", "with space", &"x".repeat(201)] {
-            let error = ObjectStore::open(config(name, 1 << 20)).unwrap_err();
-            assert!(matches!(error, Error::InvalidStoreName { .. }), "{error}");
+        for backing in [Backing::SharedMemory, Backing::Heap] {
+            for name in ["", "a/b", "with space", &"x".repeat(201)] {
+                let error = ObjectStore::open_with(config(name, 1 << 20), backing).unwrap_err();
+                assert!(matches!(error, Error::InvalidStoreName { .. }), "{error}");
+            }
+            let error = ObjectStore::open_with(config("tiny", 100), backing).unwrap_err();
+            assert!(
+                matches!(error, Error::CapacityTooSmall { capacity: 100 }),
+                "{error}"
+            );
         }
-        let error = ObjectStore::open(config("tiny", 100)).unwrap_err();
-        assert!(
-            matches!(error, Error::CapacityTooSmall { capacity: 100 }),
-            "{error}"
-        );
     }
 }

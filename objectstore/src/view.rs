@@ -4,7 +4,8 @@
 //! The store hands out an [`ObjectLocation`] with every view; the node sends it to a worker
 //! (which holds the view, and so the pin, on the worker's behalf), and the worker's
 //! [`StoreClient`] maps the segment or file by name and checks the object header there before
-//! exposing a byte.
+//! exposing a byte. Objects of a heap-backed store ([`Backing::Heap`](crate::Backing)) live in
+//! the store process's private memory, so their locations are refused.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ use arrow::buffer::Buffer;
 use floe_core::ObjectId;
 use serde::{Deserialize, Serialize};
 
-use crate::mapping::{HEADER_LEN, Mapping};
+use crate::mapping::{FileMapping, HEADER_LEN, SharedSegment};
+use crate::region::Region;
 use crate::{Error, Result};
 
 /// Where a sealed object's bytes are, as another process on the host can open them.
@@ -35,6 +37,9 @@ pub enum ObjectSource {
     Segment { os_id: String },
     /// A disk-backed fallback object.
     File { path: PathBuf },
+    /// The heap memory of in-memory store `store` in process `pid`
+    /// ([`Backing::Heap`](crate::Backing)), which no other process can map.
+    Heap { store: String, pid: u32 },
 }
 
 /// Read-only bytes of a sealed object, mapped in place. Cloning is cheap; the object stays
@@ -64,15 +69,15 @@ impl std::fmt::Debug for ObjectView {
 
 impl ObjectView {
     /// # Safety
-    /// `location` must describe a sealed object inside `mapping`, and `owner` must keep that
+    /// `location` must describe a sealed object inside `region`, and `owner` must keep that
     /// range mapped and unchanged for as long as it lives.
     pub(crate) unsafe fn new(
         location: ObjectLocation,
-        mapping: &Mapping,
+        region: &dyn Region,
         owner: Arc<dyn arrow::alloc::Allocation>,
     ) -> Self {
-        // SAFETY: the object, header included, lies inside the mapping (the caller's promise).
-        let ptr = unsafe { mapping.payload(location.offset) };
+        // SAFETY: the object, header included, lies inside the region (the caller's promise).
+        let ptr = unsafe { region.payload(location.offset) };
         Self {
             len: location.len as usize,
             location,
@@ -114,7 +119,7 @@ impl ObjectView {
 /// are cached, so opening many objects of one store maps its segment once.
 #[derive(Debug, Default)]
 pub struct StoreClient {
-    segments: Mutex<HashMap<String, Arc<Mapping>>>,
+    segments: Mutex<HashMap<String, Arc<SharedSegment>>>,
 }
 
 impl StoreClient {
@@ -125,23 +130,32 @@ impl StoreClient {
     /// A view of the object at `location`, after checking that the header there names this
     /// object, with this length, sealed. The caller must hold a pin on the object in the
     /// store (the node holds one per worker request) for as long as it uses the view.
+    ///
+    /// A location in a heap-backed store's memory is refused with [`Error::NotShared`].
     pub fn open(&self, location: &ObjectLocation) -> Result<ObjectView> {
-        let mapping = match &location.source {
+        let region: Arc<dyn Region> = match &location.source {
             ObjectSource::Segment { os_id } => {
                 let mut segments = self
                     .segments
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 match segments.get(os_id) {
-                    Some(mapping) => Arc::clone(mapping),
+                    Some(segment) => Arc::clone(segment) as _,
                     None => {
-                        let mapping = Arc::new(Mapping::open_shared(os_id)?);
-                        segments.insert(os_id.clone(), Arc::clone(&mapping));
-                        mapping
+                        let segment = Arc::new(SharedSegment::open(os_id)?);
+                        segments.insert(os_id.clone(), Arc::clone(&segment));
+                        segment
                     }
                 }
             }
-            ObjectSource::File { path } => Arc::new(Mapping::open_file(path)?),
+            ObjectSource::File { path } => Arc::new(FileMapping::open(path)?),
+            ObjectSource::Heap { store, pid } => {
+                return Err(Error::NotShared {
+                    object: location.object,
+                    store: store.clone(),
+                    pid: *pid,
+                });
+            }
         };
         let stale = |reason: String| Error::StaleLocation {
             object: location.object,
@@ -152,14 +166,14 @@ impl StoreClient {
             .checked_add(HEADER_LEN)
             .and_then(|start| start.checked_add(location.len))
             .ok_or_else(|| stale("offset and length overflow".into()))?;
-        if end > mapping.len() as u64 {
+        if end > region.len() as u64 {
             return Err(stale(format!(
                 "bytes {}..{end} lie outside the {}-byte mapping",
                 location.offset,
-                mapping.len()
+                region.len()
             )));
         }
-        match mapping.header_at(location.offset) {
+        match region.header_at(location.offset) {
             Some(header)
                 if header.object == location.object
                     && header.len == location.len
@@ -172,9 +186,9 @@ impl StoreClient {
             }
             None => return Err(stale("no object header at that offset".into())),
         }
-        let owner: Arc<dyn arrow::alloc::Allocation> = Arc::clone(&mapping) as _;
+        let owner: Arc<dyn arrow::alloc::Allocation> = Arc::clone(&region) as _;
         // SAFETY: the header check shows a sealed object of this length in range; the caller's
         // pin keeps it there, and `owner` keeps the mapping alive.
-        Ok(unsafe { ObjectView::new(location.clone(), &mapping, owner) })
+        Ok(unsafe { ObjectView::new(location.clone(), region.as_ref(), owner) })
     }
 }

@@ -158,7 +158,7 @@ fn errors_name_the_object() {
 fn dropping_the_store_unlinks_its_segment_and_removes_its_files() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(dir.path(), MIB, 256 * KIB);
-    let segment = shm_path(&store);
+    let segment = shm_path(&store).unwrap();
     assert!(segment.exists());
     for n in 0..8 {
         store.put(id(n), &contents(id(n), 200 * KIB)).unwrap();

@@ -51,7 +51,9 @@ pub fn files_in(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The store's segment as it appears on the host.
-pub fn shm_path(store: &ObjectStore) -> PathBuf {
-    PathBuf::from(format!("/dev/shm{}", store.segment_name()))
+/// The store's segment as it appears on the host; `None` for a store in heap memory.
+pub fn shm_path(store: &ObjectStore) -> Option<PathBuf> {
+    store
+        .segment_name()
+        .map(|os_id| PathBuf::from(format!("/dev/shm{os_id}")))
 }
