@@ -441,14 +441,15 @@ impl Cache {
             },
         )?;
         bump(&self.counters.bytes_written, bytes);
-        self.evict_to_cap(Some(name))?;
+        self.evict_to_cap(Some(name.fingerprint))?;
         Ok(WriteOutcome::Written { bytes })
     }
 
     /// Removes least recently used shards until the directory is within the cap, skipping
-    /// shards this process has open and `keep`. If only those are left, the cap is exceeded
-    /// rather than pulling data from under a reader.
-    pub fn evict_to_cap(&self, keep: Option<ShardName>) -> Result<Removed> {
+    /// shards this process has open and the shards of `writing` (an output being written
+    /// shard by shard must not lose its first shards to its last). If only those are left,
+    /// the cap is exceeded rather than pulling data from under a reader.
+    pub fn evict_to_cap(&self, writing: Option<Fingerprint>) -> Result<Removed> {
         let _one_at_a_time = self.eviction.lock().unwrap_or_else(PoisonError::into_inner);
         let mut shards = self.shards()?;
         let mut total: u64 = shards.iter().map(|shard| shard.bytes).sum();
@@ -462,7 +463,7 @@ impl Cache {
             if total <= cap {
                 break;
             }
-            if Some(shard.name) == keep || self.pins.is_pinned(&shard.name) {
+            if Some(shard.name.fingerprint) == writing || self.pins.is_pinned(&shard.name) {
                 continue;
             }
             if self.remove(&shard)? {

@@ -501,6 +501,48 @@ fn eviction_keeps_the_cache_under_its_cap_and_spares_open_shards() {
 }
 
 #[test]
+fn an_output_being_written_does_not_evict_its_own_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = tempfile::tempdir().unwrap();
+    let one = write(
+        &cache_in(probe.path(), u64::MAX),
+        &map(&source(), 7.0),
+        shard(0, 4),
+        100,
+    );
+    let cache = cache_in(dir.path(), one * 2 + one / 2);
+    let old = map(&source(), 8.0);
+    write(&cache, &old, shard(0, 4), 100);
+    set_last_used(&cache, &name(&old, shard(0, 4)), 1_000);
+    let output = map(&source(), 9.0);
+    for rank in 0..3 {
+        write(&cache, &output, shard(rank, 4), 100);
+        set_last_used(
+            &cache,
+            &name(&output, shard(rank, 4)),
+            2_000 + u64::from(rank),
+        );
+    }
+    // The older entry went first; then the cap gave way to the output's own shards.
+    let left: Vec<ShardName> = cache.shards().unwrap().iter().map(|s| s.name).collect();
+    assert_eq!(
+        left,
+        (0..3)
+            .map(|rank| name(&output, shard(rank, 4)))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        cache
+            .lookup(output.fingerprint(), 4, CachePolicy::Reuse)
+            .unwrap(),
+        Lookup::PartialHit {
+            count: 4,
+            missing: vec![3]
+        }
+    );
+}
+
+#[test]
 fn a_pinned_cache_exceeds_its_cap_rather_than_evicting() {
     let dir = tempfile::tempdir().unwrap();
     let cache = cache_in(dir.path(), 1);
