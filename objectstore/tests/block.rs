@@ -10,10 +10,16 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
-use common::{MIB, store_in};
+use common::{MIB, on_every_backing, store_in};
 use floe_core::ObjectId;
 use floe_objectstore::block::{read_block, write_block};
-use floe_objectstore::{Error, StoreClient};
+use floe_objectstore::{Backing, Error, StoreClient};
+
+on_every_backing!(
+    decoded_column_buffers_lie_inside_the_mapping,
+    an_empty_block_keeps_its_schema,
+    an_object_that_is_not_a_block_is_an_error_naming_it,
+);
 
 fn sample(rows: i64, offset: i64) -> RecordBatch {
     let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(offset..offset + rows));
@@ -44,10 +50,9 @@ fn buffer_ranges(array: &dyn Array) -> Vec<(usize, usize)> {
     ranges
 }
 
-#[test]
-fn decoded_column_buffers_lie_inside_the_mapping() {
+fn decoded_column_buffers_lie_inside_the_mapping(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 8 * MIB, MIB);
+    let store = store_in(dir.path(), 8 * MIB, MIB, backing);
     let batches = vec![sample(1000, 0), sample(2500, 1000)];
     let schema = batches[0].schema();
     let object = ObjectId::new(1);
@@ -94,7 +99,7 @@ fn decoded_column_buffers_lie_inside_the_mapping() {
 #[test]
 fn a_block_decodes_zero_copy_through_a_client_mapping_too() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let store = store_in(dir.path(), 4 * MIB, MIB, Backing::SharedMemory);
     let batches = vec![sample(300, 0)];
     let object = ObjectId::new(2);
     write_block(&store, object, &batches[0].schema(), &batches).unwrap();
@@ -111,10 +116,9 @@ fn a_block_decodes_zero_copy_through_a_client_mapping_too() {
     assert!(values >= start && values < start + view.len());
 }
 
-#[test]
-fn an_empty_block_keeps_its_schema() {
+fn an_empty_block_keeps_its_schema(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
     let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
     write_block(&store, ObjectId::new(3), &schema, &[]).unwrap();
     let block = read_block(&store.get(ObjectId::new(3)).unwrap()).unwrap();
@@ -122,10 +126,9 @@ fn an_empty_block_keeps_its_schema() {
     assert!(block.batches.is_empty());
 }
 
-#[test]
-fn an_object_that_is_not_a_block_is_an_error_naming_it() {
+fn an_object_that_is_not_a_block_is_an_error_naming_it(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
     let object = ObjectId::new(4);
     store.put(object, b"definitely not arrow").unwrap();
     let error = read_block(&store.get(object).unwrap()).unwrap_err();

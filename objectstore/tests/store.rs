@@ -1,4 +1,5 @@
-//! The store against real shared memory, real files and a real second process.
+//! The store against real shared memory, real files and a real second process. Everything that
+//! does not need a second process also runs on a heap-backed store (`on_every_backing!`).
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -10,9 +11,9 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use common::{KIB, MIB, config_in, contents, files_in, shm_path, store_in};
+use common::{KIB, MIB, config_in, contents, files_in, on_every_backing, shm_path, store_in};
 use floe_core::ObjectId;
-use floe_objectstore::{Error, ObjectLocation, ObjectSource, ObjectStore, StoreClient};
+use floe_objectstore::{Backing, Error, ObjectLocation, ObjectSource, ObjectStore, StoreClient};
 
 const CHILD_ENV: &str = "FLOE_OBJECTSTORE_TEST_LOCATIONS";
 
@@ -20,9 +21,24 @@ fn id(n: u128) -> ObjectId {
     ObjectId::new(0xf10e_0000_0000_0000_0000_0000_0000_0000 | n)
 }
 
-/// As the parent: seal objects (one in shared memory, one in a fallback file) and have a
-/// child process — this test binary again — map them by location and report what it read.
-/// As the child (the variable set): open each location and print its length and checksum.
+on_every_backing!(
+    references_and_pins_decide_when_an_object_is_freed,
+    errors_name_the_object,
+    dropping_the_store_removes_its_segment_and_files,
+    spill_round_trip_of_three_times_the_capacity,
+    a_fused_spill_file_is_removed_when_its_last_object_is_freed,
+    a_corrupt_spill_file_is_an_error_never_wrong_data,
+    a_store_full_of_pinned_objects_falls_back_to_disk,
+    when_fallback_fails_too_the_error_gives_the_sizes,
+    concurrent_writers_and_readers_lose_and_tear_nothing,
+    spilling_on_request_frees_memory_in_lru_order,
+    a_store_reopened_under_a_dead_stores_name_clears_its_leftovers,
+);
+
+/// As the parent: seal objects (one in shared memory, one in a fallback file, one in a heap
+/// store's memory) and have a child process — this test binary again — map them by location
+/// and report what it read. As the child (the variable set): open each location and print its
+/// length and checksum, or why it was refused.
 #[test]
 fn a_child_process_reads_sealed_objects() {
     if let Ok(json) = std::env::var(CHILD_ENV) {
@@ -42,7 +58,7 @@ fn a_child_process_reads_sealed_objects() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 2 * MIB, MIB);
+    let store = store_in(dir.path(), 2 * MIB, MIB, Backing::SharedMemory);
     let (small, large) = (id(1), id(2));
     store.put(small, &contents(small, 300 * KIB)).unwrap();
     let in_memory = store.get(small).unwrap();
@@ -60,10 +76,16 @@ fn a_child_process_reads_sealed_objects() {
     // A stale location (right place, wrong id) must be refused, not read.
     let mut stale = in_memory.location().clone();
     stale.object = id(99);
+    // So must a location in another process's heap.
+    let heap_store = store_in(dir.path(), MIB, MIB, Backing::Heap);
+    let private = id(3);
+    heap_store.put(private, b"private").unwrap();
+    let in_heap = heap_store.get(private).unwrap();
     let locations = vec![
         in_memory.location().clone(),
         on_disk.location().clone(),
         stale,
+        in_heap.location().clone(),
     ];
 
     let output = Command::new(std::env::current_exe().unwrap())
@@ -90,21 +112,29 @@ fn a_child_process_reads_sealed_objects() {
                 xxhash_rust::xxh3::xxh3_64(&contents(object, len))
             )
         })
-        .chain([format!(
-            "refused: location of object {} is stale: found object {small} of {} bytes \
-             (sealed: true) there instead",
-            id(99),
-            300 * KIB
-        )])
+        .chain([
+            format!(
+                "refused: location of object {} is stale: found object {small} of {} bytes \
+                 (sealed: true) there instead",
+                id(99),
+                300 * KIB
+            ),
+            format!(
+                "refused: object {private} is in the heap memory of in-memory store {} \
+                 (process {}), which other processes cannot map; open the store with shared \
+                 memory to share its objects",
+                heap_store.config().name,
+                std::process::id()
+            ),
+        ])
         .collect();
     assert_eq!(reads, expected, "stdout: {stdout}\nstderr: {stderr}");
     assert!(output.status.success(), "{stderr}");
 }
 
-#[test]
-fn references_and_pins_decide_when_an_object_is_freed() {
+fn references_and_pins_decide_when_an_object_is_freed(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 4 * MIB, MIB);
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
     let object = id(1);
     store.put(object, &contents(object, 100 * KIB)).unwrap();
     let used = store.stats().used;
@@ -136,10 +166,9 @@ fn references_and_pins_decide_when_an_object_is_freed() {
     assert_eq!(store.stats().used, 0);
 }
 
-#[test]
-fn errors_name_the_object() {
+fn errors_name_the_object(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), MIB, MIB);
+    let store = store_in(dir.path(), MIB, MIB, backing);
     let object = id(7);
     let missing = store.get(object).unwrap_err().to_string();
     assert_eq!(missing, format!("object {object} not found"));
@@ -154,12 +183,12 @@ fn errors_name_the_object() {
     store.put(object, b"0123456789").unwrap();
 }
 
-#[test]
-fn dropping_the_store_unlinks_its_segment_and_removes_its_files() {
+fn dropping_the_store_removes_its_segment_and_files(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), MIB, 256 * KIB);
-    let segment = shm_path(&store).unwrap();
-    assert!(segment.exists());
+    let store = store_in(dir.path(), MIB, 256 * KIB, backing);
+    let segment = shm_path(&store);
+    assert_eq!(segment.is_some(), backing == Backing::SharedMemory);
+    assert!(segment.as_ref().is_none_or(|segment| segment.exists()));
     for n in 0..8 {
         store.put(id(n), &contents(id(n), 200 * KIB)).unwrap();
     }
@@ -169,15 +198,14 @@ fn dropping_the_store_unlinks_its_segment_and_removes_its_files() {
     // A live view keeps the mapping (and the pin) valid after the last store handle goes.
     assert_eq!(view.as_bytes(), &contents(id(7), 200 * KIB)[..]);
     drop(view);
-    assert!(!segment.exists());
+    assert!(segment.is_none_or(|segment| !segment.exists()));
     assert!(files_in(&dir.path().join("spill")).is_empty());
 }
 
-#[test]
-fn spill_round_trip_of_three_times_the_capacity() {
+fn spill_round_trip_of_three_times_the_capacity(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
     let capacity = 4 * MIB;
-    let store = store_in(dir.path(), capacity, MIB);
+    let store = store_in(dir.path(), capacity, MIB, backing);
     let mut written = BTreeMap::new();
     let mut total = 0;
     let mut n = 0;
@@ -208,12 +236,11 @@ fn spill_round_trip_of_three_times_the_capacity() {
     assert_eq!(stats.fallback_objects, 0);
 }
 
-#[test]
-fn a_fused_spill_file_is_removed_when_its_last_object_is_freed() {
+fn a_fused_spill_file_is_removed_when_its_last_object_is_freed(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
     let capacity = 4 * MIB;
     let min_spilling_size = MIB;
-    let store = store_in(dir.path(), capacity, min_spilling_size);
+    let store = store_in(dir.path(), capacity, min_spilling_size, backing);
     // 40 objects of 100 KiB: the first to be spilled are fused, about ten to a file.
     for n in 0..40 {
         store.put(id(n), &contents(id(n), 100 * KIB)).unwrap();
@@ -240,10 +267,9 @@ fn a_fused_spill_file_is_removed_when_its_last_object_is_freed() {
     assert!(!first_file.exists());
 }
 
-#[test]
-fn a_corrupt_spill_file_is_an_error_never_wrong_data() {
+fn a_corrupt_spill_file_is_an_error_never_wrong_data(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 2 * MIB, 256 * KIB);
+    let store = store_in(dir.path(), 2 * MIB, 256 * KIB, backing);
     for n in 0..8 {
         store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
     }
@@ -279,11 +305,10 @@ fn a_corrupt_spill_file_is_an_error_never_wrong_data() {
     assert!(stats.used <= 2 * MIB, "{stats:?}");
 }
 
-#[test]
-fn a_store_full_of_pinned_objects_falls_back_to_disk() {
+fn a_store_full_of_pinned_objects_falls_back_to_disk(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
     let capacity = MIB;
-    let store = store_in(dir.path(), capacity, 256 * KIB);
+    let store = store_in(dir.path(), capacity, 256 * KIB, backing);
     let pinned: Vec<_> = (0..3)
         .map(|n| {
             store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
@@ -314,12 +339,11 @@ fn a_store_full_of_pinned_objects_falls_back_to_disk() {
     drop(pinned);
 }
 
-#[test]
-fn when_fallback_fails_too_the_error_gives_the_sizes() {
+fn when_fallback_fails_too_the_error_gives_the_sizes(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
     let config = config_in(dir.path(), MIB, 256 * KIB);
     let fallback_dir = config.fallback_dir.clone();
-    let store = ObjectStore::open(config).unwrap();
+    let store = ObjectStore::open_with(config, backing).unwrap();
     // A file where the fallback directory should be: creating fallback files fails.
     std::fs::remove_dir(&fallback_dir).unwrap();
     std::fs::write(&fallback_dir, b"not a directory").unwrap();
@@ -352,10 +376,9 @@ fn when_fallback_fails_too_the_error_gives_the_sizes() {
     assert_eq!(store.stats().used, used);
 }
 
-#[test]
-fn concurrent_writers_and_readers_lose_and_tear_nothing() {
+fn concurrent_writers_and_readers_lose_and_tear_nothing(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 2 * MIB, 256 * KIB);
+    let store = store_in(dir.path(), 2 * MIB, 256 * KIB, backing);
     let sealed: Arc<Mutex<Vec<(ObjectId, u64)>>> = Arc::default();
     std::thread::scope(|scope| {
         for writer in 0..3u128 {
@@ -399,10 +422,9 @@ fn concurrent_writers_and_readers_lose_and_tear_nothing() {
     assert!(stats.spilled_objects > 0, "{stats:?}");
 }
 
-#[test]
-fn spilling_on_request_frees_memory_in_lru_order() {
+fn spilling_on_request_frees_memory_in_lru_order(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(dir.path(), 4 * MIB, 256 * KIB);
+    let store = store_in(dir.path(), 4 * MIB, 256 * KIB, backing);
     for n in 0..6 {
         store.put(id(n), &contents(id(n), 256 * KIB)).unwrap();
     }
@@ -423,21 +445,22 @@ fn spilling_on_request_frees_memory_in_lru_order() {
     assert_eq!(pinned.as_bytes(), &contents(id(5), 256 * KIB)[..]);
 }
 
-#[test]
-fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers() {
+fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backing) {
     let dir = tempfile::tempdir().unwrap();
     let config = config_in(dir.path(), MIB, 256 * KIB);
     std::fs::create_dir_all(&config.spill_dir).unwrap();
     std::fs::create_dir_all(&config.fallback_dir).unwrap();
     // What a crashed store leaves: its segment, a spill file and a fallback file — next to a
     // file of another store whose name starts with this one's.
+    let os_id = format!("/floe-{}", config.name);
     let mut segment = shared_memory::ShmemConf::new()
-        .os_id(format!("/floe-{}", config.name))
+        .os_id(&os_id)
         .size(4096)
         .create()
         .unwrap();
     segment.set_owner(false);
     drop(segment);
+    let segment_path = std::path::PathBuf::from(format!("/dev/shm{os_id}"));
     let spill = config
         .spill_dir
         .join(format!("{}-000003.spill", config.name));
@@ -450,9 +473,79 @@ fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers() {
     for path in [&spill, &fallback, &neighbour] {
         std::fs::write(path, b"left over").unwrap();
     }
-    let store = ObjectStore::open(config).unwrap();
+    let store = ObjectStore::open_with(config, backing).unwrap();
     assert!(!spill.exists() && !fallback.exists());
     assert!(neighbour.exists());
     store.put(id(1), b"fresh").unwrap();
     assert_eq!(store.get(id(1)).unwrap().as_bytes(), b"fresh");
+    match backing {
+        // The dead store's segment was unlinked: the new one of that name is the store's own.
+        Backing::SharedMemory => {
+            let ours = shared_memory::ShmemConf::new()
+                .os_id(&os_id)
+                .open()
+                .unwrap();
+            assert_eq!(ours.len() as u64, store.stats().capacity);
+        }
+        // A heap store keeps out of /dev/shm altogether, leftovers included.
+        Backing::Heap => {
+            assert!(segment_path.exists());
+            let mut leftover = shared_memory::ShmemConf::new()
+                .os_id(&os_id)
+                .open()
+                .unwrap();
+            leftover.set_owner(true);
+            drop(leftover);
+            assert!(!segment_path.exists());
+        }
+    }
+}
+
+#[test]
+fn a_heap_store_stays_out_of_shared_memory_and_clients_refuse_its_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), MIB, 256 * KIB, Backing::Heap);
+    let name = store.config().name.clone();
+    assert_eq!(store.segment_name(), None);
+    let in_shm: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|file| file.contains(&name))
+        .collect();
+    assert!(in_shm.is_empty(), "{in_shm:?}");
+
+    let object = id(1);
+    store.put(object, &contents(object, 300 * KIB)).unwrap();
+    let view = store.get(object).unwrap();
+    assert_eq!(
+        view.location().source,
+        ObjectSource::Heap {
+            store: name.clone(),
+            pid: std::process::id()
+        }
+    );
+    let client = StoreClient::new();
+    let error = client.open(view.location()).unwrap_err();
+    assert!(
+        matches!(&error, Error::NotShared { object: o, store, .. } if *o == object && *store == name),
+        "{error}"
+    );
+
+    // A fallback object of a heap store is a file all the same, which any process can map.
+    let _pinned: Vec<_> = (2..4)
+        .map(|n| {
+            store.put(id(n), &contents(id(n), 300 * KIB)).unwrap();
+            store.get(id(n)).unwrap()
+        })
+        .collect();
+    let on_disk = id(10);
+    store.put(on_disk, &contents(on_disk, 300 * KIB)).unwrap();
+    let pinned = store.get(on_disk).unwrap();
+    assert!(matches!(
+        pinned.location().source,
+        ObjectSource::File { .. }
+    ));
+    let read = client.open(pinned.location()).unwrap();
+    assert_ne!(read.as_bytes().as_ptr(), pinned.as_bytes().as_ptr());
+    assert_eq!(read.as_bytes(), &contents(on_disk, 300 * KIB)[..]);
 }

@@ -4,14 +4,43 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use floe_core::ObjectId;
-use floe_objectstore::{ObjectStore, StoreConfig};
+use floe_objectstore::{Backing, ObjectStore, StoreConfig};
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 
-/// A store with its own segment name and directories under `dir`.
-pub fn store_in(dir: &Path, capacity: u64, min_spilling_size: u64) -> ObjectStore {
-    ObjectStore::open(config_in(dir, capacity, min_spilling_size)).unwrap()
+/// Defines each named test — a `fn(Backing)` in the enclosing module — once per backing, as
+/// `on_shared_memory::<name>` and `on_heap::<name>`, so the store behaves the same in both.
+macro_rules! on_every_backing {
+    ($($test:ident),+ $(,)?) => {
+        mod on_shared_memory {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(floe_objectstore::Backing::SharedMemory);
+                }
+            )+
+        }
+        mod on_heap {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(floe_objectstore::Backing::Heap);
+                }
+            )+
+        }
+    };
+}
+pub(crate) use on_every_backing;
+
+/// A store in `backing` with its own name and directories under `dir`.
+pub fn store_in(
+    dir: &Path,
+    capacity: u64,
+    min_spilling_size: u64,
+    backing: Backing,
+) -> ObjectStore {
+    ObjectStore::open_with(config_in(dir, capacity, min_spilling_size), backing).unwrap()
 }
 
 pub fn config_in(dir: &Path, capacity: u64, min_spilling_size: u64) -> StoreConfig {
