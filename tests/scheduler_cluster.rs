@@ -193,7 +193,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
         .unwrap();
 
     // The configured timeout is 3 × 200 ms; the leader checks every 200 ms and the death
-    // then needs one commit, so allow one more period plus commit and polling slack.
+    // then needs one commit; allow 2 s for that on a loaded machine.
     let timeout = Duration::from_millis(600);
     let mut deaths = Vec::new();
     while deaths.is_empty() {
@@ -209,7 +209,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
             .await
             .unwrap();
         assert!(
-            silent_since.elapsed() < timeout + Duration::from_secs(1),
+            silent_since.elapsed() < timeout + Duration::from_secs(2),
             "no death committed after {:?}",
             silent_since.elapsed()
         );

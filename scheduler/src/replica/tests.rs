@@ -122,7 +122,7 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
             .watch_deaths(0, config.scheduler.heartbeat_interval())
             .await
             .unwrap();
-        assert!(started.elapsed() < timeout * 4, "no death committed");
+        assert!(started.elapsed() < timeout * 10, "no death committed");
     }
     assert_eq!(deaths.len(), 1);
     assert_eq!(deaths[0].node, quiet);
