@@ -127,11 +127,12 @@ enum Input {
     },
 }
 
-/// A running replica: its RPC server and its Raft loop.
+/// A running replica: its RPC server and its Raft loop. Dropping it stops both.
 pub struct Replica {
     local_addr: SocketAddr,
     _server: RpcServer,
-    raft_loop: JoinHandle<Result<()>>,
+    /// Taken by [`Replica::wait`]; aborted on drop otherwise.
+    raft_loop: Option<JoinHandle<Result<()>>>,
 }
 
 impl Replica {
@@ -152,7 +153,7 @@ impl Replica {
         Ok(Self {
             local_addr: server.local_addr(),
             _server: server,
-            raft_loop,
+            raft_loop: Some(raft_loop),
         })
     }
 
@@ -161,10 +162,22 @@ impl Replica {
     }
 
     /// Resolves when the Raft loop stops, which only a fatal error (a failed write) causes.
-    pub async fn wait(self) -> Result<()> {
-        match self.raft_loop.await {
+    pub async fn wait(mut self) -> Result<()> {
+        let Some(raft_loop) = self.raft_loop.take() else {
+            return Ok(());
+        };
+        match raft_loop.await {
             Ok(result) => result,
             Err(error) => Err(Error::RaftTaskPanicked(error.to_string())),
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        // The loop owns the peer senders, so their tasks end with it.
+        if let Some(raft_loop) = self.raft_loop.take() {
+            raft_loop.abort();
         }
     }
 }

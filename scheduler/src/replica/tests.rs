@@ -355,3 +355,21 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
         "{stopped:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_replica_stops_serving() {
+    let config = test_config();
+    let (mut replicas, mut client) = start_cluster(&config, 1).await;
+    client
+        .propose(Command::SubmitJob { plan: vec![] })
+        .await
+        .unwrap();
+    let addr = replicas[0].local_addr().to_string();
+    replicas.clear();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        SchedulerClient::status_of(&addr, WireConfig::from_config(&config))
+            .await
+            .is_err()
+    );
+}
