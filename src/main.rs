@@ -1,6 +1,7 @@
 //! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
 
 mod bench;
+mod node;
 mod scheduler;
 
 use std::path::PathBuf;
@@ -46,6 +47,11 @@ enum Command {
     Config(ConfigCommand),
     /// Run one replica of the Raft-replicated scheduler.
     Scheduler(scheduler::SchedulerArgs),
+    /// Run this machine's node agent: object store, worker processes, object transfer.
+    Node(node::NodeArgs),
+    /// A node agent's worker process (started by `floe node`, not by hand).
+    #[command(hide = true)]
+    Worker(node::WorkerArgs),
     /// Measure a part of floe; prints one JSON line per figure.
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -127,6 +133,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Scheduler(args) => scheduler::run(&config, args)?,
+        Command::Node(args) => node::run(&config, args)?,
+        Command::Worker(args) => node::run_worker_process(args)?,
         Command::Bench(which) => bench::run(which, &config)?,
     }
     Ok(())

@@ -15,7 +15,10 @@
 //! - [`local`]: runs a physical plan's non-shuffle stages in this process, stage by stage,
 //!   with the same task function.
 //! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
+//! - [`agent`]: the node agent (`floe node`): registration and heartbeats, worker processes,
+//!   object transfer between nodes, the memory monitor, and the `floe worker` process.
 
+pub mod agent;
 pub mod blocks;
 pub mod eval;
 pub mod local;

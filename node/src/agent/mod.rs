@@ -1,0 +1,447 @@
+//! The node agent behind `floe node`.
+//!
+//! It owns the node's shared-memory [`ObjectStore`], registers the node with the scheduler
+//! (with the cluster token, through a [`SchedulerClient`] that follows the leader across
+//! failovers), sends heartbeats with its resource use, serves the node RPC service
+//! ([`protocol::NodeProtocol`]: tasks, object transfer, status), supervises its `floe worker`
+//! processes ([`pool`]), and runs the memory monitor. On SIGTERM it tells the scheduler it is
+//! leaving, kills its workers and unlinks its shared memory.
+
+mod monitor;
+mod pool;
+pub mod protocol;
+pub mod tasks;
+mod transfer;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use floe_core::wire::{
+    Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+};
+use floe_core::{Config, NodeId, ObjectId, WireError};
+use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
+use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
+use floe_scheduler::protocol::ResourceUsage;
+use floe_scheduler::state::{Command, NodeAddresses, Resources};
+use tokio::task::JoinHandle;
+use xxhash_rust::xxh3::xxh3_64;
+
+use self::pool::{PoolOptions, WorkerPool};
+use self::protocol::{
+    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure, TaskSpec,
+};
+use self::transfer::Transfers;
+use self::worker::WorkerTask;
+
+/// Everything the agent can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op} failed: {source}")]
+    Io {
+        op: &'static str,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error(transparent)]
+    Store(#[from] floe_objectstore::Error),
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] floe_scheduler::Error),
+    #[error("cannot read host memory: {0}")]
+    HostMemory(String),
+    #[error("worker: {0}")]
+    Worker(String),
+    #[error("transferring object {object}: {reason}")]
+    Transfer { object: ObjectId, reason: String },
+    #[error(
+        "object {object} arrived corrupt: its checksum is {actual:016x}, the holder's is \
+         {expected:016x}"
+    )]
+    ChecksumMismatch {
+        object: ObjectId,
+        expected: u64,
+        actual: u64,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What `floe node` is started with besides the configuration.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Every scheduler replica (`host:port`).
+    pub schedulers: Vec<String>,
+    /// The `floe` binary, run as `floe worker`.
+    pub worker_binary: PathBuf,
+}
+
+struct Shared {
+    /// The id the scheduler gave this node; 0 until it has registered (ids start at 1).
+    node: AtomicU64,
+    store: ObjectStore,
+    pool: Arc<WorkerPool>,
+    transfers: Transfers,
+    tasks_finished: AtomicU64,
+    tasks_failed: AtomicU64,
+}
+
+impl Shared {
+    fn node(&self) -> Option<NodeId> {
+        Some(self.node.load(Ordering::Relaxed))
+            .filter(|id| *id != 0)
+            .map(NodeId::new)
+    }
+
+    async fn run_task(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+        let result = self.run_task_inner(spec).await;
+        let counter = match &result {
+            Ok(_) => &self.tasks_finished,
+            Err(_) => &self.tasks_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+        let mut pins = Vec::with_capacity(spec.inputs.len());
+        for input in &spec.inputs {
+            let unavailable = |error: Error| TaskFailure::InputUnavailable {
+                object: input.object,
+                reason: error.to_string(),
+            };
+            if let Some(holder) = &input.holder
+                && !self.store.contains(input.object)
+            {
+                self.transfers
+                    .pull(input.object, holder)
+                    .await
+                    .map_err(unavailable)?;
+            }
+            pins.push(
+                self.store
+                    .get(input.object)
+                    .map_err(|error| unavailable(error.into()))?,
+            );
+        }
+        let task = WorkerTask {
+            task: spec.task,
+            kind: spec.kind,
+            inputs: pins.iter().map(|view| view.location().clone()).collect(),
+        };
+        let outputs = self.pool.run(task, pins).await?;
+        let mut refs = Vec::with_capacity(outputs.len());
+        for (index, bytes) in outputs.iter().enumerate() {
+            let index = u32::try_from(index).map_err(|_| TaskFailure::Error {
+                message: "a task returned more than 2^32 outputs".into(),
+            })?;
+            let object = tasks::output_id(spec.task, index);
+            self.store
+                .put(object, &bytes.0)
+                .map_err(|error| TaskFailure::Error {
+                    message: format!("cannot store output {index}: {error}"),
+                })?;
+            refs.push(OutputRef {
+                object,
+                size: bytes.0.len() as u64,
+                checksum: xxh3_64(&bytes.0),
+            });
+        }
+        Ok(refs)
+    }
+
+    fn status(&self) -> NodeStatus {
+        NodeStatus {
+            node: self.node(),
+            workers: self.pool.ready(),
+            running: self.pool.running(),
+            tasks_finished: self.tasks_finished.load(Ordering::Relaxed),
+            tasks_failed: self.tasks_failed.load(Ordering::Relaxed),
+            workers_respawned: self.pool.respawned(),
+            pulls_started: self.transfers.pulls_started(),
+            store: self.store.stats(),
+        }
+    }
+}
+
+struct Service(Arc<Shared>);
+
+fn remote(error: Error) -> RemoteError {
+    let kind = match &error {
+        Error::Store(floe_objectstore::Error::NotFound { .. }) => RemoteErrorKind::NotFound,
+        _ => RemoteErrorKind::Internal,
+    };
+    RemoteError::new(kind, error.to_string())
+}
+
+impl Handler<NodeProtocol> for Service {
+    async fn handle(&self, _peer: Peer, request: NodeRequest) -> Result<NodeResponse, RemoteError> {
+        let shared = &self.0;
+        match request {
+            NodeRequest::RunTask(spec) => Ok(NodeResponse::Task(shared.run_task(spec).await)),
+            NodeRequest::ObjectMeta { object } => shared
+                .transfers
+                .meta(object)
+                .map(NodeResponse::ObjectMeta)
+                .map_err(remote),
+            NodeRequest::ReadChunk {
+                object,
+                offset,
+                len,
+            } => shared
+                .transfers
+                .read_chunk(object, offset, len)
+                .map(NodeResponse::Chunk)
+                .map_err(remote),
+            NodeRequest::Pull { object, holder } => shared
+                .transfers
+                .pull(object, &holder)
+                .await
+                .map(NodeResponse::Pulled)
+                .map_err(remote),
+            NodeRequest::Free { objects } => {
+                for object in objects {
+                    match shared.store.delete(object) {
+                        Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                        Err(error) => return Err(remote(error.into())),
+                    }
+                }
+                Ok(NodeResponse::Freed)
+            }
+            NodeRequest::Status => Ok(NodeResponse::Status(Box::new(shared.status()))),
+        }
+    }
+}
+
+/// A running node agent.
+pub struct NodeAgent {
+    shared: Arc<Shared>,
+    server: RpcServer,
+    background: Vec<JoinHandle<()>>,
+    schedulers: Vec<String>,
+    wire: WireConfig,
+}
+
+impl NodeAgent {
+    /// Opens the store, starts the workers and the RPC service, and registers with the
+    /// scheduler.
+    pub async fn start(config: &Config, options: AgentOptions) -> Result<Self> {
+        let wire = WireConfig::from_config(config);
+        let pools = MemoryPools::detect(&config.memory)?;
+        let pid = std::process::id();
+        // Store names must be unique among live stores on the host; pids are.
+        let store =
+            ObjectStore::open(StoreConfig::for_node(config, &pools, format!("node-{pid}")))?;
+        let data_dir = &config.paths.data_dir;
+        std::fs::create_dir_all(data_dir).map_err(|source| Error::Io {
+            op: "creating the data directory",
+            source,
+        })?;
+        let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+        let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
+        let workers = match config.node.workers {
+            0 => cpus,
+            workers => workers,
+        };
+        let pool = Arc::new(WorkerPool::start(PoolOptions {
+            binary: options.worker_binary.clone(),
+            socket: data_dir.join(format!("node-{pid}.sock")),
+            workers,
+            max_frame: wire.max_frame,
+        })?);
+        let shared = Arc::new(Shared {
+            node: AtomicU64::new(0),
+            transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
+            store,
+            pool: Arc::clone(&pool),
+            tasks_finished: AtomicU64::new(0),
+            tasks_failed: AtomicU64::new(0),
+        });
+        let bind = SocketAddr::new(config.net.bind_host, config.node.rpc_port);
+        let server = RpcServer::bind::<NodeProtocol, _>(
+            bind,
+            Arc::new(Service(Arc::clone(&shared))),
+            wire.clone(),
+        )
+        .await?;
+        let registration = Registration {
+            addresses: NodeAddresses {
+                rpc: server.local_addr().to_string(),
+            },
+            resources: Resources {
+                cpu_millis: u64::from(cpus) * 1000,
+                heap_bytes: pools.heap,
+            },
+        };
+        let mut client =
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
+        let node = registration.register(&mut client).await?;
+        shared.node.store(node.get(), Ordering::Relaxed);
+        tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
+        let host_memory =
+            || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
+        let background = vec![
+            tokio::spawn(heartbeats(
+                Arc::clone(&shared),
+                client,
+                registration,
+                host_memory()?,
+                config.scheduler.heartbeat_interval(),
+            )),
+            tokio::spawn(monitor::run_monitor(
+                pool,
+                host_memory()?,
+                config.node.memory_monitor_threshold,
+                config.node.memory_monitor_interval(),
+            )),
+        ];
+        Ok(Self {
+            shared,
+            server,
+            background,
+            schedulers: options.schedulers,
+            wire,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// The id the scheduler gave this node (it changes if the node had to register again).
+    pub fn node(&self) -> Option<NodeId> {
+        self.shared.node()
+    }
+
+    /// Leaves the cluster: stops serving, tells the scheduler this node is gone (so its death
+    /// is committed now rather than after missed heartbeats), kills the workers and unlinks the
+    /// store's shared memory when the last handle drops.
+    pub async fn shutdown(self, reason: &str) -> Result<()> {
+        let Self {
+            shared,
+            server,
+            background,
+            schedulers,
+            wire,
+        } = self;
+        server.shutdown();
+        for task in background {
+            task.abort();
+        }
+        shared.pool.shutdown().await;
+        let told = match shared.node() {
+            Some(node) => {
+                let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
+                    .with_retry_for(Duration::from_secs(5));
+                let command = Command::MarkNodeDead {
+                    node,
+                    reason: format!("node left: {reason}"),
+                };
+                client.propose(command).await.map(|_| node)
+            }
+            None => Err(floe_scheduler::Error::NoReplica(
+                "the node had not registered yet".into(),
+            )),
+        };
+        // Dropping the last handle of the store unlinks its segment.
+        drop(shared);
+        let node = told?;
+        tracing::info!(%node, "node left the cluster");
+        Ok(())
+    }
+}
+
+/// What the node registers with; kept to register again after the scheduler declared the
+/// node dead (e.g. after a network partition).
+struct Registration {
+    addresses: NodeAddresses,
+    resources: Resources,
+}
+
+impl Registration {
+    async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
+        Ok(client
+            .register_node(self.addresses.clone(), self.resources, BTreeMap::new())
+            .await?)
+    }
+}
+
+async fn heartbeats(
+    shared: Arc<Shared>,
+    mut client: SchedulerClient,
+    registration: Registration,
+    mut system: sysinfo::System,
+    interval: Duration,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        system.refresh_memory();
+        let store = shared.store.stats();
+        let running = shared.pool.running().len() as u64;
+        let host_used = system
+            .total_memory()
+            .saturating_sub(system.available_memory());
+        let usage = ResourceUsage {
+            cpu_millis: running * 1000,
+            // What tasks use: the host's memory in use besides the object store.
+            heap_bytes: host_used.saturating_sub(store.used),
+            object_store_bytes: store.used,
+        };
+        tracing::debug!(
+            ?usage,
+            spilled_bytes = store.spilled_bytes,
+            fallback_bytes = store.fallback_bytes,
+            "heartbeat"
+        );
+        let Some(node) = shared.node() else {
+            continue;
+        };
+        match client.heartbeat(node, usage).await {
+            Ok(HeartbeatReply::Accepted) => {}
+            Ok(HeartbeatReply::Rejoin) => match registration.register(&mut client).await {
+                Ok(new) => {
+                    tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");
+                    shared.node.store(new.get(), Ordering::Relaxed);
+                }
+                Err(error) => tracing::error!(%error, "cannot register again"),
+            },
+            Err(error) => tracing::warn!(%node, %error, "heartbeat failed"),
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, caught from the moment this is installed (so a signal that arrives
+/// while the agent starts is not fatal).
+pub struct Termination {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Termination {
+    pub fn install() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let io = |source| Error::Io {
+            op: "installing a signal handler",
+            source,
+        };
+        Ok(Self {
+            terminate: signal(SignalKind::terminate()).map_err(io)?,
+            interrupt: signal(SignalKind::interrupt()).map_err(io)?,
+        })
+    }
+
+    /// Waits for the next signal and names it.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}

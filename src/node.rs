@@ -1,0 +1,77 @@
+//! `floe node` (the node agent) and `floe worker` (its worker processes, started by the agent).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use floe_core::Config;
+use floe_node::agent::worker::{WorkerOptions, run_worker};
+use floe_node::agent::{AgentOptions, NodeAgent, Termination};
+
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    /// Every scheduler replica, as host:port,host:port,… The node follows the leader among them.
+    #[arg(
+        long,
+        value_name = "HOST:PORT,…",
+        value_delimiter = ',',
+        required = true
+    )]
+    scheduler: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// The agent's worker socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// Which of the agent's worker slots this process fills.
+    #[arg(long)]
+    slot: u32,
+    /// The largest frame on the socket, in bytes.
+    #[arg(long)]
+    max_frame: usize,
+}
+
+pub fn run(config: &Config, args: NodeArgs) -> anyhow::Result<()> {
+    if config.cluster.token.is_empty() {
+        anyhow::bail!(
+            "cluster.token is empty, and the scheduler refuses nodes without one; set \
+             FLOE_CLUSTER_TOKEN to the cluster's secret"
+        );
+    }
+    let worker_binary =
+        std::env::current_exe().context("cannot find this executable to start workers")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let options = AgentOptions {
+            schedulers: args.scheduler,
+            worker_binary,
+        };
+        let mut termination = Termination::install()?;
+        // A signal during start-up (e.g. while no scheduler answers yet) abandons the start;
+        // dropping it kills the workers and unlinks the store's shared memory.
+        let agent = tokio::select! {
+            agent = NodeAgent::start(config, options) => agent?,
+            signal = termination.recv() => {
+                tracing::info!(signal, "stopping before the node registered");
+                return Ok(());
+            }
+        };
+        let signal = termination.recv().await;
+        tracing::info!(signal, "shutting down");
+        agent.shutdown(signal).await?;
+        anyhow::Ok(())
+    })
+}
+
+pub fn run_worker_process(args: WorkerArgs) -> anyhow::Result<()> {
+    run_worker(&WorkerOptions {
+        socket: args.socket,
+        slot: args.slot,
+        max_frame: args.max_frame,
+    })?;
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! Node agents as real `floe node` processes (with their `floe worker`s) against a real
+//! `floe scheduler` on loopback: tasks on two nodes, object transfer with checksums, worker
+//! crashes, the memory monitor, node death and graceful shutdown.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::{NodeId, ObjectId, TaskId};
+use floe_node::agent::protocol::{
+    InputRef, NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure,
+    TaskKind, TaskSpec,
+};
+use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
+use floe_scheduler::placement::{PlacementRequest, Strategy};
+use floe_scheduler::state::{ClusterState, Liveness};
+use xxhash_rust::xxh3::xxh3_64;
+
+const TOKEN: &str = "node-cluster-tests";
+const HEARTBEAT_MS: u64 = 200;
+const MISSED_HEARTBEATS: u64 = 5;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn scheduler_settings() -> Vec<String> {
+    vec![
+        "scheduler.raft_tick_ms=30".into(),
+        format!("scheduler.heartbeat_interval_ms={HEARTBEAT_MS}"),
+        format!("scheduler.missed_heartbeats={MISSED_HEARTBEATS}"),
+    ]
+}
+
+fn scheduler(dir: &Path) -> LocalCluster {
+    LocalCluster::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.to_owned(),
+        token: TOKEN.into(),
+        settings: scheduler_settings(),
+    })
+    .unwrap()
+}
+
+fn wire() -> WireConfig {
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new(TOKEN);
+    config.net.max_frame = floe_core::config::ByteSize::mib(128);
+    WireConfig::from_config(&config)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `floe node` process, killed (and its leftovers removed) when dropped.
+struct NodeProcess {
+    child: Option<Child>,
+    pid: u32,
+    addr: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl NodeProcess {
+    fn start(dir: &Path, name: &str, schedulers: &[String], settings: &[&str]) -> Self {
+        let port = free_port();
+        let data_dir = dir.join(name);
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let log_path = dir.join(format!("{name}.log"));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
+        command
+            .arg("node")
+            .arg("--scheduler")
+            .arg(schedulers.join(","));
+        let mut all = vec![
+            format!("node.rpc_port={port}"),
+            format!("paths.data_dir={}", data_dir.display()),
+            "node.workers=2".into(),
+            "memory.total=1GiB".into(),
+            "net.max_frame=128MiB".into(),
+        ];
+        all.extend(scheduler_settings());
+        all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+        for setting in all {
+            command.arg("--set").arg(setting);
+        }
+        for (name, _) in std::env::vars() {
+            if name.starts_with("FLOE_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
+            .env("FLOE_CLUSTER_TOKEN", TOKEN)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self {
+            pid: child.id(),
+            child: Some(child),
+            addr: format!("127.0.0.1:{port}"),
+            data_dir,
+            log: log_path,
+        }
+    }
+
+    fn segment(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/shm/floe-node-{}", self.pid))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.data_dir.join(format!("node-{}.sock", self.pid))
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns whether it exited successfully.
+    fn wait(&mut self) -> bool {
+        self.child.take().unwrap().wait().unwrap().success()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        // A failing test shows what the node said.
+        if std::thread::panicking()
+            && let Ok(log) = std::fs::read_to_string(&self.log)
+        {
+            eprintln!("--- {} ---\n{log}", self.log.display());
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A node killed with SIGKILL leaves its segment; a later node of the same pid would
+        // clear it, but tests should not leave /dev/shm dirty.
+        let _ = std::fs::remove_file(self.segment());
+    }
+}
+
+async fn client(addr: &str) -> RpcClient<NodeProtocol> {
+    RpcClient::connect(addr, wire(), PeerKind::Client)
+        .await
+        .unwrap()
+}
+
+async fn call(addr: &str, request: NodeRequest) -> NodeResponse {
+    client(addr).await.call(&request).await.unwrap()
+}
+
+async fn status(addr: &str) -> NodeStatus {
+    match call(addr, NodeRequest::Status).await {
+        NodeResponse::Status(status) => *status,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Waits until the node has registered and all its workers are connected.
+async fn wait_ready(node: &NodeProcess, workers: u32) -> NodeStatus {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(mut client) =
+            RpcClient::<NodeProtocol>::connect(&node.addr, wire(), PeerKind::Client).await
+            && let Ok(NodeResponse::Status(status)) = client.call(&NodeRequest::Status).await
+            && status.workers == workers
+            && status.node.is_some()
+        {
+            return *status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {} did not get ready",
+            node.addr
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn run(
+    addr: &str,
+    task: u128,
+    kind: TaskKind,
+    inputs: Vec<InputRef>,
+) -> Result<Vec<OutputRef>, TaskFailure> {
+    let spec = TaskSpec {
+        task: TaskId::new(task),
+        kind,
+        inputs,
+    };
+    match call(addr, NodeRequest::RunTask(spec)).await {
+        NodeResponse::Task(result) => result,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The bytes of a `Fill` task, computed here from its documented pattern.
+fn fill_pattern(bytes: usize, seed: u64) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| ((i as u64 + seed) % 251) as u8)
+        .collect()
+}
+
+async fn state(cluster: &LocalCluster) -> ClusterState {
+    cluster.client().unwrap().read_state().await.unwrap()
+}
+
+fn node_with_addr(state: &ClusterState, addr: &str) -> NodeId {
+    state
+        .nodes
+        .values()
+        .find(|node| node.addresses.rpc == addr && node.is_alive())
+        .unwrap_or_else(|| panic!("no live node at {addr} in {:?}", state.nodes))
+        .id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    let schedulers = cluster.addrs();
+    let a = NodeProcess::start(dir.path(), "a", &schedulers, &[]);
+    let b = NodeProcess::start(dir.path(), "b", &schedulers, &[]);
+    let status_a = wait_ready(&a, 2).await;
+    let status_b = wait_ready(&b, 2).await;
+    let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
+
+    // Both registered with the token, under the ids they report.
+    let state = state(&cluster).await;
+    assert_eq!(node_with_addr(&state, &a.addr), node_a);
+    assert_eq!(node_with_addr(&state, &b.addr), node_b);
+    assert_eq!(state.nodes[&node_a].resources.cpu_millis % 1000, 0);
+
+    // SPREAD puts tasks on both nodes; each runs its task in a worker process.
+    let request = PlacementRequest {
+        cpu_millis: 1000,
+        memory_hint: 0,
+        strategy: Strategy::Spread,
+        preferred: Vec::new(),
+        requester: None,
+    };
+    let placements = cluster
+        .client()
+        .unwrap()
+        .place(vec![request.clone(), request])
+        .await
+        .unwrap();
+    let placed: Vec<NodeId> = placements.into_iter().map(Result::unwrap).collect();
+    let mut expected = vec![node_a, node_b];
+    let mut sorted = placed.clone();
+    sorted.sort();
+    expected.sort();
+    assert_eq!(sorted, expected);
+    let addr_of = |node: NodeId| {
+        if node == node_a { &a.addr } else { &b.addr }
+    };
+    let mut filled = Vec::new();
+    for (index, node) in placed.iter().enumerate() {
+        let seed = index as u64 + 7;
+        let outputs = run(
+            addr_of(*node),
+            100 + index as u128,
+            TaskKind::Fill { bytes: 1000, seed },
+            vec![],
+        )
+        .await
+        .unwrap();
+        assert_eq!(outputs.len(), 1);
+        assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(1000, seed)));
+        filled.push((*node, outputs[0]));
+    }
+    let status_after_a = status(&a.addr).await;
+    let status_after_b = status(&b.addr).await;
+    assert_eq!(status_after_a.tasks_finished, 1);
+    assert_eq!(status_after_b.tasks_finished, 1);
+
+    // A task on A whose inputs are an object on A and one on B (pulled inline, ≤ 100 KiB):
+    // the worker maps both and hashes them.
+    let inputs: Vec<InputRef> = filled
+        .iter()
+        .map(|(node, output)| InputRef {
+            object: output.object,
+            holder: (*node != node_a).then(|| b.addr.clone()),
+        })
+        .collect();
+    let outputs = run(&a.addr, 200, TaskKind::Hash, inputs).await.unwrap();
+    let hashed = match call(
+        &a.addr,
+        NodeRequest::ReadChunk {
+            object: outputs[0].object,
+            offset: 0,
+            len: 16,
+        },
+    )
+    .await
+    {
+        NodeResponse::Chunk(bytes) => bytes.0,
+        other => panic!("unexpected {other:?}"),
+    };
+    let mut expected_hash = Vec::new();
+    for (index, _) in filled.iter().enumerate() {
+        expected_hash.extend(xxh3_64(&fill_pattern(1000, index as u64 + 7)).to_le_bytes());
+    }
+    assert_eq!(hashed, expected_hash);
+    assert_eq!(status(&a.addr).await.pulls_started, 1);
+
+    // A 64 MiB object (13 chunks of 5 MiB) moves from A to B; two concurrent pulls of it
+    // coalesce into one transfer, and both see the checksum of the bytes computed here.
+    let size = 64 << 20;
+    let big = run(
+        &a.addr,
+        300,
+        TaskKind::Fill {
+            bytes: size as u64,
+            seed: 11,
+        },
+        vec![],
+    )
+    .await
+    .unwrap()[0];
+    let expected_checksum = xxh3_64(&fill_pattern(size, 11));
+    assert_eq!(big.checksum, expected_checksum);
+    let pull = |object: ObjectId| {
+        let b_addr = b.addr.clone();
+        let holder = a.addr.clone();
+        tokio::spawn(async move { call(&b_addr, NodeRequest::Pull { object, holder }).await })
+    };
+    let (first, second) = (pull(big.object), pull(big.object));
+    for pulled in [first.await.unwrap(), second.await.unwrap()] {
+        assert_eq!(pulled, NodeResponse::Pulled(big));
+    }
+    let status_b = status(&b.addr).await;
+    assert_eq!(status_b.pulls_started, 1, "concurrent pulls must coalesce");
+    // The copy on B holds the same bytes: hash it there in a worker.
+    let rehashed = run(
+        &b.addr,
+        301,
+        TaskKind::Hash,
+        vec![InputRef {
+            object: big.object,
+            holder: None,
+        }],
+    )
+    .await
+    .unwrap()[0];
+    let bytes = match call(
+        &b.addr,
+        NodeRequest::ReadChunk {
+            object: rehashed.object,
+            offset: 0,
+            len: 8,
+        },
+    )
+    .await
+    {
+        NodeResponse::Chunk(bytes) => bytes.0,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(bytes, expected_checksum.to_le_bytes());
+
+    // Pulling an object no node has fails with a reason naming it.
+    let missing = ObjectId::new(42);
+    let mut client_b = client(&b.addr).await;
+    let error = client_b
+        .call(&NodeRequest::Pull {
+            object: missing,
+            holder: a.addr.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains(&missing.to_string()), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_fails_its_task_and_is_respawned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    let node = NodeProcess::start(dir.path(), "n", &cluster.addrs(), &[]);
+    wait_ready(&node, 2).await;
+
+    let addr = node.addr.clone();
+    let long =
+        tokio::spawn(async move { run(&addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![]).await });
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let victim = loop {
+        if let Some(running) = status(&node.addr).await.running.first() {
+            break *running;
+        }
+        assert!(Instant::now() < deadline, "the task never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(victim.task, TaskId::new(1));
+    let status = Command::new("kill")
+        .arg("-9")
+        .arg(victim.worker_pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let failure = long.await.unwrap().unwrap_err();
+    assert_eq!(
+        failure,
+        TaskFailure::WorkerDied {
+            reason: "killed by signal 9 (SIGKILL)".into()
+        }
+    );
+    assert!(failure.retryable());
+    // The next task runs, and the slot gets a new worker process.
+    let outputs = run(&node.addr, 2, TaskKind::Fill { bytes: 10, seed: 0 }, vec![])
+        .await
+        .unwrap();
+    assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(10, 0)));
+    let after = wait_ready(&node, 2).await;
+    assert_eq!(after.workers_respawned, 1);
+    assert_eq!((after.tasks_finished, after.tasks_failed), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    // Any host is past a 1% threshold, so the monitor acts on the first running task.
+    let node = NodeProcess::start(
+        dir.path(),
+        "n",
+        &cluster.addrs(),
+        &[
+            "node.memory_monitor_threshold=0.01",
+            "node.memory_monitor_interval_ms=50",
+        ],
+    );
+    wait_ready(&node, 2).await;
+    let failure = run(&node.addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![])
+        .await
+        .unwrap_err();
+    match &failure {
+        TaskFailure::OutOfMemory { reason } => {
+            assert!(
+                reason.contains("node.memory_monitor_threshold of 1.0%"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected an out-of-memory failure, got {other:?}"),
+    }
+    assert!(failure.retryable());
+    // The agent itself is unharmed and replaces the worker.
+    let after = wait_ready(&node, 2).await;
+    assert_eq!(after.workers_respawned, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    let schedulers = cluster.addrs();
+    let mut leaving = NodeProcess::start(dir.path(), "leaving", &schedulers, &[]);
+    let crashing = NodeProcess::start(dir.path(), "crashing", &schedulers, &[]);
+    let leaving_id = wait_ready(&leaving, 2).await.node.unwrap();
+    let crashing_id = wait_ready(&crashing, 2).await.node.unwrap();
+    assert!(leaving.segment().exists());
+    assert!(leaving.socket().exists());
+
+    // SIGTERM: the node says it is leaving, kills its workers and unlinks its shared memory.
+    leaving.signal("TERM");
+    assert!(
+        leaving.wait(),
+        "floe node should exit successfully on SIGTERM"
+    );
+    assert!(
+        !leaving.segment().exists(),
+        "{} left behind",
+        leaving.segment().display()
+    );
+    assert!(!leaving.socket().exists());
+    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .contains(&format!("node-{}", leaving.pid))
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    match &state(&cluster).await.nodes[&leaving_id].liveness {
+        Liveness::Dead { reason, .. } => assert!(reason.contains("SIGTERM"), "{reason}"),
+        Liveness::Alive => panic!("the scheduler was not told"),
+    }
+
+    // kill -9: no goodbye; the scheduler commits the death after missed heartbeats.
+    let killed_at = Instant::now();
+    crashing.signal("KILL");
+    let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
+    let deadline = killed_at + health_timeout * 3;
+    loop {
+        if let Liveness::Dead { reason, .. } = &state(&cluster).await.nodes[&crashing_id].liveness {
+            assert!(reason.contains("missed"), "{reason}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "death not committed within {:?}",
+            health_timeout * 3
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = killed_at.elapsed();
+    // The last heartbeat may have gone out up to one interval before the kill.
+    let earliest = health_timeout - Duration::from_millis(HEARTBEAT_MS);
+    assert!(
+        elapsed >= earliest,
+        "committed after {elapsed:?}, before the health timeout"
+    );
+}
