@@ -763,10 +763,12 @@ impl Config {
             });
         }
         let frame = self.net.max_frame;
-        if frame < ByteSize::kib(64) || frame > ByteSize::gib(1) {
+        // The floor is serde's cap on one decoder preallocation (1 MiB), so no input can make
+        // a decoder allocate more than the frame limit in one piece.
+        if frame < ByteSize::mib(1) || frame > ByteSize::gib(1) {
             return Err(ConfigError::Invalid {
                 key: "net.max_frame",
-                reason: format!("{frame} is outside the supported range 64KiB..=1GiB"),
+                reason: format!("{frame} is outside the supported range 1MiB..=1GiB"),
             });
         }
         self.validate_node()?;

@@ -264,7 +264,7 @@ fn validation_errors() {
 
     let (key, reason) = invalid(&["net.max_frame=100"]);
     assert_eq!(key, "net.max_frame");
-    assert!(reason.contains("64KiB..=1GiB"), "{reason}");
+    assert!(reason.contains("1MiB..=1GiB"), "{reason}");
 
     let (key, reason) = invalid(&["scheduler.rpc_port=9000", "scheduler.http_port=9000"]);
     assert_eq!(key, "scheduler.http_port");

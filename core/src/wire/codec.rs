@@ -1,9 +1,11 @@
 //! The one place that turns messages into bytes and back.
 //!
 //! bincode 1.3.3 is pinned (DESIGN.md) with one fixed option set: little-endian, variable-length
-//! integers, trailing bytes rejected, and a byte limit equal to the input on decode, so a
-//! corrupt length inside a message can never make the decoder reserve more than the frame
-//! it came in. Swapping the codec means changing only this file.
+//! integers, trailing bytes rejected, and a byte limit equal to the input on decode. A string
+//! or byte buffer is allocated only once its bytes are known to be in the input; a sequence's
+//! claimed length may make serde preallocate, but serde caps that at 1 MiB, which is why the
+//! frame limit (`net.max_frame`) is at least 1 MiB: no input makes a decoder allocate more
+//! than the frame limit in one piece. Swapping the codec means changing only this file.
 
 use bincode::Options;
 use serde::Serialize;

@@ -116,6 +116,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
             });
         }
         self.buffer.clear();
+        // `resize` alone may double the capacity, overshooting the limit by up to 2x.
+        self.buffer.reserve_exact(len);
         self.buffer.resize(len, 0);
         tokio::time::timeout(read_timeout, self.stream.read_exact(&mut self.buffer))
             .await
