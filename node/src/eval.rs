@@ -11,6 +11,7 @@ use arrow::array::{
     Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, PrimitiveArray, StringArray,
     UInt8Array, UInt16Array, UInt32Array, UInt64Array, new_null_array,
 };
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::compute::kernels::cmp;
 use arrow::compute::kernels::comparison::{contains, regexp_is_match_scalar, starts_with};
 use arrow::compute::kernels::substring::substring_by_char;
@@ -184,18 +185,24 @@ pub fn literal_array(value: &Scalar, rows: usize) -> ArrayRef {
     }
 }
 
+/// `op` on each pair of values; null where either input is null or `op` has no answer. One
+/// pass over the value slices; validity bits are packed 64 at a time.
 fn checked_binary<T: ArrowPrimitiveType>(
     left: &PrimitiveArray<T>,
     right: &PrimitiveArray<T>,
     op: impl Fn(T::Native, T::Native) -> Option<T::Native>,
 ) -> PrimitiveArray<T> {
-    left.iter()
-        .zip(right.iter())
-        .map(|pair| match pair {
-            (Some(a), Some(b)) => op(a, b),
-            _ => None,
-        })
-        .collect()
+    let (a, b) = (left.values(), right.values());
+    let mut values = Vec::with_capacity(a.len());
+    // `collect_bool` calls the closure for 0, 1, … in order, so `values` lines up.
+    let answered = BooleanBuffer::collect_bool(a.len(), |index| {
+        let result = op(a[index], b[index]);
+        values.push(result.unwrap_or_default());
+        result.is_some()
+    });
+    let inputs_valid = NullBuffer::union(left.nulls(), right.nulls());
+    let valid = NullBuffer::union(Some(&NullBuffer::new(answered)), inputs_valid.as_ref());
+    PrimitiveArray::new(values.into(), valid)
 }
 
 fn checked_unary<T: ArrowPrimitiveType>(
