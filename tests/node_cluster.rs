@@ -534,3 +534,36 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         "committed after {elapsed:?}, before the health timeout"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_follows_the_leader_through_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 3,
+        dir: dir.path().to_owned(),
+        token: TOKEN.into(),
+        settings: scheduler_settings(),
+    })
+    .unwrap();
+    let old_leader = cluster.wait_for_leader(READY_TIMEOUT).await.unwrap();
+    let node = NodeProcess::start(dir.path(), "n", &cluster.addrs(), &[]);
+    let id = wait_ready(&node, 2).await.node.unwrap();
+
+    cluster.kill(old_leader).unwrap();
+    let new_leader = cluster.wait_for_leader(READY_TIMEOUT).await.unwrap();
+    assert_ne!(new_leader, old_leader);
+    // A node that stopped heartbeating would be committed dead by the new leader after one
+    // health timeout; this one keeps going to whichever replica leads.
+    let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
+    tokio::time::sleep(health_timeout * 3).await;
+    let state = state(&cluster).await;
+    assert!(state.nodes[&id].is_alive(), "{:?}", state.nodes[&id]);
+    assert_eq!(
+        state.nodes.len(),
+        1,
+        "the node must not have registered again"
+    );
+    let status = status(&node.addr).await;
+    assert_eq!(status.node, Some(id));
+}

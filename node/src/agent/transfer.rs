@@ -274,3 +274,74 @@ fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use floe_core::config::{ClusterToken, Config};
+    use floe_objectstore::{Backing, StoreConfig};
+
+    use super::*;
+
+    fn transfers(dir: &std::path::Path) -> Transfers {
+        let store = ObjectStore::open_with(
+            StoreConfig {
+                name: "transfer-unit".into(),
+                capacity: 1 << 20,
+                spill_threshold: 1.0,
+                min_spilling_size: 1 << 20,
+                spill_dir: dir.join("spill"),
+                fallback_dir: dir.join("fallback"),
+            },
+            Backing::Heap,
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new("unit");
+        config.node.transfer_inline_max = floe_core::config::ByteSize(8);
+        Transfers::new(store, WireConfig::from_config(&config), &config.node)
+    }
+
+    #[test]
+    fn a_checksum_mismatch_abandons_the_object_and_a_match_seals_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = transfers(dir.path()).store;
+        let object = ObjectId::new(7);
+        let mut writer = store.create(object, 4).unwrap();
+        writer.as_mut_slice().copy_from_slice(b"abcd");
+        let error = seal_verified(writer, xxh3_64(b"abce")).unwrap_err();
+        assert!(
+            matches!(error, Error::ChecksumMismatch { object: o, .. } if o == object),
+            "{error}"
+        );
+        assert!(!store.contains(object), "a corrupt object must not stay");
+
+        let mut writer = store.create(object, 4).unwrap();
+        writer.as_mut_slice().copy_from_slice(b"abcd");
+        let sealed = seal_verified(writer, xxh3_64(b"abcd")).unwrap();
+        assert_eq!((sealed.size, sealed.checksum), (4, xxh3_64(b"abcd")));
+        assert_eq!(store.get(object).unwrap().as_bytes(), b"abcd");
+    }
+
+    #[test]
+    fn small_objects_go_inline_and_chunks_stay_inside_the_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let transfers = transfers(dir.path());
+        let (small, large) = (ObjectId::new(1), ObjectId::new(2));
+        transfers.store.put(small, b"12345678").unwrap();
+        transfers.store.put(large, b"0123456789").unwrap();
+
+        let meta = transfers.meta(small).unwrap();
+        assert_eq!(meta.inline, Some(Bytes(b"12345678".to_vec())));
+        assert_eq!(meta.checksum, xxh3_64(b"12345678"));
+        let meta = transfers.meta(large).unwrap();
+        assert_eq!((meta.size, meta.inline), (10, None));
+
+        assert_eq!(transfers.read_chunk(large, 3, 4).unwrap().0, b"3456");
+        assert_eq!(transfers.read_chunk(large, 8, 100).unwrap().0, b"89");
+        assert!(transfers.read_chunk(large, 11, 1).is_err());
+        assert!(matches!(
+            transfers.meta(ObjectId::new(3)),
+            Err(Error::Store(floe_objectstore::Error::NotFound { .. }))
+        ));
+    }
+}
