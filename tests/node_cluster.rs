@@ -5,14 +5,14 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use floe_core::{NodeId, ObjectId, TaskId};
+use floe_node::agent::local::{LocalNode, LocalNodeConfig};
 use floe_node::agent::protocol::{
     InputRef, NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure,
     TaskKind, TaskSpec,
@@ -53,111 +53,23 @@ fn wire() -> WireConfig {
     WireConfig::from_config(&config)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `floe node` process, killed (and its leftovers removed) when dropped.
-struct NodeProcess {
-    child: Option<Child>,
-    pid: u32,
-    addr: String,
-    data_dir: PathBuf,
-    log: PathBuf,
-}
-
-impl NodeProcess {
-    fn start(dir: &Path, name: &str, schedulers: &[String], settings: &[&str]) -> Self {
-        let port = free_port();
-        let data_dir = dir.join(name);
-        std::fs::create_dir_all(&data_dir).unwrap();
-        let log_path = dir.join(format!("{name}.log"));
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
-        command
-            .arg("node")
-            .arg("--scheduler")
-            .arg(schedulers.join(","));
-        let mut all = vec![
-            format!("node.rpc_port={port}"),
-            format!("paths.data_dir={}", data_dir.display()),
-            "node.workers=2".into(),
-            "memory.total=1GiB".into(),
-            "net.max_frame=128MiB".into(),
-        ];
-        all.extend(scheduler_settings());
-        all.extend(settings.iter().map(|setting| (*setting).to_owned()));
-        for setting in all {
-            command.arg("--set").arg(setting);
-        }
-        for (name, _) in std::env::vars() {
-            if name.starts_with("FLOE_") {
-                command.env_remove(name);
-            }
-        }
-        let child = command
-            .env("FLOE_CLUSTER_TOKEN", TOKEN)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Self {
-            pid: child.id(),
-            child: Some(child),
-            addr: format!("127.0.0.1:{port}"),
-            data_dir,
-            log: log_path,
-        }
-    }
-
-    fn segment(&self) -> PathBuf {
-        PathBuf::from(format!("/dev/shm/floe-node-{}", self.pid))
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.data_dir.join(format!("node-{}.sock", self.pid))
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid.to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit and returns whether it exited successfully.
-    fn wait(&mut self) -> bool {
-        self.child.take().unwrap().wait().unwrap().success()
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        // A failing test shows what the node said.
-        if std::thread::panicking()
-            && let Ok(log) = std::fs::read_to_string(&self.log)
-        {
-            eprintln!("--- {} ---\n{log}", self.log.display());
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // A node killed with SIGKILL leaves its segment; a later node of the same pid would
-        // clear it, but tests should not leave /dev/shm dirty.
-        let _ = std::fs::remove_file(self.segment());
-    }
+fn start_node(dir: &Path, name: &str, schedulers: &[String], settings: &[&str]) -> LocalNode {
+    let mut all: Vec<String> = vec![
+        "node.workers=2".into(),
+        "memory.total=1GiB".into(),
+        "net.max_frame=128MiB".into(),
+    ];
+    all.extend(scheduler_settings());
+    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+    LocalNode::start(&LocalNodeConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        schedulers: schedulers.to_vec(),
+        dir: dir.to_owned(),
+        name: name.into(),
+        token: TOKEN.into(),
+        settings: all,
+    })
+    .unwrap()
 }
 
 async fn client(addr: &str) -> RpcClient<NodeProtocol> {
@@ -177,25 +89,10 @@ async fn status(addr: &str) -> NodeStatus {
     }
 }
 
-/// Waits until the node has registered and all its workers are connected.
-async fn wait_ready(node: &NodeProcess, workers: u32) -> NodeStatus {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if let Ok(mut client) =
-            RpcClient::<NodeProtocol>::connect(&node.addr, wire(), PeerKind::Client).await
-            && let Ok(NodeResponse::Status(status)) = client.call(&NodeRequest::Status).await
-            && status.workers == workers
-            && status.node.is_some()
-        {
-            return *status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {} did not get ready",
-            node.addr
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn wait_ready(node: &LocalNode, workers: u32) -> NodeStatus {
+    node.wait_ready(&wire(), workers, READY_TIMEOUT)
+        .await
+        .unwrap()
 }
 
 async fn run(
@@ -240,16 +137,16 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = scheduler(dir.path());
     let schedulers = cluster.addrs();
-    let a = NodeProcess::start(dir.path(), "a", &schedulers, &[]);
-    let b = NodeProcess::start(dir.path(), "b", &schedulers, &[]);
+    let a = start_node(dir.path(), "a", &schedulers, &[]);
+    let b = start_node(dir.path(), "b", &schedulers, &[]);
     let status_a = wait_ready(&a, 2).await;
     let status_b = wait_ready(&b, 2).await;
     let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
 
     // Both registered with the token, under the ids they report.
     let state = state(&cluster).await;
-    assert_eq!(node_with_addr(&state, &a.addr), node_a);
-    assert_eq!(node_with_addr(&state, &b.addr), node_b);
+    assert_eq!(node_with_addr(&state, a.addr()), node_a);
+    assert_eq!(node_with_addr(&state, b.addr()), node_b);
     assert_eq!(state.nodes[&node_a].resources.cpu_millis % 1000, 0);
 
     // SPREAD puts tasks on both nodes; each runs its task in a worker process.
@@ -273,7 +170,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     expected.sort();
     assert_eq!(sorted, expected);
     let addr_of = |node: NodeId| {
-        if node == node_a { &a.addr } else { &b.addr }
+        if node == node_a { a.addr() } else { b.addr() }
     };
     let mut filled = Vec::new();
     for (index, node) in placed.iter().enumerate() {
@@ -290,8 +187,8 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(1000, seed)));
         filled.push((*node, outputs[0]));
     }
-    let status_after_a = status(&a.addr).await;
-    let status_after_b = status(&b.addr).await;
+    let status_after_a = status(a.addr()).await;
+    let status_after_b = status(b.addr()).await;
     assert_eq!(status_after_a.tasks_finished, 1);
     assert_eq!(status_after_b.tasks_finished, 1);
 
@@ -301,12 +198,12 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         .iter()
         .map(|(node, output)| InputRef {
             object: output.object,
-            holder: (*node != node_a).then(|| b.addr.clone()),
+            holder: (*node != node_a).then(|| b.addr().to_owned()),
         })
         .collect();
-    let outputs = run(&a.addr, 200, TaskKind::Hash, inputs).await.unwrap();
+    let outputs = run(a.addr(), 200, TaskKind::Hash, inputs).await.unwrap();
     let hashed = match call(
-        &a.addr,
+        a.addr(),
         NodeRequest::ReadChunk {
             object: outputs[0].object,
             offset: 0,
@@ -323,13 +220,13 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         expected_hash.extend(xxh3_64(&fill_pattern(1000, index as u64 + 7)).to_le_bytes());
     }
     assert_eq!(hashed, expected_hash);
-    assert_eq!(status(&a.addr).await.pulls_started, 1);
+    assert_eq!(status(a.addr()).await.pulls_started, 1);
 
     // A 64 MiB object (13 chunks of 5 MiB) moves from A to B; two concurrent pulls of it
     // coalesce into one transfer, and both see the checksum of the bytes computed here.
     let size = 64 << 20;
     let big = run(
-        &a.addr,
+        a.addr(),
         300,
         TaskKind::Fill {
             bytes: size as u64,
@@ -342,19 +239,19 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let expected_checksum = xxh3_64(&fill_pattern(size, 11));
     assert_eq!(big.checksum, expected_checksum);
     let pull = |object: ObjectId| {
-        let b_addr = b.addr.clone();
-        let holder = a.addr.clone();
+        let b_addr = b.addr().to_owned();
+        let holder = a.addr().to_owned();
         tokio::spawn(async move { call(&b_addr, NodeRequest::Pull { object, holder }).await })
     };
     let (first, second) = (pull(big.object), pull(big.object));
     for pulled in [first.await.unwrap(), second.await.unwrap()] {
         assert_eq!(pulled, NodeResponse::Pulled(big));
     }
-    let status_b = status(&b.addr).await;
+    let status_b = status(b.addr()).await;
     assert_eq!(status_b.pulls_started, 1, "concurrent pulls must coalesce");
     // The copy on B holds the same bytes: hash it there in a worker.
     let rehashed = run(
-        &b.addr,
+        b.addr(),
         301,
         TaskKind::Hash,
         vec![InputRef {
@@ -365,7 +262,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     .await
     .unwrap()[0];
     let bytes = match call(
-        &b.addr,
+        b.addr(),
         NodeRequest::ReadChunk {
             object: rehashed.object,
             offset: 0,
@@ -381,11 +278,11 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
 
     // Pulling an object no node has fails with a reason naming it.
     let missing = ObjectId::new(42);
-    let mut client_b = client(&b.addr).await;
+    let mut client_b = client(b.addr()).await;
     let error = client_b
         .call(&NodeRequest::Pull {
             object: missing,
-            holder: a.addr.clone(),
+            holder: a.addr().to_owned(),
         })
         .await
         .unwrap_err();
@@ -396,15 +293,15 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
 async fn a_killed_worker_fails_its_task_and_is_respawned() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = scheduler(dir.path());
-    let node = NodeProcess::start(dir.path(), "n", &cluster.addrs(), &[]);
+    let node = start_node(dir.path(), "n", &cluster.addrs(), &[]);
     wait_ready(&node, 2).await;
 
-    let addr = node.addr.clone();
+    let addr = node.addr().to_owned();
     let long =
         tokio::spawn(async move { run(&addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![]).await });
     let deadline = Instant::now() + READY_TIMEOUT;
     let victim = loop {
-        if let Some(running) = status(&node.addr).await.running.first() {
+        if let Some(running) = status(node.addr()).await.running.first() {
             break *running;
         }
         assert!(Instant::now() < deadline, "the task never started");
@@ -427,9 +324,14 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
     );
     assert!(failure.retryable());
     // The next task runs, and the slot gets a new worker process.
-    let outputs = run(&node.addr, 2, TaskKind::Fill { bytes: 10, seed: 0 }, vec![])
-        .await
-        .unwrap();
+    let outputs = run(
+        node.addr(),
+        2,
+        TaskKind::Fill { bytes: 10, seed: 0 },
+        vec![],
+    )
+    .await
+    .unwrap();
     assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(10, 0)));
     let after = wait_ready(&node, 2).await;
     assert_eq!(after.workers_respawned, 1);
@@ -441,7 +343,7 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
     let dir = tempfile::tempdir().unwrap();
     let cluster = scheduler(dir.path());
     // Any host is past a 1% threshold, so the monitor acts on the first running task.
-    let node = NodeProcess::start(
+    let node = start_node(
         dir.path(),
         "n",
         &cluster.addrs(),
@@ -451,7 +353,7 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
         ],
     );
     wait_ready(&node, 2).await;
-    let failure = run(&node.addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![])
+    let failure = run(node.addr(), 1, TaskKind::Sleep { ms: 60_000 }, vec![])
         .await
         .unwrap_err();
     match &failure {
@@ -474,17 +376,17 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = scheduler(dir.path());
     let schedulers = cluster.addrs();
-    let mut leaving = NodeProcess::start(dir.path(), "leaving", &schedulers, &[]);
-    let crashing = NodeProcess::start(dir.path(), "crashing", &schedulers, &[]);
+    let mut leaving = start_node(dir.path(), "leaving", &schedulers, &[]);
+    let crashing = start_node(dir.path(), "crashing", &schedulers, &[]);
     let leaving_id = wait_ready(&leaving, 2).await.node.unwrap();
     let crashing_id = wait_ready(&crashing, 2).await.node.unwrap();
     assert!(leaving.segment().exists());
-    assert!(leaving.socket().exists());
+    assert!(leaving.worker_socket().exists());
 
     // SIGTERM: the node says it is leaving, kills its workers and unlinks its shared memory.
-    leaving.signal("TERM");
+    leaving.signal("TERM").unwrap();
     assert!(
-        leaving.wait(),
+        leaving.wait().unwrap(),
         "floe node should exit successfully on SIGTERM"
     );
     assert!(
@@ -492,7 +394,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         "{} left behind",
         leaving.segment().display()
     );
-    assert!(!leaving.socket().exists());
+    assert!(!leaving.worker_socket().exists());
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|entry| entry.ok())
@@ -500,7 +402,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
             entry
                 .file_name()
                 .to_string_lossy()
-                .contains(&format!("node-{}", leaving.pid))
+                .contains(&format!("node-{}", leaving.pid()))
         })
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
@@ -511,7 +413,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
 
     // kill -9: no goodbye; the scheduler commits the death after missed heartbeats.
     let killed_at = Instant::now();
-    crashing.signal("KILL");
+    crashing.signal("KILL").unwrap();
     let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
     let deadline = killed_at + health_timeout * 3;
     loop {
@@ -547,7 +449,7 @@ async fn a_node_follows_the_leader_through_a_failover() {
     })
     .unwrap();
     let old_leader = cluster.wait_for_leader(READY_TIMEOUT).await.unwrap();
-    let node = NodeProcess::start(dir.path(), "n", &cluster.addrs(), &[]);
+    let node = start_node(dir.path(), "n", &cluster.addrs(), &[]);
     let id = wait_ready(&node, 2).await.node.unwrap();
 
     cluster.kill(old_leader).unwrap();
@@ -564,6 +466,6 @@ async fn a_node_follows_the_leader_through_a_failover() {
         1,
         "the node must not have registered again"
     );
-    let status = status(&node.addr).await;
+    let status = status(node.addr()).await;
     assert_eq!(status.node, Some(id));
 }

@@ -7,6 +7,7 @@
 //! processes ([`pool`]), and runs the memory monitor. On SIGTERM it tells the scheduler it is
 //! leaving, kills its workers and unlinks its shared memory.
 
+pub mod local;
 mod monitor;
 mod pool;
 pub mod protocol;
@@ -57,6 +58,8 @@ pub enum Error {
     HostMemory(String),
     #[error("worker: {0}")]
     Worker(String),
+    #[error("local node: {0}")]
+    LocalNode(String),
     #[error("transferring object {object}: {reason}")]
     Transfer { object: ObjectId, reason: String },
     #[error(
