@@ -1,5 +1,5 @@
-//! floe-node: the code that runs on a node. For now, the kernels a worker process runs for
-//! the row-wise part of a Dataset plan, in-process:
+//! floe-node: the code that runs on a node — the node agent, and the kernels a worker process
+//! runs for the row-wise part of a Dataset plan (which also run in-process):
 //!
 //! - [`eval`]: evaluates [`floe_core::expr::Expr`] over a record batch with Arrow's compute
 //!   kernels, following the expression module's null-on-unrepresentable rule.
