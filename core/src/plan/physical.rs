@@ -114,7 +114,7 @@ pub fn default_rules() -> Vec<Box<dyn PhysicalRule>> {
 }
 
 impl PhysicalPlan {
-    /// One stage per distinct logical node (see [`Builder`]'s `planned`), then
+    /// One stage per distinct logical node (equal fingerprint and operator), then
     /// the default physical rules.
     pub fn from_logical(plan: &LogicalPlan) -> Self {
         Self::with_rules(plan, &default_rules())
