@@ -10,6 +10,7 @@
 
 mod cache;
 mod dataset;
+mod node;
 mod objectstore;
 mod placement;
 mod raft;
@@ -54,12 +55,26 @@ pub enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Object transfer between two `floe node`s against a raw loopback TCP copy.
+    Transfer {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Empty tasks per second run by one `floe node`'s worker processes.
+    Tasks {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
     match which {
         Bench::Raft { quick } => raft::run(quick, config),
         Bench::Placement { quick } => placement::run(quick),
+        Bench::Transfer { quick } => node::run_transfer(quick, config),
+        Bench::Tasks { quick } => node::run_tasks(quick, config),
         Bench::Cache { quick } => cache::run(quick, config),
         Bench::Dataset { quick } => dataset::run(quick),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
