@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, ArrowPrimitiveType, BinaryArray, BooleanArray, Date32Array, Float32Array,
-    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, PrimitiveArray, StringArray,
-    UInt8Array, UInt16Array, UInt32Array, UInt64Array, new_null_array,
+    Array, ArrayRef, ArrowPrimitiveType, BinaryArray, BooleanArray, Date32Array, Datum,
+    Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, PrimitiveArray,
+    StringArray, UInt8Array, UInt16Array, UInt32Array, UInt64Array, new_null_array,
 };
 use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::compute::kernels::cmp;
@@ -41,6 +41,11 @@ pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
         }),
         Expr::Literal(value) => Ok(literal_array(value, rows)),
         Expr::Binary { op, left, right } => {
+            let both_literal = matches!((&**left, &**right), (Expr::Literal(_), Expr::Literal(_)));
+            if (op.is_arithmetic() || op.is_comparison()) && !both_literal {
+                let (left, right) = (operand(left, batch)?, operand(right, batch)?);
+                return binary_operands(*op, &left, &right, rows);
+            }
             let left = evaluate(left, batch)?;
             let right = evaluate(right, batch)?;
             binary(*op, &left, &right)
@@ -185,22 +190,65 @@ pub fn literal_array(value: &Scalar, rows: usize) -> ArrayRef {
     }
 }
 
-/// `op` on each pair of values; null where either input is null or `op` has no answer. One
-/// pass over the value slices; validity bits are packed 64 at a time.
+/// One side of an arithmetic or comparison operator: an array with a value per row, or a
+/// literal kept as a one-element array, so a constant is never repeated row by row (arrow's
+/// comparison kernels take it as a `Scalar` datum).
+struct Operand {
+    values: ArrayRef,
+    scalar: bool,
+}
+
+impl Operand {
+    fn cast(&self, to: &DataType) -> Result<Operand> {
+        Ok(Operand {
+            values: safe_cast(&self.values, to)?,
+            scalar: self.scalar,
+        })
+    }
+}
+
+fn operand(expr: &Expr, batch: &RecordBatch) -> Result<Operand> {
+    Ok(match expr {
+        Expr::Literal(value) => Operand {
+            values: literal_array(value, 1),
+            scalar: true,
+        },
+        other => Operand {
+            values: evaluate(other, batch)?,
+            scalar: false,
+        },
+    })
+}
+
+/// `op` on each pair of values (a scalar side repeats its one value); null where an input is
+/// null or `op` has no answer. One pass over the value slices; validity bits are packed 64 at
+/// a time.
 fn checked_binary<T: ArrowPrimitiveType>(
-    left: &PrimitiveArray<T>,
-    right: &PrimitiveArray<T>,
+    (left, left_scalar): (&PrimitiveArray<T>, bool),
+    (right, right_scalar): (&PrimitiveArray<T>, bool),
+    rows: usize,
     op: impl Fn(T::Native, T::Native) -> Option<T::Native>,
 ) -> PrimitiveArray<T> {
+    if (left_scalar && left.is_null(0)) || (right_scalar && right.is_null(0)) {
+        return PrimitiveArray::new_null(rows);
+    }
     let (a, b) = (left.values(), right.values());
-    let mut values = Vec::with_capacity(a.len());
+    let at =
+        |values: &[T::Native], scalar: bool, index: usize| values[if scalar { 0 } else { index }];
+    let mut values = Vec::with_capacity(rows);
     // `collect_bool` calls the closure for 0, 1, … in order, so `values` lines up.
-    let answered = BooleanBuffer::collect_bool(a.len(), |index| {
-        let result = op(a[index], b[index]);
+    let answered = BooleanBuffer::collect_bool(rows, |index| {
+        let result = op(at(a, left_scalar, index), at(b, right_scalar, index));
         values.push(result.unwrap_or_default());
         result.is_some()
     });
-    let inputs_valid = NullBuffer::union(left.nulls(), right.nulls());
+    let row_nulls = |array: &'_ PrimitiveArray<T>, scalar: bool| {
+        if scalar { None } else { array.nulls().cloned() }
+    };
+    let inputs_valid = NullBuffer::union(
+        row_nulls(left, left_scalar).as_ref(),
+        row_nulls(right, right_scalar).as_ref(),
+    );
     let valid = NullBuffer::union(Some(&NullBuffer::new(answered)), inputs_valid.as_ref());
     PrimitiveArray::new(values.into(), valid)
 }
@@ -213,60 +261,89 @@ fn checked_unary<T: ArrowPrimitiveType>(
 }
 
 macro_rules! integer_arithmetic {
-    ($op:expr, $left:expr, $right:expr, $type:ty) => {{
-        let (l, r) = (primitive::<$type>($left)?, primitive::<$type>($right)?);
+    ($op:expr, $left:expr, $right:expr, $rows:expr, $type:ty) => {{
+        let l = (primitive::<$type>(&$left.values)?, $left.scalar);
+        let r = (primitive::<$type>(&$right.values)?, $right.scalar);
         let result = match $op {
-            BinaryOp::Add => checked_binary(l, r, |a, b| a.checked_add(b)),
-            BinaryOp::Subtract => checked_binary(l, r, |a, b| a.checked_sub(b)),
-            BinaryOp::Multiply => checked_binary(l, r, |a, b| a.checked_mul(b)),
-            BinaryOp::Divide => checked_binary(l, r, |a, b| a.checked_div(b)),
-            _ => checked_binary(l, r, |a, b| a.checked_rem(b)),
+            BinaryOp::Add => checked_binary(l, r, $rows, |a, b| a.checked_add(b)),
+            BinaryOp::Subtract => checked_binary(l, r, $rows, |a, b| a.checked_sub(b)),
+            BinaryOp::Multiply => checked_binary(l, r, $rows, |a, b| a.checked_mul(b)),
+            BinaryOp::Divide => checked_binary(l, r, $rows, |a, b| a.checked_div(b)),
+            _ => checked_binary(l, r, $rows, |a, b| a.checked_rem(b)),
         };
         Arc::new(result) as ArrayRef
     }};
 }
 
-fn arithmetic(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
-    let target = arithmetic_type(left.data_type(), right.data_type())
-        .ok_or_else(|| type_error("numeric operands", left.data_type()))?;
-    let (left, right) = (safe_cast(left, &target)?, safe_cast(right, &target)?);
+fn arithmetic(op: BinaryOp, left: &Operand, right: &Operand, rows: usize) -> Result<ArrayRef> {
+    let (left_type, right_type) = (left.values.data_type(), right.values.data_type());
+    let target = arithmetic_type(left_type, right_type)
+        .ok_or_else(|| type_error("numeric operands", left_type))?;
+    let (left, right) = (left.cast(&target)?, right.cast(&target)?);
     Ok(match target {
         DataType::Float64 => {
-            let (l, r) = (
-                primitive::<Float64Type>(&left)?,
-                primitive::<Float64Type>(&right)?,
-            );
+            let l = (primitive::<Float64Type>(&left.values)?, left.scalar);
+            let r = (primitive::<Float64Type>(&right.values)?, right.scalar);
             let result = match op {
-                BinaryOp::Add => checked_binary(l, r, |a, b| Some(a + b)),
-                BinaryOp::Subtract => checked_binary(l, r, |a, b| Some(a - b)),
-                BinaryOp::Multiply => checked_binary(l, r, |a, b| Some(a * b)),
-                BinaryOp::Divide => checked_binary(l, r, |a, b| (b != 0.0).then(|| a / b)),
-                _ => checked_binary(l, r, |a, b| (b != 0.0).then(|| a % b)),
+                BinaryOp::Add => checked_binary(l, r, rows, |a, b| Some(a + b)),
+                BinaryOp::Subtract => checked_binary(l, r, rows, |a, b| Some(a - b)),
+                BinaryOp::Multiply => checked_binary(l, r, rows, |a, b| Some(a * b)),
+                BinaryOp::Divide => checked_binary(l, r, rows, |a, b| (b != 0.0).then(|| a / b)),
+                _ => checked_binary(l, r, rows, |a, b| (b != 0.0).then(|| a % b)),
             };
             Arc::new(result)
         }
-        DataType::UInt64 => integer_arithmetic!(op, &left, &right, UInt64Type),
-        _ => integer_arithmetic!(op, &left, &right, Int64Type),
+        DataType::UInt64 => integer_arithmetic!(op, left, right, rows, UInt64Type),
+        _ => integer_arithmetic!(op, left, right, rows, Int64Type),
     })
 }
 
-fn binary(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
+fn comparison(op: BinaryOp, left: &Operand, right: &Operand) -> Result<ArrayRef> {
+    let (left_type, right_type) = (left.values.data_type(), right.values.data_type());
+    let target = common_type(left_type, right_type)
+        .ok_or_else(|| type_error("comparable operands", right_type))?;
+    let (left, right) = (left.cast(&target)?, right.cast(&target)?);
+    let (left_scalar, right_scalar);
+    let l: &dyn Datum = if left.scalar {
+        left_scalar = arrow::array::Scalar::new(left.values.clone());
+        &left_scalar
+    } else {
+        &left.values
+    };
+    let r: &dyn Datum = if right.scalar {
+        right_scalar = arrow::array::Scalar::new(right.values.clone());
+        &right_scalar
+    } else {
+        &right.values
+    };
+    let result = match op {
+        BinaryOp::Eq => cmp::eq(l, r)?,
+        BinaryOp::NotEq => cmp::neq(l, r)?,
+        BinaryOp::Lt => cmp::lt(l, r)?,
+        BinaryOp::LtEq => cmp::lt_eq(l, r)?,
+        BinaryOp::Gt => cmp::gt(l, r)?,
+        _ => cmp::gt_eq(l, r)?,
+    };
+    Ok(Arc::new(result))
+}
+
+/// Arithmetic and comparisons, where one side may be a literal (not both).
+fn binary_operands(op: BinaryOp, left: &Operand, right: &Operand, rows: usize) -> Result<ArrayRef> {
     if op.is_arithmetic() {
-        return arithmetic(op, left, right);
+        arithmetic(op, left, right, rows)
+    } else {
+        comparison(op, left, right)
     }
-    if op.is_comparison() {
-        let target = common_type(left.data_type(), right.data_type())
-            .ok_or_else(|| type_error("comparable operands", right.data_type()))?;
-        let (l, r) = (safe_cast(left, &target)?, safe_cast(right, &target)?);
-        let result = match op {
-            BinaryOp::Eq => cmp::eq(&l, &r)?,
-            BinaryOp::NotEq => cmp::neq(&l, &r)?,
-            BinaryOp::Lt => cmp::lt(&l, &r)?,
-            BinaryOp::LtEq => cmp::lt_eq(&l, &r)?,
-            BinaryOp::Gt => cmp::gt(&l, &r)?,
-            _ => cmp::gt_eq(&l, &r)?,
+}
+
+/// Any binary operator over two full arrays (boolean logic, or two literals).
+fn binary(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
+    if op.is_arithmetic() || op.is_comparison() {
+        let operand = |values: &ArrayRef| Operand {
+            values: values.clone(),
+            scalar: false,
         };
-        return Ok(Arc::new(result));
+        return binary_operands(op, &operand(left), &operand(right), left.len());
     }
     let (l, r) = (as_boolean(left)?, as_boolean(right)?);
     Ok(Arc::new(match op {

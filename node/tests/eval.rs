@@ -131,6 +131,18 @@ proptest! {
                 .collect();
             prop_assert_eq!(ints(&evaluate(&expr, &batch).unwrap()), expected, "{}", expr);
         }
+        // A literal on either side is kept as a scalar, not repeated: same results.
+        let minus: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(|a| 7i64.checked_sub(a))).collect();
+        prop_assert_eq!(ints(&evaluate(&(lit(7i64) - col("a")), &batch).unwrap()), minus);
+        let times: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(|a| a.checked_mul(3))).collect();
+        prop_assert_eq!(ints(&evaluate(&(col("a") * lit(3i32)), &batch).unwrap()), times);
+        let by_zero = evaluate(&(col("a") / lit(0i64)), &batch).unwrap();
+        prop_assert_eq!(by_zero.null_count(), rows.len());
+        let plus_null = evaluate(&(col("a") + floe_core::expr::null()), &batch).unwrap();
+        prop_assert_eq!(plus_null.null_count(), rows.len());
+        prop_assert_eq!(plus_null.len(), rows.len());
+        let above: Vec<Option<bool>> = rows.iter().map(|(a, _, _)| Some(5 > (*a)?)).collect();
+        prop_assert_eq!(bools(&evaluate(&lit(5i64).gt(col("a")), &batch).unwrap()), above);
         let negated: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(i64::checked_neg)).collect();
         prop_assert_eq!(ints(&evaluate(&(-col("a")), &batch).unwrap()), negated);
     }
@@ -297,6 +309,11 @@ fn casts_that_do_not_fit_are_null() {
     assert_eq!(
         floats(&evaluate(&(col("i") + lit(0.5)), &batch).unwrap()),
         vec![Some(1.5), Some(-128.5), Some(5.5), Some(127.5)]
+    );
+    // Two literals are evaluated row by row like anything else.
+    assert_eq!(
+        ints(&evaluate(&(lit(40i64) + lit(2i64)), &batch).unwrap()),
+        vec![Some(42); 4]
     );
     // The untyped null literal takes the other side's type.
     assert_eq!(
