@@ -46,6 +46,14 @@ pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
     } else {
         ByteSize::gib(1)
     };
+    // The benchmark's shards live in a directory of their own under the node's cache
+    // directory, under the node's cap, which must hold them all or hits would be evicted.
+    ensure!(
+        config.cache.max_bytes.bytes() >= target.bytes() * 2,
+        "cache.max_bytes = {} cannot hold the {target} benchmark dataset; set it to at least {}",
+        config.cache.max_bytes,
+        ByteSize(target.bytes() * 2)
+    );
     let rows_per_shard = target.bytes() / BYTES_PER_ROW / u64::from(SHARDS);
     let dir = ScratchDir(
         config
@@ -56,7 +64,7 @@ pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
     let dataset = dataset_inputs(rows_per_shard * u64::from(SHARDS))?;
     let fingerprint = dataset.fingerprint();
 
-    let cache = open_cache(&dir.0, target, Verification::Checksum)?;
+    let cache = open_cache(config, &dir.0, Verification::Checksum)?;
     let started = Instant::now();
     let mut stored_bytes = 0;
     for rank in 0..SHARDS {
@@ -91,7 +99,7 @@ pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
     let cold = |verification| {
         median_time(5, || {
             let started = Instant::now();
-            let cache = open_cache(&dir.0, target, verification)?;
+            let cache = open_cache(config, &dir.0, verification)?;
             let sum = open_hit_sum(&cache, fingerprint)?;
             let elapsed = started.elapsed();
             check(sum)?;
@@ -102,7 +110,7 @@ pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
     let open_hit_structure = cold(Verification::Structure)?;
     // A long-lived process (a node agent) keeps its `Cache`, which remembers the files whose
     // checksums it has verified.
-    let warm_cache = open_cache(&dir.0, target, Verification::Checksum)?;
+    let warm_cache = open_cache(config, &dir.0, Verification::Checksum)?;
     check(open_hit_sum(&warm_cache, fingerprint)?)?;
     let open_hit_warm = median_time(5, || {
         let started = Instant::now();
@@ -154,14 +162,14 @@ impl Drop for ScratchDir {
 }
 
 fn open_cache(
+    config: &Config,
     dir: &std::path::Path,
-    target: ByteSize,
     verification: Verification,
 ) -> anyhow::Result<Cache> {
     Ok(Cache::open(CacheConfig {
         dir: dir.to_owned(),
-        max_bytes: ByteSize(target.bytes() * 2),
         verification,
+        ..CacheConfig::for_node(config)
     })?)
 }
 

@@ -39,6 +39,7 @@ pub struct Config {
     pub paths: PathsConfig,
     pub memory: MemoryConfig,
     pub data: DataConfig,
+    pub cache: CacheConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
 }
@@ -298,6 +299,25 @@ impl Default for DataConfig {
         Self {
             min_block_size: ByteSize::mib(1),
             max_block_size: ByteSize::mib(128),
+        }
+    }
+}
+
+/// `[cache]`: the node's fingerprint cache (shards in `paths.cache_dir`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Bytes of shard files the node keeps; past it, writes evict least recently used shards
+    /// that are not in use. At least `data.max_block_size`. Default 20GiB: bounded, so a
+    /// default install under `/tmp` cannot fill its disk; raise it on a disk of its own.
+    /// (To keep nothing, disable caching for the job rather than shrinking the cap.)
+    pub max_bytes: ByteSize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: ByteSize::gib(20),
         }
     }
 }
@@ -759,6 +779,18 @@ impl Config {
                 reason: format!(
                     "{} must be at least 1 byte and at most data.max_block_size {}",
                     data.min_block_size, data.max_block_size
+                ),
+            });
+        }
+        // Below one block, each output written would evict the one before it, so a pipeline
+        // could never reuse anything.
+        if self.cache.max_bytes < data.max_block_size {
+            return Err(ConfigError::Invalid {
+                key: "cache.max_bytes",
+                reason: format!(
+                    "{} is less than one block (data.max_block_size {}); to cache nothing, \
+                     disable caching instead",
+                    self.cache.max_bytes, data.max_block_size
                 ),
             });
         }

@@ -499,3 +499,56 @@ fn node_agent_settings_have_documented_defaults_and_are_validated() {
     assert_eq!(config.node.workers, 3);
     assert_eq!(config.node.memory_monitor_threshold, 1.0);
 }
+
+#[test]
+fn the_cache_cap_has_a_default_comes_from_every_layer_and_is_validated() {
+    let config = ConfigLoader::new().load().unwrap();
+    assert_eq!(config.cache.max_bytes, ByteSize::gib(20));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(&dir, "[cache]\nmax_bytes = \"3GiB\"\n");
+    let config = ConfigLoader::new().file(&path).load().unwrap();
+    assert_eq!(config.cache.max_bytes, ByteSize::gib(3));
+    // The section is `cache`, the key `max_bytes`: only the first underscore splits.
+    let config = ConfigLoader::new()
+        .file(&path)
+        .env(env(&[("FLOE_CACHE_MAX_BYTES", "512MiB")]))
+        .load()
+        .unwrap();
+    assert_eq!(config.cache.max_bytes, ByteSize::mib(512));
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_CACHE_MAX_BYTES", "512MiB")]))
+        .set("cache.max_bytes=1000000000")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.cache.max_bytes, ByteSize(1_000_000_000));
+
+    let error = ConfigLoader::new()
+        .env(env(&[("FLOE_CACHE_MAX_BYTES", "lots")]))
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("environment variable FLOE_CACHE_MAX_BYTES: bad value \"lots\""),
+        "{error}"
+    );
+
+    for cap in ["0", "127MiB"] {
+        let (key, reason) = invalid(&[&format!("cache.max_bytes={cap}")]);
+        assert_eq!(key, "cache.max_bytes");
+        assert!(
+            reason.contains("less than one block (data.max_block_size 128MiB)"),
+            "{reason}"
+        );
+    }
+    // The floor follows the block size.
+    let config = ConfigLoader::new()
+        .set("cache.max_bytes=16MiB")
+        .unwrap()
+        .set("data.max_block_size=16MiB")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.cache.max_bytes, ByteSize::mib(16));
+}

@@ -27,9 +27,9 @@ use std::time::{Duration, SystemTime};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use floe_core::Fingerprint;
-use floe_core::config::{ByteSize, PathsConfig};
+use floe_core::config::ByteSize;
 use floe_core::fingerprint::{Difference, FingerprintInputs};
+use floe_core::{Config, Fingerprint};
 
 pub use manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
 pub use shard::{CachedShard, ShardIndex, ShardName, Verification};
@@ -89,11 +89,11 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// The node's cache directory (`paths.cache_dir`) with the given cap.
-    pub fn for_node(paths: &PathsConfig, max_bytes: ByteSize) -> Self {
+    /// The node's cache as configured: `paths.cache_dir` capped at `cache.max_bytes`.
+    pub fn for_node(config: &Config) -> Self {
         Self {
-            dir: paths.cache_dir(),
-            max_bytes,
+            dir: config.paths.cache_dir(),
+            max_bytes: config.cache.max_bytes,
             verification: Verification::default(),
         }
     }

@@ -699,3 +699,43 @@ fn explain_miss_names_the_argument_or_parent_that_changed() {
         differences[0]
     );
 }
+
+#[test]
+fn a_node_cache_takes_its_directory_and_cap_from_the_config() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let probe = tempfile::tempdir().unwrap();
+    let entry = |factor: f64| map(&source(), 10.0 + factor);
+    let one = write(
+        &cache_in(probe.path(), u64::MAX),
+        &entry(0.0),
+        shard(0, 1),
+        100,
+    );
+    // Room for two shards, not three; the cap comes from the environment, as an operator
+    // would set it.
+    let cap = one * 2 + one / 2;
+    let config = floe_core::config::ConfigLoader::new()
+        .env([("FLOE_CACHE_MAX_BYTES".to_owned(), cap.to_string())])
+        .set(&format!("paths.data_dir={}", data_dir.path().display()))
+        .unwrap()
+        .set("data.min_block_size=1")
+        .unwrap()
+        .set(&format!("data.max_block_size={one}"))
+        .unwrap()
+        .load()
+        .unwrap();
+    let cache = Cache::open(CacheConfig::for_node(&config)).unwrap();
+    assert_eq!(cache.config().dir, data_dir.path().join("cache"));
+    assert_eq!(cache.config().max_bytes, ByteSize(cap));
+
+    for factor in 1..=3 {
+        assert_eq!(
+            write(&cache, &entry(f64::from(factor)), shard(0, 1), 100),
+            one
+        );
+    }
+    let stats = cache.stats().unwrap();
+    assert_eq!((stats.evicted_shards, stats.bytes), (1, 2 * one));
+    let files = fs::read_dir(data_dir.path().join("cache")).unwrap().count();
+    assert_eq!(files, 2);
+}
