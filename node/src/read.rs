@@ -150,7 +150,9 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
 
 /// Finds the files, stamps them (their fingerprint) and discovers their schema: every Parquet
 /// file's footer must agree; CSV column types are inferred from the first file and every
-/// file's header must name the same columns; NDJSON schemas are inferred from the first file.
+/// file's header must name the same columns; NDJSON types are inferred from the first file and
+/// every other file's inferred types must agree with them (a key missing or all null in a
+/// later file is fine: it reads as null).
 pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<FileScan> {
     let paths = expand_paths(patterns)?;
     let stamps = paths
@@ -214,9 +216,12 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
         }
         FileFormat::Json => {
             let path = first(&paths)?;
-            let file = File::open(path).map_err(Error::io(path))?;
-            let (schema, _) =
-                arrow::json::reader::infer_json_schema(BufReader::new(file), Some(INFER_ROWS))?;
+            let schema = json_schema(path)?;
+            // Types come from the first file; every other file's inferred types must agree,
+            // so a mismatched file fails now rather than halfway through the job.
+            for other in &paths[1..] {
+                check_json_schema(path, &schema, other, &json_schema(other)?)?;
+            }
             schema
         }
     };
@@ -228,6 +233,56 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
         stamps,
         Schema::new(schema.fields().clone()),
     ))
+}
+
+fn json_schema(path: &Path) -> Result<Schema> {
+    let file = File::open(path).map_err(Error::io(path))?;
+    let (schema, _) =
+        arrow::json::reader::infer_json_schema(BufReader::new(file), Some(INFER_ROWS)).map_err(
+            |e| Error::BadFile {
+                path: path.to_owned(),
+                message: e.to_string(),
+            },
+        )?;
+    Ok(schema)
+}
+
+/// Checks the schema inferred from NDJSON file `other` against the one inferred from the
+/// `first` file, which the plan uses for every file. A key the first file lacks is refused
+/// (the reader would drop it silently), and so is a key whose values have another type.
+/// A key `other` lacks, or whose sampled values are all null (type `Null`), is accepted: the
+/// reader yields nulls for it. Only the first rows are sampled, so a value of another type
+/// further into a file still fails when that file is read.
+fn check_json_schema(first: &Path, schema: &Schema, other: &Path, found: &Schema) -> Result<()> {
+    for field in found.fields() {
+        let message = match schema.field_with_name(field.name()) {
+            Err(_) => format!(
+                "column `{}` ({}) is not in the first file {}, whose columns are [{}]",
+                field.name(),
+                field.data_type(),
+                first.display(),
+                floe_core::plan::describe_schema(schema)
+            ),
+            Ok(expected)
+                if field.data_type() != expected.data_type()
+                    && *field.data_type() != DataType::Null =>
+            {
+                format!(
+                    "column `{}` is {} here but {} in the first file {}",
+                    field.name(),
+                    field.data_type(),
+                    expected.data_type(),
+                    first.display()
+                )
+            }
+            Ok(_) => continue,
+        };
+        return Err(Error::BadFile {
+            path: other.to_owned(),
+            message,
+        });
+    }
+    Ok(())
 }
 
 fn first(paths: &[PathBuf]) -> Result<&PathBuf> {
@@ -311,68 +366,66 @@ pub fn read_file(
         ..ReadStats::default()
     };
     let output = Arc::new(output_schema(scan));
-    let raw: Vec<RecordBatch> = match &scan.format {
-        FileFormat::Parquet => {
-            let file = File::open(path).map_err(Error::io(path))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| bad_file(e.to_string()))?;
-            let file_schema = builder.schema().clone();
-            let metadata = builder.metadata().clone();
-            let row_groups = metadata.row_groups();
-            stats.row_groups = row_groups.len();
-            let keep = match &scan.predicate {
-                Some(predicate) => prune_row_groups(
-                    predicate,
-                    &file_schema,
+    // Batches are decoded as the loop below pulls them, so once the limit is reached the rest
+    // of the file (its later Parquet row groups) is never decoded.
+    let raw: Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>> =
+        match &scan.format {
+            FileFormat::Parquet => {
+                let file = File::open(path).map_err(Error::io(path))?;
+                let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+                    .map_err(|e| bad_file(e.to_string()))?;
+                let file_schema = builder.schema().clone();
+                let metadata = builder.metadata().clone();
+                let row_groups = metadata.row_groups();
+                stats.row_groups = row_groups.len();
+                let keep = match &scan.predicate {
+                    Some(predicate) => prune_row_groups(
+                        predicate,
+                        &file_schema,
+                        builder.parquet_schema(),
+                        row_groups,
+                    )?,
+                    None => (0..row_groups.len()).collect(),
+                };
+                stats.row_groups_pruned = row_groups.len() - keep.len();
+                let mask = ProjectionMask::roots(
                     builder.parquet_schema(),
-                    row_groups,
-                )?,
-                None => (0..row_groups.len()).collect(),
-            };
-            stats.row_groups_pruned = row_groups.len() - keep.len();
-            let mask = ProjectionMask::roots(
-                builder.parquet_schema(),
-                projection_indices(scan, &file_schema)?,
-            );
-            let reader = builder
-                .with_row_groups(keep)
-                .with_projection(mask)
-                .with_batch_size(batch_rows)
-                .build()
-                .map_err(|e| bad_file(e.to_string()))?;
-            reader
-                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
-                .collect::<Result<Vec<_>>>()?
-        }
-        FileFormat::Csv(options) => {
-            let file = File::open(path).map_err(Error::io(path))?;
-            let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
-                .with_header(options.has_header)
-                .with_delimiter(options.delimiter)
-                .with_projection(projection_indices(scan, &scan.file_schema)?)
-                .with_batch_size(batch_rows)
-                .build(file)
-                .map_err(|e| bad_file(e.to_string()))?;
-            reader
-                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
-                .collect::<Result<Vec<_>>>()?
-        }
-        FileFormat::Json => {
-            let mut file = File::open(path).map_err(Error::io(path))?;
-            file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
-            // Fields outside the projected schema are ignored by the JSON reader.
-            let reader = arrow::json::ReaderBuilder::new(output.clone())
-                .with_batch_size(batch_rows)
-                .build(BufReader::new(file))
-                .map_err(|e| bad_file(e.to_string()))?;
-            reader
-                .map(|batch| batch.map_err(|e| bad_file(e.to_string())))
-                .collect::<Result<Vec<_>>>()?
-        }
-    };
+                    projection_indices(scan, &file_schema)?,
+                );
+                let reader = builder
+                    .with_row_groups(keep)
+                    .with_projection(mask)
+                    .with_batch_size(batch_rows)
+                    .build()
+                    .map_err(|e| bad_file(e.to_string()))?;
+                Box::new(reader)
+            }
+            FileFormat::Csv(options) => {
+                let file = File::open(path).map_err(Error::io(path))?;
+                let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
+                    .with_header(options.has_header)
+                    .with_delimiter(options.delimiter)
+                    .with_projection(projection_indices(scan, &scan.file_schema)?)
+                    .with_batch_size(batch_rows)
+                    .build(file)
+                    .map_err(|e| bad_file(e.to_string()))?;
+                Box::new(reader)
+            }
+            FileFormat::Json => {
+                let mut file = File::open(path).map_err(Error::io(path))?;
+                file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
+                // Fields outside the projected schema are ignored by the JSON reader.
+                let reader = arrow::json::ReaderBuilder::new(output.clone())
+                    .with_batch_size(batch_rows)
+                    .build(BufReader::new(file))
+                    .map_err(|e| bad_file(e.to_string()))?;
+                Box::new(reader)
+            }
+        };
     let mut limiter = scan.limit.map(Limiter::new);
     let mut batches = Vec::new();
     for batch in raw {
+        let batch = batch.map_err(|e| bad_file(e.to_string()))?;
         stats.rows_read += batch.num_rows() as u64;
         // Readers may return the file's own field metadata; the plan's schema is canonical.
         let batch = RecordBatch::try_new(output.clone(), batch.columns().to_vec())
@@ -392,6 +445,9 @@ pub fn read_file(
         };
         if batch.num_rows() > 0 {
             batches.push(batch);
+        }
+        if limiter.as_ref().is_some_and(Limiter::is_done) {
+            break;
         }
     }
     stats.rows_out = batches.iter().map(|b| b.num_rows() as u64).sum();

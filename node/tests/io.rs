@@ -188,6 +188,94 @@ fn csv_and_ndjson_read_with_projection_from_directories_and_globs() {
     assert_eq!(batches[0].column(1).null_count(), 1);
 }
 
+/// A limit stops the reader itself: the rows after it are never decoded, and files after the
+/// one that reached it are never opened.
+#[test]
+fn a_limit_stops_decoding_early() {
+    let dir = tempfile::tempdir().unwrap();
+    write_parquet(&dir.path().join("a.parquet"));
+    write_parquet(&dir.path().join("b.parquet"));
+    let scan = discover(FileFormat::Parquet, &[dir.path()]).unwrap();
+    let (_, everything) = read_scan(&scan, 50).unwrap();
+    assert_eq!((everything.files, everything.rows_read), (2, 2000));
+
+    let limited = FileScan {
+        limit: Some(150),
+        ..scan.clone()
+    };
+    let (batches, stats) = read_scan(&limited, 50).unwrap();
+    assert_eq!(ids(&batches), (0..150).collect::<Vec<_>>());
+    // Three batches of 50 rows from the first file's first two row groups, nothing more.
+    assert_eq!((stats.files, stats.rows_read), (1, 150));
+
+    // With a predicate, the limit counts matching rows: groups 0..5 are skipped by their
+    // statistics and one batch of group 5 already holds the 30 rows.
+    let filtered = FileScan {
+        predicate: Some(col("id").gt_eq(lit(500i64))),
+        limit: Some(30),
+        ..scan
+    };
+    let (batches, stats) = read_scan(&filtered, 50).unwrap();
+    assert_eq!(ids(&batches), (500..530).collect::<Vec<_>>());
+    assert_eq!(
+        (stats.files, stats.row_groups_pruned, stats.rows_read),
+        (1, 5, 50)
+    );
+}
+
+/// Every NDJSON file's inferred types are checked against the first file's when the scan is
+/// built; the error names both files, the column and the types.
+#[test]
+fn mismatched_ndjson_files_are_refused_when_the_plan_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.json");
+    std::fs::write(&a, "{\"id\": 1, \"score\": 1.5, \"tag\": \"x\"}\n").unwrap();
+    // A later file may lack a key or hold only nulls in it: those read as nulls.
+    std::fs::write(dir.path().join("b.json"), "{\"id\": 2, \"tag\": null}\n").unwrap();
+    let scan = discover(FileFormat::Json, &[dir.path().join("*.json")]).unwrap();
+    assert_eq!(
+        scan.file_schema,
+        Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("score", DataType::Float64, true),
+            Field::new("tag", DataType::Utf8, true),
+        ])
+    );
+    let (batches, _) = read_scan(&scan, 64).unwrap();
+    assert_eq!(ids(&batches), vec![1, 2]);
+    assert_eq!(
+        batches
+            .iter()
+            .map(|b| b.column(1).null_count())
+            .sum::<usize>(),
+        1
+    );
+
+    let c = dir.path().join("c.json");
+    std::fs::write(&c, "{\"id\": 3, \"score\": \"high\"}\n").unwrap();
+    let error = discover(FileFormat::Json, &[dir.path().join("*.json")]).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: column `score` is Utf8 here but Float64 in the first file {}",
+            c.display(),
+            a.display()
+        )
+    );
+
+    std::fs::write(&c, "{\"id\": 3, \"rank\": 7}\n").unwrap();
+    let error = discover(FileFormat::Json, &[dir.path().join("*.json")]).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: column `rank` (Int64) is not in the first file {}, whose columns are \
+             [id Int64, score Float64, tag Utf8]",
+            c.display(),
+            a.display()
+        )
+    );
+}
+
 #[test]
 fn changed_files_and_mismatched_parquet_schemas_are_refused() {
     let dir = tempfile::tempdir().unwrap();
