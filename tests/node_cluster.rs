@@ -72,6 +72,33 @@ fn start_node(dir: &Path, name: &str, schedulers: &[String], settings: &[&str]) 
     .unwrap()
 }
 
+/// Live `floe worker` processes of `node`, found by the socket path on their command line.
+fn workers_of(node: &LocalNode) -> Vec<u32> {
+    let socket = node.worker_socket().display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // A zombie's command line is empty, so only running workers match.
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&socket))
+        })
+        .collect()
+}
+
+/// Waits until `node` has no worker processes left.
+async fn assert_workers_gone(node: &LocalNode) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !workers_of(node).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "workers {:?} outlived their node",
+            workers_of(node)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn client(addr: &str) -> RpcClient<NodeProtocol> {
     RpcClient::connect(addr, wire(), PeerKind::Client)
         .await
@@ -381,6 +408,8 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     let leaving_id = wait_ready(&leaving, 2).await.node.unwrap();
     let crashing_id = wait_ready(&crashing, 2).await.node.unwrap();
     assert!(leaving.segment().exists());
+    assert_eq!(workers_of(&leaving).len(), 2);
+    assert_eq!(workers_of(&crashing).len(), 2);
     assert!(leaving.worker_socket().exists());
 
     // SIGTERM: the node says it is leaving, kills its workers and unlinks its shared memory.
@@ -395,6 +424,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         leaving.segment().display()
     );
     assert!(!leaving.worker_socket().exists());
+    assert_workers_gone(&leaving).await;
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|entry| entry.ok())
@@ -411,7 +441,23 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         Liveness::Alive => panic!("the scheduler was not told"),
     }
 
-    // kill -9: no goodbye; the scheduler commits the death after missed heartbeats.
+    // kill -9 while a task runs: no goodbye; the scheduler commits the death after missed
+    // heartbeats.
+    let addr = crashing.addr().to_owned();
+    tokio::spawn(async move {
+        let spec = TaskSpec {
+            task: TaskId::new(9),
+            kind: TaskKind::Sleep { ms: 60_000 },
+            inputs: Vec::new(),
+        };
+        // The node dies under this call; its failure is expected.
+        let _ = client(&addr).await.call(&NodeRequest::RunTask(spec)).await;
+    });
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while status(crashing.addr()).await.running.is_empty() {
+        assert!(Instant::now() < deadline, "the task never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let killed_at = Instant::now();
     crashing.signal("KILL").unwrap();
     let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
@@ -429,6 +475,8 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = killed_at.elapsed();
+    // Its workers die with it, even one busy with a task.
+    assert_workers_gone(&crashing).await;
     // The last heartbeat may have gone out up to one interval before the kill.
     let earliest = health_timeout - Duration::from_millis(HEARTBEAT_MS);
     assert!(

@@ -58,6 +58,7 @@ pub struct WorkerOptions {
 
 /// Runs a worker until its agent closes the socket.
 pub fn run_worker(options: &WorkerOptions) -> Result<()> {
+    die_with_agent()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -66,6 +67,28 @@ pub fn run_worker(options: &WorkerOptions) -> Result<()> {
             source,
         })?;
     runtime.block_on(serve(options))
+}
+
+/// Asks the kernel to kill this process when the agent dies: a busy worker would otherwise
+/// outlive a killed agent (it notices the closed socket only between tasks) and keep its
+/// memory and CPU.
+fn die_with_agent() -> Result<()> {
+    let agent = std::os::unix::process::parent_id();
+    // SAFETY: prctl with integer arguments only changes this process's death signal.
+    let status = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    if status != 0 {
+        return Err(Error::Io {
+            op: "setting the worker's parent-death signal",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // The agent may have died before the call; then no signal will ever come.
+    if std::os::unix::process::parent_id() != agent {
+        return Err(Error::Worker(
+            "the agent exited while the worker started".into(),
+        ));
+    }
+    Ok(())
 }
 
 async fn serve(options: &WorkerOptions) -> Result<()> {
