@@ -32,6 +32,7 @@ pub enum TaskInput {
 }
 
 /// Everything a task needs besides its stage and input.
+#[derive(Clone, Copy)]
 pub struct TaskContext<'a> {
     pub registry: &'a Registry,
     pub sizing: BlockSizing,
