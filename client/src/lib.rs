@@ -21,10 +21,28 @@
 //! # }
 //! ```
 //!
-//! Submitting a dataset to a cluster (`Client::submit`) and the consuming calls that need one
-//! (`count`, `take`, `iter_batches`, `materialize`) belong to the client-submission work; this
-//! crate builds, validates, fingerprints and explains plans, and
-//! [`Dataset::execute_locally`] runs plans without all-to-all operators in-process.
+//! ## Consuming a dataset
+//!
+//! [`Dataset::count`], [`Dataset::take`], [`Dataset::iter_batches`] and
+//! [`Dataset::materialize`] hand the plan (with its random seeds resolved) to the dataset's
+//! [`Executor`] and read the blocks it streams back. A dataset carries its executor as a handle,
+//! like its UDF registry, so these calls keep their signatures whatever runs the plan: every
+//! dataset starts with a [`LocalExecutor`], which runs plans in this process with the node's
+//! kernels and refuses all-to-all operators (sort, groupby, joins, …) with an error naming
+//! them; the cluster client will provide an executor that submits plans to a cluster, and
+//! [`Dataset::with_executor`] switches. The rows come back in the plan's order (files in path
+//! order, then rows in file order), every block with exactly [`Dataset::schema`].
+//!
+//! ```
+//! use floe_client::{Dataset, col, lit};
+//!
+//! # fn main() -> Result<(), floe_client::Error> {
+//! let odd = Dataset::range(100)?.filter((col("id") % lit(2i64)).eq(lit(1i64)))?;
+//! assert_eq!(odd.count()?, 50);
+//! assert_eq!(odd.take(3)?.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,7 +57,7 @@ use floe_core::plan::{
 };
 use floe_node::blocks::BlockSizing;
 use floe_node::task::TaskContext;
-use floe_node::udf::Registry;
+pub use floe_node::udf::Registry;
 
 pub use floe_node::local::LocalOutput;
 
@@ -67,12 +85,82 @@ impl From<PlanError> for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A dataset: a validated, fingerprinted logical plan and the UDF registry it is checked
-/// against (the built-ins unless [`Dataset::with_udfs`] says otherwise).
+/// A dataset: a validated, fingerprinted logical plan, the UDF registry it is checked against
+/// (the built-ins unless [`Dataset::with_udfs`] says otherwise), and the executor its consuming
+/// calls run it on (a [`LocalExecutor`] unless [`Dataset::with_executor`] says otherwise).
 #[derive(Clone)]
 pub struct Dataset {
     plan: LogicalPlan,
     udfs: Arc<Registry>,
+    executor: Arc<dyn Executor>,
+}
+
+/// The blocks of a running plan, in order; an error ends the stream.
+pub type BatchStream<'a> = Box<dyn Iterator<Item = Result<RecordBatch>> + 'a>;
+
+/// Runs a dataset's plan for its consuming calls ([`Dataset::count`], [`Dataset::take`],
+/// [`Dataset::iter_batches`], [`Dataset::materialize`]).
+///
+/// An implementation receives the logical plan as the user built it, with its random seeds
+/// resolved; it optimizes and plans it itself (a cluster does that on its driver). It should
+/// produce blocks as the stream is pulled rather than all at once, so that a consumer that
+/// stops early (a `take`) stops the work.
+pub trait Executor: Send + Sync {
+    /// Starts running `plan`, whose UDF calls were checked against `udfs`, and streams its
+    /// output blocks.
+    fn execute<'a>(&'a self, plan: &LogicalPlan, udfs: &'a Registry) -> Result<BatchStream<'a>>;
+}
+
+/// Runs plans in this process with the node's kernels ([`floe_node::local`]): one task at a
+/// time, each when its blocks are pulled, so a stream that is dropped or limited leaves later
+/// files unread. All-to-all operators need a cluster's shuffle and are refused before any task
+/// runs; `cache()` passes its input through (there is no cache store in-process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalExecutor {
+    /// The block size range outputs are coalesced and split into.
+    pub sizing: BlockSizing,
+    /// Rows per batch that readers and `range` produce before sizing.
+    pub batch_rows: usize,
+}
+
+impl Default for LocalExecutor {
+    fn default() -> Self {
+        Self {
+            sizing: BlockSizing::default(),
+            batch_rows: floe_node::read::DEFAULT_BATCH_ROWS,
+        }
+    }
+}
+
+impl LocalExecutor {
+    fn context<'a>(&self, udfs: &'a Registry) -> TaskContext<'a> {
+        TaskContext {
+            registry: udfs,
+            sizing: self.sizing,
+            batch_rows: self.batch_rows,
+        }
+    }
+
+    /// Runs `plan` to the end: its output blocks and the files its sinks wrote.
+    pub fn run(&self, plan: &LogicalPlan, udfs: &Registry) -> Result<LocalOutput> {
+        Ok(floe_node::local::execute(
+            &physical_plan(plan)?,
+            &self.context(udfs),
+        )?)
+    }
+}
+
+impl Executor for LocalExecutor {
+    fn execute<'a>(&'a self, plan: &LogicalPlan, udfs: &'a Registry) -> Result<BatchStream<'a>> {
+        let blocks = floe_node::local::stream(&physical_plan(plan)?, self.context(udfs))?;
+        Ok(Box::new(blocks.map(|block| block.map_err(Error::from))))
+    }
+}
+
+/// The optimized physical plan of `plan`.
+fn physical_plan(plan: &LogicalPlan) -> Result<PhysicalPlan> {
+    let optimized = Optimizer::default().optimize(plan)?;
+    Ok(PhysicalPlan::from_logical(&optimized))
 }
 
 impl std::fmt::Debug for Dataset {
@@ -101,6 +189,7 @@ impl Dataset {
         Self {
             plan,
             udfs: Arc::new(Registry::with_builtins()),
+            executor: Arc::new(LocalExecutor::default()),
         }
     }
 
@@ -108,6 +197,7 @@ impl Dataset {
         Self {
             plan,
             udfs: self.udfs.clone(),
+            executor: self.executor.clone(),
         }
     }
 
@@ -156,6 +246,13 @@ impl Dataset {
     /// Checks UDF calls against `udfs` (your registry with your own UDFs) from here on.
     pub fn with_udfs(mut self, udfs: Arc<Registry>) -> Self {
         self.udfs = udfs;
+        self
+    }
+
+    /// Runs this dataset's consuming calls, and those of the datasets built from it, on
+    /// `executor`. It does not change the plan or its fingerprint.
+    pub fn with_executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = executor;
         self
     }
 
@@ -317,19 +414,62 @@ impl Dataset {
         Ok(self.plan.explain()?)
     }
 
-    /// Optimizes the plan and runs it in this process with the node's kernels: the output
-    /// blocks, and the files any sink wrote. All-to-all operators (sort, groupby, joins, …)
-    /// need a cluster's shuffle and are refused here with an error naming them.
+    /// Optimizes the plan and runs it in this process with the node's kernels, whatever the
+    /// dataset's executor: the output blocks, and the files any sink wrote. All-to-all
+    /// operators (sort, groupby, joins, …) need a cluster's shuffle and are refused here with an
+    /// error naming them.
     pub fn execute_locally(&self) -> Result<LocalOutput> {
-        let plan = self.plan.resolve_seeds()?;
-        let optimized = Optimizer::default().optimize(&plan)?;
-        let physical = PhysicalPlan::from_logical(&optimized);
-        let context = TaskContext {
-            registry: self.udfs.as_ref(),
-            sizing: BlockSizing::default(),
-            batch_rows: floe_node::read::DEFAULT_BATCH_ROWS,
-        };
-        Ok(floe_node::local::execute(&physical, &context)?)
+        LocalExecutor::default().run(&self.plan.resolve_seeds()?, &self.udfs)
+    }
+
+    /// Runs the plan on the dataset's executor and streams its output blocks, each with
+    /// exactly [`Dataset::schema`]. With the [`LocalExecutor`] a task runs when its blocks are
+    /// pulled, one file of a read at a time; dropping the stream stops the work. An error
+    /// (a file changed since the plan was built, a failing UDF) is the stream's last item.
+    pub fn iter_batches(&self) -> Result<BatchStream<'_>> {
+        let schema = Arc::new(self.schema().clone());
+        let blocks = self
+            .executor
+            .execute(&self.plan.resolve_seeds()?, &self.udfs)?;
+        // A kernel's fields may differ from the plan's in metadata or nullability; the plan's
+        // schema is the contract.
+        Ok(Box::new(blocks.map(move |block| {
+            let block = block?;
+            RecordBatch::try_new(schema.clone(), block.columns().to_vec())
+                .map_err(|e| Error::Source(e.into()))
+        })))
+    }
+
+    /// The number of rows. Runs the whole plan (a sink writes its files and counts 0 rows).
+    pub fn count(&self) -> Result<u64> {
+        self.iter_batches()?
+            .try_fold(0, |rows, block| Ok(rows + block?.num_rows() as u64))
+    }
+
+    /// The first `n` rows, in blocks. This runs `limit(n)`, so the optimizer pushes the limit
+    /// towards the source (into reads and `range`) and the work stops once `n` rows exist:
+    /// later row groups are not decoded and later files are not opened.
+    pub fn take(&self, n: u64) -> Result<Vec<RecordBatch>> {
+        let limited = self.limit(n)?;
+        limited.iter_batches()?.collect()
+    }
+
+    /// Computes the dataset and returns a dataset over the computed rows, with this
+    /// dataset's UDF registry and executor.
+    ///
+    /// The result is a new source, exactly as if its rows had been given to
+    /// [`Dataset::from_batches`]: its fingerprint is that of its content, not this dataset's
+    /// lineage. Content is what the rows are: a plan whose output is not a function of its
+    /// fingerprint (a file rewritten with the same size and time, a nondeterministic UDF)
+    /// cannot give a materialized copy a wrong identity, and two materializations with equal
+    /// rows in equal blocks share a fingerprint. The cost is that a cached result of
+    /// `dataset.filter(..)` is not found for `dataset.materialize().filter(..)`; `cache()`
+    /// keeps lineage for that. With the [`LocalExecutor`] the rows are held in this process
+    /// and travel inline with any plan built on them, so keep them small.
+    pub fn materialize(&self) -> Result<Self> {
+        let blocks: Vec<RecordBatch> = self.iter_batches()?.collect::<Result<_>>()?;
+        let materialized = Self::from_batches(self.schema(), &blocks)?;
+        Ok(self.then(materialized.plan))
     }
 }
 
