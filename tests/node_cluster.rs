@@ -517,3 +517,28 @@ async fn a_node_follows_the_leader_through_a_failover() {
     let status = status(node.addr()).await;
     assert_eq!(status.node, Some(id));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_no_scheduler_answers_still_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens there: registration keeps retrying.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut node = start_node(dir.path(), "n", &[nowhere], &[]);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !(node.segment().exists() && workers_of(&node).len() == 2) {
+        assert!(Instant::now() < deadline, "the node never opened its store");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    node.signal("TERM").unwrap();
+    assert!(
+        node.wait().unwrap(),
+        "floe node should exit successfully on SIGTERM"
+    );
+    assert!(!node.segment().exists());
+    assert!(!node.worker_socket().exists());
+    assert_workers_gone(&node).await;
+}

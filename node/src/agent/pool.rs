@@ -191,7 +191,7 @@ impl WorkerPool {
         })
     }
 
-    /// Fails queued tasks, kills every worker and waits for them to exit.
+    /// Fails queued and running tasks and kills every worker.
     pub async fn shutdown(&self) {
         self.jobs
             .lock()
@@ -199,9 +199,24 @@ impl WorkerPool {
             .take();
         let slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(PoisonError::into_inner));
         for slot in slots {
-            // Kill the workers of busy slots too: their tasks end with the node.
+            // Busy slots too: their tasks end with the node. A slot's worker is killed when the
+            // aborted slot drops it (`kill_on_drop`).
             slot.abort();
             let _ = slot.await;
+        }
+    }
+}
+
+/// Also reached when the agent's start is abandoned half-way (a signal, or no scheduler).
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        for slot in self
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            slot.abort();
         }
         self.accept.abort();
         if let Err(error) = std::fs::remove_file(&self.inner.options.socket) {
