@@ -89,6 +89,19 @@ fn count_take_and_iter_batches_match_a_row_by_row_reference() {
     assert_eq!(dataset.count().unwrap(), reference.len() as u64);
 }
 
+/// A union of a dataset with itself plans its input once and reads that stage twice.
+#[test]
+fn a_self_union_yields_its_input_twice() {
+    let (dataset, reference) = pipeline();
+    let twice = dataset.union(&dataset).unwrap();
+    let mut expected = reference.clone();
+    expected.extend(reference.iter().copied());
+    assert_eq!(twice.count().unwrap(), expected.len() as u64);
+    assert_eq!(rows(&twice.take(10_000).unwrap()), expected);
+    let first: Vec<(i64, i64)> = expected.iter().copied().take(200).collect();
+    assert_eq!(rows(&twice.take(200).unwrap()), first);
+}
+
 #[test]
 fn materialize_is_a_source_fingerprinted_by_its_content() {
     let (dataset, reference) = pipeline();
