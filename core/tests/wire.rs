@@ -199,7 +199,7 @@ async fn frames_are_big_endian_length_prefixed() {
 
 #[tokio::test]
 async fn an_oversize_frame_is_refused_on_both_ends() {
-    let (mut left, mut right) = pipe(1024);
+    let (mut left, _right) = pipe(1024);
     let error = left
         .send_with(|out| {
             out.resize(out.len() + 1025, 0);
@@ -220,55 +220,63 @@ async fn an_oversize_frame_is_refused_on_both_ends() {
 
     // A peer that announces 4 GiB gets an immediate error: no body is ever sent, so waiting
     // for it (or allocating it) would show up as a timeout here.
-    let (a, mut raw) = tokio::io::duplex(1024);
-    raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
-    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
-    let error = framed.recv(WAIT).await.unwrap_err();
+    let error = recv_error(&u32::MAX.to_be_bytes(), ThenThePeer::FallsSilent, WAIT).await;
     assert!(
         matches!(error, WireError::FrameTooLarge { len, max: 1024 } if len == u64::from(u32::MAX)),
         "{error}"
     );
-    drop(right.recv(Duration::from_millis(1)).await);
+}
+
+/// What the peer does after sending its bytes.
+enum ThenThePeer {
+    Closes,
+    FallsSilent,
+}
+
+/// The error a reader with a 1 KiB frame limit and the given read timeout reports for a peer
+/// that sent `bytes`.
+async fn recv_error(bytes: &[u8], then: ThenThePeer, read_timeout: Duration) -> WireError {
+    let (a, mut raw) = tokio::io::duplex(1024);
+    raw.write_all(bytes).await.unwrap();
+    let _kept_open = match then {
+        ThenThePeer::Closes => {
+            drop(raw);
+            None
+        }
+        ThenThePeer::FallsSilent => Some(raw),
+    };
+    let mut framed = FramedStream::new(a, 1024, read_timeout, read_timeout);
+    framed.recv(WAIT).await.unwrap_err()
 }
 
 #[tokio::test]
 async fn truncated_frames_and_stalls_are_errors() {
-    let (a, mut raw) = tokio::io::duplex(1024);
-    raw.write_all(&100u32.to_be_bytes()).await.unwrap();
-    raw.write_all(&[1; 50]).await.unwrap();
-    drop(raw);
-    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
-    let error = framed.recv(WAIT).await.unwrap_err();
+    let mut header_and_half_a_body = 100u32.to_be_bytes().to_vec();
+    header_and_half_a_body.extend_from_slice(&[1; 50]);
+    let error = recv_error(&header_and_half_a_body, ThenThePeer::Closes, WAIT).await;
     assert!(
         matches!(error, WireError::Truncated { expected: 100 }),
         "{error}"
     );
 
-    // Half a header, then the peer closes.
-    let (a, mut raw) = tokio::io::duplex(1024);
-    raw.write_all(&[0, 0]).await.unwrap();
-    drop(raw);
-    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
-    let error = framed.recv(WAIT).await.unwrap_err();
+    let error = recv_error(&[0, 0], ThenThePeer::Closes, WAIT).await;
     assert!(
         matches!(error, WireError::Truncated { expected: 4 }),
-        "{error}"
+        "half a header: {error}"
     );
 
-    // A header, then silence: the read timeout fires.
-    let (a, mut raw) = tokio::io::duplex(1024);
-    raw.write_all(&10u32.to_be_bytes()).await.unwrap();
     let short = Duration::from_millis(50);
-    let mut framed = FramedStream::new(a, 1024, short, short);
-    let error = framed.recv(WAIT).await.unwrap_err();
-    assert!(matches!(error, WireError::Timeout { .. }), "{error}");
-    drop(raw);
+    let error = recv_error(&10u32.to_be_bytes(), ThenThePeer::FallsSilent, short).await;
+    assert!(
+        matches!(error, WireError::Timeout { .. }),
+        "a header, then silence: {error}"
+    );
 
-    // A clean close between frames is reported as such.
-    let (a, raw) = tokio::io::duplex(1024);
-    drop(raw);
-    let mut framed = FramedStream::new(a, 1024, WAIT, WAIT);
-    assert!(matches!(framed.recv(WAIT).await, Err(WireError::Closed)));
+    let error = recv_error(&[], ThenThePeer::Closes, WAIT).await;
+    assert!(
+        matches!(error, WireError::Closed),
+        "a clean close between frames: {error}"
+    );
 }
 
 #[tokio::test]
