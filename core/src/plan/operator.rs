@@ -379,12 +379,9 @@ impl Operator {
     /// Row-wise operators that emit exactly one row per input row (a limit commutes with them).
     pub fn preserves_rows(&self) -> bool {
         match self {
-            Operator::WithColumn { .. }
-            | Operator::Select { .. }
-            | Operator::Drop { .. }
-            | Operator::Rename { .. } => true,
+            Operator::Filter { .. } => false,
             Operator::Udf { kind, .. } => *kind == UdfKind::RowPreserving,
-            _ => false,
+            other => other.is_row_wise(),
         }
     }
 
