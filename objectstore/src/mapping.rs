@@ -246,19 +246,7 @@ impl FileMapping {
     /// reservation turns a full disk into an error here; a sparse file would instead fault
     /// (SIGBUS) on the first write that finds no free block.
     pub fn create(path: &Path, len: u64) -> Result<Self> {
-        let io = |action: &'static str| {
-            move |source: std::io::Error| Error::Io {
-                action,
-                path: path.to_owned(),
-                source,
-            }
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(io("create a fallback file"))?;
+        let file = create_new_file(path, "create a fallback file")?;
         let removing = |error: Error| {
             let _ = std::fs::remove_file(path);
             error
@@ -273,7 +261,7 @@ impl FileMapping {
         // SAFETY: the file was just created by this process (create_new) and is only resized
         // by it; readers map it read-only.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }
-            .map_err(io("map a fallback file"))
+            .map_err(io_error("map a fallback file", path))
             .map_err(removing)?;
         Ok(Self {
             ptr: non_null(map.as_mut_ptr(), &path.display().to_string())?,
@@ -285,17 +273,11 @@ impl FileMapping {
 
     /// Maps a fallback object's file read-only.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |action: &'static str| {
-            move |source: std::io::Error| Error::Io {
-                action,
-                path: path.to_owned(),
-                source,
-            }
-        };
-        let file = File::open(path).map_err(io("open a fallback file"))?;
+        let file = File::open(path).map_err(io_error("open a fallback file", path))?;
         // SAFETY: fallback files are written only by the store, before the object is sealed,
         // and never truncated while it exists.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io("map a fallback file"))?;
+        let map =
+            unsafe { memmap2::Mmap::map(&file) }.map_err(io_error("map a fallback file", path))?;
         Ok(Self {
             ptr: non_null(map.as_ptr().cast_mut(), &path.display().to_string())?,
             len: map.len(),
@@ -350,13 +332,29 @@ pub fn disk_error<'a>(
                 available: path.parent().and_then(available_space),
             }
         } else {
-            Error::Io {
-                action,
-                path: path.to_owned(),
-                source,
-            }
+            io_error(action, path)(source)
         }
     }
+}
+
+/// Maps an I/O error doing `action` on `path` to [`Error::Io`].
+pub fn io_error<'a>(action: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Creates `path` for reading and writing; fails if it exists, so a file is never shared by
+/// two writers.
+pub fn create_new_file(path: &Path, action: &'static str) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(io_error(action, path))
 }
 
 /// Free bytes on the file system holding `path`, or `None` if it cannot be asked.

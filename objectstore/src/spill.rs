@@ -6,7 +6,7 @@
 //! never wrong data. The file is removed when the last object in it is freed (its last
 //! [`SpillSlot`] is dropped) — spill files do not outlive the store process.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use floe_core::ObjectId;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::mapping::{HEADER_LEN, Header, disk_error};
+use crate::mapping::{HEADER_LEN, Header, create_new_file, disk_error, io_error};
 use crate::{Error, Result};
 
 /// Payloads are hashed and copied in pieces this size, so each piece is still in cache when
@@ -65,11 +65,7 @@ impl SpillSlot {
             offset: self.offset,
             problem,
         };
-        let io = |source| Error::Io {
-            action: "read a spill file",
-            path: self.file.path.clone(),
-            source,
-        };
+        let io = io_error("read a spill file", &self.file.path);
         let mut header = [0u8; HEADER_LEN as usize];
         self.file
             .file
@@ -128,19 +124,7 @@ impl SpillSlot {
 /// Writes `objects` (id and payload) into a new spill file at `path`, returning where each
 /// landed, in order. On error the partial file is removed.
 pub fn write_spill_file(path: &Path, objects: &[(ObjectId, &[u8])]) -> Result<Vec<SpillSlot>> {
-    let io = |action: &'static str| {
-        move |source: std::io::Error| Error::Io {
-            action,
-            path: path.to_owned(),
-            source,
-        }
-    };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(io("create a spill file"))?;
+    let file = create_new_file(path, "create a spill file")?;
     // From here the file is removed on every exit path unless a slot keeps it.
     let file = Arc::new(SpillFile {
         path: path.to_owned(),
