@@ -2,6 +2,8 @@
 
 use arrow_schema::Schema;
 
+use super::udf::{UdfCall, UdfCatalog};
+
 /// Why a plan is invalid. Types are kept as their display names (the errors are for people).
 /// Every message names the operator (with its main argument) so the
 /// user can find the offending line of their pipeline.
@@ -86,11 +88,21 @@ impl From<crate::FingerprintError> for PlanError {
 }
 
 impl PlanError {
-    pub(crate) fn unknown_column(operator: &str, column: &str, schema: &Schema) -> Self {
+    pub fn unknown_column(operator: &str, column: &str, schema: &Schema) -> Self {
         PlanError::UnknownColumn {
             operator: operator.to_owned(),
             column: column.to_owned(),
             available: describe_schema(schema),
+        }
+    }
+
+    /// `call` names no UDF of `catalog`; the message lists the ones it has.
+    pub fn unknown_udf(operator: &str, call: &UdfCall, catalog: &dyn UdfCatalog) -> Self {
+        PlanError::UnknownUdf {
+            operator: operator.to_owned(),
+            name: call.name.clone(),
+            version: call.version,
+            registered: catalog.registered().join(", "),
         }
     }
 

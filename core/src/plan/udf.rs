@@ -264,15 +264,9 @@ pub(crate) fn resolve(
     input: &Schema,
     operator: &str,
 ) -> Result<(UdfKind, UdfParams, Schema), PlanError> {
-    let signature =
-        catalog
-            .signature(&call.name, call.version)
-            .ok_or_else(|| PlanError::UnknownUdf {
-                operator: operator.to_owned(),
-                name: call.name.clone(),
-                version: call.version,
-                registered: catalog.registered().join(", "),
-            })?;
+    let signature = catalog
+        .signature(&call.name, call.version)
+        .ok_or_else(|| PlanError::unknown_udf(operator, call, catalog))?;
     let params = signature.bind(call, operator)?;
     let schema = catalog.output_schema(call, &params, input, operator)?;
     Ok((signature.kind, params, schema))

@@ -35,11 +35,7 @@ fn replace_field(
     replacement: impl Fn(&Field) -> Field,
 ) -> Result<Schema, PlanError> {
     let Some((index, field)) = input.column_with_name(column) else {
-        return Err(PlanError::UnknownColumn {
-            operator: operator.to_owned(),
-            column: column.to_owned(),
-            available: floe_core::plan::describe_schema(input),
-        });
+        return Err(PlanError::unknown_column(operator, column, input));
     };
     if !accepts(field.data_type()) {
         return Err(PlanError::TypeMismatch {

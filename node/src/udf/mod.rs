@@ -158,18 +158,16 @@ impl Registry {
             .find(|u| u.signature.name == name && u.signature.version == version)
     }
 
+    fn find_call(&self, call: &UdfCall, operator: &str) -> Result<&Registered, PlanError> {
+        self.find(&call.name, call.version)
+            .ok_or_else(|| PlanError::unknown_udf(operator, call, self))
+    }
+
     /// Runs `call` on one batch: binds its parameters, computes its output schema and applies
     /// the code.
     pub fn apply(&self, call: &UdfCall, batch: &RecordBatch) -> Result<RecordBatch> {
         let operator = format!("udf({})", call.name);
-        let registered =
-            self.find(&call.name, call.version)
-                .ok_or_else(|| PlanError::UnknownUdf {
-                    operator: operator.clone(),
-                    name: call.name.clone(),
-                    version: call.version,
-                    registered: self.registered().join(", "),
-                })?;
+        let registered = self.find_call(call, &operator)?;
         let params = registered.signature.bind(call, &operator)?;
         let output = registered
             .code
@@ -197,14 +195,7 @@ impl UdfCatalog for Registry {
         input: &Schema,
         operator: &str,
     ) -> Result<Schema, PlanError> {
-        let registered =
-            self.find(&call.name, call.version)
-                .ok_or_else(|| PlanError::UnknownUdf {
-                    operator: operator.to_owned(),
-                    name: call.name.clone(),
-                    version: call.version,
-                    registered: self.registered().join(", "),
-                })?;
+        let registered = self.find_call(call, operator)?;
         registered.code.output_schema(params, input, operator)
     }
 }
