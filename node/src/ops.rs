@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
-use floe_core::plan::Operator;
+use floe_core::plan::{Operator, renamed_fields};
 
 use crate::eval::{evaluate, evaluate_predicate, safe_cast};
 use crate::udf::Registry;
@@ -70,15 +70,7 @@ pub fn apply_row_op(
             columns_named(batch, &keep)
         }
         Operator::Rename { pairs } => {
-            let fields: Vec<Field> = batch
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| match pairs.iter().find(|(from, _)| from == f.name()) {
-                    Some((_, to)) => f.as_ref().clone().with_name(to),
-                    None => f.as_ref().clone(),
-                })
-                .collect();
+            let fields = renamed_fields(&batch.schema(), pairs);
             Ok(RecordBatch::try_new(
                 Arc::new(Schema::new(fields)),
                 batch.columns().to_vec(),

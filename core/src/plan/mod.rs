@@ -41,6 +41,7 @@ pub use operator::{
     AggFunction, Aggregation, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, JoinType,
     Operator, SeedChoice, SortKey, WriteSpec,
 };
+pub use schema::renamed_fields;
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
 /// One node of a logical plan and, through its inputs, the whole plan below it.

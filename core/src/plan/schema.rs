@@ -16,6 +16,18 @@ pub(crate) fn label(operator: &Operator) -> String {
     }
 }
 
+/// `schema`'s fields, each named as the first `(from, to)` pair that renames it says.
+pub fn renamed_fields(schema: &Schema, pairs: &[(String, String)]) -> Vec<Field> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| match pairs.iter().find(|(from, _)| from == f.name()) {
+            Some((_, to)) => f.as_ref().clone().with_name(to),
+            None => f.as_ref().clone(),
+        })
+        .collect()
+}
+
 fn field<'a>(schema: &'a Schema, column: &str, operator: &str) -> Result<&'a Field, PlanError> {
     schema
         .column_with_name(column)
@@ -140,14 +152,7 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
             for (from, _) in pairs {
                 field(input, from, name)?;
             }
-            let fields: Vec<Field> = input
-                .fields()
-                .iter()
-                .map(|f| match pairs.iter().find(|(from, _)| from == f.name()) {
-                    Some((_, to)) => f.as_ref().clone().with_name(to),
-                    None => f.as_ref().clone(),
-                })
-                .collect();
+            let fields = renamed_fields(input, pairs);
             check_unique_names(fields.iter().map(|f| f.name().as_str()), name)?;
             Ok(Schema::new(fields))
         }
