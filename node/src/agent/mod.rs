@@ -33,6 +33,7 @@ use floe_scheduler::state::{Command, NodeAddresses, Resources};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
+use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use self::protocol::{
     NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure, TaskSpec,
@@ -378,19 +379,14 @@ async fn heartbeats(
     shared: Arc<Shared>,
     mut client: SchedulerClient,
     registration: Registration,
-    mut system: sysinfo::System,
+    system: sysinfo::System,
     interval: Duration,
 ) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut memory = HostMemory::new(system, interval);
     loop {
-        ticks.tick().await;
-        system.refresh_memory();
+        let (host_used, _) = memory.next().await;
         let store = shared.store.stats();
         let running = shared.pool.running().len() as u64;
-        let host_used = system
-            .total_memory()
-            .saturating_sub(system.available_memory());
         let usage = ResourceUsage {
             cpu_millis: running * 1000,
             // What tasks use: the host's memory in use besides the object store.

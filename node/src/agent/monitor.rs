@@ -12,22 +12,41 @@ use super::pool::WorkerPool;
 /// would kill tasks for memory that is already on its way back.
 const AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// The host's memory, read once per tick of an interval.
+pub(crate) struct HostMemory {
+    system: sysinfo::System,
+    ticks: tokio::time::Interval,
+}
+
+impl HostMemory {
+    pub(crate) fn new(system: sysinfo::System, interval: Duration) -> Self {
+        let mut ticks = tokio::time::interval(interval);
+        // A late tick is not made up with a burst: one reading per interval is enough.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { system, ticks }
+    }
+
+    /// Waits for the next tick, then returns the host's memory in use and in total, in bytes.
+    pub(crate) async fn next(&mut self) -> (u64, u64) {
+        self.ticks.tick().await;
+        self.system.refresh_memory();
+        let total = self.system.total_memory();
+        (total.saturating_sub(self.system.available_memory()), total)
+    }
+}
+
 pub(crate) async fn run_monitor(
     pool: Arc<WorkerPool>,
-    mut system: sysinfo::System,
+    system: sysinfo::System,
     threshold: f64,
     interval: Duration,
 ) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut memory = HostMemory::new(system, interval);
     loop {
-        ticks.tick().await;
-        system.refresh_memory();
-        let total = system.total_memory();
+        let (used, total) = memory.next().await;
         if total == 0 {
             continue;
         }
-        let used = total.saturating_sub(system.available_memory());
         let share = used as f64 / total as f64;
         if share <= threshold {
             continue;
