@@ -2,7 +2,8 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::fs::File;
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,8 +16,6 @@ use floe_core::plan::{
 };
 use floe_node::read::{discover, expand_paths, read_scan};
 use floe_node::write::write_task;
-use parquet::arrow::ArrowWriter;
-use parquet::file::properties::WriterProperties;
 
 /// `rows` rows: id = i, group = "g{i % 3}", value = i * 0.5.
 fn sample(start: i64, rows: i64) -> RecordBatch {
@@ -42,18 +41,7 @@ fn sample(start: i64, rows: i64) -> RecordBatch {
 /// A Parquet file of 1000 rows in row groups of 100 (ids ascending, so each group's id
 /// statistics are [100k, 100k + 99]).
 fn write_parquet(path: &Path) {
-    let batch = sample(0, 1000);
-    let properties = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(100))
-        .build();
-    let mut writer = ArrowWriter::try_new(
-        File::create(path).unwrap(),
-        batch.schema(),
-        Some(properties),
-    )
-    .unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    common::write_parquet(path, &sample(0, 1000), Some(100));
 }
 
 fn ids(batches: &[RecordBatch]) -> Vec<i64> {
@@ -285,10 +273,7 @@ fn changed_files_and_mismatched_parquet_schemas_are_refused() {
     let batch =
         RecordBatch::try_from_iter([("id", Arc::new(StringArray::from(vec!["x"])) as ArrayRef)])
             .unwrap();
-    let mut writer =
-        ArrowWriter::try_new(File::create(&other).unwrap(), batch.schema(), None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    common::write_parquet(&other, &batch, None);
     let error = discover(FileFormat::Parquet, &[&path, &other]).unwrap_err();
     assert!(
         error.to_string().contains("differs from the first file's"),

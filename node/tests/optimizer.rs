@@ -4,7 +4,8 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::fs::File;
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,8 +21,6 @@ use floe_node::local::execute;
 use floe_node::read::discover;
 use floe_node::task::TaskContext;
 use floe_node::udf::Registry;
-use parquet::arrow::ArrowWriter;
-use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
 
 fn write_input(path: &Path) {
@@ -45,17 +44,7 @@ fn write_input(path: &Path) {
         ),
     ])
     .unwrap();
-    let properties = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(32))
-        .build();
-    let mut writer = ArrowWriter::try_new(
-        File::create(path).unwrap(),
-        batch.schema(),
-        Some(properties),
-    )
-    .unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    common::write_parquet(path, &batch, Some(32));
 }
 
 /// One pipeline step, interpreted against the columns present when it is applied; a step the
