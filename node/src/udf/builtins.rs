@@ -50,10 +50,11 @@ fn replace_field(
     Ok(Schema::new(fields))
 }
 
-fn string_column(batch: &RecordBatch, column: &str) -> Result<StringArray> {
+/// Column `column` of `batch` as strings; errors name the UDF that asked for it.
+fn string_column(udf: &str, batch: &RecordBatch, column: &str) -> Result<StringArray> {
     let array = batch.column_by_name(column).ok_or_else(|| Error::Udf {
-        name: column.to_owned(),
-        message: "column missing from the batch".to_owned(),
+        name: udf.to_owned(),
+        message: format!("column {column:?} is missing from the batch"),
     })?;
     let array = safe_cast(array, &DataType::Utf8)?;
     array
@@ -61,8 +62,8 @@ fn string_column(batch: &RecordBatch, column: &str) -> Result<StringArray> {
         .downcast_ref::<StringArray>()
         .cloned()
         .ok_or_else(|| Error::Udf {
-            name: column.to_owned(),
-            message: "column is not a string column".to_owned(),
+            name: udf.to_owned(),
+            message: format!("column {column:?} is not a string column"),
         })
 }
 
@@ -120,7 +121,7 @@ impl BatchUdf for WhitespaceTokenize {
         output: &Schema,
     ) -> Result<RecordBatch> {
         let column = column_param(params);
-        let strings = string_column(batch, column)?;
+        let strings = string_column("whitespace_tokenize", batch, column)?;
         let mut source_rows: Vec<u32> = Vec::new();
         let mut tokens: Vec<&str> = Vec::new();
         for (row, text) in strings.iter().enumerate() {
@@ -184,7 +185,7 @@ impl BatchUdf for LowercaseNormalize {
         output: &Schema,
     ) -> Result<RecordBatch> {
         let column = column_param(params);
-        let strings = string_column(batch, column)?;
+        let strings = string_column("lowercase_normalize", batch, column)?;
         let normalized: StringArray = strings
             .iter()
             .map(|text| {
