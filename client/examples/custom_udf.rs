@@ -3,12 +3,11 @@
 //! Run with `cargo run -p floe-client --example custom_udf`.
 //!
 //! A UDF is Rust code compiled into the binaries that run it, so the same registration goes
-//! into two places: the client (which validates plans against the registry, as here) and the
-//! `floe` binary the nodes run (whose workers look the code up by `name@version`). Build your
-//! own `floe` by depending on `floe-node`, constructing `Registry::with_builtins()` plus your
-//! `register` calls, and handing that registry to the node and worker entry points; deploy that
-//! binary to every node. A node whose registry lacks `clip@1`, or has a different version of
-//! it, refuses the plan at submission (`LogicalPlan::check_udfs`).
+//! into two places: the client (which validates plans against the registry and, with the local
+//! executor, runs them, as here) and the `floe` binary the nodes run (whose workers will look
+//! the code up by `name@version`). The second half is not possible yet: the `floe node` and
+//! `floe worker` entry points do not take a custom registry until workers run plan stages (the
+//! executor issue). See the `floe_node::udf` module documentation.
 
 use std::sync::Arc;
 

@@ -65,11 +65,13 @@
 //!
 //! To run it on a cluster, the UDF must be compiled into the `floe` binary that the nodes run
 //! (and into the client, which validates plans against the same registry — see
-//! `client/examples/custom_udf.rs`): build your own `floe` by depending on `floe-node`,
-//! constructing `Registry::with_builtins()` plus your `register` calls, and handing that
-//! registry to the node and worker entry points; deploy that binary to every node. A node
-//! whose registry lacks the UDF, or has another version of it, refuses the plan at submission
-//! (`LogicalPlan::check_udfs`).
+//! `client/examples/custom_udf.rs`). Not yet possible: workers do not run plan stages until
+//! the executor issue, and the `floe node` / `floe worker` entry points do not take a registry
+//! yet. The plan is that a custom `floe` depends on `floe-node`, builds
+//! `Registry::with_builtins()` plus its `register` calls, hands it to those entry points, and
+//! is deployed to every node; a node whose registry lacks the UDF, or has another version of
+//! it, then refuses the plan at submission (`LogicalPlan::check_udfs`). Today the registry
+//! runs UDFs in-process, through `Dataset`'s local executor.
 
 mod builtins;
 
