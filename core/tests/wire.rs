@@ -77,14 +77,17 @@ async fn start_server(config: WireConfig) -> RpcServer {
         .unwrap()
 }
 
+/// Connects to `server` as `peer` with `token`.
+async fn connect(
+    server: &RpcServer,
+    token: &str,
+    peer: PeerKind,
+) -> Result<RpcClient<Echo>, WireError> {
+    RpcClient::<Echo>::connect(server.local_addr().to_string(), wire_config(token), peer).await
+}
+
 async fn assert_serves(server: &RpcServer) {
-    let mut client = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config(TOKEN),
-        PeerKind::Client,
-    )
-    .await
-    .unwrap();
+    let mut client = connect(server, TOKEN, PeerKind::Client).await.unwrap();
     let reply = client.call(&EchoRequest::Say("hi".into())).await.unwrap();
     assert_eq!(reply, EchoResponse::Said("Client says hi".into()));
 }
@@ -282,13 +285,7 @@ async fn truncated_frames_and_stalls_are_errors() {
 #[tokio::test]
 async fn calls_and_remote_errors() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config(TOKEN),
-        PeerKind::Node,
-    )
-    .await
-    .unwrap();
+    let mut client = connect(&server, TOKEN, PeerKind::Node).await.unwrap();
     assert_eq!(
         client.call(&EchoRequest::Say("a".into())).await.unwrap(),
         EchoResponse::Said("Node says a".into())
@@ -317,13 +314,7 @@ async fn calls_and_remote_errors() {
 #[tokio::test]
 async fn a_request_over_the_frame_limit_fails_before_sending() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config(TOKEN),
-        PeerKind::Client,
-    )
-    .await
-    .unwrap();
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
     let error = client
         .call(&EchoRequest::Blob(vec![0; 2 << 20]))
         .await
@@ -339,12 +330,7 @@ async fn a_request_over_the_frame_limit_fails_before_sending() {
 #[tokio::test]
 async fn wrong_token_is_refused_with_a_reason() {
     let server = start_server(wire_config(TOKEN)).await;
-    let result = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config("not-the-token"),
-        PeerKind::Client,
-    )
-    .await;
+    let result = connect(&server, "not-the-token", PeerKind::Client).await;
     match result {
         Err(WireError::Refused {
             reason: Refusal::WrongToken,
@@ -353,12 +339,7 @@ async fn wrong_token_is_refused_with_a_reason() {
         Err(other) => panic!("expected a wrong-token refusal, got {other}"),
         Ok(_) => panic!("a wrong token was accepted"),
     }
-    let result = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config(""),
-        PeerKind::Client,
-    )
-    .await;
+    let result = connect(&server, "", PeerKind::Client).await;
     assert!(
         matches!(
             result,
@@ -519,13 +500,7 @@ async fn an_idle_connection_closed_by_the_server_is_replaced_transparently() {
     let mut config = wire_config(TOKEN);
     config.timeouts.idle_ms = 100;
     let server = start_server(config).await;
-    let mut client = RpcClient::<Echo>::connect(
-        server.local_addr().to_string(),
-        wire_config(TOKEN),
-        PeerKind::Client,
-    )
-    .await
-    .unwrap();
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
     client.call(&EchoRequest::Say("one".into())).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
@@ -537,11 +512,7 @@ async fn an_idle_connection_closed_by_the_server_is_replaced_transparently() {
 #[tokio::test]
 async fn shutting_down_closes_connections() {
     let server = start_server(wire_config(TOKEN)).await;
-    let addr = server.local_addr();
-    let mut client =
-        RpcClient::<Echo>::connect(addr.to_string(), wire_config(TOKEN), PeerKind::Client)
-            .await
-            .unwrap();
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
     server.shutdown();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let error = client
