@@ -106,6 +106,17 @@ fn set_last_used(cache: &Cache, name: &ShardName, secs: u64) {
 }
 
 /// The file mapped at `address` in this process, from the kernel's own list of mappings.
+/// The bytes one shard of `inputs` (rank `index`, 100 rows) takes, measured in a scratch cache.
+fn shard_bytes(inputs: &FingerprintInputs, index: ShardIndex) -> u64 {
+    let probe = tempfile::tempdir().unwrap();
+    write(&cache_in(probe.path(), u64::MAX), inputs, index, 100)
+}
+
+/// Entries whose shards are all the same size: each manifest hashes one float.
+fn equal_sized_entry(factor: f64) -> FingerprintInputs {
+    map(&source(), 10.0 + factor)
+}
+
 fn mapped_file_at(address: usize) -> Option<String> {
     let maps = fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines().find_map(|line| {
@@ -438,15 +449,8 @@ fn recompute_overwrites_and_disabled_writes_nothing() {
 #[test]
 fn eviction_keeps_the_cache_under_its_cap_and_spares_open_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let probe = tempfile::tempdir().unwrap();
-    // Every entry's manifest has the same length (one hashed float), so shards are equal.
-    let entry = |factor: f64| map(&source(), 10.0 + factor);
-    let one = write(
-        &cache_in(probe.path(), u64::MAX),
-        &entry(0.0),
-        shard(0, 1),
-        100,
-    );
+    let entry = equal_sized_entry;
+    let one = shard_bytes(&entry(0.0), shard(0, 1));
     // Room for three shards of this size, not four.
     let cap = one * 3 + one / 2;
     let cache = cache_in(dir.path(), cap);
@@ -503,13 +507,7 @@ fn eviction_keeps_the_cache_under_its_cap_and_spares_open_shards() {
 #[test]
 fn an_output_being_written_does_not_evict_its_own_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let probe = tempfile::tempdir().unwrap();
-    let one = write(
-        &cache_in(probe.path(), u64::MAX),
-        &map(&source(), 7.0),
-        shard(0, 4),
-        100,
-    );
+    let one = shard_bytes(&map(&source(), 7.0), shard(0, 4));
     let cache = cache_in(dir.path(), one * 2 + one / 2);
     let old = map(&source(), 8.0);
     write(&cache, &old, shard(0, 4), 100);
@@ -703,14 +701,8 @@ fn explain_miss_names_the_argument_or_parent_that_changed() {
 #[test]
 fn a_node_cache_takes_its_directory_and_cap_from_the_config() {
     let data_dir = tempfile::tempdir().unwrap();
-    let probe = tempfile::tempdir().unwrap();
-    let entry = |factor: f64| map(&source(), 10.0 + factor);
-    let one = write(
-        &cache_in(probe.path(), u64::MAX),
-        &entry(0.0),
-        shard(0, 1),
-        100,
-    );
+    let entry = equal_sized_entry;
+    let one = shard_bytes(&entry(0.0), shard(0, 1));
     // Room for two shards, not three; the cap comes from the environment, as an operator
     // would set it.
     let cap = one * 2 + one / 2;
