@@ -382,44 +382,26 @@ fn validation_errors_name_operator_column_and_types() {
         "repartition: needs at least one partition"
     );
     let catalog = TestCatalog::new();
+    let map_batches_error =
+        |call: UdfCall| error_text(sales().udf(call, UdfKind::RowPreserving, None, &catalog));
     assert_eq!(
-        error_text(sales().udf(
-            UdfCall::new("scale", 2),
-            UdfKind::RowPreserving,
-            None,
-            &catalog
-        )),
+        map_batches_error(UdfCall::new("scale", 2)),
         "map_batches(scale): unknown UDF \"scale\"@2 (registered: scale@1, explode@2)"
     );
     assert_eq!(
-        error_text(sales().udf(
-            UdfCall::new("scale", 1),
-            UdfKind::RowPreserving,
-            None,
-            &catalog
-        )),
+        map_batches_error(UdfCall::new("scale", 1)),
         "map_batches(scale): scale@1 needs parameter \"column\""
     );
     assert_eq!(
-        error_text(
-            sales().udf(
-                UdfCall::new("scale", 1)
-                    .with("column", "price")
-                    .with("factor", "x"),
-                UdfKind::RowPreserving,
-                None,
-                &catalog
-            )
+        map_batches_error(
+            UdfCall::new("scale", 1)
+                .with("column", "price")
+                .with("factor", "x")
         ),
         "map_batches(scale): scale@1 parameter \"factor\" must be Float, got \"x\""
     );
     assert_eq!(
-        error_text(sales().udf(
-            UdfCall::new("explode", 2),
-            UdfKind::RowPreserving,
-            None,
-            &catalog
-        )),
+        map_batches_error(UdfCall::new("explode", 2)),
         "map_batches(explode): this UDF may change the row count: use flat_map"
     );
     assert!(
