@@ -105,7 +105,6 @@ fn set_last_used(cache: &Cache, name: &ShardName, secs: u64) {
         .unwrap();
 }
 
-/// The file mapped at `address` in this process, from the kernel's own list of mappings.
 /// The bytes one shard of `inputs` (rank `index`, 100 rows) takes, measured in a scratch cache.
 fn shard_bytes(inputs: &FingerprintInputs, index: ShardIndex) -> u64 {
     let probe = tempfile::tempdir().unwrap();
@@ -117,6 +116,7 @@ fn equal_sized_entry(factor: f64) -> FingerprintInputs {
     map(&source(), 10.0 + factor)
 }
 
+/// The file mapped at `address` in this process, from the kernel's own list of mappings.
 fn mapped_file_at(address: usize) -> Option<String> {
     let maps = fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines().find_map(|line| {
