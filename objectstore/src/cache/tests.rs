@@ -105,6 +105,33 @@ fn set_last_used(cache: &Cache, name: &ShardName, secs: u64) {
         .unwrap();
 }
 
+/// A cache in a directory of its own holding one 1000-row shard of `map(source, 2.5)`.
+struct OneShard {
+    dir: tempfile::TempDir,
+    cache: Cache,
+    inputs: FingerprintInputs,
+    name: ShardName,
+    path: PathBuf,
+    bytes: u64,
+}
+
+fn one_shard() -> OneShard {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    let inputs = map(&source(), 2.5);
+    let bytes = write(&cache, &inputs, shard(0, 1), 1000);
+    let name = name(&inputs, shard(0, 1));
+    let path = dir.path().join(name.file_name());
+    OneShard {
+        dir,
+        cache,
+        inputs,
+        name,
+        path,
+        bytes,
+    }
+}
+
 /// The bytes one shard of `inputs` (rank `index`, 100 rows) takes, measured in a scratch cache.
 fn shard_bytes(inputs: &FingerprintInputs, index: ShardIndex) -> u64 {
     let probe = tempfile::tempdir().unwrap();
@@ -160,12 +187,14 @@ fn shard_names_round_trip_and_nothing_else_parses() {
 
 #[test]
 fn a_written_shard_opens_verified_and_mapped_not_copied() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache_in(dir.path(), u64::MAX);
-    let inputs = map(&source(), 2.5);
-    let bytes = write(&cache, &inputs, shard(0, 1), 1000);
-    let name = name(&inputs, shard(0, 1));
-    let path = dir.path().join(name.file_name());
+    let OneShard {
+        dir,
+        cache,
+        inputs,
+        name,
+        path,
+        bytes,
+    } = one_shard();
     assert_eq!(fs::metadata(&path).unwrap().len(), bytes);
     // Nothing but the shard is left behind.
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
@@ -216,12 +245,14 @@ fn a_written_shard_opens_verified_and_mapped_not_copied() {
 
 #[test]
 fn a_torn_write_is_never_a_hit() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache_in(dir.path(), u64::MAX);
-    let inputs = map(&source(), 2.5);
-    write(&cache, &inputs, shard(0, 1), 1000);
-    let name = name(&inputs, shard(0, 1));
-    let path = dir.path().join(name.file_name());
+    let OneShard {
+        dir,
+        cache,
+        inputs,
+        name,
+        path,
+        ..
+    } = one_shard();
     let whole = fs::read(&path).unwrap();
     fs::remove_file(&path).unwrap();
 
@@ -280,12 +311,13 @@ fn a_failed_write_leaves_nothing_behind() {
 
 #[test]
 fn a_replaced_file_is_verified_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache_in(dir.path(), u64::MAX);
-    let inputs = map(&source(), 2.5);
-    write(&cache, &inputs, shard(0, 1), 1000);
-    let name = name(&inputs, shard(0, 1));
-    let path = dir.path().join(name.file_name());
+    let OneShard {
+        dir,
+        cache,
+        name,
+        path,
+        ..
+    } = one_shard();
     // The first open hashes the data and remembers this file.
     assert!(cache.open_shard(name).unwrap().is_some());
     assert!(cache.open_shard(name).unwrap().is_some());
