@@ -60,6 +60,25 @@ macro_rules! sequential_id {
     };
 }
 
+/// 128 random bits from the OS. Ids need uniqueness, not secrecy, so if the OS source fails
+/// the bits come from hashing the clock, the pid and a process-wide counter instead.
+fn random_u128() -> u128 {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_ok() {
+        return u128::from_le_bytes(bytes);
+    }
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut seed = Vec::with_capacity(28);
+    seed.extend(nanos.to_le_bytes());
+    seed.extend(std::process::id().to_le_bytes());
+    seed.extend(count.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_128(&seed)
+}
+
 macro_rules! unique_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
         $(#[$doc])*
@@ -74,6 +93,11 @@ macro_rules! unique_id {
 
             pub const fn get(self) -> u128 {
                 self.0
+            }
+
+            /// A fresh id, unique without coordination.
+            pub fn random() -> Self {
+                Self(random_u128())
             }
         }
 
@@ -122,6 +146,12 @@ unique_id!(
     /// An immutable object (usually an Arrow block) in some node's object store.
     ObjectId,
     "object id"
+);
+unique_id!(
+    /// A client's name for one submission, so a submission retried after a lost reply is
+    /// committed once.
+    SubmissionId,
+    "submission id"
 );
 unique_id!(
     /// A long-lived actor (job driver, shuffle aggregator), addressable cluster-wide.

@@ -5,6 +5,7 @@
 //!   `FLOE_*` environment variables, then command-line overrides.
 //! - [`expr`]: the expression language (columns, literals, arithmetic, comparison, strings,
 //!   casts, null handling) with type inference against an Arrow schema.
+//! - [`job`]: a submitted job (plan and options), its progress, stats and output blocks.
 //! - [`plan`]: the Dataset logical plan, its optimizer rules and the physical stages.
 //! - [`fingerprint`]: 128-bit content addresses of sources and transforms, and the lineage
 //!   kept beside them so a cache miss can be explained.
@@ -15,12 +16,13 @@ pub mod config;
 pub mod expr;
 pub mod fingerprint;
 pub mod ids;
+pub mod job;
 pub mod plan;
 pub mod wire;
 
 pub use config::{Config, ConfigError};
 pub use fingerprint::{Fingerprint, FingerprintError};
-pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, TaskId};
+pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, SubmissionId, TaskId};
 pub use plan::PlanError;
 pub use wire::WireError;
 

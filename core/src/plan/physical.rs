@@ -8,17 +8,18 @@
 use std::fmt;
 
 use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
 
 use super::operator::{FileScan, Operator, WriteSpec};
 use super::{LogicalPlan, describe_schema};
 use crate::Fingerprint;
 
 /// The index of a stage in [`PhysicalPlan::stages`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct StageId(pub usize);
 
 /// What a stage's tasks do before applying the stage's row-wise operators.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StageKind {
     Read(FileScan),
     Range {
@@ -57,7 +58,7 @@ impl StageKind {
         }
     }
 
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             StageKind::Read(scan) => Operator::Read(scan.clone()).describe(),
             StageKind::Range { n } => format!("range n={n}"),
@@ -84,7 +85,8 @@ impl StageKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// A stage travels to worker processes inside its tasks, so it is serializable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stage {
     pub kind: StageKind,
     /// Row-wise operators applied, in order, to every block the stage produces.
