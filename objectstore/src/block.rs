@@ -69,6 +69,14 @@ pub fn write_block(
     Ok(len)
 }
 
+/// The bytes [`write_block`] would store, for a process that hands its blocks to the store's
+/// owner rather than writing them itself (a worker).
+pub fn encode_block(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>, ArrowError> {
+    let mut bytes = Vec::new();
+    encode(&mut bytes, schema, batches)?;
+    Ok(bytes)
+}
+
 /// Decodes the block in `view` without copying column data.
 pub fn read_block(view: &ObjectView) -> Result<Block> {
     let object = view.object();
