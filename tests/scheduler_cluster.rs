@@ -31,7 +31,8 @@ fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalCluster {
 
 async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
     let command = Command::SubmitJob {
-        plan: plan.to_be_bytes().to_vec(),
+        spec: plan.to_be_bytes().to_vec(),
+        submission: floe_core::SubmissionId::random(),
     };
     match client.propose(command).await.unwrap() {
         Outcome::JobSubmitted(job) => job,
@@ -42,7 +43,7 @@ async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
 /// Every submitted plan is in the state exactly once.
 fn assert_jobs(state: &floe_scheduler::state::ClusterState, plans: impl Iterator<Item = u32>) {
     let mut expected: Vec<Vec<u8>> = plans.map(|plan| plan.to_be_bytes().to_vec()).collect();
-    let mut found: Vec<Vec<u8>> = state.jobs.values().map(|job| job.plan.clone()).collect();
+    let mut found: Vec<Vec<u8>> = state.jobs.values().map(|job| job.spec.clone()).collect();
     expected.sort();
     found.sort();
     assert_eq!(found, expected);
@@ -67,7 +68,7 @@ async fn killing_the_leader_elects_a_new_one_that_keeps_committed_state() {
     }
     let state = client.read_state().await.unwrap();
     for (job, plan) in &acknowledged {
-        assert_eq!(state.jobs[job].plan, plan.to_be_bytes(), "job {job}");
+        assert_eq!(state.jobs[job].spec, plan.to_be_bytes(), "job {job}");
     }
     assert_eq!(state.jobs.len(), 15);
 }
@@ -202,7 +203,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
                 .heartbeat(alive, ResourceUsage::default())
                 .await
                 .unwrap(),
-            HeartbeatReply::Accepted
+            HeartbeatReply::Accepted { drivers: vec![] }
         );
         deaths = client
             .watch_deaths(0, Duration::from_millis(100))

@@ -15,11 +15,14 @@
 //! - [`local`]: runs a physical plan's non-shuffle stages in this process, stage by stage,
 //!   with the same task function.
 //! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
+//! - [`driver`]: the job driver — planning against the cache index, the streaming executor,
+//!   retries and lineage rebuilds — run by the node the scheduler places it on.
 //! - [`agent`]: the node agent (`floe node`): registration and heartbeats, worker processes,
 //!   object transfer between nodes, the memory monitor, and the `floe worker` process.
 
 pub mod agent;
 pub mod blocks;
+pub mod driver;
 pub mod eval;
 pub mod local;
 pub mod ops;

@@ -280,7 +280,7 @@ fn udf_calls_are_validated_when_the_plan_is_built() {
             &registry
         )),
         "map_batches(lowercase_normalize): unknown UDF \"lowercase_normalize\"@2 (registered: \
-         whitespace_tokenize@1, lowercase_normalize@1, standardize@1)"
+         whitespace_tokenize@1, lowercase_normalize@1, standardize@1, delay@1)"
     );
     let tokenized = plan
         .udf(

@@ -3,14 +3,17 @@
 //! It sends each request to the replica it believes leads, follows `NotLeader` redirects, and
 //! on a connection failure or a leadership change tries the other replicas until its retry
 //! window closes. Retrying makes proposals at-least-once: a command whose leader died after
-//! committing it but before answering may be applied again when sent to the new leader.
+//! committing it but before answering may be applied again when sent to the new leader. Job
+//! submissions carry a [`SubmissionId`] so that a repeated one finds its first job; the other
+//! commands are idempotent or rejected when repeated.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use floe_core::NodeId;
 use floe_core::WireError;
+use floe_core::job::JobProgress;
 use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig};
+use floe_core::{JobId, NodeId, SubmissionId};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::protocol::{
@@ -24,9 +27,10 @@ use crate::{Error, Result};
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// What the leader said to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeartbeatReply {
-    Accepted,
+    /// Taken; the node must be running the drivers of these jobs (and attempts).
+    Accepted { drivers: Vec<(JobId, u32)> },
     /// The node was declared dead; it must register again and use its new id.
     Rejoin,
 }
@@ -178,8 +182,41 @@ impl SchedulerClient {
             .call(&SchedulerRequest::Heartbeat { node, usage })
             .await?
         {
-            SchedulerResponse::HeartbeatAccepted => Ok(HeartbeatReply::Accepted),
+            SchedulerResponse::HeartbeatAccepted { drivers } => {
+                Ok(HeartbeatReply::Accepted { drivers })
+            }
             SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Commits a job; a retried submission with the same id returns the same job.
+    pub async fn submit_job(&mut self, spec: Vec<u8>, submission: SubmissionId) -> Result<JobId> {
+        match self
+            .propose(Command::SubmitJob { spec, submission })
+            .await?
+        {
+            Outcome::JobSubmitted(job) => Ok(job),
+            other => Err(Error::NoReplica(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// Reports a running job's progress; `true` means the driver must stop (the job was
+    /// cancelled or has ended).
+    pub async fn report_progress(&mut self, job: JobId, progress: JobProgress) -> Result<bool> {
+        match self
+            .call(&SchedulerRequest::ReportProgress { job, progress })
+            .await?
+        {
+            SchedulerResponse::ProgressAccepted { cancel } => Ok(cancel),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// What the job's driver last reported, if it is running.
+    pub async fn job_progress(&mut self, job: JobId) -> Result<Option<JobProgress>> {
+        match self.call(&SchedulerRequest::JobProgress { job }).await? {
+            SchedulerResponse::Progress(progress) => Ok(progress),
             other => Err(unexpected(other)),
         }
     }
@@ -203,11 +240,19 @@ impl SchedulerClient {
         }
     }
 
-    pub async fn release(&mut self, node: NodeId, cpu_millis: u64, memory_hint: u64) -> Result<()> {
+    /// Returns a placement's reservation; `requester` must be the one the placement named.
+    pub async fn release(
+        &mut self,
+        node: NodeId,
+        cpu_millis: u64,
+        memory_hint: u64,
+        requester: Option<NodeId>,
+    ) -> Result<()> {
         let request = SchedulerRequest::Release {
             node,
             cpu_millis,
             memory_hint,
+            requester,
         };
         match self.call(&request).await? {
             SchedulerResponse::Released => Ok(()),

@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use floe_core::NodeId;
+use floe_core::job::JobProgress;
 use floe_core::wire::Protocol;
+use floe_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{PlacementError, PlacementRequest};
@@ -50,14 +51,24 @@ pub enum SchedulerRequest {
     Place {
         requests: Vec<PlacementRequest>,
     },
-    /// Returns what a finished task reserved.
+    /// Returns what a finished task reserved; `requester` is the one its placement named.
     Release {
         node: NodeId,
         cpu_millis: u64,
         memory_hint: u64,
+        requester: Option<NodeId>,
     },
     /// The leader's latest heartbeat report from every alive node.
     NodeReports,
+    /// A running job's driver reports its progress; the answer says whether to stop.
+    ReportProgress {
+        job: JobId,
+        progress: JobProgress,
+    },
+    /// The progress the job's driver last reported.
+    JobProgress {
+        job: JobId,
+    },
     /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
     WatchDeaths {
         after: u64,
@@ -104,7 +115,16 @@ pub enum SchedulerResponse {
     },
     RaftAccepted,
     Committed(Outcome),
-    HeartbeatAccepted,
+    /// The heartbeat was taken; `drivers` are the running jobs (and attempts) whose drivers
+    /// the node must be running.
+    HeartbeatAccepted {
+        drivers: Vec<(JobId, u32)>,
+    },
+    /// `cancel`: the job was cancelled or has ended; its driver stops.
+    ProgressAccepted {
+        cancel: bool,
+    },
+    Progress(Option<JobProgress>),
     /// The node was committed dead and must register again, as a new node.
     Rejoin,
     State(Box<ClusterState>),

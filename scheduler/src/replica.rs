@@ -18,11 +18,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_core::NodeId;
 use floe_core::config::{Config, SchedulerConfig};
+use floe_core::job::JobProgress;
 use floe_core::wire::{
     Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcClient, RpcServer, WireConfig, codec,
 };
+use floe_core::{JobId, NodeId};
 use protobuf::Message as _;
 use raft::prelude::{Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
@@ -34,7 +35,7 @@ use crate::protocol::{
     LeaderHint, NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
-use crate::state::{ClusterState, Command, NodeDeath, Outcome};
+use crate::state::{ClusterState, Command, JobStatus, NodeDeath, Outcome};
 use crate::storage::LogStore;
 use crate::{Error, Result};
 
@@ -281,7 +282,16 @@ struct PlaceBatch {
     pending: usize,
     reply: Reply,
     /// What was reserved for this batch, returned if the caller is gone when it completes.
-    reserved: Vec<(NodeId, u64, u64)>,
+    reserved: Vec<Reservation>,
+}
+
+/// One placement's reservation, and the node that asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reservation {
+    node: NodeId,
+    cpu_millis: u64,
+    memory_hint: u64,
+    requester: Option<NodeId>,
 }
 
 struct RaftLoop<S: LogStore> {
@@ -310,6 +320,17 @@ struct RaftLoop<S: LogStore> {
     usage: BTreeMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
+    /// Reservations not yet released, by the node that asked for them: a requester that dies
+    /// (a job driver's node) never releases its own, so its death does.
+    leases: BTreeMap<NodeId, Vec<Reservation>>,
+    /// Pending jobs whose `StartDriver` was proposed, and when; proposed again if it has not
+    /// applied after a node timeout (the proposal can be lost with a leader change).
+    drivers_proposed: BTreeMap<JobId, Instant>,
+    /// What running jobs' drivers last reported (soft state, like heartbeats).
+    progress: BTreeMap<JobId, JobProgress>,
+    /// A job was submitted since drivers were last placed; place them without waiting for
+    /// the health tick.
+    jobs_submitted: bool,
 }
 
 impl<S: LogStore> RaftLoop<S> {
@@ -381,6 +402,10 @@ impl<S: LogStore> RaftLoop<S> {
             last_seen: BTreeMap::new(),
             usage: BTreeMap::new(),
             dying: BTreeSet::new(),
+            leases: BTreeMap::new(),
+            drivers_proposed: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            jobs_submitted: false,
         })
     }
 
@@ -410,6 +435,9 @@ impl<S: LogStore> RaftLoop<S> {
             if let Err(error) = self.on_ready() {
                 tracing::error!(replica = self.id, %error, "cannot persist the raft log; stopping");
                 return Err(error);
+            }
+            if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
+                self.place_drivers(Instant::now(), self.config.node_timeout());
             }
         }
     }
@@ -477,7 +505,9 @@ impl<S: LogStore> RaftLoop<S> {
                 let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
                     self.last_seen.insert(node, Instant::now());
                     self.usage.insert(node, usage);
-                    SchedulerResponse::HeartbeatAccepted
+                    SchedulerResponse::HeartbeatAccepted {
+                        drivers: self.state.drivers_on(node),
+                    }
                 } else {
                     SchedulerResponse::Rejoin
                 };
@@ -503,13 +533,35 @@ impl<S: LogStore> RaftLoop<S> {
                     .collect();
                 let _ = reply.send(Ok(SchedulerResponse::NodeReports(reports)));
             }
+            SchedulerRequest::ReportProgress { job, progress } => {
+                let response = match self.state.jobs.get(&job) {
+                    Some(record) if record.status == JobStatus::Running => {
+                        let cancel = record.cancel_requested;
+                        self.progress.insert(job, progress);
+                        SchedulerResponse::ProgressAccepted { cancel }
+                    }
+                    // The job ended or was never here: the driver should stop.
+                    _ => SchedulerResponse::ProgressAccepted { cancel: true },
+                };
+                let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::JobProgress { job } => {
+                let progress = self.progress.get(&job).cloned();
+                let _ = reply.send(Ok(SchedulerResponse::Progress(progress)));
+            }
             SchedulerRequest::Place { requests } => self.place(requests, reply),
             SchedulerRequest::Release {
                 node,
                 cpu_millis,
                 memory_hint,
+                requester,
             } => {
-                self.view.release(node, cpu_millis, memory_hint);
+                self.release(Reservation {
+                    node,
+                    cpu_millis,
+                    memory_hint,
+                    requester,
+                });
                 self.retry_waiting();
                 let _ = reply.send(Ok(SchedulerResponse::Released));
             }
@@ -589,9 +641,12 @@ impl<S: LogStore> RaftLoop<S> {
         for (slot, (decision, request)) in decisions.into_iter().zip(requests).enumerate() {
             match decision {
                 Ok(Decision::Placed(node)) => {
-                    batch
-                        .reserved
-                        .push((node, request.cpu_millis, request.memory_hint));
+                    batch.reserved.push(Reservation {
+                        node,
+                        cpu_millis: request.cpu_millis,
+                        memory_hint: request.memory_hint,
+                        requester: request.requester,
+                    });
                     batch.results.push(Some(Ok(node)));
                 }
                 Ok(Decision::Wait) => {
@@ -616,9 +671,12 @@ impl<S: LogStore> RaftLoop<S> {
                 continue;
             };
             if let Ok(node) = &result {
-                batch
-                    .reserved
-                    .push((*node, request.cpu_millis, request.memory_hint));
+                batch.reserved.push(Reservation {
+                    node: *node,
+                    cpu_millis: request.cpu_millis,
+                    memory_hint: request.memory_hint,
+                    requester: request.requester,
+                });
             }
             batch.results[slot] = Some(result);
             batch.pending -= 1;
@@ -644,10 +702,30 @@ impl<S: LogStore> RaftLoop<S> {
             .is_err()
         {
             // The caller gave up waiting; nothing will run on what was reserved for it.
-            for (node, cpu_millis, memory_hint) in batch.reserved {
-                self.view.release(node, cpu_millis, memory_hint);
+            for reservation in batch.reserved {
+                self.release(reservation);
             }
             self.retry_waiting();
+            return;
+        }
+        for reservation in batch.reserved {
+            if let Some(requester) = reservation.requester {
+                self.leases.entry(requester).or_default().push(reservation);
+            }
+        }
+    }
+
+    fn release(&mut self, reservation: Reservation) {
+        self.view.release(
+            reservation.node,
+            reservation.cpu_millis,
+            reservation.memory_hint,
+        );
+        if let Some(requester) = reservation.requester
+            && let Some(leases) = self.leases.get_mut(&requester)
+            && let Some(position) = leases.iter().position(|lease| *lease == reservation)
+        {
+            leases.swap_remove(position);
         }
     }
 
@@ -763,6 +841,9 @@ impl<S: LogStore> RaftLoop<S> {
             let effect = match &command {
                 Command::RegisterNode { resources, .. } => Effect::Registered(*resources),
                 Command::MarkNodeDead { node, .. } => Effect::Died(*node),
+                Command::SubmitJob { .. } => Effect::Submitted,
+                Command::StartDriver { job, .. } => Effect::DriverStarted(*job),
+                Command::FinishJob { job, .. } => Effect::JobEnded(*job),
                 _ => Effect::None,
             };
             let Some(outcome) = self.state.apply(entry.index, command) else {
@@ -775,6 +856,10 @@ impl<S: LogStore> RaftLoop<S> {
                 }
                 (Effect::Died(node), Outcome::Applied) => {
                     self.dying.remove(&node);
+                    for lease in self.leases.remove(&node).unwrap_or_default() {
+                        self.view
+                            .release(lease.node, lease.cpu_millis, lease.memory_hint);
+                    }
                     self.last_seen.remove(&node);
                     self.usage.remove(&node);
                     self.view.remove_node(node);
@@ -786,6 +871,13 @@ impl<S: LogStore> RaftLoop<S> {
                 }
                 (Effect::Died(node), _) => {
                     self.dying.remove(&node);
+                }
+                (Effect::Submitted, _) => self.jobs_submitted = true,
+                (Effect::DriverStarted(job), _) => {
+                    self.drivers_proposed.remove(&job);
+                }
+                (Effect::JobEnded(job), Outcome::Applied) => {
+                    self.progress.remove(&job);
                 }
                 _ => {}
             }
@@ -828,6 +920,9 @@ impl<S: LogStore> RaftLoop<S> {
         self.last_seen.clear();
         self.usage.clear();
         self.dying.clear();
+        self.leases.clear();
+        self.drivers_proposed.clear();
+        self.progress.clear();
         self.rebuild_view();
         if leader {
             return;
@@ -887,6 +982,43 @@ impl<S: LogStore> RaftLoop<S> {
             tracing::warn!(%node, %reason, "proposing node death");
             self.propose(Command::MarkNodeDead { node, reason }, None);
         }
+        self.place_drivers(now, timeout);
+    }
+
+    /// Starts a driver for every pending job on the least utilized alive node (drivers are
+    /// light; the work they start is placed task by task).
+    fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
+        let pending: Vec<JobId> = self
+            .state
+            .jobs
+            .values()
+            .filter(|job| job.status == JobStatus::Pending)
+            .map(|job| job.id)
+            .collect();
+        for job in pending {
+            if self
+                .drivers_proposed
+                .get(&job)
+                .is_some_and(|proposed| now.duration_since(*proposed) < retry_after)
+            {
+                continue;
+            }
+            let Some(node) = self
+                .state
+                .alive_nodes()
+                .filter(|node| !self.dying.contains(&node.id))
+                .min_by(|a, b| {
+                    let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
+                    load(a.id).total_cmp(&load(b.id))
+                })
+                .map(|node| node.id)
+            else {
+                return;
+            };
+            tracing::info!(%job, %node, "placing a job driver");
+            self.drivers_proposed.insert(job, now);
+            self.propose(Command::StartDriver { job, node }, None);
+        }
     }
 
     fn maybe_compact(&mut self) -> Result<()> {
@@ -916,6 +1048,9 @@ impl<S: LogStore> RaftLoop<S> {
 enum Effect {
     Registered(crate::state::Resources),
     Died(NodeId),
+    Submitted,
+    DriverStarted(JobId),
+    JobEnded(JobId),
     None,
 }
 

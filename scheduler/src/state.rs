@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
+use floe_core::job::{JobStats, OutputBlock};
 use floe_core::wire::codec;
-use floe_core::{ActorId, JobId, NodeId};
+use floe_core::{ActorId, JobId, NodeId, SubmissionId};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -64,18 +65,55 @@ pub enum JobStatus {
     Failed {
         message: String,
     },
+    Cancelled,
+}
+
+impl JobStatus {
+    /// Whether the job has ended (succeeded, failed or cancelled).
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed { .. } | JobStatus::Cancelled
+        )
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed { .. } => "failed",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// How a driver ended its job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobOutcome {
+    /// Succeeded, Failed or Cancelled.
+    pub status: JobStatus,
+    pub stats: JobStats,
+    /// The output blocks, in order, for a job whose output stays in the object stores.
+    pub outputs: Vec<OutputBlock>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
     pub id: JobId,
-    /// The encoded logical plan, opaque to the scheduler.
-    pub plan: Vec<u8>,
+    pub submission: SubmissionId,
+    /// The encoded job spec (`floe_core::job::JobSpec`), opaque to the scheduler.
+    pub spec: Vec<u8>,
     pub status: JobStatus,
     /// The node running the job's driver, while one does.
     pub driver: Option<NodeId>,
     /// How many times a driver was started for this job.
     pub attempts: u32,
+    /// A user asked to cancel the running job; its driver stops and finishes it as cancelled.
+    pub cancel_requested: bool,
+    /// The last driver's stats, once the job has ended.
+    pub stats: Option<JobStats>,
+    pub outputs: Vec<OutputBlock>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,16 +160,23 @@ pub enum Command {
         reason: String,
     },
     SubmitJob {
-        plan: Vec<u8>,
+        spec: Vec<u8>,
+        submission: SubmissionId,
     },
     /// Starts a driver for `job` on `node` (counting an attempt).
     StartDriver {
         job: JobId,
         node: NodeId,
     },
+    /// Ends `job`; only the driver of the current attempt may.
     FinishJob {
         job: JobId,
-        status: JobStatus,
+        attempt: u32,
+        outcome: JobOutcome,
+    },
+    /// Cancels a pending job at once, or asks a running job's driver to stop.
+    CancelJob {
+        job: JobId,
     },
     RegisterActor {
         actor: ActorId,
@@ -174,6 +219,8 @@ pub struct ClusterState {
     pub next_job_id: u64,
     pub nodes: BTreeMap<NodeId, NodeRecord>,
     pub jobs: BTreeMap<JobId, JobRecord>,
+    /// Which job each submission became, so a retried submission finds its job.
+    pub submissions: BTreeMap<SubmissionId, JobId>,
     pub actors: BTreeMap<ActorId, ActorRecord>,
     /// Fingerprint (32 hex digits) → shard count → shards.
     pub cache: BTreeMap<String, BTreeMap<u32, CacheEntry>>,
@@ -232,17 +279,26 @@ impl ClusterState {
                 Outcome::NodeRegistered(id)
             }
             Command::MarkNodeDead { node, reason } => self.mark_dead(index, node, reason),
-            Command::SubmitJob { plan } => {
+            Command::SubmitJob { spec, submission } => {
+                // A client that lost the reply submits again with the same id: same job.
+                if let Some(existing) = self.submissions.get(&submission) {
+                    return Outcome::JobSubmitted(*existing);
+                }
                 self.next_job_id += 1;
                 let id = JobId::new(self.next_job_id);
+                self.submissions.insert(submission, id);
                 self.jobs.insert(
                     id,
                     JobRecord {
                         id,
-                        plan,
+                        submission,
+                        spec,
                         status: JobStatus::Pending,
                         driver: None,
                         attempts: 0,
+                        cancel_requested: false,
+                        stats: None,
+                        outputs: Vec::new(),
                     },
                 );
                 Outcome::JobSubmitted(id)
@@ -254,17 +310,55 @@ impl ClusterState {
                 let Some(record) = self.jobs.get_mut(&job) else {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
+                if record.status != JobStatus::Pending {
+                    return Outcome::Rejected(format!(
+                        "job {job} is {}, not pending",
+                        record.status.name()
+                    ));
+                }
                 record.driver = Some(node);
                 record.status = JobStatus::Running;
                 record.attempts += 1;
                 Outcome::Applied
             }
-            Command::FinishJob { job, status } => {
+            Command::FinishJob {
+                job,
+                attempt,
+                outcome,
+            } => {
                 let Some(record) = self.jobs.get_mut(&job) else {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
-                record.status = status;
+                if record.status.is_finished() {
+                    return Outcome::Rejected(format!("job {job} has already ended"));
+                }
+                if attempt != record.attempts {
+                    return Outcome::Rejected(format!(
+                        "driver attempt {attempt} of job {job} was superseded by attempt {}",
+                        record.attempts
+                    ));
+                }
+                if !outcome.status.is_finished() {
+                    return Outcome::Rejected(format!(
+                        "a job cannot finish as {}",
+                        outcome.status.name()
+                    ));
+                }
+                record.status = outcome.status;
+                record.stats = Some(outcome.stats);
+                record.outputs = outcome.outputs;
                 record.driver = None;
+                Outcome::Applied
+            }
+            Command::CancelJob { job } => {
+                let Some(record) = self.jobs.get_mut(&job) else {
+                    return Outcome::Rejected(format!("no job {job}"));
+                };
+                match record.status {
+                    JobStatus::Pending => record.status = JobStatus::Cancelled,
+                    JobStatus::Running => record.cancel_requested = true,
+                    _ => return Outcome::Rejected(format!("job {job} has already ended")),
+                }
                 Outcome::Applied
             }
             Command::RegisterActor { actor, kind, node } => {
@@ -338,7 +432,7 @@ impl ClusterState {
         }
         self.cache.retain(|_, by_count| !by_count.is_empty());
         for job in self.jobs.values_mut() {
-            if job.driver == Some(node) {
+            if job.driver == Some(node) && job.status == JobStatus::Running {
                 job.driver = None;
                 job.status = JobStatus::Pending;
             }
@@ -362,6 +456,15 @@ impl ClusterState {
             .collect();
         deaths.sort_by_key(|death| death.index);
         deaths
+    }
+
+    /// Running jobs whose driver is on `node`, with their attempt numbers.
+    pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
+        self.jobs
+            .values()
+            .filter(|job| job.driver == Some(node) && job.status == JobStatus::Running)
+            .map(|job| (job.id, job.attempts))
+            .collect()
     }
 
     pub fn alive_nodes(&self) -> impl Iterator<Item = &NodeRecord> {

@@ -98,7 +98,8 @@ async fn measure(scale: &Scale, dir: &std::path::Path) -> anyhow::Result<()> {
 
 async fn propose_job(client: &mut SchedulerClient) -> anyhow::Result<()> {
     let command = Command::SubmitJob {
-        plan: vec![0xab; 64],
+        spec: vec![0xab; 64],
+        submission: floe_core::SubmissionId::random(),
     };
     match client.propose(command).await? {
         Outcome::JobSubmitted(_) => Ok(()),

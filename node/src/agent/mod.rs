@@ -18,14 +18,16 @@ pub mod worker;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use floe_core::wire::{
     Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
-use floe_core::{Config, NodeId, ObjectId, WireError};
+use floe_core::{Config, JobId, NodeId, ObjectId, WireError};
+use floe_objectstore::block;
+use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
 use floe_scheduler::protocol::ResourceUsage;
@@ -36,8 +38,13 @@ use xxhash_rust::xxh3::xxh3_64;
 use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use self::protocol::{
-    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure, TaskSpec,
+    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, ShardLoad, ShardWrite,
+    TaskFailure, TaskSpec,
 };
+use crate::driver::{self, DriverConfig};
+
+/// How often a job driver reports progress (and notices a cancellation).
+const DRIVER_PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 use self::transfer::Transfers;
 use self::worker::WorkerTask;
 
@@ -53,6 +60,8 @@ pub enum Error {
     Wire(#[from] WireError),
     #[error(transparent)]
     Store(#[from] floe_objectstore::Error),
+    #[error(transparent)]
+    Cache(#[from] floe_objectstore::cache::CacheError),
     #[error("scheduler: {0}")]
     Scheduler(#[from] floe_scheduler::Error),
     #[error("cannot read host memory: {0}")]
@@ -89,6 +98,11 @@ struct Shared {
     /// The id the scheduler gave this node; 0 until it has registered (ids start at 1).
     node: AtomicU64,
     store: ObjectStore,
+    cache: Cache,
+    /// The job drivers running on this node: job → (attempt, task).
+    drivers: Mutex<BTreeMap<JobId, (u32, JoinHandle<()>)>>,
+    /// Set once the node has registered (drivers need its id).
+    driver_config: OnceLock<Arc<DriverConfig>>,
     pool: Arc<WorkerPool>,
     transfers: Transfers,
     tasks_finished: AtomicU64,
@@ -140,23 +154,125 @@ impl Shared {
         };
         let outputs = self.pool.run(task, pins).await?;
         let mut refs = Vec::with_capacity(outputs.len());
-        for (index, bytes) in outputs.iter().enumerate() {
+        for (index, output) in outputs.iter().enumerate() {
             let index = u32::try_from(index).map_err(|_| TaskFailure::Error {
                 message: "a task returned more than 2^32 outputs".into(),
             })?;
             let object = tasks::output_id(spec.task, index);
+            let bytes = &output.bytes.0;
+            // A rebuilt task's outputs keep their ids; a copy left from the first run (the
+            // driver thought it lost) is replaced.
+            match self.store.delete(object) {
+                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                Err(error) => {
+                    return Err(TaskFailure::Error {
+                        message: format!("cannot replace output {index}: {error}"),
+                    });
+                }
+            }
             self.store
-                .put(object, &bytes.0)
+                .put(object, bytes)
                 .map_err(|error| TaskFailure::Error {
                     message: format!("cannot store output {index}: {error}"),
                 })?;
             refs.push(OutputRef {
                 object,
-                size: bytes.0.len() as u64,
-                checksum: xxh3_64(&bytes.0),
+                size: bytes.len() as u64,
+                checksum: xxh3_64(bytes),
+                rows: output.rows,
             });
         }
         Ok(refs)
+    }
+
+    /// Writes one cache shard from local blocks.
+    fn write_cache_shard(&self, write: &ShardWrite) -> Result<(u64, u64)> {
+        let mut batches = Vec::new();
+        for object in &write.blocks {
+            let view = self.store.get(*object)?;
+            batches.extend(block::read_block(&view)?.batches);
+        }
+        let rows = batches.iter().map(|batch| batch.num_rows() as u64).sum();
+        let shard = ShardIndex::new(write.rank, write.count)?;
+        let policy = if write.overwrite {
+            CachePolicy::Recompute
+        } else {
+            CachePolicy::Reuse
+        };
+        let schema = Arc::new(write.schema.clone());
+        self.cache
+            .write_shard(policy, &write.lineage, shard, &schema, &batches)?;
+        let name = ShardName {
+            fingerprint: write.lineage.fingerprint(),
+            shard,
+        };
+        let path = self.cache.config().dir.join(name.file_name());
+        let bytes = std::fs::metadata(&path)
+            .map_err(|source| Error::Io {
+                op: "reading a cache shard's size",
+                source,
+            })?
+            .len();
+        Ok((rows, bytes))
+    }
+
+    /// Loads one cache shard into the store as one block.
+    fn load_cache_shard(&self, load: &ShardLoad) -> Result<Option<OutputRef>> {
+        let shard = ShardIndex::new(load.rank, load.count)?;
+        let name = ShardName {
+            fingerprint: load.fingerprint,
+            shard,
+        };
+        let Some(opened) = self.cache.open_shard(name)? else {
+            return Ok(None);
+        };
+        match self.store.delete(load.object) {
+            Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let size = block::write_block(
+            &self.store,
+            load.object,
+            &opened.block.schema,
+            &opened.block.batches,
+        )?;
+        let view = self.store.get(load.object)?;
+        Ok(Some(OutputRef {
+            object: load.object,
+            size,
+            checksum: xxh3_64(view.as_bytes()),
+            rows: Some(opened.manifest.rows),
+        }))
+    }
+
+    /// Runs the drivers the scheduler assigned to this node and stops the others.
+    fn sync_drivers(self: &Arc<Self>, assigned: &[(JobId, u32)]) {
+        let Some(config) = self.driver_config.get() else {
+            return;
+        };
+        let mut drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
+        drivers.retain(|job, (attempt, handle)| {
+            let keep = assigned.contains(&(*job, *attempt));
+            if !keep {
+                handle.abort();
+            }
+            keep
+        });
+        for &(job, attempt) in assigned {
+            let running = drivers
+                .get(&job)
+                .is_some_and(|(_, handle)| !handle.is_finished());
+            if running {
+                continue;
+            }
+            let config = Arc::clone(config);
+            let handle = tokio::spawn(async move {
+                if let Err(error) = driver::run_driver(config, job, attempt).await {
+                    tracing::error!(%job, attempt, %error, "the job driver stopped");
+                }
+            });
+            drivers.insert(job, (attempt, handle));
+        }
     }
 
     fn status(&self) -> NodeStatus {
@@ -174,6 +290,19 @@ impl Shared {
 }
 
 struct Service(Arc<Shared>);
+
+/// Runs file work (cache shards: reads, writes, fsyncs) off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T, RemoteError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(remote),
+        Err(error) => Err(RemoteError::new(
+            RemoteErrorKind::Internal,
+            format!("the work panicked or was cancelled: {error}"),
+        )),
+    }
+}
 
 fn remote(error: Error) -> RemoteError {
     let kind = match &error {
@@ -218,6 +347,20 @@ impl Handler<NodeProtocol> for Service {
                 Ok(NodeResponse::Freed)
             }
             NodeRequest::Status => Ok(NodeResponse::Status(Box::new(shared.status()))),
+            NodeRequest::CancelTask { task } => {
+                shared.pool.cancel(task);
+                Ok(NodeResponse::Cancelled)
+            }
+            NodeRequest::WriteCacheShard(write) => {
+                let shared = Arc::clone(shared);
+                let (rows, bytes) = blocking(move || shared.write_cache_shard(&write)).await?;
+                Ok(NodeResponse::CacheWritten { rows, bytes })
+            }
+            NodeRequest::LoadCacheShard(load) => {
+                let shared = Arc::clone(shared);
+                let loaded = blocking(move || shared.load_cache_shard(&load)).await?;
+                Ok(NodeResponse::CacheLoaded(loaded))
+            }
         }
     }
 }
@@ -258,10 +401,14 @@ impl NodeAgent {
             workers,
             max_frame: wire.max_frame,
         })?);
+        let cache = Cache::open(CacheConfig::for_node(config))?;
         let shared = Arc::new(Shared {
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
             store,
+            cache,
+            drivers: Mutex::new(BTreeMap::new()),
+            driver_config: OnceLock::new(),
             pool: Arc::clone(&pool),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
@@ -286,6 +433,16 @@ impl NodeAgent {
             SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
         let node = registration.register(&mut client).await?;
         shared.node.store(node.get(), Ordering::Relaxed);
+        let batch_rows = u32::try_from(crate::read::DEFAULT_BATCH_ROWS).unwrap_or(u32::MAX);
+        let _ = shared.driver_config.set(Arc::new(DriverConfig {
+            schedulers: options.schedulers.clone(),
+            wire: wire.clone(),
+            node,
+            min_block_bytes: config.data.min_block_size.bytes(),
+            max_block_bytes: config.data.max_block_size.bytes(),
+            batch_rows,
+            progress_interval: DRIVER_PROGRESS_INTERVAL,
+        }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         let host_memory =
             || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
@@ -336,6 +493,14 @@ impl NodeAgent {
         server.shutdown();
         for task in background {
             task.abort();
+        }
+        for (_, (_, driver)) in std::mem::take(
+            &mut *shared
+                .drivers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        ) {
+            driver.abort();
         }
         shared.pool.shutdown().await;
         let told = match shared.node() {
@@ -403,7 +568,7 @@ async fn heartbeats(
             continue;
         };
         match client.heartbeat(node, usage).await {
-            Ok(HeartbeatReply::Accepted) => {}
+            Ok(HeartbeatReply::Accepted { drivers }) => shared.sync_drivers(&drivers),
             Ok(HeartbeatReply::Rejoin) => match registration.register(&mut client).await {
                 Ok(new) => {
                     tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");

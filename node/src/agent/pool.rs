@@ -6,7 +6,7 @@
 //! memory monitor), the slot answers its job with the reason and starts a new process; nothing
 //! a task does can take the agent down with it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -22,8 +22,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::protocol::{Bytes, RunningTask, TaskFailure};
-use super::worker::{SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerTask, send};
+use super::protocol::{RunningTask, TaskFailure};
+use super::worker::{SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerOutput, WorkerTask, send};
 use super::{Error, Result};
 
 /// How long a new worker process has to connect and say hello.
@@ -46,7 +46,7 @@ pub(crate) struct PoolOptions {
     pub max_frame: usize,
 }
 
-pub(crate) type JobResult = Result<Vec<Bytes>, TaskFailure>;
+pub(crate) type JobResult = Result<Vec<WorkerOutput>, TaskFailure>;
 
 struct Job {
     task: WorkerTask,
@@ -55,10 +55,19 @@ struct Job {
     reply: oneshot::Sender<JobResult>,
 }
 
+/// Why the agent kills a worker in the middle of a task.
+#[derive(Debug)]
+enum Kill {
+    /// The memory monitor picked it; the reason names the memory figures.
+    OutOfMemory(String),
+    /// The task's driver cancelled it.
+    Cancelled,
+}
+
 struct Running {
     task: TaskId,
     pid: u32,
-    kill: Option<oneshot::Sender<String>>,
+    kill: Option<oneshot::Sender<Kill>>,
 }
 
 struct PoolInner {
@@ -69,6 +78,8 @@ struct PoolInner {
     /// Tasks on workers, by start order: the last one is the newest.
     running: Mutex<BTreeMap<u64, Running>>,
     next_start: AtomicU64,
+    /// Queued tasks cancelled before a worker took them.
+    cancelled: Mutex<BTreeSet<TaskId>>,
     ready: AtomicU32,
     respawned: AtomicU64,
 }
@@ -123,6 +134,7 @@ impl WorkerPool {
             pending: Mutex::new(HashMap::new()),
             running: Mutex::new(BTreeMap::new()),
             next_start: AtomicU64::new(0),
+            cancelled: Mutex::new(BTreeSet::new()),
             ready: AtomicU32::new(0),
             respawned: AtomicU64::new(0),
         });
@@ -184,11 +196,29 @@ impl WorkerPool {
             .find(|running| running.kill.is_some())?;
         let kill = victim.kill.take()?;
         // The slot may have just finished the task; then there is nothing to kill.
-        kill.send(reason).ok()?;
+        kill.send(Kill::OutOfMemory(reason)).ok()?;
         Some(RunningTask {
             task: victim.task,
             worker_pid: victim.pid,
         })
+    }
+
+    /// Cancels `task`: its worker is killed if it runs, and it fails with
+    /// [`TaskFailure::Cancelled`] when a worker would have taken it if it is queued.
+    pub fn cancel(&self, task: TaskId) {
+        let mut running = self.inner.running();
+        if let Some(victim) = running.values_mut().find(|running| running.task == task) {
+            if let Some(kill) = victim.kill.take() {
+                let _ = kill.send(Kill::Cancelled);
+            }
+            return;
+        }
+        drop(running);
+        self.inner
+            .cancelled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(task);
     }
 
     /// Fails queued and running tasks and kills every worker.
@@ -351,6 +381,15 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
                 }
             }
         };
+        let cancelled = inner
+            .cancelled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&job.task.task);
+        if cancelled {
+            let _ = job.reply.send(Err(TaskFailure::Cancelled));
+            continue;
+        }
         let start = inner.next_start.fetch_add(1, Ordering::Relaxed);
         let (kill, killed) = oneshot::channel();
         inner.running().insert(
@@ -379,7 +418,7 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
 async fn run_job(
     worker: &mut Worker,
     task: &WorkerTask,
-    killed: oneshot::Receiver<String>,
+    killed: oneshot::Receiver<Kill>,
 ) -> (JobResult, Option<SlotEnd>) {
     let sent = send(&mut worker.stream, task).await;
     let reply = match sent {
@@ -396,10 +435,16 @@ async fn run_job(
                     let reason = status.map_or_else(|error| error.to_string(), describe_exit);
                     return (Err(TaskFailure::WorkerDied { reason }), Some(SlotEnd::WorkerGone));
                 }
-                reason = killed => {
+                kill = killed => {
                     stop(&mut worker.child).await;
-                    let reason = reason.unwrap_or_else(|_| "killed by the memory monitor".into());
-                    return (Err(TaskFailure::OutOfMemory { reason }), Some(SlotEnd::WorkerGone));
+                    let failure = match kill {
+                        Ok(Kill::Cancelled) => TaskFailure::Cancelled,
+                        Ok(Kill::OutOfMemory(reason)) => TaskFailure::OutOfMemory { reason },
+                        Err(_) => TaskFailure::OutOfMemory {
+                            reason: "killed by the memory monitor".into(),
+                        },
+                    };
+                    return (Err(failure), Some(SlotEnd::WorkerGone));
                 }
             }
         }

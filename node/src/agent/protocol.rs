@@ -1,8 +1,11 @@
 //! The RPC service every node agent serves on `node.rpc_port`: tasks from drivers, and object
 //! transfer between nodes.
 
+use arrow::datatypes::Schema;
+use floe_core::fingerprint::FingerprintInputs;
+use floe_core::plan::physical::Stage;
 use floe_core::wire::Protocol;
-use floe_core::{NodeId, ObjectId, TaskId};
+use floe_core::{Fingerprint, NodeId, ObjectId, TaskId};
 use floe_objectstore::StoreStats;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -44,17 +47,45 @@ impl<'de> Deserialize<'de> for Bytes {
     }
 }
 
-/// A built-in task a worker process can run. Plan stages are not serializable yet, so the
-/// agent runs these; they exercise every path a stage task takes (zero-copy inputs, outputs
-/// written into the store, long runs that can be killed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a worker process runs: one task of a plan stage, or a built-in task (used by tests
+/// and benchmarks to exercise the task path without a plan).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TaskKind {
+    /// One task of a plan stage; its input blocks are the task's inputs, in order.
+    Stage(Box<StageTask>),
     /// Does nothing for `ms` milliseconds; no outputs.
     Sleep { ms: u64 },
     /// One output: the xxh3-64 of each input's bytes, 8 little-endian bytes per input.
     Hash,
     /// One output of `bytes` bytes where byte `i` is `(i + seed) % 251`.
     Fill { bytes: u64, seed: u64 },
+}
+
+/// A stage task: the stage (its source or input handling and fused row-wise operators) and
+/// what this one task of it works on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTask {
+    pub stage: Stage,
+    pub input: StageInput,
+    /// The job's block size range and reader batch size (performance only).
+    pub min_block_bytes: u64,
+    pub max_block_bytes: u64,
+    pub batch_rows: u32,
+}
+
+/// What one task of a stage works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageInput {
+    /// File `index` of a read stage's scan.
+    File(u32),
+    /// The ids `start..end` of a range stage.
+    Range { start: u64, end: u64 },
+    /// A from-batches stage's inline rows.
+    Inline,
+    /// The task's input blocks (map and limit stages).
+    Blocks,
+    /// The task's input blocks, written as the `index`-th part of a sink.
+    Sink { index: u32 },
 }
 
 /// An input of a task: an object, and the node holding it when it is not on the node that runs
@@ -66,7 +97,7 @@ pub struct InputRef {
     pub holder: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskSpec {
     pub task: TaskId,
     pub kind: TaskKind,
@@ -80,6 +111,8 @@ pub struct OutputRef {
     pub size: u64,
     /// xxh3-64 of the bytes.
     pub checksum: u64,
+    /// The rows, when the object is a block.
+    pub rows: Option<u64>,
 }
 
 /// Why a task failed. The driver retries the retryable ones elsewhere.
@@ -98,12 +131,15 @@ pub enum TaskFailure {
     Error { message: String },
     #[error("the node is shutting down")]
     ShuttingDown,
+    /// The driver cancelled the task (its job was cancelled).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 impl TaskFailure {
     /// Whether running the task again (elsewhere) may succeed.
     pub fn retryable(&self) -> bool {
-        !matches!(self, TaskFailure::Error { .. })
+        !matches!(self, TaskFailure::Error { .. } | TaskFailure::Cancelled)
     }
 }
 
@@ -140,7 +176,32 @@ pub struct NodeStatus {
     pub store: StoreStats,
 }
 
+/// One cache shard to write from objects in this node's store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardWrite {
+    /// The lineage of the output (its fingerprint names the shard).
+    pub lineage: FingerprintInputs,
+    pub rank: u32,
+    pub count: u32,
+    /// The shard's blocks, in order; all local.
+    pub blocks: Vec<ObjectId>,
+    /// The blocks' schema (a shard of no blocks still records it).
+    pub schema: Schema,
+    /// Overwrite a shard that is already there.
+    pub overwrite: bool,
+}
+
+/// A cache shard loaded into this node's store as one block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardLoad {
+    pub fingerprint: Fingerprint,
+    pub rank: u32,
+    pub count: u32,
+    /// The block's object id.
+    pub object: ObjectId,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum NodeRequest {
     /// Runs a task on an idle worker of this node, pulling remote inputs first.
     RunTask(TaskSpec),
@@ -163,11 +224,27 @@ pub enum NodeRequest {
     Free {
         objects: Vec<ObjectId>,
     },
+    /// Stops a running or queued task; it fails with [`TaskFailure::Cancelled`].
+    CancelTask {
+        task: TaskId,
+    },
+    /// Writes one cache shard from local blocks; answers its rows and bytes on disk.
+    WriteCacheShard(ShardWrite),
+    /// Loads one cache shard as a block; `None` when the shard is gone or failed verification.
+    LoadCacheShard(ShardLoad),
     Status,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeResponse {
+    /// The task was cancelled (or had already ended).
+    Cancelled,
+    /// A shard written: its rows and its file's bytes.
+    CacheWritten {
+        rows: u64,
+        bytes: u64,
+    },
+    CacheLoaded(Option<OutputRef>),
     Task(Result<Vec<OutputRef>, TaskFailure>),
     ObjectMeta(ObjectMeta),
     Chunk(Bytes),

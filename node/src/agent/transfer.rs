@@ -100,6 +100,7 @@ impl Transfers {
                 object,
                 size: meta.size,
                 checksum: meta.checksum,
+                rows: None,
             });
         }
         let shared = Arc::clone(
@@ -261,6 +262,7 @@ fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
         object,
         size,
         checksum,
+        rows: None,
     })
 }
 

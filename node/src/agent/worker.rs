@@ -1,21 +1,30 @@
 //! The `floe worker` process: connects to its agent's Unix socket, then runs one task at a time.
 //!
 //! Inputs arrive as [`ObjectLocation`]s the agent pinned; the worker maps them with a
-//! [`StoreClient`] and reads them in place. Outputs go back over the socket and the agent
-//! writes them into the store (the store's writers live in the agent's process).
+//! [`StoreClient`] and reads them in place (a block's column buffers point into the mapping).
+//! Outputs go back over the socket and the agent writes them into the store (the store's
+//! writers live in the agent's process); a stage task's outputs are its blocks, each encoded
+//! as the Arrow IPC file the store's block reader decodes.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use floe_core::TaskId;
+use floe_core::plan::physical::StageKind;
 use floe_core::wire::{FramedStream, WireError, codec};
-use floe_objectstore::{ObjectLocation, StoreClient};
+use floe_objectstore::block::{encode_block, read_block};
+use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
-use super::protocol::{Bytes, TaskKind};
+use super::protocol::{Bytes, StageInput, StageTask, TaskKind};
 use super::tasks::execute;
 use super::{Error, Result};
+use crate::blocks::BlockSizing;
+use crate::task::{TaskContext, TaskInput, run_task};
+use crate::udf::Registry;
+use crate::write::write_task;
 
 /// A task as the agent hands it to a worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,11 +42,19 @@ pub(crate) enum WorkerMessage {
         slot: u32,
     },
     Finished {
-        outputs: Vec<Bytes>,
+        outputs: Vec<WorkerOutput>,
     },
     Failed {
         message: String,
     },
+}
+
+/// One object a task produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WorkerOutput {
+    pub bytes: Bytes,
+    /// The rows, when the object is a block.
+    pub rows: Option<u64>,
 }
 
 /// Sockets carry frames as large as a task's output; reads never wait on a slow peer, so one
@@ -106,31 +123,93 @@ async fn serve(options: &WorkerOptions) -> Result<()> {
     );
     send(&mut stream, &WorkerMessage::Hello { slot: options.slot }).await?;
     let client = StoreClient::new();
+    let registry = Registry::with_builtins();
     loop {
         let task: WorkerTask = match stream.recv(IDLE_WAIT).await {
             Ok(body) => codec::decode(body, "worker task")?,
             Err(WireError::Closed) => return Ok(()),
             Err(error) => return Err(error.into()),
         };
-        let reply = match run(&client, &task) {
-            Ok(outputs) => WorkerMessage::Finished {
-                outputs: outputs.into_iter().map(Bytes).collect(),
-            },
+        let reply = match run(&client, &registry, &task) {
+            Ok(outputs) => WorkerMessage::Finished { outputs },
             Err(message) => WorkerMessage::Failed { message },
         };
         send(&mut stream, &reply).await?;
     }
 }
 
-fn run(client: &StoreClient, task: &WorkerTask) -> Result<Vec<Vec<u8>>, String> {
+fn run(
+    client: &StoreClient,
+    registry: &Registry,
+    task: &WorkerTask,
+) -> Result<Vec<WorkerOutput>, String> {
     let views = task
         .inputs
         .iter()
         .map(|location| client.open(location))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| format!("cannot map an input: {error}"))?;
-    let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
-    execute(&task.kind, &inputs)
+    match &task.kind {
+        TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry),
+        kind => {
+            let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
+            Ok(execute(kind, &inputs)?
+                .into_iter()
+                .map(|bytes| WorkerOutput {
+                    bytes: Bytes(bytes),
+                    rows: None,
+                })
+                .collect())
+        }
+    }
+}
+
+/// Runs one stage task over its input blocks; each output batch becomes one block.
+fn run_stage(
+    task: &StageTask,
+    views: &[ObjectView],
+    registry: &Registry,
+) -> Result<Vec<WorkerOutput>, String> {
+    let sizing = BlockSizing::new(task.min_block_bytes, task.max_block_bytes)
+        .map_err(|error| error.to_string())?;
+    let context = TaskContext {
+        registry,
+        sizing,
+        batch_rows: task.batch_rows.max(1) as usize,
+    };
+    let mut blocks = Vec::new();
+    for view in views {
+        let block = read_block(view).map_err(|error| format!("cannot decode an input: {error}"))?;
+        blocks.extend(block.batches);
+    }
+    let stage = &task.stage;
+    let input = match task.input {
+        StageInput::File(index) => TaskInput::File(index as usize),
+        StageInput::Range { start, end } => TaskInput::Range { start, end },
+        StageInput::Inline => TaskInput::Inline,
+        StageInput::Blocks => TaskInput::Blocks(blocks),
+        StageInput::Sink { index } => {
+            let StageKind::Write(spec) = &stage.kind else {
+                return Err(format!("a {} stage is not a sink", stage.kind.name()));
+            };
+            let schema = Arc::new(stage.schema.clone());
+            write_task(spec, index as usize, schema, blocks.into_iter().map(Ok))
+                .map_err(|error| error.to_string())?;
+            return Ok(Vec::new());
+        }
+    };
+    let batches = run_task(stage, input, &context).map_err(|error| error.to_string())?;
+    batches
+        .iter()
+        .map(|batch| {
+            let bytes = encode_block(&batch.schema(), std::slice::from_ref(batch))
+                .map_err(|error| format!("cannot encode an output block: {error}"))?;
+            Ok(WorkerOutput {
+                bytes: Bytes(bytes),
+                rows: Some(batch.num_rows() as u64),
+            })
+        })
+        .collect()
 }
 
 pub(crate) async fn send<T: Serialize>(

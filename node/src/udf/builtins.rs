@@ -18,6 +18,7 @@ pub(super) fn all() -> Vec<Arc<dyn BatchUdf>> {
         Arc::new(WhitespaceTokenize),
         Arc::new(LowercaseNormalize),
         Arc::new(Standardize),
+        Arc::new(Delay),
     ]
 }
 
@@ -258,5 +259,52 @@ impl BatchUdf for Standardize {
             .map(|v| v.and_then(|v| (std != 0.0).then(|| (v - mean) / std)))
             .collect();
         with_column(batch, output, column, Arc::new(standardized))
+    }
+}
+
+/// Passes batches through unchanged after sleeping: a stand-in for an expensive model or API
+/// call, for demos, benchmarks of scheduling overhead and failure tests that need a task to be
+/// running when a process is killed.
+struct Delay;
+
+/// The longest sleep one call may ask for, so a typo cannot park a worker for days.
+const MAX_DELAY_MS: i64 = 60_000;
+
+impl BatchUdf for Delay {
+    fn signature(&self) -> UdfSignature {
+        UdfSignature::new("delay", 1, UdfKind::RowPreserving)
+            .doc("sleeps `ms` milliseconds per batch, then passes it through unchanged")
+            .param(
+                "ms",
+                ParamType::Int,
+                "milliseconds to sleep per batch (at most 60000)",
+            )
+    }
+
+    fn output_schema(
+        &self,
+        params: &UdfParams,
+        input: &Schema,
+        operator: &str,
+    ) -> Result<Schema, PlanError> {
+        let ms = params.int("ms").unwrap_or_default();
+        if !(0..=MAX_DELAY_MS).contains(&ms) {
+            return Err(PlanError::InvalidArgument {
+                operator: operator.to_owned(),
+                message: format!("delay ms must be 0..={MAX_DELAY_MS}, got {ms}"),
+            });
+        }
+        Ok(input.clone())
+    }
+
+    fn apply(
+        &self,
+        batch: &RecordBatch,
+        params: &UdfParams,
+        _output: &Schema,
+    ) -> Result<RecordBatch> {
+        let ms = params.int("ms").unwrap_or_default().clamp(0, MAX_DELAY_MS);
+        std::thread::sleep(std::time::Duration::from_millis(ms.unsigned_abs()));
+        Ok(batch.clone())
     }
 }

@@ -19,6 +19,8 @@
 //! - `standardize@1` (`map_batches`): replaces the numeric `column` by
 //!   `(x - mean) / std` as `Float64`; `std` defaults to 1, and `std = 0` gives null (the
 //!   expression language's division-by-zero rule).
+//! - `delay@1` (`map_batches`): sleeps `ms` milliseconds (at most 60,000) per batch and
+//!   passes it through; a stand-in for an expensive call, used by failure tests and demos.
 //!
 //! # Adding your own UDF
 //! Implement [`BatchUdf`] and register it:

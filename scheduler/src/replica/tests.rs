@@ -58,7 +58,10 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
     let mut submitted = Vec::new();
     for n in 0..20u8 {
         match client
-            .propose(Command::SubmitJob { plan: vec![n] })
+            .propose(Command::SubmitJob {
+                spec: vec![n],
+                submission: floe_core::SubmissionId::random(),
+            })
             .await
             .unwrap()
         {
@@ -69,7 +72,7 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
     assert_eq!(submitted, (1..=20).collect::<Vec<_>>());
     let state = client.read_state().await.unwrap();
     assert_eq!(state.jobs.len(), 20);
-    assert_eq!(state.jobs[&floe_core::JobId::new(7)].plan, vec![6]);
+    assert_eq!(state.jobs[&floe_core::JobId::new(7)].spec, vec![6]);
 
     // Every replica applies the same commands exactly once.
     let wire = WireConfig::from_config(&config);
@@ -116,7 +119,7 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     while deaths.is_empty() {
         assert_eq!(
             client.heartbeat(chatty, usage).await.unwrap(),
-            HeartbeatReply::Accepted
+            HeartbeatReply::Accepted { drivers: vec![] }
         );
         deaths = client
             .watch_deaths(0, config.scheduler.heartbeat_interval())
@@ -201,7 +204,7 @@ async fn a_request_that_fits_later_waits_for_a_release() {
     let waiting = tokio::spawn(async move { waiter.place(vec![request]).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiting.is_finished(), "placed while the node was full");
-    client.release(node, 2000, 1 << 29).await.unwrap();
+    client.release(node, 2000, 1 << 29, None).await.unwrap();
     let placed = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
         .unwrap()
@@ -336,14 +339,20 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
     .unwrap()
     .with_retry_for(Duration::from_secs(1));
     client
-        .propose(Command::SubmitJob { plan: vec![1] })
+        .propose(Command::SubmitJob {
+            spec: vec![1],
+            submission: floe_core::SubmissionId::random(),
+        })
         .await
         .unwrap();
 
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         client
-            .propose(Command::SubmitJob { plan: vec![2] })
+            .propose(Command::SubmitJob {
+                spec: vec![2],
+                submission: floe_core::SubmissionId::random(),
+            })
             .await
             .is_err()
     );
@@ -361,7 +370,10 @@ async fn a_dropped_replica_stops_serving() {
     let config = test_config();
     let (mut replicas, mut client) = start_cluster(&config, 1).await;
     client
-        .propose(Command::SubmitJob { plan: vec![] })
+        .propose(Command::SubmitJob {
+            spec: vec![],
+            submission: floe_core::SubmissionId::random(),
+        })
         .await
         .unwrap();
     let addr = replicas[0].local_addr().to_string();

@@ -20,6 +20,104 @@ fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
     }
 }
 
+fn submit_job(n: u8) -> Command {
+    Command::SubmitJob {
+        spec: vec![n],
+        submission: SubmissionId::new(u128::from(n)),
+    }
+}
+
+fn succeeded() -> JobOutcome {
+    JobOutcome {
+        status: JobStatus::Succeeded,
+        stats: JobStats::default(),
+        outputs: Vec::new(),
+    }
+}
+
+#[test]
+fn a_retried_submission_is_one_job() {
+    let mut state = ClusterState::default();
+    assert_eq!(
+        state.apply(1, submit_job(4)),
+        Some(Outcome::JobSubmitted(JobId::new(1)))
+    );
+    assert_eq!(
+        state.apply(2, submit_job(4)),
+        Some(Outcome::JobSubmitted(JobId::new(1)))
+    );
+    assert_eq!(
+        state.apply(3, submit_job(5)),
+        Some(Outcome::JobSubmitted(JobId::new(2)))
+    );
+    assert_eq!(state.jobs.len(), 2);
+}
+
+#[test]
+fn only_the_current_driver_attempt_finishes_a_job() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    let b = register(&mut state, 2, "b:1");
+    let job = JobId::new(1);
+    state.apply(3, submit_job(1));
+    state.apply(4, Command::StartDriver { job, node: a });
+    // A second start while the first driver runs is refused.
+    assert!(matches!(
+        state.apply(5, Command::StartDriver { job, node: b }),
+        Some(Outcome::Rejected(_))
+    ));
+    state.apply(
+        6,
+        Command::MarkNodeDead {
+            node: a,
+            reason: "killed".into(),
+        },
+    );
+    state.apply(7, Command::StartDriver { job, node: b });
+    assert_eq!(state.drivers_on(b), vec![(job, 2)]);
+    let finish = |attempt| Command::FinishJob {
+        job,
+        attempt,
+        outcome: succeeded(),
+    };
+    assert!(matches!(
+        state.apply(8, finish(1)),
+        Some(Outcome::Rejected(_))
+    ));
+    assert_eq!(state.apply(9, finish(2)), Some(Outcome::Applied));
+    assert_eq!(state.jobs[&job].status, JobStatus::Succeeded);
+    assert!(state.drivers_on(b).is_empty());
+    assert!(matches!(
+        state.apply(10, finish(2)),
+        Some(Outcome::Rejected(_))
+    ));
+}
+
+#[test]
+fn cancelling_ends_a_pending_job_and_flags_a_running_one() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    state.apply(2, submit_job(1));
+    state.apply(3, submit_job(2));
+    let (pending, running) = (JobId::new(1), JobId::new(2));
+    state.apply(
+        4,
+        Command::StartDriver {
+            job: running,
+            node: a,
+        },
+    );
+    state.apply(5, Command::CancelJob { job: pending });
+    state.apply(6, Command::CancelJob { job: running });
+    assert_eq!(state.jobs[&pending].status, JobStatus::Cancelled);
+    assert_eq!(state.jobs[&running].status, JobStatus::Running);
+    assert!(state.jobs[&running].cancel_requested);
+    assert!(matches!(
+        state.apply(7, Command::CancelJob { job: pending }),
+        Some(Outcome::Rejected(_))
+    ));
+}
+
 fn fingerprint(n: u8) -> String {
     format!("{n:032x}")
 }
@@ -31,7 +129,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     let b = register(&mut state, 2, "b:1");
     assert_eq!((a.get(), b.get()), (1, 2));
     assert_eq!(
-        state.apply(3, Command::SubmitJob { plan: vec![7] }),
+        state.apply(3, submit_job(7)),
         Some(Outcome::JobSubmitted(JobId::new(1)))
     );
     let job = JobId::new(1);
@@ -108,11 +206,11 @@ fn an_entry_is_never_applied_twice() {
     let mut state = ClusterState::default();
     register(&mut state, 5, "a:1");
     let before = state.clone();
-    assert_eq!(state.apply(5, Command::SubmitJob { plan: vec![] }), None);
-    assert_eq!(state.apply(3, Command::SubmitJob { plan: vec![] }), None);
+    assert_eq!(state.apply(5, submit_job(0)), None);
+    assert_eq!(state.apply(3, submit_job(0)), None);
     assert_eq!(state, before);
     state.skip(6);
-    assert_eq!(state.apply(6, Command::SubmitJob { plan: vec![] }), None);
+    assert_eq!(state.apply(6, submit_job(0)), None);
     assert_eq!(state.applied_commands, 1);
 }
 
@@ -152,8 +250,10 @@ fn invalid_commands_are_rejected_without_changing_the_state() {
     let rejected = [
         Command::FinishJob {
             job: JobId::new(9),
-            status: JobStatus::Succeeded,
+            attempt: 1,
+            outcome: succeeded(),
         },
+        Command::CancelJob { job: JobId::new(9) },
         Command::RecordCacheShard {
             fingerprint: fingerprint(1),
             shard_count: 2,

@@ -1,0 +1,163 @@
+//! The driver's view of the cluster: the scheduler (placement, commits, progress) and the node
+//! agents (tasks, cache shards, frees), each behind a small pool of reused connections.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
+use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
+use floe_core::{NodeId, ObjectId};
+use floe_scheduler::client::SchedulerClient;
+use floe_scheduler::placement::PlacementRequest;
+use floe_scheduler::state::{ClusterState, Command, Outcome};
+
+use super::{Error, Result};
+use crate::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse};
+
+/// Connections kept per destination; more concurrent calls than this open extra ones.
+const POOLED_PER_DESTINATION: usize = 16;
+
+pub(crate) struct Cluster {
+    schedulers: Vec<String>,
+    wire: WireConfig,
+    scheduler_pool: Mutex<Vec<SchedulerClient>>,
+    node_pool: Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>,
+    /// Alive nodes' RPC addresses, as of the last state read.
+    nodes: Mutex<BTreeMap<NodeId, String>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Cluster {
+    pub fn new(schedulers: Vec<String>, wire: WireConfig) -> Self {
+        Self {
+            schedulers,
+            wire,
+            scheduler_pool: Mutex::new(Vec::new()),
+            node_pool: Mutex::new(BTreeMap::new()),
+            nodes: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn scheduler_client(&self) -> Result<SchedulerClient> {
+        match lock(&self.scheduler_pool).pop() {
+            Some(client) => Ok(client),
+            None => Ok(SchedulerClient::new(
+                self.schedulers.clone(),
+                self.wire.clone(),
+                PeerKind::Node,
+            )?),
+        }
+    }
+
+    fn return_scheduler_client(&self, client: SchedulerClient) {
+        let mut pool = lock(&self.scheduler_pool);
+        if pool.len() < POOLED_PER_DESTINATION {
+            pool.push(client);
+        }
+    }
+
+    /// A linearizable read of the cluster state; refreshes the alive-node table.
+    pub async fn read_state(&self) -> Result<ClusterState> {
+        let mut client = self.scheduler_client()?;
+        let state = client.read_state().await?;
+        self.return_scheduler_client(client);
+        *lock(&self.nodes) = state
+            .alive_nodes()
+            .map(|node| (node.id, node.addresses.rpc.clone()))
+            .collect();
+        Ok(state)
+    }
+
+    pub async fn propose(&self, command: Command) -> Result<Outcome> {
+        let mut client = self.scheduler_client()?;
+        let outcome = client.propose(command).await?;
+        self.return_scheduler_client(client);
+        Ok(outcome)
+    }
+
+    /// Places one task; waits while the cluster is busy.
+    pub async fn place(&self, request: PlacementRequest) -> Result<NodeId> {
+        let mut client = self.scheduler_client()?;
+        let placed = client.place(vec![request]).await?;
+        self.return_scheduler_client(client);
+        match placed.into_iter().next() {
+            Some(Ok(node)) => Ok(node),
+            Some(Err(error)) => Err(Error::Placement(error.to_string())),
+            None => Err(Error::Placement(
+                "the scheduler answered no placement".into(),
+            )),
+        }
+    }
+
+    pub async fn release(&self, node: NodeId, cpu_millis: u64, requester: NodeId) -> Result<()> {
+        let mut client = self.scheduler_client()?;
+        client.release(node, cpu_millis, 0, Some(requester)).await?;
+        self.return_scheduler_client(client);
+        Ok(())
+    }
+
+    /// Reports progress; `true` means stop.
+    pub async fn report_progress(
+        &self,
+        job: floe_core::JobId,
+        progress: floe_core::job::JobProgress,
+    ) -> Result<bool> {
+        let mut client = self.scheduler_client()?;
+        let stop = client.report_progress(job, progress).await?;
+        self.return_scheduler_client(client);
+        Ok(stop)
+    }
+
+    /// The RPC address of `node`, reading the state again if the node is new to the driver.
+    pub async fn address(&self, node: NodeId) -> Result<String> {
+        if let Some(addr) = lock(&self.nodes).get(&node) {
+            return Ok(addr.clone());
+        }
+        self.read_state().await?;
+        lock(&self.nodes)
+            .get(&node)
+            .cloned()
+            .ok_or(Error::NodeGone(node))
+    }
+
+    pub fn alive_nodes(&self) -> Vec<NodeId> {
+        lock(&self.nodes).keys().copied().collect()
+    }
+
+    /// One call to the node agent at `addr`.
+    pub async fn call_node(
+        &self,
+        addr: &str,
+        request: &NodeRequest,
+    ) -> Result<NodeResponse, WireError> {
+        let pooled = lock(&self.node_pool)
+            .get_mut(addr)
+            .and_then(|clients| clients.pop());
+        let mut client = match pooled {
+            Some(client) => client,
+            None => RpcClient::connect(addr, self.wire.clone(), PeerKind::Node).await?,
+        };
+        let response = client.call(request).await?;
+        let mut pool = lock(&self.node_pool);
+        let clients = pool.entry(addr.to_owned()).or_default();
+        if clients.len() < POOLED_PER_DESTINATION {
+            clients.push(client);
+        }
+        Ok(response)
+    }
+
+    /// Frees objects on the nodes holding them; a node that cannot be reached has lost them
+    /// anyway, so failures are only logged.
+    pub async fn free(&self, objects: BTreeMap<NodeId, Vec<ObjectId>>) {
+        for (node, objects) in objects {
+            let Ok(addr) = self.address(node).await else {
+                continue;
+            };
+            if let Err(error) = self.call_node(&addr, &NodeRequest::Free { objects }).await {
+                tracing::debug!(%node, %error, "freeing objects failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,1271 @@
+//! The streaming executor.
+//!
+//! Operators exchange ordered streams of bundles (a task's output blocks, by object id). The
+//! loop is Ray Data's: each step first applies every finished task (its bundle goes into the
+//! operator's reorder buffer and is emitted, in order, into its consumers' input queues), then
+//! turns queued input bundles into runnable tasks, then feeds the eligible operator with the
+//! smallest out-queue, one task at a time, until none is eligible. An operator is eligible when
+//! it has a runnable task, is under its concurrency cap (the cluster's CPUs) and, for a source,
+//! the bytes queued between operators are under the job's object-store budget: sources are the
+//! only operators that add data, so throttling them bounds what is in flight, and the stores
+//! spill what is queued rather than running out.
+//!
+//! Tasks are placed through the scheduler (SPREAD for reads and small-input maps, DEFAULT with
+//! the input holder preferred otherwise), run on the chosen node's workers, and report back on
+//! a channel. A failed task is run again (on another node where possible) up to the job's
+//! retry limit; a task whose input was lost with its node first rebuilds that input by running
+//! the task that produced it again under the same task id, so the rebuilt block keeps its
+//! object id (lineage reconstruction).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floe_core::job::{
+    JobOptions, JobProgress, JobStats, OperatorProgress, OperatorStats, OutputBlock,
+};
+use floe_core::plan::physical::Stage;
+use floe_core::{JobId, NodeId, ObjectId, TaskId};
+use floe_scheduler::placement::{PlacementRequest, Strategy};
+use floe_scheduler::state::{CachedShard, Command, JobOutcome, JobStatus};
+use tokio::sync::mpsc;
+
+use super::DriverConfig;
+use super::cluster::Cluster;
+use super::plan::{CacheTarget, Planned, SourceTask, Work};
+use crate::agent::protocol::{
+    InputRef, NodeRequest, NodeResponse, OutputRef, ShardLoad, ShardWrite, StageInput, StageTask,
+    TaskFailure, TaskKind, TaskSpec,
+};
+use crate::agent::tasks::output_id;
+
+/// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
+/// input is (Ray Data's rule).
+const SPREAD_MAX_INPUT_BYTES: u64 = 50 * 1024 * 1024;
+/// Failures to reach a node or the scheduler (not the task's own failures) are retried this
+/// many times, after a pause, before the job fails: a node's death takes a node timeout to
+/// commit, and placements keep choosing it until then.
+const MAX_UNREACHABLE_RETRIES: u32 = 40;
+const UNREACHABLE_PAUSE: Duration = Duration::from_millis(250);
+/// The CPU one task reserves.
+const TASK_CPU_MILLIS: u64 = 1000;
+
+/// The blocks of one task, in order.
+#[derive(Debug, Clone, Default)]
+struct Bundle {
+    blocks: Vec<ObjectId>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockInfo {
+    node: NodeId,
+    rows: u64,
+    bytes: u64,
+}
+
+/// How a task's bundle is (re)made.
+#[derive(Debug, Clone)]
+enum Recipe {
+    Compute {
+        input: StageInput,
+        inputs: Vec<ObjectId>,
+    },
+    Load {
+        node: NodeId,
+        rank: u32,
+        count: u32,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Launch {
+    seq: u64,
+    task: TaskId,
+    recipe: Recipe,
+    /// A node to stay away from (the one a previous attempt failed on).
+    avoid: Option<NodeId>,
+    /// Rebuilding a lost bundle rather than producing it the first time.
+    rebuild: bool,
+}
+
+enum TaskError {
+    /// The task ran and failed.
+    Failed(TaskFailure),
+    /// The node or the scheduler could not be reached.
+    Unreachable(String),
+}
+
+enum Event {
+    Task {
+        op: usize,
+        launch: Launch,
+        node: Option<NodeId>,
+        result: Result<Vec<OutputRef>, TaskError>,
+    },
+    CacheWritten {
+        op: usize,
+        result: Result<(), String>,
+    },
+    /// A task to run again after a pause.
+    Requeue { op: usize, launch: Launch },
+}
+
+struct OpState {
+    name: String,
+    stage: Arc<Stage>,
+    work: Work,
+    inputs: Vec<usize>,
+    consumers: Vec<(usize, usize)>,
+    cache: Option<CacheTarget>,
+    needed: bool,
+    /// Input bundles not yet taken by a task, per input.
+    queued: Vec<VecDeque<Bundle>>,
+    inputs_done: Vec<bool>,
+    ready: VecDeque<Launch>,
+    next_seq: u64,
+    next_emit: u64,
+    finished: BTreeMap<u64, Bundle>,
+    recipes: BTreeMap<u64, Recipe>,
+    attempts: BTreeMap<u64, u32>,
+    unreachable: BTreeMap<u64, u32>,
+    running: u64,
+    /// Bundles emitted (in order): what a cached non-source operator writes at its end.
+    emitted: Vec<Bundle>,
+    /// A limit downstream has what it needs: launch nothing more.
+    stopped: bool,
+    closed: bool,
+    /// Rows taken by a limit so far.
+    limit_rows: u64,
+    limit_taken: Vec<ObjectId>,
+    stats: OperatorStats,
+    tasks_done: u64,
+    started: Option<Instant>,
+    ended: Option<Instant>,
+}
+
+impl OpState {
+    fn is_source(&self) -> bool {
+        matches!(self.work, Work::Source(_))
+    }
+}
+
+pub(crate) struct Execution {
+    config: Arc<DriverConfig>,
+    cluster: Arc<Cluster>,
+    job: JobId,
+    attempt: u32,
+    options: JobOptions,
+    ops: Vec<OpState>,
+    output: usize,
+    blocks: BTreeMap<ObjectId, BlockInfo>,
+    /// Which operator, task sequence number and task id made each block (for rebuilding it).
+    lineage: BTreeMap<ObjectId, (usize, u64, TaskId)>,
+    /// Consumers yet to take each emitted block; it is freed when none is left.
+    refs: BTreeMap<ObjectId, usize>,
+    /// Tasks waiting for a lost input to be rebuilt.
+    waiting: BTreeMap<ObjectId, Vec<(usize, Launch)>>,
+    /// Blocks being rebuilt, and the tasks (operator, sequence number) rebuilding them.
+    rebuilding: BTreeSet<ObjectId>,
+    rebuilding_tasks: BTreeSet<(usize, u64)>,
+    running: BTreeSet<TaskId>,
+    cache_writes: u64,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    outputs: Vec<ObjectId>,
+    failure: Option<String>,
+    budget_bytes: u64,
+    concurrency_cap: u64,
+}
+
+impl Execution {
+    pub fn new(
+        config: Arc<DriverConfig>,
+        cluster: Arc<Cluster>,
+        job: JobId,
+        attempt: u32,
+        options: JobOptions,
+        planned: Planned,
+    ) -> Self {
+        let mut ops: Vec<OpState> = planned
+            .operators
+            .into_iter()
+            .map(|operator| {
+                let inputs = operator.inputs.clone();
+                let stats = OperatorStats {
+                    name: operator.name.clone(),
+                    fingerprint: Some(operator.stage.fingerprint),
+                    cache_hits: operator.cache_hits,
+                    ..OperatorStats::default()
+                };
+                OpState {
+                    name: operator.name,
+                    stage: Arc::new(operator.stage),
+                    work: operator.work,
+                    queued: vec![VecDeque::new(); inputs.len()],
+                    inputs_done: vec![false; inputs.len()],
+                    inputs,
+                    consumers: Vec::new(),
+                    cache: operator.cache,
+                    needed: operator.needed,
+                    ready: VecDeque::new(),
+                    next_seq: 0,
+                    next_emit: 0,
+                    finished: BTreeMap::new(),
+                    recipes: BTreeMap::new(),
+                    attempts: BTreeMap::new(),
+                    unreachable: BTreeMap::new(),
+                    running: 0,
+                    emitted: Vec::new(),
+                    stopped: false,
+                    closed: false,
+                    limit_rows: 0,
+                    limit_taken: Vec::new(),
+                    stats,
+                    tasks_done: 0,
+                    started: None,
+                    ended: None,
+                }
+            })
+            .collect();
+        for index in 0..ops.len() {
+            if !ops[index].needed {
+                continue;
+            }
+            for (slot, input) in ops[index].inputs.clone().into_iter().enumerate() {
+                ops[input].consumers.push((index, slot));
+            }
+        }
+        for op in &mut ops {
+            if let Work::Source(tasks) = &op.work {
+                for (seq, task) in (0u64..).zip(tasks.iter()) {
+                    let recipe = match *task {
+                        SourceTask::Compute(input) => Recipe::Compute {
+                            input,
+                            inputs: Vec::new(),
+                        },
+                        SourceTask::Load { node, rank, count } => {
+                            Recipe::Load { node, rank, count }
+                        }
+                    };
+                    op.ready.push_back(Launch {
+                        seq,
+                        task: TaskId::random(),
+                        recipe,
+                        avoid: None,
+                        rebuild: false,
+                    });
+                }
+                op.next_seq = tasks.len() as u64;
+            }
+        }
+        let (events_tx, events) = mpsc::unbounded_channel();
+        Self {
+            config,
+            cluster,
+            job,
+            attempt,
+            options,
+            ops,
+            output: planned.output,
+            blocks: BTreeMap::new(),
+            lineage: BTreeMap::new(),
+            refs: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            rebuilding: BTreeSet::new(),
+            rebuilding_tasks: BTreeSet::new(),
+            running: BTreeSet::new(),
+            cache_writes: 0,
+            events_tx,
+            events,
+            outputs: Vec::new(),
+            failure: None,
+            budget_bytes: 0,
+            concurrency_cap: 1,
+        }
+    }
+
+    pub async fn run(mut self) -> JobOutcome {
+        let spilled_before = self.spilled_bytes().await;
+        if let Err(error) = self.size_budget().await {
+            self.failure = Some(format!("cannot read the cluster's resources: {error}"));
+        }
+        let mut progress = tokio::time::interval(self.config.progress_interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cancelled = false;
+        loop {
+            while let Ok(event) = self.events.try_recv() {
+                self.apply(event);
+            }
+            if self.failure.is_some() || cancelled {
+                break;
+            }
+            self.advance();
+            if self.finished() {
+                break;
+            }
+            self.launch_eligible();
+            tokio::select! {
+                event = self.events.recv() => {
+                    if let Some(event) = event {
+                        self.apply(event);
+                    }
+                }
+                _ = progress.tick() => {
+                    match self.cluster.report_progress(self.job, self.progress()).await {
+                        Ok(true) => cancelled = true,
+                        Ok(false) => {}
+                        Err(error) => tracing::warn!(job = %self.job, %error, "progress report failed"),
+                    }
+                }
+            }
+        }
+        if self.failure.is_some() || cancelled {
+            self.cancel_running().await;
+        } else {
+            self.recover_lost_outputs().await;
+        }
+        self.drain().await;
+        let status = match (&self.failure, cancelled) {
+            (Some(message), _) => JobStatus::Failed {
+                message: message.clone(),
+            },
+            (None, true) => JobStatus::Cancelled,
+            (None, false) => JobStatus::Succeeded,
+        };
+        let keep: BTreeSet<ObjectId> = if status == JobStatus::Succeeded {
+            self.outputs.iter().copied().collect()
+        } else {
+            BTreeSet::new()
+        };
+        self.free_all_except(&keep).await;
+        let spilled_after = self.spilled_bytes().await;
+        let outputs = if status == JobStatus::Succeeded {
+            self.output_blocks()
+        } else {
+            Vec::new()
+        };
+        JobOutcome {
+            status,
+            stats: JobStats {
+                attempt: self.attempt,
+                wall_ms: 0,
+                spilled_bytes: spilled_after.saturating_sub(spilled_before),
+                operators: self.operator_stats(),
+            },
+            outputs,
+        }
+    }
+
+    /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
+    async fn size_budget(&mut self) -> super::Result<()> {
+        let state = self.cluster.read_state().await?;
+        let cpus: u64 = state
+            .alive_nodes()
+            .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
+            .sum();
+        self.concurrency_cap = cpus.max(1);
+        let mut capacity = 0u64;
+        for node in state.alive_nodes() {
+            if let Ok(NodeResponse::Status(status)) = self
+                .cluster
+                .call_node(&node.addresses.rpc, &NodeRequest::Status)
+                .await
+            {
+                capacity += status.store.capacity;
+            }
+        }
+        self.budget_bytes = capacity / 1000 * u64::from(self.options.object_store_budget_permille);
+        Ok(())
+    }
+
+    async fn spilled_bytes(&self) -> u64 {
+        let mut total = 0;
+        let Ok(state) = self.cluster.read_state().await else {
+            return 0;
+        };
+        for node in state.alive_nodes() {
+            if let Ok(NodeResponse::Status(status)) = self
+                .cluster
+                .call_node(&node.addresses.rpc, &NodeRequest::Status)
+                .await
+            {
+                total += status.store.spilled_bytes_total;
+            }
+        }
+        total
+    }
+
+    fn finished(&self) -> bool {
+        self.cache_writes == 0
+            && self.running.is_empty()
+            && self.ops.iter().all(|op| !op.needed || op.closed)
+    }
+
+    /// Bytes of bundles queued between operators.
+    fn queued_bytes(&self) -> u64 {
+        self.ops
+            .iter()
+            .flat_map(|op| op.queued.iter().flatten())
+            .flat_map(|bundle| &bundle.blocks)
+            .filter_map(|block| self.blocks.get(block))
+            .map(|info| info.bytes)
+            .sum()
+    }
+
+    /// Moves queued input bundles into runnable tasks (or straight through, for operators
+    /// that run none) and closes operators that have produced everything.
+    fn advance(&mut self) {
+        for index in 0..self.ops.len() {
+            if !self.ops[index].needed || self.ops[index].closed {
+                continue;
+            }
+            if self.ops[index].stopped {
+                // A limit downstream has its rows: what is queued or finished is not needed.
+                let op = &mut self.ops[index];
+                op.queued.iter_mut().for_each(VecDeque::clear);
+                if op.running == 0 {
+                    op.finished.clear();
+                }
+                self.maybe_close(index);
+                continue;
+            }
+            match self.ops[index].work.clone() {
+                Work::Source(_) => {}
+                Work::Map | Work::Sink => {
+                    let sink = matches!(self.ops[index].work, Work::Sink);
+                    while let Some(bundle) = self.ops[index].queued[0].pop_front() {
+                        let op = &mut self.ops[index];
+                        let seq = op.next_seq;
+                        op.next_seq += 1;
+                        let input = if sink {
+                            let index = u32::try_from(seq).unwrap_or(u32::MAX);
+                            StageInput::Sink { index }
+                        } else {
+                            StageInput::Blocks
+                        };
+                        op.ready.push_back(Launch {
+                            seq,
+                            task: TaskId::random(),
+                            recipe: Recipe::Compute {
+                                input,
+                                inputs: bundle.blocks,
+                            },
+                            avoid: None,
+                            rebuild: false,
+                        });
+                    }
+                }
+                Work::Limit(n) => self.advance_limit(index, n),
+                Work::Union | Work::PassThrough => {
+                    // Input 0's bundles first; a later input's wait until those before it end.
+                    let inputs = self.ops[index].inputs.len();
+                    for slot in 0..inputs {
+                        while let Some(bundle) = self.ops[index].queued[slot].pop_front() {
+                            let op = &mut self.ops[index];
+                            let seq = op.next_seq;
+                            op.next_seq += 1;
+                            op.finished.insert(seq, bundle);
+                        }
+                        if !self.ops[index].inputs_done[slot] {
+                            break;
+                        }
+                    }
+                    self.emit_ready(index);
+                }
+            }
+            self.maybe_close(index);
+        }
+    }
+
+    fn advance_limit(&mut self, index: usize, n: u64) {
+        let op = &mut self.ops[index];
+        if op.next_seq > 0 {
+            // Bundles that arrive after the limit has its rows are not needed.
+            op.queued[0].clear();
+            return;
+        }
+        while op.limit_rows < n {
+            let Some(bundle) = op.queued[0].pop_front() else {
+                break;
+            };
+            for block in bundle.blocks {
+                op.limit_rows += self.blocks.get(&block).map_or(0, |info| info.rows);
+                op.limit_taken.push(block);
+            }
+        }
+        if op.limit_rows >= n || op.inputs_done[0] {
+            op.next_seq = 1;
+            op.ready.push_back(Launch {
+                seq: 0,
+                task: TaskId::random(),
+                recipe: Recipe::Compute {
+                    input: StageInput::Blocks,
+                    inputs: std::mem::take(&mut op.limit_taken),
+                },
+                avoid: None,
+                rebuild: false,
+            });
+            // Everything upstream stops: the limit has its rows.
+            let mut upstream = self.ops[index].inputs.clone();
+            while let Some(input) = upstream.pop() {
+                let producer = &mut self.ops[input];
+                if !producer.stopped {
+                    producer.stopped = true;
+                    producer.ready.clear();
+                    upstream.extend(producer.inputs.iter().copied());
+                }
+            }
+        }
+    }
+
+    fn maybe_close(&mut self, index: usize) {
+        let op = &self.ops[index];
+        let inputs_drained = op.queued.iter().all(VecDeque::is_empty)
+            && (op.inputs_done.iter().all(|done| *done) || op.stopped || op.is_source());
+        let limit_waiting = matches!(op.work, Work::Limit(_)) && op.next_seq == 0 && !op.stopped;
+        if op.closed
+            || !inputs_drained
+            || limit_waiting
+            || !op.ready.is_empty()
+            || op.running > 0
+            || !op.finished.is_empty()
+            || self
+                .waiting
+                .values()
+                .flatten()
+                .any(|(waiting, _)| *waiting == index)
+        {
+            return;
+        }
+        let op = &mut self.ops[index];
+        op.closed = true;
+        op.ended.get_or_insert_with(Instant::now);
+        for (consumer, slot) in op.consumers.clone() {
+            self.ops[consumer].inputs_done[slot] = true;
+        }
+        self.write_whole_output_to_cache(index);
+    }
+
+    /// Launches tasks while some operator is eligible, smallest out-queue first.
+    fn launch_eligible(&mut self) {
+        loop {
+            let over_budget = self.queued_bytes() >= self.budget_bytes.max(1);
+            let chosen = (0..self.ops.len())
+                .filter(|&index| {
+                    let op = &self.ops[index];
+                    op.needed
+                        && !op.stopped
+                        && !op.ready.is_empty()
+                        && op.running < self.concurrency_cap
+                        && !(op.is_source() && over_budget)
+                })
+                .min_by_key(|&index| self.out_queue(index));
+            let Some(index) = chosen else {
+                return;
+            };
+            let Some(launch) = self.ops[index].ready.pop_front() else {
+                return;
+            };
+            self.start(index, launch);
+        }
+    }
+
+    fn out_queue(&self, index: usize) -> usize {
+        self.ops[index]
+            .consumers
+            .iter()
+            .map(|(consumer, slot)| self.ops[*consumer].queued[*slot].len())
+            .sum()
+    }
+
+    fn start(&mut self, index: usize, launch: Launch) {
+        let op = &mut self.ops[index];
+        op.running += 1;
+        op.started.get_or_insert_with(Instant::now);
+        op.recipes.insert(launch.seq, launch.recipe.clone());
+        self.running.insert(launch.task);
+        let inputs: Vec<(ObjectId, Option<BlockInfo>)> = match &launch.recipe {
+            Recipe::Compute { inputs, .. } => inputs
+                .iter()
+                .map(|object| (*object, self.blocks.get(object).copied()))
+                .collect(),
+            Recipe::Load { .. } => Vec::new(),
+        };
+        let context = TaskContext {
+            cluster: Arc::clone(&self.cluster),
+            config: Arc::clone(&self.config),
+            stage: Arc::clone(&self.ops[index].stage),
+            strategy: self.strategy(index, &inputs, launch.avoid),
+        };
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let (node, result) = context.run(&launch, &inputs).await;
+            let _ = events.send(Event::Task {
+                op: index,
+                launch,
+                node,
+                result,
+            });
+        });
+    }
+
+    fn strategy(
+        &self,
+        index: usize,
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+        avoid: Option<NodeId>,
+    ) -> Strategy {
+        if let Some(avoid) = avoid {
+            let others: Vec<NodeId> = self
+                .cluster
+                .alive_nodes()
+                .into_iter()
+                .filter(|node| *node != avoid)
+                .collect();
+            if !others.is_empty() {
+                let pick = others[self.ops[index].stats.retries as usize % others.len()];
+                return Strategy::NodeAffinity {
+                    node: pick,
+                    soft: true,
+                };
+            }
+        }
+        let input_bytes: u64 = inputs
+            .iter()
+            .filter_map(|(_, info)| info.map(|info| info.bytes))
+            .sum();
+        match self.ops[index].work {
+            Work::Source(_) => Strategy::Spread,
+            Work::Map if input_bytes < SPREAD_MAX_INPUT_BYTES => Strategy::Spread,
+            _ => Strategy::Default,
+        }
+    }
+
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Requeue { op, launch } => {
+                self.ops[op].running -= 1;
+                self.running.remove(&launch.task);
+                self.ops[op].ready.push_front(launch);
+            }
+            Event::CacheWritten { op, result } => {
+                self.cache_writes -= 1;
+                if let Err(message) = result {
+                    tracing::warn!(job = %self.job, operator = %self.ops[op].name, %message, "a cache shard was not written");
+                }
+            }
+            Event::Task {
+                op,
+                launch,
+                node,
+                result,
+            } => {
+                self.running.remove(&launch.task);
+                self.ops[op].running -= 1;
+                match result {
+                    Ok(outputs) => match node {
+                        Some(node) => self.task_succeeded(op, launch, node, outputs),
+                        None => self.fail(op, "a task reported no node".into()),
+                    },
+                    Err(error) => self.task_failed(op, launch, node, error),
+                }
+            }
+        }
+    }
+
+    fn task_succeeded(
+        &mut self,
+        index: usize,
+        launch: Launch,
+        node: NodeId,
+        outputs: Vec<OutputRef>,
+    ) {
+        let mut bundle = Bundle::default();
+        for output in &outputs {
+            self.blocks.insert(
+                output.object,
+                BlockInfo {
+                    node,
+                    rows: output.rows.unwrap_or(0),
+                    bytes: output.size,
+                },
+            );
+            self.lineage
+                .insert(output.object, (index, launch.seq, launch.task));
+            bundle.blocks.push(output.object);
+        }
+        if launch.rebuild {
+            self.rebuilding_tasks.remove(&(index, launch.seq));
+            self.ops[index].stats.rebuilt += 1;
+            for object in &bundle.blocks {
+                self.rebuilding.remove(object);
+                for (op, waiting) in self.waiting.remove(object).unwrap_or_default() {
+                    self.ops[op].ready.push_front(waiting);
+                }
+            }
+            return;
+        }
+        let op = &mut self.ops[index];
+        op.tasks_done += 1;
+        if matches!(launch.recipe, Recipe::Compute { .. }) {
+            op.stats.tasks += 1;
+        }
+        op.stats.rows += outputs.iter().filter_map(|output| output.rows).sum::<u64>();
+        op.stats.bytes += outputs.iter().map(|output| output.size).sum::<u64>();
+        op.ended = Some(Instant::now());
+        // A source's shard count is known up front: its shards are written as they finish.
+        if let (Some(target), Work::Source(tasks), Recipe::Compute { .. }) =
+            (&op.cache, &op.work, &launch.recipe)
+        {
+            let count = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
+            let rank = u32::try_from(launch.seq).unwrap_or(u32::MAX);
+            let target = target.clone();
+            op.stats.cache_misses += 1;
+            self.write_shard(index, target, rank, count, node, bundle.blocks.clone());
+        }
+        if let Recipe::Compute { inputs, .. } = &launch.recipe {
+            self.release_inputs(inputs);
+        }
+        self.ops[index].finished.insert(launch.seq, bundle);
+        self.emit_ready(index);
+    }
+
+    fn task_failed(
+        &mut self,
+        index: usize,
+        launch: Launch,
+        node: Option<NodeId>,
+        error: TaskError,
+    ) {
+        let name = self.ops[index].name.clone();
+        match error {
+            TaskError::Failed(TaskFailure::InputUnavailable { object, reason }) => {
+                tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
+                self.rebuild(object);
+                self.waiting
+                    .entry(object)
+                    .or_default()
+                    .push((index, launch));
+            }
+            TaskError::Failed(TaskFailure::Cancelled) => {}
+            TaskError::Failed(failure) if failure.retryable() => {
+                let retries = self.options.max_task_retries;
+                let op = &mut self.ops[index];
+                let attempts = op.attempts.entry(launch.seq).or_insert(0);
+                *attempts += 1;
+                if *attempts > retries {
+                    let message =
+                        format!("a task failed {attempts} times; the last time: {failure}");
+                    self.fail(index, message);
+                    return;
+                }
+                op.stats.retries += 1;
+                tracing::warn!(job = %self.job, operator = %name, %failure, "retrying a task");
+                op.ready.push_front(Launch {
+                    avoid: node,
+                    ..launch
+                });
+            }
+            TaskError::Failed(failure) => self.fail(index, failure.to_string()),
+            TaskError::Unreachable(message) => {
+                let op = &mut self.ops[index];
+                let tries = op.unreachable.entry(launch.seq).or_insert(0);
+                *tries += 1;
+                if *tries > MAX_UNREACHABLE_RETRIES {
+                    self.fail(index, message);
+                    return;
+                }
+                op.stats.retries += 1;
+                tracing::info!(job = %self.job, operator = %name, %message, "unreachable; placing the task again");
+                // Queued again after a pause, so a node whose death has not committed yet is
+                // not hammered; the operator counts the task as running meanwhile.
+                op.running += 1;
+                self.running.insert(launch.task);
+                let events = self.events_tx.clone();
+                let launch = Launch {
+                    avoid: node.or(launch.avoid),
+                    ..launch
+                };
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::Requeue { op: index, launch });
+                });
+            }
+        }
+    }
+
+    fn fail(&mut self, index: usize, message: String) {
+        if self.failure.is_none() {
+            self.failure = Some(format!("{}: {message}", self.ops[index].name));
+        }
+    }
+
+    /// Runs again the task that produced `object`, under the same task id so the block keeps
+    /// its object id.
+    fn rebuild(&mut self, object: ObjectId) {
+        if self.rebuilding.contains(&object) {
+            return;
+        }
+        let Some(&(op, seq, task)) = self.lineage.get(&object) else {
+            self.failure = Some(format!(
+                "block {object} was lost and its lineage is unknown"
+            ));
+            return;
+        };
+        let Some(recipe) = self.ops[op].recipes.get(&seq).cloned() else {
+            self.failure = Some(format!("block {object} was lost and its task is unknown"));
+            return;
+        };
+        self.rebuilding.insert(object);
+        // One task made several blocks: the first lost one starts its rebuild.
+        if !self.rebuilding_tasks.insert((op, seq)) {
+            return;
+        }
+        let retries = self.options.max_task_retries;
+        let state = &mut self.ops[op];
+        let attempts = state.attempts.entry(seq).or_insert(0);
+        *attempts += 1;
+        if *attempts > retries + 1 {
+            self.failure = Some(format!(
+                "{}: block {object} was lost too many times",
+                state.name
+            ));
+            return;
+        }
+        let avoid = self.blocks.get(&object).map(|info| info.node);
+        self.start(
+            op,
+            Launch {
+                seq,
+                task,
+                recipe,
+                avoid,
+                rebuild: true,
+            },
+        );
+    }
+
+    /// Emits the operator's finished bundles that are next in order.
+    fn emit_ready(&mut self, index: usize) {
+        loop {
+            let op = &mut self.ops[index];
+            let Some(bundle) = op.finished.remove(&op.next_emit) else {
+                return;
+            };
+            op.next_emit += 1;
+            if op.cache.is_some() && !op.is_source() {
+                op.emitted.push(bundle.clone());
+            }
+            if index == self.output {
+                self.outputs.extend(bundle.blocks.iter().copied());
+            }
+            let consumers = self.ops[index].consumers.clone();
+            for block in &bundle.blocks {
+                self.refs.insert(*block, consumers.len());
+            }
+            for (consumer, slot) in consumers {
+                self.ops[consumer].queued[slot].push_back(bundle.clone());
+            }
+        }
+    }
+
+    /// A task consumed `inputs`: free each block its last consumer has taken, unless the job
+    /// keeps it (cached operators' blocks wait for their shards to be written; the output
+    /// stays for the client).
+    fn release_inputs(&mut self, inputs: &[ObjectId]) {
+        let mut free: BTreeMap<NodeId, Vec<ObjectId>> = BTreeMap::new();
+        for object in inputs {
+            let Some(refs) = self.refs.get_mut(object) else {
+                continue;
+            };
+            *refs = refs.saturating_sub(1);
+            if *refs > 0 {
+                continue;
+            }
+            self.refs.remove(object);
+            let kept = self
+                .lineage
+                .get(object)
+                .is_some_and(|(op, _, _)| *op == self.output || self.ops[*op].cache.is_some());
+            if kept {
+                continue;
+            }
+            if let Some(info) = self.blocks.remove(object) {
+                free.entry(info.node).or_default().push(*object);
+            }
+        }
+        if !free.is_empty() {
+            let cluster = Arc::clone(&self.cluster);
+            tokio::spawn(async move { cluster.free(free).await });
+        }
+    }
+
+    /// Writes one shard from blocks on `node` and records it in the replicated index.
+    fn write_shard(
+        &mut self,
+        index: usize,
+        target: CacheTarget,
+        rank: u32,
+        count: u32,
+        node: NodeId,
+        blocks: Vec<ObjectId>,
+    ) {
+        self.cache_writes += 1;
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        let schema = self.ops[index].stage.schema.clone();
+        tokio::spawn(async move {
+            let write = ShardWrite {
+                lineage: target.lineage,
+                rank,
+                count,
+                blocks,
+                schema,
+                overwrite: target.overwrite,
+            };
+            let result = async {
+                let addr = cluster.address(node).await.map_err(|e| e.to_string())?;
+                let (rows, bytes) = match cluster
+                    .call_node(&addr, &NodeRequest::WriteCacheShard(write))
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    NodeResponse::CacheWritten { rows, bytes } => (rows, bytes),
+                    other => return Err(format!("unexpected answer {other:?}")),
+                };
+                cluster
+                    .propose(Command::RecordCacheShard {
+                        fingerprint: target.fingerprint.to_string(),
+                        shard_count: count,
+                        rank,
+                        shard: CachedShard { node, bytes, rows },
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+            .await;
+            let _ = events.send(Event::CacheWritten { op: index, result });
+        });
+    }
+
+    /// A cached operator whose shard count is known only at its end writes all its shards.
+    fn write_whole_output_to_cache(&mut self, index: usize) {
+        let op = &mut self.ops[index];
+        let Some(target) = op.cache.clone() else {
+            return;
+        };
+        if op.is_source() || op.stopped {
+            return;
+        }
+        let bundles = std::mem::take(&mut op.emitted);
+        let count = u32::try_from(bundles.len()).unwrap_or(u32::MAX);
+        op.stats.cache_misses += u64::from(count);
+        for (rank, bundle) in (0u32..).zip(bundles) {
+            let node = bundle
+                .blocks
+                .first()
+                .and_then(|block| self.blocks.get(block))
+                .map_or(self.config.node, |info| info.node);
+            self.write_shard(index, target.clone(), rank, count, node, bundle.blocks);
+        }
+    }
+
+    /// Rebuilds output blocks whose node died after they were made, so the job never ends
+    /// pointing at a dead node.
+    async fn recover_lost_outputs(&mut self) {
+        loop {
+            if let Err(error) = self.cluster.read_state().await {
+                tracing::warn!(job = %self.job, %error, "cannot check the output blocks' nodes");
+                return;
+            }
+            let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
+            let lost: Vec<ObjectId> = self
+                .outputs
+                .iter()
+                .filter(|object| {
+                    self.blocks
+                        .get(object)
+                        .is_some_and(|info| !alive.contains(&info.node))
+                })
+                .copied()
+                .collect();
+            if lost.is_empty() || self.failure.is_some() {
+                return;
+            }
+            for object in lost {
+                self.rebuild(object);
+            }
+            while !self.rebuilding.is_empty() && self.failure.is_none() {
+                match self.events.recv().await {
+                    Some(event) => self.apply(event),
+                    None => return,
+                }
+                self.launch_eligible();
+            }
+        }
+    }
+
+    /// Asks every node to stop this job's running tasks.
+    async fn cancel_running(&mut self) {
+        let tasks: Vec<TaskId> = self.running.iter().copied().collect();
+        for node in self.cluster.alive_nodes() {
+            let Ok(addr) = self.cluster.address(node).await else {
+                continue;
+            };
+            for task in &tasks {
+                let _ = self
+                    .cluster
+                    .call_node(&addr, &NodeRequest::CancelTask { task: *task })
+                    .await;
+            }
+        }
+    }
+
+    /// Waits for running tasks and cache writes to report (bounded, so a stuck node cannot
+    /// keep a failed job from ending).
+    async fn drain(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.running.is_empty() || self.cache_writes > 0 {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, self.events.recv()).await {
+                Ok(Some(Event::Task {
+                    op,
+                    launch,
+                    node,
+                    result,
+                })) => {
+                    self.running.remove(&launch.task);
+                    self.ops[op].running = self.ops[op].running.saturating_sub(1);
+                    // Outputs of tasks that finished anyway are freed with the rest.
+                    if let (Ok(outputs), Some(node)) = (result, node) {
+                        for output in outputs {
+                            let info = BlockInfo {
+                                node,
+                                rows: output.rows.unwrap_or(0),
+                                bytes: output.size,
+                            };
+                            self.blocks.insert(output.object, info);
+                        }
+                    }
+                }
+                Ok(Some(Event::Requeue { op, launch })) => {
+                    self.running.remove(&launch.task);
+                    self.ops[op].running = self.ops[op].running.saturating_sub(1);
+                }
+                Ok(Some(Event::CacheWritten { .. })) => self.cache_writes -= 1,
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    async fn free_all_except(&mut self, keep: &BTreeSet<ObjectId>) {
+        let mut free: BTreeMap<NodeId, Vec<ObjectId>> = BTreeMap::new();
+        for (object, info) in &self.blocks {
+            if !keep.contains(object) {
+                free.entry(info.node).or_default().push(*object);
+            }
+        }
+        self.cluster.free(free).await;
+    }
+
+    fn output_blocks(&self) -> Vec<OutputBlock> {
+        self.outputs
+            .iter()
+            .filter_map(|object| {
+                let info = self.blocks.get(object)?;
+                Some(OutputBlock {
+                    object: *object,
+                    node: info.node,
+                    rows: info.rows,
+                    bytes: info.bytes,
+                })
+            })
+            .collect()
+    }
+
+    fn progress(&self) -> JobProgress {
+        JobProgress {
+            attempt: self.attempt,
+            operators: self
+                .ops
+                .iter()
+                .map(|op| OperatorProgress {
+                    name: op.name.clone(),
+                    rows_done: op.stats.rows,
+                    blocks_done: op.next_emit,
+                    bytes_done: op.stats.bytes,
+                    tasks_total: match &op.work {
+                        Work::Source(tasks) => Some(tasks.len() as u64),
+                        _ if op.closed => Some(op.tasks_done),
+                        _ => None,
+                    },
+                    tasks_done: op.tasks_done,
+                    tasks_running: op.running,
+                    tasks_queued: op.ready.len() as u64,
+                })
+                .collect(),
+        }
+    }
+
+    fn operator_stats(&self) -> Vec<OperatorStats> {
+        self.ops
+            .iter()
+            .map(|op| {
+                let wall = match (op.started, op.ended) {
+                    (Some(started), Some(ended)) => ended.saturating_duration_since(started),
+                    _ => Duration::ZERO,
+                };
+                OperatorStats {
+                    wall_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX),
+                    ..op.stats.clone()
+                }
+            })
+            .collect()
+    }
+}
+
+/// What a spawned task needs from the execution.
+struct TaskContext {
+    cluster: Arc<Cluster>,
+    config: Arc<DriverConfig>,
+    stage: Arc<Stage>,
+    strategy: Strategy,
+}
+
+impl TaskContext {
+    /// Runs one task where the scheduler places it (or loads a shard where it is cached).
+    async fn run(
+        &self,
+        launch: &Launch,
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+    ) -> (Option<NodeId>, Result<Vec<OutputRef>, TaskError>) {
+        let unreachable = |error: &dyn std::fmt::Display| TaskError::Unreachable(error.to_string());
+        match &launch.recipe {
+            Recipe::Load { node, rank, count } => {
+                let addr = match self.cluster.address(*node).await {
+                    Ok(addr) => addr,
+                    Err(error) => {
+                        let message = format!("cached shard {rank} of {count} is gone: {error}");
+                        let failure = TaskFailure::Error { message };
+                        return (Some(*node), Err(TaskError::Failed(failure)));
+                    }
+                };
+                let load = ShardLoad {
+                    fingerprint: self.stage.fingerprint,
+                    rank: *rank,
+                    count: *count,
+                    object: output_id(launch.task, 0),
+                };
+                let result = match self
+                    .cluster
+                    .call_node(&addr, &NodeRequest::LoadCacheShard(load))
+                    .await
+                {
+                    Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(vec![output]),
+                    Ok(NodeResponse::CacheLoaded(None)) => {
+                        Err(TaskError::Failed(TaskFailure::Error {
+                            message: format!(
+                                "cached shard {rank} of {count} of {} is missing or damaged on \
+                                 node {node}; run the job again to recompute it",
+                                self.stage.fingerprint
+                            ),
+                        }))
+                    }
+                    Ok(other) => Err(unreachable(&format!("unexpected answer {other:?}"))),
+                    Err(error) => Err(unreachable(&error)),
+                };
+                (Some(*node), result)
+            }
+            Recipe::Compute {
+                input,
+                inputs: objects,
+            } => {
+                let mut preferred: BTreeMap<NodeId, u64> = BTreeMap::new();
+                for (_, info) in inputs {
+                    if let Some(info) = info {
+                        *preferred.entry(info.node).or_default() += info.bytes;
+                    }
+                }
+                let request = PlacementRequest {
+                    cpu_millis: TASK_CPU_MILLIS,
+                    memory_hint: 0,
+                    strategy: self.strategy,
+                    preferred: preferred.into_iter().collect(),
+                    requester: Some(self.config.node),
+                };
+                let node = match self.cluster.place(request).await {
+                    Ok(node) => node,
+                    Err(error) => return (None, Err(unreachable(&error))),
+                };
+                let result = self
+                    .run_on(node, launch.task, *input, objects, inputs)
+                    .await;
+                if let Err(error) = self
+                    .cluster
+                    .release(node, TASK_CPU_MILLIS, self.config.node)
+                    .await
+                {
+                    tracing::debug!(%node, %error, "releasing a task's reservation failed");
+                }
+                (Some(node), result)
+            }
+        }
+    }
+
+    async fn run_on(
+        &self,
+        node: NodeId,
+        task: TaskId,
+        input: StageInput,
+        objects: &[ObjectId],
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+    ) -> Result<Vec<OutputRef>, TaskError> {
+        let addr = self
+            .cluster
+            .address(node)
+            .await
+            .map_err(|error| TaskError::Unreachable(error.to_string()))?;
+        let mut refs = Vec::with_capacity(objects.len());
+        for (object, info) in inputs {
+            let holder = match info {
+                Some(info) if info.node != node => {
+                    Some(self.cluster.address(info.node).await.map_err(|_| {
+                        TaskError::Failed(TaskFailure::InputUnavailable {
+                            object: *object,
+                            reason: format!("its node {} is gone", info.node),
+                        })
+                    })?)
+                }
+                _ => None,
+            };
+            refs.push(InputRef {
+                object: *object,
+                holder,
+            });
+        }
+        let spec = TaskSpec {
+            task,
+            kind: TaskKind::Stage(Box::new(StageTask {
+                stage: (*self.stage).clone(),
+                input,
+                min_block_bytes: self.config.min_block_bytes,
+                max_block_bytes: self.config.max_block_bytes,
+                batch_rows: self.config.batch_rows,
+            })),
+            inputs: refs,
+        };
+        match self
+            .cluster
+            .call_node(&addr, &NodeRequest::RunTask(spec))
+            .await
+        {
+            Ok(NodeResponse::Task(Ok(outputs))) => Ok(outputs),
+            Ok(NodeResponse::Task(Err(failure))) => Err(TaskError::Failed(failure)),
+            Ok(other) => Err(TaskError::Unreachable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(error) => Err(TaskError::Unreachable(format!("node {node}: {error}"))),
+        }
+    }
+}
