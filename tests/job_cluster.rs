@@ -1,0 +1,566 @@
+//! Jobs end to end on real multi-process clusters: a `floe scheduler` and `floe node`s on
+//! loopback, jobs committed through Raft, drivers placed by the leader, tasks in worker
+//! processes. Results are checked against independent computations; nodes are really killed.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
+use arrow::ipc::reader::FileReader;
+use floe_client::{Dataset, UdfCall, WriteOptions, col, lit};
+use floe_core::config::{ClusterToken, Config};
+use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::{JobId, NodeId, SubmissionId};
+use floe_node::agent::local::{LocalNode, LocalNodeConfig};
+use floe_node::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
+use floe_scheduler::client::SchedulerClient;
+use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
+use floe_scheduler::state::{ClusterState, JobRecord, JobStatus};
+
+const TOKEN: &str = "job-cluster-tests";
+const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn wire() -> WireConfig {
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new(TOKEN);
+    config.net.max_frame = floe_core::config::ByteSize::mib(128);
+    WireConfig::from_config(&config)
+}
+
+fn timing() -> Vec<String> {
+    vec![
+        "scheduler.raft_tick_ms=30".into(),
+        "scheduler.heartbeat_interval_ms=200".into(),
+        "scheduler.missed_heartbeats=5".into(),
+    ]
+}
+
+/// A scheduler and `nodes` nodes; everything is killed and removed when it drops (fields
+/// drop in order: the processes before their directory, so a failing test shows their logs).
+struct TestCluster {
+    nodes: Vec<Option<LocalNode>>,
+    scheduler: LocalCluster,
+    dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    async fn start(nodes: usize, node_settings: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let scheduler = LocalCluster::start(LocalClusterConfig {
+            binary: env!("CARGO_BIN_EXE_floe").into(),
+            replicas: 1,
+            dir: dir.path().to_owned(),
+            token: TOKEN.into(),
+            settings: timing(),
+        })
+        .unwrap();
+        scheduler
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut started = Vec::new();
+        for index in 0..nodes {
+            let mut settings = vec![
+                "node.workers=2".to_owned(),
+                "net.max_frame=128MiB".to_owned(),
+                "data.min_block_size=64KiB".to_owned(),
+                "data.max_block_size=8MiB".to_owned(),
+            ];
+            settings.extend(timing());
+            settings.extend(node_settings.iter().map(|s| (*s).to_owned()));
+            let node = LocalNode::start(&LocalNodeConfig {
+                binary: env!("CARGO_BIN_EXE_floe").into(),
+                schedulers: scheduler.addrs(),
+                dir: dir.path().to_owned(),
+                name: format!("node-{index}"),
+                token: TOKEN.into(),
+                settings,
+            })
+            .unwrap();
+            node.wait_ready(&wire(), 2, Duration::from_secs(30))
+                .await
+                .unwrap();
+            started.push(Some(node));
+        }
+        Self {
+            nodes: started,
+            scheduler,
+            dir,
+        }
+    }
+
+    fn client(&self) -> SchedulerClient {
+        self.scheduler.client().unwrap()
+    }
+
+    async fn submit(&self, dataset: &Dataset, options: JobOptions) -> JobId {
+        let spec = JobSpec {
+            plan: dataset.plan().resolve_seeds().unwrap(),
+            options,
+        };
+        self.client()
+            .submit_job(spec.encode().unwrap(), SubmissionId::random())
+            .await
+            .unwrap()
+    }
+
+    async fn state(&self) -> ClusterState {
+        self.client().read_state().await.unwrap()
+    }
+
+    /// Waits for `job` to end and returns its record.
+    async fn wait(&self, job: JobId) -> JobRecord {
+        let deadline = Instant::now() + JOB_TIMEOUT;
+        loop {
+            let record = self.state().await.jobs[&job].clone();
+            if record.status.is_finished() {
+                return record;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {job} did not end: {record:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn run(&self, dataset: &Dataset, options: JobOptions) -> JobRecord {
+        let job = self.submit(dataset, options).await;
+        let record = self.wait(job).await;
+        assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+        record
+    }
+
+    async fn node_status(&self, index: usize) -> NodeStatus {
+        let node = self.nodes[index].as_ref().unwrap();
+        let mut client = RpcClient::<NodeProtocol>::connect(node.addr(), wire(), PeerKind::Client)
+            .await
+            .unwrap();
+        match client.call(&NodeRequest::Status).await.unwrap() {
+            NodeResponse::Status(status) => *status,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// The index in `nodes` of the node the scheduler numbered `id`.
+    async fn index_of(&self, id: NodeId) -> usize {
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].is_some() && self.node_status(index).await.node == Some(id) {
+                return index;
+            }
+        }
+        panic!("no running node is {id}");
+    }
+
+    /// The job's output rows, fetched from the nodes holding its blocks.
+    async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
+        let state = self.state().await;
+        let mut batches = Vec::new();
+        for block in &record.outputs {
+            let addr = &state.nodes[&block.node].addresses.rpc;
+            let mut client = RpcClient::<NodeProtocol>::connect(addr, wire(), PeerKind::Client)
+                .await
+                .unwrap();
+            let request = NodeRequest::ReadChunk {
+                object: block.object,
+                offset: 0,
+                len: block.bytes,
+            };
+            let bytes = match client.call(&request).await.unwrap() {
+                NodeResponse::Chunk(bytes) => bytes.0,
+                other => panic!("unexpected {other:?}"),
+            };
+            let reader = FileReader::try_new(Cursor::new(bytes), None).unwrap();
+            batches.extend(reader.map(Result::unwrap));
+        }
+        batches
+    }
+}
+
+fn int_column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|batch| {
+            let column = batch.column_by_name(name).unwrap();
+            let values = column.as_any().downcast_ref::<Int64Array>().unwrap();
+            values.values().to_vec()
+        })
+        .collect()
+}
+
+fn operator<'a>(stats: &'a JobStats, name: &str) -> &'a floe_core::job::OperatorStats {
+    stats
+        .operators
+        .iter()
+        .find(|operator| operator.name == name)
+        .unwrap_or_else(|| panic!("no {name} operator in {stats:?}"))
+}
+
+fn write_csv_inputs(dir: &Path) -> Vec<(i64, i64)> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut rows = Vec::new();
+    for file in 0..4i64 {
+        let mut text = String::from("id,value\n");
+        for row in 0..2_500i64 {
+            let id = file * 10_000 + row;
+            let value = (id * 7919) % 1_000;
+            text.push_str(&format!("{id},{value}\n"));
+            rows.push((id, value));
+        }
+        std::fs::write(dir.join(format!("part-{file}.csv")), text).unwrap();
+    }
+    rows
+}
+
+fn read_parquet_dir(dir: &Path) -> Vec<RecordBatch> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "parquet"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no parquet files in {}", dir.display());
+    files
+        .iter()
+        .flat_map(|path| {
+            let file = std::fs::File::open(path).unwrap();
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(Result::unwrap)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_filter_map_write_pipeline_runs_on_both_nodes_and_matches() {
+    let cluster = TestCluster::start(2, &[]).await;
+    let input = cluster.dir.path().join("input");
+    let rows = write_csv_inputs(&input);
+    let output = cluster.dir.path().join("output");
+    let dataset = Dataset::read_csv(&[&input])
+        .unwrap()
+        .filter((col("value") % lit(3i64)).eq(lit(0i64)))
+        .unwrap()
+        .with_column("doubled", col("value") * lit(2i64))
+        .unwrap()
+        .write_parquet(&output, WriteOptions::default())
+        .unwrap();
+    let record = cluster.run(&dataset, JobOptions::default()).await;
+
+    let batches = read_parquet_dir(&output);
+    let mut got: Vec<(i64, i64)> = int_column(&batches, "id")
+        .into_iter()
+        .zip(int_column(&batches, "doubled"))
+        .collect();
+    got.sort();
+    let expected: Vec<(i64, i64)> = rows
+        .iter()
+        .filter(|(_, value)| value % 3 == 0)
+        .map(|(id, value)| (*id, value * 2))
+        .collect();
+    assert_eq!(got, expected);
+    let stats = record.stats.unwrap();
+    assert_eq!(
+        operator(&stats, "read").tasks,
+        4,
+        "one read task per file: {stats:?}"
+    );
+    for index in 0..2 {
+        assert!(
+            cluster.node_status(index).await.tasks_finished > 0,
+            "node {index} ran no task"
+        );
+    }
+}
+
+fn cached_pipeline(mean: f64) -> Dataset {
+    Dataset::range(40_000)
+        .unwrap()
+        .with_column("x", col("id") * lit(3i64))
+        .unwrap()
+        .cache()
+        .unwrap()
+        .map_batches(
+            UdfCall::new("standardize", 1)
+                .with("column", "x")
+                .with("mean", mean),
+        )
+        .unwrap()
+}
+
+async fn sum_of_x(cluster: &TestCluster, record: &JobRecord) -> (usize, f64) {
+    let batches = cluster.outputs(record).await;
+    let mut rows = 0;
+    let mut sum = 0.0;
+    for batch in &batches {
+        let x = batch.column_by_name("x").unwrap();
+        let x = x.as_any().downcast_ref::<Float64Array>().unwrap();
+        rows += x.len();
+        sum += x.values().iter().sum::<f64>();
+    }
+    (rows, sum)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_job_runs_no_compute_and_a_changed_argument_reruns_only_downstream() {
+    let cluster = TestCluster::start(2, &[]).await;
+    let n = 40_000f64;
+    let expected_sum = |mean: f64| 3.0 * n * (n - 1.0) / 2.0 - mean * n;
+
+    let first = cluster
+        .run(&cached_pipeline(1.0), JobOptions::default())
+        .await;
+    let first_stats = first.stats.clone().unwrap();
+    assert!(first_stats.compute_tasks() > 0);
+    assert_eq!(
+        sum_of_x(&cluster, &first).await,
+        (40_000, expected_sum(1.0))
+    );
+
+    let again = cluster
+        .run(&cached_pipeline(1.0), JobOptions::default())
+        .await;
+    let again_stats = again.stats.clone().unwrap();
+    assert_eq!(again_stats.compute_tasks(), 0, "{again_stats:?}");
+    assert!(again_stats.cache_hits() > 0);
+    assert_eq!(
+        sum_of_x(&cluster, &again).await,
+        (40_000, expected_sum(1.0))
+    );
+
+    let changed = cluster
+        .run(&cached_pipeline(5.0), JobOptions::default())
+        .await;
+    let changed_stats = changed.stats.clone().unwrap();
+    let range = operator(&changed_stats, "range");
+    assert_eq!(
+        range.tasks, 0,
+        "the cached upstream reran: {changed_stats:?}"
+    );
+    assert!(range.cache_hits > 0);
+    assert!(operator(&changed_stats, "map").tasks > 0);
+    assert_eq!(
+        sum_of_x(&cluster, &changed).await,
+        (40_000, expected_sum(5.0))
+    );
+
+    let recomputed = cluster
+        .run(
+            &cached_pipeline(1.0),
+            JobOptions {
+                cache: CacheMode::Recompute,
+                ..JobOptions::default()
+            },
+        )
+        .await;
+    assert_eq!(
+        recomputed.stats.unwrap().compute_tasks(),
+        first_stats.compute_tasks()
+    );
+}
+
+/// `range(n)` through a slow map: tasks are running for a while.
+fn slow_pipeline(n: u64, delay_ms: i64) -> Dataset {
+    Dataset::range(n)
+        .unwrap()
+        .with_column("double", col("id") * lit(2i64))
+        .unwrap()
+        .cache()
+        .unwrap()
+        .map_batches(UdfCall::new("delay", 1).with("ms", delay_ms))
+        .unwrap()
+}
+
+async fn assert_ids(cluster: &TestCluster, record: &JobRecord, n: i64) {
+    let batches = cluster.outputs(record).await;
+    let ids = int_column(&batches, "id");
+    assert_eq!(
+        ids,
+        (0..n).collect::<Vec<_>>(),
+        "rows lost, repeated or out of order"
+    );
+    let doubled = int_column(&batches, "double");
+    assert!(doubled.iter().zip(&ids).all(|(d, id)| *d == id * 2));
+}
+
+/// kill -9, and wait for the process to be gone.
+fn kill(mut node: LocalNode) {
+    node.signal("KILL").unwrap();
+    node.wait().unwrap();
+}
+
+async fn wait_for_progress(cluster: &TestCluster, job: JobId, tasks: u64) {
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    loop {
+        let done = cluster
+            .client()
+            .job_progress(job)
+            .await
+            .unwrap()
+            .map_or(0, |progress| {
+                progress.operators.iter().map(|op| op.tasks_done).sum()
+            });
+        if done >= tasks {
+            return;
+        }
+        assert!(Instant::now() < deadline, "job {job} made no progress");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_worker_node_mid_job_gives_the_right_result_with_retries() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    let n = 400_000;
+    let job = cluster
+        .submit(&slow_pipeline(n as u64, 150), JobOptions::default())
+        .await;
+    // 13 range tasks, then 13 slow map tasks: kill while most maps are still to run.
+    wait_for_progress(&cluster, job, 16).await;
+    let driver = cluster.state().await.jobs[&job].driver.unwrap();
+    let driver_index = cluster.index_of(driver).await;
+    let victim = (0..3).find(|index| *index != driver_index).unwrap();
+    kill(cluster.nodes[victim].take().unwrap());
+
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    let stats = record.stats.clone().unwrap();
+    assert_eq!(stats.attempt, 1, "the driver should not have restarted");
+    let recovered: u64 = stats
+        .operators
+        .iter()
+        .map(|op| op.retries + op.rebuilt)
+        .sum();
+    assert!(recovered > 0, "no retry or rebuild in {stats:?}");
+    assert_ids(&cluster, &record, n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_drivers_node_restarts_the_driver_which_reuses_cached_stages() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    let n = 400_000;
+    let job = cluster
+        .submit(&slow_pipeline(n as u64, 400), JobOptions::default())
+        .await;
+    // Wait until the range tasks are done (their shards cached) and the slow map is running.
+    let range_tasks = 13;
+    wait_for_progress(&cluster, job, range_tasks + 1).await;
+    let driver = cluster.state().await.jobs[&job].driver.unwrap();
+    let victim = cluster.index_of(driver).await;
+    kill(cluster.nodes[victim].take().unwrap());
+
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    assert_eq!(record.attempts, 2);
+    let stats = record.stats.clone().unwrap();
+    assert_eq!(stats.attempt, 2);
+    let range = operator(&stats, "range");
+    assert!(range.cache_hits > 0, "nothing was reused: {stats:?}");
+    assert_eq!(
+        range.tasks + range.cache_hits,
+        range_tasks,
+        "only the shards lost with the node may be recomputed: {stats:?}"
+    );
+    assert_ids(&cluster, &record, n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
+    let cluster = TestCluster::start(2, &["memory.total=256MiB"]).await;
+    let capacity: u64 =
+        cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
+    // Nine Int64 columns: 72 bytes a row.
+    let n = 3 * capacity / 72 + 100_000;
+    let mut dataset = Dataset::range(n).unwrap();
+    for column in 1..9i64 {
+        dataset = dataset
+            .with_column(&format!("c{column}"), col("id") * lit(column))
+            .unwrap();
+    }
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let record = cluster.run(&dataset, options).await;
+    let rows: u64 = record.outputs.iter().map(|block| block.rows).sum();
+    let bytes: u64 = record.outputs.iter().map(|block| block.bytes).sum();
+    assert_eq!(rows, n);
+    assert!(
+        bytes > 3 * capacity,
+        "{bytes} bytes against stores of {capacity}"
+    );
+    let stats = record.stats.unwrap();
+    assert!(stats.spilled_bytes > 0, "nothing spilled: {stats:?}");
+    assert_eq!(stats.retries(), 0, "a task failed: {stats:?}");
+    for index in 0..2 {
+        let status = cluster.node_status(index).await;
+        assert_eq!(status.tasks_failed, 0, "node {index} failed a task (OOM?)");
+        assert_eq!(status.workers_respawned, 0, "node {index} lost a worker");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
+    let cluster = TestCluster::start(1, &[]).await;
+    let job = cluster
+        .submit(&slow_pipeline(200_000, 500), JobOptions::default())
+        .await;
+    wait_for_progress(&cluster, job, 1).await;
+    let outcome = cluster
+        .client()
+        .propose(floe_scheduler::state::Command::CancelJob { job })
+        .await
+        .unwrap();
+    assert_eq!(outcome, floe_scheduler::state::Outcome::Applied);
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Cancelled);
+    // Freed asynchronously right before the job ended.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.node_status(0).await.store.objects_in_memory > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job's objects stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cluster.node_status(0).await.running.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_serving() {
+    let cluster = TestCluster::start(1, &[]).await;
+    let job = cluster
+        .client()
+        .submit_job(vec![1, 2, 3], SubmissionId::random())
+        .await
+        .unwrap();
+    let record = cluster.wait(job).await;
+    match &record.status {
+        JobStatus::Failed { message } => assert!(message.contains("job spec"), "{message}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let sorted = Dataset::range(10)
+        .unwrap()
+        .sort(vec![floe_client::SortKey::desc("id")])
+        .unwrap();
+    let job = cluster.submit(&sorted, JobOptions::default()).await;
+    match cluster.wait(job).await.status {
+        JobStatus::Failed { message } => assert!(message.contains("sort"), "{message}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let fine = cluster
+        .run(&Dataset::range(1_000).unwrap(), JobOptions::default())
+        .await;
+    assert_eq!(
+        fine.outputs.iter().map(|block| block.rows).sum::<u64>(),
+        1_000
+    );
+}
