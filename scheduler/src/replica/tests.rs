@@ -5,6 +5,7 @@ use floe_core::config::ClusterToken;
 use super::*;
 use crate::client::{HeartbeatReply, SchedulerClient};
 use crate::placement::Strategy;
+use crate::protocol::ResourceUsage;
 use crate::state::{NodeAddresses, Resources};
 use crate::storage::MemoryLog;
 
@@ -211,6 +212,81 @@ async fn a_request_that_fits_later_waits_for_a_release() {
         .unwrap()
         .unwrap();
     assert_eq!(placed, vec![Ok(node)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_returned() {
+    let mut config = test_config();
+    // The nodes here send no heartbeats; only the explicit death below may kill one.
+    config.scheduler.missed_heartbeats = 200;
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let register = |rpc: &str| (NodeAddresses { rpc: rpc.into() }, resources(1, 1 << 30));
+    let (addresses, total) = register("a:1");
+    let worker = client
+        .register_node(addresses, total, BTreeMap::new())
+        .await
+        .unwrap();
+    let (addresses, total) = register("b:1");
+    let driver = client
+        .register_node(addresses, total, BTreeMap::new())
+        .await
+        .unwrap();
+    let job = client
+        .submit_job(vec![1], floe_core::SubmissionId::random())
+        .await
+        .unwrap();
+    // The leader places the driver on its own; the node hears of it in its heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let placed_on = loop {
+        let state = client.read_state().await.unwrap();
+        if let Some(node) = state.jobs[&job].driver {
+            break node;
+        }
+        assert!(Instant::now() < deadline, "no driver was placed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let HeartbeatReply::Accepted { drivers } = client
+        .heartbeat(placed_on, ResourceUsage::default())
+        .await
+        .unwrap()
+    else {
+        panic!("the driver's node was told to rejoin");
+    };
+    assert_eq!(drivers, vec![(job, 1)]);
+
+    // `driver` takes the only CPU of `worker`, then dies without releasing it.
+    let request = PlacementRequest {
+        cpu_millis: 1000,
+        memory_hint: 0,
+        strategy: Strategy::NodeAffinity {
+            node: worker,
+            soft: false,
+        },
+        preferred: Vec::new(),
+        requester: Some(driver),
+    };
+    assert_eq!(
+        client.place(vec![request.clone()]).await.unwrap(),
+        vec![Ok(worker)]
+    );
+    let outcome = client
+        .propose(Command::MarkNodeDead {
+            node: driver,
+            reason: "killed".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    let retry = PlacementRequest {
+        requester: None,
+        ..request
+    };
+    let placed = tokio::time::timeout(Duration::from_secs(5), client.place(vec![retry]))
+        .await
+        .expect("the dead requester's reservation was never returned")
+        .unwrap();
+    assert_eq!(placed, vec![Ok(worker)]);
+    drop(replicas);
 }
 
 fn client_target(replicas: &[Replica]) -> String {
