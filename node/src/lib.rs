@@ -15,6 +15,7 @@
 //! - [`local`]: runs a physical plan's non-shuffle stages in this process, stage by stage,
 //!   with the same task function.
 //! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
+//! - [`shuffle`]: the all-to-all kernels — partitioning, sort, aggregate, join and unique.
 //! - [`driver`]: the job driver — planning against the cache index, the streaming executor,
 //!   retries and lineage rebuilds — run by the node the scheduler places it on.
 //! - [`agent`]: the node agent (`floe node`): registration and heartbeats, worker processes,
@@ -27,6 +28,7 @@ pub mod eval;
 pub mod local;
 pub mod ops;
 pub mod read;
+pub mod shuffle;
 pub mod task;
 pub mod udf;
 pub mod write;
