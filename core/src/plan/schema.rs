@@ -329,6 +329,26 @@ fn aggregate_schema(
     Ok(Schema::new(fields))
 }
 
+/// Whether the right key paired with `left_key` can give that key column a null: it is
+/// nullable, or of another type whose values may not fit the left key's (a cast that does
+/// not fit is null).
+fn right_key_may_be_null(
+    left_keys: &[String],
+    right_keys: &[String],
+    left_key: &Field,
+    right: &Schema,
+) -> bool {
+    left_keys
+        .iter()
+        .zip(right_keys)
+        .filter(|(left, _)| *left == left_key.name())
+        .any(|(_, right_key)| {
+            right
+                .field_with_name(right_key)
+                .is_ok_and(|field| field.is_nullable() || field.data_type() != left_key.data_type())
+        })
+}
+
 fn join_schema(
     left: &Schema,
     right: &Schema,
@@ -385,8 +405,11 @@ fn join_schema(
         .fields()
         .iter()
         .map(|f| {
+            // A key of a right-only row holds the right key, which may be null.
             let is_key = left_keys.contains(f.name());
-            let nullable = f.is_nullable() || (left_nullable && !is_key);
+            let right_key_nullable =
+                is_key && left_nullable && right_key_may_be_null(left_keys, right_keys, f, right);
+            let nullable = f.is_nullable() || (left_nullable && !is_key) || right_key_nullable;
             f.as_ref().clone().with_nullable(nullable)
         })
         .collect();

@@ -5,7 +5,7 @@ use arrow_schema::{DataType, Field, Schema};
 use super::optimizer::{Optimizer, PushFilters, PushLimits, PushProjections, Rule};
 use super::physical::PhysicalPlan;
 use super::*;
-use crate::expr::{col, lit};
+use crate::expr::{col, lit, when};
 use crate::fingerprint::FileStamp;
 
 /// A catalog with two UDFs, enough to check how plans use a catalog.
@@ -513,6 +513,38 @@ fn a_join_fingerprint_follows_both_sides() {
         .join(&left(5), &["id"], &["id"], JoinType::Inner)
         .unwrap();
     assert_ne!(swapped.fingerprint(), join(5, 6));
+}
+
+#[test]
+fn right_and_full_joins_make_a_key_nullable_when_the_right_key_can_be_null() {
+    // `id` of range is a non-nullable Int64; the right key is a nullable Int64 or an Int32.
+    let left = LogicalPlan::range(5).unwrap();
+    let nullable_right = LogicalPlan::range(5)
+        .unwrap()
+        .with_column(
+            "k",
+            when(col("id").gt(lit(2i64)), col("id"), crate::expr::null()),
+        )
+        .unwrap();
+    let narrower_right = LogicalPlan::range(5)
+        .unwrap()
+        .with_column("k", col("id").cast(DataType::Int32))
+        .unwrap();
+    let same_right = LogicalPlan::range(5)
+        .unwrap()
+        .rename(&[("id", "k")])
+        .unwrap();
+    let key_nullable = |right: &LogicalPlan, how| {
+        let joined = left.join(right, &["id"], &["k"], how).unwrap();
+        joined.schema().field_with_name("id").unwrap().is_nullable()
+    };
+    for how in [JoinType::Right, JoinType::Full] {
+        assert!(key_nullable(&nullable_right, how), "{how:?}");
+        assert!(key_nullable(&narrower_right, how), "{how:?}");
+        assert!(!key_nullable(&same_right, how), "{how:?}");
+    }
+    assert!(!key_nullable(&nullable_right, JoinType::Inner));
+    assert!(!key_nullable(&nullable_right, JoinType::Left));
 }
 
 #[test]
