@@ -278,6 +278,14 @@ pub fn aggregate(
     with_row_count(output, columns, groups)
 }
 
+/// One side of a join: its rows, their schema (needed when there are no rows) and its keys.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinSide<'a> {
+    pub batches: &'a [RecordBatch],
+    pub schema: &'a SchemaRef,
+    pub keys: &'a [String],
+}
+
 /// Joins all rows of `left` with all rows of `right` (a hash join on the right side), giving
 /// exactly `output`: the left columns, then the right non-key columns (for semi and anti
 /// joins, the left columns only), with SQL semantics for every [`JoinType`].
@@ -286,18 +294,22 @@ pub fn aggregate(
 /// one); null keys never match. In right and full joins the key columns of right-only rows
 /// hold the right keys cast to the left keys' types. Output rows follow the left input, with
 /// right-only rows last in right input order.
-// The signature is the contract with the distributed driver, which passes each side whole.
-#[allow(clippy::too_many_arguments)]
 pub fn join(
-    left: &[RecordBatch],
-    left_schema: &SchemaRef,
-    right: &[RecordBatch],
-    right_schema: &SchemaRef,
-    left_keys: &[String],
-    right_keys: &[String],
+    left: JoinSide<'_>,
+    right: JoinSide<'_>,
     how: JoinType,
     output: &SchemaRef,
 ) -> Result<RecordBatch> {
+    let JoinSide {
+        batches: left,
+        schema: left_schema,
+        keys: left_keys,
+    } = left;
+    let JoinSide {
+        batches: right,
+        schema: right_schema,
+        keys: right_keys,
+    } = right;
     if left_keys.is_empty() || left_keys.len() != right_keys.len() {
         return Err(invalid(format!(
             "a join needs the same non-zero number of keys on both sides, got {} and {}",

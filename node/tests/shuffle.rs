@@ -16,8 +16,8 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
 use floe_node::shuffle::{
-    aggregate, hash_partition, join, merge_sorted, permute, random_partition, range_boundaries,
-    range_partition, sample_keys, split_by_position, unique,
+    JoinSide, aggregate, hash_partition, join, merge_sorted, permute, random_partition,
+    range_boundaries, range_partition, sample_keys, split_by_position, unique,
 };
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
@@ -673,12 +673,16 @@ fn distributed_join(
     let mut rows = Vec::new();
     for (l, r) in left_parts.iter().zip(&right_parts) {
         let result = join(
-            l,
-            &left_schema,
-            r,
-            &right_schema,
-            &left_keys,
-            &right_keys,
+            JoinSide {
+                batches: l,
+                schema: &left_schema,
+                keys: &left_keys,
+            },
+            JoinSide {
+                batches: r,
+                schema: &right_schema,
+                keys: &right_keys,
+            },
             how,
             &output,
         )
@@ -766,13 +770,18 @@ fn right_join_rows_without_a_match_carry_the_right_key_in_the_left_type() {
             .join(&plan_with(&right.schema()), &["k"], &["rk"], JoinType::Full)
             .unwrap(),
     );
+    let (left_keys, right_keys) = (names(&["k"]), names(&["rk"]));
     let result = join(
-        std::slice::from_ref(&left),
-        &left.schema(),
-        std::slice::from_ref(&right),
-        &right.schema(),
-        &names(&["k"]),
-        &names(&["rk"]),
+        JoinSide {
+            batches: std::slice::from_ref(&left),
+            schema: &left.schema(),
+            keys: &left_keys,
+        },
+        JoinSide {
+            batches: std::slice::from_ref(&right),
+            schema: &right.schema(),
+            keys: &right_keys,
+        },
         JoinType::Full,
         &output,
     )
