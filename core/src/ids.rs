@@ -138,7 +138,8 @@ sequential_id!(
     "job id"
 );
 unique_id!(
-    /// One execution of a task; a retry gets a new id.
+    /// One task. Its retries and lineage rebuilds run under the same id, so the outputs (whose
+    /// ids derive from it) keep their object ids.
     TaskId,
     "task id"
 );

@@ -7,6 +7,7 @@
 //! processes ([`pool`]), and runs the memory monitor. On SIGTERM it tells the scheduler it is
 //! leaving, kills its workers and unlinks its shared memory.
 
+pub(crate) mod exchange;
 pub mod local;
 mod monitor;
 mod pool;

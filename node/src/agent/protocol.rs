@@ -67,6 +67,8 @@ pub enum TaskKind {
 pub struct StageTask {
     pub stage: Stage,
     pub input: StageInput,
+    /// The schemas of the stage's inputs (an all-to-all task's blocks may be none at all).
+    pub input_schemas: Vec<Schema>,
     /// The job's block size range and reader batch size (performance only).
     pub min_block_bytes: u64,
     pub max_block_bytes: u64,
@@ -86,6 +88,30 @@ pub enum StageInput {
     Blocks,
     /// The task's input blocks, written as the `index`-th part of a sink.
     Sink { index: u32 },
+    /// All-to-all map side: split the input blocks into `partitions` blocks (output i is
+    /// partition i). `side` is the join side (0 left, 1 right); the blocks are rows
+    /// `offset..` of `total` (for a split without keys); `seed` drives random partitioning.
+    Partition {
+        partitions: u32,
+        side: u8,
+        offset: u64,
+        total: u64,
+        seed: u64,
+    },
+    /// Sort map side: sort the input blocks and split them at the boundaries in the last
+    /// input block into `partitions` sorted blocks.
+    RangePartition { partitions: u32 },
+    /// Sort: up to `rows` sampled sort-key rows of the input blocks, as one block.
+    Sample { rows: u32, seed: u64 },
+    /// Sort: the range boundaries for `partitions` partitions from the sample blocks.
+    Boundaries { partitions: u32 },
+    /// All-to-all reduce side: combine partition `partition`'s blocks into the output; for a
+    /// join the first `left` inputs are the left side's.
+    Reduce {
+        partition: u32,
+        left: u32,
+        seed: u64,
+    },
 }
 
 /// An input of a task: an object, and the node holding it when it is not on the node that runs

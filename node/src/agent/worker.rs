@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::record_batch::RecordBatch;
 use floe_core::TaskId;
 use floe_core::plan::physical::StageKind;
 use floe_core::wire::{FramedStream, WireError, codec};
@@ -18,6 +19,7 @@ use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
+use super::exchange;
 use super::protocol::{Bytes, StageInput, StageTask, TaskKind};
 use super::tasks::execute;
 use super::{Error, Result};
@@ -177,17 +179,45 @@ fn run_stage(
         sizing,
         batch_rows: task.batch_rows.max(1) as usize,
     };
-    let mut blocks = Vec::new();
+    let mut per_input = Vec::with_capacity(views.len());
     for view in views {
         let block = read_block(view).map_err(|error| format!("cannot decode an input: {error}"))?;
-        blocks.extend(block.batches);
+        per_input.push(block.batches);
     }
     let stage = &task.stage;
+    if let StageKind::AllToAll(operator) = &stage.kind {
+        let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
+        let output = Arc::new(stage.schema.clone());
+        let batches = exchange::run(operator, &output, task.input, &schemas, per_input)
+            .map_err(|error| error.to_string())?;
+        // The map side answers one block per partition, empty ones included: output i is
+        // partition i. A reduce output is cut to the block size range like any other.
+        let batches = match task.input {
+            StageInput::Reduce { .. } => context
+                .sizing
+                .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
+                .map_err(|error| error.to_string())?,
+            _ => batches,
+        };
+        return encode_outputs(&batches);
+    }
+    let blocks: Vec<_> = per_input.into_iter().flatten().collect();
     let input = match task.input {
         StageInput::File(index) => TaskInput::File(index as usize),
         StageInput::Range { start, end } => TaskInput::Range { start, end },
         StageInput::Inline => TaskInput::Inline,
         StageInput::Blocks => TaskInput::Blocks(blocks),
+        StageInput::Partition { .. }
+        | StageInput::RangePartition { .. }
+        | StageInput::Sample { .. }
+        | StageInput::Boundaries { .. }
+        | StageInput::Reduce { .. } => {
+            return Err(format!(
+                "a {} stage does not take {:?}",
+                stage.kind.name(),
+                task.input
+            ));
+        }
         StageInput::Sink { index } => {
             let StageKind::Write(spec) = &stage.kind else {
                 return Err(format!("a {} stage is not a sink", stage.kind.name()));
@@ -199,6 +229,11 @@ fn run_stage(
         }
     };
     let batches = run_task(stage, input, &context).map_err(|error| error.to_string())?;
+    encode_outputs(&batches)
+}
+
+/// Each batch as one output block.
+fn encode_outputs(batches: &[RecordBatch]) -> Result<Vec<WorkerOutput>, String> {
     batches
         .iter()
         .map(|batch| {

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use floe_core::job::{
     JobOptions, JobProgress, JobStats, OperatorProgress, OperatorStats, OutputBlock,
 };
-use floe_core::plan::physical::Stage;
+use floe_core::plan::physical::{Stage, StageKind};
+use floe_core::plan::{Operator, SeedChoice};
 use floe_core::{JobId, NodeId, ObjectId, TaskId};
 use floe_scheduler::placement::{PlacementRequest, Strategy};
 use floe_scheduler::state::{CachedShard, Command, JobOutcome, JobStatus};
@@ -33,6 +34,7 @@ use tokio::sync::mpsc;
 use super::DriverConfig;
 use super::cluster::Cluster;
 use super::plan::{CacheTarget, Planned, SourceTask, Work};
+use crate::agent::exchange::SAMPLE_ROWS_PER_PARTITION;
 use crate::agent::protocol::{
     InputRef, NodeRequest, NodeResponse, OutputRef, ShardLoad, ShardWrite, StageInput, StageTask,
     TaskFailure, TaskKind, TaskSpec,
@@ -49,6 +51,14 @@ const MAX_UNREACHABLE_RETRIES: u32 = 40;
 const UNREACHABLE_PAUSE: Duration = Duration::from_millis(250);
 /// The CPU one task reserves.
 const TASK_CPU_MILLIS: u64 = 1000;
+/// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
+/// reduce task's sequence number is its partition, which is its place in the output).
+const SAMPLE_SEQ: u64 = 1 << 40;
+const BOUNDARIES_SEQ: u64 = 2 << 40;
+const PARTITION_SEQ: u64 = 3 << 40;
+/// A shuffle without a partition count from the user gets one partition per input bundle,
+/// up to this many.
+const MAX_DEFAULT_PARTITIONS: usize = 200;
 
 /// The blocks of one task, in order.
 #[derive(Debug, Clone, Default)]
@@ -75,6 +85,17 @@ enum Recipe {
         rank: u32,
         count: u32,
     },
+}
+
+/// A first run of a task that computes `input` from `inputs`.
+fn compute(seq: u64, input: StageInput, inputs: Vec<ObjectId>) -> Launch {
+    Launch {
+        seq,
+        task: TaskId::random(),
+        recipe: Recipe::Compute { input, inputs },
+        avoid: None,
+        rebuild: false,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +131,34 @@ enum Event {
     Requeue { op: usize, launch: Launch },
 }
 
+/// Where a shuffle is: inputs are collected until every input has ended, then (for a sort)
+/// sampled and bounded, then partitioned, then reduced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ShufflePhase {
+    #[default]
+    Collecting,
+    Sampling,
+    Bounding,
+    Partitioning,
+    Reducing,
+}
+
+#[derive(Debug, Default)]
+struct ShuffleState {
+    phase: ShufflePhase,
+    /// Input bundles per input (a join's left and right), in order.
+    sides: Vec<Vec<Bundle>>,
+    partitions: u32,
+    samples: BTreeMap<u64, ObjectId>,
+    sample_tasks: u64,
+    boundaries: Option<ObjectId>,
+    /// Map task sequence number → its output blocks, one per partition.
+    map_outputs: BTreeMap<u64, Vec<ObjectId>>,
+    map_tasks: u64,
+    /// How many map tasks read the left input (they come first).
+    left_maps: u64,
+}
+
 struct OpState {
     name: String,
     stage: Arc<Stage>,
@@ -137,6 +186,10 @@ struct OpState {
     /// Rows taken by a limit so far.
     limit_rows: u64,
     limit_taken: Vec<ObjectId>,
+    /// A shuffle's progress (all-to-all operators only).
+    shuffle: ShuffleState,
+    /// The schemas of the operator's inputs, which all-to-all tasks need.
+    input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
     stats: OperatorStats,
     tasks_done: u64,
     started: Option<Instant>,
@@ -220,6 +273,8 @@ impl Execution {
                     closed: false,
                     limit_rows: 0,
                     limit_taken: Vec::new(),
+                    shuffle: ShuffleState::default(),
+                    input_schemas: Arc::new(Vec::new()),
                     stats,
                     tasks_done: 0,
                     started: None,
@@ -228,6 +283,13 @@ impl Execution {
             })
             .collect();
         for index in 0..ops.len() {
+            let schemas = ops[index]
+                .inputs
+                .iter()
+                .map(|input| ops[*input].stage.schema.clone())
+                .collect();
+            ops[index].input_schemas = Arc::new(schemas);
+            ops[index].shuffle.sides = vec![Vec::new(); ops[index].inputs.len()];
             if !ops[index].needed {
                 continue;
             }
@@ -456,6 +518,7 @@ impl Execution {
                     }
                 }
                 Work::Limit(n) => self.advance_limit(index, n),
+                Work::AllToAll => self.advance_shuffle(index),
                 Work::Union | Work::PassThrough => {
                     // Input 0's bundles first; a later input's wait until those before it end.
                     let inputs = self.ops[index].inputs.len();
@@ -523,9 +586,13 @@ impl Execution {
         let inputs_drained = op.queued.iter().all(VecDeque::is_empty)
             && (op.inputs_done.iter().all(|done| *done) || op.stopped || op.is_source());
         let limit_waiting = matches!(op.work, Work::Limit(_)) && op.next_seq == 0 && !op.stopped;
+        let shuffle_waiting = matches!(op.work, Work::AllToAll)
+            && op.shuffle.phase != ShufflePhase::Reducing
+            && !op.stopped;
         if op.closed
             || !inputs_drained
             || limit_waiting
+            || shuffle_waiting
             || !op.ready.is_empty()
             || op.running > 0
             || !op.finished.is_empty()
@@ -595,6 +662,7 @@ impl Execution {
             cluster: Arc::clone(&self.cluster),
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
+            input_schemas: Arc::clone(&self.ops[index].input_schemas),
             strategy: self.strategy(index, &inputs, launch.avoid),
         };
         let events = self.events_tx.clone();
@@ -705,6 +773,10 @@ impl Execution {
             }
             return;
         }
+        if matches!(self.ops[index].work, Work::AllToAll) && launch.seq >= SAMPLE_SEQ {
+            self.map_side_done(index, &launch, bundle.blocks);
+            return;
+        }
         let op = &mut self.ops[index];
         op.tasks_done += 1;
         if matches!(launch.recipe, Recipe::Compute { .. }) {
@@ -723,8 +795,14 @@ impl Execution {
             op.stats.cache_misses += 1;
             self.write_shard(index, target, rank, count, node, bundle.blocks.clone());
         }
-        if let Recipe::Compute { inputs, .. } = &launch.recipe {
-            self.release_inputs(inputs);
+        match &launch.recipe {
+            // A reduce's inputs are its partition's blocks, read by no other task.
+            Recipe::Compute {
+                input: StageInput::Reduce { .. },
+                inputs,
+            } => self.free_now(inputs),
+            Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
+            Recipe::Load { .. } => {}
         }
         self.ops[index].finished.insert(launch.seq, bundle);
         self.emit_ready(index);
@@ -869,6 +947,196 @@ impl Execution {
         }
     }
 
+    /// Moves a shuffle forward: collects input bundles, and starts each phase's tasks once the
+    /// previous phase is complete.
+    fn advance_shuffle(&mut self, index: usize) {
+        let op = &mut self.ops[index];
+        for slot in 0..op.queued.len() {
+            while let Some(bundle) = op.queued[slot].pop_front() {
+                op.shuffle.sides[slot].push(bundle);
+            }
+        }
+        let StageKind::AllToAll(operator) = &op.stage.kind else {
+            return;
+        };
+        let operator = operator.clone();
+        match op.shuffle.phase {
+            ShufflePhase::Collecting => {
+                if !op.inputs_done.iter().all(|done| *done) {
+                    return;
+                }
+                let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
+                op.shuffle.partitions = match &operator {
+                    Operator::Repartition { partitions, .. } => *partitions,
+                    Operator::Aggregate { keys, .. } if keys.is_empty() => 1,
+                    _ => u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1),
+                };
+                if matches!(operator, Operator::Sort { .. }) && bundles > 0 {
+                    self.start_sampling(index);
+                } else {
+                    self.start_partitioning(index, &operator);
+                }
+            }
+            ShufflePhase::Sampling => {
+                if op.shuffle.samples.len() as u64 == op.shuffle.sample_tasks {
+                    let samples = op.shuffle.samples.values().copied().collect();
+                    let partitions = op.shuffle.partitions;
+                    op.shuffle.phase = ShufflePhase::Bounding;
+                    op.ready.push_back(compute(
+                        BOUNDARIES_SEQ,
+                        StageInput::Boundaries { partitions },
+                        samples,
+                    ));
+                }
+            }
+            ShufflePhase::Bounding => {
+                if op.shuffle.boundaries.is_some() {
+                    self.start_partitioning(index, &operator);
+                }
+            }
+            ShufflePhase::Partitioning => {
+                if op.shuffle.map_outputs.len() as u64 == op.shuffle.map_tasks {
+                    self.start_reducing(index, &operator);
+                }
+            }
+            ShufflePhase::Reducing => {}
+        }
+    }
+
+    fn start_sampling(&mut self, index: usize) {
+        let shuffle = &mut self.ops[index].shuffle;
+        let bundles = shuffle.sides[0].len() as u64;
+        let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
+        let rows = u32::try_from(total.div_ceil(bundles.max(1)).max(1)).unwrap_or(u32::MAX);
+        let launches: Vec<Launch> = (0u64..)
+            .zip(&shuffle.sides[0])
+            .map(|(i, bundle)| {
+                let input = StageInput::Sample { rows, seed: i };
+                compute(SAMPLE_SEQ + i, input, bundle.blocks.clone())
+            })
+            .collect();
+        shuffle.sample_tasks = launches.len() as u64;
+        shuffle.phase = ShufflePhase::Sampling;
+        self.ops[index].ready.extend(launches);
+    }
+
+    fn start_partitioning(&mut self, index: usize, operator: &Operator) {
+        let seed = match operator {
+            Operator::RandomShuffle {
+                seed: SeedChoice::Fixed(seed),
+            } => seed.get(),
+            _ => 0,
+        };
+        let mut launches = Vec::new();
+        let shuffle = &self.ops[index].shuffle;
+        let mut left_maps = 0;
+        for (side, bundles) in shuffle.sides.iter().enumerate() {
+            let rows = |bundle: &Bundle| -> u64 {
+                bundle
+                    .blocks
+                    .iter()
+                    .filter_map(|block| self.blocks.get(block))
+                    .map(|info| info.rows)
+                    .sum()
+            };
+            let total: u64 = bundles.iter().map(rows).sum();
+            let mut offset = 0;
+            for bundle in bundles {
+                let seq = PARTITION_SEQ + launches.len() as u64;
+                let mut inputs = bundle.blocks.clone();
+                let input = match (operator, shuffle.boundaries) {
+                    (Operator::Sort { .. }, Some(boundaries)) => {
+                        inputs.push(boundaries);
+                        StageInput::RangePartition {
+                            partitions: shuffle.partitions,
+                        }
+                    }
+                    _ => StageInput::Partition {
+                        partitions: shuffle.partitions,
+                        side: u8::try_from(side).unwrap_or(u8::MAX),
+                        offset,
+                        total,
+                        seed: seed ^ (seq - PARTITION_SEQ).rotate_left(32),
+                    },
+                };
+                offset += rows(bundle);
+                launches.push(compute(seq, input, inputs));
+            }
+            if side == 0 {
+                left_maps = launches.len() as u64;
+            }
+        }
+        let op = &mut self.ops[index];
+        op.shuffle.map_tasks = launches.len() as u64;
+        op.shuffle.left_maps = left_maps;
+        op.shuffle.phase = ShufflePhase::Partitioning;
+        op.ready.extend(launches);
+        if op.shuffle.map_tasks == 0 {
+            self.start_reducing(index, operator);
+        }
+    }
+
+    fn start_reducing(&mut self, index: usize, operator: &Operator) {
+        let seed = match operator {
+            Operator::RandomShuffle {
+                seed: SeedChoice::Fixed(seed),
+            } => seed.get(),
+            _ => 0,
+        };
+        let op = &mut self.ops[index];
+        let shuffle = &mut op.shuffle;
+        shuffle.phase = ShufflePhase::Reducing;
+        let left = u32::try_from(shuffle.left_maps).unwrap_or(u32::MAX);
+        for partition in 0..shuffle.partitions {
+            let inputs = shuffle
+                .map_outputs
+                .values()
+                .filter_map(|outputs| outputs.get(partition as usize).copied())
+                .collect();
+            let input = StageInput::Reduce {
+                partition,
+                left,
+                seed: seed ^ u64::from(partition).rotate_left(17),
+            };
+            op.ready
+                .push_back(compute(u64::from(partition), input, inputs));
+        }
+        op.next_seq = u64::from(shuffle.partitions);
+    }
+
+    /// A shuffle's sample, boundaries or partition task finished: its outputs feed the next
+    /// phase rather than the operator's output.
+    fn map_side_done(&mut self, index: usize, launch: &Launch, outputs: Vec<ObjectId>) {
+        let op = &mut self.ops[index];
+        op.tasks_done += 1;
+        op.stats.tasks += 1;
+        let shuffle = &mut op.shuffle;
+        if launch.seq >= PARTITION_SEQ {
+            shuffle.map_outputs.insert(launch.seq, outputs);
+            if let Recipe::Compute { inputs, .. } = &launch.recipe {
+                self.release_inputs(inputs);
+            }
+        } else if launch.seq >= BOUNDARIES_SEQ {
+            shuffle.boundaries = outputs.first().copied();
+        } else if let Some(sample) = outputs.first() {
+            shuffle.samples.insert(launch.seq, *sample);
+        }
+    }
+
+    /// Frees blocks no task will read again.
+    fn free_now(&mut self, objects: &[ObjectId]) {
+        let mut free: BTreeMap<NodeId, Vec<ObjectId>> = BTreeMap::new();
+        for object in objects {
+            if let Some(info) = self.blocks.remove(object) {
+                free.entry(info.node).or_default().push(*object);
+            }
+        }
+        if !free.is_empty() {
+            let cluster = Arc::clone(&self.cluster);
+            tokio::spawn(async move { cluster.free(free).await });
+        }
+    }
+
     /// A task consumed `inputs`: free each block its last consumer has taken, unless the job
     /// keeps it (cached operators' blocks wait for their shards to be written; the output
     /// stays for the client).
@@ -979,7 +1247,21 @@ impl Execution {
                 tracing::warn!(job = %self.job, %error, "cannot check the output blocks' nodes");
                 return;
             }
-            let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
+            // A node whose death has not committed yet is caught by asking it directly.
+            let mut alive = BTreeSet::new();
+            let holders: BTreeSet<NodeId> = self
+                .outputs
+                .iter()
+                .filter_map(|object| self.blocks.get(object).map(|info| info.node))
+                .collect();
+            for node in holders {
+                let Ok(addr) = self.cluster.address(node).await else {
+                    continue;
+                };
+                if self.cluster.call_node(&addr, &NodeRequest::Status).await.is_ok() {
+                    alive.insert(node);
+                }
+            }
             let lost: Vec<ObjectId> = self
                 .outputs
                 .iter()
@@ -1130,6 +1412,7 @@ struct TaskContext {
     cluster: Arc<Cluster>,
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
+    input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
     strategy: Strategy,
 }
 
@@ -1249,6 +1532,7 @@ impl TaskContext {
             kind: TaskKind::Stage(Box::new(StageTask {
                 stage: (*self.stage).clone(),
                 input,
+                input_schemas: (*self.input_schemas).clone(),
                 min_block_bytes: self.config.min_block_bytes,
                 max_block_bytes: self.config.max_block_bytes,
                 batch_rows: self.config.batch_rows,

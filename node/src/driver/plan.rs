@@ -3,8 +3,8 @@
 //!
 //! Every operator produces an ordered stream of *bundles* (the blocks of one task, or one
 //! cache shard). A cached operator stores bundle `r` of `n` as shard `r` of `n` of its
-//! fingerprint. By default the final output, `.cache()` marks and all-to-all outputs are
-//! cached; a `.cache()` mark moves onto the operator that produces its input (they share a
+//! fingerprint. By default the final output, `.cache()` marks and all-to-all outputs (one
+//! shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
 //! fingerprint). Lookups walk down from the output: an operator whose shards are all cached
 //! (in any shard count) becomes a source of cache loads and nothing below it runs; a source
 //! operator with some of its shards cached loads those and computes only the missing ones.
@@ -54,6 +54,9 @@ pub(crate) enum Work {
     PassThrough,
     /// One write task per input bundle.
     Sink,
+    /// A shuffle: once every input has ended, partition tasks over the input bundles (for a
+    /// sort, after sampling the keys for range boundaries), then one reduce task per partition.
+    AllToAll,
 }
 
 /// Where a cached operator's shards go.
@@ -117,13 +120,7 @@ pub(crate) fn plan(
             StageKind::Union => Work::Union,
             StageKind::Cache => Work::PassThrough,
             StageKind::Write(_) => Work::Sink,
-            StageKind::AllToAll(operator) => {
-                return Err(format!(
-                    "{} needs the shuffle executor, which this release does not have yet; \
-                     run it with the local executor or drop the operator",
-                    operator.name()
-                ));
-            }
+            StageKind::AllToAll(_) => Work::AllToAll,
         };
         operators.push(Operator {
             name: stage.kind.name().to_owned(),
@@ -141,6 +138,9 @@ pub(crate) fn plan(
         if !matches!(operators[output].work, Work::Sink) {
             cached.push(output);
         }
+        cached.extend(
+            (0..operators.len()).filter(|index| matches!(operators[*index].work, Work::AllToAll)),
+        );
         for operator in &operators {
             if matches!(operator.stage.kind, StageKind::Cache) {
                 // The mark's producer has the same fingerprint; caching there lets a source
