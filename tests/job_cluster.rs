@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
 use arrow::ipc::reader::FileReader;
-use floe_client::{Dataset, UdfCall, WriteOptions, col, lit};
+use floe_client::{
+    AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit,
+};
 use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
@@ -397,7 +399,8 @@ fn kill(mut node: LocalNode) {
     node.wait().unwrap();
 }
 
-async fn wait_for_progress(cluster: &TestCluster, job: JobId, tasks: u64) {
+/// Waits until the job's operators (those named `operator`, or all) finished `tasks` tasks.
+async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str>, tasks: u64) {
     let deadline = Instant::now() + JOB_TIMEOUT;
     loop {
         let done = cluster
@@ -406,7 +409,12 @@ async fn wait_for_progress(cluster: &TestCluster, job: JobId, tasks: u64) {
             .await
             .unwrap()
             .map_or(0, |progress| {
-                progress.operators.iter().map(|op| op.tasks_done).sum()
+                progress
+                    .operators
+                    .iter()
+                    .filter(|op| operator.is_none_or(|name| op.name == name))
+                    .map(|op| op.tasks_done)
+                    .sum()
             });
         if done >= tasks {
             return;
@@ -424,7 +432,7 @@ async fn killing_a_worker_node_mid_job_gives_the_right_result_with_retries() {
         .submit(&slow_pipeline(n as u64, 150), JobOptions::default())
         .await;
     // 13 range tasks, then 13 slow map tasks: kill while most maps are still to run.
-    wait_for_progress(&cluster, job, 16).await;
+    wait_for_tasks(&cluster, job, None, 16).await;
     let driver = cluster.state().await.jobs[&job].driver.unwrap();
     let driver_index = cluster.index_of(driver).await;
     let victim = (0..3).find(|index| *index != driver_index).unwrap();
@@ -452,7 +460,7 @@ async fn killing_the_drivers_node_restarts_the_driver_which_reuses_cached_stages
         .await;
     // Wait until the range tasks are done (their shards cached) and the slow map is running.
     let range_tasks = 13;
-    wait_for_progress(&cluster, job, range_tasks + 1).await;
+    wait_for_tasks(&cluster, job, None, range_tasks + 1).await;
     let driver = cluster.state().await.jobs[&job].driver.unwrap();
     let victim = cluster.index_of(driver).await;
     kill(cluster.nodes[victim].take().unwrap());
@@ -513,7 +521,7 @@ async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
     let job = cluster
         .submit(&slow_pipeline(200_000, 500), JobOptions::default())
         .await;
-    wait_for_progress(&cluster, job, 1).await;
+    wait_for_tasks(&cluster, job, None, 1).await;
     let outcome = cluster
         .client()
         .propose(floe_scheduler::state::Command::CancelJob { job })
@@ -547,15 +555,6 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
         JobStatus::Failed { message } => assert!(message.contains("job spec"), "{message}"),
         other => panic!("unexpected {other:?}"),
     }
-    let sorted = Dataset::range(10)
-        .unwrap()
-        .sort(vec![floe_client::SortKey::desc("id")])
-        .unwrap();
-    let job = cluster.submit(&sorted, JobOptions::default()).await;
-    match cluster.wait(job).await.status {
-        JobStatus::Failed { message } => assert!(message.contains("sort"), "{message}"),
-        other => panic!("unexpected {other:?}"),
-    }
     let fine = cluster
         .run(&Dataset::range(1_000).unwrap(), JobOptions::default())
         .await;
@@ -563,4 +562,173 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
         fine.outputs.iter().map(|block| block.rows).sum::<u64>(),
         1_000
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groupby_sort_join_unique_and_shuffle_match_independent_computations() {
+    let cluster = TestCluster::start(2, &[]).await;
+    let n = 30_000i64;
+    // groupby → sort descending, across several input blocks and both nodes.
+    let totals = Dataset::range(n as u64)
+        .unwrap()
+        .with_column("k", col("id") % lit(97i64))
+        .unwrap()
+        .groupby(&["k"])
+        .agg(vec![
+            Aggregation::count_rows("n"),
+            Aggregation::of(AggFunction::Sum, "id"),
+        ])
+        .unwrap()
+        .sort(vec![SortKey::desc("k")])
+        .unwrap();
+    let record = cluster.run(&totals, JobOptions::default()).await;
+    let batches = cluster.outputs(&record).await;
+    let keys = int_column(&batches, "k");
+    assert_eq!(
+        keys,
+        (0..97).rev().collect::<Vec<_>>(),
+        "sorted descending, one row per key"
+    );
+    let counts = int_column(&batches, "n");
+    let sums = int_column(&batches, "sum_id");
+    for ((k, count), sum) in keys.iter().zip(&counts).zip(&sums) {
+        let members: Vec<i64> = (0..n).filter(|id| id % 97 == *k).collect();
+        assert_eq!(*count, members.len() as i64, "count of {k}");
+        assert_eq!(*sum, members.iter().sum::<i64>(), "sum of {k}");
+    }
+
+    // A join, and distinct keys.
+    let left = Dataset::range(2_000)
+        .unwrap()
+        .with_column("k", col("id") % lit(50i64))
+        .unwrap();
+    let right = Dataset::range(40)
+        .unwrap()
+        .rename(&[("id", "k")])
+        .unwrap()
+        .with_column("v", col("k") * lit(10i64))
+        .unwrap();
+    let joined = left.join(&right, &["k"], JoinType::Inner).unwrap();
+    let record = cluster.run(&joined, JobOptions::default()).await;
+    let batches = cluster.outputs(&record).await;
+    let mut rows: Vec<(i64, i64, i64)> = int_column(&batches, "id")
+        .into_iter()
+        .zip(int_column(&batches, "k"))
+        .zip(int_column(&batches, "v"))
+        .map(|((id, k), v)| (id, k, v))
+        .collect();
+    rows.sort();
+    let expected: Vec<(i64, i64, i64)> = (0..2_000i64)
+        .filter(|id| id % 50 < 40)
+        .map(|id| (id, id % 50, (id % 50) * 10))
+        .collect();
+    assert_eq!(rows, expected);
+    let distinct = left.unique(&["k"]).unwrap();
+    let record = cluster.run(&distinct, JobOptions::default()).await;
+    let mut keys = int_column(&cluster.outputs(&record).await, "k");
+    keys.sort();
+    assert_eq!(keys, (0..50).collect::<Vec<_>>());
+
+    // A seeded random shuffle is a permutation, the same for the same seed.
+    let shuffled = |seed| {
+        Dataset::range(5_000)
+            .unwrap()
+            .random_shuffle(Some(seed))
+            .unwrap()
+    };
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let first = cluster.run(&shuffled(7), options.clone()).await;
+    let first = int_column(&cluster.outputs(&first).await, "id");
+    let again = cluster.run(&shuffled(7), options.clone()).await;
+    assert_eq!(int_column(&cluster.outputs(&again).await, "id"), first);
+    assert_ne!(first, (0..5_000).collect::<Vec<_>>(), "not shuffled");
+    let mut sorted = first.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..5_000).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
+    let cluster = TestCluster::start(2, &["memory.total=256MiB"]).await;
+    let capacity: u64 =
+        cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
+    // Four Int64 columns: 32 bytes a row, 1.5 × the stores.
+    let n = 3 * capacity / 2 / 32;
+    let dataset = Dataset::range(n)
+        .unwrap()
+        .with_column("a", col("id") * lit(3i64))
+        .unwrap()
+        .with_column("b", col("id") % lit(1_000i64))
+        .unwrap()
+        .with_column("c", col("id") + lit(1i64))
+        .unwrap()
+        .repartition_by(8, &["b"])
+        .unwrap();
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let record = cluster.run(&dataset, options).await;
+    let rows: u64 = record.outputs.iter().map(|block| block.rows).sum();
+    assert_eq!(rows, n);
+    let stats = record.stats.unwrap();
+    assert!(stats.spilled_bytes > 0, "nothing spilled: {stats:?}");
+    for index in 0..2 {
+        assert_eq!(cluster.node_status(index).await.tasks_failed, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    let n = 400_000i64;
+    let totals = slow_pipeline(n as u64, 100)
+        .with_column("k", col("id") % lit(13i64))
+        .unwrap()
+        .groupby(&["k"])
+        .agg(vec![
+            Aggregation::count_rows("n"),
+            Aggregation::of(AggFunction::Sum, "double"),
+        ])
+        .unwrap();
+    let job = cluster.submit(&totals, JobOptions::default()).await;
+    // Kill once the shuffle's partition tasks have started finishing: partition blocks on the
+    // victim are lost and must be rebuilt from lineage.
+    wait_for_tasks(&cluster, job, Some("aggregate"), 1).await;
+    let driver = cluster.state().await.jobs[&job].driver.unwrap();
+    let driver_index = cluster.index_of(driver).await;
+    let victim = (0..3).find(|index| *index != driver_index).unwrap();
+    kill(cluster.nodes[victim].take().unwrap());
+
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    let stats = record.stats.clone().unwrap();
+    let recovered: u64 = stats
+        .operators
+        .iter()
+        .map(|op| op.retries + op.rebuilt)
+        .sum();
+    assert!(recovered > 0, "no retry or rebuild in {stats:?}");
+    let batches = cluster.outputs(&record).await;
+    let mut groups: Vec<(i64, i64, i64)> = int_column(&batches, "k")
+        .into_iter()
+        .zip(int_column(&batches, "n"))
+        .zip(int_column(&batches, "sum_double"))
+        .map(|((k, count), sum)| (k, count, sum))
+        .collect();
+    groups.sort();
+    let expected: Vec<(i64, i64, i64)> = (0..13)
+        .map(|k| {
+            let members: Vec<i64> = (0..n).filter(|id| id % 13 == k).collect();
+            (
+                k,
+                members.len() as i64,
+                members.iter().map(|id| id * 2).sum(),
+            )
+        })
+        .collect();
+    assert_eq!(groups, expected);
 }
