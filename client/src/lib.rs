@@ -61,12 +61,20 @@ pub use floe_node::udf::Registry;
 
 pub use floe_node::local::LocalOutput;
 
+mod cluster;
+pub mod jobspec;
+pub use cluster::{
+    BlockReader, Client, ClusterExecutor, ClusterInfo, JobHandle, JobInfo, JobOutput, JobState,
+    LocalCluster, LocalClusterOptions, NodeInfo, ReplicaInfo, find_floe_binary,
+};
+pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
+
 pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 pub use floe_core::plan::{
     AggFunction, Aggregation, CsvOptions, FileFormat, JoinType, SortKey, UdfCall,
 };
 
-/// Every error building a dataset can return.
+/// Every error building a dataset or running it can return.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The pipeline is invalid (unknown column, type mismatch, missing join key, …).
@@ -75,6 +83,46 @@ pub enum Error {
     /// Files could not be found or their schema could not be read.
     #[error(transparent)]
     Source(#[from] floe_node::Error),
+    #[error(
+        "cannot reach the cluster at {replicas}: {reason}; check the addresses, that the \
+         schedulers run, and the cluster token"
+    )]
+    Connect { replicas: String, reason: String },
+    #[error("the scheduler did not answer: {0}; the cluster may be electing a leader, retry")]
+    Scheduler(#[from] floe_scheduler::Error),
+    #[error(transparent)]
+    Wire(#[from] floe_core::WireError),
+    #[error("there is no job {0} on this cluster; `floe jobs` lists them")]
+    UnknownJob(floe_core::JobId),
+    #[error("job {job} failed: {message}")]
+    JobFailed {
+        job: floe_core::JobId,
+        message: String,
+    },
+    #[error("job {0} was cancelled")]
+    JobCancelled(floe_core::JobId),
+    #[error("job {job} cannot be cancelled: {reason}")]
+    CannotCancel {
+        job: floe_core::JobId,
+        reason: String,
+    },
+    #[error(
+        "result block {object} on node {node} cannot be read: {reason}; run the job again \
+         (cached stages are reused)"
+    )]
+    BlockLost {
+        object: floe_core::ObjectId,
+        node: floe_core::NodeId,
+        reason: String,
+    },
+    #[error(
+        "the cluster answered something unexpected: {0}; are client and cluster the same release?"
+    )]
+    Unexpected(String),
+    #[error("cannot start the client's runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("local cluster: {0}")]
+    LocalCluster(String),
 }
 
 impl From<PlanError> for Error {

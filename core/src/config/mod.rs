@@ -71,6 +71,11 @@ impl ClusterToken {
     pub fn as_bytes(&self) -> &[u8] {
         self.0.as_bytes()
     }
+
+    /// The secret itself, to hand to a client library; never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
 }
 
 impl fmt::Debug for ClusterToken {

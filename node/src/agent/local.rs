@@ -132,6 +132,16 @@ impl LocalNode {
         }
     }
 
+    /// Waits until the node has registered and at least one worker is connected.
+    pub async fn wait_registered(
+        &self,
+        wire: &WireConfig,
+        timeout: Duration,
+    ) -> Result<NodeStatus> {
+        self.wait_until(wire, timeout, |status| status.workers > 0)
+            .await
+    }
+
     /// Waits until the node has registered and `workers` workers are connected.
     pub async fn wait_ready(
         &self,
@@ -139,13 +149,24 @@ impl LocalNode {
         workers: u32,
         timeout: Duration,
     ) -> Result<NodeStatus> {
+        self.wait_until(wire, timeout, |status| status.workers == workers)
+            .await
+    }
+
+    /// Waits until the node has registered and its status satisfies `ready`.
+    async fn wait_until(
+        &self,
+        wire: &WireConfig,
+        timeout: Duration,
+        ready: impl Fn(&NodeStatus) -> bool,
+    ) -> Result<NodeStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(mut client) =
                 RpcClient::<NodeProtocol>::connect(&self.addr, wire.clone(), PeerKind::Client).await
                 && let Ok(NodeResponse::Status(status)) = client.call(&NodeRequest::Status).await
-                && status.workers == workers
                 && status.node.is_some()
+                && ready(&status)
             {
                 return Ok(*status);
             }

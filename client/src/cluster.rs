@@ -1,0 +1,724 @@
+//! Running datasets on a cluster.
+//!
+//! [`Client::connect`] takes every scheduler replica's address and the cluster token; calls go
+//! to the Raft leader and follow it across failovers. [`Client::submit`] commits a job and
+//! returns a [`JobHandle`]: its status, progress, stats and error, [`JobHandle::wait`] and
+//! [`JobHandle::cancel`]. A finished job's [`JobOutput`] streams its result blocks in order,
+//! straight from the nodes that hold them, each checked against the holder's checksum.
+//! [`ClusterExecutor`] plugs a client into [`Dataset`]'s consuming calls (`count`, `take`,
+//! `iter_batches`), and [`LocalCluster`] starts a real scheduler and real nodes on loopback.
+//!
+//! ```no_run
+//! use floe_client::{Client, Dataset, col, lit};
+//!
+//! # async fn run() -> Result<(), floe_client::Error> {
+//! let client = Client::connect(&["10.0.0.1:7700", "10.0.0.2:7700", "10.0.0.3:7700"], "token").await?;
+//! let evens = Dataset::range(1_000_000)?.filter((col("id") % lit(2i64)).eq(lit(0i64)))?;
+//! let job = client.submit(&evens).await?;
+//! let output = job.wait().await?;
+//! assert_eq!(output.rows(), 500_000);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::ipc::reader::FileReader;
+use arrow::record_batch::RecordBatch;
+use floe_core::config::{ClusterToken, Config};
+use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
+use floe_core::plan::LogicalPlan;
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::{JobId, NodeId, SubmissionId};
+use floe_node::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse};
+use floe_scheduler::client::SchedulerClient;
+use floe_scheduler::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
+use tokio::sync::Mutex;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::{BatchStream, Dataset, Error, Executor, Registry, Result};
+
+/// How often a waiting handle reads the job's state.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Result blocks are read from their node in chunks of this size.
+const READ_CHUNK: u64 = 5 << 20;
+/// The largest frame the client accepts (a chunk plus its envelope).
+const MAX_FRAME_MIB: u64 = 64;
+
+/// A job's state as the scheduler's replicated job table has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for a driver (at the start, or after the driver's node died).
+    Pending,
+    Running,
+    Succeeded,
+    Failed {
+        message: String,
+    },
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed { .. } | JobState::Cancelled
+        )
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed { .. } => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl From<&JobStatus> for JobState {
+    fn from(status: &JobStatus) -> Self {
+        match status {
+            JobStatus::Pending => JobState::Pending,
+            JobStatus::Running => JobState::Running,
+            JobStatus::Succeeded => JobState::Succeeded,
+            JobStatus::Failed { message } => JobState::Failed {
+                message: message.clone(),
+            },
+            JobStatus::Cancelled => JobState::Cancelled,
+        }
+    }
+}
+
+/// One job, as listed by [`Client::jobs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub id: JobId,
+    pub state: JobState,
+    /// How many drivers were started for it.
+    pub attempts: u32,
+    /// The node running its driver, while one does.
+    pub driver: Option<NodeId>,
+    pub stats: Option<JobStats>,
+}
+
+impl From<&JobRecord> for JobInfo {
+    fn from(record: &JobRecord) -> Self {
+        Self {
+            id: record.id,
+            state: JobState::from(&record.status),
+            attempts: record.attempts,
+            driver: record.driver,
+            stats: record.stats.clone(),
+        }
+    }
+}
+
+/// One node, as listed by [`Client::nodes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    /// The node agent's RPC address.
+    pub address: String,
+    pub alive: bool,
+    /// Why it was declared dead, if it was.
+    pub death: Option<String>,
+    pub cpus: u64,
+    pub heap_bytes: u64,
+}
+
+/// The scheduler replicas' view of the cluster, as [`Client::cluster`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInfo {
+    /// Each replica's address and its Raft view (`None` when it did not answer).
+    pub replicas: Vec<(String, Option<ReplicaInfo>)>,
+    pub nodes: Vec<NodeInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub commit: u64,
+}
+
+struct Inner {
+    replicas: Vec<String>,
+    wire: WireConfig,
+    scheduler: Mutex<SchedulerClient>,
+}
+
+impl Inner {
+    async fn state(&self) -> Result<ClusterState> {
+        Ok(self.scheduler.lock().await.read_state().await?)
+    }
+
+    async fn job(&self, job: JobId) -> Result<JobRecord> {
+        self.state()
+            .await?
+            .jobs
+            .get(&job)
+            .cloned()
+            .ok_or(Error::UnknownJob(job))
+    }
+}
+
+/// A connection to a cluster's schedulers. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl Client {
+    /// Connects to the cluster whose scheduler replicas are at `replicas` (`host:port`) and
+    /// checks that one answers with this token.
+    pub async fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
+        let replicas: Vec<String> = replicas.iter().map(|r| r.as_ref().to_owned()).collect();
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new(token);
+        config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
+        let wire = WireConfig::from_config(&config);
+        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?;
+        scheduler
+            .read_state()
+            .await
+            .map_err(|error| Error::Connect {
+                replicas: replicas.join(","),
+                reason: error.to_string(),
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                replicas,
+                wire,
+                scheduler: Mutex::new(scheduler),
+            }),
+        })
+    }
+
+    /// Submits `dataset` with the default options (cache reused, 3 task retries).
+    pub async fn submit(&self, dataset: &Dataset) -> Result<JobHandle> {
+        self.submit_with(dataset, JobOptions::default()).await
+    }
+
+    /// Submits `dataset`; its random seeds are drawn now, so a resubmitted handle reruns the
+    /// same plan. A submission retried after a lost reply is committed once.
+    pub async fn submit_with(&self, dataset: &Dataset, options: JobOptions) -> Result<JobHandle> {
+        self.submit_plan(dataset.plan(), options).await
+    }
+
+    pub(crate) async fn submit_plan(
+        &self,
+        plan: &LogicalPlan,
+        options: JobOptions,
+    ) -> Result<JobHandle> {
+        let spec = JobSpec {
+            plan: plan.resolve_seeds()?,
+            options,
+        };
+        let bytes = spec.encode()?;
+        let job = self
+            .inner
+            .scheduler
+            .lock()
+            .await
+            .submit_job(bytes, SubmissionId::random())
+            .await?;
+        Ok(self.job(job))
+    }
+
+    /// A handle on a job submitted earlier (by anyone).
+    pub fn job(&self, job: JobId) -> JobHandle {
+        JobHandle {
+            inner: Arc::clone(&self.inner),
+            id: job,
+        }
+    }
+
+    /// Every job the cluster knows, oldest first.
+    pub async fn jobs(&self) -> Result<Vec<JobInfo>> {
+        Ok(self
+            .inner
+            .state()
+            .await?
+            .jobs
+            .values()
+            .map(JobInfo::from)
+            .collect())
+    }
+
+    /// Every node that ever registered, alive or dead.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+        Ok(nodes_of(&self.inner.state().await?))
+    }
+
+    /// The replicas' Raft status and the nodes.
+    pub async fn cluster(&self) -> Result<ClusterInfo> {
+        let mut replicas = Vec::new();
+        for addr in &self.inner.replicas {
+            let status = SchedulerClient::status_of(addr, self.inner.wire.clone())
+                .await
+                .ok()
+                .map(|status| ReplicaInfo {
+                    id: status.id,
+                    leader: status.leader,
+                    term: status.term,
+                    commit: status.commit,
+                });
+            replicas.push((addr.clone(), status));
+        }
+        Ok(ClusterInfo {
+            replicas,
+            nodes: self.nodes().await?,
+        })
+    }
+}
+
+fn nodes_of(state: &ClusterState) -> Vec<NodeInfo> {
+    state
+        .nodes
+        .values()
+        .map(|node| NodeInfo {
+            id: node.id,
+            address: node.addresses.rpc.clone(),
+            alive: node.is_alive(),
+            death: match &node.liveness {
+                floe_scheduler::state::Liveness::Alive => None,
+                floe_scheduler::state::Liveness::Dead { reason, .. } => Some(reason.clone()),
+            },
+            cpus: node.resources.cpu_millis / 1000,
+            heap_bytes: node.resources.heap_bytes,
+        })
+        .collect()
+}
+
+/// A submitted job.
+#[derive(Clone)]
+pub struct JobHandle {
+    inner: Arc<Inner>,
+    id: JobId,
+}
+
+impl JobHandle {
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    pub async fn state(&self) -> Result<JobState> {
+        Ok(JobState::from(&self.inner.job(self.id).await?.status))
+    }
+
+    /// What the job's driver last reported, while it runs.
+    pub async fn progress(&self) -> Result<Option<JobProgress>> {
+        Ok(self
+            .inner
+            .scheduler
+            .lock()
+            .await
+            .job_progress(self.id)
+            .await?)
+    }
+
+    /// The stats, once the job has ended.
+    pub async fn stats(&self) -> Result<Option<JobStats>> {
+        Ok(self.inner.job(self.id).await?.stats)
+    }
+
+    /// Why the job failed, if it did.
+    pub async fn error(&self) -> Result<Option<String>> {
+        Ok(match self.inner.job(self.id).await?.status {
+            JobStatus::Failed { message } => Some(message),
+            _ => None,
+        })
+    }
+
+    /// Cancels the job: a pending one ends at once, a running one when its driver notices
+    /// (within a second), freeing its objects.
+    pub async fn cancel(&self) -> Result<()> {
+        let command = Command::CancelJob { job: self.id };
+        match self.inner.scheduler.lock().await.propose(command).await? {
+            Outcome::Applied => Ok(()),
+            Outcome::Rejected(reason) => Err(Error::CannotCancel {
+                job: self.id,
+                reason,
+            }),
+            other => Err(Error::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Waits for the job to end; its output when it succeeded.
+    pub async fn wait(&self) -> Result<JobOutput> {
+        self.wait_with_progress(|_| {}).await
+    }
+
+    /// [`JobHandle::wait`], calling `on_progress` with each progress report while it runs.
+    /// Keeps waiting across scheduler leader changes.
+    pub async fn wait_with_progress(
+        &self,
+        mut on_progress: impl FnMut(&JobProgress),
+    ) -> Result<JobOutput> {
+        loop {
+            let record = self.inner.job(self.id).await?;
+            match record.status {
+                JobStatus::Succeeded => {
+                    return Ok(JobOutput {
+                        inner: Arc::clone(&self.inner),
+                        job: self.id,
+                        stats: record.stats.unwrap_or_default(),
+                        blocks: record.outputs,
+                    });
+                }
+                JobStatus::Failed { message } => {
+                    return Err(Error::JobFailed {
+                        job: self.id,
+                        message,
+                    });
+                }
+                JobStatus::Cancelled => return Err(Error::JobCancelled(self.id)),
+                JobStatus::Pending | JobStatus::Running => {}
+            }
+            if let Some(progress) = self.progress().await? {
+                on_progress(&progress);
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// A finished job's output: its stats and its result blocks, which stay in the nodes' object
+/// stores (and, by default, in the fingerprint cache).
+#[derive(Clone)]
+pub struct JobOutput {
+    inner: Arc<Inner>,
+    pub job: JobId,
+    pub stats: JobStats,
+    pub blocks: Vec<OutputBlock>,
+}
+
+impl JobOutput {
+    /// Rows in the output, from the blocks' metadata (nothing is fetched).
+    pub fn rows(&self) -> u64 {
+        self.blocks.iter().map(|block| block.rows).sum()
+    }
+
+    /// The result blocks in order, fetched one at a time as the stream is pulled.
+    pub fn stream(&self) -> BlockReader {
+        BlockReader {
+            inner: Arc::clone(&self.inner),
+            blocks: self.blocks.clone(),
+            next: 0,
+            addresses: BTreeMap::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Every result block.
+    pub async fn to_arrow(&self) -> Result<Vec<RecordBatch>> {
+        let mut reader = self.stream();
+        let mut batches = Vec::new();
+        while let Some(batch) = reader.next_batch().await? {
+            batches.push(batch);
+        }
+        Ok(batches)
+    }
+
+    /// The first `n` rows (fetching only the blocks that hold them).
+    pub async fn take(&self, n: u64) -> Result<Vec<RecordBatch>> {
+        let mut reader = self.stream();
+        let mut batches = Vec::new();
+        let mut rows = 0u64;
+        while rows < n {
+            let Some(batch) = reader.next_batch().await? else {
+                break;
+            };
+            let wanted = usize::try_from(n - rows).unwrap_or(usize::MAX);
+            let batch = batch.slice(0, batch.num_rows().min(wanted));
+            rows += batch.num_rows() as u64;
+            batches.push(batch);
+        }
+        Ok(batches)
+    }
+}
+
+/// Reads a job's result blocks in order from the nodes that hold them.
+pub struct BlockReader {
+    inner: Arc<Inner>,
+    blocks: Vec<OutputBlock>,
+    next: usize,
+    addresses: BTreeMap<NodeId, String>,
+    /// Batches of the current block not yet returned, last first.
+    pending: Vec<RecordBatch>,
+}
+
+impl BlockReader {
+    /// The next batch, or `None` after the last block.
+    pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            if let Some(batch) = self.pending.pop() {
+                return Ok(Some(batch));
+            }
+            let Some(block) = self.blocks.get(self.next).copied() else {
+                return Ok(None);
+            };
+            self.next += 1;
+            let mut batches = self.fetch(&block).await?;
+            batches.reverse();
+            self.pending = batches;
+        }
+    }
+
+    async fn fetch(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
+        if !self.addresses.contains_key(&block.node) {
+            let state = self.inner.state().await?;
+            self.addresses = state
+                .nodes
+                .values()
+                .map(|node| (node.id, node.addresses.rpc.clone()))
+                .collect();
+        }
+        let addr = self
+            .addresses
+            .get(&block.node)
+            .cloned()
+            .ok_or(Error::BlockLost {
+                object: block.object,
+                node: block.node,
+                reason: "the node is unknown to the scheduler".into(),
+            })?;
+        let lost = |reason: String| Error::BlockLost {
+            object: block.object,
+            node: block.node,
+            reason,
+        };
+        let mut client =
+            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone(), PeerKind::Client)
+                .await
+                .map_err(|error| lost(error.to_string()))?;
+        let request = NodeRequest::ObjectMeta {
+            object: block.object,
+        };
+        let meta = match client.call(&request).await {
+            Ok(NodeResponse::ObjectMeta(meta)) => meta,
+            Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
+            Err(error) => return Err(lost(error.to_string())),
+        };
+        let bytes = match meta.inline {
+            Some(bytes) => bytes.0,
+            None => {
+                let mut bytes = Vec::with_capacity(usize::try_from(meta.size).unwrap_or(0));
+                while (bytes.len() as u64) < meta.size {
+                    let offset = bytes.len() as u64;
+                    let request = NodeRequest::ReadChunk {
+                        object: block.object,
+                        offset,
+                        len: READ_CHUNK.min(meta.size - offset),
+                    };
+                    match client.call(&request).await {
+                        Ok(NodeResponse::Chunk(chunk)) if !chunk.0.is_empty() => {
+                            bytes.extend_from_slice(&chunk.0)
+                        }
+                        Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
+                        Err(error) => return Err(lost(error.to_string())),
+                    }
+                }
+                bytes
+            }
+        };
+        if xxh3_64(&bytes) != meta.checksum {
+            return Err(lost("its bytes arrived damaged (checksum mismatch)".into()));
+        }
+        let reader = FileReader::try_new(Cursor::new(bytes), None)
+            .map_err(|error| lost(format!("not an Arrow block: {error}")))?;
+        reader
+            .map(|batch| batch.map_err(|error| lost(format!("not an Arrow block: {error}"))))
+            .collect()
+    }
+}
+
+/// Runs a [`Dataset`]'s consuming calls on a cluster: each call submits a job, waits for it
+/// and streams its result blocks. It owns a runtime for that, so call it from synchronous
+/// code (not from inside an async task).
+pub struct ClusterExecutor {
+    client: Client,
+    runtime: tokio::runtime::Runtime,
+    options: JobOptions,
+}
+
+impl ClusterExecutor {
+    /// Connects like [`Client::connect`].
+    pub fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(Error::Runtime)?;
+        let client = runtime.block_on(Client::connect(replicas, token))?;
+        Ok(Self {
+            client,
+            runtime,
+            options: JobOptions::default(),
+        })
+    }
+
+    /// The job options every submission uses.
+    pub fn with_options(mut self, options: JobOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Executor for ClusterExecutor {
+    fn execute<'a>(&'a self, plan: &LogicalPlan, _udfs: &'a Registry) -> Result<BatchStream<'a>> {
+        let output = self.runtime.block_on(async {
+            let job = self.client.submit_plan(plan, self.options.clone()).await?;
+            job.wait().await
+        })?;
+        let mut reader = output.stream();
+        let mut failed = false;
+        Ok(Box::new(std::iter::from_fn(move || {
+            if failed {
+                return None;
+            }
+            let next = self.runtime.block_on(reader.next_batch()).transpose();
+            failed = matches!(next, Some(Err(_)));
+            next
+        })))
+    }
+}
+
+/// How [`LocalCluster::start`] runs its processes.
+#[derive(Debug, Clone)]
+pub struct LocalClusterOptions {
+    pub nodes: usize,
+    /// The `floe` binary. [`find_floe_binary`] finds the one built next to the running
+    /// program.
+    pub binary: PathBuf,
+    /// Worker processes per node (0: one per CPU).
+    pub workers_per_node: u32,
+    /// Extra `section.key=value` settings for every node.
+    pub node_settings: Vec<String>,
+}
+
+/// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
+/// every process and removes the directory and the nodes' shared memory.
+pub struct LocalCluster {
+    nodes: Vec<floe_node::agent::local::LocalNode>,
+    scheduler: floe_scheduler::local::LocalCluster,
+    token: String,
+    dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    pub async fn start(options: LocalClusterOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("floe-local-")
+            .tempdir()
+            .map_err(|source| {
+                Error::LocalCluster(format!("cannot create a directory: {source}"))
+            })?;
+        let token = format!("local-{}", SubmissionId::random());
+        let local = |error: &dyn std::fmt::Display| Error::LocalCluster(error.to_string());
+        let scheduler =
+            floe_scheduler::local::LocalCluster::start(floe_scheduler::local::LocalClusterConfig {
+                binary: options.binary.clone(),
+                replicas: 1,
+                dir: dir.path().to_owned(),
+                token: token.clone(),
+                settings: Vec::new(),
+            })
+            .map_err(|e| local(&e))?;
+        scheduler
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .map_err(|e| local(&e))?;
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new(token.clone());
+        let wire = WireConfig::from_config(&config);
+        let mut nodes = Vec::new();
+        for index in 0..options.nodes {
+            let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
+            settings.extend(options.node_settings.iter().cloned());
+            let node = floe_node::agent::local::LocalNode::start(
+                &floe_node::agent::local::LocalNodeConfig {
+                    binary: options.binary.clone(),
+                    schedulers: scheduler.addrs(),
+                    dir: dir.path().to_owned(),
+                    name: format!("node-{index}"),
+                    token: token.clone(),
+                    settings,
+                },
+            )
+            .map_err(|e| local(&e))?;
+            let status = node
+                .wait_registered(&wire, Duration::from_secs(60))
+                .await
+                .map_err(|e| local(&e))?;
+            tracing::debug!(?status.node, "local node ready");
+            nodes.push(node);
+        }
+        Ok(Self {
+            nodes,
+            scheduler,
+            token,
+            dir,
+        })
+    }
+
+    /// The scheduler replicas' addresses.
+    pub fn addresses(&self) -> Vec<String> {
+        self.scheduler.addrs()
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The nodes' RPC addresses.
+    pub fn node_addresses(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|node| node.addr().to_owned())
+            .collect()
+    }
+
+    /// Where the processes keep their files and logs.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    pub async fn connect(&self) -> Result<Client> {
+        Client::connect(&self.addresses(), &self.token).await
+    }
+}
+
+/// The `floe` binary beside the running program (or one directory up, for examples and
+/// tests that cargo builds into subdirectories of the target directory).
+pub fn find_floe_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(Error::Runtime)?;
+    let mut candidates = Vec::new();
+    if exe.file_stem().is_some_and(|stem| stem == "floe") {
+        candidates.push(exe.clone());
+    }
+    for dir in exe.ancestors().skip(1).take(2) {
+        candidates.push(dir.join("floe"));
+    }
+    candidates
+        .into_iter()
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            Error::LocalCluster(format!(
+                "no floe binary next to {}; build it first with `cargo build --release` (or \
+                 `cargo build`), or give LocalClusterOptions::binary",
+                exe.display()
+            ))
+        })
+}
