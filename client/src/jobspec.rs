@@ -1,0 +1,773 @@
+//! The job-spec file `floe submit` reads: a pipeline in TOML for users who do not write Rust.
+//!
+//! ```toml
+//! [source]
+//! read_csv = ["data/*.csv"]          # or read_parquet / read_json = [paths], or range = 1000
+//!
+//! [[steps]]
+//! filter = "quantity > 2 and region != 'north'"
+//!
+//! [[steps]]
+//! with_column = { name = "revenue", expr = "price * cast(quantity, 'float64')" }
+//!
+//! [[steps]]
+//! groupby = ["region"]
+//! agg = ["count(*) as orders", "sum(revenue) as revenue", "mean(price)"]
+//!
+//! [[steps]]
+//! sort = ["revenue desc"]
+//!
+//! [sink]                             # optional: without it the result stays in the cluster
+//! write_parquet = "out/revenue"      # or write_csv / write_json
+//!
+//! [options]                          # optional
+//! cache = "reuse"                    # "reuse", "recompute" or "none"
+//! retries = 3
+//! ```
+//!
+//! Other steps: `select = [..]`, `drop = [..]`, `rename = { old = "new" }`, `limit = n`,
+//! `unique = [..]`, `repartition = n` (with `keys = [..]` to hash-partition),
+//! `random_shuffle = seed`, `cache = true`, `map_batches` / `flat_map =
+//! { udf = "name", version = 1, args = { .. } }`.
+//!
+//! Expressions: column names (or `col('any name')`), numbers, `'strings'`, `true`, `false`,
+//! `null`; `+ - * / %`, `== != < <= > >=`, `and or not`, parentheses; functions `cast(e,
+//! 'int64')`, `is_null(e)`, `is_not_null(e)`, `lower(e)`, `upper(e)`, `length(e)`,
+//! `contains(e, 's')`, `starts_with(e, 's')`, `coalesce(a, b, ..)`, `when(cond, a, b)`,
+//! `hash(a, ..)`. Integers are Int64 and decimals Float64.
+//!
+//! The whole file is checked before anything is submitted: every error names the line and
+//! the field, and the plan is built (so unknown columns and type mismatches are caught too).
+
+use std::collections::BTreeMap;
+
+use arrow::datatypes::DataType;
+use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+use floe_core::fingerprint::ArgValue;
+use floe_core::job::{CacheMode, JobOptions};
+use floe_core::plan::{AggFunction, Aggregation, SortKey, UdfCall};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{Dataset, WriteOptions};
+
+/// A job-spec error: where, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct JobSpecError {
+    pub file: String,
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// A parsed job spec: the dataset to run and its options.
+pub struct JobFile {
+    pub dataset: Dataset,
+    pub options: JobOptions,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    source: Spanned<toml::Table>,
+    #[serde(default)]
+    steps: Vec<Spanned<toml::Table>>,
+    sink: Option<Spanned<toml::Table>>,
+    options: Option<Spanned<toml::Table>>,
+}
+
+/// Reads a job spec; `file` names it in errors.
+pub fn parse_job_file(file: &str, text: &str) -> Result<JobFile, JobSpecError> {
+    let at = |offset: usize, field: &str, message: String| JobSpecError {
+        file: file.to_owned(),
+        line: text[..offset.min(text.len())].matches('\n').count() + 1,
+        field: field.to_owned(),
+        message,
+    };
+    let raw: RawSpec = toml::from_str(text).map_err(|error| {
+        let offset = error.span().map_or(0, |span| span.start);
+        at(offset, "file", error.message().to_owned())
+    })?;
+    let source_at = raw.source.span().start;
+    let mut dataset = source(raw.source.get_ref())
+        .map_err(|(field, message)| at(source_at, &format!("source.{field}"), message))?;
+    for (index, step) in raw.steps.iter().enumerate() {
+        let step_at = step.span().start;
+        dataset = apply_step(dataset, step.get_ref())
+            .map_err(|(field, message)| at(step_at, &format!("steps[{index}].{field}"), message))?;
+    }
+    if let Some(sink) = &raw.sink {
+        dataset = apply_sink(dataset, sink.get_ref())
+            .map_err(|(field, message)| at(sink.span().start, &format!("sink.{field}"), message))?;
+    }
+    let options = match &raw.options {
+        Some(options) => job_options(options.get_ref()).map_err(|(field, message)| {
+            at(options.span().start, &format!("options.{field}"), message)
+        })?,
+        None => JobOptions::default(),
+    };
+    Ok(JobFile { dataset, options })
+}
+
+/// A field name and what is wrong with it.
+type FieldError = (String, String);
+
+fn field_error(field: &str, message: impl std::fmt::Display) -> FieldError {
+    (field.to_owned(), message.to_string())
+}
+
+fn only_one<'a>(
+    table: &'a toml::Table,
+    allowed: &[&str],
+) -> Result<(&'a str, &'a toml::Value), FieldError> {
+    let mut known = table
+        .iter()
+        .filter(|(key, _)| allowed.contains(&key.as_str()));
+    let Some((key, value)) = known.next() else {
+        let keys: Vec<&String> = table.keys().collect();
+        return Err(field_error(
+            keys.first().map_or("", |key| key.as_str()),
+            format!("expected one of {}, got {keys:?}", allowed.join(", ")),
+        ));
+    };
+    if let Some((other, _)) = known.next() {
+        return Err(field_error(
+            other,
+            format!("{key} and {other} cannot be in one table"),
+        ));
+    }
+    Ok((key.as_str(), value))
+}
+
+fn strings(field: &str, value: &toml::Value) -> Result<Vec<String>, FieldError> {
+    let items = match value {
+        toml::Value::String(item) => return Ok(vec![item.clone()]),
+        toml::Value::Array(items) => items,
+        other => {
+            return Err(field_error(
+                field,
+                format!("expected a list of strings, got {other}"),
+            ));
+        }
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            toml::Value::String(item) => Ok(item.clone()),
+            other => Err(field_error(
+                field,
+                format!("expected a string, got {other}"),
+            )),
+        })
+        .collect()
+}
+
+fn integer(field: &str, value: &toml::Value) -> Result<u64, FieldError> {
+    value
+        .as_integer()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| {
+            field_error(
+                field,
+                format!("expected a non-negative integer, got {value}"),
+            )
+        })
+}
+
+fn source(table: &toml::Table) -> Result<Dataset, FieldError> {
+    let allowed = ["read_csv", "read_parquet", "read_json", "range"];
+    let (kind, value) = only_one(table, &allowed)?;
+    let built = match kind {
+        "range" => Dataset::range(integer(kind, value)?),
+        _ => {
+            let paths = strings(kind, value)?;
+            match kind {
+                "read_csv" => Dataset::read_csv(&paths),
+                "read_parquet" => Dataset::read_parquet(&paths),
+                _ => Dataset::read_json(&paths),
+            }
+        }
+    };
+    built.map_err(|error| field_error(kind, error))
+}
+
+fn apply_step(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldError> {
+    let allowed = [
+        "filter",
+        "with_column",
+        "select",
+        "drop",
+        "rename",
+        "limit",
+        "groupby",
+        "sort",
+        "unique",
+        "repartition",
+        "random_shuffle",
+        "cache",
+        "map_batches",
+        "flat_map",
+    ];
+    let (op, value) = only_one(table, &allowed)?;
+    let plan_error = |error: crate::Error| field_error(op, error);
+    let names = |field: &str, value: &toml::Value| strings(field, value);
+    match op {
+        "filter" => {
+            let text = value
+                .as_str()
+                .ok_or_else(|| field_error(op, "expected an expression string"))?;
+            dataset
+                .filter(parse_expr(text).map_err(|m| field_error(op, m))?)
+                .map_err(plan_error)
+        }
+        "with_column" => {
+            let spec = value
+                .as_table()
+                .ok_or_else(|| field_error(op, "expected { name = .., expr = .. }"))?;
+            let name = spec
+                .get("name")
+                .and_then(|v| v.as_str())
+                .ok_or_else(|| field_error("with_column.name", "missing"))?;
+            let text = spec
+                .get("expr")
+                .and_then(|v| v.as_str())
+                .ok_or_else(|| field_error("with_column.expr", "missing"))?;
+            let expr = parse_expr(text).map_err(|m| field_error("with_column.expr", m))?;
+            dataset.with_column(name, expr).map_err(plan_error)
+        }
+        "select" | "drop" | "unique" => {
+            let columns = names(op, value)?;
+            let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+            match op {
+                "select" => dataset.select(&columns),
+                "drop" => dataset.drop(&columns),
+                _ => dataset.unique(&columns),
+            }
+            .map_err(plan_error)
+        }
+        "rename" => {
+            let spec = value
+                .as_table()
+                .ok_or_else(|| field_error(op, "expected { old = \"new\" }"))?;
+            let pairs = spec
+                .iter()
+                .map(|(from, to)| {
+                    to.as_str()
+                        .map(|to| (from.as_str(), to))
+                        .ok_or_else(|| field_error(&format!("rename.{from}"), "expected a string"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            dataset.rename(&pairs).map_err(plan_error)
+        }
+        "limit" => dataset.limit(integer(op, value)?).map_err(plan_error),
+        "groupby" => {
+            let keys = names(op, value)?;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let aggregations = match table.get("agg") {
+                Some(agg) => strings("agg", agg)?
+                    .iter()
+                    .map(|text| parse_aggregation(text).map_err(|m| field_error("agg", m)))
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => Vec::new(),
+            };
+            dataset.groupby(&keys).agg(aggregations).map_err(plan_error)
+        }
+        "sort" => {
+            let keys = names(op, value)?
+                .iter()
+                .map(|text| parse_sort_key(text).map_err(|m| field_error(op, m)))
+                .collect::<Result<Vec<_>, _>>()?;
+            dataset.sort(keys).map_err(plan_error)
+        }
+        "repartition" => {
+            let n = u32::try_from(integer(op, value)?)
+                .map_err(|_| field_error(op, "too many partitions"))?;
+            match table.get("keys") {
+                Some(keys) => {
+                    let keys = names("keys", keys)?;
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    dataset.repartition_by(n, &keys)
+                }
+                None => dataset.repartition(n),
+            }
+            .map_err(plan_error)
+        }
+        "random_shuffle" => dataset
+            .random_shuffle(Some(integer(op, value)?))
+            .map_err(plan_error),
+        "cache" => match value.as_bool() {
+            Some(true) => dataset.cache().map_err(plan_error),
+            Some(false) => Ok(dataset),
+            None => Err(field_error(op, "expected true or false")),
+        },
+        _ => {
+            let spec = value.as_table().ok_or_else(|| {
+                field_error(op, "expected { udf = .., version = .., args = { .. } }")
+            })?;
+            let name = spec
+                .get("udf")
+                .and_then(|v| v.as_str())
+                .ok_or_else(|| field_error(&format!("{op}.udf"), "missing"))?;
+            let version = spec
+                .get("version")
+                .and_then(|v| v.as_integer())
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| {
+                    field_error(&format!("{op}.version"), "missing or not a version number")
+                })?;
+            let mut call = UdfCall::new(name, version);
+            if let Some(args) = spec.get("args") {
+                let args = args
+                    .as_table()
+                    .ok_or_else(|| field_error(&format!("{op}.args"), "expected a table"))?;
+                for (arg, value) in args {
+                    call = call.with(
+                        arg.as_str(),
+                        arg_value(value)
+                            .map_err(|m| field_error(&format!("{op}.args.{arg}"), m))?,
+                    );
+                }
+            }
+            if op == "map_batches" {
+                dataset.map_batches(call)
+            } else {
+                dataset.flat_map(call)
+            }
+            .map_err(plan_error)
+        }
+    }
+}
+
+fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
+    Ok(match value {
+        toml::Value::String(s) => s.as_str().into(),
+        toml::Value::Integer(n) => (*n).into(),
+        toml::Value::Float(x) => (*x).into(),
+        toml::Value::Boolean(b) => (*b).into(),
+        toml::Value::Array(items) => items
+            .iter()
+            .map(arg_value)
+            .collect::<Result<Vec<_>, _>>()?
+            .into(),
+        toml::Value::Table(table) => table
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), arg_value(v)?)))
+            .collect::<Result<BTreeMap<_, _>, String>>()?
+            .into(),
+        toml::Value::Datetime(_) => return Err("dates are not UDF arguments".to_owned()),
+    })
+}
+
+fn apply_sink(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldError> {
+    let (kind, value) = only_one(table, &["write_parquet", "write_csv", "write_json"])?;
+    let directory = value
+        .as_str()
+        .ok_or_else(|| field_error(kind, "expected a directory"))?;
+    let options = WriteOptions::default();
+    match kind {
+        "write_parquet" => dataset.write_parquet(directory, options),
+        "write_csv" => dataset.write_csv(directory, options),
+        _ => dataset.write_json(directory, options),
+    }
+    .map_err(|error| field_error(kind, error))
+}
+
+fn job_options(table: &toml::Table) -> Result<JobOptions, FieldError> {
+    let mut options = JobOptions::default();
+    for (key, value) in table {
+        match key.as_str() {
+            "cache" => {
+                options.cache = match value.as_str() {
+                    Some("reuse") => CacheMode::Reuse,
+                    Some("recompute") => CacheMode::Recompute,
+                    Some("none") => CacheMode::NoCache,
+                    _ => {
+                        return Err(field_error(
+                            key,
+                            "expected \"reuse\", \"recompute\" or \"none\"",
+                        ));
+                    }
+                }
+            }
+            "retries" => {
+                options.max_task_retries = u32::try_from(integer(key, value)?)
+                    .map_err(|_| field_error(key, "too many retries"))?;
+            }
+            other => {
+                return Err(field_error(
+                    other,
+                    "unknown option (expected cache or retries)",
+                ));
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// `"column"` or `"column desc"` / `"column asc"`, optionally `nulls first|last`.
+fn parse_sort_key(text: &str) -> Result<SortKey, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let (column, rest) = words.split_first().ok_or("an empty sort key")?;
+    let mut key = SortKey::asc(*column);
+    let mut rest = rest.iter();
+    while let Some(word) = rest.next() {
+        match (*word, rest.clone().next()) {
+            ("asc", _) => key = SortKey::asc(*column),
+            ("desc", _) => key = SortKey::desc(*column),
+            ("nulls", Some(&"first")) => {
+                key = key.nulls_first(true);
+                rest.next();
+            }
+            ("nulls", Some(&"last")) => {
+                key = key.nulls_first(false);
+                rest.next();
+            }
+            _ => {
+                return Err(format!(
+                    "cannot read sort key {text:?}: expected `column [asc|desc] [nulls first|last]`"
+                ));
+            }
+        }
+    }
+    Ok(key)
+}
+
+/// `"function(column) [as alias]"`, or `"count(*) [as alias]"`.
+fn parse_aggregation(text: &str) -> Result<Aggregation, String> {
+    let bad =
+        || format!("cannot read aggregation {text:?}: expected `function(column) [as alias]`");
+    let (call, alias) = match text.split_once(" as ") {
+        Some((call, alias)) => (call.trim(), Some(alias.trim())),
+        None => (text.trim(), None),
+    };
+    let (function, rest) = call.split_once('(').ok_or_else(bad)?;
+    let column = rest.strip_suffix(')').ok_or_else(bad)?.trim();
+    let function = match function.trim() {
+        "count" => AggFunction::Count,
+        "sum" => AggFunction::Sum,
+        "mean" | "avg" => AggFunction::Mean,
+        "min" => AggFunction::Min,
+        "max" => AggFunction::Max,
+        "std" => AggFunction::Std,
+        "count_distinct" => AggFunction::CountDistinct,
+        other => return Err(format!("unknown aggregate function {other:?}")),
+    };
+    let aggregation = match (function, column) {
+        (AggFunction::Count, "*") => Aggregation::count_rows(alias.unwrap_or("count")),
+        (_, "*") | (_, "") => return Err(bad()),
+        (function, column) => Aggregation::of(function, column),
+    };
+    Ok(match alias {
+        Some(alias) => aggregation.alias(alias),
+        None => aggregation,
+    })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Ident(String),
+    Str(String),
+    Int(i64),
+    Float(f64),
+    Symbol(&'static str),
+}
+
+fn tokenize(text: &str) -> Result<Vec<Token>, String> {
+    const SYMBOLS: [&str; 15] = [
+        "==", "!=", "<=", ">=", "<", ">", "+", "-", "*", "/", "%", "(", ")", ",", "=",
+    ];
+    let mut tokens = Vec::new();
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '\'' || c == '"' {
+            let end = chars[i + 1..]
+                .iter()
+                .position(|d| *d == c)
+                .ok_or("an unterminated string")?;
+            tokens.push(Token::Str(chars[i + 1..i + 1 + end].iter().collect()));
+            i += end + 2;
+        } else if c.is_ascii_digit() {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_digit() || chars[i] == '.' || chars[i] == '_')
+            {
+                i += 1;
+            }
+            let number: String = chars[start..i].iter().filter(|d| **d != '_').collect();
+            tokens.push(if number.contains('.') {
+                Token::Float(number.parse().map_err(|_| format!("bad number {number}"))?)
+            } else {
+                Token::Int(number.parse().map_err(|_| format!("bad number {number}"))?)
+            });
+        } else if c.is_alphabetic() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            tokens.push(Token::Ident(chars[start..i].iter().collect()));
+        } else {
+            let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
+            let symbol = SYMBOLS
+                .iter()
+                .find(|symbol| rest.starts_with(**symbol))
+                .ok_or_else(|| format!("unexpected character {c:?}"))?;
+            tokens.push(Token::Symbol(symbol));
+            i += symbol.len();
+        }
+    }
+    Ok(tokens)
+}
+
+/// Parses one expression (see the module docs for the language).
+pub fn parse_expr(text: &str) -> Result<Expr, String> {
+    let mut parser = Parser {
+        tokens: tokenize(text)?,
+        at: 0,
+    };
+    let expr = parser.or()?;
+    match parser.tokens.get(parser.at) {
+        None => Ok(expr),
+        Some(token) => Err(format!("unexpected {token:?} after a complete expression")),
+    }
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    at: usize,
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.at)
+    }
+
+    fn eat_symbol(&mut self, symbol: &'static str) -> bool {
+        if self.peek() == Some(&Token::Symbol(symbol)) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn eat_word(&mut self, word: &str) -> bool {
+        if matches!(self.peek(), Some(Token::Ident(ident)) if ident.eq_ignore_ascii_case(word)) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, symbol: &'static str) -> Result<(), String> {
+        if self.eat_symbol(symbol) {
+            Ok(())
+        } else {
+            Err(format!("expected {symbol:?}, got {:?}", self.peek()))
+        }
+    }
+
+    fn or(&mut self) -> Result<Expr, String> {
+        let mut left = self.and()?;
+        while self.eat_word("or") {
+            left = left.or(self.and()?);
+        }
+        Ok(left)
+    }
+
+    fn and(&mut self) -> Result<Expr, String> {
+        let mut left = self.not()?;
+        while self.eat_word("and") {
+            left = left.and(self.not()?);
+        }
+        Ok(left)
+    }
+
+    fn not(&mut self) -> Result<Expr, String> {
+        if self.eat_word("not") {
+            return Ok(!self.not()?);
+        }
+        self.comparison()
+    }
+
+    fn comparison(&mut self) -> Result<Expr, String> {
+        let left = self.additive()?;
+        for (symbol, build) in [
+            ("==", Expr::eq as fn(Expr, Expr) -> Expr),
+            ("!=", Expr::not_eq),
+            ("<=", Expr::lt_eq),
+            (">=", Expr::gt_eq),
+            ("<", Expr::lt),
+            (">", Expr::gt),
+        ] {
+            if self.eat_symbol(symbol) {
+                return Ok(build(left, self.additive()?));
+            }
+        }
+        Ok(left)
+    }
+
+    fn additive(&mut self) -> Result<Expr, String> {
+        let mut left = self.multiplicative()?;
+        loop {
+            if self.eat_symbol("+") {
+                left = left + self.multiplicative()?;
+            } else if self.eat_symbol("-") {
+                left = left - self.multiplicative()?;
+            } else {
+                return Ok(left);
+            }
+        }
+    }
+
+    fn multiplicative(&mut self) -> Result<Expr, String> {
+        let mut left = self.unary()?;
+        loop {
+            if self.eat_symbol("*") {
+                left = left * self.unary()?;
+            } else if self.eat_symbol("/") {
+                left = left / self.unary()?;
+            } else if self.eat_symbol("%") {
+                left = left % self.unary()?;
+            } else {
+                return Ok(left);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> Result<Expr, String> {
+        if self.eat_symbol("-") {
+            return Ok(-self.unary()?);
+        }
+        self.primary()
+    }
+
+    fn primary(&mut self) -> Result<Expr, String> {
+        let token = self
+            .peek()
+            .cloned()
+            .ok_or("the expression ends too early")?;
+        self.at += 1;
+        match token {
+            Token::Int(n) => Ok(lit(n)),
+            Token::Float(x) => Ok(lit(x)),
+            Token::Str(s) => Ok(lit(s.as_str())),
+            Token::Symbol("(") => {
+                let inner = self.or()?;
+                self.expect(")")?;
+                Ok(inner)
+            }
+            Token::Symbol(symbol) => Err(format!("unexpected {symbol:?}")),
+            Token::Ident(word) => match word.to_ascii_lowercase().as_str() {
+                "true" => Ok(lit(true)),
+                "false" => Ok(lit(false)),
+                "null" => Ok(null()),
+                _ if self.eat_symbol("(") => self.call(&word),
+                _ => Ok(col(word)),
+            },
+        }
+    }
+
+    fn call(&mut self, function: &str) -> Result<Expr, String> {
+        let mut args = Vec::new();
+        if !self.eat_symbol(")") {
+            loop {
+                args.push(self.or()?);
+                if self.eat_symbol(")") {
+                    break;
+                }
+                self.expect(",")?;
+            }
+        }
+        let string_arg = |expr: &Expr| match expr {
+            Expr::Literal(floe_core::expr::Scalar::Utf8(s)) => Ok(s.clone()),
+            other => Err(format!("{function} needs a string literal, got {other}")),
+        };
+        let arity = |n: usize| {
+            if args.len() == n {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{function} takes {n} arguments, got {}",
+                    args.len()
+                ))
+            }
+        };
+        let mut args_iter = args.clone().into_iter();
+        let mut next = || {
+            args_iter
+                .next()
+                .ok_or_else(|| format!("{function}: missing an argument"))
+        };
+        match function.to_ascii_lowercase().as_str() {
+            "col" => {
+                arity(1)?;
+                Ok(col(string_arg(&next()?)?))
+            }
+            "cast" => {
+                arity(2)?;
+                let value = next()?;
+                Ok(value.cast(data_type(&string_arg(&next()?)?)?))
+            }
+            "is_null" => {
+                arity(1)?;
+                Ok(next()?.is_null())
+            }
+            "is_not_null" => {
+                arity(1)?;
+                Ok(next()?.is_not_null())
+            }
+            "lower" => {
+                arity(1)?;
+                Ok(next()?.lower())
+            }
+            "upper" => {
+                arity(1)?;
+                Ok(next()?.upper())
+            }
+            "length" => {
+                arity(1)?;
+                Ok(next()?.length())
+            }
+            "contains" => {
+                arity(2)?;
+                let value = next()?;
+                Ok(value.contains(string_arg(&next()?)?))
+            }
+            "starts_with" => {
+                arity(2)?;
+                let value = next()?;
+                Ok(value.starts_with(string_arg(&next()?)?))
+            }
+            "when" => {
+                arity(3)?;
+                Ok(when(next()?, next()?, next()?))
+            }
+            "coalesce" => Ok(coalesce(args)),
+            "hash" => Ok(hash(args)),
+            other => Err(format!("unknown function {other:?}")),
+        }
+    }
+}
+
+fn data_type(name: &str) -> Result<DataType, String> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "bool" | "boolean" => DataType::Boolean,
+        "int32" => DataType::Int32,
+        "int64" | "int" => DataType::Int64,
+        "float32" => DataType::Float32,
+        "float64" | "float" | "double" => DataType::Float64,
+        "string" | "utf8" => DataType::Utf8,
+        "date32" | "date" => DataType::Date32,
+        other => {
+            return Err(format!(
+                "unknown type {other:?} (bool, int32, int64, float32, float64, string, date32)"
+            ));
+        }
+    })
+}

@@ -1,0 +1,132 @@
+//! The job-spec format: what it builds, and the errors it gives (line and field).
+
+#![allow(clippy::unwrap_used)]
+
+use floe_client::jobspec::{parse_expr, parse_job_file};
+use floe_client::{CacheMode, Dataset, col, lit, when};
+
+#[test]
+fn expressions_follow_the_usual_precedence() {
+    let parsed = parse_expr("a + b * 2 > 10 and not (c == 'x' or d <= -1.5)").unwrap();
+    let expected = (col("a") + col("b") * lit(2i64))
+        .gt(lit(10i64))
+        .and(!(col("c").eq(lit("x")).or(col("d").lt_eq(-lit(1.5f64)))));
+    assert_eq!(parsed.to_string(), expected.to_string());
+    let parsed = parse_expr("when(is_null(col('my col')), 0, cast(x, 'float64') % 3)").unwrap();
+    let expected = when(
+        col("my col").is_null(),
+        lit(0i64),
+        col("x").cast(arrow::datatypes::DataType::Float64) % lit(3i64),
+    );
+    assert_eq!(parsed.to_string(), expected.to_string());
+    for (bad, problem) in [
+        ("a +", "ends too early"),
+        ("a b", "after a complete expression"),
+        ("frobnicate(a)", "unknown function"),
+        ("'open", "unterminated"),
+        ("cast(a, 'complex')", "unknown type"),
+        ("a $ b", "unexpected character"),
+    ] {
+        let error = parse_expr(bad).unwrap_err();
+        assert!(error.contains(problem), "{bad}: {error}");
+    }
+}
+
+#[test]
+fn a_job_file_builds_the_same_plan_as_the_builder() {
+    let file = r#"
+[source]
+range = 100
+
+[[steps]]
+with_column = { name = "k", expr = "id % 5" }
+
+[[steps]]
+groupby = ["k"]
+agg = ["count(*) as n", "sum(id)"]
+
+[[steps]]
+sort = ["n desc nulls last", "k"]
+
+[options]
+cache = "none"
+retries = 5
+"#;
+    let parsed = parse_job_file("job.toml", file).unwrap();
+    let built = Dataset::range(100)
+        .unwrap()
+        .with_column("k", col("id") % lit(5i64))
+        .unwrap()
+        .groupby(&["k"])
+        .agg(vec![
+            floe_client::Aggregation::count_rows("n"),
+            floe_client::Aggregation::of(floe_client::AggFunction::Sum, "id"),
+        ])
+        .unwrap()
+        .sort(vec![
+            floe_client::SortKey::desc("n").nulls_first(false),
+            floe_client::SortKey::asc("k"),
+        ])
+        .unwrap();
+    assert_eq!(parsed.dataset.fingerprint(), built.fingerprint());
+    assert_eq!(parsed.options.cache, CacheMode::NoCache);
+    assert_eq!(parsed.options.max_task_retries, 5);
+}
+
+#[test]
+fn errors_name_the_file_line_and_field() {
+    let cases = [
+        (
+            "[source]\nrange = 10\n\n[[steps]]\nfilter = \"idd > 3\"\n",
+            "job.toml:4: steps[0].filter",
+            "idd",
+        ),
+        (
+            "[source]\nrange = 10\n[[steps]]\nexplode = 1\n",
+            "job.toml:3: steps[0].explode",
+            "expected one of",
+        ),
+        (
+            "[source]\nrange = -1\n",
+            "job.toml:1: source.range",
+            "non-negative",
+        ),
+        (
+            "[source]\nrange = 10\n[[steps]]\nsort = [\"id sideways\"]\n",
+            "job.toml:3: steps[0].sort",
+            "sort key",
+        ),
+        (
+            "[source]\nrange = 10\n[[steps]]\ngroupby = [\"id\"]\nagg = [\"median(id)\"]\n",
+            "job.toml:3: steps[0].agg",
+            "median",
+        ),
+        (
+            "[source]\nrange = 10\n[options]\ncache = \"sometimes\"\n",
+            "job.toml:3: options.cache",
+            "reuse",
+        ),
+        (
+            "[source]\nrange = 10\n[sink]\nwrite_parquet = 3\n",
+            "job.toml:3: sink.write_parquet",
+            "directory",
+        ),
+        ("[source\n", "job.toml:1: file", ""),
+        (
+            "[source]\nread_csv = [\"/no/such/dir/*.csv\"]\n",
+            "job.toml:1: source.read_csv",
+            "No such file",
+        ),
+    ];
+    for (text, location, problem) in cases {
+        let error = parse_job_file("job.toml", text).err().unwrap().to_string();
+        assert!(
+            error.starts_with(location),
+            "{error:?} should start with {location:?}"
+        );
+        assert!(
+            error.contains(problem),
+            "{error:?} should mention {problem:?}"
+        );
+    }
+}
