@@ -1,6 +1,8 @@
 //! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
 
 mod bench;
+mod cli;
+mod demo;
 mod node;
 mod scheduler;
 
@@ -55,6 +57,23 @@ enum Command {
     /// Measure a part of floe; prints one JSON line per figure.
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Start a local cluster, run the quickstart pipeline on generated data, print the result
+    /// and the stats, then run it again from the cache.
+    Demo(demo::DemoArgs),
+    /// Run a local cluster (a scheduler and nodes on loopback) in the foreground.
+    Up(cli::UpArgs),
+    /// The scheduler replicas (leader, term) and how many nodes are alive.
+    Status(cli::ClusterArgs),
+    /// Every node, alive or dead.
+    Nodes(cli::ClusterArgs),
+    /// Every job with its state.
+    Jobs(cli::ClusterArgs),
+    /// One job: state, progress, stats and error.
+    Job(cli::JobArgs),
+    /// Cancel a job.
+    Cancel(cli::JobArgs),
+    /// Validate and submit a job-spec file.
+    Submit(cli::SubmitArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,8 +155,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => node::run(&config, args)?,
         Command::Worker(args) => node::run_worker_process(args)?,
         Command::Bench(which) => bench::run(which, &config)?,
+        Command::Demo(args) => block_on(demo::run(&args))?,
+        Command::Up(args) => block_on(cli::up(&args))?,
+        Command::Status(cluster) => block_on(cli::status(&config, &cluster))?,
+        Command::Nodes(cluster) => block_on(cli::nodes(&config, &cluster))?,
+        Command::Jobs(cluster) => block_on(cli::jobs(&config, &cluster))?,
+        Command::Job(args) => block_on(cli::job(&config, &args))?,
+        Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,
+        Command::Submit(args) => block_on(cli::submit(&config, &args))?,
     }
     Ok(())
+}
+
+/// Runs a client command on a small runtime.
+fn block_on<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(work)
 }
 
 fn init_tracing(format: LogFormat) -> anyhow::Result<()> {

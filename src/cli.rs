@@ -1,0 +1,333 @@
+//! The client subcommands: `floe status`, `floe nodes`, `floe jobs`, `floe job ID`,
+//! `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
+//! `--wait` share.
+
+use std::collections::BTreeMap;
+
+use std::fmt::Write as _;
+
+use anyhow::Context;
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use clap::Args;
+use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
+use floe_client::{JobOutput, LocalClusterOptions};
+use floe_core::{Config, JobId};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+/// Where the cluster is.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Every scheduler replica, `host:port,host:port,…` (the token comes from the
+    /// configuration: `FLOE_CLUSTER_TOKEN` or `cluster.token`).
+    #[arg(long = "scheduler", value_delimiter = ',', required = true)]
+    pub schedulers: Vec<String>,
+}
+
+impl ClusterArgs {
+    pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
+        Ok(Client::connect(&self.schedulers, config.cluster.token.expose()).await?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// The job's id (as `floe jobs` lists it).
+    pub job: JobId,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The job-spec file (TOML; see `floe_client::jobspec` and the README).
+    pub file: std::path::PathBuf,
+    /// Wait for the job, with a progress bar per operator, and print its stats.
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Nodes to start besides the scheduler.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Worker processes per node (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    pub workers: u32,
+}
+
+pub async fn status(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    let info = client.cluster().await?;
+    println!("scheduler replicas:");
+    for (addr, replica) in &info.replicas {
+        match replica {
+            Some(replica) => {
+                let role = if replica.leader == Some(replica.id) {
+                    "leader"
+                } else {
+                    "follower"
+                };
+                println!(
+                    "  {addr}  replica {}  {role}  term {}  commit {}",
+                    replica.id, replica.term, replica.commit
+                );
+            }
+            None => println!("  {addr}  not answering"),
+        }
+    }
+    let alive = info.nodes.iter().filter(|node| node.alive).count();
+    println!("nodes: {alive} alive, {} dead", info.nodes.len() - alive);
+    Ok(())
+}
+
+pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    println!(
+        "{:<6} {:<22} {:<6} {:>5} {:>10}",
+        "NODE", "ADDRESS", "STATE", "CPUS", "HEAP"
+    );
+    for node in client.nodes().await? {
+        let state = if node.alive { "alive" } else { "dead" };
+        println!(
+            "{:<6} {:<22} {:<6} {:>5} {:>10}{}",
+            node.id.to_string(),
+            node.address,
+            state,
+            node.cpus,
+            human_bytes(node.heap_bytes),
+            node.death
+                .map(|reason| format!("  ({reason})"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub async fn jobs(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    println!(
+        "{:<6} {:<10} {:>8} {:>10} {:>8}",
+        "JOB", "STATE", "ATTEMPTS", "WALL_MS", "TASKS"
+    );
+    for job in client.jobs().await? {
+        let (wall, tasks) = job
+            .stats
+            .as_ref()
+            .map_or((String::new(), String::new()), |s| {
+                (s.wall_ms.to_string(), s.compute_tasks().to_string())
+            });
+        println!(
+            "{:<6} {:<10} {:>8} {:>10} {:>8}",
+            job.id.to_string(),
+            job.state.name(),
+            job.attempts,
+            wall,
+            tasks
+        );
+    }
+    Ok(())
+}
+
+pub async fn job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
+    let client = args.cluster.connect(config).await?;
+    let handle = client.job(args.job);
+    let state = handle.state().await?;
+    println!("job {}: {}", args.job, state.name());
+    if let JobState::Failed { message } = &state {
+        println!("error: {message}");
+    }
+    if let Some(progress) = handle.progress().await? {
+        for operator in &progress.operators {
+            let total = operator
+                .tasks_total
+                .map_or_else(|| "?".to_owned(), |total| total.to_string());
+            println!(
+                "  {:<16} {}/{} tasks, {} running, {} queued, {} rows",
+                operator.name,
+                operator.tasks_done,
+                total,
+                operator.tasks_running,
+                operator.tasks_queued,
+                operator.rows_done
+            );
+        }
+    }
+    if let Some(stats) = handle.stats().await? {
+        print_stats(&stats);
+    }
+    Ok(())
+}
+
+/// Validates the job file, submits it, and with `--wait` follows it to the end.
+pub async fn submit(config: &Config, args: &SubmitArgs) -> anyhow::Result<()> {
+    let name = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read the job file {name}"))?;
+    let job_file = floe_client::jobspec::parse_job_file(&name, &text)?;
+    let client = args.cluster.connect(config).await?;
+    let job = client
+        .submit_with(&job_file.dataset, job_file.options)
+        .await?;
+    println!("job {} submitted", job.id());
+    if args.wait {
+        let output = wait_with_bars(&job).await?;
+        println!("job {} succeeded: {} rows", job.id(), output.rows());
+        print_stats(&output.stats);
+        print!("{}", format_batches(&output.take(10).await?)?);
+    }
+    Ok(())
+}
+
+/// Batches as an aligned text table.
+pub fn format_batches(batches: &[RecordBatch]) -> anyhow::Result<String> {
+    let Some(first) = batches.first() else {
+        return Ok("(no rows)\n".to_owned());
+    };
+    let schema = first.schema();
+    let mut rows: Vec<Vec<String>> =
+        vec![schema.fields().iter().map(|f| f.name().clone()).collect()];
+    let options = FormatOptions::default();
+    for batch in batches {
+        let formatters = batch
+            .columns()
+            .iter()
+            .map(|column| ArrayFormatter::try_new(column.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            rows.push(
+                formatters
+                    .iter()
+                    .map(|f| f.value(row).to_string())
+                    .collect(),
+            );
+        }
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0))
+        .collect();
+    let mut text = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:>width$}"))
+            .collect();
+        writeln!(text, "  {}", cells.join("  "))?;
+    }
+    Ok(text)
+}
+
+pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
+    let client = args.cluster.connect(config).await?;
+    client.job(args.job).cancel().await?;
+    println!("job {}: cancel requested", args.job);
+    Ok(())
+}
+
+/// Runs a local cluster in the foreground until Ctrl-C.
+pub async fn up(args: &UpArgs) -> anyhow::Result<()> {
+    let cluster = LocalCluster::start(LocalClusterOptions {
+        nodes: args.nodes,
+        binary: std::env::current_exe().context("cannot find the floe binary")?,
+        workers_per_node: args.workers,
+        node_settings: Vec::new(),
+    })
+    .await?;
+    print_local_cluster(&cluster);
+    println!("press Ctrl-C to stop it");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    println!("stopping");
+    Ok(())
+}
+
+pub fn print_local_cluster(cluster: &LocalCluster) {
+    let schedulers = cluster.addresses().join(",");
+    println!("local cluster up:");
+    println!("  schedulers: {schedulers}");
+    println!("  nodes:      {}", cluster.node_addresses().join(", "));
+    println!("  files:      {}", cluster.dir().display());
+    println!(
+        "  use it:     FLOE_CLUSTER_TOKEN={} floe jobs --scheduler {schedulers}",
+        cluster.token()
+    );
+}
+
+/// Waits for `job`, drawing one progress bar per operator.
+pub async fn wait_with_bars(job: &JobHandle) -> anyhow::Result<JobOutput> {
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} tasks {msg}")
+        .context("progress bar style")?
+        .progress_chars("=> ");
+    let mut by_operator: BTreeMap<usize, ProgressBar> = BTreeMap::new();
+    let mut draw = |progress: &JobProgress| {
+        for (index, operator) in progress.operators.iter().enumerate() {
+            let bar = by_operator.entry(index).or_insert_with(|| {
+                let bar = bars.add(ProgressBar::new(0));
+                bar.set_style(style.clone());
+                bar.set_prefix(operator.name.clone());
+                bar
+            });
+            let total = operator
+                .tasks_total
+                .unwrap_or(operator.tasks_done + operator.tasks_running + operator.tasks_queued);
+            bar.set_length(total.max(operator.tasks_done));
+            bar.set_position(operator.tasks_done);
+            bar.set_message(format!("{} rows", operator.rows_done));
+        }
+    };
+    let output = job.wait_with_progress(&mut draw).await;
+    for bar in by_operator.values() {
+        bar.finish();
+    }
+    Ok(output?)
+}
+
+/// The per-operator stats table.
+pub fn print_stats(stats: &JobStats) {
+    println!(
+        "driver attempt {}, {} ms, {} spilled",
+        stats.attempt,
+        stats.wall_ms,
+        human_bytes(stats.spilled_bytes)
+    );
+    println!(
+        "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+        "OPERATOR", "TASKS", "RETRY", "REBUILT", "ROWS", "BYTES", "HITS", "MISSES", "WALL_MS"
+    );
+    for operator in &stats.operators {
+        println!(
+            "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+            operator.name,
+            operator.tasks,
+            operator.retries,
+            operator.rebuilt,
+            operator.rows,
+            human_bytes(operator.bytes),
+            operator.cache_hits,
+            operator.cache_misses,
+            operator.wall_ms
+        );
+    }
+}
+
+/// Bytes in the largest binary unit that keeps the number at least 1.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
