@@ -1,0 +1,244 @@
+//! The client library and the `floe` CLI against real local clusters: submit, wait, status,
+//! cancel, job-file validation, a scheduler leader killed while a client waits, and results
+//! streamed in order.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array};
+use floe_client::{
+    Client, ClusterExecutor, Dataset, JobState, LocalCluster, LocalClusterOptions, UdfCall, col,
+    lit,
+};
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::WireConfig;
+use floe_node::agent::local::{LocalNode, LocalNodeConfig};
+use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
+
+fn options(nodes: usize) -> LocalClusterOptions {
+    LocalClusterOptions {
+        nodes,
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        workers_per_node: 2,
+        node_settings: vec!["data.max_block_size=8MiB".into()],
+    }
+}
+
+/// Runs the CLI against `cluster`.
+fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("FLOE_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .arg("--scheduler")
+        .arg(cluster.addresses().join(","))
+        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "floe failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+const JOB_FILE: &str = r#"
+[source]
+range = 5000
+
+[[steps]]
+with_column = { name = "k", expr = "id % 7" }
+
+[[steps]]
+filter = "k != 3 and id >= 100"
+
+[[steps]]
+groupby = ["k"]
+agg = ["count(*) as n", "sum(id) as total"]
+
+[[steps]]
+sort = ["k desc"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_submits_waits_lists_and_cancels_jobs() {
+    let cluster = LocalCluster::start(options(2)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("job.toml");
+    std::fs::write(&job_file, JOB_FILE).unwrap();
+    let file = job_file.to_str().unwrap();
+
+    let submitted = stdout(&floe(&cluster, &["submit", file, "--wait"]));
+    assert!(submitted.contains("job 1 succeeded: 6 rows"), "{submitted}");
+    // The printed head: the largest key first, and its count and total computed here.
+    let members: Vec<i64> = (100..5000).filter(|id| id % 7 == 6).collect();
+    let first_row = format!("6  {}  {}", members.len(), members.iter().sum::<i64>());
+    assert!(
+        submitted.contains(&first_row),
+        "{first_row:?} not in {submitted}"
+    );
+
+    let jobs = stdout(&floe(&cluster, &["jobs"]));
+    assert!(
+        jobs.lines()
+            .any(|line| line.starts_with("1 ") && line.contains("succeeded")),
+        "{jobs}"
+    );
+    let status = stdout(&floe(&cluster, &["status"]));
+    assert!(
+        status.contains("leader") && status.contains("nodes: 2 alive, 0 dead"),
+        "{status}"
+    );
+    let nodes = stdout(&floe(&cluster, &["nodes"]));
+    assert_eq!(nodes.matches("alive").count(), 2, "{nodes}");
+
+    // A slow job, cancelled while it runs.
+    let slow = dir.path().join("slow.toml");
+    std::fs::write(
+        &slow,
+        "[source]\nrange = 200000\n[[steps]]\nmap_batches = { udf = \"delay\", version = 1, args = { ms = 500 } }\n",
+    )
+    .unwrap();
+    let submitted = stdout(&floe(&cluster, &["submit", slow.to_str().unwrap()]));
+    assert!(submitted.contains("job 2 submitted"), "{submitted}");
+    let client = cluster.connect().await.unwrap();
+    while client
+        .job(floe_core::JobId::new(2))
+        .progress()
+        .await
+        .unwrap()
+        .is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancelled = stdout(&floe(&cluster, &["cancel", "2"]));
+    assert!(cancelled.contains("cancel requested"), "{cancelled}");
+    let error = client
+        .job(floe_core::JobId::new(2))
+        .wait()
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, floe_client::Error::JobCancelled(_)),
+        "{error}"
+    );
+    let shown = stdout(&floe(&cluster, &["job", "2"]));
+    assert!(shown.contains("job 2: cancelled"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_job_file_is_refused_naming_the_line_and_field() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("bad.toml");
+    std::fs::write(
+        &job_file,
+        "[source]\nrange = 10\n\n[[steps]]\nfilter = \"idd > 3\"\n",
+    )
+    .unwrap();
+    let output = floe(&cluster, &["submit", job_file.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.toml:4: steps[0].filter"), "{stderr}");
+    assert!(stderr.contains("idd"), "{stderr}");
+    // Nothing was submitted.
+    let jobs = cluster.connect().await.unwrap().jobs().await.unwrap();
+    assert!(jobs.is_empty(), "{jobs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_survives_a_scheduler_leader_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "leader-kill";
+    let mut schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 3,
+        dir: dir.path().to_owned(),
+        token: token.into(),
+        settings: vec!["scheduler.raft_tick_ms=30".into()],
+    })
+    .unwrap();
+    let leader = schedulers
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new(token);
+    let wire = WireConfig::from_config(&config);
+    let mut nodes = Vec::new();
+    for index in 0..2 {
+        let node = LocalNode::start(&LocalNodeConfig {
+            binary: env!("CARGO_BIN_EXE_floe").into(),
+            schedulers: schedulers.addrs(),
+            dir: dir.path().to_owned(),
+            name: format!("node-{index}"),
+            token: token.into(),
+            settings: vec!["node.workers=2".into(), "scheduler.raft_tick_ms=30".into()],
+        })
+        .unwrap();
+        node.wait_ready(&wire, 2, Duration::from_secs(30))
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let slow = Dataset::range(60_000)
+        .unwrap()
+        .map_batches(UdfCall::new("delay", 1).with("ms", 300i64))
+        .unwrap();
+    let job = client.submit(&slow).await.unwrap();
+    while job.progress().await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    schedulers.kill(leader).unwrap();
+    let output = job.wait().await.unwrap();
+    assert_eq!(output.rows(), 60_000);
+    assert_eq!(job.state().await.unwrap(), JobState::Succeeded);
+    drop(nodes);
+}
+
+#[test]
+fn iter_batches_on_a_cluster_returns_every_row_once_in_order() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cluster = runtime.block_on(LocalCluster::start(options(2))).unwrap();
+    let executor =
+        Arc::new(ClusterExecutor::connect(&cluster.addresses(), cluster.token()).unwrap());
+    let n = 150_000i64;
+    let doubled = Dataset::range(n as u64)
+        .unwrap()
+        .with_column("twice", col("id") * lit(2i64))
+        .unwrap()
+        .with_executor(executor);
+    let mut ids = Vec::new();
+    for batch in doubled.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        let column = batch.column_by_name("id").unwrap();
+        ids.extend_from_slice(
+            column
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values(),
+        );
+        let twice = batch.column_by_name("twice").unwrap();
+        assert_eq!(twice.null_count(), 0);
+    }
+    assert_eq!(ids, (0..n).collect::<Vec<_>>());
+    assert_eq!(doubled.count().unwrap(), n as u64);
+    let head = doubled.take(5).unwrap();
+    assert_eq!(head.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+}
