@@ -1258,7 +1258,12 @@ impl Execution {
                 let Ok(addr) = self.cluster.address(node).await else {
                     continue;
                 };
-                if self.cluster.call_node(&addr, &NodeRequest::Status).await.is_ok() {
+                if self
+                    .cluster
+                    .call_node(&addr, &NodeRequest::Status)
+                    .await
+                    .is_ok()
+                {
                     alive.insert(node);
                 }
             }
