@@ -5,9 +5,10 @@
 //! A UDF is Rust code compiled into the binaries that run it, so the same registration goes
 //! into two places: the client (which validates plans against the registry and, with the local
 //! executor, runs them, as here) and the `floe` binary the nodes run (whose workers will look
-//! the code up by `name@version`). The second half is not possible yet: the `floe node` and
-//! `floe worker` entry points do not take a custom registry until workers run plan stages (the
-//! executor issue). See the `floe_node::udf` module documentation.
+//! the code up by `name@version`). The second half is not possible yet: workers run plan
+//! stages with the built-in registry, and the `floe worker` entry point does not take a custom
+//! one (the CLI lives in the binary crate, not in a library a custom binary could call). See
+//! the `floe_node::udf` module documentation.
 
 use std::sync::Arc;
 
