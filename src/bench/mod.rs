@@ -14,6 +14,7 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
+mod shuffle;
 
 use std::time::Duration;
 
@@ -67,6 +68,30 @@ pub enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Sort of 10M 104-byte rows on a local 2-node cluster, against one process.
+    Sort {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Groupby of 10M rows into 1,000 groups (count, sum, mean) on a local 2-node cluster.
+    Groupby {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Hash repartition of 1 GB into 32 partitions on a local 2-node cluster.
+    Repartition {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Random shuffle of 1 GB on a local 2-node cluster.
+    Shuffle {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
@@ -78,6 +103,10 @@ pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Cache { quick } => cache::run(quick, config),
         Bench::Dataset { quick } => dataset::run(quick),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
+        Bench::Sort { quick } => shuffle::run(shuffle::Workload::Sort, quick),
+        Bench::Groupby { quick } => shuffle::run(shuffle::Workload::Groupby, quick),
+        Bench::Repartition { quick } => shuffle::run(shuffle::Workload::Repartition, quick),
+        Bench::Shuffle { quick } => shuffle::run(shuffle::Workload::Shuffle, quick),
     }
 }
 
