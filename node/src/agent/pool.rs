@@ -22,6 +22,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::protocol::Bytes;
 use super::protocol::{RunningTask, TaskFailure};
 use super::worker::{SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerOutput, WorkerTask, send};
 use super::{Error, Result};
@@ -424,13 +425,8 @@ async fn run_job(
     let reply = match sent {
         Err(error) => Err(error.to_string()),
         Ok(()) => {
-            let stream = &mut worker.stream;
-            let reply = async {
-                let body = stream.recv(TASK_WAIT).await?;
-                codec::decode::<WorkerMessage>(body, "worker reply")
-            };
             tokio::select! {
-                reply = reply => reply.map_err(|error| error.to_string()),
+                reply = receive_reply(&mut worker.stream) => reply,
                 status = worker.child.wait() => {
                     let reason = status.map_or_else(|error| error.to_string(), describe_exit);
                     return (Err(TaskFailure::WorkerDied { reason }), Some(SlotEnd::WorkerGone));
@@ -450,11 +446,11 @@ async fn run_job(
         }
     };
     match reply {
-        Ok(WorkerMessage::Finished { outputs }) => (Ok(outputs), None),
-        Ok(WorkerMessage::Failed { message }) => (Err(TaskFailure::Error { message }), None),
-        Ok(WorkerMessage::Hello { .. }) => {
+        Ok(WorkerReply::Finished(outputs)) => (Ok(outputs), None),
+        Ok(WorkerReply::Failed(message)) => (Err(TaskFailure::Error { message }), None),
+        Ok(WorkerReply::Confused(what)) => {
             stop(&mut worker.child).await;
-            let reason = "the worker sent a second hello".to_owned();
+            let reason = format!("the worker broke the protocol: {what}");
             (
                 Err(TaskFailure::WorkerDied { reason }),
                 Some(SlotEnd::WorkerGone),
@@ -473,6 +469,64 @@ async fn run_job(
                 Err(TaskFailure::WorkerDied { reason }),
                 Some(SlotEnd::WorkerGone),
             )
+        }
+    }
+}
+
+/// How a worker answered a task.
+enum WorkerReply {
+    Finished(Vec<WorkerOutput>),
+    Failed(String),
+    /// A message that makes no sense here; the worker is replaced.
+    Confused(String),
+}
+
+/// Reads a task's outputs (each announced, then sent in chunks) up to its end. A socket error
+/// is `Err`.
+async fn receive_reply(stream: &mut FramedStream<UnixStream>) -> Result<WorkerReply, String> {
+    let mut outputs: Vec<WorkerOutput> = Vec::new();
+    let mut expected = 0u64;
+    let complete = |outputs: &[WorkerOutput], expected: u64| {
+        outputs
+            .last()
+            .is_none_or(|last| last.bytes.0.len() as u64 == expected)
+    };
+    loop {
+        let body = stream
+            .recv(TASK_WAIT)
+            .await
+            .map_err(|error| error.to_string())?;
+        let message = codec::decode::<WorkerMessage>(body, "worker reply")
+            .map_err(|error| error.to_string())?;
+        match message {
+            WorkerMessage::Output { len, rows } => {
+                if !complete(&outputs, expected) {
+                    return Ok(WorkerReply::Confused("an output ended early".into()));
+                }
+                expected = len;
+                // The capacity grows with the chunks: a wrong length cannot make the agent
+                // allocate up front.
+                outputs.push(WorkerOutput {
+                    bytes: Bytes(Vec::new()),
+                    rows,
+                });
+            }
+            WorkerMessage::Chunk(chunk) => match outputs.last_mut() {
+                Some(last) if last.bytes.0.len() as u64 + chunk.0.len() as u64 <= expected => {
+                    last.bytes.0.extend_from_slice(&chunk.0);
+                }
+                _ => return Ok(WorkerReply::Confused("a chunk past its output".into())),
+            },
+            WorkerMessage::Finished if complete(&outputs, expected) => {
+                return Ok(WorkerReply::Finished(outputs));
+            }
+            WorkerMessage::Finished => {
+                return Ok(WorkerReply::Confused("the last output ended early".into()));
+            }
+            WorkerMessage::Failed { message } => return Ok(WorkerReply::Failed(message)),
+            WorkerMessage::Hello { .. } => {
+                return Ok(WorkerReply::Confused("a second hello".into()));
+            }
         }
     }
 }

@@ -43,13 +43,22 @@ pub(crate) enum WorkerMessage {
     Hello {
         slot: u32,
     },
-    Finished {
-        outputs: Vec<WorkerOutput>,
+    /// The task's next output object: `len` bytes follow in [`WorkerMessage::Chunk`]s, so no
+    /// frame is larger than a chunk however large the task's outputs are.
+    Output {
+        len: u64,
+        rows: Option<u64>,
     },
+    Chunk(Bytes),
+    /// The task succeeded; every output has been sent.
+    Finished,
     Failed {
         message: String,
     },
 }
+
+/// The largest chunk of an output in one frame.
+pub(crate) const OUTPUT_CHUNK: usize = 4 << 20;
 
 /// One object a task produced.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -132,11 +141,20 @@ async fn serve(options: &WorkerOptions) -> Result<()> {
             Err(WireError::Closed) => return Ok(()),
             Err(error) => return Err(error.into()),
         };
-        let reply = match run(&client, &registry, &task) {
-            Ok(outputs) => WorkerMessage::Finished { outputs },
-            Err(message) => WorkerMessage::Failed { message },
-        };
-        send(&mut stream, &reply).await?;
+        match run(&client, &registry, &task) {
+            Ok(outputs) => {
+                for output in outputs {
+                    let len = output.bytes.0.len() as u64;
+                    let rows = output.rows;
+                    send(&mut stream, &WorkerMessage::Output { len, rows }).await?;
+                    for chunk in output.bytes.0.chunks(OUTPUT_CHUNK) {
+                        send(&mut stream, &WorkerMessage::Chunk(Bytes(chunk.to_vec()))).await?;
+                    }
+                }
+                send(&mut stream, &WorkerMessage::Finished).await?;
+            }
+            Err(message) => send(&mut stream, &WorkerMessage::Failed { message }).await?,
+        }
     }
 }
 

@@ -59,6 +59,8 @@ const PARTITION_SEQ: u64 = 3 << 40;
 /// A shuffle without a partition count from the user gets one partition per input bundle,
 /// up to this many.
 const MAX_DEFAULT_PARTITIONS: usize = 200;
+/// Map tasks a shuffle runs per CPU of the cluster (see `Execution::map_groups`).
+const MAP_TASKS_PER_CPU: u64 = 2;
 
 /// The blocks of one task, in order.
 #[derive(Debug, Clone, Default)]
@@ -1003,13 +1005,32 @@ impl Execution {
         }
     }
 
+    /// A shuffle side's bundles, merged in order into groups that each become one map task:
+    /// a few map tasks per CPU, so each writes one block per partition for many bundles
+    /// rather than every bundle writing one per partition (a 256-bundle, 200-partition
+    /// shuffle would otherwise make 51,200 tiny objects).
+    fn map_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
+        let groups = (self.concurrency_cap * MAP_TASKS_PER_CPU).max(1) as usize;
+        let per_group = bundles.len().div_ceil(groups).max(1);
+        bundles
+            .chunks(per_group)
+            .map(|chunk| Bundle {
+                blocks: chunk
+                    .iter()
+                    .flat_map(|bundle| bundle.blocks.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
     fn start_sampling(&mut self, index: usize) {
+        let groups = self.map_groups(&self.ops[index].shuffle.sides[0]);
         let shuffle = &mut self.ops[index].shuffle;
-        let bundles = shuffle.sides[0].len() as u64;
         let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
-        let rows = u32::try_from(total.div_ceil(bundles.max(1)).max(1)).unwrap_or(u32::MAX);
+        let per_group = total.div_ceil(groups.len().max(1) as u64).max(1);
+        let rows = u32::try_from(per_group).unwrap_or(u32::MAX);
         let launches: Vec<Launch> = (0u64..)
-            .zip(&shuffle.sides[0])
+            .zip(&groups)
             .map(|(i, bundle)| {
                 let input = StageInput::Sample { rows, seed: i };
                 compute(SAMPLE_SEQ + i, input, bundle.blocks.clone())
@@ -1031,6 +1052,7 @@ impl Execution {
         let shuffle = &self.ops[index].shuffle;
         let mut left_maps = 0;
         for (side, bundles) in shuffle.sides.iter().enumerate() {
+            let bundles = self.map_groups(bundles);
             let rows = |bundle: &Bundle| -> u64 {
                 bundle
                     .blocks
@@ -1041,7 +1063,7 @@ impl Execution {
             };
             let total: u64 = bundles.iter().map(rows).sum();
             let mut offset = 0;
-            for bundle in bundles {
+            for bundle in &bundles {
                 let seq = PARTITION_SEQ + launches.len() as u64;
                 let mut inputs = bundle.blocks.clone();
                 let input = match (operator, shuffle.boundaries) {
