@@ -32,13 +32,8 @@ const FILES: u64 = 8;
 
 pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("starting a local cluster: 1 scheduler, 2 nodes ...");
-    let cluster = LocalCluster::start(LocalClusterOptions {
-        nodes: 2,
-        binary: std::env::current_exe().context("cannot find the floe binary")?,
-        workers_per_node: 0,
-        node_settings: Vec::new(),
-    })
-    .await?;
+    let binary = std::env::current_exe().context("cannot find the floe binary")?;
+    let cluster = LocalCluster::start(LocalClusterOptions::new(2, binary)).await?;
     print_local_cluster(&cluster);
     let client = cluster.connect().await?;
 

@@ -21,13 +21,7 @@ fn pipeline(mean: f64) -> Result<Dataset, floe_client::Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let cluster = LocalCluster::start(LocalClusterOptions {
-        nodes: 2,
-        binary: find_floe_binary()?,
-        workers_per_node: 0,
-        node_settings: Vec::new(),
-    })
-    .await?;
+    let cluster = LocalCluster::start(LocalClusterOptions::new(2, find_floe_binary()?)).await?;
     let client = cluster.connect().await?;
     for (run, mean) in [
         ("first run", 1.0),

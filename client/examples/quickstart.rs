@@ -12,13 +12,7 @@ use floe_client::{
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let cluster = LocalCluster::start(LocalClusterOptions {
-        nodes: 2,
-        binary: find_floe_binary()?,
-        workers_per_node: 0,
-        node_settings: Vec::new(),
-    })
-    .await?;
+    let cluster = LocalCluster::start(LocalClusterOptions::new(2, find_floe_binary()?)).await?;
     let client = cluster.connect().await?;
 
     // Some sales rows as CSV: order id, region, quantity, price.

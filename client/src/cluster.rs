@@ -608,6 +608,18 @@ pub struct LocalClusterOptions {
     pub node_settings: Vec<String>,
 }
 
+impl LocalClusterOptions {
+    /// `nodes` nodes of the `binary`, one worker per CPU, default settings.
+    pub fn new(nodes: usize, binary: PathBuf) -> Self {
+        Self {
+            nodes,
+            binary,
+            workers_per_node: 0,
+            node_settings: Vec::new(),
+        }
+    }
+}
+
 /// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
 /// every process and removes the directory and the nodes' shared memory.
 pub struct LocalCluster {

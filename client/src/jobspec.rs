@@ -536,6 +536,9 @@ pub fn parse_expr(text: &str) -> Result<Expr, String> {
     }
 }
 
+/// A function of an expression and a string literal (`cast`, `contains`, `starts_with`).
+type StringFunction = fn(Expr, String) -> Result<Expr, String>;
+
 struct Parser {
     tokens: Vec<Token>,
     at: usize,
@@ -684,13 +687,28 @@ impl Parser {
                 self.expect(",")?;
             }
         }
-        let string_arg = |expr: &Expr| match expr {
-            Expr::Literal(floe_core::expr::Scalar::Utf8(s)) => Ok(s.clone()),
+        let name = function.to_ascii_lowercase();
+        let string_arg = |expr: Expr| match expr {
+            Expr::Literal(floe_core::expr::Scalar::Utf8(s)) => Ok(s),
             other => Err(format!("{function} needs a string literal, got {other}")),
         };
-        let arity = |n: usize| {
+        let unary: Option<fn(Expr) -> Expr> = match name.as_str() {
+            "is_null" => Some(Expr::is_null),
+            "is_not_null" => Some(Expr::is_not_null),
+            "lower" => Some(Expr::lower),
+            "upper" => Some(Expr::upper),
+            "length" => Some(Expr::length),
+            _ => None,
+        };
+        let with_string: Option<StringFunction> = match name.as_str() {
+            "cast" => Some(|value, name| Ok(value.cast(data_type(&name)?))),
+            "contains" => Some(|value, pattern| Ok(value.contains(pattern))),
+            "starts_with" => Some(|value, prefix| Ok(value.starts_with(prefix))),
+            _ => None,
+        };
+        let arity = |n: usize| -> Result<std::vec::IntoIter<Expr>, String> {
             if args.len() == n {
-                Ok(())
+                Ok(args.clone().into_iter())
             } else {
                 Err(format!(
                     "{function} takes {n} arguments, got {}",
@@ -698,54 +716,24 @@ impl Parser {
                 ))
             }
         };
-        let mut args_iter = args.clone().into_iter();
-        let mut next = || {
-            args_iter
-                .next()
-                .ok_or_else(|| format!("{function}: missing an argument"))
-        };
-        match function.to_ascii_lowercase().as_str() {
+        let missing = || format!("{function}: missing an argument");
+        if let Some(build) = unary {
+            let mut args = arity(1)?;
+            return Ok(build(args.next().ok_or_else(missing)?));
+        }
+        if let Some(build) = with_string {
+            let mut args = arity(2)?;
+            let value = args.next().ok_or_else(missing)?;
+            return build(value, string_arg(args.next().ok_or_else(missing)?)?);
+        }
+        match name.as_str() {
             "col" => {
-                arity(1)?;
-                Ok(col(string_arg(&next()?)?))
-            }
-            "cast" => {
-                arity(2)?;
-                let value = next()?;
-                Ok(value.cast(data_type(&string_arg(&next()?)?)?))
-            }
-            "is_null" => {
-                arity(1)?;
-                Ok(next()?.is_null())
-            }
-            "is_not_null" => {
-                arity(1)?;
-                Ok(next()?.is_not_null())
-            }
-            "lower" => {
-                arity(1)?;
-                Ok(next()?.lower())
-            }
-            "upper" => {
-                arity(1)?;
-                Ok(next()?.upper())
-            }
-            "length" => {
-                arity(1)?;
-                Ok(next()?.length())
-            }
-            "contains" => {
-                arity(2)?;
-                let value = next()?;
-                Ok(value.contains(string_arg(&next()?)?))
-            }
-            "starts_with" => {
-                arity(2)?;
-                let value = next()?;
-                Ok(value.starts_with(string_arg(&next()?)?))
+                let mut args = arity(1)?;
+                Ok(col(string_arg(args.next().ok_or_else(missing)?)?))
             }
             "when" => {
-                arity(3)?;
+                let mut args = arity(3)?;
+                let mut next = || args.next().ok_or_else(missing);
                 Ok(when(next()?, next()?, next()?))
             }
             "coalesce" => Ok(coalesce(args)),
