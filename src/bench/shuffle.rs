@@ -82,7 +82,7 @@ pub fn run(workload: Workload, quick: bool) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    let (seconds, verified) = runtime.block_on(on_cluster(workload, n, runs))?;
+    let (seconds, verified, operators) = runtime.block_on(on_cluster(workload, n, runs))?;
     let baseline = baseline(workload, n)?;
     let bytes = n * ROW_BYTES;
     print_figure(
@@ -101,19 +101,21 @@ pub fn run(workload: Workload, quick: bool) -> anyhow::Result<()> {
             ("rows", n.into()),
             ("bytes", bytes.into()),
             ("nodes", 2.into()),
+            ("operators", operators),
         ],
     );
     Ok(())
 }
 
-async fn on_cluster(workload: Workload, n: u64, runs: usize) -> anyhow::Result<(Duration, bool)> {
-    let cluster = LocalCluster::start(LocalClusterOptions {
-        nodes: 2,
-        binary: std::env::current_exe().context("cannot find the floe binary")?,
-        workers_per_node: 0,
-        node_settings: Vec::new(),
-    })
-    .await?;
+/// The median time, whether the result checked out, and the first run's per-operator wall
+/// times and task counts.
+async fn on_cluster(
+    workload: Workload,
+    n: u64,
+    runs: usize,
+) -> anyhow::Result<(Duration, bool, serde_json::Value)> {
+    let binary = std::env::current_exe().context("cannot find the floe binary")?;
+    let cluster = LocalCluster::start(LocalClusterOptions::new(2, binary)).await?;
     let client = cluster.connect().await?;
     let options = JobOptions {
         cache: CacheMode::NoCache,
@@ -122,6 +124,7 @@ async fn on_cluster(workload: Workload, n: u64, runs: usize) -> anyhow::Result<(
     let dataset = job(workload, n)?;
     let mut times = Vec::new();
     let mut verified = true;
+    let mut operators = serde_json::Value::Null;
     for run in 0..runs {
         let started = Instant::now();
         let output = client
@@ -133,10 +136,16 @@ async fn on_cluster(workload: Workload, n: u64, runs: usize) -> anyhow::Result<(
         // Checking reads the whole result back; once is enough.
         if run == 0 {
             verified = verify(workload, n, &output.to_arrow().await?)?;
+            operators = output
+                .stats
+                .operators
+                .iter()
+                .map(|op| serde_json::json!({"name": op.name, "wall_ms": op.wall_ms, "tasks": op.tasks}))
+                .collect();
         }
     }
     times.sort();
-    Ok((times[times.len() / 2], verified))
+    Ok((times[times.len() / 2], verified, operators))
 }
 
 fn int_column<'a>(batch: &'a RecordBatch, name: &str) -> anyhow::Result<&'a Int64Array> {
