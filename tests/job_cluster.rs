@@ -298,8 +298,11 @@ fn cached_pipeline(mean: f64) -> Dataset {
         .unwrap()
 }
 
-async fn sum_of_x(cluster: &TestCluster, record: &JobRecord) -> (usize, f64) {
-    let batches = cluster.outputs(record).await;
+/// Runs the cached pipeline with `mean`, checks its rows and their sum against the formula,
+/// and returns the stats.
+async fn run_cached_pipeline(cluster: &TestCluster, mean: f64, options: JobOptions) -> JobStats {
+    let record = cluster.run(&cached_pipeline(mean), options).await;
+    let batches = cluster.outputs(&record).await;
     let mut rows = 0;
     let mut sum = 0.0;
     for batch in &batches {
@@ -308,65 +311,33 @@ async fn sum_of_x(cluster: &TestCluster, record: &JobRecord) -> (usize, f64) {
         rows += x.len();
         sum += x.values().iter().sum::<f64>();
     }
-    (rows, sum)
+    let n = 40_000f64;
+    assert_eq!((rows, sum), (40_000, 3.0 * n * (n - 1.0) / 2.0 - mean * n));
+    record.stats.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_job_runs_no_compute_and_a_changed_argument_reruns_only_downstream() {
     let cluster = TestCluster::start(2, &[]).await;
-    let n = 40_000f64;
-    let expected_sum = |mean: f64| 3.0 * n * (n - 1.0) / 2.0 - mean * n;
+    let first = run_cached_pipeline(&cluster, 1.0, JobOptions::default()).await;
+    assert!(first.compute_tasks() > 0);
 
-    let first = cluster
-        .run(&cached_pipeline(1.0), JobOptions::default())
-        .await;
-    let first_stats = first.stats.clone().unwrap();
-    assert!(first_stats.compute_tasks() > 0);
-    assert_eq!(
-        sum_of_x(&cluster, &first).await,
-        (40_000, expected_sum(1.0))
-    );
+    let again = run_cached_pipeline(&cluster, 1.0, JobOptions::default()).await;
+    assert_eq!(again.compute_tasks(), 0, "{again:?}");
+    assert!(again.cache_hits() > 0);
 
-    let again = cluster
-        .run(&cached_pipeline(1.0), JobOptions::default())
-        .await;
-    let again_stats = again.stats.clone().unwrap();
-    assert_eq!(again_stats.compute_tasks(), 0, "{again_stats:?}");
-    assert!(again_stats.cache_hits() > 0);
-    assert_eq!(
-        sum_of_x(&cluster, &again).await,
-        (40_000, expected_sum(1.0))
-    );
-
-    let changed = cluster
-        .run(&cached_pipeline(5.0), JobOptions::default())
-        .await;
-    let changed_stats = changed.stats.clone().unwrap();
-    let range = operator(&changed_stats, "range");
-    assert_eq!(
-        range.tasks, 0,
-        "the cached upstream reran: {changed_stats:?}"
-    );
+    let changed = run_cached_pipeline(&cluster, 5.0, JobOptions::default()).await;
+    let range = operator(&changed, "range");
+    assert_eq!(range.tasks, 0, "the cached upstream reran: {changed:?}");
     assert!(range.cache_hits > 0);
-    assert!(operator(&changed_stats, "map").tasks > 0);
-    assert_eq!(
-        sum_of_x(&cluster, &changed).await,
-        (40_000, expected_sum(5.0))
-    );
+    assert!(operator(&changed, "map").tasks > 0);
 
-    let recomputed = cluster
-        .run(
-            &cached_pipeline(1.0),
-            JobOptions {
-                cache: CacheMode::Recompute,
-                ..JobOptions::default()
-            },
-        )
-        .await;
-    assert_eq!(
-        recomputed.stats.unwrap().compute_tasks(),
-        first_stats.compute_tasks()
-    );
+    let recompute = JobOptions {
+        cache: CacheMode::Recompute,
+        ..JobOptions::default()
+    };
+    let recomputed = run_cached_pipeline(&cluster, 1.0, recompute).await;
+    assert_eq!(recomputed.compute_tasks(), first.compute_tasks());
 }
 
 /// `range(n)` through a slow map: tasks are running for a while.
