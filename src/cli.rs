@@ -5,13 +5,14 @@
 use std::collections::BTreeMap;
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Args;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
-use floe_client::{JobOutput, LocalClusterOptions};
+use floe_client::{JobOutput, LocalClusterOptions, Registry};
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
@@ -163,11 +164,11 @@ pub async fn job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 }
 
 /// Validates the job file, submits it, and with `--wait` follows it to the end.
-pub async fn submit(config: &Config, args: &SubmitArgs) -> anyhow::Result<()> {
+pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> anyhow::Result<()> {
     let name = args.file.display().to_string();
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read the job file {name}"))?;
-    let job_file = floe_client::jobspec::parse_job_file(&name, &text)?;
+    let job_file = floe_client::jobspec::parse_job_file(&name, &text, udfs)?;
     let client = args.cluster.connect(config).await?;
     let job = client
         .submit_with(&job_file.dataset, job_file.options)

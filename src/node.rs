@@ -1,11 +1,13 @@
 //! `floe node` (the node agent) and `floe worker` (its worker processes, started by the agent).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use floe_core::Config;
 use floe_node::agent::worker::{WorkerOptions, run_worker};
 use floe_node::agent::{AgentOptions, NodeAgent, Termination};
+use floe_node::udf::Registry;
 
 #[derive(Debug, clap::Args)]
 pub struct NodeArgs {
@@ -67,11 +69,14 @@ pub fn run(config: &Config, args: NodeArgs) -> anyhow::Result<()> {
     })
 }
 
-pub fn run_worker_process(args: WorkerArgs) -> anyhow::Result<()> {
-    run_worker(&WorkerOptions {
-        socket: args.socket,
-        slot: args.slot,
-        max_frame: args.max_frame,
-    })?;
+pub fn run_worker_process(args: WorkerArgs, udfs: Arc<Registry>) -> anyhow::Result<()> {
+    run_worker(
+        &WorkerOptions {
+            socket: args.socket,
+            slot: args.slot,
+            max_frame: args.max_frame,
+        },
+        udfs,
+    )?;
     Ok(())
 }

@@ -49,7 +49,9 @@ use floe_core::plan::{AggFunction, Aggregation, SortKey, UdfCall};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::{Dataset, WriteOptions};
+use std::sync::Arc;
+
+use crate::{Dataset, Registry, WriteOptions};
 
 /// A job-spec error: where, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,8 +79,12 @@ struct RawSpec {
     options: Option<Spanned<toml::Table>>,
 }
 
-/// Reads a job spec; `file` names it in errors.
-pub fn parse_job_file(file: &str, text: &str) -> Result<JobFile, JobSpecError> {
+/// Reads a job spec; `file` names it in errors, and UDF steps are checked against `udfs`.
+pub fn parse_job_file(
+    file: &str,
+    text: &str,
+    udfs: Arc<Registry>,
+) -> Result<JobFile, JobSpecError> {
     let at = |offset: usize, field: &str, message: String| JobSpecError {
         file: file.to_owned(),
         line: text[..offset.min(text.len())].matches('\n').count() + 1,
@@ -91,7 +97,8 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<JobFile, JobSpecError> {
     })?;
     let source_at = raw.source.span().start;
     let mut dataset = source(raw.source.get_ref())
-        .map_err(|(field, message)| at(source_at, &format!("source.{field}"), message))?;
+        .map_err(|(field, message)| at(source_at, &format!("source.{field}"), message))?
+        .with_udfs(udfs);
     for (index, step) in raw.steps.iter().enumerate() {
         let step_at = step.span().start;
         dataset = apply_step(dataset, step.get_ref())

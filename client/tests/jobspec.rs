@@ -2,8 +2,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
+
 use floe_client::jobspec::{parse_expr, parse_job_file};
-use floe_client::{CacheMode, Dataset, col, lit, when};
+use floe_client::{CacheMode, Dataset, Registry, col, lit, when};
+
+fn builtins() -> Arc<Registry> {
+    Arc::new(Registry::with_builtins())
+}
 
 #[test]
 fn expressions_follow_the_usual_precedence() {
@@ -52,7 +58,7 @@ sort = ["n desc nulls last", "k"]
 cache = "none"
 retries = 5
 "#;
-    let parsed = parse_job_file("job.toml", file).unwrap();
+    let parsed = parse_job_file("job.toml", file, builtins()).unwrap();
     let built = Dataset::range(100)
         .unwrap()
         .with_column("k", col("id") % lit(5i64))
@@ -119,7 +125,10 @@ fn errors_name_the_file_line_and_field() {
         ),
     ];
     for (text, location, problem) in cases {
-        let error = parse_job_file("job.toml", text).err().unwrap().to_string();
+        let error = parse_job_file("job.toml", text, builtins())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             error.starts_with(location),
             "{error:?} should start with {location:?}"

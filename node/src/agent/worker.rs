@@ -84,8 +84,8 @@ pub struct WorkerOptions {
     pub max_frame: usize,
 }
 
-/// Runs a worker until its agent closes the socket.
-pub fn run_worker(options: &WorkerOptions) -> Result<()> {
+/// Runs a worker until its agent closes the socket; UDFs in its tasks come from `udfs`.
+pub fn run_worker(options: &WorkerOptions, udfs: Arc<Registry>) -> Result<()> {
     die_with_agent()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -94,7 +94,7 @@ pub fn run_worker(options: &WorkerOptions) -> Result<()> {
             op: "starting the worker's runtime",
             source,
         })?;
-    runtime.block_on(serve(options))
+    runtime.block_on(serve(options, &udfs))
 }
 
 /// Asks the kernel to kill this process when the agent dies: a busy worker would otherwise
@@ -119,7 +119,7 @@ fn die_with_agent() -> Result<()> {
     Ok(())
 }
 
-async fn serve(options: &WorkerOptions) -> Result<()> {
+async fn serve(options: &WorkerOptions, registry: &Registry) -> Result<()> {
     let socket = UnixStream::connect(&options.socket)
         .await
         .map_err(|source| Error::Io {
@@ -134,14 +134,13 @@ async fn serve(options: &WorkerOptions) -> Result<()> {
     );
     send(&mut stream, &WorkerMessage::Hello { slot: options.slot }).await?;
     let client = StoreClient::new();
-    let registry = Registry::with_builtins();
     loop {
         let task: WorkerTask = match stream.recv(IDLE_WAIT).await {
             Ok(body) => codec::decode(body, "worker task")?,
             Err(WireError::Closed) => return Ok(()),
             Err(error) => return Err(error.into()),
         };
-        match run(&client, &registry, &task) {
+        match run(&client, registry, &task) {
             Ok(outputs) => {
                 for output in outputs {
                     let len = output.bytes.0.len() as u64;

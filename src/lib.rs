@@ -1,0 +1,205 @@
+//! The `floe` executable: every role of a floe cluster is a subcommand of this one binary.
+//!
+//! The binary is [`run`] with the built-in UDFs. A program that needs its own UDFs on the
+//! cluster builds its own `floe`: a `main` that registers them and calls [`run`]; every role
+//! (scheduler, node, the workers a node starts — which run that same program) then has them.
+//! See `examples/custom_floe.rs`.
+
+mod bench;
+mod cli;
+mod demo;
+mod node;
+mod scheduler;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use floe_core::config::{ConfigLoader, LogFormat, Service};
+pub use floe_node::udf::Registry;
+use tracing_subscriber::EnvFilter;
+
+/// floe: a distributed data-processing cluster.
+///
+/// Settings come from a TOML file (--config or FLOE_CONFIG), then FLOE_<SECTION>_<KEY>
+/// environment variables, then --set flags, each layer overriding the one before.
+/// `floe config show` prints the result. Logs go to stderr, filtered by RUST_LOG
+/// (default: info).
+#[derive(Debug, Parser)]
+#[command(name = "floe", version)]
+struct Cli {
+    /// A TOML config file.
+    #[arg(long, global = true, env = "FLOE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override one setting, e.g. --set scheduler.rpc_port=7701. Repeatable.
+    #[arg(long = "set", global = true, value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Log as human-readable text or as JSON lines (log.format).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect and check the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Run one replica of the Raft-replicated scheduler.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Run this machine's node agent: object store, worker processes, object transfer.
+    Node(node::NodeArgs),
+    /// A node agent's worker process (started by `floe node`, not by hand).
+    #[command(hide = true)]
+    Worker(node::WorkerArgs),
+    /// Measure a part of floe; prints one JSON line per figure.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+    /// Start a local cluster, run the quickstart pipeline on generated data, print the result
+    /// and the stats, then run it again from the cache.
+    Demo(demo::DemoArgs),
+    /// Run a local cluster (a scheduler and nodes on loopback) in the foreground.
+    Up(cli::UpArgs),
+    /// The scheduler replicas (leader, term) and how many nodes are alive.
+    Status(cli::ClusterArgs),
+    /// Every node, alive or dead.
+    Nodes(cli::ClusterArgs),
+    /// Every job with its state.
+    Jobs(cli::ClusterArgs),
+    /// One job: state, progress, stats and error.
+    Job(cli::JobArgs),
+    /// Cancel a job.
+    Cancel(cli::JobArgs),
+    /// Validate and submit a job-spec file.
+    Submit(cli::SubmitArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration as TOML (the token is redacted).
+    Show,
+    /// Check that a service could start here: settings valid, token set, directories
+    /// writable, ports free.
+    Check {
+        /// The services to check (default: all).
+        #[arg(long = "service", value_enum)]
+        services: Vec<ServiceArg>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ServiceArg {
+    Scheduler,
+    Node,
+}
+
+impl From<ServiceArg> for Service {
+    fn from(service: ServiceArg) -> Self {
+        match service {
+            ServiceArg::Scheduler => Service::Scheduler,
+            ServiceArg::Node => Service::Node,
+        }
+    }
+}
+
+/// Parses the command line and runs the subcommand, with `udfs` as the registry workers run
+/// UDFs from (and the client commands validate job files against).
+pub fn run(udfs: Registry) -> ExitCode {
+    let cli = Cli::parse();
+    match run_cli(cli, Arc::new(udfs)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
+    let mut loader = ConfigLoader::new().env(std::env::vars());
+    if let Some(path) = &cli.config {
+        loader = loader.file(path);
+    }
+    for assignment in &cli.set {
+        loader = loader.set(assignment)?;
+    }
+    if let Some(format) = cli.log_format {
+        let name = match format {
+            LogFormatArg::Text => "text",
+            LogFormatArg::Json => "json",
+        };
+        loader = loader.set(&format!("log.format={name}"))?;
+    }
+    let config = loader.load()?;
+    init_tracing(config.log.format)?;
+    tracing::debug!(?config, "configuration loaded");
+
+    match cli.command {
+        Command::Config(ConfigCommand::Show) => {
+            print!("{}", config.to_toml_redacted()?);
+        }
+        Command::Config(ConfigCommand::Check { services }) => {
+            let services = if services.is_empty() {
+                vec![ServiceArg::Scheduler, ServiceArg::Node]
+            } else {
+                services
+            };
+            for service in services {
+                config
+                    .preflight(service.into())
+                    .with_context(|| format!("{service:?} preflight failed"))?;
+                println!("ok: {service:?} can start with this configuration");
+            }
+        }
+        Command::Scheduler(args) => scheduler::run(&config, args)?,
+        Command::Node(args) => node::run(&config, args)?,
+        Command::Worker(args) => node::run_worker_process(args, udfs)?,
+        Command::Bench(which) => bench::run(which, &config)?,
+        Command::Demo(args) => block_on(demo::run(&args))?,
+        Command::Up(args) => block_on(cli::up(&args))?,
+        Command::Status(cluster) => block_on(cli::status(&config, &cluster))?,
+        Command::Nodes(cluster) => block_on(cli::nodes(&config, &cluster))?,
+        Command::Jobs(cluster) => block_on(cli::jobs(&config, &cluster))?,
+        Command::Job(args) => block_on(cli::job(&config, &args))?,
+        Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,
+        Command::Submit(args) => block_on(cli::submit(&config, &args, udfs))?,
+    }
+    Ok(())
+}
+
+/// Runs a client command on a small runtime.
+fn block_on<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(work)
+}
+
+fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env().or_else(|error| {
+        if std::env::var_os(EnvFilter::DEFAULT_ENV).is_some() {
+            Err(error).context("RUST_LOG is not a valid filter")
+        } else {
+            Ok(EnvFilter::new("info"))
+        }
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed.map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
+}
