@@ -242,3 +242,68 @@ fn iter_batches_on_a_cluster_returns_every_row_once_in_order() {
     let head = doubled.take(5).unwrap();
     assert_eq!(head.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_floe_binary_runs_its_own_udf_on_the_cluster() {
+    // `cargo test` builds the examples beside the binaries.
+    let custom = std::path::Path::new(env!("CARGO_BIN_EXE_floe"))
+        .parent()
+        .unwrap()
+        .join("examples/custom_floe");
+    assert!(
+        custom.is_file(),
+        "{} is missing: run the tests with `cargo test`, which builds the examples",
+        custom.display()
+    );
+    let cluster = LocalCluster::start(LocalClusterOptions {
+        binary: custom.clone(),
+        ..options(2)
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = dir.path().join("square.toml");
+    std::fs::write(
+        &job_file,
+        "[source]\nrange = 1000\n[[steps]]\nmap_batches = { udf = \"square\", version = 1, args = { column = \"id\" } }\n",
+    )
+    .unwrap();
+    let file = job_file.to_str().unwrap();
+
+    // The stock binary does not know the UDF; the job file is refused before submission.
+    let refused = floe(&cluster, &["submit", file]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("unknown UDF \"square\"@1"), "{stderr}");
+
+    let output = Command::new(&custom)
+        .args(["submit", file, "--wait", "--scheduler"])
+        .arg(cluster.addresses().join(","))
+        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .output()
+        .unwrap();
+    let printed = stdout(&output);
+    assert!(printed.contains("succeeded: 1000 rows"), "{printed}");
+    let client = cluster.connect().await.unwrap();
+    let batches = client
+        .job(floe_core::JobId::new(1))
+        .wait()
+        .await
+        .unwrap()
+        .to_arrow()
+        .await
+        .unwrap();
+    let squares: Vec<f64> = batches
+        .iter()
+        .flat_map(|batch| {
+            let column = batch.column_by_name("id").unwrap();
+            let values = column
+                .as_any()
+                .downcast_ref::<arrow::array::Float64Array>()
+                .unwrap();
+            values.values().to_vec()
+        })
+        .collect();
+    let expected: Vec<f64> = (0..1000).map(|id| f64::from(id) * f64::from(id)).collect();
+    assert_eq!(squares, expected);
+}
