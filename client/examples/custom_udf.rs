@@ -5,10 +5,9 @@
 //! A UDF is Rust code compiled into the binaries that run it, so the same registration goes
 //! into two places: the client (which validates plans against the registry and, with the local
 //! executor, runs them, as here) and the `floe` binary the nodes run (whose workers will look
-//! the code up by `name@version`). The second half is not possible yet: workers run plan
-//! stages with the built-in registry, and the `floe worker` entry point does not take a custom
-//! one (the CLI lives in the binary crate, not in a library a custom binary could call). See
-//! the `floe_node::udf` module documentation.
+//! the code up by `name@version`). This example does the first half and runs the plan
+//! in-process; `examples/custom_floe.rs` (in the root package) is the second half: a `floe`
+//! binary with an extra UDF, whose nodes and workers run it on a cluster.
 
 use std::sync::Arc;
 

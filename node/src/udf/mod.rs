@@ -65,15 +65,13 @@
 //! assert_eq!(output.column(1).as_ref(), &Int64Array::from(vec![10, 11]));
 //! ```
 //!
-//! To run it on a cluster, the UDF must be compiled into the `floe` binary that the nodes run
-//! (and into the client, which validates plans against the same registry — see
-//! `client/examples/custom_udf.rs`). Not yet possible: workers do not run plan stages until
-//! the executor issue, and the `floe node` / `floe worker` entry points do not take a registry
-//! yet. The plan is that a custom `floe` depends on `floe-node`, builds
-//! `Registry::with_builtins()` plus its `register` calls, hands it to those entry points, and
-//! is deployed to every node; a node whose registry lacks the UDF, or has another version of
-//! it, then refuses the plan at submission (`LogicalPlan::check_udfs`). Today the registry
-//! runs UDFs in-process, through `Dataset`'s local executor.
+//! To run it on a cluster, the UDF must be compiled into the `floe` binary the cluster runs,
+//! and into the client, which validates plans against its registry. A custom `floe` is a
+//! `main` that builds `Registry::with_builtins()`, registers its UDFs and calls `floe::run`
+//! (`examples/custom_floe.rs`); every role it plays — scheduler, node, the workers a node
+//! starts (which run the same program), `submit` — then knows them. A worker whose registry
+//! lacks a UDF (a cluster running the stock binary) fails the task with "unknown UDF", which
+//! is not retried: the job fails with that message.
 
 mod builtins;
 
