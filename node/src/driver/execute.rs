@@ -26,7 +26,7 @@ use floe_core::job::{
 };
 use floe_core::plan::physical::{Stage, StageKind};
 use floe_core::plan::{Operator, SeedChoice};
-use floe_core::{JobId, NodeId, ObjectId, TaskId};
+use floe_core::{Fingerprint, JobId, NodeId, ObjectId, TaskId};
 use floe_scheduler::placement::{PlacementRequest, Strategy};
 use floe_scheduler::state::{CachedShard, Command, JobOutcome, JobStatus};
 use tokio::sync::mpsc;
@@ -116,6 +116,16 @@ enum TaskError {
     Failed(TaskFailure),
     /// The node or the scheduler could not be reached.
     Unreachable(String),
+    /// A shard the cache index named is gone (cleaned, evicted or damaged).
+    StaleCache(String),
+}
+
+/// How an execution ended.
+pub(crate) struct Finished {
+    pub outcome: JobOutcome,
+    /// Fingerprints whose indexed shards turned out missing: the driver drops them from the
+    /// index and plans the job again rather than failing it.
+    pub stale_cache: BTreeSet<Fingerprint>,
 }
 
 enum Event {
@@ -228,6 +238,7 @@ pub(crate) struct Execution {
     events: mpsc::UnboundedReceiver<Event>,
     outputs: Vec<ObjectId>,
     failure: Option<String>,
+    stale_cache: BTreeSet<Fingerprint>,
     budget_bytes: u64,
     concurrency_cap: u64,
 }
@@ -343,12 +354,13 @@ impl Execution {
             events,
             outputs: Vec::new(),
             failure: None,
+            stale_cache: BTreeSet::new(),
             budget_bytes: 0,
             concurrency_cap: 1,
         }
     }
 
-    pub async fn run(mut self) -> JobOutcome {
+    pub async fn run(mut self) -> Finished {
         let spilled_before = self.spilled_bytes().await;
         if let Err(error) = self.size_budget().await {
             self.failure = Some(format!("cannot read the cluster's resources: {error}"));
@@ -408,7 +420,7 @@ impl Execution {
         } else {
             Vec::new()
         };
-        JobOutcome {
+        let outcome = JobOutcome {
             status,
             stats: JobStats {
                 attempt: self.attempt,
@@ -417,6 +429,10 @@ impl Execution {
                 operators: self.operator_stats(),
             },
             outputs,
+        };
+        Finished {
+            outcome,
+            stale_cache: self.stale_cache,
         }
     }
 
@@ -828,6 +844,10 @@ impl Execution {
                     .push((index, launch));
             }
             TaskError::Failed(TaskFailure::Cancelled) => {}
+            TaskError::StaleCache(message) => {
+                self.stale_cache.insert(self.ops[index].stage.fingerprint);
+                self.fail(index, message);
+            }
             TaskError::Failed(failure) if failure.retryable() => {
                 let retries = self.options.max_task_retries;
                 let op = &mut self.ops[index];
@@ -1457,8 +1477,7 @@ impl TaskContext {
                     Ok(addr) => addr,
                     Err(error) => {
                         let message = format!("cached shard {rank} of {count} is gone: {error}");
-                        let failure = TaskFailure::Error { message };
-                        return (Some(*node), Err(TaskError::Failed(failure)));
+                        return (Some(*node), Err(TaskError::StaleCache(message)));
                     }
                 };
                 let load = ShardLoad {
@@ -1473,15 +1492,10 @@ impl TaskContext {
                     .await
                 {
                     Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(vec![output]),
-                    Ok(NodeResponse::CacheLoaded(None)) => {
-                        Err(TaskError::Failed(TaskFailure::Error {
-                            message: format!(
-                                "cached shard {rank} of {count} of {} is missing or damaged on \
-                                 node {node}; run the job again to recompute it",
-                                self.stage.fingerprint
-                            ),
-                        }))
-                    }
+                    Ok(NodeResponse::CacheLoaded(None)) => Err(TaskError::StaleCache(format!(
+                        "cached shard {rank} of {count} of {} is missing or damaged on node {node}",
+                        self.stage.fingerprint
+                    ))),
                     Ok(other) => Err(unreachable(&format!("unexpected answer {other:?}"))),
                     Err(error) => Err(unreachable(&error)),
                 };

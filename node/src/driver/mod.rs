@@ -67,24 +67,10 @@ pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> 
         return Ok(());
     }
     tracing::info!(%job, attempt, node = %config.node, "driver started");
-    let outcome = match JobSpec::decode(&record.spec) {
+    let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
-        Ok(spec) => match plan::plan(&spec, &state, &config) {
-            Err(message) => failed(attempt, message),
-            Ok(operators) => {
-                let run = execute::Execution::new(
-                    Arc::clone(&config),
-                    Arc::clone(&cluster),
-                    job,
-                    attempt,
-                    spec.options,
-                    operators,
-                );
-                run.run().await
-            }
-        },
+        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec, state).await?,
     };
-    let mut outcome = outcome;
     outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
     match cluster
@@ -100,6 +86,49 @@ pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> 
             tracing::warn!(%job, attempt, ?other, "the job's outcome was not accepted");
             Ok(())
         }
+    }
+}
+
+/// Plans and runs the job. If cache shards the index named turn out to be gone, their
+/// fingerprints are dropped from the index and the job is planned and run once more, so a
+/// cleaned or damaged cache costs a recomputation, never the job.
+async fn plan_and_run(
+    config: &Arc<DriverConfig>,
+    cluster: &Arc<Cluster>,
+    job: JobId,
+    attempt: u32,
+    spec: &JobSpec,
+    state: floe_scheduler::state::ClusterState,
+) -> Result<JobOutcome> {
+    let mut state = state;
+    let mut replanned = false;
+    loop {
+        let operators = match plan::plan(spec, &state, config) {
+            Ok(operators) => operators,
+            Err(message) => return Ok(failed(attempt, message)),
+        };
+        let run = execute::Execution::new(
+            Arc::clone(config),
+            Arc::clone(cluster),
+            job,
+            attempt,
+            spec.options.clone(),
+            operators,
+        );
+        let finished = run.run().await;
+        if finished.stale_cache.is_empty() || replanned {
+            return Ok(finished.outcome);
+        }
+        replanned = true;
+        for fingerprint in finished.stale_cache {
+            tracing::warn!(%job, %fingerprint, "cached shards are gone; planning again without them");
+            cluster
+                .propose(Command::EvictCache {
+                    fingerprint: fingerprint.to_string(),
+                })
+                .await?;
+        }
+        state = cluster.read_state().await?;
     }
 }
 
