@@ -6,6 +6,7 @@
 //! See `examples/custom_floe.rs`.
 
 mod bench;
+mod cache_cli;
 mod cli;
 mod demo;
 mod node;
@@ -81,6 +82,9 @@ enum Command {
     Cancel(cli::JobArgs),
     /// Validate and submit a job-spec file.
     Submit(cli::SubmitArgs),
+    /// The fingerprint cache of the node on this host.
+    #[command(subcommand)]
+    Cache(cache_cli::CacheCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -172,6 +176,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Job(args) => block_on(cli::job(&config, &args))?,
         Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,
         Command::Submit(args) => block_on(cli::submit(&config, &args, udfs))?,
+        Command::Cache(command) => cache_cli::run(&config, &command, udfs)?,
     }
     Ok(())
 }

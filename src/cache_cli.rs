@@ -1,0 +1,117 @@
+//! `floe cache ls | explain | clean`: the fingerprint cache directory of the node on this host
+//! (`paths.cache_dir`, from the same configuration the node runs with).
+//!
+//! The scheduler's replicated index may still name shards `clean` removed; a driver that finds
+//! an indexed shard missing drops the fingerprint from the index and plans the job again, so
+//! cleaning never makes a job fail.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::Context;
+use clap::Subcommand;
+use floe_core::Config;
+use floe_core::Fingerprint;
+use floe_core::config::ByteSize;
+use floe_core::plan::optimizer::Optimizer;
+use floe_node::udf::Registry;
+use floe_objectstore::cache::{Cache, CacheConfig};
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Every cached output on this host: fingerprint, shards, bytes, last use.
+    Ls,
+    /// Whether a fingerprint, or a job file's output, is cached here; if not, what differs
+    /// from the nearest cached entry.
+    Explain {
+        /// A fingerprint (32 hex digits) or a job file.
+        target: String,
+    },
+    /// Remove cached shards: all of them, or the least recently used down to a size.
+    Clean {
+        /// Keep the most recently used shards that fit in this size (e.g. 10GiB).
+        #[arg(long)]
+        max_size: Option<ByteSize>,
+    },
+}
+
+pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyhow::Result<()> {
+    let settings = CacheConfig::for_node(config);
+    let dir = settings.dir.clone();
+    let open = |settings: CacheConfig| {
+        Cache::open(settings).with_context(|| format!("cannot open the cache in {}", dir.display()))
+    };
+    match command {
+        CacheCommand::Ls => {
+            let cache = open(settings)?;
+            let mut outputs: BTreeMap<(Fingerprint, u32), (u32, u64, SystemTime)> = BTreeMap::new();
+            for shard in cache.shards()? {
+                let key = (shard.name.fingerprint, shard.name.shard.count);
+                let entry = outputs.entry(key).or_insert((0, 0, SystemTime::UNIX_EPOCH));
+                entry.0 += 1;
+                entry.1 += shard.bytes;
+                entry.2 = entry.2.max(shard.last_used);
+            }
+            println!("cache directory {}", dir.display());
+            println!(
+                "{:<34} {:>9} {:>14} {:>12}",
+                "FINGERPRINT", "SHARDS", "BYTES", "IDLE_S"
+            );
+            for ((fingerprint, count), (present, bytes, last_used)) in outputs {
+                let idle = SystemTime::now()
+                    .duration_since(last_used)
+                    .map_or(0, |idle| idle.as_secs());
+                println!(
+                    "{fingerprint:<34} {:>9} {bytes:>14} {idle:>12}",
+                    format!("{present}/{count}")
+                );
+            }
+        }
+        CacheCommand::Explain { target } => {
+            let cache = open(settings)?;
+            if let Ok(fingerprint) = target.parse::<Fingerprint>() {
+                let counts: BTreeSet<u32> = cache
+                    .shards()?
+                    .into_iter()
+                    .filter(|shard| shard.name.fingerprint == fingerprint)
+                    .map(|shard| shard.name.shard.count)
+                    .collect();
+                if counts.is_empty() {
+                    println!("{fingerprint}: not cached in {}", dir.display());
+                } else {
+                    println!("{fingerprint}: cached, with shard counts {counts:?}");
+                }
+                return Ok(());
+            }
+            let text = std::fs::read_to_string(target).with_context(|| {
+                format!("{target} is neither a fingerprint nor a readable job file")
+            })?;
+            let job = floe_client::jobspec::parse_job_file(target, &text, udfs)?;
+            // Jobs cache under the optimized plan's fingerprints.
+            let optimized = Optimizer::default().optimize(&job.dataset.plan().resolve_seeds()?)?;
+            let lineage = optimized.lineage()?;
+            println!("{target}: output {}", lineage.fingerprint());
+            println!("{}", cache.explain_miss(&lineage)?);
+        }
+        CacheCommand::Clean { max_size } => {
+            let before = open(settings.clone())?.stats()?.bytes;
+            let removed = match max_size {
+                Some(size) => open(CacheConfig {
+                    max_bytes: *size,
+                    ..settings
+                })?
+                .evict_to_cap(None)?,
+                None => open(settings)?.cleanup(&BTreeSet::new())?,
+            };
+            println!(
+                "removed {} shards ({} of {} bytes) from {}",
+                removed.shards,
+                removed.bytes,
+                before,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
