@@ -307,3 +307,101 @@ async fn a_custom_floe_binary_runs_its_own_udf_on_the_cluster() {
     let expected: Vec<f64> = (0..1000).map(|id| f64::from(id) * f64::from(id)).collect();
     assert_eq!(squares, expected);
 }
+
+/// Shard files in the cache directory of the node data directory `data_dir`.
+fn cache_files(data_dir: &std::path::Path) -> usize {
+    std::fs::read_dir(data_dir.join("cache"))
+        .unwrap()
+        .filter(|entry| {
+            let name = entry.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("cache-")
+        })
+        .count()
+}
+
+/// Runs `floe cache …` on the node data directory `data_dir`.
+fn floe_cache(data_dir: &std::path::Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_floe"))
+        .args([
+            "--set",
+            &format!("paths.data_dir={}", data_dir.display()),
+            "cache",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    stdout(&output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = |name: &str, modulus: i64| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[source]\nrange = 20000\n[[steps]]\nwith_column = {{ name = \"k\", expr = \"id % {modulus}\" }}\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let cached = job_file("cached.toml", 7);
+    let parsed = floe_client::jobspec::parse_job_file(
+        "cached.toml",
+        &std::fs::read_to_string(&cached).unwrap(),
+        Arc::new(floe_client::Registry::with_builtins()),
+    )
+    .unwrap();
+    let first = client
+        .submit(&parsed.dataset)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert!(first.stats.compute_tasks() > 0);
+
+    let data_dir = cluster.dir().join("node-0");
+    let listed = floe_cache(&data_dir, &["ls"]);
+    let shard_files = cache_files(&data_dir);
+    assert!(shard_files > 0);
+    assert!(
+        listed.contains(&format!("{shard_files}/{shard_files}")),
+        "{listed}"
+    );
+
+    let explained = floe_cache(&data_dir, &["explain", cached.to_str().unwrap()]);
+    assert!(
+        explained.contains("cached, with shard counts"),
+        "{explained}"
+    );
+    let changed = job_file("changed.toml", 9);
+    let explained = floe_cache(&data_dir, &["explain", changed.to_str().unwrap()]);
+    assert!(explained.contains("nearest cached entry"), "{explained}");
+    assert!(
+        explained.contains("expr"),
+        "the changed argument is named: {explained}"
+    );
+
+    let cleaned = floe_cache(&data_dir, &["clean"]);
+    assert!(
+        cleaned.contains(&format!("removed {shard_files} shards")),
+        "{cleaned}"
+    );
+    assert_eq!(cache_files(&data_dir), 0);
+
+    // The index still names the removed shards: the job plans again and recomputes.
+    let again = client
+        .submit(&parsed.dataset)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(again.rows(), 20_000);
+    assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
+}
