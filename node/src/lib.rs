@@ -7,6 +7,7 @@
 //!   Parquet (projection, row-group pruning by statistics, predicate, limit), CSV and NDJSON.
 //! - [`ops`]: the row-wise operators (`with_column`, `select`, `drop`, `rename`, `filter`,
 //!   UDFs) and the streaming limit.
+//! - [`partial`]: partial aggregation, so a groupby shuffles one row per group and map task.
 //! - [`udf`]: the registry of named UDFs compiled into this binary, with the built-ins.
 //! - [`write`]: Parquet/CSV/NDJSON sinks with deterministic file names, cut at a target size,
 //!   written to temporary files and renamed only when the whole task succeeded.
@@ -27,6 +28,7 @@ pub mod driver;
 pub mod eval;
 pub mod local;
 pub mod ops;
+pub mod partial;
 pub mod read;
 pub mod shuffle;
 pub mod task;

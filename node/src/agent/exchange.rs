@@ -9,6 +9,7 @@ use arrow::record_batch::RecordBatch;
 use floe_core::plan::Operator;
 
 use super::protocol::StageInput;
+use crate::partial;
 use crate::shuffle::{self, JoinSide};
 use crate::{Error, Result};
 
@@ -41,6 +42,13 @@ pub(crate) fn run(
                 .get(usize::from(side))
                 .cloned()
                 .ok_or_else(unsupported)?;
+            if let Operator::Aggregate { keys, aggregations } = operator
+                && partial::supports_partial(aggregations)
+            {
+                let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
+                let partial = partial::partial_aggregate(&batches, &schema, keys, aggregations)?;
+                return shuffle::hash_partition(&partial, keys, partitions);
+            }
             let mut offset = offset;
             let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions as usize];
             for batch in inputs.into_iter().flatten() {
@@ -143,6 +151,13 @@ pub(crate) fn run(
             let reduced = match operator {
                 Operator::Sort { keys } => {
                     shuffle::merge_sorted(&batches(inputs), &first_schema()?, keys)?
+                }
+                Operator::Aggregate { keys, aggregations }
+                    if partial::supports_partial(aggregations) =>
+                {
+                    let schema =
+                        partial::partial_schema(first_schema()?.as_ref(), keys, aggregations)?;
+                    partial::final_aggregate(&batches(inputs), &schema, keys, aggregations, output)?
                 }
                 Operator::Aggregate { keys, aggregations } => shuffle::aggregate(
                     &batches(inputs),
