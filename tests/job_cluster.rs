@@ -666,9 +666,12 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
         ])
         .unwrap();
     let job = cluster.submit(&totals, JobOptions::default()).await;
-    // Kill once the shuffle's partition tasks have started finishing: partition blocks on the
-    // victim are lost and must be rebuilt from lineage.
-    wait_for_tasks(&cluster, job, Some("aggregate"), 1).await;
+    // Kill while the last of the 13 slow tasks feeding the shuffle run: the shuffle cannot
+    // have started (it needs all of them), and its inputs on the victim are lost, so its
+    // partition tasks must have them rebuilt from lineage. (The shuffle itself is over in
+    // moments with partial aggregation, so waiting for one of its tasks would race with the
+    // job's end.)
+    wait_for_tasks(&cluster, job, Some("map"), 10).await;
     let driver = cluster.state().await.jobs[&job].driver.unwrap();
     let driver_index = cluster.index_of(driver).await;
     let victim = (0..3).find(|index| *index != driver_index).unwrap();
