@@ -364,6 +364,28 @@ async fn assert_ids(cluster: &TestCluster, record: &JobRecord, n: i64) {
     assert!(doubled.iter().zip(&ids).all(|(d, id)| *d == id * 2));
 }
 
+/// kill -9 of a node that is not running `job`'s driver; then waits for the job, which must
+/// succeed with the same driver and with retries or rebuilds in its stats.
+async fn kill_a_worker_node_and_wait(cluster: &mut TestCluster, job: JobId) -> JobRecord {
+    let driver = cluster.state().await.jobs[&job].driver.unwrap();
+    let driver_index = cluster.index_of(driver).await;
+    let victim = (0..cluster.nodes.len())
+        .find(|index| *index != driver_index && cluster.nodes[*index].is_some())
+        .unwrap();
+    kill(cluster.nodes[victim].take().unwrap());
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    let stats = record.stats.clone().unwrap();
+    assert_eq!(stats.attempt, 1, "the driver should not have restarted");
+    let recovered: u64 = stats
+        .operators
+        .iter()
+        .map(|op| op.retries + op.rebuilt)
+        .sum();
+    assert!(recovered > 0, "no retry or rebuild in {stats:?}");
+    record
+}
+
 /// kill -9, and wait for the process to be gone.
 fn kill(mut node: LocalNode) {
     node.signal("KILL").unwrap();
@@ -404,21 +426,7 @@ async fn killing_a_worker_node_mid_job_gives_the_right_result_with_retries() {
         .await;
     // 13 range tasks, then 13 slow map tasks: kill while most maps are still to run.
     wait_for_tasks(&cluster, job, None, 16).await;
-    let driver = cluster.state().await.jobs[&job].driver.unwrap();
-    let driver_index = cluster.index_of(driver).await;
-    let victim = (0..3).find(|index| *index != driver_index).unwrap();
-    kill(cluster.nodes[victim].take().unwrap());
-
-    let record = cluster.wait(job).await;
-    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
-    let stats = record.stats.clone().unwrap();
-    assert_eq!(stats.attempt, 1, "the driver should not have restarted");
-    let recovered: u64 = stats
-        .operators
-        .iter()
-        .map(|op| op.retries + op.rebuilt)
-        .sum();
-    assert!(recovered > 0, "no retry or rebuild in {stats:?}");
+    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
     assert_ids(&cluster, &record, n).await;
 }
 
@@ -672,20 +680,7 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
     // moments with partial aggregation, so waiting for one of its tasks would race with the
     // job's end.)
     wait_for_tasks(&cluster, job, Some("map"), 10).await;
-    let driver = cluster.state().await.jobs[&job].driver.unwrap();
-    let driver_index = cluster.index_of(driver).await;
-    let victim = (0..3).find(|index| *index != driver_index).unwrap();
-    kill(cluster.nodes[victim].take().unwrap());
-
-    let record = cluster.wait(job).await;
-    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
-    let stats = record.stats.clone().unwrap();
-    let recovered: u64 = stats
-        .operators
-        .iter()
-        .map(|op| op.retries + op.rebuilt)
-        .sum();
-    assert!(recovered > 0, "no retry or rebuild in {stats:?}");
+    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
     let batches = cluster.outputs(&record).await;
     let mut groups: Vec<(i64, i64, i64)> = int_column(&batches, "k")
         .into_iter()
