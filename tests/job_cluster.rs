@@ -492,6 +492,23 @@ async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
         assert_eq!(status.tasks_failed, 0, "node {index} failed a task (OOM?)");
         assert_eq!(status.workers_respawned, 0, "node {index} lost a worker");
     }
+    // The output stays in the stores, spilled; the nodes' heartbeats say so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reports = cluster.client().node_reports().await.unwrap();
+        let spilled: u64 = reports
+            .values()
+            .map(|report| report.usage.spilled_bytes)
+            .sum();
+        if spilled > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat reported spilled bytes: {reports:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,10 @@ pub struct ResourceUsage {
     pub cpu_millis: u64,
     pub heap_bytes: u64,
     pub object_store_bytes: u64,
+    /// Objects whose copy is in spill files now, and objects held in disk-backed fallback
+    /// files because memory was full of pinned objects.
+    pub spilled_bytes: u64,
+    pub fallback_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -558,13 +558,10 @@ async fn heartbeats(
             // What tasks use: the host's memory in use besides the object store.
             heap_bytes: host_used.saturating_sub(store.used),
             object_store_bytes: store.used,
+            spilled_bytes: store.spilled_bytes,
+            fallback_bytes: store.fallback_bytes,
         };
-        tracing::debug!(
-            ?usage,
-            spilled_bytes = store.spilled_bytes,
-            fallback_bytes = store.fallback_bytes,
-            "heartbeat"
-        );
+        tracing::debug!(?usage, "heartbeat");
         let Some(node) = shared.node() else {
             continue;
         };

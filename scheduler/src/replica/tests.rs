@@ -115,6 +115,8 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         cpu_millis: 1500,
         heap_bytes: 1 << 20,
         object_store_bytes: 7,
+        spilled_bytes: 3,
+        fallback_bytes: 1,
     };
     let mut deaths = Vec::new();
     while deaths.is_empty() {
