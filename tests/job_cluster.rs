@@ -718,3 +718,21 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
         .collect();
     assert_eq!(groups, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
+    // Quick calls time out after a second here; a 2.5 s task must still be waited for, not
+    // retried as if its node were gone.
+    let cluster = TestCluster::start(1, &["timeouts.read_ms=1000"]).await;
+    let slow = Dataset::range(100)
+        .unwrap()
+        .map_batches(UdfCall::new("delay", 1).with("ms", 2_500i64))
+        .unwrap();
+    let record = cluster.run(&slow, JobOptions::default()).await;
+    let stats = record.stats.unwrap();
+    assert_eq!(stats.retries(), 0, "{stats:?}");
+    assert_eq!(
+        record.outputs.iter().map(|block| block.rows).sum::<u64>(),
+        100
+    );
+}

@@ -15,12 +15,22 @@ use crate::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse};
 
 /// Connections kept per destination; more concurrent calls than this open extra ones.
 const POOLED_PER_DESTINATION: usize = 16;
+/// How long a driver waits for a task's reply: tasks may legitimately run for hours (a model
+/// over a large block), so the configured read timeout, meant for quick calls, does not
+/// apply. A node that dies closes the connection, which ends the wait at once.
+const TASK_REPLY_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+/// Connections to nodes, by address.
+type NodePool = Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>;
 
 pub(crate) struct Cluster {
     schedulers: Vec<String>,
     wire: WireConfig,
+    /// `wire` with the read timeout of [`TASK_REPLY_TIMEOUT_MS`], for `RunTask`.
+    task_wire: WireConfig,
     scheduler_pool: Mutex<Vec<SchedulerClient>>,
-    node_pool: Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>,
+    node_pool: NodePool,
+    task_pool: NodePool,
     /// Alive nodes' RPC addresses, as of the last state read.
     nodes: Mutex<BTreeMap<NodeId, String>>,
 }
@@ -31,11 +41,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Cluster {
     pub fn new(schedulers: Vec<String>, wire: WireConfig) -> Self {
+        let mut task_wire = wire.clone();
+        task_wire.timeouts.read_ms = task_wire.timeouts.read_ms.max(TASK_REPLY_TIMEOUT_MS);
         Self {
             schedulers,
             wire,
+            task_wire,
             scheduler_pool: Mutex::new(Vec::new()),
             node_pool: Mutex::new(BTreeMap::new()),
+            task_pool: Mutex::new(BTreeMap::new()),
             nodes: Mutex::new(BTreeMap::new()),
         }
     }
@@ -132,20 +146,16 @@ impl Cluster {
         addr: &str,
         request: &NodeRequest,
     ) -> Result<NodeResponse, WireError> {
-        let pooled = lock(&self.node_pool)
-            .get_mut(addr)
-            .and_then(|clients| clients.pop());
-        let mut client = match pooled {
-            Some(client) => client,
-            None => RpcClient::connect(addr, self.wire.clone(), PeerKind::Node).await?,
-        };
-        let response = client.call(request).await?;
-        let mut pool = lock(&self.node_pool);
-        let clients = pool.entry(addr.to_owned()).or_default();
-        if clients.len() < POOLED_PER_DESTINATION {
-            clients.push(client);
-        }
-        Ok(response)
+        call_pooled(&self.node_pool, &self.wire, addr, request).await
+    }
+
+    /// Runs a task on the node at `addr`, waiting as long as the task runs.
+    pub async fn run_task(
+        &self,
+        addr: &str,
+        request: &NodeRequest,
+    ) -> Result<NodeResponse, WireError> {
+        call_pooled(&self.task_pool, &self.task_wire, addr, request).await
     }
 
     /// Frees objects on the nodes holding them; a node that cannot be reached has lost them
@@ -160,4 +170,26 @@ impl Cluster {
             }
         }
     }
+}
+
+/// One call through a connection from `pool` (opening one if none is idle), which goes back
+/// to the pool after a clean reply.
+async fn call_pooled(
+    pool: &NodePool,
+    wire: &WireConfig,
+    addr: &str,
+    request: &NodeRequest,
+) -> Result<NodeResponse, WireError> {
+    let pooled = lock(pool).get_mut(addr).and_then(|clients| clients.pop());
+    let mut client = match pooled {
+        Some(client) => client,
+        None => RpcClient::connect(addr, wire.clone(), PeerKind::Node).await?,
+    };
+    let response = client.call(request).await?;
+    let mut pool = lock(pool);
+    let clients = pool.entry(addr.to_owned()).or_default();
+    if clients.len() < POOLED_PER_DESTINATION {
+        clients.push(client);
+    }
+    Ok(response)
 }

@@ -1582,7 +1582,7 @@ impl TaskContext {
         };
         match self
             .cluster
-            .call_node(&addr, &NodeRequest::RunTask(spec))
+            .run_task(&addr, &NodeRequest::RunTask(spec))
             .await
         {
             Ok(NodeResponse::Task(Ok(outputs))) => Ok(outputs),
