@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
 use arrow::ipc::reader::FileReader;
 use floe_client::{
-    AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit,
+    AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit, when,
 };
 use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
@@ -735,4 +735,40 @@ async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
         record.outputs.iter().map(|block| block.rows).sum::<u64>(),
         100
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
+    let cluster = TestCluster::start(1, &[]).await;
+    // Nine rows in ten have k = 0, and so does id 0.
+    let skewed = Dataset::range(300_000)
+        .unwrap()
+        .with_column(
+            "k",
+            when((col("id") % lit(10i64)).eq(lit(0i64)), col("id"), lit(0i64)),
+        )
+        .unwrap()
+        .repartition_by(8, &["k"])
+        .unwrap();
+    let record = cluster.run(&skewed, JobOptions::default()).await;
+    assert_eq!(
+        record.outputs.iter().map(|block| block.rows).sum::<u64>(),
+        300_000
+    );
+    let stats = record.stats.unwrap();
+    let hot_key = operator(&stats, "repartition").hot_key.clone();
+    let hot_key = hot_key.unwrap_or_else(|| panic!("no hot key in {stats:?}"));
+    assert!(
+        hot_key.contains("most frequent key is k=0 (270001 rows)"),
+        "{hot_key}"
+    );
+
+    // An even shuffle names none.
+    let even = Dataset::range(300_000)
+        .unwrap()
+        .repartition_by(8, &["id"])
+        .unwrap();
+    let record = cluster.run(&even, JobOptions::default()).await;
+    let stats = record.stats.unwrap();
+    assert_eq!(operator(&stats, "repartition").hot_key, None);
 }

@@ -100,6 +100,9 @@ pub struct OperatorStats {
     pub cache_hits: u64,
     /// Shards looked up in the cache and computed.
     pub cache_misses: u64,
+    /// For a shuffle with a partition far larger than the others: that partition's most
+    /// frequent key and its share of the partition.
+    pub hot_key: Option<String>,
 }
 
 /// The stats of a job's last driver attempt.

@@ -974,3 +974,63 @@ fn join_pairs(left: &JoinKeys, right: &JoinKeys, how: JoinType) -> Vec<Pair> {
     }
     pairs
 }
+
+/// The most frequent value of `columns` over `batches`, as one row: `key` (each column's
+/// value, printed as `column=value`) and `rows` (how many rows carry it). No rows (or no
+/// columns) give an empty batch.
+pub fn most_frequent_key(batches: &[RecordBatch], columns: &[String]) -> Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        arrow::datatypes::Field::new("key", DataType::Utf8, false),
+        arrow::datatypes::Field::new("rows", DataType::Int64, false),
+    ]));
+    let Some(first) = batches.first() else {
+        return Ok(RecordBatch::new_empty(schema));
+    };
+    if columns.is_empty() {
+        return Ok(RecordBatch::new_empty(schema));
+    }
+    let types = columns
+        .iter()
+        .map(|name| Ok(column(first, name)?.data_type().clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let converter = RowConverter::new(types.into_iter().map(SortField::new).collect())?;
+    // Row bytes → (rows seen, where the first one is).
+    let mut counts: HashMap<Vec<u8>, (i64, usize, usize)> = HashMap::new();
+    for (batch_index, batch) in batches.iter().enumerate() {
+        let keys = columns
+            .iter()
+            .map(|name| column(batch, name).cloned())
+            .collect::<Result<Vec<_>>>()?;
+        let rows = converter.convert_columns(&keys)?;
+        for (row_index, row) in rows.iter().enumerate() {
+            counts
+                .entry(row.as_ref().to_vec())
+                .or_insert((0, batch_index, row_index))
+                .0 += 1;
+        }
+    }
+    let Some((count, batch_index, row_index)) =
+        counts
+            .into_values()
+            .max_by_key(|(count, batch_index, row_index)| {
+                (*count, Reverse((*batch_index, *row_index)))
+            })
+    else {
+        return Ok(RecordBatch::new_empty(schema));
+    };
+    let batch = &batches[batch_index];
+    let options = arrow::util::display::FormatOptions::default().with_null("null");
+    let mut printed = Vec::with_capacity(columns.len());
+    for name in columns {
+        let values = column(batch, name)?;
+        let formatter = arrow::util::display::ArrayFormatter::try_new(values.as_ref(), &options)?;
+        printed.push(format!("{name}={}", formatter.value(row_index)));
+    }
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(arrow::array::StringArray::from(vec![printed.join(", ")])),
+            Arc::new(arrow::array::Int64Array::from(vec![count])),
+        ],
+    )?)
+}

@@ -1147,3 +1147,36 @@ fn partitioning_into_no_partitions_or_past_the_dataset_is_an_error() {
     assert!(split_by_position(&input, 1, 2, 2).is_err());
     assert!(hash_partition(&input, &names(&["missing"]), 2).is_err());
 }
+
+#[test]
+fn the_most_frequent_key_is_named_with_its_count() {
+    use arrow::array::{Array, Int64Array, StringArray};
+    let keys = |values: Vec<Option<i64>>, names: Vec<&str>| {
+        RecordBatch::try_from_iter([
+            ("k", Arc::new(Int64Array::from(values)) as ArrayRef),
+            ("s", Arc::new(StringArray::from(names)) as ArrayRef),
+        ])
+        .unwrap()
+    };
+    let batches = [
+        keys(vec![Some(1), None, Some(2)], vec!["a", "b", "a"]),
+        keys(vec![None, Some(2), None], vec!["b", "a", "b"]),
+    ];
+    let top = floe_node::shuffle::most_frequent_key(&batches, &names(&["k", "s"])).unwrap();
+    let key = top.column_by_name("key").unwrap();
+    let key = key.as_any().downcast_ref::<StringArray>().unwrap();
+    let rows = top.column_by_name("rows").unwrap();
+    let rows = rows.as_any().downcast_ref::<Int64Array>().unwrap();
+    assert_eq!((key.value(0), rows.value(0)), ("k=null, s=b", 3));
+    // A tie goes to the key seen first.
+    let top = floe_node::shuffle::most_frequent_key(&batches, &names(&["s"])).unwrap();
+    let key = top.column_by_name("key").unwrap();
+    let key = key.as_any().downcast_ref::<StringArray>().unwrap();
+    assert_eq!(key.value(0), "s=a");
+    assert_eq!(
+        floe_node::shuffle::most_frequent_key(&[], &names(&["k"]))
+            .unwrap()
+            .num_rows(),
+        0
+    );
+}

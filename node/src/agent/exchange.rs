@@ -203,6 +203,26 @@ pub(crate) fn run(
             };
             Ok(vec![reduced])
         }
+        StageInput::HotKey { left } => {
+            let columns: Vec<String> = match operator {
+                Operator::Aggregate { keys, .. } | Operator::Repartition { keys, .. } => {
+                    keys.clone()
+                }
+                Operator::Join { left_keys, .. } => left_keys.clone(),
+                Operator::Unique { columns } if !columns.is_empty() => columns.clone(),
+                Operator::Unique { .. } => first_schema()?
+                    .fields()
+                    .iter()
+                    .map(|field| field.name().clone())
+                    .collect(),
+                Operator::Sort { keys } => keys.iter().map(|key| key.column.clone()).collect(),
+                _ => Vec::new(),
+            };
+            let mut inputs = inputs;
+            inputs.truncate(left as usize);
+            let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
+            Ok(vec![shuffle::most_frequent_key(&batches, &columns)?])
+        }
         _ => Err(unsupported()),
     }
 }

@@ -112,6 +112,9 @@ pub enum StageInput {
         left: u32,
         seed: u64,
     },
+    /// A skewed partition's most frequent key (over its first `left` inputs, the left side's
+    /// for a join), as one row: `key` (the values, printed) and `rows`.
+    HotKey { left: u32 },
 }
 
 /// An input of a task: an object, and the node holding it when it is not on the node that runs

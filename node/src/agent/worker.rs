@@ -228,7 +228,8 @@ fn run_stage(
         | StageInput::RangePartition { .. }
         | StageInput::Sample { .. }
         | StageInput::Boundaries { .. }
-        | StageInput::Reduce { .. } => {
+        | StageInput::Reduce { .. }
+        | StageInput::HotKey { .. } => {
             return Err(format!(
                 "a {} stage does not take {:?}",
                 stage.kind.name(),

@@ -56,6 +56,11 @@ const TASK_CPU_MILLIS: u64 = 1000;
 const SAMPLE_SEQ: u64 = 1 << 40;
 const BOUNDARIES_SEQ: u64 = 2 << 40;
 const PARTITION_SEQ: u64 = 3 << 40;
+const HOT_KEY_SEQ: u64 = 4 << 40;
+/// A shuffle partition this many times the median partition (and at least
+/// [`HOT_PARTITION_MIN_BYTES`]) is skewed: its most frequent key goes into the stats.
+const HOT_PARTITION_FACTOR: u64 = 4;
+const HOT_PARTITION_MIN_BYTES: u64 = 1 << 20;
 /// A shuffle without a partition count from the user gets one partition per input bundle,
 /// up to this many.
 const MAX_DEFAULT_PARTITIONS: usize = 200;
@@ -169,6 +174,18 @@ struct ShuffleState {
     map_tasks: u64,
     /// How many map tasks read the left input (they come first).
     left_maps: u64,
+    /// A skewed partition: its index, its share of the shuffled bytes and its size against
+    /// the median partition.
+    hot_partition: Option<HotPartition>,
+    /// The block naming its most frequent key.
+    hot_key_block: Option<ObjectId>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HotPartition {
+    partition: u32,
+    percent: u64,
+    times_median: u64,
 }
 
 struct OpState {
@@ -413,6 +430,7 @@ impl Execution {
         } else {
             BTreeSet::new()
         };
+        self.describe_hot_keys().await;
         self.free_all_except(&keep).await;
         let spilled_after = self.spilled_bytes().await;
         let outputs = if status == JobStatus::Succeeded {
@@ -814,11 +832,17 @@ impl Execution {
             self.write_shard(index, target, rank, count, node, bundle.blocks.clone());
         }
         match &launch.recipe {
-            // A reduce's inputs are its partition's blocks, read by no other task.
+            // A reduce's inputs are its partition's blocks, read by no other task (but the
+            // hot-key task, for a skewed partition: those wait for the job's end).
             Recipe::Compute {
-                input: StageInput::Reduce { .. },
+                input: StageInput::Reduce { partition, .. },
                 inputs,
-            } => self.free_now(inputs),
+            } => {
+                let hot = self.ops[index].shuffle.hot_partition;
+                if hot.is_none_or(|hot| hot.partition != *partition) {
+                    self.free_now(inputs);
+                }
+            }
             Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
             Recipe::Load { .. } => {}
         }
@@ -1125,10 +1149,21 @@ impl Execution {
             } => seed.get(),
             _ => 0,
         };
+        let hot = self.hot_partition(index);
         let op = &mut self.ops[index];
         let shuffle = &mut op.shuffle;
         shuffle.phase = ShufflePhase::Reducing;
         let left = u32::try_from(shuffle.left_maps).unwrap_or(u32::MAX);
+        if let Some(hot) = hot {
+            shuffle.hot_partition = Some(hot);
+            let inputs = shuffle
+                .map_outputs
+                .values()
+                .filter_map(|outputs| outputs.get(hot.partition as usize).copied())
+                .collect();
+            op.ready
+                .push_back(compute(HOT_KEY_SEQ, StageInput::HotKey { left }, inputs));
+        }
         for partition in 0..shuffle.partitions {
             let inputs = shuffle
                 .map_outputs
@@ -1146,6 +1181,102 @@ impl Execution {
         op.next_seq = u64::from(shuffle.partitions);
     }
 
+    /// The partition far larger than the median one, if there is one.
+    fn hot_partition(&self, index: usize) -> Option<HotPartition> {
+        let shuffle = &self.ops[index].shuffle;
+        let sizes: Vec<u64> = (0..shuffle.partitions as usize)
+            .map(|partition| {
+                shuffle
+                    .map_outputs
+                    .values()
+                    .filter_map(|outputs| outputs.get(partition))
+                    .filter_map(|block| self.blocks.get(block))
+                    .map(|info| info.bytes)
+                    .sum()
+            })
+            .collect();
+        if sizes.len() < 2 {
+            return None;
+        }
+        let mut sorted = sizes.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2].max(1);
+        let total: u64 = sizes.iter().sum();
+        let (partition, largest) = sizes
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by_key(|(_, size)| *size)?;
+        let skewed = largest >= HOT_PARTITION_MIN_BYTES
+            && largest >= median.saturating_mul(HOT_PARTITION_FACTOR);
+        skewed.then(|| HotPartition {
+            partition: u32::try_from(partition).unwrap_or(u32::MAX),
+            percent: largest * 100 / total.max(1),
+            times_median: largest / median,
+        })
+    }
+
+    /// Fetches the hot keys found by shuffles into their operators' stats.
+    async fn describe_hot_keys(&mut self) {
+        for index in 0..self.ops.len() {
+            let shuffle = &self.ops[index].shuffle;
+            let (Some(hot), Some(block)) = (shuffle.hot_partition, shuffle.hot_key_block) else {
+                continue;
+            };
+            let Some(info) = self.blocks.get(&block).copied() else {
+                continue;
+            };
+            let key = match self.read_hot_key(block, info.node).await {
+                Ok(key) => key,
+                Err(error) => {
+                    tracing::warn!(job = %self.job, %error, "cannot read a shuffle's hot key");
+                    continue;
+                }
+            };
+            self.ops[index].stats.hot_key = Some(format!(
+                "partition {} holds {}% of the shuffled bytes ({}× the median partition); its \
+                 most frequent key is {key}",
+                hot.partition, hot.percent, hot.times_median
+            ));
+        }
+    }
+
+    async fn read_hot_key(&self, block: ObjectId, node: NodeId) -> Result<String, String> {
+        let addr = self
+            .cluster
+            .address(node)
+            .await
+            .map_err(|error| error.to_string())?;
+        let meta = match self
+            .cluster
+            .call_node(&addr, &NodeRequest::ObjectMeta { object: block })
+            .await
+        {
+            Ok(NodeResponse::ObjectMeta(meta)) => meta,
+            Ok(other) => return Err(format!("unexpected answer {other:?}")),
+            Err(error) => return Err(error.to_string()),
+        };
+        let bytes = meta.inline.ok_or("the hot-key block is not small")?.0;
+        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|error| error.to_string())?;
+        for batch in reader {
+            let batch = batch.map_err(|error| error.to_string())?;
+            let (Some(keys), Some(rows)) =
+                (batch.column_by_name("key"), batch.column_by_name("rows"))
+            else {
+                continue;
+            };
+            let keys = keys.as_any().downcast_ref::<arrow::array::StringArray>();
+            let rows = rows.as_any().downcast_ref::<arrow::array::Int64Array>();
+            if let (Some(keys), Some(rows)) = (keys, rows)
+                && !arrow::array::Array::is_empty(keys)
+            {
+                return Ok(format!("{} ({} rows)", keys.value(0), rows.value(0)));
+            }
+        }
+        Err("the hot-key block is empty".into())
+    }
+
     /// A shuffle's sample, boundaries or partition task finished: its outputs feed the next
     /// phase rather than the operator's output.
     fn map_side_done(&mut self, index: usize, launch: &Launch, outputs: Vec<ObjectId>) {
@@ -1153,7 +1284,9 @@ impl Execution {
         op.tasks_done += 1;
         op.stats.tasks += 1;
         let shuffle = &mut op.shuffle;
-        if launch.seq >= PARTITION_SEQ {
+        if launch.seq >= HOT_KEY_SEQ {
+            shuffle.hot_key_block = outputs.first().copied();
+        } else if launch.seq >= PARTITION_SEQ {
             shuffle.map_outputs.insert(launch.seq, outputs);
             if let Recipe::Compute { inputs, .. } = &launch.recipe {
                 self.release_inputs(inputs);
