@@ -314,6 +314,9 @@ pub fn print_stats(stats: &JobStats) {
             operator.cache_misses,
             operator.wall_ms
         );
+        if let Some(hot_key) = &operator.hot_key {
+            println!("  {:<16} skew: {hot_key}", "");
+        }
     }
 }
 
