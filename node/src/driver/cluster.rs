@@ -29,6 +29,10 @@ pub(crate) struct Cluster {
     /// `wire` with the read timeout of [`TASK_REPLY_TIMEOUT_MS`], for `RunTask`.
     task_wire: WireConfig,
     scheduler_pool: Mutex<Vec<SchedulerClient>>,
+    /// Scheduler clients for `Place`, which waits while the cluster is full: on `task_wire`,
+    /// so a long wait is not taken for a dead scheduler (a retried placement would leave the
+    /// first one's reservation granted to nobody).
+    placement_pool: Mutex<Vec<SchedulerClient>>,
     node_pool: NodePool,
     task_pool: NodePool,
     /// Alive nodes' RPC addresses, as of the last state read.
@@ -48,6 +52,7 @@ impl Cluster {
             wire,
             task_wire,
             scheduler_pool: Mutex::new(Vec::new()),
+            placement_pool: Mutex::new(Vec::new()),
             node_pool: Mutex::new(BTreeMap::new()),
             task_pool: Mutex::new(BTreeMap::new()),
             nodes: Mutex::new(BTreeMap::new()),
@@ -55,21 +60,11 @@ impl Cluster {
     }
 
     fn scheduler_client(&self) -> Result<SchedulerClient> {
-        match lock(&self.scheduler_pool).pop() {
-            Some(client) => Ok(client),
-            None => Ok(SchedulerClient::new(
-                self.schedulers.clone(),
-                self.wire.clone(),
-                PeerKind::Node,
-            )?),
-        }
+        pooled_scheduler_client(&self.scheduler_pool, &self.schedulers, &self.wire)
     }
 
     fn return_scheduler_client(&self, client: SchedulerClient) {
-        let mut pool = lock(&self.scheduler_pool);
-        if pool.len() < POOLED_PER_DESTINATION {
-            pool.push(client);
-        }
+        return_pooled(&self.scheduler_pool, client);
     }
 
     /// A linearizable read of the cluster state; refreshes the alive-node table.
@@ -93,9 +88,10 @@ impl Cluster {
 
     /// Places one task; waits while the cluster is busy.
     pub async fn place(&self, request: PlacementRequest) -> Result<NodeId> {
-        let mut client = self.scheduler_client()?;
+        let mut client =
+            pooled_scheduler_client(&self.placement_pool, &self.schedulers, &self.task_wire)?;
         let placed = client.place(vec![request]).await?;
-        self.return_scheduler_client(client);
+        return_pooled(&self.placement_pool, client);
         match placed.into_iter().next() {
             Some(Ok(node)) => Ok(node),
             Some(Err(error)) => Err(Error::Placement(error.to_string())),
@@ -192,4 +188,26 @@ async fn call_pooled(
         clients.push(client);
     }
     Ok(response)
+}
+
+fn pooled_scheduler_client(
+    pool: &Mutex<Vec<SchedulerClient>>,
+    schedulers: &[String],
+    wire: &WireConfig,
+) -> Result<SchedulerClient> {
+    match lock(pool).pop() {
+        Some(client) => Ok(client),
+        None => Ok(SchedulerClient::new(
+            schedulers.to_vec(),
+            wire.clone(),
+            PeerKind::Node,
+        )?),
+    }
+}
+
+fn return_pooled(pool: &Mutex<Vec<SchedulerClient>>, client: SchedulerClient) {
+    let mut pool = lock(pool);
+    if pool.len() < POOLED_PER_DESTINATION {
+        pool.push(client);
+    }
 }
