@@ -772,3 +772,32 @@ async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
     let stats = record.stats.unwrap();
     assert_eq!(operator(&stats, "repartition").hot_key, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subplan_shared_by_a_union_and_a_limit_or_filter_keeps_all_its_rows() {
+    let cluster = TestCluster::start(1, &[]).await;
+    let a = Dataset::range(100_000).unwrap();
+    let limited = a.union(&a.limit(5).unwrap()).unwrap();
+    let record = cluster.run(&limited, JobOptions::default()).await;
+    let mut got = int_column(&cluster.outputs(&record).await, "id");
+    got.sort();
+    let mut expected: Vec<i64> = (0..100_000).chain(0..5).collect();
+    expected.sort();
+    assert_eq!(
+        got, expected,
+        "the limit must not stop the union's other input"
+    );
+
+    let filtered = a
+        .union(&a.filter((col("id") % lit(4i64)).eq(lit(0i64))).unwrap())
+        .unwrap();
+    let record = cluster.run(&filtered, JobOptions::default()).await;
+    let mut got = int_column(&cluster.outputs(&record).await, "id");
+    got.sort();
+    let mut expected: Vec<i64> = (0..100_000).chain((0..100_000).step_by(4)).collect();
+    expected.sort();
+    assert_eq!(
+        got, expected,
+        "blocks shared by both inputs must all reach the output"
+    );
+}

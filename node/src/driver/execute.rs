@@ -244,6 +244,9 @@ pub(crate) struct Execution {
     lineage: BTreeMap<ObjectId, (usize, u64, TaskId)>,
     /// Consumers yet to take each emitted block; it is freed when none is left.
     refs: BTreeMap<ObjectId, usize>,
+    /// Blocks the job keeps to its end: the output's, and cached operators' until their
+    /// shards are written.
+    pinned: BTreeSet<ObjectId>,
     /// Tasks waiting for a lost input to be rebuilt.
     waiting: BTreeMap<ObjectId, Vec<(usize, Launch)>>,
     /// Blocks being rebuilt, and the tasks (operator, sequence number) rebuilding them.
@@ -362,6 +365,7 @@ impl Execution {
             blocks: BTreeMap::new(),
             lineage: BTreeMap::new(),
             refs: BTreeMap::new(),
+            pinned: BTreeSet::new(),
             waiting: BTreeMap::new(),
             rebuilding: BTreeSet::new(),
             rebuilding_tasks: BTreeSet::new(),
@@ -501,8 +505,11 @@ impl Execution {
 
     /// Bytes of bundles queued between operators.
     fn queued_bytes(&self) -> u64 {
+        // A union's queue holds finished data waiting for the inputs before it; counting it
+        // could throttle the very source the union waits for.
         self.ops
             .iter()
+            .filter(|op| !matches!(op.work, Work::Union))
             .flat_map(|op| op.queued.iter().flatten())
             .flat_map(|bundle| &bundle.blocks)
             .filter_map(|block| self.blocks.get(block))
@@ -560,6 +567,13 @@ impl Execution {
                     let inputs = self.ops[index].inputs.len();
                     for slot in 0..inputs {
                         while let Some(bundle) = self.ops[index].queued[slot].pop_front() {
+                            // Taken without a task: this operator's reference passes on to its
+                            // consumers when it emits the bundle.
+                            for block in &bundle.blocks {
+                                if let Some(refs) = self.refs.get_mut(block) {
+                                    *refs = refs.saturating_sub(1);
+                                }
+                            }
                             let op = &mut self.ops[index];
                             let seq = op.next_seq;
                             op.next_seq += 1;
@@ -604,13 +618,19 @@ impl Execution {
                 avoid: None,
                 rebuild: false,
             });
-            // Everything upstream stops: the limit has its rows.
+            // Upstream stops, the limit having its rows — except an operator another
+            // running consumer still reads (a subplan shared with a union or a join).
             let mut upstream = self.ops[index].inputs.clone();
             while let Some(input) = upstream.pop() {
+                let unread = self.ops[input]
+                    .consumers
+                    .iter()
+                    .all(|(consumer, _)| *consumer == index || self.ops[*consumer].stopped);
                 let producer = &mut self.ops[input];
-                if !producer.stopped {
+                if unread && !producer.stopped {
                     producer.stopped = true;
-                    producer.ready.clear();
+                    // A rebuild still runs: some consumer is waiting for its block.
+                    producer.ready.retain(|launch| launch.rebuild);
                     upstream.extend(producer.inputs.iter().copied());
                 }
             }
@@ -656,8 +676,9 @@ impl Execution {
             let chosen = (0..self.ops.len())
                 .filter(|&index| {
                     let op = &self.ops[index];
+                    let rebuild_first = op.ready.front().is_some_and(|launch| launch.rebuild);
                     op.needed
-                        && !op.stopped
+                        && (!op.stopped || rebuild_first)
                         && !op.ready.is_empty()
                         && op.running < self.concurrency_cap
                         && !(op.is_source() && over_budget)
@@ -750,7 +771,7 @@ impl Execution {
             Event::Requeue { op, launch } => {
                 self.ops[op].running -= 1;
                 self.running.remove(&launch.task);
-                self.ops[op].ready.push_front(launch);
+                self.requeue(op, launch);
             }
             Event::CacheWritten { op, result } => {
                 self.cache_writes -= 1;
@@ -804,7 +825,7 @@ impl Execution {
             for object in &bundle.blocks {
                 self.rebuilding.remove(object);
                 for (op, waiting) in self.waiting.remove(object).unwrap_or_default() {
-                    self.ops[op].ready.push_front(waiting);
+                    self.requeue(op, waiting);
                 }
             }
             return;
@@ -885,10 +906,13 @@ impl Execution {
                 }
                 op.stats.retries += 1;
                 tracing::warn!(job = %self.job, operator = %name, %failure, "retrying a task");
-                op.ready.push_front(Launch {
-                    avoid: node,
-                    ..launch
-                });
+                self.requeue(
+                    index,
+                    Launch {
+                        avoid: node,
+                        ..launch
+                    },
+                );
             }
             TaskError::Failed(failure) => self.fail(index, failure.to_string()),
             TaskError::Unreachable(message) => {
@@ -916,6 +940,16 @@ impl Execution {
                 });
             }
         }
+    }
+
+    /// Puts a task back at the front of its operator's queue — unless the operator was
+    /// stopped by a limit and the task is not a rebuild some consumer waits for.
+    fn requeue(&mut self, index: usize, launch: Launch) {
+        let op = &mut self.ops[index];
+        if op.stopped && !launch.rebuild {
+            return;
+        }
+        op.ready.push_front(launch);
     }
 
     fn fail(&mut self, index: usize, message: String) {
@@ -984,8 +1018,13 @@ impl Execution {
                 self.outputs.extend(bundle.blocks.iter().copied());
             }
             let consumers = self.ops[index].consumers.clone();
+            let pin = index == self.output || self.ops[index].cache.is_some();
             for block in &bundle.blocks {
-                self.refs.insert(*block, consumers.len());
+                // Added, not set: a union re-emits blocks it took from its input.
+                *self.refs.entry(*block).or_insert(0) += consumers.len();
+                if pin {
+                    self.pinned.insert(*block);
+                }
             }
             for (consumer, slot) in consumers {
                 self.ops[consumer].queued[slot].push_back(bundle.clone());
@@ -1326,11 +1365,7 @@ impl Execution {
                 continue;
             }
             self.refs.remove(object);
-            let kept = self
-                .lineage
-                .get(object)
-                .is_some_and(|(op, _, _)| *op == self.output || self.ops[*op].cache.is_some());
-            if kept {
+            if self.pinned.contains(object) {
                 continue;
             }
             if let Some(info) = self.blocks.remove(object) {
