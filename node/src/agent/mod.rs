@@ -128,6 +128,24 @@ impl Shared {
     }
 
     async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+        let mut pulled = Vec::new();
+        let result = self.run_with_inputs(spec, &mut pulled).await;
+        // Copies pulled from other nodes were this task's inputs only (their owners free the
+        // originals); a copy another running task reads goes when that task lets go of it.
+        for object in pulled {
+            match self.store.delete(object) {
+                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                Err(error) => tracing::warn!(%object, %error, "cannot drop a pulled copy"),
+            }
+        }
+        result
+    }
+
+    async fn run_with_inputs(
+        &self,
+        spec: TaskSpec,
+        pulled: &mut Vec<ObjectId>,
+    ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pins = Vec::with_capacity(spec.inputs.len());
         for input in &spec.inputs {
             let unavailable = |error: Error| TaskFailure::InputUnavailable {
@@ -141,6 +159,7 @@ impl Shared {
                     .pull(input.object, holder)
                     .await
                     .map_err(unavailable)?;
+                pulled.push(input.object);
             }
             pins.push(
                 self.store
@@ -161,21 +180,16 @@ impl Shared {
             })?;
             let object = tasks::output_id(spec.task, index);
             let bytes = &output.bytes.0;
-            // A rebuilt task's outputs keep their ids; a copy left from the first run (the
-            // driver thought it lost) is replaced.
-            match self.store.delete(object) {
-                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
-                Err(error) => {
-                    return Err(TaskFailure::Error {
-                        message: format!("cannot replace output {index}: {error}"),
-                    });
-                }
+            // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
+            // (the driver thought it lost, or a task here still reads it) holds the same
+            // bytes, tasks being deterministic: it stays.
+            if !self.store.contains(object) {
+                self.store
+                    .put(object, bytes)
+                    .map_err(|error| TaskFailure::Error {
+                        message: format!("cannot store output {index}: {error}"),
+                    })?;
             }
-            self.store
-                .put(object, bytes)
-                .map_err(|error| TaskFailure::Error {
-                    message: format!("cannot store output {index}: {error}"),
-                })?;
             refs.push(OutputRef {
                 object,
                 size: bytes.len() as u64,
@@ -227,17 +241,17 @@ impl Shared {
         let Some(opened) = self.cache.open_shard(name)? else {
             return Ok(None);
         };
-        match self.store.delete(load.object) {
-            Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
-            Err(error) => return Err(error.into()),
+        // Loaded again under the same id (a rebuild): a copy still here is the same shard.
+        if !self.store.contains(load.object) {
+            block::write_block(
+                &self.store,
+                load.object,
+                &opened.block.schema,
+                &opened.block.batches,
+            )?;
         }
-        let size = block::write_block(
-            &self.store,
-            load.object,
-            &opened.block.schema,
-            &opened.block.batches,
-        )?;
         let view = self.store.get(load.object)?;
+        let size = view.len() as u64;
         Ok(Some(OutputRef {
             object: load.object,
             size,
@@ -248,9 +262,14 @@ impl Shared {
 
     /// Runs the drivers the scheduler assigned to this node and stops the others.
     fn sync_drivers(self: &Arc<Self>, assigned: &[(JobId, u32)]) {
-        let Some(config) = self.driver_config.get() else {
+        let (Some(config), Some(node)) = (self.driver_config.get(), self.node()) else {
             return;
         };
+        // The node id changes when the node registers again; drivers use the current one.
+        let config = Arc::new(DriverConfig {
+            node,
+            ..(**config).clone()
+        });
         let mut drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
         drivers.retain(|job, (attempt, handle)| {
             let keep = assigned.contains(&(*job, *attempt));
@@ -266,7 +285,7 @@ impl Shared {
             if running {
                 continue;
             }
-            let config = Arc::clone(config);
+            let config = Arc::clone(&config);
             let handle = tokio::spawn(async move {
                 if let Err(error) = driver::run_driver(config, job, attempt).await {
                     tracing::error!(%job, attempt, %error, "the job driver stopped");
