@@ -332,6 +332,14 @@ impl ClusterState {
                 if record.status.is_finished() {
                     return Outcome::Rejected(format!("job {job} has already ended"));
                 }
+                // A pending job's driver was declared gone; its late outcome must not end the
+                // job before the next driver runs it.
+                if record.status != JobStatus::Running {
+                    return Outcome::Rejected(format!(
+                        "job {job} has no running driver (it is {})",
+                        record.status.name()
+                    ));
+                }
                 if attempt != record.attempts {
                     return Outcome::Rejected(format!(
                         "driver attempt {attempt} of job {job} was superseded by attempt {}",

@@ -277,3 +277,32 @@ fn invalid_commands_are_rejected_without_changing_the_state() {
     }
     assert_eq!((state.jobs.len(), state.cache.len()), before_counts);
 }
+
+#[test]
+fn a_driver_declared_gone_cannot_end_its_pending_job() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    register(&mut state, 2, "b:1");
+    let job = JobId::new(1);
+    state.apply(3, submit_job(1));
+    state.apply(4, Command::StartDriver { job, node: a });
+    state.apply(
+        5,
+        Command::MarkNodeDead {
+            node: a,
+            reason: "late heartbeats".into(),
+        },
+    );
+    // The old driver still reaches the scheduler and reports an outcome for attempt 1.
+    let late = Command::FinishJob {
+        job,
+        attempt: 1,
+        outcome: JobOutcome {
+            status: JobStatus::Cancelled,
+            stats: JobStats::default(),
+            outputs: Vec::new(),
+        },
+    };
+    assert!(matches!(state.apply(6, late), Some(Outcome::Rejected(_))));
+    assert_eq!(state.jobs[&job].status, JobStatus::Pending);
+}
