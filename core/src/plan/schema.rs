@@ -112,7 +112,16 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
             }
             Ok(schema)
         }
-        Operator::Range { .. } => Ok(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
+        Operator::Range { n } => {
+            // The ids are Int64: past i64::MAX they could not be represented.
+            if i64::try_from(*n).is_err() {
+                return Err(PlanError::invalid(
+                    name,
+                    format!("range({n}) exceeds the largest Int64, {}", i64::MAX),
+                ));
+            }
+            Ok(Schema::new(vec![Field::new("id", DataType::Int64, false)]))
+        }
         Operator::FromBatches { schema, .. } => Ok(Schema::new(schema.fields().clone())),
         Operator::WithColumn { name: column, expr } => {
             let input = inputs[0];
@@ -193,8 +202,11 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
             aggregate_schema(inputs[0], keys, aggregations, name)
         }
         Operator::Repartition { partitions, keys } => {
-            if *partitions == 0 {
-                return Err(PlanError::invalid(name, "needs at least one partition"));
+            if *partitions == 0 || *partitions > MAX_PARTITIONS {
+                return Err(PlanError::invalid(
+                    name,
+                    format!("needs 1 to {MAX_PARTITIONS} partitions, got {partitions}"),
+                ));
             }
             for key in keys {
                 field(inputs[0], key, name)?;
@@ -245,6 +257,10 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
         }
     }
 }
+
+/// The most partitions a repartition may ask for: each is a task and, on the map side, one
+/// block per map task, so more would only cost.
+pub const MAX_PARTITIONS: u32 = 1 << 16;
 
 fn check_predicate(
     predicate: &crate::expr::Expr,

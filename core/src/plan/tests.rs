@@ -379,7 +379,7 @@ fn validation_errors_name_operator_column_and_types() {
     );
     assert_eq!(
         error_text(sales().repartition(0, &[])),
-        "repartition: needs at least one partition"
+        "repartition: needs 1 to 65536 partitions, got 0"
     );
     let catalog = TestCatalog::new();
     let map_batches_error =
@@ -513,6 +513,17 @@ fn a_join_fingerprint_follows_both_sides() {
         .join(&left(5), &["id"], &["id"], JoinType::Inner)
         .unwrap();
     assert_ne!(swapped.fingerprint(), join(5, 6));
+}
+
+#[test]
+fn sizes_a_plan_cannot_represent_or_run_are_refused() {
+    let error = LogicalPlan::range(u64::MAX).unwrap_err().to_string();
+    assert!(error.contains("exceeds the largest Int64"), "{error}");
+    assert!(LogicalPlan::range(i64::MAX as u64).is_ok());
+    let range = LogicalPlan::range(10).unwrap();
+    let error = range.repartition(u32::MAX, &[]).unwrap_err().to_string();
+    assert!(error.contains("needs 1 to 65536 partitions"), "{error}");
+    assert!(range.repartition(65_536, &[]).is_ok());
 }
 
 #[test]
