@@ -801,3 +801,30 @@ async fn a_subplan_shared_by_a_union_and_a_limit_or_filter_keeps_all_its_rows() 
         "blocks shared by both inputs must all reach the output"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_hangs_without_closing_its_connections_is_given_up() {
+    // SIGSTOP: the node's sockets stay open but nothing answers, as when a machine loses
+    // power. Its tasks must move once the scheduler declares it dead.
+    let mut cluster = TestCluster::start(3, &["timeouts.read_ms=3000"]).await;
+    let n = 400_000;
+    let job = cluster
+        .submit(&slow_pipeline(n as u64, 150), JobOptions::default())
+        .await;
+    wait_for_tasks(&cluster, job, None, 16).await;
+    let driver = cluster.state().await.jobs[&job].driver.unwrap();
+    let driver_index = cluster.index_of(driver).await;
+    let victim = (0..3).find(|index| *index != driver_index).unwrap();
+    cluster.nodes[victim]
+        .as_ref()
+        .unwrap()
+        .signal("STOP")
+        .unwrap();
+
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    // The frozen node holds nothing the result needs.
+    let frozen = cluster.nodes[victim].take().unwrap();
+    assert_ids(&cluster, &record, n).await;
+    drop(frozen);
+}

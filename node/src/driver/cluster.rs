@@ -1,7 +1,7 @@
 //! The driver's view of the cluster: the scheduler (placement, commits, progress) and the node
 //! agents (tasks, cache shards, frees), each behind a small pool of reused connections.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
 use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
@@ -37,6 +37,9 @@ pub(crate) struct Cluster {
     task_pool: NodePool,
     /// Alive nodes' RPC addresses, as of the last state read.
     nodes: Mutex<BTreeMap<NodeId, String>>,
+    /// Nodes committed dead, as of the last state read: a task waiting on one is given up
+    /// even when its connection stays open (a machine that lost power sends no reset).
+    dead: tokio::sync::watch::Sender<BTreeSet<NodeId>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -56,6 +59,7 @@ impl Cluster {
             node_pool: Mutex::new(BTreeMap::new()),
             task_pool: Mutex::new(BTreeMap::new()),
             nodes: Mutex::new(BTreeMap::new()),
+            dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
         }
     }
 
@@ -76,6 +80,17 @@ impl Cluster {
             .alive_nodes()
             .map(|node| (node.id, node.addresses.rpc.clone()))
             .collect();
+        let dead: BTreeSet<NodeId> = state
+            .nodes
+            .values()
+            .filter(|node| !node.is_alive())
+            .map(|node| node.id)
+            .collect();
+        self.dead.send_if_modified(|known| {
+            let changed = *known != dead;
+            *known = dead;
+            changed
+        });
         Ok(state)
     }
 
@@ -130,6 +145,19 @@ impl Cluster {
             .get(&node)
             .cloned()
             .ok_or(Error::NodeGone(node))
+    }
+
+    /// Returns once `node` is known to be dead (never, if it stays alive).
+    pub async fn death_of(&self, node: NodeId) {
+        let mut dead = self.dead.subscribe();
+        loop {
+            if dead.borrow_and_update().contains(&node) {
+                return;
+            }
+            if dead.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     pub fn alive_nodes(&self) -> Vec<NodeId> {

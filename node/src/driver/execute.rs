@@ -49,6 +49,9 @@ const SPREAD_MAX_INPUT_BYTES: u64 = 50 * 1024 * 1024;
 /// commit, and placements keep choosing it until then.
 const MAX_UNREACHABLE_RETRIES: u32 = 40;
 const UNREACHABLE_PAUSE: Duration = Duration::from_millis(250);
+/// How long rebuilding output blocks lost at the end of a job may take before the job fails
+/// (a rebuild that can never finish must not keep the job running).
+const OUTPUT_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// The CPU one task reserves.
 const TASK_CPU_MILLIS: u64 = 1000;
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
@@ -408,6 +411,10 @@ impl Execution {
                     }
                 }
                 _ = progress.tick() => {
+                    // Also learns of nodes committed dead, for tasks waiting on them.
+                    if let Err(error) = self.cluster.read_state().await {
+                        tracing::warn!(job = %self.job, %error, "cannot read the cluster state");
+                    }
                     match self.cluster.report_progress(self.job, self.progress()).await {
                         Ok(true) => cancelled = true,
                         Ok(false) => {}
@@ -476,7 +483,8 @@ impl Execution {
                 capacity += status.store.capacity;
             }
         }
-        self.budget_bytes = capacity / 1000 * u64::from(self.options.object_store_budget_permille);
+        self.budget_bytes =
+            (capacity / 1000).saturating_mul(u64::from(self.options.object_store_budget_permille));
         Ok(())
     }
 
@@ -1493,10 +1501,19 @@ impl Execution {
             for object in lost {
                 self.rebuild(object);
             }
+            let deadline = Instant::now() + OUTPUT_REBUILD_TIMEOUT;
             while !self.rebuilding.is_empty() && self.failure.is_none() {
-                match self.events.recv().await {
-                    Some(event) => self.apply(event),
-                    None => return,
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(remaining, self.events.recv()).await {
+                    Ok(Some(event)) => self.apply(event),
+                    Ok(None) => return,
+                    Err(_) => {
+                        self.failure = Some(format!(
+                            "output blocks lost with their node were not rebuilt within {} s",
+                            OUTPUT_REBUILD_TIMEOUT.as_secs()
+                        ));
+                        return;
+                    }
                 }
                 self.launch_eligible();
             }
@@ -1748,11 +1765,14 @@ impl TaskContext {
             })),
             inputs: refs,
         };
-        match self
-            .cluster
-            .run_task(&addr, &NodeRequest::RunTask(spec))
-            .await
-        {
+        let request = NodeRequest::RunTask(spec);
+        let reply = tokio::select! {
+            reply = self.cluster.run_task(&addr, &request) => reply,
+            () = self.cluster.death_of(node) => {
+                return Err(TaskError::Unreachable(format!("node {node} was declared dead")));
+            }
+        };
+        match reply {
             Ok(NodeResponse::Task(Ok(outputs))) => Ok(outputs),
             Ok(NodeResponse::Task(Err(failure))) => Err(TaskError::Failed(failure)),
             Ok(other) => Err(TaskError::Unreachable(format!(
