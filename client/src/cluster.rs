@@ -510,7 +510,9 @@ impl BlockReader {
         let bytes = match meta.inline {
             Some(bytes) => bytes.0,
             None => {
-                let mut bytes = Vec::with_capacity(usize::try_from(meta.size).unwrap_or(0));
+                // The node's word on the size only guides the first allocation, up to a chunk.
+                let mut bytes =
+                    Vec::with_capacity(usize::try_from(meta.size.min(READ_CHUNK)).unwrap_or(0));
                 while (bytes.len() as u64) < meta.size {
                     let offset = bytes.len() as u64;
                     let request = NodeRequest::ReadChunk {
