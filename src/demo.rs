@@ -82,7 +82,8 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .map(|operator| operator.tasks)
         .sum();
     println!(
-        "job 2 loaded {} cached shards and computed {computed} tasks before the write; files in {}",
+        "job 2 loaded {} cached shards and computed {computed} tasks before the write; files in {} \
+         (removed with the local cluster when the demo ends; --serve keeps them)",
         output.stats.cache_hits(),
         out_dir.display()
     );
