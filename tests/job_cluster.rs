@@ -5,12 +5,10 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
-use arrow::ipc::reader::FileReader;
 use floe_client::{
     AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit, when,
 };
@@ -161,27 +159,22 @@ impl TestCluster {
 
     /// The job's output rows, fetched from the nodes holding its blocks.
     async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
-        let state = self.state().await;
-        let mut batches = Vec::new();
-        for block in &record.outputs {
-            let addr = &state.nodes[&block.node].addresses.rpc;
-            let mut client = RpcClient::<NodeProtocol>::connect(addr, wire(), PeerKind::Client)
-                .await
-                .unwrap();
-            let request = NodeRequest::ReadChunk {
-                object: block.object,
-                offset: 0,
-                len: block.bytes,
-            };
-            let bytes = match client.call(&request).await.unwrap() {
-                NodeResponse::Chunk(bytes) => bytes.0,
-                other => panic!("unexpected {other:?}"),
-            };
-            let reader = FileReader::try_new(Cursor::new(bytes), None).unwrap();
-            batches.extend(reader.map(Result::unwrap));
-        }
-        batches
+        floe_client::Client::connect(&self.scheduler.addrs(), TOKEN)
+            .await
+            .unwrap()
+            .job(record.id)
+            .wait()
+            .await
+            .unwrap()
+            .to_arrow()
+            .await
+            .unwrap()
     }
+}
+
+/// Rows in the job's output, from its blocks' metadata.
+fn output_rows(record: &JobRecord) -> u64 {
+    record.outputs.iter().map(|block| block.rows).sum()
 }
 
 fn int_column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
@@ -477,7 +470,7 @@ async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
         ..JobOptions::default()
     };
     let record = cluster.run(&dataset, options).await;
-    let rows: u64 = record.outputs.iter().map(|block| block.rows).sum();
+    let rows = output_rows(&record);
     let bytes: u64 = record.outputs.iter().map(|block| block.bytes).sum();
     assert_eq!(rows, n);
     assert!(
@@ -554,10 +547,7 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
     let fine = cluster
         .run(&Dataset::range(1_000).unwrap(), JobOptions::default())
         .await;
-    assert_eq!(
-        fine.outputs.iter().map(|block| block.rows).sum::<u64>(),
-        1_000
-    );
+    assert_eq!(output_rows(&fine), 1_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,7 +658,7 @@ async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
         ..JobOptions::default()
     };
     let record = cluster.run(&dataset, options).await;
-    let rows: u64 = record.outputs.iter().map(|block| block.rows).sum();
+    let rows = output_rows(&record);
     assert_eq!(rows, n);
     let stats = record.stats.unwrap();
     assert!(stats.spilled_bytes > 0, "nothing spilled: {stats:?}");
@@ -729,12 +719,9 @@ async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
         .map_batches(UdfCall::new("delay", 1).with("ms", 2_500i64))
         .unwrap();
     let record = cluster.run(&slow, JobOptions::default()).await;
-    let stats = record.stats.unwrap();
+    let stats = record.stats.clone().unwrap();
     assert_eq!(stats.retries(), 0, "{stats:?}");
-    assert_eq!(
-        record.outputs.iter().map(|block| block.rows).sum::<u64>(),
-        100
-    );
+    assert_eq!(output_rows(&record), 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,10 +738,7 @@ async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
         .repartition_by(8, &["k"])
         .unwrap();
     let record = cluster.run(&skewed, JobOptions::default()).await;
-    assert_eq!(
-        record.outputs.iter().map(|block| block.rows).sum::<u64>(),
-        300_000
-    );
+    assert_eq!(output_rows(&record), 300_000);
     let stats = record.stats.unwrap();
     let hot_key = operator(&stats, "repartition").hot_key.clone();
     let hot_key = hot_key.unwrap_or_else(|| panic!("no hot key in {stats:?}"));
