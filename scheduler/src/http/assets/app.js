@@ -1,0 +1,1083 @@
+// floe admin dashboard: a hash-routed single page that polls the JSON API of docs/HTTP_API.md.
+// Every server string reaches the page through textContent or setAttribute, never innerHTML.
+'use strict';
+
+const POLL_MS = 2000;
+const TOKEN_KEY = 'floe-token';
+const JOBS_PER_PAGE = 50;
+const NODES_PER_PAGE = 100;
+const MAX_EVENT_ROWS = 2000;
+const JOB_STATES = ['pending', 'running', 'succeeded', 'failed', 'cancelled'];
+const ACTIVE_JOB_STATES = ['pending', 'running'];
+
+// ---------- formatting ----------
+
+const DASH = '—';
+
+function isNum(v) {
+  return typeof v === 'number' && Number.isFinite(v);
+}
+
+function fmtBytes(n) {
+  if (!isNum(n)) return DASH;
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+  let value = Math.abs(n);
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  const sign = n < 0 ? '-' : '';
+  if (unit === 0) return `${sign}${value} B`;
+  const digits = value < 10 ? 2 : value < 100 ? 1 : 0;
+  return `${sign}${value.toFixed(digits)} ${units[unit]}`;
+}
+
+function fmtCount(n) {
+  if (!isNum(n)) return DASH;
+  if (Math.abs(n) >= 1e9) return `${(n / 1e9).toFixed(2)} G`;
+  if (Math.abs(n) >= 1e7) return `${(n / 1e6).toFixed(1)} M`;
+  return Math.round(n).toLocaleString('en-US');
+}
+
+function fmtRate(n) {
+  if (!isNum(n)) return DASH;
+  if (n === 0) return '0/s';
+  if (n < 1000) return `${n.toFixed(n < 10 ? 1 : 0)}/s`;
+  if (n < 1e6) return `${(n / 1e3).toFixed(n < 1e4 ? 2 : n < 1e5 ? 1 : 0)} k/s`;
+  if (n < 1e9) return `${(n / 1e6).toFixed(2)} M/s`;
+  return `${(n / 1e9).toFixed(2)} G/s`;
+}
+
+// Axis labels read better without trailing zeros: "7.50 GiB" -> "7.5 GiB", "10.0 k/s" -> "10 k/s".
+function trimZeros(text) {
+  return text.replace(/(\.\d*?)0+(?=\D|$)/, '$1').replace(/\.(?=\D|$)/, '');
+}
+
+function fmtDuration(ms) {
+  if (!isNum(ms)) return DASH;
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const s = ms / 1000;
+  if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+  const totalS = Math.round(s);
+  const h = Math.floor(totalS / 3600);
+  const m = Math.floor((totalS % 3600) / 60);
+  const sec = totalS % 60;
+  if (h > 0) return `${h} h ${String(m).padStart(2, '0')} m`;
+  return `${m} m ${String(sec).padStart(2, '0')} s`;
+}
+
+function pad2(n) {
+  return String(n).padStart(2, '0');
+}
+
+function fmtClock(ms) {
+  const d = new Date(ms);
+  return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+}
+
+function fmtTime(ms) {
+  if (!isNum(ms)) return DASH;
+  const d = new Date(ms);
+  const now = new Date();
+  const sameDay = d.toDateString() === now.toDateString();
+  if (sameDay) return fmtClock(ms);
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${fmtClock(ms)}`;
+}
+
+function fmtAgo(ms) {
+  if (!isNum(ms)) return DASH;
+  const age = Date.now() - ms;
+  if (age < 0) return 'just now';
+  return `${fmtDuration(age)} ago`;
+}
+
+function fmtPercent(part, whole) {
+  if (!isNum(part) || !isNum(whole) || whole <= 0) return DASH;
+  const p = (100 * part) / whole;
+  return `${p < 10 ? p.toFixed(1) : Math.round(p)}%`;
+}
+
+function truncate(text, max) {
+  const s = String(text);
+  return s.length > max ? `${s.slice(0, max - 1)}…` : s;
+}
+
+function textOf(v) {
+  if (v === null || v === undefined) return DASH;
+  if (typeof v === 'object') return JSON.stringify(v);
+  return String(v);
+}
+
+// ---------- DOM helpers ----------
+
+// el('td', {class: 'num', title: x}, child, ...): children are nodes or text (set as text nodes).
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  if (attrs) {
+    for (const [key, value] of Object.entries(attrs)) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === 'onclick') node.addEventListener('click', value);
+      else if (key === 'dataset') Object.assign(node.dataset, value);
+      else if (key === 'style') node.style.cssText = value;
+      else node.setAttribute(key, value === true ? '' : String(value));
+    }
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function setChildren(node, ...children) {
+  node.replaceChildren();
+  return append(node, children);
+}
+
+// Replaces a container's content only when the data it shows changed, so an unchanged section
+// keeps its scroll position and any text the user selected.
+const shownData = new WeakMap();
+
+function patch(node, data, build) {
+  const sig = JSON.stringify(data);
+  if (shownData.get(node) === sig) return;
+  shownData.set(node, sig);
+  setChildren(node, build());
+}
+
+// Keyed update of a table body: rows whose data did not change stay the same DOM nodes.
+function syncRows(tbody, items, keyOf, buildRow) {
+  const existing = new Map();
+  for (const row of Array.from(tbody.rows)) existing.set(row.dataset.key, row);
+  let previous = null;
+  for (const item of items) {
+    const key = String(keyOf(item));
+    const sig = JSON.stringify(item);
+    let row = existing.get(key);
+    existing.delete(key);
+    if (!row || shownData.get(row) !== sig) {
+      const fresh = buildRow(item);
+      fresh.dataset.key = key;
+      shownData.set(fresh, sig);
+      if (row) row.replaceWith(fresh);
+      row = fresh;
+    }
+    const wanted = previous ? previous.nextSibling : tbody.firstChild;
+    if (wanted !== row) tbody.insertBefore(row, wanted);
+    previous = row;
+  }
+  for (const stale of existing.values()) stale.remove();
+}
+
+function badge(state, text) {
+  return el('span', { class: `badge st-${state}` }, text === undefined ? state : text);
+}
+
+function num(text, attrs) {
+  return el('td', Object.assign({ class: 'num' }, attrs || {}), text);
+}
+
+function bar(fraction, kind, title) {
+  const pct = isNum(fraction) ? Math.max(0, Math.min(1, fraction)) * 100 : 0;
+  return el(
+    'div',
+    { class: `bar ${kind || ''}`, title },
+    el('div', { class: 'fill', style: `width:${pct.toFixed(1)}%` }),
+  );
+}
+
+function table(id, headers) {
+  const tbody = el('tbody');
+  const t = el(
+    'table',
+    { id, class: 'grid' },
+    el('thead', null, el('tr', null, headers.map((h) => {
+      const [label, cls] = Array.isArray(h) ? h : [h, null];
+      return el('th', { class: cls }, label);
+    }))),
+    tbody,
+  );
+  return { table: t, tbody };
+}
+
+function section(title, ...children) {
+  return el('section', { class: 'card' }, title ? el('h2', null, title) : null, children);
+}
+
+// ---------- API ----------
+
+class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function readError(res) {
+  try {
+    const body = await res.json();
+    if (body && typeof body.error === 'string') return body.error;
+  } catch (_) {
+    // Not JSON: fall through to the status line.
+  }
+  return `${res.status} ${res.statusText}`;
+}
+
+async function api(path) {
+  let res;
+  try {
+    res = await fetch(path, { cache: 'no-store', headers: { Accept: 'application/json' } });
+  } catch (e) {
+    throw new ApiError(`cannot reach this replica (${path}): ${e.message}`, 0);
+  }
+  if (!res.ok) throw new ApiError(`${path}: ${await readError(res)}`, res.status);
+  return res.json();
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+function askToken() {
+  const given = prompt('Cluster token (needed to cancel jobs and clean the cache):', '');
+  if (given === null || given.trim() === '') return null;
+  sessionStorage.setItem(TOKEN_KEY, given.trim());
+  showTokenState();
+  return given.trim();
+}
+
+// POSTs with the cluster token, asking for it the first time. Returns null if the user gave none.
+async function mutate(path, body) {
+  const bearer = token() || askToken();
+  if (!bearer) return null;
+  let res;
+  try {
+    res = await fetch(path, {
+      method: 'POST',
+      cache: 'no-store',
+      headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${bearer}` },
+      body: JSON.stringify(body),
+    });
+  } catch (e) {
+    throw new ApiError(`cannot reach this replica (${path}): ${e.message}`, 0);
+  }
+  if (res.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showTokenState();
+    throw new ApiError(
+      'The cluster token was rejected (401), so nothing changed. It has been cleared: ' +
+        'you will be asked for it again on the next try.',
+      401,
+    );
+  }
+  if (!res.ok) throw new ApiError(`${path}: ${await readError(res)}`, res.status);
+  return res.json();
+}
+
+async function runAction(action) {
+  try {
+    const message = await action();
+    if (message) flash(message, false);
+  } catch (e) {
+    flash(e.message, true);
+  }
+  refresh();
+}
+
+// ---------- chrome: header, banner, flash ----------
+
+let flashTimer = null;
+
+function flash(message, isError) {
+  const box = document.getElementById('flash');
+  box.textContent = message;
+  box.className = `banner ${isError ? 'error' : 'ok'}`;
+  box.hidden = false;
+  clearTimeout(flashTimer);
+  flashTimer = setTimeout(() => {
+    box.hidden = true;
+  }, isError ? 12000 : 5000);
+}
+
+function showBanner(message) {
+  const box = document.getElementById('banner');
+  box.textContent = `${message} — retrying every ${POLL_MS / 1000} s.`;
+  box.hidden = false;
+}
+
+function clearBanner() {
+  document.getElementById('banner').hidden = true;
+}
+
+function showTokenState() {
+  const link = document.getElementById('token-link');
+  link.textContent = token() ? 'token ✓' : 'token';
+}
+
+function onTokenLink(event) {
+  event.preventDefault();
+  if (token()) {
+    if (confirm('A cluster token is set for this tab. Clear it?')) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      showTokenState();
+      flash('Token cleared.', false);
+    }
+  } else if (askToken()) {
+    flash('Token kept for this tab.', false);
+  }
+}
+
+function renderHeader(cluster, page) {
+  const health = document.getElementById('health');
+  health.hidden = false;
+  health.className = `badge st-${cluster.health}`;
+  health.textContent = cluster.health;
+  const leader = cluster.leader === null || cluster.leader === undefined
+    ? el('span', { class: 'bad' }, 'no leader')
+    : `leader ${cluster.leader}`;
+  setChildren(document.getElementById('replica-info'), `replica ${cluster.replica_id} · `, leader);
+  document.getElementById('updated').textContent = `updated ${fmtClock(Date.now())}`;
+  for (const link of document.querySelectorAll('#nav a')) {
+    link.classList.toggle('current', link.dataset.page === page);
+  }
+}
+
+// ---------- routing ----------
+
+// A hand-typed hash may hold a malformed escape; keep its text rather than fail the page.
+function safeDecode(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch (_) {
+    return text;
+  }
+}
+
+// '#/jobs/12?x=y' -> {page: 'job', id: '12', query: URLSearchParams}
+function parseRoute() {
+  const raw = location.hash.replace(/^#\/?/, '');
+  const [path, queryText] = raw.split('?');
+  const parts = path.split('/').filter(Boolean).map(safeDecode);
+  const query = new URLSearchParams(queryText || '');
+  if (parts.length === 0 || parts[0] === 'overview') return { page: 'overview', query };
+  if (parts[0] === 'jobs' && parts.length === 2) return { page: 'job', id: parts[1], query };
+  if (parts.length === 1 && ['nodes', 'jobs', 'cache', 'events'].includes(parts[0])) {
+    return { page: parts[0], query };
+  }
+  return { page: 'notfound', query };
+}
+
+function navPage(route) {
+  return route.page === 'job' ? 'jobs' : route.page;
+}
+
+// A list page's hash with its filter and offset, leaving out the defaults.
+function hashFor(page, params) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== '' && value !== 0 && value !== null && value !== undefined) query.set(key, value);
+  }
+  const text = query.toString();
+  return `#/${page}${text ? `?${text}` : ''}`;
+}
+
+// Points the nav link at the current filter and offset, so going back to the page keeps them.
+function rememberNav(route) {
+  const link = document.querySelector(`#nav a[data-page="${route.page}"]`);
+  if (link && route.page !== 'overview') link.setAttribute('href', location.hash || `#/${route.page}`);
+}
+
+function offsetParam(query) {
+  const n = parseInt(query.get('offset') || '0', 10);
+  return Number.isFinite(n) && n > 0 ? n : 0;
+}
+
+function pager(offset, limit, shown, total, go) {
+  const first = total === 0 ? 0 : offset + 1;
+  const last = offset + shown;
+  return el(
+    'div',
+    { class: 'pager' },
+    el('button', { type: 'button', disabled: offset <= 0, onclick: () => go(Math.max(0, offset - limit)) }, '‹ prev'),
+    el('span', { class: 'muted' }, `showing ${fmtCount(first)}–${fmtCount(last)} of ${fmtCount(total)}`),
+    el('button', { type: 'button', disabled: offset + limit >= total, onclick: () => go(offset + limit) }, 'next ›'),
+  );
+}
+
+function filterButtons(options, current, go) {
+  return el('div', { class: 'filters' }, options.map(([value, label]) =>
+    el('button', {
+      type: 'button',
+      class: value === current ? 'selected' : null,
+      onclick: () => go(value),
+    }, label)));
+}
+
+// ---------- charts ----------
+
+function niceCeil(value, base) {
+  if (!(value > 0)) return 1;
+  let unit = 1;
+  if (base === 1024) {
+    while (value / unit >= 1024) unit *= 1024;
+  }
+  const scaled = value / unit;
+  const magnitude = 10 ** Math.floor(Math.log10(scaled));
+  const step = [1, 2, 2.5, 5, 10].find((m) => m * magnitude >= scaled) * magnitude;
+  return step * unit;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// A line chart of points [{t, v}] (v may be null: a gap), y from 0 to a rounded maximum.
+function lineChart(points, { width, height = 180, format, base = 10, cls = '' }) {
+  const pad = { left: 70, right: 12, top: 10, bottom: 24 };
+  const chart = svg('svg', { width, height, class: `chart ${cls}`, role: 'img' });
+  const plotW = width - pad.left - pad.right;
+  const plotH = height - pad.top - pad.bottom;
+  const values = points.filter((p) => isNum(p.v));
+  if (values.length === 0 || plotW <= 0) {
+    chart.append(svg('text', { x: width / 2, y: height / 2, class: 'empty', 'text-anchor': 'middle' }, 'no samples yet'));
+    return chart;
+  }
+  const t0 = points[0].t;
+  const t1 = Math.max(points[points.length - 1].t, t0 + 1);
+  const yMax = niceCeil(Math.max(...values.map((p) => p.v)), base);
+  const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * plotW;
+  const y = (v) => pad.top + plotH - (v / yMax) * plotH;
+  for (let i = 0; i <= 4; i += 1) {
+    const v = (yMax * i) / 4;
+    chart.append(svg('line', { x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), class: 'gridline' }));
+    chart.append(svg('text', { x: pad.left - 6, y: y(v) + 4, 'text-anchor': 'end', class: 'axis' }, trimZeros(format(v))));
+  }
+  for (const [t, anchor] of [[t0, 'start'], [(t0 + t1) / 2, 'middle'], [t1, 'end']]) {
+    chart.append(svg('text', { x: x(t), y: height - 6, 'text-anchor': anchor, class: 'axis' }, fmtClock(t)));
+  }
+  // One path per run of non-null values; the area under each run is shaded.
+  let line = '';
+  let area = '';
+  let run = [];
+  const flush = () => {
+    if (run.length === 0) return;
+    const coords = run.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`);
+    line += `M${coords.join('L')}`;
+    area += `M${x(run[0].t).toFixed(1)},${y(0)}L${coords.join('L')}L${x(run[run.length - 1].t).toFixed(1)},${y(0)}Z`;
+    run = [];
+  };
+  for (const p of points) {
+    if (isNum(p.v)) run.push(p);
+    else flush();
+  }
+  flush();
+  chart.append(svg('path', { d: area, class: 'area' }));
+  chart.append(svg('path', { d: line, class: 'line' }));
+  const lastPoint = values[values.length - 1];
+  chart.append(svg('circle', { cx: x(lastPoint.t), cy: y(lastPoint.v), r: 3, class: 'dot' }));
+  return chart;
+}
+
+function chartCard(title) {
+  const now = el('span', { class: 'muted' });
+  const holder = el('div', { class: 'chart-holder' });
+  const card = section(null, el('div', { class: 'chart-title' }, el('h2', null, title), now), holder);
+  return { card, now, holder };
+}
+
+// Draws into a chart card that is already in the document, so its width is known.
+function drawChart(chart, samples, valueOf, format, base) {
+  const points = samples.map((s) => ({ t: s.time_ms, v: valueOf(s) }));
+  chart.now.textContent = `now ${format(points.length ? points[points.length - 1].v : null)}`;
+  const width = Math.max(260, chart.holder.clientWidth || 500);
+  setChildren(chart.holder, lineChart(points, { width, format, base }));
+}
+
+// ---------- pages ----------
+// Each page: mount(main, route) builds the skeleton once; load(route) fetches; render(data, cluster, route).
+
+const pages = {};
+
+pages.overview = {
+  mount(main) {
+    this.top = el('div');
+    this.tiles = el('div', { class: 'tiles' });
+    this.raft = el('div');
+    this.storeChart = chartCard('Object store used');
+    this.rateChart = chartCard('Output rows/s');
+    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card);
+    setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.charts);
+    this.chartWidth = 0;
+    this.lastSample = undefined;
+  },
+  load() {
+    return api('/api/history');
+  },
+  render(history, cluster) {
+    patch(this.top, [cluster.health, cluster.leader, cluster.as_of_index, cluster.replica_id], () =>
+      el('div', { class: 'overview-head' },
+        el('span', { class: `badge big st-${cluster.health}` }, cluster.health),
+        el('span', null, healthText(cluster)),
+        el('span', { class: 'muted' }, `replica ${cluster.replica_id} has applied up to index ${fmtCount(cluster.as_of_index)}`)));
+
+    const store = cluster.object_store || {};
+    const nodes = cluster.nodes || {};
+    const jobs = cluster.jobs || {};
+    patch(this.tiles, [store, nodes, jobs, cluster.spilled_bytes, cluster.fallback_bytes], () => [
+      tile('nodes alive', fmtCount(nodes.alive), 'alive', '#/nodes?state=alive'),
+      tile('nodes dead', fmtCount(nodes.dead), nodes.dead > 0 ? 'dead' : null, '#/nodes?state=dead'),
+      tile('jobs running', fmtCount(jobs.running), 'running', '#/jobs?state=running'),
+      tile('jobs pending', fmtCount(jobs.pending), 'pending', '#/jobs?state=pending'),
+      tile('jobs failed', fmtCount(jobs.failed), jobs.failed > 0 ? 'failed' : null, '#/jobs?state=failed'),
+      el('div', { class: 'tile wide' },
+        el('div', { class: 'tile-label' }, 'object store used'),
+        el('div', { class: 'tile-value' }, fmtBytes(store.used_bytes),
+          el('span', { class: 'muted small' }, ` of ${fmtBytes(store.capacity_bytes)} (${fmtPercent(store.used_bytes, store.capacity_bytes)})`)),
+        bar(store.capacity_bytes > 0 ? store.used_bytes / store.capacity_bytes : 0, 'store')),
+      el('div', { class: 'tile' },
+        el('div', { class: 'tile-label' }, 'spilled'),
+        el('div', { class: 'tile-value' }, fmtBytes(cluster.spilled_bytes)),
+        el('div', { class: 'muted small' }, `fallback ${fmtBytes(cluster.fallback_bytes)}`)),
+    ]);
+
+    patch(this.raft, [cluster.replicas, cluster.leader, cluster.replica_id], () => {
+      const { table: t, tbody } = table('raft-table', ['id', 'addr', 'role', 'reachable',
+        ['term', 'num'], ['commit', 'num'], ['applied', 'num'], 'sees leader']);
+      for (const r of cluster.replicas || []) {
+        const isLeader = cluster.leader !== null && r.id === cluster.leader;
+        tbody.append(el('tr', { class: r.id === cluster.replica_id ? 'self' : null },
+          el('td', null, String(r.id), r.id === cluster.replica_id ? el('span', { class: 'muted small' }, ' (serving)') : null),
+          el('td', { class: 'mono' }, textOf(r.addr)),
+          el('td', null, isLeader ? badge('leader', 'leader') : el('span', { class: 'muted' }, 'follower')),
+          el('td', null, r.reachable ? badge('ok', 'yes') : badge('failed', 'no')),
+          num(fmtCount(r.term)), num(fmtCount(r.commit)), num(fmtCount(r.applied)),
+          el('td', null, textOf(r.leader))));
+      }
+      return t;
+    });
+
+    const samples = (history && history.samples) || [];
+    const width = this.charts.clientWidth;
+    const last = samples.length ? samples[samples.length - 1].time_ms : null;
+    // Redraw when a new sample arrived or the window was resized.
+    if (last !== this.lastSample || width !== this.chartWidth || samples.length !== this.sampleCount) {
+      this.lastSample = last;
+      this.chartWidth = width;
+      this.sampleCount = samples.length;
+      drawChart(this.storeChart, samples, (s) => s.object_store_used_bytes, fmtBytes, 1024);
+      drawChart(this.rateChart, samples, (s) => s.rows_per_s, fmtRate, 10);
+    }
+  },
+};
+
+function healthText(cluster) {
+  if (cluster.health === 'ok') return 'a leader is elected and every alive node is heartbeating';
+  if (cluster.health === 'degraded') return 'a replica is unreachable or a node is late';
+  if (cluster.health === 'down') return 'no leader: the cluster cannot accept changes';
+  return '';
+}
+
+function tile(label, value, state, href) {
+  return el('a', { class: `tile ${state ? `tile-${state}` : ''}`, href },
+    el('div', { class: 'tile-label' }, label),
+    el('div', { class: 'tile-value' }, value));
+}
+
+pages.nodes = {
+  mount(main) {
+    this.filters = el('div');
+    this.pagerTop = el('div');
+    this.pagerBottom = el('div');
+    const { table: t, tbody } = table('nodes-table', ['id', 'addr', 'state', ['cpus', 'num'], 'memory',
+      ['store used', 'num'], ['spilled', 'num'], ['workers', 'num'], ['heartbeat', 'num'], 'dead reason']);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no nodes');
+    setChildren(main, section('Nodes', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
+  },
+  params(route) {
+    const state = route.query.get('state');
+    return { state: state === 'alive' || state === 'dead' ? state : '', offset: offsetParam(route.query) };
+  },
+  load(route) {
+    const { state, offset } = this.params(route);
+    const q = new URLSearchParams({ offset, limit: NODES_PER_PAGE });
+    if (state) q.set('state', state);
+    return api(`/api/nodes?${q}`);
+  },
+  render(data, cluster, route) {
+    const { state, offset } = this.params(route);
+    const go = (params) => { location.hash = hashFor('nodes', Object.assign({ state, offset }, params)); };
+    if (offset > 0 && offset >= data.total) {
+      go({ offset: Math.max(0, Math.floor((data.total - 1) / NODES_PER_PAGE) * NODES_PER_PAGE) });
+      return;
+    }
+    const counts = cluster.nodes || {};
+    const all = (counts.alive || 0) + (counts.dead || 0);
+    patch(this.filters, [state, counts], () => filterButtons([
+      ['', `all (${fmtCount(all)})`],
+      ['alive', `alive (${fmtCount(counts.alive)})`],
+      ['dead', `dead (${fmtCount(counts.dead)})`],
+    ], state, (value) => go({ state: value, offset: 0 })));
+    const nodes = data.nodes || [];
+    for (const holder of [this.pagerTop, this.pagerBottom]) {
+      patch(holder, [offset, nodes.length, data.total, state], () =>
+        pager(offset, NODES_PER_PAGE, nodes.length, data.total, (o) => go({ offset: o })));
+    }
+    this.empty.hidden = nodes.length > 0;
+    syncRows(this.tbody, nodes, (n) => n.id, nodeRow);
+  },
+};
+
+function poolBar(label, used, size, kind) {
+  // A pool's bar shows how much of the pool is in use; its text gives both sizes.
+  const fraction = isNum(used) && size > 0 ? used / size : 0;
+  const text = isNum(used) ? `${fmtBytes(used)} / ${fmtBytes(size)}` : fmtBytes(size);
+  return el('div', { class: 'pool' },
+    el('span', { class: 'pool-label' }, label),
+    bar(fraction, kind, isNum(used) ? `${label}: ${text} (${fmtPercent(used, size)})` : `${label}: ${text}`),
+    el('span', { class: 'pool-text' }, text));
+}
+
+function memoryCell(memory, usage) {
+  const m = memory || {};
+  const u = usage || {};
+  const total = m.total_bytes;
+  const reserveShare = total > 0 ? m.system_reserve_bytes / total : 0;
+  return el('td', { class: 'memory' },
+    poolBar('store', usage ? u.object_store_used_bytes : null, m.object_store_bytes, 'store'),
+    poolBar('heap', usage ? u.heap_reserved_bytes : null, m.heap_bytes, 'heap'),
+    el('div', { class: 'pool' },
+      el('span', { class: 'pool-label' }, 'reserve'),
+      bar(reserveShare, 'reserve', `system reserve: ${fmtBytes(m.system_reserve_bytes)} (${fmtPercent(m.system_reserve_bytes, total)} of total)`),
+      el('span', { class: 'pool-text' }, fmtBytes(m.system_reserve_bytes),
+        el('span', { class: 'muted' }, ` · total ${fmtBytes(total)}`))));
+}
+
+function nodeRow(node) {
+  const usage = node.usage;
+  const labels = Object.entries(node.labels || {});
+  const age = node.heartbeat_age_ms;
+  return el('tr', { dataset: { nodeId: node.id, state: node.state } },
+    el('td', { class: 'mono' }, node.id),
+    el('td', null, el('span', { class: 'mono' }, textOf(node.addr)),
+      labels.length ? el('div', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'chip' }, `${k}=${v}`))) : null),
+    el('td', null, badge(node.state)),
+    num(usage ? `${usage.cpu_reserved} / ${node.cpus}` : textOf(node.cpus),
+      { title: usage ? 'reserved / total cpus' : 'total cpus' }),
+    memoryCell(node.memory, usage),
+    num(usage ? fmtBytes(usage.object_store_used_bytes) : DASH),
+    num(usage ? fmtBytes(usage.spilled_bytes) : DASH,
+      { title: usage ? `fallback ${fmtBytes(usage.fallback_bytes)}` : null }),
+    num(usage ? `${usage.workers_busy} / ${usage.workers}` : DASH),
+    num(fmtDuration(age), { class: isNum(age) && age > 3000 ? 'num late' : 'num' }),
+    el('td', { class: 'reason' }, node.dead_reason === null || node.dead_reason === undefined ? '' : String(node.dead_reason)));
+}
+
+pages.jobs = {
+  mount(main) {
+    this.filters = el('div');
+    this.pagerTop = el('div');
+    this.pagerBottom = el('div');
+    const { table: t, tbody } = table('jobs-table', [['id', 'num'], 'state', 'operators', ['attempts', 'num'],
+      'driver', ['wall', 'num'], ['output rows', 'num'], 'error']);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no jobs');
+    setChildren(main, section('Jobs', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
+  },
+  params(route) {
+    const state = route.query.get('state');
+    return { state: JOB_STATES.includes(state) ? state : '', offset: offsetParam(route.query) };
+  },
+  load(route) {
+    const { state, offset } = this.params(route);
+    const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE });
+    if (state) q.set('state', state);
+    return api(`/api/jobs?${q}`);
+  },
+  render(data, cluster, route) {
+    const { state, offset } = this.params(route);
+    const go = (params) => { location.hash = hashFor('jobs', Object.assign({ state, offset }, params)); };
+    if (offset > 0 && offset >= data.total) {
+      go({ offset: Math.max(0, Math.floor((data.total - 1) / JOBS_PER_PAGE) * JOBS_PER_PAGE) });
+      return;
+    }
+    const counts = data.counts || {};
+    const all = JOB_STATES.reduce((sum, s) => sum + (counts[s] || 0), 0);
+    patch(this.filters, [state, counts], () => filterButtons(
+      [['', `all (${fmtCount(all)})`]].concat(JOB_STATES.map((s) => [s, `${s} (${fmtCount(counts[s] || 0)})`])),
+      state, (value) => go({ state: value, offset: 0 })));
+    const jobs = data.jobs || [];
+    for (const holder of [this.pagerTop, this.pagerBottom]) {
+      patch(holder, [offset, jobs.length, data.total, state], () =>
+        pager(offset, JOBS_PER_PAGE, jobs.length, data.total, (o) => go({ offset: o })));
+    }
+    this.empty.hidden = jobs.length > 0;
+    syncRows(this.tbody, jobs, (j) => j.id, jobRow);
+  },
+};
+
+function jobRow(job) {
+  const href = `#/jobs/${encodeURIComponent(job.id)}`;
+  const row = el('tr', { class: 'link-row', dataset: { jobId: job.id, state: job.state } },
+    num(el('a', { href }, job.id)),
+    el('td', null, badge(job.state)),
+    el('td', { class: 'ops' }, (job.operators || []).join(' → ')),
+    num(fmtCount(job.attempts)),
+    el('td', { class: 'mono' }, textOf(job.driver_node)),
+    num(fmtDuration(job.wall_ms)),
+    num(fmtCount(job.output_rows)),
+    el('td', { class: 'error-cell', title: job.error || null }, job.error ? truncate(job.error, 90) : ''));
+  row.addEventListener('click', (event) => {
+    // Leave links and text selection alone; anywhere else on the row opens the job.
+    if (event.target.closest('a') || String(window.getSelection())) return;
+    location.hash = href;
+  });
+  return row;
+}
+
+pages.job = {
+  mount(main, route) {
+    this.id = route.id;
+    this.head = el('div');
+    this.error = el('div');
+    this.graph = el('div');
+    this.stats = el('div');
+    this.plan = el('div');
+    setChildren(main,
+      el('p', { class: 'crumbs' }, el('a', { href: document.querySelector('#nav a[data-page="jobs"]').getAttribute('href') }, '‹ jobs')),
+      this.head, this.error, this.graph, this.stats, this.plan);
+  },
+  load(route) {
+    return api(`/api/jobs/${encodeURIComponent(route.id)}`).catch((e) => {
+      if (e.status === 404) return { notFound: true };
+      throw e;
+    });
+  },
+  render(job) {
+    if (job.notFound) {
+      patch(this.head, 'missing', () => section(`Job ${this.id}`, el('p', { class: 'empty' }, `No job with id ${this.id} on this cluster.`)));
+      for (const part of [this.error, this.graph, this.stats, this.plan]) patch(part, null, () => []);
+      return;
+    }
+    patch(this.head, [job.state, job.attempts, job.driver_node, job.cancel_requested, job.rows_per_s,
+      job.submission_id, job.options, job.output, job.stats && job.stats.wall_ms, job.stats && job.stats.spilled_bytes], () => jobHead(job));
+    patch(this.error, job.error, () => (job.error === null || job.error === undefined
+      ? []
+      : section('Error', el('pre', { class: 'error-text' }, String(job.error)))));
+    patch(this.graph, [job.state, job.progress, job.stats && job.stats.operators, job.operators], () => operatorGraph(job));
+    patch(this.stats, job.stats, () => (job.stats ? statsTable(job.stats) : []));
+    patch(this.plan, job.plan, () => section('Plan', el('pre', { class: 'plan' }, textOf(job.plan))));
+  },
+};
+
+function jobHead(job) {
+  const active = ACTIVE_JOB_STATES.includes(job.state);
+  let cancel = null;
+  if (active) {
+    cancel = el('button', {
+      type: 'button',
+      class: 'danger',
+      disabled: job.cancel_requested === true,
+      onclick: () => {
+        if (!confirm(`Cancel job ${job.id}?`)) return;
+        runAction(async () => {
+          const result = await mutate(`/api/jobs/${encodeURIComponent(job.id)}/stop`, {});
+          if (!result) return null;
+          return result.stopped
+            ? `Job ${job.id}: stop sent (state ${result.state}).`
+            : `Job ${job.id} had already ended (state ${result.state}).`;
+        });
+      },
+    }, job.cancel_requested ? 'cancel requested…' : 'Cancel job');
+  }
+  const opts = job.options || {};
+  const stats = job.stats;
+  const output = job.output;
+  const facts = [
+    ['attempts', fmtCount(job.attempts)],
+    ['driver node', textOf(job.driver_node)],
+    ['rows/s', job.rows_per_s === null || job.rows_per_s === undefined ? DASH : fmtRate(job.rows_per_s)],
+    ['wall', stats ? fmtDuration(stats.wall_ms) : DASH],
+    ['spilled', stats ? fmtBytes(stats.spilled_bytes) : DASH],
+    ['output', output ? `${fmtCount(output.rows)} rows · ${fmtCount(output.blocks)} blocks · ${fmtBytes(output.bytes)}` : DASH],
+    ['cache', textOf(opts.cache)],
+    ['max task retries', textOf(opts.max_task_retries)],
+    ['store budget', isNum(opts.object_store_budget_permille) ? `${opts.object_store_budget_permille / 10}%` : DASH],
+    ['submission id', textOf(job.submission_id)],
+  ];
+  return section(null,
+    el('div', { class: 'job-title' },
+      el('h2', null, `Job ${job.id}`),
+      el('span', { id: 'job-state', class: `badge big st-${job.state}` }, job.state),
+      job.cancel_requested && active ? el('span', { class: 'muted' }, 'cancel requested') : null,
+      el('span', { class: 'spacer' }),
+      cancel),
+    el('dl', { class: 'facts' }, facts.map(([k, v]) =>
+      el('div', null, el('dt', null, k), el('dd', { class: k === 'submission id' ? 'mono' : null }, v)))));
+}
+
+function operatorGraph(job) {
+  const finished = !ACTIVE_JOB_STATES.includes(job.state);
+  const progressOps = (job.progress && job.progress.operators) || [];
+  const statsOps = (job.stats && job.stats.operators) || [];
+  let ops;
+  if (finished && statsOps.length) {
+    ops = statsOps.map((s, i) => ({ name: s.name, stats: s, progress: progressOps[i] && progressOps[i].name === s.name ? progressOps[i] : null }));
+  } else if (progressOps.length) {
+    ops = progressOps.map((p) => ({ name: p.name, progress: p, stats: null }));
+  } else {
+    ops = (job.operators || []).map((name) => ({ name, progress: null, stats: null }));
+  }
+  if (ops.length === 0) {
+    return section('Operators', el('p', { class: 'empty' },
+      job.state === 'pending' ? 'waiting for a driver to report progress' : 'no operator progress reported'));
+  }
+  const chain = el('div', { class: 'chain' });
+  ops.forEach((op, i) => {
+    if (i > 0) chain.append(el('div', { class: 'arrow' }, '→'));
+    chain.append(operatorBox(op, job.state));
+  });
+  const note = job.progress ? `driver report of attempt ${job.progress.attempt}` : null;
+  return section(null, el('div', { class: 'chart-title' }, el('h2', null, 'Operators'), note ? el('span', { class: 'muted' }, note) : null), chain);
+}
+
+function operatorBox(op, state) {
+  const p = op.progress;
+  const s = op.stats;
+  const known = p && isNum(p.tasks_total) && p.tasks_total > 0;
+  let progressBar;
+  let tasksText;
+  if (state === 'succeeded') {
+    progressBar = bar(1, 'succeeded');
+    tasksText = s ? `${fmtCount(s.tasks)} tasks` : 'done';
+  } else if (known) {
+    progressBar = bar(p.tasks_done / p.tasks_total, state);
+    tasksText = `${fmtCount(p.tasks_done)} / ${fmtCount(p.tasks_total)} tasks`;
+  } else {
+    progressBar = ACTIVE_JOB_STATES.includes(state)
+      ? el('div', { class: 'bar indeterminate' }, el('div', { class: 'fill' }))
+      : bar(0, state);
+    tasksText = p ? `${fmtCount(p.tasks_done)} tasks done` : s ? `${fmtCount(s.tasks)} tasks` : 'tasks unknown';
+  }
+  const rows = s ? s.rows : p ? p.rows_done : null;
+  const bytes = s ? s.bytes : p ? p.bytes_done : null;
+  const blocks = p ? p.blocks_done : null;
+  return el('div', { class: 'operator' },
+    el('div', { class: 'op-name' }, op.name),
+    progressBar,
+    el('div', { class: 'op-tasks muted small' }, tasksText,
+      p && (p.tasks_running || p.tasks_queued) ? ` · ${fmtCount(p.tasks_running)} running · ${fmtCount(p.tasks_queued)} queued` : ''),
+    el('dl', { class: 'op-facts' },
+      el('dt', null, 'rows'), el('dd', null, fmtCount(rows)),
+      el('dt', null, 'blocks'), el('dd', null, fmtCount(blocks)),
+      el('dt', null, 'bytes'), el('dd', null, fmtBytes(bytes)),
+      s ? [el('dt', null, 'wall'), el('dd', null, fmtDuration(s.wall_ms))] : null));
+}
+
+function statsTable(stats) {
+  const { table: t, tbody } = table('stats-table', ['operator', 'fingerprint', ['wall', 'num'], ['tasks', 'num'],
+    ['retries', 'num'], ['rebuilt', 'num'], ['rows', 'num'], ['bytes', 'num'], ['cache hits', 'num'],
+    ['cache misses', 'num'], 'hot key']);
+  for (const op of stats.operators || []) {
+    tbody.append(el('tr', null,
+      el('td', null, op.name),
+      el('td', { class: 'mono small' }, textOf(op.fingerprint)),
+      num(fmtDuration(op.wall_ms)),
+      num(fmtCount(op.tasks)),
+      num(fmtCount(op.retries), { class: op.retries > 0 ? 'num warn' : 'num' }),
+      num(fmtCount(op.rebuilt), { class: op.rebuilt > 0 ? 'num warn' : 'num' }),
+      num(fmtCount(op.rows)),
+      num(fmtBytes(op.bytes)),
+      num(fmtCount(op.cache_hits)),
+      num(fmtCount(op.cache_misses)),
+      el('td', { class: 'hot-key' }, op.hot_key === null || op.hot_key === undefined ? '' : textOf(op.hot_key))));
+  }
+  return section(`Statistics (attempt ${textOf(stats.attempt)}, wall ${fmtDuration(stats.wall_ms)}, spilled ${fmtBytes(stats.spilled_bytes)})`, t);
+}
+
+pages.cache = {
+  mount(main) {
+    this.summary = el('div', { class: 'toolbar' });
+    const { table: t, tbody } = table('cache-table', ['fingerprint', ['shards', 'num'], 'complete', ['rows', 'num'],
+      ['bytes', 'num'], 'nodes', 'last used', '']);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'the cache is empty');
+    setChildren(main, section('Cache', this.summary, t, this.empty));
+  },
+  load() {
+    return api('/api/cache');
+  },
+  render(data) {
+    const entries = data.entries || [];
+    patch(this.summary, [data.total_bytes, entries.length], () => [
+      el('span', null, `${fmtCount(entries.length)} entries · ${fmtBytes(data.total_bytes)} in total`),
+      el('span', { class: 'spacer' }),
+      el('button', { type: 'button', class: 'danger', disabled: entries.length === 0, onclick: cleanAll }, 'Clean all'),
+    ]);
+    this.empty.hidden = entries.length > 0;
+    syncRows(this.tbody, entries, (e) => e.fingerprint, cacheRow);
+  },
+};
+
+function cacheRow(entry) {
+  const nodes = entry.nodes || [];
+  const nodeText = nodes.length > 8 ? `${nodes.slice(0, 8).join(', ')} … (+${nodes.length - 8})` : nodes.join(', ');
+  return el('tr', { dataset: { fingerprint: entry.fingerprint } },
+    el('td', { class: 'mono' }, entry.fingerprint),
+    num(`${fmtCount(entry.shards_present)} / ${fmtCount(entry.shard_count)}`),
+    el('td', null, entry.complete ? badge('ok', 'complete') : badge('degraded', 'partial')),
+    num(fmtCount(entry.rows)),
+    num(fmtBytes(entry.bytes)),
+    el('td', { class: 'mono', title: nodes.join(', ') }, nodeText),
+    el('td', { title: isNum(entry.last_used_ms) ? fmtAgo(entry.last_used_ms) : 'not seen by this replica since it started' },
+      fmtTime(entry.last_used_ms)),
+    el('td', null, el('button', { type: 'button', class: 'small', onclick: () => cleanEntry(entry.fingerprint) }, 'clean')));
+}
+
+function cleanEntry(fingerprint) {
+  if (!confirm(`Drop cache entry ${fingerprint}? The next job that needs it recomputes it.`)) return;
+  runAction(async () => {
+    const result = await mutate('/api/cache/clean', { fingerprint });
+    return result ? `Evicted ${fmtCount(result.evicted)} entr${result.evicted === 1 ? 'y' : 'ies'}.` : null;
+  });
+}
+
+function cleanAll() {
+  if (!confirm('Drop every cache entry? Jobs will recompute what they used to reuse.')) return;
+  runAction(async () => {
+    const result = await mutate('/api/cache/clean', {});
+    return result ? `Evicted ${fmtCount(result.evicted)} entr${result.evicted === 1 ? 'y' : 'ies'}.` : null;
+  });
+}
+
+// Events accumulate across visits; seq is per replica, so a different serving replica starts over.
+const eventLog = { replica: null, lastSeq: null, rows: [] };
+
+pages.events = {
+  mount(main) {
+    const { table: t, tbody } = table('events-table', [['seq', 'num'], 'time', 'kind', 'node', 'job', 'message']);
+    this.tbody = tbody;
+    this.count = el('span', { class: 'muted' });
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no events yet');
+    setChildren(main, section(null, el('div', { class: 'chart-title' }, el('h2', null, 'Events'), this.count), t, this.empty));
+    // Rebuild from what was collected before, newest first.
+    for (const event of eventLog.rows) this.tbody.prepend(eventRow(event));
+  },
+  load() {
+    const after = eventLog.lastSeq;
+    return api(after === null ? '/api/events' : `/api/events?after=${encodeURIComponent(after)}`)
+      .then((data) => ({ data, after }));
+  },
+  render({ data, after }, cluster) {
+    if (eventLog.replica !== null && eventLog.replica !== cluster.replica_id) {
+      // Another replica answered: its seqs are its own, so start the list over on the next poll.
+      eventLog.replica = cluster.replica_id;
+      eventLog.lastSeq = null;
+      eventLog.rows = [];
+      this.tbody.replaceChildren();
+      return;
+    }
+    eventLog.replica = cluster.replica_id;
+    if (after !== eventLog.lastSeq) return;
+    const fresh = (data.events || []).filter((e) => eventLog.lastSeq === null || e.seq > eventLog.lastSeq);
+    for (const event of fresh) {
+      eventLog.rows.push(event);
+      this.tbody.prepend(eventRow(event));
+      eventLog.lastSeq = event.seq;
+    }
+    while (eventLog.rows.length > MAX_EVENT_ROWS) {
+      eventLog.rows.shift();
+      if (this.tbody.lastChild) this.tbody.lastChild.remove();
+    }
+    this.empty.hidden = eventLog.rows.length > 0;
+    this.count.textContent = `${fmtCount(eventLog.rows.length)} shown, newest first`;
+  },
+};
+
+const EVENT_STATE = { node_joined: 'alive', node_dead: 'dead', leader_changed: 'running', job_state: 'pending' };
+
+function eventRow(event) {
+  return el('tr', { dataset: { seq: event.seq, kind: event.kind } },
+    num(String(event.seq)),
+    el('td', { class: 'nowrap', title: new Date(event.time_ms).toString() }, fmtTime(event.time_ms)),
+    el('td', null, badge(EVENT_STATE[event.kind] || 'pending', event.kind)),
+    el('td', { class: 'mono' }, event.node === null || event.node === undefined ? '' : String(event.node)),
+    el('td', { class: 'mono' }, event.job === null || event.job === undefined
+      ? ''
+      : el('a', { href: `#/jobs/${encodeURIComponent(event.job)}` }, String(event.job))),
+    el('td', null, textOf(event.message)));
+}
+
+pages.notfound = {
+  mount(main) {
+    setChildren(main, section('Not found', el('p', null, 'No such page. ', el('a', { href: '#/overview' }, 'Go to the overview.'))));
+  },
+  load() {
+    return Promise.resolve(null);
+  },
+  render() {},
+};
+
+// ---------- the refresh loop ----------
+
+let generation = 0;
+let timer = null;
+let mounted = null;
+
+function mountKey(route) {
+  return route.page === 'job' ? `job/${route.id}` : route.page;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  generation += 1;
+  const mine = generation;
+  const route = parseRoute();
+  const page = pages[route.page];
+  const main = document.getElementById('main');
+  if (mounted !== mountKey(route)) {
+    mounted = mountKey(route);
+    page.mount(main, route);
+  }
+  rememberNav(route);
+  try {
+    const [cluster, data] = await Promise.all([api('/api/cluster'), page.load(route)]);
+    if (mine !== generation) return;
+    renderHeader(cluster, navPage(route));
+    page.render(data, cluster, route);
+    clearBanner();
+    document.body.dataset.loaded = 'true';
+  } catch (e) {
+    if (mine !== generation) return;
+    showBanner(e.message);
+  } finally {
+    if (mine === generation) timer = setTimeout(refresh, POLL_MS);
+  }
+}
+
+// Coalesces a burst of triggers (a window being resized) into one refresh.
+function refreshSoon() {
+  clearTimeout(timer);
+  timer = setTimeout(refresh, 200);
+}
+
+window.addEventListener('hashchange', refresh);
+window.addEventListener('resize', () => {
+  if (mounted === 'overview') refreshSoon();
+});
+document.addEventListener('DOMContentLoaded', () => {
+  document.getElementById('token-link').addEventListener('click', onTokenLink);
+  showTokenState();
+  refresh();
+});
