@@ -11,7 +11,7 @@ use floe_core::JobId;
 use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
 use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
 use floe_scheduler::protocol::ResourceUsage;
-use floe_scheduler::state::{Command, NodeAddresses, Outcome, Resources};
+use floe_scheduler::state::{Command, NodeAddresses, NodeMemory, Outcome, Resources};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -183,13 +183,13 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
     };
     let (addresses, resources, labels) = register("127.0.0.1:9");
     let quiet = client
-        .register_node(addresses, resources, labels)
+        .register_node(addresses, resources, NodeMemory::default(), labels)
         .await
         .unwrap();
     let silent_since = Instant::now();
     let (addresses, resources, labels) = register("127.0.0.1:10");
     let alive = client
-        .register_node(addresses, resources, labels)
+        .register_node(addresses, resources, NodeMemory::default(), labels)
         .await
         .unwrap();
 

@@ -20,7 +20,9 @@ use crate::protocol::{
     NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
-use crate::state::{ClusterState, Command, NodeAddresses, NodeDeath, Outcome, Resources};
+use crate::state::{
+    ClusterState, Command, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+};
 use crate::{Error, Result};
 
 /// Pause between attempts when no replica could answer, so failover costs no busy loop.
@@ -160,11 +162,13 @@ impl SchedulerClient {
         &mut self,
         addresses: NodeAddresses,
         resources: Resources,
+        memory: NodeMemory,
         labels: BTreeMap<String, String>,
     ) -> Result<NodeId> {
         let request = SchedulerRequest::RegisterNode {
             addresses,
             resources,
+            memory,
             labels,
         };
         match self.call(&request).await? {

@@ -10,7 +10,9 @@ use floe_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{PlacementError, PlacementRequest};
-use crate::state::{ClusterState, Command, NodeAddresses, NodeDeath, Outcome, Resources};
+use crate::state::{
+    ClusterState, Command, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+};
 
 pub struct SchedulerProtocol;
 
@@ -30,6 +32,9 @@ pub struct ResourceUsage {
     /// files because memory was full of pinned objects.
     pub spilled_bytes: u64,
     pub fallback_bytes: u64,
+    /// Worker processes, and how many of them are running a task.
+    pub workers: u32,
+    pub workers_busy: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +47,7 @@ pub enum SchedulerRequest {
     RegisterNode {
         addresses: NodeAddresses,
         resources: Resources,
+        memory: NodeMemory,
         labels: BTreeMap<String, String>,
     },
     Heartbeat {
@@ -85,6 +91,8 @@ pub enum SchedulerRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReport {
     pub usage: ResourceUsage,
+    /// What the leader's placements have reserved on the node now.
+    pub reserved: Resources,
     /// Milliseconds since that heartbeat arrived.
     pub age_ms: u64,
 }

@@ -27,7 +27,7 @@ use floe_core::{JobId, NodeId};
 use protobuf::Message as _;
 use raft::prelude::{Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::placement::{Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView};
@@ -45,6 +45,9 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
 const MAX_INPUTS_PER_TURN: usize = 4096;
 /// Largest batch of Raft messages sent to one peer in one RPC.
 const MAX_MESSAGES_PER_SEND: usize = 1024;
+/// The least time between two copies of the state published for readers such as the HTTP
+/// API; a copy costs a clone of the whole state, so it is not made after every entry.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(250);
 /// Pause after a failed send to a peer, so a dead peer costs no busy loop.
 const PEER_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
@@ -131,6 +134,7 @@ enum Input {
 /// A running replica: its RPC server and its Raft loop. Dropping it stops both.
 pub struct Replica {
     local_addr: SocketAddr,
+    applied_state: watch::Receiver<Arc<ClusterState>>,
     _server: RpcServer,
     /// Taken by [`Replica::wait`]; aborted on drop otherwise.
     raft_loop: Option<JoinHandle<Result<()>>>,
@@ -148,11 +152,13 @@ impl Replica {
         let (inputs, receiver) = mpsc::channel(MAX_INPUTS_PER_TURN * 4);
         let (deaths, _) = broadcast::channel(1024);
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), deaths.clone())?;
+        let applied_state = raft_loop.published.subscribe();
         let service = Arc::new(Service { inputs, deaths });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {
             local_addr: server.local_addr(),
+            applied_state,
             _server: server,
             raft_loop: Some(raft_loop),
         })
@@ -160,6 +166,12 @@ impl Replica {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// This replica's applied state, republished at most every 250 ms while it changes. It
+    /// lags the leader by the replication delay: for dashboards, not for decisions.
+    pub fn applied_state(&self) -> watch::Receiver<Arc<ClusterState>> {
+        self.applied_state.clone()
     }
 
     /// Resolves when the Raft loop stops, which only a fatal error (a failed write) causes.
@@ -331,6 +343,8 @@ struct RaftLoop<S: LogStore> {
     /// A job was submitted since drivers were last placed; place them without waiting for
     /// the health tick.
     jobs_submitted: bool,
+    published: watch::Sender<Arc<ClusterState>>,
+    last_published: Instant,
 }
 
 impl<S: LogStore> RaftLoop<S> {
@@ -371,6 +385,7 @@ impl<S: LogStore> RaftLoop<S> {
                 (*id, sender)
             })
             .collect();
+        let state_copy = state.clone();
         let mut view = ResourceView::new();
         for node in state.alive_nodes() {
             view.upsert_node(node.id, node.resources);
@@ -406,6 +421,8 @@ impl<S: LogStore> RaftLoop<S> {
             drivers_proposed: BTreeMap::new(),
             progress: BTreeMap::new(),
             jobs_submitted: false,
+            published: watch::Sender::new(Arc::new(state_copy)),
+            last_published: Instant::now(),
         })
     }
 
@@ -439,7 +456,20 @@ impl<S: LogStore> RaftLoop<S> {
             if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
+            self.publish_state();
         }
+    }
+
+    /// Publishes a copy of the state if it changed and the last copy is old enough; the tick
+    /// keeps the loop turning, so the last change is published within a tick or two.
+    fn publish_state(&mut self) {
+        if self.published.borrow().applied_index == self.state.applied_index
+            || self.last_published.elapsed() < PUBLISH_INTERVAL
+        {
+            return;
+        }
+        self.published.send_replace(Arc::new(self.state.clone()));
+        self.last_published = Instant::now();
     }
 
     fn is_leader(&self) -> bool {
@@ -491,11 +521,13 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::RegisterNode {
                 addresses,
                 resources,
+                memory,
                 labels,
             } => self.propose(
                 Command::RegisterNode {
                     addresses,
                     resources,
+                    memory,
                     labels,
                 },
                 Some(reply),
@@ -526,6 +558,7 @@ impl<S: LogStore> RaftLoop<S> {
                             *node,
                             NodeReport {
                                 usage: *usage,
+                                reserved: self.view.used(*node).unwrap_or_default(),
                                 age_ms: u64::try_from(age).unwrap_or(u64::MAX),
                             },
                         ))

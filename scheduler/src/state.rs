@@ -31,6 +31,15 @@ pub struct NodeAddresses {
     pub rpc: String,
 }
 
+/// How a node's memory is split into pools (the object store, the system reserve and the
+/// heap, which is [`Resources::heap_bytes`]), for operators; placement only uses the heap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMemory {
+    pub total_bytes: u64,
+    pub object_store_bytes: u64,
+    pub system_reserve_bytes: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Liveness {
     Alive,
@@ -46,6 +55,7 @@ pub struct NodeRecord {
     pub id: NodeId,
     pub addresses: NodeAddresses,
     pub resources: Resources,
+    pub memory: NodeMemory,
     pub labels: BTreeMap<String, String>,
     pub liveness: Liveness,
 }
@@ -153,6 +163,7 @@ pub enum Command {
     RegisterNode {
         addresses: NodeAddresses,
         resources: Resources,
+        memory: NodeMemory,
         labels: BTreeMap<String, String>,
     },
     MarkNodeDead {
@@ -262,6 +273,7 @@ impl ClusterState {
             Command::RegisterNode {
                 addresses,
                 resources,
+                memory,
                 labels,
             } => {
                 self.next_node_id += 1;
@@ -272,6 +284,7 @@ impl ClusterState {
                         id,
                         addresses,
                         resources,
+                        memory,
                         labels,
                         liveness: Liveness::Alive,
                     },

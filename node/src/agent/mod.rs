@@ -32,7 +32,7 @@ use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, Shard
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
 use floe_scheduler::protocol::ResourceUsage;
-use floe_scheduler::state::{Command, NodeAddresses, Resources};
+use floe_scheduler::state::{Command, NodeAddresses, NodeMemory, Resources};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -448,6 +448,11 @@ impl NodeAgent {
                 cpu_millis: u64::from(cpus) * 1000,
                 heap_bytes: pools.heap,
             },
+            memory: NodeMemory {
+                total_bytes: pools.total,
+                object_store_bytes: pools.object_store,
+                system_reserve_bytes: pools.system_reserve,
+            },
         };
         let mut client =
             SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
@@ -550,12 +555,18 @@ impl NodeAgent {
 struct Registration {
     addresses: NodeAddresses,
     resources: Resources,
+    memory: NodeMemory,
 }
 
 impl Registration {
     async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
         Ok(client
-            .register_node(self.addresses.clone(), self.resources, BTreeMap::new())
+            .register_node(
+                self.addresses.clone(),
+                self.resources,
+                self.memory,
+                BTreeMap::new(),
+            )
             .await?)
     }
 }
@@ -571,14 +582,16 @@ async fn heartbeats(
     loop {
         let (host_used, _) = memory.next().await;
         let store = shared.store.stats();
-        let running = shared.pool.running().len() as u64;
+        let running = shared.pool.running().len();
         let usage = ResourceUsage {
-            cpu_millis: running * 1000,
+            cpu_millis: running as u64 * 1000,
             // What tasks use: the host's memory in use besides the object store.
             heap_bytes: host_used.saturating_sub(store.used),
             object_store_bytes: store.used,
             spilled_bytes: store.spilled_bytes,
             fallback_bytes: store.fallback_bytes,
+            workers: shared.pool.workers(),
+            workers_busy: u32::try_from(running).unwrap_or(u32::MAX),
         };
         tracing::debug!(?usage, "heartbeat");
         let Some(node) = shared.node() else {

@@ -168,6 +168,11 @@ impl WorkerPool {
         answer.await.unwrap_or(Err(TaskFailure::ShuttingDown))
     }
 
+    /// How many worker processes the pool keeps.
+    pub fn workers(&self) -> u32 {
+        self.inner.options.workers
+    }
+
     pub fn running(&self) -> Vec<RunningTask> {
         self.inner
             .running()

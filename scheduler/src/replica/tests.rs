@@ -6,7 +6,7 @@ use super::*;
 use crate::client::{HeartbeatReply, SchedulerClient};
 use crate::placement::Strategy;
 use crate::protocol::ResourceUsage;
-use crate::state::{NodeAddresses, Resources};
+use crate::state::{NodeAddresses, NodeMemory, Resources};
 use crate::storage::MemoryLog;
 
 fn free_port() -> u16 {
@@ -102,12 +102,22 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         rpc: "127.0.0.1:1".into(),
     };
     let quiet = client
-        .register_node(addresses.clone(), resources(4, 1 << 30), BTreeMap::new())
+        .register_node(
+            addresses.clone(),
+            resources(4, 1 << 30),
+            NodeMemory::default(),
+            BTreeMap::new(),
+        )
         .await
         .unwrap();
     let started = Instant::now();
     let chatty = client
-        .register_node(addresses.clone(), resources(4, 1 << 30), BTreeMap::new())
+        .register_node(
+            addresses.clone(),
+            resources(4, 1 << 30),
+            NodeMemory::default(),
+            BTreeMap::new(),
+        )
         .await
         .unwrap();
     let timeout = config.scheduler.node_timeout();
@@ -117,6 +127,8 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         object_store_bytes: 7,
         spilled_bytes: 3,
         fallback_bytes: 1,
+        workers: 4,
+        workers_busy: 2,
     };
     let mut deaths = Vec::new();
     while deaths.is_empty() {
@@ -153,7 +165,12 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         HeartbeatReply::Rejoin
     );
     let again = client
-        .register_node(addresses, resources(4, 1 << 30), BTreeMap::new())
+        .register_node(
+            addresses,
+            resources(4, 1 << 30),
+            NodeMemory::default(),
+            BTreeMap::new(),
+        )
         .await
         .unwrap();
     assert!(again > chatty);
@@ -172,6 +189,7 @@ async fn a_request_that_fits_later_waits_for_a_release() {
         .register_node(
             NodeAddresses::default(),
             resources(2, 1 << 30),
+            NodeMemory::default(),
             BTreeMap::new(),
         )
         .await
@@ -225,12 +243,12 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
     let register = |rpc: &str| (NodeAddresses { rpc: rpc.into() }, resources(1, 1 << 30));
     let (addresses, total) = register("a:1");
     let worker = client
-        .register_node(addresses, total, BTreeMap::new())
+        .register_node(addresses, total, NodeMemory::default(), BTreeMap::new())
         .await
         .unwrap();
     let (addresses, total) = register("b:1");
     let driver = client
-        .register_node(addresses, total, BTreeMap::new())
+        .register_node(addresses, total, NodeMemory::default(), BTreeMap::new())
         .await
         .unwrap();
     let job = client

@@ -10,6 +10,7 @@ fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
                     cpu_millis: 4_000,
                     heap_bytes: 1 << 30,
                 },
+                memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
             },
         )
