@@ -8,9 +8,11 @@
 //! - [`replica`]: one scheduler replica — the task that owns the `RawNode`, the transport
 //!   between replicas, health checks, and the RPC service clients and nodes call.
 //! - [`client`]: a client of that service that knows every replica and follows redirects.
+//! - [`http`]: the REST job API, the dashboard and its JSON API, and Prometheus metrics.
 //! - [`local`]: a cluster of local `floe scheduler` processes, for tests and benchmarks.
 
 pub mod client;
+pub mod http;
 pub mod local;
 pub mod logging;
 pub mod placement;
@@ -59,6 +61,8 @@ pub enum Error {
     RaftTaskPanicked(String),
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
+    #[error("http: {0}")]
+    Http(String),
     #[error(transparent)]
     Placement(#[from] placement::PlacementError),
 }

@@ -31,6 +31,8 @@ pub struct LocalClusterConfig {
 pub struct LocalCluster {
     config: LocalClusterConfig,
     peers: BTreeMap<u64, String>,
+    /// Each replica's HTTP address (API, dashboard, metrics).
+    http: BTreeMap<u64, String>,
     children: BTreeMap<u64, Child>,
 }
 
@@ -47,12 +49,15 @@ impl LocalCluster {
     /// Picks free ports and starts every replica.
     pub fn start(config: LocalClusterConfig) -> Result<Self> {
         let mut peers = BTreeMap::new();
+        let mut http = BTreeMap::new();
         for id in 1..=config.replicas {
             peers.insert(id, format!("127.0.0.1:{}", free_port()?));
+            http.insert(id, format!("127.0.0.1:{}", free_port()?));
         }
         let mut cluster = Self {
             config,
             peers,
+            http,
             children: BTreeMap::new(),
         };
         for id in 1..=cluster.config.replicas {
@@ -77,6 +82,11 @@ impl LocalCluster {
         self.peers.get(&id).map(String::as_str)
     }
 
+    /// Replica `id`'s HTTP address (`host:port`): the REST API, dashboard and `/metrics`.
+    pub fn http_addr(&self, id: u64) -> Option<&str> {
+        self.http.get(&id).map(String::as_str)
+    }
+
     /// Starts (or restarts) replica `id` on its data directory.
     pub fn start_replica(&mut self, id: u64) -> Result<()> {
         let data_dir = self.config.dir.join(format!("replica-{id}"));
@@ -95,6 +105,11 @@ impl LocalCluster {
             .arg(self.peers_spec())
             .arg("--set")
             .arg(format!("paths.data_dir={}", data_dir.display()));
+        if let Some(http) = self.http.get(&id).and_then(|addr| addr.rsplit_once(':')) {
+            command
+                .arg("--set")
+                .arg(format!("scheduler.http_port={}", http.1));
+        }
         for setting in &self.config.settings {
             command.arg("--set").arg(setting);
         }

@@ -1,0 +1,944 @@
+//! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations check the
+//! token and go to the leader. The response types here are the HTTP edge: they are built
+//! from the scheduler's domain types and never travel further in.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use floe_core::config::ClusterToken;
+use floe_core::job::{CacheMode, JobProgress, JobSpec, JobStats};
+use floe_core::wire::PeerKind;
+use floe_core::{JobId, NodeId, SubmissionId};
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+use tokio::sync::Mutex;
+
+use super::monitor::{Monitor, Snapshot, now_ms};
+use super::{HttpConfig, JobSpecParser};
+use crate::client::SchedulerClient;
+use crate::state::{Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
+
+/// The largest request body accepted (a job spec is a few kilobytes).
+pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
+/// How long a mutation may keep looking for a leader.
+const MUTATION_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+const JOB_STATES: [&str; 5] = ["pending", "running", "succeeded", "failed", "cancelled"];
+/// A node whose last heartbeat is older than this makes the cluster `degraded`.
+const LATE_HEARTBEAT_MS: u64 = 5_000;
+
+pub(crate) struct Shared {
+    monitor: Arc<Monitor>,
+    parser: Arc<dyn JobSpecParser>,
+    token: ClusterToken,
+    replica_id: u64,
+    /// Connects on first use, from the server's worker thread, and stays there.
+    leader: Mutex<SchedulerClient>,
+}
+
+impl Shared {
+    pub fn new(
+        config: &HttpConfig,
+        monitor: Arc<Monitor>,
+        parser: Arc<dyn JobSpecParser>,
+    ) -> crate::Result<Self> {
+        let addrs = config.peers.values().cloned().collect();
+        let leader = SchedulerClient::new(addrs, config.wire.clone(), PeerKind::Client)?
+            .with_retry_for(MUTATION_RETRY);
+        Ok(Self {
+            monitor,
+            parser,
+            token: config.token.clone(),
+            replica_id: config.replica_id,
+            leader: Mutex::new(leader),
+        })
+    }
+
+    pub fn monitor(&self) -> &Monitor {
+        &self.monitor
+    }
+
+    pub fn replica_id(&self) -> u64 {
+        self.replica_id
+    }
+
+    /// Refuses the request unless it carries the cluster token.
+    fn authorize(&self, request: &HttpRequest) -> Result<(), ApiError> {
+        let presented = request
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim);
+        let Some(presented) = presented else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this call changes the cluster and needs the cluster token: send \
+                 `Authorization: Bearer <token>`",
+            ));
+        };
+        if self.token.is_empty() || !bool::from(presented.as_bytes().ct_eq(self.token.as_bytes())) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "wrong cluster token; use the FLOE_CLUSTER_TOKEN the cluster was started with",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An error answered as `{"error": …}` with its status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn unavailable(error: crate::Error) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the scheduler could not commit the change, try again: {error}"),
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(ErrorBody {
+            error: &self.message,
+        })
+    }
+}
+
+type Reply = Result<HttpResponse, ApiError>;
+
+pub(crate) fn routes(config: &mut web::ServiceConfig) {
+    config
+        .route("/api/version", web::get().to(version))
+        .route("/api/cluster", web::get().to(cluster))
+        .route("/api/nodes", web::get().to(nodes))
+        .route("/api/jobs", web::get().to(jobs))
+        .route("/api/jobs", web::post().to(submit))
+        .route("/api/jobs/{id}", web::get().to(job))
+        .route("/api/jobs/{id}/stop", web::post().to(stop))
+        .route("/api/cache", web::get().to(cache))
+        .route("/api/cache/clean", web::post().to(clean_cache))
+        .route("/api/events", web::get().to(events))
+        .route("/api/history", web::get().to(history))
+        .route("/metrics", web::get().to(super::metrics::metrics))
+        .default_service(web::to(not_found));
+}
+
+async fn not_found(request: HttpRequest) -> Reply {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such endpoint: {} {}; see docs/HTTP_API.md",
+            request.method(),
+            request.path()
+        ),
+    ))
+}
+
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
+    api: u32,
+}
+
+async fn version() -> HttpResponse {
+    HttpResponse::Ok().json(Version {
+        version: env!("CARGO_PKG_VERSION"),
+        api: 1,
+    })
+}
+
+// ---- paging ---------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+impl ListQuery {
+    fn page(&self, default: usize) -> (usize, usize) {
+        (
+            self.offset.unwrap_or(0),
+            self.limit.unwrap_or(default).clamp(1, 1000),
+        )
+    }
+}
+
+// ---- cluster --------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct ReplicaJson {
+    id: u64,
+    addr: String,
+    reachable: bool,
+    leader: Option<u64>,
+    term: Option<u64>,
+    commit: Option<u64>,
+    applied: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct NodeCounts {
+    alive: u64,
+    dead: u64,
+}
+
+#[derive(Serialize)]
+struct StoreTotals {
+    used_bytes: u64,
+    capacity_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct ClusterJson {
+    health: &'static str,
+    leader: Option<u64>,
+    as_of_index: u64,
+    replica_id: u64,
+    replicas: Vec<ReplicaJson>,
+    nodes: NodeCounts,
+    jobs: BTreeMap<&'static str, u64>,
+    object_store: StoreTotals,
+    spilled_bytes: u64,
+    fallback_bytes: u64,
+}
+
+/// `ok`, `degraded` or `down`, as `docs/HTTP_API.md` defines them.
+pub(crate) fn health(snapshot: &Snapshot) -> &'static str {
+    if snapshot.leader.is_none() {
+        return "down";
+    }
+    let replica_missing = snapshot.replicas.iter().any(|r| r.status.is_none());
+    let node_late = snapshot.state.alive_nodes().any(|node| {
+        snapshot
+            .reports
+            .get(&node.id)
+            .is_none_or(|report| report.age_ms > LATE_HEARTBEAT_MS)
+    });
+    if replica_missing || !snapshot.leader_answered || node_late {
+        "degraded"
+    } else {
+        "ok"
+    }
+}
+
+pub(crate) fn job_counts(snapshot: &Snapshot) -> BTreeMap<&'static str, u64> {
+    let mut counts: BTreeMap<&'static str, u64> =
+        JOB_STATES.iter().map(|state| (*state, 0)).collect();
+    for job in snapshot.state.jobs.values() {
+        *counts.entry(job.status.name()).or_default() += 1;
+    }
+    counts
+}
+
+async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
+    let snapshot = shared.monitor.snapshot();
+    let alive: Vec<&NodeRecord> = snapshot.state.alive_nodes().collect();
+    let reports = || {
+        alive
+            .iter()
+            .filter_map(|node| snapshot.reports.get(&node.id))
+    };
+    let body = ClusterJson {
+        health: health(&snapshot),
+        leader: snapshot.leader,
+        as_of_index: snapshot.state.applied_index,
+        replica_id: shared.replica_id,
+        replicas: snapshot
+            .replicas
+            .iter()
+            .map(|replica| ReplicaJson {
+                id: replica.id,
+                addr: replica.addr.clone(),
+                reachable: replica.status.is_some(),
+                leader: replica.status.as_ref().and_then(|status| status.leader),
+                term: replica.status.as_ref().map(|status| status.term),
+                commit: replica.status.as_ref().map(|status| status.commit),
+                applied: replica.status.as_ref().map(|status| status.applied),
+            })
+            .collect(),
+        nodes: NodeCounts {
+            alive: alive.len() as u64,
+            dead: (snapshot.state.nodes.len() - alive.len()) as u64,
+        },
+        jobs: job_counts(&snapshot),
+        object_store: StoreTotals {
+            used_bytes: reports().map(|r| r.usage.object_store_bytes).sum(),
+            capacity_bytes: alive.iter().map(|n| n.memory.object_store_bytes).sum(),
+        },
+        spilled_bytes: reports().map(|r| r.usage.spilled_bytes).sum(),
+        fallback_bytes: reports().map(|r| r.usage.fallback_bytes).sum(),
+    };
+    HttpResponse::Ok().json(body)
+}
+
+// ---- nodes ----------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct MemoryJson {
+    total_bytes: u64,
+    object_store_bytes: u64,
+    system_reserve_bytes: u64,
+    heap_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct UsageJson {
+    cpu_reserved: f64,
+    heap_reserved_bytes: u64,
+    heap_used_bytes: u64,
+    object_store_used_bytes: u64,
+    spilled_bytes: u64,
+    fallback_bytes: u64,
+    workers_busy: u32,
+    workers: u32,
+}
+
+#[derive(Serialize)]
+struct NodeJson {
+    id: String,
+    addr: String,
+    state: &'static str,
+    dead_reason: Option<String>,
+    cpus: f64,
+    labels: BTreeMap<String, String>,
+    memory: MemoryJson,
+    usage: Option<UsageJson>,
+    heartbeat_age_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Page<T> {
+    total: usize,
+    offset: usize,
+    limit: usize,
+    #[serde(flatten)]
+    items: T,
+}
+
+#[derive(Serialize)]
+struct NodeItems {
+    nodes: Vec<NodeJson>,
+}
+
+fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
+    let report = node
+        .is_alive()
+        .then(|| snapshot.reports.get(&node.id))
+        .flatten();
+    NodeJson {
+        id: node.id.to_string(),
+        addr: node.addresses.rpc.clone(),
+        state: if node.is_alive() { "alive" } else { "dead" },
+        dead_reason: match &node.liveness {
+            Liveness::Dead { reason, .. } => Some(reason.clone()),
+            Liveness::Alive => None,
+        },
+        cpus: node.resources.cpu_millis as f64 / 1000.0,
+        labels: node.labels.clone(),
+        memory: MemoryJson {
+            total_bytes: node.memory.total_bytes,
+            object_store_bytes: node.memory.object_store_bytes,
+            system_reserve_bytes: node.memory.system_reserve_bytes,
+            heap_bytes: node.resources.heap_bytes,
+        },
+        usage: report.map(|report| UsageJson {
+            cpu_reserved: report.reserved.cpu_millis as f64 / 1000.0,
+            heap_reserved_bytes: report.reserved.heap_bytes,
+            heap_used_bytes: report.usage.heap_bytes,
+            object_store_used_bytes: report.usage.object_store_bytes,
+            spilled_bytes: report.usage.spilled_bytes,
+            fallback_bytes: report.usage.fallback_bytes,
+            workers_busy: report.usage.workers_busy,
+            workers: report.usage.workers,
+        }),
+        heartbeat_age_ms: report.map(|report| report.age_ms),
+    }
+}
+
+async fn nodes(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply {
+    let wanted = match query.state.as_deref() {
+        None | Some("" | "all") => None,
+        Some(state @ ("alive" | "dead")) => Some(state == "alive"),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown node state {other:?}; use alive or dead"
+            )));
+        }
+    };
+    let snapshot = shared.monitor.snapshot();
+    let (offset, limit) = query.page(100);
+    let matching = || {
+        snapshot
+            .state
+            .nodes
+            .values()
+            .filter(|node| wanted.is_none_or(|alive| node.is_alive() == alive))
+    };
+    let body = Page {
+        total: matching().count(),
+        offset,
+        limit,
+        items: NodeItems {
+            nodes: matching()
+                .skip(offset)
+                .take(limit)
+                .map(|node| node_json(node, &snapshot))
+                .collect(),
+        },
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+// ---- jobs -----------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct JobSummary {
+    id: String,
+    state: &'static str,
+    attempts: u32,
+    driver_node: Option<String>,
+    error: Option<String>,
+    submission_id: String,
+    operators: Vec<String>,
+    wall_ms: Option<u64>,
+    output_rows: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct JobItems {
+    counts: BTreeMap<&'static str, u64>,
+    jobs: Vec<JobSummary>,
+}
+
+fn error_text(status: &JobStatus) -> Option<String> {
+    match status {
+        JobStatus::Failed { message } => Some(message.clone()),
+        _ => None,
+    }
+}
+
+fn operator_names(job: &JobRecord, progress: Option<&JobProgress>) -> Vec<String> {
+    match (&job.stats, progress) {
+        (Some(stats), _) => stats.operators.iter().map(|op| op.name.clone()).collect(),
+        (None, Some(progress)) => progress
+            .operators
+            .iter()
+            .map(|op| op.name.clone())
+            .collect(),
+        (None, None) => Vec::new(),
+    }
+}
+
+fn output_rows(job: &JobRecord) -> Option<u64> {
+    (job.status == JobStatus::Succeeded).then(|| job.outputs.iter().map(|b| b.rows).sum())
+}
+
+fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
+    JobSummary {
+        id: job.id.to_string(),
+        state: job.status.name(),
+        attempts: job.attempts,
+        driver_node: job.driver.map(|node| node.to_string()),
+        error: error_text(&job.status),
+        submission_id: job.submission.to_string(),
+        operators: operator_names(job, snapshot.progress.get(&job.id)),
+        wall_ms: job.stats.as_ref().map(|stats| stats.wall_ms),
+        output_rows: output_rows(job),
+    }
+}
+
+async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply {
+    let wanted = match query.state.as_deref() {
+        None | Some("" | "all") => None,
+        Some(state) if JOB_STATES.contains(&state) => Some(state),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown job state {other:?}; use one of {}",
+                JOB_STATES.join(", ")
+            )));
+        }
+    };
+    let snapshot = shared.monitor.snapshot();
+    let (offset, limit) = query.page(50);
+    let matching = || {
+        snapshot
+            .state
+            .jobs
+            .values()
+            .rev()
+            .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+    };
+    let body = Page {
+        total: matching().count(),
+        offset,
+        limit,
+        items: JobItems {
+            counts: job_counts(&snapshot),
+            jobs: matching()
+                .skip(offset)
+                .take(limit)
+                .map(|job| job_summary(job, &snapshot))
+                .collect(),
+        },
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+#[derive(Serialize)]
+struct OptionsJson {
+    cache: &'static str,
+    max_task_retries: u32,
+    object_store_budget_permille: u32,
+}
+
+#[derive(Serialize)]
+struct OutputJson {
+    blocks: usize,
+    rows: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct JobDetail {
+    #[serde(flatten)]
+    summary: JobSummary,
+    cancel_requested: bool,
+    options: Option<OptionsJson>,
+    plan: Option<String>,
+    rows_per_s: Option<f64>,
+    progress: Option<ProgressJson>,
+    stats: Option<StatsJson>,
+    output: Option<OutputJson>,
+}
+
+#[derive(Serialize)]
+struct OperatorProgressJson {
+    name: String,
+    rows_done: u64,
+    blocks_done: u64,
+    bytes_done: u64,
+    tasks_total: Option<u64>,
+    tasks_done: u64,
+    tasks_running: u64,
+    tasks_queued: u64,
+}
+
+#[derive(Serialize)]
+struct ProgressJson {
+    attempt: u32,
+    operators: Vec<OperatorProgressJson>,
+}
+
+impl From<&JobProgress> for ProgressJson {
+    fn from(progress: &JobProgress) -> Self {
+        Self {
+            attempt: progress.attempt,
+            operators: progress
+                .operators
+                .iter()
+                .map(|op| OperatorProgressJson {
+                    name: op.name.clone(),
+                    rows_done: op.rows_done,
+                    blocks_done: op.blocks_done,
+                    bytes_done: op.bytes_done,
+                    tasks_total: op.tasks_total,
+                    tasks_done: op.tasks_done,
+                    tasks_running: op.tasks_running,
+                    tasks_queued: op.tasks_queued,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct OperatorStatsJson {
+    name: String,
+    fingerprint: Option<String>,
+    wall_ms: u64,
+    tasks: u64,
+    retries: u64,
+    rebuilt: u64,
+    rows: u64,
+    bytes: u64,
+    cache_hits: u64,
+    cache_misses: u64,
+    hot_key: Option<String>,
+}
+
+#[derive(Serialize)]
+struct StatsJson {
+    attempt: u32,
+    wall_ms: u64,
+    spilled_bytes: u64,
+    operators: Vec<OperatorStatsJson>,
+}
+
+impl From<&JobStats> for StatsJson {
+    fn from(stats: &JobStats) -> Self {
+        Self {
+            attempt: stats.attempt,
+            wall_ms: stats.wall_ms,
+            spilled_bytes: stats.spilled_bytes,
+            operators: stats
+                .operators
+                .iter()
+                .map(|op| OperatorStatsJson {
+                    name: op.name.clone(),
+                    fingerprint: op.fingerprint.map(|fp| fp.to_string()),
+                    wall_ms: op.wall_ms,
+                    tasks: op.tasks,
+                    retries: op.retries,
+                    rebuilt: op.rebuilt,
+                    rows: op.rows,
+                    bytes: op.bytes,
+                    cache_hits: op.cache_hits,
+                    cache_misses: op.cache_misses,
+                    hot_key: op.hot_key.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{text:?} is not a job id (a number)")))
+}
+
+fn unknown_job(job: JobId) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("there is no job {job}"))
+}
+
+async fn job(shared: web::Data<Shared>, id: web::Path<String>) -> Reply {
+    let job_id = parse_job_id(&id)?;
+    let snapshot = shared.monitor.snapshot();
+    let record = snapshot
+        .state
+        .jobs
+        .get(&job_id)
+        .ok_or_else(|| unknown_job(job_id))?;
+    // The spec is kept as the client encoded it; one that does not decode still shows the
+    // job's state, without its plan.
+    let spec = JobSpec::decode(&record.spec).ok();
+    let body = JobDetail {
+        summary: job_summary(record, &snapshot),
+        cancel_requested: record.cancel_requested,
+        options: spec.as_ref().map(|spec| OptionsJson {
+            cache: match spec.options.cache {
+                CacheMode::Reuse => "reuse",
+                CacheMode::Recompute => "recompute",
+                CacheMode::NoCache => "none",
+            },
+            max_task_retries: spec.options.max_task_retries,
+            object_store_budget_permille: spec.options.object_store_budget_permille,
+        }),
+        plan: spec.as_ref().map(|spec| spec.plan.display_tree()),
+        rows_per_s: snapshot.rows_per_s.get(&job_id).copied(),
+        progress: snapshot.progress.get(&job_id).map(ProgressJson::from),
+        stats: record.stats.as_ref().map(StatsJson::from),
+        output: (record.status == JobStatus::Succeeded && !record.outputs.is_empty()).then(|| {
+            OutputJson {
+                blocks: record.outputs.len(),
+                rows: record.outputs.iter().map(|b| b.rows).sum(),
+                bytes: record.outputs.iter().map(|b| b.bytes).sum(),
+            }
+        }),
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitBody {
+    job: String,
+    submission_id: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Submitted {
+    job_id: String,
+    submission_id: String,
+}
+
+async fn submit(shared: web::Data<Shared>, request: HttpRequest, body: web::Bytes) -> Reply {
+    shared.authorize(&request)?;
+    let content_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad_request("the request body is not UTF-8 text"))?;
+    let (spec_text, submission) = if content_type.starts_with("application/toml") {
+        (text.to_owned(), None)
+    } else {
+        let parsed: SubmitBody = serde_json::from_str(text).map_err(|error| {
+            ApiError::bad_request(format!(
+                "expected {{\"job\": \"<job-spec TOML>\", \"submission_id\": optional}} \
+                 or a TOML body with Content-Type: application/toml: {error}"
+            ))
+        })?;
+        (parsed.job, parsed.submission_id)
+    };
+    let submission = match submission {
+        Some(text) => text
+            .parse::<SubmissionId>()
+            .map_err(|error| ApiError::bad_request(format!("submission_id {text:?}: {error}")))?,
+        None => SubmissionId::random(),
+    };
+    let spec = shared
+        .parser
+        .parse(&spec_text)
+        .map_err(|rejected| ApiError::bad_request(rejected.0))?;
+    let job = shared
+        .leader
+        .lock()
+        .await
+        .submit_job(spec, submission)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(HttpResponse::Created().json(Submitted {
+        job_id: job.to_string(),
+        submission_id: submission.to_string(),
+    }))
+}
+
+#[derive(Serialize)]
+struct Stopped {
+    stopped: bool,
+    message: String,
+}
+
+async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<String>) -> Reply {
+    shared.authorize(&request)?;
+    let job = parse_job_id(&id)?;
+    // The leader decides, not the snapshot, which may lag a fresh submission.
+    let outcome = propose(&shared, Command::CancelJob { job }).await?;
+    let body = match outcome {
+        Outcome::Rejected(_) if !shared.monitor.snapshot().state.jobs.contains_key(&job) => {
+            return Err(unknown_job(job));
+        }
+        Outcome::Rejected(reason) => Stopped {
+            stopped: false,
+            message: reason,
+        },
+        _ => Stopped {
+            stopped: true,
+            message: format!("job {job} is cancelled, or its driver was asked to stop"),
+        },
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+async fn propose(shared: &Shared, command: Command) -> Result<Outcome, ApiError> {
+    shared
+        .leader
+        .lock()
+        .await
+        .propose(command)
+        .await
+        .map_err(ApiError::unavailable)
+}
+
+// ---- cache ----------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct CacheEntryJson {
+    fingerprint: String,
+    shard_count: u32,
+    shards_present: usize,
+    complete: bool,
+    rows: u64,
+    bytes: u64,
+    nodes: Vec<String>,
+    last_used_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct CacheJson {
+    total_bytes: u64,
+    entries: Vec<CacheEntryJson>,
+}
+
+async fn cache(shared: web::Data<Shared>) -> HttpResponse {
+    let snapshot = shared.monitor.snapshot();
+    let mut entries = Vec::new();
+    for (fingerprint, by_count) in &snapshot.state.cache {
+        for (shard_count, entry) in by_count {
+            let mut nodes: Vec<NodeId> = entry.shards.values().map(|s| s.node).collect();
+            nodes.sort();
+            nodes.dedup();
+            entries.push(CacheEntryJson {
+                fingerprint: fingerprint.clone(),
+                shard_count: *shard_count,
+                shards_present: entry.shards.len(),
+                complete: entry.shards.len() == *shard_count as usize,
+                rows: entry.shards.values().map(|s| s.rows).sum(),
+                bytes: entry.shards.values().map(|s| s.bytes).sum(),
+                nodes: nodes.iter().map(ToString::to_string).collect(),
+                last_used_ms: snapshot.cache_last_used.get(fingerprint).copied(),
+            });
+        }
+    }
+    HttpResponse::Ok().json(CacheJson {
+        total_bytes: entries.iter().map(|entry| entry.bytes).sum(),
+        entries,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CleanBody {
+    fingerprint: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Cleaned {
+    evicted: usize,
+}
+
+async fn clean_cache(shared: web::Data<Shared>, request: HttpRequest, body: web::Bytes) -> Reply {
+    shared.authorize(&request)?;
+    let clean: CleanBody = if body.is_empty() {
+        CleanBody { fingerprint: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|error| {
+            ApiError::bad_request(format!(
+                "expected {{\"fingerprint\": \"<32 hex digits>\"}} or {{}}: {error}"
+            ))
+        })?
+    };
+    let fingerprints: Vec<String> = match clean.fingerprint {
+        Some(fingerprint) => {
+            fingerprint
+                .parse::<floe_core::Fingerprint>()
+                .map_err(|error| {
+                    ApiError::bad_request(format!("fingerprint {fingerprint:?}: {error}"))
+                })?;
+            vec![fingerprint]
+        }
+        None => shared
+            .monitor
+            .snapshot()
+            .state
+            .cache
+            .keys()
+            .cloned()
+            .collect(),
+    };
+    let mut evicted = 0;
+    for fingerprint in fingerprints {
+        if propose(&shared, Command::EvictCache { fingerprint }).await? == Outcome::Applied {
+            evicted += 1;
+        }
+    }
+    Ok(HttpResponse::Ok().json(Cleaned { evicted }))
+}
+
+// ---- events and history ---------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct EventJson {
+    seq: u64,
+    time_ms: u64,
+    kind: &'static str,
+    node: Option<String>,
+    job: Option<String>,
+    message: String,
+}
+
+#[derive(Serialize)]
+struct EventsJson {
+    events: Vec<EventJson>,
+}
+
+async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> HttpResponse {
+    let events = shared
+        .monitor
+        .events_after(query.after.unwrap_or(0))
+        .into_iter()
+        .map(|event| EventJson {
+            seq: event.seq,
+            time_ms: event.time_ms,
+            kind: event.kind.name(),
+            node: event.node.map(|node| node.to_string()),
+            job: event.job.map(|job| job.to_string()),
+            message: event.message,
+        })
+        .collect();
+    HttpResponse::Ok().json(EventsJson { events })
+}
+
+#[derive(Serialize)]
+struct SampleJson {
+    time_ms: u64,
+    object_store_used_bytes: u64,
+    spilled_bytes: u64,
+    rows_per_s: f64,
+    running_jobs: u64,
+}
+
+#[derive(Serialize)]
+struct HistoryJson {
+    interval_ms: u64,
+    now_ms: u64,
+    samples: Vec<SampleJson>,
+}
+
+async fn history(shared: web::Data<Shared>) -> HttpResponse {
+    let samples = shared
+        .monitor
+        .history()
+        .into_iter()
+        .map(|sample| SampleJson {
+            time_ms: sample.time_ms,
+            object_store_used_bytes: sample.object_store_used_bytes,
+            spilled_bytes: sample.spilled_bytes,
+            rows_per_s: sample.rows_per_s,
+            running_jobs: sample.running_jobs,
+        })
+        .collect();
+    HttpResponse::Ok().json(HistoryJson {
+        interval_ms: shared.monitor.refresh_ms(),
+        now_ms: now_ms(),
+        samples,
+    })
+}

@@ -1,0 +1,177 @@
+//! The HTTP side of a replica: the REST job API, the JSON API behind the dashboard, the
+//! dashboard's embedded assets and Prometheus `/metrics` (see `docs/HTTP_API.md`).
+//!
+//! It runs on its own thread with actix-web's runtime, apart from the Raft loop, so a slow
+//! HTTP client can never delay a heartbeat. Requests never wait on Raft for reads: a
+//! monitor task refreshes a [`monitor::Snapshot`] once per interval (this replica's applied
+//! state, the leader's soft state, every replica's Raft status) and handlers answer from
+//! the latest one, so a page costs the same at 10,000 jobs whether one admin looks or ten.
+//! Mutations (submit, stop, cache clean) go to the leader through a [`SchedulerClient`] and
+//! need the cluster token.
+
+mod api;
+mod assets;
+mod metrics;
+mod monitor;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, web};
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::WireConfig;
+use tokio::sync::watch;
+
+use crate::state::ClusterState;
+use crate::{Error, Result};
+
+/// Turns the text of a job-spec file into an encoded `floe_core::job::JobSpec`. The binary
+/// supplies it, because parsing a spec needs the UDF catalog and the client's spec format,
+/// which this crate does not depend on.
+pub trait JobSpecParser: Send + Sync + 'static {
+    fn parse(&self, text: &str) -> std::result::Result<Vec<u8>, RejectedSpec>;
+}
+
+/// Why a submitted job spec was refused: the message names the line and field.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct RejectedSpec(pub String);
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub bind: SocketAddr,
+    /// This replica's id, shown on every page.
+    pub replica_id: u64,
+    /// Every replica's RPC address, for their Raft status and for mutations (which go to
+    /// the leader).
+    pub peers: BTreeMap<u64, String>,
+    pub wire: WireConfig,
+    /// Mutating calls must present it as `Authorization: Bearer <token>`.
+    pub token: ClusterToken,
+    /// How often the monitor refreshes its snapshot (one history sample each time).
+    pub refresh: Duration,
+}
+
+impl HttpConfig {
+    /// The configuration of replica `replica_id` from the node's `Config`.
+    pub fn new(config: &Config, replica_id: u64, peers: BTreeMap<u64, String>) -> Self {
+        Self {
+            bind: SocketAddr::new(config.net.bind_host, config.scheduler.http_port),
+            replica_id,
+            peers,
+            wire: WireConfig::from_config(config),
+            token: config.cluster.token.clone(),
+            refresh: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A running HTTP server. Dropping it stops the server and its thread.
+pub struct HttpServer {
+    local_addr: SocketAddr,
+    handle: ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Binds `config.bind` (so a taken port fails here, not later) and starts serving.
+    pub fn start(
+        config: HttpConfig,
+        applied_state: watch::Receiver<Arc<ClusterState>>,
+        parser: Arc<dyn JobSpecParser>,
+    ) -> Result<Self> {
+        let listener = std::net::TcpListener::bind(config.bind)
+            .map_err(Error::io("binding the HTTP port", config.bind.to_string()))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(Error::io("reading the address of", config.bind.to_string()))?;
+        let (handle_sender, handle_receiver) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("floe-http".into())
+            .spawn(move || serve(config, applied_state, parser, listener, handle_sender))
+            .map_err(Error::io(
+                "starting the HTTP thread for",
+                local_addr.to_string(),
+            ))?;
+        let handle = handle_receiver
+            .recv()
+            .map_err(|_| Error::Http(format!("the HTTP server on {local_addr} did not start")))?
+            .map_err(Error::io("serving HTTP on", local_addr.to_string()))?;
+        Ok(Self {
+            local_addr,
+            handle,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        // `stop` only asks; the thread ends once the server future returns.
+        drop(self.handle.stop(false));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(
+    config: HttpConfig,
+    applied_state: watch::Receiver<Arc<ClusterState>>,
+    parser: Arc<dyn JobSpecParser>,
+    listener: std::net::TcpListener,
+    started: std::sync::mpsc::Sender<std::io::Result<ServerHandle>>,
+) {
+    let system = actix_web::rt::System::new();
+    system.block_on(async move {
+        let monitor = Arc::new(monitor::Monitor::new(
+            &config,
+            applied_state.borrow().clone(),
+        ));
+        let refresher = actix_web::rt::spawn(monitor::run(
+            Arc::clone(&monitor),
+            config.clone(),
+            applied_state,
+        ));
+        let shared = match api::Shared::new(&config, monitor, parser) {
+            Ok(shared) => web::Data::new(shared),
+            Err(error) => {
+                let _ = started.send(Err(std::io::Error::other(error.to_string())));
+                return;
+            }
+        };
+        let server = actix_web::HttpServer::new(move || {
+            App::new()
+                .app_data(shared.clone())
+                .app_data(web::JsonConfig::default().limit(api::MAX_BODY_BYTES))
+                .app_data(web::PayloadConfig::new(api::MAX_BODY_BYTES))
+                .configure(api::routes)
+                .configure(assets::routes)
+        })
+        // One worker: every handler answers from memory, and the cluster's cores are for
+        // tasks.
+        .workers(1)
+        .disable_signals()
+        .listen(listener);
+        let server = match server {
+            Ok(server) => server.run(),
+            Err(error) => {
+                let _ = started.send(Err(error));
+                return;
+            }
+        };
+        let _ = started.send(Ok(server.handle()));
+        if let Err(error) = server.await {
+            tracing::error!(%error, "the HTTP server stopped");
+        }
+        refresher.abort();
+    });
+}

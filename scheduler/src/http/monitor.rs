@@ -1,0 +1,440 @@
+//! What the HTTP API answers from: a snapshot of the cluster refreshed once per interval,
+//! the events seen between snapshots, and a short history of samples for the charts.
+//!
+//! The snapshot combines three sources: this replica's applied state (published by its
+//! Raft loop, so it is available even when there is no leader), the leader's soft state
+//! (heartbeat reports, drivers' progress) and every replica's Raft status. Events are found
+//! by comparing consecutive snapshots, so they are what this replica saw since it started.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use floe_core::job::JobProgress;
+use floe_core::wire::PeerKind;
+use floe_core::{JobId, NodeId};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::HttpConfig;
+use crate::client::SchedulerClient;
+use crate::protocol::{NodeReport, ReplicaStatus};
+use crate::state::{ClusterState, JobStatus, Liveness};
+
+/// Events kept for `/api/events`; older ones are dropped.
+const MAX_EVENTS: usize = 1000;
+/// History samples kept for the charts (10 minutes at one per second).
+const MAX_SAMPLES: usize = 600;
+/// How long one replica's status or one call to the leader may take before the snapshot is
+/// taken without it.
+const CALL_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// One replica as this replica sees it; `status` is None when it did not answer.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplicaView {
+    pub id: u64,
+    pub addr: String,
+    pub status: Option<ReplicaStatus>,
+}
+
+/// The cluster at one moment.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub time_ms: u64,
+    /// The snapshot made at start-up from whatever state was applied then. What differs from
+    /// it is the log being replayed, not news, so it yields no node or job events.
+    pub baseline: bool,
+    pub state: Arc<ClusterState>,
+    pub replicas: Vec<ReplicaView>,
+    /// The leader the replicas agree on in the highest term, if any.
+    pub leader: Option<u64>,
+    /// Whether the leader's soft state below could be read this time.
+    pub leader_answered: bool,
+    pub reports: BTreeMap<NodeId, NodeReport>,
+    pub progress: BTreeMap<JobId, JobProgress>,
+    /// Running jobs' output rows per second since the previous snapshot.
+    pub rows_per_s: BTreeMap<JobId, f64>,
+    /// When a job last wrote or hit each cache fingerprint, as seen by this replica.
+    pub cache_last_used: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    NodeJoined,
+    NodeDead,
+    LeaderChanged,
+    JobState,
+}
+
+impl EventKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::NodeJoined => "node_joined",
+            EventKind::NodeDead => "node_dead",
+            EventKind::LeaderChanged => "leader_changed",
+            EventKind::JobState => "job_state",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub kind: EventKind,
+    pub node: Option<NodeId>,
+    pub job: Option<JobId>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    pub time_ms: u64,
+    pub object_store_used_bytes: u64,
+    pub spilled_bytes: u64,
+    pub rows_per_s: f64,
+    pub running_jobs: u64,
+}
+
+struct Log {
+    events: VecDeque<Event>,
+    next_seq: u64,
+    samples: VecDeque<Sample>,
+}
+
+pub(crate) struct Monitor {
+    refresh: Duration,
+    snapshot: RwLock<Arc<Snapshot>>,
+    log: Mutex<Log>,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+impl Monitor {
+    /// A monitor whose first snapshot is `state` alone; nothing in it counts as an event.
+    pub fn new(config: &HttpConfig, state: Arc<ClusterState>) -> Self {
+        let snapshot = Snapshot {
+            time_ms: now_ms(),
+            baseline: true,
+            state,
+            replicas: config
+                .peers
+                .iter()
+                .map(|(id, addr)| ReplicaView {
+                    id: *id,
+                    addr: addr.clone(),
+                    status: None,
+                })
+                .collect(),
+            leader: None,
+            leader_answered: false,
+            reports: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            rows_per_s: BTreeMap::new(),
+            cache_last_used: BTreeMap::new(),
+        };
+        Self {
+            refresh: config.refresh,
+            snapshot: RwLock::new(Arc::new(snapshot)),
+            log: Mutex::new(Log {
+                events: VecDeque::new(),
+                next_seq: 1,
+                samples: VecDeque::new(),
+            }),
+        }
+    }
+
+    pub fn refresh_ms(&self) -> u64 {
+        u64::try_from(self.refresh.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(snapshot) => Arc::clone(&snapshot),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Events with a sequence number above `after`, oldest first.
+    pub fn events_after(&self, after: u64) -> Vec<Event> {
+        self.log()
+            .events
+            .iter()
+            .filter(|event| event.seq > after)
+            .cloned()
+            .collect()
+    }
+
+    pub fn history(&self) -> Vec<Sample> {
+        self.log().samples.iter().copied().collect()
+    }
+
+    /// Installs `next`, recording the events between the current snapshot and it.
+    fn advance(&self, mut next: Snapshot) {
+        let previous = self.snapshot();
+        let changes = changes(&previous, &mut next);
+        let sample = sample(&next);
+        {
+            let mut log = self.log();
+            for (kind, node, job, message) in changes {
+                let seq = log.next_seq;
+                log.next_seq += 1;
+                log.events.push_back(Event {
+                    seq,
+                    time_ms: next.time_ms,
+                    kind,
+                    node,
+                    job,
+                    message,
+                });
+                if log.events.len() > MAX_EVENTS {
+                    log.events.pop_front();
+                }
+            }
+            log.samples.push_back(sample);
+            if log.samples.len() > MAX_SAMPLES {
+                log.samples.pop_front();
+            }
+        }
+        let mut current = match self.snapshot.write() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *current = Arc::new(next);
+    }
+}
+
+type Change = (EventKind, Option<NodeId>, Option<JobId>, String);
+
+/// The events between two snapshots; also carries forward what `next` derives from the
+/// previous one (rates and cache use).
+fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
+    let mut found = Vec::new();
+    if previous.leader != next.leader {
+        let message = match next.leader {
+            Some(leader) => {
+                let term = next
+                    .replicas
+                    .iter()
+                    .find(|replica| replica.id == leader)
+                    .and_then(|replica| replica.status.as_ref())
+                    .map_or(0, |status| status.term);
+                format!("replica {leader} is the leader (term {term})")
+            }
+            None => "no replica is leader".to_owned(),
+        };
+        found.push((EventKind::LeaderChanged, None, None, message));
+    }
+    if previous.baseline {
+        return found;
+    }
+    for (id, node) in &next.state.nodes {
+        let before = previous.state.nodes.get(id);
+        match (&node.liveness, before.map(|node| &node.liveness)) {
+            (Liveness::Alive, None) => found.push((
+                EventKind::NodeJoined,
+                Some(*id),
+                None,
+                format!("node {id} joined from {}", node.addresses.rpc),
+            )),
+            (Liveness::Dead { reason, .. }, None | Some(Liveness::Alive)) => found.push((
+                EventKind::NodeDead,
+                Some(*id),
+                None,
+                format!("node {id} ({}) died: {reason}", node.addresses.rpc),
+            )),
+            _ => {}
+        }
+    }
+    for (id, job) in &next.state.jobs {
+        let before = previous.state.jobs.get(id).map(|job| &job.status);
+        if before == Some(&job.status) {
+            continue;
+        }
+        let message = match &job.status {
+            JobStatus::Failed { message } => format!("job {id} failed: {message}"),
+            status => format!("job {id} {}", status.name()),
+        };
+        found.push((EventKind::JobState, None, Some(*id), message));
+        if job.status == JobStatus::Succeeded
+            && let Some(stats) = &job.stats
+        {
+            for operator in &stats.operators {
+                if let Some(fingerprint) = operator.fingerprint
+                    && operator.cache_hits > 0
+                {
+                    next.cache_last_used
+                        .insert(fingerprint.to_string(), next.time_ms);
+                }
+            }
+        }
+    }
+    for (fingerprint, entries) in &next.state.cache {
+        if previous.state.cache.get(fingerprint) != Some(entries) {
+            next.cache_last_used
+                .insert(fingerprint.clone(), next.time_ms);
+        }
+    }
+    next.cache_last_used
+        .retain(|fingerprint, _| next.state.cache.contains_key(fingerprint));
+    let elapsed_s = next.time_ms.saturating_sub(previous.time_ms) as f64 / 1000.0;
+    for (job, progress) in &next.progress {
+        let Some(before) = previous.progress.get(job) else {
+            continue;
+        };
+        if before.attempt != progress.attempt || elapsed_s <= 0.0 {
+            continue;
+        }
+        let rows = |progress: &JobProgress| progress.operators.last().map_or(0, |op| op.rows_done);
+        let rate = rows(progress).saturating_sub(rows(before)) as f64 / elapsed_s;
+        next.rows_per_s.insert(*job, rate);
+    }
+    found
+}
+
+fn sample(snapshot: &Snapshot) -> Sample {
+    let alive = |node: &NodeId| {
+        snapshot
+            .state
+            .nodes
+            .get(node)
+            .is_some_and(|record| record.is_alive())
+    };
+    let reports = || {
+        snapshot
+            .reports
+            .iter()
+            .filter(|(node, _)| alive(node))
+            .map(|(_, report)| report)
+    };
+    Sample {
+        time_ms: snapshot.time_ms,
+        object_store_used_bytes: reports().map(|r| r.usage.object_store_bytes).sum(),
+        spilled_bytes: reports().map(|r| r.usage.spilled_bytes).sum(),
+        rows_per_s: snapshot
+            .rows_per_s
+            .values()
+            .fold(0.0, |sum, rate| sum + rate),
+        running_jobs: snapshot
+            .state
+            .jobs
+            .values()
+            .filter(|job| job.status == JobStatus::Running)
+            .count() as u64,
+    }
+}
+
+/// Refreshes the monitor's snapshot every `config.refresh` until the server stops.
+pub(crate) async fn run(
+    monitor: Arc<Monitor>,
+    config: HttpConfig,
+    applied_state: watch::Receiver<Arc<ClusterState>>,
+) {
+    let addrs: Vec<String> = config.peers.values().cloned().collect();
+    let mut leader = match SchedulerClient::new(addrs, config.wire.clone(), PeerKind::Client) {
+        Ok(client) => client.with_retry_for(CALL_TIMEOUT),
+        Err(error) => {
+            tracing::error!(%error, "the HTTP monitor has no scheduler to read from");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(config.refresh);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let started = Instant::now();
+        let state = applied_state.borrow().clone();
+        let replicas = replica_statuses(&config).await;
+        let leader_id = agreed_leader(&replicas);
+        let previous = monitor.snapshot();
+        let mut next = Snapshot {
+            time_ms: now_ms(),
+            baseline: false,
+            state,
+            replicas,
+            leader: leader_id,
+            leader_answered: false,
+            reports: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            rows_per_s: BTreeMap::new(),
+            cache_last_used: previous.cache_last_used.clone(),
+        };
+        if leader_id.is_some() {
+            read_leader(&mut leader, &mut next).await;
+        }
+        monitor.advance(next);
+        tracing::trace!(took = ?started.elapsed(), "dashboard snapshot");
+    }
+}
+
+async fn replica_statuses(config: &HttpConfig) -> Vec<ReplicaView> {
+    let mut calls = JoinSet::new();
+    for (id, addr) in &config.peers {
+        let (id, addr, wire) = (*id, addr.clone(), config.wire.clone());
+        calls.spawn(async move {
+            let status =
+                tokio::time::timeout(CALL_TIMEOUT, SchedulerClient::status_of(&addr, wire)).await;
+            ReplicaView {
+                id,
+                addr,
+                status: status.ok().and_then(std::result::Result::ok),
+            }
+        });
+    }
+    let mut replicas = Vec::with_capacity(config.peers.len());
+    while let Some(view) = calls.join_next().await {
+        if let Ok(view) = view {
+            replicas.push(view);
+        }
+    }
+    replicas.sort_by_key(|replica| replica.id);
+    replicas
+}
+
+/// The leader named by the replicas in the highest term any of them reports.
+fn agreed_leader(replicas: &[ReplicaView]) -> Option<u64> {
+    replicas
+        .iter()
+        .filter_map(|replica| replica.status.as_ref())
+        .filter(|status| status.leader.is_some())
+        .max_by_key(|status| status.term)
+        .and_then(|status| status.leader)
+}
+
+/// Reads the leader's soft state into `next`: heartbeat reports and the progress of every
+/// running job. A leader that does not answer leaves them empty.
+async fn read_leader(client: &mut SchedulerClient, next: &mut Snapshot) {
+    let Ok(Ok(reports)) = tokio::time::timeout(CALL_TIMEOUT, client.node_reports()).await else {
+        return;
+    };
+    next.reports = reports;
+    next.leader_answered = true;
+    let running: Vec<JobId> = next
+        .state
+        .jobs
+        .values()
+        .filter(|job| job.status == JobStatus::Running)
+        .map(|job| job.id)
+        .collect();
+    for job in running {
+        match tokio::time::timeout(CALL_TIMEOUT, client.job_progress(job)).await {
+            Ok(Ok(Some(progress))) => {
+                next.progress.insert(job, progress);
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(_)) | Err(_) => return,
+        }
+    }
+}
