@@ -79,11 +79,32 @@ struct RawSpec {
     options: Option<Spanned<toml::Table>>,
 }
 
+/// Which paths a job spec may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathRule {
+    /// Relative paths are resolved against the working directory (`floe submit`).
+    RelativeToWorkingDir,
+    /// Only absolute paths: the spec came over the network, and a path relative to the
+    /// server's working directory would mean nothing to its sender.
+    AbsoluteOnly,
+}
+
 /// Reads a job spec; `file` names it in errors, and UDF steps are checked against `udfs`.
+/// Relative paths are resolved against the working directory.
 pub fn parse_job_file(
     file: &str,
     text: &str,
     udfs: Arc<Registry>,
+) -> Result<JobFile, JobSpecError> {
+    parse_job_file_with(file, text, udfs, PathRule::RelativeToWorkingDir)
+}
+
+/// [`parse_job_file`] with a choice of which paths are allowed.
+pub fn parse_job_file_with(
+    file: &str,
+    text: &str,
+    udfs: Arc<Registry>,
+    paths: PathRule,
 ) -> Result<JobFile, JobSpecError> {
     let at = |offset: usize, field: &str, message: String| JobSpecError {
         file: file.to_owned(),
@@ -96,7 +117,7 @@ pub fn parse_job_file(
         at(offset, "file", error.message().to_owned())
     })?;
     let source_at = raw.source.span().start;
-    let mut dataset = source(raw.source.get_ref())
+    let mut dataset = source(raw.source.get_ref(), paths)
         .map_err(|(field, message)| at(source_at, &format!("source.{field}"), message))?
         .with_udfs(udfs);
     for (index, step) in raw.steps.iter().enumerate() {
@@ -105,7 +126,7 @@ pub fn parse_job_file(
             .map_err(|(field, message)| at(step_at, &format!("steps[{index}].{field}"), message))?;
     }
     if let Some(sink) = &raw.sink {
-        dataset = apply_sink(dataset, sink.get_ref())
+        dataset = apply_sink(dataset, sink.get_ref(), paths)
             .map_err(|(field, message)| at(sink.span().start, &format!("sink.{field}"), message))?;
     }
     let options = match &raw.options {
@@ -182,13 +203,27 @@ fn integer(field: &str, value: &toml::Value) -> Result<u64, FieldError> {
         })
 }
 
-fn source(table: &toml::Table) -> Result<Dataset, FieldError> {
+/// Refuses a relative `path` where `rule` wants absolute ones.
+fn check_path(field: &str, path: &str, rule: PathRule) -> Result<(), FieldError> {
+    if rule == PathRule::AbsoluteOnly && !std::path::Path::new(path).is_absolute() {
+        return Err(field_error(
+            field,
+            format!("{path:?} is relative; a submitted job must name absolute paths"),
+        ));
+    }
+    Ok(())
+}
+
+fn source(table: &toml::Table, rule: PathRule) -> Result<Dataset, FieldError> {
     let allowed = ["read_csv", "read_parquet", "read_json", "range"];
     let (kind, value) = only_one(table, &allowed)?;
     let built = match kind {
         "range" => Dataset::range(integer(kind, value)?),
         _ => {
             let paths = strings(kind, value)?;
+            for path in &paths {
+                check_path(kind, path, rule)?;
+            }
             match kind {
                 "read_csv" => Dataset::read_csv(&paths),
                 "read_parquet" => Dataset::read_parquet(&paths),
@@ -366,11 +401,16 @@ fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
     })
 }
 
-fn apply_sink(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldError> {
+fn apply_sink(
+    dataset: Dataset,
+    table: &toml::Table,
+    rule: PathRule,
+) -> Result<Dataset, FieldError> {
     let (kind, value) = only_one(table, &["write_parquet", "write_csv", "write_json"])?;
     let directory = value
         .as_str()
         .ok_or_else(|| field_error(kind, "expected a directory"))?;
+    check_path(kind, directory, rule)?;
     let options = WriteOptions::default();
     match kind {
         "write_parquet" => dataset.write_parquet(directory, options),
