@@ -253,6 +253,7 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     println!("  schedulers: {schedulers}");
     println!("  nodes:      {}", cluster.node_addresses().join(", "));
     println!("  files:      {}", cluster.dir().display());
+    println!("  dashboard:  {}", cluster.dashboard_url());
     println!(
         "  use it:     FLOE_CLUSTER_TOKEN={} floe jobs --scheduler {schedulers}",
         cluster.token()

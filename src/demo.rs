@@ -87,9 +87,9 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
         output.stats.cache_hits(),
         out_dir.display()
     );
-    println!("\nno dashboard yet: the admin dashboard arrives with its own issue");
+    println!("\ndashboard: {}", cluster.dashboard_url());
     if args.serve {
-        println!("serving; press Ctrl-C to stop");
+        println!("serving the dashboard; press Ctrl-C to stop");
         tokio::signal::ctrl_c()
             .await
             .context("waiting for Ctrl-C")?;

@@ -164,7 +164,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
                 println!("ok: {service:?} can start with this configuration");
             }
         }
-        Command::Scheduler(args) => scheduler::run(&config, args)?,
+        Command::Scheduler(args) => scheduler::run(&config, args, udfs)?,
         Command::Node(args) => node::run(&config, args)?,
         Command::Worker(args) => node::run_worker_process(args, udfs)?,
         Command::Bench(which) => bench::run(which, &config)?,

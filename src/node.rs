@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use floe_core::Config;
+use floe_core::config::Service;
 use floe_node::agent::worker::{WorkerOptions, run_worker};
 use floe_node::agent::{AgentOptions, NodeAgent, Termination};
 use floe_node::udf::Registry;
@@ -19,6 +20,10 @@ pub struct NodeArgs {
         required = true
     )]
     scheduler: Vec<String>,
+    /// Check the configuration (token, directories, port, scheduler addresses) and exit
+    /// without starting.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -34,7 +39,31 @@ pub struct WorkerArgs {
     max_frame: usize,
 }
 
+/// What `--check-config` checks, besides the preflight: every scheduler address is host:port.
+fn check_config(config: &Config, args: &NodeArgs) -> anyhow::Result<()> {
+    for addr in &args.scheduler {
+        addr.rsplit_once(':')
+            .and_then(|(host, port)| (!host.is_empty()).then_some(port))
+            .and_then(|port| port.parse::<u16>().ok())
+            .with_context(|| format!("--scheduler {addr:?} is not host:port"))?;
+    }
+    config
+        .preflight(Service::Node)
+        .context("node preflight failed")?;
+    println!(
+        "ok: node can start: data in {}, rpc on {}:{}, {} scheduler replica(s)",
+        config.paths.data_dir.display(),
+        config.net.bind_host,
+        config.node.rpc_port,
+        args.scheduler.len()
+    );
+    Ok(())
+}
+
 pub fn run(config: &Config, args: NodeArgs) -> anyhow::Result<()> {
+    if args.check_config {
+        return check_config(config, &args);
+    }
     if config.cluster.token.is_empty() {
         anyhow::bail!(
             "cluster.token is empty, and the scheduler refuses nodes without one; set \

@@ -1,7 +1,15 @@
-//! `floe scheduler`: run one replica of the Raft-replicated scheduler.
+//! `floe scheduler`: run one replica of the Raft-replicated scheduler, with its HTTP API and
+//! dashboard.
+
+use std::sync::Arc;
 
 use anyhow::Context;
+use floe_client::jobspec::{PathRule, parse_job_file_with};
 use floe_core::Config;
+use floe_core::config::Service;
+use floe_core::job::JobSpec;
+use floe_node::udf::Registry;
+use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, RejectedSpec};
 use floe_scheduler::replica::{Replica, ReplicaConfig, parse_peers};
 use floe_scheduler::storage::DiskLog;
 
@@ -14,9 +22,65 @@ pub struct SchedulerArgs {
     /// This replica listens on its own entry's port, on net.bind_host.
     #[arg(long, value_name = "ID=HOST:PORT,…")]
     peers: String,
+    /// Check the configuration (token, directories, ports, --id and --peers) and exit
+    /// without starting.
+    #[arg(long)]
+    check_config: bool,
 }
 
-pub fn run(config: &Config, args: SchedulerArgs) -> anyhow::Result<()> {
+/// Job specs posted to the REST API, read exactly as `floe submit` reads a file, except that
+/// paths must be absolute.
+struct SubmittedSpecs {
+    udfs: Arc<Registry>,
+}
+
+impl JobSpecParser for SubmittedSpecs {
+    fn parse(&self, text: &str) -> Result<Vec<u8>, RejectedSpec> {
+        let reject = |error: &dyn std::fmt::Display| RejectedSpec(error.to_string());
+        let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), PathRule::AbsoluteOnly)
+            .map_err(|error| reject(&error))?;
+        let spec = JobSpec {
+            plan: job
+                .dataset
+                .plan()
+                .resolve_seeds()
+                .map_err(|error| reject(&error))?,
+            options: job.options,
+        };
+        spec.encode().map_err(|error| reject(&error))
+    }
+}
+
+/// What `--check-config` checks: the replica's own address comes from `--peers`.
+fn check_config(config: &Config, args: &SchedulerArgs) -> anyhow::Result<()> {
+    let peers = parse_peers(&args.peers)?;
+    let own = peers
+        .get(&args.id)
+        .with_context(|| format!("--id {} is not one of the replicas in --peers", args.id))?;
+    let port = own
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .with_context(|| format!("{own:?} is not host:port"))?;
+    let mut effective = config.clone();
+    effective.scheduler.rpc_port = port;
+    effective
+        .preflight(Service::Scheduler)
+        .context("scheduler preflight failed")?;
+    println!(
+        "ok: scheduler replica {} can start: raft log in {}, rpc on {}:{port}, http on {}:{}",
+        args.id,
+        config.paths.raft_dir().display(),
+        config.net.bind_host,
+        config.net.bind_host,
+        config.scheduler.http_port
+    );
+    Ok(())
+}
+
+pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow::Result<()> {
+    if args.check_config {
+        return check_config(config, &args);
+    }
     if config.cluster.token.is_empty() {
         anyhow::bail!(
             "cluster.token is empty, and replicas refuse connections without one; set \
@@ -25,6 +89,7 @@ pub fn run(config: &Config, args: SchedulerArgs) -> anyhow::Result<()> {
     }
     let peers = parse_peers(&args.peers)?;
     let voters = peers.keys().copied().collect();
+    let http_config = HttpConfig::new(config, args.id, peers.clone());
     let replica_config = ReplicaConfig::new(config, args.id, peers)?;
     let raft_dir = config.paths.raft_dir();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -35,11 +100,18 @@ pub fn run(config: &Config, args: SchedulerArgs) -> anyhow::Result<()> {
         let store = DiskLog::open(&raft_dir, voters)
             .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
         let replica = Replica::start(replica_config, store).await?;
+        let http = HttpServer::start(
+            http_config,
+            replica.applied_state(),
+            Arc::new(SubmittedSpecs { udfs }),
+        )?;
         tracing::info!(
             replica = args.id,
             addr = %replica.local_addr(),
+            http = %http.local_addr(),
             raft_dir = %raft_dir.display(),
-            "scheduler replica serving"
+            "scheduler replica serving; dashboard at http://{}/",
+            http.local_addr()
         );
         replica
             .wait()

@@ -692,6 +692,13 @@ impl LocalCluster {
         self.scheduler.addrs()
     }
 
+    /// The dashboard (and REST API) of the local cluster's scheduler: `http://host:port/`.
+    pub fn dashboard_url(&self) -> String {
+        self.scheduler
+            .http_addr(1)
+            .map_or_else(String::new, |addr| format!("http://{addr}/"))
+    }
+
     pub fn token(&self) -> &str {
         &self.token
     }
