@@ -344,6 +344,8 @@ pass "every node registered at its host's address"
 # http_get FROM_HOST ADDRESS PATH prints the response; fails if nothing listens.
 http_get() {
     local from=$1 address=$2 path=$3
+    # The inner script takes its values as arguments, expanded by the inner bash.
+    # shellcheck disable=SC2016
     in_host "$from" bash -c '
         exec 3<>"/dev/tcp/$0/$1" || exit 1
         printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$0" >&3
