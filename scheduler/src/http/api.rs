@@ -14,23 +14,29 @@ use floe_core::wire::PeerKind;
 use floe_core::{JobId, NodeId, SubmissionId};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
 use crate::client::SchedulerClient;
-use crate::state::{Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
+use crate::state::{ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
 
 /// The largest request body accepted (a job spec is a few kilobytes).
 pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
 /// How long a mutation may keep looking for a leader.
 const MUTATION_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 const JOB_STATES: [&str; 5] = ["pending", "running", "succeeded", "failed", "cancelled"];
+/// How long a mutation waits for this replica to apply it, so a client that reads right
+/// after writing (on the same replica) sees its write.
+const READ_YOUR_WRITES: std::time::Duration = std::time::Duration::from_secs(3);
 /// A node whose last heartbeat is older than this makes the cluster `degraded`.
 const LATE_HEARTBEAT_MS: u64 = 5_000;
 
 pub(crate) struct Shared {
     monitor: Arc<Monitor>,
+    /// This replica's applied state, fresher than the monitor's snapshot: what the replicated
+    /// state says is read from here, the leader's soft state from the snapshot.
+    applied_state: watch::Receiver<Arc<ClusterState>>,
     parser: Arc<dyn JobSpecParser>,
     token: ClusterToken,
     replica_id: u64,
@@ -42,6 +48,7 @@ impl Shared {
     pub fn new(
         config: &HttpConfig,
         monitor: Arc<Monitor>,
+        applied_state: watch::Receiver<Arc<ClusterState>>,
         parser: Arc<dyn JobSpecParser>,
     ) -> crate::Result<Self> {
         let addrs = config.peers.values().cloned().collect();
@@ -49,6 +56,7 @@ impl Shared {
             .with_retry_for(MUTATION_RETRY);
         Ok(Self {
             monitor,
+            applied_state,
             parser,
             token: config.token.clone(),
             replica_id: config.replica_id,
@@ -62,6 +70,17 @@ impl Shared {
 
     pub fn replica_id(&self) -> u64 {
         self.replica_id
+    }
+
+    pub fn state(&self) -> Arc<ClusterState> {
+        Arc::clone(&self.applied_state.borrow())
+    }
+
+    /// Waits (a bounded time) until this replica has applied what `applied` looks for.
+    async fn wait_applied(&self, applied: impl Fn(&ClusterState) -> bool) {
+        let mut state = self.applied_state.clone();
+        let _ =
+            tokio::time::timeout(READ_YOUR_WRITES, state.wait_for(|state| applied(state))).await;
     }
 
     /// Refuses the request unless it carries the cluster token.
@@ -235,12 +254,12 @@ struct ClusterJson {
 }
 
 /// `ok`, `degraded` or `down`, as `docs/HTTP_API.md` defines them.
-pub(crate) fn health(snapshot: &Snapshot) -> &'static str {
+pub(crate) fn health(snapshot: &Snapshot, state: &ClusterState) -> &'static str {
     if snapshot.leader.is_none() {
         return "down";
     }
     let replica_missing = snapshot.replicas.iter().any(|r| r.status.is_none());
-    let node_late = snapshot.state.alive_nodes().any(|node| {
+    let node_late = state.alive_nodes().any(|node| {
         snapshot
             .reports
             .get(&node.id)
@@ -253,10 +272,10 @@ pub(crate) fn health(snapshot: &Snapshot) -> &'static str {
     }
 }
 
-pub(crate) fn job_counts(snapshot: &Snapshot) -> BTreeMap<&'static str, u64> {
+pub(crate) fn job_counts(state: &ClusterState) -> BTreeMap<&'static str, u64> {
     let mut counts: BTreeMap<&'static str, u64> =
         JOB_STATES.iter().map(|state| (*state, 0)).collect();
-    for job in snapshot.state.jobs.values() {
+    for job in state.jobs.values() {
         *counts.entry(job.status.name()).or_default() += 1;
     }
     counts
@@ -264,16 +283,17 @@ pub(crate) fn job_counts(snapshot: &Snapshot) -> BTreeMap<&'static str, u64> {
 
 async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
     let snapshot = shared.monitor.snapshot();
-    let alive: Vec<&NodeRecord> = snapshot.state.alive_nodes().collect();
+    let state = shared.state();
+    let alive: Vec<&NodeRecord> = state.alive_nodes().collect();
     let reports = || {
         alive
             .iter()
             .filter_map(|node| snapshot.reports.get(&node.id))
     };
     let body = ClusterJson {
-        health: health(&snapshot),
+        health: health(&snapshot, &state),
         leader: snapshot.leader,
-        as_of_index: snapshot.state.applied_index,
+        as_of_index: state.applied_index,
         replica_id: shared.replica_id,
         replicas: snapshot
             .replicas
@@ -290,9 +310,9 @@ async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
             .collect(),
         nodes: NodeCounts {
             alive: alive.len() as u64,
-            dead: (snapshot.state.nodes.len() - alive.len()) as u64,
+            dead: (state.nodes.len() - alive.len()) as u64,
         },
-        jobs: job_counts(&snapshot),
+        jobs: job_counts(&state),
         object_store: StoreTotals {
             used_bytes: reports().map(|r| r.usage.object_store_bytes).sum(),
             capacity_bytes: alive.iter().map(|n| n.memory.object_store_bytes).sum(),
@@ -398,10 +418,10 @@ async fn nodes(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply
         }
     };
     let snapshot = shared.monitor.snapshot();
+    let state = shared.state();
     let (offset, limit) = query.page(100);
     let matching = || {
-        snapshot
-            .state
+        state
             .nodes
             .values()
             .filter(|node| wanted.is_none_or(|alive| node.is_alive() == alive))
@@ -491,10 +511,10 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
         }
     };
     let snapshot = shared.monitor.snapshot();
+    let state = shared.state();
     let (offset, limit) = query.page(50);
     let matching = || {
-        snapshot
-            .state
+        state
             .jobs
             .values()
             .rev()
@@ -505,7 +525,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
         offset,
         limit,
         items: JobItems {
-            counts: job_counts(&snapshot),
+            counts: job_counts(&state),
             jobs: matching()
                 .skip(offset)
                 .take(limit)
@@ -645,11 +665,8 @@ fn unknown_job(job: JobId) -> ApiError {
 async fn job(shared: web::Data<Shared>, id: web::Path<String>) -> Reply {
     let job_id = parse_job_id(&id)?;
     let snapshot = shared.monitor.snapshot();
-    let record = snapshot
-        .state
-        .jobs
-        .get(&job_id)
-        .ok_or_else(|| unknown_job(job_id))?;
+    let state = shared.state();
+    let record = state.jobs.get(&job_id).ok_or_else(|| unknown_job(job_id))?;
     // The spec is kept as the client encoded it; one that does not decode still shows the
     // job's state, without its plan.
     let spec = JobSpec::decode(&record.spec).ok();
@@ -730,6 +747,9 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, body: web::Byte
         .submit_job(spec, submission)
         .await
         .map_err(ApiError::unavailable)?;
+    shared
+        .wait_applied(|state| state.jobs.contains_key(&job))
+        .await;
     Ok(HttpResponse::Created().json(Submitted {
         job_id: job.to_string(),
         submission_id: submission.to_string(),
@@ -747,6 +767,16 @@ async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<Str
     let job = parse_job_id(&id)?;
     // The leader decides, not the snapshot, which may lag a fresh submission.
     let outcome = propose(&shared, Command::CancelJob { job }).await?;
+    if outcome == Outcome::Applied {
+        shared
+            .wait_applied(|state| {
+                state
+                    .jobs
+                    .get(&job)
+                    .is_some_and(|record| record.cancel_requested || record.status.is_finished())
+            })
+            .await;
+    }
     let body = match outcome {
         Outcome::Rejected(_) if !shared.monitor.snapshot().state.jobs.contains_key(&job) => {
             return Err(unknown_job(job));
@@ -795,8 +825,9 @@ struct CacheJson {
 
 async fn cache(shared: web::Data<Shared>) -> HttpResponse {
     let snapshot = shared.monitor.snapshot();
+    let state = shared.state();
     let mut entries = Vec::new();
-    for (fingerprint, by_count) in &snapshot.state.cache {
+    for (fingerprint, by_count) in &state.cache {
         for (shard_count, entry) in by_count {
             let mut nodes: Vec<NodeId> = entry.shards.values().map(|s| s.node).collect();
             nodes.sort();
@@ -850,21 +881,21 @@ async fn clean_cache(shared: web::Data<Shared>, request: HttpRequest, body: web:
                 })?;
             vec![fingerprint]
         }
-        None => shared
-            .monitor
-            .snapshot()
-            .state
-            .cache
-            .keys()
-            .cloned()
-            .collect(),
+        None => shared.state().cache.keys().cloned().collect(),
     };
-    let mut evicted = 0;
+    let mut evicted = Vec::new();
     for fingerprint in fingerprints {
-        if propose(&shared, Command::EvictCache { fingerprint }).await? == Outcome::Applied {
-            evicted += 1;
+        let command = Command::EvictCache {
+            fingerprint: fingerprint.clone(),
+        };
+        if propose(&shared, command).await? == Outcome::Applied {
+            evicted.push(fingerprint);
         }
     }
+    shared
+        .wait_applied(|state| evicted.iter().all(|fp| !state.cache.contains_key(fp)))
+        .await;
+    let evicted = evicted.len();
     Ok(HttpResponse::Ok().json(Cleaned { evicted }))
 }
 

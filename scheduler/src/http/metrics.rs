@@ -57,7 +57,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     .sample(
         "floe_up",
         &[],
-        match health(&snapshot) {
+        match health(&snapshot, &snapshot.state) {
             "ok" => 1.0,
             "degraded" => 0.5,
             _ => 0.0,
@@ -156,7 +156,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     }
 
     let mut jobs = Family::new(&mut out, "floe_jobs", "gauge", "Jobs by state.");
-    for (state, count) in job_counts(&snapshot) {
+    for (state, count) in job_counts(&snapshot.state) {
         jobs.sample("floe_jobs", &[("state", state)], count as f64);
     }
     let mut rows = Family::new(

@@ -139,9 +139,9 @@ fn serve(
         let refresher = actix_web::rt::spawn(monitor::run(
             Arc::clone(&monitor),
             config.clone(),
-            applied_state,
+            applied_state.clone(),
         ));
-        let shared = match api::Shared::new(&config, monitor, parser) {
+        let shared = match api::Shared::new(&config, monitor, applied_state, parser) {
             Ok(shared) => web::Data::new(shared),
             Err(error) => {
                 let _ = started.send(Err(std::io::Error::other(error.to_string())));
