@@ -1,4 +1,5 @@
-//! Prometheus `/metrics`, in the text exposition format, from the monitor's snapshot.
+//! Prometheus `/metrics`, in the text exposition format: the replicated state as this
+//! replica applied it, the leader's soft state from the monitor's snapshot.
 
 use std::fmt::Write as _;
 
@@ -41,6 +42,8 @@ impl<'a> Family<'a> {
 
 pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     let snapshot = shared.monitor().snapshot();
+    // The replicated state is read fresh, as the JSON API does; soft state is the snapshot's.
+    let state = shared.state();
     let mut out = String::new();
     let own = snapshot
         .replicas
@@ -57,7 +60,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     .sample(
         "floe_up",
         &[],
-        match health(&snapshot, &snapshot.state) {
+        match health(&snapshot, &state) {
             "ok" => 1.0,
             "degraded" => 0.5,
             _ => 0.0,
@@ -86,11 +89,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         "gauge",
         "The last log index this replica applied.",
     )
-    .sample(
-        "floe_raft_applied_index",
-        &[],
-        snapshot.state.applied_index as f64,
-    );
+    .sample("floe_raft_applied_index", &[], state.applied_index as f64);
     Family::new(
         &mut out,
         "floe_raft_is_leader",
@@ -99,13 +98,13 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     )
     .sample("floe_raft_is_leader", &[], if leader { 1.0 } else { 0.0 });
 
-    let alive = snapshot.state.alive_nodes().count();
+    let alive = state.alive_nodes().count();
     let mut nodes = Family::new(&mut out, "floe_nodes", "gauge", "Nodes by state.");
     nodes.sample("floe_nodes", &[("state", "alive")], alive as f64);
     nodes.sample(
         "floe_nodes",
         &[("state", "dead")],
-        (snapshot.state.nodes.len() - alive) as f64,
+        (state.nodes.len() - alive) as f64,
     );
 
     type NodeValue = fn(&crate::state::NodeRecord, &crate::protocol::NodeReport) -> f64;
@@ -148,7 +147,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     ];
     for (name, help, value) in per_node {
         let mut family = Family::new(&mut out, name, "gauge", help);
-        for node in snapshot.state.alive_nodes() {
+        for node in state.alive_nodes() {
             if let Some(report) = snapshot.reports.get(&node.id) {
                 family.sample(name, &[("node", &node.id.to_string())], value(node, report));
             }
@@ -156,8 +155,8 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     }
 
     let mut jobs = Family::new(&mut out, "floe_jobs", "gauge", "Jobs by state.");
-    for (state, count) in job_counts(&snapshot.state) {
-        jobs.sample("floe_jobs", &[("state", state)], count as f64);
+    for (name, count) in job_counts(&state) {
+        jobs.sample("floe_jobs", &[("state", name)], count as f64);
     }
     let mut rows = Family::new(
         &mut out,
@@ -166,8 +165,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         "Rows the running job's output operator has produced in its current attempt.",
     );
     for (job, progress) in &snapshot.progress {
-        let running = snapshot
-            .state
+        let running = state
             .jobs
             .get(job)
             .is_some_and(|record| record.status == JobStatus::Running);
@@ -181,14 +179,8 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         }
     }
 
-    let entries: usize = snapshot
-        .state
-        .cache
-        .values()
-        .map(|by_count| by_count.len())
-        .sum();
-    let bytes: u64 = snapshot
-        .state
+    let entries: usize = state.cache.values().map(|by_count| by_count.len()).sum();
+    let bytes: u64 = state
         .cache
         .values()
         .flat_map(|by_count| by_count.values())
