@@ -43,20 +43,47 @@ pub fn request(
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(body).unwrap();
+    // Read by the response's own framing: not every server closes the connection.
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
+    let mut buffer = [0u8; 64 * 1024];
+    loop {
+        let read = stream.read(&mut buffer).unwrap();
+        raw.extend_from_slice(&buffer[..read]);
+        if read == 0 || response_complete(&raw) {
+            break;
+        }
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .lines()
-        .any(|line| line.eq_ignore_ascii_case("transfer-encoding: chunked"));
-    let body = if chunked {
+    let body = if header(head, "transfer-encoding").is_some_and(|v| v == "chunked") {
         unchunk(body)
     } else {
         body.to_owned()
     };
     Response { status, body }
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+fn response_complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let body = &raw[end + 4..];
+    if let Some(length) = header(&head, "content-length") {
+        return body.len() >= length.parse::<usize>().unwrap();
+    }
+    if header(&head, "transfer-encoding").is_some_and(|v| v == "chunked") {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    false
 }
 
 fn unchunk(mut body: &str) -> String {

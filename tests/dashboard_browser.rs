@@ -1,0 +1,262 @@
+//! The dashboard in a real browser: a local cluster runs a job, then headless Chromium, driven
+//! through chromedriver's WebDriver API, loads the Nodes page and the job's page and reads
+//! what they show. A screenshot of each page is saved under `target/dashboard-screenshots/`.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Set
+//! `FLOE_CHROMEDRIVER` / `FLOE_CHROMIUM` to use other paths.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{get, request, wait_for};
+use floe_client::{Dataset, LocalCluster, LocalClusterOptions, col, lit};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// chromedriver on a free loopback port; killed on drop, even when the test fails.
+struct Driver {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn executable(variable: &str, default: &str) -> String {
+    let path = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: install Debian's chromium and chromium-driver (as .ci/run does), \
+         or set {variable}"
+    );
+    path
+}
+
+impl Driver {
+    fn start() -> Self {
+        let binary = executable("FLOE_CHROMEDRIVER", "/usr/bin/chromedriver");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(binary)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let driver = Self {
+            child,
+            addr: format!("127.0.0.1:{port}"),
+        };
+        wait_for("chromedriver to listen", WAIT, || {
+            std::net::TcpStream::connect(&driver.addr).ok()
+        });
+        driver
+    }
+
+    fn call(&self, method: &str, path: &str, body: &Value) -> Value {
+        let payload = body.to_string();
+        let response = request(
+            method,
+            &self.addr,
+            path,
+            &[("Content-Type", "application/json")],
+            if method == "GET" {
+                b""
+            } else {
+                payload.as_bytes()
+            },
+        );
+        assert_eq!(
+            response.status, 200,
+            "webdriver {method} {path}: {}",
+            response.body
+        );
+        response.json()["value"].clone()
+    }
+
+    fn session(&self) -> Session<'_> {
+        // Debian's /usr/bin/chromium is a shell wrapper that chromedriver cannot drive.
+        let chromium = executable("FLOE_CHROMIUM", "/usr/lib/chromium/chromium");
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,1000"]
+            }
+        }}});
+        let created = self.call("POST", "/session", &capabilities);
+        Session {
+            driver: self,
+            id: created["sessionId"].as_str().unwrap().to_owned(),
+        }
+    }
+}
+
+/// A browser session; closed on drop.
+struct Session<'a> {
+    driver: &'a Driver,
+    id: String,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let path = format!("/session/{}", self.id);
+        let _ = request("DELETE", &self.driver.addr, &path, &[], b"");
+    }
+}
+
+impl Session<'_> {
+    fn go(&self, url: &str) {
+        self.driver.call(
+            "POST",
+            &format!("/session/{}/url", self.id),
+            &json!({ "url": url }),
+        );
+    }
+
+    /// Runs `script` (a function body) in the page and returns its value.
+    fn eval(&self, script: &str) -> Value {
+        self.driver.call(
+            "POST",
+            &format!("/session/{}/execute/sync", self.id),
+            &json!({ "script": script, "args": [] }),
+        )
+    }
+
+    /// Polls `script` until it returns something other than null or false.
+    fn wait_for(&self, what: &str, script: &str) -> Value {
+        wait_for(what, WAIT, || {
+            let value = self.eval(script);
+            (!value.is_null() && value != false).then_some(value)
+        })
+    }
+
+    fn screenshot(&self, name: &str) -> PathBuf {
+        let encoded = self.driver.call(
+            "GET",
+            &format!("/session/{}/screenshot", self.id),
+            &Value::Null,
+        );
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(encoded.as_str().unwrap())
+            .unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "the screenshot is not a PNG");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .unwrap()
+            .join("dashboard-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+}
+
+#[test]
+fn dashboard_shows_every_alive_node_and_the_finished_job() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut options = LocalClusterOptions::new(2, env!("CARGO_BIN_EXE_floe").into());
+    options.workers_per_node = 2;
+    let cluster = runtime.block_on(LocalCluster::start(options)).unwrap();
+    let url = cluster.dashboard_url();
+    let http = url.trim_start_matches("http://").trim_end_matches('/');
+
+    let job = runtime.block_on(async {
+        let client = cluster.connect().await.unwrap();
+        let dataset = Dataset::range(50_000)
+            .unwrap()
+            .filter((col("id") % lit(7i64)).eq(lit(0i64)))
+            .unwrap();
+        let job = client.submit(&dataset).await.unwrap();
+        let output = job.wait().await.unwrap();
+        assert_eq!(
+            output.rows(),
+            (0..50_000).filter(|id| id % 7 == 0).count() as u64
+        );
+        job.id().to_string()
+    });
+    // The node ids the API reports alive: what the page must list.
+    let mut alive: Vec<String> = get(http, "/api/nodes?state=alive").json()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| node["id"].as_str().unwrap().to_owned())
+        .collect();
+    alive.sort();
+    assert_eq!(alive.len(), 2);
+
+    let driver = Driver::start();
+    let session = driver.session();
+
+    session.go(&format!("{url}#/nodes"));
+    let listed = session.wait_for(
+        "the Nodes page to list both nodes",
+        "const rows = [...document.querySelectorAll('#nodes-table tr[data-node-id]')];
+         if (document.body.dataset.loaded !== 'true' || rows.length < 2) return null;
+         return rows.map(row => [row.dataset.nodeId, row.dataset.state]);",
+    );
+    let mut listed: Vec<(String, String)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row[0].as_str().unwrap().to_owned(),
+                row[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    listed.sort();
+    let expected: Vec<(String, String)> = alive
+        .iter()
+        .map(|id| (id.clone(), "alive".to_owned()))
+        .collect();
+    assert_eq!(listed, expected);
+    let nodes_png = session.screenshot("nodes.png");
+
+    session.go(&format!("{url}#/jobs/{job}"));
+    let state = session.wait_for(
+        "the job page to show the job finished",
+        "const state = document.getElementById('job-state');
+         return state && state.textContent === 'succeeded' ? state.textContent : null;",
+    );
+    assert_eq!(state, "succeeded");
+    let operators = session.eval("return document.querySelectorAll('.operator').length;");
+    assert!(
+        operators.as_u64().unwrap() >= 1,
+        "no operator boxes: {operators}"
+    );
+    let job_png = session.screenshot("job.png");
+
+    session.go(&format!("{url}#/overview"));
+    session.wait_for(
+        "the overview to report the cluster healthy",
+        "return document.body.dataset.loaded === 'true'
+             && document.body.textContent.includes('ok') ? true : null;",
+    );
+    let overview_png = session.screenshot("overview.png");
+    for png in [nodes_png, job_png, overview_png] {
+        assert!(
+            std::fs::metadata(&png).unwrap().len() > 10_000,
+            "{png:?} is blank"
+        );
+    }
+}
