@@ -13,6 +13,8 @@ mod api;
 mod assets;
 mod metrics;
 mod monitor;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -182,7 +182,7 @@ impl Monitor {
     }
 
     /// Installs `next`, recording the events between the current snapshot and it.
-    fn advance(&self, mut next: Snapshot) {
+    pub(super) fn advance(&self, mut next: Snapshot) {
         let previous = self.snapshot();
         let changes = changes(&previous, &mut next);
         let sample = sample(&next);

@@ -1,0 +1,299 @@
+//! The JSON API over a synthetic cluster of 1,000 nodes and 10,000 jobs: filters and pages
+//! are exact, and the token guards every mutation.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix_web::{App, test as actix_test, web};
+use floe_core::config::ClusterToken;
+use floe_core::wire::WireConfig;
+use floe_core::{JobId, NodeId, SubmissionId};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::monitor::{Monitor, Snapshot};
+use super::{HttpConfig, JobSpecParser, RejectedSpec, api};
+use crate::state::{
+    ClusterState, JobRecord, JobStatus, Liveness, NodeAddresses, NodeMemory, NodeRecord, Resources,
+};
+
+const NODES: u64 = 1_000;
+const JOBS: u64 = 10_000;
+
+struct RefuseAll;
+
+impl JobSpecParser for RefuseAll {
+    fn parse(&self, _: &str) -> Result<Vec<u8>, RejectedSpec> {
+        Err(RejectedSpec("refused by the test parser".into()))
+    }
+}
+
+/// Every 10th node dead; jobs cycle through succeeded, failed, running and pending.
+fn big_state() -> ClusterState {
+    let mut state = ClusterState::default();
+    for id in 1..=NODES {
+        let node = NodeId::new(id);
+        state.nodes.insert(
+            node,
+            NodeRecord {
+                id: node,
+                addresses: NodeAddresses {
+                    rpc: format!("10.0.{}.{}:7800", id / 256, id % 256),
+                },
+                resources: Resources {
+                    cpu_millis: 8_000,
+                    heap_bytes: 1 << 34,
+                },
+                memory: NodeMemory {
+                    total_bytes: 1 << 35,
+                    object_store_bytes: 1 << 33,
+                    system_reserve_bytes: 1 << 31,
+                },
+                labels: BTreeMap::new(),
+                liveness: if id % 10 == 0 {
+                    Liveness::Dead {
+                        index: id,
+                        reason: "missed 5 heartbeats".into(),
+                    }
+                } else {
+                    Liveness::Alive
+                },
+            },
+        );
+    }
+    for id in 1..=JOBS {
+        let job = JobId::new(id);
+        let status = match id % 4 {
+            0 => JobStatus::Succeeded,
+            1 => JobStatus::Failed {
+                message: format!("job {id} <b>failed</b>"),
+            },
+            2 => JobStatus::Running,
+            _ => JobStatus::Pending,
+        };
+        state.jobs.insert(
+            job,
+            JobRecord {
+                id: job,
+                submission: SubmissionId::random(),
+                spec: Vec::new(),
+                status,
+                driver: None,
+                attempts: 1,
+                cancel_requested: false,
+                stats: None,
+                outputs: Vec::new(),
+            },
+        );
+    }
+    state
+}
+
+/// GET `path` from `app`: the status and the JSON body.
+macro_rules! get {
+    ($app:expr, $path:expr) => {{
+        let request = actix_test::TestRequest::get().uri($path).to_request();
+        let response = actix_test::call_service(&$app, request).await;
+        let status = response.status().as_u16();
+        let body: Value = actix_test::read_body_json(response).await;
+        (status, body)
+    }};
+}
+
+fn config() -> HttpConfig {
+    HttpConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        replica_id: 1,
+        peers: BTreeMap::from([(1, "127.0.0.1:1".to_owned())]),
+        wire: WireConfig::from_config(&floe_core::Config::default()),
+        token: ClusterToken::new("the-token"),
+        refresh: std::time::Duration::from_secs(1),
+    }
+}
+
+#[actix_web::test]
+async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes() {
+    let config = config();
+    let state = Arc::new(big_state());
+    let (_publisher, applied) = watch::channel(Arc::clone(&state));
+    let monitor = Arc::new(Monitor::new(&config, state));
+    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll)).unwrap();
+    let app = actix_test::init_service(
+        App::new()
+            .app_data(web::Data::new(shared))
+            .configure(api::routes),
+    )
+    .await;
+
+    let (status, all) = get!(app, "/api/jobs");
+    assert_eq!(status, 200);
+    assert_eq!(all["total"], JOBS);
+    assert_eq!(all["limit"], 50);
+    let ids: Vec<&str> = all["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["id"].as_str().unwrap())
+        .collect();
+    let newest: Vec<String> = (JOBS - 49..=JOBS).rev().map(|id| id.to_string()).collect();
+    assert_eq!(ids, newest, "newest first");
+    for state in ["succeeded", "failed", "running", "pending"] {
+        assert_eq!(all["counts"][state], JOBS / 4);
+    }
+
+    // The last page of failed jobs: ids ≡ 1 (mod 4), newest first, offset 2,450 of 2,500.
+    let (_, failed) = get!(app, "/api/jobs?state=failed&offset=2450&limit=100");
+    assert_eq!(failed["total"], JOBS / 4);
+    let jobs = failed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 50);
+    let expected: Vec<u64> = (1..=JOBS)
+        .rev()
+        .filter(|id| id % 4 == 1)
+        .skip(2450)
+        .collect();
+    let got: Vec<u64> = jobs
+        .iter()
+        .map(|job| job["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        jobs[0]["error"],
+        format!("job {} <b>failed</b>", expected[0])
+    );
+
+    let (_, page) = get!(app, "/api/jobs?limit=5000");
+    assert_eq!(
+        page["jobs"].as_array().unwrap().len(),
+        1000,
+        "limit is capped"
+    );
+
+    let (_, dead) = get!(app, "/api/nodes?state=dead&limit=1000");
+    assert_eq!(dead["total"], NODES / 10);
+    assert!(
+        dead["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|node| node["state"] == "dead" && node["usage"].is_null())
+    );
+    let (_, alive) = get!(app, "/api/nodes?state=alive&offset=850");
+    assert_eq!(alive["total"], NODES - NODES / 10);
+    assert_eq!(alive["nodes"].as_array().unwrap().len(), 50);
+    assert_eq!(alive["nodes"][49]["id"], "999");
+
+    let (status, _) = get!(app, "/api/nodes?state=zombie");
+    assert_eq!(status, 400);
+    let (status, job) = get!(app, "/api/jobs/4");
+    assert_eq!((status, &job["state"]), (200, &Value::from("succeeded")));
+    assert!(job["plan"].is_null(), "an undecodable spec shows no plan");
+    let (status, _) = get!(app, "/api/jobs/10001");
+    assert_eq!(status, 404);
+}
+
+#[actix_web::test]
+async fn mutations_need_the_token_and_bad_specs_name_their_error() {
+    let config = config();
+    let state = Arc::new(ClusterState::default());
+    let (_publisher, applied) = watch::channel(Arc::clone(&state));
+    let monitor = Arc::new(Monitor::new(&config, state));
+    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll)).unwrap();
+    let app = actix_test::init_service(
+        App::new()
+            .app_data(web::Data::new(shared))
+            .configure(api::routes),
+    )
+    .await;
+    let post = |path: &str, token: Option<&str>| {
+        let mut request = actix_test::TestRequest::post()
+            .uri(path)
+            .insert_header(("Content-Type", "application/toml"))
+            .set_payload("[source]\nrange = 3\n");
+        if let Some(token) = token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        request.to_request()
+    };
+    for path in ["/api/jobs", "/api/jobs/1/stop", "/api/cache/clean"] {
+        for token in [None, Some("wrong"), Some("the-token-but-longer"), Some("")] {
+            let response = actix_test::call_service(&app, post(path, token)).await;
+            assert_eq!(response.status().as_u16(), 401, "{path} with {token:?}");
+        }
+    }
+    // With the token the request reaches the parser, whose error comes back as a 400.
+    let response = actix_test::call_service(&app, post("/api/jobs", Some("the-token"))).await;
+    assert_eq!(response.status().as_u16(), 400);
+    let body: Value = actix_test::read_body_json(response).await;
+    assert_eq!(body["error"], "refused by the test parser");
+}
+
+fn snapshot_of(state: ClusterState, leader: Option<u64>, time_ms: u64) -> Snapshot {
+    Snapshot {
+        time_ms,
+        baseline: false,
+        state: Arc::new(state),
+        replicas: Vec::new(),
+        leader,
+        leader_answered: true,
+        reports: BTreeMap::new(),
+        progress: BTreeMap::new(),
+        rows_per_s: BTreeMap::new(),
+        cache_last_used: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn events_are_the_differences_between_snapshots_after_the_baseline() {
+    let config = config();
+    let mut state = big_state();
+    state.nodes.retain(|id, _| id.get() <= 2);
+    state.jobs.retain(|id, _| id.get() <= 3);
+    let monitor = Monitor::new(&config, Arc::new(state.clone()));
+
+    // What was already there at start-up is not news; a leader appearing is.
+    monitor.advance(snapshot_of(state.clone(), Some(1), 1_000));
+    let first = monitor.events_after(0);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].kind.name(), "leader_changed");
+    assert_eq!(first[0].message, "replica 1 is the leader (term 0)");
+
+    let node = |id| NodeId::new(id);
+    let mut next = state.clone();
+    if let Some(record) = next.nodes.get_mut(&node(1)) {
+        record.liveness = Liveness::Dead {
+            index: 9,
+            reason: "missed 5 heartbeats".into(),
+        };
+    }
+    let mut joined = next.nodes[&node(2)].clone();
+    joined.id = node(3);
+    next.nodes.insert(node(3), joined);
+    if let Some(job) = next.jobs.get_mut(&JobId::new(3)) {
+        job.status = JobStatus::Running;
+    }
+    monitor.advance(snapshot_of(next.clone(), Some(1), 2_000));
+    monitor.advance(snapshot_of(next, None, 3_000));
+
+    let events: Vec<(String, String)> = monitor
+        .events_after(first[0].seq)
+        .into_iter()
+        .map(|event| (event.kind.name().to_owned(), event.message))
+        .collect();
+    let expected = [
+        (
+            "node_dead",
+            "node 1 (10.0.0.1:7800) died: missed 5 heartbeats",
+        ),
+        ("node_joined", "node 3 joined from 10.0.0.2:7800"),
+        ("job_state", "job 3 running"),
+        ("leader_changed", "no replica is leader"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(kind, message)| ((*kind).to_owned(), (*message).to_owned()))
+        .collect();
+    assert_eq!(events, expected);
+    assert_eq!(monitor.history().len(), 3);
+}
