@@ -117,7 +117,7 @@ impl TestCluster {
     async fn wait(&self, job: JobId) -> JobRecord {
         let deadline = Instant::now() + JOB_TIMEOUT;
         loop {
-            let record = self.state().await.jobs[&job].clone();
+            let record = JobRecord::clone(&self.state().await.jobs[&job]);
             if record.status.is_finished() {
                 return record;
             }

@@ -163,8 +163,8 @@ impl Inner {
         self.state()
             .await?
             .jobs
-            .get(&job)
-            .cloned()
+            .remove(&job)
+            .map(Arc::unwrap_or_clone)
             .ok_or(Error::UnknownJob(job))
     }
 }
@@ -248,7 +248,7 @@ impl Client {
             .await?
             .jobs
             .values()
-            .map(JobInfo::from)
+            .map(|record| JobInfo::from(record.as_ref()))
             .collect())
     }
 

@@ -6,6 +6,7 @@
 //! the same [`Outcome::Rejected`] everywhere rather than failing on some replicas.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use floe_core::job::{JobStats, OutputBlock};
 use floe_core::wire::codec;
@@ -229,7 +230,9 @@ pub struct ClusterState {
     pub next_node_id: u64,
     pub next_job_id: u64,
     pub nodes: BTreeMap<NodeId, NodeRecord>,
-    pub jobs: BTreeMap<JobId, JobRecord>,
+    /// Shared records, so a copy of the state for readers (the HTTP API) costs a pointer per
+    /// job rather than every job's spec and outputs; `apply` copies a record on write.
+    pub jobs: BTreeMap<JobId, Arc<JobRecord>>,
     /// Which job each submission became, so a retried submission finds its job.
     pub submissions: BTreeMap<SubmissionId, JobId>,
     pub actors: BTreeMap<ActorId, ActorRecord>,
@@ -302,7 +305,7 @@ impl ClusterState {
                 self.submissions.insert(submission, id);
                 self.jobs.insert(
                     id,
-                    JobRecord {
+                    Arc::new(JobRecord {
                         id,
                         submission,
                         spec,
@@ -312,7 +315,7 @@ impl ClusterState {
                         cancel_requested: false,
                         stats: None,
                         outputs: Vec::new(),
-                    },
+                    }),
                 );
                 Outcome::JobSubmitted(id)
             }
@@ -320,7 +323,7 @@ impl ClusterState {
                 if !self.nodes.get(&node).is_some_and(NodeRecord::is_alive) {
                     return Outcome::Rejected(format!("node {node} is not alive"));
                 }
-                let Some(record) = self.jobs.get_mut(&job) else {
+                let Some(record) = self.jobs.get_mut(&job).map(Arc::make_mut) else {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
                 if record.status != JobStatus::Pending {
@@ -339,7 +342,7 @@ impl ClusterState {
                 attempt,
                 outcome,
             } => {
-                let Some(record) = self.jobs.get_mut(&job) else {
+                let Some(record) = self.jobs.get_mut(&job).map(Arc::make_mut) else {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
                 if record.status.is_finished() {
@@ -372,7 +375,7 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::CancelJob { job } => {
-                let Some(record) = self.jobs.get_mut(&job) else {
+                let Some(record) = self.jobs.get_mut(&job).map(Arc::make_mut) else {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
                 match record.status {
@@ -454,6 +457,7 @@ impl ClusterState {
         self.cache.retain(|_, by_count| !by_count.is_empty());
         for job in self.jobs.values_mut() {
             if job.driver == Some(node) && job.status == JobStatus::Running {
+                let job = Arc::make_mut(job);
                 job.driver = None;
                 job.status = JobStatus::Pending;
             }
