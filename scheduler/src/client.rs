@@ -225,6 +225,14 @@ impl SchedulerClient {
         }
     }
 
+    /// The progress every running job's driver last reported.
+    pub async fn all_progress(&mut self) -> Result<BTreeMap<JobId, JobProgress>> {
+        match self.call(&SchedulerRequest::AllProgress).await? {
+            SchedulerResponse::AllProgress(progress) => Ok(progress),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The leader's latest heartbeat report from every alive node.
     pub async fn node_reports(&mut self) -> Result<BTreeMap<NodeId, NodeReport>> {
         match self.call(&SchedulerRequest::NodeReports).await? {

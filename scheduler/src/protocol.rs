@@ -79,6 +79,8 @@ pub enum SchedulerRequest {
     JobProgress {
         job: JobId,
     },
+    /// What every running job's driver last reported, for dashboards.
+    AllProgress,
     /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
     WatchDeaths {
         after: u64,
@@ -137,6 +139,7 @@ pub enum SchedulerResponse {
         cancel: bool,
     },
     Progress(Option<JobProgress>),
+    AllProgress(BTreeMap<JobId, JobProgress>),
     /// The node was committed dead and must register again, as a new node.
     Rejoin,
     State(Box<ClusterState>),

@@ -582,6 +582,10 @@ impl<S: LogStore> RaftLoop<S> {
                 let progress = self.progress.get(&job).cloned();
                 let _ = reply.send(Ok(SchedulerResponse::Progress(progress)));
             }
+            SchedulerRequest::AllProgress => {
+                let progress = self.progress.clone();
+                let _ = reply.send(Ok(SchedulerResponse::AllProgress(progress)));
+            }
             SchedulerRequest::Place { requests } => self.place(requests, reply),
             SchedulerRequest::Release {
                 node,

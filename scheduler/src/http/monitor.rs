@@ -41,8 +41,9 @@ pub(crate) struct ReplicaView {
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     pub time_ms: u64,
-    /// The snapshot made at start-up from whatever state was applied then. What differs from
-    /// it is the log being replayed, not news, so it yields no node or job events.
+    /// Made before this replica had applied everything it knew committed (at start-up, while
+    /// it replays its log): what differs from it is the replay, not news, so the next
+    /// snapshot yields no node or job events.
     pub baseline: bool,
     pub state: Arc<ClusterState>,
     pub replicas: Vec<ReplicaView>,
@@ -359,9 +360,17 @@ pub(crate) async fn run(
         let replicas = replica_statuses(&config).await;
         let leader_id = agreed_leader(&replicas);
         let previous = monitor.snapshot();
+
+        // After a restart the replica replays its log; until it has applied what it knows is
+        // committed, differences are the replay, not news.
+        let own = replicas
+            .iter()
+            .find(|replica| replica.id == config.replica_id)
+            .and_then(|replica| replica.status.as_ref());
+        let caught_up = own.is_some_and(|status| state.applied_index >= status.commit);
         let mut next = Snapshot {
             time_ms: now_ms(),
-            baseline: false,
+            baseline: previous.baseline && !caught_up,
             state,
             replicas,
             leader: leader_id,
@@ -414,27 +423,15 @@ fn agreed_leader(replicas: &[ReplicaView]) -> Option<u64> {
 }
 
 /// Reads the leader's soft state into `next`: heartbeat reports and the progress of every
-/// running job. A leader that does not answer leaves them empty.
+/// running job, two calls in all. A leader that does not answer leaves them empty.
 async fn read_leader(client: &mut SchedulerClient, next: &mut Snapshot) {
     let Ok(Ok(reports)) = tokio::time::timeout(CALL_TIMEOUT, client.node_reports()).await else {
         return;
     };
+    let Ok(Ok(progress)) = tokio::time::timeout(CALL_TIMEOUT, client.all_progress()).await else {
+        return;
+    };
     next.reports = reports;
+    next.progress = progress;
     next.leader_answered = true;
-    let running: Vec<JobId> = next
-        .state
-        .jobs
-        .values()
-        .filter(|job| job.status == JobStatus::Running)
-        .map(|job| job.id)
-        .collect();
-    for job in running {
-        match tokio::time::timeout(CALL_TIMEOUT, client.job_progress(job)).await {
-            Ok(Ok(Some(progress))) => {
-                next.progress.insert(job, progress);
-            }
-            Ok(Ok(None)) => {}
-            Ok(Err(_)) | Err(_) => return,
-        }
-    }
 }
