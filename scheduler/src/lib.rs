@@ -61,8 +61,6 @@ pub enum Error {
     RaftTaskPanicked(String),
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
-    #[error("http: {0}")]
-    Http(String),
     #[error(transparent)]
     Placement(#[from] placement::PlacementError),
 }

@@ -10,11 +10,11 @@ use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use floe_core::config::ClusterToken;
 use floe_core::job::{CacheMode, JobProgress, JobSpec, JobStats};
-use floe_core::wire::PeerKind;
+use floe_core::wire::{PeerKind, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
@@ -40,8 +40,10 @@ pub(crate) struct Shared {
     parser: Arc<dyn JobSpecParser>,
     token: ClusterToken,
     replica_id: u64,
-    /// Connects on first use, from the server's worker thread, and stays there.
-    leader: Mutex<SchedulerClient>,
+    /// Every replica's RPC address: each mutation gets its own client of them, so a slow
+    /// one (no leader yet) never queues the others behind it.
+    replicas: Vec<String>,
+    wire: WireConfig,
 }
 
 impl Shared {
@@ -50,18 +52,23 @@ impl Shared {
         monitor: Arc<Monitor>,
         applied_state: watch::Receiver<Arc<ClusterState>>,
         parser: Arc<dyn JobSpecParser>,
-    ) -> crate::Result<Self> {
-        let addrs = config.peers.values().cloned().collect();
-        let leader = SchedulerClient::new(addrs, config.wire.clone(), PeerKind::Client)?
-            .with_retry_for(MUTATION_RETRY);
-        Ok(Self {
+    ) -> Self {
+        Self {
             monitor,
             applied_state,
             parser,
             token: config.token.clone(),
             replica_id: config.replica_id,
-            leader: Mutex::new(leader),
-        })
+            replicas: config.peers.values().cloned().collect(),
+            wire: config.wire.clone(),
+        }
+    }
+
+    /// A client for one mutation; it finds the leader itself.
+    fn leader(&self) -> Result<SchedulerClient, ApiError> {
+        SchedulerClient::new(self.replicas.clone(), self.wire.clone(), PeerKind::Client)
+            .map(|client| client.with_retry_for(MUTATION_RETRY))
+            .map_err(ApiError::from_scheduler)
     }
 
     pub fn monitor(&self) -> &Monitor {
@@ -128,11 +135,18 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    fn unavailable(error: crate::Error) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the scheduler could not commit the change, try again: {error}"),
-        )
+    /// A scheduler error: 503 when no leader answered (worth retrying), 500 otherwise.
+    fn from_scheduler(error: crate::Error) -> Self {
+        match error {
+            crate::Error::NoReplica(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("no scheduler leader answered; try again shortly: {error}"),
+            ),
+            error => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the scheduler refused the change: {error}"),
+            ),
+        }
     }
 }
 
@@ -156,7 +170,12 @@ impl ResponseError for ApiError {
 type Reply = Result<HttpResponse, ApiError>;
 
 pub(crate) fn routes(config: &mut web::ServiceConfig) {
+    // A query string that does not parse is a 400 in the same JSON shape as every error.
+    let query = web::QueryConfig::default().error_handler(|error, _| {
+        ApiError::bad_request(format!("bad query string: {error}")).into()
+    });
     config
+        .app_data(query)
         .route("/api/version", web::get().to(version))
         .route("/api/cluster", web::get().to(cluster))
         .route("/api/nodes", web::get().to(nodes))
@@ -710,8 +729,23 @@ struct Submitted {
     submission_id: String,
 }
 
-async fn submit(shared: web::Data<Shared>, request: HttpRequest, body: web::Bytes) -> Reply {
+/// Reads a request body of at most [`MAX_BODY_BYTES`].
+async fn read_body(payload: web::Payload) -> Result<web::Bytes, ApiError> {
+    payload
+        .to_bytes_limited(MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is over {MAX_BODY_BYTES} bytes; a job spec is a few kilobytes"),
+            )
+        })?
+        .map_err(|error| ApiError::bad_request(format!("reading the body: {error}")))
+}
+
+async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::Payload) -> Reply {
     shared.authorize(&request)?;
+    let body = read_body(payload).await?;
     let content_type = request
         .headers()
         .get(CONTENT_TYPE)
@@ -736,17 +770,18 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, body: web::Byte
             .map_err(|error| ApiError::bad_request(format!("submission_id {text:?}: {error}")))?,
         None => SubmissionId::random(),
     };
-    let spec = shared
-        .parser
-        .parse(&spec_text)
+    // Parsing lists and opens the input files (their fingerprints need sizes, times and
+    // schemas), which can take a while; it runs off the server's one worker thread.
+    let parser = Arc::clone(&shared.parser);
+    let spec = web::block(move || parser.parse(&spec_text))
+        .await
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
         .map_err(|rejected| ApiError::bad_request(rejected.0))?;
     let job = shared
-        .leader
-        .lock()
-        .await
+        .leader()?
         .submit_job(spec, submission)
         .await
-        .map_err(ApiError::unavailable)?;
+        .map_err(ApiError::from_scheduler)?;
     shared
         .wait_applied(|state| state.jobs.contains_key(&job))
         .await;
@@ -778,7 +813,7 @@ async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<Str
             .await;
     }
     let body = match outcome {
-        Outcome::Rejected(_) if !shared.monitor.snapshot().state.jobs.contains_key(&job) => {
+        Outcome::Rejected(_) if !shared.state().jobs.contains_key(&job) => {
             return Err(unknown_job(job));
         }
         Outcome::Rejected(reason) => Stopped {
@@ -795,12 +830,10 @@ async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<Str
 
 async fn propose(shared: &Shared, command: Command) -> Result<Outcome, ApiError> {
     shared
-        .leader
-        .lock()
-        .await
+        .leader()?
         .propose(command)
         .await
-        .map_err(ApiError::unavailable)
+        .map_err(ApiError::from_scheduler)
 }
 
 // ---- cache ----------------------------------------------------------------------------
@@ -861,8 +894,13 @@ struct Cleaned {
     evicted: usize,
 }
 
-async fn clean_cache(shared: web::Data<Shared>, request: HttpRequest, body: web::Bytes) -> Reply {
+async fn clean_cache(
+    shared: web::Data<Shared>,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
     shared.authorize(&request)?;
+    let body = read_body(payload).await?;
     let clean: CleanBody = if body.is_empty() {
         CleanBody { fingerprint: None }
     } else {
@@ -883,19 +921,37 @@ async fn clean_cache(shared: web::Data<Shared>, request: HttpRequest, body: web:
         }
         None => shared.state().cache.keys().cloned().collect(),
     };
+    // One entry per (fingerprint, shard count), as `/api/cache` lists them.
+    let entries = |fingerprint: &str| {
+        shared
+            .state()
+            .cache
+            .get(fingerprint)
+            .map_or(0, BTreeMap::len)
+    };
+    let mut client = shared.leader()?;
     let mut evicted = Vec::new();
     for fingerprint in fingerprints {
+        let count = entries(&fingerprint);
         let command = Command::EvictCache {
             fingerprint: fingerprint.clone(),
         };
-        if propose(&shared, command).await? == Outcome::Applied {
-            evicted.push(fingerprint);
+        match client.propose(command).await {
+            Ok(Outcome::Applied) => evicted.push((fingerprint, count)),
+            Ok(_) => {}
+            Err(error) => {
+                let done: usize = evicted.iter().map(|(_, count)| count).sum();
+                let mut failure = ApiError::from_scheduler(error);
+                failure.message =
+                    format!("{} (evicted {done} entries before that)", failure.message);
+                return Err(failure);
+            }
         }
     }
     shared
-        .wait_applied(|state| evicted.iter().all(|fp| !state.cache.contains_key(fp)))
+        .wait_applied(|state| evicted.iter().all(|(fp, _)| !state.cache.contains_key(fp)))
         .await;
-    let evicted = evicted.len();
+    let evicted = evicted.iter().map(|(_, count)| count).sum();
     Ok(HttpResponse::Ok().json(Cleaned { evicted }))
 }
 

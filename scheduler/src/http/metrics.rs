@@ -173,7 +173,7 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
             let done = progress.operators.last().map_or(0, |op| op.rows_done);
             rows.sample(
                 "floe_job_rows_total",
-                &[("job", &job.to_string())],
+                &[("job_id", &job.to_string())],
                 done as f64,
             );
         }

@@ -101,7 +101,11 @@ impl HttpServer {
             ))?;
         let handle = handle_receiver
             .recv()
-            .map_err(|_| Error::Http(format!("the HTTP server on {local_addr} did not start")))?
+            .map_err(|_| {
+                Error::io("starting the HTTP server on", local_addr.to_string())(
+                    std::io::Error::other("its thread ended before it served"),
+                )
+            })?
             .map_err(Error::io("serving HTTP on", local_addr.to_string()))?;
         Ok(Self {
             local_addr,
@@ -143,18 +147,10 @@ fn serve(
             config.clone(),
             applied_state.clone(),
         ));
-        let shared = match api::Shared::new(&config, monitor, applied_state, parser) {
-            Ok(shared) => web::Data::new(shared),
-            Err(error) => {
-                let _ = started.send(Err(std::io::Error::other(error.to_string())));
-                return;
-            }
-        };
+        let shared = web::Data::new(api::Shared::new(&config, monitor, applied_state, parser));
         let server = actix_web::HttpServer::new(move || {
             App::new()
                 .app_data(shared.clone())
-                .app_data(web::JsonConfig::default().limit(api::MAX_BODY_BYTES))
-                .app_data(web::PayloadConfig::new(api::MAX_BODY_BYTES))
                 .configure(api::routes)
                 .configure(assets::routes)
         })

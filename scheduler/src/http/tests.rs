@@ -75,7 +75,7 @@ fn big_state() -> ClusterState {
         };
         state.jobs.insert(
             job,
-            JobRecord {
+            Arc::new(JobRecord {
                 id: job,
                 submission: SubmissionId::random(),
                 spec: Vec::new(),
@@ -85,7 +85,7 @@ fn big_state() -> ClusterState {
                 cancel_requested: false,
                 stats: None,
                 outputs: Vec::new(),
-            },
+            }),
         );
     }
     state
@@ -119,7 +119,7 @@ async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes(
     let state = Arc::new(big_state());
     let (_publisher, applied) = watch::channel(Arc::clone(&state));
     let monitor = Arc::new(Monitor::new(&config, state));
-    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll)).unwrap();
+    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
     let app = actix_test::init_service(
         App::new()
             .app_data(web::Data::new(shared))
@@ -199,7 +199,7 @@ async fn mutations_need_the_token_and_bad_specs_name_their_error() {
     let state = Arc::new(ClusterState::default());
     let (_publisher, applied) = watch::channel(Arc::clone(&state));
     let monitor = Arc::new(Monitor::new(&config, state));
-    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll)).unwrap();
+    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
     let app = actix_test::init_service(
         App::new()
             .app_data(web::Data::new(shared))
@@ -270,7 +270,7 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
     let mut joined = next.nodes[&node(2)].clone();
     joined.id = node(3);
     next.nodes.insert(node(3), joined);
-    if let Some(job) = next.jobs.get_mut(&JobId::new(3)) {
+    if let Some(job) = next.jobs.get_mut(&JobId::new(3)).map(Arc::make_mut) {
         job.status = JobStatus::Running;
     }
     monitor.advance(snapshot_of(next.clone(), Some(1), 2_000));

@@ -795,8 +795,8 @@ function jobHead(job) {
           const result = await mutate(`/api/jobs/${encodeURIComponent(job.id)}/stop`, {});
           if (!result) return null;
           return result.stopped
-            ? `Job ${job.id}: stop sent (state ${result.state}).`
-            : `Job ${job.id} had already ended (state ${result.state}).`;
+            ? `Job ${job.id}: ${result.message}.`
+            : `Job ${job.id} was not stopped: ${result.message}.`;
         });
       },
     }, job.cancel_requested ? 'cancel requested…' : 'Cancel job');
