@@ -63,6 +63,10 @@ fn check_config(config: &Config, args: &SchedulerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{own:?} is not host:port"))?;
     let mut effective = config.clone();
     effective.scheduler.rpc_port = port;
+    // Validation again, now with the replica's real RPC port (e.g. against the HTTP port).
+    effective
+        .validate()
+        .context("the configuration does not fit this replica's --peers entry")?;
     effective
         .preflight(Service::Scheduler)
         .context("scheduler preflight failed")?;
