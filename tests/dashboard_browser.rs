@@ -249,8 +249,9 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
     session.go(&format!("{url}#/overview"));
     session.wait_for(
         "the overview to report the cluster healthy",
-        "return document.body.dataset.loaded === 'true'
-             && document.body.textContent.includes('ok') ? true : null;",
+        "const health = document.getElementById('health');
+         return document.body.dataset.loaded === 'true' && health
+             && health.textContent.trim() === 'ok' ? true : null;",
     );
     let overview_png = session.screenshot("overview.png");
     for png in [nodes_png, job_png, overview_png] {
