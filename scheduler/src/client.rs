@@ -194,6 +194,28 @@ impl SchedulerClient {
         }
     }
 
+    /// The drivers `node` must run, once they differ from `known` or `wait` has passed.
+    pub async fn watch_drivers(
+        &mut self,
+        node: NodeId,
+        known: Vec<(JobId, u32)>,
+        wait: Duration,
+    ) -> Result<HeartbeatReply> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let request = SchedulerRequest::WatchDrivers {
+            node,
+            known,
+            wait_ms,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::HeartbeatAccepted { drivers } => {
+                Ok(HeartbeatReply::Accepted { drivers })
+            }
+            SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Commits a job; a retried submission with the same id returns the same job.
     pub async fn submit_job(&mut self, spec: Vec<u8>, submission: SubmissionId) -> Result<JobId> {
         match self

@@ -81,6 +81,14 @@ pub enum SchedulerRequest {
     },
     /// What every running job's driver last reported, for dashboards.
     AllProgress,
+    /// The drivers `node` must run; answered at once if they differ from `known`, else when
+    /// one is started on the node or after `wait_ms`, whichever is first. A node watches
+    /// this so a job's driver starts without waiting for the next heartbeat.
+    WatchDrivers {
+        node: NodeId,
+        known: Vec<(JobId, u32)>,
+        wait_ms: u64,
+    },
     /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
     WatchDeaths {
         after: u64,
@@ -129,8 +137,8 @@ pub enum SchedulerResponse {
     },
     RaftAccepted,
     Committed(Outcome),
-    /// The heartbeat was taken; `drivers` are the running jobs (and attempts) whose drivers
-    /// the node must be running.
+    /// The heartbeat was taken (or a `WatchDrivers` answered); `drivers` are the running jobs
+    /// (and attempts) whose drivers the node must be running.
     HeartbeatAccepted {
         drivers: Vec<(JobId, u32)>,
     },

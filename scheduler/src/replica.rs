@@ -151,9 +151,20 @@ impl Replica {
         let bind = SocketAddr::new(config.bind_host, port_of(own)?);
         let (inputs, receiver) = mpsc::channel(MAX_INPUTS_PER_TURN * 4);
         let (deaths, _) = broadcast::channel(1024);
-        let raft_loop = RaftLoop::new(&config, store, inputs.clone(), deaths.clone())?;
+        let (drivers_started, _) = broadcast::channel(1024);
+        let raft_loop = RaftLoop::new(
+            &config,
+            store,
+            inputs.clone(),
+            deaths.clone(),
+            drivers_started.clone(),
+        )?;
         let applied_state = raft_loop.published.subscribe();
-        let service = Arc::new(Service { inputs, deaths });
+        let service = Arc::new(Service {
+            inputs,
+            deaths,
+            drivers_started,
+        });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {
@@ -198,6 +209,8 @@ impl Drop for Replica {
 struct Service {
     inputs: mpsc::Sender<Input>,
     deaths: broadcast::Sender<NodeDeath>,
+    /// The node each committed `StartDriver` names, for nodes watching for their drivers.
+    drivers_started: broadcast::Sender<NodeId>,
 }
 
 fn stopped() -> RemoteError {
@@ -283,6 +296,38 @@ impl Handler<SchedulerProtocol> for Service {
                     Err(_) => Ok(SchedulerResponse::Deaths(Vec::new())),
                 }
             }
+            SchedulerRequest::WatchDrivers {
+                node,
+                known,
+                wait_ms,
+            } => {
+                // Subscribe before reading, so a driver started in between is not missed.
+                let mut started = self.drivers_started.subscribe();
+                let request = SchedulerRequest::WatchDrivers {
+                    node,
+                    known: known.clone(),
+                    wait_ms,
+                };
+                let current = self.ask(request.clone()).await?;
+                if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
+                {
+                    return Ok(current);
+                }
+                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
+                let _ = tokio::time::timeout(wait, async {
+                    loop {
+                        match started.recv().await {
+                            Ok(on) if on == node => return,
+                            Ok(_) => {}
+                            // Missed some: read the state again.
+                            Err(broadcast::error::RecvError::Lagged(_)) => return,
+                            Err(broadcast::error::RecvError::Closed) => return,
+                        }
+                    }
+                })
+                .await;
+                self.ask(request).await
+            }
             request => self.ask(request).await,
         }
     }
@@ -314,6 +359,7 @@ struct RaftLoop<S: LogStore> {
     state: ClusterState,
     senders: BTreeMap<u64, mpsc::UnboundedSender<Message>>,
     deaths: broadcast::Sender<NodeDeath>,
+    drivers_started: broadcast::Sender<NodeId>,
     was_leader: bool,
     /// Proposals awaiting their commit, keyed by (term proposed in, sequence number); the term
     /// keeps keys unique across restarts, since a restarted replica only leads in a later term.
@@ -353,6 +399,7 @@ impl<S: LogStore> RaftLoop<S> {
         store: S,
         inputs: mpsc::Sender<Input>,
         deaths: broadcast::Sender<NodeDeath>,
+        drivers_started: broadcast::Sender<NodeId>,
     ) -> Result<Self> {
         let snapshot = store.latest_snapshot();
         let state = if snapshot.get_metadata().index == 0 {
@@ -403,6 +450,7 @@ impl<S: LogStore> RaftLoop<S> {
             state,
             senders,
             deaths,
+            drivers_started,
             was_leader: false,
             proposals: BTreeMap::new(),
             next_proposal: 0,
@@ -537,6 +585,16 @@ impl<S: LogStore> RaftLoop<S> {
                 let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
                     self.last_seen.insert(node, Instant::now());
                     self.usage.insert(node, usage);
+                    SchedulerResponse::HeartbeatAccepted {
+                        drivers: self.state.drivers_on(node),
+                    }
+                } else {
+                    SchedulerResponse::Rejoin
+                };
+                let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::WatchDrivers { node, .. } => {
+                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
                     SchedulerResponse::HeartbeatAccepted {
                         drivers: self.state.drivers_on(node),
                     }
@@ -879,7 +937,7 @@ impl<S: LogStore> RaftLoop<S> {
                 Command::RegisterNode { resources, .. } => Effect::Registered(*resources),
                 Command::MarkNodeDead { node, .. } => Effect::Died(*node),
                 Command::SubmitJob { .. } => Effect::Submitted,
-                Command::StartDriver { job, .. } => Effect::DriverStarted(*job),
+                Command::StartDriver { job, node } => Effect::DriverStarted(*job, *node),
                 Command::FinishJob { job, .. } => Effect::JobEnded(*job),
                 _ => Effect::None,
             };
@@ -910,8 +968,12 @@ impl<S: LogStore> RaftLoop<S> {
                     self.dying.remove(&node);
                 }
                 (Effect::Submitted, _) => self.jobs_submitted = true,
-                (Effect::DriverStarted(job), _) => {
+                (Effect::DriverStarted(job, node), outcome) => {
                     self.drivers_proposed.remove(&job);
+                    if *outcome == Outcome::Applied {
+                        // No one listening is fine: the node's heartbeat carries it too.
+                        let _ = self.drivers_started.send(node);
+                    }
                 }
                 (Effect::JobEnded(job), Outcome::Applied) => {
                     self.progress.remove(&job);
@@ -1086,7 +1148,7 @@ enum Effect {
     Registered(crate::state::Resources),
     Died(NodeId),
     Submitted,
-    DriverStarted(JobId),
+    DriverStarted(JobId, NodeId),
     JobEnded(JobId),
     None,
 }

@@ -471,7 +471,10 @@ impl NodeAgent {
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         let host_memory =
             || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
+        let watcher =
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
         let background = vec![
+            tokio::spawn(watch_drivers(Arc::clone(&shared), watcher)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
                 client,
@@ -568,6 +571,36 @@ impl Registration {
                 BTreeMap::new(),
             )
             .await?)
+    }
+}
+
+/// How long one `WatchDrivers` call may wait at the leader: well inside the RPC timeout.
+const DRIVER_WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// Starts the drivers the scheduler assigns to this node as soon as it commits them (the
+/// heartbeat carries the same list, later; both go through `sync_drivers`).
+async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
+    let mut known = Vec::new();
+    loop {
+        let Some(node) = shared.node() else {
+            tokio::time::sleep(DRIVER_WATCH_WAIT).await;
+            continue;
+        };
+        match client
+            .watch_drivers(node, known.clone(), DRIVER_WATCH_WAIT)
+            .await
+        {
+            Ok(HeartbeatReply::Accepted { drivers }) => {
+                shared.sync_drivers(&drivers);
+                known = drivers;
+            }
+            // The heartbeat loop registers the node again; wait for its new id.
+            Ok(HeartbeatReply::Rejoin) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(error) => {
+                tracing::debug!(%error, "watching for drivers failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 
