@@ -14,12 +14,13 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
-mod shuffle;
+mod workloads;
 
 use std::time::Duration;
 
 use clap::Subcommand;
 use floe_core::Config;
+use workloads::Workload;
 
 #[derive(Debug, Subcommand)]
 pub enum Bench {
@@ -68,30 +69,47 @@ pub enum Bench {
         #[arg(long)]
         quick: bool,
     },
-    /// Sort of 10M 104-byte rows on a local 2-node cluster, against one process.
-    Sort {
-        /// A smaller run that finishes in seconds.
-        #[arg(long)]
-        quick: bool,
-    },
-    /// Groupby of 10M rows into 1,000 groups (count, sum, mean) on a local 2-node cluster.
-    Groupby {
-        /// A smaller run that finishes in seconds.
-        #[arg(long)]
-        quick: bool,
-    },
-    /// Hash repartition of 1 GB into 32 partitions on a local 2-node cluster.
-    Repartition {
-        /// A smaller run that finishes in seconds.
-        #[arg(long)]
-        quick: bool,
-    },
-    /// Random shuffle of 1 GB on a local 2-node cluster.
-    Shuffle {
-        /// A smaller run that finishes in seconds.
-        #[arg(long)]
-        quick: bool,
-    },
+    /// End-to-end: add value*2+1 to 10M event rows read from Parquet, and sum it.
+    Map(WorkloadArgs),
+    /// End-to-end: keep the event rows with value > 0.5, and count them.
+    Filter(WorkloadArgs),
+    /// End-to-end: sort 10M 100-byte records (1 GB) by key and write them as Parquet.
+    Sort(WorkloadArgs),
+    /// End-to-end: group 10M event rows into 1,000 groups (count, sum, mean).
+    Groupby(WorkloadArgs),
+    /// End-to-end: random_shuffle of the 1 GB of records.
+    Shuffle(WorkloadArgs),
+    /// End-to-end: hash-repartition the events by user_id into 32.
+    Repartition(WorkloadArgs),
+    /// End-to-end: the map pipeline cold, then again served from the cache.
+    Rerun(WorkloadArgs),
+    /// End-to-end: materialize 3× the cluster's object-store memory.
+    Spill(WorkloadArgs),
+    /// Every end-to-end workload, one after the other.
+    All(WorkloadArgs),
+}
+
+/// The options every end-to-end workload takes.
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    /// A smaller run (1M rows) that finishes in seconds to a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Run on this cluster (its scheduler replicas, host:port,…) instead of a local one; its
+    /// nodes must see paths.data_dir at the same path, where the data is generated.
+    #[arg(long, value_name = "HOST:PORT,…")]
+    address: Option<String>,
+}
+
+fn workloads(
+    which: &[workloads::Workload],
+    args: WorkloadArgs,
+    config: &Config,
+) -> anyhow::Result<()> {
+    workloads::run(
+        which,
+        &workloads::RunConfig::new(args.quick, args.address, config),
+    )
 }
 
 pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
@@ -103,10 +121,15 @@ pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Cache { quick } => cache::run(quick, config),
         Bench::Dataset { quick } => dataset::run(quick),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
-        Bench::Sort { quick } => shuffle::run(shuffle::Workload::Sort, quick),
-        Bench::Groupby { quick } => shuffle::run(shuffle::Workload::Groupby, quick),
-        Bench::Repartition { quick } => shuffle::run(shuffle::Workload::Repartition, quick),
-        Bench::Shuffle { quick } => shuffle::run(shuffle::Workload::Shuffle, quick),
+        Bench::Map(args) => workloads(&[Workload::Map], args, config),
+        Bench::Filter(args) => workloads(&[Workload::Filter], args, config),
+        Bench::Sort(args) => workloads(&[Workload::Sort], args, config),
+        Bench::Groupby(args) => workloads(&[Workload::Groupby], args, config),
+        Bench::Shuffle(args) => workloads(&[Workload::Shuffle], args, config),
+        Bench::Repartition(args) => workloads(&[Workload::Repartition], args, config),
+        Bench::Rerun(args) => workloads(&[Workload::Rerun], args, config),
+        Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
+        Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }
 
