@@ -42,8 +42,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{BatchStream, Dataset, Error, Executor, Registry, Result};
 
-/// How often a waiting handle reads the job's state.
-const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a waiting handle lets the leader hold its request before it reads the job's
+/// progress; the leader answers as soon as the job ends.
+const WAIT_SLICE: Duration = Duration::from_millis(500);
 /// Result blocks are read from their node in chunks of this size.
 const READ_CHUNK: u64 = 5 << 20;
 /// The largest frame the client accepts (a chunk plus its envelope).
@@ -160,11 +161,11 @@ impl Inner {
     }
 
     async fn job(&self, job: JobId) -> Result<JobRecord> {
-        self.state()
+        self.scheduler
+            .lock()
+            .await
+            .watch_job(job, Duration::ZERO)
             .await?
-            .jobs
-            .remove(&job)
-            .map(Arc::unwrap_or_clone)
             .ok_or(Error::UnknownJob(job))
     }
 }
@@ -362,8 +363,17 @@ impl JobHandle {
         &self,
         mut on_progress: impl FnMut(&JobProgress),
     ) -> Result<JobOutput> {
+        // Its own connection: a long wait must not hold up other calls on this client.
+        let mut waiter = SchedulerClient::new(
+            self.inner.replicas.clone(),
+            self.inner.wire.clone(),
+            PeerKind::Client,
+        )?;
         loop {
-            let record = self.inner.job(self.id).await?;
+            let record = waiter
+                .watch_job(self.id, WAIT_SLICE)
+                .await?
+                .ok_or(Error::UnknownJob(self.id))?;
             match record.status {
                 JobStatus::Succeeded => {
                     return Ok(JobOutput {
@@ -382,10 +392,9 @@ impl JobHandle {
                 JobStatus::Cancelled => return Err(Error::JobCancelled(self.id)),
                 JobStatus::Pending | JobStatus::Running => {}
             }
-            if let Some(progress) = self.progress().await? {
+            if let Some(progress) = waiter.job_progress(self.id).await? {
                 on_progress(&progress);
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::protocol::{
     SchedulerResponse,
 };
 use crate::state::{
-    ClusterState, Command, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
 };
 use crate::{Error, Result};
 
@@ -190,6 +190,18 @@ impl SchedulerClient {
                 Ok(HeartbeatReply::Accepted { drivers })
             }
             SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The job's record once it has ended, or as it is after `wait`; None for no such job.
+    pub async fn watch_job(&mut self, job: JobId, wait: Duration) -> Result<Option<JobRecord>> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        match self
+            .call(&SchedulerRequest::WatchJob { job, wait_ms })
+            .await?
+        {
+            SchedulerResponse::Job(record) => Ok(record.map(|record| *record)),
             other => Err(unexpected(other)),
         }
     }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::state::{
-    ClusterState, Command, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
 };
 
 pub struct SchedulerProtocol;
@@ -89,6 +89,12 @@ pub enum SchedulerRequest {
         known: Vec<(JobId, u32)>,
         wait_ms: u64,
     },
+    /// The job's record, once it has ended or after `wait_ms`, whichever is first; at once
+    /// when it has already ended or does not exist.
+    WatchJob {
+        job: JobId,
+        wait_ms: u64,
+    },
     /// Node deaths committed after log index `after`; waits up to `wait_ms` for one.
     WatchDeaths {
         after: u64,
@@ -148,6 +154,7 @@ pub enum SchedulerResponse {
     },
     Progress(Option<JobProgress>),
     AllProgress(BTreeMap<JobId, JobProgress>),
+    Job(Option<Box<JobRecord>>),
     /// The node was committed dead and must register again, as a new node.
     Rejoin,
     State(Box<ClusterState>),

@@ -35,7 +35,7 @@ use crate::protocol::{
     LeaderHint, NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
-use crate::state::{ClusterState, Command, JobStatus, NodeDeath, Outcome};
+use crate::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
 use crate::storage::LogStore;
 use crate::{Error, Result};
 
@@ -150,21 +150,10 @@ impl Replica {
             .ok_or_else(|| Error::Peers(format!("no address for replica {}", config.id)))?;
         let bind = SocketAddr::new(config.bind_host, port_of(own)?);
         let (inputs, receiver) = mpsc::channel(MAX_INPUTS_PER_TURN * 4);
-        let (deaths, _) = broadcast::channel(1024);
-        let (drivers_started, _) = broadcast::channel(1024);
-        let raft_loop = RaftLoop::new(
-            &config,
-            store,
-            inputs.clone(),
-            deaths.clone(),
-            drivers_started.clone(),
-        )?;
+        let notices = Notices::new();
+        let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
-        let service = Arc::new(Service {
-            inputs,
-            deaths,
-            drivers_started,
-        });
+        let service = Arc::new(Service { inputs, notices });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {
@@ -206,11 +195,29 @@ impl Drop for Replica {
     }
 }
 
-struct Service {
-    inputs: mpsc::Sender<Input>,
+/// What the Raft loop announces as it applies commands, for requests that wait on them.
+#[derive(Clone)]
+struct Notices {
     deaths: broadcast::Sender<NodeDeath>,
     /// The node each committed `StartDriver` names, for nodes watching for their drivers.
     drivers_started: broadcast::Sender<NodeId>,
+    /// Jobs that ended (finished or cancelled), for clients waiting on them.
+    jobs_ended: broadcast::Sender<JobId>,
+}
+
+impl Notices {
+    fn new() -> Self {
+        Self {
+            deaths: broadcast::channel(1024).0,
+            drivers_started: broadcast::channel(1024).0,
+            jobs_ended: broadcast::channel(1024).0,
+        }
+    }
+}
+
+struct Service {
+    inputs: mpsc::Sender<Input>,
+    notices: Notices,
 }
 
 fn stopped() -> RemoteError {
@@ -263,7 +270,7 @@ impl Handler<SchedulerProtocol> for Service {
             }
             SchedulerRequest::WatchDeaths { after, wait_ms } => {
                 // Subscribe before reading, so a death committed in between is not missed.
-                let mut published = self.deaths.subscribe();
+                let mut published = self.notices.deaths.subscribe();
                 let known = self
                     .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
                     .await?;
@@ -296,13 +303,35 @@ impl Handler<SchedulerProtocol> for Service {
                     Err(_) => Ok(SchedulerResponse::Deaths(Vec::new())),
                 }
             }
+            SchedulerRequest::WatchJob { job, wait_ms } => {
+                // Subscribe before reading, so an end committed in between is not missed.
+                let mut ended = self.notices.jobs_ended.subscribe();
+                let request = SchedulerRequest::WatchJob { job, wait_ms };
+                let current = self.ask(request.clone()).await?;
+                let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
+                if !running {
+                    return Ok(current);
+                }
+                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
+                let _ = tokio::time::timeout(wait, async {
+                    loop {
+                        match ended.recv().await {
+                            Ok(id) if id == job => return,
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .await;
+                self.ask(request).await
+            }
             SchedulerRequest::WatchDrivers {
                 node,
                 known,
                 wait_ms,
             } => {
                 // Subscribe before reading, so a driver started in between is not missed.
-                let mut started = self.drivers_started.subscribe();
+                let mut started = self.notices.drivers_started.subscribe();
                 let request = SchedulerRequest::WatchDrivers {
                     node,
                     known: known.clone(),
@@ -358,8 +387,7 @@ struct RaftLoop<S: LogStore> {
     raw: RawNode<S>,
     state: ClusterState,
     senders: BTreeMap<u64, mpsc::UnboundedSender<Message>>,
-    deaths: broadcast::Sender<NodeDeath>,
-    drivers_started: broadcast::Sender<NodeId>,
+    notices: Notices,
     was_leader: bool,
     /// Proposals awaiting their commit, keyed by (term proposed in, sequence number); the term
     /// keeps keys unique across restarts, since a restarted replica only leads in a later term.
@@ -398,8 +426,7 @@ impl<S: LogStore> RaftLoop<S> {
         config: &ReplicaConfig,
         store: S,
         inputs: mpsc::Sender<Input>,
-        deaths: broadcast::Sender<NodeDeath>,
-        drivers_started: broadcast::Sender<NodeId>,
+        notices: Notices,
     ) -> Result<Self> {
         let snapshot = store.latest_snapshot();
         let state = if snapshot.get_metadata().index == 0 {
@@ -449,8 +476,7 @@ impl<S: LogStore> RaftLoop<S> {
             raw,
             state,
             senders,
-            deaths,
-            drivers_started,
+            notices,
             was_leader: false,
             proposals: BTreeMap::new(),
             next_proposal: 0,
@@ -592,6 +618,14 @@ impl<S: LogStore> RaftLoop<S> {
                     SchedulerResponse::Rejoin
                 };
                 let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::WatchJob { job, .. } => {
+                let record = self
+                    .state
+                    .jobs
+                    .get(&job)
+                    .map(|record| Box::new(JobRecord::clone(record)));
+                let _ = reply.send(Ok(SchedulerResponse::Job(record)));
             }
             SchedulerRequest::WatchDrivers { node, .. } => {
                 let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
@@ -904,7 +938,7 @@ impl<S: LogStore> RaftLoop<S> {
         );
         self.rebuild_view();
         for death in self.state.deaths_after(before) {
-            let _ = self.deaths.send(death);
+            let _ = self.notices.deaths.send(death);
         }
         Ok(())
     }
@@ -939,6 +973,7 @@ impl<S: LogStore> RaftLoop<S> {
                 Command::SubmitJob { .. } => Effect::Submitted,
                 Command::StartDriver { job, node } => Effect::DriverStarted(*job, *node),
                 Command::FinishJob { job, .. } => Effect::JobEnded(*job),
+                Command::CancelJob { job } => Effect::JobCancelled(*job),
                 _ => Effect::None,
             };
             let Some(outcome) = self.state.apply(entry.index, command) else {
@@ -961,7 +996,7 @@ impl<S: LogStore> RaftLoop<S> {
                     self.retry_waiting();
                     if let Some(death) = self.state.deaths_after(entry.index - 1).pop() {
                         tracing::warn!(node = %death.node, reason = %death.reason, "node committed dead");
-                        let _ = self.deaths.send(death);
+                        let _ = self.notices.deaths.send(death);
                     }
                 }
                 (Effect::Died(node), _) => {
@@ -972,11 +1007,22 @@ impl<S: LogStore> RaftLoop<S> {
                     self.drivers_proposed.remove(&job);
                     if *outcome == Outcome::Applied {
                         // No one listening is fine: the node's heartbeat carries it too.
-                        let _ = self.drivers_started.send(node);
+                        let _ = self.notices.drivers_started.send(node);
                     }
                 }
                 (Effect::JobEnded(job), Outcome::Applied) => {
                     self.progress.remove(&job);
+                    let _ = self.notices.jobs_ended.send(job);
+                }
+                // A pending job ends at once; a running one when its driver finishes it.
+                (Effect::JobCancelled(job), Outcome::Applied)
+                    if self
+                        .state
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.status.is_finished()) =>
+                {
+                    let _ = self.notices.jobs_ended.send(job);
                 }
                 _ => {}
             }
@@ -1150,6 +1196,7 @@ enum Effect {
     Submitted,
     DriverStarted(JobId, NodeId),
     JobEnded(JobId),
+    JobCancelled(JobId),
     None,
 }
 
