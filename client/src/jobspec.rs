@@ -570,11 +570,25 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
     Ok(tokens)
 }
 
+/// The most tokens one expression may have. Long chains (`a + b + …`) build deep trees that
+/// later passes walk recursively, so the length is bounded as well as the nesting.
+const MAX_EXPR_TOKENS: usize = 2_000;
+/// The deepest nesting of parentheses, calls, `not` and unary minus.
+const MAX_EXPR_NESTING: usize = 64;
+
 /// Parses one expression (see the module docs for the language).
 pub fn parse_expr(text: &str) -> Result<Expr, String> {
+    let tokens = tokenize(text)?;
+    if tokens.len() > MAX_EXPR_TOKENS {
+        return Err(format!(
+            "the expression has {} tokens; at most {MAX_EXPR_TOKENS} are allowed",
+            tokens.len()
+        ));
+    }
     let mut parser = Parser {
-        tokens: tokenize(text)?,
+        tokens,
         at: 0,
+        depth: 0,
     };
     let expr = parser.or()?;
     match parser.tokens.get(parser.at) {
@@ -589,9 +603,27 @@ type StringFunction = fn(Expr, String) -> Result<Expr, String>;
 struct Parser {
     tokens: Vec<Token>,
     at: usize,
+    /// How deeply the parser has recursed, bounded so no input can exhaust the stack.
+    depth: usize,
 }
 
 impl Parser {
+    /// Runs `parse` one level deeper, refusing input nested past [`MAX_EXPR_NESTING`].
+    fn nested(
+        &mut self,
+        parse: impl FnOnce(&mut Self) -> Result<Expr, String>,
+    ) -> Result<Expr, String> {
+        if self.depth >= MAX_EXPR_NESTING {
+            return Err(format!(
+                "the expression is nested more than {MAX_EXPR_NESTING} levels deep"
+            ));
+        }
+        self.depth += 1;
+        let parsed = parse(self);
+        self.depth -= 1;
+        parsed
+    }
+
     fn peek(&self) -> Option<&Token> {
         self.tokens.get(self.at)
     }
@@ -640,7 +672,7 @@ impl Parser {
 
     fn not(&mut self) -> Result<Expr, String> {
         if self.eat_word("not") {
-            return Ok(!self.not()?);
+            return Ok(!self.nested(Self::not)?);
         }
         self.comparison()
     }
@@ -692,7 +724,7 @@ impl Parser {
 
     fn unary(&mut self) -> Result<Expr, String> {
         if self.eat_symbol("-") {
-            return Ok(-self.unary()?);
+            return Ok(-self.nested(Self::unary)?);
         }
         self.primary()
     }
@@ -708,7 +740,7 @@ impl Parser {
             Token::Float(x) => Ok(lit(x)),
             Token::Str(s) => Ok(lit(s.as_str())),
             Token::Symbol("(") => {
-                let inner = self.or()?;
+                let inner = self.nested(Self::or)?;
                 self.expect(")")?;
                 Ok(inner)
             }
@@ -717,7 +749,7 @@ impl Parser {
                 "true" => Ok(lit(true)),
                 "false" => Ok(lit(false)),
                 "null" => Ok(null()),
-                _ if self.eat_symbol("(") => self.call(&word),
+                _ if self.eat_symbol("(") => self.nested(|parser| parser.call(&word)),
                 _ => Ok(col(word)),
             },
         }
