@@ -230,12 +230,16 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 }
 
 /// Runs a local cluster in the foreground until Ctrl-C.
-pub async fn up(args: &UpArgs) -> anyhow::Result<()> {
+/// The cluster's token is the configured one (`FLOE_CLUSTER_TOKEN`), or a generated one; either
+/// way it is written to a file only this user can read, and only the file's path is printed.
+pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
+    let configured = &config.cluster.token;
     let cluster = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
         node_settings: Vec::new(),
+        token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
     })
     .await?;
     print_local_cluster(&cluster);
@@ -254,9 +258,11 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     println!("  nodes:      {}", cluster.node_addresses().join(", "));
     println!("  files:      {}", cluster.dir().display());
     println!("  dashboard:  {}", cluster.dashboard_url());
+    let token_file = cluster.token_file();
+    println!("  token:      {} (mode 0600)", token_file.display());
     println!(
-        "  use it:     FLOE_CLUSTER_TOKEN={} floe jobs --scheduler {schedulers}",
-        cluster.token()
+        "  use it:     FLOE_CLUSTER_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        token_file.display()
     );
 }
 

@@ -169,7 +169,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Worker(args) => node::run_worker_process(args, udfs)?,
         Command::Bench(which) => bench::run(which, &config)?,
         Command::Demo(args) => block_on(demo::run(&args))?,
-        Command::Up(args) => block_on(cli::up(&args))?,
+        Command::Up(args) => block_on(cli::up(&config, &args))?,
         Command::Status(cluster) => block_on(cli::status(&config, &cluster))?,
         Command::Nodes(cluster) => block_on(cli::nodes(&config, &cluster))?,
         Command::Jobs(cluster) => block_on(cli::jobs(&config, &cluster))?,

@@ -25,6 +25,7 @@ fn options(nodes: usize) -> LocalClusterOptions {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=8MiB".into()],
+        token: None,
     }
 }
 
@@ -404,4 +405,85 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         .unwrap();
     assert_eq!(again.rows(), 20_000);
     assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
+}
+
+/// `floe up` with no token configured: it generates one, stores it in a file only its owner
+/// can read, prints the file's path but never the token, and the token works.
+#[test]
+fn floe_up_keeps_a_generated_token_in_a_private_file() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("FLOE_") {
+            command.env_remove(name);
+        }
+    }
+    let mut up = command
+        .args(["up", "--nodes", "1", "--workers", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut printed = String::new();
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("press Ctrl-C") {
+            break;
+        }
+    }
+    let field = |name: &str| {
+        printed
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(name))
+            .map(|rest| rest.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
+    };
+    let token_file = field("token:")
+        .trim_end_matches("(mode 0600)")
+        .trim()
+        .to_owned();
+    let schedulers = field("schedulers:");
+    let metadata = std::fs::metadata(&token_file).unwrap();
+    assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(
+        token.len() >= 32,
+        "a short token: {} characters",
+        token.len()
+    );
+    assert!(
+        !printed.contains(&token),
+        "the token was printed:\n{printed}"
+    );
+
+    let status = Command::new(env!("CARGO_BIN_EXE_floe"))
+        .args(["status", "--scheduler", &schedulers])
+        .env("FLOE_CLUSTER_TOKEN", &token)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let refused = Command::new(env!("CARGO_BIN_EXE_floe"))
+        .args(["status", "--scheduler", &schedulers])
+        .env("FLOE_CLUSTER_TOKEN", "not-the-token")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+
+    // Ctrl-C stops the cluster, and the token file goes with it.
+    let interrupted = Command::new("kill")
+        .args(["-INT", &up.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    assert!(up.wait().unwrap().success());
+    assert!(!std::path::Path::new(&token_file).exists());
 }

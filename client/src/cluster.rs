@@ -617,6 +617,8 @@ pub struct LocalClusterOptions {
     pub workers_per_node: u32,
     /// Extra `section.key=value` settings for every node.
     pub node_settings: Vec<String>,
+    /// The cluster token; `None` generates a random one.
+    pub token: Option<String>,
 }
 
 impl LocalClusterOptions {
@@ -627,8 +629,33 @@ impl LocalClusterOptions {
             binary,
             workers_per_node: 0,
             node_settings: Vec::new(),
+            token: None,
         }
     }
+}
+
+/// The local cluster's token file, in its directory.
+const TOKEN_FILE: &str = "token";
+
+/// Writes `token` to a new file only its owner can read (mode 0600 from the start, so it is
+/// never readable by others, not even briefly).
+fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let failed = |source: std::io::Error| {
+        Error::LocalCluster(format!(
+            "cannot write the token file {}: {source}",
+            path.display()
+        ))
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(failed)?;
+    file.write_all(token.as_bytes()).map_err(failed)?;
+    file.sync_all().map_err(failed)
 }
 
 /// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
@@ -648,7 +675,11 @@ impl LocalCluster {
             .map_err(|source| {
                 Error::LocalCluster(format!("cannot create a directory: {source}"))
             })?;
-        let token = format!("local-{}", SubmissionId::random());
+        let token = options
+            .token
+            .clone()
+            .unwrap_or_else(|| format!("{}{}", SubmissionId::random(), SubmissionId::random()));
+        write_token_file(&dir.path().join(TOKEN_FILE), &token)?;
         let local = |error: &dyn std::fmt::Display| Error::LocalCluster(error.to_string());
         let scheduler =
             floe_scheduler::local::LocalCluster::start(floe_scheduler::local::LocalClusterConfig {
@@ -710,6 +741,11 @@ impl LocalCluster {
 
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The file holding the token (mode 0600), removed with the cluster.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.path().join(TOKEN_FILE)
     }
 
     /// The nodes' RPC addresses.
