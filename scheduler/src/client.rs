@@ -127,6 +127,10 @@ impl SchedulerClient {
                     self.rotate();
                 }
                 Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
+                // Every replica has the same token and release: asking another cannot help.
+                Err(error @ (WireError::Refused { .. } | WireError::EmptyToken)) => {
+                    return Err(Error::Wire(error));
+                }
                 Err(error) => {
                     last_problem = format!("{}: {error}", self.target);
                     self.rotate();
