@@ -193,15 +193,18 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         );
         job.id().to_string()
     });
-    // The node ids the API reports alive: what the page must list.
-    let mut alive: Vec<String> = get(http, "/api/nodes?state=alive").json()["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|node| node["id"].as_str().unwrap().to_owned())
-        .collect();
+    // The node ids the API reports alive: what the page must list. The API serves the
+    // replica's applied state, republished every 250 ms, so it may trail the job by that.
+    let mut alive: Vec<String> = wait_for("the API to list both nodes", WAIT, || {
+        let nodes = get(http, "/api/nodes?state=alive").json()["nodes"].clone();
+        let ids: Vec<String> = nodes
+            .as_array()?
+            .iter()
+            .filter_map(|node| Some(node["id"].as_str()?.to_owned()))
+            .collect();
+        (ids.len() == 2).then_some(ids)
+    });
     alive.sort();
-    assert_eq!(alive.len(), 2);
 
     let driver = Driver::start();
     let session = driver.session();
