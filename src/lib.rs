@@ -147,6 +147,18 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
     init_tracing(config.log.format)?;
     tracing::debug!(?config, "configuration loaded");
 
+    let prints_for_a_pipe = matches!(
+        cli.command,
+        Command::Config(_)
+            | Command::Status(_)
+            | Command::Nodes(_)
+            | Command::Jobs(_)
+            | Command::Job(_)
+            | Command::Cache(_)
+    );
+    if prints_for_a_pipe {
+        end_quietly_when_stdout_closes();
+    }
     match cli.command {
         Command::Config(ConfigCommand::Show) => {
             print!("{}", config.to_toml_redacted()?);
@@ -191,6 +203,17 @@ fn block_on<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> an
         .block_on(work)
 }
 
+/// Restores the default action of SIGPIPE, which Rust ignores, so `floe jobs | head -1` ends
+/// quietly when `head` exits instead of panicking on the failed write. Only for commands
+/// whose output is a listing: servers must never be killed by a peer closing a pipe.
+fn end_quietly_when_stdout_closes() {
+    // SAFETY: setting a signal's disposition to its default is async-signal-safe and touches
+    // no Rust state; it runs before any other thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env().or_else(|error| {
         if std::env::var_os(EnvFilter::DEFAULT_ENV).is_some() {
@@ -199,8 +222,10 @@ fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
             Ok(EnvFilter::new("info"))
         }
     })?;
+    // Colours only for a person at a terminal: log files and journald get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
