@@ -1,0 +1,207 @@
+//! Bad input at the doors of real processes: garbage on every port (the scheduler's RPC and
+//! HTTP ports, each node's RPC port and worker socket), and a node with the wrong token. The
+//! cluster must refuse it all, stay up, and then run a job correctly.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array};
+use floe_client::{Client, Dataset, col, lit};
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::WireConfig;
+use floe_node::agent::local::{LocalNode, LocalNodeConfig};
+use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
+
+const TOKEN: &str = "reliability-test-token";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn wire() -> WireConfig {
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new(TOKEN);
+    WireConfig::from_config(&config)
+}
+
+fn node(dir: &std::path::Path, schedulers: &Schedulers, name: &str, token: &str) -> LocalNode {
+    LocalNode::start(&LocalNodeConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        schedulers: schedulers.addrs(),
+        dir: dir.to_owned(),
+        name: name.into(),
+        token: token.into(),
+        settings: vec!["node.workers=2".into()],
+    })
+    .unwrap()
+}
+
+/// Bytes from a fixed seed, so a failure can be replayed.
+fn garbage(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Sends `payload` and reads whatever comes back until the peer closes or goes quiet.
+fn throw_at(addr: &str, payload: &[u8]) {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        panic!("{addr} does not accept connections");
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let _ = stream.write_all(payload);
+    let mut sink = [0u8; 4096];
+    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+fn is_running(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// A job whose answer is known: the ids below 30,000 divisible by 3, and their sum.
+async fn check_a_job(client: &Client) {
+    let dataset = Dataset::range(30_000)
+        .unwrap()
+        .filter((col("id") % lit(3i64)).eq(lit(0i64)))
+        .unwrap();
+    let output = client.submit(&dataset).await.unwrap().wait().await.unwrap();
+    let mut rows = 0usize;
+    let mut sum = 0i64;
+    for batch in output.to_arrow().await.unwrap() {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        rows += ids.len();
+        sum += ids.values().iter().sum::<i64>();
+    }
+    let expected: Vec<i64> = (0..30_000).filter(|id| id % 3 == 0).collect();
+    assert_eq!(rows, expected.len());
+    assert_eq!(sum, expected.iter().sum::<i64>());
+}
+
+#[test]
+fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.path().to_owned(),
+        token: TOKEN.into(),
+        settings: Vec::new(),
+    })
+    .unwrap();
+    runtime
+        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
+        .unwrap();
+    let nodes = [
+        node(dir.path(), &schedulers, "node-a", TOKEN),
+        node(dir.path(), &schedulers, "node-b", TOKEN),
+    ];
+    for node in &nodes {
+        runtime
+            .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
+            .unwrap();
+    }
+
+    let mut ports = vec![
+        schedulers.addr(1).unwrap().to_owned(),
+        schedulers.http_addr(1).unwrap().to_owned(),
+    ];
+    ports.extend(nodes.iter().map(|node| node.addr().to_owned()));
+    let huge_frame = [0xff, 0xff, 0xff, 0xff, 0, 1, 2, 3];
+    for (index, addr) in ports.iter().enumerate() {
+        throw_at(addr, &garbage(64 << 10, index as u64 + 1));
+        throw_at(addr, &huge_frame);
+        throw_at(
+            addr,
+            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
+        );
+        throw_at(addr, b"\x00");
+    }
+    for node in &nodes {
+        let mut socket = UnixStream::connect(node.worker_socket()).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let _ = socket.write_all(&garbage(64 << 10, 99));
+        let mut sink = [0u8; 4096];
+        while matches!(socket.read(&mut sink), Ok(n) if n > 0) {}
+    }
+
+    for node in &nodes {
+        assert!(is_running(node.pid()), "node {} died", node.addr());
+    }
+    assert!(schedulers.is_running(1));
+    runtime.block_on(async {
+        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        check_a_job(&client).await;
+        let alive = client
+            .cluster()
+            .await
+            .unwrap()
+            .nodes
+            .iter()
+            .filter(|node| node.alive)
+            .count();
+        assert_eq!(alive, 2);
+    });
+}
+
+#[test]
+fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.path().to_owned(),
+        token: TOKEN.into(),
+        settings: Vec::new(),
+    })
+    .unwrap();
+    runtime
+        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
+        .unwrap();
+    let good = node(dir.path(), &schedulers, "good", TOKEN);
+    runtime
+        .block_on(good.wait_registered(&wire(), Duration::from_secs(60)))
+        .unwrap();
+
+    let mut intruder = node(dir.path(), &schedulers, "intruder", "not-the-token");
+    assert!(
+        !intruder.wait().unwrap(),
+        "a node with the wrong token kept running"
+    );
+    let log = std::fs::read_to_string(dir.path().join("intruder.log")).unwrap();
+    assert!(log.contains("wrong cluster token"), "{log}");
+
+    runtime.block_on(async {
+        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let nodes = client.cluster().await.unwrap().nodes;
+        assert_eq!(nodes.len(), 1, "the intruder registered: {nodes:?}");
+        check_a_job(&client).await;
+    });
+}
