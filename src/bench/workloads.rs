@@ -24,9 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use arrow::array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringBuilder};
+use arrow::array::{
+    Array, ArrowPrimitiveType, Float64Array, Int32Array, Int64Array, PrimitiveArray, RecordBatch,
+    StringBuilder,
+};
 use arrow::compute::{SortColumn, concat_batches, lexsort_to_indices, take_record_batch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 use floe_client::{
     AggFunction, Aggregation, CacheMode, Client, Dataset, JobOptions, LocalCluster,
     LocalClusterOptions, SortKey, WriteOptions, col, lit,
@@ -459,27 +462,19 @@ fn no_cache() -> JobOptions {
     }
 }
 
-fn float_at(batches: &[RecordBatch], column: &str) -> anyhow::Result<f64> {
+/// The first row's value of `column` in a one-row result (a global aggregate).
+fn first_value<T: ArrowPrimitiveType>(
+    batches: &[RecordBatch],
+    column: &str,
+) -> anyhow::Result<T::Native> {
     let batch = batches
         .iter()
         .find(|b| b.num_rows() > 0)
         .context("no result row")?;
     let values = batch
         .column_by_name(column)
-        .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-        .with_context(|| format!("no Float64 column {column}"))?;
-    Ok(values.value(0))
-}
-
-fn int_at(batches: &[RecordBatch], column: &str) -> anyhow::Result<i64> {
-    let batch = batches
-        .iter()
-        .find(|b| b.num_rows() > 0)
-        .context("no result row")?;
-    let values = batch
-        .column_by_name(column)
-        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-        .with_context(|| format!("no Int64 column {column}"))?;
+        .and_then(|c| c.as_any().downcast_ref::<PrimitiveArray<T>>())
+        .with_context(|| format!("no {} column {column}", T::DATA_TYPE))?;
     Ok(values.value(0))
 }
 
@@ -596,7 +591,8 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                         runs,
                     )
                     .await?;
-                    let total = float_at(&measured.output.to_arrow().await?, "total")?;
+                    let total =
+                        first_value::<Float64Type>(&measured.output.to_arrow().await?, "total")?;
                     (measured, close(total, truth.map_sum))
                 }
                 Workload::Filter => {
@@ -605,7 +601,7 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                         .groupby(&[])
                         .agg(vec![Aggregation::count_rows("n")])?;
                     let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
-                    let n = int_at(&measured.output.to_arrow().await?, "n")?;
+                    let n = first_value::<Int64Type>(&measured.output.to_arrow().await?, "n")?;
                     (measured, n as u64 == truth.filter_count)
                 }
                 Workload::Groupby => {
@@ -650,8 +646,10 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                     let cold = run_job(&target.client, &dataset, &recompute, 1).await?;
                     let cached =
                         run_job(&target.client, &dataset, &JobOptions::default(), runs).await?;
-                    let cold_total = float_at(&cold.output.to_arrow().await?, "total")?;
-                    let cached_total = float_at(&cached.output.to_arrow().await?, "total")?;
+                    let cold_total =
+                        first_value::<Float64Type>(&cold.output.to_arrow().await?, "total")?;
+                    let cached_total =
+                        first_value::<Float64Type>(&cached.output.to_arrow().await?, "total")?;
                     let hits = cached.output.stats.cache_hits();
                     let cold_s = cold.seconds.as_secs_f64();
                     let cached_s = cached.seconds.as_secs_f64();
