@@ -44,6 +44,22 @@ fn node(dir: &std::path::Path, schedulers: &Schedulers, name: &str, token: &str)
     .unwrap()
 }
 
+/// One scheduler replica with a leader.
+fn scheduler(runtime: &tokio::runtime::Runtime, dir: &std::path::Path) -> Schedulers {
+    let schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.to_owned(),
+        token: TOKEN.into(),
+        settings: Vec::new(),
+    })
+    .unwrap();
+    runtime
+        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
+        .unwrap();
+    schedulers
+}
+
 /// Bytes from a fixed seed, so a failure can be replayed.
 fn garbage(len: usize, seed: u64) -> Vec<u8> {
     let mut state = seed;
@@ -105,17 +121,7 @@ async fn check_a_job(client: &Client) {
 fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let schedulers = Schedulers::start(LocalClusterConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.path().to_owned(),
-        token: TOKEN.into(),
-        settings: Vec::new(),
-    })
-    .unwrap();
-    runtime
-        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
-        .unwrap();
+    let schedulers = scheduler(&runtime, dir.path());
     let nodes = [
         node(dir.path(), &schedulers, "node-a", TOKEN),
         node(dir.path(), &schedulers, "node-b", TOKEN),
@@ -174,17 +180,7 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
 fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let schedulers = Schedulers::start(LocalClusterConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.path().to_owned(),
-        token: TOKEN.into(),
-        settings: Vec::new(),
-    })
-    .unwrap();
-    runtime
-        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
-        .unwrap();
+    let schedulers = scheduler(&runtime, dir.path());
     let good = node(dir.path(), &schedulers, "good", TOKEN);
     runtime
         .block_on(good.wait_registered(&wire(), Duration::from_secs(60)))

@@ -102,6 +102,24 @@ macro_rules! get {
     }};
 }
 
+/// The JSON API serving `state` (as this replica's applied state), with a parser that refuses
+/// every spec.
+macro_rules! api_over {
+    ($state:expr) => {{
+        let config = config();
+        let state = Arc::new($state);
+        let (_publisher, applied) = watch::channel(Arc::clone(&state));
+        let monitor = Arc::new(Monitor::new(&config, state));
+        let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
+        actix_test::init_service(
+            App::new()
+                .app_data(web::Data::new(shared))
+                .configure(api::routes),
+        )
+        .await
+    }};
+}
+
 fn config() -> HttpConfig {
     HttpConfig {
         bind: "127.0.0.1:0".parse().unwrap(),
@@ -115,17 +133,7 @@ fn config() -> HttpConfig {
 
 #[actix_web::test]
 async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes() {
-    let config = config();
-    let state = Arc::new(big_state());
-    let (_publisher, applied) = watch::channel(Arc::clone(&state));
-    let monitor = Arc::new(Monitor::new(&config, state));
-    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
-    let app = actix_test::init_service(
-        App::new()
-            .app_data(web::Data::new(shared))
-            .configure(api::routes),
-    )
-    .await;
+    let app = api_over!(big_state());
 
     let (status, all) = get!(app, "/api/jobs");
     assert_eq!(status, 200);
@@ -195,17 +203,7 @@ async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes(
 
 #[actix_web::test]
 async fn mutations_need_the_token_and_bad_specs_name_their_error() {
-    let config = config();
-    let state = Arc::new(ClusterState::default());
-    let (_publisher, applied) = watch::channel(Arc::clone(&state));
-    let monitor = Arc::new(Monitor::new(&config, state));
-    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
-    let app = actix_test::init_service(
-        App::new()
-            .app_data(web::Data::new(shared))
-            .configure(api::routes),
-    )
-    .await;
+    let app = api_over!(ClusterState::default());
     let post = |path: &str, token: Option<&str>| {
         let mut request = actix_test::TestRequest::post()
             .uri(path)
