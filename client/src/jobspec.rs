@@ -572,7 +572,9 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
 
 /// The most tokens one expression may have. Long chains (`a + b + …`) build deep trees that
 /// later passes walk recursively, so the length is bounded as well as the nesting.
-const MAX_EXPR_TOKENS: usize = 2_000;
+/// Together with the plan's depth it stays inside what a node will decode
+/// (`floe_core::wire::nesting::MAX_DECODE_NESTING`).
+const MAX_EXPR_TOKENS: usize = 200;
 /// The deepest nesting of parentheses, calls, `not` and unary minus.
 const MAX_EXPR_NESTING: usize = 64;
 

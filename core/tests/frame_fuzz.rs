@@ -201,3 +201,43 @@ fn a_lying_sequence_length_preallocates_at_most_the_frame_limit() {
         "allocated {largest} bytes for a 18-byte frame"
     );
 }
+
+/// `Not(Not(…(col("id"))))`, `depth` levels, in the codec's encoding, written by hand: building
+/// the value and encoding it would recurse as deeply as the decoder is asked to.
+fn not_chain_bytes(depth: usize) -> Vec<u8> {
+    // Varint encoding: a variant index below 251 is one byte (`Not` is 3, `Column` 0), then
+    // the column name's length and bytes.
+    let mut bytes = vec![3u8; depth];
+    bytes.extend_from_slice(&[0, 2, b'i', b'd']);
+    bytes
+}
+
+/// A plan or expression nested far past the decoder's bound, as a hostile peer could send
+/// it: refused with an error, where plain recursion would overflow the stack and abort.
+#[test]
+fn deeply_nested_plans_and_expressions_are_refused_not_overflowed() {
+    use floe_core::expr::Expr;
+    use floe_core::job::{JobOptions, JobSpec};
+    use floe_core::plan::{LogicalPlan, Operator};
+    use floe_core::wire::codec;
+    use floe_core::wire::nesting::MAX_DECODE_NESTING;
+
+    let error = codec::decode::<Expr>(&not_chain_bytes(1_000_000), "expression").unwrap_err();
+    assert!(error.to_string().contains("levels deep"), "{error}");
+    // Just inside the bound, the same shape decodes.
+    let depth = MAX_DECODE_NESTING as usize - 1;
+    let shallow = codec::decode::<Expr>(&not_chain_bytes(depth), "expression").unwrap();
+    assert_eq!(shallow.to_string().matches("not(").count(), depth);
+
+    // A plan nested past the bound: a limit on a limit on … on a range.
+    let mut plan = LogicalPlan::new(Operator::Range { n: 10 }, vec![]).unwrap();
+    for _ in 0..MAX_DECODE_NESTING + 10 {
+        plan = LogicalPlan::new(Operator::Limit { n: 5 }, vec![plan]).unwrap();
+    }
+    let spec = JobSpec {
+        plan,
+        options: JobOptions::default(),
+    };
+    let error = JobSpec::decode(&spec.encode().unwrap()).unwrap_err();
+    assert!(error.to_string().contains("levels deep"), "{error}");
+}

@@ -304,31 +304,40 @@ impl StringFunction {
 pub enum Expr {
     Column(String),
     Literal(Scalar),
+    // Every child decodes one level deeper, so no input can nest past the decoder's bound
+    // (`wire::nesting`).
     Binary {
         op: BinaryOp,
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         left: Box<Expr>,
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         right: Box<Expr>,
     },
-    Not(Box<Expr>),
-    Negate(Box<Expr>),
-    IsNull(Box<Expr>),
-    IsNotNull(Box<Expr>),
+    Not(#[serde(deserialize_with = "crate::wire::nesting::nested_box")] Box<Expr>),
+    Negate(#[serde(deserialize_with = "crate::wire::nesting::nested_box")] Box<Expr>),
+    IsNull(#[serde(deserialize_with = "crate::wire::nesting::nested_box")] Box<Expr>),
+    IsNotNull(#[serde(deserialize_with = "crate::wire::nesting::nested_box")] Box<Expr>),
     /// The first non-null argument.
-    Coalesce(Vec<Expr>),
+    Coalesce(#[serde(deserialize_with = "crate::wire::nesting::nested_vec")] Vec<Expr>),
     Cast {
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         expr: Box<Expr>,
         to: DataType,
     },
     String {
         function: StringFunction,
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         expr: Box<Expr>,
     },
     /// A 64-bit xxh3 hash of the arguments' values, row by row (`UInt64`, never null).
-    Hash(Vec<Expr>),
+    Hash(#[serde(deserialize_with = "crate::wire::nesting::nested_vec")] Vec<Expr>),
     /// `then` where `condition` is true, `otherwise` where it is false or null.
     IfThenElse {
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         condition: Box<Expr>,
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         then: Box<Expr>,
+        #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
         otherwise: Box<Expr>,
     },
 }

@@ -72,7 +72,9 @@ impl Serialize for LogicalPlan {
 /// by this binary rather than trusted.
 impl<'de> Deserialize<'de> for LogicalPlan {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let level = crate::wire::nesting::Nested::enter()?;
         let node = PlanNode::deserialize(deserializer)?;
+        drop(level);
         LogicalPlan::new(node.operator, node.inputs).map_err(serde::de::Error::custom)
     }
 }

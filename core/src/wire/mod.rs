@@ -7,6 +7,7 @@
 pub mod codec;
 pub mod frame;
 pub mod handshake;
+pub mod nesting;
 pub mod rpc;
 
 use std::net::SocketAddr;
