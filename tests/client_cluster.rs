@@ -29,8 +29,8 @@ fn options(nodes: usize) -> LocalClusterOptions {
     }
 }
 
-/// Runs the CLI against `cluster`.
-fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
+/// The `floe` binary, without the caller's `FLOE_*` settings.
+fn floe_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
     for (name, _) in std::env::vars() {
         if name.starts_with("FLOE_") {
@@ -38,6 +38,11 @@ fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
         }
     }
     command
+}
+
+/// Runs the CLI against `cluster`.
+fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
+    floe_command()
         .args(args)
         .arg("--scheduler")
         .arg(cluster.addresses().join(","))
@@ -322,7 +327,7 @@ fn cache_files(data_dir: &std::path::Path) -> usize {
 
 /// Runs `floe cache …` on the node data directory `data_dir`.
 fn floe_cache(data_dir: &std::path::Path, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_floe"))
+    let output = floe_command()
         .args([
             "--set",
             &format!("paths.data_dir={}", data_dir.display()),
@@ -414,13 +419,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
-    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("FLOE_") {
-            command.env_remove(name);
-        }
-    }
-    let mut up = command
+    let mut up = floe_command()
         .args(["up", "--nodes", "1", "--workers", "1"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -461,7 +460,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         "the token was printed:\n{printed}"
     );
 
-    let status = Command::new(env!("CARGO_BIN_EXE_floe"))
+    let status = floe_command()
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", &token)
         .output()
@@ -471,7 +470,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    let refused = Command::new(env!("CARGO_BIN_EXE_floe"))
+    let refused = floe_command()
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", "not-the-token")
         .output()
