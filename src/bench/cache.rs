@@ -246,26 +246,12 @@ fn dataset_inputs(rows: u64) -> anyhow::Result<FingerprintInputs> {
     Ok(FingerprintInputs::Transform(map))
 }
 
-/// SplitMix64: a seeded generator whose stream depends only on its seed.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Rows `start..start + rows` of the dataset, computed from scratch.
 fn generate(start: u64, rows: u64) -> anyhow::Result<RecordBatch> {
-    let mut rng = SplitMix64(SEED ^ start.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut rng = super::SplitMix64(SEED ^ start.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let rows = usize::try_from(rows)?;
-    let a = Float64Array::from_iter_values((0..rows).map(|_| rng.next_unit()));
-    let b = Float64Array::from_iter_values((0..rows).map(|_| rng.next_unit()));
+    let a = Float64Array::from_iter_values((0..rows).map(|_| rng.unit()));
+    let b = Float64Array::from_iter_values((0..rows).map(|_| rng.unit()));
     let c = derive_c(&a, &b)?;
     let first = i64::try_from(start)?;
     let id = Int64Array::from_iter_values(first..first + i64::try_from(rows)?);

@@ -36,14 +36,8 @@ const THRESHOLD: i64 = 1 << 30;
 
 /// `a` and `b` from a SplitMix64 generator, in `0..2^30`.
 fn batches(rows: usize) -> anyhow::Result<Vec<RecordBatch>> {
-    let mut state = 0x5eedu64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 34) as i64
-    };
+    let mut random = super::SplitMix64(0x5eed);
+    let mut next = move || (random.next() >> 34) as i64;
     (0..rows.div_ceil(BATCH_ROWS))
         .map(|index| {
             let len = BATCH_ROWS.min(rows - index * BATCH_ROWS);

@@ -164,6 +164,30 @@ fn median_time(
     Ok(times[times.len() / 2])
 }
 
+/// SplitMix64: the benches' seeded generator, whose stream depends only on its seed, so
+/// every run generates the same data.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Below `n` (by remainder: the bias is irrelevant to benchmark data).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// Bytes per second in GB/s (10^9 bytes).
 fn gbps(bytes: u64, time: Duration) -> f64 {
     bytes as f64 / time.as_secs_f64() / 1e9

@@ -41,7 +41,7 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use super::{median_time, print_figure};
+use super::{SplitMix64, median_time, print_figure};
 
 const SEED: u64 = 0x5eed_f10e;
 const GROUPS: i32 = 1_000;
@@ -122,33 +122,18 @@ impl RunConfig {
 
 // ---- data -----------------------------------------------------------------------------
 
-/// A deterministic stream of pseudo-random numbers (SplitMix64).
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// Appends `chars` random lowercase letters to `builder` (`line` is reused scratch).
+fn random_text(
+    random: &mut SplitMix64,
+    builder: &mut StringBuilder,
+    chars: usize,
+    line: &mut String,
+) {
+    line.clear();
+    for _ in 0..chars {
+        line.push(char::from(b'a' + random.below(26) as u8));
     }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn text(&mut self, builder: &mut StringBuilder, chars: usize, line: &mut String) {
-        line.clear();
-        for _ in 0..chars {
-            line.push(char::from(b'a' + self.below(26) as u8));
-        }
-        builder.append_value(line.as_str());
-    }
+    builder.append_value(line.as_str());
 }
 
 /// What the events data must produce, tallied while it is generated.
@@ -255,7 +240,7 @@ fn write_files(
 fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth>> {
     let dir = config.data_dir.join(format!("events-{rows}-{SEED:x}"));
     let schema = events_schema();
-    let mut random = Random(SEED);
+    let mut random = SplitMix64(SEED);
     let mut truth = EventsTruth::default();
     let mut line = String::new();
     let files = write_files(&dir, rows, &schema, |len| {
@@ -268,7 +253,7 @@ fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth
             let group = random.below(GROUPS as u64) as i32;
             let value = random.unit();
             let chars = 20 + random.below(41) as usize;
-            random.text(&mut texts, chars, &mut line);
+            random_text(&mut random, &mut texts, chars, &mut line);
             truth.map_sum += value * 2.0 + 1.0;
             truth.filter_count += u64::from(value > 0.5);
             truth.user_id_sum += user;
@@ -297,7 +282,7 @@ fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth
 fn records(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<RecordsTruth>> {
     let dir = config.data_dir.join(format!("records-{rows}-{SEED:x}"));
     let schema = records_schema();
-    let mut random = Random(SEED ^ 0x7265_636f_7264);
+    let mut random = SplitMix64(SEED ^ 0x7265_636f_7264);
     let mut truth = RecordsTruth::default();
     let mut line = String::new();
     let files = write_files(&dir, rows, &schema, |len| {
@@ -305,7 +290,7 @@ fn records(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<RecordsTru
         let mut payloads = StringBuilder::with_capacity(len as usize, len as usize * PAYLOAD_CHARS);
         for _ in 0..len {
             let key = random.next() as i64;
-            random.text(&mut payloads, PAYLOAD_CHARS, &mut line);
+            random_text(&mut random, &mut payloads, PAYLOAD_CHARS, &mut line);
             truth.key_sum = truth.key_sum.wrapping_add(key);
             truth.key_xor ^= key;
             keys.push(key);
