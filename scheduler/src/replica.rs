@@ -312,17 +312,7 @@ impl Handler<SchedulerProtocol> for Service {
                 if !running {
                     return Ok(current);
                 }
-                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
-                let _ = tokio::time::timeout(wait, async {
-                    loop {
-                        match ended.recv().await {
-                            Ok(id) if id == job => return,
-                            Ok(_) => {}
-                            Err(_) => return,
-                        }
-                    }
-                })
-                .await;
+                until_announced(&mut ended, job, wait_ms).await;
                 self.ask(request).await
             }
             SchedulerRequest::WatchDrivers {
@@ -342,24 +332,31 @@ impl Handler<SchedulerProtocol> for Service {
                 {
                     return Ok(current);
                 }
-                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
-                let _ = tokio::time::timeout(wait, async {
-                    loop {
-                        match started.recv().await {
-                            Ok(on) if on == node => return,
-                            Ok(_) => {}
-                            // Missed some: read the state again.
-                            Err(broadcast::error::RecvError::Lagged(_)) => return,
-                            Err(broadcast::error::RecvError::Closed) => return,
-                        }
-                    }
-                })
-                .await;
+                until_announced(&mut started, node, wait_ms).await;
                 self.ask(request).await
             }
             request => self.ask(request).await,
         }
     }
+}
+
+/// Waits until `announcements` carries `wanted`, at most `wait_ms` (capped by
+/// [`MAX_WATCH_WAIT`]). Missed announcements or a closed channel end the wait too: the caller
+/// reads the state again either way.
+async fn until_announced<T: Clone + PartialEq>(
+    announcements: &mut broadcast::Receiver<T>,
+    wanted: T,
+    wait_ms: u64,
+) {
+    let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
+    let _ = tokio::time::timeout(wait, async {
+        while let Ok(announced) = announcements.recv().await {
+            if announced == wanted {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// One `Place` request being answered: some requests placed, some waiting in the queue.
