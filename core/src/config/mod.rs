@@ -184,6 +184,9 @@ pub struct NodeConfig {
     /// Objects up to this size travel inline in one message instead of in chunks. Default
     /// 100KiB.
     pub transfer_inline_max: ByteSize,
+    /// The only commands a process UDF may run on this node (looked up on `PATH`); empty
+    /// refuses every process UDF. Default `["python3"]`.
+    pub udf_commands: Vec<String>,
 }
 
 impl Default for NodeConfig {
@@ -196,6 +199,7 @@ impl Default for NodeConfig {
             transfer_chunk: ByteSize::mib(5),
             transfer_max_in_flight: ByteSize::mib(20),
             transfer_inline_max: ByteSize::kib(100),
+            udf_commands: vec!["python3".to_owned()],
         }
     }
 }
@@ -634,6 +638,14 @@ fn apply(table: &mut toml::Table, assignment: &Assignment) -> Result<Config, Con
             .parse()
             .map(toml::Value::Boolean)
             .map_err(|_| bad_value("expected true or false".into()))?,
+        // Lists are written comma-separated: `FLOE_NODE_UDF_COMMANDS=python3,python3.12`.
+        toml::Value::Array(_) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(|item| toml::Value::String(item.to_owned()))
+                .collect(),
+        ),
         _ => toml::Value::String(assignment.value.clone()),
     };
     if let Some(section) = table

@@ -26,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use args::{ArgRole, ArgValue, Args, HashedArg, Seed};
 pub use inputs::{ArgChange, Difference, FingerprintInputs, TransformDescription};
-pub use source::{FileStamp, SourceDescription};
+pub use source::{FileDigest, FileStamp, SourceDescription};
 
 /// A 128-bit xxh3 content address.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

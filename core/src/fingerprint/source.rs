@@ -8,6 +8,38 @@ use serde::{Deserialize, Serialize};
 use super::canonical::CanonicalHasher;
 use super::{Fingerprint, FingerprintError};
 
+/// A file a process UDF runs (its script, a module it imports, a model), pinned by content:
+/// editing it changes the hash, touching it without a change does not.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FileDigest {
+    /// Absolute, with symlinks resolved.
+    pub path: PathBuf,
+    pub content: Fingerprint,
+}
+
+impl FileDigest {
+    /// Reads `path` and hashes its bytes.
+    pub fn of(path: &Path) -> Result<Self, FingerprintError> {
+        let error = |source| FingerprintError::SourceFile {
+            path: path.to_owned(),
+            source,
+        };
+        let absolute = std::fs::canonicalize(path).map_err(error)?;
+        let bytes = std::fs::read(&absolute).map_err(error)?;
+        Ok(Self {
+            path: absolute,
+            content: Self::hash(&bytes),
+        })
+    }
+
+    /// The content hash of `bytes`, as [`FileDigest::of`] computes it.
+    pub fn hash(bytes: &[u8]) -> Fingerprint {
+        let mut hasher = CanonicalHasher::new("floe.fingerprint.udf-file-content.v1");
+        hasher.bytes(bytes);
+        hasher.finish()
+    }
+}
+
 /// What a source read, in enough detail to say what changed between two runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SourceDescription {

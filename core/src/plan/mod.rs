@@ -18,6 +18,7 @@ mod error;
 pub mod operator;
 pub mod optimizer;
 pub mod physical;
+pub mod process;
 mod schema;
 pub mod udf;
 
@@ -41,6 +42,7 @@ pub use operator::{
     AggFunction, Aggregation, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, JoinType,
     Operator, SeedChoice, SortKey, WriteSpec,
 };
+pub use process::{Concurrency, ProcessUdf};
 pub use schema::renamed_fields;
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
@@ -203,6 +205,11 @@ impl LogicalPlan {
             output_schema,
             batch_size,
         })
+    }
+
+    /// Runs `udf`, a long-lived child process, over every batch (see [`process`]).
+    pub fn process_udf(&self, udf: ProcessUdf) -> Result<Self, PlanError> {
+        self.then(Operator::ProcessUdf(udf))
     }
 
     pub fn limit(&self, n: u64) -> Result<Self, PlanError> {

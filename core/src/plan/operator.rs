@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use arrow_schema::Schema;
 use serde::{Deserialize, Serialize};
 
+use super::process::ProcessUdf;
 use super::udf::{UdfCall, UdfKind, UdfParams};
 use crate::expr::Expr;
 use crate::fingerprint::{ArgValue, Args, FileStamp, Seed};
@@ -287,6 +288,9 @@ pub enum Operator {
         /// Rows per call; performance only, never hashed.
         batch_size: Option<u64>,
     },
+    /// `map_batches` by a long-lived child process (see [`super::process`]); it may change
+    /// the row count.
+    ProcessUdf(ProcessUdf),
     Limit {
         n: u64,
     },
@@ -340,6 +344,7 @@ impl Operator {
                 UdfKind::RowPreserving => "map_batches",
                 UdfKind::RowChanging => "flat_map",
             },
+            Operator::ProcessUdf(_) => "map_batches_process",
             Operator::Limit { .. } => "limit",
             Operator::Sort { .. } => "sort",
             Operator::Aggregate { .. } => "aggregate",
@@ -373,13 +378,14 @@ impl Operator {
                 | Operator::Rename { .. }
                 | Operator::Filter { .. }
                 | Operator::Udf { .. }
+                | Operator::ProcessUdf(_)
         )
     }
 
     /// Row-wise operators that emit exactly one row per input row (a limit commutes with them).
     pub fn preserves_rows(&self) -> bool {
         match self {
-            Operator::Filter { .. } => false,
+            Operator::Filter { .. } | Operator::ProcessUdf(_) => false,
             Operator::Udf { kind, .. } => *kind == UdfKind::RowPreserving,
             other => other.is_row_wise(),
         }
@@ -469,6 +475,7 @@ impl Operator {
                 }
                 args
             }
+            Operator::ProcessUdf(udf) => udf.args(),
             Operator::Limit { n } => Args::new().arg("n", *n),
             Operator::Sort { keys } => Args::new().arg(
                 "keys",
@@ -545,6 +552,7 @@ impl Operator {
             }
             Operator::Filter { predicate } => format!("filter {predicate}"),
             Operator::Udf { call, .. } => format!("{} {call}", self.name()),
+            Operator::ProcessUdf(udf) => format!("{} {}", self.name(), udf.command_line()),
             Operator::Limit { n } => format!("limit {n}"),
             Operator::Sort { keys } => {
                 let keys: Vec<String> = keys

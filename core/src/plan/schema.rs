@@ -12,6 +12,7 @@ pub(crate) fn label(operator: &Operator) -> String {
     match operator {
         Operator::WithColumn { name, .. } => format!("with_column({name:?})"),
         Operator::Join { how, .. } => format!("join({})", how.name()),
+        Operator::ProcessUdf(udf) => udf.label(),
         other => other.name().to_owned(),
     }
 }
@@ -170,6 +171,16 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
             Ok(inputs[0].clone())
         }
         Operator::Udf { output_schema, .. } => Ok(output_schema.clone()),
+        Operator::ProcessUdf(udf) => {
+            udf.validate()?;
+            match &udf.output_schema {
+                Some(schema) => {
+                    check_unique_names(schema.fields().iter().map(|f| f.name().as_str()), name)?;
+                    Ok(schema.clone())
+                }
+                None => Ok(inputs[0].clone()),
+            }
+        }
         Operator::Limit { .. } | Operator::Cache | Operator::RandomShuffle { .. } => {
             Ok(inputs[0].clone())
         }

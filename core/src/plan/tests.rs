@@ -829,3 +829,97 @@ fn explain_prints_logical_optimized_and_physical_plans() {
         vec!["push_filters", "push_projections", "push_limits"]
     );
 }
+
+#[test]
+fn process_udfs_hash_file_contents_and_command_but_not_pool_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("udf.py");
+    std::fs::write(&script, "OFFSET = 1\n").unwrap();
+    let udf = || {
+        ProcessUdf::new("python3", &[script.to_str().unwrap()])
+            .file(&script)
+            .unwrap()
+    };
+    let base = sales().process_udf(udf()).unwrap();
+    assert_eq!(
+        base.schema(),
+        sales().schema(),
+        "no output schema: the input's"
+    );
+
+    // Pool size, memory, timeout and batch size are performance only.
+    let tuned = udf()
+        .concurrency(Concurrency::new(2, 8))
+        .memory(1 << 30)
+        .timeout_ms(5_000)
+        .batch_size(100);
+    assert_eq!(
+        sales().process_udf(tuned).unwrap().fingerprint(),
+        base.fingerprint()
+    );
+
+    // Rewriting the same bytes (a new modification time) keeps the fingerprint.
+    std::fs::write(&script, "OFFSET = 1\n").unwrap();
+    assert_eq!(
+        sales().process_udf(udf()).unwrap().fingerprint(),
+        base.fingerprint()
+    );
+
+    // Editing the script, the command, its arguments or the output schema changes it.
+    let mut changed = vec![
+        sales()
+            .process_udf(ProcessUdf::new("python3.12", &[script.to_str().unwrap()]))
+            .unwrap(),
+        sales()
+            .process_udf(udf().output_schema(Schema::new(vec![Field::new(
+                "x",
+                DataType::Int64,
+                true,
+            )])))
+            .unwrap(),
+    ];
+    let mut with_arg = udf();
+    with_arg.args.push("--fast".to_owned());
+    changed.push(sales().process_udf(with_arg).unwrap());
+    std::fs::write(&script, "OFFSET = 2\n").unwrap();
+    changed.push(sales().process_udf(udf()).unwrap());
+    for plan in &changed {
+        assert_ne!(plan.fingerprint(), base.fingerprint(), "{plan:?}");
+    }
+    assert_ne!(udf().pool_key().unwrap(), {
+        std::fs::write(&script, "OFFSET = 3\n").unwrap();
+        udf().pool_key().unwrap()
+    });
+
+    // A process UDF may change the row count: a limit stays above it.
+    assert!(!Operator::ProcessUdf(udf()).preserves_rows());
+}
+
+#[test]
+fn process_udf_settings_are_validated() {
+    let bad = [
+        (ProcessUdf::new(" ", &[]), "the command is empty"),
+        (
+            ProcessUdf::new("python3", &[]).concurrency(Concurrency::new(3, 2)),
+            "got (3, 2)",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).timeout_ms(0),
+            "timeout must be positive",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).batch_size(0),
+            "batch_size must be positive",
+        ),
+        (ProcessUdf::new("python3", &["a\0b"]), "NUL byte"),
+    ];
+    for (udf, expected) in bad {
+        let error = error_text(sales().process_udf(udf));
+        assert!(
+            error.starts_with("map_batches(") && error.contains(expected),
+            "{error}"
+        );
+    }
+    let missing = ProcessUdf::new("python3", &[]).file(std::path::Path::new("/no/such/udf.py"));
+    assert!(missing.is_err());
+}

@@ -1,0 +1,220 @@
+//! Process UDFs: `map_batches` by a long-lived child process in any language (Python first).
+//!
+//! The plan holds what to run (command, arguments), what it runs on (the content hash of every
+//! file the user names, [`FileDigest`]) and what it must produce (the output schema), all
+//! hashed into the fingerprint, plus how to run it (the per-node pool size, a memory hint,
+//! rows per call and a timeout), which is performance only and never hashed. The node crate
+//! runs it (`floe_node::udf::process`); the protocol between a worker and the child is in
+//! `docs/PROCESS_UDFS.md`.
+
+use std::path::Path;
+
+use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
+
+use super::PlanError;
+use crate::fingerprint::{ArgValue, Args, FileDigest, Fingerprint, update};
+
+/// The default time a child has to answer one batch (and to start and greet).
+pub const DEFAULT_PROCESS_TIMEOUT_MS: u64 = 300_000;
+/// The largest pool a node keeps for one process UDF.
+pub const MAX_PROCESS_CONCURRENCY: u32 = 1024;
+
+/// How many child processes a node keeps for one process UDF: at least `min` once it has been
+/// used, at most `max` at a time. A task waits for a free child when all `max` are busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Concurrency {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Concurrency {
+    pub fn new(min: u32, max: u32) -> Self {
+        Self { min, max }
+    }
+}
+
+impl Default for Concurrency {
+    /// One warm child, growing to one per CPU the node has (`max` 0 means "the node's CPUs").
+    fn default() -> Self {
+        Self { min: 1, max: 0 }
+    }
+}
+
+/// A process UDF as a user describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessUdf {
+    /// The program, looked up on the node's `PATH` (e.g. `python3`). A node only runs commands
+    /// listed in its `node.udf_commands`.
+    pub command: String,
+    pub args: Vec<String>,
+    /// Files the process reads (the script and what it imports), hashed by content.
+    pub files: Vec<FileDigest>,
+    /// What the process returns; `None` means the input's schema.
+    pub output_schema: Option<Schema>,
+    pub concurrency: Concurrency,
+    /// Bytes of heap one child needs; a placement hint, 0 for none.
+    pub memory: u64,
+    /// Rows per call; `None` sends each block whole.
+    pub batch_size: Option<u64>,
+    /// How long one call (or the child's start) may take before the child is killed.
+    pub timeout_ms: u64,
+}
+
+impl ProcessUdf {
+    /// A UDF run as `command args…`, with default pool, no files and the input's schema.
+    pub fn new(command: impl Into<String>, args: &[&str]) -> Self {
+        Self {
+            command: command.into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            files: Vec::new(),
+            output_schema: None,
+            concurrency: Concurrency::default(),
+            memory: 0,
+            batch_size: None,
+            timeout_ms: DEFAULT_PROCESS_TIMEOUT_MS,
+        }
+    }
+
+    /// Adds a file whose content the output depends on (hashed now).
+    pub fn file(mut self, path: &Path) -> Result<Self, PlanError> {
+        self.files.push(FileDigest::of(path)?);
+        self.files.sort();
+        self.files.dedup();
+        Ok(self)
+    }
+
+    pub fn output_schema(mut self, schema: Schema) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    pub fn concurrency(mut self, concurrency: Concurrency) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.memory = bytes;
+        self
+    }
+
+    pub fn batch_size(mut self, rows: u64) -> Self {
+        self.batch_size = Some(rows);
+        self
+    }
+
+    pub fn timeout_ms(mut self, timeout_ms: u64) -> Self {
+        self.timeout_ms = timeout_ms;
+        self
+    }
+
+    /// The operator name errors use.
+    pub fn label(&self) -> String {
+        format!("map_batches({})", self.command_line())
+    }
+
+    /// `command arg…` as one line, for messages.
+    pub fn command_line(&self) -> String {
+        std::iter::once(self.command.as_str())
+            .chain(self.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), PlanError> {
+        let invalid = |message: &str| Err(PlanError::invalid(&self.label(), message));
+        if self.command.trim().is_empty() {
+            return invalid("the command is empty");
+        }
+        if self.command.contains('\0') || self.args.iter().any(|a| a.contains('\0')) {
+            return invalid("the command line contains a NUL byte");
+        }
+        let Concurrency { min, max } = self.concurrency;
+        if max > MAX_PROCESS_CONCURRENCY || (max != 0 && min > max) {
+            return invalid(&format!(
+                "concurrency must be 0 <= min <= max <= {MAX_PROCESS_CONCURRENCY} (max 0: one \
+                 per CPU), got ({min}, {max})"
+            ));
+        }
+        if self.timeout_ms == 0 {
+            return invalid("the timeout must be positive");
+        }
+        if self.batch_size == Some(0) {
+            return invalid("batch_size must be positive");
+        }
+        Ok(())
+    }
+
+    /// The semantic arguments (what the output depends on) and the performance-only ones.
+    pub(crate) fn args(&self) -> Args {
+        let strings =
+            |items: &[String]| ArgValue::List(items.iter().map(|s| s.as_str().into()).collect());
+        let files = self
+            .files
+            .iter()
+            .map(|file| {
+                ArgValue::List(vec![
+                    file.path.to_string_lossy().into_owned().into(),
+                    file.content.to_string().into(),
+                ])
+            })
+            .collect();
+        let schema = self
+            .output_schema
+            .as_ref()
+            .map_or(ArgValue::Null, |schema| {
+                ArgValue::List(
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|field| {
+                            ArgValue::List(vec![
+                                field.name().as_str().into(),
+                                field.data_type().to_string().into(),
+                                field.is_nullable().into(),
+                            ])
+                        })
+                        .collect(),
+                )
+            });
+        let mut args = Args::new()
+            .arg("command", self.command.as_str())
+            .arg("args", strings(&self.args))
+            .arg("files", ArgValue::List(files))
+            .arg_with_default("output_schema", schema, ArgValue::Null)
+            .performance("concurrency_min", self.concurrency.min)
+            .performance("concurrency_max", self.concurrency.max)
+            .performance("memory", self.memory)
+            .performance("timeout_ms", self.timeout_ms);
+        if let Some(batch_size) = self.batch_size {
+            args = args.performance("batch_size", batch_size);
+        }
+        args
+    }
+
+    /// Which pool of child processes serves this UDF on a node: equal for calls that run the
+    /// same program on the same files, whatever their pool sizes.
+    pub fn pool_key(&self) -> Result<Fingerprint, PlanError> {
+        let args = Args::new()
+            .arg(
+                "command_line",
+                ArgValue::List(
+                    std::iter::once(&self.command)
+                        .chain(&self.args)
+                        .map(|s| s.as_str().into())
+                        .collect(),
+                ),
+            )
+            .arg(
+                "files",
+                ArgValue::List(
+                    self.files
+                        .iter()
+                        .map(|f| f.content.to_string().into())
+                        .collect(),
+                ),
+            );
+        Ok(update(&[], "process_udf_pool", 1, &args)?)
+    }
+}
