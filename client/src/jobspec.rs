@@ -30,6 +30,19 @@
 //! `random_shuffle = seed`, `cache = true`, `map_batches` / `flat_map =
 //! { udf = "name", version = 1, args = { .. } }`.
 //!
+//! A process UDF (a Python script using `floe_udf`, see `docs/PROCESS_UDFS.md`) is a
+//! `map_batches` step with a `command`:
+//!
+//! ```toml
+//! [[steps]]
+//! map_batches = { command = "python3", args = ["/srv/udfs/clean.py"],
+//!                 output = ["text utf8", "tokens int64"],   # default: the input's columns
+//!                 concurrency = [1, 4], memory = "2GiB", timeout_s = 60, batch_size = 4096 }
+//! ```
+//!
+//! `files` lists what the fingerprint hashes by content; by default, every argument that names
+//! an existing file.
+//!
 //! Expressions: column names (or `col('any name')`), numbers, `'strings'`, `true`, `false`,
 //! `null`; `+ - * / %`, `== != < <= > >=`, `and or not`, parentheses; functions `cast(e,
 //! 'int64')`, `is_null(e)`, `is_not_null(e)`, `lower(e)`, `upper(e)`, `length(e)`,
@@ -41,11 +54,12 @@
 
 use std::collections::BTreeMap;
 
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Field, Schema};
+use floe_core::config::ByteSize;
 use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 use floe_core::fingerprint::ArgValue;
 use floe_core::job::{CacheMode, JobOptions};
-use floe_core::plan::{AggFunction, Aggregation, SortKey, UdfCall};
+use floe_core::plan::{AggFunction, Aggregation, Concurrency, ProcessUdf, SortKey, UdfCall};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -122,7 +136,7 @@ pub fn parse_job_file_with(
         .with_udfs(udfs);
     for (index, step) in raw.steps.iter().enumerate() {
         let step_at = step.span().start;
-        dataset = apply_step(dataset, step.get_ref())
+        dataset = apply_step(dataset, step.get_ref(), paths)
             .map_err(|(field, message)| at(step_at, &format!("steps[{index}].{field}"), message))?;
     }
     if let Some(sink) = &raw.sink {
@@ -234,7 +248,11 @@ fn source(table: &toml::Table, rule: PathRule) -> Result<Dataset, FieldError> {
     built.map_err(|error| field_error(kind, error))
 }
 
-fn apply_step(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldError> {
+fn apply_step(
+    dataset: Dataset,
+    table: &toml::Table,
+    rule: PathRule,
+) -> Result<Dataset, FieldError> {
     let allowed = [
         "filter",
         "with_column",
@@ -343,6 +361,14 @@ fn apply_step(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldErr
             Some(false) => Ok(dataset),
             None => Err(field_error(op, "expected true or false")),
         },
+        "map_batches" if value.get("command").is_some() => {
+            let spec = value
+                .as_table()
+                .ok_or_else(|| field_error(op, "expected { command = .., args = [..] }"))?;
+            dataset
+                .map_batches_process(process_udf(spec, rule)?)
+                .map_err(plan_error)
+        }
         _ => {
             let spec = value.as_table().ok_or_else(|| {
                 field_error(op, "expected { udf = .., version = .., args = { .. } }")
@@ -380,6 +406,102 @@ fn apply_step(dataset: Dataset, table: &toml::Table) -> Result<Dataset, FieldErr
         }
     }
 }
+
+/// A `map_batches = { command = .., .. }` step: a process UDF.
+fn process_udf(spec: &toml::Table, rule: PathRule) -> Result<ProcessUdf, FieldError> {
+    let field = |name: &str| format!("map_batches.{name}");
+    for key in spec.keys() {
+        if !PROCESS_UDF_KEYS.contains(&key.as_str()) {
+            return Err(field_error(
+                &field(key),
+                format!(
+                    "unknown field (expected one of {})",
+                    PROCESS_UDF_KEYS.join(", ")
+                ),
+            ));
+        }
+    }
+    let command = spec
+        .get("command")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| field_error(&field("command"), "expected a string"))?;
+    let args = match spec.get("args") {
+        Some(args) => strings(&field("args"), args)?,
+        None => Vec::new(),
+    };
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut udf = ProcessUdf::new(command, &arg_refs);
+    // Without `files`, every argument that names a file is one: editing the script then
+    // invalidates the cache without the user listing it twice.
+    let files = match spec.get("files") {
+        Some(files) => strings(&field("files"), files)?,
+        None => args
+            .iter()
+            .filter(|arg| std::path::Path::new(arg).is_file())
+            .cloned()
+            .collect(),
+    };
+    for file in &files {
+        check_path(&field("files"), file, rule)?;
+        udf = udf
+            .file(std::path::Path::new(file))
+            .map_err(|error| field_error(&field("files"), error))?;
+    }
+    if let Some(output) = spec.get("output") {
+        let fields = strings(&field("output"), output)?
+            .iter()
+            .map(|column| {
+                let (name, type_name) = column
+                    .trim()
+                    .rsplit_once(char::is_whitespace)
+                    .ok_or_else(|| format!("{column:?}: expected \"name type\""))?;
+                Ok(Field::new(name.trim(), data_type(type_name)?, true))
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|message| field_error(&field("output"), message))?;
+        udf = udf.output_schema(Schema::new(fields));
+    }
+    if let Some(concurrency) = spec.get("concurrency") {
+        let bounds = concurrency
+            .as_array()
+            .filter(|items| items.len() == 2)
+            .and_then(|items| {
+                let bound = |v: &toml::Value| v.as_integer().and_then(|n| u32::try_from(n).ok());
+                Some(Concurrency::new(bound(&items[0])?, bound(&items[1])?))
+            })
+            .ok_or_else(|| field_error(&field("concurrency"), "expected [min, max]"))?;
+        udf = udf.concurrency(bounds);
+    }
+    if let Some(memory) = spec.get("memory") {
+        let bytes = match memory {
+            toml::Value::String(text) => text
+                .parse::<ByteSize>()
+                .map(|size| size.bytes())
+                .map_err(|error| field_error(&field("memory"), error))?,
+            other => integer(&field("memory"), other)?,
+        };
+        udf = udf.memory(bytes);
+    }
+    if let Some(timeout) = spec.get("timeout_s") {
+        let seconds = integer(&field("timeout_s"), timeout)?;
+        udf = udf.timeout_ms(seconds.saturating_mul(1000));
+    }
+    if let Some(batch_size) = spec.get("batch_size") {
+        udf = udf.batch_size(integer(&field("batch_size"), batch_size)?);
+    }
+    Ok(udf)
+}
+
+const PROCESS_UDF_KEYS: [&str; 8] = [
+    "command",
+    "args",
+    "files",
+    "output",
+    "concurrency",
+    "memory",
+    "timeout_s",
+    "batch_size",
+];
 
 fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
     Ok(match value {

@@ -71,7 +71,8 @@ pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorS
 
 pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 pub use floe_core::plan::{
-    AggFunction, Aggregation, CsvOptions, FileFormat, JoinType, SortKey, UdfCall,
+    AggFunction, Aggregation, Concurrency, CsvOptions, FileFormat, JoinType, ProcessUdf, SortKey,
+    UdfCall,
 };
 
 /// Every error building a dataset or running it can return.
@@ -184,6 +185,7 @@ impl LocalExecutor {
     fn context<'a>(&self, udfs: &'a Registry) -> TaskContext<'a> {
         TaskContext {
             registry: udfs,
+            processes: &[],
             sizing: self.sizing,
             batch_rows: self.batch_rows,
         }
@@ -338,6 +340,13 @@ impl Dataset {
     /// Applies a registered UDF that may change the row count.
     pub fn flat_map(&self, call: UdfCall) -> Result<Self> {
         self.udf(call, UdfKind::RowChanging, None)
+    }
+
+    /// Runs a process UDF over every batch: a long-lived child process per node (a Python
+    /// script using `floe_udf`, see `docs/PROCESS_UDFS.md`) that may keep state between
+    /// batches. Runs on a cluster only.
+    pub fn map_batches_process(&self, udf: ProcessUdf) -> Result<Self> {
+        Ok(self.then(self.plan.process_udf(udf)?))
     }
 
     fn udf(&self, call: UdfCall, kind: UdfKind, batch_size: Option<u64>) -> Result<Self> {

@@ -68,6 +68,18 @@ pub enum Error {
     RangeOverflow(u64),
     #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]
     NotRowWise { operator: &'static str },
+    /// A process UDF's child failed, hung or could not start; running the task again may work.
+    #[error("process UDF `{udf}`: {message}")]
+    ProcessUdf { udf: String, message: String },
+    /// The node will not run this process UDF (command not allowed, script changed).
+    #[error("process UDF `{udf}`: {message}")]
+    ProcessUdfRefused { udf: String, message: String },
+    #[error("process UDF `{udf}` returned {got}, but its output schema is {expected}")]
+    ProcessUdfOutput {
+        udf: String,
+        expected: String,
+        got: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -79,6 +91,12 @@ impl From<PlanError> for Error {
 }
 
 impl Error {
+    /// Whether running the task again may succeed: a process UDF's child can crash, hang or
+    /// fail on something outside floe. Every other kernel error repeats.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::ProcessUdf { .. })
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }

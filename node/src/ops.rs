@@ -9,16 +9,25 @@ use floe_core::plan::{Operator, renamed_fields};
 
 use crate::eval::{evaluate, evaluate_predicate, safe_cast};
 use crate::udf::Registry;
+use crate::udf::process::ProcessSessions;
 use crate::{Error, Result};
+
+/// What row-wise operators call out to: the named UDFs of this binary and the task's
+/// process-UDF children.
+#[derive(Clone, Copy)]
+pub struct RowOpContext<'a> {
+    pub registry: &'a Registry,
+    pub processes: &'a ProcessSessions<'a>,
+}
 
 /// Applies `ops` in order to `batch` (a fused stage's row-wise operators).
 pub fn apply_row_ops(
     batch: RecordBatch,
     ops: &[Operator],
-    registry: &Registry,
+    context: RowOpContext,
 ) -> Result<RecordBatch> {
     ops.iter()
-        .try_fold(batch, |batch, op| apply_row_op(&batch, op, registry))
+        .try_fold(batch, |batch, op| apply_row_op(&batch, op, context))
 }
 
 fn columns_named(batch: &RecordBatch, names: &[String]) -> Result<RecordBatch> {
@@ -33,7 +42,7 @@ fn columns_named(batch: &RecordBatch, names: &[String]) -> Result<RecordBatch> {
 pub fn apply_row_op(
     batch: &RecordBatch,
     op: &Operator,
-    registry: &Registry,
+    context: RowOpContext,
 ) -> Result<RecordBatch> {
     match op {
         Operator::WithColumn { name, expr } => {
@@ -80,7 +89,8 @@ pub fn apply_row_op(
             let mask = evaluate_predicate(predicate, batch)?;
             Ok(filter_record_batch(batch, &mask)?)
         }
-        Operator::Udf { call, .. } => registry.apply(call, batch),
+        Operator::Udf { call, .. } => context.registry.apply(call, batch),
+        Operator::ProcessUdf(udf) => context.processes.call(udf, batch),
         other => Err(Error::NotRowWise {
             operator: other.name(),
         }),

@@ -13,9 +13,10 @@ use arrow::record_batch::RecordBatch;
 use floe_core::plan::physical::{Stage, StageKind};
 
 use crate::blocks::BlockSizing;
-use crate::ops::{Limiter, apply_row_ops};
+use crate::ops::{Limiter, RowOpContext, apply_row_ops};
 use crate::read::read_file;
 use crate::udf::Registry;
+use crate::udf::process::{ProcessEndpoint, ProcessSessions};
 use crate::{Error, Result};
 
 /// What one task of a stage works on.
@@ -35,6 +36,8 @@ pub enum TaskInput {
 #[derive(Clone, Copy)]
 pub struct TaskContext<'a> {
     pub registry: &'a Registry,
+    /// The process-UDF children the agent leased for this task (none in-process).
+    pub processes: &'a [ProcessEndpoint],
     pub sizing: BlockSizing,
     /// Rows per batch that readers and `range` produce before sizing; performance only.
     pub batch_rows: usize,
@@ -75,9 +78,14 @@ pub fn run_task(
             });
         }
     };
+    let sessions = ProcessSessions::new(context.processes);
+    let row_context = RowOpContext {
+        registry: context.registry,
+        processes: &sessions,
+    };
     let transformed = batches
         .into_iter()
-        .map(|batch| apply_row_ops(batch, &stage.row_ops, context.registry))
+        .map(|batch| apply_row_ops(batch, &stage.row_ops, row_context))
         .collect::<Result<Vec<_>>>()?;
     let non_empty = transformed
         .into_iter()

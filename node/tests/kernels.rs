@@ -19,6 +19,7 @@ use proptest::prelude::*;
 fn context(registry: &Registry) -> TaskContext<'_> {
     TaskContext {
         registry,
+        processes: &[],
         sizing: BlockSizing::default(),
         batch_rows: 7,
     }

@@ -117,6 +117,7 @@ fn build(source: &LogicalPlan, steps: &[Step]) -> LogicalPlan {
 fn run(plan: &LogicalPlan, registry: &Registry) -> RecordBatch {
     let context = TaskContext {
         registry,
+        processes: &[],
         sizing: BlockSizing::default(),
         batch_rows: 50,
     };

@@ -21,9 +21,10 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use floe_core::expr::{col, lit};
 use floe_core::plan::{FileFormat, FileScan, Operator};
-use floe_node::ops::apply_row_ops;
+use floe_node::ops::{RowOpContext, apply_row_ops};
 use floe_node::read::{discover, read_scan};
 use floe_node::udf::Registry;
+use floe_node::udf::process::ProcessSessions;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 
@@ -82,13 +83,18 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         },
     ];
     let registry = Registry::empty();
+    let sessions = ProcessSessions::new(&[]);
+    let context = RowOpContext {
+        registry: &registry,
+        processes: &sessions,
+    };
 
     let mut kernel_output = Vec::new();
     let kernels = median_time(runs, || {
         let started = Instant::now();
         kernel_output = input
             .iter()
-            .map(|batch| apply_row_ops(batch.clone(), &ops, &registry))
+            .map(|batch| apply_row_ops(batch.clone(), &ops, context))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(started.elapsed())
     })?;

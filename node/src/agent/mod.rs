@@ -40,9 +40,15 @@ use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use self::protocol::{
     NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, ShardLoad, ShardWrite,
-    TaskFailure, TaskSpec,
+    TaskFailure, TaskKind, TaskSpec,
 };
 use crate::driver::{self, DriverConfig};
+use crate::udf::process::{Lease, PoolsConfig, ProcessPools, process_udfs};
+
+/// Idle process-UDF children beyond their pool's minimum are stopped after this long.
+const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
+/// A process-UDF pool nobody leased from for this long is stopped entirely.
+const UDF_RETIRE_AFTER: Duration = Duration::from_secs(120);
 
 /// How often a job driver reports progress (and notices a cancellation).
 const DRIVER_PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -105,6 +111,7 @@ struct Shared {
     /// Set once the node has registered (drivers need its id).
     driver_config: OnceLock<Arc<DriverConfig>>,
     pool: Arc<WorkerPool>,
+    processes: Arc<ProcessPools>,
     transfers: Transfers,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
@@ -167,12 +174,22 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
+        let leases = self.lease_processes(&spec.kind).await?;
         let task = WorkerTask {
             task: spec.task,
             kind: spec.kind,
             inputs: pins.iter().map(|view| view.location().clone()).collect(),
+            processes: leases
+                .iter()
+                .filter_map(|lease| lease.endpoint().cloned())
+                .collect(),
         };
-        let outputs = self.pool.run(task, pins).await?;
+        let outputs = self.pool.run(task, pins).await;
+        if !leases.is_empty() {
+            // Giving a child back may reap it; keep that off the async threads.
+            tokio::task::spawn_blocking(move || drop(leases));
+        }
+        let outputs = outputs?;
         let mut refs = Vec::with_capacity(outputs.len());
         for (index, output) in outputs.iter().enumerate() {
             let index = u32::try_from(index).map_err(|_| TaskFailure::Error {
@@ -201,6 +218,38 @@ impl Shared {
     }
 
     /// Writes one cache shard from local blocks.
+    /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
+    /// wait on each other) on a blocking thread (a lease waits while its pool is busy).
+    async fn lease_processes(&self, kind: &TaskKind) -> Result<Vec<Lease>, TaskFailure> {
+        let TaskKind::Stage(stage) = kind else {
+            return Ok(Vec::new());
+        };
+        let mut leases = Vec::new();
+        for udf in process_udfs(&stage.stage.row_ops) {
+            let pools = Arc::clone(&self.processes);
+            let udf = udf.clone();
+            let lease = tokio::task::spawn_blocking(move || pools.lease(&udf))
+                .await
+                .map_err(|error| TaskFailure::Transient {
+                    message: format!("leasing a process UDF child failed: {error}"),
+                })?;
+            match lease {
+                Ok(lease) => leases.push(lease),
+                Err(error) if error.is_transient() => {
+                    return Err(TaskFailure::Transient {
+                        message: error.to_string(),
+                    });
+                }
+                Err(error) => {
+                    return Err(TaskFailure::Error {
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(leases)
+    }
+
     fn write_cache_shard(&self, write: &ShardWrite) -> Result<(u64, u64)> {
         let mut batches = Vec::new();
         for object in &write.blocks {
@@ -422,6 +471,16 @@ impl NodeAgent {
             max_frame: wire.max_frame,
         })?);
         let cache = Cache::open(CacheConfig::for_node(config))?;
+        let processes = Arc::new(
+            ProcessPools::new(PoolsConfig {
+                runtime_dir: data_dir.join(format!("udf-{pid}")),
+                allowed_commands: config.node.udf_commands.clone(),
+                default_max: cpus,
+                shrink_after: UDF_SHRINK_AFTER,
+                retire_after: UDF_RETIRE_AFTER,
+            })
+            .map_err(|error| Error::Worker(format!("preparing process UDFs: {error}")))?,
+        );
         let shared = Arc::new(Shared {
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
@@ -430,6 +489,7 @@ impl NodeAgent {
             drivers: Mutex::new(BTreeMap::new()),
             driver_config: OnceLock::new(),
             pool: Arc::clone(&pool),
+            processes: Arc::clone(&processes),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
         });
@@ -482,6 +542,7 @@ impl NodeAgent {
                 host_memory()?,
                 config.scheduler.heartbeat_interval(),
             )),
+            tokio::spawn(reap_processes(processes)),
             tokio::spawn(monitor::run_monitor(
                 pool,
                 host_memory()?,
@@ -531,6 +592,8 @@ impl NodeAgent {
             driver.abort();
         }
         shared.pool.shutdown().await;
+        let processes = Arc::clone(&shared.processes);
+        let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
         let told = match shared.node() {
             Some(node) => {
                 let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
@@ -601,6 +664,16 @@ async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+/// Stops process-UDF children that exited or idled out, once a second.
+async fn reap_processes(processes: Arc<ProcessPools>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let processes = Arc::clone(&processes);
+        let _ = tokio::task::spawn_blocking(move || processes.reap()).await;
     }
 }
 

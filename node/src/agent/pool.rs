@@ -452,7 +452,14 @@ async fn run_job(
     };
     match reply {
         Ok(WorkerReply::Finished(outputs)) => (Ok(outputs), None),
-        Ok(WorkerReply::Failed(message)) => (Err(TaskFailure::Error { message }), None),
+        Ok(WorkerReply::Failed { message, transient }) => {
+            let failure = if transient {
+                TaskFailure::Transient { message }
+            } else {
+                TaskFailure::Error { message }
+            };
+            (Err(failure), None)
+        }
         Ok(WorkerReply::Confused(what)) => {
             stop(&mut worker.child).await;
             let reason = format!("the worker broke the protocol: {what}");
@@ -481,7 +488,10 @@ async fn run_job(
 /// How a worker answered a task.
 enum WorkerReply {
     Finished(Vec<WorkerOutput>),
-    Failed(String),
+    Failed {
+        message: String,
+        transient: bool,
+    },
     /// A message that makes no sense here; the worker is replaced.
     Confused(String),
 }
@@ -528,7 +538,9 @@ async fn receive_reply(stream: &mut FramedStream<UnixStream>) -> Result<WorkerRe
             WorkerMessage::Finished => {
                 return Ok(WorkerReply::Confused("the last output ended early".into()));
             }
-            WorkerMessage::Failed { message } => return Ok(WorkerReply::Failed(message)),
+            WorkerMessage::Failed { message, transient } => {
+                return Ok(WorkerReply::Failed { message, transient });
+            }
             WorkerMessage::Hello { .. } => {
                 return Ok(WorkerReply::Confused("a second hello".into()));
             }

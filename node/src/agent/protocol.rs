@@ -158,6 +158,10 @@ pub enum TaskFailure {
     /// The task itself failed; running it again gives the same error.
     #[error("task error: {message}")]
     Error { message: String },
+    /// The task failed on something outside floe's kernels (a process UDF's child crashed,
+    /// hung or raised); running it again may succeed.
+    #[error("task error: {message}")]
+    Transient { message: String },
     #[error("the node is shutting down")]
     ShuttingDown,
     /// The driver cancelled the task (its job was cancelled).

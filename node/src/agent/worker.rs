@@ -26,7 +26,32 @@ use super::{Error, Result};
 use crate::blocks::BlockSizing;
 use crate::task::{TaskContext, TaskInput, run_task};
 use crate::udf::Registry;
+use crate::udf::process::ProcessEndpoint;
 use crate::write::write_task;
+
+/// Why a task failed, as the worker reports it.
+struct TaskError {
+    message: String,
+    transient: bool,
+}
+
+impl From<String> for TaskError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            transient: false,
+        }
+    }
+}
+
+impl From<crate::Error> for TaskError {
+    fn from(error: crate::Error) -> Self {
+        Self {
+            transient: error.is_transient(),
+            message: error.to_string(),
+        }
+    }
+}
 
 /// A task as the agent hands it to a worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -34,6 +59,8 @@ pub(crate) struct WorkerTask {
     pub task: TaskId,
     pub kind: TaskKind,
     pub inputs: Vec<ObjectLocation>,
+    /// The process-UDF children the agent leased for this task, one per UDF it calls.
+    pub processes: Vec<ProcessEndpoint>,
 }
 
 /// What a worker sends its agent.
@@ -54,6 +81,8 @@ pub(crate) enum WorkerMessage {
     Finished,
     Failed {
         message: String,
+        /// Whether running the task again may succeed.
+        transient: bool,
     },
 }
 
@@ -152,7 +181,9 @@ async fn serve(options: &WorkerOptions, registry: &Registry) -> Result<()> {
                 }
                 send(&mut stream, &WorkerMessage::Finished).await?;
             }
-            Err(message) => send(&mut stream, &WorkerMessage::Failed { message }).await?,
+            Err(TaskError { message, transient }) => {
+                send(&mut stream, &WorkerMessage::Failed { message, transient }).await?;
+            }
         }
     }
 }
@@ -161,7 +192,7 @@ fn run(
     client: &StoreClient,
     registry: &Registry,
     task: &WorkerTask,
-) -> Result<Vec<WorkerOutput>, String> {
+) -> Result<Vec<WorkerOutput>, TaskError> {
     let views = task
         .inputs
         .iter()
@@ -169,7 +200,7 @@ fn run(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| format!("cannot map an input: {error}"))?;
     match &task.kind {
-        TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry),
+        TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry, &task.processes),
         kind => {
             let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
             Ok(execute(kind, &inputs)?
@@ -188,11 +219,13 @@ fn run_stage(
     task: &StageTask,
     views: &[ObjectView],
     registry: &Registry,
-) -> Result<Vec<WorkerOutput>, String> {
+    processes: &[ProcessEndpoint],
+) -> Result<Vec<WorkerOutput>, TaskError> {
     let sizing = BlockSizing::new(task.min_block_bytes, task.max_block_bytes)
         .map_err(|error| error.to_string())?;
     let context = TaskContext {
         registry,
+        processes,
         sizing,
         batch_rows: task.batch_rows.max(1) as usize,
     };
@@ -216,7 +249,7 @@ fn run_stage(
                 .map_err(|error| error.to_string())?,
             _ => batches,
         };
-        return encode_outputs(&batches);
+        return Ok(encode_outputs(&batches)?);
     }
     let blocks: Vec<_> = per_input.into_iter().flatten().collect();
     let input = match task.input {
@@ -230,15 +263,15 @@ fn run_stage(
         | StageInput::Boundaries { .. }
         | StageInput::Reduce { .. }
         | StageInput::HotKey { .. } => {
-            return Err(format!(
+            return Err(TaskError::from(format!(
                 "a {} stage does not take {:?}",
                 stage.kind.name(),
                 task.input
-            ));
+            )));
         }
         StageInput::Sink { index } => {
             let StageKind::Write(spec) = &stage.kind else {
-                return Err(format!("a {} stage is not a sink", stage.kind.name()));
+                return Err(format!("a {} stage is not a sink", stage.kind.name()).into());
             };
             let schema = Arc::new(stage.schema.clone());
             write_task(spec, index as usize, schema, blocks.into_iter().map(Ok))
@@ -246,8 +279,8 @@ fn run_stage(
             return Ok(Vec::new());
         }
     };
-    let batches = run_task(stage, input, &context).map_err(|error| error.to_string())?;
-    encode_outputs(&batches)
+    let batches = run_task(stage, input, &context)?;
+    Ok(encode_outputs(&batches)?)
 }
 
 /// Each batch as one output block.

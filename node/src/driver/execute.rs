@@ -40,6 +40,7 @@ use crate::agent::protocol::{
     TaskFailure, TaskKind, TaskSpec,
 };
 use crate::agent::tasks::output_id;
+use crate::udf::process::process_udfs;
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
 /// input is (Ray Data's rule).
@@ -1698,7 +1699,11 @@ impl TaskContext {
                 }
                 let request = PlacementRequest {
                     cpu_millis: TASK_CPU_MILLIS,
-                    memory_hint: 0,
+                    // A process UDF's children need their memory on the node that runs them.
+                    memory_hint: process_udfs(&self.stage.row_ops)
+                        .iter()
+                        .map(|udf| udf.memory)
+                        .sum(),
                     strategy: self.strategy,
                     preferred: preferred.into_iter().collect(),
                     requester: Some(self.config.node),

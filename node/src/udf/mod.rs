@@ -74,6 +74,7 @@
 //! is not retried: the job fails with that message.
 
 mod builtins;
+pub mod process;
 
 use std::sync::Arc;
 
