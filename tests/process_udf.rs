@@ -1,0 +1,317 @@
+//! Process UDFs (Python via `floe_udf`) on real local clusters: results against a reference,
+//! state kept per process, every failure kind with its stderr tail, the command allowlist, and
+//! the cache invalidated by editing the script but not by touching it.
+//!
+//! Needs `python3` with pyarrow on `PATH` (`.ci/run` installs it).
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array};
+use arrow::record_batch::RecordBatch;
+use floe_client::jobspec::parse_job_file;
+use floe_client::{Client, Dataset, JobOptions, LocalCluster, LocalClusterOptions, Registry};
+
+fn options(nodes: usize) -> LocalClusterOptions {
+    LocalClusterOptions {
+        nodes,
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        workers_per_node: 2,
+        node_settings: vec!["data.max_block_size=1MiB".into()],
+        token: None,
+    }
+}
+
+/// Writes a UDF script: `body` is the Python after the imports.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    let text = format!(
+        "import os, sys, time\nimport pyarrow as pa\nimport pyarrow.compute as pc\nimport floe_udf\n{body}\nif __name__ == \"__main__\":\n    floe_udf.serve()\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A job file over `range(rows)` whose one step is the process UDF `udf` (TOML inline table
+/// fields).
+fn job(rows: u64, udf: &str) -> Dataset {
+    let text = format!("[source]\nrange = {rows}\n[[steps]]\nmap_batches = {{ {udf} }}\n");
+    parse_job_file(
+        "job.toml",
+        &text,
+        std::sync::Arc::new(Registry::with_builtins()),
+    )
+    .unwrap()
+    .dataset
+}
+
+fn int_column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
+    let mut values: Vec<i64> = batches
+        .iter()
+        .flat_map(|batch| {
+            let column = batch.column_by_name(name).unwrap();
+            let column = column.as_any().downcast_ref::<Int64Array>().unwrap();
+            column.values().to_vec()
+        })
+        .collect();
+    values.sort_unstable();
+    values
+}
+
+async fn run(client: &Client, dataset: &Dataset, retries: u32) -> floe_client::JobOutput {
+    let options = JobOptions {
+        max_task_retries: retries,
+        ..JobOptions::default()
+    };
+    client
+        .submit_with(dataset, options)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap()
+}
+
+async fn failure(client: &Client, dataset: &Dataset, retries: u32) -> String {
+    let options = JobOptions {
+        max_task_retries: retries,
+        ..JobOptions::default()
+    };
+    let handle = client.submit_with(dataset, options).await.unwrap();
+    let ended = handle.wait().await;
+    assert!(ended.is_err(), "the job should fail");
+    handle.error().await.unwrap().unwrap_or_default()
+}
+
+const STATEFUL: &str = r#"
+marker_dir = sys.argv[1]
+
+@floe_udf.init
+def load():
+    with open(os.path.join(marker_dir, "init-%d" % os.getpid()), "a") as f:
+        f.write("init\n")
+    return {"offset": 7}
+
+@floe_udf.batch
+def triple(batch):
+    with open(os.path.join(marker_dir, "batches-%d" % os.getpid()), "a") as f:
+        f.write("batch\n")
+    ids = batch.column("id")
+    y = pc.add(pc.multiply(ids, 3), floe_udf.state["offset"])
+    return pa.RecordBatch.from_arrays([ids, y], names=["id", "y"])
+"#;
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).unwrap().lines().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_udf_pipeline_matches_the_reference_and_keeps_state_per_process() {
+    let cluster = LocalCluster::start(options(2)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let markers = dir.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    let udf = script(dir.path(), "stateful.py", STATEFUL);
+    let rows = 50_000u64;
+    let dataset = job(
+        rows,
+        &format!(
+            "command = \"python3\", args = [{:?}, {:?}], output = [\"id int64\", \"y int64\"], batch_size = 2000, concurrency = [1, 2]",
+            udf.to_str().unwrap(),
+            markers.to_str().unwrap()
+        ),
+    );
+    let output = run(&client, &dataset, 0).await;
+    let batches = output.to_arrow().await.unwrap();
+    let ids = int_column(&batches, "id");
+    assert_eq!(ids, (0..rows as i64).collect::<Vec<_>>());
+    let expected: Vec<i64> = (0..rows as i64).map(|id| id * 3 + 7).collect();
+    assert_eq!(int_column(&batches, "y"), expected);
+
+    // Every process that served batches ran its init exactly once, and served many batches.
+    let mut inits = BTreeSet::new();
+    let mut served = BTreeSet::new();
+    let mut batch_calls = 0;
+    for entry in std::fs::read_dir(&markers).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix("init-") {
+            assert_eq!(lines(&path), 1, "init ran more than once in process {pid}");
+            inits.insert(pid.to_owned());
+        } else if let Some(pid) = name.strip_prefix("batches-") {
+            batch_calls += lines(&path);
+            served.insert(pid.to_owned());
+        }
+    }
+    assert!(served.is_subset(&inits), "{served:?} vs {inits:?}");
+    // batch_size 2000 over 50,000 rows: at least 25 calls, by at most 2 processes per node.
+    assert!(batch_calls >= 25, "{batch_calls} calls");
+    assert!(
+        inits.len() <= 4,
+        "{} processes for 2 nodes × max 2",
+        inits.len()
+    );
+    assert!(
+        batch_calls > inits.len() * 4,
+        "{batch_calls} calls, {inits:?}"
+    );
+}
+
+const FAILURES: &str = r#"
+mode = sys.argv[1]
+
+@floe_udf.init
+def start():
+    with open(os.path.join(sys.argv[2], "init-%d" % os.getpid()), "w") as f:
+        f.write("init\n")
+
+@floe_udf.batch
+def fail(batch):
+    if mode == "raise":
+        raise ValueError("bad row in batch of %d" % batch.num_rows)
+    if mode == "crash":
+        print("about to crash", file=sys.stderr, flush=True)
+        os._exit(3)
+    if mode == "schema":
+        return pa.RecordBatch.from_arrays([batch.column(0)], names=["renamed"])
+    if mode == "hang":
+        print("hanging now", file=sys.stderr, flush=True)
+        time.sleep(3600)
+    return batch
+"#;
+
+fn pid_in(message: &str) -> u32 {
+    let start = message.find("(pid ").unwrap() + 5;
+    let end = start + message[start..].find(')').unwrap();
+    message[start..end].parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udf_failures_come_back_with_the_stderr_tail_and_the_cluster_keeps_working() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let udf = script(dir.path(), "failures.py", FAILURES);
+    let markers = |mode: &str| {
+        let markers = dir.path().join(format!("markers-{mode}"));
+        std::fs::create_dir_all(&markers).unwrap();
+        markers
+    };
+    let step = |mode: &str, extra: &str| {
+        job(
+            100,
+            &format!(
+                "command = \"python3\", args = [{:?}, {mode:?}, {:?}]{extra}",
+                udf.to_str().unwrap(),
+                markers(mode).to_str().unwrap()
+            ),
+        )
+    };
+
+    let raised = failure(&client, &step("raise", ""), 0).await;
+    assert!(raised.contains("the UDF raised an error"), "{raised}");
+    assert!(
+        raised.contains("ValueError: bad row in batch of 100"),
+        "{raised}"
+    );
+    assert!(raised.contains("Traceback"), "{raised}");
+
+    // A crash is retried per the job's policy: every attempt starts a new process.
+    let crashed = failure(&client, &step("crash", ""), 2).await;
+    assert!(crashed.contains("exited (exit code 3)"), "{crashed}");
+    assert!(crashed.contains("about to crash"), "{crashed}");
+    let attempts = std::fs::read_dir(markers("crash")).unwrap().count();
+    assert_eq!(attempts, 3, "one process per attempt: {crashed}");
+
+    let wrong = failure(&client, &step("schema", ""), 0).await;
+    assert!(
+        wrong.contains("returned renamed Int64") && wrong.contains("output schema is id Int64"),
+        "{wrong}"
+    );
+
+    let hung = failure(&client, &step("hang", ", timeout_s = 2"), 0).await;
+    assert!(
+        hung.contains("did not answer a batch within 2000 ms"),
+        "{hung}"
+    );
+    assert!(hung.contains("hanging now"), "{hung}");
+    let pid = pid_in(&hung);
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(gone, "the hung process {pid} is still there");
+
+    let refused = failure(
+        &client,
+        &job(10, "command = \"sh\", args = [\"-c\", \"true\"]"),
+        0,
+    )
+    .await;
+    assert!(refused.contains("node.udf_commands (python3)"), "{refused}");
+
+    // The cluster is healthy: the same script in pass-through mode succeeds.
+    let output = run(&client, &step("pass", ""), 0).await;
+    assert_eq!(output.rows(), 100);
+}
+
+const VERSIONED: &str = r#"
+@floe_udf.batch
+def add(batch):
+    ids = batch.column("id")
+    return pa.RecordBatch.from_arrays([ids, pc.add(ids, OFFSET)], names=["id", "v"])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_script_invalidates_the_cache_and_touching_it_does_not() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |offset: i64| {
+        script(
+            dir.path(),
+            "versioned.py",
+            &format!("OFFSET = {offset}\n{VERSIONED}"),
+        )
+    };
+    let udf = write(1);
+    let dataset = || {
+        job(
+            1000,
+            &format!(
+                "command = \"python3\", args = [{:?}], output = [\"id int64\", \"v int64\"]",
+                udf.to_str().unwrap()
+            ),
+        )
+    };
+    let values = |batches: &[RecordBatch]| int_column(batches, "v");
+
+    let first = run(&client, &dataset(), 0).await;
+    assert!(first.stats.compute_tasks() > 0);
+    assert_eq!(
+        values(&first.to_arrow().await.unwrap()),
+        (1..1001).collect::<Vec<_>>()
+    );
+
+    let again = run(&client, &dataset(), 0).await;
+    assert_eq!(again.stats.compute_tasks(), 0, "{:?}", again.stats);
+
+    // Touching the script (same bytes, new modification time) keeps the cache.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&udf, std::fs::read(&udf).unwrap()).unwrap();
+    let touched = run(&client, &dataset(), 0).await;
+    assert_eq!(touched.stats.compute_tasks(), 0, "{:?}", touched.stats);
+
+    write(100);
+    let edited = run(&client, &dataset(), 0).await;
+    assert!(edited.stats.compute_tasks() > 0, "{:?}", edited.stats);
+    assert_eq!(
+        values(&edited.to_arrow().await.unwrap()),
+        (100..1100).collect::<Vec<_>>()
+    );
+}
