@@ -44,6 +44,12 @@ impl CanonicalHasher {
         self.0.update(bytes);
     }
 
+    /// Part of a byte string whose length was fed first (with [`CanonicalHasher::len`]), so a
+    /// large file can be hashed as it is read, to the same hash [`CanonicalHasher::bytes`] gives.
+    pub(crate) fn bytes_part(&mut self, part: &[u8]) {
+        self.0.update(part);
+    }
+
     pub(crate) fn fingerprint(&mut self, fingerprint: Fingerprint) {
         self.0.update(&fingerprint.get().to_le_bytes());
     }

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::canonical::CanonicalHasher;
 use super::{Fingerprint, FingerprintError};
 
+const FILE_CONTENT_DOMAIN: &str = "floe.fingerprint.udf-file-content.v1";
+
 /// A file a process UDF runs (its script, a module it imports, a model), pinned by content:
 /// editing it changes the hash, touching it without a change does not.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -18,23 +20,49 @@ pub struct FileDigest {
 }
 
 impl FileDigest {
-    /// Reads `path` and hashes its bytes.
+    /// Reads `path` (a regular file: a device or a pipe could be endless) and hashes its
+    /// bytes as they are read, so a large model is never held in memory.
     pub fn of(path: &Path) -> Result<Self, FingerprintError> {
+        use std::io::Read;
         let error = |source| FingerprintError::SourceFile {
             path: path.to_owned(),
             source,
         };
         let absolute = std::fs::canonicalize(path).map_err(error)?;
-        let bytes = std::fs::read(&absolute).map_err(error)?;
+        let mut file = std::fs::File::open(&absolute).map_err(error)?;
+        let metadata = file.metadata().map_err(error)?;
+        if !metadata.is_file() {
+            return Err(error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        let mut hasher = CanonicalHasher::new(FILE_CONTENT_DOMAIN);
+        hasher.u64(metadata.len());
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut read = 0u64;
+        loop {
+            let n = file.read(&mut chunk).map_err(error)?;
+            if n == 0 {
+                break;
+            }
+            hasher.bytes_part(&chunk[..n]);
+            read += n as u64;
+        }
+        if read != metadata.len() {
+            return Err(error(std::io::Error::other(
+                "the file changed while it was hashed",
+            )));
+        }
         Ok(Self {
             path: absolute,
-            content: Self::hash(&bytes),
+            content: hasher.finish(),
         })
     }
 
     /// The content hash of `bytes`, as [`FileDigest::of`] computes it.
     pub fn hash(bytes: &[u8]) -> Fingerprint {
-        let mut hasher = CanonicalHasher::new("floe.fingerprint.udf-file-content.v1");
+        let mut hasher = CanonicalHasher::new(FILE_CONTENT_DOMAIN);
         hasher.bytes(bytes);
         hasher.finish()
     }

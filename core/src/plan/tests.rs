@@ -923,3 +923,16 @@ fn process_udf_settings_are_validated() {
     let missing = ProcessUdf::new("python3", &[]).file(std::path::Path::new("/no/such/udf.py"));
     assert!(missing.is_err());
 }
+
+#[test]
+fn a_file_digest_streams_to_the_hash_of_its_bytes_and_refuses_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.bin");
+    // Over the 1 MiB read chunk, so the streamed hash crosses chunk boundaries.
+    let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let digest = crate::fingerprint::FileDigest::of(&path).unwrap();
+    assert_eq!(digest.content, crate::fingerprint::FileDigest::hash(&bytes));
+    assert!(crate::fingerprint::FileDigest::of(std::path::Path::new("/dev/zero")).is_err());
+    assert!(crate::fingerprint::FileDigest::of(dir.path()).is_err());
+}
