@@ -135,6 +135,8 @@ def serve():
     if fd is None:
         sys.exit("floe_udf: FLOE_UDF_FD is not set; this script is started by a floe node")
     listener = socket.socket(fileno=int(fd))
+    # Processes the UDF starts must not hold the socket open after this one dies.
+    os.set_inheritable(listener.fileno(), False)
     if _init_hook is not None:
         state = _init_hook()
     while True:

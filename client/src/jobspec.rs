@@ -429,18 +429,30 @@ fn process_udf(spec: &toml::Table, rule: PathRule) -> Result<ProcessUdf, FieldEr
         Some(args) => strings(&field("args"), args)?,
         None => Vec::new(),
     };
-    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut udf = ProcessUdf::new(command, &arg_refs);
-    // Without `files`, every argument that names a file is one: editing the script then
-    // invalidates the cache without the user listing it twice.
-    let files = match spec.get("files") {
-        Some(files) => strings(&field("files"), files)?,
-        None => args
-            .iter()
-            .filter(|arg| std::path::Path::new(arg).is_file())
-            .cloned()
-            .collect(),
+    // Without `files`, every argument that names a file is one, and is passed as the absolute
+    // path that was hashed: the node then runs exactly the file the fingerprint pinned, and
+    // editing it invalidates the cache without the user listing it twice.
+    let listed = match spec.get("files") {
+        Some(files) => Some(strings(&field("files"), files)?),
+        None => None,
     };
+    let mut files = Vec::new();
+    let mut resolved_args = Vec::with_capacity(args.len());
+    for arg in &args {
+        let is_file = listed.is_none() && std::path::Path::new(arg).is_file();
+        if is_file {
+            check_path(&field("args"), arg, rule)?;
+            let absolute = std::fs::canonicalize(arg)
+                .map_err(|error| field_error(&field("args"), format!("{arg}: {error}")))?;
+            resolved_args.push(absolute.to_string_lossy().into_owned());
+            files.push(arg.clone());
+        } else {
+            resolved_args.push(arg.clone());
+        }
+    }
+    files.extend(listed.unwrap_or_default());
+    let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
+    let mut udf = ProcessUdf::new(command, &arg_refs);
     for file in &files {
         check_path(&field("files"), file, rule)?;
         udf = udf

@@ -44,6 +44,7 @@ use self::protocol::{
 };
 use crate::driver::{self, DriverConfig};
 use crate::udf::process::{Lease, PoolsConfig, ProcessPools, process_udfs};
+use floe_core::plan::ProcessUdf;
 
 /// Idle process-UDF children beyond their pool's minimum are stopped after this long.
 const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
@@ -174,17 +175,27 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
-        let leases = self.lease_processes(&spec.kind).await?;
+        let mut leases = self.lease_processes(&spec.kind).await?;
         let task = WorkerTask {
             task: spec.task,
             kind: spec.kind,
             inputs: pins.iter().map(|view| view.location().clone()).collect(),
             processes: leases
                 .iter()
-                .filter_map(|lease| lease.endpoint().cloned())
+                .map(|lease| lease.endpoint().clone())
                 .collect(),
         };
         let outputs = self.pool.run(task, pins).await;
+        if let Err(
+            TaskFailure::Cancelled
+            | TaskFailure::OutOfMemory { .. }
+            | TaskFailure::WorkerDied { .. },
+        ) = &outputs
+        {
+            // The worker was killed mid-task: its children may still be busy with the batch
+            // (or be what used the memory).
+            leases.iter_mut().for_each(Lease::discard);
+        }
         if !leases.is_empty() {
             // Giving a child back may reap it; keep that off the async threads.
             tokio::task::spawn_blocking(move || drop(leases));
@@ -217,39 +228,44 @@ impl Shared {
         Ok(refs)
     }
 
-    /// Writes one cache shard from local blocks.
     /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
-    /// wait on each other) on a blocking thread (a lease waits while its pool is busy).
+    /// wait on each other) on a blocking thread: a lease waits while its pool is busy, and
+    /// leases already taken when a later one fails are given back there too.
     async fn lease_processes(&self, kind: &TaskKind) -> Result<Vec<Lease>, TaskFailure> {
         let TaskKind::Stage(stage) = kind else {
             return Ok(Vec::new());
         };
-        let mut leases = Vec::new();
-        for udf in process_udfs(&stage.stage.row_ops) {
-            let pools = Arc::clone(&self.processes);
-            let udf = udf.clone();
-            let lease = tokio::task::spawn_blocking(move || pools.lease(&udf))
-                .await
-                .map_err(|error| TaskFailure::Transient {
-                    message: format!("leasing a process UDF child failed: {error}"),
-                })?;
-            match lease {
-                Ok(lease) => leases.push(lease),
-                Err(error) if error.is_transient() => {
-                    return Err(TaskFailure::Transient {
-                        message: error.to_string(),
-                    });
-                }
-                Err(error) => {
-                    return Err(TaskFailure::Error {
-                        message: error.to_string(),
-                    });
-                }
-            }
+        let udfs: Vec<ProcessUdf> = process_udfs(&stage.stage.row_ops)
+            .map_err(|error| TaskFailure::Error {
+                message: error.to_string(),
+            })?
+            .into_iter()
+            .cloned()
+            .collect();
+        if udfs.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(leases)
+        let pools = Arc::clone(&self.processes);
+        let leased = tokio::task::spawn_blocking(move || {
+            udfs.iter()
+                .map(|udf| pools.lease(udf))
+                .collect::<crate::Result<Vec<Lease>>>()
+        })
+        .await
+        .map_err(|error| TaskFailure::Transient {
+            message: format!("leasing a process UDF child failed: {error}"),
+        })?;
+        leased.map_err(|error| {
+            let message = error.to_string();
+            if error.is_transient() {
+                TaskFailure::Transient { message }
+            } else {
+                TaskFailure::Error { message }
+            }
+        })
     }
 
+    /// Writes one cache shard from local blocks.
     fn write_cache_shard(&self, write: &ShardWrite) -> Result<(u64, u64)> {
         let mut batches = Vec::new();
         for object in &write.blocks {
@@ -471,6 +487,7 @@ impl NodeAgent {
             max_frame: wire.max_frame,
         })?);
         let cache = Cache::open(CacheConfig::for_node(config))?;
+        remove_stale_udf_dirs(data_dir);
         let processes = Arc::new(
             ProcessPools::new(PoolsConfig {
                 runtime_dir: data_dir.join(format!("udf-{pid}")),
@@ -663,6 +680,26 @@ async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
                 tracing::debug!(%error, "watching for drivers failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        }
+    }
+}
+
+/// Removes the process-UDF directories (`udf-<pid>`) of agents that died without cleaning up.
+fn remove_stale_udf_dirs(data_dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(data_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("udf-"))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }

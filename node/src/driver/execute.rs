@@ -1697,13 +1697,17 @@ impl TaskContext {
                         *preferred.entry(info.node).or_default() += info.bytes;
                     }
                 }
+                // A process UDF's children need their memory on the node that runs them.
+                let memory_hint = match process_udfs(&self.stage.row_ops) {
+                    Ok(udfs) => udfs.iter().map(|udf| udf.memory).sum(),
+                    Err(error) => {
+                        let message = error.to_string();
+                        return (None, Err(TaskError::Failed(TaskFailure::Error { message })));
+                    }
+                };
                 let request = PlacementRequest {
                     cpu_millis: TASK_CPU_MILLIS,
-                    // A process UDF's children need their memory on the node that runs them.
-                    memory_hint: process_udfs(&self.stage.row_ops)
-                        .iter()
-                        .map(|udf| udf.memory)
-                        .sum(),
+                    memory_hint,
                     strategy: self.strategy,
                     preferred: preferred.into_iter().collect(),
                     requester: Some(self.config.node),

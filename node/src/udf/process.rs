@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -28,15 +28,16 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
+use arrow::buffer::Buffer;
 use arrow::datatypes::Schema;
-use arrow::ipc::reader::StreamReader;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 use floe_core::Fingerprint;
-use floe_core::fingerprint::FileDigest;
+use floe_core::fingerprint::{FileDigest, FileStamp};
 use floe_core::plan::{Operator, ProcessUdf};
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,9 @@ const MAX_MESSAGE: u64 = 4 << 30;
 const LOG_TAIL_BYTES: u64 = 2048;
 /// How long a worker waits for a child it killed, or that hung up, to be gone.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
+/// A child's log is emptied past this size (only its tail is ever quoted), so a chatty UDF
+/// cannot fill the disk.
+const LOG_MAX_BYTES: u64 = 1 << 20;
 
 /// Where a leased child listens; the agent hands it to the worker with the task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +96,16 @@ impl ChildProcess {
         !matches!(self.process.try_wait(), Ok(None))
     }
 
+    /// Empties the log once it passes [`LOG_MAX_BYTES`]; the child appends, so it goes on
+    /// writing at the new end.
+    fn trim_log(&self) {
+        if std::fs::metadata(&self.endpoint.log).is_ok_and(|m| m.len() > LOG_MAX_BYTES)
+            && let Ok(file) = OpenOptions::new().write(true).open(&self.endpoint.log)
+        {
+            let _ = file.set_len(0);
+        }
+    }
+
     /// Kills the child and removes its files.
     fn stop(mut self) {
         if !self.has_exited() {
@@ -123,25 +137,45 @@ pub struct ProcessPools {
     state: Mutex<PoolsState>,
     returned: Condvar,
     next_child: AtomicU64,
+    /// Children are forked by one long-lived thread: their parent-death signal fires when the
+    /// *thread* that forked them ends, and the threads leases run on come and go.
+    spawner: Mutex<mpsc::Sender<SpawnRequest>>,
+    /// Files whose content matched a plan's digest, by the size and modification time they had
+    /// then: a child started again does not hash a large model again.
+    verified: Mutex<BTreeMap<PathBuf, (FileStamp, Fingerprint)>>,
 }
 
-/// One leased child; dropping the lease gives it back (or discards it if it has exited).
+struct SpawnRequest {
+    command: Command,
+    reply: mpsc::Sender<std::io::Result<Child>>,
+}
+
+/// One leased child; dropping the lease gives it back (or stops it if it exited or was
+/// discarded).
 pub struct Lease {
     pools: Arc<ProcessPools>,
     key: Fingerprint,
+    endpoint: ProcessEndpoint,
     child: Option<ChildProcess>,
+    discard: bool,
 }
 
 impl Lease {
-    pub fn endpoint(&self) -> Option<&ProcessEndpoint> {
-        self.child.as_ref().map(|child| &child.endpoint)
+    pub fn endpoint(&self) -> &ProcessEndpoint {
+        &self.endpoint
+    }
+
+    /// Stops the child instead of giving it back: its worker was killed mid-task, so it may
+    /// still be busy with (or be the cause of) that task's batch.
+    pub fn discard(&mut self) {
+        self.discard = true;
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(child) = self.child.take() {
-            self.pools.give_back(self.key, child);
+            self.pools.give_back(self.key, child, self.discard);
         }
     }
 }
@@ -153,11 +187,23 @@ impl ProcessPools {
         std::fs::create_dir_all(&python).map_err(Error::io(&python))?;
         let module = python.join("floe_udf.py");
         std::fs::write(&module, FLOE_UDF_PY).map_err(Error::io(&module))?;
+        let (spawner, requests) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("floe-udf-spawner".into())
+            .spawn(move || {
+                // Ends when the pools (the only sender) are dropped.
+                for mut request in requests {
+                    let _ = request.reply.send(request.command.spawn());
+                }
+            })
+            .map_err(Error::io(&config.runtime_dir))?;
         Ok(Self {
             config,
             state: Mutex::new(PoolsState::default()),
             returned: Condvar::new(),
             next_child: AtomicU64::new(0),
+            spawner: Mutex::new(spawner),
+            verified: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -195,52 +241,72 @@ impl ProcessPools {
             });
             pool.min = udf.concurrency.min.min(max);
             pool.last_lease = Instant::now();
+            let mut exited = Vec::new();
+            let mut found = None;
             while let Some((mut child, _)) = pool.idle.pop() {
                 if child.has_exited() {
-                    child.stop();
-                    continue;
+                    exited.push(child);
+                } else {
+                    found = Some(child);
+                    break;
                 }
+            }
+            if let Some(child) = found {
                 pool.leased += 1;
+                drop(state);
+                exited.into_iter().for_each(ChildProcess::stop);
                 return Ok(self.lease_of(key, child));
             }
             let live = pool.leased + pool.starting;
             if live < max {
-                // Start the children a new pool keeps warm along with the one leased now.
+                // A new pool starts the children it keeps warm along with the one leased now.
                 let extra = pool.min.saturating_sub(live + 1);
                 pool.starting += 1 + extra;
                 drop(state);
-                let started: Vec<Result<ChildProcess>> =
-                    (0..=extra).map(|_| self.spawn(udf, key)).collect();
+                exited.into_iter().for_each(ChildProcess::stop);
+                let leased = self.spawn(udf, key);
+                let warm: Vec<ChildProcess> = (0..extra)
+                    .filter_map(|_| self.spawn(udf, key).ok())
+                    .collect();
+                let mut stopped = Vec::new();
                 state = self.state();
-                let mut leased = None;
-                let mut failure = None;
-                for child in started {
-                    match child {
-                        Ok(child) if leased.is_none() => leased = Some(child),
-                        Ok(child) => match state.pools.get_mut(&key) {
-                            Some(pool) => pool.idle.push((child, Instant::now())),
-                            None => child.stop(),
-                        },
-                        Err(error) => failure = Some(error),
+                let closed = state.closed;
+                match state.pools.get_mut(&key) {
+                    Some(pool) if !closed => {
+                        pool.starting -= 1 + extra;
+                        pool.idle
+                            .extend(warm.into_iter().map(|child| (child, Instant::now())));
+                        if leased.is_ok() {
+                            pool.leased += 1;
+                        }
                     }
+                    _ => stopped.extend(warm),
                 }
-                if let Some(pool) = state.pools.get_mut(&key) {
-                    pool.starting -= 1 + extra;
-                    if leased.is_some() {
-                        pool.leased += 1;
-                    }
-                }
+                drop(state);
                 self.returned.notify_all();
-                return match (leased, failure) {
-                    (Some(child), _) => Ok(self.lease_of(key, child)),
-                    (None, Some(error)) => Err(error),
-                    (None, None) => Err(process_error(udf, "no child started".to_owned())),
-                };
+                let leased = leased?;
+                if closed {
+                    stopped.push(leased);
+                    stopped.into_iter().for_each(ChildProcess::stop);
+                    return Err(process_error(udf, "the node is shutting down".to_owned()));
+                }
+                stopped.into_iter().for_each(ChildProcess::stop);
+                return Ok(self.lease_of(key, leased));
             }
-            state = self
-                .returned
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            drop(state);
+            exited.into_iter().for_each(ChildProcess::stop);
+            state = self.state();
+            // Re-checked before waiting: a child given back meanwhile has already notified.
+            let busy = state
+                .pools
+                .get(&key)
+                .is_some_and(|pool| pool.idle.is_empty() && pool.leased + pool.starting >= max);
+            if busy && !state.closed {
+                state = self
+                    .returned
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
         }
     }
 
@@ -248,27 +314,33 @@ impl ProcessPools {
         Lease {
             pools: Arc::clone(self),
             key,
+            endpoint: child.endpoint.clone(),
             child: Some(child),
+            discard: false,
         }
     }
 
-    fn give_back(&self, key: Fingerprint, mut child: ChildProcess) {
+    fn give_back(&self, key: Fingerprint, mut child: ChildProcess, discard: bool) {
         let mut state = self.state();
         let closed = state.closed;
-        let pool = state.pools.get_mut(&key);
-        match pool {
+        let stop = match state.pools.get_mut(&key) {
             Some(pool) => {
                 pool.leased = pool.leased.saturating_sub(1);
-                if closed || child.has_exited() {
-                    child.stop();
+                if closed || discard || child.has_exited() {
+                    Some(child)
                 } else {
+                    child.trim_log();
                     pool.idle.push((child, Instant::now()));
+                    None
                 }
             }
-            None => child.stop(),
-        }
+            None => Some(child),
+        };
         drop(state);
         self.returned.notify_all();
+        if let Some(child) = stop {
+            child.stop();
+        }
     }
 
     /// Stops children that exited, idle children past the pools' minimums, and pools nobody
@@ -299,6 +371,7 @@ impl ProcessPools {
                         live -= 1;
                         stopped.push(child);
                     } else {
+                        child.trim_log();
                         pool.idle.push((child, since));
                     }
                 }
@@ -336,31 +409,63 @@ impl ProcessPools {
         self.returned.notify_all();
     }
 
-    fn spawn(&self, udf: &ProcessUdf, key: Fingerprint) -> Result<ChildProcess> {
+    /// Checks that every file still has the content the plan pinned (hashing again only a file
+    /// whose size or modification time moved since it last matched).
+    fn verify_files(&self, udf: &ProcessUdf) -> Result<()> {
+        let refused = |message: String| Error::ProcessUdfRefused {
+            udf: udf.command_line(),
+            message,
+        };
         for file in &udf.files {
-            let now = FileDigest::of(&file.path).map_err(|error| Error::ProcessUdfRefused {
-                udf: udf.command_line(),
-                message: error.to_string(),
-            })?;
-            if now.content != file.content {
-                return Err(Error::ProcessUdfRefused {
-                    udf: udf.command_line(),
-                    message: format!(
-                        "{} changed since the job was submitted; submit the job again",
-                        file.path.display()
-                    ),
-                });
+            let stamp = FileStamp::of(&file.path).map_err(|error| refused(error.to_string()))?;
+            let known = self
+                .verified
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&file.path)
+                .is_some_and(|(seen, content)| *seen == stamp && *content == file.content);
+            if known {
+                continue;
             }
+            let now = FileDigest::of(&file.path).map_err(|error| refused(error.to_string()))?;
+            if now.content != file.content {
+                return Err(refused(format!(
+                    "{} changed since the job was submitted; submit the job again",
+                    file.path.display()
+                )));
+            }
+            self.verified
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(file.path.clone(), (stamp, file.content));
         }
+        Ok(())
+    }
+
+    fn spawn(&self, udf: &ProcessUdf, key: Fingerprint) -> Result<ChildProcess> {
+        self.verify_files(udf)?;
         let number = self.next_child.fetch_add(1, Ordering::Relaxed);
-        let name = format!("child-{number}");
         let dir = &self.config.runtime_dir;
-        let socket = dir.join(format!("{name}.sock"));
-        let log = dir.join(format!("{name}.log"));
+        let socket = dir.join(format!("child-{number}.sock"));
+        let log = dir.join(format!("child-{number}.log"));
+        let remove_files = || {
+            let _ = std::fs::remove_file(&socket);
+            let _ = std::fs::remove_file(&log);
+        };
+        let log_file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(Error::io(&log))?;
+        let log_copy = log_file.try_clone().map_err(|error| {
+            remove_files();
+            Error::io(&log)(error)
+        })?;
         let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket).map_err(Error::io(&socket))?;
-        let log_file = File::create(&log).map_err(Error::io(&log))?;
-        let log_copy = log_file.try_clone().map_err(Error::io(&log))?;
+        let listener = UnixListener::bind(&socket).map_err(|error| {
+            remove_files();
+            Error::io(&socket)(error)
+        })?;
         let mut python_path = OsString::from(dir.join("python"));
         if let Some(existing) = std::env::var_os("PYTHONPATH") {
             python_path.push(":");
@@ -394,9 +499,11 @@ impl ProcessPools {
                 Ok(())
             });
         }
-        let process = command.spawn().map_err(|error| {
-            let _ = std::fs::remove_file(&socket);
-            let _ = std::fs::remove_file(&log);
+        let spawned = self.spawn_on_spawner(command);
+        // The child has its own copy of the listening socket now.
+        drop(listener);
+        let process = spawned.map_err(|error| {
+            remove_files();
             process_error(udf, format!("cannot start {:?}: {error}", udf.command))
         })?;
         tracing::info!(udf = %udf.command_line(), pid = process.id(), "process UDF started");
@@ -410,6 +517,18 @@ impl ProcessPools {
             process,
         })
     }
+
+    fn spawn_on_spawner(&self, command: Command) -> std::io::Result<Child> {
+        let (reply, answer) = mpsc::channel();
+        let sent = self
+            .spawner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(SpawnRequest { command, reply });
+        let gone = || std::io::Error::other("the process spawner thread is gone");
+        sent.map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
 }
 
 impl Drop for ProcessPools {
@@ -422,17 +541,16 @@ impl Drop for ProcessPools {
 
 /// The distinct process UDFs among `ops`, ordered by pool key: leases are taken in that
 /// order, so two tasks never wait for each other's children.
-pub fn process_udfs(ops: &[Operator]) -> Vec<&ProcessUdf> {
-    let mut udfs: Vec<(Fingerprint, &ProcessUdf)> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Operator::ProcessUdf(udf) => udf.pool_key().ok().map(|key| (key, udf)),
-            _ => None,
-        })
-        .collect();
+pub fn process_udfs(ops: &[Operator]) -> Result<Vec<&ProcessUdf>> {
+    let mut udfs = Vec::new();
+    for op in ops {
+        if let Operator::ProcessUdf(udf) = op {
+            udfs.push((udf.pool_key()?, udf));
+        }
+    }
     udfs.sort_by_key(|(key, _)| *key);
     udfs.dedup_by_key(|(key, _)| *key);
-    udfs.into_iter().map(|(_, udf)| udf).collect()
+    Ok(udfs.into_iter().map(|(_, udf)| udf).collect())
 }
 
 fn process_error(udf: &ProcessUdf, message: String) -> Error {
@@ -470,20 +588,21 @@ impl<'a> ProcessSessions<'a> {
             None => batch.schema(),
         };
         let rows = batch.num_rows();
+        // An empty block (a filter upstream removed every row) never bothers the process.
+        if rows == 0 {
+            return Ok(RecordBatch::new_empty(output));
+        }
         let step = udf
             .batch_size
             .and_then(|size| usize::try_from(size).ok())
             .filter(|size| *size > 0 && *size < rows)
-            .unwrap_or(rows.max(1));
+            .unwrap_or(rows);
         let mut results = Vec::new();
         let mut offset = 0;
-        while offset < rows || (rows == 0 && results.is_empty()) {
+        while offset < rows {
             let length = step.min(rows - offset);
             results.push(self.call_one(udf, &batch.slice(offset, length), &output)?);
             offset += length;
-            if rows == 0 {
-                break;
-            }
         }
         if results.len() == 1 {
             return Ok(results.remove(0));
@@ -506,13 +625,11 @@ impl<'a> ProcessSessions<'a> {
                     .endpoints
                     .iter()
                     .find(|e| e.key == key)
-                    .ok_or_else(|| {
-                        process_error(
-                            udf,
-                            "process UDFs run on a cluster's nodes (floe up, LocalCluster); this \
-                             executor has no child process for it"
-                                .to_owned(),
-                        )
+                    .ok_or_else(|| Error::ProcessUdfRefused {
+                        udf: udf.command_line(),
+                        message: "process UDFs run on a cluster's nodes (floe up, LocalCluster); \
+                                  this executor has no child process for it"
+                            .to_owned(),
                     })?;
                 open.push(Session::connect(udf, endpoint.clone())?);
                 open.len() - 1
@@ -532,7 +649,7 @@ impl<'a> ProcessSessions<'a> {
 /// Why a conversation with a child broke.
 enum Failure {
     TimedOut(&'static str),
-    HungUp,
+    HungUp(&'static str),
     Raised(String),
     Protocol(String),
     Io(std::io::Error),
@@ -583,16 +700,7 @@ impl Session {
         encoded?;
         self.write_message(BATCH, &payload)?;
         match self.read_message("a batch")? {
-            (RESULT, bytes) => {
-                let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)
-                    .map_err(|e| Failure::Protocol(format!("the result is not Arrow IPC: {e}")))?;
-                let schema = reader.schema();
-                let batches = reader
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Failure::Protocol(format!("the result is not Arrow IPC: {e}")))?;
-                arrow::compute::concat_batches(&schema, &batches)
-                    .map_err(|e| Failure::Protocol(format!("cannot join the result: {e}")))
-            }
+            (RESULT, bytes) => decode_result(bytes),
             (ERROR, text) => Err(Failure::Raised(String::from_utf8_lossy(&text).into_owned())),
             (kind, _) => Err(Failure::Protocol(format!(
                 "unexpected message kind {kind} from {}",
@@ -646,12 +754,14 @@ impl Session {
                     udf.timeout_ms
                 )
             }
-            Failure::HungUp => {
+            Failure::HungUp(waiting_for) => {
                 let ending = wait_for_exit(pid).map_or_else(
                     || "hung up".to_owned(),
                     |status| format!("exited ({status})"),
                 );
-                format!("the process (pid {pid}) {ending} in the middle of a batch")
+                format!(
+                    "the process (pid {pid}) {ending} while the worker waited for {waiting_for}"
+                )
             }
             Failure::Raised(traceback) => {
                 return process_error(udf, format!("the UDF raised an error:\n{traceback}"));
@@ -666,11 +776,36 @@ impl Session {
     }
 }
 
+/// Decodes a result stream; its column buffers point into the received bytes (no copy), and
+/// several batches are joined into one.
+fn decode_result(bytes: Vec<u8>) -> Result<RecordBatch, Failure> {
+    let not_ipc = |error: arrow::error::ArrowError| {
+        Failure::Protocol(format!("the result is not an Arrow IPC stream: {error}"))
+    };
+    let mut buffer = Buffer::from_vec(bytes);
+    let mut decoder = StreamDecoder::new();
+    let mut batches = Vec::new();
+    while !buffer.is_empty() {
+        if let Some(batch) = decoder.decode(&mut buffer).map_err(not_ipc)? {
+            batches.push(batch);
+        }
+    }
+    decoder.finish().map_err(not_ipc)?;
+    let schema = decoder
+        .schema()
+        .ok_or_else(|| Failure::Protocol("the result stream has no schema".to_owned()))?;
+    match batches.len() {
+        1 => Ok(batches.remove(0)),
+        _ => arrow::compute::concat_batches(&schema, &batches)
+            .map_err(|e| Failure::Protocol(format!("cannot join the result's batches: {e}"))),
+    }
+}
+
 fn io_failure(error: std::io::Error, waiting_for: &'static str) -> Failure {
     match error.kind() {
         ErrorKind::WouldBlock | ErrorKind::TimedOut => Failure::TimedOut(waiting_for),
         ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => {
-            Failure::HungUp
+            Failure::HungUp(waiting_for)
         }
         _ => Failure::Io(error),
     }
