@@ -315,3 +315,52 @@ async fn editing_the_script_invalidates_the_cache_and_touching_it_does_not() {
         (100..1100).collect::<Vec<_>>()
     );
 }
+
+/// A pool's warm child keeps its state between jobs: idle past the 10 s after which children
+/// beyond the pool's minimum are stopped, the one the minimum keeps serves the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_child_keeps_its_state_between_jobs() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let markers = dir.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    let udf = script(dir.path(), "stateful.py", STATEFUL);
+    let dataset = job(
+        5_000,
+        &format!(
+            "command = \"python3\", args = [{:?}, {:?}], output = [\"id int64\", \"y int64\"], concurrency = [1, 1]",
+            udf.to_str().unwrap(),
+            markers.to_str().unwrap()
+        ),
+    );
+    let no_cache = JobOptions {
+        cache: floe_client::CacheMode::NoCache,
+        max_task_retries: 0,
+        ..JobOptions::default()
+    };
+    let mut totals = Vec::new();
+    for pause in [Duration::ZERO, Duration::from_secs(12)] {
+        tokio::time::sleep(pause).await;
+        let output = client
+            .submit_with(&dataset, no_cache.clone())
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        totals.push(
+            int_column(&output.to_arrow().await.unwrap(), "y")
+                .iter()
+                .sum::<i64>(),
+        );
+    }
+    let expected: i64 = (0..5_000i64).map(|id| id * 3 + 7).sum();
+    assert_eq!(totals, [expected, expected]);
+    let inits: Vec<String> = std::fs::read_dir(&markers)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("init-"))
+        .collect();
+    assert_eq!(inits.len(), 1, "one process served both jobs: {inits:?}");
+}

@@ -139,3 +139,86 @@ fn errors_name_the_file_line_and_field() {
         );
     }
 }
+
+#[test]
+fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
+    use floe_client::jobspec::{PathRule, parse_job_file_with};
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("udf.py");
+    std::fs::write(&script, "print('hi')\n").unwrap();
+    let spec =
+        |fields: &str| format!("[source]\nrange = 10\n[[steps]]\nmap_batches = {{ {fields} }}\n");
+    let script_arg = script.to_str().unwrap();
+
+    let parsed = parse_job_file(
+        "job.toml",
+        &spec(&format!(
+            "command = \"python3\", args = [{script_arg:?}, \"--fast\"], output = [\"id int64\", \"label utf8\"], concurrency = [1, 3], memory = \"1GiB\", timeout_s = 5"
+        )),
+        builtins(),
+    )
+    .unwrap();
+    let plan = parsed.dataset.plan();
+    let floe_core::plan::Operator::ProcessUdf(udf) = plan.operator() else {
+        panic!("not a process UDF: {plan:?}");
+    };
+    // The script argument is pinned by content, and passed as its absolute path.
+    assert_eq!(udf.files.len(), 1);
+    assert_eq!(udf.files[0].path, std::fs::canonicalize(&script).unwrap());
+    assert_eq!(udf.args[0], udf.files[0].path.to_str().unwrap());
+    assert_eq!(udf.args[1], "--fast");
+    assert_eq!(udf.concurrency, floe_client::Concurrency::new(1, 3));
+    assert_eq!(udf.memory, 1 << 30);
+    assert_eq!(udf.timeout_ms, 5000);
+    let names: Vec<&String> = plan.schema().fields().iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["id", "label"]);
+
+    let cases = [
+        ("command = \"python3\", colour = 1", "map_batches.colour"),
+        (
+            "command = \"python3\", concurrency = [3]",
+            "map_batches.concurrency",
+        ),
+        (
+            "command = \"python3\", output = [\"id\"]",
+            "map_batches.output",
+        ),
+        (
+            "command = \"python3\", output = [\"id decimal\"]",
+            "map_batches.output",
+        ),
+        (
+            "command = \"python3\", files = [\"/no/such/udf.py\"]",
+            "map_batches.files",
+        ),
+        (
+            "command = \"python3\", memory = \"lots\"",
+            "map_batches.memory",
+        ),
+        ("command = \"\"", "map_batches"),
+    ];
+    for (fields, field) in cases {
+        let error = parse_job_file("job.toml", &spec(fields), builtins())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains(field), "{fields}: {error}");
+    }
+
+    // Over the network only absolute paths are accepted, for arguments that are files too.
+    let relative = std::env::current_dir()
+        .unwrap()
+        .join("relative_udf_for_test.py");
+    std::fs::write(&relative, "").unwrap();
+    let refused = parse_job_file_with(
+        "job.toml",
+        &spec("command = \"python3\", args = [\"relative_udf_for_test.py\"]"),
+        builtins(),
+        PathRule::AbsoluteOnly,
+    )
+    .err()
+    .map(|error| error.to_string());
+    std::fs::remove_file(&relative).unwrap();
+    let refused = refused.unwrap();
+    assert!(refused.contains("map_batches.args"), "{refused}");
+}
