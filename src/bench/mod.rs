@@ -85,6 +85,9 @@ pub enum Bench {
     Rerun(WorkloadArgs),
     /// End-to-end: materialize 3× the cluster's object-store memory.
     Spill(WorkloadArgs),
+    /// End-to-end: the map pipeline through an identity Python UDF (`python3` with pyarrow)
+    /// and natively, in the same run.
+    Pyudf(WorkloadArgs),
     /// Every end-to-end workload, one after the other.
     All(WorkloadArgs),
 }
@@ -129,6 +132,7 @@ pub fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Repartition(args) => workloads(&[Workload::Repartition], args, config),
         Bench::Rerun(args) => workloads(&[Workload::Rerun], args, config),
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
+        Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }

@@ -32,7 +32,7 @@ use arrow::compute::{SortColumn, concat_batches, lexsort_to_indices, take_record
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 use floe_client::{
     AggFunction, Aggregation, CacheMode, Client, Dataset, JobOptions, LocalCluster,
-    LocalClusterOptions, SortKey, WriteOptions, col, lit,
+    LocalClusterOptions, ProcessUdf, SortKey, WriteOptions, col, lit,
 };
 use floe_core::Config;
 use floe_node::shuffle;
@@ -62,10 +62,11 @@ pub enum Workload {
     Repartition,
     Rerun,
     Spill,
+    Pyudf,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 9] = [
         Workload::Map,
         Workload::Filter,
         Workload::Sort,
@@ -74,6 +75,7 @@ impl Workload {
         Workload::Repartition,
         Workload::Rerun,
         Workload::Spill,
+        Workload::Pyudf,
     ];
 
     fn name(self) -> &'static str {
@@ -86,6 +88,7 @@ impl Workload {
             Workload::Repartition => "repartition",
             Workload::Rerun => "rerun",
             Workload::Spill => "spill",
+            Workload::Pyudf => "pyudf",
         }
     }
 }
@@ -494,6 +497,25 @@ fn map_dataset(files: &[PathBuf]) -> anyhow::Result<Dataset> {
         .agg(vec![Aggregation::of(AggFunction::Sum, "v2").alias("total")])?)
 }
 
+/// The identity Python UDF the `pyudf` workload runs.
+const IDENTITY_UDF: &str = "import floe_udf\n\n\n@floe_udf.batch\ndef identity(batch):\n    return batch\n\n\nif __name__ == \"__main__\":\n    floe_udf.serve()\n";
+
+/// [`map_dataset`] with every block of the used column sent through an identity Python UDF
+/// (the column is selected first, as the native plan's projection pushdown does for itself).
+fn pyudf_dataset(files: &[PathBuf], data_dir: &Path) -> anyhow::Result<Dataset> {
+    let script = data_dir.join("identity_udf.py");
+    std::fs::write(&script, IDENTITY_UDF)
+        .with_context(|| format!("cannot write {}", script.display()))?;
+    let script_arg = script.to_str().context("the data directory is not UTF-8")?;
+    let udf = ProcessUdf::new("python3", &[script_arg]).file(&script)?;
+    Ok(Dataset::read_parquet(files)?
+        .select(&["value"])?
+        .map_batches_process(udf)?
+        .with_column("v2", col("value") * lit(2.0) + lit(1.0))?
+        .groupby(&[])
+        .agg(vec![Aggregation::of(AggFunction::Sum, "v2").alias("total")])?)
+}
+
 /// One workload's line.
 struct Report {
     workload: Workload,
@@ -554,7 +576,8 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
         | Workload::Filter
         | Workload::Groupby
         | Workload::Repartition
-        | Workload::Rerun => {
+        | Workload::Rerun
+        | Workload::Pyudf => {
             let data = events(config, rows)?;
             let (parquet_read, plain) = parquet_read(&data.files)?;
             // The plan reads only the columns it uses; so does this floor.
@@ -620,6 +643,38 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                         sum += int64s(batch, "user_id")?.values().iter().sum::<i64>();
                     }
                     (measured, count == truth.rows && sum == truth.user_id_sum)
+                }
+                Workload::Pyudf => {
+                    // Both paths warm up once; the UDF's first run also starts its processes
+                    // (Python and pyarrow's import), reported apart as `udf_first_run_s`.
+                    run_job(&target.client, &map_dataset(&data.files)?, &no_cache(), 1).await?;
+                    let through_udf = pyudf_dataset(&data.files, &config.data_dir)?;
+                    let first = run_job(&target.client, &through_udf, &no_cache(), 1).await?;
+                    extra.push(("udf_first_run_s", first.seconds.as_secs_f64().into()));
+                    let native = run_job(
+                        &target.client,
+                        &map_dataset(&data.files)?,
+                        &no_cache(),
+                        runs,
+                    )
+                    .await?;
+                    let measured = run_job(&target.client, &through_udf, &no_cache(), runs).await?;
+                    let native_total =
+                        first_value::<Float64Type>(&native.output.to_arrow().await?, "total")?;
+                    let udf_total =
+                        first_value::<Float64Type>(&measured.output.to_arrow().await?, "total")?;
+                    let rows = truth.rows as f64;
+                    let udf_rows_per_s = rows / measured.seconds.as_secs_f64();
+                    let native_rows_per_s = rows / native.seconds.as_secs_f64();
+                    extra.push(("udf_rows_per_s", udf_rows_per_s.into()));
+                    extra.push(("native_rows_per_s", native_rows_per_s.into()));
+                    extra.push((
+                        "udf_over_native",
+                        (udf_rows_per_s / native_rows_per_s).into(),
+                    ));
+                    let verified =
+                        close(native_total, truth.map_sum) && close(udf_total, truth.map_sum);
+                    (measured, verified)
                 }
                 _ => {
                     // Cold: computed and written to the cache; then the same job again.
