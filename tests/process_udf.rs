@@ -7,6 +7,8 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -363,4 +365,67 @@ async fn a_warm_child_keeps_its_state_between_jobs() {
         .filter(|name| name.starts_with("init-"))
         .collect();
     assert_eq!(inits.len(), 1, "one process served both jobs: {inits:?}");
+}
+
+/// The REST API takes the same job spec: a process UDF submitted over HTTP runs on the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_api_accepts_process_udfs() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let addr = cluster
+        .dashboard_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let markers = dir.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    let udf = script(dir.path(), "stateful.py", STATEFUL);
+    let spec = format!(
+        "[source]\nrange = 3000\n[[steps]]\nmap_batches = {{ command = \"python3\", args = [{:?}, {:?}], output = [\"id int64\", \"y int64\"] }}\n[[steps]]\ngroupby = []\nagg = [\"sum(y) as total\"]\n",
+        udf.to_str().unwrap(),
+        markers.to_str().unwrap()
+    );
+    let token = cluster.token().to_owned();
+    let submitted = {
+        let (addr, spec) = (addr.clone(), spec.clone());
+        tokio::task::spawn_blocking(move || {
+            common::post_json(
+                &addr,
+                "/api/jobs",
+                &token,
+                &serde_json::json!({ "job": spec }),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    let job = submitted.json()["job_id"].as_str().unwrap().to_owned();
+    let client = cluster.connect().await.unwrap();
+    let output = client
+        .job(job.parse().unwrap())
+        .wait()
+        .await
+        .unwrap()
+        .to_arrow()
+        .await
+        .unwrap();
+    let expected: i64 = (0..3000i64).map(|id| id * 3 + 7).sum();
+    assert_eq!(int_column(&output, "total"), [expected]);
+
+    // Over the network, the files a UDF pins must be named by absolute paths.
+    let relative = spec.replace("output = [", "files = [\"stateful.py\"], output = [");
+    let token = cluster.token().to_owned();
+    let refused = tokio::task::spawn_blocking(move || {
+        common::post_json(
+            &addr,
+            "/api/jobs",
+            &token,
+            &serde_json::json!({ "job": relative }),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(refused.body.contains("absolute"), "{}", refused.body);
 }
