@@ -167,6 +167,14 @@ async fn a_python_udf_pipeline_matches_the_reference_and_keeps_state_per_process
 const FAILURES: &str = r#"
 mode = sys.argv[1]
 
+if mode == "garbage":
+    # Not a floe_udf process: answers the connection with text instead of a greeting.
+    import socket
+    open(os.path.join(sys.argv[2], "garbage-%d" % os.getpid()), "w").close()
+    connection, _ = socket.socket(fileno=3).accept()
+    connection.sendall(b"Welcome to my server, friend!")
+    time.sleep(60)
+
 @floe_udf.init
 def start():
     with open(os.path.join(sys.argv[2], "init-%d" % os.getpid()), "w") as f:
@@ -229,6 +237,14 @@ async fn udf_failures_come_back_with_the_stderr_tail_and_the_cluster_keeps_worki
     assert!(crashed.contains("about to crash"), "{crashed}");
     let attempts = std::fs::read_dir(markers("crash")).unwrap().count();
     assert_eq!(attempts, 3, "one process per attempt: {crashed}");
+
+    // Not speaking the protocol is permanent: no retry, whatever the job allows.
+    let garbage = failure(&client, &step("garbage", ""), 2).await;
+    assert!(
+        garbage.contains("did not greet with floe_udf/1"),
+        "{garbage}"
+    );
+    assert_eq!(std::fs::read_dir(markers("garbage")).unwrap().count(), 1);
 
     let wrong = failure(&client, &step("schema", ""), 0).await;
     assert!(

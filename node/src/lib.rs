@@ -74,6 +74,10 @@ pub enum Error {
     /// The node will not run this process UDF (command not allowed, script changed).
     #[error("process UDF `{udf}`: {message}")]
     ProcessUdfRefused { udf: String, message: String },
+    /// The child broke the `floe_udf/1` protocol (it is not a floe_udf script, or it sent
+    /// something that is not Arrow IPC).
+    #[error("process UDF `{udf}`: {message}")]
+    ProcessUdfProtocol { udf: String, message: String },
     #[error("process UDF `{udf}` returned {got}, but its output schema is {expected}")]
     ProcessUdfOutput {
         udf: String,

@@ -674,17 +674,20 @@ impl Session {
             Ok(()) => session.read_message("start-up"),
             Err(error) => Err(Failure::Io(error)),
         };
+        let not_greeted = |what: String| {
+            Failure::Protocol(format!(
+                "the process did not greet with {} ({what}): is it a floe_udf script calling \
+                 floe_udf.serve()?",
+                String::from_utf8_lossy(PROTOCOL),
+            ))
+        };
         match hello {
             Ok((HELLO, payload)) if payload == PROTOCOL => Ok(session),
             Ok((kind, payload)) => {
-                let failure = Failure::Protocol(format!(
-                    "the process did not greet with {} (got message {kind}, {} bytes): is it a \
-                     floe_udf script calling floe_udf.serve()?",
-                    String::from_utf8_lossy(PROTOCOL),
-                    payload.len()
-                ));
+                let failure = not_greeted(format!("got message {kind}, {} bytes", payload.len()));
                 Err(session.fail(udf, failure))
             }
+            Err(Failure::Protocol(what)) => Err(session.fail(udf, not_greeted(what))),
             Err(failure) => Err(session.fail(udf, failure)),
         }
     }
@@ -767,8 +770,12 @@ impl Session {
                 return process_error(udf, format!("the UDF raised an error:\n{traceback}"));
             }
             Failure::Protocol(message) => {
+                // A process that does not speak the protocol would not on a retry either.
                 kill_and_wait(pid);
-                message
+                return Error::ProcessUdfProtocol {
+                    udf: udf.command_line(),
+                    message: with_log_tail(message, &self.endpoint),
+                };
             }
             Failure::Io(error) => format!("talking to the process (pid {pid}): {error}"),
         };
