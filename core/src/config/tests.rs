@@ -102,6 +102,22 @@ fn env_and_flags_are_typed_by_the_setting() {
 }
 
 #[test]
+fn list_settings_are_written_comma_separated() {
+    assert_eq!(Config::default().node.udf_commands, ["python3"]);
+    let listed = ConfigLoader::new()
+        .env(env(&[("FLOE_NODE_UDF_COMMANDS", "python3, python3.12")]))
+        .load()
+        .unwrap();
+    assert_eq!(listed.node.udf_commands, ["python3", "python3.12"]);
+    let emptied = ConfigLoader::new()
+        .set("node.udf_commands=")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert!(emptied.node.udf_commands.is_empty());
+}
+
+#[test]
 fn absolute_subdirectories_are_kept() {
     let config = ConfigLoader::new()
         .set("paths.spill_dir=/mnt/fast/spill")
