@@ -308,3 +308,15 @@ fn a_pipeline_runs_in_process_end_to_end() {
         "sort is not a row-wise operator; the shuffle executor runs it"
     );
 }
+
+#[test]
+fn a_process_udf_needs_a_cluster_and_says_so() {
+    let udf = floe_client::ProcessUdf::new("python3", &["/srv/udf.py"]);
+    let dataset = Dataset::range(10).unwrap().map_batches_process(udf).unwrap();
+    assert_eq!(dataset.schema().fields().len(), 1, "the input's schema");
+    let error = dataset.count().unwrap_err().to_string();
+    assert!(
+        error.contains("process UDFs run on a cluster's nodes"),
+        "{error}"
+    );
+}
