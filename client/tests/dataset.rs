@@ -312,7 +312,10 @@ fn a_pipeline_runs_in_process_end_to_end() {
 #[test]
 fn a_process_udf_needs_a_cluster_and_says_so() {
     let udf = floe_client::ProcessUdf::new("python3", &["/srv/udf.py"]);
-    let dataset = Dataset::range(10).unwrap().map_batches_process(udf).unwrap();
+    let dataset = Dataset::range(10)
+        .unwrap()
+        .map_batches_process(udf)
+        .unwrap();
     assert_eq!(dataset.schema().fields().len(), 1, "the input's schema");
     let error = dataset.count().unwrap_err().to_string();
     assert!(
