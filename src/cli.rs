@@ -229,7 +229,7 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a local cluster in the foreground until Ctrl-C.
+/// Runs a local cluster in the foreground until Ctrl-C or SIGTERM.
 /// The cluster's token is the configured one (`FLOE_CLUSTER_TOKEN`), or a generated one; either
 /// way it is written to a file only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
@@ -242,12 +242,13 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
     })
     .await?;
+    // Installed before the cluster is announced, so a stop that follows at once is caught.
+    let mut stop = floe_node::agent::Termination::install()?;
     print_local_cluster(&cluster);
     println!("press Ctrl-C to stop it");
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    println!("stopping");
+    let signal = stop.recv().await;
+    println!("stopping ({signal})");
+    drop(cluster);
     Ok(())
 }
 

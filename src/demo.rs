@@ -90,9 +90,7 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("\ndashboard: {}", cluster.dashboard_url());
     if args.serve {
         println!("serving the dashboard; press Ctrl-C to stop");
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for Ctrl-C")?;
+        floe_node::agent::Termination::install()?.recv().await;
     }
     Ok(())
 }

@@ -412,6 +412,22 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
     assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
 }
 
+/// Live processes whose command line mentions `text`.
+fn processes_mentioning(text: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            !zombie && String::from_utf8_lossy(&cmdline).contains(text)
+        })
+        .collect()
+}
+
 /// `floe up` with no token configured: it generates one, stores it in a file only its owner
 /// can read, prints the file's path but never the token, and the token works.
 #[test]
@@ -477,12 +493,25 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         .unwrap();
     assert!(!refused.status.success());
 
-    // Ctrl-C stops the cluster, and the token file goes with it.
-    let interrupted = Command::new("kill")
-        .args(["-INT", &up.id().to_string()])
+    // SIGTERM (a service manager, `timeout`, `kill`) stops the cluster like Ctrl-C: every
+    // process it started is gone, and the token file goes with it.
+    let files = field("files:");
+    let started = processes_mentioning(&files);
+    assert!(started.len() >= 2, "a scheduler and a node: {started:?}");
+    let terminated = Command::new("kill")
+        .args(["-TERM", &up.id().to_string()])
         .status()
         .unwrap();
-    assert!(interrupted.success());
+    assert!(terminated.success());
     assert!(up.wait().unwrap().success());
     assert!(!std::path::Path::new(&token_file).exists());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !processes_mentioning(&files).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left running: {:?}",
+            processes_mentioning(&files)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
