@@ -218,12 +218,17 @@ async fn a_page_that_fails_its_checksum_fails_the_job() {
     .unwrap();
     let client = cluster.connect().await.unwrap();
     let expected: i64 = (0..ROWS).sum();
-    assert_eq!(sum_ids(&client, &[good.clone()]).await, Ok(expected));
+    assert_eq!(
+        sum_ids(&client, std::slice::from_ref(&good)).await,
+        Ok(expected)
+    );
 
     // Uncompressed plain Int64 values: without the checksum this would just be another sum.
     let bad = dir.path().join("flipped.parquet");
     corrupt(&good, &bad);
-    let error = sum_ids(&client, &[bad.clone()]).await.unwrap_err();
+    let error = sum_ids(&client, std::slice::from_ref(&bad))
+        .await
+        .unwrap_err();
     assert!(error.contains(bad.to_str().unwrap()), "{error}");
     assert!(
         error.to_lowercase().contains("checksum") || error.contains("crc"),
