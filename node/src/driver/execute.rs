@@ -1714,6 +1714,10 @@ impl TaskContext {
                 };
                 let node = match self.cluster.place(request).await {
                     Ok(node) => node,
+                    Err(error @ super::Error::Infeasible(_)) => {
+                        let message = error.to_string();
+                        return (None, Err(TaskError::Failed(TaskFailure::Error { message })));
+                    }
                     Err(error) => return (None, Err(unreachable(&error))),
                 };
                 let result = self
@@ -1721,7 +1725,7 @@ impl TaskContext {
                     .await;
                 if let Err(error) = self
                     .cluster
-                    .release(node, TASK_CPU_MILLIS, self.config.node)
+                    .release(node, TASK_CPU_MILLIS, memory_hint, self.config.node)
                     .await
                 {
                     tracing::debug!(%node, %error, "releasing a task's reservation failed");
