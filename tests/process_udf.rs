@@ -445,3 +445,55 @@ async fn the_rest_api_accepts_process_udfs() {
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(refused.body.contains("absolute"), "{}", refused.body);
 }
+
+/// A UDF's memory hint is reserved on the node for each task and given back after it; a hint
+/// no node can ever hold fails the job at once, naming the largest heap there is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hints_are_given_back_and_an_impossible_one_fails_fast() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let udf = script(dir.path(), "failures.py", FAILURES);
+    let markers = dir.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    // Memory is a performance setting, not hashed: distinct row counts keep the second job
+    // from being served by the first one's cache.
+    let step = |rows: u64, memory: &str| {
+        job(
+            rows,
+            &format!(
+                "command = \"python3\", args = [{:?}, \"pass\", {:?}], memory = {memory:?}, batch_size = 1000",
+                udf.to_str().unwrap(),
+                markers.to_str().unwrap()
+            ),
+        )
+    };
+    let output = run(&client, &step(20_000, "1GiB"), 0).await;
+    assert_eq!(output.rows(), 20_000);
+    let addr = cluster
+        .dashboard_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let reserved = tokio::task::spawn_blocking(move || {
+        common::wait_for(
+            "the reservations to be given back",
+            Duration::from_secs(10),
+            || {
+                let nodes = common::get(&addr, "/api/nodes").json();
+                let usage = &nodes["nodes"][0]["usage"];
+                (usage["heap_reserved_bytes"] == 0 && usage["cpu_reserved"] == 0.0).then_some(())
+            },
+        )
+    });
+    reserved.await.unwrap();
+
+    let started = std::time::Instant::now();
+    let error = failure(&client, &step(20_001, "1TiB"), 3).await;
+    assert!(error.contains("fits no alive node"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not retried: {:?}",
+        started.elapsed()
+    );
+}
