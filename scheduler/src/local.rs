@@ -146,6 +146,11 @@ impl LocalCluster {
         self.children.contains_key(&id)
     }
 
+    /// The process id of replica `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.children.get(&id).map(Child::id)
+    }
+
     pub fn wire(&self) -> WireConfig {
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(self.config.token.clone());
