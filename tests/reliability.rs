@@ -201,3 +201,112 @@ fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
         check_a_job(&client).await;
     });
 }
+
+/// The TCP sockets process `pid` listens on, as `(address, port)`, from /proc: each of its
+/// socket descriptors matched by inode against the kernel's TCP tables.
+fn listening_sockets(pid: u32) -> Vec<(std::net::IpAddr, u16)> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut sockets = Vec::new();
+    for (table, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, state (0A: LISTEN), inode.
+            if fields.len() < 10 || fields[3] != "0A" || !inodes.iter().any(|i| i == fields[9]) {
+                continue;
+            }
+            let (address, port) = fields[1].split_once(':').unwrap();
+            let port = u16::from_str_radix(port, 16).unwrap();
+            let ip = if v6 {
+                let mut bytes = [0u8; 16];
+                for (word, chunk) in address.as_bytes().chunks(8).enumerate() {
+                    let value =
+                        u32::from_str_radix(std::str::from_utf8(chunk).unwrap(), 16).unwrap();
+                    bytes[word * 4..word * 4 + 4].copy_from_slice(&value.to_ne_bytes());
+                }
+                std::net::IpAddr::from(bytes)
+            } else {
+                let value = u32::from_str_radix(address, 16).unwrap();
+                std::net::IpAddr::from(value.to_ne_bytes())
+            };
+            sockets.push((ip, port));
+        }
+    }
+    sockets
+}
+
+/// With the default `net.bind_host`, every port a scheduler replica and a node open (RPC,
+/// HTTP) listens on loopback only.
+#[test]
+fn every_service_listens_on_loopback_by_default() {
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let schedulers = scheduler(&runtime, dir.path());
+    let node = node(dir.path(), &schedulers, "node-a", TOKEN);
+    runtime
+        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
+        .unwrap();
+    let scheduler_ports = listening_sockets(schedulers.pid(1).unwrap());
+    let node_ports = listening_sockets(node.pid());
+    // The scheduler serves Raft/RPC and HTTP; the node serves its RPC.
+    assert!(scheduler_ports.len() >= 2, "{scheduler_ports:?}");
+    assert!(!node_ports.is_empty(), "{node_ports:?}");
+    for (ip, port) in scheduler_ports.iter().chain(&node_ports) {
+        assert!(ip.is_loopback(), "port {port} listens on {ip}");
+    }
+}
+
+/// No HTTP endpoint or scheduler RPC can start a process: the scheduler crate, which serves
+/// both, never spawns one (its `local` module is the test harness that starts replicas and is
+/// not reachable from the network). Process UDFs run on nodes, behind the token and the
+/// nodes' `node.udf_commands`.
+#[test]
+fn the_scheduler_serves_no_way_to_run_a_command() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scheduler/src");
+    let mut pending = vec![root.clone()];
+    let mut checked = 0;
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|ext| ext != "rs") || path == root.join("local.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for forbidden in [
+                "process::Command",
+                "Command::new",
+                "libc::exec",
+                "libc::fork",
+                "libc::system",
+            ] {
+                assert!(
+                    !text.contains(forbidden),
+                    "{} uses {forbidden}",
+                    path.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 10,
+        "only {checked} files checked under {}",
+        root.display()
+    );
+}
