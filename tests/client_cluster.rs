@@ -214,6 +214,42 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
     let output = job.wait().await.unwrap();
     assert_eq!(output.rows(), 60_000);
     assert_eq!(job.state().await.unwrap(), JobState::Succeeded);
+    // Every row, once and in order, from the blocks the new leader's state points at.
+    let ids: Vec<i64> = output
+        .to_arrow()
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|batch| {
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            ids.values().to_vec()
+        })
+        .collect();
+    assert_eq!(ids, (0..60_000).collect::<Vec<_>>());
+    // The committed state survived the kill: both nodes and the job are there, and the
+    // cluster runs the next job.
+    let info = client.cluster().await.unwrap();
+    assert_eq!(info.nodes.iter().filter(|node| node.alive).count(), 2);
+    let jobs = client.jobs().await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let after = client
+        .submit(
+            &Dataset::range(5_000)
+                .unwrap()
+                .filter(col("id").lt(lit(10i64)))
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(after.rows(), 10);
     drop(nodes);
 }
 
