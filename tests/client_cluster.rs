@@ -551,3 +551,98 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Every scheduler replica stopped in the middle of a job, then started again on its Raft
+/// directory: the nodes and the driver wait it out, the job completes with every row, and
+/// the committed state (nodes, the job) is what it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "full-restart";
+    let mut schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 3,
+        dir: dir.path().to_owned(),
+        token: token.into(),
+        settings: vec!["scheduler.raft_tick_ms=30".into()],
+    })
+    .unwrap();
+    schedulers
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut config = Config::default();
+    config.cluster.token = ClusterToken::new(token);
+    let wire = WireConfig::from_config(&config);
+    let mut nodes = Vec::new();
+    for index in 0..2 {
+        let node = LocalNode::start(&LocalNodeConfig {
+            binary: env!("CARGO_BIN_EXE_floe").into(),
+            schedulers: schedulers.addrs(),
+            dir: dir.path().to_owned(),
+            name: format!("node-{index}"),
+            token: token.into(),
+            settings: vec![
+                "node.workers=2".into(),
+                "data.min_block_size=16KiB".into(),
+                "data.max_block_size=64KiB".into(),
+                "scheduler.raft_tick_ms=30".into(),
+            ],
+        })
+        .unwrap();
+        node.wait_ready(&wire, 2, Duration::from_secs(30))
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let n = 200_000i64;
+    let slow = Dataset::range(n as u64)
+        .unwrap()
+        .map_batches(UdfCall::new("delay", 1).with("ms", 400i64))
+        .unwrap();
+    let job = client.submit(&slow).await.unwrap();
+    while job.progress().await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // About 25 blocks of 400 ms on 4 workers: seconds of work are left.
+    assert_eq!(job.state().await.unwrap(), JobState::Running);
+    for id in 1..=3 {
+        schedulers.kill(id).unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in 1..=3 {
+        schedulers.start_replica(id).unwrap();
+    }
+    schedulers
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let output = client.job(job.id()).wait().await.unwrap();
+    let ids: Vec<i64> = output
+        .to_arrow()
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|batch| {
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            ids.values().to_vec()
+        })
+        .collect();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>());
+    let info = client.cluster().await.unwrap();
+    assert_eq!(
+        info.nodes.iter().filter(|node| node.alive).count(),
+        2,
+        "{:?}",
+        info.nodes
+    );
+    assert_eq!(client.jobs().await.unwrap().len(), 1);
+    drop(nodes);
+}
