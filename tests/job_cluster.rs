@@ -838,3 +838,155 @@ async fn a_node_that_hangs_without_closing_its_connections_is_given_up() {
     assert_ids(&cluster, &record, n).await;
     drop(frozen);
 }
+
+/// Unmounts a tmpfs when dropped, even when the test fails.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` when this process may not mount (not root): the test is then skipped.
+    fn mount(path: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(path).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then(|| Self(path.to_owned()))
+    }
+
+    fn used_bytes(&self) -> u64 {
+        let output = std::process::Command::new("df")
+            .args(["--output=used", "-B1"])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next() {
+    let disk_dir = tempfile::tempdir().unwrap();
+    let Some(disk) = Tmpfs::mount(&disk_dir.path().join("disk"), "48m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let spill = disk.0.join("spill");
+    let fallback = disk.0.join("fallback");
+    let cluster = TestCluster::start(
+        1,
+        &[
+            "memory.total=256MiB",
+            &format!("paths.spill_dir={}", spill.display()),
+            &format!("paths.fallback_dir={}", fallback.display()),
+        ],
+    )
+    .await;
+    let capacity = cluster.node_status(0).await.store.capacity;
+    // Nine Int64 columns, 72 bytes a row: the store plus the 48 MiB disk twice over.
+    let n = 2 * (capacity + (48 << 20)) / 72;
+    let mut dataset = Dataset::range(n).unwrap();
+    for column in 1..9i64 {
+        dataset = dataset
+            .with_column(&format!("c{column}"), col("id") * lit(column))
+            .unwrap();
+    }
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        max_task_retries: 1,
+        ..JobOptions::default()
+    };
+    let job = cluster.submit(&dataset, options).await;
+    let record = cluster.wait(job).await;
+    let JobStatus::Failed { message: error } = &record.status else {
+        panic!("the job should fail: {record:?}");
+    };
+    assert!(
+        error.contains("full") || error.contains("No space left"),
+        "the error should say the disk is full: {error}"
+    );
+
+    // The failed job's objects and spill files go; the node is alive and runs the next job.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.node_status(0).await.store.objects_in_memory > 0 || disk.used_bytes() > 1 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the failed job's data stayed: {} bytes on the spill disk",
+            disk.used_bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = cluster
+        .run(
+            &Dataset::range(50_000)
+                .unwrap()
+                .filter(col("id").lt(lit(7i64)))
+                .unwrap(),
+            JobOptions::default(),
+        )
+        .await;
+    assert_eq!(output_rows(&after), 7);
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_kill_9_of_a_worker_process() {
+    let cluster = TestCluster::start(2, &[]).await;
+    let n = 400_000;
+    let job = cluster
+        .submit(&slow_pipeline(n as u64, 300), JobOptions::default())
+        .await;
+    // Kill a worker while it runs one of the slow map tasks.
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    let (index, worker) = loop {
+        let mut found = None;
+        for index in 0..2 {
+            if let Some(task) = cluster.node_status(index).await.running.first() {
+                found = Some((index, task.worker_pid));
+                break;
+            }
+        }
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no task ever ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &worker.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    let record = cluster.wait(job).await;
+    assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+    let stats = record.stats.clone().unwrap();
+    assert!(
+        stats.retries() > 0,
+        "the killed task was not retried: {stats:?}"
+    );
+    assert_ids(&cluster, &record, n).await;
+    let status = cluster.node_status(index).await;
+    assert_eq!(status.workers_respawned, 1);
+    assert_eq!(status.workers, 2, "the worker was replaced");
+    let after = cluster
+        .run(&slow_pipeline(10_000, 0), JobOptions::default())
+        .await;
+    assert_ids(&cluster, &after, 10_000).await;
+}
