@@ -13,6 +13,7 @@
 //! be checked on paper (fractions, port clashes, limits), and [`Config::preflight`] checks the
 //! machine (token set, directories writable, ports free) before a service starts.
 
+mod allowed;
 mod bytesize;
 
 use std::fmt;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
 
 /// The environment variable that names the config file.
@@ -301,6 +303,10 @@ pub struct DataConfig {
     pub min_block_size: ByteSize,
     /// Reads aim for blocks up to this size; an output over 1.5 × this is split. Default 128MiB.
     pub max_block_size: ByteSize,
+    /// Absolute directories jobs may read from and write to (inputs, sinks, process-UDF
+    /// files), checked by the scheduler when it plans a submitted spec and by every node
+    /// before it runs a task; empty allows any path. Default `[]`.
+    pub allowed_paths: Vec<PathBuf>,
 }
 
 impl Default for DataConfig {
@@ -308,7 +314,15 @@ impl Default for DataConfig {
         Self {
             min_block_size: ByteSize::mib(1),
             max_block_size: ByteSize::mib(128),
+            allowed_paths: Vec::new(),
         }
+    }
+}
+
+impl DataConfig {
+    /// The roots `allowed_paths` names, resolved.
+    pub fn allowed(&self) -> AllowedPaths {
+        AllowedPaths::under(&self.allowed_paths)
     }
 }
 
@@ -732,6 +746,17 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(root) = self.data.allowed_paths.iter().find(|root| {
+            !root.is_absolute()
+                || root
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
+        }) {
+            return Err(ConfigError::Invalid {
+                key: "data.allowed_paths",
+                reason: format!("{} must be absolute, without ..", root.display()),
+            });
+        }
         let memory = &self.memory;
         check_fraction("memory.object_store_fraction", memory.object_store_fraction)?;
         check_fraction(

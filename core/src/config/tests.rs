@@ -568,3 +568,50 @@ fn the_cache_cap_has_a_default_comes_from_every_layer_and_is_validated() {
         .unwrap();
     assert_eq!(config.cache.max_bytes, ByteSize::mib(16));
 }
+
+#[test]
+fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let outside = dir.path().join("secrets");
+    std::fs::create_dir_all(root.join("in")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(root.join("in/a.csv"), "x\n1\n").unwrap();
+    std::fs::write(outside.join("key"), "secret").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let allowed = AllowedPaths::under(std::slice::from_ref(&root));
+
+    assert!(allowed.check(&root.join("in/a.csv")).is_ok());
+    // A sink directory that does not exist yet, under the root.
+    assert!(allowed.check(&root.join("out/2026/part")).is_ok());
+    for escape in [
+        outside.join("key"),
+        root.join("../secrets/key"),
+        root.join("link/key"),
+        root.join("new/../../secrets"),
+        PathBuf::from("relative/a.csv"),
+    ] {
+        let refused = allowed.check(&escape).unwrap_err();
+        assert!(
+            refused.to_string().contains("outside data.allowed_paths"),
+            "{refused}"
+        );
+    }
+    assert!(AllowedPaths::any().check(&outside.join("key")).is_ok());
+
+    let listed = ConfigLoader::new()
+        .set(&format!("data.allowed_paths={}", root.display()))
+        .unwrap()
+        .load()
+        .unwrap();
+    assert!(listed.data.allowed().check(&root.join("in/a.csv")).is_ok());
+    let relative = ConfigLoader::new()
+        .set("data.allowed_paths=data")
+        .unwrap()
+        .load()
+        .unwrap_err();
+    assert!(
+        relative.to_string().contains("data.allowed_paths"),
+        "{relative}"
+    );
+}

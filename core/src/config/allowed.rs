@@ -1,0 +1,96 @@
+//! `data.allowed_paths`: the directories jobs may read from and write to.
+//!
+//! A job names paths (input files, a sink directory, the files of a process UDF) that the
+//! scheduler opens to plan it and the nodes open to run it. With no roots configured any path
+//! goes, as a single-user cluster expects. With roots, every path must lie under one of them
+//! *after* resolving it: symlinks and `..` are followed for the part that exists, so neither
+//! can step outside, and a path that does not exist yet (a sink directory) may not contain `..`
+//! at all in its missing part.
+
+use std::path::{Component, Path, PathBuf};
+
+/// Why a path was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path} is outside data.allowed_paths ({roots})")]
+pub struct PathNotAllowed {
+    pub path: PathBuf,
+    pub roots: String,
+}
+
+/// The roots paths must lie under; none means any path is allowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowedPaths {
+    roots: Vec<PathBuf>,
+}
+
+impl AllowedPaths {
+    /// Any path at all.
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    /// Paths under `roots` (absolute; resolved now when they exist, so a root that is a
+    /// symlink still matches the paths resolved through it).
+    pub fn under(roots: &[PathBuf]) -> Self {
+        Self {
+            roots: roots.iter().map(|root| resolve(root)).collect(),
+        }
+    }
+
+    pub fn is_restricted(&self) -> bool {
+        !self.roots.is_empty()
+    }
+
+    /// Checks `path`, which must be absolute when any root is set.
+    pub fn check(&self, path: &Path) -> Result<(), PathNotAllowed> {
+        if self.roots.is_empty() {
+            return Ok(());
+        }
+        let refused = || PathNotAllowed {
+            path: path.to_owned(),
+            roots: self
+                .roots
+                .iter()
+                .map(|root| root.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        if !path.is_absolute() {
+            return Err(refused());
+        }
+        let resolved = resolve(path);
+        let escapes = resolved
+            .components()
+            .any(|component| component == Component::ParentDir);
+        if escapes || !self.roots.iter().any(|root| resolved.starts_with(root)) {
+            return Err(refused());
+        }
+        Ok(())
+    }
+}
+
+/// `path` with its longest existing ancestor canonicalized (symlinks and `..` resolved) and
+/// the rest appended as written.
+fn resolve(path: &Path) -> PathBuf {
+    let mut existing = path.to_owned();
+    let mut missing = Vec::new();
+    loop {
+        if let Ok(canonical) = std::fs::canonicalize(&existing) {
+            return missing
+                .iter()
+                .rev()
+                .fold(canonical, |resolved, part: &std::ffi::OsString| {
+                    resolved.join(part)
+                });
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                missing.push(name.to_owned());
+                existing = parent.to_owned();
+            }
+            // Nothing of it exists (or it ends in `..`): keep it as written, so a `..` in it
+            // is seen and refused.
+            _ => return path.to_owned(),
+        }
+    }
+}
