@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use floe_client::jobspec::{PathRule, parse_job_file_with};
+use floe_client::jobspec::{PathPolicy, parse_job_file_with};
 use floe_core::Config;
 use floe_core::config::Service;
 use floe_core::job::JobSpec;
@@ -29,15 +29,16 @@ pub struct SchedulerArgs {
 }
 
 /// Job specs posted to the REST API, read exactly as `floe submit` reads a file, except that
-/// paths must be absolute.
+/// paths must be absolute and under `data.allowed_paths`.
 struct SubmittedSpecs {
     udfs: Arc<Registry>,
+    paths: PathPolicy,
 }
 
 impl JobSpecParser for SubmittedSpecs {
     fn parse(&self, text: &str) -> Result<Vec<u8>, RejectedSpec> {
         let reject = |error: &dyn std::fmt::Display| RejectedSpec(error.to_string());
-        let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), PathRule::AbsoluteOnly)
+        let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), &self.paths)
             .map_err(|error| reject(&error))?;
         let spec = JobSpec {
             plan: job
@@ -100,6 +101,7 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let paths = PathPolicy::submitted(config.data.allowed());
     runtime.block_on(async {
         let store = DiskLog::open(&raft_dir, voters)
             .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
@@ -107,7 +109,7 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
         let http = HttpServer::start(
             http_config,
             replica.applied_state(),
-            Arc::new(SubmittedSpecs { udfs }),
+            Arc::new(SubmittedSpecs { udfs, paths }),
         )?;
         tracing::info!(
             replica = args.id,

@@ -55,7 +55,7 @@
 use std::collections::BTreeMap;
 
 use arrow::datatypes::{DataType, Field, Schema};
-use floe_core::config::ByteSize;
+use floe_core::config::{AllowedPaths, ByteSize};
 use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 use floe_core::fingerprint::ArgValue;
 use floe_core::job::{CacheMode, JobOptions};
@@ -93,7 +93,7 @@ struct RawSpec {
     options: Option<Spanned<toml::Table>>,
 }
 
-/// Which paths a job spec may name.
+/// How a job spec may spell paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathRule {
     /// Relative paths are resolved against the working directory (`floe submit`).
@@ -103,6 +103,32 @@ pub enum PathRule {
     AbsoluteOnly,
 }
 
+/// Which paths a job spec may name: how they are spelled, and where they may lead
+/// (`data.allowed_paths`, checked before any file is opened).
+#[derive(Debug, Clone)]
+pub struct PathPolicy {
+    pub rule: PathRule,
+    pub allowed: AllowedPaths,
+}
+
+impl PathPolicy {
+    /// `floe submit`: relative paths, anywhere.
+    pub fn local() -> Self {
+        Self {
+            rule: PathRule::RelativeToWorkingDir,
+            allowed: AllowedPaths::any(),
+        }
+    }
+
+    /// A spec that came over the network: absolute paths under `allowed`.
+    pub fn submitted(allowed: AllowedPaths) -> Self {
+        Self {
+            rule: PathRule::AbsoluteOnly,
+            allowed,
+        }
+    }
+}
+
 /// Reads a job spec; `file` names it in errors, and UDF steps are checked against `udfs`.
 /// Relative paths are resolved against the working directory.
 pub fn parse_job_file(
@@ -110,7 +136,7 @@ pub fn parse_job_file(
     text: &str,
     udfs: Arc<Registry>,
 ) -> Result<JobFile, JobSpecError> {
-    parse_job_file_with(file, text, udfs, PathRule::RelativeToWorkingDir)
+    parse_job_file_with(file, text, udfs, &PathPolicy::local())
 }
 
 /// [`parse_job_file`] with a choice of which paths are allowed.
@@ -118,7 +144,7 @@ pub fn parse_job_file_with(
     file: &str,
     text: &str,
     udfs: Arc<Registry>,
-    paths: PathRule,
+    paths: &PathPolicy,
 ) -> Result<JobFile, JobSpecError> {
     let at = |offset: usize, field: &str, message: String| JobSpecError {
         file: file.to_owned(),
@@ -217,26 +243,49 @@ fn integer(field: &str, value: &toml::Value) -> Result<u64, FieldError> {
         })
 }
 
-/// Refuses a relative `path` where `rule` wants absolute ones.
-fn check_path(field: &str, path: &str, rule: PathRule) -> Result<(), FieldError> {
-    if rule == PathRule::AbsoluteOnly && !std::path::Path::new(path).is_absolute() {
+/// Refuses a relative `path` where the policy wants absolute ones, and a path outside the
+/// allowed roots.
+fn check_path(field: &str, path: &str, policy: &PathPolicy) -> Result<(), FieldError> {
+    let given = std::path::Path::new(path);
+    if policy.rule == PathRule::AbsoluteOnly && !given.is_absolute() {
         return Err(field_error(
             field,
             format!("{path:?} is relative; a submitted job must name absolute paths"),
         ));
     }
+    if policy.allowed.is_restricted() {
+        let absolute = std::path::absolute(given)
+            .map_err(|error| field_error(field, format!("{path}: {error}")))?;
+        policy
+            .allowed
+            .check(&absolute)
+            .map_err(|error| field_error(field, error))?;
+    }
     Ok(())
 }
 
-fn source(table: &toml::Table, rule: PathRule) -> Result<Dataset, FieldError> {
+fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldError> {
     let allowed = ["read_csv", "read_parquet", "read_json", "range"];
     let (kind, value) = only_one(table, &allowed)?;
     let built = match kind {
         "range" => Dataset::range(integer(kind, value)?),
         _ => {
-            let paths = strings(kind, value)?;
+            let mut paths = strings(kind, value)?;
             for path in &paths {
-                check_path(kind, path, rule)?;
+                check_path(kind, path, policy)?;
+            }
+            if policy.allowed.is_restricted() {
+                // Every file a pattern or directory expands to is checked before any is
+                // opened: a symlink inside an allowed directory may lead out of it.
+                let files = floe_node::read::expand_paths(&paths)
+                    .map_err(|error| field_error(kind, error))?;
+                for file in &files {
+                    check_path(kind, &file.to_string_lossy(), policy)?;
+                }
+                paths = files
+                    .iter()
+                    .map(|file| file.to_string_lossy().into_owned())
+                    .collect();
             }
             match kind {
                 "read_csv" => Dataset::read_csv(&paths),
@@ -251,7 +300,7 @@ fn source(table: &toml::Table, rule: PathRule) -> Result<Dataset, FieldError> {
 fn apply_step(
     dataset: Dataset,
     table: &toml::Table,
-    rule: PathRule,
+    policy: &PathPolicy,
 ) -> Result<Dataset, FieldError> {
     let allowed = [
         "filter",
@@ -366,7 +415,7 @@ fn apply_step(
                 .as_table()
                 .ok_or_else(|| field_error(op, "expected { command = .., args = [..] }"))?;
             dataset
-                .map_batches_process(process_udf(spec, rule)?)
+                .map_batches_process(process_udf(spec, policy)?)
                 .map_err(plan_error)
         }
         _ => {
@@ -408,7 +457,7 @@ fn apply_step(
 }
 
 /// A `map_batches = { command = .., .. }` step: a process UDF.
-fn process_udf(spec: &toml::Table, rule: PathRule) -> Result<ProcessUdf, FieldError> {
+fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, FieldError> {
     let field = |name: &str| format!("map_batches.{name}");
     for key in spec.keys() {
         if !PROCESS_UDF_KEYS.contains(&key.as_str()) {
@@ -441,7 +490,7 @@ fn process_udf(spec: &toml::Table, rule: PathRule) -> Result<ProcessUdf, FieldEr
     for arg in &args {
         let is_file = listed.is_none() && std::path::Path::new(arg).is_file();
         if is_file {
-            check_path(&field("args"), arg, rule)?;
+            check_path(&field("args"), arg, policy)?;
             let absolute = std::fs::canonicalize(arg)
                 .map_err(|error| field_error(&field("args"), format!("{arg}: {error}")))?;
             resolved_args.push(absolute.to_string_lossy().into_owned());
@@ -454,7 +503,7 @@ fn process_udf(spec: &toml::Table, rule: PathRule) -> Result<ProcessUdf, FieldEr
     let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
     let mut udf = ProcessUdf::new(command, &arg_refs);
     for file in &files {
-        check_path(&field("files"), file, rule)?;
+        check_path(&field("files"), file, policy)?;
         udf = udf
             .file(std::path::Path::new(file))
             .map_err(|error| field_error(&field("files"), error))?;
@@ -538,13 +587,13 @@ fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
 fn apply_sink(
     dataset: Dataset,
     table: &toml::Table,
-    rule: PathRule,
+    policy: &PathPolicy,
 ) -> Result<Dataset, FieldError> {
     let (kind, value) = only_one(table, &["write_parquet", "write_csv", "write_json"])?;
     let directory = value
         .as_str()
         .ok_or_else(|| field_error(kind, "expected a directory"))?;
-    check_path(kind, directory, rule)?;
+    check_path(kind, directory, policy)?;
     let options = WriteOptions::default();
     match kind {
         "write_parquet" => dataset.write_parquet(directory, options),

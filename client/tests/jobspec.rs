@@ -142,7 +142,7 @@ fn errors_name_the_file_line_and_field() {
 
 #[test]
 fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
-    use floe_client::jobspec::{PathRule, parse_job_file_with};
+    use floe_client::jobspec::{PathPolicy, parse_job_file_with};
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("udf.py");
     std::fs::write(&script, "print('hi')\n").unwrap();
@@ -214,11 +214,61 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
         "job.toml",
         &spec("command = \"python3\", args = [\"relative_udf_for_test.py\"]"),
         builtins(),
-        PathRule::AbsoluteOnly,
+        &PathPolicy::submitted(floe_core::config::AllowedPaths::any()),
     )
     .err()
     .map(|error| error.to_string());
     std::fs::remove_file(&relative).unwrap();
     let refused = refused.unwrap();
     assert!(refused.contains("map_batches.args"), "{refused}");
+}
+
+#[test]
+fn paths_outside_the_allowed_roots_are_refused_before_anything_is_opened() {
+    use floe_client::jobspec::{PathPolicy, parse_job_file_with};
+    use floe_core::config::AllowedPaths;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("a.csv"), "x\n1\n").unwrap();
+    std::fs::write(dir.path().join("secret.csv"), "password\nhunter2\n").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret.csv"), root.join("sneaky.csv")).unwrap();
+    let policy = PathPolicy::submitted(AllowedPaths::under(std::slice::from_ref(&root)));
+    let parse = |text: String| parse_job_file_with("job", &text, builtins(), &policy);
+
+    let inside = format!(
+        "[source]\nread_csv = [{:?}]\n",
+        root.join("a.csv").to_str().unwrap()
+    );
+    assert!(parse(inside).is_ok());
+    let cases = [
+        format!(
+            "[source]\nread_csv = [{:?}]\n",
+            dir.path().join("secret.csv").to_str().unwrap()
+        ),
+        format!(
+            "[source]\nread_csv = [{:?}]\n",
+            root.join("../secret.csv").to_str().unwrap()
+        ),
+        // A glob inside the root that matches a symlink leading out of it.
+        format!(
+            "[source]\nread_csv = [{:?}]\n",
+            root.join("*.csv").to_str().unwrap()
+        ),
+        format!(
+            "[source]\nrange = 3\n[sink]\nwrite_csv = {:?}\n",
+            root.join("out/../../escaped").to_str().unwrap()
+        ),
+    ];
+    for text in cases {
+        let error = parse(text.clone()).err().unwrap().to_string();
+        assert!(
+            error.contains("outside data.allowed_paths"),
+            "{text}: {error}"
+        );
+        assert!(
+            !error.contains("hunter2") && !error.contains("password"),
+            "{error}"
+        );
+    }
 }

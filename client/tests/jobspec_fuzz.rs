@@ -6,14 +6,19 @@
 use std::sync::Arc;
 
 use floe_client::Registry;
-use floe_client::jobspec::{PathRule, parse_expr, parse_job_file_with};
+use floe_client::jobspec::{PathPolicy, parse_expr, parse_job_file_with};
 use proptest::prelude::*;
 
 fn parse(text: &str) -> Result<(), String> {
     let udfs = Arc::new(Registry::with_builtins());
-    parse_job_file_with("fuzz", text, udfs, PathRule::AbsoluteOnly)
-        .map(drop)
-        .map_err(|error| error.to_string())
+    parse_job_file_with(
+        "fuzz",
+        text,
+        udfs,
+        &PathPolicy::submitted(floe_core::config::AllowedPaths::any()),
+    )
+    .map(drop)
+    .map_err(|error| error.to_string())
 }
 
 /// Fragments of the spec format, so random files get past the TOML parser often.
