@@ -310,3 +310,84 @@ fn the_scheduler_serves_no_way_to_run_a_command() {
         root.display()
     );
 }
+
+/// With `data.allowed_paths` set, a REST submission naming a file outside it is refused before
+/// the scheduler opens it, and a node refuses a task whose plan (built by a client library,
+/// past any spec check) reads or writes outside it; jobs inside it run.
+#[test]
+fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("in.csv"), "x\n1\n2\n3\n").unwrap();
+    std::fs::write(dir.path().join("outside.csv"), "x\n7\n").unwrap();
+    let allowed = format!("data.allowed_paths={}", root.display());
+    let schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.path().to_owned(),
+        token: TOKEN.into(),
+        settings: vec![allowed.clone()],
+    })
+    .unwrap();
+    runtime
+        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
+        .unwrap();
+    let node = LocalNode::start(&LocalNodeConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        schedulers: schedulers.addrs(),
+        dir: dir.path().to_owned(),
+        name: "node-a".into(),
+        token: TOKEN.into(),
+        settings: vec!["node.workers=1".into(), allowed],
+    })
+    .unwrap();
+    runtime
+        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
+        .unwrap();
+
+    let http = schedulers.http_addr(1).unwrap().to_owned();
+    let spec = format!(
+        "[source]\nread_csv = [{:?}]\n",
+        dir.path().join("outside.csv").to_str().unwrap()
+    );
+    let refused = post_job(&http, &spec);
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(refused.contains("outside data.allowed_paths"), "{refused}");
+
+    runtime.block_on(async {
+        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let outside = Dataset::read_csv(&[dir.path().join("outside.csv")]).unwrap();
+        let handle = client.submit(&outside).await.unwrap();
+        assert!(handle.wait().await.is_err());
+        let error = handle.error().await.unwrap().unwrap_or_default();
+        assert!(error.contains("outside data.allowed_paths"), "{error}");
+        let escaping_sink = Dataset::read_csv(&[root.join("in.csv")])
+            .unwrap()
+            .write_csv(
+                root.join("out/../../escaped"),
+                floe_client::WriteOptions::default(),
+            )
+            .unwrap();
+        let handle = client.submit(&escaping_sink).await.unwrap();
+        assert!(handle.wait().await.is_err());
+        assert!(!dir.path().join("escaped").exists());
+        let inside = Dataset::read_csv(&[root.join("in.csv")]).unwrap();
+        let output = client.submit(&inside).await.unwrap().wait().await.unwrap();
+        assert_eq!(output.rows(), 3);
+    });
+}
+
+/// POSTs a job spec as TOML with the token; the whole raw response.
+fn post_job(addr: &str, spec: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let request = format!(
+        "POST /api/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/toml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{spec}",
+        spec.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}

@@ -44,7 +44,9 @@ use self::protocol::{
 };
 use crate::driver::{self, DriverConfig};
 use crate::udf::process::{Lease, PoolsConfig, ProcessPools, process_udfs};
-use floe_core::plan::ProcessUdf;
+use floe_core::config::AllowedPaths;
+use floe_core::plan::physical::StageKind;
+use floe_core::plan::{Operator, ProcessUdf};
 
 /// Idle process-UDF children beyond their pool's minimum are stopped after this long.
 const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
@@ -113,6 +115,8 @@ struct Shared {
     driver_config: OnceLock<Arc<DriverConfig>>,
     pool: Arc<WorkerPool>,
     processes: Arc<ProcessPools>,
+    /// `data.allowed_paths`: what a task may read and write.
+    allowed: AllowedPaths,
     transfers: Transfers,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
@@ -175,6 +179,7 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
+        check_paths(&self.allowed, &spec.kind)?;
         let mut leases = self.lease_processes(&spec.kind).await?;
         let task = WorkerTask {
             task: spec.task,
@@ -507,6 +512,7 @@ impl NodeAgent {
             driver_config: OnceLock::new(),
             pool: Arc::clone(&pool),
             processes: Arc::clone(&processes),
+            allowed: config.data.allowed(),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
         });
@@ -682,6 +688,35 @@ async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
             }
         }
     }
+}
+
+/// Refuses a stage task that would read or write outside `data.allowed_paths`: its input
+/// files, its sink directory, its process UDFs' files. The scheduler checks submitted specs
+/// too, but a plan can also come from a client library, so the node checks every task.
+fn check_paths(allowed: &AllowedPaths, kind: &TaskKind) -> Result<(), TaskFailure> {
+    let TaskKind::Stage(task) = kind else {
+        return Ok(());
+    };
+    if !allowed.is_restricted() {
+        return Ok(());
+    }
+    let stage = &task.stage;
+    let mut paths: Vec<&std::path::Path> = match &stage.kind {
+        StageKind::Read(scan) => scan.files.iter().map(|file| file.path.as_path()).collect(),
+        StageKind::Write(spec) => vec![spec.directory.as_path()],
+        _ => Vec::new(),
+    };
+    for op in &stage.row_ops {
+        if let Operator::ProcessUdf(udf) = op {
+            paths.extend(udf.files.iter().map(|file| file.path.as_path()));
+        }
+    }
+    for path in paths {
+        allowed.check(path).map_err(|error| TaskFailure::Error {
+            message: error.to_string(),
+        })?;
+    }
+    Ok(())
 }
 
 /// Removes the process-UDF directories (`udf-<pid>`) of agents that died without cleaning up.
