@@ -179,6 +179,9 @@ pub struct NodeConfig {
     pub memory_monitor_threshold: f64,
     /// How often the memory monitor reads host memory. Default 250.
     pub memory_monitor_interval_ms: u64,
+    /// How often a job driver on this node reports progress to the scheduler (and notices a
+    /// cancellation). Default 500.
+    pub progress_interval_ms: u64,
     /// Bytes per request when pulling an object from another node. Default 5MiB.
     pub transfer_chunk: ByteSize,
     /// Bytes of chunk requests one pull keeps in flight; at least one chunk. Default 20MiB.
@@ -198,6 +201,7 @@ impl Default for NodeConfig {
             workers: 0,
             memory_monitor_threshold: 0.95,
             memory_monitor_interval_ms: 250,
+            progress_interval_ms: 500,
             transfer_chunk: ByteSize::mib(5),
             transfer_max_in_flight: ByteSize::mib(20),
             transfer_inline_max: ByteSize::kib(100),
@@ -209,6 +213,10 @@ impl Default for NodeConfig {
 impl NodeConfig {
     pub fn memory_monitor_interval(&self) -> Duration {
         Duration::from_millis(self.memory_monitor_interval_ms)
+    }
+
+    pub fn progress_interval(&self) -> Duration {
+        Duration::from_millis(self.progress_interval_ms)
     }
 }
 
@@ -712,6 +720,12 @@ impl Config {
         if node.memory_monitor_interval_ms == 0 {
             return Err(ConfigError::Invalid {
                 key: "node.memory_monitor_interval_ms",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if node.progress_interval_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "node.progress_interval_ms",
                 reason: "must be at least 1".into(),
             });
         }

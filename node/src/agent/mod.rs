@@ -53,8 +53,6 @@ const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
 /// A process-UDF pool nobody leased from for this long is stopped entirely.
 const UDF_RETIRE_AFTER: Duration = Duration::from_secs(120);
 
-/// How often a job driver reports progress (and notices a cancellation).
-const DRIVER_PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 use self::transfer::Transfers;
 use self::worker::WorkerTask;
 
@@ -549,7 +547,7 @@ impl NodeAgent {
             min_block_bytes: config.data.min_block_size.bytes(),
             max_block_bytes: config.data.max_block_size.bytes(),
             batch_rows,
-            progress_interval: DRIVER_PROGRESS_INTERVAL,
+            progress_interval: config.node.progress_interval(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         let host_memory =
