@@ -990,3 +990,70 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
         .await;
     assert_ids(&cluster, &after, 10_000).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_while_a_shuffle_reduces_still_gives_every_row() {
+    // Progress every 50 ms, so the test sees the reduce phase begin.
+    let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
+    // A sort: its reduce tasks merge sorted runs, the slowest reduce there is.
+    let n = 2_000_000i64;
+    let dataset = Dataset::range(n as u64)
+        .unwrap()
+        .with_column("k", col("id") % lit(1_009i64))
+        .unwrap()
+        .with_column("v", col("id") * lit(3i64))
+        .unwrap()
+        .sort(vec![SortKey::asc("k"), SortKey::desc("v")])
+        .unwrap();
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let job = cluster.submit(&dataset, options).await;
+    // Wait until the sort has produced its first reduce outputs, but not all of them.
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    loop {
+        let progress = cluster.client().job_progress(job).await.unwrap();
+        let sort = progress
+            .as_ref()
+            .and_then(|progress| progress.operators.iter().find(|op| op.name == "sort"));
+        if let Some(sort) = sort
+            && sort.blocks_done > 0
+        {
+            assert!(
+                sort.tasks_total.is_none_or(|total| sort.tasks_done < total),
+                "the sort finished before the kill: {sort:?}"
+            );
+            break;
+        }
+        let finished = cluster.state().await.jobs[&job].status.is_finished();
+        assert!(
+            !finished,
+            "the job ended before its sort reduced: {progress:?}"
+        );
+        assert!(Instant::now() < deadline, "the sort never reduced");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
+    let batches = cluster.outputs(&record).await;
+    let ids = {
+        let mut ids = int_column(&batches, "id");
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(ids.len() as i64, n, "rows lost or repeated");
+    assert!(
+        ids.iter()
+            .enumerate()
+            .all(|(index, id)| *id == index as i64)
+    );
+    for batch in &batches {
+        let ids = int_column(std::slice::from_ref(batch), "id");
+        let values = int_column(std::slice::from_ref(batch), "v");
+        assert!(ids.iter().zip(&values).all(|(id, v)| *v == id * 3));
+    }
+    let after = cluster
+        .run(&slow_pipeline(10_000, 0), JobOptions::default())
+        .await;
+    assert_ids(&cluster, &after, 10_000).await;
+}
