@@ -391,3 +391,75 @@ fn post_job(addr: &str, spec: &str) -> String {
     stream.read_to_string(&mut response).unwrap();
     response
 }
+
+/// A peer that passes the handshake with the token and then sends a frame over
+/// `net.max_frame` (here 1 MiB) is cut off before the server reads it, at the scheduler and
+/// at a node alike; the processes keep serving.
+#[test]
+fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
+    use floe_core::wire::handshake::{Hello, client_handshake};
+    use floe_core::wire::{FramedStream, PeerKind};
+
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let schedulers = Schedulers::start(LocalClusterConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        replicas: 1,
+        dir: dir.path().to_owned(),
+        token: TOKEN.into(),
+        settings: vec!["net.max_frame=1MiB".into()],
+    })
+    .unwrap();
+    runtime
+        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
+        .unwrap();
+    let node = LocalNode::start(&LocalNodeConfig {
+        binary: env!("CARGO_BIN_EXE_floe").into(),
+        schedulers: schedulers.addrs(),
+        dir: dir.path().to_owned(),
+        name: "node-a".into(),
+        token: TOKEN.into(),
+        settings: vec!["node.workers=2".into(), "net.max_frame=1MiB".into()],
+    })
+    .unwrap();
+    runtime
+        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
+        .unwrap();
+
+    for addr in [
+        schedulers.addr(1).unwrap().to_owned(),
+        node.addr().to_owned(),
+    ] {
+        runtime.block_on(async {
+            let socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let timeout = Duration::from_secs(5);
+            // This side allows large frames; the server does not.
+            let mut stream = FramedStream::new(socket, 64 << 20, timeout, timeout);
+            let hello = Hello {
+                peer: PeerKind::Client,
+                token: ClusterToken::new(TOKEN),
+            };
+            client_handshake(&mut stream, &hello, timeout)
+                .await
+                .unwrap();
+            // The send itself may fail once the server hangs up mid-frame.
+            let _ = stream
+                .send_with(|out| {
+                    out.resize(8 << 20, 0xab);
+                    Ok(())
+                })
+                .await;
+            let closed = stream.recv(timeout).await;
+            assert!(
+                closed.is_err(),
+                "{addr} answered an oversize frame: {closed:?}"
+            );
+        });
+    }
+    assert!(is_running(node.pid()), "the node died");
+    assert!(schedulers.is_running(1), "the scheduler died");
+    runtime.block_on(async {
+        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        check_a_job(&client).await;
+    });
+}
