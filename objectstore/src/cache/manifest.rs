@@ -22,6 +22,13 @@ pub struct Manifest {
     /// Bytes covered by `checksum`: the file from its start to the last record batch.
     pub data_bytes: u64,
     pub checksum: Checksum,
+    /// xxh3-64 of each `chunk_bytes`-long piece of the data bytes (the last may be shorter),
+    /// so an open can check just the pieces it reads, and check pieces in parallel. Shards
+    /// written before chunks existed have none and are checked whole.
+    #[serde(default)]
+    pub chunk_bytes: u64,
+    #[serde(default)]
+    pub chunk_checksums: Vec<u64>,
     pub schema: Vec<FieldSummary>,
     /// The lineage the fingerprint was computed from, with one sub-hash per argument: what
     /// `explain_miss` compares against.

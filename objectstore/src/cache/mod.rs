@@ -66,6 +66,12 @@ pub enum CacheError {
         "shard {rank} of {count} does not exist: ranks run from 0 to count-1, counts from 1 to 99999"
     )]
     InvalidShard { rank: u32, count: u32 },
+    #[error("shard {name} has no column {column}: it has {width}")]
+    NoColumn {
+        name: String,
+        column: usize,
+        width: usize,
+    },
 }
 
 pub type Result<T, E = CacheError> = std::result::Result<T, E>;
@@ -381,13 +387,52 @@ impl Cache {
     /// Opens one shard as a hit: maps it, verifies it and decodes it without copying. A shard
     /// that is missing is `None`; one that fails verification is removed and is `None` too.
     pub fn open_shard(&self, name: ShardName) -> Result<Option<CachedShard>> {
+        self.open_columns(name, None)
+    }
+
+    /// [`Cache::open_shard`] returning only the columns at `columns` (schema order). A first
+    /// checksummed open then checks only the bytes it returns: the schema, the batch headers
+    /// and those columns' buffers, piece by piece, in parallel. (The unchecked rest stays
+    /// unread, so the shard is not remembered as verified.)
+    pub fn open_shard_columns(
+        &self,
+        name: ShardName,
+        columns: &[usize],
+    ) -> Result<Option<CachedShard>> {
+        self.open_columns(name, Some(columns))
+    }
+
+    fn open_columns(
+        &self,
+        name: ShardName,
+        columns: Option<&[usize]>,
+    ) -> Result<Option<CachedShard>> {
         let path = self.path(&name);
         if !path.exists() {
             bump(&self.counters.misses, 1);
             return Ok(None);
         }
+        // A column the shard does not have is the caller's mistake, not a bad shard: it is
+        // answered before the open, which removes shards it finds bad.
+        if let Some(columns) = columns
+            && let Ok(manifest) = shard::read_manifest_at(&path)
+            && let Some(column) = columns.iter().find(|c| **c >= manifest.schema.len())
+        {
+            return Err(CacheError::NoColumn {
+                name: name.file_name(),
+                column: *column,
+                width: manifest.schema.len(),
+            });
+        }
         let pin = PinGuard::new(&self.pins, name);
-        match shard::open(&path, name, self.config.verification, &self.verified, pin) {
+        match shard::open(
+            &path,
+            name,
+            self.config.verification,
+            &self.verified,
+            pin,
+            columns,
+        ) {
             Ok(opened) => {
                 // The modification time is the LRU clock; failing to advance it only makes
                 // this shard an earlier eviction candidate.

@@ -23,7 +23,7 @@ use arrow::ipc::root_as_footer;
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use floe_core::Fingerprint;
 use floe_core::fingerprint::FingerprintInputs;
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_128};
+use xxhash_rust::xxh3::{Xxh3Default, xxh3_64, xxh3_128};
 
 use super::manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
 use super::{CacheError, PinGuard, Result};
@@ -31,6 +31,8 @@ use crate::block::{self, Block};
 
 /// Length of the IPC file trailer: footer length (4 bytes) and `ARROW1`.
 const TRAILER_LEN: usize = 10;
+/// The data bytes are checksummed in pieces this long as well as whole.
+pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
 /// Temporary files start with this, so they never parse as a shard.
 pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 
@@ -139,7 +141,7 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
     for batch in contents.batches {
         writer.write(batch).map_err(arrow)?;
     }
-    let (checksum, data_bytes) = writer.get_mut().finish_checksum();
+    let (checksum, data_bytes, chunk_checksums) = writer.get_mut().finish_checksum();
     let manifest = Manifest {
         fingerprint: contents.name.fingerprint,
         rank: contents.name.shard.rank,
@@ -147,6 +149,8 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
         rows: contents.batches.iter().map(|b| b.num_rows() as u64).sum(),
         data_bytes,
         checksum,
+        chunk_bytes: CHUNK_BYTES,
+        chunk_checksums,
         schema: FieldSummary::of(contents.schema),
         inputs: contents.inputs.clone(),
     };
@@ -173,12 +177,15 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
     Ok(size)
 }
 
-/// Hashes every byte it passes on until told to stop, so the checksum of the data region is
-/// known before the footer (which carries it) is written.
+/// Hashes every byte it passes on until told to stop, whole and in [`CHUNK_BYTES`] pieces, so
+/// the checksums of the data region are known before the footer (which carries them) is
+/// written.
 struct ChecksumWriter<W> {
     inner: W,
     hasher: Option<Xxh3Default>,
     hashed: u64,
+    chunk: Xxh3Default,
+    chunks: Vec<u64>,
 }
 
 impl<W: Write> ChecksumWriter<W> {
@@ -187,13 +194,23 @@ impl<W: Write> ChecksumWriter<W> {
             inner,
             hasher: Some(Xxh3Default::new()),
             hashed: 0,
+            chunk: Xxh3Default::new(),
+            chunks: Vec::new(),
         }
     }
 
-    /// Stops hashing; returns the checksum and the number of bytes it covers.
-    fn finish_checksum(&mut self) -> (Checksum, u64) {
+    /// Stops hashing; returns the checksum, the number of bytes it covers, and the checksum of
+    /// each piece.
+    fn finish_checksum(&mut self) -> (Checksum, u64, Vec<u64>) {
         let digest = self.hasher.take().map_or(0, |hasher| hasher.digest128());
-        (Checksum(digest), self.hashed)
+        if !self.hashed.is_multiple_of(CHUNK_BYTES) {
+            self.chunks.push(self.chunk.digest());
+        }
+        (
+            Checksum(digest),
+            self.hashed,
+            std::mem::take(&mut self.chunks),
+        )
     }
 
     fn into_inner(self) -> W {
@@ -205,8 +222,19 @@ impl<W: Write> Write for ChecksumWriter<W> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let written = self.inner.write(bytes)?;
         if let Some(hasher) = &mut self.hasher {
-            hasher.update(&bytes[..written]);
-            self.hashed += written as u64;
+            let mut rest = &bytes[..written];
+            hasher.update(rest);
+            while !rest.is_empty() {
+                let room = CHUNK_BYTES - self.hashed % CHUNK_BYTES;
+                let take = rest.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+                self.chunk.update(&rest[..take]);
+                self.hashed += take as u64;
+                rest = &rest[take..];
+                if self.hashed.is_multiple_of(CHUNK_BYTES) {
+                    self.chunks.push(self.chunk.digest());
+                    self.chunk.reset();
+                }
+            }
         }
         Ok(written)
     }
@@ -285,6 +313,7 @@ pub(crate) fn open(
     verification: Verification,
     verified: &VerifiedFiles,
     pin: PinGuard,
+    columns: Option<&[usize]>,
 ) -> std::result::Result<CachedShard, Invalid> {
     let file = File::open(path).map_err(|error| Invalid(format!("cannot open: {error}")))?;
     // The identity comes from the handle, so it is the file that gets mapped even if the
@@ -330,18 +359,35 @@ pub(crate) fn open(
         len,
         checksum: manifest.checksum.0,
     };
-    if verification == Verification::Checksum && !verified.contains(&identity) {
-        let actual = Checksum(xxh3_128(&map[..data_end]));
-        if actual != manifest.checksum {
-            return Err(Invalid(format!(
-                "checksum {actual} does not match the manifest's {}",
-                manifest.checksum
-            )));
+    let unchecked = verification == Verification::Checksum && !verified.contains(&identity);
+    let chunks = Chunks::of(&manifest, data_end);
+    // A projected open of a chunked shard checks only what it returns, once it is decoded;
+    // every other open checks all the data first.
+    let check_later = unchecked && columns.is_some() && chunks.is_some();
+    if unchecked && !check_later {
+        match &chunks {
+            Some(chunks) => chunks.verify(&map[..data_end], 0..chunks.checksums.len())?,
+            None => {
+                let actual = Checksum(xxh3_128(&map[..data_end]));
+                if actual != manifest.checksum {
+                    return Err(Invalid(format!(
+                        "checksum {actual} does not match the manifest's {}",
+                        manifest.checksum
+                    )));
+                }
+            }
         }
     }
+    // The footer's record-batch headers, for a projected check (read before the map moves).
+    let headers = if check_later {
+        message_headers(&map)?
+    } else {
+        Vec::new()
+    };
 
     let ptr = NonNull::new(map.as_ptr().cast_mut())
         .ok_or_else(|| Invalid("mapped at a null address".into()))?;
+    let base = map.as_ptr() as usize;
     let map_len = map.len();
     let owner = Arc::new(MappedShard {
         _map: map,
@@ -368,8 +414,29 @@ pub(crate) fn open(
     if FieldSummary::of(&block.schema) != manifest.schema {
         return Err(Invalid("its schema differs from its manifest's".into()));
     }
-    if verification == Verification::Checksum {
-        verified.insert(identity);
+    let block = match columns {
+        Some(columns) => project(block, columns)?,
+        None => block,
+    };
+    match (&chunks, check_later) {
+        (Some(chunks), true) => {
+            // The schema message, every record batch's header, and the buffers returned.
+            let mut needed = BTreeSet::new();
+            needed.extend(chunks.covering(0, headers.first().map_or(data_end, |h| h.0)));
+            for (start, len) in &headers {
+                needed.extend(chunks.covering(*start, *len));
+            }
+            for batch in &block.batches {
+                for column in batch.columns() {
+                    for (start, len) in buffer_ranges(&column.to_data(), base, data_end) {
+                        needed.extend(chunks.covering(start, len));
+                    }
+                }
+            }
+            chunks.verify(data_bytes_of(&buffer, data_end), needed)?;
+        }
+        _ if verification == Verification::Checksum => verified.insert(identity),
+        _ => {}
     }
     Ok(CachedShard {
         name,
@@ -377,6 +444,141 @@ pub(crate) fn open(
         manifest,
         block,
     })
+}
+
+/// The data bytes of a mapped shard, borrowed from the buffer that owns the mapping.
+fn data_bytes_of(buffer: &Buffer, data_end: usize) -> &[u8] {
+    &buffer.as_slice()[..data_end]
+}
+
+/// `block` with only the columns at `columns`.
+fn project(block: Block, columns: &[usize]) -> std::result::Result<Block, Invalid> {
+    let width = block.schema.fields().len();
+    if let Some(missing) = columns.iter().find(|index| **index >= width) {
+        return Err(Invalid(format!(
+            "it has no column {missing} (it has {width})"
+        )));
+    }
+    let schema = Arc::new(
+        block
+            .schema
+            .project(columns)
+            .map_err(|error| Invalid(error.to_string()))?,
+    );
+    let batches = block
+        .batches
+        .iter()
+        .map(|batch| batch.project(columns))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|error| Invalid(error.to_string()))?;
+    Ok(Block { schema, batches })
+}
+
+/// Where the buffers of `data` (nulls, values, offsets, children) lie in the mapping that
+/// starts at `base`, as `(offset, length)`; buffers outside the data bytes are skipped.
+fn buffer_ranges(
+    data: &arrow::array::ArrayData,
+    base: usize,
+    data_end: usize,
+) -> Vec<(usize, usize)> {
+    let mut ranges = Vec::new();
+    let mut pending = vec![data.clone()];
+    while let Some(data) = pending.pop() {
+        let nulls = data.nulls().map(|nulls| nulls.inner().inner().clone());
+        for buffer in data.buffers().iter().cloned().chain(nulls) {
+            let start = (buffer.as_ptr() as usize).wrapping_sub(base);
+            if start < data_end && !buffer.is_empty() {
+                ranges.push((start, buffer.len().min(data_end - start)));
+            }
+        }
+        pending.extend(data.child_data().iter().cloned());
+    }
+    ranges
+}
+
+/// Each record batch's and dictionary's header message in the file, as `(offset, length)`,
+/// in file order.
+fn message_headers(bytes: &[u8]) -> std::result::Result<Vec<(usize, usize)>, Invalid> {
+    let (footer, _) = footer(bytes)?;
+    let mut headers: Vec<(usize, usize)> = footer
+        .recordBatches()
+        .iter()
+        .flatten()
+        .chain(footer.dictionaries().iter().flatten())
+        .map(|block| {
+            let start = usize::try_from(block.offset()).ok()?;
+            let len = usize::try_from(block.metaDataLength()).ok()?;
+            Some((start, len))
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Invalid("a footer block has a negative offset".into()))?;
+    headers.sort_unstable();
+    Ok(headers)
+}
+
+/// A shard's per-piece checksums.
+struct Chunks<'a> {
+    bytes: usize,
+    checksums: &'a [u64],
+}
+
+impl<'a> Chunks<'a> {
+    /// The manifest's pieces, when it has them and they cover exactly `data_end` bytes.
+    fn of(manifest: &'a Manifest, data_end: usize) -> Option<Self> {
+        let bytes = usize::try_from(manifest.chunk_bytes)
+            .ok()
+            .filter(|b| *b > 0)?;
+        (manifest.chunk_checksums.len() == data_end.div_ceil(bytes)).then_some(Self {
+            bytes,
+            checksums: &manifest.chunk_checksums,
+        })
+    }
+
+    /// The pieces that hold any of `len` bytes from `start`.
+    fn covering(&self, start: usize, len: usize) -> std::ops::Range<usize> {
+        if len == 0 {
+            return 0..0;
+        }
+        let last = (start + len - 1) / self.bytes;
+        (start / self.bytes)..(last + 1).min(self.checksums.len())
+    }
+
+    /// Checks the pieces at `indices` of `data`, spread over the CPUs.
+    fn verify(
+        &self,
+        data: &[u8],
+        indices: impl IntoIterator<Item = usize>,
+    ) -> std::result::Result<(), Invalid> {
+        let indices: Vec<usize> = indices.into_iter().collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_thread = indices.len().div_ceil(threads).max(1);
+        let check = |part: &[usize]| {
+            part.iter()
+                .find(|index| {
+                    let start = **index * self.bytes;
+                    let end = (start + self.bytes).min(data.len());
+                    xxh3_64(&data[start..end]) != self.checksums[**index]
+                })
+                .copied()
+        };
+        let bad = std::thread::scope(|scope| {
+            let workers: Vec<_> = indices
+                .chunks(per_thread)
+                .map(|part| scope.spawn(move || check(part)))
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| worker.join().unwrap_or(Some(usize::MAX)))
+                .find(Option::is_some)
+                .flatten()
+        });
+        match bad {
+            Some(index) => Err(Invalid(format!(
+                "piece {index} of its data does not match the manifest's checksum"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The footer of the IPC file in `bytes`, and where it starts.

@@ -763,3 +763,93 @@ fn a_node_cache_takes_its_directory_and_cap_from_the_config() {
     let files = fs::read_dir(data_dir.path().join("cache")).unwrap().count();
     assert_eq!(files, 2);
 }
+
+/// The offset of the first occurrence of `needle` in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .expect("the bytes are in the file")
+}
+
+#[test]
+fn a_projected_open_checks_exactly_the_pieces_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = map(&source(), 4.0);
+    let rows = 600_000;
+    write(&cache_in(dir.path(), u64::MAX), &inputs, shard(0, 1), rows);
+    let name = name(&inputs, shard(0, 1));
+    let path = dir.path().join(name.file_name());
+    let whole = fs::read(&path).unwrap();
+
+    // Every piece of the data bytes has its own checksum in the manifest.
+    let manifest = shard::read_manifest_at(&path).ok().unwrap();
+    let data = &whole[..usize::try_from(manifest.data_bytes).unwrap()];
+    let pieces: Vec<u64> = data
+        .chunks(usize::try_from(manifest.chunk_bytes).unwrap())
+        .map(xxhash_rust::xxh3::xxh3_64)
+        .collect();
+    assert!(pieces.len() > 8, "{} pieces", pieces.len());
+    assert_eq!(manifest.chunk_checksums, pieces);
+
+    // Only the asked-for column comes back, mapped from the file, with its values.
+    let hit = cache_in(dir.path(), u64::MAX)
+        .open_shard_columns(name, &[1])
+        .unwrap()
+        .expect("a hit");
+    let values: Vec<f64> = hit
+        .block
+        .batches
+        .iter()
+        .flat_map(|batch| {
+            assert_eq!(batch.num_columns(), 1);
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap();
+            column.values().to_vec()
+        })
+        .collect();
+    assert_eq!(values.len(), rows as usize);
+    assert!(
+        values
+            .iter()
+            .enumerate()
+            .all(|(id, v)| *v == id as f64 * 1.5)
+    );
+    let address = hit.block.batches[0].column(0).to_data().buffers()[0].as_ptr() as usize;
+    assert!(
+        mapped_file_at(address)
+            .unwrap()
+            .ends_with(&name.file_name())
+    );
+    drop(hit);
+
+    // A damaged byte in a column it does not return does not fail it; a whole open finds it
+    // and removes the shard.
+    let mut damaged = whole.clone();
+    damaged[find(&whole, b"row-599998")] ^= 0x20;
+    fs::write(&path, &damaged).unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    assert!(cache.open_shard_columns(name, &[1]).unwrap().is_some());
+    assert!(cache.open_shard(name).unwrap().is_none());
+    assert!(!path.exists());
+
+    // A damaged byte in the column it returns fails it, and the shard goes.
+    let mut damaged = whole.clone();
+    damaged[find(&whole, &(599_998.0f64 * 1.5).to_le_bytes())] ^= 0x01;
+    fs::write(&path, &damaged).unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    assert!(cache.open_shard_columns(name, &[1]).unwrap().is_none());
+    assert!(!path.exists());
+
+    // Asking for a column the shard lacks is an error, and the shard stays.
+    fs::write(&path, &whole).unwrap();
+    let error = cache.open_shard_columns(name, &[3]).unwrap_err();
+    assert!(
+        error.to_string().contains("has no column 3: it has 3"),
+        "{error}"
+    );
+    assert!(path.exists());
+}
