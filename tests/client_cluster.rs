@@ -166,14 +166,17 @@ async fn a_bad_job_file_is_refused_naming_the_line_and_field() {
     assert!(jobs.is_empty(), "{jobs:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_client_survives_a_scheduler_leader_kill() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = "leader-kill";
-    let mut schedulers = Schedulers::start(LocalClusterConfig {
+/// Three scheduler replicas (with a leader, returned) and two nodes of two workers each, with
+/// `node_settings` besides.
+async fn three_replicas_and_two_nodes(
+    dir: &std::path::Path,
+    token: &str,
+    node_settings: &[&str],
+) -> (Schedulers, u64, Vec<LocalNode>) {
+    let schedulers = Schedulers::start(LocalClusterConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
-        dir: dir.path().to_owned(),
+        dir: dir.to_owned(),
         token: token.into(),
         settings: vec!["scheduler.raft_tick_ms=30".into()],
     })
@@ -187,13 +190,18 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
     let wire = WireConfig::from_config(&config);
     let mut nodes = Vec::new();
     for index in 0..2 {
+        let mut settings = vec![
+            "node.workers=2".to_owned(),
+            "scheduler.raft_tick_ms=30".to_owned(),
+        ];
+        settings.extend(node_settings.iter().map(|s| (*s).to_owned()));
         let node = LocalNode::start(&LocalNodeConfig {
             binary: env!("CARGO_BIN_EXE_floe").into(),
             schedulers: schedulers.addrs(),
-            dir: dir.path().to_owned(),
+            dir: dir.to_owned(),
             name: format!("node-{index}"),
             token: token.into(),
-            settings: vec!["node.workers=2".into(), "scheduler.raft_tick_ms=30".into()],
+            settings,
         })
         .unwrap();
         node.wait_ready(&wire, 2, Duration::from_secs(30))
@@ -201,6 +209,33 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
             .unwrap();
         nodes.push(node);
     }
+    (schedulers, leader, nodes)
+}
+
+/// The `id` column (the first) of a job's output, in output order.
+async fn output_ids(output: &floe_client::JobOutput) -> Vec<i64> {
+    output
+        .to_arrow()
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|batch| {
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            ids.values().to_vec()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_survives_a_scheduler_leader_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "leader-kill";
+    let (mut schedulers, leader, nodes) =
+        three_replicas_and_two_nodes(dir.path(), token, &[]).await;
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
     let slow = Dataset::range(60_000)
         .unwrap()
@@ -215,20 +250,7 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
     assert_eq!(output.rows(), 60_000);
     assert_eq!(job.state().await.unwrap(), JobState::Succeeded);
     // Every row, once and in order, from the blocks the new leader's state points at.
-    let ids: Vec<i64> = output
-        .to_arrow()
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|batch| {
-            let ids = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            ids.values().to_vec()
-        })
-        .collect();
+    let ids = output_ids(&output).await;
     assert_eq!(ids, (0..60_000).collect::<Vec<_>>());
     // The committed state survived the kill: both nodes and the job are there, and the
     // cluster runs the next job.
@@ -559,42 +581,9 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
 async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
     let dir = tempfile::tempdir().unwrap();
     let token = "full-restart";
-    let mut schedulers = Schedulers::start(LocalClusterConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 3,
-        dir: dir.path().to_owned(),
-        token: token.into(),
-        settings: vec!["scheduler.raft_tick_ms=30".into()],
-    })
-    .unwrap();
-    schedulers
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .unwrap();
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(token);
-    let wire = WireConfig::from_config(&config);
-    let mut nodes = Vec::new();
-    for index in 0..2 {
-        let node = LocalNode::start(&LocalNodeConfig {
-            binary: env!("CARGO_BIN_EXE_floe").into(),
-            schedulers: schedulers.addrs(),
-            dir: dir.path().to_owned(),
-            name: format!("node-{index}"),
-            token: token.into(),
-            settings: vec![
-                "node.workers=2".into(),
-                "data.min_block_size=16KiB".into(),
-                "data.max_block_size=64KiB".into(),
-                "scheduler.raft_tick_ms=30".into(),
-            ],
-        })
-        .unwrap();
-        node.wait_ready(&wire, 2, Duration::from_secs(30))
-            .await
-            .unwrap();
-        nodes.push(node);
-    }
+    let small_blocks = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
+    let (mut schedulers, _, nodes) =
+        three_replicas_and_two_nodes(dir.path(), token, &small_blocks).await;
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
     let n = 200_000i64;
     let slow = Dataset::range(n as u64)
@@ -621,20 +610,7 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
 
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
     let output = client.job(job.id()).wait().await.unwrap();
-    let ids: Vec<i64> = output
-        .to_arrow()
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|batch| {
-            let ids = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            ids.values().to_vec()
-        })
-        .collect();
+    let ids = output_ids(&output).await;
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
     let info = client.cluster().await.unwrap();
     assert_eq!(

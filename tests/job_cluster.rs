@@ -452,19 +452,25 @@ async fn killing_the_drivers_node_restarts_the_driver_which_reuses_cached_stages
     assert_ids(&cluster, &record, n).await;
 }
 
+/// Bytes a row of [`nine_columns`] takes.
+const NINE_COLUMNS_ROW_BYTES: u64 = 72;
+
+/// `range(n)` with eight more Int64 columns, `c{k} = id × k`.
+fn nine_columns(n: u64) -> Dataset {
+    (1..9i64).fold(Dataset::range(n).unwrap(), |dataset, column| {
+        dataset
+            .with_column(&format!("c{column}"), col("id") * lit(column))
+            .unwrap()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
     let cluster = TestCluster::start(2, &["memory.total=256MiB"]).await;
     let capacity: u64 =
         cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
-    // Nine Int64 columns: 72 bytes a row.
-    let n = 3 * capacity / 72 + 100_000;
-    let mut dataset = Dataset::range(n).unwrap();
-    for column in 1..9i64 {
-        dataset = dataset
-            .with_column(&format!("c{column}"), col("id") * lit(column))
-            .unwrap();
-    }
+    let n = 3 * capacity / NINE_COLUMNS_ROW_BYTES + 100_000;
+    let dataset = nine_columns(n);
     let options = JobOptions {
         cache: CacheMode::NoCache,
         ..JobOptions::default()
@@ -899,14 +905,9 @@ async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next()
     )
     .await;
     let capacity = cluster.node_status(0).await.store.capacity;
-    // Nine Int64 columns, 72 bytes a row: the store plus the 48 MiB disk twice over.
-    let n = 2 * (capacity + (48 << 20)) / 72;
-    let mut dataset = Dataset::range(n).unwrap();
-    for column in 1..9i64 {
-        dataset = dataset
-            .with_column(&format!("c{column}"), col("id") * lit(column))
-            .unwrap();
-    }
+    // The store plus the 48 MiB disk twice over.
+    let n = 2 * (capacity + (48 << 20)) / NINE_COLUMNS_ROW_BYTES;
+    let dataset = nine_columns(n);
     let options = JobOptions {
         cache: CacheMode::NoCache,
         max_task_retries: 1,

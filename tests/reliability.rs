@@ -33,25 +33,47 @@ fn wire() -> WireConfig {
 }
 
 fn node(dir: &std::path::Path, schedulers: &Schedulers, name: &str, token: &str) -> LocalNode {
+    node_with(dir, schedulers, name, token, &[])
+}
+
+/// A node with two workers and `settings` besides.
+fn node_with(
+    dir: &std::path::Path,
+    schedulers: &Schedulers,
+    name: &str,
+    token: &str,
+    settings: &[&str],
+) -> LocalNode {
+    let mut all = vec!["node.workers=2".to_owned()];
+    all.extend(settings.iter().map(|s| (*s).to_owned()));
     LocalNode::start(&LocalNodeConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         schedulers: schedulers.addrs(),
         dir: dir.to_owned(),
         name: name.into(),
         token: token.into(),
-        settings: vec!["node.workers=2".into()],
+        settings: all,
     })
     .unwrap()
 }
 
 /// One scheduler replica with a leader.
 fn scheduler(runtime: &tokio::runtime::Runtime, dir: &std::path::Path) -> Schedulers {
+    scheduler_with(runtime, dir, &[])
+}
+
+/// One scheduler replica with `settings`, once it has a leader.
+fn scheduler_with(
+    runtime: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    settings: &[&str],
+) -> Schedulers {
     let schedulers = Schedulers::start(LocalClusterConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 1,
         dir: dir.to_owned(),
         token: TOKEN.into(),
-        settings: Vec::new(),
+        settings: settings.iter().map(|s| (*s).to_owned()).collect(),
     })
     .unwrap();
     runtime
@@ -323,26 +345,8 @@ fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
     std::fs::write(root.join("in.csv"), "x\n1\n2\n3\n").unwrap();
     std::fs::write(dir.path().join("outside.csv"), "x\n7\n").unwrap();
     let allowed = format!("data.allowed_paths={}", root.display());
-    let schedulers = Schedulers::start(LocalClusterConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.path().to_owned(),
-        token: TOKEN.into(),
-        settings: vec![allowed.clone()],
-    })
-    .unwrap();
-    runtime
-        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
-        .unwrap();
-    let node = LocalNode::start(&LocalNodeConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        schedulers: schedulers.addrs(),
-        dir: dir.path().to_owned(),
-        name: "node-a".into(),
-        token: TOKEN.into(),
-        settings: vec!["node.workers=1".into(), allowed],
-    })
-    .unwrap();
+    let schedulers = scheduler_with(&runtime, dir.path(), &[&allowed]);
+    let node = node_with(dir.path(), &schedulers, "node-a", TOKEN, &[&allowed]);
     runtime
         .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
         .unwrap();
@@ -402,26 +406,9 @@ fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
 
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let schedulers = Schedulers::start(LocalClusterConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.path().to_owned(),
-        token: TOKEN.into(),
-        settings: vec!["net.max_frame=1MiB".into()],
-    })
-    .unwrap();
-    runtime
-        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
-        .unwrap();
-    let node = LocalNode::start(&LocalNodeConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        schedulers: schedulers.addrs(),
-        dir: dir.path().to_owned(),
-        name: "node-a".into(),
-        token: TOKEN.into(),
-        settings: vec!["node.workers=2".into(), "net.max_frame=1MiB".into()],
-    })
-    .unwrap();
+    let small_frames = "net.max_frame=1MiB";
+    let schedulers = scheduler_with(&runtime, dir.path(), &[small_frames]);
+    let node = node_with(dir.path(), &schedulers, "node-a", TOKEN, &[small_frames]);
     runtime
         .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
         .unwrap();
