@@ -267,3 +267,72 @@ fn bad_scheduler_arguments_fail_with_the_reason() {
         "{stderr}"
     );
 }
+
+/// A placement's reservation is given back once: a second release of it (a retried call, or
+/// one that arrives after the lease is gone) must not subtract what other tasks reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_is_released_once_however_often_it_is_returned() {
+    use floe_scheduler::placement::{PlacementRequest, Strategy};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(&dir, &["scheduler.heartbeat_interval_ms=200"]);
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    let resources = Resources {
+        cpu_millis: 4000,
+        heap_bytes: 8 << 30,
+    };
+    let node = client
+        .register_node(
+            NodeAddresses {
+                rpc: "127.0.0.1:9".into(),
+            },
+            resources,
+            NodeMemory::default(),
+            BTreeMap::new(),
+        )
+        .await
+        .unwrap();
+    let requester = node;
+    let request = |memory_hint: u64| PlacementRequest {
+        cpu_millis: 1000,
+        memory_hint,
+        strategy: Strategy::Default,
+        preferred: Vec::new(),
+        requester: Some(requester),
+    };
+    let placed = client
+        .place(vec![request(1 << 30), request(2 << 30)])
+        .await
+        .unwrap();
+    assert!(placed.iter().all(|p| *p == Ok(node)), "{placed:?}");
+    let reserved = |reports: BTreeMap<floe_core::NodeId, floe_scheduler::protocol::NodeReport>| {
+        let report = &reports[&node];
+        (report.reserved.cpu_millis, report.reserved.heap_bytes)
+    };
+    client
+        .heartbeat(node, ResourceUsage::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        reserved(client.node_reports().await.unwrap()),
+        (2000, 3 << 30)
+    );
+
+    // The first task's reservation, returned twice: only once counts.
+    for _ in 0..2 {
+        client
+            .release(node, 1000, 1 << 30, Some(requester))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        reserved(client.node_reports().await.unwrap()),
+        (1000, 2 << 30)
+    );
+    client
+        .release(node, 1000, 2 << 30, Some(requester))
+        .await
+        .unwrap();
+    assert_eq!(reserved(client.node_reports().await.unwrap()), (0, 0));
+}

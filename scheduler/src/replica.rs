@@ -829,7 +829,11 @@ impl<S: LogStore> RaftLoop<S> {
         {
             // The caller gave up waiting; nothing will run on what was reserved for it.
             for reservation in batch.reserved {
-                self.release(reservation);
+                self.view.release(
+                    reservation.node,
+                    reservation.cpu_millis,
+                    reservation.memory_hint,
+                );
             }
             self.retry_waiting();
             return;
@@ -841,18 +845,25 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
+    /// Gives back what a placed task reserved. A requester's reservation is given back once,
+    /// while this leader still holds its lease: after a leader change (the view is rebuilt
+    /// without it) or the requester's death (its leases went with it), a late release must not
+    /// subtract what other tasks reserved.
     fn release(&mut self, reservation: Reservation) {
+        if let Some(requester) = reservation.requester {
+            let Some(leases) = self.leases.get_mut(&requester) else {
+                return;
+            };
+            let Some(position) = leases.iter().position(|lease| *lease == reservation) else {
+                return;
+            };
+            leases.swap_remove(position);
+        }
         self.view.release(
             reservation.node,
             reservation.cpu_millis,
             reservation.memory_hint,
         );
-        if let Some(requester) = reservation.requester
-            && let Some(leases) = self.leases.get_mut(&requester)
-            && let Some(position) = leases.iter().position(|lease| *lease == reservation)
-        {
-            leases.swap_remove(position);
-        }
     }
 
     fn issue_reads(&mut self) {
