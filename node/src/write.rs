@@ -27,7 +27,20 @@ enum FormatWriter {
 
 impl FormatWriter {
     fn create(spec: &WriteSpec, path: &Path, schema: &SchemaRef) -> Result<Self> {
-        let file = File::create(path).map_err(Error::io(path))?;
+        // A temporary file left by an earlier attempt goes first; then the file is created
+        // new, never opened through whatever has the name (a symlink planted there would
+        // otherwise send the write out of the sink directory).
+        match std::fs::remove_file(path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(path)(error));
+            }
+            _ => {}
+        }
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(Error::io(path))?;
         Ok(match &spec.format {
             FileFormat::Parquet => {
                 FormatWriter::Parquet(ArrowWriter::try_new(file, schema.clone(), None)?)

@@ -15,7 +15,7 @@ use floe_core::plan::{
     CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, WriteSpec, optimizer::Optimizer,
 };
 use floe_node::read::{discover, expand_paths, read_scan};
-use floe_node::write::write_task;
+use floe_node::write::{file_name, write_task};
 
 /// `rows` rows: id = i, group = "g{i % 3}", value = i * 0.5.
 fn sample(start: i64, rows: i64) -> RecordBatch {
@@ -377,4 +377,31 @@ fn a_failed_write_leaves_no_visible_files() {
     assert!(error.to_string().contains("simulated upstream failure"));
     let leftovers: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn a_symlink_planted_at_a_temporary_name_is_replaced_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "keep me").unwrap();
+    let temporary = out.join(format!(".tmp-{}", file_name(&FileFormat::Json, 0, 0)));
+    std::os::unix::fs::symlink(&victim, &temporary).unwrap();
+
+    let written = write_task(
+        &spec(FileFormat::Json, &out, 1 << 20),
+        0,
+        sample(0, 1).schema(),
+        vec![Ok(sample(0, 10))],
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert_eq!(written.len(), 1);
+    assert!(
+        !std::fs::symlink_metadata(&written[0])
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 }
