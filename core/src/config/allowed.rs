@@ -33,7 +33,10 @@ impl AllowedPaths {
     /// symlink still matches the paths resolved through it).
     pub fn under(roots: &[PathBuf]) -> Self {
         Self {
-            roots: roots.iter().map(|root| resolve(root)).collect(),
+            roots: roots
+                .iter()
+                .map(|root| resolve(root).unwrap_or_else(|| root.clone()))
+                .collect(),
         }
     }
 
@@ -58,7 +61,9 @@ impl AllowedPaths {
         if !path.is_absolute() {
             return Err(refused());
         }
-        let resolved = resolve(path);
+        let Some(resolved) = resolve(path) else {
+            return Err(refused());
+        };
         let escapes = resolved
             .components()
             .any(|component| component == Component::ParentDir);
@@ -70,18 +75,24 @@ impl AllowedPaths {
 }
 
 /// `path` with its longest existing ancestor canonicalized (symlinks and `..` resolved) and
-/// the rest appended as written.
-fn resolve(path: &Path) -> PathBuf {
+/// the rest appended as written; `None` when a part that does not resolve is a dangling
+/// symlink, which a later write would follow anywhere.
+fn resolve(path: &Path) -> Option<PathBuf> {
     let mut existing = path.to_owned();
     let mut missing = Vec::new();
     loop {
         if let Ok(canonical) = std::fs::canonicalize(&existing) {
-            return missing
-                .iter()
-                .rev()
-                .fold(canonical, |resolved, part: &std::ffi::OsString| {
-                    resolved.join(part)
-                });
+            return Some(
+                missing
+                    .iter()
+                    .rev()
+                    .fold(canonical, |resolved, part: &std::ffi::OsString| {
+                        resolved.join(part)
+                    }),
+            );
+        }
+        if std::fs::symlink_metadata(&existing).is_ok_and(|meta| meta.file_type().is_symlink()) {
+            return None;
         }
         match (existing.file_name(), existing.parent()) {
             (Some(name), Some(parent)) => {
@@ -90,7 +101,7 @@ fn resolve(path: &Path) -> PathBuf {
             }
             // Nothing of it exists (or it ends in `..`): keep it as written, so a `..` in it
             // is seen and refused.
-            _ => return path.to_owned(),
+            _ => return Some(path.to_owned()),
         }
     }
 }

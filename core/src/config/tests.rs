@@ -579,6 +579,7 @@ fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
     std::fs::write(root.join("in/a.csv"), "x\n1\n").unwrap();
     std::fs::write(outside.join("key"), "secret").unwrap();
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.join("not-yet"), root.join("dangling")).unwrap();
     let allowed = AllowedPaths::under(std::slice::from_ref(&root));
 
     assert!(allowed.check(&root.join("in/a.csv")).is_ok());
@@ -588,6 +589,8 @@ fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
         outside.join("key"),
         root.join("../secrets/key"),
         root.join("link/key"),
+        root.join("dangling"),
+        root.join("dangling/part-0.csv"),
         root.join("new/../../secrets"),
         PathBuf::from("relative/a.csv"),
     ] {

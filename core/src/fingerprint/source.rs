@@ -29,13 +29,20 @@ impl FileDigest {
             source,
         };
         let absolute = std::fs::canonicalize(path).map_err(error)?;
+        // Checked before opening: opening a FIFO would block.
+        let not_regular = || {
+            error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ))
+        };
+        if !std::fs::metadata(&absolute).map_err(error)?.is_file() {
+            return Err(not_regular());
+        }
         let mut file = std::fs::File::open(&absolute).map_err(error)?;
         let metadata = file.metadata().map_err(error)?;
         if !metadata.is_file() {
-            return Err(error(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
+            return Err(not_regular());
         }
         let mut hasher = CanonicalHasher::new(FILE_CONTENT_DOMAIN);
         hasher.u64(metadata.len());
