@@ -426,12 +426,20 @@ pub(crate) fn open(
             for (start, len) in &headers {
                 needed.extend(chunks.covering(*start, *len));
             }
+            let mut outside = false;
             for batch in &block.batches {
                 for column in batch.columns() {
-                    for (start, len) in buffer_ranges(&column.to_data(), base, data_end) {
-                        needed.extend(chunks.covering(start, len));
+                    for range in buffer_ranges(&column.to_data(), base, data_end) {
+                        match range {
+                            Some((start, len)) => needed.extend(chunks.covering(start, len)),
+                            None => outside = true,
+                        }
                     }
                 }
+            }
+            // A buffer that is not in the data bytes cannot be matched to pieces: check all.
+            if outside {
+                needed.extend(0..chunks.checksums.len());
             }
             chunks.verify(data_bytes_of(&buffer, data_end), needed)?;
         }
@@ -475,21 +483,23 @@ fn project(block: Block, columns: &[usize]) -> std::result::Result<Block, Invali
 }
 
 /// Where the buffers of `data` (nulls, values, offsets, children) lie in the mapping that
-/// starts at `base`, as `(offset, length)`; buffers outside the data bytes are skipped.
+/// starts at `base`, as `(offset, length)`, or `None` for a buffer outside the data bytes.
 fn buffer_ranges(
     data: &arrow::array::ArrayData,
     base: usize,
     data_end: usize,
-) -> Vec<(usize, usize)> {
+) -> Vec<Option<(usize, usize)>> {
     let mut ranges = Vec::new();
     let mut pending = vec![data.clone()];
     while let Some(data) = pending.pop() {
         let nulls = data.nulls().map(|nulls| nulls.inner().inner().clone());
         for buffer in data.buffers().iter().cloned().chain(nulls) {
-            let start = (buffer.as_ptr() as usize).wrapping_sub(base);
-            if start < data_end && !buffer.is_empty() {
-                ranges.push((start, buffer.len().min(data_end - start)));
+            if buffer.is_empty() {
+                continue;
             }
+            let start = (buffer.as_ptr() as usize).wrapping_sub(base);
+            let inside = start < data_end && buffer.len() <= data_end - start;
+            ranges.push(inside.then_some((start, buffer.len())));
         }
         pending.extend(data.child_data().iter().cloned());
     }
@@ -543,15 +553,14 @@ impl<'a> Chunks<'a> {
         (start / self.bytes)..(last + 1).min(self.checksums.len())
     }
 
-    /// Checks the pieces at `indices` of `data`, spread over the CPUs.
+    /// Checks the pieces at `indices` of `data`, spread over the CPUs (on this thread when
+    /// there are few, or when no thread can be started).
     fn verify(
         &self,
         data: &[u8],
         indices: impl IntoIterator<Item = usize>,
     ) -> std::result::Result<(), Invalid> {
         let indices: Vec<usize> = indices.into_iter().collect();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per_thread = indices.len().div_ceil(threads).max(1);
         let check = |part: &[usize]| {
             part.iter()
                 .find(|index| {
@@ -561,17 +570,32 @@ impl<'a> Chunks<'a> {
                 })
                 .copied()
         };
-        let bad = std::thread::scope(|scope| {
-            let workers: Vec<_> = indices
-                .chunks(per_thread)
-                .map(|part| scope.spawn(move || check(part)))
-                .collect();
-            workers
-                .into_iter()
-                .map(|worker| worker.join().unwrap_or(Some(usize::MAX)))
-                .find(Option::is_some)
-                .flatten()
-        });
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let bad = if threads == 1 || indices.len() < 8 {
+            check(&indices)
+        } else {
+            let per_thread = indices.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let mut inline = Vec::new();
+                let mut workers = Vec::new();
+                for part in indices.chunks(per_thread) {
+                    match std::thread::Builder::new().spawn_scoped(scope, move || check(part)) {
+                        Ok(worker) => workers.push(worker),
+                        Err(_) => inline.push(check(part)),
+                    }
+                }
+                let mut found: Vec<Option<usize>> = workers
+                    .into_iter()
+                    .map(|worker| {
+                        worker
+                            .join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect();
+                found.extend(inline);
+                found.into_iter().flatten().next()
+            })
+        };
         match bad {
             Some(index) => Err(Invalid(format!(
                 "piece {index} of its data does not match the manifest's checksum"
