@@ -234,6 +234,8 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 /// way it is written to a file only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     let configured = &config.cluster.token;
+    // Installed before the cluster starts, so a stop during start-up still tears it down.
+    let mut stop = floe_node::agent::Termination::install()?;
     let cluster = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
@@ -242,8 +244,6 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
     })
     .await?;
-    // Installed before the cluster is announced, so a stop that follows at once is caught.
-    let mut stop = floe_node::agent::Termination::install()?;
     print_local_cluster(&cluster);
     println!("press Ctrl-C to stop it");
     let signal = stop.recv().await;
