@@ -470,6 +470,21 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
     assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
 }
 
+/// A `floe up` that is interrupted (and so stops its cluster) when the test ends, even when
+/// an assertion fails first.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-INT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Live processes whose command line mentions `text`.
 fn processes_mentioning(text: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -493,14 +508,16 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
-    let mut up = floe_command()
-        .args(["up", "--nodes", "1", "--workers", "1"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut up = StopOnDrop(
+        floe_command()
+            .args(["up", "--nodes", "1", "--workers", "1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut printed = String::new();
-    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(up.0.stdout.take().unwrap()).lines();
     for line in lines.by_ref() {
         let line = line.unwrap();
         printed.push_str(&line);
@@ -557,11 +574,11 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     let started = processes_mentioning(&files);
     assert!(started.len() >= 2, "a scheduler and a node: {started:?}");
     let terminated = Command::new("kill")
-        .args(["-TERM", &up.id().to_string()])
+        .args(["-TERM", &up.0.id().to_string()])
         .status()
         .unwrap();
     assert!(terminated.success());
-    assert!(up.wait().unwrap().success());
+    assert!(up.0.wait().unwrap().success());
     assert!(!std::path::Path::new(&token_file).exists());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !processes_mentioning(&files).is_empty() {

@@ -953,7 +953,9 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
     let job = cluster
         .submit(&slow_pipeline(n as u64, 300), JobOptions::default())
         .await;
-    // Kill a worker while it runs one of the slow map tasks.
+    // Kill a worker while it runs one of the slow map tasks: once the 13 quick range tasks
+    // are done, every running task is one of those (300 ms each).
+    wait_for_tasks(&cluster, job, Some("range"), 13).await;
     let deadline = Instant::now() + JOB_TIMEOUT;
     let (index, worker) = loop {
         let mut found = None;
