@@ -447,9 +447,9 @@ async fn the_rest_api_accepts_process_udfs() {
 }
 
 /// A UDF's memory hint is reserved on the node for each task and given back after it; a hint
-/// no node can ever hold fails the job at once, naming the largest heap there is.
+/// no node can hold fails the job after a short grace, naming the largest heap there is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_hints_are_given_back_and_an_impossible_one_fails_fast() {
+async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
     let client = cluster.connect().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -488,12 +488,14 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_fast() {
     });
     reserved.await.unwrap();
 
+    // Asked again for about 10 s (a node big enough may be restarting), then the job fails
+    // with the placement's reason, not after every task retry.
     let started = std::time::Instant::now();
     let error = failure(&client, &step(20_001, "1TiB"), 3).await;
     assert!(error.contains("fits no alive node"), "{error}");
     assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "not retried: {:?}",
+        started.elapsed() < Duration::from_secs(30),
+        "it kept waiting: {:?}",
         started.elapsed()
     );
 }

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
 use floe_core::{NodeId, ObjectId};
 use floe_scheduler::client::SchedulerClient;
-use floe_scheduler::placement::{PlacementError, PlacementRequest};
+use floe_scheduler::placement::PlacementRequest;
 use floe_scheduler::state::{ClusterState, Command, Outcome};
 
 use super::{Error, Result};
@@ -109,9 +109,6 @@ impl Cluster {
         return_pooled(&self.placement_pool, client);
         match placed.into_iter().next() {
             Some(Ok(node)) => Ok(node),
-            Some(Err(error @ PlacementError::Infeasible { .. })) => {
-                Err(Error::Infeasible(error.to_string()))
-            }
             Some(Err(error)) => Err(Error::Placement(error.to_string())),
             None => Err(Error::Placement(
                 "the scheduler answered no placement".into(),

@@ -1712,12 +1712,11 @@ impl TaskContext {
                     preferred: preferred.into_iter().collect(),
                     requester: Some(self.config.node),
                 };
+                // A request no alive node can hold is asked again for a while, like an
+                // unreachable node (the one big enough may be restarting), then fails the job
+                // with the placement's reason.
                 let node = match self.cluster.place(request).await {
                     Ok(node) => node,
-                    Err(error @ super::Error::Infeasible(_)) => {
-                        let message = error.to_string();
-                        return (None, Err(TaskError::Failed(TaskFailure::Error { message })));
-                    }
                     Err(error) => return (None, Err(unreachable(&error))),
                 };
                 let result = self

@@ -32,9 +32,6 @@ pub enum Error {
     Wire(#[from] floe_core::WireError),
     #[error("cannot place a task: {0}")]
     Placement(String),
-    /// No node could ever run the task as asked, even idle; asking again will not help.
-    #[error("cannot place a task: {0}")]
-    Infeasible(String),
     #[error("node {0} is not alive")]
     NodeGone(NodeId),
     #[error("job {0} is not in the scheduler's job table")]
