@@ -102,6 +102,13 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
         .build()
         .context("cannot start the async runtime")?;
     let paths = PathPolicy::submitted(config.data.allowed());
+    match config.data.allowed_paths.as_slice() {
+        [] => tracing::info!("data.allowed_paths is empty: submitted jobs may name any path"),
+        roots => tracing::info!(
+            ?roots,
+            "submitted jobs may only name paths under data.allowed_paths"
+        ),
+    }
     runtime.block_on(async {
         let store = DiskLog::open(&raft_dir, voters)
             .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;

@@ -550,6 +550,12 @@ impl NodeAgent {
             progress_interval: config.node.progress_interval(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
+        // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit
+        // file) is visible in the log.
+        match config.data.allowed_paths.as_slice() {
+            [] => tracing::info!("data.allowed_paths is empty: tasks may use any path"),
+            roots => tracing::info!(?roots, "tasks may only use paths under data.allowed_paths"),
+        }
         let host_memory =
             || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
         let watcher =
