@@ -43,7 +43,7 @@ pub use operator::{
     Operator, SeedChoice, SortKey, WriteSpec,
 };
 pub use process::{Concurrency, ProcessUdf};
-pub use schema::renamed_fields;
+pub use schema::{renamed_fields, same_columns};
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
 /// One node of a logical plan and, through its inputs, the whole plan below it.

@@ -17,6 +17,17 @@ pub(crate) fn label(operator: &Operator) -> String {
     }
 }
 
+/// Whether two schemas have the same columns in the same order: names and types (nullability
+/// aside).
+pub fn same_columns(left: &Schema, right: &Schema) -> bool {
+    left.fields().len() == right.fields().len()
+        && left
+            .fields()
+            .iter()
+            .zip(right.fields())
+            .all(|(l, r)| l.name() == r.name() && l.data_type() == r.data_type())
+}
+
 /// `schema`'s fields, each named as the first `(from, to)` pair that renames it says.
 pub fn renamed_fields(schema: &Schema, pairs: &[(String, String)]) -> Vec<Field> {
     schema
@@ -231,13 +242,7 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
         } => join_schema(inputs[0], inputs[1], left_keys, right_keys, *how, name),
         Operator::Union => {
             let (left, right) = (inputs[0], inputs[1]);
-            let same = left.fields().len() == right.fields().len()
-                && left
-                    .fields()
-                    .iter()
-                    .zip(right.fields())
-                    .all(|(l, r)| l.name() == r.name() && l.data_type() == r.data_type());
-            if !same {
+            if !same_columns(left, right) {
                 return Err(PlanError::SchemaMismatch {
                     operator: name.to_owned(),
                     left: super::describe_schema(left),

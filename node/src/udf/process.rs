@@ -825,18 +825,12 @@ fn check_output(
     output: &Arc<Schema>,
 ) -> Result<RecordBatch> {
     let got = result.schema();
-    let same_columns = got.fields().len() == output.fields().len()
-        && got
-            .fields()
-            .iter()
-            .zip(output.fields())
-            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
     let wrong = || Error::ProcessUdfOutput {
         udf: udf.command_line(),
         expected: floe_core::plan::describe_schema(output),
         got: floe_core::plan::describe_schema(&got),
     };
-    if !same_columns {
+    if !floe_core::plan::same_columns(&got, output) {
         return Err(wrong());
     }
     // Nullability is the declared schema's; a null in a non-null column is still an error.
