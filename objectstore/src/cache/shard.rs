@@ -397,7 +397,7 @@ pub(crate) fn open(
     // long as any buffer sliced from this one lives.
     let buffer = unsafe { Buffer::from_custom_allocation(ptr, map_len, owner) };
     let block = block::decode(&buffer).map_err(|error| Invalid(format!("{error}")))?;
-    if let Some(end) = block_end(&buffer)
+    if let Some(end) = block_end(&buffer)?
         && end > data_end
     {
         return Err(Invalid(
@@ -509,19 +509,10 @@ fn buffer_ranges(
 /// Each record batch's and dictionary's header message in the file, as `(offset, length)`,
 /// in file order.
 fn message_headers(bytes: &[u8]) -> std::result::Result<Vec<(usize, usize)>, Invalid> {
-    let (footer, _) = footer(bytes)?;
-    let mut headers: Vec<(usize, usize)> = footer
-        .recordBatches()
-        .iter()
-        .flatten()
-        .chain(footer.dictionaries().iter().flatten())
-        .map(|block| {
-            let start = usize::try_from(block.offset()).ok()?;
-            let len = usize::try_from(block.metaDataLength()).ok()?;
-            Some((start, len))
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| Invalid("a footer block has a negative offset".into()))?;
+    let mut headers: Vec<(usize, usize)> = footer_blocks(bytes)?
+        .into_iter()
+        .map(|block| (block.start, block.header))
+        .collect();
     headers.sort_unstable();
     Ok(headers)
 }
@@ -623,21 +614,43 @@ fn footer(bytes: &[u8]) -> std::result::Result<(arrow::ipc::Footer<'_>, usize), 
     Ok((footer, footer_start))
 }
 
-/// The end of the last message the footer points at, if it points at any.
-fn block_end(bytes: &[u8]) -> Option<usize> {
-    let (footer, _) = footer(bytes).ok()?;
+/// One message the footer points at: where it starts, its header's and its body's lengths.
+struct FooterBlock {
+    start: usize,
+    header: usize,
+    body: usize,
+}
+
+/// Every record batch and dictionary message the footer points at.
+fn footer_blocks(bytes: &[u8]) -> std::result::Result<Vec<FooterBlock>, Invalid> {
+    let (footer, _) = footer(bytes)?;
     footer
         .recordBatches()
         .iter()
         .flatten()
         .chain(footer.dictionaries().iter().flatten())
-        .filter_map(|block| {
-            let start = u64::try_from(block.offset()).ok()?;
-            let meta = u64::try_from(block.metaDataLength()).ok()?;
-            let body = u64::try_from(block.bodyLength()).ok()?;
-            usize::try_from(start.checked_add(meta)?.checked_add(body)?).ok()
+        .map(|block| {
+            Some(FooterBlock {
+                start: usize::try_from(block.offset()).ok()?,
+                header: usize::try_from(block.metaDataLength()).ok()?,
+                body: usize::try_from(block.bodyLength()).ok()?,
+            })
         })
-        .max()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Invalid("a footer block has a negative offset or length".into()))
+}
+
+/// The end of the last message the footer points at, if it points at any.
+fn block_end(bytes: &[u8]) -> std::result::Result<Option<usize>, Invalid> {
+    Ok(footer_blocks(bytes)?
+        .iter()
+        .filter_map(|block| {
+            block
+                .start
+                .checked_add(block.header)?
+                .checked_add(block.body)
+        })
+        .max())
 }
 
 /// Reads the manifest from a shard's footer without touching its data pages.
