@@ -58,6 +58,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use floe_core::config::{AllowedPaths, ByteSize};
 use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 use floe_core::fingerprint::ArgValue;
+use floe_core::fingerprint::FileDigest;
 use floe_core::job::{CacheMode, JobOptions};
 use floe_core::plan::{AggFunction, Aggregation, Concurrency, ProcessUdf, SortKey, UdfCall};
 use serde::Deserialize;
@@ -485,29 +486,30 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
         Some(files) => Some(strings(&field("files"), files)?),
         None => None,
     };
-    let mut files = Vec::new();
+    // Each file is checked and hashed once; an argument naming one is passed as the path
+    // its digest resolved.
+    let pin = |name: &str, path: &str| {
+        check_path(&field(name), path, policy)?;
+        FileDigest::of(std::path::Path::new(path)).map_err(|error| field_error(&field(name), error))
+    };
+    let mut digests = Vec::new();
     let mut resolved_args = Vec::with_capacity(args.len());
     for arg in &args {
-        let is_file = listed.is_none() && std::path::Path::new(arg).is_file();
-        if is_file {
-            check_path(&field("args"), arg, policy)?;
-            let absolute = std::fs::canonicalize(arg)
-                .map_err(|error| field_error(&field("args"), format!("{arg}: {error}")))?;
-            resolved_args.push(absolute.to_string_lossy().into_owned());
-            files.push(arg.clone());
+        if listed.is_none() && std::path::Path::new(arg).is_file() {
+            let digest = pin("args", arg)?;
+            resolved_args.push(digest.path.to_string_lossy().into_owned());
+            digests.push(digest);
         } else {
             resolved_args.push(arg.clone());
         }
     }
-    files.extend(listed.unwrap_or_default());
-    let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
-    let mut udf = ProcessUdf::new(command, &arg_refs);
-    for file in &files {
-        check_path(&field("files"), file, policy)?;
-        udf = udf
-            .file(std::path::Path::new(file))
-            .map_err(|error| field_error(&field("files"), error))?;
+    for file in listed.unwrap_or_default() {
+        digests.push(pin("files", &file)?);
     }
+    let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
+    let mut udf = digests
+        .into_iter()
+        .fold(ProcessUdf::new(command, &arg_refs), ProcessUdf::pinned);
     if let Some(output) = spec.get("output") {
         let fields = strings(&field("output"), output)?
             .iter()

@@ -77,11 +77,16 @@ impl ProcessUdf {
     }
 
     /// Adds a file whose content the output depends on (hashed now).
-    pub fn file(mut self, path: &Path) -> Result<Self, PlanError> {
-        self.files.push(FileDigest::of(path)?);
+    pub fn file(self, path: &Path) -> Result<Self, PlanError> {
+        Ok(self.pinned(FileDigest::of(path)?))
+    }
+
+    /// Adds a file already hashed.
+    pub fn pinned(mut self, digest: FileDigest) -> Self {
+        self.files.push(digest);
         self.files.sort();
         self.files.dedup();
-        Ok(self)
+        self
     }
 
     pub fn output_schema(mut self, schema: Schema) -> Self {
