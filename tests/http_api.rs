@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Response, get, post_json, request, wait_for};
+use common::{Response, get, http_addr, post_json, request, wait_for};
 use floe_client::{LocalCluster, LocalClusterOptions};
 use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
 use serde_json::{Value, json};
@@ -20,13 +20,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn http_addr(cluster: &LocalCluster) -> String {
-    let url = cluster.dashboard_url();
-    url.trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned()
 }
 
 /// Waits until `addr` shows `job` in `state`; a replica that has not applied the job yet

@@ -387,11 +387,7 @@ async fn a_warm_child_keeps_its_state_between_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_accepts_process_udfs() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
-    let addr = cluster
-        .dashboard_url()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
+    let addr = common::http_addr(&cluster);
     let dir = tempfile::tempdir().unwrap();
     let markers = dir.path().join("markers");
     std::fs::create_dir(&markers).unwrap();
@@ -470,11 +466,7 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason
     };
     let output = run(&client, &step(20_000, "1GiB"), 0).await;
     assert_eq!(output.rows(), 20_000);
-    let addr = cluster
-        .dashboard_url()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
+    let addr = common::http_addr(&cluster);
     let reserved = tokio::task::spawn_blocking(move || {
         common::wait_for(
             "the reservations to be given back",

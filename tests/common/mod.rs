@@ -21,6 +21,14 @@ impl Response {
     }
 }
 
+/// The `host:port` of a local cluster's HTTP API (and dashboard).
+pub fn http_addr(cluster: &floe_client::LocalCluster) -> String {
+    let url = cluster.dashboard_url();
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
 /// One request on a fresh connection (`Connection: close`, so the body ends at EOF).
 pub fn request(
     method: &str,
