@@ -28,12 +28,18 @@ enum EchoRequest {
     Say(String),
     Blob(Vec<u8>),
     Fail(RemoteErrorKind),
+    /// Answered with `len` copies of `byte` as an attachment.
+    Repeat {
+        byte: u8,
+        len: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 enum EchoResponse {
     Said(String),
     BlobLen(usize),
+    Repeated,
 }
 
 impl Protocol for Echo {
@@ -52,6 +58,24 @@ impl Handler<Echo> for EchoHandler {
             }
             EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
+            EchoRequest::Repeat { .. } => Err(RemoteError::new(
+                RemoteErrorKind::Internal,
+                "answered by handle_attached",
+            )),
+        }
+    }
+
+    async fn handle_attached(
+        &self,
+        peer: Peer,
+        request: EchoRequest,
+    ) -> rpc::AttachedReply<EchoResponse> {
+        match request {
+            EchoRequest::Repeat { byte, len } => (
+                Ok(EchoResponse::Repeated),
+                Some(rpc::Attachment::new(vec![byte; len])),
+            ),
+            other => (self.handle(peer, other).await, None),
         }
     }
 }
@@ -539,4 +563,76 @@ fn codec_rejects_trailing_bytes_and_lies_about_lengths() {
     lying.extend_from_slice(&(1u64 << 60).to_le_bytes());
     lying.extend_from_slice(&[0; 10]);
     assert!(codec::decode::<EchoRequest>(&lying, "request").is_err());
+}
+
+#[tokio::test]
+async fn attachments_arrive_in_the_callers_memory_and_mismatches_are_errors() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+
+    // Larger than a socket buffer, so the attachment arrives in several reads.
+    let mut dest = vec![0u8; 700_000];
+    let reply = client
+        .call_into(
+            &EchoRequest::Repeat {
+                byte: 7,
+                len: 700_000,
+            },
+            &mut dest,
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply, EchoResponse::Repeated);
+    assert!(dest.iter().all(|byte| *byte == 7));
+
+    // A length other than the caller's is refused, not written past or short of `dest`.
+    let mut short = vec![0u8; 10];
+    let error = client
+        .call_into(&EchoRequest::Repeat { byte: 1, len: 11 }, &mut short)
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("expected 10 attached bytes, got 11"),
+        "{error}"
+    );
+    assert_eq!(short, [0; 10]);
+
+    // A remote error is still a remote error; a success without attachment is refused.
+    let error = client
+        .call_into(&EchoRequest::Fail(RemoteErrorKind::NotFound), &mut short)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, WireError::Remote(remote) if remote.kind == RemoteErrorKind::NotFound),
+        "{error}"
+    );
+    let error = client
+        .call_into(&EchoRequest::Say("hi".into()), &mut short)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("has none"), "{error}");
+
+    // `call` does not misread an attached response as a plain one.
+    let error = client
+        .call(&EchoRequest::Repeat { byte: 1, len: 4 })
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("call_into"), "{error}");
+
+    // After all that, the client still works (it reconnected where a call broke the stream).
+    let mut four = [0u8; 4];
+    client
+        .call_into(&EchoRequest::Repeat { byte: 9, len: 4 }, &mut four)
+        .await
+        .unwrap();
+    assert_eq!(four, [9; 4]);
+    assert_eq!(
+        client
+            .call(&EchoRequest::Say("again".into()))
+            .await
+            .unwrap(),
+        EchoResponse::Said("Client says again".into())
+    );
 }

@@ -81,10 +81,55 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
             })
     }
 
+    /// Sends one frame whose body is what `fill` appends to the (cleared) buffer, followed by
+    /// `tail`, written from where it lies: a large payload is never copied into the buffer.
+    pub async fn send_with_tail(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
+        tail: &[u8],
+    ) -> Result<(), WireError> {
+        self.buffer.clear();
+        self.buffer.extend_from_slice(&[0; HEADER_LEN]);
+        fill(&mut self.buffer)?;
+        let body_len = self.buffer.len() - HEADER_LEN + tail.len();
+        let header = u32::try_from(body_len)
+            .ok()
+            .filter(|_| body_len <= self.max_frame)
+            .ok_or(WireError::FrameTooLarge {
+                len: body_len as u64,
+                max: self.max_frame as u64,
+            })?;
+        self.buffer[..HEADER_LEN].copy_from_slice(&header.to_be_bytes());
+        let write = async {
+            self.stream.write_all(&self.buffer).await?;
+            if !tail.is_empty() {
+                self.stream.write_all(tail).await?;
+            }
+            self.stream.flush().await
+        };
+        tokio::time::timeout(self.write_timeout, write)
+            .await
+            .map_err(|_| WireError::Timeout {
+                op: "sending a frame",
+                after: self.write_timeout,
+            })?
+            .map_err(|source| WireError::Io {
+                op: "sending a frame",
+                source,
+            })
+    }
+
     /// Receives one frame body. `wait_for_start` bounds the wait for the frame's first byte
     /// (an idle server connection waits longer than a client awaiting its reply); the rest of
     /// the frame must arrive within the read timeout.
     pub async fn recv(&mut self, wait_for_start: Duration) -> Result<&[u8], WireError> {
+        let len = self.recv_len(wait_for_start).await?;
+        self.recv_part(len).await
+    }
+
+    /// Reads the next frame's length, checked against the limit; the caller then reads exactly
+    /// that many bytes with [`Self::recv_part`] and [`Self::recv_part_into`].
+    pub async fn recv_len(&mut self, wait_for_start: Duration) -> Result<usize, WireError> {
         let mut header = [0u8; HEADER_LEN];
         let first = tokio::time::timeout(wait_for_start, self.stream.read(&mut header))
             .await
@@ -99,15 +144,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
         if first == 0 {
             return Err(WireError::Closed);
         }
-        let read_timeout = self.read_timeout;
-        let timed_out = || WireError::Timeout {
-            op: "receiving a frame",
-            after: read_timeout,
-        };
-        tokio::time::timeout(read_timeout, self.stream.read_exact(&mut header[first..]))
+        self.read_exact_timed(&mut header[first..])
             .await
-            .map_err(|_| timed_out())?
-            .map_err(|source| truncated_or_io(source, HEADER_LEN))?;
+            .map_err(|error| match error {
+                WireError::Truncated { .. } => WireError::Truncated {
+                    expected: HEADER_LEN,
+                },
+                other => other,
+            })?;
         let len = u32::from_be_bytes(header) as usize;
         if len > self.max_frame {
             return Err(WireError::FrameTooLarge {
@@ -115,15 +159,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
                 max: self.max_frame as u64,
             });
         }
-        self.buffer.clear();
+        Ok(len)
+    }
+
+    /// Reads the next `len` bytes of the current frame into the connection's buffer.
+    pub async fn recv_part(&mut self, len: usize) -> Result<&[u8], WireError> {
+        let mut buffer = std::mem::take(&mut self.buffer);
+        buffer.clear();
         // `resize` alone may double the capacity, overshooting the limit by up to 2x.
-        self.buffer.reserve_exact(len);
-        self.buffer.resize(len, 0);
-        tokio::time::timeout(read_timeout, self.stream.read_exact(&mut self.buffer))
+        buffer.reserve_exact(len);
+        buffer.resize(len, 0);
+        let read = self.read_exact_timed(&mut buffer).await;
+        self.buffer = buffer;
+        read.map(|()| self.buffer.as_slice())
+    }
+
+    /// Reads the next `dest.len()` bytes of the current frame straight into `dest`.
+    pub async fn recv_part_into(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
+        self.read_exact_timed(dest).await
+    }
+
+    async fn read_exact_timed(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
+        let read_timeout = self.read_timeout;
+        let expected = dest.len();
+        tokio::time::timeout(read_timeout, self.stream.read_exact(dest))
             .await
-            .map_err(|_| timed_out())?
-            .map_err(|source| truncated_or_io(source, len))?;
-        Ok(&self.buffer)
+            .map_err(|_| WireError::Timeout {
+                op: "receiving a frame",
+                after: read_timeout,
+            })?
+            .map(|_| ())
+            .map_err(|source| truncated_or_io(source, expected))
     }
 }
 

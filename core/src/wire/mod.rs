@@ -15,7 +15,10 @@ use std::time::Duration;
 
 pub use frame::FramedStream;
 pub use handshake::{PROTOCOL_VERSION, PeerKind, Refusal};
-pub use rpc::{Handler, Peer, Protocol, RemoteError, RemoteErrorKind, RpcClient, RpcServer};
+pub use rpc::{
+    AttachedReply, Attachment, Handler, Peer, Protocol, RemoteError, RemoteErrorKind, RpcClient,
+    RpcServer,
+};
 
 use crate::config::{ClusterToken, Config, TimeoutsConfig};
 

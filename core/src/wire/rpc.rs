@@ -5,6 +5,12 @@
 //! by the encoded request; a response frame repeats the id and carries
 //! `Result<Response, RemoteError>`. Because the id sits outside the codec, a request body that
 //! does not decode is answered with a `BadRequest` error and the connection stays usable.
+//!
+//! A response may carry an [`Attachment`]: bytes sent from where they lie after the encoded
+//! response, so a large payload (an object's chunk) is neither copied into the frame buffer
+//! on the way out nor out of it on the way in ([`RpcClient::call_into`] reads it straight
+//! into the caller's memory). Such a frame sets the id's top bit and puts the encoded
+//! response's length (u32 big-endian) between the id and the response.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -79,9 +85,45 @@ pub trait Handler<P: Protocol>: Send + Sync + 'static {
         peer: Peer,
         request: P::Request,
     ) -> impl Future<Output = Result<P::Response, RemoteError>> + Send;
+
+    /// Like [`Handler::handle`], for protocols where some responses carry an [`Attachment`];
+    /// the server always calls this one.
+    fn handle_attached(
+        &self,
+        peer: Peer,
+        request: P::Request,
+    ) -> impl Future<Output = AttachedReply<P::Response>> + Send {
+        async move { (self.handle(peer, request).await, None) }
+    }
 }
 
+/// Bytes sent after a response without being copied into the frame buffer: usually a pinned
+/// view of some memory, kept alive until the frame is written.
+pub struct Attachment(Box<dyn AsRef<[u8]> + Send>);
+
+impl Attachment {
+    pub fn new(bytes: impl AsRef<[u8]> + Send + 'static) -> Self {
+        Self(Box::new(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Attachment({} bytes)", self.as_bytes().len())
+    }
+}
+
+/// A response and, for the requests that have one, its attachment.
+pub type AttachedReply<R> = (Result<R, RemoteError>, Option<Attachment>);
+
 const ID_LEN: usize = 8;
+/// Set in a response's id when an attachment follows the response.
+const ATTACHED: u64 = 1 << 63;
+const ATTACHED_HEAD_LEN: usize = ID_LEN + 4;
 
 pub fn encode_request<P: Protocol>(
     id: u64,
@@ -108,6 +150,24 @@ pub fn encode_response<P: Protocol>(
 ) -> Result<(), WireError> {
     out.extend_from_slice(&id.to_be_bytes());
     codec::encode_into(response, out)
+}
+
+fn encode_attached_response<P: Protocol>(
+    id: u64,
+    response: &Result<P::Response, RemoteError>,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    out.extend_from_slice(&(id | ATTACHED).to_be_bytes());
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    codec::encode_into(response, out)?;
+    let encoded_len = out.len() - len_at - 4;
+    let encoded_len = u32::try_from(encoded_len).map_err(|_| WireError::FrameTooLarge {
+        len: encoded_len as u64,
+        max: u64::from(u32::MAX),
+    })?;
+    out[len_at..len_at + 4].copy_from_slice(&encoded_len.to_be_bytes());
+    Ok(())
 }
 
 pub fn decode_response<P: Protocol>(
@@ -171,6 +231,95 @@ impl<P: Protocol> RpcClient<P> {
         self.stream = Some(stream);
         reply.map_err(WireError::Remote)
     }
+
+    /// Calls a request whose successful response carries an attachment of exactly
+    /// `dest.len()` bytes, read straight into `dest`. A successful response without one, or
+    /// with one of another length, is an error and drops the connection.
+    pub async fn call_into(
+        &mut self,
+        request: &P::Request,
+        dest: &mut [u8],
+    ) -> Result<P::Response, WireError> {
+        let mut stream = match self.stream.take() {
+            Some(stream) if !stream.peer_has_closed() => stream,
+            _ => open(&self.addr, &self.config, self.peer).await?,
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        stream
+            .send_with(|out| encode_request::<P>(id, request, out))
+            .await?;
+        let reply = receive_attached::<P, _>(&mut stream, id, dest, &self.config).await?;
+        self.stream = Some(stream);
+        reply.map_err(WireError::Remote)
+    }
+}
+
+async fn receive_attached<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut FramedStream<S>,
+    id: u64,
+    dest: &mut [u8],
+    config: &WireConfig,
+) -> Result<Result<P::Response, RemoteError>, WireError> {
+    let malformed = |message: String| WireError::Decode {
+        what: "response",
+        message,
+    };
+    let len = stream.recv_len(config.timeouts.read()).await?;
+    if len < ID_LEN {
+        return Err(malformed(format!(
+            "{len} bytes is too short to hold a request id"
+        )));
+    }
+    let (reply_id, _) = split_id(stream.recv_part(ID_LEN).await?, "response")?;
+    if reply_id & ATTACHED == 0 {
+        check_id(id, reply_id)?;
+        let reply = codec::decode::<Result<P::Response, RemoteError>>(
+            stream.recv_part(len - ID_LEN).await?,
+            "response",
+        )?;
+        return match reply {
+            Ok(_) => Err(malformed(format!(
+                "expected {} attached bytes, the response has none",
+                dest.len()
+            ))),
+            Err(error) => Ok(Err(error)),
+        };
+    }
+    check_id(id, reply_id & !ATTACHED)?;
+    if len < ATTACHED_HEAD_LEN {
+        return Err(malformed(format!(
+            "{len} bytes is too short for an attached response"
+        )));
+    }
+    let head = stream.recv_part(ATTACHED_HEAD_LEN - ID_LEN).await?;
+    let mut encoded_len = [0u8; 4];
+    encoded_len.copy_from_slice(head);
+    let encoded_len = u32::from_be_bytes(encoded_len) as usize;
+    let attached = (len - ATTACHED_HEAD_LEN)
+        .checked_sub(encoded_len)
+        .ok_or_else(|| {
+            malformed(format!(
+                "a {encoded_len}-byte response in a {len}-byte frame"
+            ))
+        })?;
+    if attached != dest.len() {
+        return Err(malformed(format!(
+            "expected {} attached bytes, got {attached}",
+            dest.len()
+        )));
+    }
+    let reply = codec::decode(stream.recv_part(encoded_len).await?, "response")?;
+    stream.recv_part_into(dest).await?;
+    Ok(reply)
+}
+
+fn check_id(expected: u64, got: u64) -> Result<(), WireError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(WireError::IdMismatch { expected, got })
+    }
 }
 
 async fn open(
@@ -218,13 +367,14 @@ async fn exchange<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
         .send_with(|out| encode_request::<P>(id, request, out))
         .await?;
     let body = stream.recv(config.timeouts.read()).await?;
-    let (reply_id, reply) = decode_response::<P>(body)?;
-    if reply_id != id {
-        return Err(WireError::IdMismatch {
-            expected: id,
-            got: reply_id,
+    if split_id(body, "response")?.0 & ATTACHED != 0 {
+        return Err(WireError::Decode {
+            what: "response",
+            message: "the response carries an attachment: call it with `call_into`".into(),
         });
     }
+    let (reply_id, reply) = decode_response::<P>(body)?;
+    check_id(id, reply_id)?;
     Ok(reply)
 }
 
@@ -341,17 +491,32 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
                 return;
             }
         };
-        let reply = match request {
-            Ok(request) => handler.handle(peer, request).await,
-            Err(error) => Err(RemoteError::new(
-                RemoteErrorKind::BadRequest,
-                error.to_string(),
-            )),
+        let (reply, attachment) = match request {
+            Ok(request) => handler.handle_attached(peer, request).await,
+            Err(error) => (
+                Err(RemoteError::new(
+                    RemoteErrorKind::BadRequest,
+                    error.to_string(),
+                )),
+                None,
+            ),
         };
-        if let Err(error) = stream
-            .send_with(|out| encode_response::<P>(id, &reply, out))
-            .await
-        {
+        let sent = match &attachment {
+            None => {
+                stream
+                    .send_with(|out| encode_response::<P>(id, &reply, out))
+                    .await
+            }
+            Some(attachment) => {
+                stream
+                    .send_with_tail(
+                        |out| encode_attached_response::<P>(id, &reply, out),
+                        attachment.as_bytes(),
+                    )
+                    .await
+            }
+        };
+        if let Err(error) = sent {
             tracing::warn!(protocol = P::NAME, %addr, %error, "cannot send a response");
             return;
         }
