@@ -29,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use floe_core::{Config, ObjectId};
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::alloc::{Allocator, aligned};
 use crate::mapping::{FileMapping, HEADER_LEN, Header, available_space};
@@ -129,6 +130,9 @@ struct Entry {
     io: Option<Io>,
     deleted: bool,
     last_used: u64,
+    /// The payload's xxh3-64 when whoever sealed it knew it, so a transfer need not hash the
+    /// object again.
+    checksum: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +253,7 @@ impl ObjectStore {
                 io: None,
                 deleted: false,
                 last_used: 0,
+                checksum: None,
             },
         );
         let (mut state, placed) = inner.place(state, object, size);
@@ -301,6 +306,25 @@ impl ObjectStore {
         let mut writer = self.create(object, bytes.len() as u64)?;
         writer.as_mut_slice().copy_from_slice(bytes);
         writer.seal()
+    }
+
+    /// Like [`Self::put`], also hashing `bytes`: returns their xxh3-64, which
+    /// [`Self::checksum`] answers from then on.
+    pub fn put_checksummed(&self, object: ObjectId, bytes: &[u8]) -> Result<u64> {
+        let checksum = xxh3_64(bytes);
+        let mut writer = self.create(object, bytes.len() as u64)?;
+        writer.as_mut_slice().copy_from_slice(bytes);
+        writer.seal_with_checksum(checksum)?;
+        Ok(checksum)
+    }
+
+    /// The xxh3-64 of a live object's payload, if it was recorded when it was sealed.
+    pub fn checksum(&self, object: ObjectId) -> Option<u64> {
+        self.inner
+            .lock()
+            .live_entry(object)
+            .ok()
+            .and_then(|entry| entry.checksum)
     }
 
     /// A read-only view of a sealed object, restoring it from its spill file if needed. The
@@ -876,7 +900,17 @@ impl ObjectWriter {
     }
 
     /// Makes the object immutable and readable by [`ObjectStore::get`] and other processes.
-    pub fn seal(mut self) -> Result<()> {
+    pub fn seal(self) -> Result<()> {
+        self.seal_recording(None)
+    }
+
+    /// Seals the object, recording `checksum` (the caller's xxh3-64 of the bytes written) for
+    /// [`ObjectStore::checksum`].
+    pub fn seal_with_checksum(self, checksum: u64) -> Result<()> {
+        self.seal_recording(Some(checksum))
+    }
+
+    fn seal_recording(mut self, checksum: Option<u64>) -> Result<()> {
         let header = Header {
             object: self.object,
             len: self.size as u64,
@@ -890,6 +924,7 @@ impl ObjectWriter {
         let entry = state.live_entry(self.object)?;
         entry.sealed = true;
         entry.last_used = tick;
+        entry.checksum = checksum;
         if entry.memory.is_some() {
             state.lru.insert(tick, self.object);
         }

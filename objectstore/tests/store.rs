@@ -33,6 +33,7 @@ on_every_backing!(
     concurrent_writers_and_readers_lose_and_tear_nothing,
     spilling_on_request_frees_memory_in_lru_order,
     a_store_reopened_under_a_dead_stores_name_clears_its_leftovers,
+    a_recorded_checksum_lasts_as_long_as_its_object,
 );
 
 /// As the parent: seal objects (one in shared memory, one in a fallback file, one in a heap
@@ -164,6 +165,30 @@ fn references_and_pins_decide_when_an_object_is_freed(backing: Backing) {
     assert_eq!(view.as_bytes(), b"payload");
     drop(view);
     assert_eq!(store.stats().used, 0);
+}
+
+fn a_recorded_checksum_lasts_as_long_as_its_object(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
+    let (hashed, plain) = (id(1), id(2));
+    let bytes = contents(hashed, 2 * MIB);
+    let checksum = store.put_checksummed(hashed, &bytes).unwrap();
+    assert_eq!(checksum, xxhash_rust::xxh3::xxh3_64(&bytes));
+    store.put(plain, &contents(plain, KIB)).unwrap();
+    assert_eq!(store.checksum(hashed), Some(checksum));
+    assert_eq!(store.checksum(plain), None, "nobody hashed it");
+
+    // Spilled and restored, the object keeps its checksum.
+    assert!(store.spill(4 * MIB).unwrap() > 0);
+    assert!(store.stats().spilled_bytes > 0);
+    assert_eq!(store.get(hashed).unwrap().as_bytes(), &bytes[..]);
+    assert_eq!(store.checksum(hashed), Some(checksum));
+
+    // A new object under the same id starts without one.
+    store.delete(hashed).unwrap();
+    assert_eq!(store.checksum(hashed), None);
+    store.put(hashed, b"other bytes").unwrap();
+    assert_eq!(store.checksum(hashed), None);
 }
 
 fn errors_name_the_object(backing: Backing) {
