@@ -109,6 +109,26 @@ async fn call(addr: &str, request: NodeRequest) -> NodeResponse {
     client(addr).await.call(&request).await.unwrap()
 }
 
+/// The first `len` bytes of an object, read as an attached chunk.
+async fn read_start(addr: &str, object: ObjectId, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0; len];
+    let request = NodeRequest::ReadChunk {
+        object,
+        offset: 0,
+        len: len as u64,
+    };
+    match client(addr)
+        .await
+        .call_into(&request, &mut bytes)
+        .await
+        .unwrap()
+    {
+        NodeResponse::Chunk => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    bytes
+}
+
 async fn status(addr: &str) -> NodeStatus {
     match call(addr, NodeRequest::Status).await {
         NodeResponse::Status(status) => *status,
@@ -229,19 +249,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         })
         .collect();
     let outputs = run(a.addr(), 200, TaskKind::Hash, inputs).await.unwrap();
-    let hashed = match call(
-        a.addr(),
-        NodeRequest::ReadChunk {
-            object: outputs[0].object,
-            offset: 0,
-            len: 16,
-        },
-    )
-    .await
-    {
-        NodeResponse::Chunk(bytes) => bytes.0,
-        other => panic!("unexpected {other:?}"),
-    };
+    let hashed = read_start(a.addr(), outputs[0].object, 16).await;
     let mut expected_hash = Vec::new();
     for (index, _) in filled.iter().enumerate() {
         expected_hash.extend(xxh3_64(&fill_pattern(1000, index as u64 + 7)).to_le_bytes());
@@ -288,19 +296,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     )
     .await
     .unwrap()[0];
-    let bytes = match call(
-        b.addr(),
-        NodeRequest::ReadChunk {
-            object: rehashed.object,
-            offset: 0,
-            len: 8,
-        },
-    )
-    .await
-    {
-        NodeResponse::Chunk(bytes) => bytes.0,
-        other => panic!("unexpected {other:?}"),
-    };
+    let bytes = read_start(b.addr(), rehashed.object, 8).await;
     assert_eq!(bytes, expected_checksum.to_le_bytes());
 
     // Pulling an object no node has fails with a reason naming it.

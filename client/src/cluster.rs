@@ -524,15 +524,17 @@ impl BlockReader {
                     Vec::with_capacity(usize::try_from(meta.size.min(READ_CHUNK)).unwrap_or(0));
                 while (bytes.len() as u64) < meta.size {
                     let offset = bytes.len() as u64;
+                    let len = READ_CHUNK.min(meta.size - offset);
+                    // `len` is at most a chunk.
+                    bytes.resize(bytes.len() + len as usize, 0);
                     let request = NodeRequest::ReadChunk {
                         object: block.object,
                         offset,
-                        len: READ_CHUNK.min(meta.size - offset),
+                        len,
                     };
-                    match client.call(&request).await {
-                        Ok(NodeResponse::Chunk(chunk)) if !chunk.0.is_empty() => {
-                            bytes.extend_from_slice(&chunk.0)
-                        }
+                    let piece = &mut bytes[offset as usize..];
+                    match client.call_into(&request, piece).await {
+                        Ok(NodeResponse::Chunk) => {}
                         Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
                         Err(error) => return Err(lost(error.to_string())),
                     }

@@ -18,7 +18,7 @@ use super::{FramedStream, WireError, codec};
 use crate::config::ClusterToken;
 
 /// Bumped whenever any message layout changes; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAGIC: [u8; 4] = *b"FLOE";
 /// The frame limit until the peer has presented the right token.
 pub const HANDSHAKE_MAX_FRAME: usize = 4096;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use floe_core::wire::{
-    Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+    AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
@@ -214,17 +214,19 @@ impl Shared {
             // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
             // (the driver thought it lost, or a task here still reads it) holds the same
             // bytes, tasks being deterministic: it stays.
-            if !self.store.contains(object) {
+            let checksum = if self.store.contains(object) {
+                xxh3_64(bytes)
+            } else {
                 self.store
-                    .put(object, bytes)
+                    .put_checksummed(object, bytes)
                     .map_err(|error| TaskFailure::Error {
                         message: format!("cannot store output {index}: {error}"),
-                    })?;
-            }
+                    })?
+            };
             refs.push(OutputRef {
                 object,
                 size: bytes.len() as u64,
-                checksum: xxh3_64(bytes),
+                checksum,
                 rows: output.rows,
             });
         }
@@ -401,6 +403,24 @@ fn remote(error: Error) -> RemoteError {
 }
 
 impl Handler<NodeProtocol> for Service {
+    async fn handle_attached(
+        &self,
+        peer: Peer,
+        request: NodeRequest,
+    ) -> AttachedReply<NodeResponse> {
+        match request {
+            NodeRequest::ReadChunk {
+                object,
+                offset,
+                len,
+            } => match self.0.transfers.read_chunk(object, offset, len) {
+                Ok(chunk) => (Ok(NodeResponse::Chunk), Some(chunk)),
+                Err(error) => (Err(remote(error)), None),
+            },
+            other => (self.handle(peer, other).await, None),
+        }
+    }
+
     async fn handle(&self, _peer: Peer, request: NodeRequest) -> Result<NodeResponse, RemoteError> {
         let shared = &self.0;
         match request {
@@ -410,15 +430,10 @@ impl Handler<NodeProtocol> for Service {
                 .meta(object)
                 .map(NodeResponse::ObjectMeta)
                 .map_err(remote),
-            NodeRequest::ReadChunk {
-                object,
-                offset,
-                len,
-            } => shared
-                .transfers
-                .read_chunk(object, offset, len)
-                .map(NodeResponse::Chunk)
-                .map_err(remote),
+            NodeRequest::ReadChunk { object, .. } => Err(RemoteError::new(
+                RemoteErrorKind::Internal,
+                format!("chunks of {object} are answered with an attachment"),
+            )),
             NodeRequest::Pull { object, holder } => shared
                 .transfers
                 .pull(object, &holder)

@@ -242,7 +242,8 @@ pub enum NodeRequest {
     ObjectMeta {
         object: ObjectId,
     },
-    /// Bytes `offset..offset + len` of a local object.
+    /// Bytes `offset..offset + len` of a local object (cut at its end), sent as the reply's
+    /// attachment: call it with `RpcClient::call_into`.
     ReadChunk {
         object: ObjectId,
         offset: u64,
@@ -280,7 +281,8 @@ pub enum NodeResponse {
     CacheLoaded(Option<OutputRef>),
     Task(Result<Vec<OutputRef>, TaskFailure>),
     ObjectMeta(ObjectMeta),
-    Chunk(Bytes),
+    /// The chunk asked for follows as the reply's attachment.
+    Chunk,
     /// The object is in this node's store, checksum verified.
     Pulled(OutputRef),
     Freed,

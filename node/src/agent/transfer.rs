@@ -3,21 +3,28 @@
 //! The puller asks the holder for the object's size and checksum; an object up to
 //! `node.transfer_inline_max` comes with that answer. A larger one is read in
 //! `node.transfer_chunk` pieces over several connections at once, at most
-//! `node.transfer_max_in_flight` bytes of requests outstanding, straight into a new object of
-//! the local store. The xxh3-64 of the bytes must match the holder's before the object is
-//! sealed; a mismatch abandons it. Concurrent pulls of one object share a single transfer.
+//! `node.transfer_max_in_flight` bytes of requests outstanding. A chunk goes from the holder's
+//! store to its socket and from the puller's socket into the new object without passing
+//! through any buffer (it is the reply's attachment). The puller hashes the chunks in order as
+//! they arrive; the object's xxh3-64 must match the holder's (which the holder's store usually
+//! knows from when the object was sealed) before it is sealed, and a mismatch abandons it.
+//! Concurrent pulls of one object share a single transfer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_objectstore::{ObjectStore, ObjectWriter};
+use floe_core::wire::{Attachment, PeerKind, RpcClient, WireConfig};
+use floe_objectstore::{ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
-use tokio::task::JoinSet;
-use xxhash_rust::xxh3::xxh3_64;
+use tokio::sync::mpsc::UnboundedSender;
+use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
 
 use super::protocol::{Bytes, NodeProtocol, NodeRequest, NodeResponse, ObjectMeta, OutputRef};
 use super::{Error, Result};
@@ -65,31 +72,29 @@ impl Transfers {
         let bytes = view.as_bytes();
         Ok(ObjectMeta {
             size: bytes.len() as u64,
-            checksum: xxh3_64(bytes),
+            checksum: self
+                .store
+                .checksum(object)
+                .unwrap_or_else(|| xxh3_64(bytes)),
             inline: (bytes.len() as u64 <= self.inline_max).then(|| Bytes(bytes.to_vec())),
         })
     }
 
-    pub fn read_chunk(&self, object: ObjectId, offset: u64, len: u64) -> Result<Bytes> {
+    /// A chunk of a local object as an attachment that keeps the object pinned until it is
+    /// sent.
+    pub fn read_chunk(&self, object: ObjectId, offset: u64, len: u64) -> Result<Attachment> {
         let view = self.store.get(object)?;
-        let bytes = view.as_bytes();
-        let start = usize::try_from(offset)
-            .ok()
-            .filter(|start| *start <= bytes.len());
+        let size = view.len();
+        let start = usize::try_from(offset).ok().filter(|start| *start <= size);
         let range = start.and_then(|start| {
-            let end = start
-                .saturating_add(usize::try_from(len).ok()?)
-                .min(bytes.len());
+            let end = start.saturating_add(usize::try_from(len).ok()?).min(size);
             Some(start..end)
         });
         let range = range.ok_or_else(|| Error::Transfer {
             object,
-            reason: format!(
-                "offset {offset} lies past the object's {} bytes",
-                bytes.len()
-            ),
+            reason: format!("offset {offset} lies past the object's {size} bytes"),
         })?;
-        Ok(Bytes(bytes[range].to_vec()))
+        Ok(Attachment::new(ViewRange { view, range }))
     }
 
     /// Makes `object` local, pulling it from `holder` unless it is here already.
@@ -139,7 +144,7 @@ impl Transfers {
             other => return Err(unexpected(object, &other)),
         };
         let writer = self.store.create(object, meta.size)?;
-        let writer = match meta.inline {
+        match meta.inline {
             Some(Bytes(bytes)) => {
                 let mut writer = writer;
                 if bytes.len() as u64 != meta.size {
@@ -153,95 +158,144 @@ impl Transfers {
                     });
                 }
                 writer.as_mut_slice().copy_from_slice(&bytes);
-                writer
+                seal_verified(writer, meta.checksum)
             }
             None => {
-                self.fetch_chunks(object, holder, client, meta.size, writer)
-                    .await?
+                let writer = self
+                    .fetch_chunks(object, holder, client, &meta, writer)
+                    .await?;
+                writer.seal_with_checksum(meta.checksum)?;
+                Ok(OutputRef {
+                    object,
+                    size: meta.size,
+                    checksum: meta.checksum,
+                    rows: None,
+                })
             }
-        };
-        seal_verified(writer, meta.checksum)
+        }
     }
 
-    /// Fills `writer` with chunks read over parallel connections.
+    /// Fills `writer` with chunks read over parallel connections, each connection taking
+    /// every `connections`-th chunk, and checks the whole object against `checksum`: the
+    /// chunks are hashed in order as they arrive, while they are still in the cache.
     async fn fetch_chunks(
         &self,
         object: ObjectId,
         holder: &str,
         first: RpcClient<NodeProtocol>,
-        size: u64,
-        writer: ObjectWriter,
+        meta: &ObjectMeta,
+        mut writer: ObjectWriter,
     ) -> Result<ObjectWriter> {
-        let chunks = size.div_ceil(self.chunk);
-        let connections = (self.max_in_flight / self.chunk).clamp(1, chunks.max(1));
-        let writer = Arc::new(Mutex::new(writer));
-        let next_chunk = Arc::new(AtomicU64::new(0));
-        let mut readers = JoinSet::new();
-        let mut first = Some(first);
-        for _ in 0..connections {
-            let client = match first.take() {
-                Some(client) => client,
-                None => RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?,
+        let chunks = meta.size.div_ceil(self.chunk).max(1);
+        let connections = (self.max_in_flight / self.chunk).clamp(1, chunks);
+        let mut clients = vec![first];
+        for _ in 1..connections {
+            clients.push(RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?);
+        }
+        // `chunk` is at most a frame's size, which fits in usize.
+        let chunk = self.chunk as usize;
+        let actual = {
+            let mut shares: Vec<Vec<(usize, &mut [u8])>> =
+                clients.iter().map(|_| Vec::new()).collect();
+            for (index, piece) in writer.as_mut_slice().chunks_mut(chunk).enumerate() {
+                shares[index % clients.len()].push((index, piece));
+            }
+            let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+            let readers: Vec<_> = clients
+                .into_iter()
+                .zip(shares)
+                .map(|(client, share)| read_chunks(client, object, chunk, share, arrived.clone()))
+                .collect();
+            drop(arrived);
+            let hash_in_order = async {
+                let mut hasher = Xxh3Default::new();
+                let mut waiting = BTreeMap::new();
+                let mut next = 0;
+                while let Some((index, piece)) = arrivals.recv().await {
+                    waiting.insert(index, piece);
+                    while let Some(piece) = waiting.remove(&next) {
+                        hasher.update(piece);
+                        next += 1;
+                    }
+                }
+                Ok(hasher.digest())
             };
-            readers.spawn(read_chunks(
-                client,
+            let ((), actual) = tokio::try_join!(join_all(readers), hash_in_order)?;
+            actual
+        };
+        if actual != meta.checksum {
+            // Dropping the unsealed writer abandons the object.
+            return Err(Error::ChecksumMismatch {
                 object,
-                size,
-                self.chunk,
-                Arc::clone(&next_chunk),
-                Arc::clone(&writer),
-            ));
+                expected: meta.checksum,
+                actual,
+            });
         }
-        while let Some(joined) = readers.join_next().await {
-            joined.map_err(|error| Error::Transfer {
-                object,
-                reason: format!("a chunk reader failed: {error}"),
-            })??;
-        }
-        Arc::try_unwrap(writer)
-            .map(|writer| writer.into_inner().unwrap_or_else(PoisonError::into_inner))
-            .map_err(|_| Error::Transfer {
-                object,
-                reason: "a chunk reader outlived the transfer".into(),
-            })
+        Ok(writer)
     }
 }
 
-/// One connection's share of a transfer: claims the next chunk until none are left.
-async fn read_chunks(
+/// A pinned object's bytes in `range`, sent as an attachment.
+struct ViewRange {
+    view: ObjectView,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for ViewRange {
+    fn as_ref(&self) -> &[u8] {
+        &self.view.as_bytes()[self.range.clone()]
+    }
+}
+
+/// One connection's share of a transfer: reads each chunk straight into its place in the
+/// object, then hands it on to be hashed.
+async fn read_chunks<'a>(
     mut client: RpcClient<NodeProtocol>,
     object: ObjectId,
-    size: u64,
-    chunk: u64,
-    next_chunk: Arc<AtomicU64>,
-    writer: Arc<Mutex<ObjectWriter>>,
+    chunk: usize,
+    share: Vec<(usize, &'a mut [u8])>,
+    arrived: UnboundedSender<(usize, &'a mut [u8])>,
 ) -> Result<()> {
-    loop {
-        let offset = next_chunk.fetch_add(1, Ordering::Relaxed) * chunk;
-        if offset >= size {
-            return Ok(());
-        }
-        let len = chunk.min(size - offset);
+    for (index, piece) in share {
         let request = NodeRequest::ReadChunk {
             object,
-            offset,
-            len,
+            offset: (index * chunk) as u64,
+            len: piece.len() as u64,
         };
-        let bytes = match client.call(&request).await? {
-            NodeResponse::Chunk(Bytes(bytes)) => bytes,
+        match client.call_into(&request, piece).await? {
+            NodeResponse::Chunk => {}
             other => return Err(unexpected(object, &other)),
-        };
-        if bytes.len() as u64 != len {
-            return Err(Error::Transfer {
-                object,
-                reason: format!("asked for {len} bytes at {offset}, got {}", bytes.len()),
-            });
         }
-        // `offset + len <= size`, the writer's length, which fits in usize.
-        let start = offset as usize;
-        let mut writer = writer.lock().unwrap_or_else(PoisonError::into_inner);
-        writer.as_mut_slice()[start..start + bytes.len()].copy_from_slice(&bytes);
+        // The receiver only stops early when the transfer has failed anyway.
+        let _ = arrived.send((index, piece));
     }
+    Ok(())
+}
+
+/// Runs `futures` concurrently on the current task until all succeed or one fails. (A
+/// `JoinSet` would need `'static` futures; these borrow disjoint parts of one object.)
+async fn join_all<F: Future<Output = Result<()>>>(
+    futures: impl IntoIterator<Item = F>,
+) -> Result<()> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        let mut index = 0;
+        while index < pending.len() {
+            match pending[index].as_mut().poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    drop(pending.swap_remove(index));
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => index += 1,
+            }
+        }
+        if pending.is_empty() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
@@ -257,7 +311,7 @@ fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
             actual: checksum,
         });
     }
-    writer.seal()?;
+    writer.seal_with_checksum(checksum)?;
     Ok(OutputRef {
         object,
         size,
@@ -338,8 +392,12 @@ mod tests {
         let meta = transfers.meta(large).unwrap();
         assert_eq!((meta.size, meta.inline), (10, None));
 
-        assert_eq!(transfers.read_chunk(large, 3, 4).unwrap().0, b"3456");
-        assert_eq!(transfers.read_chunk(large, 8, 100).unwrap().0, b"89");
+        assert_eq!(
+            transfers.read_chunk(large, 3, 4).unwrap().as_bytes(),
+            b"3456"
+        );
+        let tail = transfers.read_chunk(large, 8, 100).unwrap();
+        assert_eq!(tail.as_bytes(), b"89");
         assert!(transfers.read_chunk(large, 11, 1).is_err());
         assert!(matches!(
             transfers.meta(ObjectId::new(3)),
