@@ -132,6 +132,8 @@ pub struct ActorRecord {
     pub id: ActorId,
     pub kind: String,
     pub node: NodeId,
+    /// The job that owns the actor; its record goes when the job ends.
+    pub job: JobId,
 }
 
 /// One cached output shard of an operator.
@@ -190,10 +192,12 @@ pub enum Command {
     CancelJob {
         job: JobId,
     },
+    /// Records where a running job's actor lives (the node its placement chose).
     RegisterActor {
         actor: ActorId,
         kind: String,
         node: NodeId,
+        job: JobId,
     },
     RemoveActor {
         actor: ActorId,
@@ -372,6 +376,7 @@ impl ClusterState {
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
                 record.driver = None;
+                self.actors.retain(|_, actor| actor.job != job);
                 Outcome::Applied
             }
             Command::CancelJob { job } => {
@@ -385,9 +390,21 @@ impl ClusterState {
                 }
                 Outcome::Applied
             }
-            Command::RegisterActor { actor, kind, node } => {
+            Command::RegisterActor {
+                actor,
+                kind,
+                node,
+                job,
+            } => {
                 if !self.nodes.get(&node).is_some_and(NodeRecord::is_alive) {
                     return Outcome::Rejected(format!("node {node} is not alive"));
+                }
+                if !self
+                    .jobs
+                    .get(&job)
+                    .is_some_and(|record| record.status == JobStatus::Running)
+                {
+                    return Outcome::Rejected(format!("job {job} is not running"));
                 }
                 self.actors.insert(
                     actor,
@@ -395,6 +412,7 @@ impl ClusterState {
                         id: actor,
                         kind,
                         node,
+                        job,
                     },
                 );
                 Outcome::Applied

@@ -144,6 +144,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
                 actor,
                 kind: "HashShuffleAggregator".into(),
                 node,
+                job,
             },
         );
     }
@@ -200,6 +201,35 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         Some(Outcome::Rejected(_))
     ));
     assert_eq!(register(&mut state, 11, "a:1").get(), 3);
+}
+
+#[test]
+fn actors_belong_to_a_running_job_and_end_with_it() {
+    let mut state = ClusterState::default();
+    let node = register(&mut state, 1, "a:1");
+    state.apply(2, submit_job(1));
+    let job = JobId::new(1);
+    let actor = ActorId::new(5);
+    let register_actor = Command::RegisterActor {
+        actor,
+        kind: "HashShuffleAggregator".into(),
+        node,
+        job,
+    };
+    assert!(
+        matches!(state.apply(3, register_actor.clone()), Some(Outcome::Rejected(reason)) if reason.contains("not running")),
+        "a pending job has no driver to own actors"
+    );
+    state.apply(4, Command::StartDriver { job, node });
+    assert_eq!(state.apply(5, register_actor), Some(Outcome::Applied));
+    assert_eq!(state.actors[&actor].job, job);
+    let finish = Command::FinishJob {
+        job,
+        attempt: 1,
+        outcome: succeeded(),
+    };
+    assert_eq!(state.apply(6, finish), Some(Outcome::Applied));
+    assert!(state.actors.is_empty(), "the job's actors end with it");
 }
 
 #[test]
