@@ -635,6 +635,8 @@ struct OperatorStatsJson {
     cache_hits: u64,
     cache_misses: u64,
     hot_key: Option<String>,
+    aggregators: u64,
+    aggregators_recreated: u64,
 }
 
 #[derive(Serialize)]
@@ -666,6 +668,8 @@ impl From<&JobStats> for StatsJson {
                     cache_hits: op.cache_hits,
                     cache_misses: op.cache_misses,
                     hot_key: op.hot_key.clone(),
+                    aggregators: op.aggregators,
+                    aggregators_recreated: op.aggregators_recreated,
                 })
                 .collect(),
         }
