@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_core::{NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_node::agent::local::{LocalNode, LocalNodeConfig};
 use floe_node::agent::protocol::{
-    InputRef, NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, TaskFailure,
-    TaskKind, TaskSpec,
+    ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
+    NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
 };
 use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
 use floe_scheduler::placement::{PlacementRequest, Strategy};
@@ -310,6 +310,154 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains(&missing.to_string()), "{error}");
+}
+
+async fn call_actor(
+    addr: &str,
+    actor: ActorId,
+    message: ActorMessage,
+    forwarded: bool,
+) -> Result<ActorReply, ActorFailure> {
+    let request = NodeRequest::CallActor {
+        actor,
+        message,
+        forwarded,
+    };
+    match call(addr, request).await {
+        NodeResponse::Actor(reply) => reply,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    let schedulers = cluster.addrs();
+    let a = start_node(dir.path(), "a", &schedulers, &[]);
+    let b = start_node(dir.path(), "b", &schedulers, &[]);
+    wait_ready(&a, 2).await;
+    wait_ready(&b, 2).await;
+    // A shard on B (above the inline limit, so it moves in chunks) and one on A.
+    let remote = run(
+        b.addr(),
+        1,
+        TaskKind::Fill {
+            bytes: 300_000,
+            seed: 3,
+        },
+        vec![],
+    )
+    .await
+    .unwrap()[0];
+    let local = run(
+        a.addr(),
+        2,
+        TaskKind::Fill {
+            bytes: 1_000,
+            seed: 4,
+        },
+        vec![],
+    )
+    .await
+    .unwrap()[0];
+
+    let actor = ActorId::new(77);
+    let spec = ActorSpec {
+        actor,
+        job: JobId::new(1),
+        kind: ActorKind::HashShuffleAggregator { slot: 0, slots: 2 },
+    };
+    assert_eq!(
+        call(a.addr(), NodeRequest::CreateActor(spec)).await,
+        NodeResponse::ActorCreated
+    );
+    assert_eq!(status(a.addr()).await.actors, [actor]);
+
+    // Partitions 0 and 2 are slot 0's: the remote shard is pulled into A's store.
+    let shards = vec![
+        PushedShard {
+            partition: 0,
+            object: remote.object,
+            holder: Some(b.addr().to_owned()),
+        },
+        PushedShard {
+            partition: 2,
+            object: local.object,
+            holder: None,
+        },
+    ];
+    let reply = call_actor(a.addr(), actor, ActorMessage::Push(shards), false).await;
+    assert_eq!(
+        reply,
+        Ok(ActorReply::Pushed {
+            held_bytes: remote.size + local.size
+        })
+    );
+    assert_eq!(
+        read_start(a.addr(), remote.object, 300_000).await,
+        fill_pattern(300_000, 3)
+    );
+
+    // Partition 1 is slot 1's.
+    let refused = PushedShard {
+        partition: 1,
+        object: local.object,
+        holder: None,
+    };
+    let reply = call_actor(a.addr(), actor, ActorMessage::Push(vec![refused]), false).await;
+    assert!(
+        matches!(reply, Err(ActorFailure::Refused { .. })),
+        "{reply:?}"
+    );
+
+    // B does not host it: a forwarded call ends there, a direct one finds no record to
+    // route by (the scheduler only records actors of running jobs, placed by their driver).
+    let reply = call_actor(b.addr(), actor, ActorMessage::Push(Vec::new()), true).await;
+    assert!(
+        matches!(&reply, Err(ActorFailure::Gone { reason, .. }) if reason.contains("does not host")),
+        "{reply:?}"
+    );
+    let reply = call_actor(b.addr(), actor, ActorMessage::Push(Vec::new()), false).await;
+    assert!(
+        matches!(&reply, Err(ActorFailure::Gone { reason, .. }) if reason.contains("no record")),
+        "{reply:?}"
+    );
+
+    // Stopped, it drops the copy it pulled but not the shard that was A's own.
+    assert_eq!(
+        call(a.addr(), NodeRequest::StopActor { actor }).await,
+        NodeResponse::ActorStopped
+    );
+    assert!(status(a.addr()).await.actors.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let meta = |object| NodeRequest::ObjectMeta { object };
+    while client(a.addr())
+        .await
+        .call(&meta(remote.object))
+        .await
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the pulled copy was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        client(a.addr())
+            .await
+            .call(&meta(local.object))
+            .await
+            .is_ok()
+    );
+    assert!(
+        client(b.addr())
+            .await
+            .call(&meta(remote.object))
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,10 +3,11 @@
 //! It owns the node's shared-memory [`ObjectStore`], registers the node with the scheduler
 //! (with the cluster token, through a [`SchedulerClient`] that follows the leader across
 //! failovers), sends heartbeats with its resource use, serves the node RPC service
-//! ([`protocol::NodeProtocol`]: tasks, object transfer, status), supervises its `floe worker`
-//! processes ([`pool`]), and runs the memory monitor. On SIGTERM it tells the scheduler it is
+//! ([`protocol::NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
+//! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
 //! leaving, kills its workers and unlinks its shared memory.
 
+mod actors;
 pub(crate) mod exchange;
 pub mod local;
 mod monitor;
@@ -36,6 +37,7 @@ use floe_scheduler::state::{Command, NodeAddresses, NodeMemory, Resources};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
+use self::actors::ActorHost;
 use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use self::protocol::{
@@ -116,6 +118,7 @@ struct Shared {
     /// `data.allowed_paths`: what a task may read and write.
     allowed: AllowedPaths,
     transfers: Transfers,
+    actors: ActorHost,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
 }
@@ -141,14 +144,20 @@ impl Shared {
         let mut pulled = Vec::new();
         let result = self.run_with_inputs(spec, &mut pulled).await;
         // Copies pulled from other nodes were this task's inputs only (their owners free the
-        // originals); a copy another running task reads goes when that task lets go of it.
+        // originals).
+        self.drop_copies(&pulled);
+        result
+    }
+
+    /// Deletes copies this node pulled from others; a copy a running task still reads goes
+    /// when that task lets go of it.
+    fn drop_copies(&self, pulled: &[ObjectId]) {
         for object in pulled {
-            match self.store.delete(object) {
+            match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot drop a pulled copy"),
             }
         }
-        result
     }
 
     async fn run_with_inputs(
@@ -375,6 +384,7 @@ impl Shared {
             workers_respawned: self.pool.respawned(),
             pulls_started: self.transfers.pulls_started(),
             store: self.store.stats(),
+            actors: self.actors.hosted(),
         }
     }
 }
@@ -464,6 +474,21 @@ impl Handler<NodeProtocol> for Service {
                 let loaded = blocking(move || shared.load_cache_shard(&load)).await?;
                 Ok(NodeResponse::CacheLoaded(loaded))
             }
+            NodeRequest::CreateActor(spec) => {
+                shared.actors.create(spec, Arc::clone(shared));
+                Ok(NodeResponse::ActorCreated)
+            }
+            NodeRequest::CallActor {
+                actor,
+                message,
+                forwarded,
+            } => Ok(NodeResponse::Actor(
+                shared.actors.call(actor, message, forwarded).await,
+            )),
+            NodeRequest::StopActor { actor } => {
+                shared.actors.stop(actor);
+                Ok(NodeResponse::ActorStopped)
+            }
         }
     }
 }
@@ -519,6 +544,7 @@ impl NodeAgent {
         let shared = Arc::new(Shared {
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
+            actors: ActorHost::start(options.schedulers.clone(), &wire)?,
             store,
             cache,
             drivers: Mutex::new(BTreeMap::new()),
@@ -633,6 +659,8 @@ impl NodeAgent {
         ) {
             driver.abort();
         }
+        // Actors hold the shared state: stopping them lets the store's last handle go below.
+        shared.actors.shutdown();
         shared.pool.shutdown().await;
         let processes = Arc::clone(&shared.processes);
         let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;

@@ -1,11 +1,11 @@
-//! The RPC service every node agent serves on `node.rpc_port`: tasks from drivers, and object
-//! transfer between nodes.
+//! The RPC service every node agent serves on `node.rpc_port`: tasks from drivers, object
+//! transfer between nodes, and calls to the actors the node hosts (or routes).
 
 use arrow::datatypes::Schema;
 use floe_core::fingerprint::FingerprintInputs;
 use floe_core::plan::physical::Stage;
 use floe_core::wire::Protocol;
-use floe_core::{Fingerprint, NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
 use floe_objectstore::StoreStats;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -176,6 +176,82 @@ impl TaskFailure {
     }
 }
 
+/// What an actor is, as created on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorSpec {
+    pub actor: ActorId,
+    /// The job that owns it; the actor ends with the job.
+    pub job: JobId,
+    pub kind: ActorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActorKind {
+    /// Receives a hash shuffle's map-side shards for the partitions it owns (those whose
+    /// number is `slot` modulo `slots`), keeping them in its node's object store, and reduces
+    /// each partition on its node.
+    HashShuffleAggregator { slot: u32, slots: u32 },
+}
+
+impl ActorKind {
+    /// The kind's name, as recorded in the scheduler's state.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActorKind::HashShuffleAggregator { .. } => "HashShuffleAggregator",
+        }
+    }
+}
+
+/// One map-side shard pushed to an aggregator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushedShard {
+    pub partition: u32,
+    pub object: ObjectId,
+    /// Where the shard is, if not on the aggregator's node.
+    pub holder: Option<String>,
+}
+
+/// A message to an actor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ActorMessage {
+    /// Shards for the aggregator's partitions: it pulls them into its node's store now, while
+    /// other map tasks still run.
+    Push(Vec<PushedShard>),
+    /// Reduces one partition on the aggregator's node. The task's inputs are the partition's
+    /// shards; those already pushed are read where the aggregator keeps them.
+    Reduce { partition: u32, task: TaskSpec },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActorReply {
+    /// Bytes the aggregator now holds for its partitions.
+    Pushed {
+        held_bytes: u64,
+    },
+    Reduced(Vec<OutputRef>),
+}
+
+/// Why an actor call failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ActorFailure {
+    /// No node hosts the actor (it was never created, was stopped, or died with its node).
+    #[error("actor {actor} is gone: {reason}")]
+    Gone { actor: ActorId, reason: String },
+    /// The message is not one the actor accepts (e.g. a partition it does not own).
+    #[error("actor {actor} refused the message: {reason}")]
+    Refused { actor: ActorId, reason: String },
+    /// A shard could not be pulled into the aggregator's node.
+    #[error("actor {actor} could not pull shard {object}: {reason}")]
+    Pull {
+        actor: ActorId,
+        object: ObjectId,
+        reason: String,
+    },
+    /// The reduce task failed.
+    #[error("{0}")]
+    Task(TaskFailure),
+}
+
 /// A sealed object's size and checksum; small objects come with their bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectMeta {
@@ -207,6 +283,8 @@ pub struct NodeStatus {
     /// Pulls that transferred an object (coalesced requests count once).
     pub pulls_started: u64,
     pub store: StoreStats,
+    /// The actors this node hosts.
+    pub actors: Vec<ActorId>,
 }
 
 /// One cache shard to write from objects in this node's store.
@@ -266,6 +344,20 @@ pub enum NodeRequest {
     WriteCacheShard(ShardWrite),
     /// Loads one cache shard as a block; `None` when the shard is gone or failed verification.
     LoadCacheShard(ShardLoad),
+    /// Starts hosting an actor the scheduler placed here.
+    CreateActor(ActorSpec),
+    /// Delivers a message to an actor, wherever it is: a node that does not host it forwards
+    /// the call (once) to the node the scheduler's state names.
+    CallActor {
+        actor: ActorId,
+        message: ActorMessage,
+        /// Set on a call one node already forwarded, so a stale route never loops.
+        forwarded: bool,
+    },
+    /// Stops hosting an actor; its state (shards it pulled) is dropped.
+    StopActor {
+        actor: ActorId,
+    },
     Status,
 }
 
@@ -286,5 +378,8 @@ pub enum NodeResponse {
     /// The object is in this node's store, checksum verified.
     Pulled(OutputRef),
     Freed,
+    ActorCreated,
+    Actor(Result<ActorReply, ActorFailure>),
+    ActorStopped,
     Status(Box<NodeStatus>),
 }

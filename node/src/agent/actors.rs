@@ -1,0 +1,423 @@
+//! Actors: long-lived, stateful objects addressable cluster-wide by [`ActorId`].
+//!
+//! The scheduler places an actor (a `Place` through the usual policy) and records where it
+//! lives in its replicated state (`RegisterActor`); the chosen node's agent then hosts it as an
+//! actix actor on the agent's actor thread ([`ActorHost`], one actix `System`). A call reaches
+//! an actor through any node: the agent that hosts it delivers the message to its mailbox,
+//! any other agent looks the actor up in the scheduler's state and forwards the call once, so
+//! a stale route ends in [`ActorFailure::Gone`] instead of a loop. An actor's heavy work (a
+//! reduce) still runs as a task on the node's worker processes, so nothing an actor computes
+//! can take the agent down; the actor itself owns only bookkeeping. An actor dies with its
+//! node (the scheduler drops its record when the node's death commits) or when its owner
+//! stops it; whoever owns it creates it again elsewhere.
+//!
+//! The one kind today is the [`HashShuffleAggregator`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use actix::{Actor, ActorFutureExt, Addr, ArbiterHandle, Context, Handler, Message, WrapFuture};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::{ActorId, JobId, ObjectId};
+use floe_scheduler::client::SchedulerClient;
+use tokio::runtime::Handle;
+
+use super::protocol::{
+    ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, NodeProtocol, NodeRequest,
+    NodeResponse, PushedShard, TaskSpec,
+};
+use super::{Error, Result, Shared};
+
+/// How long a forwarded call may wait for its reply: a reduce runs as long as its task.
+const FORWARD_REPLY_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// Routes remembered at most; actors come and go with jobs, so the table starts over rather
+/// than growing with every actor the node ever routed to.
+const MAX_ROUTES: usize = 10_000;
+
+type Reply = std::result::Result<ActorReply, ActorFailure>;
+
+/// The actors this node hosts, and the routes it learned to actors elsewhere.
+pub(crate) struct ActorHost {
+    system: actix::System,
+    arbiter: ArbiterHandle,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    hosted: Mutex<BTreeMap<ActorId, Hosted>>,
+    /// Actor → the RPC address of the node hosting it, as last read from the scheduler.
+    routes: Mutex<BTreeMap<ActorId, String>>,
+    schedulers: Vec<String>,
+    /// The configured wire, with a read timeout long enough for a forwarded reduce.
+    forward_wire: WireConfig,
+}
+
+struct Hosted {
+    job: JobId,
+    address: Addr<HashShuffleAggregator>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ActorHost {
+    /// Starts the actor thread (an actix `System` with its arbiter).
+    pub fn start(schedulers: Vec<String>, wire: &WireConfig) -> Result<Self> {
+        let (started, handles) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("floe-actors".into())
+            .spawn(move || {
+                let runner = actix::System::new();
+                let _ = started.send((actix::System::current(), actix::Arbiter::current()));
+                if let Err(error) = runner.run() {
+                    tracing::error!(%error, "the actor system stopped with an error");
+                }
+            })
+            .map_err(|source| Error::Io {
+                op: "starting the actor thread",
+                source,
+            })?;
+        let (system, arbiter) = handles
+            .recv()
+            .map_err(|_| Error::Worker("the actor thread exited before starting".into()))?;
+        let mut forward_wire = wire.clone();
+        forward_wire.timeouts.read_ms = forward_wire.timeouts.read_ms.max(FORWARD_REPLY_TIMEOUT_MS);
+        Ok(Self {
+            system,
+            arbiter,
+            thread: Mutex::new(Some(thread)),
+            hosted: Mutex::new(BTreeMap::new()),
+            routes: Mutex::new(BTreeMap::new()),
+            schedulers,
+            forward_wire,
+        })
+    }
+
+    /// The actors hosted here.
+    pub fn hosted(&self) -> Vec<ActorId> {
+        lock(&self.hosted).keys().copied().collect()
+    }
+
+    /// Starts hosting `spec`'s actor. Creating one that is already here is a no-op, so a
+    /// retried creation is harmless.
+    pub fn create(&self, spec: ActorSpec, shared: Arc<Shared>) {
+        let mut hosted = lock(&self.hosted);
+        if hosted.contains_key(&spec.actor) {
+            return;
+        }
+        let ActorKind::HashShuffleAggregator { slot, slots } = spec.kind;
+        let aggregator = HashShuffleAggregator {
+            actor: spec.actor,
+            slot,
+            slots: slots.max(1),
+            held: BTreeMap::new(),
+            shared,
+            runtime: Handle::current(),
+        };
+        let address = HashShuffleAggregator::start_in_arbiter(&self.arbiter, |_| aggregator);
+        tracing::info!(actor = %spec.actor, job = %spec.job, "hosting a hash-shuffle aggregator");
+        hosted.insert(
+            spec.actor,
+            Hosted {
+                job: spec.job,
+                address,
+            },
+        );
+    }
+
+    /// Stops hosting an actor; it drops what it holds once its last message is handled.
+    pub fn stop(&self, actor: ActorId) {
+        if let Some(hosted) = lock(&self.hosted).remove(&actor) {
+            tracing::info!(%actor, job = %hosted.job, "stopped an actor");
+        }
+    }
+
+    /// Delivers `message` to `actor`, here or (unless `forwarded`) on the node hosting it.
+    pub async fn call(&self, actor: ActorId, message: ActorMessage, forwarded: bool) -> Reply {
+        let local = lock(&self.hosted)
+            .get(&actor)
+            .map(|hosted| hosted.address.clone());
+        if let Some(address) = local {
+            return address.send(Call(message)).await.unwrap_or_else(|error| {
+                Err(ActorFailure::Gone {
+                    actor,
+                    reason: format!("its mailbox closed: {error}"),
+                })
+            });
+        }
+        if forwarded {
+            return Err(ActorFailure::Gone {
+                actor,
+                reason: "the node the call was forwarded to does not host it".into(),
+            });
+        }
+        let addr = self.route(actor).await?;
+        let request = NodeRequest::CallActor {
+            actor,
+            message,
+            forwarded: true,
+        };
+        let reply = async {
+            let mut client = RpcClient::<NodeProtocol>::connect(
+                &addr,
+                self.forward_wire.clone(),
+                PeerKind::Node,
+            )
+            .await?;
+            client.call(&request).await
+        };
+        match reply.await {
+            Ok(NodeResponse::Actor(reply)) => {
+                if matches!(reply, Err(ActorFailure::Gone { .. })) {
+                    lock(&self.routes).remove(&actor);
+                }
+                reply
+            }
+            Ok(other) => Err(ActorFailure::Gone {
+                actor,
+                reason: format!("its node answered {other:?}"),
+            }),
+            Err(error) => {
+                lock(&self.routes).remove(&actor);
+                Err(ActorFailure::Gone {
+                    actor,
+                    reason: format!("its node {addr} is unreachable: {error}"),
+                })
+            }
+        }
+    }
+
+    /// The address of the node hosting `actor`, from the cache or the scheduler's state.
+    async fn route(&self, actor: ActorId) -> std::result::Result<String, ActorFailure> {
+        if let Some(addr) = lock(&self.routes).get(&actor) {
+            return Ok(addr.clone());
+        }
+        let gone = |reason: String| ActorFailure::Gone { actor, reason };
+        let state = async {
+            let mut client = SchedulerClient::new(
+                self.schedulers.clone(),
+                self.forward_wire.clone(),
+                PeerKind::Node,
+            )?;
+            client.read_state().await
+        };
+        let state = state
+            .await
+            .map_err(|error| gone(format!("cannot read the cluster state: {error}")))?;
+        let record = state
+            .actors
+            .get(&actor)
+            .ok_or_else(|| gone("the scheduler has no record of it".into()))?;
+        let addr = state
+            .nodes
+            .get(&record.node)
+            .filter(|node| node.is_alive())
+            .map(|node| node.addresses.rpc.clone())
+            .ok_or_else(|| gone(format!("its node {} is not alive", record.node)))?;
+        let mut routes = lock(&self.routes);
+        if routes.len() >= MAX_ROUTES {
+            routes.clear();
+        }
+        routes.insert(actor, addr.clone());
+        Ok(addr)
+    }
+
+    /// Stops every actor and the actor thread.
+    pub fn shutdown(&self) {
+        lock(&self.hosted).clear();
+        self.system.stop();
+        if let Some(thread) = lock(&self.thread).take()
+            && thread.join().is_err()
+        {
+            tracing::warn!("the actor thread panicked");
+        }
+    }
+}
+
+/// Every message an actor accepts, with its reply.
+struct Call(ActorMessage);
+
+impl Message for Call {
+    type Result = Reply;
+}
+
+/// One shard an aggregator holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    bytes: u64,
+    /// Pulled here by the aggregator (so it drops the copy); otherwise the shard was written
+    /// on this node and its owner frees it.
+    pulled: bool,
+}
+
+/// Owns a set of a hash shuffle's partitions. Map tasks' shards for them are pushed here as
+/// each map task finishes, so the bytes cross the network while other map tasks still run;
+/// the aggregator keeps them in its node's object store (which spills them under pressure:
+/// its own heap holds only their ids) and reduces each partition on its node's workers when
+/// the driver asks. Copies it pulled are dropped once their partition is reduced, or when it
+/// stops.
+pub(crate) struct HashShuffleAggregator {
+    actor: ActorId,
+    /// It owns the partitions whose number is `slot` modulo `slots`.
+    slot: u32,
+    slots: u32,
+    held: BTreeMap<u32, BTreeMap<ObjectId, Held>>,
+    shared: Arc<Shared>,
+    /// The agent's runtime, where pulls and tasks run (the actor thread only keeps books).
+    runtime: Handle,
+}
+
+impl Actor for HashShuffleAggregator {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        let pulled: Vec<ObjectId> = std::mem::take(&mut self.held)
+            .into_values()
+            .flatten()
+            .filter(|(_, held)| held.pulled)
+            .map(|(object, _)| object)
+            .collect();
+        self.shared.drop_copies(&pulled);
+    }
+}
+
+impl Handler<Call> for HashShuffleAggregator {
+    type Result = actix::ResponseActFuture<Self, Reply>;
+
+    fn handle(&mut self, Call(message): Call, _: &mut Self::Context) -> Self::Result {
+        let partition = match &message {
+            ActorMessage::Push(shards) => shards
+                .iter()
+                .map(|shard| shard.partition)
+                .find(|partition| !self.owns(*partition)),
+            ActorMessage::Reduce { partition, .. } => {
+                Some(*partition).filter(|partition| !self.owns(*partition))
+            }
+        };
+        if let Some(partition) = partition {
+            let refused = Err(ActorFailure::Refused {
+                actor: self.actor,
+                reason: format!("partition {partition} is not one of its partitions"),
+            });
+            return Box::pin(actix::fut::ready(refused));
+        }
+        match message {
+            ActorMessage::Push(shards) => self.push(shards),
+            ActorMessage::Reduce { partition, task } => self.reduce(partition, task),
+        }
+    }
+}
+
+impl HashShuffleAggregator {
+    fn owns(&self, partition: u32) -> bool {
+        partition % self.slots == self.slot
+    }
+
+    fn push(&mut self, shards: Vec<PushedShard>) -> actix::ResponseActFuture<Self, Reply> {
+        let shared = Arc::clone(&self.shared);
+        let actor = self.actor;
+        let pulls = self
+            .runtime
+            .spawn(async move { pull_shards(&shared, actor, shards).await });
+        let actor = self.actor;
+        let work = async move {
+            pulls.await.unwrap_or_else(|error| {
+                let failure = ActorFailure::Gone {
+                    actor,
+                    reason: format!("its pull task failed: {error}"),
+                };
+                (Vec::new(), Some(failure))
+            })
+        };
+        Box::pin(work.into_actor(self).map(|(arrived, failure), act, _| {
+            for (partition, object, held) in arrived {
+                let entry = act.held.entry(partition).or_default();
+                let held = match entry.get(&object) {
+                    Some(before) => Held {
+                        pulled: before.pulled || held.pulled,
+                        ..held
+                    },
+                    None => held,
+                };
+                entry.insert(object, held);
+            }
+            match failure {
+                Some(failure) => Err(failure),
+                None => Ok(ActorReply::Pushed {
+                    held_bytes: act.held_bytes(),
+                }),
+            }
+        }))
+    }
+
+    fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
+        let shared = Arc::clone(&self.shared);
+        let actor = self.actor;
+        let run = self
+            .runtime
+            .spawn(async move { shared.run_task(task).await });
+        let work = async move {
+            run.await.unwrap_or_else(|error| {
+                Err(super::protocol::TaskFailure::WorkerDied {
+                    reason: format!("actor {actor}'s reduce task failed: {error}"),
+                })
+            })
+        };
+        Box::pin(work.into_actor(self).map(move |result, act, _| {
+            let outputs = result.map_err(ActorFailure::Task)?;
+            let pulled: Vec<ObjectId> = act
+                .held
+                .remove(&partition)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, held)| held.pulled)
+                .map(|(object, _)| object)
+                .collect();
+            act.shared.drop_copies(&pulled);
+            Ok(ActorReply::Reduced(outputs))
+        }))
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|held| held.bytes)
+            .sum()
+    }
+}
+
+/// Pulls each shard not on this node yet. Returns what arrived, and the first failure (the
+/// shards after it are not tried: the driver's reduce pulls whatever is missing anyway).
+async fn pull_shards(
+    shared: &Shared,
+    actor: ActorId,
+    shards: Vec<PushedShard>,
+) -> (Vec<(u32, ObjectId, Held)>, Option<ActorFailure>) {
+    let mut arrived = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let failed = |reason: String| ActorFailure::Pull {
+            actor,
+            object: shard.object,
+            reason,
+        };
+        let held = match &shard.holder {
+            Some(holder) if !shared.store.contains(shard.object) => {
+                match shared.transfers.pull(shard.object, holder).await {
+                    Ok(pulled) => Held {
+                        bytes: pulled.size,
+                        pulled: true,
+                    },
+                    Err(error) => return (arrived, Some(failed(error.to_string()))),
+                }
+            }
+            _ => match shared.store.get(shard.object) {
+                Ok(view) => Held {
+                    bytes: view.len() as u64,
+                    pulled: false,
+                },
+                Err(error) => return (arrived, Some(failed(error.to_string()))),
+            },
+        };
+        arrived.push((shard.partition, shard.object, held));
+    }
+    (arrived, None)
+}
