@@ -147,6 +147,27 @@ impl TestCluster {
         }
     }
 
+    /// Waits until no node hosts an actor (stopping them is asynchronous).
+    async fn wait_for_no_actors(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].is_none() {
+                continue;
+            }
+            loop {
+                let actors = self.node_status(index).await.actors;
+                if actors.is_empty() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {index} still hosts {actors:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
     /// The index in `nodes` of the node the scheduler numbered `id`.
     async fn index_of(&self, id: NodeId) -> usize {
         for index in 0..self.nodes.len() {
@@ -614,6 +635,17 @@ async fn groupby_sort_join_unique_and_shuffle_match_independent_computations() {
         assert_eq!(*count, members.len() as i64, "count of {k}");
         assert_eq!(*sum, members.iter().sum::<i64>(), "sum of {k}");
     }
+    // The groupby reduced through aggregator actors (the sort, a range shuffle, did not), and
+    // they ended with the job: in the scheduler's state and on the nodes that hosted them.
+    let stats = record.stats.clone().unwrap();
+    let groupby = operator(&stats, "aggregate");
+    assert!(
+        groupby.aggregators >= 1 && groupby.aggregators_recreated == 0,
+        "{groupby:?}"
+    );
+    assert_eq!(operator(&stats, "sort").aggregators, 0);
+    assert!(cluster.state().await.actors.is_empty());
+    cluster.wait_for_no_actors().await;
 
     // A join, and distinct keys.
     let left = Dataset::range(2_000)
@@ -739,6 +771,70 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
         })
         .collect();
     assert_eq!(groups, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_right() {
+    let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
+    let n = 400_000i64;
+    let totals = slow_pipeline(n as u64, 100)
+        .with_column("k", col("id") % lit(13i64))
+        .unwrap()
+        .groupby(&["k"])
+        .agg(vec![
+            Aggregation::count_rows("n"),
+            Aggregation::of(AggFunction::Sum, "double"),
+        ])
+        .unwrap();
+    let job = cluster.submit(&totals, JobOptions::default()).await;
+    // The aggregators are created at the groupby's first input, placed with SPREAD and
+    // recorded in the replicated state: wait until they live on every node.
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    loop {
+        let state = cluster.state().await;
+        let nodes: std::collections::BTreeSet<NodeId> = state
+            .actors
+            .values()
+            .filter(|actor| actor.job == job && actor.kind == "HashShuffleAggregator")
+            .map(|actor| actor.node)
+            .collect();
+        if nodes.len() == 3 {
+            break;
+        }
+        assert!(
+            !state.jobs[&job].status.is_finished(),
+            "the job ended before its aggregators were spread: {:?}",
+            state.actors
+        );
+        assert!(Instant::now() < deadline, "the aggregators never spread");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every node hosts an aggregator, so the victim (not the driver's node) does.
+    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
+    let stats = record.stats.clone().unwrap();
+    let groupby = operator(&stats, "aggregate");
+    assert!(groupby.aggregators_recreated >= 1, "{groupby:?}");
+    let batches = cluster.outputs(&record).await;
+    let mut groups: Vec<(i64, i64, i64)> = int_column(&batches, "k")
+        .into_iter()
+        .zip(int_column(&batches, "n"))
+        .zip(int_column(&batches, "sum_double"))
+        .map(|((k, count), sum)| (k, count, sum))
+        .collect();
+    groups.sort();
+    let expected: Vec<(i64, i64, i64)> = (0..13)
+        .map(|k| {
+            let members: Vec<i64> = (0..n).filter(|id| id % 13 == k).collect();
+            (
+                k,
+                members.len() as i64,
+                members.iter().map(|id| id * 2).sum(),
+            )
+        })
+        .collect();
+    assert_eq!(groups, expected);
+    assert!(cluster.state().await.actors.is_empty());
+    cluster.wait_for_no_actors().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

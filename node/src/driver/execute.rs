@@ -26,18 +26,19 @@ use floe_core::job::{
 };
 use floe_core::plan::physical::{Stage, StageKind};
 use floe_core::plan::{Operator, SeedChoice};
-use floe_core::{Fingerprint, JobId, NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
 use floe_scheduler::placement::{PlacementRequest, Strategy};
 use floe_scheduler::state::{CachedShard, Command, JobOutcome, JobStatus};
 use tokio::sync::mpsc;
 
 use super::DriverConfig;
+use super::aggregators::{self, Aggregators};
 use super::cluster::Cluster;
 use super::plan::{CacheTarget, Planned, SourceTask, Work};
 use crate::agent::exchange::SAMPLE_ROWS_PER_PARTITION;
 use crate::agent::protocol::{
-    InputRef, NodeRequest, NodeResponse, OutputRef, ShardLoad, ShardWrite, StageInput, StageTask,
-    TaskFailure, TaskKind, TaskSpec,
+    ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, OutputRef,
+    ShardLoad, ShardWrite, StageInput, StageTask, TaskFailure, TaskKind, TaskSpec,
 };
 use crate::agent::tasks::output_id;
 use crate::udf::process::process_udfs;
@@ -127,6 +128,8 @@ enum TaskError {
     Unreachable(String),
     /// A shard the cache index named is gone (cleaned, evicted or damaged).
     StaleCache(String),
+    /// The aggregator a reduce was sent to is gone (or refused it).
+    ActorGone(String),
 }
 
 /// How an execution ended.
@@ -150,6 +153,19 @@ enum Event {
     },
     /// A task to run again after a pause.
     Requeue { op: usize, launch: Launch },
+    /// An aggregator's creation ended: where it runs, or why it could not be created.
+    AggregatorCreated {
+        op: usize,
+        slot: usize,
+        actor: ActorId,
+        result: Result<NodeId, String>,
+    },
+    /// An aggregator whose creation failed is to be tried again, after a pause.
+    RetryAggregator {
+        op: usize,
+        slot: usize,
+        actor: ActorId,
+    },
 }
 
 /// Where a shuffle is: inputs are collected until every input has ended, then (for a sort)
@@ -183,6 +199,8 @@ struct ShuffleState {
     hot_partition: Option<HotPartition>,
     /// The block naming its most frequent key.
     hot_key_block: Option<ObjectId>,
+    /// A hash shuffle's aggregator actors, from its first input until it closes.
+    aggregators: Option<Aggregators>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -413,8 +431,9 @@ impl Execution {
                 }
                 _ = progress.tick() => {
                     // Also learns of nodes committed dead, for tasks waiting on them.
-                    if let Err(error) = self.cluster.read_state().await {
-                        tracing::warn!(job = %self.job, %error, "cannot read the cluster state");
+                    match self.cluster.read_state().await {
+                        Ok(_) => self.replace_dead_aggregators(),
+                        Err(error) => tracing::warn!(job = %self.job, %error, "cannot read the cluster state"),
                     }
                     match self.cluster.report_progress(self.job, self.progress()).await {
                         Ok(true) => cancelled = true,
@@ -428,6 +447,9 @@ impl Execution {
             self.cancel_running().await;
         } else {
             self.recover_lost_outputs().await;
+        }
+        for index in 0..self.ops.len() {
+            self.stop_aggregators(index);
         }
         self.drain().await;
         let status = match (&self.failure, cancelled) {
@@ -669,6 +691,7 @@ impl Execution {
         {
             return;
         }
+        self.stop_aggregators(index);
         let op = &mut self.ops[index];
         op.closed = true;
         op.ended.get_or_insert_with(Instant::now);
@@ -712,6 +735,21 @@ impl Execution {
     }
 
     fn start(&mut self, index: usize, launch: Launch) {
+        let aggregator = match self.aggregator_for(index, &launch) {
+            Ok(aggregator) => aggregator,
+            Err(()) => {
+                // Its aggregator is being created: ask again after a pause, the task counted
+                // as running meanwhile.
+                self.ops[index].running += 1;
+                self.running.insert(launch.task);
+                let events = self.events_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::Requeue { op: index, launch });
+                });
+                return;
+            }
+        };
         let op = &mut self.ops[index];
         op.running += 1;
         op.started.get_or_insert_with(Instant::now);
@@ -730,6 +768,7 @@ impl Execution {
             stage: Arc::clone(&self.ops[index].stage),
             input_schemas: Arc::clone(&self.ops[index].input_schemas),
             strategy: self.strategy(index, &inputs, launch.avoid),
+            aggregator,
         };
         let events = self.events_tx.clone();
         tokio::spawn(async move {
@@ -741,6 +780,30 @@ impl Execution {
                 result,
             });
         });
+    }
+
+    /// The aggregator a hash shuffle's reduce goes through: `Ok(None)` for any other task,
+    /// `Err` while the partition's aggregator is being created.
+    fn aggregator_for(
+        &self,
+        index: usize,
+        launch: &Launch,
+    ) -> Result<Option<(ActorId, NodeId)>, ()> {
+        let (
+            Recipe::Compute {
+                input: StageInput::Reduce { partition, .. },
+                ..
+            },
+            Some(pool),
+        ) = (&launch.recipe, &self.ops[index].shuffle.aggregators)
+        else {
+            return Ok(None);
+        };
+        let slot = &pool.slots[pool.slot_of(*partition)];
+        match slot.node {
+            Some(node) => Ok(Some((slot.actor, node))),
+            None => Err(()),
+        }
     }
 
     fn strategy(
@@ -788,6 +851,13 @@ impl Execution {
                     tracing::warn!(job = %self.job, operator = %self.ops[op].name, %message, "a cache shard was not written");
                 }
             }
+            Event::AggregatorCreated {
+                op,
+                slot,
+                actor,
+                result,
+            } => self.aggregator_created(op, slot, actor, result),
+            Event::RetryAggregator { op, slot, actor } => self.retry_aggregator(op, slot, actor),
             Event::Task {
                 op,
                 launch,
@@ -924,6 +994,18 @@ impl Execution {
                 );
             }
             TaskError::Failed(failure) => self.fail(index, failure.to_string()),
+            TaskError::ActorGone(message) => {
+                if let Recipe::Compute {
+                    input: StageInput::Reduce { partition, .. },
+                    ..
+                } = &launch.recipe
+                    && let Some(pool) = &self.ops[index].shuffle.aggregators
+                {
+                    let slot = pool.slot_of(*partition);
+                    self.replace_aggregator(index, slot, node);
+                }
+                self.task_failed(index, launch, node, TaskError::Unreachable(message));
+            }
             TaskError::Unreachable(message) => {
                 let op = &mut self.ops[index];
                 let tries = op.unreachable.entry(launch.seq).or_insert(0);
@@ -1054,6 +1136,16 @@ impl Execution {
             return;
         };
         let operator = operator.clone();
+        let has_input = op.shuffle.sides.iter().any(|side| !side.is_empty())
+            || op.inputs_done.iter().all(|done| *done);
+        if op.shuffle.phase == ShufflePhase::Collecting
+            && op.shuffle.aggregators.is_none()
+            && has_input
+            && aggregators::is_hash_shuffle(&operator)
+        {
+            self.start_aggregators(index);
+        }
+        let op = &mut self.ops[index];
         match op.shuffle.phase {
             ShufflePhase::Collecting => {
                 if !op.inputs_done.iter().all(|done| *done) {
@@ -1065,6 +1157,14 @@ impl Execution {
                     Operator::Aggregate { keys, .. } if keys.is_empty() => 1,
                     _ => u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1),
                 };
+                let partitions = op.shuffle.partitions;
+                let idle = op
+                    .shuffle
+                    .aggregators
+                    .as_mut()
+                    .map(|pool| pool.keep_for(partitions))
+                    .unwrap_or_default();
+                self.stop_actors(idle);
                 if matches!(operator, Operator::Sort { .. }) && bundles > 0 {
                     self.start_sampling(index);
                 } else {
@@ -1339,10 +1439,249 @@ impl Execution {
             if let Recipe::Compute { inputs, .. } = &launch.recipe {
                 self.release_inputs(inputs);
             }
+            let slots = self.ops[index]
+                .shuffle
+                .aggregators
+                .as_ref()
+                .map_or(0, |pool| pool.slots.len());
+            for slot in 0..slots {
+                self.push_to(index, slot, &[launch.seq]);
+            }
         } else if launch.seq >= BOUNDARIES_SEQ {
             shuffle.boundaries = outputs.first().copied();
         } else if let Some(sample) = outputs.first() {
             shuffle.samples.insert(launch.seq, *sample);
+        }
+    }
+
+    /// Creates a hash shuffle's aggregators (see [`aggregators`]).
+    fn start_aggregators(&mut self, index: usize) {
+        let pool = Aggregators::new(self.concurrency_cap);
+        let op = &mut self.ops[index];
+        op.stats.aggregators += pool.slots.len() as u64;
+        let count = pool.count();
+        let actors: Vec<ActorId> = pool.slots.iter().map(|slot| slot.actor).collect();
+        op.shuffle.aggregators = Some(pool);
+        for (slot, actor) in actors.into_iter().enumerate() {
+            self.create_aggregator(index, slot, actor, count, None);
+        }
+    }
+
+    fn create_aggregator(
+        &self,
+        index: usize,
+        slot: usize,
+        actor: ActorId,
+        count: u32,
+        avoid: Option<NodeId>,
+    ) {
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        let job = self.job;
+        let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+        tokio::spawn(async move {
+            let result = aggregators::create(cluster, job, spec, avoid).await;
+            let _ = events.send(Event::AggregatorCreated {
+                op: index,
+                slot,
+                actor,
+                result,
+            });
+        });
+    }
+
+    /// A new actor for slot `slot`, whose actor died (with its node, or on its own); its
+    /// partitions' shards are pushed to the new one once it runs.
+    fn replace_aggregator(&mut self, index: usize, slot: usize, avoid: Option<NodeId>) {
+        let op = &mut self.ops[index];
+        let Some(pool) = &mut op.shuffle.aggregators else {
+            return;
+        };
+        let count = pool.count();
+        let Some(entry) = pool.slots.get_mut(slot) else {
+            return;
+        };
+        if entry.idle || entry.node.is_none() {
+            return;
+        }
+        tracing::warn!(job = %self.job, operator = %op.name, slot, actor = %entry.actor, ?avoid, "an aggregator is gone; creating it again");
+        entry.replace();
+        let actor = entry.actor;
+        op.stats.aggregators += 1;
+        op.stats.aggregators_recreated += 1;
+        self.create_aggregator(index, slot, actor, count, avoid);
+    }
+
+    fn aggregator_created(
+        &mut self,
+        index: usize,
+        slot: usize,
+        actor: ActorId,
+        result: Result<NodeId, String>,
+    ) {
+        let current = self.ops[index]
+            .shuffle
+            .aggregators
+            .as_ref()
+            .and_then(|pool| pool.slots.get(slot))
+            .filter(|entry| entry.actor == actor)
+            .map(|entry| entry.idle);
+        let Some(idle) = current else {
+            // Superseded (or the shuffle is over): this actor is not wanted.
+            if let Ok(node) = result {
+                self.stop_actors(vec![(actor, Some(node))]);
+            }
+            return;
+        };
+        match result {
+            Ok(node) if idle => self.stop_actors(vec![(actor, Some(node))]),
+            Ok(node) => {
+                if let Some(entry) = self.slot_mut(index, slot) {
+                    entry.node = Some(node);
+                    entry.failed_creations = 0;
+                }
+                let seqs: Vec<u64> = self.ops[index]
+                    .shuffle
+                    .map_outputs
+                    .keys()
+                    .copied()
+                    .collect();
+                self.push_to(index, slot, &seqs);
+            }
+            Err(message) => {
+                let Some(entry) = self.slot_mut(index, slot) else {
+                    return;
+                };
+                entry.failed_creations += 1;
+                if entry.failed_creations > MAX_UNREACHABLE_RETRIES {
+                    self.fail(index, format!("cannot create an aggregator: {message}"));
+                    return;
+                }
+                tracing::info!(job = %self.job, slot, %message, "creating an aggregator failed; trying again");
+                let events = self.events_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::RetryAggregator {
+                        op: index,
+                        slot,
+                        actor,
+                    });
+                });
+            }
+        }
+    }
+
+    fn retry_aggregator(&mut self, index: usize, slot: usize, actor: ActorId) {
+        let Some(pool) = &mut self.ops[index].shuffle.aggregators else {
+            return;
+        };
+        let count = pool.count();
+        let Some(entry) = pool
+            .slots
+            .get_mut(slot)
+            .filter(|entry| entry.actor == actor)
+        else {
+            return;
+        };
+        // A fresh id: the failed attempt may have been recorded before it failed.
+        entry.replace();
+        let actor = entry.actor;
+        self.ops[index].stats.aggregators += 1;
+        self.create_aggregator(index, slot, actor, count, None);
+    }
+
+    fn slot_mut(&mut self, index: usize, slot: usize) -> Option<&mut aggregators::Slot> {
+        self.ops[index]
+            .shuffle
+            .aggregators
+            .as_mut()
+            .and_then(|pool| pool.slots.get_mut(slot))
+    }
+
+    /// Pushes the shards of map tasks `seqs` that slot `slot` owns to its actor, if it runs.
+    fn push_to(&mut self, index: usize, slot: usize, seqs: &[u64]) {
+        let shuffle = &self.ops[index].shuffle;
+        let partitions = shuffle.partitions;
+        let Some(pool) = &shuffle.aggregators else {
+            return;
+        };
+        let Some(entry) = pool.slots.get(slot).filter(|entry| !entry.idle) else {
+            return;
+        };
+        let Some(node) = entry.node else {
+            return;
+        };
+        let mut shards = Vec::new();
+        let mut pushed = Vec::new();
+        for seq in seqs {
+            let Some(outputs) = shuffle.map_outputs.get(seq) else {
+                continue;
+            };
+            if entry.pushed.contains(seq) {
+                continue;
+            }
+            pushed.push(*seq);
+            for partition in pool.owned(slot, partitions) {
+                let Some(object) = outputs.get(partition as usize) else {
+                    continue;
+                };
+                if let Some(info) = self.blocks.get(object) {
+                    shards.push((partition, *object, info.node));
+                }
+            }
+        }
+        let actor = entry.actor;
+        if let Some(entry) = self.slot_mut(index, slot) {
+            entry.pushed.extend(pushed);
+        }
+        if shards.is_empty() {
+            return;
+        }
+        let cluster = Arc::clone(&self.cluster);
+        let via = self.config.node;
+        tokio::spawn(aggregators::push(cluster, via, actor, node, shards));
+    }
+
+    /// Aggregators on nodes the scheduler has declared dead are created again elsewhere.
+    fn replace_dead_aggregators(&mut self) {
+        let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
+        for index in 0..self.ops.len() {
+            let dead: Vec<(usize, NodeId)> = self.ops[index]
+                .shuffle
+                .aggregators
+                .iter()
+                .flat_map(|pool| pool.slots.iter().enumerate())
+                .filter_map(|(slot, entry)| Some((slot, entry.node?)))
+                .filter(|(_, node)| !alive.contains(node))
+                .collect();
+            for (slot, node) in dead {
+                self.replace_aggregator(index, slot, Some(node));
+            }
+        }
+    }
+
+    /// Stops a shuffle's aggregators once it no longer needs them; a later rebuild of one of
+    /// its partitions runs as a plain task.
+    fn stop_aggregators(&mut self, index: usize) {
+        let Some(pool) = self.ops[index].shuffle.aggregators.take() else {
+            return;
+        };
+        let actors = pool
+            .slots
+            .into_iter()
+            .filter(|slot| !slot.idle)
+            .map(|slot| (slot.actor, slot.node))
+            .collect();
+        self.stop_actors(actors);
+    }
+
+    fn stop_actors(&self, actors: Vec<(ActorId, Option<NodeId>)>) {
+        let actors: Vec<(ActorId, NodeId)> = actors
+            .into_iter()
+            .filter_map(|(actor, node)| Some((actor, node?)))
+            .collect();
+        if !actors.is_empty() {
+            tokio::spawn(aggregators::stop(Arc::clone(&self.cluster), actors));
         }
     }
 
@@ -1569,6 +1908,12 @@ impl Execution {
                     self.ops[op].running = self.ops[op].running.saturating_sub(1);
                 }
                 Ok(Some(Event::CacheWritten { .. })) => self.cache_writes -= 1,
+                Ok(Some(Event::AggregatorCreated {
+                    result: Ok(node),
+                    actor,
+                    ..
+                })) => self.stop_actors(vec![(actor, Some(node))]),
+                Ok(Some(Event::AggregatorCreated { .. } | Event::RetryAggregator { .. })) => {}
                 Ok(None) | Err(_) => return,
             }
         }
@@ -1647,6 +1992,8 @@ struct TaskContext {
     stage: Arc<Stage>,
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
     strategy: Strategy,
+    /// A hash shuffle's reduce runs through the partition's aggregator, on its node.
+    aggregator: Option<(ActorId, NodeId)>,
 }
 
 impl TaskContext {
@@ -1705,10 +2052,14 @@ impl TaskContext {
                         return (None, Err(TaskError::Failed(TaskFailure::Error { message })));
                     }
                 };
+                let strategy = match self.aggregator {
+                    Some((_, node)) => Strategy::NodeAffinity { node, soft: false },
+                    None => self.strategy,
+                };
                 let request = PlacementRequest {
                     cpu_millis: TASK_CPU_MILLIS,
                     memory_hint,
-                    strategy: self.strategy,
+                    strategy,
                     preferred: preferred.into_iter().collect(),
                     requester: Some(self.config.node),
                 };
@@ -1777,7 +2128,27 @@ impl TaskContext {
             })),
             inputs: refs,
         };
-        let request = NodeRequest::RunTask(spec);
+        // A reduce goes to its aggregator through the driver's own node, which routes it.
+        let (addr, request) = match (self.aggregator, input) {
+            (Some((actor, _)), StageInput::Reduce { partition, .. }) => {
+                let via = self
+                    .cluster
+                    .address(self.config.node)
+                    .await
+                    .map_err(|error| TaskError::Unreachable(error.to_string()))?;
+                let message = ActorMessage::Reduce {
+                    partition,
+                    task: spec,
+                };
+                let request = NodeRequest::CallActor {
+                    actor,
+                    message,
+                    forwarded: false,
+                };
+                (via, request)
+            }
+            _ => (addr, NodeRequest::RunTask(spec)),
+        };
         let reply = tokio::select! {
             reply = self.cluster.run_task(&addr, &request) => reply,
             () = self.cluster.death_of(node) => {
@@ -1785,8 +2156,15 @@ impl TaskContext {
             }
         };
         match reply {
-            Ok(NodeResponse::Task(Ok(outputs))) => Ok(outputs),
-            Ok(NodeResponse::Task(Err(failure))) => Err(TaskError::Failed(failure)),
+            Ok(
+                NodeResponse::Task(Ok(outputs))
+                | NodeResponse::Actor(Ok(ActorReply::Reduced(outputs))),
+            ) => Ok(outputs),
+            Ok(
+                NodeResponse::Task(Err(failure))
+                | NodeResponse::Actor(Err(ActorFailure::Task(failure))),
+            ) => Err(TaskError::Failed(failure)),
+            Ok(NodeResponse::Actor(Err(failure))) => Err(TaskError::ActorGone(failure.to_string())),
             Ok(other) => Err(TaskError::Unreachable(format!(
                 "unexpected answer {other:?}"
             ))),
