@@ -5,7 +5,7 @@
 //! randomness, and a command that does not make sense (an unknown job, say) is answered with
 //! the same [`Outcome::Rejected`] everywhere rather than failing on some replicas.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use floe_core::job::{JobStats, OutputBlock};
@@ -134,6 +134,16 @@ pub struct ActorRecord {
     pub node: NodeId,
     /// The job that owns the actor; its record goes when the job ends.
     pub job: JobId,
+}
+
+/// The kind recorded for job drivers, which run as actors.
+pub const DRIVER_ACTOR_KIND: &str = "JobDriver";
+
+/// The actor id of attempt `attempt` of `job`'s driver. Derived, not drawn, so every replica
+/// applying `StartDriver` records the same id; the top bit keeps it apart from random ids in
+/// practice.
+pub fn driver_actor(job: JobId, attempt: u32) -> ActorId {
+    ActorId::new((1 << 127) | (u128::from(job.get()) << 32) | u128::from(attempt))
 }
 
 /// One cached output shard of an operator.
@@ -339,6 +349,16 @@ impl ClusterState {
                 record.driver = Some(node);
                 record.status = JobStatus::Running;
                 record.attempts += 1;
+                let actor = driver_actor(job, record.attempts);
+                self.actors.insert(
+                    actor,
+                    ActorRecord {
+                        id: actor,
+                        kind: DRIVER_ACTOR_KIND.to_owned(),
+                        node,
+                        job,
+                    },
+                );
                 Outcome::Applied
             }
             Command::FinishJob {
@@ -473,13 +493,19 @@ impl ClusterState {
             by_count.retain(|_, entry| !entry.shards.is_empty());
         }
         self.cache.retain(|_, by_count| !by_count.is_empty());
+        let mut orphaned = BTreeSet::new();
         for job in self.jobs.values_mut() {
             if job.driver == Some(node) && job.status == JobStatus::Running {
                 let job = Arc::make_mut(job);
                 job.driver = None;
                 job.status = JobStatus::Pending;
+                orphaned.insert(job.id);
             }
         }
+        // A dead driver's actors had nobody left to talk to them; the next attempt makes its
+        // own.
+        self.actors
+            .retain(|_, actor| !orphaned.contains(&actor.job));
         Outcome::Applied
     }
 

@@ -172,7 +172,9 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     );
 
     assert!(!state.nodes[&a].is_alive());
-    assert_eq!(state.actors.keys().copied().collect::<Vec<_>>(), [actor_b]);
+    // The driver on `a` died: its actor record went with the node, and the actor it placed
+    // on `b` went with the driver.
+    assert!(state.actors.is_empty(), "{:?}", state.actors);
     let shards = &state.cache[&fingerprint(1)][&2].shards;
     assert_eq!(shards.keys().copied().collect::<Vec<_>>(), [1]);
     let job = &state.jobs[&job];
@@ -221,6 +223,12 @@ fn actors_belong_to_a_running_job_and_end_with_it() {
         "a pending job has no driver to own actors"
     );
     state.apply(4, Command::StartDriver { job, node });
+    // The driver is an actor too, recorded where the scheduler placed it.
+    let driver = &state.actors[&driver_actor(job, 1)];
+    assert_eq!(
+        (driver.kind.as_str(), driver.node, driver.job),
+        (DRIVER_ACTOR_KIND, node, job)
+    );
     assert_eq!(state.apply(5, register_actor), Some(Outcome::Applied));
     assert_eq!(state.actors[&actor].job, job);
     let finish = Command::FinishJob {
