@@ -116,41 +116,63 @@ impl Aggregators {
     }
 }
 
-/// Places slot `slot`'s actor (SPREAD, avoiding `avoid` where possible), records it in the
-/// scheduler's state and has the chosen node host it.
-pub async fn create(
+/// The nodes for `count` new aggregators, placed in one SPREAD batch so they are spread
+/// evenly over the alive nodes.
+pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>, String> {
+    let requests = (0..count).map(|_| book_keeping(Strategy::Spread)).collect();
+    cluster
+        .place_all(requests)
+        .await
+        .map_err(|error| format!("placing {count} aggregators: {error}"))
+}
+
+/// Places a replacement for slot `slot` on another node than `avoid` where there is one
+/// (the slot number spreads several replacements out), then starts it.
+pub async fn replace(
     cluster: Arc<Cluster>,
     job: JobId,
     spec: (ActorId, u32, u32),
     avoid: Option<NodeId>,
 ) -> Result<NodeId, String> {
-    let (actor, slot, slots) = spec;
-    // A replacement goes to another node than the one its predecessor failed on, where
-    // there is one; the slot number spreads several replacements out.
+    let slot = spec.1;
     let others: Vec<NodeId> = cluster
         .alive_nodes()
         .into_iter()
         .filter(|node| Some(*node) != avoid)
         .collect();
-    let strategy = match (avoid, others.is_empty()) {
-        (Some(_), false) => Strategy::NodeAffinity {
+    let strategy = match others.is_empty() {
+        false => Strategy::NodeAffinity {
             node: others[slot as usize % others.len()],
             soft: true,
         },
-        _ => Strategy::Spread,
+        true => Strategy::Spread,
     };
-    // The actor keeps books only; its reduces reserve their CPU as tasks.
-    let request = PlacementRequest {
+    let node = cluster
+        .place(book_keeping(strategy))
+        .await
+        .map_err(|error| format!("placing aggregator {slot}: {error}"))?;
+    start_on(&cluster, job, spec, node).await
+}
+
+/// The actor keeps books only; its reduces reserve their CPU as tasks.
+fn book_keeping(strategy: Strategy) -> PlacementRequest {
+    PlacementRequest {
         cpu_millis: 0,
         memory_hint: 0,
         strategy,
         preferred: Vec::new(),
         requester: None,
-    };
-    let node = cluster
-        .place(request)
-        .await
-        .map_err(|error| format!("placing aggregator {slot}: {error}"))?;
+    }
+}
+
+/// Records slot `slot`'s actor on `node` in the scheduler's state and has the node host it.
+pub async fn start_on(
+    cluster: &Cluster,
+    job: JobId,
+    spec: (ActorId, u32, u32),
+    node: NodeId,
+) -> Result<NodeId, String> {
+    let (actor, slot, slots) = spec;
     let kind = ActorKind::HashShuffleAggregator { slot, slots };
     let register = Command::RegisterActor {
         actor,

@@ -116,6 +116,25 @@ impl Cluster {
         }
     }
 
+    /// Places a batch at once (so SPREAD spreads within it); waits while the cluster is busy.
+    pub async fn place_all(&self, requests: Vec<PlacementRequest>) -> Result<Vec<NodeId>> {
+        let count = requests.len();
+        let mut client =
+            pooled_scheduler_client(&self.placement_pool, &self.schedulers, &self.task_wire)?;
+        let placed = client.place(requests).await?;
+        return_pooled(&self.placement_pool, client);
+        if placed.len() != count {
+            return Err(Error::Placement(format!(
+                "asked for {count} placements, the scheduler answered {}",
+                placed.len()
+            )));
+        }
+        placed
+            .into_iter()
+            .map(|placed| placed.map_err(|error| Error::Placement(error.to_string())))
+            .collect()
+    }
+
     /// Gives back what [`Cluster::place`] reserved on `node` for one task.
     pub async fn release(
         &self,

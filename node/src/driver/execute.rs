@@ -1462,9 +1462,35 @@ impl Execution {
         let count = pool.count();
         let actors: Vec<ActorId> = pool.slots.iter().map(|slot| slot.actor).collect();
         op.shuffle.aggregators = Some(pool);
-        for (slot, actor) in actors.into_iter().enumerate() {
-            self.create_aggregator(index, slot, actor, count, None);
-        }
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        let job = self.job;
+        tokio::spawn(async move {
+            let placed = aggregators::place_spread(&cluster, actors.len()).await;
+            let mut starts = tokio::task::JoinSet::new();
+            for (slot, actor) in actors.into_iter().enumerate() {
+                let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+                let cluster = Arc::clone(&cluster);
+                let node = placed
+                    .as_ref()
+                    .map(|nodes| nodes[slot])
+                    .map_err(Clone::clone);
+                let events = events.clone();
+                starts.spawn(async move {
+                    let result = match node {
+                        Ok(node) => aggregators::start_on(&cluster, job, spec, node).await,
+                        Err(message) => Err(message),
+                    };
+                    let _ = events.send(Event::AggregatorCreated {
+                        op: index,
+                        slot,
+                        actor,
+                        result,
+                    });
+                });
+            }
+            while starts.join_next().await.is_some() {}
+        });
     }
 
     fn create_aggregator(
@@ -1480,7 +1506,7 @@ impl Execution {
         let job = self.job;
         let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
         tokio::spawn(async move {
-            let result = aggregators::create(cluster, job, spec, avoid).await;
+            let result = aggregators::replace(cluster, job, spec, avoid).await;
             let _ = events.send(Event::AggregatorCreated {
                 op: index,
                 slot,
