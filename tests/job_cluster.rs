@@ -15,9 +15,11 @@ use floe_client::{
 use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_core::{JobId, NodeId, SubmissionId};
+use floe_core::{ActorId, JobId, NodeId, SubmissionId};
 use floe_node::agent::local::{LocalNode, LocalNodeConfig};
-use floe_node::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
+use floe_node::agent::protocol::{
+    ActorDescription, ActorMessage, ActorReply, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
+};
 use floe_scheduler::client::SchedulerClient;
 use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
 use floe_scheduler::state::{ClusterState, JobRecord, JobStatus};
@@ -143,6 +145,23 @@ impl TestCluster {
             .unwrap();
         match client.call(&NodeRequest::Status).await.unwrap() {
             NodeResponse::Status(status) => *status,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Asks node `index` to describe `actor`, wherever it runs.
+    async fn describe(&self, index: usize, actor: ActorId) -> ActorDescription {
+        let node = self.nodes[index].as_ref().unwrap();
+        let mut client = RpcClient::<NodeProtocol>::connect(node.addr(), wire(), PeerKind::Client)
+            .await
+            .unwrap();
+        let request = NodeRequest::CallActor {
+            actor,
+            message: ActorMessage::Describe,
+            forwarded: false,
+        };
+        match client.call(&request).await.unwrap() {
+            NodeResponse::Actor(Ok(ActorReply::Described(description))) => description,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -809,6 +828,33 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
         assert!(Instant::now() < deadline, "the aggregators never spread");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The driver is an actor too. Any node answers for any actor: a node that does not host
+    // it forwards the call to the one the scheduler's state names.
+    let state = cluster.state().await;
+    let driver_node = state.jobs[&job].driver.unwrap();
+    let driver = floe_scheduler::state::driver_actor(job, 1);
+    assert_eq!(state.actors[&driver].node, driver_node);
+    let elsewhere = (0..3)
+        .find(|index| {
+            state.nodes[&driver_node].addresses.rpc
+                != cluster.nodes[*index].as_ref().unwrap().addr()
+        })
+        .unwrap();
+    let described = cluster.describe(elsewhere, driver).await;
+    assert_eq!(
+        (described.kind.as_str(), described.job, described.node),
+        ("JobDriver", job, Some(driver_node))
+    );
+    let aggregator = state
+        .actors
+        .values()
+        .find(|actor| actor.kind == "HashShuffleAggregator" && actor.node == driver_node)
+        .unwrap();
+    let described = cluster.describe(elsewhere, aggregator.id).await;
+    assert_eq!(
+        (described.kind.as_str(), described.node),
+        ("HashShuffleAggregator", Some(driver_node))
+    );
     // Every node hosts an aggregator, so the victim (not the driver's node) does.
     let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
     let stats = record.stats.clone().unwrap();

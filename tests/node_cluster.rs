@@ -399,6 +399,14 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
         fill_pattern(300_000, 3)
     );
 
+    let described = call_actor(a.addr(), actor, ActorMessage::Describe, false).await;
+    assert!(
+        matches!(&described, Ok(ActorReply::Described(description))
+            if description.kind == "HashShuffleAggregator"
+                && description.summary.contains(&format!("holds 2 shards, {} bytes", remote.size + local.size))),
+        "{described:?}"
+    );
+
     // Partition 1 is slot 1's.
     let refused = PushedShard {
         partition: 1,

@@ -9,24 +9,33 @@
 //! reduce) still runs as a task on the node's worker processes, so nothing an actor computes
 //! can take the agent down; the actor itself owns only bookkeeping. An actor dies with its
 //! node (the scheduler drops its record when the node's death commits) or when its owner
-//! stops it; whoever owns it creates it again elsewhere.
+//! stops it; whoever owns it creates it again elsewhere. A hosted actor the scheduler no
+//! longer records (its job ended, or its driver died) is stopped by a periodic sweep.
 //!
-//! The one kind today is the [`HashShuffleAggregator`].
+//! Two kinds exist: the [`JobDriver`], which the scheduler places when it starts a job's
+//! driver (`StartDriver` records it), and the [`HashShuffleAggregator`], which a driver places
+//! for a hash shuffle. Every actor answers [`ActorMessage::Describe`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use actix::{Actor, ActorFutureExt, Addr, ArbiterHandle, Context, Handler, Message, WrapFuture};
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context, Handler,
+    Message, WrapFuture,
+};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_core::{ActorId, JobId, ObjectId};
+use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use floe_scheduler::client::SchedulerClient;
+use floe_scheduler::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
 use tokio::runtime::Handle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 use super::protocol::{
-    ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, NodeProtocol, NodeRequest,
-    NodeResponse, PushedShard, TaskSpec,
+    ActorDescription, ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, NodeProtocol,
+    NodeRequest, NodeResponse, PushedShard, TaskSpec,
 };
 use super::{Error, Result, Shared};
+use crate::driver::{self, DriverConfig};
 
 /// How long a forwarded call may wait for its reply: a reduce runs as long as its task.
 const FORWARD_REPLY_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
@@ -51,7 +60,40 @@ pub(crate) struct ActorHost {
 
 struct Hosted {
     job: JobId,
-    address: Addr<HashShuffleAggregator>,
+    actor: HostedActor,
+}
+
+#[derive(Clone)]
+enum HostedActor {
+    Aggregator(Addr<HashShuffleAggregator>),
+    /// The driver's task runs on the agent's runtime; the host aborts it when it stops the
+    /// actor.
+    Driver {
+        address: Addr<JobDriver>,
+        task: AbortHandle,
+    },
+}
+
+impl HostedActor {
+    fn is_running(&self) -> bool {
+        match self {
+            HostedActor::Aggregator(address) => address.connected(),
+            HostedActor::Driver { address, .. } => address.connected(),
+        }
+    }
+
+    async fn send(&self, message: ActorMessage) -> std::result::Result<Reply, actix::MailboxError> {
+        match self {
+            HostedActor::Aggregator(address) => address.send(Call(message)).await,
+            HostedActor::Driver { address, .. } => address.send(Call(message)).await,
+        }
+    }
+
+    fn stop(&self) {
+        if let HostedActor::Driver { task, .. } = self {
+            task.abort();
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -106,9 +148,11 @@ impl ActorHost {
         let ActorKind::HashShuffleAggregator { slot, slots } = spec.kind;
         let aggregator = HashShuffleAggregator {
             actor: spec.actor,
+            job: spec.job,
             slot,
             slots: slots.max(1),
             held: BTreeMap::new(),
+            node: shared.node(),
             shared,
             runtime: Handle::current(),
         };
@@ -118,25 +162,103 @@ impl ActorHost {
             spec.actor,
             Hosted {
                 job: spec.job,
-                address,
+                actor: HostedActor::Aggregator(address),
             },
         );
     }
 
-    /// Stops hosting an actor; it drops what it holds once its last message is handled.
+    /// Starts attempt `attempt` of `job`'s driver as the actor the scheduler recorded when it
+    /// placed the driver here, replacing a finished one under that id.
+    pub fn start_driver(&self, job: JobId, attempt: u32, config: Arc<DriverConfig>) -> ActorId {
+        let actor = driver_actor(job, attempt);
+        let node = config.node;
+        let task = Handle::current().spawn(async move {
+            if let Err(error) = driver::run_driver(config, job, attempt).await {
+                tracing::error!(%job, attempt, %error, "the job driver stopped");
+            }
+        });
+        let abort = task.abort_handle();
+        let state = JobDriver {
+            actor,
+            job,
+            attempt,
+            node,
+            task: Some(task),
+        };
+        let address = JobDriver::start_in_arbiter(&self.arbiter, |_| state);
+        let replaced = lock(&self.hosted).insert(
+            actor,
+            Hosted {
+                job,
+                actor: HostedActor::Driver {
+                    address,
+                    task: abort,
+                },
+            },
+        );
+        if let Some(replaced) = replaced {
+            replaced.actor.stop();
+        }
+        actor
+    }
+
+    /// Whether `actor` is hosted here and has not stopped (a driver stops when its job ends).
+    pub fn is_running(&self, actor: ActorId) -> bool {
+        lock(&self.hosted)
+            .get(&actor)
+            .is_some_and(|hosted| hosted.actor.is_running())
+    }
+
+    /// Stops hosting an actor: a driver's task is aborted, an aggregator drops what it holds
+    /// once its last message is handled.
     pub fn stop(&self, actor: ActorId) {
         if let Some(hosted) = lock(&self.hosted).remove(&actor) {
+            hosted.actor.stop();
             tracing::info!(%actor, job = %hosted.job, "stopped an actor");
         }
+    }
+
+    /// Stops the hosted actors the scheduler no longer records: their job ended or their
+    /// driver died, and nobody will stop them otherwise. Reads the state only when something
+    /// is hosted.
+    pub async fn stop_unrecorded(&self) {
+        if lock(&self.hosted).is_empty() {
+            return;
+        }
+        let state = match self.read_state().await {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the state to sweep actors");
+                return;
+            }
+        };
+        let orphans: Vec<ActorId> = lock(&self.hosted)
+            .keys()
+            .filter(|actor| !state.actors.contains_key(actor))
+            .copied()
+            .collect();
+        for actor in orphans {
+            self.stop(actor);
+        }
+    }
+
+    async fn read_state(&self) -> std::result::Result<ClusterState, floe_scheduler::Error> {
+        SchedulerClient::new(
+            self.schedulers.clone(),
+            self.forward_wire.clone(),
+            PeerKind::Node,
+        )?
+        .read_state()
+        .await
     }
 
     /// Delivers `message` to `actor`, here or (unless `forwarded`) on the node hosting it.
     pub async fn call(&self, actor: ActorId, message: ActorMessage, forwarded: bool) -> Reply {
         let local = lock(&self.hosted)
             .get(&actor)
-            .map(|hosted| hosted.address.clone());
-        if let Some(address) = local {
-            return address.send(Call(message)).await.unwrap_or_else(|error| {
+            .map(|hosted| hosted.actor.clone());
+        if let Some(local) = local {
+            return local.send(message).await.unwrap_or_else(|error| {
                 Err(ActorFailure::Gone {
                     actor,
                     reason: format!("its mailbox closed: {error}"),
@@ -191,15 +313,8 @@ impl ActorHost {
             return Ok(addr.clone());
         }
         let gone = |reason: String| ActorFailure::Gone { actor, reason };
-        let state = async {
-            let mut client = SchedulerClient::new(
-                self.schedulers.clone(),
-                self.forward_wire.clone(),
-                PeerKind::Node,
-            )?;
-            client.read_state().await
-        };
-        let state = state
+        let state = self
+            .read_state()
             .await
             .map_err(|error| gone(format!("cannot read the cluster state: {error}")))?;
         let record = state
@@ -222,7 +337,9 @@ impl ActorHost {
 
     /// Stops every actor and the actor thread.
     pub fn shutdown(&self) {
-        lock(&self.hosted).clear();
+        for (_, hosted) in std::mem::take(&mut *lock(&self.hosted)) {
+            hosted.actor.stop();
+        }
         self.system.stop();
         if let Some(thread) = lock(&self.thread).take()
             && thread.join().is_err()
@@ -256,6 +373,8 @@ struct Held {
 /// stops.
 pub(crate) struct HashShuffleAggregator {
     actor: ActorId,
+    job: JobId,
+    node: Option<NodeId>,
     /// It owns the partitions whose number is `slot` modulo `slots`.
     slot: u32,
     slots: u32,
@@ -291,6 +410,7 @@ impl Handler<Call> for HashShuffleAggregator {
             ActorMessage::Reduce { partition, .. } => {
                 Some(*partition).filter(|partition| !self.owns(*partition))
             }
+            ActorMessage::Describe => None,
         };
         if let Some(partition) = partition {
             let refused = Err(ActorFailure::Refused {
@@ -302,6 +422,10 @@ impl Handler<Call> for HashShuffleAggregator {
         match message {
             ActorMessage::Push(shards) => self.push(shards),
             ActorMessage::Reduce { partition, task } => self.reduce(partition, task),
+            ActorMessage::Describe => {
+                let description = ActorReply::Described(self.describe());
+                Box::pin(actix::fut::ready(Ok(description)))
+            }
         }
     }
 }
@@ -309,6 +433,25 @@ impl Handler<Call> for HashShuffleAggregator {
 impl HashShuffleAggregator {
     fn owns(&self, partition: u32) -> bool {
         partition % self.slots == self.slot
+    }
+
+    fn describe(&self) -> ActorDescription {
+        let shards: usize = self.held.values().map(BTreeMap::len).sum();
+        let kind = ActorKind::HashShuffleAggregator {
+            slot: self.slot,
+            slots: self.slots,
+        };
+        ActorDescription {
+            kind: kind.name().to_owned(),
+            job: self.job,
+            node: self.node,
+            summary: format!(
+                "owns the partitions {} modulo {}; holds {shards} shards, {} bytes",
+                self.slot,
+                self.slots,
+                self.held_bytes()
+            ),
+        }
     }
 
     fn push(&mut self, shards: Vec<PushedShard>) -> actix::ResponseActFuture<Self, Reply> {
@@ -420,4 +563,44 @@ async fn pull_shards(
         arrived.push((shard.partition, shard.object, held));
     }
     (arrived, None)
+}
+
+/// A job's driver, as an actor: the driver itself runs as a task on the agent's runtime (it is
+/// mostly waiting on the network); the actor makes it addressable, answers for it, and stops
+/// when the driver's task ends.
+pub(crate) struct JobDriver {
+    actor: ActorId,
+    job: JobId,
+    attempt: u32,
+    node: NodeId,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Actor for JobDriver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(task) = self.task.take() {
+            ctx.spawn(task.into_actor(self).map(|_, _, ctx| ctx.stop()));
+        }
+    }
+}
+
+impl Handler<Call> for JobDriver {
+    type Result = Reply;
+
+    fn handle(&mut self, Call(message): Call, _: &mut Self::Context) -> Reply {
+        match message {
+            ActorMessage::Describe => Ok(ActorReply::Described(ActorDescription {
+                kind: DRIVER_ACTOR_KIND.to_owned(),
+                job: self.job,
+                node: Some(self.node),
+                summary: format!("runs attempt {} of job {}", self.attempt, self.job),
+            })),
+            ActorMessage::Push(_) | ActorMessage::Reduce { .. } => Err(ActorFailure::Refused {
+                actor: self.actor,
+                reason: "a job driver takes no shards".into(),
+            }),
+        }
+    }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use floe_core::wire::{
     AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
-use floe_core::{Config, JobId, NodeId, ObjectId, WireError};
+use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
 use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
@@ -44,7 +44,7 @@ use self::protocol::{
     NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, ShardLoad, ShardWrite,
     TaskFailure, TaskKind, TaskSpec,
 };
-use crate::driver::{self, DriverConfig};
+use crate::driver::DriverConfig;
 use crate::udf::process::{Lease, PoolsConfig, ProcessPools, process_udfs};
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
@@ -54,6 +54,8 @@ use floe_core::plan::{Operator, ProcessUdf};
 const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
 /// A process-UDF pool nobody leased from for this long is stopped entirely.
 const UDF_RETIRE_AFTER: Duration = Duration::from_secs(120);
+/// How often hosted actors are checked against the scheduler's records.
+const ACTOR_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 use self::transfer::Transfers;
 use self::worker::WorkerTask;
@@ -109,8 +111,8 @@ struct Shared {
     node: AtomicU64,
     store: ObjectStore,
     cache: Cache,
-    /// The job drivers running on this node: job → (attempt, task).
-    drivers: Mutex<BTreeMap<JobId, (u32, JoinHandle<()>)>>,
+    /// The job drivers this node was assigned: job → (attempt, its actor).
+    drivers: Mutex<BTreeMap<JobId, (u32, ActorId)>>,
     /// Set once the node has registered (drivers need its id).
     driver_config: OnceLock<Arc<DriverConfig>>,
     pool: Arc<WorkerPool>,
@@ -350,27 +352,24 @@ impl Shared {
             ..(**config).clone()
         });
         let mut drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
-        drivers.retain(|job, (attempt, handle)| {
+        drivers.retain(|job, (attempt, actor)| {
             let keep = assigned.contains(&(*job, *attempt));
             if !keep {
-                handle.abort();
+                self.actors.stop(*actor);
             }
             keep
         });
         for &(job, attempt) in assigned {
-            let running = drivers
-                .get(&job)
-                .is_some_and(|(_, handle)| !handle.is_finished());
+            // A driver that ended while its job is still assigned here (it could not commit
+            // the outcome) runs again.
+            let running = drivers.get(&job).is_some_and(|(running, actor)| {
+                *running == attempt && self.actors.is_running(*actor)
+            });
             if running {
                 continue;
             }
-            let config = Arc::clone(&config);
-            let handle = tokio::spawn(async move {
-                if let Err(error) = driver::run_driver(config, job, attempt).await {
-                    tracing::error!(%job, attempt, %error, "the job driver stopped");
-                }
-            });
-            drivers.insert(job, (attempt, handle));
+            let actor = self.actors.start_driver(job, attempt, Arc::clone(&config));
+            drivers.insert(job, (attempt, actor));
         }
     }
 
@@ -611,6 +610,7 @@ impl NodeAgent {
                 config.scheduler.heartbeat_interval(),
             )),
             tokio::spawn(reap_processes(processes)),
+            tokio::spawn(sweep_actors(Arc::clone(&shared))),
             tokio::spawn(monitor::run_monitor(
                 pool,
                 host_memory()?,
@@ -651,15 +651,8 @@ impl NodeAgent {
         for task in background {
             task.abort();
         }
-        for (_, (_, driver)) in std::mem::take(
-            &mut *shared
-                .drivers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        ) {
-            driver.abort();
-        }
-        // Actors hold the shared state: stopping them lets the store's last handle go below.
+        // Stops the drivers too. Actors hold the shared state: stopping them lets the store's
+        // last handle go below.
         shared.actors.shutdown();
         shared.pool.shutdown().await;
         let processes = Arc::clone(&shared.processes);
@@ -787,6 +780,16 @@ fn remove_stale_udf_dirs(data_dir: &std::path::Path) {
 }
 
 /// Stops process-UDF children that exited or idled out, once a second.
+/// Stops, now and then, hosted actors whose job ended or whose driver died.
+async fn sweep_actors(shared: Arc<Shared>) {
+    let mut ticks = tokio::time::interval(ACTOR_SWEEP_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        shared.actors.stop_unrecorded().await;
+    }
+}
+
 async fn reap_processes(processes: Arc<ProcessPools>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

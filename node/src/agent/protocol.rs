@@ -220,6 +220,8 @@ pub enum ActorMessage {
     /// Reduces one partition on the aggregator's node. The task's inputs are the partition's
     /// shards; those already pushed are read where the aggregator keeps them.
     Reduce { partition: u32, task: TaskSpec },
+    /// What the actor is and what it is doing; every actor answers it.
+    Describe,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,6 +231,19 @@ pub enum ActorReply {
         held_bytes: u64,
     },
     Reduced(Vec<OutputRef>),
+    Described(ActorDescription),
+}
+
+/// An actor's answer to [`ActorMessage::Describe`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorDescription {
+    /// As recorded in the scheduler's state (`HashShuffleAggregator`, `JobDriver`).
+    pub kind: String,
+    pub job: JobId,
+    /// The node hosting it.
+    pub node: Option<NodeId>,
+    /// One line on its state, for people.
+    pub summary: String,
 }
 
 /// Why an actor call failed.
