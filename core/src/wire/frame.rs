@@ -53,32 +53,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
         &mut self,
         fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
     ) -> Result<(), WireError> {
-        self.buffer.clear();
-        self.buffer.extend_from_slice(&[0; HEADER_LEN]);
-        fill(&mut self.buffer)?;
-        let body_len = self.buffer.len() - HEADER_LEN;
-        let header = u32::try_from(body_len)
-            .ok()
-            .filter(|_| body_len <= self.max_frame)
-            .ok_or(WireError::FrameTooLarge {
-                len: body_len as u64,
-                max: self.max_frame as u64,
-            })?;
-        self.buffer[..HEADER_LEN].copy_from_slice(&header.to_be_bytes());
-        let write = async {
-            self.stream.write_all(&self.buffer).await?;
-            self.stream.flush().await
-        };
-        tokio::time::timeout(self.write_timeout, write)
-            .await
-            .map_err(|_| WireError::Timeout {
-                op: "sending a frame",
-                after: self.write_timeout,
-            })?
-            .map_err(|source| WireError::Io {
-                op: "sending a frame",
-                source,
-            })
+        self.send_with_tail(fill, &[]).await
     }
 
     /// Sends one frame whose body is what `fill` appends to the (cleared) buffer, followed by
