@@ -750,11 +750,9 @@ async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
-    let mut cluster = TestCluster::start(3, &[]).await;
-    let n = 400_000i64;
-    let totals = slow_pipeline(n as u64, 100)
+/// The slow pipeline's ids grouped by `id % 13`: each group's row count and sum of `double`.
+fn groups_of_13(n: i64) -> Dataset {
+    slow_pipeline(n as u64, 100)
         .with_column("k", col("id") % lit(13i64))
         .unwrap()
         .groupby(&["k"])
@@ -762,16 +760,12 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
             Aggregation::count_rows("n"),
             Aggregation::of(AggFunction::Sum, "double"),
         ])
-        .unwrap();
-    let job = cluster.submit(&totals, JobOptions::default()).await;
-    // Kill while the last of the 13 slow tasks feeding the shuffle run: the shuffle cannot
-    // have started (it needs all of them), and its inputs on the victim are lost, so its
-    // partition tasks must have them rebuilt from lineage. (The shuffle itself is over in
-    // moments with partial aggregation, so waiting for one of its tasks would race with the
-    // job's end.)
-    wait_for_tasks(&cluster, job, Some("map"), 10).await;
-    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
-    let batches = cluster.outputs(&record).await;
+        .unwrap()
+}
+
+/// Checks [`groups_of_13`]'s output against the groups computed here.
+async fn assert_groups_of_13(cluster: &TestCluster, record: &JobRecord, n: i64) {
+    let batches = cluster.outputs(record).await;
     let mut groups: Vec<(i64, i64, i64)> = int_column(&batches, "k")
         .into_iter()
         .zip(int_column(&batches, "n"))
@@ -793,18 +787,26 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    let n = 400_000i64;
+    let totals = groups_of_13(n);
+    let job = cluster.submit(&totals, JobOptions::default()).await;
+    // Kill while the last of the 13 slow tasks feeding the shuffle run: the shuffle cannot
+    // have started (it needs all of them), and its inputs on the victim are lost, so its
+    // partition tasks must have them rebuilt from lineage. (The shuffle itself is over in
+    // moments with partial aggregation, so waiting for one of its tasks would race with the
+    // job's end.)
+    wait_for_tasks(&cluster, job, Some("map"), 10).await;
+    let record = kill_a_worker_node_and_wait(&mut cluster, job).await;
+    assert_groups_of_13(&cluster, &record, n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_right() {
     let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
     let n = 400_000i64;
-    let totals = slow_pipeline(n as u64, 100)
-        .with_column("k", col("id") % lit(13i64))
-        .unwrap()
-        .groupby(&["k"])
-        .agg(vec![
-            Aggregation::count_rows("n"),
-            Aggregation::of(AggFunction::Sum, "double"),
-        ])
-        .unwrap();
+    let totals = groups_of_13(n);
     let job = cluster.submit(&totals, JobOptions::default()).await;
     // The aggregators are created at the groupby's first input, placed with SPREAD and
     // recorded in the replicated state: wait until they live on every node.
@@ -860,25 +862,7 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
     let stats = record.stats.clone().unwrap();
     let groupby = operator(&stats, "aggregate");
     assert!(groupby.aggregators_recreated >= 1, "{groupby:?}");
-    let batches = cluster.outputs(&record).await;
-    let mut groups: Vec<(i64, i64, i64)> = int_column(&batches, "k")
-        .into_iter()
-        .zip(int_column(&batches, "n"))
-        .zip(int_column(&batches, "sum_double"))
-        .map(|((k, count), sum)| (k, count, sum))
-        .collect();
-    groups.sort();
-    let expected: Vec<(i64, i64, i64)> = (0..13)
-        .map(|k| {
-            let members: Vec<i64> = (0..n).filter(|id| id % 13 == k).collect();
-            (
-                k,
-                members.len() as i64,
-                members.iter().map(|id| id * 2).sum(),
-            )
-        })
-        .collect();
-    assert_eq!(groups, expected);
+    assert_groups_of_13(&cluster, &record, n).await;
     assert!(cluster.state().await.actors.is_empty());
     cluster.wait_for_no_actors().await;
 }
