@@ -286,6 +286,14 @@ impl ResourceView {
     fn choose_spread(&self, need: Resources) -> Option<NodeId> {
         let fits = |node: &NodeId| self.nodes.get(node).is_some_and(|load| load.fits_now(need));
         let cursor = self.spread_cursor.map_or(0, NodeId::get);
+        // A request that reserves nothing (an actor that only keeps books) loads no node:
+        // balancing by utilization would send every one to the idlest node, so such requests
+        // simply take turns over all nodes.
+        if need.cpu_millis == 0 && need.heap_bytes == 0 {
+            let after = self.nodes.range(NodeId::new(cursor.saturating_add(1))..);
+            let up_to = self.nodes.range(..=NodeId::new(cursor));
+            return after.chain(up_to).map(|(node, _)| *node).find(|node| fits(node));
+        }
         // Walk the utilization levels from the lowest; within a level, start after the node
         // chosen last so equal candidates take turns.
         let mut level = self.by_utilization.first().map(|(key, _)| *key);

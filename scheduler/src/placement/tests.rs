@@ -51,6 +51,26 @@ fn spread_takes_turns_across_equal_nodes() {
 }
 
 #[test]
+fn spread_requests_that_reserve_nothing_take_turns_whatever_the_load() {
+    let mut view = cluster(&[(8, 8); 3]);
+    // Nodes 1 and 3 busy, node 2 idle: reserving requests go to node 2 first...
+    placed(view.place(&[
+        request(4, Strategy::NodeAffinity {
+            node: node(1),
+            soft: false,
+        }),
+        request(4, Strategy::NodeAffinity {
+            node: node(3),
+            soft: false,
+        }),
+    ]));
+    assert_eq!(placed(view.place(&[request(1, Strategy::Spread)])), [2]);
+    // ...but requests that reserve nothing change no node's load and would all land there.
+    let decisions = placed(view.place(&vec![request(0, Strategy::Spread); 6]));
+    assert_eq!(decisions, [3, 1, 2, 3, 1, 2]);
+}
+
+#[test]
 fn default_packs_the_requester_to_half_then_the_next_node_then_the_least_utilized() {
     let mut view = cluster(&[(8, 8); 3]);
     let mut from_2 = request(1, Strategy::Default);
