@@ -419,6 +419,21 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// Brings back a deleted object that a view still pins: its bytes are intact (objects are
+    /// immutable), so whoever needs the same object again need not write it again, and could
+    /// not (the id is taken until the last view goes). Returns whether it did.
+    pub fn revive(&self, object: ObjectId) -> bool {
+        let mut state = self.inner.lock();
+        match state.objects.get_mut(&object) {
+            Some(entry) if entry.deleted && entry.sealed => {
+                entry.deleted = false;
+                entry.refs = entry.refs.max(1);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a live (not deleted) object with this id exists, sealed or not.
     pub fn contains(&self, object: ObjectId) -> bool {
         self.inner

@@ -163,8 +163,17 @@ fn references_and_pins_decide_when_an_object_is_freed(backing: Backing) {
     assert!(!store.contains(other));
     assert!(store.get(other).is_err());
     assert_eq!(view.as_bytes(), b"payload");
+    // While pinned its id stays taken; reviving it makes it readable again.
+    assert!(matches!(
+        store.put(other, b"payload"),
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(store.revive(other));
+    assert_eq!(store.get(other).unwrap().as_bytes(), b"payload");
+    store.delete(other).unwrap();
     drop(view);
     assert_eq!(store.stats().used, 0);
+    assert!(!store.revive(other), "nothing pins it: it is gone for good");
 }
 
 fn a_recorded_checksum_lasts_as_long_as_its_object(backing: Backing) {
