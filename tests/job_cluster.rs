@@ -751,8 +751,8 @@ async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
 }
 
 /// The slow pipeline's ids grouped by `id % 13`: each group's row count and sum of `double`.
-fn groups_of_13(n: i64) -> Dataset {
-    slow_pipeline(n as u64, 100)
+fn groups_of_13(n: i64, delay_ms: i64) -> Dataset {
+    slow_pipeline(n as u64, delay_ms)
         .with_column("k", col("id") % lit(13i64))
         .unwrap()
         .groupby(&["k"])
@@ -790,7 +790,7 @@ async fn assert_groups_of_13(cluster: &TestCluster, record: &JobRecord, n: i64) 
 async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
     let mut cluster = TestCluster::start(3, &[]).await;
     let n = 400_000i64;
-    let totals = groups_of_13(n);
+    let totals = groups_of_13(n, 100);
     let job = cluster.submit(&totals, JobOptions::default()).await;
     // Kill while the last of the 13 slow tasks feeding the shuffle run: the shuffle cannot
     // have started (it needs all of them), and its inputs on the victim are lost, so its
@@ -806,7 +806,9 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
 async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_right() {
     let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
     let n = 400_000i64;
-    let totals = groups_of_13(n);
+    // A second per slow batch: the aggregators live from the groupby's first input until it
+    // closes, and the test must see them spread before it kills one.
+    let totals = groups_of_13(n, 1_000);
     let job = cluster.submit(&totals, JobOptions::default()).await;
     // The aggregators are created at the groupby's first input, placed with SPREAD and
     // recorded in the replicated state: wait until they live on every node.
@@ -824,7 +826,8 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
         }
         assert!(
             !state.jobs[&job].status.is_finished(),
-            "the job ended before its aggregators were spread: {:?}",
+            "the job ended ({:?}) before its aggregators were spread: {:?}",
+            state.jobs[&job].status,
             state.actors
         );
         assert!(Instant::now() < deadline, "the aggregators never spread");
@@ -1155,10 +1158,10 @@ async fn killing_a_node_while_a_shuffle_reduces_still_gives_every_row() {
             );
             break;
         }
-        let finished = cluster.state().await.jobs[&job].status.is_finished();
+        let status = cluster.state().await.jobs[&job].status.clone();
         assert!(
-            !finished,
-            "the job ended before its sort reduced: {progress:?}"
+            !status.is_finished(),
+            "the job ended ({status:?}) before its sort reduced: {progress:?}"
         );
         assert!(Instant::now() < deadline, "the sort never reduced");
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -469,6 +469,53 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = scheduler(dir.path());
+    let schedulers = cluster.addrs();
+    let a = start_node(dir.path(), "a", &schedulers, &[]);
+    let b = start_node(dir.path(), "b", &schedulers, &[]);
+    wait_ready(&a, 2).await;
+    wait_ready(&b, 2).await;
+    let size = 512usize << 20;
+    let expected = xxh3_64(&fill_pattern(size, 5));
+    let object = run(
+        a.addr(),
+        1,
+        TaskKind::Fill {
+            bytes: size as u64,
+            seed: 5,
+        },
+        vec![],
+    )
+    .await
+    .unwrap()[0];
+    assert_eq!((object.size, object.checksum), (size as u64, expected));
+    let pull = NodeRequest::Pull {
+        object: object.object,
+        holder: a.addr().to_owned(),
+    };
+    assert_eq!(call(b.addr(), pull).await, NodeResponse::Pulled(object));
+    assert_eq!(status(b.addr()).await.pulls_started, 1);
+    // B's copy, hashed there by a worker that maps it: the same bytes.
+    let hashed = run(
+        b.addr(),
+        2,
+        TaskKind::Hash,
+        vec![InputRef {
+            object: object.object,
+            holder: None,
+        }],
+    )
+    .await
+    .unwrap()[0];
+    assert_eq!(
+        read_start(b.addr(), hashed.object, 8).await,
+        expected.to_le_bytes()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_task_and_is_respawned() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = scheduler(dir.path());

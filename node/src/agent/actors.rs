@@ -17,7 +17,8 @@
 //! for a hash shuffle. Every actor answers [`ActorMessage::Describe`].
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context, Handler,
@@ -54,8 +55,12 @@ pub(crate) struct ActorHost {
     /// Actor → the RPC address of the node hosting it, as last read from the scheduler.
     routes: Mutex<BTreeMap<ActorId, String>>,
     schedulers: Vec<String>,
-    /// The configured wire, with a read timeout long enough for a forwarded reduce.
+    /// The configured wire, for the scheduler.
+    wire: WireConfig,
+    /// The configured wire with a read timeout long enough for a forwarded reduce.
     forward_wire: WireConfig,
+    /// Idle connections for forwarded calls, by address.
+    connections: Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>,
 }
 
 struct Hosted {
@@ -129,7 +134,9 @@ impl ActorHost {
             hosted: Mutex::new(BTreeMap::new()),
             routes: Mutex::new(BTreeMap::new()),
             schedulers,
+            wire: wire.clone(),
             forward_wire,
+            connections: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -140,7 +147,7 @@ impl ActorHost {
 
     /// Starts hosting `spec`'s actor. Creating one that is already here is a no-op, so a
     /// retried creation is harmless.
-    pub fn create(&self, spec: ActorSpec, shared: Arc<Shared>) {
+    pub fn create(&self, spec: ActorSpec, shared: &Arc<Shared>) {
         let mut hosted = lock(&self.hosted);
         if hosted.contains_key(&spec.actor) {
             return;
@@ -152,8 +159,9 @@ impl ActorHost {
             slot,
             slots: slots.max(1),
             held: BTreeMap::new(),
+            reduced: BTreeSet::new(),
             node: shared.node(),
-            shared,
+            shared: Arc::downgrade(shared),
             runtime: Handle::current(),
         };
         let address = HashShuffleAggregator::start_in_arbiter(&self.arbiter, |_| aggregator);
@@ -222,7 +230,9 @@ impl ActorHost {
     /// driver died, and nobody will stop them otherwise. Reads the state only when something
     /// is hosted.
     pub async fn stop_unrecorded(&self) {
-        if lock(&self.hosted).is_empty() {
+        // Only actors hosted before the read: one created meanwhile may be missing from it.
+        let hosted: Vec<ActorId> = lock(&self.hosted).keys().copied().collect();
+        if hosted.is_empty() {
             return;
         }
         let state = match self.read_state().await {
@@ -232,24 +242,17 @@ impl ActorHost {
                 return;
             }
         };
-        let orphans: Vec<ActorId> = lock(&self.hosted)
-            .keys()
-            .filter(|actor| !state.actors.contains_key(actor))
-            .copied()
-            .collect();
-        for actor in orphans {
-            self.stop(actor);
+        for actor in hosted {
+            if !state.actors.contains_key(&actor) {
+                self.stop(actor);
+            }
         }
     }
 
     async fn read_state(&self) -> std::result::Result<ClusterState, floe_scheduler::Error> {
-        SchedulerClient::new(
-            self.schedulers.clone(),
-            self.forward_wire.clone(),
-            PeerKind::Node,
-        )?
-        .read_state()
-        .await
+        SchedulerClient::new(self.schedulers.clone(), self.wire.clone(), PeerKind::Node)?
+            .read_state()
+            .await
     }
 
     /// Delivers `message` to `actor`, here or (unless `forwarded`) on the node hosting it.
@@ -277,16 +280,7 @@ impl ActorHost {
             message,
             forwarded: true,
         };
-        let reply = async {
-            let mut client = RpcClient::<NodeProtocol>::connect(
-                &addr,
-                self.forward_wire.clone(),
-                PeerKind::Node,
-            )
-            .await?;
-            client.call(&request).await
-        };
-        match reply.await {
+        match self.forward(&addr, &request).await {
             Ok(NodeResponse::Actor(reply)) => {
                 if matches!(reply, Err(ActorFailure::Gone { .. })) {
                     lock(&self.routes).remove(&actor);
@@ -297,14 +291,39 @@ impl ActorHost {
                 actor,
                 reason: format!("its node answered {other:?}"),
             }),
+            // The node may be restarting or dying: whoever called decides, from the node's
+            // fate in the scheduler's state, whether the actor is gone.
             Err(error) => {
                 lock(&self.routes).remove(&actor);
-                Err(ActorFailure::Gone {
+                Err(ActorFailure::Unavailable {
                     actor,
-                    reason: format!("its node {addr} is unreachable: {error}"),
+                    reason: format!("its node {addr} did not answer: {error}"),
                 })
             }
         }
+    }
+
+    /// Sends a forwarded call over a pooled connection to `addr`.
+    async fn forward(
+        &self,
+        addr: &str,
+        request: &NodeRequest,
+    ) -> std::result::Result<NodeResponse, floe_core::WireError> {
+        let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
+        let mut client = match idle {
+            Some(client) => client,
+            None => {
+                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone(), PeerKind::Node)
+                    .await?
+            }
+        };
+        let reply = client.call(request).await?;
+        let mut connections = lock(&self.connections);
+        if connections.len() >= MAX_ROUTES {
+            connections.clear();
+        }
+        connections.entry(addr.to_owned()).or_default().push(client);
+        Ok(reply)
     }
 
     /// The address of the node hosting `actor`, from the cache or the scheduler's state.
@@ -316,7 +335,10 @@ impl ActorHost {
         let state = self
             .read_state()
             .await
-            .map_err(|error| gone(format!("cannot read the cluster state: {error}")))?;
+            .map_err(|error| ActorFailure::Unavailable {
+                actor,
+                reason: format!("cannot read the cluster state: {error}"),
+            })?;
         let record = state
             .actors
             .get(&actor)
@@ -346,6 +368,14 @@ impl ActorHost {
         {
             tracing::warn!("the actor thread panicked");
         }
+    }
+}
+
+impl Drop for ActorHost {
+    /// An agent that failed to start, or was dropped without [`ActorHost::shutdown`], does not
+    /// leave its actor thread running.
+    fn drop(&mut self) {
+        self.system.stop();
     }
 }
 
@@ -379,7 +409,10 @@ pub(crate) struct HashShuffleAggregator {
     slot: u32,
     slots: u32,
     held: BTreeMap<u32, BTreeMap<ObjectId, Held>>,
-    shared: Arc<Shared>,
+    /// Partitions already reduced: a push that arrives for one afterwards is dropped.
+    reduced: BTreeSet<u32>,
+    /// Weak, so the agent's state is not kept alive by its own actors.
+    shared: Weak<Shared>,
     /// The agent's runtime, where pulls and tasks run (the actor thread only keeps books).
     runtime: Handle,
 }
@@ -394,7 +427,9 @@ impl Actor for HashShuffleAggregator {
             .filter(|(_, held)| held.pulled)
             .map(|(object, _)| object)
             .collect();
-        self.shared.drop_copies(&pulled);
+        if let Some(shared) = self.shared.upgrade() {
+            shared.drop_copies(&pulled);
+        }
     }
 }
 
@@ -454,13 +489,23 @@ impl HashShuffleAggregator {
         }
     }
 
+    /// The agent's shared state, or why the actor cannot work: the agent is going away.
+    fn shared(&self) -> std::result::Result<Arc<Shared>, ActorFailure> {
+        self.shared.upgrade().ok_or(ActorFailure::Gone {
+            actor: self.actor,
+            reason: "its node is shutting down".into(),
+        })
+    }
+
     fn push(&mut self, shards: Vec<PushedShard>) -> actix::ResponseActFuture<Self, Reply> {
-        let shared = Arc::clone(&self.shared);
+        let shared = match self.shared() {
+            Ok(shared) => shared,
+            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
+        };
         let actor = self.actor;
         let pulls = self
             .runtime
             .spawn(async move { pull_shards(&shared, actor, shards).await });
-        let actor = self.actor;
         let work = async move {
             pulls.await.unwrap_or_else(|error| {
                 let failure = ActorFailure::Gone {
@@ -471,7 +516,16 @@ impl HashShuffleAggregator {
             })
         };
         Box::pin(work.into_actor(self).map(|(arrived, failure), act, _| {
+            let mut late = Vec::new();
             for (partition, object, held) in arrived {
+                // Pushed after its partition was reduced (a push and a reduce run
+                // concurrently): nothing will read this copy.
+                if act.reduced.contains(&partition) {
+                    if held.pulled {
+                        late.push(object);
+                    }
+                    continue;
+                }
                 let entry = act.held.entry(partition).or_default();
                 let held = match entry.get(&object) {
                     Some(before) => Held {
@@ -481,6 +535,9 @@ impl HashShuffleAggregator {
                     None => held,
                 };
                 entry.insert(object, held);
+            }
+            if let Some(shared) = act.shared.upgrade() {
+                shared.drop_copies(&late);
             }
             match failure {
                 Some(failure) => Err(failure),
@@ -492,8 +549,13 @@ impl HashShuffleAggregator {
     }
 
     fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
-        let shared = Arc::clone(&self.shared);
+        let shared = match self.shared() {
+            Ok(shared) => shared,
+            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
+        };
         let actor = self.actor;
+        // Inputs still being pushed are joined by the task's own pulls, which wait for
+        // transfers under way.
         let run = self
             .runtime
             .spawn(async move { shared.run_task(task).await });
@@ -506,6 +568,7 @@ impl HashShuffleAggregator {
         };
         Box::pin(work.into_actor(self).map(move |result, act, _| {
             let outputs = result.map_err(ActorFailure::Task)?;
+            act.reduced.insert(partition);
             let pulled: Vec<ObjectId> = act
                 .held
                 .remove(&partition)
@@ -514,7 +577,9 @@ impl HashShuffleAggregator {
                 .filter(|(_, held)| held.pulled)
                 .map(|(object, _)| object)
                 .collect();
-            act.shared.drop_copies(&pulled);
+            if let Some(shared) = act.shared.upgrade() {
+                shared.drop_copies(&pulled);
+            }
             Ok(ActorReply::Reduced(outputs))
         }))
     }
@@ -543,16 +608,14 @@ async fn pull_shards(
             reason,
         };
         let held = match &shard.holder {
-            Some(holder) if !shared.store.contains(shard.object) => {
-                match shared.transfers.pull(shard.object, holder).await {
-                    Ok(pulled) => Held {
-                        bytes: pulled.size,
-                        pulled: true,
-                    },
-                    Err(error) => return (arrived, Some(failed(error.to_string()))),
-                }
-            }
-            _ => match shared.store.get(shard.object) {
+            Some(holder) => match shared.transfers.pull(shard.object, holder).await {
+                Ok(pulled) => Held {
+                    bytes: pulled.output.size,
+                    pulled: pulled.fetched,
+                },
+                Err(error) => return (arrived, Some(failed(error.to_string()))),
+            },
+            None => match shared.store.get(shard.object) {
                 Ok(view) => Held {
                     bytes: view.len() as u64,
                     pulled: false,

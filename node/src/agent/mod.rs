@@ -173,14 +173,15 @@ impl Shared {
                 object: input.object,
                 reason: error.to_string(),
             };
-            if let Some(holder) = &input.holder
-                && !self.store.contains(input.object)
-            {
-                self.transfers
+            if let Some(holder) = &input.holder {
+                let copy = self
+                    .transfers
                     .pull(input.object, holder)
                     .await
                     .map_err(unavailable)?;
-                pulled.push(input.object);
+                if copy.fetched {
+                    pulled.push(input.object);
+                }
             }
             pins.push(
                 self.store
@@ -225,14 +226,19 @@ impl Shared {
             // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
             // (the driver thought it lost, or a task here still reads it) holds the same
             // bytes, tasks being deterministic: it stays.
-            let checksum = if self.store.contains(object) {
+            let checksum = if self.store.contains(object) || self.store.revive(object) {
                 xxh3_64(bytes)
             } else {
-                self.store
-                    .put_checksummed(object, bytes)
-                    .map_err(|error| TaskFailure::Error {
-                        message: format!("cannot store output {index}: {error}"),
-                    })?
+                match self.store.put_checksummed(object, bytes) {
+                    Ok(checksum) => checksum,
+                    // A pull of the earlier run's copy got here first.
+                    Err(floe_objectstore::Error::AlreadyExists { .. }) => xxh3_64(bytes),
+                    Err(error) => {
+                        return Err(TaskFailure::Error {
+                            message: format!("cannot store output {index}: {error}"),
+                        });
+                    }
+                }
             };
             refs.push(OutputRef {
                 object,
@@ -447,7 +453,7 @@ impl Handler<NodeProtocol> for Service {
                 .transfers
                 .pull(object, &holder)
                 .await
-                .map(NodeResponse::Pulled)
+                .map(|pulled| NodeResponse::Pulled(pulled.output))
                 .map_err(remote),
             NodeRequest::Free { objects } => {
                 for object in objects {
@@ -474,7 +480,7 @@ impl Handler<NodeProtocol> for Service {
                 Ok(NodeResponse::CacheLoaded(loaded))
             }
             NodeRequest::CreateActor(spec) => {
-                shared.actors.create(spec, Arc::clone(shared));
+                shared.actors.create(spec, shared);
                 Ok(NodeResponse::ActorCreated)
             }
             NodeRequest::CallActor {
@@ -779,7 +785,6 @@ fn remove_stale_udf_dirs(data_dir: &std::path::Path) {
     }
 }
 
-/// Stops process-UDF children that exited or idled out, once a second.
 /// Stops, now and then, hosted actors whose job ended or whose driver died.
 async fn sweep_actors(shared: Arc<Shared>) {
     let mut ticks = tokio::time::interval(ACTOR_SWEEP_INTERVAL);
@@ -790,6 +795,7 @@ async fn sweep_actors(shared: Arc<Shared>) {
     }
 }
 
+/// Stops process-UDF children that exited or idled out, once a second.
 async fn reap_processes(processes: Arc<ProcessPools>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

@@ -252,6 +252,10 @@ pub enum ActorFailure {
     /// No node hosts the actor (it was never created, was stopped, or died with its node).
     #[error("actor {actor} is gone: {reason}")]
     Gone { actor: ActorId, reason: String },
+    /// The actor's node, or the scheduler that says where it is, did not answer; a later
+    /// call may reach it.
+    #[error("actor {actor} is unavailable: {reason}")]
+    Unavailable { actor: ActorId, reason: String },
     /// The message is not one the actor accepts (e.g. a partition it does not own).
     #[error("actor {actor} refused the message: {reason}")]
     Refused { actor: ActorId, reason: String },

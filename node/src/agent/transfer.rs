@@ -10,7 +10,7 @@
 //! knows from when the object was sealed) before it is sealed, and a mismatch abandons it.
 //! Concurrent pulls of one object share a single transfer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
@@ -33,6 +33,14 @@ use super::{Error, Result};
 const REPLY_ENVELOPE: u64 = 4096;
 
 type SharedPull = Arc<OnceCell<Result<OutputRef, String>>>;
+
+/// A pulled object, and whether it had to come from elsewhere (so the node holds a copy that
+/// whoever asked may drop when done) or was sealed here already.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pulled {
+    pub output: OutputRef,
+    pub fetched: bool,
+}
 
 pub(crate) struct Transfers {
     store: ObjectStore,
@@ -97,24 +105,39 @@ impl Transfers {
         Ok(Attachment::new(ViewRange { view, range }))
     }
 
-    /// Makes `object` local, pulling it from `holder` unless it is here already.
-    pub async fn pull(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
-        if self.store.contains(object) {
-            let meta = self.meta(object)?;
-            return Ok(OutputRef {
-                object,
-                size: meta.size,
-                checksum: meta.checksum,
-                rows: None,
-            });
-        }
-        let shared = Arc::clone(
-            self.pulls
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(object)
-                .or_default(),
-        );
+    fn local(&self, object: ObjectId, fetched: bool) -> Result<Pulled> {
+        let meta = self.meta(object)?;
+        let output = OutputRef {
+            object,
+            size: meta.size,
+            checksum: meta.checksum,
+            rows: None,
+        };
+        Ok(Pulled { output, fetched })
+    }
+
+    /// Makes `object` local, pulling it from `holder` unless it is here already. A pull of an
+    /// object whose transfer is under way joins that transfer (the object exists, unsealed,
+    /// until the transfer ends).
+    pub async fn pull(&self, object: ObjectId, holder: &str) -> Result<Pulled> {
+        let shared = {
+            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+            match pulls.get(&object) {
+                Some(in_flight) => Some(Arc::clone(in_flight)),
+                // Here already (sealed, or being written by a task of this node), or deleted
+                // by a task that pulled it while another still reads it: revived, it is this
+                // caller's copy.
+                None if self.store.contains(object) => None,
+                None if self.store.revive(object) => {
+                    drop(pulls);
+                    return self.local(object, true);
+                }
+                None => Some(Arc::clone(pulls.entry(object).or_default())),
+            }
+        };
+        let Some(shared) = shared else {
+            return self.local(object, false);
+        };
         let outcome = shared
             .get_or_init(|| async {
                 self.pulls_started.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +156,12 @@ impl Transfers {
                 pulls.remove(&object);
             }
         }
-        outcome.map_err(|reason| Error::Transfer { object, reason })
+        outcome
+            .map(|output| Pulled {
+                output,
+                fetched: true,
+            })
+            .map_err(|reason| Error::Transfer { object, reason })
     }
 
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
@@ -195,16 +223,19 @@ impl Transfers {
         // `chunk` is at most a frame's size, which fits in usize.
         let chunk = self.chunk as usize;
         let actual = {
-            let mut shares: Vec<Vec<(usize, &mut [u8])>> =
-                clients.iter().map(|_| Vec::new()).collect();
-            for (index, piece) in writer.as_mut_slice().chunks_mut(chunk).enumerate() {
-                shares[index % clients.len()].push((index, piece));
-            }
+            // Connections take the next chunk when they are free, so a slow one holds up
+            // only the chunk it is reading.
+            let pieces: Mutex<VecDeque<(usize, &mut [u8])>> = Mutex::new(
+                writer
+                    .as_mut_slice()
+                    .chunks_mut(chunk)
+                    .enumerate()
+                    .collect(),
+            );
             let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
             let readers: Vec<_> = clients
                 .into_iter()
-                .zip(shares)
-                .map(|(client, share)| read_chunks(client, object, chunk, share, arrived.clone()))
+                .map(|client| read_chunks(client, object, chunk, &pieces, arrived.clone()))
                 .collect();
             drop(arrived);
             let hash_in_order = async {
@@ -247,16 +278,23 @@ impl AsRef<[u8]> for ViewRange {
     }
 }
 
-/// One connection's share of a transfer: reads each chunk straight into its place in the
-/// object, then hands it on to be hashed.
+/// One connection's part of a transfer: takes the next chunk until none is left, reads it
+/// straight into its place in the object, then hands it on to be hashed.
 async fn read_chunks<'a>(
     mut client: RpcClient<NodeProtocol>,
     object: ObjectId,
     chunk: usize,
-    share: Vec<(usize, &'a mut [u8])>,
+    pieces: &Mutex<VecDeque<(usize, &'a mut [u8])>>,
     arrived: UnboundedSender<(usize, &'a mut [u8])>,
 ) -> Result<()> {
-    for (index, piece) in share {
+    loop {
+        let next = pieces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        let Some((index, piece)) = next else {
+            return Ok(());
+        };
         let request = NodeRequest::ReadChunk {
             object,
             offset: (index * chunk) as u64,
@@ -269,7 +307,6 @@ async fn read_chunks<'a>(
         // The receiver only stops early when the transfer has failed anyway.
         let _ = arrived.send((index, piece));
     }
-    Ok(())
 }
 
 /// Runs `futures` concurrently on the current task until all succeed or one fails. (A

@@ -246,9 +246,13 @@ pub async fn push(
     }
 }
 
-/// Stops actors (best effort: an actor on a dead node is gone already).
+/// Stops actors and drops their records (best effort: an actor on a dead node is gone
+/// already, and the job's end drops every record it still has).
 pub async fn stop(cluster: Arc<Cluster>, actors: Vec<(ActorId, NodeId)>) {
     for (actor, node) in actors {
+        if let Err(error) = cluster.propose(Command::RemoveActor { actor }).await {
+            tracing::debug!(%actor, %error, "cannot drop an aggregator's record");
+        }
         if let Ok(addr) = cluster.address(node).await
             && let Err(error) = cluster
                 .call_node(&addr, &NodeRequest::StopActor { actor })

@@ -128,8 +128,8 @@ enum TaskError {
     Unreachable(String),
     /// A shard the cache index named is gone (cleaned, evicted or damaged).
     StaleCache(String),
-    /// The aggregator a reduce was sent to is gone (or refused it).
-    ActorGone(String),
+    /// The aggregator a reduce was sent to is gone.
+    ActorGone { actor: ActorId, message: String },
 }
 
 /// How an execution ended.
@@ -801,6 +801,9 @@ impl Execution {
         };
         let slot = &pool.slots[pool.slot_of(*partition)];
         match slot.node {
+            // A reduce that failed on the aggregator's node (its worker died or ran out of
+            // memory) runs again elsewhere as a plain task, which pulls its shards.
+            Some(node) if launch.avoid == Some(node) => Ok(None),
             Some(node) => Ok(Some((slot.actor, node))),
             None => Err(()),
         }
@@ -994,7 +997,7 @@ impl Execution {
                 );
             }
             TaskError::Failed(failure) => self.fail(index, failure.to_string()),
-            TaskError::ActorGone(message) => {
+            TaskError::ActorGone { actor, message } => {
                 if let Recipe::Compute {
                     input: StageInput::Reduce { partition, .. },
                     ..
@@ -1002,7 +1005,7 @@ impl Execution {
                     && let Some(pool) = &self.ops[index].shuffle.aggregators
                 {
                     let slot = pool.slot_of(*partition);
-                    self.replace_aggregator(index, slot, node);
+                    self.replace_aggregator(index, slot, actor, node);
                 }
                 self.task_failed(index, launch, node, TaskError::Unreachable(message));
             }
@@ -1518,24 +1521,35 @@ impl Execution {
 
     /// A new actor for slot `slot`, whose actor died (with its node, or on its own); its
     /// partitions' shards are pushed to the new one once it runs.
-    fn replace_aggregator(&mut self, index: usize, slot: usize, avoid: Option<NodeId>) {
+    fn replace_aggregator(
+        &mut self,
+        index: usize,
+        slot: usize,
+        gone: ActorId,
+        avoid: Option<NodeId>,
+    ) {
         let op = &mut self.ops[index];
         let Some(pool) = &mut op.shuffle.aggregators else {
             return;
         };
         let count = pool.count();
-        let Some(entry) = pool.slots.get_mut(slot) else {
+        // Only the slot's current actor: a late answer from one already replaced says
+        // nothing about its successor.
+        let Some(entry) = pool.slots.get_mut(slot).filter(|entry| entry.actor == gone) else {
             return;
         };
         if entry.idle || entry.node.is_none() {
             return;
         }
         tracing::warn!(job = %self.job, operator = %op.name, slot, actor = %entry.actor, ?avoid, "an aggregator is gone; creating it again");
+        let old_node = entry.node;
         entry.replace();
         let actor = entry.actor;
         op.stats.aggregators += 1;
         op.stats.aggregators_recreated += 1;
         self.create_aggregator(index, slot, actor, count, avoid);
+        // Stopped and unrecorded, in case it still lives and holds shards.
+        self.stop_actors(vec![(gone, old_node)]);
     }
 
     fn aggregator_created(
@@ -1672,16 +1686,16 @@ impl Execution {
     fn replace_dead_aggregators(&mut self) {
         let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
         for index in 0..self.ops.len() {
-            let dead: Vec<(usize, NodeId)> = self.ops[index]
+            let dead: Vec<(usize, ActorId, NodeId)> = self.ops[index]
                 .shuffle
                 .aggregators
                 .iter()
                 .flat_map(|pool| pool.slots.iter().enumerate())
-                .filter_map(|(slot, entry)| Some((slot, entry.node?)))
-                .filter(|(_, node)| !alive.contains(node))
+                .filter_map(|(slot, entry)| Some((slot, entry.actor, entry.node?)))
+                .filter(|(_, _, node)| !alive.contains(node))
                 .collect();
-            for (slot, node) in dead {
-                self.replace_aggregator(index, slot, Some(node));
+            for (slot, actor, node) in dead {
+                self.replace_aggregator(index, slot, actor, Some(node));
             }
         }
     }
@@ -2190,7 +2204,21 @@ impl TaskContext {
                 NodeResponse::Task(Err(failure))
                 | NodeResponse::Actor(Err(ActorFailure::Task(failure))),
             ) => Err(TaskError::Failed(failure)),
-            Ok(NodeResponse::Actor(Err(failure))) => Err(TaskError::ActorGone(failure.to_string())),
+            Ok(NodeResponse::Actor(Err(ActorFailure::Gone { actor, reason }))) => {
+                Err(TaskError::ActorGone {
+                    actor,
+                    message: reason,
+                })
+            }
+            // The aggregator refusing its own partition is a bug: no retry makes it right.
+            Ok(NodeResponse::Actor(Err(refused @ ActorFailure::Refused { .. }))) => {
+                Err(TaskError::Failed(TaskFailure::Error {
+                    message: refused.to_string(),
+                }))
+            }
+            Ok(NodeResponse::Actor(Err(failure))) => {
+                Err(TaskError::Unreachable(failure.to_string()))
+            }
             Ok(other) => Err(TaskError::Unreachable(format!(
                 "unexpected answer {other:?}"
             ))),
