@@ -292,7 +292,10 @@ impl ResourceView {
         if need.cpu_millis == 0 && need.heap_bytes == 0 {
             let after = self.nodes.range(NodeId::new(cursor.saturating_add(1))..);
             let up_to = self.nodes.range(..=NodeId::new(cursor));
-            return after.chain(up_to).map(|(node, _)| *node).find(|node| fits(node));
+            return after
+                .chain(up_to)
+                .map(|(node, _)| *node)
+                .find(|node| fits(node));
         }
         // Walk the utilization levels from the lowest; within a level, start after the node
         // chosen last so equal candidates take turns.

@@ -55,14 +55,20 @@ fn spread_requests_that_reserve_nothing_take_turns_whatever_the_load() {
     let mut view = cluster(&[(8, 8); 3]);
     // Nodes 1 and 3 busy, node 2 idle: reserving requests go to node 2 first...
     placed(view.place(&[
-        request(4, Strategy::NodeAffinity {
-            node: node(1),
-            soft: false,
-        }),
-        request(4, Strategy::NodeAffinity {
-            node: node(3),
-            soft: false,
-        }),
+        request(
+            4,
+            Strategy::NodeAffinity {
+                node: node(1),
+                soft: false,
+            },
+        ),
+        request(
+            4,
+            Strategy::NodeAffinity {
+                node: node(3),
+                soft: false,
+            },
+        ),
     ]));
     assert_eq!(placed(view.place(&[request(1, Strategy::Spread)])), [2]);
     // ...but requests that reserve nothing change no node's load and would all land there.
