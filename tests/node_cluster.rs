@@ -312,6 +312,17 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     assert!(error.to_string().contains(&missing.to_string()), "{error}");
 }
 
+/// A scheduler and two ready nodes, `a` and `b`, in `dir`.
+async fn two_nodes(dir: &Path) -> (LocalCluster, LocalNode, LocalNode) {
+    let cluster = scheduler(dir);
+    let schedulers = cluster.addrs();
+    let a = start_node(dir, "a", &schedulers, &[]);
+    let b = start_node(dir, "b", &schedulers, &[]);
+    wait_ready(&a, 2).await;
+    wait_ready(&b, 2).await;
+    (cluster, a, b)
+}
+
 async fn call_actor(
     addr: &str,
     actor: ActorId,
@@ -332,12 +343,7 @@ async fn call_actor(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
-    let schedulers = cluster.addrs();
-    let a = start_node(dir.path(), "a", &schedulers, &[]);
-    let b = start_node(dir.path(), "b", &schedulers, &[]);
-    wait_ready(&a, 2).await;
-    wait_ready(&b, 2).await;
+    let (_cluster, a, b) = two_nodes(dir.path()).await;
     // A shard on B (above the inline limit, so it moves in chunks) and one on A.
     let remote = run(
         b.addr(),
@@ -471,12 +477,7 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
-    let schedulers = cluster.addrs();
-    let a = start_node(dir.path(), "a", &schedulers, &[]);
-    let b = start_node(dir.path(), "b", &schedulers, &[]);
-    wait_ready(&a, 2).await;
-    wait_ready(&b, 2).await;
+    let (_cluster, a, b) = two_nodes(dir.path()).await;
     let size = 512usize << 20;
     let expected = xxh3_64(&fill_pattern(size, 5));
     let object = run(
