@@ -421,15 +421,8 @@ impl Actor for HashShuffleAggregator {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        let pulled: Vec<ObjectId> = std::mem::take(&mut self.held)
-            .into_values()
-            .flatten()
-            .filter(|(_, held)| held.pulled)
-            .map(|(object, _)| object)
-            .collect();
-        if let Some(shared) = self.shared.upgrade() {
-            shared.drop_copies(&pulled);
-        }
+        let held = std::mem::take(&mut self.held);
+        self.drop_pulled(held.into_values().flatten());
     }
 }
 
@@ -521,9 +514,7 @@ impl HashShuffleAggregator {
                 // Pushed after its partition was reduced (a push and a reduce run
                 // concurrently): nothing will read this copy.
                 if act.reduced.contains(&partition) {
-                    if held.pulled {
-                        late.push(object);
-                    }
+                    late.push((object, held));
                     continue;
                 }
                 let entry = act.held.entry(partition).or_default();
@@ -536,9 +527,7 @@ impl HashShuffleAggregator {
                 };
                 entry.insert(object, held);
             }
-            if let Some(shared) = act.shared.upgrade() {
-                shared.drop_copies(&late);
-            }
+            act.drop_pulled(late);
             match failure {
                 Some(failure) => Err(failure),
                 None => Ok(ActorReply::Pushed {
@@ -569,19 +558,23 @@ impl HashShuffleAggregator {
         Box::pin(work.into_actor(self).map(move |result, act, _| {
             let outputs = result.map_err(ActorFailure::Task)?;
             act.reduced.insert(partition);
-            let pulled: Vec<ObjectId> = act
-                .held
-                .remove(&partition)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|(_, held)| held.pulled)
-                .map(|(object, _)| object)
-                .collect();
-            if let Some(shared) = act.shared.upgrade() {
-                shared.drop_copies(&pulled);
-            }
+            let held = act.held.remove(&partition).unwrap_or_default();
+            act.drop_pulled(held);
             Ok(ActorReply::Reduced(outputs))
         }))
+    }
+
+    /// Drops the copies among `held` that this aggregator pulled; shards that were its node's
+    /// own stay for their owner to free.
+    fn drop_pulled(&self, held: impl IntoIterator<Item = (ObjectId, Held)>) {
+        let pulled: Vec<ObjectId> = held
+            .into_iter()
+            .filter(|(_, held)| held.pulled)
+            .map(|(object, _)| object)
+            .collect();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.drop_copies(&pulled);
+        }
     }
 
     fn held_bytes(&self) -> u64 {
