@@ -103,8 +103,8 @@ pub struct OperatorStats {
     /// For a shuffle with a partition far larger than the others: that partition's most
     /// frequent key and its share of the partition.
     pub hot_key: Option<String>,
-    /// For a hash shuffle: the aggregator actors it created, and how many of those replaced
-    /// one that died with its node.
+    /// For a hash shuffle: the aggregator actors it created (retried creations included),
+    /// and how many of those replaced one that was gone (with its node, or answering `Gone`).
     pub aggregators: u64,
     pub aggregators_recreated: u64,
 }

@@ -203,9 +203,9 @@ impl Transfers {
         }
     }
 
-    /// Fills `writer` with chunks read over parallel connections, each connection taking
-    /// every `connections`-th chunk, and checks the whole object against `checksum`: the
-    /// chunks are hashed in order as they arrive, while they are still in the cache.
+    /// Fills `writer` with chunks read over parallel connections, each taking the next chunk
+    /// when it is free, and checks the whole object against `meta.checksum`: the chunks are
+    /// hashed in order as they arrive, while they are still in the cache.
     async fn fetch_chunks(
         &self,
         object: ObjectId,
