@@ -103,17 +103,11 @@ impl Cluster {
 
     /// Places one task; waits while the cluster is busy.
     pub async fn place(&self, request: PlacementRequest) -> Result<NodeId> {
-        let mut client =
-            pooled_scheduler_client(&self.placement_pool, &self.schedulers, &self.task_wire)?;
-        let placed = client.place(vec![request]).await?;
-        return_pooled(&self.placement_pool, client);
-        match placed.into_iter().next() {
-            Some(Ok(node)) => Ok(node),
-            Some(Err(error)) => Err(Error::Placement(error.to_string())),
-            None => Err(Error::Placement(
-                "the scheduler answered no placement".into(),
-            )),
-        }
+        let placed = self.place_all(vec![request]).await?;
+        placed
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Placement("the scheduler answered no placement".into()))
     }
 
     /// Places a batch at once (so SPREAD spreads within it); waits while the cluster is busy.
