@@ -482,23 +482,31 @@ impl HashShuffleAggregator {
         }
     }
 
-    /// The agent's shared state, or why the actor cannot work: the agent is going away.
-    fn shared(&self) -> std::result::Result<Arc<Shared>, ActorFailure> {
-        self.shared.upgrade().ok_or(ActorFailure::Gone {
+    /// Starts `work` on the agent's runtime with the agent's shared state, or says why it
+    /// cannot: the agent is going away.
+    fn spawn_on_agent<T, F>(
+        &self,
+        work: impl FnOnce(Arc<Shared>) -> F,
+    ) -> std::result::Result<JoinHandle<T>, ActorFailure>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = self.shared.upgrade().ok_or(ActorFailure::Gone {
             actor: self.actor,
             reason: "its node is shutting down".into(),
-        })
+        })?;
+        Ok(self.runtime.spawn(work(shared)))
     }
 
     fn push(&mut self, shards: Vec<PushedShard>) -> actix::ResponseActFuture<Self, Reply> {
-        let shared = match self.shared() {
-            Ok(shared) => shared,
+        let actor = self.actor;
+        let pulls = match self
+            .spawn_on_agent(move |shared| async move { pull_shards(&shared, actor, shards).await })
+        {
+            Ok(pulls) => pulls,
             Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
         };
-        let actor = self.actor;
-        let pulls = self
-            .runtime
-            .spawn(async move { pull_shards(&shared, actor, shards).await });
         let work = async move {
             pulls.await.unwrap_or_else(|error| {
                 let failure = ActorFailure::Gone {
@@ -538,16 +546,13 @@ impl HashShuffleAggregator {
     }
 
     fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
-        let shared = match self.shared() {
-            Ok(shared) => shared,
-            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
-        };
         let actor = self.actor;
         // Inputs still being pushed are joined by the task's own pulls, which wait for
         // transfers under way.
-        let run = self
-            .runtime
-            .spawn(async move { shared.run_task(task).await });
+        let run = match self.spawn_on_agent(|shared| async move { shared.run_task(task).await }) {
+            Ok(run) => run,
+            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
+        };
         let work = async move {
             run.await.unwrap_or_else(|error| {
                 Err(super::protocol::TaskFailure::WorkerDied {
