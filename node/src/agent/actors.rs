@@ -38,8 +38,10 @@ use super::protocol::{
 use super::{Error, Result, Shared};
 use crate::driver::{self, DriverConfig};
 
-/// How long a forwarded call may wait for its reply: a reduce runs as long as its task.
-const FORWARD_REPLY_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// How long a forwarded reduce may wait for its reply: it runs as long as its task. Other
+/// forwarded calls get the configured read timeout, so a push to a node that froze without
+/// closing its connections does not hold one for a day.
+const FORWARD_REDUCE_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// Routes remembered at most; actors come and go with jobs, so the table starts over rather
 /// than growing with every actor the node ever routed to.
 const MAX_ROUTES: usize = 10_000;
@@ -57,7 +59,8 @@ pub(crate) struct ActorHost {
     schedulers: Vec<String>,
     /// The configured wire, for the scheduler.
     wire: WireConfig,
-    /// The configured wire with a read timeout long enough for a forwarded reduce.
+    /// The configured wire with a read timeout long enough for a forwarded reduce; shorter
+    /// calls are bounded by `wire`'s read timeout around the call.
     forward_wire: WireConfig,
     /// Idle connections for forwarded calls, by address.
     connections: Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>,
@@ -126,7 +129,8 @@ impl ActorHost {
             .recv()
             .map_err(|_| Error::Worker("the actor thread exited before starting".into()))?;
         let mut forward_wire = wire.clone();
-        forward_wire.timeouts.read_ms = forward_wire.timeouts.read_ms.max(FORWARD_REPLY_TIMEOUT_MS);
+        forward_wire.timeouts.read_ms =
+            forward_wire.timeouts.read_ms.max(FORWARD_REDUCE_TIMEOUT_MS);
         Ok(Self {
             system,
             arbiter,
@@ -303,12 +307,20 @@ impl ActorHost {
         }
     }
 
-    /// Sends a forwarded call over a pooled connection to `addr`.
+    /// Sends a forwarded call over a pooled connection to `addr`. A connection whose call
+    /// timed out is dropped, not pooled: its reply may still come.
     async fn forward(
         &self,
         addr: &str,
         request: &NodeRequest,
     ) -> std::result::Result<NodeResponse, floe_core::WireError> {
+        let limit = match request {
+            NodeRequest::CallActor {
+                message: ActorMessage::Reduce { .. },
+                ..
+            } => self.forward_wire.timeouts.read(),
+            _ => self.wire.timeouts.read(),
+        };
         let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
         let mut client = match idle {
             Some(client) => client,
@@ -317,7 +329,12 @@ impl ActorHost {
                     .await?
             }
         };
-        let reply = client.call(request).await?;
+        let reply = tokio::time::timeout(limit, client.call(request))
+            .await
+            .map_err(|_| floe_core::WireError::Timeout {
+                op: "waiting for a forwarded actor call",
+                after: limit,
+            })??;
         let mut connections = lock(&self.connections);
         if connections.len() >= MAX_ROUTES {
             connections.clear();

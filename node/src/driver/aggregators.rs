@@ -230,10 +230,19 @@ pub async fn push(
         message: ActorMessage::Push(pushed),
         forwarded: false,
     };
-    let reply = match cluster.address(via).await {
-        Ok(addr) => cluster.run_task(&addr, &request).await,
+    let addr = match cluster.address(via).await {
+        Ok(addr) => addr,
         Err(error) => {
             tracing::debug!(%actor, %error, "cannot push shards: the driver's node is unknown");
+            return;
+        }
+    };
+    // The routing node bounds the forwarded call, but a push routed to itself waits for its
+    // pulls: the aggregator's death ends the wait too.
+    let reply = tokio::select! {
+        reply = cluster.run_task(&addr, &request) => reply,
+        () = cluster.death_of(actor_node) => {
+            tracing::debug!(%actor, %actor_node, "an aggregator's node died during a push");
             return;
         }
     };
