@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use floe_core::config::{ClusterToken, TimeoutsConfig};
@@ -13,7 +14,7 @@ use floe_core::wire::handshake::{
 };
 use floe_core::wire::rpc::{self, Handler, Peer, Protocol, RemoteError, RemoteErrorKind};
 use floe_core::wire::{
-    FramedStream, PROTOCOL_VERSION, RpcClient, RpcServer, WireConfig, WireError, codec,
+    FileRange, FramedStream, PROTOCOL_VERSION, RpcClient, RpcServer, WireConfig, WireError, codec,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -33,6 +34,31 @@ enum EchoRequest {
         byte: u8,
         len: usize,
     },
+    /// Answered with an attachment of `len` zeros in memory that says it is also `len` bytes
+    /// of the file at `path` from `offset`: what arrives shows which of the two was sent.
+    FromFile {
+        path: std::path::PathBuf,
+        offset: u64,
+        len: usize,
+    },
+}
+
+/// File attachments the server has dropped (only one test asks for them).
+static FILE_ATTACHMENTS_DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// Memory bytes of a file attachment, counted in [`FILE_ATTACHMENTS_DROPPED`] when dropped.
+struct CountedBytes(Vec<u8>);
+
+impl AsRef<[u8]> for CountedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for CountedBytes {
+    fn drop(&mut self) {
+        FILE_ATTACHMENTS_DROPPED.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,7 +84,7 @@ impl Handler<Echo> for EchoHandler {
             }
             EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
-            EchoRequest::Repeat { .. } => Err(RemoteError::new(
+            EchoRequest::Repeat { .. } | EchoRequest::FromFile { .. } => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 "answered by handle_attached",
             )),
@@ -75,6 +101,23 @@ impl Handler<Echo> for EchoHandler {
                 Ok(EchoResponse::Repeated),
                 Some(rpc::Attachment::new(vec![byte; len])),
             ),
+            EchoRequest::FromFile { path, offset, len } => match std::fs::File::open(&path) {
+                Ok(file) => {
+                    let range = FileRange {
+                        file: Arc::new(file),
+                        offset,
+                    };
+                    let attachment = rpc::Attachment::new(CountedBytes(vec![0; len]));
+                    (Ok(EchoResponse::Repeated), Some(attachment.in_file(range)))
+                }
+                Err(error) => (
+                    Err(RemoteError::new(
+                        RemoteErrorKind::NotFound,
+                        error.to_string(),
+                    )),
+                    None,
+                ),
+            },
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -634,5 +677,63 @@ async fn attachments_arrive_in_the_callers_memory_and_mismatches_are_errors() {
             .await
             .unwrap(),
         EchoResponse::Said("Client says again".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_attachments_go_by_sendfile_and_live_until_the_client_has_read_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chunk");
+    let content: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &content).unwrap();
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let from_file = |offset: u64, len: usize| EchoRequest::FromFile {
+        path: path.clone(),
+        offset,
+        len,
+    };
+
+    // The file's bytes arrive, not the attachment's zeros: the server sent the file.
+    let mut dest = vec![0u8; 1_000_000];
+    client
+        .call_into(&from_file(300_000, 1_000_000), &mut dest)
+        .await
+        .unwrap();
+    assert!(dest == content[300_000..1_300_000], "not the file's bytes");
+
+    // The kernel may still read the file's pages after sendfile returns, so the server keeps
+    // the attachment until the connection's next request shows the reply was read.
+    assert_eq!(FILE_ATTACHMENTS_DROPPED.load(Ordering::SeqCst), 0);
+    client.call(&EchoRequest::Say("next".into())).await.unwrap();
+    assert_eq!(FILE_ATTACHMENTS_DROPPED.load(Ordering::SeqCst), 1);
+
+    // Or until the connection ends.
+    let mut small = vec![0u8; 10];
+    client
+        .call_into(&from_file(5, 10), &mut small)
+        .await
+        .unwrap();
+    assert_eq!(small, content[5..15]);
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while FILE_ATTACHMENTS_DROPPED.load(Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the attachment outlived its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A file that ends before the attachment does breaks the call instead of hanging it.
+    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut past_the_end = vec![0u8; 200_000];
+    let error = client
+        .call_into(&from_file(1_400_000, 200_000), &mut past_the_end)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, WireError::Truncated { .. } | WireError::Io { .. }),
+        "{error}"
     );
 }

@@ -167,6 +167,11 @@ impl SharedSegment {
         })
     }
 
+    /// Where Linux shows segment `os_id` (`/floe-x` is `/dev/shm/floe-x`).
+    pub fn path_of(os_id: &str) -> PathBuf {
+        Path::new(SHM_DIR).join(os_id.trim_start_matches('/'))
+    }
+
     /// Unlinks segment `os_id` if it exists; returns whether it did.
     fn unlink(os_id: &str) -> Result<bool> {
         let name = std::ffi::CString::new(os_id).map_err(|_| Error::SharedMemory {

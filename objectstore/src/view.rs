@@ -42,6 +42,28 @@ pub enum ObjectSource {
     Heap { store: String, pid: u32 },
 }
 
+impl ObjectLocation {
+    /// The offset of the payload's first byte in the segment or file.
+    pub fn payload_offset(&self) -> u64 {
+        self.offset + HEADER_LEN
+    }
+}
+
+impl ObjectSource {
+    /// Opens the segment or file read-only, for calls that take a descriptor (`sendfile`);
+    /// `None` for heap memory, which has no file.
+    pub fn open_file(&self) -> Result<Option<std::fs::File>> {
+        let path = match self {
+            Self::Segment { os_id } => SharedSegment::path_of(os_id),
+            Self::File { path } => path.clone(),
+            Self::Heap { .. } => return Ok(None),
+        };
+        std::fs::File::open(&path)
+            .map(Some)
+            .map_err(crate::mapping::io_error("open an object's file", &path))
+    }
+}
+
 /// Read-only bytes of a sealed object, mapped in place. Cloning is cheap; the object stays
 /// pinned (when the view came from the store) and mapped until the last clone, and the last
 /// Arrow buffer made by [`to_buffer`](Self::to_buffer), is dropped.

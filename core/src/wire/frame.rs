@@ -4,11 +4,15 @@
 //! prefix costs nothing. One buffer per connection is reused for every frame in both
 //! directions. After any error the stream position is unknown: drop the connection.
 
+use std::future::Future;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
 
 use super::WireError;
+use super::rpc::FileRange;
 
 const HEADER_LEN: usize = 4;
 
@@ -63,10 +67,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
         fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
         tail: &[u8],
     ) -> Result<(), WireError> {
+        self.fill_head(fill, tail.len())?;
+        let write = async {
+            self.stream.write_all(&self.buffer).await?;
+            if !tail.is_empty() {
+                self.stream.write_all(tail).await?;
+            }
+            self.stream.flush().await
+        };
+        timed_write(self.write_timeout, write).await
+    }
+
+    /// Puts the length prefix and what `fill` appends in the buffer, for a frame whose body
+    /// ends with `tail_len` more bytes.
+    fn fill_head(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
+        tail_len: usize,
+    ) -> Result<(), WireError> {
         self.buffer.clear();
         self.buffer.extend_from_slice(&[0; HEADER_LEN]);
         fill(&mut self.buffer)?;
-        let body_len = self.buffer.len() - HEADER_LEN + tail.len();
+        let body_len = self.buffer.len() - HEADER_LEN + tail_len;
         let header = u32::try_from(body_len)
             .ok()
             .filter(|_| body_len <= self.max_frame)
@@ -75,23 +97,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
                 max: self.max_frame as u64,
             })?;
         self.buffer[..HEADER_LEN].copy_from_slice(&header.to_be_bytes());
-        let write = async {
-            self.stream.write_all(&self.buffer).await?;
-            if !tail.is_empty() {
-                self.stream.write_all(tail).await?;
-            }
-            self.stream.flush().await
-        };
-        tokio::time::timeout(self.write_timeout, write)
-            .await
-            .map_err(|_| WireError::Timeout {
-                op: "sending a frame",
-                after: self.write_timeout,
-            })?
-            .map_err(|source| WireError::Io {
-                op: "sending a frame",
-                source,
-            })
+        Ok(())
     }
 
     /// Receives one frame body. `wait_for_start` bounds the wait for the frame's first byte
@@ -168,7 +174,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
     }
 }
 
-impl FramedStream<tokio::net::TcpStream> {
+impl FramedStream<TcpStream> {
+    /// Like [`Self::send_with_tail`], with a tail of `len` bytes of `range`'s file sent by
+    /// `sendfile(2)`. The kernel may read the file's pages after this returns: the caller keeps
+    /// them unchanged until the peer has read the frame.
+    pub async fn send_with_file_tail(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
+        range: &FileRange,
+        len: usize,
+    ) -> Result<(), WireError> {
+        self.fill_head(fill, len)?;
+        let write = async {
+            self.stream.write_all(&self.buffer).await?;
+            send_file(&self.stream, range, len).await
+        };
+        timed_write(self.write_timeout, write).await
+    }
+
     /// True when the peer has closed (or reset) a connection we are not reading from, e.g. a
     /// server that dropped an idle client. Checked without blocking before reusing a
     /// connection, so a request is never written into a socket the peer already abandoned.
@@ -180,6 +203,58 @@ impl FramedStream<tokio::net::TcpStream> {
             Ok(_) => true,
         }
     }
+}
+
+/// Sends `len` bytes of `range`'s file to `socket` with `sendfile(2)`, waiting whenever the
+/// socket's buffer is full.
+async fn send_file(socket: &TcpStream, range: &FileRange, len: usize) -> std::io::Result<()> {
+    let mut offset = libc::off_t::try_from(range.offset)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut left = len;
+    while left > 0 {
+        socket.writable().await?;
+        let sent = socket.try_io(Interest::WRITABLE, || {
+            // SAFETY: both descriptors are open for the call (`socket` and `range.file` are
+            // borrowed), and `offset` is a valid pointer to an `off_t` the call advances.
+            let sent = unsafe {
+                libc::sendfile(
+                    socket.as_raw_fd(),
+                    range.file.as_raw_fd(),
+                    &mut offset,
+                    left,
+                )
+            };
+            usize::try_from(sent).map_err(|_| std::io::Error::last_os_error())
+        });
+        match sent {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file ended before the attachment did",
+                ));
+            }
+            Ok(sent) => left -= sent.min(left),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+async fn timed_write(
+    limit: Duration,
+    write: impl Future<Output = std::io::Result<()>>,
+) -> Result<(), WireError> {
+    tokio::time::timeout(limit, write)
+        .await
+        .map_err(|_| WireError::Timeout {
+            op: "sending a frame",
+            after: limit,
+        })?
+        .map_err(|source| WireError::Io {
+            op: "sending a frame",
+            source,
+        })
 }
 
 fn truncated_or_io(source: std::io::Error, expected: usize) -> WireError {

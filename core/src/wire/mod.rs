@@ -16,8 +16,8 @@ use std::time::Duration;
 pub use frame::FramedStream;
 pub use handshake::{PROTOCOL_VERSION, PeerKind, Refusal};
 pub use rpc::{
-    AttachedReply, Attachment, Handler, Peer, Protocol, RemoteError, RemoteErrorKind, RpcClient,
-    RpcServer,
+    AttachedReply, Attachment, FileRange, Handler, Peer, Protocol, RemoteError, RemoteErrorKind,
+    RpcClient, RpcServer,
 };
 
 use crate::config::{ClusterToken, Config, TimeoutsConfig};

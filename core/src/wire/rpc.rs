@@ -10,7 +10,12 @@
 //! response, so a large payload (an object's chunk) is neither copied into the frame buffer
 //! on the way out nor out of it on the way in ([`RpcClient::call_into`] reads it straight
 //! into the caller's memory). Such a frame sets the id's top bit and puts the encoded
-//! response's length (u32 big-endian) between the id and the response.
+//! response's length (u32 big-endian) between the id and the response. An attachment whose
+//! bytes also lie in a file ([`FileRange`]) goes out with `sendfile(2)`: the kernel sends the
+//! file's pages without a copy through user space. Because the kernel still reads those pages
+//! after the call returns, the server keeps the attachment (and whatever pin it holds) until
+//! the connection's next request shows the client has read the whole reply, or until the
+//! connection ends.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -98,16 +103,40 @@ pub trait Handler<P: Protocol>: Send + Sync + 'static {
 }
 
 /// Bytes sent after a response without being copied into the frame buffer: usually a pinned
-/// view of some memory, kept alive until the frame is written.
-pub struct Attachment(Box<dyn AsRef<[u8]> + Send>);
+/// view of some memory, kept alive until the client has read them.
+pub struct Attachment {
+    bytes: Box<dyn AsRef<[u8]> + Send>,
+    file: Option<FileRange>,
+}
+
+/// Where an attachment's bytes also lie in a file, so a TCP connection can send them with
+/// `sendfile(2)`.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub file: Arc<std::fs::File>,
+    /// The offset of the attachment's first byte in `file`.
+    pub offset: u64,
+}
 
 impl Attachment {
     pub fn new(bytes: impl AsRef<[u8]> + Send + 'static) -> Self {
-        Self(Box::new(bytes))
+        Self {
+            bytes: Box::new(bytes),
+            file: None,
+        }
+    }
+
+    /// Says that the attachment's bytes are also `range` of a file. The caller promises that
+    /// those file bytes equal the attachment's and stay unchanged while it lives.
+    pub fn in_file(self, range: FileRange) -> Self {
+        Self {
+            file: Some(range),
+            ..self
+        }
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        (*self.0).as_ref()
+        (*self.bytes).as_ref()
     }
 }
 
@@ -476,8 +505,12 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
         };
     stream.set_max_frame(config.max_frame);
     let peer = Peer { addr, kind };
+    // The last reply's attachment, kept until the client has read it (see the module docs).
+    let mut unread: Option<Attachment> = None;
     loop {
-        let (id, request) = match stream.recv(config.timeouts.idle()).await {
+        let received = stream.recv(config.timeouts.idle()).await;
+        drop(unread.take());
+        let (id, request) = match received {
             Ok(body) => match decode_request::<P>(body) {
                 Ok(decoded) => decoded,
                 Err(error) => {
@@ -507,6 +540,19 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
                     .send_with(|out| encode_response::<P>(id, &reply, out))
                     .await
             }
+            Some(
+                attachment @ Attachment {
+                    file: Some(range), ..
+                },
+            ) => {
+                stream
+                    .send_with_file_tail(
+                        |out| encode_attached_response::<P>(id, &reply, out),
+                        range,
+                        attachment.as_bytes().len(),
+                    )
+                    .await
+            }
             Some(attachment) => {
                 stream
                     .send_with_tail(
@@ -520,5 +566,6 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
             tracing::warn!(protocol = P::NAME, %addr, %error, "cannot send a response");
             return;
         }
+        unread = attachment;
     }
 }

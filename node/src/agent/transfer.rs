@@ -9,6 +9,11 @@
 //! they arrive; the object's xxh3-64 must match the holder's (which the holder's store usually
 //! knows from when the object was sealed) before it is sealed, and a mismatch abandons it.
 //! Concurrent pulls of one object share a single transfer.
+//!
+//! A chunk of an object in the store's shared-memory segment is sent with `sendfile(2)` from
+//! the segment's file, so the holder copies nothing: the kernel hands the segment's pages to
+//! the socket. The RPC server keeps the chunk's view, and so its pin, until the puller has
+//! read the reply, so the pages cannot be reused while the kernel still reads them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -20,8 +25,8 @@ use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
-use floe_core::wire::{Attachment, PeerKind, RpcClient, WireConfig};
-use floe_objectstore::{ObjectStore, ObjectView, ObjectWriter};
+use floe_core::wire::{Attachment, FileRange, PeerKind, RpcClient, WireConfig};
+use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
 use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
@@ -50,6 +55,8 @@ pub(crate) struct Transfers {
     inline_max: u64,
     pulls: Mutex<HashMap<ObjectId, SharedPull>>,
     pulls_started: AtomicU64,
+    /// The store's segment opened as a file, once a chunk from it is first sent.
+    segment_file: Mutex<Option<Arc<std::fs::File>>>,
 }
 
 impl Transfers {
@@ -67,6 +74,7 @@ impl Transfers {
             inline_max: config.transfer_inline_max.bytes().min(chunk),
             pulls: Mutex::new(HashMap::new()),
             pulls_started: AtomicU64::new(0),
+            segment_file: Mutex::new(None),
         }
     }
 
@@ -102,7 +110,37 @@ impl Transfers {
             object,
             reason: format!("offset {offset} lies past the object's {size} bytes"),
         })?;
-        Ok(Attachment::new(ViewRange { view, range }))
+        let location = view.location();
+        let file = self.segment_file(&location.source).map(|file| FileRange {
+            file,
+            offset: location.payload_offset() + range.start as u64,
+        });
+        let attachment = Attachment::new(ViewRange { view, range });
+        Ok(match file {
+            Some(file) => attachment.in_file(file),
+            None => attachment,
+        })
+    }
+
+    /// The store's segment as a file, if `source` is that segment. Fallback objects have a
+    /// file each, not worth opening for every chunk: they are sent from their mapping.
+    fn segment_file(&self, source: &ObjectSource) -> Option<Arc<std::fs::File>> {
+        if !matches!(source, ObjectSource::Segment { .. }) {
+            return None;
+        }
+        let mut cached = self
+            .segment_file
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cached.is_none() {
+            match source.open_file() {
+                Ok(file) => *cached = file.map(Arc::new),
+                Err(error) => {
+                    tracing::debug!(%error, "sending chunks from memory: cannot open the segment");
+                }
+            }
+        }
+        cached.clone()
     }
 
     fn local(&self, object: ObjectId, fetched: bool) -> Result<Pulled> {
