@@ -595,7 +595,7 @@ impl HashShuffleAggregator {
             .map(|(object, _)| object)
             .collect();
         if let Some(shared) = self.shared.upgrade() {
-            shared.drop_copies(&pulled);
+            shared.delete_local(&pulled);
         }
     }
 
@@ -682,3 +682,4 @@ impl Handler<Call> for JobDriver {
         }
     }
 }
+

@@ -147,17 +147,17 @@ impl Shared {
         let result = self.run_with_inputs(spec, &mut pulled).await;
         // Copies pulled from other nodes were this task's inputs only (their owners free the
         // originals).
-        self.drop_copies(&pulled);
+        self.delete_local(&pulled);
         result
     }
 
-    /// Deletes copies this node pulled from others; a copy a running task still reads goes
-    /// when that task lets go of it.
-    fn drop_copies(&self, pulled: &[ObjectId]) {
-        for object in pulled {
+    /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
+    /// will learn of. One a running task still reads goes when that task lets go of it.
+    fn delete_local(&self, objects: &[ObjectId]) {
+        for object in objects {
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
-                Err(error) => tracing::warn!(%object, %error, "cannot drop a pulled copy"),
+                Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
             }
         }
     }
@@ -217,10 +217,16 @@ impl Shared {
         }
         let outputs = outputs?;
         let mut refs = Vec::with_capacity(outputs.len());
+        // Outputs this run put: if a later one cannot be stored, the task fails and nobody
+        // would ever learn of (and free) these.
+        let mut stored = Vec::new();
+        let failed = |stored: &[ObjectId], message: String| {
+            self.delete_local(stored);
+            TaskFailure::Error { message }
+        };
         for (index, output) in outputs.iter().enumerate() {
-            let index = u32::try_from(index).map_err(|_| TaskFailure::Error {
-                message: "a task returned more than 2^32 outputs".into(),
-            })?;
+            let index = u32::try_from(index)
+                .map_err(|_| failed(&stored, "a task returned more than 2^32 outputs".into()))?;
             let object = tasks::output_id(spec.task, index);
             let bytes = &output.bytes.0;
             // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
@@ -230,13 +236,17 @@ impl Shared {
                 xxh3_64(bytes)
             } else {
                 match self.store.put_checksummed(object, bytes) {
-                    Ok(checksum) => checksum,
+                    Ok(checksum) => {
+                        stored.push(object);
+                        checksum
+                    }
                     // A pull of the earlier run's copy got here first.
                     Err(floe_objectstore::Error::AlreadyExists { .. }) => xxh3_64(bytes),
                     Err(error) => {
-                        return Err(TaskFailure::Error {
-                            message: format!("cannot store output {index}: {error}"),
-                        });
+                        return Err(failed(
+                            &stored,
+                            format!("cannot store output {index}: {error}"),
+                        ));
                     }
                 }
             };
