@@ -683,3 +683,90 @@ impl Handler<Call> for JobDriver {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use floe_core::TaskId;
+    use floe_core::config::{ClusterToken, TimeoutsConfig};
+    use floe_core::wire::rpc::{Handler as RpcHandler, Peer, RemoteError};
+    use floe_core::wire::{RpcServer, WireError};
+
+    use super::super::protocol::TaskKind;
+    use super::*;
+
+    /// A node that takes calls and never answers them, as one that froze with its
+    /// connections open does.
+    struct Frozen;
+
+    impl RpcHandler<NodeProtocol> for Frozen {
+        async fn handle(
+            &self,
+            _peer: Peer,
+            _request: NodeRequest,
+        ) -> std::result::Result<NodeResponse, RemoteError> {
+            std::future::pending().await
+        }
+    }
+
+    fn wire(read_ms: u64) -> WireConfig {
+        WireConfig {
+            token: ClusterToken::new("actors-test"),
+            max_frame: 1 << 20,
+            timeouts: TimeoutsConfig {
+                connect_ms: 2_000,
+                handshake_ms: 2_000,
+                read_ms,
+                write_ms: 2_000,
+                idle_ms: 10_000,
+            },
+        }
+    }
+
+    fn call(message: ActorMessage) -> NodeRequest {
+        NodeRequest::CallActor {
+            actor: ActorId::new(1),
+            message,
+            forwarded: true,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forwarded_push_times_out_at_the_read_timeout_but_a_reduce_waits_for_its_task() {
+        let wire = wire(300);
+        let server = RpcServer::bind::<NodeProtocol, _>(
+            "127.0.0.1:0".parse().expect("a socket address"),
+            Arc::new(Frozen),
+            wire.clone(),
+        )
+        .await
+        .expect("binding the frozen node");
+        let addr = server.local_addr().to_string();
+        let host = ActorHost::start(Vec::new(), &wire).expect("starting the actor host");
+
+        let started = Instant::now();
+        let pushed = host
+            .forward(&addr, &call(ActorMessage::Push(Vec::new())))
+            .await;
+        assert!(
+            matches!(pushed, Err(WireError::Timeout { .. })),
+            "{pushed:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        let reduce = call(ActorMessage::Reduce {
+            partition: 0,
+            task: TaskSpec {
+                task: TaskId::new(1),
+                kind: TaskKind::Sleep { ms: 0 },
+                inputs: Vec::new(),
+            },
+        });
+        let waited =
+            tokio::time::timeout(Duration::from_secs(2), host.forward(&addr, &reduce)).await;
+        assert!(
+            waited.is_err(),
+            "a forwarded reduce stopped waiting: {waited:?}"
+        );
+    }
+}
