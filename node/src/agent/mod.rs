@@ -217,8 +217,8 @@ impl Shared {
         }
         let outputs = outputs?;
         let mut refs = Vec::with_capacity(outputs.len());
-        // Outputs this run put: if a later one cannot be stored, the task fails and nobody
-        // would ever learn of (and free) these.
+        // Outputs this run put or revived: if a later one cannot be stored, the task fails and
+        // nobody would ever learn of (and free) these.
         let mut stored = Vec::new();
         let failed = |stored: &[ObjectId], message: String| {
             self.delete_local(stored);
@@ -232,7 +232,11 @@ impl Shared {
             // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
             // (the driver thought it lost, or a task here still reads it) holds the same
             // bytes, tasks being deterministic: it stays.
-            let checksum = if self.store.contains(object) || self.store.revive(object) {
+            let checksum = if self.store.contains(object) {
+                xxh3_64(bytes)
+            } else if self.store.revive(object) {
+                // Deleted already: deleting it again on failure leaves things as they were.
+                stored.push(object);
                 xxh3_64(bytes)
             } else {
                 match self.store.put_checksummed(object, bytes) {
