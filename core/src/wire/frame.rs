@@ -206,7 +206,9 @@ impl FramedStream<TcpStream> {
 }
 
 /// Sends `len` bytes of `range`'s file to `socket` with `sendfile(2)`, waiting whenever the
-/// socket's buffer is full.
+/// socket's buffer is full. Unlike `send`, `sendfile` cannot pass `MSG_NOSIGNAL`: a peer that
+/// closed would raise SIGPIPE, which Rust programs ignore (floe resets it only for commands
+/// that print listings, which serve nothing).
 async fn send_file(socket: &TcpStream, range: &FileRange, len: usize) -> std::io::Result<()> {
     let mut offset = libc::off_t::try_from(range.offset)
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
@@ -234,7 +236,11 @@ async fn send_file(socket: &TcpStream, range: &FileRange, len: usize) -> std::io
                 ));
             }
             Ok(sent) => left -= sent.min(left),
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(error) => return Err(error),
         }
     }

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Poll;
 
 use floe_core::ObjectId;
@@ -55,8 +55,9 @@ pub(crate) struct Transfers {
     inline_max: u64,
     pulls: Mutex<HashMap<ObjectId, SharedPull>>,
     pulls_started: AtomicU64,
-    /// The store's segment opened as a file, once a chunk from it is first sent.
-    segment_file: Mutex<Option<Arc<std::fs::File>>>,
+    /// The store's segment opened as a file when a chunk from it is first sent (`None` if
+    /// that failed: chunks are then sent from memory). A store has one segment for life.
+    segment_file: OnceLock<Option<Arc<std::fs::File>>>,
 }
 
 impl Transfers {
@@ -74,7 +75,7 @@ impl Transfers {
             inline_max: config.transfer_inline_max.bytes().min(chunk),
             pulls: Mutex::new(HashMap::new()),
             pulls_started: AtomicU64::new(0),
-            segment_file: Mutex::new(None),
+            segment_file: OnceLock::new(),
         }
     }
 
@@ -96,8 +97,9 @@ impl Transfers {
         })
     }
 
-    /// A chunk of a local object as an attachment that keeps the object pinned until it is
-    /// sent.
+    /// A chunk of a local object as an attachment that keeps the object pinned until the
+    /// puller has read it (the RPC server holds it until the connection's next request or its
+    /// end).
     pub fn read_chunk(&self, object: ObjectId, offset: u64, len: u64) -> Result<Attachment> {
         let view = self.store.get(object)?;
         let size = view.len();
@@ -128,19 +130,15 @@ impl Transfers {
         if !matches!(source, ObjectSource::Segment { .. }) {
             return None;
         }
-        let mut cached = self
-            .segment_file
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if cached.is_none() {
-            match source.open_file() {
-                Ok(file) => *cached = file.map(Arc::new),
+        self.segment_file
+            .get_or_init(|| match source.open_file() {
+                Ok(file) => file.map(Arc::new),
                 Err(error) => {
-                    tracing::debug!(%error, "sending chunks from memory: cannot open the segment");
+                    tracing::warn!(%error, "sending chunks from memory: cannot open the segment");
+                    None
                 }
-            }
-        }
-        cached.clone()
+            })
+            .clone()
     }
 
     fn local(&self, object: ObjectId, fetched: bool) -> Result<Pulled> {
