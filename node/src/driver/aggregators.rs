@@ -237,8 +237,8 @@ pub async fn push(
             return;
         }
     };
-    // The routing node bounds the forwarded call, but a push routed to itself waits for its
-    // pulls: the aggregator's death ends the wait too.
+    // The routing node gives up on a forwarded push after its read timeout; once the
+    // aggregator's node's death commits, the wait ends sooner.
     let reply = tokio::select! {
         reply = cluster.run_task(&addr, &request) => reply,
         () = cluster.death_of(actor_node) => {
