@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::WireError;
 use super::rpc::FileRange;
+use super::{WireError, within};
 
 const HEADER_LEN: usize = 4;
 
@@ -112,16 +112,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
     /// that many bytes with [`Self::recv_part`] and [`Self::recv_part_into`].
     pub async fn recv_len(&mut self, wait_for_start: Duration) -> Result<usize, WireError> {
         let mut header = [0u8; HEADER_LEN];
-        let first = tokio::time::timeout(wait_for_start, self.stream.read(&mut header))
-            .await
-            .map_err(|_| WireError::Timeout {
-                op: "waiting for a frame",
-                after: wait_for_start,
-            })?
-            .map_err(|source| WireError::Io {
-                op: "receiving a frame",
-                source,
-            })?;
+        let first = within(
+            wait_for_start,
+            "waiting for a frame",
+            self.stream.read(&mut header),
+        )
+        .await?
+        .map_err(|source| WireError::Io {
+            op: "receiving a frame",
+            source,
+        })?;
         if first == 0 {
             return Err(WireError::Closed);
         }
@@ -163,14 +163,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
     async fn read_exact_timed(&mut self, dest: &mut [u8]) -> Result<(), WireError> {
         let read_timeout = self.read_timeout;
         let expected = dest.len();
-        tokio::time::timeout(read_timeout, self.stream.read_exact(dest))
-            .await
-            .map_err(|_| WireError::Timeout {
-                op: "receiving a frame",
-                after: read_timeout,
-            })?
-            .map(|_| ())
-            .map_err(|source| truncated_or_io(source, expected))
+        within(
+            read_timeout,
+            "receiving a frame",
+            self.stream.read_exact(dest),
+        )
+        .await?
+        .map(|_| ())
+        .map_err(|source| truncated_or_io(source, expected))
     }
 }
 
@@ -251,12 +251,8 @@ async fn timed_write(
     limit: Duration,
     write: impl Future<Output = std::io::Result<()>>,
 ) -> Result<(), WireError> {
-    tokio::time::timeout(limit, write)
-        .await
-        .map_err(|_| WireError::Timeout {
-            op: "sending a frame",
-            after: limit,
-        })?
+    within(limit, "sending a frame", write)
+        .await?
         .map_err(|source| WireError::Io {
             op: "sending a frame",
             source,

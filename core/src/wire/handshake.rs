@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{FramedStream, WireError, codec};
+use super::{FramedStream, WireError, codec, within};
 use crate::config::ClusterToken;
 
 /// Bumped whenever any message layout changes; peers must match exactly.
@@ -153,12 +153,7 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         let body = stream.recv(timeout).await?;
         decode_reply(body, PROTOCOL_VERSION)
     };
-    let reply = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| WireError::Timeout {
-            op: "the handshake",
-            after: timeout,
-        })??;
+    let reply = within(timeout, "the handshake", exchange).await??;
     match reply {
         HandshakeReply::Welcome => Ok(()),
         HandshakeReply::Refused { reason, message } => Err(WireError::Refused { reason, message }),
@@ -200,12 +195,7 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             Err((reason, message)) => Err(WireError::Refused { reason, message }),
         }
     };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| WireError::Timeout {
-            op: "the handshake",
-            after: timeout,
-        })?
+    within(timeout, "the handshake", exchange).await?
 }
 
 fn judge(body: &[u8], token: &ClusterToken) -> Result<PeerKind, (Refusal, String)> {

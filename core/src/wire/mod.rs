@@ -41,6 +41,17 @@ impl WireConfig {
     }
 }
 
+/// Awaits `work` for at most `limit`; past it, fails with [`WireError::Timeout`] naming `op`.
+pub async fn within<T>(
+    limit: Duration,
+    op: &'static str,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, WireError> {
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| WireError::Timeout { op, after: limit })
+}
+
 /// A failure of the connection or of the peer's protocol. After any variant but `Remote` the
 /// connection is dropped.
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::handshake::{self, HANDSHAKE_MAX_FRAME, Hello, PeerKind};
-use super::{FramedStream, WireConfig, WireError, codec};
+use super::{FramedStream, WireConfig, WireError, codec, within};
 
 /// One RPC service's message types.
 pub trait Protocol: Send + Sync + 'static {
@@ -357,12 +357,8 @@ async fn open(
     peer: PeerKind,
 ) -> Result<FramedStream<TcpStream>, WireError> {
     let connect_timeout = config.timeouts.connect();
-    let socket = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| WireError::Timeout {
-            op: "connecting",
-            after: connect_timeout,
-        })?
+    let socket = within(connect_timeout, "connecting", TcpStream::connect(addr))
+        .await?
         .map_err(|source| WireError::Connect {
             addr: addr.to_owned(),
             source,

@@ -24,7 +24,7 @@ use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context, Handler,
     Message, WrapFuture,
 };
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig, within};
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use floe_scheduler::client::SchedulerClient;
 use floe_scheduler::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
@@ -329,12 +329,12 @@ impl ActorHost {
                     .await?
             }
         };
-        let reply = tokio::time::timeout(limit, client.call(request))
-            .await
-            .map_err(|_| floe_core::WireError::Timeout {
-                op: "waiting for a forwarded actor call",
-                after: limit,
-            })??;
+        let reply = within(
+            limit,
+            "waiting for a forwarded actor call",
+            client.call(request),
+        )
+        .await??;
         let mut connections = lock(&self.connections);
         if connections.len() >= MAX_ROUTES {
             connections.clear();
