@@ -159,6 +159,15 @@ async fn run(
     }
 }
 
+/// Runs a `Fill` task of `bytes` bytes on the node at `addr` and returns its one output.
+async fn fill(addr: &str, task: u128, bytes: usize, seed: u64) -> OutputRef {
+    let kind = TaskKind::Fill {
+        bytes: bytes as u64,
+        seed,
+    };
+    run(addr, task, kind, vec![]).await.unwrap()[0]
+}
+
 /// The bytes of a `Fill` task, computed here from its documented pattern.
 fn fill_pattern(bytes: usize, seed: u64) -> Vec<u8> {
     (0..bytes)
@@ -260,17 +269,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     // A 64 MiB object (13 chunks of 5 MiB) moves from A to B; two concurrent pulls of it
     // coalesce into one transfer, and both see the checksum of the bytes computed here.
     let size = 64 << 20;
-    let big = run(
-        a.addr(),
-        300,
-        TaskKind::Fill {
-            bytes: size as u64,
-            seed: 11,
-        },
-        vec![],
-    )
-    .await
-    .unwrap()[0];
+    let big = fill(a.addr(), 300, size, 11).await;
     let expected_checksum = xxh3_64(&fill_pattern(size, 11));
     assert_eq!(big.checksum, expected_checksum);
     let pull = |object: ObjectId| {
@@ -345,28 +344,8 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
     let dir = tempfile::tempdir().unwrap();
     let (_cluster, a, b) = two_nodes(dir.path()).await;
     // A shard on B (above the inline limit, so it moves in chunks) and one on A.
-    let remote = run(
-        b.addr(),
-        1,
-        TaskKind::Fill {
-            bytes: 300_000,
-            seed: 3,
-        },
-        vec![],
-    )
-    .await
-    .unwrap()[0];
-    let local = run(
-        a.addr(),
-        2,
-        TaskKind::Fill {
-            bytes: 1_000,
-            seed: 4,
-        },
-        vec![],
-    )
-    .await
-    .unwrap()[0];
+    let remote = fill(b.addr(), 1, 300_000, 3).await;
+    let local = fill(a.addr(), 2, 1_000, 4).await;
 
     let actor = ActorId::new(77);
     let spec = ActorSpec {
@@ -480,17 +459,7 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     let (_cluster, a, b) = two_nodes(dir.path()).await;
     let size = 512usize << 20;
     let expected = xxh3_64(&fill_pattern(size, 5));
-    let object = run(
-        a.addr(),
-        1,
-        TaskKind::Fill {
-            bytes: size as u64,
-            seed: 5,
-        },
-        vec![],
-    )
-    .await
-    .unwrap()[0];
+    let object = fill(a.addr(), 1, size, 5).await;
     assert_eq!((object.size, object.checksum), (size as u64, expected));
     let pull = NodeRequest::Pull {
         object: object.object,
