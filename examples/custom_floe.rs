@@ -15,7 +15,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use floe::Registry;
 use floe_core::plan::{ParamType, PlanError, UdfKind, UdfParams, UdfSignature};
-use floe_node::udf::BatchUdf;
+use floe_engine::udf::BatchUdf;
 
 /// Replaces a numeric column by its square, as `Float64`.
 struct Square;
@@ -47,9 +47,9 @@ impl BatchUdf for Square {
         batch: &RecordBatch,
         params: &UdfParams,
         output: &Schema,
-    ) -> floe_node::Result<RecordBatch> {
+    ) -> floe_engine::Result<RecordBatch> {
         let column = params.str("column").unwrap_or_default();
-        let udf_error = |message: String| floe_node::Error::Udf {
+        let udf_error = |message: String| floe_engine::Error::Udf {
             name: "square".to_owned(),
             message,
         };

@@ -15,7 +15,7 @@ use floe_core::Config;
 use floe_core::Fingerprint;
 use floe_core::config::ByteSize;
 use floe_core::plan::optimizer::Optimizer;
-use floe_node::udf::Registry;
+use floe_engine::udf::Registry;
 use floe_objectstore::cache::{Cache, CacheConfig};
 
 #[derive(Debug, Subcommand)]

@@ -235,7 +235,7 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     let configured = &config.cluster.token;
     // Installed before the cluster starts, so a stop during start-up still tears it down.
-    let mut stop = floe_node::agent::Termination::install()?;
+    let mut stop = floe_node::Termination::install()?;
     let cluster = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,

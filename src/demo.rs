@@ -90,7 +90,7 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!("\ndashboard: {}", cluster.dashboard_url());
     if args.serve {
         println!("serving the dashboard; press Ctrl-C to stop");
-        floe_node::agent::Termination::install()?.recv().await;
+        floe_node::Termination::install()?.recv().await;
     }
     Ok(())
 }

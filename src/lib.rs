@@ -5,7 +5,6 @@
 //! (scheduler, node, the workers a node starts — which run that same program) then has them.
 //! See `examples/custom_floe.rs`.
 
-mod bench;
 mod cache_cli;
 mod cli;
 mod demo;
@@ -19,7 +18,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use floe_core::config::{ConfigLoader, LogFormat, Service};
-pub use floe_node::udf::Registry;
+pub use floe_engine::udf::Registry;
 use tracing_subscriber::EnvFilter;
 
 /// floe: a distributed data-processing cluster.
@@ -62,9 +61,6 @@ enum Command {
     /// A node agent's worker process (started by `floe node`, not by hand).
     #[command(hide = true)]
     Worker(node::WorkerArgs),
-    /// Measure a part of floe; prints one JSON line per figure.
-    #[command(subcommand)]
-    Bench(bench::Bench),
     /// Start a local cluster, run the quickstart pipeline on generated data, print the result
     /// and the stats, then run it again from the cache.
     Demo(demo::DemoArgs),
@@ -179,7 +175,6 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Scheduler(args) => scheduler::run(&config, args, udfs)?,
         Command::Node(args) => node::run(&config, args)?,
         Command::Worker(args) => node::run_worker_process(args, udfs)?,
-        Command::Bench(which) => bench::run(which, &config)?,
         Command::Demo(args) => block_on(demo::run(&args))?,
         Command::Up(args) => block_on(cli::up(&config, &args))?,
         Command::Status(cluster) => block_on(cli::status(&config, &cluster))?,

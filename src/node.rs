@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use floe_core::Config;
 use floe_core::config::Service;
-use floe_node::agent::worker::{WorkerOptions, run_worker};
-use floe_node::agent::{AgentOptions, NodeAgent, Termination};
-use floe_node::udf::Registry;
+use floe_engine::udf::Registry;
+use floe_node::worker::{WorkerOptions, run_worker};
+use floe_node::{AgentOptions, NodeAgent, Termination};
 
 #[derive(Debug, clap::Args)]
 pub struct NodeArgs {

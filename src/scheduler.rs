@@ -8,7 +8,7 @@ use floe_client::jobspec::{PathPolicy, parse_job_file_with};
 use floe_core::Config;
 use floe_core::config::Service;
 use floe_core::job::JobSpec;
-use floe_node::udf::Registry;
+use floe_engine::udf::Registry;
 use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, RejectedSpec};
 use floe_scheduler::replica::{Replica, ReplicaConfig, parse_peers};
 use floe_scheduler::storage::DiskLog;

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, Int64Array};
+use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{
     Client, ClusterExecutor, Dataset, JobState, LocalCluster, LocalClusterOptions, UdfCall, col,
     lit,
 };
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::WireConfig;
-use floe_node::agent::local::{LocalNode, LocalNodeConfig};
-use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
 
 fn options(nodes: usize) -> LocalClusterOptions {
     LocalClusterOptions {
@@ -173,7 +173,7 @@ async fn three_replicas_and_two_nodes(
     token: &str,
     node_settings: &[&str],
 ) -> (Schedulers, u64, Vec<LocalNode>) {
-    let schedulers = Schedulers::start(LocalClusterConfig {
+    let schedulers = Schedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
         dir: dir.to_owned(),

@@ -7,15 +7,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{get, request, wait_for};
 use floe_client::{Dataset, LocalCluster, LocalClusterOptions, col, lit};
+use floe_testkit::http::{get, request, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);

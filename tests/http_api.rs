@@ -4,13 +4,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Response, get, http_addr, post_json, request, wait_for};
+use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{LocalCluster, LocalClusterOptions};
-use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
+use floe_testkit::http::{Response, get, http_addr, post_json, request, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -227,7 +225,7 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
     let token = "http-replicas-token";
-    let mut schedulers = Schedulers::start(LocalClusterConfig {
+    let mut schedulers = Schedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
         dir: dir.path().to_owned(),

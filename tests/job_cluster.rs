@@ -9,6 +9,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
+use floe_api::client::SchedulerClient;
+use floe_api::node_protocol::{
+    ActorDescription, ActorMessage, ActorReply, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
+};
+use floe_api::state::{ClusterState, JobRecord, JobStatus};
+use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_client::{
     AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit, when,
 };
@@ -16,13 +23,6 @@ use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
-use floe_node::agent::local::{LocalNode, LocalNodeConfig};
-use floe_node::agent::protocol::{
-    ActorDescription, ActorMessage, ActorReply, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
-};
-use floe_scheduler::client::SchedulerClient;
-use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
-use floe_scheduler::state::{ClusterState, JobRecord, JobStatus};
 
 const TOKEN: &str = "job-cluster-tests";
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
@@ -46,14 +46,14 @@ fn timing() -> Vec<String> {
 /// drop in order: the processes before their directory, so a failing test shows their logs).
 struct TestCluster {
     nodes: Vec<Option<LocalNode>>,
-    scheduler: LocalCluster,
+    scheduler: LocalSchedulers,
     dir: tempfile::TempDir,
 }
 
 impl TestCluster {
     async fn start(nodes: usize, node_settings: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let scheduler = LocalCluster::start(LocalClusterConfig {
+        let scheduler = LocalSchedulers::start(LocalSchedulersConfig {
             binary: env!("CARGO_BIN_EXE_floe").into(),
             replicas: 1,
             dir: dir.path().to_owned(),
@@ -585,10 +585,10 @@ async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
     wait_for_tasks(&cluster, job, None, 1).await;
     let outcome = cluster
         .client()
-        .propose(floe_scheduler::state::Command::CancelJob { job })
+        .propose(floe_api::state::Command::CancelJob { job })
         .await
         .unwrap();
-    assert_eq!(outcome, floe_scheduler::state::Outcome::Applied);
+    assert_eq!(outcome, floe_api::state::Outcome::Applied);
     let record = cluster.wait(job).await;
     assert_eq!(record.status, JobStatus::Cancelled);
     // Freed asynchronously right before the job ended.
@@ -837,7 +837,7 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
     // it forwards the call to the one the scheduler's state names.
     let state = cluster.state().await;
     let driver_node = state.jobs[&job].driver.unwrap();
-    let driver = floe_scheduler::state::driver_actor(job, 1);
+    let driver = floe_api::state::driver_actor(job, 1);
     assert_eq!(state.actors[&driver].node, driver_node);
     let elsewhere = (0..3)
         .find(|index| {

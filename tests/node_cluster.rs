@@ -9,17 +9,17 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
-use floe_node::agent::local::{LocalNode, LocalNodeConfig};
-use floe_node::agent::protocol::{
+use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
     NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
 };
-use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
-use floe_scheduler::placement::{PlacementRequest, Strategy};
-use floe_scheduler::state::{ClusterState, Liveness};
+use floe_api::placement::{PlacementRequest, Strategy};
+use floe_api::state::{ClusterState, Liveness};
+use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use xxhash_rust::xxh3::xxh3_64;
 
 const TOKEN: &str = "node-cluster-tests";
@@ -35,8 +35,8 @@ fn scheduler_settings() -> Vec<String> {
     ]
 }
 
-fn scheduler(dir: &Path) -> LocalCluster {
-    LocalCluster::start(LocalClusterConfig {
+fn scheduler(dir: &Path) -> LocalSchedulers {
+    LocalSchedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 1,
         dir: dir.to_owned(),
@@ -175,7 +175,7 @@ fn fill_pattern(bytes: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-async fn state(cluster: &LocalCluster) -> ClusterState {
+async fn state(cluster: &LocalSchedulers) -> ClusterState {
     cluster.client().unwrap().read_state().await.unwrap()
 }
 
@@ -312,7 +312,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
 }
 
 /// A scheduler and two ready nodes, `a` and `b`, in `dir`.
-async fn two_nodes(dir: &Path) -> (LocalCluster, LocalNode, LocalNode) {
+async fn two_nodes(dir: &Path) -> (LocalSchedulers, LocalNode, LocalNode) {
     let cluster = scheduler(dir);
     let schedulers = cluster.addrs();
     let a = start_node(dir, "a", &schedulers, &[]);
@@ -657,7 +657,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_follows_the_leader_through_a_failover() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(LocalClusterConfig {
+    let mut cluster = LocalSchedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
         dir: dir.path().to_owned(),

@@ -7,8 +7,6 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -387,7 +385,7 @@ async fn a_warm_child_keeps_its_state_between_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_accepts_process_udfs() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
-    let addr = common::http_addr(&cluster);
+    let addr = floe_testkit::http::http_addr(&cluster);
     let dir = tempfile::tempdir().unwrap();
     let markers = dir.path().join("markers");
     std::fs::create_dir(&markers).unwrap();
@@ -401,7 +399,7 @@ async fn the_rest_api_accepts_process_udfs() {
     let submitted = {
         let (addr, spec) = (addr.clone(), spec.clone());
         tokio::task::spawn_blocking(move || {
-            common::post_json(
+            floe_testkit::http::post_json(
                 &addr,
                 "/api/jobs",
                 &token,
@@ -429,7 +427,7 @@ async fn the_rest_api_accepts_process_udfs() {
     let relative = spec.replace("output = [", "files = [\"stateful.py\"], output = [");
     let token = cluster.token().to_owned();
     let refused = tokio::task::spawn_blocking(move || {
-        common::post_json(
+        floe_testkit::http::post_json(
             &addr,
             "/api/jobs",
             &token,
@@ -466,13 +464,13 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason
     };
     let output = run(&client, &step(20_000, "1GiB"), 0).await;
     assert_eq!(output.rows(), 20_000);
-    let addr = common::http_addr(&cluster);
+    let addr = floe_testkit::http::http_addr(&cluster);
     let reserved = tokio::task::spawn_blocking(move || {
-        common::wait_for(
+        floe_testkit::http::wait_for(
             "the reservations to be given back",
             Duration::from_secs(10),
             || {
-                let nodes = common::get(&addr, "/api/nodes").json();
+                let nodes = floe_testkit::http::get(&addr, "/api/nodes").json();
                 let usage = &nodes["nodes"][0]["usage"];
                 (usage["heap_reserved_bytes"] == 0 && usage["cpu_reserved"] == 0.0).then_some(())
             },

@@ -11,11 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use arrow::array::{Array, Int64Array};
+use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{Client, Dataset, col, lit};
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::WireConfig;
-use floe_node::agent::local::{LocalNode, LocalNodeConfig};
-use floe_scheduler::local::{LocalCluster as Schedulers, LocalClusterConfig};
 
 const TOKEN: &str = "reliability-test-token";
 
@@ -68,7 +68,7 @@ fn scheduler_with(
     dir: &std::path::Path,
     settings: &[&str],
 ) -> Schedulers {
-    let schedulers = Schedulers::start(LocalClusterConfig {
+    let schedulers = Schedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 1,
         dir: dir.to_owned(),

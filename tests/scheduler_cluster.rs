@@ -7,19 +7,19 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use floe_api::client::{HeartbeatReply, SchedulerClient};
+use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::state::{Command, NodeAddresses, NodeMemory, Outcome, Resources};
+use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::JobId;
-use floe_scheduler::client::{HeartbeatReply, SchedulerClient};
-use floe_scheduler::local::{LocalCluster, LocalClusterConfig};
-use floe_scheduler::protocol::ResourceUsage;
-use floe_scheduler::state::{Command, NodeAddresses, NodeMemory, Outcome, Resources};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalCluster {
+fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalSchedulers {
     // Fast elections keep the suite quick: ticks of 30 ms, elections after 0.3–0.6 s.
     let mut all = vec!["scheduler.raft_tick_ms=30".to_owned()];
     all.extend(settings.iter().map(|setting| (*setting).to_owned()));
-    LocalCluster::start(LocalClusterConfig {
+    LocalSchedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
         dir: dir.path().to_owned(),
@@ -41,7 +41,7 @@ async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
 }
 
 /// Every submitted plan is in the state exactly once.
-fn assert_jobs(state: &floe_scheduler::state::ClusterState, plans: impl Iterator<Item = u32>) {
+fn assert_jobs(state: &floe_api::state::ClusterState, plans: impl Iterator<Item = u32>) {
     let mut expected: Vec<Vec<u8>> = plans.map(|plan| plan.to_be_bytes().to_vec()).collect();
     let mut found: Vec<Vec<u8>> = state.jobs.values().map(|job| job.spec.clone()).collect();
     expected.sort();
@@ -272,7 +272,7 @@ fn bad_scheduler_arguments_fail_with_the_reason() {
 /// one that arrives after the lease is gone) must not subtract what other tasks reserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_is_released_once_however_often_it_is_returned() {
-    use floe_scheduler::placement::{PlacementRequest, Strategy};
+    use floe_api::placement::{PlacementRequest, Strategy};
 
     let dir = tempfile::tempdir().unwrap();
     let cluster = cluster(&dir, &["scheduler.heartbeat_interval_ms=200"]);
@@ -306,10 +306,11 @@ async fn a_reservation_is_released_once_however_often_it_is_returned() {
         .await
         .unwrap();
     assert!(placed.iter().all(|p| *p == Ok(node)), "{placed:?}");
-    let reserved = |reports: BTreeMap<floe_core::NodeId, floe_scheduler::protocol::NodeReport>| {
-        let report = &reports[&node];
-        (report.reserved.cpu_millis, report.reserved.heap_bytes)
-    };
+    let reserved =
+        |reports: BTreeMap<floe_core::NodeId, floe_api::scheduler_protocol::NodeReport>| {
+            let report = &reports[&node];
+            (report.reserved.cpu_millis, report.reserved.heap_bytes)
+        };
     client
         .heartbeat(node, ResourceUsage::default())
         .await

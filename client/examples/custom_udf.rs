@@ -16,7 +16,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use floe_client::{Dataset, UdfCall, col, lit};
 use floe_core::plan::{ParamType, PlanError, UdfKind, UdfParams, UdfSignature};
-use floe_node::udf::{BatchUdf, Registry};
+use floe_engine::udf::{BatchUdf, Registry};
 
 /// Clamps a numeric column into `[low, high]`, as `Float64`.
 struct Clip;
@@ -54,7 +54,7 @@ impl BatchUdf for Clip {
         batch: &RecordBatch,
         params: &UdfParams,
         output: &Schema,
-    ) -> floe_node::Result<RecordBatch> {
+    ) -> floe_engine::Result<RecordBatch> {
         let column = params.str("column").unwrap_or_default();
         let (low, high) = (
             params.float("low").unwrap_or(0.0),
@@ -65,7 +65,7 @@ impl BatchUdf for Clip {
         let values = values
             .as_any()
             .downcast_ref::<Float64Array>()
-            .ok_or_else(|| floe_node::Error::Udf {
+            .ok_or_else(|| floe_engine::Error::Udf {
                 name: "clip".to_owned(),
                 message: format!("{column} is not numeric"),
             })?;

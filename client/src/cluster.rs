@@ -29,14 +29,14 @@ use std::time::Duration;
 
 use arrow::ipc::reader::FileReader;
 use arrow::record_batch::RecordBatch;
+use floe_api::client::SchedulerClient;
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
 use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
 use floe_core::plan::LogicalPlan;
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
-use floe_node::agent::protocol::{NodeProtocol, NodeRequest, NodeResponse};
-use floe_scheduler::client::SchedulerClient;
-use floe_scheduler::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
 use tokio::sync::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -289,8 +289,8 @@ fn nodes_of(state: &ClusterState) -> Vec<NodeInfo> {
             address: node.addresses.rpc.clone(),
             alive: node.is_alive(),
             death: match &node.liveness {
-                floe_scheduler::state::Liveness::Alive => None,
-                floe_scheduler::state::Liveness::Dead { reason, .. } => Some(reason.clone()),
+                floe_api::state::Liveness::Alive => None,
+                floe_api::state::Liveness::Dead { reason, .. } => Some(reason.clone()),
             },
             cpus: node.resources.cpu_millis / 1000,
             heap_bytes: node.resources.heap_bytes,
@@ -663,8 +663,8 @@ fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
 /// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
 /// every process and removes the directory and the nodes' shared memory.
 pub struct LocalCluster {
-    nodes: Vec<floe_node::agent::local::LocalNode>,
-    scheduler: floe_scheduler::local::LocalCluster,
+    nodes: Vec<crate::local::LocalNode>,
+    scheduler: crate::local::LocalSchedulers,
     token: String,
     dir: tempfile::TempDir,
 }
@@ -682,20 +682,15 @@ impl LocalCluster {
             .clone()
             .unwrap_or_else(|| format!("{}{}", SubmissionId::random(), SubmissionId::random()));
         write_token_file(&dir.path().join(TOKEN_FILE), &token)?;
-        let local = |error: &dyn std::fmt::Display| Error::LocalCluster(error.to_string());
         let scheduler =
-            floe_scheduler::local::LocalCluster::start(floe_scheduler::local::LocalClusterConfig {
+            crate::local::LocalSchedulers::start(crate::local::LocalSchedulersConfig {
                 binary: options.binary.clone(),
                 replicas: 1,
                 dir: dir.path().to_owned(),
                 token: token.clone(),
                 settings: Vec::new(),
-            })
-            .map_err(|e| local(&e))?;
-        scheduler
-            .wait_for_leader(Duration::from_secs(30))
-            .await
-            .map_err(|e| local(&e))?;
+            })?;
+        scheduler.wait_for_leader(Duration::from_secs(30)).await?;
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(token.clone());
         let wire = WireConfig::from_config(&config);
@@ -703,21 +698,15 @@ impl LocalCluster {
         for index in 0..options.nodes {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
             settings.extend(options.node_settings.iter().cloned());
-            let node = floe_node::agent::local::LocalNode::start(
-                &floe_node::agent::local::LocalNodeConfig {
-                    binary: options.binary.clone(),
-                    schedulers: scheduler.addrs(),
-                    dir: dir.path().to_owned(),
-                    name: format!("node-{index}"),
-                    token: token.clone(),
-                    settings,
-                },
-            )
-            .map_err(|e| local(&e))?;
-            let status = node
-                .wait_registered(&wire, Duration::from_secs(60))
-                .await
-                .map_err(|e| local(&e))?;
+            let node = crate::local::LocalNode::start(&crate::local::LocalNodeConfig {
+                binary: options.binary.clone(),
+                schedulers: scheduler.addrs(),
+                dir: dir.path().to_owned(),
+                name: format!("node-{index}"),
+                token: token.clone(),
+                settings,
+            })?;
+            let status = node.wait_registered(&wire, Duration::from_secs(60)).await?;
             tracing::debug!(?status.node, "local node ready");
             nodes.push(node);
         }

@@ -278,7 +278,7 @@ fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldErro
             if policy.allowed.is_restricted() {
                 // Every file a pattern or directory expands to is checked before any is
                 // opened: a symlink inside an allowed directory may lead out of it.
-                let files = floe_node::read::expand_paths(&paths)
+                let files = floe_engine::read::expand_paths(&paths)
                     .map_err(|error| field_error(kind, error))?;
                 for file in &files {
                     check_path(kind, &file.to_string_lossy(), policy)?;

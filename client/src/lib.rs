@@ -55,14 +55,15 @@ use floe_core::plan::physical::PhysicalPlan;
 use floe_core::plan::{
     DEFAULT_TARGET_FILE_SIZE, FileScan, LogicalPlan, PlanError, UdfKind, WriteSpec,
 };
-use floe_node::blocks::BlockSizing;
-use floe_node::task::TaskContext;
-pub use floe_node::udf::Registry;
+use floe_engine::blocks::BlockSizing;
+use floe_engine::task::TaskContext;
+pub use floe_engine::udf::Registry;
 
-pub use floe_node::local::LocalOutput;
+pub use floe_engine::local::LocalOutput;
 
 mod cluster;
 pub mod jobspec;
+pub mod local;
 pub use cluster::{
     BlockReader, Client, ClusterExecutor, ClusterInfo, JobHandle, JobInfo, JobOutput, JobState,
     LocalCluster, LocalClusterOptions, NodeInfo, ReplicaInfo, find_floe_binary,
@@ -83,14 +84,14 @@ pub enum Error {
     Plan(#[from] Box<PlanError>),
     /// Files could not be found or their schema could not be read.
     #[error(transparent)]
-    Source(#[from] floe_node::Error),
+    Source(#[from] floe_engine::Error),
     #[error(
         "cannot reach the cluster at {replicas}: {reason}; check the addresses, that the \
          schedulers run, and the cluster token"
     )]
     Connect { replicas: String, reason: String },
     #[error("the scheduler did not answer: {0}; the cluster may be electing a leader, retry")]
-    Scheduler(#[from] floe_scheduler::Error),
+    Scheduler(#[from] floe_api::Error),
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
     #[error("there is no job {0} on this cluster; `floe jobs` lists them")]
@@ -124,6 +125,8 @@ pub enum Error {
     Runtime(std::io::Error),
     #[error("local cluster: {0}")]
     LocalCluster(String),
+    #[error(transparent)]
+    LocalProcess(#[from] local::Error),
 }
 
 impl From<PlanError> for Error {
@@ -160,7 +163,7 @@ pub trait Executor: Send + Sync {
     fn execute<'a>(&'a self, plan: &LogicalPlan, udfs: &'a Registry) -> Result<BatchStream<'a>>;
 }
 
-/// Runs plans in this process with the node's kernels ([`floe_node::local`]): one task at a
+/// Runs plans in this process with the node's kernels ([`floe_engine::local`]): one task at a
 /// time, each when its blocks are pulled, so a stream that is dropped or limited leaves later
 /// files unread. All-to-all operators need a cluster's shuffle and are refused before any task
 /// runs; `cache()` passes its input through (there is no cache store in-process).
@@ -176,7 +179,7 @@ impl Default for LocalExecutor {
     fn default() -> Self {
         Self {
             sizing: BlockSizing::default(),
-            batch_rows: floe_node::read::DEFAULT_BATCH_ROWS,
+            batch_rows: floe_engine::read::DEFAULT_BATCH_ROWS,
         }
     }
 }
@@ -193,7 +196,7 @@ impl LocalExecutor {
 
     /// Runs `plan` to the end: its output blocks and the files its sinks wrote.
     pub fn run(&self, plan: &LogicalPlan, udfs: &Registry) -> Result<LocalOutput> {
-        Ok(floe_node::local::execute(
+        Ok(floe_engine::local::execute(
             &physical_plan(plan)?,
             &self.context(udfs),
         )?)
@@ -202,7 +205,7 @@ impl LocalExecutor {
 
 impl Executor for LocalExecutor {
     fn execute<'a>(&'a self, plan: &LogicalPlan, udfs: &'a Registry) -> Result<BatchStream<'a>> {
-        let blocks = floe_node::local::stream(&physical_plan(plan)?, self.context(udfs))?;
+        let blocks = floe_engine::local::stream(&physical_plan(plan)?, self.context(udfs))?;
         Ok(Box::new(blocks.map(|block| block.map_err(Error::from))))
     }
 }
@@ -258,7 +261,7 @@ impl Dataset {
         paths: &[P],
         columns: Option<&[&str]>,
     ) -> Result<Self> {
-        let scan = floe_node::read::discover(format, paths)?;
+        let scan = floe_engine::read::discover(format, paths)?;
         let scan = FileScan {
             projection: columns.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
             ..scan
@@ -287,7 +290,7 @@ impl Dataset {
 
     /// Rows held by the client, sent inline with the plan (keep them small).
     pub fn from_batches(schema: &Schema, batches: &[RecordBatch]) -> Result<Self> {
-        let ipc = floe_node::task::encode_ipc(schema, batches)?;
+        let ipc = floe_engine::task::encode_ipc(schema, batches)?;
         let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
         let schema = Schema::new(schema.fields().clone());
         Ok(Self::source(LogicalPlan::from_ipc(schema, ipc, rows)?))

@@ -12,7 +12,7 @@ use floe_client::{
 };
 use floe_core::Fingerprint;
 use floe_core::plan::LogicalPlan;
-use floe_node::blocks::BlockSizing;
+use floe_engine::blocks::BlockSizing;
 
 /// The values of Int64 column `name`, in order, over all batches.
 fn column(batches: &[RecordBatch], name: &str) -> Vec<i64> {

@@ -1,108 +1,903 @@
-//! floe-node: the code that runs on a node — the node agent, and the kernels a worker process
-//! runs for the row-wise part of a Dataset plan (which also run in-process):
+//! floe-node: the node agent behind `floe node`.
 //!
-//! - [`eval`]: evaluates [`floe_core::expr::Expr`] over a record batch with Arrow's compute
-//!   kernels, following the expression module's null-on-unrepresentable rule.
-//! - [`read`]: finds files (paths, directories, globs), discovers their schema, and reads
-//!   Parquet (projection, row-group pruning by statistics, predicate, limit), CSV and NDJSON.
-//! - [`ops`]: the row-wise operators (`with_column`, `select`, `drop`, `rename`, `filter`,
-//!   UDFs) and the streaming limit.
-//! - [`partial`]: partial aggregation, so a groupby shuffles one row per group and map task.
-//! - [`udf`]: the registry of named UDFs compiled into this binary, with the built-ins.
-//! - [`write`]: Parquet/CSV/NDJSON sinks with deterministic file names, cut at a target size,
-//!   written to temporary files and renamed only when the whole task succeeded.
-//! - [`task`]: one task of a stage — its source or input blocks, its fused row-wise
-//!   operators, then block sizing — plus `range` batches and the IPC bytes of `from_batches`.
-//! - [`local`]: runs a physical plan's non-shuffle stages in this process, stage by stage,
-//!   with the same task function.
-//! - [`blocks`]: block sizing — splitting oversized outputs, coalescing tiny ones.
-//! - [`shuffle`]: the all-to-all kernels — partitioning, sort, aggregate, join and unique.
-//! - [`driver`]: the job driver — planning against the cache index, the streaming executor,
-//!   retries and lineage rebuilds — run by the node the scheduler places it on.
-//! - [`agent`]: the node agent (`floe node`): registration and heartbeats, worker processes,
-//!   object transfer between nodes, the memory monitor, and the `floe worker` process.
+//! It owns the node's shared-memory [`ObjectStore`], registers the node with the scheduler
+//! (with the cluster token, through a [`SchedulerClient`] that follows the leader across
+//! failovers), sends heartbeats with its resource use, serves the node RPC service
+//! ([`NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
+//! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
+//! leaving, kills its workers and unlinks its shared memory.
 
-pub mod agent;
-pub mod blocks;
-pub mod driver;
-pub mod eval;
-pub mod local;
-pub mod ops;
-pub mod partial;
-pub mod read;
-pub mod shuffle;
-pub mod task;
-pub mod udf;
-pub mod write;
+mod actors;
+mod monitor;
+mod pool;
+pub mod tasks;
+mod transfer;
+pub mod udf_pools;
+pub mod worker;
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
-use arrow::error::ArrowError;
-use floe_core::PlanError;
-use parquet::errors::ParquetError;
+use floe_api::client::{HeartbeatReply, SchedulerClient};
+use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::state::{Command, NodeAddresses, NodeMemory, Resources};
+use floe_core::wire::{
+    AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+};
+use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
+use floe_objectstore::block;
+use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
+use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
+use tokio::task::JoinHandle;
+use xxhash_rust::xxh3::xxh3_64;
 
-/// Every error a kernel can return.
+use self::actors::ActorHost;
+use self::monitor::HostMemory;
+use self::pool::{PoolOptions, WorkerPool};
+use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
+use floe_api::node_protocol::{
+    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, ShardLoad, ShardWrite,
+    TaskFailure, TaskKind, TaskSpec,
+};
+use floe_core::config::AllowedPaths;
+use floe_core::plan::physical::StageKind;
+use floe_core::plan::{Operator, ProcessUdf};
+use floe_driver::DriverConfig;
+use floe_engine::udf::process::process_udfs;
+
+/// Idle process-UDF children beyond their pool's minimum are stopped after this long.
+const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
+/// A process-UDF pool nobody leased from for this long is stopped entirely.
+const UDF_RETIRE_AFTER: Duration = Duration::from_secs(120);
+/// How often hosted actors are checked against the scheduler's records.
+const ACTOR_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+use self::transfer::Transfers;
+use self::worker::WorkerTask;
+
+/// Everything the agent can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
-    Arrow(#[from] ArrowError),
-    #[error(transparent)]
-    Parquet(#[from] ParquetError),
-    /// Boxed: plan errors carry types and texts, and kernels' results should stay small.
-    #[error(transparent)]
-    Plan(Box<PlanError>),
-    #[error("{path}: {source}")]
+    #[error("{op} failed: {source}")]
     Io {
-        path: PathBuf,
+        op: &'static str,
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
-    BadFile { path: PathBuf, message: String },
-    #[error("no files match {0}")]
-    NoFiles(String),
-    #[error("UDF {name}: {message}")]
-    Udf { name: String, message: String },
-    #[error("a {stage} stage cannot run on {input}")]
-    StageInput { stage: String, input: String },
-    #[error("range bound {0} does not fit in Int64")]
-    RangeOverflow(u64),
-    #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]
-    NotRowWise { operator: &'static str },
-    /// A process UDF's child failed, hung or could not start; running the task again may work.
-    #[error("process UDF `{udf}`: {message}")]
-    ProcessUdf { udf: String, message: String },
-    /// The node will not run this process UDF (command not allowed, script changed).
-    #[error("process UDF `{udf}`: {message}")]
-    ProcessUdfRefused { udf: String, message: String },
-    /// The child broke the `floe_udf/1` protocol (it is not a floe_udf script, or it sent
-    /// something that is not Arrow IPC).
-    #[error("process UDF `{udf}`: {message}")]
-    ProcessUdfProtocol { udf: String, message: String },
-    #[error("process UDF `{udf}` returned {got}, but its output schema is {expected}")]
-    ProcessUdfOutput {
-        udf: String,
-        expected: String,
-        got: String,
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error(transparent)]
+    Store(#[from] floe_objectstore::Error),
+    #[error(transparent)]
+    Cache(#[from] floe_objectstore::cache::CacheError),
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] floe_api::Error),
+    #[error("cannot read host memory: {0}")]
+    HostMemory(String),
+    #[error("worker: {0}")]
+    Worker(String),
+    #[error("local node: {0}")]
+    LocalNode(String),
+    #[error("transferring object {object}: {reason}")]
+    Transfer { object: ObjectId, reason: String },
+    #[error(
+        "object {object} arrived corrupt: its checksum is {actual:016x}, the holder's is \
+         {expected:016x}"
+    )]
+    ChecksumMismatch {
+        object: ObjectId,
+        expected: u64,
+        actual: u64,
     },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<PlanError> for Error {
-    fn from(error: PlanError) -> Self {
-        Error::Plan(Box::new(error))
+/// What `floe node` is started with besides the configuration.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Every scheduler replica (`host:port`).
+    pub schedulers: Vec<String>,
+    /// The `floe` binary, run as `floe worker`.
+    pub worker_binary: PathBuf,
+}
+
+struct Shared {
+    /// The id the scheduler gave this node; 0 until it has registered (ids start at 1).
+    node: AtomicU64,
+    store: ObjectStore,
+    cache: Cache,
+    /// The job drivers this node was assigned: job → (attempt, its actor).
+    drivers: Mutex<BTreeMap<JobId, (u32, ActorId)>>,
+    /// Set once the node has registered (drivers need its id).
+    driver_config: OnceLock<Arc<DriverConfig>>,
+    pool: Arc<WorkerPool>,
+    processes: Arc<ProcessPools>,
+    /// `data.allowed_paths`: what a task may read and write.
+    allowed: AllowedPaths,
+    transfers: Transfers,
+    actors: ActorHost,
+    tasks_finished: AtomicU64,
+    tasks_failed: AtomicU64,
+}
+
+impl Shared {
+    fn node(&self) -> Option<NodeId> {
+        Some(self.node.load(Ordering::Relaxed))
+            .filter(|id| *id != 0)
+            .map(NodeId::new)
+    }
+
+    async fn run_task(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+        let result = self.run_task_inner(spec).await;
+        let counter = match &result {
+            Ok(_) => &self.tasks_finished,
+            Err(_) => &self.tasks_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+        let mut pulled = Vec::new();
+        let result = self.run_with_inputs(spec, &mut pulled).await;
+        // Copies pulled from other nodes were this task's inputs only (their owners free the
+        // originals).
+        self.delete_local(&pulled);
+        result
+    }
+
+    /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
+    /// will learn of. One a running task still reads goes when that task lets go of it.
+    fn delete_local(&self, objects: &[ObjectId]) {
+        for object in objects {
+            match self.store.delete(*object) {
+                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
+            }
+        }
+    }
+
+    async fn run_with_inputs(
+        &self,
+        spec: TaskSpec,
+        pulled: &mut Vec<ObjectId>,
+    ) -> Result<Vec<OutputRef>, TaskFailure> {
+        let mut pins = Vec::with_capacity(spec.inputs.len());
+        for input in &spec.inputs {
+            let unavailable = |error: Error| TaskFailure::InputUnavailable {
+                object: input.object,
+                reason: error.to_string(),
+            };
+            if let Some(holder) = &input.holder {
+                let copy = self
+                    .transfers
+                    .pull(input.object, holder)
+                    .await
+                    .map_err(unavailable)?;
+                if copy.fetched {
+                    pulled.push(input.object);
+                }
+            }
+            pins.push(
+                self.store
+                    .get(input.object)
+                    .map_err(|error| unavailable(error.into()))?,
+            );
+        }
+        check_paths(&self.allowed, &spec.kind)?;
+        let mut leases = self.lease_processes(&spec.kind).await?;
+        let task = WorkerTask {
+            task: spec.task,
+            kind: spec.kind,
+            inputs: pins.iter().map(|view| view.location().clone()).collect(),
+            processes: leases
+                .iter()
+                .map(|lease| lease.endpoint().clone())
+                .collect(),
+        };
+        let outputs = self.pool.run(task, pins).await;
+        if let Err(
+            TaskFailure::Cancelled
+            | TaskFailure::OutOfMemory { .. }
+            | TaskFailure::WorkerDied { .. },
+        ) = &outputs
+        {
+            // The worker was killed mid-task: its children may still be busy with the batch
+            // (or be what used the memory).
+            leases.iter_mut().for_each(Lease::discard);
+        }
+        if !leases.is_empty() {
+            // Giving a child back may reap it; keep that off the async threads.
+            tokio::task::spawn_blocking(move || drop(leases));
+        }
+        let outputs = outputs?;
+        let mut refs = Vec::with_capacity(outputs.len());
+        // Outputs this run put or revived: if a later one cannot be stored, the task fails and
+        // nobody would ever learn of (and free) these.
+        let mut stored = Vec::new();
+        let failed = |stored: &[ObjectId], message: String| {
+            self.delete_local(stored);
+            TaskFailure::Error { message }
+        };
+        for (index, output) in outputs.iter().enumerate() {
+            let index = u32::try_from(index)
+                .map_err(|_| failed(&stored, "a task returned more than 2^32 outputs".into()))?;
+            let object = floe_api::node_protocol::output_id(spec.task, index);
+            let bytes = &output.bytes.0;
+            // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
+            // (the driver thought it lost, or a task here still reads it) holds the same
+            // bytes, tasks being deterministic: it stays.
+            let checksum = if self.store.contains(object) {
+                xxh3_64(bytes)
+            } else if self.store.revive(object) {
+                // Deleted already: deleting it again on failure leaves things as they were.
+                stored.push(object);
+                xxh3_64(bytes)
+            } else {
+                match self.store.put_checksummed(object, bytes) {
+                    Ok(checksum) => {
+                        stored.push(object);
+                        checksum
+                    }
+                    // A pull of the earlier run's copy got here first.
+                    Err(floe_objectstore::Error::AlreadyExists { .. }) => xxh3_64(bytes),
+                    Err(error) => {
+                        return Err(failed(
+                            &stored,
+                            format!("cannot store output {index}: {error}"),
+                        ));
+                    }
+                }
+            };
+            refs.push(OutputRef {
+                object,
+                size: bytes.len() as u64,
+                checksum,
+                rows: output.rows,
+            });
+        }
+        Ok(refs)
+    }
+
+    /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
+    /// wait on each other) on a blocking thread: a lease waits while its pool is busy, and
+    /// leases already taken when a later one fails are given back there too.
+    async fn lease_processes(&self, kind: &TaskKind) -> Result<Vec<Lease>, TaskFailure> {
+        let TaskKind::Stage(stage) = kind else {
+            return Ok(Vec::new());
+        };
+        let udfs: Vec<ProcessUdf> = process_udfs(&stage.stage.row_ops)
+            .map_err(|error| TaskFailure::Error {
+                message: error.to_string(),
+            })?
+            .into_iter()
+            .cloned()
+            .collect();
+        if udfs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pools = Arc::clone(&self.processes);
+        let leased = tokio::task::spawn_blocking(move || {
+            udfs.iter()
+                .map(|udf| pools.lease(udf))
+                .collect::<floe_engine::Result<Vec<Lease>>>()
+        })
+        .await
+        .map_err(|error| TaskFailure::Transient {
+            message: format!("leasing a process UDF child failed: {error}"),
+        })?;
+        leased.map_err(|error| {
+            let message = error.to_string();
+            if error.is_transient() {
+                TaskFailure::Transient { message }
+            } else {
+                TaskFailure::Error { message }
+            }
+        })
+    }
+
+    /// Writes one cache shard from local blocks.
+    fn write_cache_shard(&self, write: &ShardWrite) -> Result<(u64, u64)> {
+        let mut batches = Vec::new();
+        for object in &write.blocks {
+            let view = self.store.get(*object)?;
+            batches.extend(block::read_block(&view)?.batches);
+        }
+        let rows = batches.iter().map(|batch| batch.num_rows() as u64).sum();
+        let shard = ShardIndex::new(write.rank, write.count)?;
+        let policy = if write.overwrite {
+            CachePolicy::Recompute
+        } else {
+            CachePolicy::Reuse
+        };
+        let schema = Arc::new(write.schema.clone());
+        self.cache
+            .write_shard(policy, &write.lineage, shard, &schema, &batches)?;
+        let name = ShardName {
+            fingerprint: write.lineage.fingerprint(),
+            shard,
+        };
+        let path = self.cache.config().dir.join(name.file_name());
+        let bytes = std::fs::metadata(&path)
+            .map_err(|source| Error::Io {
+                op: "reading a cache shard's size",
+                source,
+            })?
+            .len();
+        Ok((rows, bytes))
+    }
+
+    /// Loads one cache shard into the store as one block.
+    fn load_cache_shard(&self, load: &ShardLoad) -> Result<Option<OutputRef>> {
+        let shard = ShardIndex::new(load.rank, load.count)?;
+        let name = ShardName {
+            fingerprint: load.fingerprint,
+            shard,
+        };
+        let Some(opened) = self.cache.open_shard(name)? else {
+            return Ok(None);
+        };
+        // Loaded again under the same id (a rebuild): a copy still here is the same shard.
+        if !self.store.contains(load.object) {
+            block::write_block(
+                &self.store,
+                load.object,
+                &opened.block.schema,
+                &opened.block.batches,
+            )?;
+        }
+        let view = self.store.get(load.object)?;
+        let size = view.len() as u64;
+        Ok(Some(OutputRef {
+            object: load.object,
+            size,
+            checksum: xxh3_64(view.as_bytes()),
+            rows: Some(opened.manifest.rows),
+        }))
+    }
+
+    /// Runs the drivers the scheduler assigned to this node and stops the others.
+    fn sync_drivers(self: &Arc<Self>, assigned: &[(JobId, u32)]) {
+        let (Some(config), Some(node)) = (self.driver_config.get(), self.node()) else {
+            return;
+        };
+        // The node id changes when the node registers again; drivers use the current one.
+        let config = Arc::new(DriverConfig {
+            node,
+            ..(**config).clone()
+        });
+        let mut drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
+        drivers.retain(|job, (attempt, actor)| {
+            let keep = assigned.contains(&(*job, *attempt));
+            if !keep {
+                self.actors.stop(*actor);
+            }
+            keep
+        });
+        for &(job, attempt) in assigned {
+            // A driver that ended while its job is still assigned here (it could not commit
+            // the outcome) runs again.
+            let running = drivers.get(&job).is_some_and(|(running, actor)| {
+                *running == attempt && self.actors.is_running(*actor)
+            });
+            if running {
+                continue;
+            }
+            let actor = self.actors.start_driver(job, attempt, Arc::clone(&config));
+            drivers.insert(job, (attempt, actor));
+        }
+    }
+
+    fn status(&self) -> NodeStatus {
+        NodeStatus {
+            node: self.node(),
+            workers: self.pool.ready(),
+            running: self.pool.running(),
+            tasks_finished: self.tasks_finished.load(Ordering::Relaxed),
+            tasks_failed: self.tasks_failed.load(Ordering::Relaxed),
+            workers_respawned: self.pool.respawned(),
+            pulls_started: self.transfers.pulls_started(),
+            store: store_usage(self.store.stats()),
+            actors: self.actors.hosted(),
+        }
     }
 }
 
-impl Error {
-    /// Whether running the task again may succeed: a process UDF's child can crash, hang or
-    /// fail on something outside floe. Every other kernel error repeats.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Error::ProcessUdf { .. })
+struct Service(Arc<Shared>);
+
+/// Runs file work (cache shards: reads, writes, fsyncs) off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T, RemoteError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(remote),
+        Err(error) => Err(RemoteError::new(
+            RemoteErrorKind::Internal,
+            format!("the work panicked or was cancelled: {error}"),
+        )),
+    }
+}
+
+fn remote(error: Error) -> RemoteError {
+    let kind = match &error {
+        Error::Store(floe_objectstore::Error::NotFound { .. }) => RemoteErrorKind::NotFound,
+        _ => RemoteErrorKind::Internal,
+    };
+    RemoteError::new(kind, error.to_string())
+}
+
+impl Handler<NodeProtocol> for Service {
+    async fn handle_attached(
+        &self,
+        peer: Peer,
+        request: NodeRequest,
+    ) -> AttachedReply<NodeResponse> {
+        match request {
+            NodeRequest::ReadChunk {
+                object,
+                offset,
+                len,
+            } => match self.0.transfers.read_chunk(object, offset, len) {
+                Ok(chunk) => (Ok(NodeResponse::Chunk), Some(chunk)),
+                Err(error) => (Err(remote(error)), None),
+            },
+            other => (self.handle(peer, other).await, None),
+        }
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io { path, source }
+    async fn handle(&self, _peer: Peer, request: NodeRequest) -> Result<NodeResponse, RemoteError> {
+        let shared = &self.0;
+        match request {
+            NodeRequest::RunTask(spec) => Ok(NodeResponse::Task(shared.run_task(spec).await)),
+            NodeRequest::ObjectMeta { object } => shared
+                .transfers
+                .meta(object)
+                .map(NodeResponse::ObjectMeta)
+                .map_err(remote),
+            NodeRequest::ReadChunk { object, .. } => Err(RemoteError::new(
+                RemoteErrorKind::Internal,
+                format!("chunks of {object} are answered with an attachment"),
+            )),
+            NodeRequest::Pull { object, holder } => shared
+                .transfers
+                .pull(object, &holder)
+                .await
+                .map(|pulled| NodeResponse::Pulled(pulled.output))
+                .map_err(remote),
+            NodeRequest::Free { objects } => {
+                for object in objects {
+                    match shared.store.delete(object) {
+                        Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                        Err(error) => return Err(remote(error.into())),
+                    }
+                }
+                Ok(NodeResponse::Freed)
+            }
+            NodeRequest::Status => Ok(NodeResponse::Status(Box::new(shared.status()))),
+            NodeRequest::CancelTask { task } => {
+                shared.pool.cancel(task);
+                Ok(NodeResponse::Cancelled)
+            }
+            NodeRequest::WriteCacheShard(write) => {
+                let shared = Arc::clone(shared);
+                let (rows, bytes) = blocking(move || shared.write_cache_shard(&write)).await?;
+                Ok(NodeResponse::CacheWritten { rows, bytes })
+            }
+            NodeRequest::LoadCacheShard(load) => {
+                let shared = Arc::clone(shared);
+                let loaded = blocking(move || shared.load_cache_shard(&load)).await?;
+                Ok(NodeResponse::CacheLoaded(loaded))
+            }
+            NodeRequest::CreateActor(spec) => {
+                shared.actors.create(spec, shared);
+                Ok(NodeResponse::ActorCreated)
+            }
+            NodeRequest::CallActor {
+                actor,
+                message,
+                forwarded,
+            } => Ok(NodeResponse::Actor(
+                shared.actors.call(actor, message, forwarded).await,
+            )),
+            NodeRequest::StopActor { actor } => {
+                shared.actors.stop(actor);
+                Ok(NodeResponse::ActorStopped)
+            }
+        }
+    }
+}
+
+/// A running node agent.
+pub struct NodeAgent {
+    shared: Arc<Shared>,
+    server: RpcServer,
+    background: Vec<JoinHandle<()>>,
+    schedulers: Vec<String>,
+    wire: WireConfig,
+}
+
+impl NodeAgent {
+    /// Opens the store, starts the workers and the RPC service, and registers with the
+    /// scheduler.
+    pub async fn start(config: &Config, options: AgentOptions) -> Result<Self> {
+        let wire = WireConfig::from_config(config);
+        let pools = MemoryPools::detect(&config.memory)?;
+        let pid = std::process::id();
+        // Store names must be unique among live stores on the host; pids are.
+        let store =
+            ObjectStore::open(StoreConfig::for_node(config, &pools, format!("node-{pid}")))?;
+        let data_dir = &config.paths.data_dir;
+        std::fs::create_dir_all(data_dir).map_err(|source| Error::Io {
+            op: "creating the data directory",
+            source,
+        })?;
+        let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+        let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
+        let workers = match config.node.workers {
+            0 => cpus,
+            workers => workers,
+        };
+        let pool = Arc::new(WorkerPool::start(PoolOptions {
+            binary: options.worker_binary.clone(),
+            socket: data_dir.join(format!("node-{pid}.sock")),
+            workers,
+            max_frame: wire.max_frame,
+        })?);
+        let cache = Cache::open(CacheConfig::for_node(config))?;
+        remove_stale_udf_dirs(data_dir);
+        let processes = Arc::new(
+            ProcessPools::new(PoolsConfig {
+                runtime_dir: data_dir.join(format!("udf-{pid}")),
+                allowed_commands: config.node.udf_commands.clone(),
+                default_max: cpus,
+                shrink_after: UDF_SHRINK_AFTER,
+                retire_after: UDF_RETIRE_AFTER,
+            })
+            .map_err(|error| Error::Worker(format!("preparing process UDFs: {error}")))?,
+        );
+        let shared = Arc::new(Shared {
+            node: AtomicU64::new(0),
+            transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
+            actors: ActorHost::start(options.schedulers.clone(), &wire)?,
+            store,
+            cache,
+            drivers: Mutex::new(BTreeMap::new()),
+            driver_config: OnceLock::new(),
+            pool: Arc::clone(&pool),
+            processes: Arc::clone(&processes),
+            allowed: config.data.allowed(),
+            tasks_finished: AtomicU64::new(0),
+            tasks_failed: AtomicU64::new(0),
+        });
+        let bind = SocketAddr::new(config.net.bind_host, config.node.rpc_port);
+        let server = RpcServer::bind::<NodeProtocol, _>(
+            bind,
+            Arc::new(Service(Arc::clone(&shared))),
+            wire.clone(),
+        )
+        .await?;
+        let registration = Registration {
+            addresses: NodeAddresses {
+                rpc: server.local_addr().to_string(),
+            },
+            resources: Resources {
+                cpu_millis: u64::from(cpus) * 1000,
+                heap_bytes: pools.heap,
+            },
+            memory: NodeMemory {
+                total_bytes: pools.total,
+                object_store_bytes: pools.object_store,
+                system_reserve_bytes: pools.system_reserve,
+            },
+        };
+        let mut client =
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
+        let node = registration.register(&mut client).await?;
+        shared.node.store(node.get(), Ordering::Relaxed);
+        let batch_rows = u32::try_from(floe_engine::read::DEFAULT_BATCH_ROWS).unwrap_or(u32::MAX);
+        let _ = shared.driver_config.set(Arc::new(DriverConfig {
+            schedulers: options.schedulers.clone(),
+            wire: wire.clone(),
+            node,
+            min_block_bytes: config.data.min_block_size.bytes(),
+            max_block_bytes: config.data.max_block_size.bytes(),
+            batch_rows,
+            progress_interval: config.node.progress_interval(),
+        }));
+        tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
+        // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit
+        // file) is visible in the log.
+        match config.data.allowed_paths.as_slice() {
+            [] => tracing::info!("data.allowed_paths is empty: tasks may use any path"),
+            roots => tracing::info!(?roots, "tasks may only use paths under data.allowed_paths"),
+        }
+        let host_memory =
+            || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
+        let watcher =
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
+        let background = vec![
+            tokio::spawn(watch_drivers(Arc::clone(&shared), watcher)),
+            tokio::spawn(heartbeats(
+                Arc::clone(&shared),
+                client,
+                registration,
+                host_memory()?,
+                config.scheduler.heartbeat_interval(),
+            )),
+            tokio::spawn(reap_processes(processes)),
+            tokio::spawn(sweep_actors(Arc::clone(&shared))),
+            tokio::spawn(monitor::run_monitor(
+                pool,
+                host_memory()?,
+                config.node.memory_monitor_threshold,
+                config.node.memory_monitor_interval(),
+            )),
+        ];
+        Ok(Self {
+            shared,
+            server,
+            background,
+            schedulers: options.schedulers,
+            wire,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// The id the scheduler gave this node (it changes if the node had to register again).
+    pub fn node(&self) -> Option<NodeId> {
+        self.shared.node()
+    }
+
+    /// Leaves the cluster: stops serving, tells the scheduler this node is gone (so its death
+    /// is committed now rather than after missed heartbeats), kills the workers and unlinks the
+    /// store's shared memory when the last handle drops.
+    pub async fn shutdown(self, reason: &str) -> Result<()> {
+        let Self {
+            shared,
+            server,
+            background,
+            schedulers,
+            wire,
+        } = self;
+        server.shutdown();
+        for task in background {
+            task.abort();
+        }
+        // Stops the drivers too. Actors hold the shared state: stopping them lets the store's
+        // last handle go below.
+        shared.actors.shutdown();
+        shared.pool.shutdown().await;
+        let processes = Arc::clone(&shared.processes);
+        let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
+        let told = match shared.node() {
+            Some(node) => {
+                let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
+                    .with_retry_for(Duration::from_secs(5));
+                let command = Command::MarkNodeDead {
+                    node,
+                    reason: format!("node left: {reason}"),
+                };
+                client.propose(command).await.map(|_| node)
+            }
+            None => Err(floe_api::Error::NoReplica(
+                "the node had not registered yet".into(),
+            )),
+        };
+        // Dropping the last handle of the store unlinks its segment.
+        drop(shared);
+        let node = told?;
+        tracing::info!(%node, "node left the cluster");
+        Ok(())
+    }
+}
+
+/// What the node registers with; kept to register again after the scheduler declared the
+/// node dead (e.g. after a network partition).
+struct Registration {
+    addresses: NodeAddresses,
+    resources: Resources,
+    memory: NodeMemory,
+}
+
+impl Registration {
+    async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
+        Ok(client
+            .register_node(
+                self.addresses.clone(),
+                self.resources,
+                self.memory,
+                BTreeMap::new(),
+            )
+            .await?)
+    }
+}
+
+/// How long one `WatchDrivers` call may wait at the leader: well inside the RPC timeout.
+const DRIVER_WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// Starts the drivers the scheduler assigns to this node as soon as it commits them (the
+/// heartbeat carries the same list, later; both go through `sync_drivers`).
+async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
+    let mut known = Vec::new();
+    loop {
+        let Some(node) = shared.node() else {
+            tokio::time::sleep(DRIVER_WATCH_WAIT).await;
+            continue;
+        };
+        match client
+            .watch_drivers(node, known.clone(), DRIVER_WATCH_WAIT)
+            .await
+        {
+            Ok(HeartbeatReply::Accepted { drivers }) => {
+                shared.sync_drivers(&drivers);
+                known = drivers;
+            }
+            // The heartbeat loop registers the node again; wait for its new id.
+            Ok(HeartbeatReply::Rejoin) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(error) => {
+                tracing::debug!(%error, "watching for drivers failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Refuses a stage task that would read or write outside `data.allowed_paths`: its input
+/// files, its sink directory, its process UDFs' files. The scheduler checks submitted specs
+/// too, but a plan can also come from a client library, so the node checks every task.
+fn check_paths(allowed: &AllowedPaths, kind: &TaskKind) -> Result<(), TaskFailure> {
+    let TaskKind::Stage(task) = kind else {
+        return Ok(());
+    };
+    if !allowed.is_restricted() {
+        return Ok(());
+    }
+    let stage = &task.stage;
+    let mut paths: Vec<&std::path::Path> = match &stage.kind {
+        StageKind::Read(scan) => scan.files.iter().map(|file| file.path.as_path()).collect(),
+        StageKind::Write(spec) => vec![spec.directory.as_path()],
+        _ => Vec::new(),
+    };
+    for op in &stage.row_ops {
+        if let Operator::ProcessUdf(udf) = op {
+            paths.extend(udf.files.iter().map(|file| file.path.as_path()));
+        }
+    }
+    for path in paths {
+        allowed.check(path).map_err(|error| TaskFailure::Error {
+            message: error.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Removes the process-UDF directories (`udf-<pid>`) of agents that died without cleaning up.
+fn remove_stale_udf_dirs(data_dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(data_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("udf-"))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Stops, now and then, hosted actors whose job ended or whose driver died.
+async fn sweep_actors(shared: Arc<Shared>) {
+    let mut ticks = tokio::time::interval(ACTOR_SWEEP_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        shared.actors.stop_unrecorded().await;
+    }
+}
+
+/// Stops process-UDF children that exited or idled out, once a second.
+async fn reap_processes(processes: Arc<ProcessPools>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let processes = Arc::clone(&processes);
+        let _ = tokio::task::spawn_blocking(move || processes.reap()).await;
+    }
+}
+
+async fn heartbeats(
+    shared: Arc<Shared>,
+    mut client: SchedulerClient,
+    registration: Registration,
+    system: sysinfo::System,
+    interval: Duration,
+) {
+    let mut memory = HostMemory::new(system, interval);
+    loop {
+        let (host_used, _) = memory.next().await;
+        let store = shared.store.stats();
+        let running = shared.pool.running().len();
+        let usage = ResourceUsage {
+            cpu_millis: running as u64 * 1000,
+            // What tasks use: the host's memory in use besides the object store.
+            heap_bytes: host_used.saturating_sub(store.used),
+            object_store_bytes: store.used,
+            spilled_bytes: store.spilled_bytes,
+            fallback_bytes: store.fallback_bytes,
+            workers: shared.pool.workers(),
+            workers_busy: u32::try_from(running).unwrap_or(u32::MAX),
+        };
+        tracing::debug!(?usage, "heartbeat");
+        let Some(node) = shared.node() else {
+            continue;
+        };
+        match client.heartbeat(node, usage).await {
+            Ok(HeartbeatReply::Accepted { drivers }) => shared.sync_drivers(&drivers),
+            Ok(HeartbeatReply::Rejoin) => match registration.register(&mut client).await {
+                Ok(new) => {
+                    tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");
+                    shared.node.store(new.get(), Ordering::Relaxed);
+                }
+                Err(error) => tracing::error!(%error, "cannot register again"),
+            },
+            Err(error) => tracing::warn!(%node, %error, "heartbeat failed"),
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, caught from the moment this is installed (so a signal that arrives
+/// while the agent starts is not fatal).
+pub struct Termination {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Termination {
+    pub fn install() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let io = |source| Error::Io {
+            op: "installing a signal handler",
+            source,
+        };
+        Ok(Self {
+            terminate: signal(SignalKind::terminate()).map_err(io)?,
+            interrupt: signal(SignalKind::interrupt()).map_err(io)?,
+        })
+    }
+
+    /// Waits for the next signal and names it.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
+
+/// The store's figures as the node protocol reports them.
+fn store_usage(stats: floe_objectstore::StoreStats) -> floe_api::node_protocol::StoreUsage {
+    floe_api::node_protocol::StoreUsage {
+        capacity: stats.capacity,
+        used: stats.used,
+        objects_in_memory: stats.objects_in_memory,
+        spilled_bytes: stats.spilled_bytes,
+        spilled_objects: stats.spilled_objects,
+        spilled_bytes_total: stats.spilled_bytes_total,
+        restored_bytes_total: stats.restored_bytes_total,
+        fallback_bytes: stats.fallback_bytes,
+        fallback_objects: stats.fallback_objects,
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floe_core::plan::{Concurrency, ProcessUdf};
-use floe_node::udf::process::{PoolsConfig, ProcessPools};
+use floe_node::udf_pools::{PoolsConfig, ProcessPools};
 
 fn pools(dir: &Path) -> Arc<ProcessPools> {
     Arc::new(

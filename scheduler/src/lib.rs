@@ -2,23 +2,17 @@
 //!
 //! - [`storage`]: the Raft log behind the [`storage::LogStore`] trait — in memory for tests,
 //!   or durable on disk (a checksummed WAL, hard state and snapshots).
-//! - [`state`]: the replicated state machine — nodes, jobs, actors and the fingerprint cache
-//!   index — and the [`state::Command`]s that change it.
-//! - [`placement`]: pure placement logic (SPREAD, DEFAULT, node affinity, memory hints).
-//! - [`replica`]: one scheduler replica — the task that owns the `RawNode`, the transport
-//!   between replicas, health checks, and the RPC service clients and nodes call.
-//! - [`client`]: a client of that service that knows every replica and follows redirects.
+//! - [`replica`]: one scheduler replica — the task that owns the `RawNode` and applies
+//!   [`floe_api::state::Command`]s to the replicated state, the transport between replicas,
+//!   health checks, and the RPC service clients and nodes call.
 //! - [`http`]: the REST job API, the dashboard and its JSON API, and Prometheus metrics.
-//! - [`local`]: a cluster of local `floe scheduler` processes, for tests and benchmarks.
+//!
+//! The state machine, placement and the protocol types live in floe-api, which every other
+//! process links; this crate adds what only a replica needs (raft, the log, actix-web).
 
-pub mod client;
 pub mod http;
-pub mod local;
 pub mod logging;
-pub mod placement;
-pub mod protocol;
 pub mod replica;
-pub mod state;
 pub mod storage;
 
 use std::path::PathBuf;
@@ -62,7 +56,9 @@ pub enum Error {
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
     #[error(transparent)]
-    Placement(#[from] placement::PlacementError),
+    Placement(#[from] floe_api::placement::PlacementError),
+    #[error(transparent)]
+    Api(#[from] floe_api::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -30,14 +30,16 @@ use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::placement::{Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView};
-use crate::protocol::{
+use crate::storage::LogStore;
+use crate::{Error, Result};
+use floe_api::placement::{
+    Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView,
+};
+use floe_api::scheduler_protocol::{
     LeaderHint, NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
-use crate::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
-use crate::storage::LogStore;
-use crate::{Error, Result};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
@@ -1199,7 +1201,7 @@ impl<S: LogStore> RaftLoop<S> {
 }
 
 enum Effect {
-    Registered(crate::state::Resources),
+    Registered(floe_api::state::Resources),
     Died(NodeId),
     Submitted,
     DriverStarted(JobId, NodeId),

@@ -20,6 +20,7 @@ pub mod optimizer;
 pub mod physical;
 pub mod process;
 mod schema;
+pub mod task;
 pub mod udf;
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! file the user names, [`FileDigest`]) and what it must produce (the output schema), all
 //! hashed into the fingerprint, plus how to run it (the per-node pool size, a memory hint,
 //! rows per call and a timeout), which is performance only and never hashed. The node crate
-//! runs it (`floe_node::udf::process`); the protocol between a worker and the child is in
+//! runs it (`floe_engine::udf::process`); the protocol between a worker and the child is in
 //! `docs/PROCESS_UDFS.md`.
 
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Named UDFs as the plan sees them: a call (name, version, parameters) checked against a
 //! signature from a catalog.
 //!
-//! The code of a UDF lives in the node binary (`floe_node::udf::Registry`), because Rust code
+//! The code of a UDF lives in the node binary (`floe_engine::udf::Registry`), because Rust code
 //! cannot be shipped; the plan only names it. A catalog answers the two questions a plan needs
 //! when it is built: does this call match a registered signature, and what schema does it
 //! produce? A version the catalog does not know is an error then, not when a worker runs.

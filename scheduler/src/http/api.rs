@@ -18,8 +18,8 @@ use tokio::sync::watch;
 
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
-use crate::client::SchedulerClient;
-use crate::state::{ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
+use floe_api::client::SchedulerClient;
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
 
 /// The largest request body accepted (a job spec is a few kilobytes).
 pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
@@ -136,9 +136,9 @@ impl ApiError {
     }
 
     /// A scheduler error: 503 when no leader answered (worth retrying), 500 otherwise.
-    fn from_scheduler(error: crate::Error) -> Self {
+    fn from_scheduler(error: floe_api::Error) -> Self {
         match error {
-            crate::Error::NoReplica(_) => Self::new(
+            floe_api::Error::NoReplica(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no scheduler leader answered; try again shortly: {error}"),
             ),

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use actix_web::{HttpResponse, web};
 
 use super::api::{Shared, health, job_counts};
-use crate::state::JobStatus;
+use floe_api::state::JobStatus;
 
 /// One metric family: its help and type lines, then its samples.
 struct Family<'a> {
@@ -107,7 +107,8 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         (state.nodes.len() - alive) as f64,
     );
 
-    type NodeValue = fn(&crate::state::NodeRecord, &crate::protocol::NodeReport) -> f64;
+    type NodeValue =
+        fn(&floe_api::state::NodeRecord, &floe_api::scheduler_protocol::NodeReport) -> f64;
     let per_node: [(&str, &str, NodeValue); 7] = [
         (
             "floe_node_object_store_used_bytes",

@@ -27,8 +27,8 @@ use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::WireConfig;
 use tokio::sync::watch;
 
-use crate::state::ClusterState;
 use crate::{Error, Result};
+use floe_api::state::ClusterState;
 
 /// Turns the text of a job-spec file into an encoded `floe_core::job::JobSpec`. The binary
 /// supplies it, because parsing a spec needs the UDF catalog and the client's spec format,

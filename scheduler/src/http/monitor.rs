@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::HttpConfig;
-use crate::client::SchedulerClient;
-use crate::protocol::{NodeReport, ReplicaStatus};
-use crate::state::{ClusterState, JobStatus, Liveness};
+use floe_api::client::SchedulerClient;
+use floe_api::scheduler_protocol::{NodeReport, ReplicaStatus};
+use floe_api::state::{ClusterState, JobStatus, Liveness};
 
 /// Events kept for `/api/events`; older ones are dropped.
 const MAX_EVENTS: usize = 1000;

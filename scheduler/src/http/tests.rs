@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::monitor::{Monitor, Snapshot};
 use super::{HttpConfig, JobSpecParser, RejectedSpec, api};
-use crate::state::{
+use floe_api::state::{
     ClusterState, JobRecord, JobStatus, Liveness, NodeAddresses, NodeMemory, NodeRecord, Resources,
 };
 

@@ -3,11 +3,11 @@ use std::time::Duration;
 use floe_core::config::ClusterToken;
 
 use super::*;
-use crate::client::{HeartbeatReply, SchedulerClient};
-use crate::placement::Strategy;
-use crate::protocol::ResourceUsage;
-use crate::state::{NodeAddresses, NodeMemory, Resources};
 use crate::storage::MemoryLog;
+use floe_api::client::{HeartbeatReply, SchedulerClient};
+use floe_api::placement::Strategy;
+use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::state::{NodeAddresses, NodeMemory, Resources};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

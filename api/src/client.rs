@@ -1,0 +1,334 @@
+//! A client of the scheduler service that knows every replica.
+//!
+//! It sends each request to the replica it believes leads, follows `NotLeader` redirects, and
+//! on a connection failure or a leadership change tries the other replicas until its retry
+//! window closes. Retrying makes proposals at-least-once: a command whose leader died after
+//! committing it but before answering may be applied again when sent to the new leader. Job
+//! submissions carry a [`SubmissionId`] so that a repeated one finds its first job; the other
+//! commands are idempotent or rejected when repeated.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use floe_core::WireError;
+use floe_core::job::JobProgress;
+use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig};
+use floe_core::{JobId, NodeId, SubmissionId};
+
+use crate::placement::{PlacementError, PlacementRequest};
+use crate::scheduler_protocol::{
+    NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
+    SchedulerResponse,
+};
+use crate::state::{
+    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+};
+use crate::{Error, Result};
+
+/// Pause between attempts when no replica could answer, so failover costs no busy loop.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// What the leader said to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatReply {
+    /// Taken; the node must be running the drivers of these jobs (and attempts).
+    Accepted { drivers: Vec<(JobId, u32)> },
+    /// The node was declared dead; it must register again and use its new id.
+    Rejoin,
+}
+
+pub struct SchedulerClient {
+    replicas: Vec<String>,
+    wire: WireConfig,
+    kind: PeerKind,
+    retry_for: Duration,
+    /// The replica currently talked to, and the connection to it.
+    target: String,
+    connection: Option<RpcClient<SchedulerProtocol>>,
+}
+
+fn unexpected(response: SchedulerResponse) -> Error {
+    Error::NoReplica(format!("unexpected response {response:?}"))
+}
+
+impl SchedulerClient {
+    /// A client of the replicas at `replicas` (`host:port`); it connects on first use.
+    pub fn new(replicas: Vec<String>, wire: WireConfig, kind: PeerKind) -> Result<Self> {
+        let target = replicas
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::Peers("no scheduler replica address given".into()))?;
+        Ok(Self {
+            replicas,
+            wire,
+            kind,
+            retry_for: Duration::from_secs(10),
+            target,
+            connection: None,
+        })
+    }
+
+    /// How long a call keeps trying replicas before it fails. Default 10 s (two election
+    /// timeouts, with margin).
+    pub fn with_retry_for(mut self, retry_for: Duration) -> Self {
+        self.retry_for = retry_for;
+        self
+    }
+
+    fn switch_to(&mut self, addr: String) {
+        if addr != self.target {
+            self.target = addr;
+            self.connection = None;
+        }
+    }
+
+    fn rotate(&mut self) {
+        let position = self.replicas.iter().position(|addr| *addr == self.target);
+        let next = position.map_or(0, |position| (position + 1) % self.replicas.len());
+        self.switch_to(self.replicas[next].clone());
+    }
+
+    async fn call_target(
+        &mut self,
+        request: &SchedulerRequest,
+    ) -> Result<SchedulerResponse, WireError> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => self.connection.insert(
+                RpcClient::connect(self.target.clone(), self.wire.clone(), self.kind).await?,
+            ),
+        };
+        let result = connection.call(request).await;
+        if matches!(&result, Err(error) if !matches!(error, WireError::Remote(_))) {
+            self.connection = None;
+        }
+        result
+    }
+
+    /// Sends `request` to the leader (or any replica, for requests any replica answers).
+    pub async fn call(&mut self, request: &SchedulerRequest) -> Result<SchedulerResponse> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut last_problem;
+        loop {
+            match self.call_target(request).await {
+                Ok(SchedulerResponse::NotLeader { leader: Some(hint) })
+                    if hint.addr != self.target =>
+                {
+                    self.switch_to(hint.addr);
+                    last_problem = "redirected".to_owned();
+                }
+                Ok(SchedulerResponse::NotLeader { .. }) => {
+                    last_problem = format!("{} knows no leader", self.target);
+                    self.rotate();
+                }
+                Ok(response) => return Ok(response),
+                Err(WireError::Remote(error)) if error.kind == RemoteErrorKind::Unavailable => {
+                    last_problem = format!("{}: {error}", self.target);
+                    self.rotate();
+                }
+                Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
+                // Every replica has the same token and release: asking another cannot help.
+                Err(error @ (WireError::Refused { .. } | WireError::EmptyToken)) => {
+                    return Err(Error::Wire(error));
+                }
+                Err(error) => {
+                    last_problem = format!("{}: {error}", self.target);
+                    self.rotate();
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::NoReplica(format!(
+                    "gave up after {:?}; last problem: {last_problem}",
+                    self.retry_for
+                )));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Commits `command` and returns its outcome.
+    pub async fn propose(&mut self, command: Command) -> Result<Outcome> {
+        match self.call(&SchedulerRequest::Propose(command)).await? {
+            SchedulerResponse::Committed(outcome) => Ok(outcome),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A linearizable read of the cluster state.
+    pub async fn read_state(&mut self) -> Result<ClusterState> {
+        match self.call(&SchedulerRequest::ReadState).await? {
+            SchedulerResponse::State(state) => Ok(*state),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn register_node(
+        &mut self,
+        addresses: NodeAddresses,
+        resources: Resources,
+        memory: NodeMemory,
+        labels: BTreeMap<String, String>,
+    ) -> Result<NodeId> {
+        let request = SchedulerRequest::RegisterNode {
+            addresses,
+            resources,
+            memory,
+            labels,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => Ok(node),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn heartbeat(
+        &mut self,
+        node: NodeId,
+        usage: ResourceUsage,
+    ) -> Result<HeartbeatReply> {
+        match self
+            .call(&SchedulerRequest::Heartbeat { node, usage })
+            .await?
+        {
+            SchedulerResponse::HeartbeatAccepted { drivers } => {
+                Ok(HeartbeatReply::Accepted { drivers })
+            }
+            SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The job's record once it has ended, or as it is after `wait`; None for no such job.
+    pub async fn watch_job(&mut self, job: JobId, wait: Duration) -> Result<Option<JobRecord>> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        match self
+            .call(&SchedulerRequest::WatchJob { job, wait_ms })
+            .await?
+        {
+            SchedulerResponse::Job(record) => Ok(record.map(|record| *record)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The drivers `node` must run, once they differ from `known` or `wait` has passed.
+    pub async fn watch_drivers(
+        &mut self,
+        node: NodeId,
+        known: Vec<(JobId, u32)>,
+        wait: Duration,
+    ) -> Result<HeartbeatReply> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let request = SchedulerRequest::WatchDrivers {
+            node,
+            known,
+            wait_ms,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::HeartbeatAccepted { drivers } => {
+                Ok(HeartbeatReply::Accepted { drivers })
+            }
+            SchedulerResponse::Rejoin => Ok(HeartbeatReply::Rejoin),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Commits a job; a retried submission with the same id returns the same job.
+    pub async fn submit_job(&mut self, spec: Vec<u8>, submission: SubmissionId) -> Result<JobId> {
+        match self
+            .propose(Command::SubmitJob { spec, submission })
+            .await?
+        {
+            Outcome::JobSubmitted(job) => Ok(job),
+            other => Err(Error::NoReplica(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// Reports a running job's progress; `true` means the driver must stop (the job was
+    /// cancelled or has ended).
+    pub async fn report_progress(&mut self, job: JobId, progress: JobProgress) -> Result<bool> {
+        match self
+            .call(&SchedulerRequest::ReportProgress { job, progress })
+            .await?
+        {
+            SchedulerResponse::ProgressAccepted { cancel } => Ok(cancel),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// What the job's driver last reported, if it is running.
+    pub async fn job_progress(&mut self, job: JobId) -> Result<Option<JobProgress>> {
+        match self.call(&SchedulerRequest::JobProgress { job }).await? {
+            SchedulerResponse::Progress(progress) => Ok(progress),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The progress every running job's driver last reported.
+    pub async fn all_progress(&mut self) -> Result<BTreeMap<JobId, JobProgress>> {
+        match self.call(&SchedulerRequest::AllProgress).await? {
+            SchedulerResponse::AllProgress(progress) => Ok(progress),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The leader's latest heartbeat report from every alive node.
+    pub async fn node_reports(&mut self) -> Result<BTreeMap<NodeId, NodeReport>> {
+        match self.call(&SchedulerRequest::NodeReports).await? {
+            SchedulerResponse::NodeReports(reports) => Ok(reports),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Places a batch; requests that fit only later are answered once they are placed.
+    pub async fn place(
+        &mut self,
+        requests: Vec<PlacementRequest>,
+    ) -> Result<Vec<Result<NodeId, PlacementError>>> {
+        match self.call(&SchedulerRequest::Place { requests }).await? {
+            SchedulerResponse::Placements(placements) => Ok(placements),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Returns a placement's reservation; `requester` must be the one the placement named.
+    pub async fn release(
+        &mut self,
+        node: NodeId,
+        cpu_millis: u64,
+        memory_hint: u64,
+        requester: Option<NodeId>,
+    ) -> Result<()> {
+        let request = SchedulerRequest::Release {
+            node,
+            cpu_millis,
+            memory_hint,
+            requester,
+        };
+        match self.call(&request).await? {
+            SchedulerResponse::Released => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Node deaths committed after log index `after`, waiting up to `wait` for the next one.
+    pub async fn watch_deaths(&mut self, after: u64, wait: Duration) -> Result<Vec<NodeDeath>> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        match self
+            .call(&SchedulerRequest::WatchDeaths { after, wait_ms })
+            .await?
+        {
+            SchedulerResponse::Deaths(deaths) => Ok(deaths),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The Raft status of the replica at `addr` itself (no redirect).
+    pub async fn status_of(addr: &str, wire: WireConfig) -> Result<ReplicaStatus> {
+        let mut client =
+            RpcClient::<SchedulerProtocol>::connect(addr, wire, PeerKind::Client).await?;
+        match client.call(&SchedulerRequest::Status).await? {
+            SchedulerResponse::Status(status) => Ok(status),
+            other => Err(unexpected(other)),
+        }
+    }
+}

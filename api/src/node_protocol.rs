@@ -1,0 +1,389 @@
+//! The RPC service every node agent serves on `node.rpc_port`: tasks from drivers, object
+//! transfer between nodes, and calls to the actors the node hosts (or routes).
+
+use arrow_schema::Schema;
+use floe_core::fingerprint::FingerprintInputs;
+use floe_core::plan::task::StageTask;
+use floe_core::wire::Protocol;
+use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// The id of a task's `index`-th output: derived from the task id (as Ray derives return
+/// object ids), so a retried task names its outputs the same way.
+pub fn output_id(task: TaskId, index: u32) -> ObjectId {
+    let mut seed = [0u8; 20];
+    seed[..16].copy_from_slice(&task.get().to_le_bytes());
+    seed[16..].copy_from_slice(&index.to_le_bytes());
+    ObjectId::new(xxh3_128(&seed))
+}
+
+pub struct NodeProtocol;
+
+impl Protocol for NodeProtocol {
+    const NAME: &'static str = "node";
+    type Request = NodeRequest;
+    type Response = NodeResponse;
+}
+
+/// Object bytes on the wire, encoded as one length-prefixed byte string rather than a
+/// sequence of single bytes, so multi-megabyte chunks encode and decode at memcpy speed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bytes(pub Vec<u8>);
+
+impl Serialize for Bytes {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct BytesVisitor;
+        impl serde::de::Visitor<'_> for BytesVisitor {
+            type Value = Bytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes(bytes.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes(bytes))
+            }
+        }
+        deserializer.deserialize_byte_buf(BytesVisitor)
+    }
+}
+
+/// What a worker process runs: one task of a plan stage, or a built-in task (used by tests
+/// and benchmarks to exercise the task path without a plan).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// One task of a plan stage; its input blocks are the task's inputs, in order.
+    Stage(Box<StageTask>),
+    /// Does nothing for `ms` milliseconds; no outputs.
+    Sleep { ms: u64 },
+    /// One output: the xxh3-64 of each input's bytes, 8 little-endian bytes per input.
+    Hash,
+    /// One output of `bytes` bytes where byte `i` is `(i + seed) % 251`.
+    Fill { bytes: u64, seed: u64 },
+}
+
+/// An input of a task: an object, and the node holding it when it is not on the node that runs
+/// the task (the agent pulls it first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRef {
+    pub object: ObjectId,
+    /// The holder's node RPC address (`host:port`).
+    pub holder: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    pub task: TaskId,
+    pub kind: TaskKind,
+    pub inputs: Vec<InputRef>,
+}
+
+/// An object a task wrote into its node's store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRef {
+    pub object: ObjectId,
+    pub size: u64,
+    /// xxh3-64 of the bytes.
+    pub checksum: u64,
+    /// The rows, when the object is a block.
+    pub rows: Option<u64>,
+}
+
+/// Why a task failed. The driver retries the retryable ones elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum TaskFailure {
+    /// The worker process running the task exited or was killed (not by the agent).
+    #[error("worker process died: {reason}")]
+    WorkerDied { reason: String },
+    /// The memory monitor killed the task's worker because the host ran out of memory.
+    #[error("out of memory: {reason}")]
+    OutOfMemory { reason: String },
+    #[error("input {object} is unavailable: {reason}")]
+    InputUnavailable { object: ObjectId, reason: String },
+    /// The task itself failed; running it again gives the same error.
+    #[error("task error: {message}")]
+    Error { message: String },
+    /// The task failed on something outside floe's kernels (a process UDF's child crashed,
+    /// hung or raised); running it again may succeed.
+    #[error("task error: {message}")]
+    Transient { message: String },
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// The driver cancelled the task (its job was cancelled).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl TaskFailure {
+    /// Whether running the task again (elsewhere) may succeed.
+    pub fn retryable(&self) -> bool {
+        !matches!(self, TaskFailure::Error { .. } | TaskFailure::Cancelled)
+    }
+}
+
+/// What an actor is, as created on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorSpec {
+    pub actor: ActorId,
+    /// The job that owns it; the actor ends with the job.
+    pub job: JobId,
+    pub kind: ActorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActorKind {
+    /// Receives a hash shuffle's map-side shards for the partitions it owns (those whose
+    /// number is `slot` modulo `slots`), keeping them in its node's object store, and reduces
+    /// each partition on its node.
+    HashShuffleAggregator { slot: u32, slots: u32 },
+}
+
+impl ActorKind {
+    /// The kind's name, as recorded in the scheduler's state.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActorKind::HashShuffleAggregator { .. } => "HashShuffleAggregator",
+        }
+    }
+}
+
+/// One map-side shard pushed to an aggregator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushedShard {
+    pub partition: u32,
+    pub object: ObjectId,
+    /// Where the shard is, if not on the aggregator's node.
+    pub holder: Option<String>,
+}
+
+/// A message to an actor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ActorMessage {
+    /// Shards for the aggregator's partitions: it pulls them into its node's store now, while
+    /// other map tasks still run.
+    Push(Vec<PushedShard>),
+    /// Reduces one partition on the aggregator's node. The task's inputs are the partition's
+    /// shards; those already pushed are read where the aggregator keeps them.
+    Reduce { partition: u32, task: TaskSpec },
+    /// What the actor is and what it is doing; every actor answers it.
+    Describe,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActorReply {
+    /// Bytes the aggregator now holds for its partitions.
+    Pushed {
+        held_bytes: u64,
+    },
+    Reduced(Vec<OutputRef>),
+    Described(ActorDescription),
+}
+
+/// An actor's answer to [`ActorMessage::Describe`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorDescription {
+    /// As recorded in the scheduler's state (`HashShuffleAggregator`, `JobDriver`).
+    pub kind: String,
+    pub job: JobId,
+    /// The node hosting it.
+    pub node: Option<NodeId>,
+    /// One line on its state, for people.
+    pub summary: String,
+}
+
+/// Why an actor call failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ActorFailure {
+    /// No node hosts the actor (it was never created, was stopped, or died with its node).
+    #[error("actor {actor} is gone: {reason}")]
+    Gone { actor: ActorId, reason: String },
+    /// The actor's node, or the scheduler that says where it is, did not answer; a later
+    /// call may reach it.
+    #[error("actor {actor} is unavailable: {reason}")]
+    Unavailable { actor: ActorId, reason: String },
+    /// The message is not one the actor accepts (e.g. a partition it does not own).
+    #[error("actor {actor} refused the message: {reason}")]
+    Refused { actor: ActorId, reason: String },
+    /// A shard could not be pulled into the aggregator's node.
+    #[error("actor {actor} could not pull shard {object}: {reason}")]
+    Pull {
+        actor: ActorId,
+        object: ObjectId,
+        reason: String,
+    },
+    /// The reduce task failed.
+    #[error("{0}")]
+    Task(TaskFailure),
+}
+
+/// A sealed object's size and checksum; small objects come with their bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub size: u64,
+    /// xxh3-64 of the bytes, checked by the puller on arrival.
+    pub checksum: u64,
+    /// The bytes, when the object is at most `node.transfer_inline_max`.
+    pub inline: Option<Bytes>,
+}
+
+/// A task running on the node, for operators and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub task: TaskId,
+    pub worker_pid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// `None` until the node has registered with the scheduler.
+    pub node: Option<NodeId>,
+    /// Worker processes connected and ready (idle or busy).
+    pub workers: u32,
+    pub running: Vec<RunningTask>,
+    pub tasks_finished: u64,
+    pub tasks_failed: u64,
+    /// Worker processes started again after one died.
+    pub workers_respawned: u64,
+    /// Pulls that transferred an object (coalesced requests count once).
+    pub pulls_started: u64,
+    pub store: StoreUsage,
+    /// The actors this node hosts.
+    pub actors: Vec<ActorId>,
+}
+
+/// One cache shard to write from objects in this node's store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardWrite {
+    /// The lineage of the output (its fingerprint names the shard).
+    pub lineage: FingerprintInputs,
+    pub rank: u32,
+    pub count: u32,
+    /// The shard's blocks, in order; all local.
+    pub blocks: Vec<ObjectId>,
+    /// The blocks' schema (a shard of no blocks still records it).
+    pub schema: Schema,
+    /// Overwrite a shard that is already there.
+    pub overwrite: bool,
+}
+
+/// A cache shard loaded into this node's store as one block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardLoad {
+    pub fingerprint: Fingerprint,
+    pub rank: u32,
+    pub count: u32,
+    /// The block's object id.
+    pub object: ObjectId,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum NodeRequest {
+    /// Runs a task on an idle worker of this node, pulling remote inputs first.
+    RunTask(TaskSpec),
+    /// Size and checksum of a local object (its bytes too when small).
+    ObjectMeta {
+        object: ObjectId,
+    },
+    /// Bytes `offset..offset + len` of a local object (cut at its end), sent as the reply's
+    /// attachment: call it with `RpcClient::call_into`.
+    ReadChunk {
+        object: ObjectId,
+        offset: u64,
+        len: u64,
+    },
+    /// Makes this node pull `object` from the node at `holder`.
+    Pull {
+        object: ObjectId,
+        holder: String,
+    },
+    /// Deletes local objects (their owner no longer needs them).
+    Free {
+        objects: Vec<ObjectId>,
+    },
+    /// Stops a running or queued task; it fails with [`TaskFailure::Cancelled`].
+    CancelTask {
+        task: TaskId,
+    },
+    /// Writes one cache shard from local blocks; answers its rows and bytes on disk.
+    WriteCacheShard(ShardWrite),
+    /// Loads one cache shard as a block; `None` when the shard is gone or failed verification.
+    LoadCacheShard(ShardLoad),
+    /// Starts hosting an actor the scheduler placed here.
+    CreateActor(ActorSpec),
+    /// Delivers a message to an actor, wherever it is: a node that does not host it forwards
+    /// the call (once) to the node the scheduler's state names.
+    CallActor {
+        actor: ActorId,
+        message: ActorMessage,
+        /// Set on a call one node already forwarded, so a stale route never loops.
+        forwarded: bool,
+    },
+    /// Stops hosting an actor; its state (shards it pulled) is dropped.
+    StopActor {
+        actor: ActorId,
+    },
+    Status,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeResponse {
+    /// The task was cancelled (or had already ended).
+    Cancelled,
+    /// A shard written: its rows and its file's bytes.
+    CacheWritten {
+        rows: u64,
+        bytes: u64,
+    },
+    CacheLoaded(Option<OutputRef>),
+    Task(Result<Vec<OutputRef>, TaskFailure>),
+    ObjectMeta(ObjectMeta),
+    /// The chunk asked for follows as the reply's attachment.
+    Chunk,
+    /// The object is in this node's store, checksum verified.
+    Pulled(OutputRef),
+    Freed,
+    ActorCreated,
+    Actor(Result<ActorReply, ActorFailure>),
+    ActorStopped,
+    Status(Box<NodeStatus>),
+}
+
+/// A snapshot of a node's object store use, as the node reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreUsage {
+    pub capacity: u64,
+    /// Memory allocated to objects, headers included.
+    pub used: u64,
+    pub objects_in_memory: u64,
+    /// Bytes and objects whose copy is in a spill file now.
+    pub spilled_bytes: u64,
+    pub spilled_objects: u64,
+    /// Bytes written to spill files and read back from them since the store opened.
+    pub spilled_bytes_total: u64,
+    pub restored_bytes_total: u64,
+    /// Objects held in disk-backed fallback files now.
+    pub fallback_bytes: u64,
+    pub fallback_objects: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_ids_differ_by_task_and_index_and_are_stable() {
+        let a = TaskId::new(1);
+        let b = TaskId::new(2);
+        assert_eq!(output_id(a, 0), output_id(a, 0));
+        assert_ne!(output_id(a, 0), output_id(a, 1));
+        assert_ne!(output_id(a, 0), output_id(b, 0));
+    }
+}

@@ -1,0 +1,260 @@
+//! `floe-bench transfer` and `floe-bench tasks`: node agents as real `floe node` processes
+//! (with their `floe worker`s) against one `floe scheduler`, on loopback.
+//!
+//! - `transfer_gbps`: one object pulled by node B from node A (chunks over parallel
+//!   connections, checksum verified on arrival, written into B's store), against `tcp_gbps`,
+//!   the same number of bytes copied through one loopback TCP connection in the same run;
+//! - `empty_tasks_per_s`: tasks that do nothing, sent by concurrent clients to one node and run
+//!   by its worker processes (RPC to the agent, Unix socket to a worker and back).
+//!
+//! Each figure is the median of several runs (one with `--quick`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec};
+use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_core::TaskId;
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{gbps, print_figure};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Frames large enough for a task to return the whole transferred object in one reply.
+const MAX_FRAME: &str = "net.max_frame=1GiB";
+/// Client connections sending empty tasks at once.
+const TASK_CLIENTS: usize = 32;
+
+/// The scheduler, the nodes and their directory, removed when dropped.
+struct Bench {
+    dir: PathBuf,
+    token: String,
+    cluster: LocalSchedulers,
+    nodes: Vec<LocalNode>,
+}
+
+impl Bench {
+    async fn start(config: &Config, part: &str) -> anyhow::Result<Self> {
+        let dir = config
+            .paths
+            .data_dir
+            .join(format!("bench-{part}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let token = format!("bench-{part}-{}", std::process::id());
+        let cluster = LocalSchedulers::start(LocalSchedulersConfig {
+            binary: crate::floe_binary()?,
+            replicas: 1,
+            dir: dir.clone(),
+            token: token.clone(),
+            settings: Vec::new(),
+        })?;
+        cluster.wait_for_leader(READY_TIMEOUT).await?;
+        Ok(Self {
+            dir,
+            token,
+            cluster,
+            nodes: Vec::new(),
+        })
+    }
+
+    fn wire(&self) -> WireConfig {
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new(self.token.clone());
+        config.net.max_frame = floe_core::config::ByteSize::gib(1);
+        WireConfig::from_config(&config)
+    }
+
+    async fn add_node(&mut self, workers: u32, settings: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec![format!("node.workers={workers}"), MAX_FRAME.to_owned()];
+        all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+        let node = LocalNode::start(&LocalNodeConfig {
+            binary: crate::floe_binary()?,
+            schedulers: self.cluster.addrs(),
+            dir: self.dir.clone(),
+            name: format!("node-{}", self.nodes.len()),
+            token: self.token.clone(),
+            settings: all,
+        })?;
+        node.wait_ready(&self.wire(), workers, READY_TIMEOUT)
+            .await?;
+        let addr = node.addr().to_owned();
+        self.nodes.push(node);
+        Ok(addr)
+    }
+
+    async fn call(&self, addr: &str, request: &NodeRequest) -> anyhow::Result<NodeResponse> {
+        let mut client =
+            RpcClient::<NodeProtocol>::connect(addr, self.wire(), PeerKind::Client).await?;
+        Ok(client.call(request).await?)
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        // Best effort: a leftover directory is visible and harmless.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+pub fn run_transfer(quick: bool, config: &Config) -> anyhow::Result<()> {
+    let (size, runs) = if quick { (64 << 20, 1) } else { (256 << 20, 5) };
+    runtime()?.block_on(measure_transfer(config, size, runs))
+}
+
+async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Result<()> {
+    let mut bench = Bench::start(config, "transfer").await?;
+    // Stores of 30% of 4 GiB hold the object with room to spare.
+    let memory = ["memory.total=4GiB"];
+    let holder = bench.add_node(1, &memory).await?;
+    let puller = bench.add_node(1, &memory).await?;
+    let spec = TaskSpec {
+        task: TaskId::new(1),
+        kind: TaskKind::Fill {
+            bytes: size,
+            seed: 1,
+        },
+        inputs: Vec::new(),
+    };
+    let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
+        NodeResponse::Task(Ok(outputs)) => *outputs.first().context("Fill returned no output")?,
+        other => anyhow::bail!("cannot create the object: {other:?}"),
+    };
+    let mut transfer = Vec::new();
+    let mut tcp = Vec::new();
+    for _ in 0..runs {
+        let start = Instant::now();
+        let pull = NodeRequest::Pull {
+            object: object.object,
+            holder: holder.clone(),
+        };
+        match bench.call(&puller, &pull).await? {
+            NodeResponse::Pulled(pulled) if pulled == object => {}
+            other => anyhow::bail!("the pull returned {other:?}, expected {object:?}"),
+        }
+        transfer.push(gbps(size, start.elapsed()));
+        bench
+            .call(
+                &puller,
+                &NodeRequest::Free {
+                    objects: vec![object.object],
+                },
+            )
+            .await?;
+        tcp.push(gbps(size, tcp_copy(size).await?));
+    }
+    let labels = [("bytes", size.into()), ("chunk", "5MiB".into())];
+    let transfer = median(&mut transfer);
+    let tcp = median(&mut tcp);
+    print_figure("transfer", "transfer_gbps", transfer, "GB/s", &labels);
+    print_figure("transfer", "tcp_gbps", tcp, "GB/s", &labels);
+    print_figure(
+        "transfer",
+        "transfer_to_tcp",
+        transfer / tcp,
+        "ratio",
+        &labels,
+    );
+    Ok(())
+}
+
+/// Copies `size` bytes through one loopback TCP connection, 5 MiB per write.
+async fn tcp_copy(size: u64) -> anyhow::Result<Duration> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await?;
+        let mut buffer = vec![0u8; 5 << 20];
+        let mut received = 0u64;
+        loop {
+            let read = socket.read(&mut buffer).await?;
+            if read == 0 {
+                return anyhow::Ok(received);
+            }
+            received += read as u64;
+        }
+    });
+    let chunk = vec![1u8; 5 << 20];
+    let start = Instant::now();
+    let mut socket = tokio::net::TcpStream::connect(addr).await?;
+    let mut sent = 0u64;
+    while sent < size {
+        let len = (size - sent).min(chunk.len() as u64) as usize;
+        socket.write_all(&chunk[..len]).await?;
+        sent += len as u64;
+    }
+    socket.shutdown().await?;
+    let received = reader.await??;
+    let elapsed = start.elapsed();
+    anyhow::ensure!(received == size, "received {received} of {size} bytes");
+    Ok(elapsed)
+}
+
+pub fn run_tasks(quick: bool, config: &Config) -> anyhow::Result<()> {
+    let (tasks, runs) = if quick { (2_000, 1) } else { (20_000, 3) };
+    runtime()?.block_on(measure_tasks(config, tasks, runs))
+}
+
+async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Result<()> {
+    let mut bench = Bench::start(config, "tasks").await?;
+    let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+    let workers = u32::try_from(cpus).unwrap_or(1);
+    let node = bench.add_node(workers, &[]).await?;
+    let mut rates = Vec::new();
+    for run in 0..runs {
+        let start = Instant::now();
+        let mut clients = tokio::task::JoinSet::new();
+        for client in 0..TASK_CLIENTS {
+            let mut connection =
+                RpcClient::<NodeProtocol>::connect(&node, bench.wire(), PeerKind::Client).await?;
+            let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
+            clients.spawn(async move {
+                for index in 0..share {
+                    let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
+                    let spec = TaskSpec {
+                        task: TaskId::new(id),
+                        kind: TaskKind::Sleep { ms: 0 },
+                        inputs: Vec::new(),
+                    };
+                    match connection.call(&NodeRequest::RunTask(spec)).await? {
+                        NodeResponse::Task(Ok(_)) => {}
+                        other => anyhow::bail!("an empty task failed: {other:?}"),
+                    }
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(joined) = clients.join_next().await {
+            joined??;
+        }
+        rates.push(tasks as f64 / start.elapsed().as_secs_f64());
+    }
+    print_figure(
+        "tasks",
+        "empty_tasks_per_s",
+        median(&mut rates),
+        "1/s",
+        &[
+            ("workers", workers.into()),
+            ("clients", TASK_CLIENTS.into()),
+        ],
+    );
+    Ok(())
+}

@@ -1,0 +1,916 @@
+//! `floe-bench map|filter|sort|groupby|shuffle|repartition|rerun|spill|all`: end-to-end
+//! workloads on a cluster, each verified, each printed with the floors it is compared with.
+//!
+//! The data is Parquet generated from a fixed seed and kept under
+//! `<paths.data_dir>/bench-data/`, so later runs (and other benches) reuse it:
+//! - *events*: `{user_id int64, group int32, value float64, text utf8 of 20–60 chars}`, 10M
+//!   rows (`--quick`: 1M), for map, filter, groupby, repartition and rerun;
+//! - *records*: 100-byte records `{key int64, payload utf8 of 92 chars}`, 10M rows (1 GB;
+//!   `--quick`: 1M), for sort and shuffle; spill uses more of them.
+//!
+//! While generating, the expected answers are computed here (sums, counts, per-group
+//! tallies, key checksums), so every result is checked against an independent computation.
+//! Each workload runs on a fresh local cluster of two `floe node`s (or on `--address`), and
+//! prints one JSON line: `seconds` (submit to finished, median of the runs), `rows`, `bytes`,
+//! `peak_rss_mb` (the cluster's processes' peak resident memory, summed), `verified`, and
+//! from the same run the floors: `parquet_read_s` (reading the same files with the plain
+//! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
+//! print `baseline_s`: the same work done by one process with plain Arrow kernels.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use arrow::array::{
+    Array, ArrowPrimitiveType, Float64Array, Int32Array, Int64Array, PrimitiveArray, RecordBatch,
+    StringBuilder,
+};
+use arrow::compute::{SortColumn, concat_batches, lexsort_to_indices, take_record_batch};
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use floe_client::{
+    AggFunction, Aggregation, CacheMode, Client, Dataset, JobOptions, LocalCluster,
+    LocalClusterOptions, ProcessUdf, SortKey, WriteOptions, col, lit,
+};
+use floe_core::Config;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use super::{SplitMix64, median_time, print_figure};
+
+const SEED: u64 = 0x5eed_f10e;
+const GROUPS: i32 = 1_000;
+const USERS: u64 = 1_000_000;
+const REPARTITIONS: u32 = 32;
+const PAYLOAD_CHARS: usize = 92;
+/// Rows per generated file and per row group.
+const FILE_ROWS: u64 = 625_000;
+const ROW_GROUP_ROWS: usize = 125_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Workload {
+    Map,
+    Filter,
+    Sort,
+    Groupby,
+    Shuffle,
+    Repartition,
+    Rerun,
+    Spill,
+    Pyudf,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 9] = [
+        Workload::Map,
+        Workload::Filter,
+        Workload::Sort,
+        Workload::Groupby,
+        Workload::Shuffle,
+        Workload::Repartition,
+        Workload::Rerun,
+        Workload::Spill,
+        Workload::Pyudf,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Map => "map",
+            Workload::Filter => "filter",
+            Workload::Sort => "sort",
+            Workload::Groupby => "groupby",
+            Workload::Shuffle => "shuffle",
+            Workload::Repartition => "repartition",
+            Workload::Rerun => "rerun",
+            Workload::Spill => "spill",
+            Workload::Pyudf => "pyudf",
+        }
+    }
+}
+
+/// How to run a workload.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub quick: bool,
+    /// An existing cluster's scheduler replicas; `None` starts a local cluster per workload.
+    /// The nodes must see `data_dir` at the same path.
+    pub address: Option<Vec<String>>,
+    pub token: String,
+    pub data_dir: PathBuf,
+}
+
+impl RunConfig {
+    pub fn new(quick: bool, address: Option<String>, config: &Config) -> Self {
+        Self {
+            quick,
+            address: address.map(|list| list.split(',').map(str::to_owned).collect()),
+            token: config.cluster.token.expose().to_owned(),
+            data_dir: config.paths.data_dir.join("bench-data"),
+        }
+    }
+
+    fn runs(&self) -> usize {
+        if self.quick { 1 } else { 3 }
+    }
+
+    fn rows(&self) -> u64 {
+        if self.quick { 1_000_000 } else { 10_000_000 }
+    }
+}
+
+// ---- data -----------------------------------------------------------------------------
+
+/// Appends `chars` random lowercase letters to `builder` (`line` is reused scratch).
+fn random_text(
+    random: &mut SplitMix64,
+    builder: &mut StringBuilder,
+    chars: usize,
+    line: &mut String,
+) {
+    line.clear();
+    for _ in 0..chars {
+        line.push(char::from(b'a' + random.below(26) as u8));
+    }
+    builder.append_value(line.as_str());
+}
+
+/// What the events data must produce, tallied while it is generated.
+#[derive(Debug, Clone, Default)]
+struct EventsTruth {
+    rows: u64,
+    bytes: u64,
+    /// Σ (value × 2 + 1).
+    map_sum: f64,
+    /// Rows with value > 0.5.
+    filter_count: u64,
+    user_id_sum: i64,
+    /// group → (count, Σ value).
+    groups: BTreeMap<i32, (i64, f64)>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct RecordsTruth {
+    rows: u64,
+    bytes: u64,
+    key_sum: i64,
+    key_xor: i64,
+}
+
+struct Generated<T> {
+    files: Vec<PathBuf>,
+    truth: T,
+}
+
+fn events_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("group", DataType::Int32, false),
+        Field::new("value", DataType::Float64, false),
+        Field::new("text", DataType::Utf8, false),
+    ]))
+}
+
+fn records_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Int64, false),
+        Field::new("payload", DataType::Utf8, false),
+    ]))
+}
+
+/// Writes `rows` rows as Parquet files of `FILE_ROWS` rows in `dir`, one batch of
+/// `ROW_GROUP_ROWS` at a time from `batch(start, len)`. A complete data set has a `_SUCCESS`
+/// file and is reused as it is; the generator still runs to recompute the expected answers
+/// (generating is cheap next to the workloads, and the answers are never stored).
+fn write_files(
+    dir: &Path,
+    rows: u64,
+    schema: &Arc<Schema>,
+    mut batch: impl FnMut(u64) -> anyhow::Result<RecordBatch>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let complete = dir.join("_SUCCESS").exists();
+    if !complete {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .build();
+    let mut files = Vec::new();
+    let mut start = 0;
+    while start < rows {
+        let path = dir.join(format!("part-{:05}.parquet", files.len()));
+        let end = (start + FILE_ROWS).min(rows);
+        let mut writer = if complete {
+            None
+        } else {
+            let file =
+                File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            Some(ArrowWriter::try_new(
+                file,
+                Arc::clone(schema),
+                Some(properties.clone()),
+            )?)
+        };
+        let mut at = start;
+        while at < end {
+            let len = (end - at).min(ROW_GROUP_ROWS as u64);
+            let batch = batch(len)?;
+            if let Some(writer) = &mut writer {
+                writer.write(&batch)?;
+            }
+            at += len;
+        }
+        if let Some(writer) = writer {
+            writer.close()?;
+        }
+        files.push(path);
+        start = end;
+    }
+    if !complete {
+        File::create(dir.join("_SUCCESS"))?;
+    }
+    Ok(files)
+}
+
+fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth>> {
+    let dir = config.data_dir.join(format!("events-{rows}-{SEED:x}"));
+    let schema = events_schema();
+    let mut random = SplitMix64(SEED);
+    let mut truth = EventsTruth::default();
+    let mut line = String::new();
+    let files = write_files(&dir, rows, &schema, |len| {
+        let mut users = Vec::with_capacity(len as usize);
+        let mut groups = Vec::with_capacity(len as usize);
+        let mut values = Vec::with_capacity(len as usize);
+        let mut texts = StringBuilder::with_capacity(len as usize, len as usize * 40);
+        for _ in 0..len {
+            let user = random.below(USERS) as i64;
+            let group = random.below(GROUPS as u64) as i32;
+            let value = random.unit();
+            let chars = 20 + random.below(41) as usize;
+            random_text(&mut random, &mut texts, chars, &mut line);
+            truth.map_sum += value * 2.0 + 1.0;
+            truth.filter_count += u64::from(value > 0.5);
+            truth.user_id_sum += user;
+            let tally = truth.groups.entry(group).or_default();
+            tally.0 += 1;
+            tally.1 += value;
+            truth.bytes += 8 + 4 + 8 + chars as u64;
+            users.push(user);
+            groups.push(group);
+            values.push(value);
+        }
+        truth.rows += len;
+        Ok(RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(users)),
+                Arc::new(Int32Array::from(groups)),
+                Arc::new(Float64Array::from(values)),
+                Arc::new(texts.finish()),
+            ],
+        )?)
+    })?;
+    Ok(Generated { files, truth })
+}
+
+fn records(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<RecordsTruth>> {
+    let dir = config.data_dir.join(format!("records-{rows}-{SEED:x}"));
+    let schema = records_schema();
+    let mut random = SplitMix64(SEED ^ 0x7265_636f_7264);
+    let mut truth = RecordsTruth::default();
+    let mut line = String::new();
+    let files = write_files(&dir, rows, &schema, |len| {
+        let mut keys = Vec::with_capacity(len as usize);
+        let mut payloads = StringBuilder::with_capacity(len as usize, len as usize * PAYLOAD_CHARS);
+        for _ in 0..len {
+            let key = random.next() as i64;
+            random_text(&mut random, &mut payloads, PAYLOAD_CHARS, &mut line);
+            truth.key_sum = truth.key_sum.wrapping_add(key);
+            truth.key_xor ^= key;
+            keys.push(key);
+        }
+        truth.rows += len;
+        truth.bytes += len * (8 + PAYLOAD_CHARS as u64);
+        Ok(RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(payloads.finish()),
+            ],
+        )?)
+    })?;
+    Ok(Generated { files, truth })
+}
+
+// ---- floors ---------------------------------------------------------------------------
+
+/// Reads every file with the plain parquet reader, in this process, on one thread.
+fn parquet_read(files: &[PathBuf]) -> anyhow::Result<(Duration, Vec<RecordBatch>)> {
+    let started = Instant::now();
+    let mut batches = Vec::new();
+    for path in files {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        for batch in ParquetRecordBatchReaderBuilder::try_new(file)?.build()? {
+            batches.push(batch?);
+        }
+    }
+    Ok((started.elapsed(), batches))
+}
+
+/// Reads only `columns` of every file with the plain parquet reader (the floor for a job
+/// whose plan reads only those columns), on one thread.
+fn parquet_read_columns(files: &[PathBuf], columns: &[&str]) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    for path in files {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+        let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+        for batch in builder.with_projection(mask).build()? {
+            std::hint::black_box(batch?);
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// memcpy bandwidth over 256 MiB, the median of three copies.
+fn memcpy_gb_per_s() -> anyhow::Result<f64> {
+    let size = 256usize << 20;
+    let source = vec![7u8; size];
+    let mut target = vec![0u8; size];
+    let time = median_time(3, || {
+        let started = Instant::now();
+        target.copy_from_slice(&source);
+        std::hint::black_box(&target);
+        Ok(started.elapsed())
+    })?;
+    Ok(super::gbps(size as u64, time))
+}
+
+/// Peak resident memory of every process whose command line names `dir` (a local
+/// cluster's scheduler, nodes and workers), summed, in MiB.
+fn peak_rss_mb(dir: &Path) -> Option<f64> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut total_kib = 0u64;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmdline).contains(&needle) {
+            continue;
+        }
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        if let Some(kib) = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        {
+            total_kib += kib;
+        }
+    }
+    Some(total_kib as f64 / 1024.0)
+}
+
+// ---- running --------------------------------------------------------------------------
+
+/// Where a workload runs: a local cluster started for it, or the given one.
+struct Target {
+    local: Option<LocalCluster>,
+    client: Client,
+}
+
+async fn target(config: &RunConfig, node_settings: Vec<String>) -> anyhow::Result<Target> {
+    if let Some(address) = &config.address {
+        let client = Client::connect(address, &config.token).await?;
+        return Ok(Target {
+            local: None,
+            client,
+        });
+    }
+    let binary = crate::floe_binary()?;
+    let mut options = LocalClusterOptions::new(2, binary);
+    options.node_settings = node_settings;
+    let cluster = LocalCluster::start(options).await?;
+    let client = cluster.connect().await?;
+    Ok(Target {
+        local: Some(cluster),
+        client,
+    })
+}
+
+struct Measured {
+    seconds: Duration,
+    output: floe_client::JobOutput,
+}
+
+/// Runs `dataset` `runs` times and keeps the median time and the last output.
+async fn run_job(
+    client: &Client,
+    dataset: &Dataset,
+    options: &JobOptions,
+    runs: usize,
+) -> anyhow::Result<Measured> {
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        let output = client
+            .submit_with(dataset, options.clone())
+            .await?
+            .wait()
+            .await?;
+        times.push(started.elapsed());
+        last = Some(output);
+    }
+    times.sort();
+    Ok(Measured {
+        seconds: times[times.len() / 2],
+        output: last.context("no run")?,
+    })
+}
+
+fn no_cache() -> JobOptions {
+    JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    }
+}
+
+/// The first row's value of `column` in a one-row result (a global aggregate).
+fn first_value<T: ArrowPrimitiveType>(
+    batches: &[RecordBatch],
+    column: &str,
+) -> anyhow::Result<T::Native> {
+    let batch = batches
+        .iter()
+        .find(|b| b.num_rows() > 0)
+        .context("no result row")?;
+    let values = batch
+        .column_by_name(column)
+        .and_then(|c| c.as_any().downcast_ref::<PrimitiveArray<T>>())
+        .with_context(|| format!("no {} column {column}", T::DATA_TYPE))?;
+    Ok(values.value(0))
+}
+
+fn close(actual: f64, expected: f64) -> bool {
+    (actual - expected).abs() <= 1e-9 * expected.abs().max(1.0)
+}
+
+fn int64s<'a>(batch: &'a RecordBatch, column: &str) -> anyhow::Result<&'a Int64Array> {
+    batch
+        .column_by_name(column)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .with_context(|| format!("no Int64 column {column}"))
+}
+
+/// Row count, wrapping sum and xor of the `key` column: equal for any permutation.
+fn key_checksums(batches: &[RecordBatch]) -> anyhow::Result<(u64, i64, i64)> {
+    let (mut rows, mut sum, mut xor) = (0u64, 0i64, 0i64);
+    for batch in batches {
+        for key in int64s(batch, "key")?.values() {
+            rows += 1;
+            sum = sum.wrapping_add(*key);
+            xor ^= key;
+        }
+    }
+    Ok((rows, sum, xor))
+}
+
+fn map_dataset(files: &[PathBuf]) -> anyhow::Result<Dataset> {
+    Ok(Dataset::read_parquet(files)?
+        .with_column("v2", col("value") * lit(2.0) + lit(1.0))?
+        .groupby(&[])
+        .agg(vec![Aggregation::of(AggFunction::Sum, "v2").alias("total")])?)
+}
+
+/// The identity Python UDF the `pyudf` workload runs.
+const IDENTITY_UDF: &str = "import floe_udf\n\n\n@floe_udf.batch\ndef identity(batch):\n    return batch\n\n\nif __name__ == \"__main__\":\n    floe_udf.serve()\n";
+
+/// [`map_dataset`] with every block of the used column sent through an identity Python UDF
+/// (the column is selected first, as the native plan's projection pushdown does for itself).
+fn pyudf_dataset(files: &[PathBuf], data_dir: &Path) -> anyhow::Result<Dataset> {
+    let script = data_dir.join("identity_udf.py");
+    std::fs::write(&script, IDENTITY_UDF)
+        .with_context(|| format!("cannot write {}", script.display()))?;
+    let script_arg = script.to_str().context("the data directory is not UTF-8")?;
+    let udf = ProcessUdf::new("python3", &[script_arg]).file(&script)?;
+    Ok(Dataset::read_parquet(files)?
+        .select(&["value"])?
+        .map_batches_process(udf)?
+        .with_column("v2", col("value") * lit(2.0) + lit(1.0))?
+        .groupby(&[])
+        .agg(vec![Aggregation::of(AggFunction::Sum, "v2").alias("total")])?)
+}
+
+/// One workload's line.
+struct Report {
+    workload: Workload,
+    rows: u64,
+    bytes: u64,
+    seconds: Duration,
+    verified: bool,
+    parquet_read: Duration,
+    memcpy: f64,
+    peak_rss_mb: Option<f64>,
+    extra: Vec<(&'static str, serde_json::Value)>,
+}
+
+impl Report {
+    fn print(self) {
+        let seconds = self.seconds.as_secs_f64();
+        let read = self.parquet_read.as_secs_f64();
+        let mut labels = vec![
+            ("workload", self.workload.name().into()),
+            ("rows", self.rows.into()),
+            ("bytes", self.bytes.into()),
+            ("seconds", seconds.into()),
+            (
+                "peak_rss_mb",
+                self.peak_rss_mb.map_or(serde_json::Value::Null, Into::into),
+            ),
+            ("verified", self.verified.into()),
+            ("parquet_read_s", read.into()),
+            ("vs_parquet_read", (seconds / read).into()),
+            ("memcpy_gb_per_s", self.memcpy.into()),
+        ];
+        labels.extend(self.extra);
+        print_figure(self.workload.name(), "seconds", seconds, "s", &labels);
+    }
+}
+
+pub fn run(workloads: &[Workload], config: &RunConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    for workload in workloads {
+        let report = runtime
+            .block_on(run_one(*workload, config))
+            .with_context(|| format!("bench {}", workload.name()))?;
+        report.print();
+    }
+    Ok(())
+}
+
+async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Report> {
+    let rows = config.rows();
+    let runs = config.runs();
+    let memcpy = memcpy_gb_per_s()?;
+    match workload {
+        Workload::Map
+        | Workload::Filter
+        | Workload::Groupby
+        | Workload::Repartition
+        | Workload::Rerun
+        | Workload::Pyudf => {
+            let data = events(config, rows)?;
+            let (parquet_read, plain) = parquet_read(&data.files)?;
+            // The plan reads only the columns it uses; so does this floor.
+            let used: &[&str] = match workload {
+                Workload::Groupby => &["group", "value"],
+                Workload::Repartition => &["user_id", "group", "value", "text"],
+                _ => &["value"],
+            };
+            let columns_read = parquet_read_columns(&data.files, used)?;
+            let target = target(config, Vec::new()).await?;
+            let truth = &data.truth;
+            let mut extra = Vec::new();
+            let (measured, verified) = match workload {
+                Workload::Map => {
+                    let measured = run_job(
+                        &target.client,
+                        &map_dataset(&data.files)?,
+                        &no_cache(),
+                        runs,
+                    )
+                    .await?;
+                    let total =
+                        first_value::<Float64Type>(&measured.output.to_arrow().await?, "total")?;
+                    (measured, close(total, truth.map_sum))
+                }
+                Workload::Filter => {
+                    let dataset = Dataset::read_parquet(&data.files)?
+                        .filter(col("value").gt(lit(0.5)))?
+                        .groupby(&[])
+                        .agg(vec![Aggregation::count_rows("n")])?;
+                    let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
+                    let n = first_value::<Int64Type>(&measured.output.to_arrow().await?, "n")?;
+                    (measured, n as u64 == truth.filter_count)
+                }
+                Workload::Groupby => {
+                    let aggregations = vec![
+                        Aggregation::count_rows("n"),
+                        Aggregation::of(AggFunction::Sum, "value").alias("sum"),
+                        Aggregation::of(AggFunction::Mean, "value").alias("mean"),
+                    ];
+                    let dataset = Dataset::read_parquet(&data.files)?
+                        .groupby(&["group"])
+                        .agg(aggregations.clone())?;
+                    let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
+                    let verified = verify_groups(&measured.output.to_arrow().await?, truth)?;
+                    let baseline = groupby_baseline(&data.files, &aggregations, &dataset)?;
+                    extra.push(("baseline_s", baseline.as_secs_f64().into()));
+                    extra.push((
+                        "vs_baseline",
+                        (measured.seconds.as_secs_f64() / baseline.as_secs_f64()).into(),
+                    ));
+                    (measured, verified)
+                }
+                Workload::Repartition => {
+                    let dataset = Dataset::read_parquet(&data.files)?
+                        .repartition_by(REPARTITIONS, &["user_id"])?;
+                    let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
+                    let batches = measured.output.to_arrow().await?;
+                    let mut count = 0u64;
+                    let mut sum = 0i64;
+                    for batch in &batches {
+                        count += batch.num_rows() as u64;
+                        sum += int64s(batch, "user_id")?.values().iter().sum::<i64>();
+                    }
+                    (measured, count == truth.rows && sum == truth.user_id_sum)
+                }
+                Workload::Pyudf => {
+                    // Both paths warm up once; the UDF's first run also starts its processes
+                    // (Python and pyarrow's import), reported apart as `udf_first_run_s`.
+                    run_job(&target.client, &map_dataset(&data.files)?, &no_cache(), 1).await?;
+                    let through_udf = pyudf_dataset(&data.files, &config.data_dir)?;
+                    let first = run_job(&target.client, &through_udf, &no_cache(), 1).await?;
+                    extra.push(("udf_first_run_s", first.seconds.as_secs_f64().into()));
+                    let native = run_job(
+                        &target.client,
+                        &map_dataset(&data.files)?,
+                        &no_cache(),
+                        runs,
+                    )
+                    .await?;
+                    let measured = run_job(&target.client, &through_udf, &no_cache(), runs).await?;
+                    let native_total =
+                        first_value::<Float64Type>(&native.output.to_arrow().await?, "total")?;
+                    let udf_total =
+                        first_value::<Float64Type>(&measured.output.to_arrow().await?, "total")?;
+                    let rows = truth.rows as f64;
+                    let udf_rows_per_s = rows / measured.seconds.as_secs_f64();
+                    let native_rows_per_s = rows / native.seconds.as_secs_f64();
+                    extra.push(("udf_rows_per_s", udf_rows_per_s.into()));
+                    extra.push(("native_rows_per_s", native_rows_per_s.into()));
+                    extra.push((
+                        "udf_over_native",
+                        (udf_rows_per_s / native_rows_per_s).into(),
+                    ));
+                    let verified =
+                        close(native_total, truth.map_sum) && close(udf_total, truth.map_sum);
+                    (measured, verified)
+                }
+                _ => {
+                    // Cold: computed and written to the cache; then the same job again.
+                    let dataset = map_dataset(&data.files)?;
+                    let recompute = JobOptions {
+                        cache: CacheMode::Recompute,
+                        ..JobOptions::default()
+                    };
+                    let cold = run_job(&target.client, &dataset, &recompute, 1).await?;
+                    let cached =
+                        run_job(&target.client, &dataset, &JobOptions::default(), runs).await?;
+                    let cold_total =
+                        first_value::<Float64Type>(&cold.output.to_arrow().await?, "total")?;
+                    let cached_total =
+                        first_value::<Float64Type>(&cached.output.to_arrow().await?, "total")?;
+                    let hits = cached.output.stats.cache_hits();
+                    let cold_s = cold.seconds.as_secs_f64();
+                    let cached_s = cached.seconds.as_secs_f64();
+                    extra.push(("cold_s", cold_s.into()));
+                    extra.push(("cached_s", cached_s.into()));
+                    extra.push(("cached_over_cold", (cached_s / cold_s).into()));
+                    extra.push(("cache_hits", hits.into()));
+                    let verified = close(cold_total, truth.map_sum)
+                        && cached_total.to_bits() == cold_total.to_bits()
+                        && hits > 0;
+                    (cached, verified)
+                }
+            };
+            drop(plain);
+            let columns_s = columns_read.as_secs_f64();
+            extra.push(("parquet_read_columns_s", columns_s.into()));
+            extra.push((
+                "vs_parquet_read_columns",
+                (measured.seconds.as_secs_f64() / columns_s).into(),
+            ));
+            Ok(Report {
+                workload,
+                rows: truth.rows,
+                bytes: truth.bytes,
+                seconds: measured.seconds,
+                verified,
+                parquet_read,
+                memcpy,
+                peak_rss_mb: target.local.as_ref().and_then(|c| peak_rss_mb(c.dir())),
+                extra,
+            })
+        }
+        Workload::Sort | Workload::Shuffle => {
+            let data = records(config, rows)?;
+            let (parquet_read, plain) = parquet_read(&data.files)?;
+            let target = target(config, Vec::new()).await?;
+            let truth = &data.truth;
+            let mut extra = Vec::new();
+            let (seconds, verified) = if workload == Workload::Sort {
+                let out = config
+                    .data_dir
+                    .join(format!("sorted-{}", std::process::id()));
+                let dataset = Dataset::read_parquet(&data.files)?
+                    .sort(vec![SortKey::asc("key")])?
+                    .write_parquet(&out, WriteOptions::default())?;
+                let mut times = Vec::new();
+                let mut verified = true;
+                for _ in 0..runs {
+                    if out.exists() {
+                        std::fs::remove_dir_all(&out)?;
+                    }
+                    let measured = run_job(&target.client, &dataset, &no_cache(), 1).await?;
+                    times.push(measured.seconds);
+                    verified &= verify_sorted_files(&out, truth)?;
+                }
+                std::fs::remove_dir_all(&out).ok();
+                times.sort();
+                let baseline = sort_baseline(&data.files)?;
+                extra.push(("baseline_s", baseline.as_secs_f64().into()));
+                let seconds = times[times.len() / 2];
+                extra.push((
+                    "vs_baseline",
+                    (seconds.as_secs_f64() / baseline.as_secs_f64()).into(),
+                ));
+                (seconds, verified)
+            } else {
+                let dataset = Dataset::read_parquet(&data.files)?.random_shuffle(Some(7))?;
+                let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
+                let batches = measured.output.to_arrow().await?;
+                let checksums = key_checksums(&batches)?;
+                // A permutation: the same keys, in another order than the input's.
+                let first_in: Vec<i64> = int64s(&plain[0], "key")?.values()[..100].to_vec();
+                let first_out: Vec<i64> = batches
+                    .iter()
+                    .flat_map(|b| {
+                        int64s(b, "key")
+                            .map(|k| k.values().to_vec())
+                            .unwrap_or_default()
+                    })
+                    .take(100)
+                    .collect();
+                let verified = checksums == (truth.rows, truth.key_sum, truth.key_xor)
+                    && first_in != first_out;
+                (measured.seconds, verified)
+            };
+            Ok(Report {
+                workload,
+                rows: truth.rows,
+                bytes: truth.bytes,
+                seconds,
+                verified,
+                parquet_read,
+                memcpy,
+                peak_rss_mb: target.local.as_ref().and_then(|c| peak_rss_mb(c.dir())),
+                extra,
+            })
+        }
+        Workload::Spill => spill(config, memcpy).await,
+    }
+}
+
+/// Materializes three times the cluster's object-store memory: the output stays in the
+/// stores, which must spill to hold it.
+async fn spill(config: &RunConfig, memcpy: f64) -> anyhow::Result<Report> {
+    let store_mib: u64 = if config.quick { 75 } else { 160 };
+    let nodes = 2;
+    let wanted_bytes = 3 * nodes * (store_mib << 20);
+    let rows = wanted_bytes.div_ceil(8 + PAYLOAD_CHARS as u64);
+    let data = records(config, rows)?;
+    let (parquet_read, _) = parquet_read(&data.files)?;
+    let settings = vec![
+        format!("memory.object_store_max={store_mib}MiB"),
+        format!("memory.object_store_min={store_mib}MiB"),
+    ];
+    let target = target(config, settings).await?;
+    let dataset =
+        Dataset::read_parquet(&data.files)?.with_column("key2", col("key") + lit(1i64))?;
+    let measured = run_job(&target.client, &dataset, &no_cache(), 1).await?;
+    let spilled = measured.output.stats.spilled_bytes;
+    let verified = measured.output.rows() == data.truth.rows && spilled > 0;
+    Ok(Report {
+        workload: Workload::Spill,
+        rows: data.truth.rows,
+        bytes: data.truth.bytes,
+        seconds: measured.seconds,
+        verified,
+        parquet_read,
+        memcpy,
+        peak_rss_mb: target.local.as_ref().and_then(|c| peak_rss_mb(c.dir())),
+        extra: vec![
+            ("spilled_bytes", spilled.into()),
+            ("object_store_bytes", (nodes * (store_mib << 20)).into()),
+        ],
+    })
+}
+
+fn verify_groups(batches: &[RecordBatch], truth: &EventsTruth) -> anyhow::Result<bool> {
+    let mut seen = 0;
+    for batch in batches {
+        let groups = batch
+            .column_by_name("group")
+            .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+            .context("no Int32 group column")?;
+        let counts = int64s(batch, "n")?;
+        let sums = batch
+            .column_by_name("sum")
+            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+            .context("no sum column")?;
+        for row in 0..batch.num_rows() {
+            let Some((count, sum)) = truth.groups.get(&groups.value(row)) else {
+                return Ok(false);
+            };
+            if counts.value(row) != *count || !close(sums.value(row), *sum) {
+                return Ok(false);
+            }
+            seen += 1;
+        }
+    }
+    Ok(seen == truth.groups.len())
+}
+
+/// Reads the sort's output files back in name order: every key present once, in order.
+fn verify_sorted_files(dir: &Path, truth: &RecordsTruth) -> anyhow::Result<bool> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "parquet"))
+        .collect();
+    files.sort();
+    let (_, batches) = parquet_read(&files)?;
+    let mut previous = i64::MIN;
+    for batch in &batches {
+        for key in int64s(batch, "key")?.values() {
+            if *key < previous {
+                return Ok(false);
+            }
+            previous = *key;
+        }
+    }
+    Ok(key_checksums(&batches)? == (truth.rows, truth.key_sum, truth.key_xor))
+}
+
+/// One process: read the files, sort everything with Arrow's lexsort, and write it back.
+fn sort_baseline(files: &[PathBuf]) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let (_, batches) = parquet_read(files)?;
+    let schema = records_schema();
+    let all = concat_batches(&schema, &batches)?;
+    let key = all.column_by_name("key").context("no key column")?;
+    let indices = lexsort_to_indices(
+        &[SortColumn {
+            values: Arc::clone(key),
+            options: None,
+        }],
+        None,
+    )?;
+    let sorted = take_record_batch(&all, &indices)?;
+    let out = tempfile::tempfile()?;
+    let mut writer = ArrowWriter::try_new(out, schema, None)?;
+    writer.write(&sorted)?;
+    writer.close()?;
+    Ok(started.elapsed())
+}
+
+/// One process: read the files and aggregate them with the shuffle module's kernel.
+fn groupby_baseline(
+    files: &[PathBuf],
+    aggregations: &[Aggregation],
+    dataset: &Dataset,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let (_, batches) = parquet_read(files)?;
+    let output = Arc::new(dataset.schema().clone());
+    let groups = floe_engine::exchange::kernels::aggregate(
+        &batches,
+        &events_schema(),
+        &["group".to_owned()],
+        aggregations,
+        &output,
+    )?;
+    ensure!(
+        groups.num_rows() == GROUPS as usize,
+        "the baseline found the wrong number of groups"
+    );
+    Ok(started.elapsed())
+}

@@ -1,0 +1,63 @@
+//! What one task of a plan stage runs: the stage and the part of its input this task works
+//! on. Drivers build these, node agents carry them, and the engine's task function runs them.
+
+use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
+
+use super::physical::Stage;
+
+/// A stage task: the stage (its source or input handling and fused row-wise operators) and
+/// what this one task of it works on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTask {
+    pub stage: Stage,
+    pub input: StageInput,
+    /// The schemas of the stage's inputs (an all-to-all task's blocks may be none at all).
+    pub input_schemas: Vec<Schema>,
+    /// The job's block size range and reader batch size (performance only).
+    pub min_block_bytes: u64,
+    pub max_block_bytes: u64,
+    pub batch_rows: u32,
+}
+
+/// What one task of a stage works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageInput {
+    /// File `index` of a read stage's scan.
+    File(u32),
+    /// The ids `start..end` of a range stage.
+    Range { start: u64, end: u64 },
+    /// A from-batches stage's inline rows.
+    Inline,
+    /// The task's input blocks (map and limit stages).
+    Blocks,
+    /// The task's input blocks, written as the `index`-th part of a sink.
+    Sink { index: u32 },
+    /// All-to-all map side: split the input blocks into `partitions` blocks (output i is
+    /// partition i). `side` is the join side (0 left, 1 right); the blocks are rows
+    /// `offset..` of `total` (for a split without keys); `seed` drives random partitioning.
+    Partition {
+        partitions: u32,
+        side: u8,
+        offset: u64,
+        total: u64,
+        seed: u64,
+    },
+    /// Sort map side: sort the input blocks and split them at the boundaries in the last
+    /// input block into `partitions` sorted blocks.
+    RangePartition { partitions: u32 },
+    /// Sort: up to `rows` sampled sort-key rows of the input blocks, as one block.
+    Sample { rows: u32, seed: u64 },
+    /// Sort: the range boundaries for `partitions` partitions from the sample blocks.
+    Boundaries { partitions: u32 },
+    /// All-to-all reduce side: combine partition `partition`'s blocks into the output; for a
+    /// join the first `left` inputs are the left side's.
+    Reduce {
+        partition: u32,
+        left: u32,
+        seed: u64,
+    },
+    /// A skewed partition's most frequent key (over its first `left` inputs, the left side's
+    /// for a join), as one row: `key` (the values, printed) and `rows`.
+    HotKey { left: u32 },
+}

@@ -1,0 +1,325 @@
+//! A hash shuffle's aggregator actors, seen from the driver.
+//!
+//! When a hash shuffle (groupby, keyed repartition, join, unique) receives its first input,
+//! the driver creates `min(cluster CPUs, 128)` [`HashShuffleAggregator`] actors, placed with
+//! SPREAD through the scheduler and recorded in its replicated state; slot `s` of `n` owns the
+//! partitions `p` with `p % n == s`. Once the partition count `N` is known, slots at or past
+//! `N` own nothing and are stopped, leaving `min(N, CPUs, 128)`. Every map task's shards are
+//! pushed to their aggregators as soon as it finishes, and each partition's reduce runs
+//! through its aggregator, on the aggregator's node (placed there with hard affinity, so the
+//! CPU is reserved as for any task). An aggregator whose node dies is created again on
+//! another node under a new id, and only its partitions' shards are pushed again; reduce
+//! outputs of other partitions stay as they are.
+//!
+//! [`HashShuffleAggregator`]: floe_api::node_protocol::ActorKind::HashShuffleAggregator
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use floe_api::placement::{PlacementRequest, Strategy};
+use floe_api::state::{Command, Outcome};
+use floe_core::plan::Operator;
+use floe_core::{ActorId, JobId, NodeId, ObjectId};
+
+use super::cluster::Cluster;
+use floe_api::node_protocol::{
+    ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, PushedShard,
+};
+
+/// At most this many aggregators per shuffle (Ray's cap).
+pub const MAX_AGGREGATORS: u64 = 128;
+
+/// Whether `operator` is a hash shuffle, reduced through aggregators.
+pub fn is_hash_shuffle(operator: &Operator) -> bool {
+    match operator {
+        Operator::Aggregate { .. } | Operator::Join { .. } | Operator::Unique { .. } => true,
+        Operator::Repartition { keys, .. } => !keys.is_empty(),
+        _ => false,
+    }
+}
+
+/// One aggregator slot: the actor serving it now.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub actor: ActorId,
+    /// Where it runs; `None` while it is being created.
+    pub node: Option<NodeId>,
+    /// Map tasks (by sequence number) whose shards this actor was sent.
+    pub pushed: BTreeSet<u64>,
+    /// Creation attempts that failed in a row.
+    pub failed_creations: u32,
+    /// No partition is its (the partition count turned out smaller than the slots).
+    pub idle: bool,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            actor: ActorId::random(),
+            node: None,
+            pushed: BTreeSet::new(),
+            failed_creations: 0,
+            idle: false,
+        }
+    }
+
+    /// A new actor for this slot, replacing one that is gone.
+    pub fn replace(&mut self) {
+        *self = Self {
+            failed_creations: self.failed_creations,
+            ..Self::new()
+        };
+    }
+}
+
+/// A shuffle's aggregators.
+#[derive(Debug, Clone)]
+pub struct Aggregators {
+    pub slots: Vec<Slot>,
+}
+
+impl Aggregators {
+    pub fn new(cluster_cpus: u64) -> Self {
+        let count = cluster_cpus.clamp(1, MAX_AGGREGATORS) as usize;
+        Self {
+            slots: (0..count).map(|_| Slot::new()).collect(),
+        }
+    }
+
+    /// The slot owning `partition`.
+    pub fn slot_of(&self, partition: u32) -> usize {
+        partition as usize % self.slots.len()
+    }
+
+    /// Marks the slots that own none of `partitions` partitions as idle, returning the
+    /// actors to stop.
+    pub fn keep_for(&mut self, partitions: u32) -> Vec<(ActorId, Option<NodeId>)> {
+        let mut stop = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if index >= partitions as usize && !slot.idle {
+                slot.idle = true;
+                stop.push((slot.actor, slot.node));
+            }
+        }
+        stop
+    }
+
+    /// The partitions slot `slot` owns among `partitions`.
+    pub fn owned(&self, slot: usize, partitions: u32) -> impl Iterator<Item = u32> + use<> {
+        let count = self.slots.len() as u32;
+        let slot = slot as u32;
+        (slot..partitions).step_by(count as usize)
+    }
+
+    pub fn count(&self) -> u32 {
+        self.slots.len() as u32
+    }
+}
+
+/// The nodes for `count` new aggregators, placed in one SPREAD batch so they are spread
+/// evenly over the alive nodes.
+pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>, String> {
+    let requests = (0..count).map(|_| book_keeping(Strategy::Spread)).collect();
+    cluster
+        .place_all(requests)
+        .await
+        .map_err(|error| format!("placing {count} aggregators: {error}"))
+}
+
+/// Places a replacement for slot `slot` on another node than `avoid` where there is one
+/// (the slot number spreads several replacements out), then starts it.
+pub async fn replace(
+    cluster: Arc<Cluster>,
+    job: JobId,
+    spec: (ActorId, u32, u32),
+    avoid: Option<NodeId>,
+) -> Result<NodeId, String> {
+    let slot = spec.1;
+    let others: Vec<NodeId> = cluster
+        .alive_nodes()
+        .into_iter()
+        .filter(|node| Some(*node) != avoid)
+        .collect();
+    let strategy = match others.is_empty() {
+        false => Strategy::NodeAffinity {
+            node: others[slot as usize % others.len()],
+            soft: true,
+        },
+        true => Strategy::Spread,
+    };
+    let node = cluster
+        .place(book_keeping(strategy))
+        .await
+        .map_err(|error| format!("placing aggregator {slot}: {error}"))?;
+    start_on(&cluster, job, spec, node).await
+}
+
+/// The actor keeps books only; its reduces reserve their CPU as tasks.
+fn book_keeping(strategy: Strategy) -> PlacementRequest {
+    PlacementRequest {
+        cpu_millis: 0,
+        memory_hint: 0,
+        strategy,
+        preferred: Vec::new(),
+        requester: None,
+    }
+}
+
+/// Records slot `slot`'s actor on `node` in the scheduler's state and has the node host it.
+pub async fn start_on(
+    cluster: &Cluster,
+    job: JobId,
+    spec: (ActorId, u32, u32),
+    node: NodeId,
+) -> Result<NodeId, String> {
+    let (actor, slot, slots) = spec;
+    let kind = ActorKind::HashShuffleAggregator { slot, slots };
+    let register = Command::RegisterActor {
+        actor,
+        kind: kind.name().to_owned(),
+        node,
+        job,
+    };
+    match cluster.propose(register).await {
+        Ok(Outcome::Applied) => {}
+        Ok(other) => return Err(format!("recording aggregator {slot}: {other:?}")),
+        Err(error) => return Err(format!("recording aggregator {slot}: {error}")),
+    }
+    let addr = cluster
+        .address(node)
+        .await
+        .map_err(|error| format!("aggregator {slot}'s node {node}: {error}"))?;
+    let create = NodeRequest::CreateActor(ActorSpec { actor, job, kind });
+    match cluster.call_node(&addr, &create).await {
+        Ok(NodeResponse::ActorCreated) => Ok(node),
+        Ok(other) => Err(format!("creating aggregator {slot}: unexpected {other:?}")),
+        Err(error) => Err(format!(
+            "creating aggregator {slot} on node {node}: {error}"
+        )),
+    }
+}
+
+/// Sends `shards` (partition, object, node holding it) to `actor` on `actor_node`, through
+/// the driver's own node, which routes the call. A failed push only costs the reduce a pull.
+pub async fn push(
+    cluster: Arc<Cluster>,
+    via: NodeId,
+    actor: ActorId,
+    actor_node: NodeId,
+    shards: Vec<(u32, ObjectId, NodeId)>,
+) {
+    let mut pushed = Vec::with_capacity(shards.len());
+    for (partition, object, holder) in shards {
+        let holder = if holder == actor_node {
+            None
+        } else {
+            match cluster.address(holder).await {
+                Ok(addr) => Some(addr),
+                // Lost with its node: the reduce has it rebuilt.
+                Err(_) => continue,
+            }
+        };
+        pushed.push(PushedShard {
+            partition,
+            object,
+            holder,
+        });
+    }
+    let request = NodeRequest::CallActor {
+        actor,
+        message: ActorMessage::Push(pushed),
+        forwarded: false,
+    };
+    let addr = match cluster.address(via).await {
+        Ok(addr) => addr,
+        Err(error) => {
+            tracing::debug!(%actor, %error, "cannot push shards: the driver's node is unknown");
+            return;
+        }
+    };
+    // The routing node gives up on a forwarded push after its read timeout; once the
+    // aggregator's node's death commits, the wait ends sooner.
+    let reply = tokio::select! {
+        reply = cluster.run_task(&addr, &request) => reply,
+        () = cluster.death_of(actor_node) => {
+            tracing::debug!(%actor, %actor_node, "an aggregator's node died during a push");
+            return;
+        }
+    };
+    match reply {
+        Ok(NodeResponse::Actor(Ok(ActorReply::Pushed { held_bytes }))) => {
+            tracing::debug!(%actor, held_bytes, "pushed shards to an aggregator");
+        }
+        Ok(other) => tracing::debug!(%actor, ?other, "an aggregator did not take its shards"),
+        Err(error) => tracing::debug!(%actor, %error, "pushing shards failed"),
+    }
+}
+
+/// Stops actors and drops their records (best effort: an actor on a dead node is gone
+/// already, and the job's end drops every record it still has).
+pub async fn stop(cluster: Arc<Cluster>, actors: Vec<(ActorId, NodeId)>) {
+    for (actor, node) in actors {
+        if let Err(error) = cluster.propose(Command::RemoveActor { actor }).await {
+            tracing::debug!(%actor, %error, "cannot drop an aggregator's record");
+        }
+        if let Ok(addr) = cluster.address(node).await
+            && let Err(error) = cluster
+                .call_node(&addr, &NodeRequest::StopActor { actor })
+                .await
+        {
+            tracing::debug!(%actor, %node, %error, "cannot stop an aggregator");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_core::plan::{AggFunction, Aggregation, JoinType, SortKey};
+
+    use super::*;
+
+    #[test]
+    fn slots_own_partitions_round_robin_and_idle_slots_are_stopped() {
+        let mut pool = Aggregators::new(4);
+        assert_eq!(pool.count(), 4);
+        assert_eq!(pool.owned(1, 10).collect::<Vec<_>>(), [1, 5, 9]);
+        assert_eq!(pool.owned(3, 3).count(), 0);
+        assert!((0..10).all(|partition| {
+            pool.owned(pool.slot_of(partition), 10)
+                .any(|owned| owned == partition)
+        }));
+        // Three partitions: the fourth slot owns none and is stopped, once.
+        let stopped = pool.keep_for(3);
+        assert_eq!(stopped, [(pool.slots[3].actor, None)]);
+        assert!(pool.keep_for(3).is_empty());
+        assert!(pool.slots[3].idle && !pool.slots[2].idle);
+    }
+
+    #[test]
+    fn aggregators_are_capped_and_only_hash_shuffles_use_them() {
+        assert_eq!(Aggregators::new(1_000).count() as u64, MAX_AGGREGATORS);
+        assert_eq!(Aggregators::new(0).count(), 1);
+        let aggregate = Operator::Aggregate {
+            keys: vec!["k".into()],
+            aggregations: vec![Aggregation::of(AggFunction::Sum, "v")],
+        };
+        let join = Operator::Join {
+            left_keys: vec!["k".into()],
+            right_keys: vec!["k".into()],
+            how: JoinType::Inner,
+        };
+        let keyed = Operator::Repartition {
+            partitions: 4,
+            keys: vec!["k".into()],
+        };
+        let unkeyed = Operator::Repartition {
+            partitions: 4,
+            keys: Vec::new(),
+        };
+        let sort = Operator::Sort {
+            keys: vec![SortKey::asc("k")],
+        };
+        assert!(is_hash_shuffle(&aggregate) && is_hash_shuffle(&join) && is_hash_shuffle(&keyed));
+        assert!(!is_hash_shuffle(&unkeyed) && !is_hash_shuffle(&sort));
+    }
+}

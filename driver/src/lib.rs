@@ -1,0 +1,145 @@
+//! The job driver: runs one submitted job across the cluster.
+//!
+//! The scheduler's leader places a driver for every pending job on a node (a `StartDriver`
+//! commit); the node learns it from its heartbeat reply and runs [`run_driver`] as a task of
+//! its agent. The driver reads the job spec from the replicated job table, optimizes and plans
+//! it ([`plan`]: physical operators, fingerprints, cache decisions against the replicated
+//! cache index), runs the streaming executor ([`execute`]), and commits `FinishJob` with the
+//! job's stats and output blocks. A driver whose node dies is started again elsewhere with the
+//! next attempt number; the new driver plans afresh, so every stage that was cached before the
+//! death is loaded rather than recomputed. Only the current attempt's `FinishJob` is accepted.
+
+mod aggregators;
+mod cluster;
+mod execute;
+mod plan;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
+use floe_core::job::{JobSpec, JobStats};
+use floe_core::wire::WireConfig;
+use floe_core::{JobId, NodeId};
+
+use self::cluster::Cluster;
+
+/// Why a driver could not run its job to an outcome (the job's own failures are outcomes).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] floe_api::Error),
+    #[error(transparent)]
+    Wire(#[from] floe_core::WireError),
+    #[error("cannot place a task: {0}")]
+    Placement(String),
+    #[error("node {0} is not alive")]
+    NodeGone(NodeId),
+    #[error("job {0} is not in the scheduler's job table")]
+    UnknownJob(JobId),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What every driver on a node shares.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub schedulers: Vec<String>,
+    pub wire: WireConfig,
+    /// The node the driver runs on (the requester for DEFAULT placement).
+    pub node: NodeId,
+    pub min_block_bytes: u64,
+    pub max_block_bytes: u64,
+    pub batch_rows: u32,
+    /// How often progress goes to the scheduler (and cancellation is noticed).
+    pub progress_interval: Duration,
+}
+
+/// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome
+/// could not be committed (the scheduler is unreachable, or the attempt was superseded); the
+/// scheduler then starts another driver if the job is still running.
+pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> Result<()> {
+    let started = Instant::now();
+    let cluster = Arc::new(Cluster::new(config.schedulers.clone(), config.wire.clone()));
+    let state = cluster.read_state().await?;
+    let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
+    if record.status != JobStatus::Running || record.attempts != attempt {
+        // Ended meanwhile, or superseded by a later attempt: nothing to run.
+        return Ok(());
+    }
+    tracing::info!(%job, attempt, node = %config.node, "driver started");
+    let mut outcome = match JobSpec::decode(&record.spec) {
+        Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
+        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec, state).await?,
+    };
+    outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
+    match cluster
+        .propose(Command::FinishJob {
+            job,
+            attempt,
+            outcome,
+        })
+        .await?
+    {
+        Outcome::Applied => Ok(()),
+        other => {
+            tracing::warn!(%job, attempt, ?other, "the job's outcome was not accepted");
+            Ok(())
+        }
+    }
+}
+
+/// Plans and runs the job. If cache shards the index named turn out to be gone, their
+/// fingerprints are dropped from the index and the job is planned and run once more, so a
+/// cleaned or damaged cache costs a recomputation, never the job.
+async fn plan_and_run(
+    config: &Arc<DriverConfig>,
+    cluster: &Arc<Cluster>,
+    job: JobId,
+    attempt: u32,
+    spec: &JobSpec,
+    state: floe_api::state::ClusterState,
+) -> Result<JobOutcome> {
+    let mut state = state;
+    let mut replanned = false;
+    loop {
+        let operators = match plan::plan(spec, &state, config) {
+            Ok(operators) => operators,
+            Err(message) => return Ok(failed(attempt, message)),
+        };
+        let run = execute::Execution::new(
+            Arc::clone(config),
+            Arc::clone(cluster),
+            job,
+            attempt,
+            spec.options.clone(),
+            operators,
+        );
+        let finished = run.run().await;
+        if finished.stale_cache.is_empty() || replanned {
+            return Ok(finished.outcome);
+        }
+        replanned = true;
+        for fingerprint in finished.stale_cache {
+            tracing::warn!(%job, %fingerprint, "cached shards are gone; planning again without them");
+            cluster
+                .propose(Command::EvictCache {
+                    fingerprint: fingerprint.to_string(),
+                })
+                .await?;
+        }
+        state = cluster.read_state().await?;
+    }
+}
+
+fn failed(attempt: u32, message: String) -> JobOutcome {
+    JobOutcome {
+        status: JobStatus::Failed { message },
+        stats: JobStats {
+            attempt,
+            ..JobStats::default()
+        },
+        outputs: Vec::new(),
+    }
+}

@@ -1,0 +1,268 @@
+//! Planning a job: logical plan → optimized plan → physical stages → the driver's operators,
+//! with the cache decisions made against the replicated cache index.
+//!
+//! Every operator produces an ordered stream of *bundles* (the blocks of one task, or one
+//! cache shard). A cached operator stores bundle `r` of `n` as shard `r` of `n` of its
+//! fingerprint. By default the final output, `.cache()` marks and all-to-all outputs (one
+//! shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
+//! fingerprint). Lookups walk down from the output: an operator whose shards are all cached
+//! (in any shard count) becomes a source of cache loads and nothing below it runs; a source
+//! operator with some of its shards cached loads those and computes only the missing ones.
+
+use floe_core::plan::task::StageInput;
+use std::collections::BTreeMap;
+
+use floe_api::state::{CacheEntry, ClusterState};
+use floe_core::Fingerprint;
+use floe_core::NodeId;
+use floe_core::fingerprint::FingerprintInputs;
+use floe_core::job::{CacheMode, JobSpec};
+use floe_core::plan::LogicalPlan;
+use floe_core::plan::optimizer::Optimizer;
+use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
+
+use super::DriverConfig;
+
+/// Range sources are cut into tasks of at least this many reader batches.
+const RANGE_BATCHES_PER_TASK: u64 = 4;
+/// At most this many tasks for one range source.
+const RANGE_MAX_TASKS: u64 = 256;
+
+/// One task of a source operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SourceTask {
+    Compute(StageInput),
+    /// Shard `rank` of `count` of the operator's fingerprint, cached on `node`.
+    Load {
+        node: NodeId,
+        rank: u32,
+        count: u32,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Work {
+    /// Tasks known before anything runs: one bundle each, in order.
+    Source(Vec<SourceTask>),
+    /// One task per input bundle.
+    Map,
+    /// One task over the first input bundles that cover `n` rows.
+    Limit(u64),
+    /// Input 0's bundles, then input 1's, as they are.
+    Union,
+    /// Its input's bundles as they are (a `.cache()` mark, once moved onto its producer).
+    PassThrough,
+    /// One write task per input bundle.
+    Sink,
+    /// A shuffle: once every input has ended, partition tasks over the input bundles (for a
+    /// sort, after sampling the keys for range boundaries), then one reduce task per partition.
+    AllToAll,
+}
+
+/// Where a cached operator's shards go.
+#[derive(Debug, Clone)]
+pub(crate) struct CacheTarget {
+    pub lineage: FingerprintInputs,
+    pub fingerprint: Fingerprint,
+    /// Recompute mode: overwrite shards that are there.
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Operator {
+    pub name: String,
+    pub stage: Stage,
+    pub work: Work,
+    /// Operator indices this one reads, in input order.
+    pub inputs: Vec<usize>,
+    pub cache: Option<CacheTarget>,
+    /// Shards found in the cache (loaded instead of computed).
+    pub cache_hits: u64,
+    /// Whether the job runs it (an operator below a full cache hit does not).
+    pub needed: bool,
+}
+
+/// The job's operators in topological order; the last one needed is the output.
+pub(crate) struct Planned {
+    pub operators: Vec<Operator>,
+    pub output: usize,
+}
+
+/// Plans `spec`; an error is the message the job fails with.
+pub(crate) fn plan(
+    spec: &JobSpec,
+    state: &ClusterState,
+    config: &DriverConfig,
+) -> Result<Planned, String> {
+    let optimized = Optimizer::default()
+        .optimize(&spec.plan)
+        .map_err(|error| format!("the plan cannot be optimized: {error}"))?;
+    let physical = PhysicalPlan::from_logical(&optimized);
+    let mut logical = BTreeMap::new();
+    collect_nodes(&optimized, &mut logical);
+    let mut operators = Vec::with_capacity(physical.stages.len());
+    for stage in &physical.stages {
+        let work = match &stage.kind {
+            StageKind::Read(scan) => Work::Source(
+                (0..scan.files.len())
+                    .map(|file| {
+                        u32::try_from(file).map(|file| SourceTask::Compute(StageInput::File(file)))
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| "a read of more than 2^32 files".to_owned())?,
+            ),
+            StageKind::Range { n } => Work::Source(range_tasks(*n, config.batch_rows)),
+            StageKind::FromBatches { .. } => {
+                Work::Source(vec![SourceTask::Compute(StageInput::Inline)])
+            }
+            StageKind::Map => Work::Map,
+            StageKind::Limit { n } => Work::Limit(*n),
+            StageKind::Union => Work::Union,
+            StageKind::Cache => Work::PassThrough,
+            StageKind::Write(_) => Work::Sink,
+            StageKind::AllToAll(_) => Work::AllToAll,
+        };
+        operators.push(Operator {
+            name: stage.kind.name().to_owned(),
+            stage: stage.clone(),
+            work,
+            inputs: stage.inputs.iter().map(|input| input.0).collect(),
+            cache: None,
+            cache_hits: 0,
+            needed: false,
+        });
+    }
+    let output = physical.output.0;
+    if spec.options.cache != CacheMode::NoCache {
+        let mut cached = Vec::new();
+        if !matches!(operators[output].work, Work::Sink) {
+            cached.push(output);
+        }
+        cached.extend(
+            (0..operators.len()).filter(|index| matches!(operators[*index].work, Work::AllToAll)),
+        );
+        for operator in &operators {
+            if matches!(operator.stage.kind, StageKind::Cache) {
+                // The mark's producer has the same fingerprint; caching there lets a source
+                // producer serve partial hits.
+                cached.extend(operator.inputs.first().copied());
+            }
+        }
+        for index in cached {
+            let operator = &mut operators[index];
+            let Some(node) = logical.get(&operator.stage.fingerprint) else {
+                continue;
+            };
+            let lineage = node
+                .lineage()
+                .map_err(|error| format!("cannot describe {}: {error}", operator.name))?;
+            operator.cache = Some(CacheTarget {
+                lineage,
+                fingerprint: operator.stage.fingerprint,
+                overwrite: spec.options.cache == CacheMode::Recompute,
+            });
+        }
+    }
+    mark_needed(
+        &mut operators,
+        output,
+        state,
+        spec.options.cache == CacheMode::Reuse,
+    );
+    Ok(Planned { operators, output })
+}
+
+fn collect_nodes(plan: &LogicalPlan, nodes: &mut BTreeMap<Fingerprint, LogicalPlan>) {
+    // A `.cache()` node shares its input's fingerprint; either describes the data.
+    nodes
+        .entry(plan.fingerprint())
+        .or_insert_with(|| plan.clone());
+    for input in plan.inputs() {
+        collect_nodes(input, nodes);
+    }
+}
+
+/// `range(n)` cut into tasks by `n` alone, so equal plans cut equally.
+fn range_tasks(n: u64, batch_rows: u32) -> Vec<SourceTask> {
+    let per_task = u64::from(batch_rows.max(1)) * RANGE_BATCHES_PER_TASK;
+    let tasks = n.div_ceil(per_task).clamp(1, RANGE_MAX_TASKS);
+    let per_task = n.div_ceil(tasks).max(1);
+    (0..tasks)
+        .map(|task| {
+            let start = (task * per_task).min(n);
+            let end = ((task + 1) * per_task).min(n);
+            SourceTask::Compute(StageInput::Range { start, end })
+        })
+        .collect()
+}
+
+/// Walks down from `output` marking the operators the job runs, turning cached operators
+/// into cache loads when `reuse` allows.
+fn mark_needed(operators: &mut [Operator], output: usize, state: &ClusterState, reuse: bool) {
+    let mut stack = vec![output];
+    while let Some(index) = stack.pop() {
+        let operator = &mut operators[index];
+        if operator.needed {
+            continue;
+        }
+        operator.needed = true;
+        if let (Some(target), true) = (&operator.cache, reuse) {
+            let entries = state
+                .cache
+                .get(&target.fingerprint.to_string())
+                .cloned()
+                .unwrap_or_default();
+            if let Some((count, entry)) = complete_entry(&entries, source_count(operator)) {
+                operator.cache_hits = u64::from(count);
+                operator.work = Work::Source(
+                    entry
+                        .shards
+                        .iter()
+                        .map(|(rank, shard)| SourceTask::Load {
+                            node: shard.node,
+                            rank: *rank,
+                            count,
+                        })
+                        .collect(),
+                );
+                operator.inputs.clear();
+                continue;
+            }
+            if let Work::Source(tasks) = &mut operator.work {
+                let count = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
+                let present = entries.get(&count).map(|entry| &entry.shards);
+                for (rank, task) in (0..count).zip(tasks.iter_mut()) {
+                    if let Some(shard) = present.and_then(|shards| shards.get(&rank)) {
+                        *task = SourceTask::Load {
+                            node: shard.node,
+                            rank,
+                            count,
+                        };
+                        operator.cache_hits += 1;
+                    }
+                }
+            }
+        }
+        stack.extend(operator.inputs.iter().copied());
+    }
+}
+
+/// The shard count of a source operator's output (one shard per task), if it is one.
+fn source_count(operator: &Operator) -> Option<u32> {
+    match &operator.work {
+        Work::Source(tasks) => u32::try_from(tasks.len()).ok(),
+        _ => None,
+    }
+}
+
+/// A complete set of shards, preferring the count `wanted`, then the nearest.
+fn complete_entry(
+    entries: &BTreeMap<u32, CacheEntry>,
+    wanted: Option<u32>,
+) -> Option<(u32, CacheEntry)> {
+    entries
+        .iter()
+        .filter(|(count, entry)| entry.shards.len() == **count as usize && **count > 0)
+        .min_by_key(|(count, _)| wanted.map_or(0, |wanted| count.abs_diff(wanted)))
+        .map(|(count, entry)| (*count, entry.clone()))
+}

@@ -1,0 +1,773 @@
+//! Actors: long-lived, stateful objects addressable cluster-wide by [`ActorId`].
+//!
+//! The scheduler places an actor (a `Place` through the usual policy) and records where it
+//! lives in its replicated state (`RegisterActor`); the chosen node's agent then hosts it as an
+//! actix actor on the agent's actor thread ([`ActorHost`], one actix `System`). A call reaches
+//! an actor through any node: the agent that hosts it delivers the message to its mailbox,
+//! any other agent looks the actor up in the scheduler's state and forwards the call once, so
+//! a stale route ends in [`ActorFailure::Gone`] instead of a loop. An actor's heavy work (a
+//! reduce) still runs as a task on the node's worker processes, so nothing an actor computes
+//! can take the agent down; the actor itself owns only bookkeeping. An actor dies with its
+//! node (the scheduler drops its record when the node's death commits) or when its owner
+//! stops it; whoever owns it creates it again elsewhere. A hosted actor the scheduler no
+//! longer records (its job ended, or its driver died) is stopped by a periodic sweep.
+//!
+//! Two kinds exist: the [`JobDriver`], which the scheduler places when it starts a job's
+//! driver (`StartDriver` records it), and the [`HashShuffleAggregator`], which a driver places
+//! for a hash shuffle. Every actor answers [`ActorMessage::Describe`].
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, ArbiterHandle, AsyncContext, Context, Handler,
+    Message, WrapFuture,
+};
+use floe_api::client::SchedulerClient;
+use floe_api::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig, within};
+use floe_core::{ActorId, JobId, NodeId, ObjectId};
+use tokio::runtime::Handle;
+use tokio::task::{AbortHandle, JoinHandle};
+
+use super::{Error, Result, Shared};
+use floe_api::node_protocol::{
+    ActorDescription, ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, NodeProtocol,
+    NodeRequest, NodeResponse, PushedShard, TaskSpec,
+};
+use floe_driver::DriverConfig;
+
+/// How long a forwarded reduce may wait for its reply: it runs as long as its task. Other
+/// forwarded calls get the configured read timeout, so a push to a node that froze without
+/// closing its connections does not hold one for a day.
+const FORWARD_REDUCE_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// Routes remembered at most; actors come and go with jobs, so the table starts over rather
+/// than growing with every actor the node ever routed to.
+const MAX_ROUTES: usize = 10_000;
+
+type Reply = std::result::Result<ActorReply, ActorFailure>;
+
+/// The actors this node hosts, and the routes it learned to actors elsewhere.
+pub(crate) struct ActorHost {
+    system: actix::System,
+    arbiter: ArbiterHandle,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    hosted: Mutex<BTreeMap<ActorId, Hosted>>,
+    /// Actor → the RPC address of the node hosting it, as last read from the scheduler.
+    routes: Mutex<BTreeMap<ActorId, String>>,
+    schedulers: Vec<String>,
+    /// The configured wire, for the scheduler.
+    wire: WireConfig,
+    /// The configured wire with a read timeout long enough for a forwarded reduce; shorter
+    /// calls are bounded by `wire`'s read timeout around the call.
+    forward_wire: WireConfig,
+    /// Idle connections for forwarded calls, by address.
+    connections: Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>,
+}
+
+struct Hosted {
+    job: JobId,
+    actor: HostedActor,
+}
+
+#[derive(Clone)]
+enum HostedActor {
+    Aggregator(Addr<HashShuffleAggregator>),
+    /// The driver's task runs on the agent's runtime; the host aborts it when it stops the
+    /// actor.
+    Driver {
+        address: Addr<JobDriver>,
+        task: AbortHandle,
+    },
+}
+
+impl HostedActor {
+    fn is_running(&self) -> bool {
+        match self {
+            HostedActor::Aggregator(address) => address.connected(),
+            HostedActor::Driver { address, .. } => address.connected(),
+        }
+    }
+
+    async fn send(&self, message: ActorMessage) -> std::result::Result<Reply, actix::MailboxError> {
+        match self {
+            HostedActor::Aggregator(address) => address.send(Call(message)).await,
+            HostedActor::Driver { address, .. } => address.send(Call(message)).await,
+        }
+    }
+
+    fn stop(&self) {
+        if let HostedActor::Driver { task, .. } = self {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ActorHost {
+    /// Starts the actor thread (an actix `System` with its arbiter).
+    pub fn start(schedulers: Vec<String>, wire: &WireConfig) -> Result<Self> {
+        let (started, handles) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("floe-actors".into())
+            .spawn(move || {
+                let runner = actix::System::new();
+                let _ = started.send((actix::System::current(), actix::Arbiter::current()));
+                if let Err(error) = runner.run() {
+                    tracing::error!(%error, "the actor system stopped with an error");
+                }
+            })
+            .map_err(|source| Error::Io {
+                op: "starting the actor thread",
+                source,
+            })?;
+        let (system, arbiter) = handles
+            .recv()
+            .map_err(|_| Error::Worker("the actor thread exited before starting".into()))?;
+        let mut forward_wire = wire.clone();
+        forward_wire.timeouts.read_ms =
+            forward_wire.timeouts.read_ms.max(FORWARD_REDUCE_TIMEOUT_MS);
+        Ok(Self {
+            system,
+            arbiter,
+            thread: Mutex::new(Some(thread)),
+            hosted: Mutex::new(BTreeMap::new()),
+            routes: Mutex::new(BTreeMap::new()),
+            schedulers,
+            wire: wire.clone(),
+            forward_wire,
+            connections: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The actors hosted here.
+    pub fn hosted(&self) -> Vec<ActorId> {
+        lock(&self.hosted).keys().copied().collect()
+    }
+
+    /// Starts hosting `spec`'s actor. Creating one that is already here is a no-op, so a
+    /// retried creation is harmless.
+    pub fn create(&self, spec: ActorSpec, shared: &Arc<Shared>) {
+        let mut hosted = lock(&self.hosted);
+        if hosted.contains_key(&spec.actor) {
+            return;
+        }
+        let ActorKind::HashShuffleAggregator { slot, slots } = spec.kind;
+        let aggregator = HashShuffleAggregator {
+            actor: spec.actor,
+            job: spec.job,
+            slot,
+            slots: slots.max(1),
+            held: BTreeMap::new(),
+            reduced: BTreeSet::new(),
+            node: shared.node(),
+            shared: Arc::downgrade(shared),
+            runtime: Handle::current(),
+        };
+        let address = HashShuffleAggregator::start_in_arbiter(&self.arbiter, |_| aggregator);
+        tracing::info!(actor = %spec.actor, job = %spec.job, "hosting a hash-shuffle aggregator");
+        hosted.insert(
+            spec.actor,
+            Hosted {
+                job: spec.job,
+                actor: HostedActor::Aggregator(address),
+            },
+        );
+    }
+
+    /// Starts attempt `attempt` of `job`'s driver as the actor the scheduler recorded when it
+    /// placed the driver here, replacing a finished one under that id.
+    pub fn start_driver(&self, job: JobId, attempt: u32, config: Arc<DriverConfig>) -> ActorId {
+        let actor = driver_actor(job, attempt);
+        let node = config.node;
+        let task = Handle::current().spawn(async move {
+            if let Err(error) = floe_driver::run_driver(config, job, attempt).await {
+                tracing::error!(%job, attempt, %error, "the job driver stopped");
+            }
+        });
+        let abort = task.abort_handle();
+        let state = JobDriver {
+            actor,
+            job,
+            attempt,
+            node,
+            task: Some(task),
+        };
+        let address = JobDriver::start_in_arbiter(&self.arbiter, |_| state);
+        let replaced = lock(&self.hosted).insert(
+            actor,
+            Hosted {
+                job,
+                actor: HostedActor::Driver {
+                    address,
+                    task: abort,
+                },
+            },
+        );
+        if let Some(replaced) = replaced {
+            replaced.actor.stop();
+        }
+        actor
+    }
+
+    /// Whether `actor` is hosted here and has not stopped (a driver stops when its job ends).
+    pub fn is_running(&self, actor: ActorId) -> bool {
+        lock(&self.hosted)
+            .get(&actor)
+            .is_some_and(|hosted| hosted.actor.is_running())
+    }
+
+    /// Stops hosting an actor: a driver's task is aborted, an aggregator drops what it holds
+    /// once its last message is handled.
+    pub fn stop(&self, actor: ActorId) {
+        if let Some(hosted) = lock(&self.hosted).remove(&actor) {
+            hosted.actor.stop();
+            tracing::info!(%actor, job = %hosted.job, "stopped an actor");
+        }
+    }
+
+    /// Stops the hosted actors the scheduler no longer records: their job ended or their
+    /// driver died, and nobody will stop them otherwise. Reads the state only when something
+    /// is hosted.
+    pub async fn stop_unrecorded(&self) {
+        // Only actors hosted before the read: one created meanwhile may be missing from it.
+        let hosted: Vec<ActorId> = lock(&self.hosted).keys().copied().collect();
+        if hosted.is_empty() {
+            return;
+        }
+        let state = match self.read_state().await {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the state to sweep actors");
+                return;
+            }
+        };
+        for actor in hosted {
+            if !state.actors.contains_key(&actor) {
+                self.stop(actor);
+            }
+        }
+    }
+
+    async fn read_state(&self) -> std::result::Result<ClusterState, floe_api::Error> {
+        SchedulerClient::new(self.schedulers.clone(), self.wire.clone(), PeerKind::Node)?
+            .read_state()
+            .await
+    }
+
+    /// Delivers `message` to `actor`, here or (unless `forwarded`) on the node hosting it.
+    pub async fn call(&self, actor: ActorId, message: ActorMessage, forwarded: bool) -> Reply {
+        let local = lock(&self.hosted)
+            .get(&actor)
+            .map(|hosted| hosted.actor.clone());
+        if let Some(local) = local {
+            return local.send(message).await.unwrap_or_else(|error| {
+                Err(ActorFailure::Gone {
+                    actor,
+                    reason: format!("its mailbox closed: {error}"),
+                })
+            });
+        }
+        if forwarded {
+            return Err(ActorFailure::Gone {
+                actor,
+                reason: "the node the call was forwarded to does not host it".into(),
+            });
+        }
+        let addr = self.route(actor).await?;
+        let request = NodeRequest::CallActor {
+            actor,
+            message,
+            forwarded: true,
+        };
+        match self.forward(&addr, &request).await {
+            Ok(NodeResponse::Actor(reply)) => {
+                if matches!(reply, Err(ActorFailure::Gone { .. })) {
+                    lock(&self.routes).remove(&actor);
+                }
+                reply
+            }
+            Ok(other) => Err(ActorFailure::Gone {
+                actor,
+                reason: format!("its node answered {other:?}"),
+            }),
+            // The node may be restarting or dying: whoever called decides, from the node's
+            // fate in the scheduler's state, whether the actor is gone.
+            Err(error) => {
+                lock(&self.routes).remove(&actor);
+                Err(ActorFailure::Unavailable {
+                    actor,
+                    reason: format!("its node {addr} did not answer: {error}"),
+                })
+            }
+        }
+    }
+
+    /// Sends a forwarded call over a pooled connection to `addr`. A connection whose call
+    /// timed out is dropped, not pooled: its reply may still come.
+    async fn forward(
+        &self,
+        addr: &str,
+        request: &NodeRequest,
+    ) -> std::result::Result<NodeResponse, floe_core::WireError> {
+        let limit = match request {
+            NodeRequest::CallActor {
+                message: ActorMessage::Reduce { .. },
+                ..
+            } => self.forward_wire.timeouts.read(),
+            _ => self.wire.timeouts.read(),
+        };
+        let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
+        let mut client = match idle {
+            Some(client) => client,
+            None => {
+                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone(), PeerKind::Node)
+                    .await?
+            }
+        };
+        let reply = within(
+            limit,
+            "waiting for a forwarded actor call",
+            client.call(request),
+        )
+        .await??;
+        let mut connections = lock(&self.connections);
+        if connections.len() >= MAX_ROUTES {
+            connections.clear();
+        }
+        connections.entry(addr.to_owned()).or_default().push(client);
+        Ok(reply)
+    }
+
+    /// The address of the node hosting `actor`, from the cache or the scheduler's state.
+    async fn route(&self, actor: ActorId) -> std::result::Result<String, ActorFailure> {
+        if let Some(addr) = lock(&self.routes).get(&actor) {
+            return Ok(addr.clone());
+        }
+        let gone = |reason: String| ActorFailure::Gone { actor, reason };
+        let state = self
+            .read_state()
+            .await
+            .map_err(|error| ActorFailure::Unavailable {
+                actor,
+                reason: format!("cannot read the cluster state: {error}"),
+            })?;
+        let record = state
+            .actors
+            .get(&actor)
+            .ok_or_else(|| gone("the scheduler has no record of it".into()))?;
+        let addr = state
+            .nodes
+            .get(&record.node)
+            .filter(|node| node.is_alive())
+            .map(|node| node.addresses.rpc.clone())
+            .ok_or_else(|| gone(format!("its node {} is not alive", record.node)))?;
+        let mut routes = lock(&self.routes);
+        if routes.len() >= MAX_ROUTES {
+            routes.clear();
+        }
+        routes.insert(actor, addr.clone());
+        Ok(addr)
+    }
+
+    /// Stops every actor and the actor thread.
+    pub fn shutdown(&self) {
+        for (_, hosted) in std::mem::take(&mut *lock(&self.hosted)) {
+            hosted.actor.stop();
+        }
+        self.system.stop();
+        if let Some(thread) = lock(&self.thread).take()
+            && thread.join().is_err()
+        {
+            tracing::warn!("the actor thread panicked");
+        }
+    }
+}
+
+impl Drop for ActorHost {
+    /// An agent that failed to start, or was dropped without [`ActorHost::shutdown`], does not
+    /// leave its actor thread running.
+    fn drop(&mut self) {
+        self.system.stop();
+    }
+}
+
+/// Every message an actor accepts, with its reply.
+struct Call(ActorMessage);
+
+impl Message for Call {
+    type Result = Reply;
+}
+
+/// One shard an aggregator holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    bytes: u64,
+    /// Pulled here by the aggregator (so it drops the copy); otherwise the shard was written
+    /// on this node and its owner frees it.
+    pulled: bool,
+}
+
+/// Owns a set of a hash shuffle's partitions. Map tasks' shards for them are pushed here as
+/// each map task finishes, so the bytes cross the network while other map tasks still run;
+/// the aggregator keeps them in its node's object store (which spills them under pressure:
+/// its own heap holds only their ids) and reduces each partition on its node's workers when
+/// the driver asks. Copies it pulled are dropped once their partition is reduced, or when it
+/// stops.
+pub(crate) struct HashShuffleAggregator {
+    actor: ActorId,
+    job: JobId,
+    node: Option<NodeId>,
+    /// It owns the partitions whose number is `slot` modulo `slots`.
+    slot: u32,
+    slots: u32,
+    held: BTreeMap<u32, BTreeMap<ObjectId, Held>>,
+    /// Partitions already reduced: a push that arrives for one afterwards is dropped.
+    reduced: BTreeSet<u32>,
+    /// Weak, so the agent's state is not kept alive by its own actors.
+    shared: Weak<Shared>,
+    /// The agent's runtime, where pulls and tasks run (the actor thread only keeps books).
+    runtime: Handle,
+}
+
+impl Actor for HashShuffleAggregator {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        let held = std::mem::take(&mut self.held);
+        self.drop_pulled(held.into_values().flatten());
+    }
+}
+
+impl Handler<Call> for HashShuffleAggregator {
+    type Result = actix::ResponseActFuture<Self, Reply>;
+
+    fn handle(&mut self, Call(message): Call, _: &mut Self::Context) -> Self::Result {
+        let partition = match &message {
+            ActorMessage::Push(shards) => shards
+                .iter()
+                .map(|shard| shard.partition)
+                .find(|partition| !self.owns(*partition)),
+            ActorMessage::Reduce { partition, .. } => {
+                Some(*partition).filter(|partition| !self.owns(*partition))
+            }
+            ActorMessage::Describe => None,
+        };
+        if let Some(partition) = partition {
+            let refused = Err(ActorFailure::Refused {
+                actor: self.actor,
+                reason: format!("partition {partition} is not one of its partitions"),
+            });
+            return Box::pin(actix::fut::ready(refused));
+        }
+        match message {
+            ActorMessage::Push(shards) => self.push(shards),
+            ActorMessage::Reduce { partition, task } => self.reduce(partition, task),
+            ActorMessage::Describe => {
+                let description = ActorReply::Described(self.describe());
+                Box::pin(actix::fut::ready(Ok(description)))
+            }
+        }
+    }
+}
+
+impl HashShuffleAggregator {
+    fn owns(&self, partition: u32) -> bool {
+        partition % self.slots == self.slot
+    }
+
+    fn describe(&self) -> ActorDescription {
+        let shards: usize = self.held.values().map(BTreeMap::len).sum();
+        let kind = ActorKind::HashShuffleAggregator {
+            slot: self.slot,
+            slots: self.slots,
+        };
+        ActorDescription {
+            kind: kind.name().to_owned(),
+            job: self.job,
+            node: self.node,
+            summary: format!(
+                "owns the partitions {} modulo {}; holds {shards} shards, {} bytes",
+                self.slot,
+                self.slots,
+                self.held_bytes()
+            ),
+        }
+    }
+
+    /// Starts `work` on the agent's runtime with the agent's shared state, or says why it
+    /// cannot: the agent is going away.
+    fn spawn_on_agent<T, F>(
+        &self,
+        work: impl FnOnce(Arc<Shared>) -> F,
+    ) -> std::result::Result<JoinHandle<T>, ActorFailure>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = self.shared.upgrade().ok_or(ActorFailure::Gone {
+            actor: self.actor,
+            reason: "its node is shutting down".into(),
+        })?;
+        Ok(self.runtime.spawn(work(shared)))
+    }
+
+    fn push(&mut self, shards: Vec<PushedShard>) -> actix::ResponseActFuture<Self, Reply> {
+        let actor = self.actor;
+        let pulls = match self
+            .spawn_on_agent(move |shared| async move { pull_shards(&shared, actor, shards).await })
+        {
+            Ok(pulls) => pulls,
+            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
+        };
+        let work = async move {
+            pulls.await.unwrap_or_else(|error| {
+                let failure = ActorFailure::Gone {
+                    actor,
+                    reason: format!("its pull task failed: {error}"),
+                };
+                (Vec::new(), Some(failure))
+            })
+        };
+        Box::pin(work.into_actor(self).map(|(arrived, failure), act, _| {
+            let mut late = Vec::new();
+            for (partition, object, held) in arrived {
+                // Pushed after its partition was reduced (a push and a reduce run
+                // concurrently): nothing will read this copy.
+                if act.reduced.contains(&partition) {
+                    late.push((object, held));
+                    continue;
+                }
+                let entry = act.held.entry(partition).or_default();
+                let held = match entry.get(&object) {
+                    Some(before) => Held {
+                        pulled: before.pulled || held.pulled,
+                        ..held
+                    },
+                    None => held,
+                };
+                entry.insert(object, held);
+            }
+            act.drop_pulled(late);
+            match failure {
+                Some(failure) => Err(failure),
+                None => Ok(ActorReply::Pushed {
+                    held_bytes: act.held_bytes(),
+                }),
+            }
+        }))
+    }
+
+    fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
+        let actor = self.actor;
+        // Inputs still being pushed are joined by the task's own pulls, which wait for
+        // transfers under way.
+        let run = match self.spawn_on_agent(|shared| async move { shared.run_task(task).await }) {
+            Ok(run) => run,
+            Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
+        };
+        let work = async move {
+            run.await.unwrap_or_else(|error| {
+                Err(floe_api::node_protocol::TaskFailure::WorkerDied {
+                    reason: format!("actor {actor}'s reduce task failed: {error}"),
+                })
+            })
+        };
+        Box::pin(work.into_actor(self).map(move |result, act, _| {
+            let outputs = result.map_err(ActorFailure::Task)?;
+            act.reduced.insert(partition);
+            let held = act.held.remove(&partition).unwrap_or_default();
+            act.drop_pulled(held);
+            Ok(ActorReply::Reduced(outputs))
+        }))
+    }
+
+    /// Drops the copies among `held` that this aggregator pulled; shards that were its node's
+    /// own stay for their owner to free.
+    fn drop_pulled(&self, held: impl IntoIterator<Item = (ObjectId, Held)>) {
+        let pulled: Vec<ObjectId> = held
+            .into_iter()
+            .filter(|(_, held)| held.pulled)
+            .map(|(object, _)| object)
+            .collect();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.delete_local(&pulled);
+        }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(|held| held.bytes)
+            .sum()
+    }
+}
+
+/// Pulls each shard not on this node yet. Returns what arrived, and the first failure (the
+/// shards after it are not tried: the driver's reduce pulls whatever is missing anyway).
+async fn pull_shards(
+    shared: &Shared,
+    actor: ActorId,
+    shards: Vec<PushedShard>,
+) -> (Vec<(u32, ObjectId, Held)>, Option<ActorFailure>) {
+    let mut arrived = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let failed = |reason: String| ActorFailure::Pull {
+            actor,
+            object: shard.object,
+            reason,
+        };
+        let held = match &shard.holder {
+            Some(holder) => match shared.transfers.pull(shard.object, holder).await {
+                Ok(pulled) => Held {
+                    bytes: pulled.output.size,
+                    pulled: pulled.fetched,
+                },
+                Err(error) => return (arrived, Some(failed(error.to_string()))),
+            },
+            None => match shared.store.get(shard.object) {
+                Ok(view) => Held {
+                    bytes: view.len() as u64,
+                    pulled: false,
+                },
+                Err(error) => return (arrived, Some(failed(error.to_string()))),
+            },
+        };
+        arrived.push((shard.partition, shard.object, held));
+    }
+    (arrived, None)
+}
+
+/// A job's driver, as an actor: the driver itself runs as a task on the agent's runtime (it is
+/// mostly waiting on the network); the actor makes it addressable, answers for it, and stops
+/// when the driver's task ends.
+pub(crate) struct JobDriver {
+    actor: ActorId,
+    job: JobId,
+    attempt: u32,
+    node: NodeId,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Actor for JobDriver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(task) = self.task.take() {
+            ctx.spawn(task.into_actor(self).map(|_, _, ctx| ctx.stop()));
+        }
+    }
+}
+
+impl Handler<Call> for JobDriver {
+    type Result = Reply;
+
+    fn handle(&mut self, Call(message): Call, _: &mut Self::Context) -> Reply {
+        match message {
+            ActorMessage::Describe => Ok(ActorReply::Described(ActorDescription {
+                kind: DRIVER_ACTOR_KIND.to_owned(),
+                job: self.job,
+                node: Some(self.node),
+                summary: format!("runs attempt {} of job {}", self.attempt, self.job),
+            })),
+            ActorMessage::Push(_) | ActorMessage::Reduce { .. } => Err(ActorFailure::Refused {
+                actor: self.actor,
+                reason: "a job driver takes no shards".into(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use floe_core::TaskId;
+    use floe_core::config::{ClusterToken, TimeoutsConfig};
+    use floe_core::wire::rpc::{Handler as RpcHandler, Peer, RemoteError};
+    use floe_core::wire::{RpcServer, WireError};
+
+    use super::*;
+    use floe_api::node_protocol::TaskKind;
+
+    /// A node that takes calls and never answers them, as one that froze with its
+    /// connections open does.
+    struct Frozen;
+
+    impl RpcHandler<NodeProtocol> for Frozen {
+        async fn handle(
+            &self,
+            _peer: Peer,
+            _request: NodeRequest,
+        ) -> std::result::Result<NodeResponse, RemoteError> {
+            std::future::pending().await
+        }
+    }
+
+    fn wire(read_ms: u64) -> WireConfig {
+        WireConfig {
+            token: ClusterToken::new("actors-test"),
+            max_frame: 1 << 20,
+            timeouts: TimeoutsConfig {
+                connect_ms: 2_000,
+                handshake_ms: 2_000,
+                read_ms,
+                write_ms: 2_000,
+                idle_ms: 10_000,
+            },
+        }
+    }
+
+    fn call(message: ActorMessage) -> NodeRequest {
+        NodeRequest::CallActor {
+            actor: ActorId::new(1),
+            message,
+            forwarded: true,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forwarded_push_times_out_at_the_read_timeout_but_a_reduce_waits_for_its_task() {
+        let wire = wire(300);
+        let server = RpcServer::bind::<NodeProtocol, _>(
+            "127.0.0.1:0".parse().expect("a socket address"),
+            Arc::new(Frozen),
+            wire.clone(),
+        )
+        .await
+        .expect("binding the frozen node");
+        let addr = server.local_addr().to_string();
+        let host = ActorHost::start(Vec::new(), &wire).expect("starting the actor host");
+
+        let push = call(ActorMessage::Push(Vec::new()));
+        let pushed = tokio::time::timeout(Duration::from_secs(5), host.forward(&addr, &push))
+            .await
+            .expect("a forwarded push waited past the read timeout");
+        assert!(
+            matches!(pushed, Err(WireError::Timeout { .. })),
+            "{pushed:?}"
+        );
+        // Its reply may still come: the connection is not pooled for the next call.
+        assert!(lock(&host.connections).get(&addr).is_none_or(Vec::is_empty));
+
+        let reduce = call(ActorMessage::Reduce {
+            partition: 0,
+            task: TaskSpec {
+                task: TaskId::new(1),
+                kind: TaskKind::Sleep { ms: 0 },
+                inputs: Vec::new(),
+            },
+        });
+        let waited =
+            tokio::time::timeout(Duration::from_secs(2), host.forward(&addr, &reduce)).await;
+        assert!(
+            waited.is_err(),
+            "a forwarded reduce stopped waiting: {waited:?}"
+        );
+    }
+}

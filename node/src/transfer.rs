@@ -1,0 +1,482 @@
+//! Moving objects between nodes.
+//!
+//! The puller asks the holder for the object's size and checksum; an object up to
+//! `node.transfer_inline_max` comes with that answer. A larger one is read in
+//! `node.transfer_chunk` pieces over several connections at once, at most
+//! `node.transfer_max_in_flight` bytes of requests outstanding. A chunk goes from the holder's
+//! store to its socket and from the puller's socket into the new object without passing
+//! through any buffer (it is the reply's attachment). The puller hashes the chunks in order as
+//! they arrive; the object's xxh3-64 must match the holder's (which the holder's store usually
+//! knows from when the object was sealed) before it is sealed, and a mismatch abandons it.
+//! Concurrent pulls of one object share a single transfer.
+//!
+//! A chunk of an object in the store's shared-memory segment is sent with `sendfile(2)` from
+//! the segment's file, so the holder copies nothing: the kernel hands the segment's pages to
+//! the socket. The RPC server keeps the chunk's view, and so its pin, until the puller has
+//! read the reply, so the pages cannot be reused while the kernel still reads them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::Poll;
+
+use floe_core::ObjectId;
+use floe_core::config::NodeConfig;
+use floe_core::wire::{Attachment, FileRange, PeerKind, RpcClient, WireConfig};
+use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
+use tokio::sync::OnceCell;
+use tokio::sync::mpsc::UnboundedSender;
+use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
+
+use super::{Error, Result};
+use floe_api::node_protocol::{
+    Bytes, NodeProtocol, NodeRequest, NodeResponse, ObjectMeta, OutputRef,
+};
+
+/// Room a chunk reply needs besides its bytes (request id, enum tags, length prefix).
+const REPLY_ENVELOPE: u64 = 4096;
+
+type SharedPull = Arc<OnceCell<Result<OutputRef, String>>>;
+
+/// A pulled object, and whether it had to come from elsewhere (so the node holds a copy that
+/// whoever asked may drop when done) or was sealed here already.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pulled {
+    pub output: OutputRef,
+    pub fetched: bool,
+}
+
+pub(crate) struct Transfers {
+    store: ObjectStore,
+    wire: WireConfig,
+    chunk: u64,
+    max_in_flight: u64,
+    inline_max: u64,
+    pulls: Mutex<HashMap<ObjectId, SharedPull>>,
+    pulls_started: AtomicU64,
+    /// The store's segment opened as a file when a chunk from it is first sent (`None` if
+    /// that failed: chunks are then sent from memory). A store has one segment for life.
+    segment_file: OnceLock<Option<Arc<std::fs::File>>>,
+}
+
+impl Transfers {
+    pub fn new(store: ObjectStore, wire: WireConfig, config: &NodeConfig) -> Self {
+        // A chunk must fit in one frame with its envelope.
+        let frame_room = (wire.max_frame as u64)
+            .saturating_sub(REPLY_ENVELOPE)
+            .max(1);
+        let chunk = config.transfer_chunk.bytes().min(frame_room);
+        Self {
+            store,
+            wire,
+            chunk,
+            max_in_flight: config.transfer_max_in_flight.bytes().max(chunk),
+            inline_max: config.transfer_inline_max.bytes().min(chunk),
+            pulls: Mutex::new(HashMap::new()),
+            pulls_started: AtomicU64::new(0),
+            segment_file: OnceLock::new(),
+        }
+    }
+
+    pub fn pulls_started(&self) -> u64 {
+        self.pulls_started.load(Ordering::Relaxed)
+    }
+
+    /// The size and checksum of a local object, with its bytes when small.
+    pub fn meta(&self, object: ObjectId) -> Result<ObjectMeta> {
+        let view = self.store.get(object)?;
+        let bytes = view.as_bytes();
+        Ok(ObjectMeta {
+            size: bytes.len() as u64,
+            checksum: self
+                .store
+                .checksum(object)
+                .unwrap_or_else(|| xxh3_64(bytes)),
+            inline: (bytes.len() as u64 <= self.inline_max).then(|| Bytes(bytes.to_vec())),
+        })
+    }
+
+    /// A chunk of a local object as an attachment that keeps the object pinned until the
+    /// puller has read it (the RPC server holds it until the connection's next request or its
+    /// end).
+    pub fn read_chunk(&self, object: ObjectId, offset: u64, len: u64) -> Result<Attachment> {
+        let view = self.store.get(object)?;
+        let size = view.len();
+        let start = usize::try_from(offset).ok().filter(|start| *start <= size);
+        let range = start.and_then(|start| {
+            let end = start.saturating_add(usize::try_from(len).ok()?).min(size);
+            Some(start..end)
+        });
+        let range = range.ok_or_else(|| Error::Transfer {
+            object,
+            reason: format!("offset {offset} lies past the object's {size} bytes"),
+        })?;
+        let location = view.location();
+        let file = self.segment_file(&location.source).map(|file| FileRange {
+            file,
+            offset: location.payload_offset() + range.start as u64,
+        });
+        let attachment = Attachment::new(ViewRange { view, range });
+        Ok(match file {
+            Some(file) => attachment.in_file(file),
+            None => attachment,
+        })
+    }
+
+    /// The store's segment as a file, if `source` is that segment. Fallback objects have a
+    /// file each, not worth opening for every chunk: they are sent from their mapping.
+    fn segment_file(&self, source: &ObjectSource) -> Option<Arc<std::fs::File>> {
+        if !matches!(source, ObjectSource::Segment { .. }) {
+            return None;
+        }
+        self.segment_file
+            .get_or_init(|| match source.open_file() {
+                Ok(file) => file.map(Arc::new),
+                Err(error) => {
+                    tracing::warn!(%error, "sending chunks from memory: cannot open the segment");
+                    None
+                }
+            })
+            .clone()
+    }
+
+    fn local(&self, object: ObjectId, fetched: bool) -> Result<Pulled> {
+        let meta = self.meta(object)?;
+        let output = OutputRef {
+            object,
+            size: meta.size,
+            checksum: meta.checksum,
+            rows: None,
+        };
+        Ok(Pulled { output, fetched })
+    }
+
+    /// Makes `object` local, pulling it from `holder` unless it is here already. A pull of an
+    /// object whose transfer is under way joins that transfer (the object exists, unsealed,
+    /// until the transfer ends).
+    pub async fn pull(&self, object: ObjectId, holder: &str) -> Result<Pulled> {
+        let shared = {
+            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+            match pulls.get(&object) {
+                Some(in_flight) => Some(Arc::clone(in_flight)),
+                // Here already (sealed, or being written by a task of this node), or deleted
+                // by a task that pulled it while another still reads it: revived, it is this
+                // caller's copy.
+                None if self.store.contains(object) => None,
+                None if self.store.revive(object) => {
+                    drop(pulls);
+                    return self.local(object, true);
+                }
+                None => Some(Arc::clone(pulls.entry(object).or_default())),
+            }
+        };
+        let Some(shared) = shared else {
+            return self.local(object, false);
+        };
+        let outcome = shared
+            .get_or_init(|| async {
+                self.pulls_started.fetch_add(1, Ordering::Relaxed);
+                self.fetch(object, holder)
+                    .await
+                    .map_err(|error| error.to_string())
+            })
+            .await
+            .clone();
+        {
+            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+            if pulls
+                .get(&object)
+                .is_some_and(|current| Arc::ptr_eq(current, &shared))
+            {
+                pulls.remove(&object);
+            }
+        }
+        outcome
+            .map(|output| Pulled {
+                output,
+                fetched: true,
+            })
+            .map_err(|reason| Error::Transfer { object, reason })
+    }
+
+    async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
+        let mut client =
+            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone(), PeerKind::Node).await?;
+        let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
+            NodeResponse::ObjectMeta(meta) => meta,
+            other => return Err(unexpected(object, &other)),
+        };
+        let writer = self.store.create(object, meta.size)?;
+        match meta.inline {
+            Some(Bytes(bytes)) => {
+                let mut writer = writer;
+                if bytes.len() as u64 != meta.size {
+                    return Err(Error::Transfer {
+                        object,
+                        reason: format!(
+                            "{} inline bytes for an object of {} bytes",
+                            bytes.len(),
+                            meta.size
+                        ),
+                    });
+                }
+                writer.as_mut_slice().copy_from_slice(&bytes);
+                seal_verified(writer, meta.checksum)
+            }
+            None => {
+                let writer = self
+                    .fetch_chunks(object, holder, client, &meta, writer)
+                    .await?;
+                writer.seal_with_checksum(meta.checksum)?;
+                Ok(OutputRef {
+                    object,
+                    size: meta.size,
+                    checksum: meta.checksum,
+                    rows: None,
+                })
+            }
+        }
+    }
+
+    /// Fills `writer` with chunks read over parallel connections, each taking the next chunk
+    /// when it is free, and checks the whole object against `meta.checksum`: the chunks are
+    /// hashed in order as they arrive, while they are still in the cache.
+    async fn fetch_chunks(
+        &self,
+        object: ObjectId,
+        holder: &str,
+        first: RpcClient<NodeProtocol>,
+        meta: &ObjectMeta,
+        mut writer: ObjectWriter,
+    ) -> Result<ObjectWriter> {
+        let chunks = meta.size.div_ceil(self.chunk).max(1);
+        let connections = (self.max_in_flight / self.chunk).clamp(1, chunks);
+        let mut clients = vec![first];
+        for _ in 1..connections {
+            clients.push(RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?);
+        }
+        // `chunk` is at most a frame's size, which fits in usize.
+        let chunk = self.chunk as usize;
+        let actual = {
+            // Connections take the next chunk when they are free, so a slow one holds up
+            // only the chunk it is reading.
+            let pieces: Mutex<VecDeque<(usize, &mut [u8])>> = Mutex::new(
+                writer
+                    .as_mut_slice()
+                    .chunks_mut(chunk)
+                    .enumerate()
+                    .collect(),
+            );
+            let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+            let readers: Vec<_> = clients
+                .into_iter()
+                .map(|client| read_chunks(client, object, chunk, &pieces, arrived.clone()))
+                .collect();
+            drop(arrived);
+            let hash_in_order = async {
+                let mut hasher = Xxh3Default::new();
+                let mut waiting = BTreeMap::new();
+                let mut next = 0;
+                while let Some((index, piece)) = arrivals.recv().await {
+                    waiting.insert(index, piece);
+                    while let Some(piece) = waiting.remove(&next) {
+                        hasher.update(piece);
+                        next += 1;
+                    }
+                }
+                Ok(hasher.digest())
+            };
+            let ((), actual) = tokio::try_join!(join_all(readers), hash_in_order)?;
+            actual
+        };
+        if actual != meta.checksum {
+            // Dropping the unsealed writer abandons the object.
+            return Err(Error::ChecksumMismatch {
+                object,
+                expected: meta.checksum,
+                actual,
+            });
+        }
+        Ok(writer)
+    }
+}
+
+/// A pinned object's bytes in `range`, sent as an attachment.
+struct ViewRange {
+    view: ObjectView,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for ViewRange {
+    fn as_ref(&self) -> &[u8] {
+        &self.view.as_bytes()[self.range.clone()]
+    }
+}
+
+/// One connection's part of a transfer: takes the next chunk until none is left, reads it
+/// straight into its place in the object, then hands it on to be hashed.
+async fn read_chunks<'a>(
+    mut client: RpcClient<NodeProtocol>,
+    object: ObjectId,
+    chunk: usize,
+    pieces: &Mutex<VecDeque<(usize, &'a mut [u8])>>,
+    arrived: UnboundedSender<(usize, &'a mut [u8])>,
+) -> Result<()> {
+    loop {
+        let next = pieces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        let Some((index, piece)) = next else {
+            return Ok(());
+        };
+        let request = NodeRequest::ReadChunk {
+            object,
+            offset: (index * chunk) as u64,
+            len: piece.len() as u64,
+        };
+        match client.call_into(&request, piece).await? {
+            NodeResponse::Chunk => {}
+            other => return Err(unexpected(object, &other)),
+        }
+        // The receiver only stops early when the transfer has failed anyway.
+        let _ = arrived.send((index, piece));
+    }
+}
+
+/// Runs `futures` concurrently on the current task until all succeed or one fails. (A
+/// `JoinSet` would need `'static` futures; these borrow disjoint parts of one object.)
+async fn join_all<F: Future<Output = Result<()>>>(
+    futures: impl IntoIterator<Item = F>,
+) -> Result<()> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        let mut index = 0;
+        while index < pending.len() {
+            match pending[index].as_mut().poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    drop(pending.swap_remove(index));
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => index += 1,
+            }
+        }
+        if pending.is_empty() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
+    let object = writer.object();
+    let bytes = writer.as_mut_slice();
+    let size = bytes.len() as u64;
+    let checksum = xxh3_64(bytes);
+    if checksum != expected {
+        // Dropping the unsealed writer abandons the object.
+        return Err(Error::ChecksumMismatch {
+            object,
+            expected,
+            actual: checksum,
+        });
+    }
+    writer.seal_with_checksum(checksum)?;
+    Ok(OutputRef {
+        object,
+        size,
+        checksum,
+        rows: None,
+    })
+}
+
+fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
+    let shown = format!("{response:?}");
+    Error::Transfer {
+        object,
+        reason: format!(
+            "unexpected reply {}",
+            shown.chars().take(120).collect::<String>()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_core::config::{ClusterToken, Config};
+    use floe_objectstore::{Backing, StoreConfig};
+
+    use super::*;
+
+    fn transfers(dir: &std::path::Path) -> Transfers {
+        let store = ObjectStore::open_with(
+            StoreConfig {
+                name: "transfer-unit".into(),
+                capacity: 1 << 20,
+                spill_threshold: 1.0,
+                min_spilling_size: 1 << 20,
+                spill_dir: dir.join("spill"),
+                fallback_dir: dir.join("fallback"),
+            },
+            Backing::Heap,
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new("unit");
+        config.node.transfer_inline_max = floe_core::config::ByteSize(8);
+        Transfers::new(store, WireConfig::from_config(&config), &config.node)
+    }
+
+    #[test]
+    fn a_checksum_mismatch_abandons_the_object_and_a_match_seals_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = transfers(dir.path()).store;
+        let object = ObjectId::new(7);
+        let mut writer = store.create(object, 4).unwrap();
+        writer.as_mut_slice().copy_from_slice(b"abcd");
+        let error = seal_verified(writer, xxh3_64(b"abce")).unwrap_err();
+        assert!(
+            matches!(error, Error::ChecksumMismatch { object: o, .. } if o == object),
+            "{error}"
+        );
+        assert!(!store.contains(object), "a corrupt object must not stay");
+
+        let mut writer = store.create(object, 4).unwrap();
+        writer.as_mut_slice().copy_from_slice(b"abcd");
+        let sealed = seal_verified(writer, xxh3_64(b"abcd")).unwrap();
+        assert_eq!((sealed.size, sealed.checksum), (4, xxh3_64(b"abcd")));
+        assert_eq!(store.get(object).unwrap().as_bytes(), b"abcd");
+    }
+
+    #[test]
+    fn small_objects_go_inline_and_chunks_stay_inside_the_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let transfers = transfers(dir.path());
+        let (small, large) = (ObjectId::new(1), ObjectId::new(2));
+        transfers.store.put(small, b"12345678").unwrap();
+        transfers.store.put(large, b"0123456789").unwrap();
+
+        let meta = transfers.meta(small).unwrap();
+        assert_eq!(meta.inline, Some(Bytes(b"12345678".to_vec())));
+        assert_eq!(meta.checksum, xxh3_64(b"12345678"));
+        let meta = transfers.meta(large).unwrap();
+        assert_eq!((meta.size, meta.inline), (10, None));
+
+        assert_eq!(
+            transfers.read_chunk(large, 3, 4).unwrap().as_bytes(),
+            b"3456"
+        );
+        let tail = transfers.read_chunk(large, 8, 100).unwrap();
+        assert_eq!(tail.as_bytes(), b"89");
+        assert!(transfers.read_chunk(large, 11, 1).is_err());
+        assert!(matches!(
+            transfers.meta(ObjectId::new(3)),
+            Err(Error::Store(floe_objectstore::Error::NotFound { .. }))
+        ));
+    }
+}

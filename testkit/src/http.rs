@@ -1,0 +1,132 @@
+//! A plain HTTP/1.1 client over a TCP socket, enough for the REST API and a WebDriver
+//! server, so the tests depend on no HTTP client crate.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// A response: the status code and the body as text.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.body))
+    }
+}
+
+/// The `host:port` of a local cluster's HTTP API (and dashboard).
+pub fn http_addr(cluster: &floe_client::LocalCluster) -> String {
+    let url = cluster.dashboard_url();
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// One request on a fresh connection (`Connection: close`, so the body ends at EOF).
+pub fn request(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    // Read by the response's own framing: not every server closes the connection.
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 64 * 1024];
+    loop {
+        let read = stream.read(&mut buffer).unwrap();
+        raw.extend_from_slice(&buffer[..read]);
+        if read == 0 || response_complete(&raw) {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if header(head, "transfer-encoding").is_some_and(|v| v == "chunked") {
+        unchunk(body)
+    } else {
+        body.to_owned()
+    };
+    Response { status, body }
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+fn response_complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let body = &raw[end + 4..];
+    if let Some(length) = header(&head, "content-length") {
+        return body.len() >= length.parse::<usize>().unwrap();
+    }
+    if header(&head, "transfer-encoding").is_some_and(|v| v == "chunked") {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    false
+}
+
+fn unchunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
+pub fn get(addr: &str, path: &str) -> Response {
+    request("GET", addr, path, &[], b"")
+}
+
+/// A JSON POST with `token` as the bearer token (none when empty).
+pub fn post_json(addr: &str, path: &str, token: &str, body: &serde_json::Value) -> Response {
+    let auth = format!("Bearer {token}");
+    let mut headers = vec![("Content-Type", "application/json")];
+    if !token.is_empty() {
+        headers.push(("Authorization", &auth));
+    }
+    request("POST", addr, path, &headers, body.to_string().as_bytes())
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
