@@ -901,7 +901,7 @@ fn groupby_baseline(
     let started = Instant::now();
     let (_, batches) = parquet_read(files)?;
     let output = Arc::new(dataset.schema().clone());
-    let groups = floe_engine::exchange::kernels::aggregate(
+    let groups = floe_engine::exchange::aggregate::aggregate(
         &batches,
         &events_schema(),
         &["group".to_owned()],

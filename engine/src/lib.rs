@@ -59,6 +59,8 @@ pub enum Error {
     NoFiles(String),
     #[error("UDF {name}: {message}")]
     Udf { name: String, message: String },
+    #[error("an exchange task is missing {missing}")]
+    ExchangeInput { missing: &'static str },
     #[error("a {stage} stage cannot run on {input}")]
     StageInput { stage: String, input: String },
     #[error("range bound {0} does not fit in Int64")]

@@ -8,8 +8,10 @@ use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow::compute::{SortColumn, lexsort_to_indices, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use floe_core::plan::{AggFunction, Aggregation, LogicalPlan};
-use floe_engine::exchange::kernels::aggregate;
-use floe_engine::exchange::partial::{final_aggregate, partial_aggregate, partial_schema};
+use floe_engine::exchange::aggregate::aggregate;
+use floe_engine::exchange::aggregate::partial::{
+    final_aggregate, partial_aggregate, partial_schema,
+};
 use proptest::prelude::*;
 
 fn input_schema() -> SchemaRef {

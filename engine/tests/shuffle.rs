@@ -15,10 +15,13 @@ use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
-use floe_engine::exchange::kernels::{
-    JoinSide, aggregate, hash_partition, join, merge_sorted, permute, random_partition,
-    range_boundaries, range_partition, sample_keys, split_by_position, unique,
-};
+use floe_engine::exchange::aggregate::aggregate;
+use floe_engine::exchange::join::{JoinSide, join};
+use floe_engine::exchange::keys::{hash_partition, most_frequent_key};
+use floe_engine::exchange::random::{permute, random_partition};
+use floe_engine::exchange::repartition::split_by_position;
+use floe_engine::exchange::sort::{merge_sorted, range_boundaries, range_partition, sample_keys};
+use floe_engine::exchange::unique::unique;
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -1162,22 +1165,19 @@ fn the_most_frequent_key_is_named_with_its_count() {
         keys(vec![Some(1), None, Some(2)], vec!["a", "b", "a"]),
         keys(vec![None, Some(2), None], vec!["b", "a", "b"]),
     ];
-    let top =
-        floe_engine::exchange::kernels::most_frequent_key(&batches, &names(&["k", "s"])).unwrap();
+    let top = most_frequent_key(&batches, &names(&["k", "s"])).unwrap();
     let key = top.column_by_name("key").unwrap();
     let key = key.as_any().downcast_ref::<StringArray>().unwrap();
     let rows = top.column_by_name("rows").unwrap();
     let rows = rows.as_any().downcast_ref::<Int64Array>().unwrap();
     assert_eq!((key.value(0), rows.value(0)), ("k=null, s=b", 3));
     // A tie goes to the key seen first.
-    let top = floe_engine::exchange::kernels::most_frequent_key(&batches, &names(&["s"])).unwrap();
+    let top = most_frequent_key(&batches, &names(&["s"])).unwrap();
     let key = top.column_by_name("key").unwrap();
     let key = key.as_any().downcast_ref::<StringArray>().unwrap();
     assert_eq!(key.value(0), "s=a");
     assert_eq!(
-        floe_engine::exchange::kernels::most_frequent_key(&[], &names(&["k"]))
-            .unwrap()
-            .num_rows(),
+        most_frequent_key(&[], &names(&["k"])).unwrap().num_rows(),
         0
     );
 }

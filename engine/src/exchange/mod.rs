@@ -1,22 +1,174 @@
-//! The worker side of all-to-all stages: one task of a shuffle's map side (partition, or for a
-//! sort: sample, boundaries, range partition) or reduce side, over the task's input blocks.
-//! The kernels are [`crate::exchange::kernels`]'s; this module only routes blocks to them.
+//! The all-to-all operators, one file each, behind one trait.
+//!
+//! An exchange moves rows between blocks: each map task splits its input blocks into one block
+//! per partition, and each reduce task turns one partition's blocks (one from every map task)
+//! into output rows. [`Exchange`] is what an operator says about itself: how its map side
+//! routes rows ([`Routing`]), how many partitions it fixes, how it splits and how it reduces.
+//! The driver plans a shuffle's phases from the routing alone (hash routing goes through
+//! aggregator actors; range routing samples keys and picks boundaries first), so it never
+//! matches on operators.
+//!
+//! Adding an all-to-all operator: a plan variant in `floe_core::plan::Operator`, a file here
+//! with its kernels and its `Exchange`, and its line in [`exchange_for`].
+//!
+//! - [`aggregate`] (groupby, with partial aggregation), [`join`], [`unique`]: hash routing.
+//! - [`repartition`]: hash routing with keys, by position without.
+//! - [`random`]: random routing and a seeded permutation.
+//! - [`sort`]: range routing and a merge of sorted runs.
+//! - [`keys`]: hashing, grouping and ordering by key columns, shared by all of them;
+//!   [`columns`]: gathering and splitting rows.
+
+pub mod aggregate;
+mod columns;
+pub mod join;
+pub mod keys;
+pub mod random;
+pub mod repartition;
+pub mod sort;
+pub mod unique;
 
 use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use floe_core::plan::Operator;
-
 use floe_core::plan::task::StageInput;
-pub mod kernels;
-pub mod partial;
+use floe_core::plan::{Operator, SortKey};
 
-use self::kernels::JoinSide;
 use crate::{Error, Result};
 
 /// Rows sampled per output partition for a sort's range boundaries, over all input blocks.
 pub const SAMPLE_ROWS_PER_PARTITION: u32 = 10;
+
+/// How an exchange's map side sends rows to partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing<'a> {
+    /// By a hash of key columns: every partition is owned by an aggregator actor, which
+    /// collects its shards as map tasks finish.
+    Hash,
+    /// By sort-key range: the map side first samples the keys and picks boundaries.
+    Range(&'a [SortKey]),
+    /// To partitions drawn at random from the task's seed.
+    Random,
+    /// By global row position, into equal consecutive slices.
+    Position,
+}
+
+/// One map task: which input side its blocks come from and where they lie.
+#[derive(Debug, Clone, Copy)]
+pub struct MapTask<'a> {
+    /// The input (a join's left is 0, its right 1) and that input's schema.
+    pub side: usize,
+    pub schema: &'a SchemaRef,
+    pub partitions: u32,
+    /// The blocks are rows `offset..` of the input's `total` rows.
+    pub offset: u64,
+    pub total: u64,
+    pub seed: u64,
+    /// A range-routed exchange's boundaries (the sort's), one row per boundary.
+    pub boundaries: Option<&'a RecordBatch>,
+}
+
+/// One reduce task: a partition's blocks, one list per map task (a join's left map tasks come
+/// first, `left` of them).
+pub struct ReduceTask<'a> {
+    pub inputs: Vec<Vec<RecordBatch>>,
+    pub left: usize,
+    pub input_schemas: &'a [SchemaRef],
+    pub output: &'a SchemaRef,
+    pub seed: u64,
+}
+
+impl ReduceTask<'_> {
+    /// The schema of input `side`.
+    fn schema(&self, side: usize) -> Result<&SchemaRef> {
+        self.input_schemas.get(side).ok_or(Error::ExchangeInput {
+            missing: "an input schema",
+        })
+    }
+
+    /// Every block of the partition, in map-task order.
+    fn into_batches(self) -> Vec<RecordBatch> {
+        self.inputs.into_iter().flatten().collect()
+    }
+}
+
+/// An all-to-all operator's map and reduce sides.
+pub trait Exchange {
+    fn routing(&self) -> Routing<'_>;
+
+    /// The partition count the operator itself fixes (a repartition's count, one for a
+    /// global aggregate); `None` lets the driver choose from the input's size.
+    fn fixed_partitions(&self) -> Option<u32> {
+        None
+    }
+
+    /// The seed of random routing and permutation (0 for exchanges that draw nothing).
+    fn seed(&self) -> u64 {
+        0
+    }
+
+    /// Splits a map task's blocks into exactly `task.partitions` blocks (index = partition).
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>>;
+
+    /// One partition's output rows.
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch>;
+
+    /// The columns whose most frequent value explains a skewed partition (of `input`).
+    fn key_columns(&self, input: &Schema) -> Vec<String>;
+}
+
+/// The exchange of an all-to-all operator; `None` for any other operator.
+pub fn exchange_for(operator: &Operator) -> Option<Box<dyn Exchange + '_>> {
+    Some(match operator {
+        Operator::Sort { keys } => Box::new(sort::Sort { keys }),
+        Operator::Aggregate { keys, aggregations } => {
+            Box::new(aggregate::Aggregate { keys, aggregations })
+        }
+        Operator::Repartition { partitions, keys } => Box::new(repartition::Repartition {
+            partitions: *partitions,
+            keys,
+        }),
+        Operator::RandomShuffle { seed } => Box::new(random::RandomShuffle { seed: *seed }),
+        Operator::Join {
+            left_keys,
+            right_keys,
+            how,
+        } => Box::new(join::Join {
+            left_keys,
+            right_keys,
+            how: *how,
+        }),
+        Operator::Unique { columns } => Box::new(unique::Unique { columns }),
+        _ => return None,
+    })
+}
+
+/// Splits every block with `split(block, offset of its first row)` and concatenates each
+/// partition's pieces: the usual map side, one block per partition.
+pub(crate) fn split_each(
+    task: &MapTask<'_>,
+    batches: Vec<RecordBatch>,
+    mut split: impl FnMut(&RecordBatch, u64) -> Result<Vec<RecordBatch>>,
+) -> Result<Vec<RecordBatch>> {
+    let mut offset = task.offset;
+    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); task.partitions as usize];
+    for batch in batches {
+        let pieces = split(&batch, offset)?;
+        offset += batch.num_rows() as u64;
+        for (part, piece) in parts.iter_mut().zip(pieces) {
+            part.push(piece);
+        }
+    }
+    parts
+        .into_iter()
+        .map(|pieces| Ok(arrow::compute::concat_batches(task.schema, &pieces)?))
+        .collect()
+}
+
+/// Every column name of `schema`, in order.
+pub(crate) fn all_columns(schema: &Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
+}
 
 /// What an all-to-all task produces: for the map side, exactly one batch per partition (index
 /// = partition, possibly empty); for the reduce side, the output rows.
@@ -31,7 +183,12 @@ pub fn run(
         stage: operator.name().to_owned(),
         input: format!("{input:?}"),
     };
+    let exchange = exchange_for(operator).ok_or_else(unsupported)?;
     let first_schema = || input_schemas.first().cloned().ok_or_else(unsupported);
+    let sort_keys = || match exchange.routing() {
+        Routing::Range(keys) => Ok(keys),
+        _ => Err(unsupported()),
+    };
     match input {
         StageInput::Partition {
             partitions,
@@ -42,82 +199,34 @@ pub fn run(
         } => {
             let schema = input_schemas
                 .get(usize::from(side))
-                .cloned()
                 .ok_or_else(unsupported)?;
-            if let Operator::Aggregate { keys, aggregations } = operator
-                && partial::supports_partial(aggregations)
-            {
-                let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-                let partial = partial::partial_aggregate(&batches, &schema, keys, aggregations)?;
-                return kernels::hash_partition(&partial, keys, partitions);
-            }
-            let mut offset = offset;
-            let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions as usize];
-            for batch in inputs.into_iter().flatten() {
-                let rows = batch.num_rows() as u64;
-                let split = match operator {
-                    Operator::Aggregate { keys, .. } => {
-                        kernels::hash_partition(&batch, keys, partitions)?
-                    }
-                    Operator::Repartition { keys, .. } if !keys.is_empty() => {
-                        kernels::hash_partition(&batch, keys, partitions)?
-                    }
-                    Operator::Repartition { .. } => {
-                        kernels::split_by_position(&batch, offset, total, partitions)?
-                    }
-                    Operator::RandomShuffle { .. } => {
-                        kernels::random_partition(&batch, partitions, seed ^ offset)?
-                    }
-                    Operator::Join {
-                        left_keys,
-                        right_keys,
-                        ..
-                    } => {
-                        let keys = if side == 0 { left_keys } else { right_keys };
-                        kernels::hash_partition(&batch, keys, partitions)?
-                    }
-                    Operator::Unique { columns } => {
-                        let columns = if columns.is_empty() {
-                            schema.fields().iter().map(|f| f.name().clone()).collect()
-                        } else {
-                            columns.clone()
-                        };
-                        kernels::hash_partition(&batch, &columns, partitions)?
-                    }
-                    _ => return Err(unsupported()),
-                };
-                offset += rows;
-                for (part, piece) in parts.iter_mut().zip(split) {
-                    part.push(piece);
-                }
-            }
-            parts
-                .into_iter()
-                .map(|pieces| Ok(arrow::compute::concat_batches(&schema, &pieces)?))
-                .collect()
+            let task = MapTask {
+                side: usize::from(side),
+                schema,
+                partitions,
+                offset,
+                total,
+                seed,
+                boundaries: None,
+            };
+            exchange.partition(&task, inputs.into_iter().flatten().collect())
         }
         StageInput::Sample { rows, seed } => {
-            let Operator::Sort { keys } = operator else {
-                return Err(unsupported());
-            };
-            let schema = first_schema()?;
-            let key_schema = key_schema(&schema, keys)?;
+            let keys = sort_keys()?;
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            let all = arrow::compute::concat_batches(&schema, &batches)?;
-            let sample = if all.num_rows() == 0 {
-                RecordBatch::new_empty(key_schema)
-            } else {
-                kernels::sample_keys(&all, keys, rows as usize, seed)?
-            };
-            Ok(vec![sample])
+            Ok(vec![sort::sample(
+                &batches,
+                &first_schema()?,
+                keys,
+                rows,
+                seed,
+            )?])
         }
         StageInput::Boundaries { partitions } => {
-            let Operator::Sort { keys } = operator else {
-                return Err(unsupported());
-            };
+            let keys = sort_keys()?;
             let key_schema = key_schema(first_schema()?.as_ref(), keys)?;
             let samples: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(vec![kernels::range_boundaries(
+            Ok(vec![sort::range_boundaries(
                 &samples,
                 &key_schema,
                 keys,
@@ -125,112 +234,46 @@ pub fn run(
             )?])
         }
         StageInput::RangePartition { partitions } => {
-            let Operator::Sort { keys } = operator else {
-                return Err(unsupported());
-            };
+            let keys = sort_keys()?;
             let schema = first_schema()?;
             let mut inputs = inputs;
             let boundaries = inputs.pop().ok_or_else(unsupported)?;
             let key_schema = key_schema(&schema, keys)?;
             let boundaries = arrow::compute::concat_batches(&key_schema, &boundaries)?;
-            let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions as usize];
-            for batch in inputs.into_iter().flatten() {
-                let split = kernels::range_partition(&batch, keys, &boundaries, partitions)?;
-                for (part, piece) in parts.iter_mut().zip(split) {
-                    part.push(piece);
-                }
-            }
-            parts
-                .iter()
-                .map(|pieces| kernels::merge_sorted(pieces, &schema, keys))
-                .collect()
+            let task = MapTask {
+                side: 0,
+                schema: &schema,
+                partitions,
+                offset: 0,
+                total: 0,
+                seed: 0,
+                boundaries: Some(&boundaries),
+            };
+            exchange.partition(&task, inputs.into_iter().flatten().collect())
         }
         StageInput::Reduce { left, seed, .. } => {
-            let left = left as usize;
-            let batches = |inputs: Vec<Vec<RecordBatch>>| -> Vec<RecordBatch> {
-                inputs.into_iter().flatten().collect()
+            let task = ReduceTask {
+                inputs,
+                left: left as usize,
+                input_schemas,
+                output,
+                seed,
             };
-            let reduced = match operator {
-                Operator::Sort { keys } => {
-                    kernels::merge_sorted(&batches(inputs), &first_schema()?, keys)?
-                }
-                Operator::Aggregate { keys, aggregations }
-                    if partial::supports_partial(aggregations) =>
-                {
-                    let schema =
-                        partial::partial_schema(first_schema()?.as_ref(), keys, aggregations)?;
-                    partial::final_aggregate(&batches(inputs), &schema, keys, aggregations, output)?
-                }
-                Operator::Aggregate { keys, aggregations } => kernels::aggregate(
-                    &batches(inputs),
-                    &first_schema()?,
-                    keys,
-                    aggregations,
-                    output,
-                )?,
-                Operator::Repartition { .. } => {
-                    arrow::compute::concat_batches(&first_schema()?, &batches(inputs))?
-                }
-                Operator::RandomShuffle { .. } => {
-                    kernels::permute(&batches(inputs), &first_schema()?, seed)?
-                }
-                Operator::Join {
-                    left_keys,
-                    right_keys,
-                    how,
-                } => {
-                    let right_schema = input_schemas.get(1).cloned().ok_or_else(unsupported)?;
-                    let mut inputs = inputs;
-                    let right = batches(inputs.split_off(left.min(inputs.len())));
-                    let left = batches(inputs);
-                    kernels::join(
-                        JoinSide {
-                            batches: &left,
-                            schema: &first_schema()?,
-                            keys: left_keys,
-                        },
-                        JoinSide {
-                            batches: &right,
-                            schema: &right_schema,
-                            keys: right_keys,
-                        },
-                        *how,
-                        output,
-                    )?
-                }
-                Operator::Unique { columns } => {
-                    kernels::unique(&batches(inputs), &first_schema()?, columns, output)?
-                }
-                _ => return Err(unsupported()),
-            };
-            Ok(vec![reduced])
+            Ok(vec![exchange.reduce(task)?])
         }
         StageInput::HotKey { left } => {
-            let columns: Vec<String> = match operator {
-                Operator::Aggregate { keys, .. } | Operator::Repartition { keys, .. } => {
-                    keys.clone()
-                }
-                Operator::Join { left_keys, .. } => left_keys.clone(),
-                Operator::Unique { columns } if !columns.is_empty() => columns.clone(),
-                Operator::Unique { .. } => first_schema()?
-                    .fields()
-                    .iter()
-                    .map(|field| field.name().clone())
-                    .collect(),
-                Operator::Sort { keys } => keys.iter().map(|key| key.column.clone()).collect(),
-                _ => Vec::new(),
-            };
+            let columns = exchange.key_columns(first_schema()?.as_ref());
             let mut inputs = inputs;
             inputs.truncate(left as usize);
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(vec![kernels::most_frequent_key(&batches, &columns)?])
+            Ok(vec![keys::most_frequent_key(&batches, &columns)?])
         }
         _ => Err(unsupported()),
     }
 }
 
 /// The sort key columns of `schema`, in key order.
-fn key_schema(schema: &Schema, keys: &[floe_core::plan::SortKey]) -> Result<SchemaRef> {
+pub(crate) fn key_schema(schema: &Schema, keys: &[SortKey]) -> Result<SchemaRef> {
     let fields = keys
         .iter()
         .map(|key| {

@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::{AggFunction, Aggregation};
 
-use crate::exchange::kernels::aggregate;
+use super::aggregate;
 use crate::{Error, Result};
 
 /// Whether every aggregation can be computed from partial aggregates.

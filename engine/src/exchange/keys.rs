@@ -1,0 +1,234 @@
+//! Keys: how exchanges hash, group and order rows by key columns.
+//!
+//! Keys are compared through Arrow's row format, which orders and equates every type the plan
+//! accepts. Before hashing, grouping or joining, key columns are normalized so that values that
+//! are equal hash and compare alike whatever their width: integers become `Int64`, floats
+//! `Float64` with `-0.0` folded into `0.0` and every NaN into one NaN.
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef};
+use arrow::compute::SortOptions;
+use arrow::datatypes::{DataType, Float64Type, Int64Type, Schema, UInt64Type};
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, Rows, SortField};
+use floe_core::plan::SortKey;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::columns::{column, invalid, partition_count, primitive, scale, split_rows};
+use crate::Result;
+use crate::eval::safe_cast;
+
+/// Splits `batch` into `n` batches (index = partition) by a hash of the values of `keys`.
+///
+/// The hash is xxh3 of the normalized key values in Arrow's row format, so it is the same in
+/// every process of a cluster running this binary. Null keys hash alike; with no keys every row
+/// goes to partition 0. Always returns exactly `n` batches with `batch`'s schema.
+pub fn hash_partition(batch: &RecordBatch, keys: &[String], n: u32) -> Result<Vec<RecordBatch>> {
+    let parts = partition_count(n)?;
+    if keys.is_empty() {
+        return split_rows(batch, &vec![0; batch.num_rows()], parts);
+    }
+    let normalized = normalized_columns(batch, keys)?;
+    let converter = key_converter(normalized.iter().map(|c| c.data_type()))?;
+    let rows = converter.convert_columns(&normalized)?;
+    let partitions: Vec<usize> = rows
+        .iter()
+        .map(|row| scale(xxh3_64(row.as_ref()), parts))
+        .collect();
+    split_rows(batch, &partitions, parts)
+}
+
+/// The type a key column is hashed and compared in.
+pub(crate) fn normalized_type(data_type: &DataType) -> DataType {
+    if data_type.is_integer() {
+        DataType::Int64
+    } else if data_type.is_floating() {
+        DataType::Float64
+    } else {
+        data_type.clone()
+    }
+}
+
+/// `array` as [`normalized_type`] says, keeping every distinct value distinct.
+pub(crate) fn normalize_key(array: &ArrayRef) -> Result<ArrayRef> {
+    let data_type = array.data_type();
+    if *data_type == DataType::UInt64 {
+        // Reinterpreting the bits keeps distinct values distinct; a value past i64::MAX
+        // equals no signed one, so sharing a hash with a negative number only costs balance.
+        let values = primitive::<UInt64Type>(array)?;
+        return Ok(Arc::new(values.unary::<_, Int64Type>(|v| v as i64)));
+    }
+    if data_type.is_floating() {
+        let values = safe_cast(array, &DataType::Float64)?;
+        let values = primitive::<Float64Type>(&values)?;
+        return Ok(Arc::new(values.unary::<_, Float64Type>(|v| {
+            if v == 0.0 {
+                0.0
+            } else if v.is_nan() {
+                f64::NAN
+            } else {
+                v
+            }
+        })));
+    }
+    safe_cast(array, &normalized_type(data_type))
+}
+
+pub(crate) fn normalized_columns(batch: &RecordBatch, names: &[String]) -> Result<Vec<ArrayRef>> {
+    names
+        .iter()
+        .map(|name| normalize_key(column(batch, name)?))
+        .collect()
+}
+
+/// A row converter for key equality (and hashing) over columns of `types`.
+pub(crate) fn key_converter<'a>(types: impl Iterator<Item = &'a DataType>) -> Result<RowConverter> {
+    let fields = types
+        .map(|data_type| SortField::new(normalized_type(data_type)))
+        .collect();
+    Ok(RowConverter::new(fields)?)
+}
+
+/// A row converter whose byte order is the sort order of `keys` (columns of `schema`).
+pub(crate) fn sort_converter(schema: &Schema, keys: &[SortKey]) -> Result<RowConverter> {
+    if keys.is_empty() {
+        return Err(invalid("a sort needs at least one key"));
+    }
+    let fields = keys
+        .iter()
+        .map(|key| {
+            let options = SortOptions {
+                descending: key.descending,
+                nulls_first: key.nulls_first,
+            };
+            let data_type = schema.field_with_name(&key.column)?.data_type().clone();
+            Ok(SortField::new_with_options(data_type, options))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RowConverter::new(fields)?)
+}
+
+pub(crate) fn sort_columns(batch: &RecordBatch, keys: &[SortKey]) -> Result<Vec<ArrayRef>> {
+    keys.iter()
+        .map(|key| column(batch, &key.column).cloned())
+        .collect()
+}
+
+/// The row indices of `rows` in sorted order; equal rows keep their order.
+pub(crate) fn sorted_order(rows: &Rows) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..rows.num_rows()).collect();
+    order.sort_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
+    order
+}
+
+/// The rows of a set of batches numbered by their distinct key values.
+pub(crate) struct Grouping {
+    /// Each row's group, batch by batch; groups are numbered in order of first appearance.
+    pub(crate) ids: Vec<Vec<usize>>,
+    /// The (batch, row) where each group first appears.
+    pub(crate) first: Vec<(usize, usize)>,
+}
+
+impl Grouping {
+    /// Groups by the normalized values of `keys` (columns of `input`); with no keys, all rows
+    /// are one group.
+    pub(crate) fn of(batches: &[RecordBatch], input: &Schema, keys: &[String]) -> Result<Self> {
+        if keys.is_empty() {
+            let first = batches
+                .iter()
+                .position(|batch| batch.num_rows() > 0)
+                .map(|batch| (batch, 0));
+            return Ok(Self {
+                ids: batches.iter().map(|b| vec![0; b.num_rows()]).collect(),
+                first: first.into_iter().collect(),
+            });
+        }
+        let types = keys
+            .iter()
+            .map(|key| Ok(input.field_with_name(key)?.data_type()))
+            .collect::<Result<Vec<_>>>()?;
+        let converter = key_converter(types.into_iter())?;
+        let encoded = batches
+            .iter()
+            .map(|batch| Ok(converter.convert_columns(&normalized_columns(batch, keys)?)?))
+            .collect::<Result<Vec<Rows>>>()?;
+        let mut numbers: HashMap<&[u8], usize> = HashMap::new();
+        let mut first = Vec::new();
+        let mut ids = Vec::with_capacity(encoded.len());
+        for (batch, rows) in encoded.iter().enumerate() {
+            let mut batch_ids = Vec::with_capacity(rows.num_rows());
+            for (row, key) in rows.iter().enumerate() {
+                let id = *numbers.entry(key.data()).or_insert_with(|| {
+                    first.push((batch, row));
+                    first.len() - 1
+                });
+                batch_ids.push(id);
+            }
+            ids.push(batch_ids);
+        }
+        Ok(Self { ids, first })
+    }
+}
+
+/// The most frequent value of `columns` over `batches`, as one row: `key` (each column's
+/// value, printed as `column=value`) and `rows` (how many rows carry it). No rows (or no
+/// columns) give an empty batch.
+pub fn most_frequent_key(batches: &[RecordBatch], columns: &[String]) -> Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        arrow::datatypes::Field::new("key", DataType::Utf8, false),
+        arrow::datatypes::Field::new("rows", DataType::Int64, false),
+    ]));
+    let Some(first) = batches.first() else {
+        return Ok(RecordBatch::new_empty(schema));
+    };
+    if columns.is_empty() {
+        return Ok(RecordBatch::new_empty(schema));
+    }
+    let types = columns
+        .iter()
+        .map(|name| Ok(column(first, name)?.data_type().clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let converter = RowConverter::new(types.into_iter().map(SortField::new).collect())?;
+    // Row bytes → (rows seen, where the first one is).
+    let mut counts: HashMap<Vec<u8>, (i64, usize, usize)> = HashMap::new();
+    for (batch_index, batch) in batches.iter().enumerate() {
+        let keys = columns
+            .iter()
+            .map(|name| column(batch, name).cloned())
+            .collect::<Result<Vec<_>>>()?;
+        let rows = converter.convert_columns(&keys)?;
+        for (row_index, row) in rows.iter().enumerate() {
+            counts
+                .entry(row.as_ref().to_vec())
+                .or_insert((0, batch_index, row_index))
+                .0 += 1;
+        }
+    }
+    let Some((count, batch_index, row_index)) =
+        counts
+            .into_values()
+            .max_by_key(|(count, batch_index, row_index)| {
+                (*count, Reverse((*batch_index, *row_index)))
+            })
+    else {
+        return Ok(RecordBatch::new_empty(schema));
+    };
+    let batch = &batches[batch_index];
+    let options = arrow::util::display::FormatOptions::default().with_null("null");
+    let mut printed = Vec::with_capacity(columns.len());
+    for name in columns {
+        let values = column(batch, name)?;
+        let formatter = arrow::util::display::ArrayFormatter::try_new(values.as_ref(), &options)?;
+        printed.push(format!("{name}={}", formatter.value(row_index)));
+    }
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(arrow::array::StringArray::from(vec![printed.join(", ")])),
+            Arc::new(arrow::array::Int64Array::from(vec![count])),
+        ],
+    )?)
+}

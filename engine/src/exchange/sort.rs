@@ -1,0 +1,218 @@
+//! Sort: a range-partitioned exchange. The map side samples sort keys, picks `n - 1` range
+//! boundaries from the samples, and splits its sorted blocks at them; each reduce task merges
+//! its partition's sorted runs, so partition `i`'s rows all sort before partition `i + 1`'s.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use arrow::array::UInt64Array;
+use arrow::compute::take_record_batch;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use arrow::row::Rows;
+use floe_core::plan::SortKey;
+
+use super::columns::{SplitMix64, concat_batches, gather, partition_count, scale};
+use super::keys::{sort_columns, sort_converter, sorted_order};
+use super::{Exchange, MapTask, ReduceTask, Routing, key_schema};
+use crate::{Error, Result};
+
+/// Up to `count` rows of `batch` drawn without replacement with a PRNG seeded with `seed`,
+/// projected to the sort key columns (in key order) and kept in `batch`'s row order. Used to
+/// pick range boundaries for a sort.
+pub fn sample_keys(
+    batch: &RecordBatch,
+    keys: &[SortKey],
+    count: usize,
+    seed: u64,
+) -> Result<RecordBatch> {
+    let indices = keys
+        .iter()
+        .map(|key| Ok(batch.schema_ref().index_of(&key.column)?))
+        .collect::<Result<Vec<_>>>()?;
+    let projected = batch.project(&indices)?;
+    let rows = batch.num_rows();
+    if count >= rows {
+        return Ok(projected);
+    }
+    // Floyd's algorithm: `count` distinct rows in `count` draws, without a row-sized buffer.
+    let mut random = SplitMix64::new(seed);
+    let mut chosen = BTreeSet::new();
+    for candidate in rows - count..rows {
+        let drawn = scale(random.next_u64(), candidate + 1) as u64;
+        if !chosen.insert(drawn) {
+            chosen.insert(candidate as u64);
+        }
+    }
+    let chosen = UInt64Array::from_iter_values(chosen);
+    Ok(take_record_batch(&projected, &chosen)?)
+}
+
+/// The boundaries of `n` range partitions: sorts all `samples` (the columns of
+/// [`sample_keys`]' output, of `sample_schema`) by `keys` and returns, sorted and without
+/// repeats, the last sample of each of the first n - 1 equal shares of them — at most n - 1
+/// rows. No samples give an empty batch of `sample_schema`.
+pub fn range_boundaries(
+    samples: &[RecordBatch],
+    sample_schema: &SchemaRef,
+    keys: &[SortKey],
+    n: u32,
+) -> Result<RecordBatch> {
+    let parts = partition_count(n)?;
+    let all = concat_batches(samples, sample_schema)?;
+    let converter = sort_converter(sample_schema, keys)?;
+    let rows = converter.convert_columns(&sort_columns(&all, keys)?)?;
+    let order = sorted_order(&rows);
+    let mut picked: Vec<usize> = Vec::new();
+    for share in 1..parts {
+        // Computed in u128: `share * len` can pass usize::MAX on 32-bit targets.
+        let end = (share as u128 * order.len() as u128 / parts as u128) as usize;
+        let Some(&candidate) = end.checked_sub(1).and_then(|last| order.get(last)) else {
+            continue;
+        };
+        if picked
+            .last()
+            .is_none_or(|&previous| rows.row(previous) != rows.row(candidate))
+        {
+            picked.push(candidate);
+        }
+    }
+    let picked = UInt64Array::from_iter_values(picked.into_iter().map(|i| i as u64));
+    Ok(take_record_batch(&all, &picked)?)
+}
+
+/// Sorts `batch` by `keys` (stably) and splits it by `boundaries` into exactly `n` sorted
+/// batches: a row goes to the first partition i (i < min(boundaries.num_rows(), n - 1)) whose
+/// boundary sorts at or after the row's key, else to the last partition n - 1. The partitions
+/// between the boundaries' and the last stay empty. Partition i's rows all sort at or before
+/// partition i + 1's.
+pub fn range_partition(
+    batch: &RecordBatch,
+    keys: &[SortKey],
+    boundaries: &RecordBatch,
+    n: u32,
+) -> Result<Vec<RecordBatch>> {
+    let parts = partition_count(n)?;
+    let converter = sort_converter(batch.schema_ref(), keys)?;
+    let rows = converter.convert_columns(&sort_columns(batch, keys)?)?;
+    let bounds = converter.convert_columns(boundaries.columns())?;
+    let order = sorted_order(&rows);
+    let sorted = take_record_batch(
+        batch,
+        &UInt64Array::from_iter_values(order.iter().map(|&i| i as u64)),
+    )?;
+    let mut cuts = vec![0];
+    for bound in bounds.iter().take(parts - 1) {
+        let previous = cuts.last().copied().unwrap_or(0);
+        let end = order.partition_point(|&i| rows.row(i) <= bound);
+        cuts.push(end.max(previous));
+    }
+    let last_cut = cuts.last().copied().unwrap_or(0);
+    cuts.resize(parts, last_cut);
+    cuts.push(order.len());
+    Ok(cuts
+        .windows(2)
+        .map(|cut| sorted.slice(cut[0], cut[1] - cut[0]))
+        .collect())
+}
+
+/// Merges batches that are each sorted by `keys` into one sorted batch of `schema` (a k-way
+/// merge; equal keys keep the input order, batch by batch).
+pub fn merge_sorted(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    keys: &[SortKey],
+) -> Result<RecordBatch> {
+    let converter = sort_converter(schema, keys)?;
+    let runs = batches
+        .iter()
+        .map(|batch| Ok(converter.convert_columns(&sort_columns(batch, keys)?)?))
+        .collect::<Result<Vec<Rows>>>()?;
+    // Ties are broken by (run, row), which makes the merge stable.
+    let mut heads = BinaryHeap::new();
+    for (run, rows) in runs.iter().enumerate() {
+        if rows.num_rows() > 0 {
+            heads.push(Reverse((rows.row(0), run, 0)));
+        }
+    }
+    let mut picks = Vec::with_capacity(runs.iter().map(Rows::num_rows).sum());
+    while let Some(Reverse((_, run, row))) = heads.pop() {
+        picks.push((run, row));
+        let next = row + 1;
+        if next < runs[run].num_rows() {
+            heads.push(Reverse((runs[run].row(next), run, next)));
+        }
+    }
+    gather(batches, schema, &picks)
+}
+
+/// `Operator::Sort`.
+pub struct Sort<'a> {
+    pub keys: &'a [SortKey],
+}
+
+impl Exchange for Sort<'_> {
+    fn routing(&self) -> Routing<'_> {
+        Routing::Range(self.keys)
+    }
+
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let boundaries = task.boundaries.ok_or(Error::ExchangeInput {
+            missing: "the sort's range boundaries",
+        })?;
+        partition_by_range(
+            &batches,
+            task.schema,
+            self.keys,
+            boundaries,
+            task.partitions,
+        )
+    }
+
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+        let schema = task.schema(0)?.clone();
+        merge_sorted(&task.into_batches(), &schema, self.keys)
+    }
+
+    fn key_columns(&self, _input: &Schema) -> Vec<String> {
+        self.keys.iter().map(|key| key.column.clone()).collect()
+    }
+}
+
+/// Up to `rows` sort-key rows sampled from all of `batches` (of `schema`), as one block of the
+/// key columns.
+pub fn sample(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    keys: &[SortKey],
+    rows: u32,
+    seed: u64,
+) -> Result<RecordBatch> {
+    let all = arrow::compute::concat_batches(schema, batches)?;
+    if all.num_rows() == 0 {
+        return Ok(RecordBatch::new_empty(key_schema(schema, keys)?));
+    }
+    sample_keys(&all, keys, rows as usize, seed)
+}
+
+/// Sorts `batches` (of `schema`) and splits them at `boundaries` into `partitions` sorted
+/// blocks.
+pub fn partition_by_range(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    keys: &[SortKey],
+    boundaries: &RecordBatch,
+    partitions: u32,
+) -> Result<Vec<RecordBatch>> {
+    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions as usize];
+    for batch in batches {
+        let split = range_partition(batch, keys, boundaries, partitions)?;
+        for (part, piece) in parts.iter_mut().zip(split) {
+            part.push(piece);
+        }
+    }
+    parts
+        .iter()
+        .map(|pieces| merge_sorted(pieces, schema, keys))
+        .collect()
+}
