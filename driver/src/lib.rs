@@ -9,7 +9,6 @@
 //! next attempt number; the new driver plans afresh, so every stage that was cached before the
 //! death is loaded rather than recomputed. Only the current attempt's `FinishJob` is accepted.
 
-mod aggregators;
 mod cluster;
 mod execute;
 mod plan;

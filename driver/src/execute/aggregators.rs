@@ -1,4 +1,6 @@
-//! A hash shuffle's aggregator actors, seen from the driver.
+//! A hash shuffle's aggregator actors, seen from the driver: the slots the executor keeps per
+//! shuffle, the cluster calls that place, start, feed and stop the actors, and the executor's
+//! handling of their creation, death and replacement.
 //!
 //! When a hash shuffle (groupby, keyed repartition, join, unique) receives its first input,
 //! the driver creates `min(cluster CPUs, 128)` [`HashShuffleAggregator`] actors, placed with
@@ -16,12 +18,16 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use floe_core::plan::task::StageInput;
+
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{Command, Outcome};
 use floe_core::plan::Operator;
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 
-use super::cluster::Cluster;
+use super::task::{Launch, Recipe};
+use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, UNREACHABLE_PAUSE};
+use crate::cluster::Cluster;
 use floe_api::node_protocol::{
     ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, PushedShard,
 };
@@ -268,6 +274,303 @@ pub async fn stop(cluster: Arc<Cluster>, actors: Vec<(ActorId, NodeId)>) {
                 .await
         {
             tracing::debug!(%actor, %node, %error, "cannot stop an aggregator");
+        }
+    }
+}
+
+impl Execution {
+    /// The aggregator a hash shuffle's reduce goes through: `Ok(None)` for any other task,
+    /// `Err` while the partition's aggregator is being created.
+    pub(super) fn aggregator_for(
+        &self,
+        index: usize,
+        launch: &Launch,
+    ) -> Result<Option<(ActorId, NodeId)>, ()> {
+        let (
+            Recipe::Compute {
+                input: StageInput::Reduce { partition, .. },
+                ..
+            },
+            Some(pool),
+        ) = (&launch.recipe, &self.ops[index].shuffle.aggregators)
+        else {
+            return Ok(None);
+        };
+        let slot = &pool.slots[pool.slot_of(*partition)];
+        match slot.node {
+            // A reduce that failed on the aggregator's node (its worker died or ran out of
+            // memory) runs again elsewhere as a plain task, which pulls its shards.
+            Some(node) if launch.avoid == Some(node) => Ok(None),
+            Some(node) => Ok(Some((slot.actor, node))),
+            None => Err(()),
+        }
+    }
+
+    /// Creates a hash shuffle's aggregators (see [`aggregators`]).
+    pub(super) fn start_aggregators(&mut self, index: usize) {
+        let pool = Aggregators::new(self.concurrency_cap);
+        let op = &mut self.ops[index];
+        op.stats.aggregators += pool.slots.len() as u64;
+        let count = pool.count();
+        let actors: Vec<ActorId> = pool.slots.iter().map(|slot| slot.actor).collect();
+        op.shuffle.aggregators = Some(pool);
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        let job = self.job;
+        tokio::spawn(async move {
+            let placed = place_spread(&cluster, actors.len()).await;
+            let mut starts = tokio::task::JoinSet::new();
+            for (slot, actor) in actors.into_iter().enumerate() {
+                let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+                let cluster = Arc::clone(&cluster);
+                let node = placed
+                    .as_ref()
+                    .map(|nodes| nodes[slot])
+                    .map_err(Clone::clone);
+                let events = events.clone();
+                starts.spawn(async move {
+                    let result = match node {
+                        Ok(node) => start_on(&cluster, job, spec, node).await,
+                        Err(message) => Err(message),
+                    };
+                    let _ = events.send(Event::AggregatorCreated {
+                        op: index,
+                        slot,
+                        actor,
+                        result,
+                    });
+                });
+            }
+            while starts.join_next().await.is_some() {}
+        });
+    }
+
+    pub(super) fn create_aggregator(
+        &self,
+        index: usize,
+        slot: usize,
+        actor: ActorId,
+        count: u32,
+        avoid: Option<NodeId>,
+    ) {
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        let job = self.job;
+        let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+        tokio::spawn(async move {
+            let result = replace(cluster, job, spec, avoid).await;
+            let _ = events.send(Event::AggregatorCreated {
+                op: index,
+                slot,
+                actor,
+                result,
+            });
+        });
+    }
+
+    /// A new actor for slot `slot`, whose actor died (with its node, or on its own); its
+    /// partitions' shards are pushed to the new one once it runs.
+    pub(super) fn replace_aggregator(
+        &mut self,
+        index: usize,
+        slot: usize,
+        gone: ActorId,
+        avoid: Option<NodeId>,
+    ) {
+        let op = &mut self.ops[index];
+        let Some(pool) = &mut op.shuffle.aggregators else {
+            return;
+        };
+        let count = pool.count();
+        // Only the slot's current actor: a late answer from one already replaced says
+        // nothing about its successor.
+        let Some(entry) = pool.slots.get_mut(slot).filter(|entry| entry.actor == gone) else {
+            return;
+        };
+        if entry.idle || entry.node.is_none() {
+            return;
+        }
+        tracing::warn!(job = %self.job, operator = %op.name, slot, actor = %entry.actor, ?avoid, "an aggregator is gone; creating it again");
+        let old_node = entry.node;
+        entry.replace();
+        let actor = entry.actor;
+        op.stats.aggregators += 1;
+        op.stats.aggregators_recreated += 1;
+        self.create_aggregator(index, slot, actor, count, avoid);
+        // Stopped and unrecorded, in case it still lives and holds shards.
+        self.stop_actors(vec![(gone, old_node)]);
+    }
+
+    pub(super) fn aggregator_created(
+        &mut self,
+        index: usize,
+        slot: usize,
+        actor: ActorId,
+        result: Result<NodeId, String>,
+    ) {
+        let current = self.ops[index]
+            .shuffle
+            .aggregators
+            .as_ref()
+            .and_then(|pool| pool.slots.get(slot))
+            .filter(|entry| entry.actor == actor)
+            .map(|entry| entry.idle);
+        let Some(idle) = current else {
+            // Superseded (or the shuffle is over): this actor is not wanted.
+            if let Ok(node) = result {
+                self.stop_actors(vec![(actor, Some(node))]);
+            }
+            return;
+        };
+        match result {
+            Ok(node) if idle => self.stop_actors(vec![(actor, Some(node))]),
+            Ok(node) => {
+                if let Some(entry) = self.slot_mut(index, slot) {
+                    entry.node = Some(node);
+                    entry.failed_creations = 0;
+                }
+                let seqs: Vec<u64> = self.ops[index]
+                    .shuffle
+                    .map_outputs
+                    .keys()
+                    .copied()
+                    .collect();
+                self.push_to(index, slot, &seqs);
+            }
+            Err(message) => {
+                let Some(entry) = self.slot_mut(index, slot) else {
+                    return;
+                };
+                entry.failed_creations += 1;
+                if entry.failed_creations > MAX_UNREACHABLE_RETRIES {
+                    self.fail(index, format!("cannot create an aggregator: {message}"));
+                    return;
+                }
+                tracing::info!(job = %self.job, slot, %message, "creating an aggregator failed; trying again");
+                let events = self.events_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::RetryAggregator {
+                        op: index,
+                        slot,
+                        actor,
+                    });
+                });
+            }
+        }
+    }
+
+    pub(super) fn retry_aggregator(&mut self, index: usize, slot: usize, actor: ActorId) {
+        let Some(pool) = &mut self.ops[index].shuffle.aggregators else {
+            return;
+        };
+        let count = pool.count();
+        let Some(entry) = pool
+            .slots
+            .get_mut(slot)
+            .filter(|entry| entry.actor == actor)
+        else {
+            return;
+        };
+        // A fresh id: the failed attempt may have been recorded before it failed.
+        entry.replace();
+        let actor = entry.actor;
+        self.ops[index].stats.aggregators += 1;
+        self.create_aggregator(index, slot, actor, count, None);
+    }
+
+    pub(super) fn slot_mut(&mut self, index: usize, slot: usize) -> Option<&mut Slot> {
+        self.ops[index]
+            .shuffle
+            .aggregators
+            .as_mut()
+            .and_then(|pool| pool.slots.get_mut(slot))
+    }
+
+    /// Pushes the shards of map tasks `seqs` that slot `slot` owns to its actor, if it runs.
+    pub(super) fn push_to(&mut self, index: usize, slot: usize, seqs: &[u64]) {
+        let shuffle = &self.ops[index].shuffle;
+        let partitions = shuffle.partitions;
+        let Some(pool) = &shuffle.aggregators else {
+            return;
+        };
+        let Some(entry) = pool.slots.get(slot).filter(|entry| !entry.idle) else {
+            return;
+        };
+        let Some(node) = entry.node else {
+            return;
+        };
+        let mut shards = Vec::new();
+        let mut pushed = Vec::new();
+        for seq in seqs {
+            let Some(outputs) = shuffle.map_outputs.get(seq) else {
+                continue;
+            };
+            if entry.pushed.contains(seq) {
+                continue;
+            }
+            pushed.push(*seq);
+            for partition in pool.owned(slot, partitions) {
+                let Some(object) = outputs.get(partition as usize) else {
+                    continue;
+                };
+                if let Some(info) = self.blocks.get(object) {
+                    shards.push((partition, *object, info.node));
+                }
+            }
+        }
+        let actor = entry.actor;
+        if let Some(entry) = self.slot_mut(index, slot) {
+            entry.pushed.extend(pushed);
+        }
+        if shards.is_empty() {
+            return;
+        }
+        let cluster = Arc::clone(&self.cluster);
+        let via = self.config.node;
+        tokio::spawn(push(cluster, via, actor, node, shards));
+    }
+
+    /// Aggregators on nodes the scheduler has declared dead are created again elsewhere.
+    pub(super) fn replace_dead_aggregators(&mut self) {
+        let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
+        for index in 0..self.ops.len() {
+            let dead: Vec<(usize, ActorId, NodeId)> = self.ops[index]
+                .shuffle
+                .aggregators
+                .iter()
+                .flat_map(|pool| pool.slots.iter().enumerate())
+                .filter_map(|(slot, entry)| Some((slot, entry.actor, entry.node?)))
+                .filter(|(_, _, node)| !alive.contains(node))
+                .collect();
+            for (slot, actor, node) in dead {
+                self.replace_aggregator(index, slot, actor, Some(node));
+            }
+        }
+    }
+
+    /// Stops a shuffle's aggregators once it no longer needs them; a later rebuild of one of
+    /// its partitions runs as a plain task.
+    pub(super) fn stop_aggregators(&mut self, index: usize) {
+        let Some(pool) = self.ops[index].shuffle.aggregators.take() else {
+            return;
+        };
+        let actors = pool
+            .slots
+            .into_iter()
+            .filter(|slot| !slot.idle)
+            .map(|slot| (slot.actor, slot.node))
+            .collect();
+        self.stop_actors(actors);
+    }
+
+    pub(super) fn stop_actors(&self, actors: Vec<(ActorId, Option<NodeId>)>) {
+        let actors: Vec<(ActorId, NodeId)> = actors
+            .into_iter()
+            .filter_map(|(actor, node)| Some((actor, node?)))
+            .collect();
+        if !actors.is_empty() {
+            tokio::spawn(stop(Arc::clone(&self.cluster), actors));
         }
     }
 }

@@ -1,0 +1,63 @@
+//! Backpressure: the job's object-store budget and concurrency cap, sized from the alive
+//! nodes, and the bytes queued between operators that sources are throttled against.
+
+use floe_api::node_protocol::{NodeRequest, NodeResponse};
+
+use super::{Execution, TASK_CPU_MILLIS};
+use crate::plan::Work;
+
+impl Execution {
+    /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
+    pub(super) async fn size_budget(&mut self) -> crate::Result<()> {
+        let state = self.cluster.read_state().await?;
+        let cpus: u64 = state
+            .alive_nodes()
+            .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
+            .sum();
+        self.concurrency_cap = cpus.max(1);
+        let mut capacity = 0u64;
+        for node in state.alive_nodes() {
+            if let Ok(NodeResponse::Status(status)) = self
+                .cluster
+                .call_node(&node.addresses.rpc, &NodeRequest::Status)
+                .await
+            {
+                capacity += status.store.capacity;
+            }
+        }
+        self.budget_bytes =
+            (capacity / 1000).saturating_mul(u64::from(self.options.object_store_budget_permille));
+        Ok(())
+    }
+
+    pub(super) async fn spilled_bytes(&self) -> u64 {
+        let mut total = 0;
+        let Ok(state) = self.cluster.read_state().await else {
+            return 0;
+        };
+        for node in state.alive_nodes() {
+            if let Ok(NodeResponse::Status(status)) = self
+                .cluster
+                .call_node(&node.addresses.rpc, &NodeRequest::Status)
+                .await
+            {
+                total += status.store.spilled_bytes_total;
+            }
+        }
+        total
+    }
+
+    /// Bytes of bundles queued between operators.
+    pub(super) fn queued_bytes(&self) -> u64 {
+        // A union's queue holds finished data waiting for the inputs before it; counting it
+        // could throttle the very source the union waits for.
+        self.ops
+            .iter()
+            .filter(|op| !matches!(op.work, Work::Union))
+            .flat_map(|op| op.queued.iter().flatten())
+            .flat_map(|bundle| &bundle.blocks)
+            .filter_map(|block| self.blocks.get(block))
+            .map(|info| info.bytes)
+            .sum()
+    }
+}
