@@ -104,10 +104,10 @@ impl Cluster {
     /// Places one task; waits while the cluster is busy.
     pub async fn place(&self, request: PlacementRequest) -> Result<NodeId> {
         let placed = self.place_all(vec![request]).await?;
-        placed
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Placement("the scheduler answered no placement".into()))
+        placed.into_iter().next().ok_or(Error::PlacementCount {
+            asked: 1,
+            answered: 0,
+        })
     }
 
     /// Places a batch at once (so SPREAD spreads within it); waits while the cluster is busy.
@@ -118,14 +118,14 @@ impl Cluster {
         let placed = client.place(requests).await?;
         return_pooled(&self.placement_pool, client);
         if placed.len() != count {
-            return Err(Error::Placement(format!(
-                "asked for {count} placements, the scheduler answered {}",
-                placed.len()
-            )));
+            return Err(Error::PlacementCount {
+                asked: count,
+                answered: placed.len(),
+            });
         }
         placed
             .into_iter()
-            .map(|placed| placed.map_err(|error| Error::Placement(error.to_string())))
+            .map(|placed| placed.map_err(Error::Placement))
             .collect()
     }
 
@@ -187,21 +187,13 @@ impl Cluster {
     }
 
     /// One call to the node agent at `addr`.
-    pub async fn call_node(
-        &self,
-        addr: &str,
-        request: &NodeRequest,
-    ) -> Result<NodeResponse, WireError> {
-        call_pooled(&self.node_pool, &self.wire, addr, request).await
+    pub async fn call_node(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+        Ok(call_pooled(&self.node_pool, &self.wire, addr, request).await?)
     }
 
     /// Runs a task on the node at `addr`, waiting as long as the task runs.
-    pub async fn run_task(
-        &self,
-        addr: &str,
-        request: &NodeRequest,
-    ) -> Result<NodeResponse, WireError> {
-        call_pooled(&self.task_pool, &self.task_wire, addr, request).await
+    pub async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+        Ok(call_pooled(&self.task_pool, &self.task_wire, addr, request).await?)
     }
 
     /// Frees objects on the nodes holding them; a node that cannot be reached has lost them

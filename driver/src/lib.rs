@@ -31,7 +31,9 @@ pub enum Error {
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
     #[error("cannot place a task: {0}")]
-    Placement(String),
+    Placement(#[from] floe_api::placement::PlacementError),
+    #[error("cannot place a task: asked for {asked} placements, the scheduler answered {answered}")]
+    PlacementCount { asked: usize, answered: usize },
     #[error("node {0} is not alive")]
     NodeGone(NodeId),
     #[error("job {0} is not in the scheduler's job table")]
@@ -105,7 +107,7 @@ async fn plan_and_run(
     loop {
         let operators = match plan::plan(spec, &state, config) {
             Ok(operators) => operators,
-            Err(message) => return Ok(failed(attempt, message)),
+            Err(error) => return Ok(failed(attempt, error.to_string())),
         };
         let run = execute::Execution::new(
             Arc::clone(config),

@@ -28,6 +28,7 @@ use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use super::task::{Launch, Recipe};
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, UNREACHABLE_PAUSE};
 use crate::cluster::Cluster;
+use crate::{Error, Result};
 use floe_api::node_protocol::{
     ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, PushedShard,
 };
@@ -122,14 +123,50 @@ impl Aggregators {
     }
 }
 
+/// Which actor serves which slot of how many.
+#[derive(Debug, Clone, Copy)]
+pub struct AggregatorSpec {
+    pub actor: ActorId,
+    pub slot: u32,
+    pub slots: u32,
+}
+
+/// Why an aggregator could not be created (its creation is tried again, up to a limit).
+#[derive(Debug, thiserror::Error)]
+pub enum AggregatorError {
+    /// The batch placing every aggregator of a shuffle failed.
+    #[error("placing {count} aggregators: {source}")]
+    PlaceBatch { count: usize, source: Arc<Error> },
+    #[error("placing aggregator {slot}: {source}")]
+    Place { slot: u32, source: Error },
+    #[error("recording aggregator {slot}: {outcome:?}")]
+    Rejected { slot: u32, outcome: Outcome },
+    #[error("recording aggregator {slot}: {source}")]
+    Record { slot: u32, source: Error },
+    #[error("aggregator {slot}'s node {node}: {source}")]
+    NodeUnknown {
+        slot: u32,
+        node: NodeId,
+        source: Error,
+    },
+    #[error("creating aggregator {slot}: unexpected {response:?}")]
+    Unexpected {
+        slot: u32,
+        response: Box<NodeResponse>,
+    },
+    #[error("creating aggregator {slot} on node {node}: {source}")]
+    Create {
+        slot: u32,
+        node: NodeId,
+        source: Error,
+    },
+}
+
 /// The nodes for `count` new aggregators, placed in one SPREAD batch so they are spread
 /// evenly over the alive nodes.
-pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>, String> {
+pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>> {
     let requests = (0..count).map(|_| book_keeping(Strategy::Spread)).collect();
-    cluster
-        .place_all(requests)
-        .await
-        .map_err(|error| format!("placing {count} aggregators: {error}"))
+    cluster.place_all(requests).await
 }
 
 /// Places a replacement for slot `slot` on another node than `avoid` where there is one
@@ -137,10 +174,10 @@ pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>
 pub async fn replace(
     cluster: Arc<Cluster>,
     job: JobId,
-    spec: (ActorId, u32, u32),
+    spec: AggregatorSpec,
     avoid: Option<NodeId>,
-) -> Result<NodeId, String> {
-    let slot = spec.1;
+) -> Result<NodeId, AggregatorError> {
+    let slot = spec.slot;
     let others: Vec<NodeId> = cluster
         .alive_nodes()
         .into_iter()
@@ -156,7 +193,7 @@ pub async fn replace(
     let node = cluster
         .place(book_keeping(strategy))
         .await
-        .map_err(|error| format!("placing aggregator {slot}: {error}"))?;
+        .map_err(|source| AggregatorError::Place { slot, source })?;
     start_on(&cluster, job, spec, node).await
 }
 
@@ -175,10 +212,10 @@ fn book_keeping(strategy: Strategy) -> PlacementRequest {
 pub async fn start_on(
     cluster: &Cluster,
     job: JobId,
-    spec: (ActorId, u32, u32),
+    spec: AggregatorSpec,
     node: NodeId,
-) -> Result<NodeId, String> {
-    let (actor, slot, slots) = spec;
+) -> Result<NodeId, AggregatorError> {
+    let AggregatorSpec { actor, slot, slots } = spec;
     let kind = ActorKind::HashShuffleAggregator { slot, slots };
     let register = Command::RegisterActor {
         actor,
@@ -188,20 +225,21 @@ pub async fn start_on(
     };
     match cluster.propose(register).await {
         Ok(Outcome::Applied) => {}
-        Ok(other) => return Err(format!("recording aggregator {slot}: {other:?}")),
-        Err(error) => return Err(format!("recording aggregator {slot}: {error}")),
+        Ok(outcome) => return Err(AggregatorError::Rejected { slot, outcome }),
+        Err(source) => return Err(AggregatorError::Record { slot, source }),
     }
     let addr = cluster
         .address(node)
         .await
-        .map_err(|error| format!("aggregator {slot}'s node {node}: {error}"))?;
+        .map_err(|source| AggregatorError::NodeUnknown { slot, node, source })?;
     let create = NodeRequest::CreateActor(ActorSpec { actor, job, kind });
     match cluster.call_node(&addr, &create).await {
         Ok(NodeResponse::ActorCreated) => Ok(node),
-        Ok(other) => Err(format!("creating aggregator {slot}: unexpected {other:?}")),
-        Err(error) => Err(format!(
-            "creating aggregator {slot} on node {node}: {error}"
-        )),
+        Ok(other) => Err(AggregatorError::Unexpected {
+            slot,
+            response: Box::new(other),
+        }),
+        Err(source) => Err(AggregatorError::Create { slot, node, source }),
     }
 }
 
@@ -278,14 +316,19 @@ pub async fn stop(cluster: Arc<Cluster>, actors: Vec<(ActorId, NodeId)>) {
     }
 }
 
+/// Where a task goes: a hash shuffle's reduce through its partition's aggregator.
+pub(super) enum ReduceRoute {
+    /// Placed and run like any task.
+    Direct,
+    /// Through `actor`, on its node.
+    Aggregator { actor: ActorId, node: NodeId },
+    /// The partition's aggregator is being created: the task waits.
+    AggregatorStarting,
+}
+
 impl Execution {
-    /// The aggregator a hash shuffle's reduce goes through: `Ok(None)` for any other task,
-    /// `Err` while the partition's aggregator is being created.
-    pub(super) fn aggregator_for(
-        &self,
-        index: usize,
-        launch: &Launch,
-    ) -> Result<Option<(ActorId, NodeId)>, ()> {
+    /// How task `launch` of operator `index` runs.
+    pub(super) fn reduce_route(&self, index: usize, launch: &Launch) -> ReduceRoute {
         let (
             Recipe::Compute {
                 input: StageInput::Reduce { partition, .. },
@@ -294,44 +337,55 @@ impl Execution {
             Some(pool),
         ) = (&launch.recipe, &self.ops[index].shuffle.aggregators)
         else {
-            return Ok(None);
+            return ReduceRoute::Direct;
         };
         let slot = &pool.slots[pool.slot_of(*partition)];
         match slot.node {
             // A reduce that failed on the aggregator's node (its worker died or ran out of
             // memory) runs again elsewhere as a plain task, which pulls its shards.
-            Some(node) if launch.avoid == Some(node) => Ok(None),
-            Some(node) => Ok(Some((slot.actor, node))),
-            None => Err(()),
+            Some(node) if launch.avoid == Some(node) => ReduceRoute::Direct,
+            Some(node) => ReduceRoute::Aggregator {
+                actor: slot.actor,
+                node,
+            },
+            None => ReduceRoute::AggregatorStarting,
         }
     }
 
     /// Creates a hash shuffle's aggregators (see [`aggregators`]).
     pub(super) fn start_aggregators(&mut self, index: usize) {
-        let pool = Aggregators::new(self.concurrency_cap);
+        let pool = Aggregators::new(self.limits.concurrency_cap);
         let op = &mut self.ops[index];
         op.stats.aggregators += pool.slots.len() as u64;
         let count = pool.count();
         let actors: Vec<ActorId> = pool.slots.iter().map(|slot| slot.actor).collect();
+        let actors_count = actors.len();
         op.shuffle.aggregators = Some(pool);
         let cluster = Arc::clone(&self.cluster);
         let events = self.events_tx.clone();
         let job = self.job;
         tokio::spawn(async move {
-            let placed = place_spread(&cluster, actors.len()).await;
+            let placed = place_spread(&cluster, actors.len()).await.map_err(Arc::new);
             let mut starts = tokio::task::JoinSet::new();
             for (slot, actor) in actors.into_iter().enumerate() {
-                let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+                let spec = AggregatorSpec {
+                    actor,
+                    slot: u32::try_from(slot).unwrap_or(u32::MAX),
+                    slots: count,
+                };
                 let cluster = Arc::clone(&cluster);
-                let node = placed
-                    .as_ref()
-                    .map(|nodes| nodes[slot])
-                    .map_err(Clone::clone);
+                let node = match &placed {
+                    Ok(nodes) => Ok(nodes[slot]),
+                    Err(source) => Err(AggregatorError::PlaceBatch {
+                        count: actors_count,
+                        source: Arc::clone(source),
+                    }),
+                };
                 let events = events.clone();
                 starts.spawn(async move {
                     let result = match node {
                         Ok(node) => start_on(&cluster, job, spec, node).await,
-                        Err(message) => Err(message),
+                        Err(error) => Err(error),
                     };
                     let _ = events.send(Event::AggregatorCreated {
                         op: index,
@@ -345,7 +399,7 @@ impl Execution {
         });
     }
 
-    pub(super) fn create_aggregator(
+    fn create_aggregator(
         &self,
         index: usize,
         slot: usize,
@@ -356,7 +410,11 @@ impl Execution {
         let cluster = Arc::clone(&self.cluster);
         let events = self.events_tx.clone();
         let job = self.job;
-        let spec = (actor, u32::try_from(slot).unwrap_or(u32::MAX), count);
+        let spec = AggregatorSpec {
+            actor,
+            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            slots: count,
+        };
         tokio::spawn(async move {
             let result = replace(cluster, job, spec, avoid).await;
             let _ = events.send(Event::AggregatorCreated {
@@ -406,7 +464,7 @@ impl Execution {
         index: usize,
         slot: usize,
         actor: ActorId,
-        result: Result<NodeId, String>,
+        result: Result<NodeId, AggregatorError>,
     ) {
         let current = self.ops[index]
             .shuffle
@@ -437,16 +495,16 @@ impl Execution {
                     .collect();
                 self.push_to(index, slot, &seqs);
             }
-            Err(message) => {
+            Err(error) => {
                 let Some(entry) = self.slot_mut(index, slot) else {
                     return;
                 };
                 entry.failed_creations += 1;
                 if entry.failed_creations > MAX_UNREACHABLE_RETRIES {
-                    self.fail(index, format!("cannot create an aggregator: {message}"));
+                    self.fail(index, format!("cannot create an aggregator: {error}"));
                     return;
                 }
-                tracing::info!(job = %self.job, slot, %message, "creating an aggregator failed; trying again");
+                tracing::info!(job = %self.job, slot, %error, "creating an aggregator failed; trying again");
                 let events = self.events_tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(UNREACHABLE_PAUSE).await;
@@ -479,7 +537,7 @@ impl Execution {
         self.create_aggregator(index, slot, actor, count, None);
     }
 
-    pub(super) fn slot_mut(&mut self, index: usize, slot: usize) -> Option<&mut Slot> {
+    fn slot_mut(&mut self, index: usize, slot: usize) -> Option<&mut Slot> {
         self.ops[index]
             .shuffle
             .aggregators

@@ -6,6 +6,32 @@ use floe_api::node_protocol::{NodeRequest, NodeResponse};
 use super::{Execution, TASK_CPU_MILLIS};
 use crate::plan::Work;
 
+/// What the job may have in flight.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Bytes queued between operators at which sources stop launching.
+    pub(super) budget_bytes: u64,
+    /// Tasks one operator runs at once: the cluster's CPUs.
+    pub(super) concurrency_cap: u64,
+}
+
+impl Default for Limits {
+    /// Before the cluster is read: nothing queued is allowed, one task at a time.
+    fn default() -> Self {
+        Self {
+            budget_bytes: 0,
+            concurrency_cap: 1,
+        }
+    }
+}
+
+impl Limits {
+    /// Whether `queued` bytes are at or over the budget (an empty budget admits one bundle).
+    pub(super) fn over_budget(&self, queued: u64) -> bool {
+        queued >= self.budget_bytes.max(1)
+    }
+}
+
 impl Execution {
     /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
     pub(super) async fn size_budget(&mut self) -> crate::Result<()> {
@@ -14,7 +40,7 @@ impl Execution {
             .alive_nodes()
             .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
             .sum();
-        self.concurrency_cap = cpus.max(1);
+        self.limits.concurrency_cap = cpus.max(1);
         let mut capacity = 0u64;
         for node in state.alive_nodes() {
             if let Ok(NodeResponse::Status(status)) = self
@@ -25,7 +51,7 @@ impl Execution {
                 capacity += status.store.capacity;
             }
         }
-        self.budget_bytes =
+        self.limits.budget_bytes =
             (capacity / 1000).saturating_mul(u64::from(self.options.object_store_budget_permille));
         Ok(())
     }
@@ -54,7 +80,8 @@ impl Execution {
         self.ops
             .iter()
             .filter(|op| !matches!(op.work, Work::Union))
-            .flat_map(|op| op.queued.iter().flatten())
+            .flat_map(|op| &op.inputs)
+            .flat_map(|input| &input.queued)
             .flat_map(|bundle| &bundle.blocks)
             .filter_map(|block| self.blocks.get(block))
             .map(|info| info.bytes)

@@ -11,6 +11,16 @@ use floe_core::{NodeId, ObjectId};
 use super::{Event, Execution};
 use crate::plan::CacheTarget;
 
+/// Why a cache shard was not written or recorded (the job goes on; the shard is computed
+/// again next time).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CacheWriteError {
+    #[error(transparent)]
+    Cluster(#[from] crate::Error),
+    #[error("unexpected answer {0:?}")]
+    Unexpected(Box<NodeResponse>),
+}
+
 impl Execution {
     /// Writes one shard from blocks on `node` and records it in the replicated index.
     pub(super) fn write_shard(
@@ -36,14 +46,13 @@ impl Execution {
                 overwrite: target.overwrite,
             };
             let result = async {
-                let addr = cluster.address(node).await.map_err(|e| e.to_string())?;
+                let addr = cluster.address(node).await?;
                 let (rows, bytes) = match cluster
                     .call_node(&addr, &NodeRequest::WriteCacheShard(write))
-                    .await
-                    .map_err(|e| e.to_string())?
+                    .await?
                 {
                     NodeResponse::CacheWritten { rows, bytes } => (rows, bytes),
-                    other => return Err(format!("unexpected answer {other:?}")),
+                    other => return Err(CacheWriteError::Unexpected(Box::new(other))),
                 };
                 cluster
                     .propose(Command::RecordCacheShard {
@@ -52,8 +61,7 @@ impl Execution {
                         rank,
                         shard: CachedShard { node, bytes, rows },
                     })
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 Ok(())
             }
             .await;
@@ -61,13 +69,14 @@ impl Execution {
         });
     }
 
-    /// A cached operator whose shard count is known only at its end writes all its shards.
+    /// A cached operator whose shard count is known only at its end writes all its shards
+    /// (its caller leaves out an operator a limit stopped: its output was cut short).
     pub(super) fn write_whole_output_to_cache(&mut self, index: usize) {
         let op = &mut self.ops[index];
         let Some(target) = op.cache.clone() else {
             return;
         };
-        if op.is_source() || op.stopped {
+        if op.is_source() {
             return;
         }
         let bundles = std::mem::take(&mut op.emitted);

@@ -2,11 +2,11 @@
 //! produced it under the same task id, so it keeps its object id; tasks waiting for it run once
 //! it is back. Output blocks lost after the job's last task are rebuilt before the job ends.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::NodeRequest;
-use floe_core::{NodeId, ObjectId};
+use floe_core::{NodeId, ObjectId, TaskId};
 
 use super::Execution;
 use super::task::Launch;
@@ -15,31 +15,90 @@ use super::task::Launch;
 /// (a rebuild that can never finish must not keep the job running).
 const OUTPUT_REBUILD_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The task that made a block: its operator, sequence number and task id.
+#[derive(Debug, Clone, Copy)]
+struct Maker {
+    op: usize,
+    seq: u64,
+    task: TaskId,
+}
+
+/// What rebuilding lost blocks needs to know.
+#[derive(Debug, Default)]
+pub(super) struct Lineage {
+    made_by: BTreeMap<ObjectId, Maker>,
+    /// Tasks (operator, launch) waiting for a lost input to be rebuilt.
+    waiting: BTreeMap<ObjectId, Vec<(usize, Launch)>>,
+    /// Blocks being rebuilt, and the tasks (operator, sequence number) rebuilding them.
+    rebuilding: BTreeSet<ObjectId>,
+    rebuilding_tasks: BTreeSet<(usize, u64)>,
+}
+
+impl Lineage {
+    /// Records that task `task`, number `seq` of operator `op`, made `object`.
+    pub(super) fn record(&mut self, object: ObjectId, op: usize, seq: u64, task: TaskId) {
+        self.made_by.insert(object, Maker { op, seq, task });
+    }
+
+    /// Task `launch` of operator `op` runs again once `object` is rebuilt.
+    pub(super) fn wait_for(&mut self, object: ObjectId, op: usize, launch: Launch) {
+        self.waiting.entry(object).or_default().push((op, launch));
+    }
+
+    /// Whether a task of operator `op` waits for a rebuild.
+    pub(super) fn has_waiting(&self, op: usize) -> bool {
+        self.waiting
+            .values()
+            .flatten()
+            .any(|(waiting, _)| *waiting == op)
+    }
+
+    /// Task `seq` of operator `op` made `objects` again: the tasks waiting for them.
+    pub(super) fn rebuilt(
+        &mut self,
+        op: usize,
+        seq: u64,
+        objects: &[ObjectId],
+    ) -> Vec<(usize, Launch)> {
+        self.rebuilding_tasks.remove(&(op, seq));
+        let mut ready = Vec::new();
+        for object in objects {
+            self.rebuilding.remove(object);
+            ready.extend(self.waiting.remove(object).unwrap_or_default());
+        }
+        ready
+    }
+}
+
 impl Execution {
     /// Runs again the task that produced `object`, under the same task id so the block keeps
     /// its object id.
     pub(super) fn rebuild(&mut self, object: ObjectId) {
-        if self.rebuilding.contains(&object) {
+        if self.lineage.rebuilding.contains(&object) {
             return;
         }
-        let Some(&(op, seq, task)) = self.lineage.get(&object) else {
+        let Some(&Maker { op, seq, task }) = self.lineage.made_by.get(&object) else {
             self.failure = Some(format!(
                 "block {object} was lost and its lineage is unknown"
             ));
             return;
         };
-        let Some(recipe) = self.ops[op].recipes.get(&seq).cloned() else {
+        let recipe = self.ops[op]
+            .history
+            .get(&seq)
+            .and_then(|history| history.recipe.clone());
+        let Some(recipe) = recipe else {
             self.failure = Some(format!("block {object} was lost and its task is unknown"));
             return;
         };
-        self.rebuilding.insert(object);
+        self.lineage.rebuilding.insert(object);
         // One task made several blocks: the first lost one starts its rebuild.
-        if !self.rebuilding_tasks.insert((op, seq)) {
+        if !self.lineage.rebuilding_tasks.insert((op, seq)) {
             return;
         }
         let retries = self.options.max_task_retries;
         let state = &mut self.ops[op];
-        let attempts = state.attempts.entry(seq).or_insert(0);
+        let attempts = &mut state.history_of(seq).failures;
         *attempts += 1;
         if *attempts > retries + 1 {
             self.failure = Some(format!(
@@ -106,7 +165,7 @@ impl Execution {
                 self.rebuild(object);
             }
             let deadline = Instant::now() + OUTPUT_REBUILD_TIMEOUT;
-            while !self.rebuilding.is_empty() && self.failure.is_none() {
+            while !self.lineage.rebuilding.is_empty() && self.failure.is_none() {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(remaining, self.events.recv()).await {
                     Ok(Some(event)) => self.apply(event),

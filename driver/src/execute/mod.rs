@@ -32,7 +32,7 @@ mod operator;
 mod shuffle;
 mod task;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,13 +45,16 @@ use tokio::sync::mpsc;
 
 use crate::DriverConfig;
 use crate::cluster::Cluster;
-use crate::plan::{Planned, SourceTask, Work};
+use crate::plan::{Planned, Work};
 use floe_api::node_protocol::{NodeRequest, OutputRef};
 
+use self::aggregators::AggregatorError;
 use self::blocks::BlockInfo;
-use self::operator::OpState;
-use self::shuffle::ShuffleState;
-use self::task::{Launch, Recipe, TaskError};
+use self::budget::Limits;
+use self::cache::CacheWriteError;
+use self::lineage::Lineage;
+use self::operator::{OperatorPhase, OperatorState};
+use self::task::{Launch, RunFailure};
 
 /// Failures to reach a node or the scheduler (not the task's own failures) are retried this
 /// many times, after a pause, before the job fails: a node's death takes a node timeout to
@@ -69,16 +72,19 @@ pub(crate) struct Finished {
     pub stale_cache: BTreeSet<Fingerprint>,
 }
 
+/// What the spawned work of an execution reports back to its loop.
 enum Event {
+    /// One run of a task ended.
     Task {
         op: usize,
         launch: Launch,
         node: Option<NodeId>,
-        result: Result<Vec<OutputRef>, TaskError>,
+        result: Result<Vec<OutputRef>, RunFailure>,
     },
+    /// A cache shard of operator `op` was written and recorded, or not.
     CacheWritten {
         op: usize,
-        result: Result<(), String>,
+        result: Result<(), CacheWriteError>,
     },
     /// A task to run again after a pause.
     Requeue { op: usize, launch: Launch },
@@ -87,7 +93,7 @@ enum Event {
         op: usize,
         slot: usize,
         actor: ActorId,
-        result: Result<NodeId, String>,
+        result: Result<NodeId, AggregatorError>,
     },
     /// An aggregator whose creation failed is to be tried again, after a pause.
     RetryAggregator {
@@ -103,21 +109,15 @@ pub(crate) struct Execution {
     job: JobId,
     attempt: u32,
     options: JobOptions,
-    ops: Vec<OpState>,
+    ops: Vec<OperatorState>,
     output: usize,
     blocks: BTreeMap<ObjectId, BlockInfo>,
-    /// Which operator, task sequence number and task id made each block (for rebuilding it).
-    lineage: BTreeMap<ObjectId, (usize, u64, TaskId)>,
+    lineage: Lineage,
     /// Consumers yet to take each emitted block; it is freed when none is left.
     refs: BTreeMap<ObjectId, usize>,
     /// Blocks the job keeps to its end: the output's, and cached operators' until their
     /// shards are written.
     pinned: BTreeSet<ObjectId>,
-    /// Tasks waiting for a lost input to be rebuilt.
-    waiting: BTreeMap<ObjectId, Vec<(usize, Launch)>>,
-    /// Blocks being rebuilt, and the tasks (operator, sequence number) rebuilding them.
-    rebuilding: BTreeSet<ObjectId>,
-    rebuilding_tasks: BTreeSet<(usize, u64)>,
     running: BTreeSet<TaskId>,
     cache_writes: u64,
     events_tx: mpsc::UnboundedSender<Event>,
@@ -125,8 +125,7 @@ pub(crate) struct Execution {
     outputs: Vec<ObjectId>,
     failure: Option<String>,
     stale_cache: BTreeSet<Fingerprint>,
-    budget_bytes: u64,
-    concurrency_cap: u64,
+    limits: Limits,
 }
 
 impl Execution {
@@ -138,85 +137,27 @@ impl Execution {
         options: JobOptions,
         planned: Planned,
     ) -> Self {
-        let mut ops: Vec<OpState> = planned
+        let mut ops: Vec<OperatorState> = planned
             .operators
             .into_iter()
-            .map(|operator| {
-                let inputs = operator.inputs.clone();
-                let stats = OperatorStats {
-                    name: operator.name.clone(),
-                    fingerprint: Some(operator.stage.fingerprint),
-                    cache_hits: operator.cache_hits,
-                    ..OperatorStats::default()
-                };
-                OpState {
-                    name: operator.name,
-                    stage: Arc::new(operator.stage),
-                    work: operator.work,
-                    queued: vec![VecDeque::new(); inputs.len()],
-                    inputs_done: vec![false; inputs.len()],
-                    inputs,
-                    consumers: Vec::new(),
-                    cache: operator.cache,
-                    needed: operator.needed,
-                    ready: VecDeque::new(),
-                    next_seq: 0,
-                    next_emit: 0,
-                    finished: BTreeMap::new(),
-                    recipes: BTreeMap::new(),
-                    attempts: BTreeMap::new(),
-                    unreachable: BTreeMap::new(),
-                    running: 0,
-                    emitted: Vec::new(),
-                    stopped: false,
-                    closed: false,
-                    limit_rows: 0,
-                    limit_taken: Vec::new(),
-                    shuffle: ShuffleState::default(),
-                    input_schemas: Arc::new(Vec::new()),
-                    stats,
-                    tasks_done: 0,
-                    started: None,
-                    ended: None,
-                }
-            })
+            .map(OperatorState::new)
             .collect();
         for index in 0..ops.len() {
-            let schemas = ops[index]
+            let producers: Vec<usize> = ops[index]
                 .inputs
                 .iter()
-                .map(|input| ops[*input].stage.schema.clone())
+                .map(|input| input.producer)
+                .collect();
+            let schemas = producers
+                .iter()
+                .map(|producer| ops[*producer].stage.schema.clone())
                 .collect();
             ops[index].input_schemas = Arc::new(schemas);
-            ops[index].shuffle.sides = vec![Vec::new(); ops[index].inputs.len()];
-            if !ops[index].needed {
+            if ops[index].phase == OperatorPhase::Skipped {
                 continue;
             }
-            for (slot, input) in ops[index].inputs.clone().into_iter().enumerate() {
-                ops[input].consumers.push((index, slot));
-            }
-        }
-        for op in &mut ops {
-            if let Work::Source(tasks) = &op.work {
-                for (seq, task) in (0u64..).zip(tasks.iter()) {
-                    let recipe = match *task {
-                        SourceTask::Compute(input) => Recipe::Compute {
-                            input,
-                            inputs: Vec::new(),
-                        },
-                        SourceTask::Load { node, rank, count } => {
-                            Recipe::Load { node, rank, count }
-                        }
-                    };
-                    op.ready.push_back(Launch {
-                        seq,
-                        task: TaskId::random(),
-                        recipe,
-                        avoid: None,
-                        rebuild: false,
-                    });
-                }
-                op.next_seq = tasks.len() as u64;
+            for (slot, producer) in producers.into_iter().enumerate() {
+                ops[producer].consumers.push((index, slot));
             }
         }
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -229,12 +170,9 @@ impl Execution {
             ops,
             output: planned.output,
             blocks: BTreeMap::new(),
-            lineage: BTreeMap::new(),
+            lineage: Lineage::default(),
             refs: BTreeMap::new(),
             pinned: BTreeSet::new(),
-            waiting: BTreeMap::new(),
-            rebuilding: BTreeSet::new(),
-            rebuilding_tasks: BTreeSet::new(),
             running: BTreeSet::new(),
             cache_writes: 0,
             events_tx,
@@ -242,8 +180,7 @@ impl Execution {
             outputs: Vec::new(),
             failure: None,
             stale_cache: BTreeSet::new(),
-            budget_bytes: 0,
-            concurrency_cap: 1,
+            limits: Limits::default(),
         }
     }
 
@@ -335,7 +272,10 @@ impl Execution {
     fn finished(&self) -> bool {
         self.cache_writes == 0
             && self.running.is_empty()
-            && self.ops.iter().all(|op| !op.needed || op.closed)
+            && self
+                .ops
+                .iter()
+                .all(|op| matches!(op.phase, OperatorPhase::Skipped | OperatorPhase::Closed))
     }
 
     fn apply(&mut self, event: Event) {
@@ -347,8 +287,8 @@ impl Execution {
             }
             Event::CacheWritten { op, result } => {
                 self.cache_writes -= 1;
-                if let Err(message) = result {
-                    tracing::warn!(job = %self.job, operator = %self.ops[op].name, %message, "a cache shard was not written");
+                if let Err(error) = result {
+                    tracing::warn!(job = %self.job, operator = %self.ops[op].name, %error, "a cache shard was not written");
                 }
             }
             Event::AggregatorCreated {
@@ -470,7 +410,7 @@ impl Execution {
                     bytes_done: op.stats.bytes,
                     tasks_total: match &op.work {
                         Work::Source(tasks) => Some(tasks.len() as u64),
-                        _ if op.closed => Some(op.tasks_done),
+                        _ if op.phase == OperatorPhase::Closed => Some(op.tasks_done),
                         _ => None,
                     },
                     tasks_done: op.tasks_done,

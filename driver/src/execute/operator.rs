@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use floe_core::ObjectId;
-use floe_core::TaskId;
 use floe_core::job::OperatorStats;
 use floe_core::plan::physical::Stage;
 use floe_core::plan::task::StageInput;
@@ -15,36 +14,72 @@ use floe_core::plan::task::StageInput;
 use super::Execution;
 use super::blocks::Bundle;
 use super::shuffle::{ShufflePhase, ShuffleState};
-use super::task::{Launch, Recipe};
-use crate::plan::{CacheTarget, Work};
+use super::task::{Launch, Recipe, compute};
+use crate::plan::{CacheTarget, PlannedOperator, SourceTask, Work};
 
-pub(super) struct OpState {
+/// Where an operator is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OperatorPhase {
+    /// The job does not run it (it is below a full cache hit).
+    Skipped,
+    /// Taking input bundles and running tasks.
+    Open,
+    /// A limit downstream has its rows: queued and finished bundles are dropped, and only
+    /// rebuilds (a consumer waits for their blocks) still start.
+    Stopped,
+    /// It has produced everything and its consumers know it; only rebuilds of its blocks
+    /// still run.
+    Closed,
+}
+
+/// One input of an operator.
+pub(super) struct Input {
+    /// The operator producing it.
+    pub(super) producer: usize,
+    /// Bundles the producer emitted that no task has taken yet.
+    pub(super) queued: VecDeque<Bundle>,
+    /// The producer has closed: no more bundles come.
+    pub(super) ended: bool,
+}
+
+/// What is known about one task of an operator (by sequence number), across its runs.
+#[derive(Debug, Default)]
+pub(super) struct TaskHistory {
+    /// How its bundle is made, once it has started (for rebuilding the bundle).
+    pub(super) recipe: Option<Recipe>,
+    /// Runs that failed or lost their output, against the job's retry limit.
+    pub(super) failures: u32,
+    /// Runs that could not reach their node or the scheduler.
+    pub(super) unreachable: u32,
+}
+
+/// What a limit has taken from its input so far.
+#[derive(Debug, Default)]
+pub(super) struct LimitProgress {
+    pub(super) rows: u64,
+    pub(super) blocks: Vec<ObjectId>,
+}
+
+pub(super) struct OperatorState {
     pub(super) name: String,
     pub(super) stage: Arc<Stage>,
     pub(super) work: Work,
-    pub(super) inputs: Vec<usize>,
+    pub(super) phase: OperatorPhase,
+    pub(super) inputs: Vec<Input>,
+    /// The operators reading this one, each with the input slot it reads it in.
     pub(super) consumers: Vec<(usize, usize)>,
     pub(super) cache: Option<CacheTarget>,
-    pub(super) needed: bool,
-    /// Input bundles not yet taken by a task, per input.
-    pub(super) queued: Vec<VecDeque<Bundle>>,
-    pub(super) inputs_done: Vec<bool>,
+    /// Tasks ready to start, in order.
     pub(super) ready: VecDeque<Launch>,
     pub(super) next_seq: u64,
+    /// The sequence number of the next bundle to emit; later ones wait in `finished`.
     pub(super) next_emit: u64,
     pub(super) finished: BTreeMap<u64, Bundle>,
-    pub(super) recipes: BTreeMap<u64, Recipe>,
-    pub(super) attempts: BTreeMap<u64, u32>,
-    pub(super) unreachable: BTreeMap<u64, u32>,
+    pub(super) history: BTreeMap<u64, TaskHistory>,
     pub(super) running: u64,
     /// Bundles emitted (in order): what a cached non-source operator writes at its end.
     pub(super) emitted: Vec<Bundle>,
-    /// A limit downstream has what it needs: launch nothing more.
-    pub(super) stopped: bool,
-    pub(super) closed: bool,
-    /// Rows taken by a limit so far.
-    pub(super) limit_rows: u64,
-    pub(super) limit_taken: Vec<ObjectId>,
+    pub(super) limit: LimitProgress,
     /// A shuffle's progress (all-to-all operators only).
     pub(super) shuffle: ShuffleState,
     /// The schemas of the operator's inputs, which all-to-all tasks need.
@@ -55,9 +90,88 @@ pub(super) struct OpState {
     pub(super) ended: Option<Instant>,
 }
 
-impl OpState {
+impl OperatorState {
+    /// A planned operator before it runs; a source's tasks are ready at once.
+    pub(super) fn new(operator: PlannedOperator) -> Self {
+        let stats = OperatorStats {
+            name: operator.name.clone(),
+            fingerprint: Some(operator.stage.fingerprint),
+            cache_hits: operator.cache_hits,
+            ..OperatorStats::default()
+        };
+        let mut ready = VecDeque::new();
+        if let Work::Source(tasks) = &operator.work {
+            for (seq, task) in (0u64..).zip(tasks) {
+                let recipe = match *task {
+                    SourceTask::Compute(input) => Recipe::Compute {
+                        input,
+                        inputs: Vec::new(),
+                    },
+                    SourceTask::Load { node, rank, count } => Recipe::Load { node, rank, count },
+                };
+                ready.push_back(Launch::first(seq, recipe));
+            }
+        }
+        let inputs = operator
+            .inputs
+            .iter()
+            .map(|&producer| Input {
+                producer,
+                queued: VecDeque::new(),
+                ended: false,
+            })
+            .collect::<Vec<_>>();
+        Self {
+            name: operator.name,
+            stage: Arc::new(operator.stage),
+            phase: if operator.needed {
+                OperatorPhase::Open
+            } else {
+                OperatorPhase::Skipped
+            },
+            shuffle: ShuffleState::new(inputs.len()),
+            inputs,
+            consumers: Vec::new(),
+            cache: operator.cache,
+            next_seq: ready.len() as u64,
+            ready,
+            work: operator.work,
+            next_emit: 0,
+            finished: BTreeMap::new(),
+            history: BTreeMap::new(),
+            running: 0,
+            emitted: Vec::new(),
+            limit: LimitProgress::default(),
+            input_schemas: Arc::new(Vec::new()),
+            stats,
+            tasks_done: 0,
+            started: None,
+            ended: None,
+        }
+    }
+
     pub(super) fn is_source(&self) -> bool {
         matches!(self.work, Work::Source(_))
+    }
+
+    /// Whether every input's producer has closed.
+    pub(super) fn inputs_ended(&self) -> bool {
+        self.inputs.iter().all(|input| input.ended)
+    }
+
+    /// Whether `launch` may start now: an open operator starts anything, a stopped or closed
+    /// one only rebuilds.
+    fn starts(&self, launch: &Launch) -> bool {
+        match self.phase {
+            OperatorPhase::Open => true,
+            OperatorPhase::Stopped | OperatorPhase::Closed => launch.rebuild,
+            OperatorPhase::Skipped => false,
+        }
+    }
+
+    /// The history of task `seq`.
+    pub(super) fn history_of(&mut self, seq: u64) -> &mut TaskHistory {
+        self.history.entry(seq).or_default()
     }
 }
 
@@ -66,24 +180,26 @@ impl Execution {
     /// that run none) and closes operators that have produced everything.
     pub(super) fn advance(&mut self) {
         for index in 0..self.ops.len() {
-            if !self.ops[index].needed || self.ops[index].closed {
-                continue;
-            }
-            if self.ops[index].stopped {
-                // A limit downstream has its rows: what is queued or finished is not needed.
-                let op = &mut self.ops[index];
-                op.queued.iter_mut().for_each(VecDeque::clear);
-                if op.running == 0 {
-                    op.finished.clear();
+            match self.ops[index].phase {
+                OperatorPhase::Skipped | OperatorPhase::Closed => continue,
+                OperatorPhase::Stopped => {
+                    // A limit downstream has its rows: what is queued or finished is not
+                    // needed.
+                    let op = &mut self.ops[index];
+                    op.inputs.iter_mut().for_each(|input| input.queued.clear());
+                    if op.running == 0 {
+                        op.finished.clear();
+                    }
+                    self.maybe_close(index);
+                    continue;
                 }
-                self.maybe_close(index);
-                continue;
+                OperatorPhase::Open => {}
             }
             match self.ops[index].work.clone() {
                 Work::Source(_) => {}
                 Work::Map | Work::Sink => {
                     let sink = matches!(self.ops[index].work, Work::Sink);
-                    while let Some(bundle) = self.ops[index].queued[0].pop_front() {
+                    while let Some(bundle) = self.ops[index].inputs[0].queued.pop_front() {
                         let op = &mut self.ops[index];
                         let seq = op.next_seq;
                         op.next_seq += 1;
@@ -93,25 +209,15 @@ impl Execution {
                         } else {
                             StageInput::Blocks
                         };
-                        op.ready.push_back(Launch {
-                            seq,
-                            task: TaskId::random(),
-                            recipe: Recipe::Compute {
-                                input,
-                                inputs: bundle.blocks,
-                            },
-                            avoid: None,
-                            rebuild: false,
-                        });
+                        op.ready.push_back(compute(seq, input, bundle.blocks));
                     }
                 }
                 Work::Limit(n) => self.advance_limit(index, n),
                 Work::AllToAll => self.advance_shuffle(index),
                 Work::Union | Work::PassThrough => {
                     // Input 0's bundles first; a later input's wait until those before it end.
-                    let inputs = self.ops[index].inputs.len();
-                    for slot in 0..inputs {
-                        while let Some(bundle) = self.ops[index].queued[slot].pop_front() {
+                    for slot in 0..self.ops[index].inputs.len() {
+                        while let Some(bundle) = self.ops[index].inputs[slot].queued.pop_front() {
                             // Taken without a task: this operator's reference passes on to its
                             // consumers when it emits the bundle.
                             for block in &bundle.blocks {
@@ -124,7 +230,7 @@ impl Execution {
                             op.next_seq += 1;
                             op.finished.insert(seq, bundle);
                         }
-                        if !self.ops[index].inputs_done[slot] {
+                        if !self.ops[index].inputs[slot].ended {
                             break;
                         }
                     }
@@ -135,98 +241,96 @@ impl Execution {
         }
     }
 
-    pub(super) fn advance_limit(&mut self, index: usize, n: u64) {
+    fn advance_limit(&mut self, index: usize, n: u64) {
         let op = &mut self.ops[index];
         if op.next_seq > 0 {
             // Bundles that arrive after the limit has its rows are not needed.
-            op.queued[0].clear();
+            op.inputs[0].queued.clear();
             return;
         }
-        while op.limit_rows < n {
-            let Some(bundle) = op.queued[0].pop_front() else {
+        while op.limit.rows < n {
+            let Some(bundle) = op.inputs[0].queued.pop_front() else {
                 break;
             };
             for block in bundle.blocks {
-                op.limit_rows += self.blocks.get(&block).map_or(0, |info| info.rows);
-                op.limit_taken.push(block);
+                op.limit.rows += self.blocks.get(&block).map_or(0, |info| info.rows);
+                op.limit.blocks.push(block);
             }
         }
-        if op.limit_rows >= n || op.inputs_done[0] {
+        if op.limit.rows >= n || op.inputs[0].ended {
             op.next_seq = 1;
-            op.ready.push_back(Launch {
-                seq: 0,
-                task: TaskId::random(),
-                recipe: Recipe::Compute {
-                    input: StageInput::Blocks,
-                    inputs: std::mem::take(&mut op.limit_taken),
-                },
-                avoid: None,
-                rebuild: false,
+            let taken = std::mem::take(&mut op.limit.blocks);
+            op.ready.push_back(compute(0, StageInput::Blocks, taken));
+            self.stop_upstream(index);
+        }
+    }
+
+    /// Stops what feeds limit `index`, which has its rows — except an operator another
+    /// running consumer still reads (a subplan shared with a union or a join).
+    fn stop_upstream(&mut self, index: usize) {
+        let mut upstream: Vec<usize> = self.ops[index]
+            .inputs
+            .iter()
+            .map(|input| input.producer)
+            .collect();
+        while let Some(producer) = upstream.pop() {
+            let unread = self.ops[producer].consumers.iter().all(|(consumer, _)| {
+                *consumer == index || self.ops[*consumer].phase != OperatorPhase::Open
             });
-            // Upstream stops, the limit having its rows — except an operator another
-            // running consumer still reads (a subplan shared with a union or a join).
-            let mut upstream = self.ops[index].inputs.clone();
-            while let Some(input) = upstream.pop() {
-                let unread = self.ops[input]
-                    .consumers
-                    .iter()
-                    .all(|(consumer, _)| *consumer == index || self.ops[*consumer].stopped);
-                let producer = &mut self.ops[input];
-                if unread && !producer.stopped {
-                    producer.stopped = true;
-                    // A rebuild still runs: some consumer is waiting for its block.
-                    producer.ready.retain(|launch| launch.rebuild);
-                    upstream.extend(producer.inputs.iter().copied());
-                }
+            let op = &mut self.ops[producer];
+            if unread && op.phase == OperatorPhase::Open {
+                op.phase = OperatorPhase::Stopped;
+                // A rebuild still runs: some consumer is waiting for its block.
+                op.ready.retain(|launch| launch.rebuild);
+                upstream.extend(op.inputs.iter().map(|input| input.producer));
             }
         }
     }
 
-    pub(super) fn maybe_close(&mut self, index: usize) {
+    /// Closes operator `index` if it has produced everything it will.
+    fn maybe_close(&mut self, index: usize) {
         let op = &self.ops[index];
-        let inputs_drained = op.queued.iter().all(VecDeque::is_empty)
-            && (op.inputs_done.iter().all(|done| *done) || op.stopped || op.is_source());
-        let limit_waiting = matches!(op.work, Work::Limit(_)) && op.next_seq == 0 && !op.stopped;
+        let stopped = op.phase == OperatorPhase::Stopped;
+        let inputs_drained = op.inputs.iter().all(|input| input.queued.is_empty())
+            && (op.inputs_ended() || stopped || op.is_source());
+        let limit_waiting = matches!(op.work, Work::Limit(_)) && op.next_seq == 0 && !stopped;
         let shuffle_waiting = matches!(op.work, Work::AllToAll)
             && op.shuffle.phase != ShufflePhase::Reducing
-            && !op.stopped;
-        if op.closed
+            && !stopped;
+        if op.phase == OperatorPhase::Closed
             || !inputs_drained
             || limit_waiting
             || shuffle_waiting
             || !op.ready.is_empty()
             || op.running > 0
             || !op.finished.is_empty()
-            || self
-                .waiting
-                .values()
-                .flatten()
-                .any(|(waiting, _)| *waiting == index)
+            || self.lineage.has_waiting(index)
         {
             return;
         }
         self.stop_aggregators(index);
         let op = &mut self.ops[index];
-        op.closed = true;
+        op.phase = OperatorPhase::Closed;
         op.ended.get_or_insert_with(Instant::now);
         for (consumer, slot) in op.consumers.clone() {
-            self.ops[consumer].inputs_done[slot] = true;
+            self.ops[consumer].inputs[slot].ended = true;
         }
-        self.write_whole_output_to_cache(index);
+        // A stopped operator's output was cut short: it is not the output its
+        // fingerprint names.
+        if !stopped {
+            self.write_whole_output_to_cache(index);
+        }
     }
 
     /// Launches tasks while some operator is eligible, smallest out-queue first.
     pub(super) fn launch_eligible(&mut self) {
         loop {
-            let over_budget = self.queued_bytes() >= self.budget_bytes.max(1);
+            let over_budget = self.limits.over_budget(self.queued_bytes());
             let chosen = (0..self.ops.len())
                 .filter(|&index| {
                     let op = &self.ops[index];
-                    let rebuild_first = op.ready.front().is_some_and(|launch| launch.rebuild);
-                    op.needed
-                        && (!op.stopped || rebuild_first)
-                        && !op.ready.is_empty()
-                        && op.running < self.concurrency_cap
+                    op.ready.front().is_some_and(|launch| op.starts(launch))
+                        && op.running < self.limits.concurrency_cap
                         && !(op.is_source() && over_budget)
                 })
                 .min_by_key(|&index| self.out_queue(index));
@@ -240,11 +344,11 @@ impl Execution {
         }
     }
 
-    pub(super) fn out_queue(&self, index: usize) -> usize {
+    fn out_queue(&self, index: usize) -> usize {
         self.ops[index]
             .consumers
             .iter()
-            .map(|(consumer, slot)| self.ops[*consumer].queued[*slot].len())
+            .map(|(consumer, slot)| self.ops[*consumer].inputs[*slot].queued.len())
             .sum()
     }
 
@@ -272,7 +376,9 @@ impl Execution {
                 }
             }
             for (consumer, slot) in consumers {
-                self.ops[consumer].queued[slot].push_back(bundle.clone());
+                self.ops[consumer].inputs[slot]
+                    .queued
+                    .push_back(bundle.clone());
             }
         }
     }

@@ -19,17 +19,13 @@ use super::task::{Launch, Recipe, compute};
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
 /// reduce task's sequence number is its partition, which is its place in the output).
 pub(super) const SAMPLE_SEQ: u64 = 1 << 40;
-
-pub(super) const BOUNDARIES_SEQ: u64 = 2 << 40;
-
-pub(super) const PARTITION_SEQ: u64 = 3 << 40;
-
-pub(super) const HOT_KEY_SEQ: u64 = 4 << 40;
+const BOUNDARIES_SEQ: u64 = 2 << 40;
+const PARTITION_SEQ: u64 = 3 << 40;
+const HOT_KEY_SEQ: u64 = 4 << 40;
 
 /// A shuffle partition this many times the median partition (and at least
 /// [`HOT_PARTITION_MIN_BYTES`]) is skewed: its most frequent key goes into the stats.
 const HOT_PARTITION_FACTOR: u64 = 4;
-
 const HOT_PARTITION_MIN_BYTES: u64 = 1 << 20;
 
 /// A shuffle without a partition count from the user gets one partition per input bundle,
@@ -41,9 +37,8 @@ const MAP_TASKS_PER_CPU: u64 = 2;
 
 /// Where a shuffle is: inputs are collected until every input has ended, then (for a sort)
 /// sampled and bounded, then partitioned, then reduced.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ShufflePhase {
-    #[default]
     Collecting,
     Sampling,
     Bounding,
@@ -51,7 +46,7 @@ pub(super) enum ShufflePhase {
     Reducing,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct ShuffleState {
     pub(super) phase: ShufflePhase,
     /// Input bundles per input (a join's left and right), in order.
@@ -74,6 +69,41 @@ pub(super) struct ShuffleState {
     pub(super) aggregators: Option<Aggregators>,
 }
 
+impl ShuffleState {
+    /// A shuffle of `inputs` inputs that has seen nothing yet.
+    pub(super) fn new(inputs: usize) -> Self {
+        Self {
+            phase: ShufflePhase::Collecting,
+            sides: vec![Vec::new(); inputs],
+            partitions: 0,
+            samples: BTreeMap::new(),
+            sample_tasks: 0,
+            boundaries: None,
+            map_outputs: BTreeMap::new(),
+            map_tasks: 0,
+            left_maps: 0,
+            hot_partition: None,
+            hot_key_block: None,
+            aggregators: None,
+        }
+    }
+}
+
+/// Why a shuffle's hot key could not be read (it is then left out of the stats).
+#[derive(Debug, thiserror::Error)]
+enum HotKeyError {
+    #[error(transparent)]
+    Cluster(#[from] crate::Error),
+    #[error("unexpected answer {0:?}")]
+    Unexpected(Box<NodeResponse>),
+    #[error("the hot-key block is not small")]
+    NotInline,
+    #[error(transparent)]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("the hot-key block is empty")]
+    Empty,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(super) struct HotPartition {
     pub(super) partition: u32,
@@ -86,17 +116,14 @@ impl Execution {
     /// previous phase is complete.
     pub(super) fn advance_shuffle(&mut self, index: usize) {
         let op = &mut self.ops[index];
-        for slot in 0..op.queued.len() {
-            while let Some(bundle) = op.queued[slot].pop_front() {
-                op.shuffle.sides[slot].push(bundle);
-            }
+        for (input, side) in op.inputs.iter_mut().zip(&mut op.shuffle.sides) {
+            side.extend(input.queued.drain(..));
         }
         let StageKind::AllToAll(operator) = &op.stage.kind else {
             return;
         };
         let operator = operator.clone();
-        let has_input = op.shuffle.sides.iter().any(|side| !side.is_empty())
-            || op.inputs_done.iter().all(|done| *done);
+        let has_input = op.shuffle.sides.iter().any(|side| !side.is_empty()) || op.inputs_ended();
         if op.shuffle.phase == ShufflePhase::Collecting
             && op.shuffle.aggregators.is_none()
             && has_input
@@ -107,7 +134,7 @@ impl Execution {
         let op = &mut self.ops[index];
         match op.shuffle.phase {
             ShufflePhase::Collecting => {
-                if !op.inputs_done.iter().all(|done| *done) {
+                if !op.inputs_ended() {
                     return;
                 }
                 let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
@@ -160,8 +187,8 @@ impl Execution {
     /// a few map tasks per CPU, so each writes one block per partition for many bundles
     /// rather than every bundle writing one per partition (a 256-bundle, 200-partition
     /// shuffle would otherwise make 51,200 tiny objects).
-    pub(super) fn map_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
-        let groups = (self.concurrency_cap * MAP_TASKS_PER_CPU).max(1) as usize;
+    fn map_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
+        let groups = (self.limits.concurrency_cap * MAP_TASKS_PER_CPU).max(1) as usize;
         let per_group = bundles.len().div_ceil(groups).max(1);
         bundles
             .chunks(per_group)
@@ -174,7 +201,7 @@ impl Execution {
             .collect()
     }
 
-    pub(super) fn start_sampling(&mut self, index: usize) {
+    fn start_sampling(&mut self, index: usize) {
         let groups = self.map_groups(&self.ops[index].shuffle.sides[0]);
         let shuffle = &mut self.ops[index].shuffle;
         let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
@@ -192,7 +219,7 @@ impl Execution {
         self.ops[index].ready.extend(launches);
     }
 
-    pub(super) fn start_partitioning(&mut self, index: usize, operator: &Operator) {
+    fn start_partitioning(&mut self, index: usize, operator: &Operator) {
         let seed = match operator {
             Operator::RandomShuffle {
                 seed: SeedChoice::Fixed(seed),
@@ -249,7 +276,7 @@ impl Execution {
         }
     }
 
-    pub(super) fn start_reducing(&mut self, index: usize, operator: &Operator) {
+    fn start_reducing(&mut self, index: usize, operator: &Operator) {
         let seed = match operator {
             Operator::RandomShuffle {
                 seed: SeedChoice::Fixed(seed),
@@ -289,7 +316,7 @@ impl Execution {
     }
 
     /// The partition far larger than the median one, if there is one.
-    pub(super) fn hot_partition(&self, index: usize) -> Option<HotPartition> {
+    fn hot_partition(&self, index: usize) -> Option<HotPartition> {
         let shuffle = &self.ops[index].shuffle;
         let sizes: Vec<u64> = (0..shuffle.partitions as usize)
             .map(|partition| {
@@ -348,30 +375,21 @@ impl Execution {
         }
     }
 
-    pub(super) async fn read_hot_key(
-        &self,
-        block: ObjectId,
-        node: NodeId,
-    ) -> Result<String, String> {
-        let addr = self
-            .cluster
-            .address(node)
-            .await
-            .map_err(|error| error.to_string())?;
+    /// The most frequent key named in hot-key block `block` on `node`, and its rows.
+    async fn read_hot_key(&self, block: ObjectId, node: NodeId) -> Result<String, HotKeyError> {
+        let addr = self.cluster.address(node).await?;
         let meta = match self
             .cluster
             .call_node(&addr, &NodeRequest::ObjectMeta { object: block })
-            .await
+            .await?
         {
-            Ok(NodeResponse::ObjectMeta(meta)) => meta,
-            Ok(other) => return Err(format!("unexpected answer {other:?}")),
-            Err(error) => return Err(error.to_string()),
+            NodeResponse::ObjectMeta(meta) => meta,
+            other => return Err(HotKeyError::Unexpected(Box::new(other))),
         };
-        let bytes = meta.inline.ok_or("the hot-key block is not small")?.0;
-        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
-            .map_err(|error| error.to_string())?;
+        let bytes = meta.inline.ok_or(HotKeyError::NotInline)?.0;
+        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
         for batch in reader {
-            let batch = batch.map_err(|error| error.to_string())?;
+            let batch = batch?;
             let (Some(keys), Some(rows)) =
                 (batch.column_by_name("key"), batch.column_by_name("rows"))
             else {
@@ -385,7 +403,7 @@ impl Execution {
                 return Ok(format!("{} ({} rows)", keys.value(0), rows.value(0)));
             }
         }
-        Err("the hot-key block is empty".into())
+        Err(HotKeyError::Empty)
     }
 
     /// A shuffle's sample, boundaries or partition task finished: its outputs feed the next

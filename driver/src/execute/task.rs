@@ -16,7 +16,9 @@ use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::{ActorId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
+use super::aggregators::ReduceRoute;
 use super::blocks::{BlockInfo, Bundle};
+use super::operator::OperatorPhase;
 use super::shuffle::SAMPLE_SEQ;
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
 use crate::DriverConfig;
@@ -43,15 +45,10 @@ pub(super) enum Recipe {
 
 /// A first run of a task that computes `input` from `inputs`.
 pub(super) fn compute(seq: u64, input: StageInput, inputs: Vec<ObjectId>) -> Launch {
-    Launch {
-        seq,
-        task: TaskId::random(),
-        recipe: Recipe::Compute { input, inputs },
-        avoid: None,
-        rebuild: false,
-    }
+    Launch::first(seq, Recipe::Compute { input, inputs })
 }
 
+/// One run of a task of an operator.
 #[derive(Debug, Clone)]
 pub(super) struct Launch {
     pub(super) seq: u64,
@@ -63,7 +60,21 @@ pub(super) struct Launch {
     pub(super) rebuild: bool,
 }
 
-pub(super) enum TaskError {
+impl Launch {
+    /// The first run of task `seq`, under a new task id.
+    pub(super) fn first(seq: u64, recipe: Recipe) -> Self {
+        Self {
+            seq,
+            task: TaskId::random(),
+            recipe,
+            avoid: None,
+            rebuild: false,
+        }
+    }
+}
+
+/// Why one run of a task produced no bundle.
+pub(super) enum RunFailure {
     /// The task ran and failed.
     Failed(TaskFailure),
     /// The node or the scheduler could not be reached.
@@ -76,9 +87,10 @@ pub(super) enum TaskError {
 
 impl Execution {
     pub(super) fn start(&mut self, index: usize, launch: Launch) {
-        let aggregator = match self.aggregator_for(index, &launch) {
-            Ok(aggregator) => aggregator,
-            Err(()) => {
+        let aggregator = match self.reduce_route(index, &launch) {
+            ReduceRoute::Direct => None,
+            ReduceRoute::Aggregator { actor, node } => Some((actor, node)),
+            ReduceRoute::AggregatorStarting => {
                 // Its aggregator is being created: ask again after a pause, the task counted
                 // as running meanwhile.
                 self.ops[index].running += 1;
@@ -94,7 +106,7 @@ impl Execution {
         let op = &mut self.ops[index];
         op.running += 1;
         op.started.get_or_insert_with(Instant::now);
-        op.recipes.insert(launch.seq, launch.recipe.clone());
+        op.history_of(launch.seq).recipe = Some(launch.recipe.clone());
         self.running.insert(launch.task);
         let inputs: Vec<(ObjectId, Option<BlockInfo>)> = match &launch.recipe {
             Recipe::Compute { inputs, .. } => inputs
@@ -103,7 +115,7 @@ impl Execution {
                 .collect(),
             Recipe::Load { .. } => Vec::new(),
         };
-        let context = TaskContext {
+        let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
@@ -113,7 +125,7 @@ impl Execution {
         };
         let events = self.events_tx.clone();
         tokio::spawn(async move {
-            let (node, result) = context.run(&launch, &inputs).await;
+            let (node, result) = run.run(&launch, &inputs).await;
             let _ = events.send(Event::Task {
                 op: index,
                 launch,
@@ -123,7 +135,7 @@ impl Execution {
         });
     }
 
-    pub(super) fn strategy(
+    fn strategy(
         &self,
         index: usize,
         inputs: &[(ObjectId, Option<BlockInfo>)],
@@ -173,17 +185,13 @@ impl Execution {
                 },
             );
             self.lineage
-                .insert(output.object, (index, launch.seq, launch.task));
+                .record(output.object, index, launch.seq, launch.task);
             bundle.blocks.push(output.object);
         }
         if launch.rebuild {
-            self.rebuilding_tasks.remove(&(index, launch.seq));
             self.ops[index].stats.rebuilt += 1;
-            for object in &bundle.blocks {
-                self.rebuilding.remove(object);
-                for (op, waiting) in self.waiting.remove(object).unwrap_or_default() {
-                    self.requeue(op, waiting);
-                }
+            for (op, waiting) in self.lineage.rebuilt(index, launch.seq, &bundle.blocks) {
+                self.requeue(op, waiting);
             }
             return;
         }
@@ -233,27 +241,24 @@ impl Execution {
         index: usize,
         launch: Launch,
         node: Option<NodeId>,
-        error: TaskError,
+        failure: RunFailure,
     ) {
         let name = self.ops[index].name.clone();
-        match error {
-            TaskError::Failed(TaskFailure::InputUnavailable { object, reason }) => {
+        match failure {
+            RunFailure::Failed(TaskFailure::InputUnavailable { object, reason }) => {
                 tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
                 self.rebuild(object);
-                self.waiting
-                    .entry(object)
-                    .or_default()
-                    .push((index, launch));
+                self.lineage.wait_for(object, index, launch);
             }
-            TaskError::Failed(TaskFailure::Cancelled) => {}
-            TaskError::StaleCache(message) => {
+            RunFailure::Failed(TaskFailure::Cancelled) => {}
+            RunFailure::StaleCache(message) => {
                 self.stale_cache.insert(self.ops[index].stage.fingerprint);
                 self.fail(index, message);
             }
-            TaskError::Failed(failure) if failure.retryable() => {
+            RunFailure::Failed(failure) if failure.retryable() => {
                 let retries = self.options.max_task_retries;
                 let op = &mut self.ops[index];
-                let attempts = op.attempts.entry(launch.seq).or_insert(0);
+                let attempts = &mut op.history_of(launch.seq).failures;
                 *attempts += 1;
                 if *attempts > retries {
                     let message =
@@ -271,8 +276,8 @@ impl Execution {
                     },
                 );
             }
-            TaskError::Failed(failure) => self.fail(index, failure.to_string()),
-            TaskError::ActorGone { actor, message } => {
+            RunFailure::Failed(failure) => self.fail(index, failure.to_string()),
+            RunFailure::ActorGone { actor, message } => {
                 if let Recipe::Compute {
                     input: StageInput::Reduce { partition, .. },
                     ..
@@ -282,11 +287,11 @@ impl Execution {
                     let slot = pool.slot_of(*partition);
                     self.replace_aggregator(index, slot, actor, node);
                 }
-                self.task_failed(index, launch, node, TaskError::Unreachable(message));
+                self.task_failed(index, launch, node, RunFailure::Unreachable(message));
             }
-            TaskError::Unreachable(message) => {
+            RunFailure::Unreachable(message) => {
                 let op = &mut self.ops[index];
-                let tries = op.unreachable.entry(launch.seq).or_insert(0);
+                let tries = &mut op.history_of(launch.seq).unreachable;
                 *tries += 1;
                 if *tries > MAX_UNREACHABLE_RETRIES {
                     self.fail(index, message);
@@ -315,39 +320,41 @@ impl Execution {
     /// stopped by a limit and the task is not a rebuild some consumer waits for.
     pub(super) fn requeue(&mut self, index: usize, launch: Launch) {
         let op = &mut self.ops[index];
-        if op.stopped && !launch.rebuild {
+        if op.phase == OperatorPhase::Stopped && !launch.rebuild {
             return;
         }
         op.ready.push_front(launch);
     }
 }
 
-/// What a spawned task needs from the execution.
-pub(super) struct TaskContext {
-    pub(super) cluster: Arc<Cluster>,
-    pub(super) config: Arc<DriverConfig>,
-    pub(super) stage: Arc<Stage>,
-    pub(super) input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
-    pub(super) strategy: Strategy,
+/// One run of a task, spawned off the execution with what it needs: places it, runs it on
+/// its node (or through its aggregator, or loads its cache shard) and answers what it made.
+struct TaskRun {
+    cluster: Arc<Cluster>,
+    config: Arc<DriverConfig>,
+    stage: Arc<Stage>,
+    input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
+    strategy: Strategy,
     /// A hash shuffle's reduce runs through the partition's aggregator, on its node.
-    pub(super) aggregator: Option<(ActorId, NodeId)>,
+    aggregator: Option<(ActorId, NodeId)>,
 }
 
-impl TaskContext {
+impl TaskRun {
     /// Runs one task where the scheduler places it (or loads a shard where it is cached).
     async fn run(
         &self,
         launch: &Launch,
         inputs: &[(ObjectId, Option<BlockInfo>)],
-    ) -> (Option<NodeId>, Result<Vec<OutputRef>, TaskError>) {
-        let unreachable = |error: &dyn std::fmt::Display| TaskError::Unreachable(error.to_string());
+    ) -> (Option<NodeId>, Result<Vec<OutputRef>, RunFailure>) {
+        let unreachable =
+            |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
         match &launch.recipe {
             Recipe::Load { node, rank, count } => {
                 let addr = match self.cluster.address(*node).await {
                     Ok(addr) => addr,
                     Err(error) => {
                         let message = format!("cached shard {rank} of {count} is gone: {error}");
-                        return (Some(*node), Err(TaskError::StaleCache(message)));
+                        return (Some(*node), Err(RunFailure::StaleCache(message)));
                     }
                 };
                 let load = ShardLoad {
@@ -362,7 +369,7 @@ impl TaskContext {
                     .await
                 {
                     Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(vec![output]),
-                    Ok(NodeResponse::CacheLoaded(None)) => Err(TaskError::StaleCache(format!(
+                    Ok(NodeResponse::CacheLoaded(None)) => Err(RunFailure::StaleCache(format!(
                         "cached shard {rank} of {count} of {} is missing or damaged on node {node}",
                         self.stage.fingerprint
                     ))),
@@ -386,7 +393,10 @@ impl TaskContext {
                     Ok(udfs) => udfs.iter().map(|udf| udf.memory).sum(),
                     Err(error) => {
                         let message = error.to_string();
-                        return (None, Err(TaskError::Failed(TaskFailure::Error { message })));
+                        return (
+                            None,
+                            Err(RunFailure::Failed(TaskFailure::Error { message })),
+                        );
                     }
                 };
                 let strategy = match self.aggregator {
@@ -429,18 +439,18 @@ impl TaskContext {
         input: StageInput,
         objects: &[ObjectId],
         inputs: &[(ObjectId, Option<BlockInfo>)],
-    ) -> Result<Vec<OutputRef>, TaskError> {
+    ) -> Result<Vec<OutputRef>, RunFailure> {
         let addr = self
             .cluster
             .address(node)
             .await
-            .map_err(|error| TaskError::Unreachable(error.to_string()))?;
+            .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
         let mut refs = Vec::with_capacity(objects.len());
         for (object, info) in inputs {
             let holder = match info {
                 Some(info) if info.node != node => {
                     Some(self.cluster.address(info.node).await.map_err(|_| {
-                        TaskError::Failed(TaskFailure::InputUnavailable {
+                        RunFailure::Failed(TaskFailure::InputUnavailable {
                             object: *object,
                             reason: format!("its node {} is gone", info.node),
                         })
@@ -472,7 +482,7 @@ impl TaskContext {
                     .cluster
                     .address(self.config.node)
                     .await
-                    .map_err(|error| TaskError::Unreachable(error.to_string()))?;
+                    .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
                 let message = ActorMessage::Reduce {
                     partition,
                     task: spec,
@@ -489,7 +499,7 @@ impl TaskContext {
         let reply = tokio::select! {
             reply = self.cluster.run_task(&addr, &request) => reply,
             () = self.cluster.death_of(node) => {
-                return Err(TaskError::Unreachable(format!("node {node} was declared dead")));
+                return Err(RunFailure::Unreachable(format!("node {node} was declared dead")));
             }
         };
         match reply {
@@ -500,26 +510,26 @@ impl TaskContext {
             Ok(
                 NodeResponse::Task(Err(failure))
                 | NodeResponse::Actor(Err(ActorFailure::Task(failure))),
-            ) => Err(TaskError::Failed(failure)),
+            ) => Err(RunFailure::Failed(failure)),
             Ok(NodeResponse::Actor(Err(ActorFailure::Gone { actor, reason }))) => {
-                Err(TaskError::ActorGone {
+                Err(RunFailure::ActorGone {
                     actor,
                     message: reason,
                 })
             }
             // The aggregator refusing its own partition is a bug: no retry makes it right.
             Ok(NodeResponse::Actor(Err(refused @ ActorFailure::Refused { .. }))) => {
-                Err(TaskError::Failed(TaskFailure::Error {
+                Err(RunFailure::Failed(TaskFailure::Error {
                     message: refused.to_string(),
                 }))
             }
             Ok(NodeResponse::Actor(Err(failure))) => {
-                Err(TaskError::Unreachable(failure.to_string()))
+                Err(RunFailure::Unreachable(failure.to_string()))
             }
-            Ok(other) => Err(TaskError::Unreachable(format!(
+            Ok(other) => Err(RunFailure::Unreachable(format!(
                 "unexpected answer {other:?}"
             ))),
-            Err(error) => Err(TaskError::Unreachable(format!("node {node}: {error}"))),
+            Err(error) => Err(RunFailure::Unreachable(format!("node {node}: {error}"))),
         }
     }
 }
