@@ -9,7 +9,7 @@
 //! next attempt number; the new driver plans afresh, so every stage that was cached before the
 //! death is loaded rather than recomputed. Only the current attempt's `FinishJob` is accepted.
 
-mod cluster;
+pub mod cluster;
 mod execute;
 mod plan;
 
@@ -21,7 +21,7 @@ use floe_core::job::{JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 
-use self::cluster::Cluster;
+use self::cluster::{ClusterAccess, RpcCluster};
 
 /// Why a driver could not run its job to an outcome (the job's own failures are outcomes).
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +60,21 @@ pub struct DriverConfig {
 /// could not be committed (the scheduler is unreachable, or the attempt was superseded); the
 /// scheduler then starts another driver if the job is still running.
 pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> Result<()> {
+    let cluster = Arc::new(RpcCluster::new(
+        config.schedulers.clone(),
+        config.wire.clone(),
+    ));
+    drive(config, cluster, job, attempt).await
+}
+
+/// [`run_driver`] against any cluster.
+pub async fn drive<C: ClusterAccess>(
+    config: Arc<DriverConfig>,
+    cluster: Arc<C>,
+    job: JobId,
+    attempt: u32,
+) -> Result<()> {
     let started = Instant::now();
-    let cluster = Arc::new(Cluster::new(config.schedulers.clone(), config.wire.clone()));
     let state = cluster.read_state().await?;
     let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
     if record.status != JobStatus::Running || record.attempts != attempt {
@@ -94,9 +107,9 @@ pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> 
 /// Plans and runs the job. If cache shards the index named turn out to be gone, their
 /// fingerprints are dropped from the index and the job is planned and run once more, so a
 /// cleaned or damaged cache costs a recomputation, never the job.
-async fn plan_and_run(
+async fn plan_and_run<C: ClusterAccess>(
     config: &Arc<DriverConfig>,
-    cluster: &Arc<Cluster>,
+    cluster: &Arc<C>,
     job: JobId,
     attempt: u32,
     spec: &JobSpec,

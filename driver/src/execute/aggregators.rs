@@ -27,7 +27,7 @@ use floe_core::{ActorId, JobId, NodeId, ObjectId};
 
 use super::task::{Launch, Recipe};
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, UNREACHABLE_PAUSE};
-use crate::cluster::Cluster;
+use crate::cluster::ClusterAccess;
 use crate::{Error, Result};
 use floe_api::node_protocol::{
     ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, PushedShard,
@@ -164,15 +164,15 @@ pub enum AggregatorError {
 
 /// The nodes for `count` new aggregators, placed in one SPREAD batch so they are spread
 /// evenly over the alive nodes.
-pub async fn place_spread(cluster: &Cluster, count: usize) -> Result<Vec<NodeId>> {
+pub async fn place_spread<C: ClusterAccess>(cluster: &C, count: usize) -> Result<Vec<NodeId>> {
     let requests = (0..count).map(|_| book_keeping(Strategy::Spread)).collect();
     cluster.place_all(requests).await
 }
 
 /// Places a replacement for slot `slot` on another node than `avoid` where there is one
 /// (the slot number spreads several replacements out), then starts it.
-pub async fn replace(
-    cluster: Arc<Cluster>,
+pub async fn replace<C: ClusterAccess>(
+    cluster: Arc<C>,
     job: JobId,
     spec: AggregatorSpec,
     avoid: Option<NodeId>,
@@ -194,7 +194,7 @@ pub async fn replace(
         .place(book_keeping(strategy))
         .await
         .map_err(|source| AggregatorError::Place { slot, source })?;
-    start_on(&cluster, job, spec, node).await
+    start_on(cluster.as_ref(), job, spec, node).await
 }
 
 /// The actor keeps books only; its reduces reserve their CPU as tasks.
@@ -209,8 +209,8 @@ fn book_keeping(strategy: Strategy) -> PlacementRequest {
 }
 
 /// Records slot `slot`'s actor on `node` in the scheduler's state and has the node host it.
-pub async fn start_on(
-    cluster: &Cluster,
+pub async fn start_on<C: ClusterAccess>(
+    cluster: &C,
     job: JobId,
     spec: AggregatorSpec,
     node: NodeId,
@@ -245,8 +245,8 @@ pub async fn start_on(
 
 /// Sends `shards` (partition, object, node holding it) to `actor` on `actor_node`, through
 /// the driver's own node, which routes the call. A failed push only costs the reduce a pull.
-pub async fn push(
-    cluster: Arc<Cluster>,
+pub async fn push<C: ClusterAccess>(
+    cluster: Arc<C>,
     via: NodeId,
     actor: ActorId,
     actor_node: NodeId,
@@ -301,7 +301,7 @@ pub async fn push(
 
 /// Stops actors and drops their records (best effort: an actor on a dead node is gone
 /// already, and the job's end drops every record it still has).
-pub async fn stop(cluster: Arc<Cluster>, actors: Vec<(ActorId, NodeId)>) {
+pub async fn stop<C: ClusterAccess>(cluster: Arc<C>, actors: Vec<(ActorId, NodeId)>) {
     for (actor, node) in actors {
         if let Err(error) = cluster.propose(Command::RemoveActor { actor }).await {
             tracing::debug!(%actor, %error, "cannot drop an aggregator's record");
@@ -326,7 +326,7 @@ pub(super) enum ReduceRoute {
     AggregatorStarting,
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// How task `launch` of operator `index` runs.
     pub(super) fn reduce_route(&self, index: usize, launch: &Launch) -> ReduceRoute {
         let (
@@ -365,7 +365,9 @@ impl Execution {
         let events = self.events_tx.clone();
         let job = self.job;
         tokio::spawn(async move {
-            let placed = place_spread(&cluster, actors.len()).await.map_err(Arc::new);
+            let placed = place_spread(cluster.as_ref(), actors.len())
+                .await
+                .map_err(Arc::new);
             let mut starts = tokio::task::JoinSet::new();
             for (slot, actor) in actors.into_iter().enumerate() {
                 let spec = AggregatorSpec {
@@ -384,7 +386,7 @@ impl Execution {
                 let events = events.clone();
                 starts.spawn(async move {
                     let result = match node {
-                        Ok(node) => start_on(&cluster, job, spec, node).await,
+                        Ok(node) => start_on(cluster.as_ref(), job, spec, node).await,
                         Err(error) => Err(error),
                     };
                     let _ = events.send(Event::AggregatorCreated {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use floe_core::{NodeId, ObjectId};
 
 use super::Execution;
+use crate::cluster::ClusterAccess;
 
 /// The blocks of one task, in order.
 #[derive(Debug, Clone, Default)]
@@ -21,7 +22,7 @@ pub(super) struct BlockInfo {
     pub(super) bytes: u64,
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// Frees blocks no task will read again.
     pub(super) fn free_now(&mut self, objects: &[ObjectId]) {
         let mut free: BTreeMap<NodeId, Vec<ObjectId>> = BTreeMap::new();

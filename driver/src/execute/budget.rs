@@ -4,6 +4,7 @@
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
 
 use super::{Execution, TASK_CPU_MILLIS};
+use crate::cluster::ClusterAccess;
 use crate::plan::Work;
 
 /// What the job may have in flight.
@@ -32,7 +33,7 @@ impl Limits {
     }
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
     pub(super) async fn size_budget(&mut self) -> crate::Result<()> {
         let state = self.cluster.read_state().await?;

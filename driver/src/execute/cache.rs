@@ -9,6 +9,7 @@ use floe_api::state::{CachedShard, Command};
 use floe_core::{NodeId, ObjectId};
 
 use super::{Event, Execution};
+use crate::cluster::ClusterAccess;
 use crate::plan::CacheTarget;
 
 /// Why a cache shard was not written or recorded (the job goes on; the shard is computed
@@ -21,7 +22,7 @@ pub(super) enum CacheWriteError {
     Unexpected(Box<NodeResponse>),
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// Writes one shard from blocks on `node` and records it in the replicated index.
     pub(super) fn write_shard(
         &mut self,

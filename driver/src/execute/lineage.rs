@@ -10,6 +10,7 @@ use floe_core::{NodeId, ObjectId, TaskId};
 
 use super::Execution;
 use super::task::Launch;
+use crate::cluster::ClusterAccess;
 
 /// How long rebuilding output blocks lost at the end of a job may take before the job fails
 /// (a rebuild that can never finish must not keep the job running).
@@ -70,7 +71,7 @@ impl Lineage {
     }
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// Runs again the task that produced `object`, under the same task id so the block keeps
     /// its object id.
     pub(super) fn rebuild(&mut self, object: ObjectId) {

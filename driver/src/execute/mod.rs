@@ -44,7 +44,7 @@ use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
 use tokio::sync::mpsc;
 
 use crate::DriverConfig;
-use crate::cluster::Cluster;
+use crate::cluster::ClusterAccess;
 use crate::plan::{Planned, Work};
 use floe_api::node_protocol::{NodeRequest, OutputRef};
 
@@ -103,9 +103,9 @@ enum Event {
     },
 }
 
-pub(crate) struct Execution {
+pub(crate) struct Execution<C: ClusterAccess> {
     config: Arc<DriverConfig>,
-    cluster: Arc<Cluster>,
+    cluster: Arc<C>,
     job: JobId,
     attempt: u32,
     options: JobOptions,
@@ -128,10 +128,10 @@ pub(crate) struct Execution {
     limits: Limits,
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     pub fn new(
         config: Arc<DriverConfig>,
-        cluster: Arc<Cluster>,
+        cluster: Arc<C>,
         job: JobId,
         attempt: u32,
         options: JobOptions,

@@ -15,6 +15,7 @@ use super::Execution;
 use super::blocks::Bundle;
 use super::shuffle::{ShufflePhase, ShuffleState};
 use super::task::{Launch, Recipe, compute};
+use crate::cluster::ClusterAccess;
 use crate::plan::{CacheTarget, PlannedOperator, SourceTask, Work};
 
 /// Where an operator is in its life.
@@ -175,7 +176,7 @@ impl OperatorState {
     }
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// Moves queued input bundles into runnable tasks (or straight through, for operators
     /// that run none) and closes operators that have produced everything.
     pub(super) fn advance(&mut self) {

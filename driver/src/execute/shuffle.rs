@@ -15,6 +15,7 @@ use super::Execution;
 use super::aggregators::{self, Aggregators};
 use super::blocks::Bundle;
 use super::task::{Launch, Recipe, compute};
+use crate::cluster::ClusterAccess;
 
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
 /// reduce task's sequence number is its partition, which is its place in the output).
@@ -111,7 +112,7 @@ pub(super) struct HotPartition {
     pub(super) times_median: u64,
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     /// Moves a shuffle forward: collects input bundles, and starts each phase's tasks once the
     /// previous phase is complete.
     pub(super) fn advance_shuffle(&mut self, index: usize) {

@@ -22,7 +22,7 @@ use super::operator::OperatorPhase;
 use super::shuffle::SAMPLE_SEQ;
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
 use crate::DriverConfig;
-use crate::cluster::Cluster;
+use crate::cluster::ClusterAccess;
 use crate::plan::Work;
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
@@ -85,7 +85,7 @@ pub(super) enum RunFailure {
     ActorGone { actor: ActorId, message: String },
 }
 
-impl Execution {
+impl<C: ClusterAccess> Execution<C> {
     pub(super) fn start(&mut self, index: usize, launch: Launch) {
         let aggregator = match self.reduce_route(index, &launch) {
             ReduceRoute::Direct => None,
@@ -329,8 +329,8 @@ impl Execution {
 
 /// One run of a task, spawned off the execution with what it needs: places it, runs it on
 /// its node (or through its aggregator, or loads its cache shard) and answers what it made.
-struct TaskRun {
-    cluster: Arc<Cluster>,
+struct TaskRun<C: ClusterAccess> {
+    cluster: Arc<C>,
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
@@ -339,7 +339,7 @@ struct TaskRun {
     aggregator: Option<(ActorId, NodeId)>,
 }
 
-impl TaskRun {
+impl<C: ClusterAccess> TaskRun<C> {
     /// Runs one task where the scheduler places it (or loads a shard where it is cached).
     async fn run(
         &self,

@@ -1,17 +1,19 @@
-//! The driver's view of the cluster: the scheduler (placement, commits, progress) and the node
-//! agents (tasks, cache shards, frees), each behind a small pool of reused connections.
+//! The cluster over RPC: the scheduler (placement, commits, progress) and the node agents
+//! (tasks, actor calls, cache shards, frees), each behind a small pool of reused connections.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 
 use floe_api::client::SchedulerClient;
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::placement::PlacementRequest;
 use floe_api::state::{ClusterState, Command, Outcome};
+use floe_core::job::JobProgress;
 use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
-use floe_core::{NodeId, ObjectId};
+use floe_core::{JobId, NodeId};
 
-use super::{Error, Result};
-use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
+use super::ClusterAccess;
+use crate::{Error, Result};
 
 /// Connections kept per destination; more concurrent calls than this open extra ones.
 const POOLED_PER_DESTINATION: usize = 16;
@@ -23,7 +25,8 @@ const TASK_REPLY_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// Connections to nodes, by address.
 type NodePool = Mutex<BTreeMap<String, Vec<RpcClient<NodeProtocol>>>>;
 
-pub(crate) struct Cluster {
+/// The real cluster, reached through its scheduler replicas and node agents.
+pub struct RpcCluster {
     schedulers: Vec<String>,
     wire: WireConfig,
     /// `wire` with the read timeout of [`TASK_REPLY_TIMEOUT_MS`], for `RunTask`.
@@ -46,7 +49,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Cluster {
+impl RpcCluster {
     pub fn new(schedulers: Vec<String>, wire: WireConfig) -> Self {
         let mut task_wire = wire.clone();
         task_wire.timeouts.read_ms = task_wire.timeouts.read_ms.max(TASK_REPLY_TIMEOUT_MS);
@@ -70,9 +73,10 @@ impl Cluster {
     fn return_scheduler_client(&self, client: SchedulerClient) {
         return_pooled(&self.scheduler_pool, client);
     }
+}
 
-    /// A linearizable read of the cluster state; refreshes the alive-node table.
-    pub async fn read_state(&self) -> Result<ClusterState> {
+impl ClusterAccess for RpcCluster {
+    async fn read_state(&self) -> Result<ClusterState> {
         let mut client = self.scheduler_client()?;
         let state = client.read_state().await?;
         self.return_scheduler_client(client);
@@ -94,24 +98,14 @@ impl Cluster {
         Ok(state)
     }
 
-    pub async fn propose(&self, command: Command) -> Result<Outcome> {
+    async fn propose(&self, command: Command) -> Result<Outcome> {
         let mut client = self.scheduler_client()?;
         let outcome = client.propose(command).await?;
         self.return_scheduler_client(client);
         Ok(outcome)
     }
 
-    /// Places one task; waits while the cluster is busy.
-    pub async fn place(&self, request: PlacementRequest) -> Result<NodeId> {
-        let placed = self.place_all(vec![request]).await?;
-        placed.into_iter().next().ok_or(Error::PlacementCount {
-            asked: 1,
-            answered: 0,
-        })
-    }
-
-    /// Places a batch at once (so SPREAD spreads within it); waits while the cluster is busy.
-    pub async fn place_all(&self, requests: Vec<PlacementRequest>) -> Result<Vec<NodeId>> {
+    async fn place_all(&self, requests: Vec<PlacementRequest>) -> Result<Vec<NodeId>> {
         let count = requests.len();
         let mut client =
             pooled_scheduler_client(&self.placement_pool, &self.schedulers, &self.task_wire)?;
@@ -129,8 +123,7 @@ impl Cluster {
             .collect()
     }
 
-    /// Gives back what [`Cluster::place`] reserved on `node` for one task.
-    pub async fn release(
+    async fn release(
         &self,
         node: NodeId,
         cpu_millis: u64,
@@ -145,20 +138,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Reports progress; `true` means stop.
-    pub async fn report_progress(
-        &self,
-        job: floe_core::JobId,
-        progress: floe_core::job::JobProgress,
-    ) -> Result<bool> {
+    async fn report_progress(&self, job: JobId, progress: JobProgress) -> Result<bool> {
         let mut client = self.scheduler_client()?;
         let stop = client.report_progress(job, progress).await?;
         self.return_scheduler_client(client);
         Ok(stop)
     }
 
-    /// The RPC address of `node`, reading the state again if the node is new to the driver.
-    pub async fn address(&self, node: NodeId) -> Result<String> {
+    /// Reads the state again if the node is new to the driver.
+    async fn address(&self, node: NodeId) -> Result<String> {
         if let Some(addr) = lock(&self.nodes).get(&node) {
             return Ok(addr.clone());
         }
@@ -169,8 +157,11 @@ impl Cluster {
             .ok_or(Error::NodeGone(node))
     }
 
-    /// Returns once `node` is known to be dead (never, if it stays alive).
-    pub async fn death_of(&self, node: NodeId) {
+    fn alive_nodes(&self) -> Vec<NodeId> {
+        lock(&self.nodes).keys().copied().collect()
+    }
+
+    async fn death_of(&self, node: NodeId) {
         let mut dead = self.dead.subscribe();
         loop {
             if dead.borrow_and_update().contains(&node) {
@@ -182,31 +173,12 @@ impl Cluster {
         }
     }
 
-    pub fn alive_nodes(&self) -> Vec<NodeId> {
-        lock(&self.nodes).keys().copied().collect()
-    }
-
-    /// One call to the node agent at `addr`.
-    pub async fn call_node(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+    async fn call_node(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
         Ok(call_pooled(&self.node_pool, &self.wire, addr, request).await?)
     }
 
-    /// Runs a task on the node at `addr`, waiting as long as the task runs.
-    pub async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+    async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
         Ok(call_pooled(&self.task_pool, &self.task_wire, addr, request).await?)
-    }
-
-    /// Frees objects on the nodes holding them; a node that cannot be reached has lost them
-    /// anyway, so failures are only logged.
-    pub async fn free(&self, objects: BTreeMap<NodeId, Vec<ObjectId>>) {
-        for (node, objects) in objects {
-            let Ok(addr) = self.address(node).await else {
-                continue;
-            };
-            if let Err(error) = self.call_node(&addr, &NodeRequest::Free { objects }).await {
-                tracing::debug!(%node, %error, "freeing objects failed");
-            }
-        }
     }
 }
 
