@@ -3,6 +3,7 @@
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
 
+use super::task::Recipe;
 use super::{Execution, TASK_CPU_MILLIS};
 use crate::cluster::ClusterAccess;
 use crate::plan::Work;
@@ -74,16 +75,25 @@ impl<C: ClusterAccess> Execution<C> {
         total
     }
 
-    /// Bytes of bundles queued between operators.
+    /// Bytes of bundles queued between operators: in their input queues and in tasks that
+    /// have taken them but not started.
     pub(super) fn queued_bytes(&self) -> u64 {
-        // A union's queue holds finished data waiting for the inputs before it; counting it
-        // could throttle the very source the union waits for.
+        // A union's queue holds finished data waiting for the inputs before it, and a
+        // shuffle collects its whole input before its tasks run: counting either could
+        // throttle the very source it waits for.
         self.ops
             .iter()
-            .filter(|op| !matches!(op.work, Work::Union))
-            .flat_map(|op| &op.inputs)
-            .flat_map(|input| &input.queued)
-            .flat_map(|bundle| &bundle.blocks)
+            .filter(|op| !matches!(op.work, Work::Union | Work::AllToAll))
+            .flat_map(|op| {
+                let queued = op.inputs.iter().flat_map(|input| &input.queued);
+                let unstarted = op.ready.iter().filter_map(|launch| match &launch.recipe {
+                    Recipe::Compute { inputs, .. } => Some(inputs),
+                    Recipe::Load { .. } => None,
+                });
+                queued
+                    .flat_map(|bundle| &bundle.blocks)
+                    .chain(unstarted.flatten())
+            })
             .filter_map(|block| self.blocks.get(block))
             .map(|info| info.bytes)
             .sum()
