@@ -4,9 +4,11 @@
 //! run against an in-process fake (`fake::FakeCluster`) that runs tasks with the engine's
 //! kernels.
 
+#[cfg(test)]
+pub(crate) mod fake;
 mod rpc;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
@@ -101,6 +103,43 @@ pub trait ClusterAccess: Send + Sync + 'static {
                 if let Err(error) = self.call_node(&addr, &NodeRequest::Free { objects }).await {
                     tracing::debug!(%node, %error, "freeing objects failed");
                 }
+            }
+        }
+    }
+}
+
+/// The nodes known dead, for tasks waiting on one of them.
+struct Deaths(tokio::sync::watch::Sender<BTreeSet<NodeId>>);
+
+impl Deaths {
+    fn new() -> Self {
+        Self(tokio::sync::watch::Sender::new(BTreeSet::new()))
+    }
+
+    /// Learns the dead nodes of `state`; waiters on any of them return.
+    fn learn(&self, state: &ClusterState) {
+        let dead: BTreeSet<NodeId> = state
+            .nodes
+            .values()
+            .filter(|node| !node.is_alive())
+            .map(|node| node.id)
+            .collect();
+        self.0.send_if_modified(|known| {
+            let changed = *known != dead;
+            *known = dead;
+            changed
+        });
+    }
+
+    /// Returns once `node` is known to be dead (never, if it stays alive).
+    async fn of(&self, node: NodeId) {
+        let mut dead = self.0.subscribe();
+        loop {
+            if dead.borrow_and_update().contains(&node) {
+                return;
+            }
+            if dead.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }

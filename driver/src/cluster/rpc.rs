@@ -1,7 +1,7 @@
 //! The cluster over RPC: the scheduler (placement, commits, progress) and the node agents
 //! (tasks, actor calls, cache shards, frees), each behind a small pool of reused connections.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
 use floe_api::client::SchedulerClient;
@@ -12,7 +12,7 @@ use floe_core::job::JobProgress;
 use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId};
 
-use super::ClusterAccess;
+use super::{ClusterAccess, Deaths};
 use crate::{Error, Result};
 
 /// Connections kept per destination; more concurrent calls than this open extra ones.
@@ -42,7 +42,7 @@ pub struct RpcCluster {
     nodes: Mutex<BTreeMap<NodeId, String>>,
     /// Nodes committed dead, as of the last state read: a task waiting on one is given up
     /// even when its connection stays open (a machine that lost power sends no reset).
-    dead: tokio::sync::watch::Sender<BTreeSet<NodeId>>,
+    dead: Deaths,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -62,7 +62,7 @@ impl RpcCluster {
             node_pool: Mutex::new(BTreeMap::new()),
             task_pool: Mutex::new(BTreeMap::new()),
             nodes: Mutex::new(BTreeMap::new()),
-            dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
+            dead: Deaths::new(),
         }
     }
 
@@ -84,17 +84,7 @@ impl ClusterAccess for RpcCluster {
             .alive_nodes()
             .map(|node| (node.id, node.addresses.rpc.clone()))
             .collect();
-        let dead: BTreeSet<NodeId> = state
-            .nodes
-            .values()
-            .filter(|node| !node.is_alive())
-            .map(|node| node.id)
-            .collect();
-        self.dead.send_if_modified(|known| {
-            let changed = *known != dead;
-            *known = dead;
-            changed
-        });
+        self.dead.learn(&state);
         Ok(state)
     }
 
@@ -162,15 +152,7 @@ impl ClusterAccess for RpcCluster {
     }
 
     async fn death_of(&self, node: NodeId) {
-        let mut dead = self.dead.subscribe();
-        loop {
-            if dead.borrow_and_update().contains(&node) {
-                return;
-            }
-            if dead.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
+        self.dead.of(node).await;
     }
 
     async fn call_node(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {

@@ -31,6 +31,8 @@ mod lineage;
 mod operator;
 mod shuffle;
 mod task;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
