@@ -1,7 +1,8 @@
 //! Backpressure: the job's object-store budget and concurrency cap, sized from the alive
 //! nodes, and the bytes queued between operators that sources are throttled against.
 
-use floe_api::node_protocol::{NodeRequest, NodeResponse};
+use floe_api::node_protocol::{NodeRequest, NodeResponse, StoreUsage};
+use floe_api::state::ClusterState;
 
 use super::task::Recipe;
 use super::{Execution, TASK_CPU_MILLIS};
@@ -43,36 +44,42 @@ impl<C: ClusterAccess> Execution<C> {
             .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
             .sum();
         self.limits.concurrency_cap = cpus.max(1);
-        let mut capacity = 0u64;
-        for node in state.alive_nodes() {
-            if let Ok(NodeResponse::Status(status)) = self
-                .cluster
-                .call_node(&node.addresses.rpc, &NodeRequest::Status)
-                .await
-            {
-                capacity += status.store.capacity;
-            }
-        }
+        let capacity: u64 = self
+            .stores(&state)
+            .await
+            .iter()
+            .map(|store| store.capacity)
+            .sum();
         self.limits.budget_bytes =
             (capacity / 1000).saturating_mul(u64::from(self.options.object_store_budget_permille));
         Ok(())
     }
 
+    /// Bytes the alive nodes' stores have spilled since they opened.
     pub(super) async fn spilled_bytes(&self) -> u64 {
-        let mut total = 0;
         let Ok(state) = self.cluster.read_state().await else {
             return 0;
         };
+        self.stores(&state)
+            .await
+            .iter()
+            .map(|store| store.spilled_bytes_total)
+            .sum()
+    }
+
+    /// The object stores of `state`'s alive nodes, as those that answer report them.
+    async fn stores(&self, state: &ClusterState) -> Vec<StoreUsage> {
+        let mut stores = Vec::new();
         for node in state.alive_nodes() {
             if let Ok(NodeResponse::Status(status)) = self
                 .cluster
                 .call_node(&node.addresses.rpc, &NodeRequest::Status)
                 .await
             {
-                total += status.store.spilled_bytes_total;
+                stores.push(status.store);
             }
         }
-        total
+        stores
     }
 
     /// Bytes of bundles queued between operators: in their input queues and in tasks that

@@ -128,11 +128,9 @@ fn is_map(task: &TaskView<'_>) -> bool {
     task.task.stage.kind.name() == "map"
 }
 
-/// `range(n).cache().with_column("double", id * 2)`: its rows, checked in order.
-fn doubled(n: u64) -> LogicalPlan {
-    stored_range(n)
-        .with_column("double", col("id") * lit(2i64))
-        .unwrap()
+/// `source.with_column("double", id * 2)`, whose rows `assert_doubled` checks.
+fn doubled(source: LogicalPlan) -> LogicalPlan {
+    source.with_column("double", col("id") * lit(2i64)).unwrap()
 }
 
 fn assert_doubled(fake: &FakeCluster, record: &JobRecord, n: i64) {
@@ -147,7 +145,7 @@ fn assert_doubled(fake: &FakeCluster, record: &JobRecord, n: i64) {
 #[tokio::test]
 async fn a_job_yields_exactly_its_rows_and_frees_every_intermediate_block() {
     let fake = fake(2, 2);
-    let record = run(&fake, &spec(doubled(400), CacheMode::NoCache)).await;
+    let record = run(&fake, &spec(doubled(stored_range(400)), CacheMode::NoCache)).await;
     assert_doubled(&fake, succeeded(&record), 400);
     // The range's blocks were freed once the map had read them; only the output is left.
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
@@ -179,7 +177,7 @@ async fn a_task_failing_transiently_runs_again_elsewhere_and_the_job_succeeds() 
         message: "the model server hiccuped".into(),
     };
     fake.on_tasks(2, is_map, Fault::Fail(flaky.clone()));
-    let record = run(&fake, &spec(doubled(200), CacheMode::NoCache)).await;
+    let record = run(&fake, &spec(doubled(stored_range(200)), CacheMode::NoCache)).await;
     assert_doubled(&fake, succeeded(&record), 200);
     assert_eq!(stats(&record, "map").retries, 2);
     let tasks = fake.tasks();
@@ -206,7 +204,7 @@ async fn a_task_failing_past_the_retry_limit_fails_the_job_with_its_message() {
         message: "the disk is on fire".into(),
     };
     fake.on_tasks(u32::MAX, is_map, Fault::Fail(broken));
-    let mut spec = spec(doubled(200), CacheMode::NoCache);
+    let mut spec = spec(doubled(stored_range(200)), CacheMode::NoCache);
     spec.options.max_task_retries = 2;
     let record = run(&fake, &spec).await;
     let JobStatus::Failed { message } = &record.status else {
@@ -237,7 +235,7 @@ async fn an_input_lost_with_its_node_is_rebuilt_under_the_same_task_id() {
         },
         Fault::KillInputHolder,
     );
-    let record = run(&fake, &spec(doubled(400), CacheMode::NoCache)).await;
+    let record = run(&fake, &spec(doubled(stored_range(400)), CacheMode::NoCache)).await;
     assert_doubled(&fake, succeeded(&record), 400);
     assert!(stats(&record, "range").rebuilt >= 1);
     let tasks = fake.tasks();
@@ -382,10 +380,8 @@ async fn sources_are_throttled_while_queued_bytes_exceed_the_budget() {
 #[tokio::test]
 async fn a_planned_cache_hit_loads_shards_instead_of_running_the_source() {
     let fake = fake(2, 2);
-    let plan = LogicalPlan::range(200)
-        .unwrap()
-        .with_column("double", col("id") * lit(2i64))
-        .unwrap();
+    // The map fuses into the range, whose output is cached shard by shard.
+    let plan = doubled(LogicalPlan::range(200).unwrap());
     let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
     assert_doubled(&fake, succeeded(&first), 200);
     let range_runs = |fake: &FakeCluster| {
@@ -409,10 +405,8 @@ async fn a_planned_cache_hit_loads_shards_instead_of_running_the_source() {
 #[tokio::test]
 async fn a_stale_cache_shard_makes_the_driver_evict_it_and_plan_again() {
     let fake = fake(2, 2);
-    let plan = LogicalPlan::range(200)
-        .unwrap()
-        .with_column("double", col("id") * lit(2i64))
-        .unwrap();
+    // The map fuses into the range, whose output is cached shard by shard.
+    let plan = doubled(LogicalPlan::range(200).unwrap());
     let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
     succeeded(&first);
     let computed = fake.tasks().len();
