@@ -8,6 +8,10 @@
 //! job's stats and output blocks. A driver whose node dies is started again elsewhere with the
 //! next attempt number; the new driver plans afresh, so every stage that was cached before the
 //! death is loaded rather than recomputed. Only the current attempt's `FinishJob` is accepted.
+//!
+//! The driver reaches the cluster only through [`cluster::ClusterAccess`]: [`run_driver`]
+//! uses the RPC implementation, and [`drive`] runs a job against any other (the executor's
+//! tests use an in-process fake).
 
 pub mod cluster;
 mod execute;
