@@ -8,9 +8,12 @@
 //! job's stats and output blocks. A driver whose node dies is started again elsewhere with the
 //! next attempt number; the new driver plans afresh, so every stage that was cached before the
 //! death is loaded rather than recomputed. Only the current attempt's `FinishJob` is accepted.
+//!
+//! The driver reaches the cluster only through [`cluster::ClusterAccess`]: [`run_driver`]
+//! uses the RPC implementation, and [`drive`] runs a job against any other (the executor's
+//! tests use an in-process fake).
 
-mod aggregators;
-mod cluster;
+pub mod cluster;
 mod execute;
 mod plan;
 
@@ -22,7 +25,7 @@ use floe_core::job::{JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 
-use self::cluster::Cluster;
+use self::cluster::{ClusterAccess, RpcCluster};
 
 /// Why a driver could not run its job to an outcome (the job's own failures are outcomes).
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +35,9 @@ pub enum Error {
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
     #[error("cannot place a task: {0}")]
-    Placement(String),
+    Placement(#[from] floe_api::placement::PlacementError),
+    #[error("cannot place a task: asked for {asked} placements, the scheduler answered {answered}")]
+    PlacementCount { asked: usize, answered: usize },
     #[error("node {0} is not alive")]
     NodeGone(NodeId),
     #[error("job {0} is not in the scheduler's job table")]
@@ -59,8 +64,21 @@ pub struct DriverConfig {
 /// could not be committed (the scheduler is unreachable, or the attempt was superseded); the
 /// scheduler then starts another driver if the job is still running.
 pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> Result<()> {
+    let cluster = Arc::new(RpcCluster::new(
+        config.schedulers.clone(),
+        config.wire.clone(),
+    ));
+    drive(config, cluster, job, attempt).await
+}
+
+/// [`run_driver`] against any cluster.
+pub async fn drive<C: ClusterAccess>(
+    config: Arc<DriverConfig>,
+    cluster: Arc<C>,
+    job: JobId,
+    attempt: u32,
+) -> Result<()> {
     let started = Instant::now();
-    let cluster = Arc::new(Cluster::new(config.schedulers.clone(), config.wire.clone()));
     let state = cluster.read_state().await?;
     let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
     if record.status != JobStatus::Running || record.attempts != attempt {
@@ -93,9 +111,9 @@ pub async fn run_driver(config: Arc<DriverConfig>, job: JobId, attempt: u32) -> 
 /// Plans and runs the job. If cache shards the index named turn out to be gone, their
 /// fingerprints are dropped from the index and the job is planned and run once more, so a
 /// cleaned or damaged cache costs a recomputation, never the job.
-async fn plan_and_run(
+async fn plan_and_run<C: ClusterAccess>(
     config: &Arc<DriverConfig>,
-    cluster: &Arc<Cluster>,
+    cluster: &Arc<C>,
     job: JobId,
     attempt: u32,
     spec: &JobSpec,
@@ -106,7 +124,7 @@ async fn plan_and_run(
     loop {
         let operators = match plan::plan(spec, &state, config) {
             Ok(operators) => operators,
-            Err(message) => return Ok(failed(attempt, message)),
+            Err(error) => return Ok(failed(attempt, error.to_string())),
         };
         let run = execute::Execution::new(
             Arc::clone(config),

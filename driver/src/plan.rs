@@ -17,9 +17,9 @@ use floe_core::Fingerprint;
 use floe_core::NodeId;
 use floe_core::fingerprint::FingerprintInputs;
 use floe_core::job::{CacheMode, JobSpec};
-use floe_core::plan::LogicalPlan;
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
+use floe_core::plan::{LogicalPlan, PlanError};
 
 use super::DriverConfig;
 
@@ -68,8 +68,9 @@ pub(crate) struct CacheTarget {
     pub overwrite: bool,
 }
 
+/// One operator as planned: its stage, how it runs and what the cache gives it.
 #[derive(Debug, Clone)]
-pub(crate) struct Operator {
+pub(crate) struct PlannedOperator {
     pub name: String,
     pub stage: Stage,
     pub work: Work,
@@ -84,19 +85,33 @@ pub(crate) struct Operator {
 
 /// The job's operators in topological order; the last one needed is the output.
 pub(crate) struct Planned {
-    pub operators: Vec<Operator>,
+    pub operators: Vec<PlannedOperator>,
     pub output: usize,
 }
 
-/// Plans `spec`; an error is the message the job fails with.
+/// Why a job cannot be planned; the job fails with it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PlanningError {
+    #[error("the plan cannot be optimized: {0}")]
+    Optimize(#[source] Box<PlanError>),
+    #[error("a read of more than 2^32 files")]
+    TooManyFiles,
+    #[error("cannot describe {operator}: {source}")]
+    Lineage {
+        operator: String,
+        source: Box<PlanError>,
+    },
+}
+
+/// Plans `spec` against the cache index in `state`.
 pub(crate) fn plan(
     spec: &JobSpec,
     state: &ClusterState,
     config: &DriverConfig,
-) -> Result<Planned, String> {
+) -> Result<Planned, PlanningError> {
     let optimized = Optimizer::default()
         .optimize(&spec.plan)
-        .map_err(|error| format!("the plan cannot be optimized: {error}"))?;
+        .map_err(|error| PlanningError::Optimize(Box::new(error)))?;
     let physical = PhysicalPlan::from_logical(&optimized);
     let mut logical = BTreeMap::new();
     collect_nodes(&optimized, &mut logical);
@@ -109,7 +124,7 @@ pub(crate) fn plan(
                         u32::try_from(file).map(|file| SourceTask::Compute(StageInput::File(file)))
                     })
                     .collect::<Result<_, _>>()
-                    .map_err(|_| "a read of more than 2^32 files".to_owned())?,
+                    .map_err(|_| PlanningError::TooManyFiles)?,
             ),
             StageKind::Range { n } => Work::Source(range_tasks(*n, config.batch_rows)),
             StageKind::FromBatches { .. } => {
@@ -122,7 +137,7 @@ pub(crate) fn plan(
             StageKind::Write(_) => Work::Sink,
             StageKind::AllToAll(_) => Work::AllToAll,
         };
-        operators.push(Operator {
+        operators.push(PlannedOperator {
             name: stage.kind.name().to_owned(),
             stage: stage.clone(),
             work,
@@ -153,9 +168,10 @@ pub(crate) fn plan(
             let Some(node) = logical.get(&operator.stage.fingerprint) else {
                 continue;
             };
-            let lineage = node
-                .lineage()
-                .map_err(|error| format!("cannot describe {}: {error}", operator.name))?;
+            let lineage = node.lineage().map_err(|source| PlanningError::Lineage {
+                operator: operator.name.clone(),
+                source: Box::new(source),
+            })?;
             operator.cache = Some(CacheTarget {
                 lineage,
                 fingerprint: operator.stage.fingerprint,
@@ -198,7 +214,12 @@ fn range_tasks(n: u64, batch_rows: u32) -> Vec<SourceTask> {
 
 /// Walks down from `output` marking the operators the job runs, turning cached operators
 /// into cache loads when `reuse` allows.
-fn mark_needed(operators: &mut [Operator], output: usize, state: &ClusterState, reuse: bool) {
+fn mark_needed(
+    operators: &mut [PlannedOperator],
+    output: usize,
+    state: &ClusterState,
+    reuse: bool,
+) {
     let mut stack = vec![output];
     while let Some(index) = stack.pop() {
         let operator = &mut operators[index];
@@ -248,7 +269,7 @@ fn mark_needed(operators: &mut [Operator], output: usize, state: &ClusterState, 
 }
 
 /// The shard count of a source operator's output (one shard per task), if it is one.
-fn source_count(operator: &Operator) -> Option<u32> {
+fn source_count(operator: &PlannedOperator) -> Option<u32> {
     match &operator.work {
         Work::Source(tasks) => u32::try_from(tasks.len()).ok(),
         _ => None,

@@ -1,0 +1,864 @@
+//! An in-process cluster for the executor's tests.
+//!
+//! The scheduler is the real replicated state machine ([`ClusterState::apply`]) and the real
+//! placement logic ([`ResourceView`]) without Raft; the nodes are an in-memory object table
+//! (one copy of each block, on the node that made it), cache shard "files" and hosted
+//! aggregators. Stage tasks run with the engine's kernels ([`floe_engine::task::run_task`],
+//! [`floe_engine::exchange::run`]) as a node's worker would. A test can kill a node (its
+//! blocks, shards and actors go with it, and its death commits at once), make tasks fail,
+//! lose their inputs' node, or finish late, and read back what was placed, run, pushed,
+//! freed and committed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use arrow::record_batch::RecordBatch;
+use floe_api::node_protocol::{
+    ActorFailure, ActorKind, ActorMessage, ActorReply, Bytes, NodeRequest, NodeResponse,
+    NodeStatus, ObjectMeta, OutputRef, ShardLoad, ShardWrite, StoreUsage, TaskFailure, TaskKind,
+    TaskSpec, output_id,
+};
+use floe_api::placement::{Decision, PlacementRequest, ResourceView};
+use floe_api::state::{
+    ClusterState, Command, JobRecord, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
+};
+use floe_core::job::{JobProgress, JobSpec};
+use floe_core::plan::physical::StageKind;
+use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
+use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, SubmissionId, TaskId};
+use floe_engine::blocks::{BlockSizing, data_bytes};
+use floe_engine::task::{TaskContext, TaskInput};
+use floe_engine::udf::Registry;
+use tokio::sync::Notify;
+
+use super::{ClusterAccess, Deaths};
+use crate::{Error, Result};
+
+const ADDRESS_PREFIX: &str = "fake-node-";
+
+/// The cluster's shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FakeConfig {
+    pub nodes: u64,
+    pub cpus_per_node: u64,
+    /// Each node's object store capacity (what the job's budget is a share of).
+    pub store_bytes_per_node: u64,
+}
+
+/// What a fault does to the task it hits.
+#[derive(Debug, Clone)]
+pub(crate) enum Fault {
+    /// The task fails with this failure.
+    Fail(TaskFailure),
+    /// The node the task runs on (for a reduce through an aggregator: the aggregator's node)
+    /// dies as the task starts.
+    KillNode,
+    /// The node holding the task's first input held elsewhere dies before the task reads it.
+    KillInputHolder,
+    /// The task finishes only after this long.
+    Delay(Duration),
+}
+
+/// A task about to run, as fault rules see it.
+pub(crate) struct TaskView<'a> {
+    /// The node it runs on.
+    pub node: NodeId,
+    pub task: &'a StageTask,
+    /// Where each input block is (`None`: it is in no store).
+    pub input_nodes: Vec<Option<NodeId>>,
+    /// The aggregator a reduce runs through.
+    pub actor: Option<ActorId>,
+}
+
+type TaskMatcher = Box<dyn Fn(&TaskView<'_>) -> bool + Send>;
+
+struct FaultRule {
+    matches: TaskMatcher,
+    remaining: u32,
+    fault: Fault,
+}
+
+/// One stage task the fake ran (or failed).
+#[derive(Debug, Clone)]
+pub(crate) struct RanTask {
+    pub task: TaskId,
+    pub node: NodeId,
+    /// The stage kind's name (`range`, `map`, `all_to_all`, …).
+    pub stage: &'static str,
+    pub input: StageInput,
+    pub actor: Option<ActorId>,
+    /// The blocks it made (none when it failed).
+    pub outputs: Vec<ObjectId>,
+    pub failure: Option<TaskFailure>,
+}
+
+/// Shards pushed to an aggregator in one call.
+#[derive(Debug, Clone)]
+pub(crate) struct Push {
+    pub actor: ActorId,
+    pub partitions: Vec<u32>,
+}
+
+/// An aggregator the fake was asked to host.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CreatedActor {
+    pub actor: ActorId,
+    pub node: NodeId,
+    pub slot: u32,
+    pub slots: u32,
+}
+
+struct StoredBlock {
+    node: NodeId,
+    batch: RecordBatch,
+    bytes: u64,
+}
+
+struct HostedAggregator {
+    node: NodeId,
+    /// Copies of the shards pushed to it, which outlive their holders (as pulled shards do).
+    held: BTreeMap<ObjectId, RecordBatch>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct ShardKey {
+    node: NodeId,
+    fingerprint: Fingerprint,
+    count: u32,
+    rank: u32,
+}
+
+/// What the fake saw, for tests to assert on.
+#[derive(Debug, Default)]
+struct History {
+    tasks: Vec<RanTask>,
+    placements: Vec<(PlacementRequest, NodeId)>,
+    pushes: Vec<Push>,
+    actors: Vec<CreatedActor>,
+    freed: Vec<ObjectId>,
+    commands: Vec<(Command, Outcome)>,
+    progress: Option<JobProgress>,
+}
+
+struct Inner {
+    state: ClusterState,
+    log_index: u64,
+    view: ResourceView,
+    config: FakeConfig,
+    blocks: BTreeMap<ObjectId, StoredBlock>,
+    stored_bytes: u64,
+    max_stored_bytes: u64,
+    shards: BTreeMap<ShardKey, RecordBatch>,
+    aggregators: BTreeMap<ActorId, HostedAggregator>,
+    faults: Vec<FaultRule>,
+    history: History,
+}
+
+impl Inner {
+    fn commit(&mut self, command: Command) -> Outcome {
+        self.log_index += 1;
+        let outcome = self
+            .state
+            .apply(self.log_index, command.clone())
+            .unwrap_or_else(|| Outcome::Rejected("applied twice".into()));
+        self.history.commands.push((command, outcome.clone()));
+        outcome
+    }
+
+    fn is_alive(&self, node: NodeId) -> bool {
+        self.state
+            .nodes
+            .get(&node)
+            .is_some_and(|node| node.is_alive())
+    }
+
+    fn store(&mut self, object: ObjectId, node: NodeId, batch: RecordBatch) -> OutputRef {
+        let bytes = data_bytes(&batch);
+        let rows = batch.num_rows() as u64;
+        self.discard(object);
+        self.blocks
+            .insert(object, StoredBlock { node, batch, bytes });
+        self.stored_bytes += bytes;
+        self.max_stored_bytes = self.max_stored_bytes.max(self.stored_bytes);
+        OutputRef {
+            object,
+            size: bytes,
+            checksum: 0,
+            rows: Some(rows),
+        }
+    }
+
+    fn discard(&mut self, object: ObjectId) {
+        if let Some(block) = self.blocks.remove(&object) {
+            self.stored_bytes -= block.bytes;
+        }
+    }
+
+    fn kill(&mut self, node: NodeId) {
+        if !self.is_alive(node) {
+            return;
+        }
+        self.commit(Command::MarkNodeDead {
+            node,
+            reason: "killed by the test".into(),
+        });
+        self.view.remove_node(node);
+        let lost: Vec<ObjectId> = self
+            .blocks
+            .iter()
+            .filter(|(_, block)| block.node == node)
+            .map(|(object, _)| *object)
+            .collect();
+        for object in lost {
+            self.discard(object);
+        }
+        self.shards.retain(|key, _| key.node != node);
+        self.aggregators.retain(|_, hosted| hosted.node != node);
+    }
+
+    /// The first fault rule matching `view`, used up once.
+    fn fault_for(&mut self, view: &TaskView<'_>) -> Option<Fault> {
+        let rule = self
+            .faults
+            .iter_mut()
+            .find(|rule| rule.remaining > 0 && (rule.matches)(view))?;
+        rule.remaining -= 1;
+        Some(rule.fault.clone())
+    }
+}
+
+/// How running a task on a node ended.
+enum Ran {
+    Finished(std::result::Result<Vec<OutputRef>, TaskFailure>),
+    /// The node died under it.
+    NodeDied,
+}
+
+pub(crate) struct FakeCluster {
+    inner: Mutex<Inner>,
+    registry: Registry,
+    /// Woken when a reservation is given back, for placements waiting on a full cluster.
+    released: Notify,
+    dead: Deaths,
+}
+
+impl FakeCluster {
+    pub(crate) fn new(config: FakeConfig) -> Self {
+        let mut inner = Inner {
+            state: ClusterState::default(),
+            log_index: 0,
+            view: ResourceView::new(),
+            config,
+            blocks: BTreeMap::new(),
+            stored_bytes: 0,
+            max_stored_bytes: 0,
+            shards: BTreeMap::new(),
+            aggregators: BTreeMap::new(),
+            faults: Vec::new(),
+            history: History::default(),
+        };
+        let resources = Resources {
+            cpu_millis: config.cpus_per_node * 1000,
+            heap_bytes: 1 << 30,
+        };
+        for number in 1..=config.nodes {
+            let registered = inner.commit(Command::RegisterNode {
+                addresses: NodeAddresses {
+                    rpc: format!("{ADDRESS_PREFIX}{number}"),
+                },
+                resources,
+                memory: NodeMemory::default(),
+                labels: BTreeMap::new(),
+            });
+            assert_eq!(registered, Outcome::NodeRegistered(NodeId::new(number)));
+            inner.view.upsert_node(NodeId::new(number), resources);
+        }
+        Self {
+            inner: Mutex::new(inner),
+            registry: Registry::with_builtins(),
+            released: Notify::new(),
+            dead: Deaths::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Submits `spec` and starts its first driver on `driver`: the job is running, attempt 1.
+    pub(crate) fn submit(&self, spec: &JobSpec, driver: NodeId) -> JobId {
+        let mut inner = self.lock();
+        let spec = spec.encode().expect("the job spec encodes");
+        let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
+            spec,
+            submission: SubmissionId::random(),
+        }) else {
+            panic!("the job was not submitted");
+        };
+        assert_eq!(
+            inner.commit(Command::StartDriver { job, node: driver }),
+            Outcome::Applied
+        );
+        job
+    }
+
+    /// The job's record in the replicated state.
+    pub(crate) fn job(&self, job: JobId) -> Arc<JobRecord> {
+        Arc::clone(&self.lock().state.jobs[&job])
+    }
+
+    /// Kills `node`: its blocks, cache shards and aggregators are gone and its death is
+    /// committed.
+    pub(crate) fn kill_node(&self, node: NodeId) {
+        let state = {
+            let mut inner = self.lock();
+            inner.kill(node);
+            inner.state.clone()
+        };
+        // Tasks waiting on the node learn of its death at once.
+        self.dead.learn(&state);
+        self.released.notify_waiters();
+    }
+
+    /// The next `times` tasks for which `matches` holds suffer `fault`.
+    pub(crate) fn on_tasks(
+        &self,
+        times: u32,
+        matches: impl Fn(&TaskView<'_>) -> bool + Send + 'static,
+        fault: Fault,
+    ) {
+        self.lock().faults.push(FaultRule {
+            matches: Box::new(matches),
+            remaining: times,
+            fault,
+        });
+    }
+
+    /// Deletes every cache shard file, leaving the cache index as it is.
+    pub(crate) fn delete_cache_files(&self) {
+        self.lock().shards.clear();
+    }
+
+    /// The blocks in the object stores.
+    pub(crate) fn stored_objects(&self) -> BTreeSet<ObjectId> {
+        self.lock().blocks.keys().copied().collect()
+    }
+
+    /// The most bytes the object stores held at once.
+    pub(crate) fn max_stored_bytes(&self) -> u64 {
+        self.lock().max_stored_bytes
+    }
+
+    /// The rows of `objects`, in order; panics on a block that is in no store.
+    pub(crate) fn batches(&self, objects: impl IntoIterator<Item = ObjectId>) -> Vec<RecordBatch> {
+        let inner = self.lock();
+        objects
+            .into_iter()
+            .map(|object| inner.blocks[&object].batch.clone())
+            .collect()
+    }
+
+    pub(crate) fn tasks(&self) -> Vec<RanTask> {
+        self.lock().history.tasks.clone()
+    }
+
+    pub(crate) fn placements(&self) -> Vec<(PlacementRequest, NodeId)> {
+        self.lock().history.placements.clone()
+    }
+
+    pub(crate) fn pushes(&self) -> Vec<Push> {
+        self.lock().history.pushes.clone()
+    }
+
+    pub(crate) fn created_actors(&self) -> Vec<CreatedActor> {
+        self.lock().history.actors.clone()
+    }
+
+    pub(crate) fn freed(&self) -> Vec<ObjectId> {
+        self.lock().history.freed.clone()
+    }
+
+    /// The commands committed, with their outcomes, in order.
+    pub(crate) fn commands(&self) -> Vec<(Command, Outcome)> {
+        self.lock().history.commands.clone()
+    }
+
+    /// The node at `addr`, if it is one of the fake's and alive.
+    fn alive_node_at(&self, addr: &str) -> Result<NodeId> {
+        let node = addr
+            .strip_prefix(ADDRESS_PREFIX)
+            .and_then(|number| number.parse().ok())
+            .map(NodeId::new)
+            .filter(|node| self.lock().is_alive(*node));
+        node.ok_or_else(|| {
+            Error::Wire(WireError::Connect {
+                addr: addr.to_owned(),
+                source: std::io::ErrorKind::ConnectionRefused.into(),
+            })
+        })
+    }
+
+    async fn handle(&self, node: NodeId, request: &NodeRequest) -> Result<NodeResponse> {
+        let response = match request {
+            NodeRequest::Status => self.status(node),
+            NodeRequest::Free { objects } => {
+                let mut inner = self.lock();
+                for object in objects {
+                    if inner
+                        .blocks
+                        .get(object)
+                        .is_some_and(|block| block.node == node)
+                    {
+                        inner.discard(*object);
+                        inner.history.freed.push(*object);
+                    }
+                }
+                NodeResponse::Freed
+            }
+            NodeRequest::ObjectMeta { object } => self.object_meta(node, *object)?,
+            NodeRequest::CancelTask { .. } => NodeResponse::Cancelled,
+            NodeRequest::WriteCacheShard(write) => self.write_shard(node, write)?,
+            NodeRequest::LoadCacheShard(load) => self.load_shard(node, load),
+            NodeRequest::CreateActor(spec) => {
+                let ActorKind::HashShuffleAggregator { slot, slots } = spec.kind;
+                let mut inner = self.lock();
+                inner.aggregators.insert(
+                    spec.actor,
+                    HostedAggregator {
+                        node,
+                        held: BTreeMap::new(),
+                    },
+                );
+                inner.history.actors.push(CreatedActor {
+                    actor: spec.actor,
+                    node,
+                    slot,
+                    slots,
+                });
+                NodeResponse::ActorCreated
+            }
+            NodeRequest::StopActor { actor } => {
+                self.lock().aggregators.remove(actor);
+                NodeResponse::ActorStopped
+            }
+            NodeRequest::RunTask(spec) => match self.run(node, spec, None).await {
+                Ran::Finished(result) => NodeResponse::Task(result),
+                Ran::NodeDied => return Err(Error::Wire(WireError::Closed)),
+            },
+            NodeRequest::CallActor { actor, message, .. } => {
+                NodeResponse::Actor(self.call_actor(*actor, message).await)
+            }
+            NodeRequest::ReadChunk { .. } | NodeRequest::Pull { .. } => {
+                return Err(refused(format!(
+                    "the fake cluster does not serve {request:?}"
+                )));
+            }
+        };
+        Ok(response)
+    }
+
+    fn status(&self, node: NodeId) -> NodeResponse {
+        let inner = self.lock();
+        let used = inner
+            .blocks
+            .values()
+            .filter(|block| block.node == node)
+            .map(|block| block.bytes)
+            .sum();
+        NodeResponse::Status(Box::new(NodeStatus {
+            node: Some(node),
+            workers: u32::try_from(inner.config.cpus_per_node).unwrap_or(u32::MAX),
+            running: Vec::new(),
+            tasks_finished: 0,
+            tasks_failed: 0,
+            workers_respawned: 0,
+            pulls_started: 0,
+            store: StoreUsage {
+                capacity: inner.config.store_bytes_per_node,
+                used,
+                ..StoreUsage::default()
+            },
+            actors: Vec::new(),
+        }))
+    }
+
+    /// A block's bytes as the node stores them: one Arrow IPC file.
+    fn object_meta(&self, node: NodeId, object: ObjectId) -> Result<NodeResponse> {
+        let inner = self.lock();
+        let block = inner
+            .blocks
+            .get(&object)
+            .filter(|block| block.node == node)
+            .ok_or_else(|| refused(format!("no object {object} on node {node}")))?;
+        let mut bytes = Vec::new();
+        let mut writer =
+            arrow::ipc::writer::FileWriter::try_new(&mut bytes, block.batch.schema_ref())
+                .map_err(|error| refused(error.to_string()))?;
+        writer
+            .write(&block.batch)
+            .and_then(|()| writer.finish())
+            .map_err(|error| refused(error.to_string()))?;
+        drop(writer);
+        Ok(NodeResponse::ObjectMeta(ObjectMeta {
+            size: bytes.len() as u64,
+            checksum: 0,
+            inline: Some(Bytes(bytes)),
+        }))
+    }
+
+    fn write_shard(&self, node: NodeId, write: &ShardWrite) -> Result<NodeResponse> {
+        let mut inner = self.lock();
+        let mut batches = Vec::with_capacity(write.blocks.len());
+        for object in &write.blocks {
+            let block = inner
+                .blocks
+                .get(object)
+                .filter(|block| block.node == node)
+                .ok_or_else(|| refused(format!("shard block {object} is not on node {node}")))?;
+            batches.push(block.batch.clone());
+        }
+        let schema = Arc::new(write.schema.clone());
+        let shard = arrow::compute::concat_batches(&schema, &batches)
+            .map_err(|error| refused(error.to_string()))?;
+        let (rows, bytes) = (shard.num_rows() as u64, data_bytes(&shard));
+        let key = ShardKey {
+            node,
+            fingerprint: write.lineage.fingerprint(),
+            count: write.count,
+            rank: write.rank,
+        };
+        if write.overwrite || !inner.shards.contains_key(&key) {
+            inner.shards.insert(key, shard);
+        }
+        Ok(NodeResponse::CacheWritten { rows, bytes })
+    }
+
+    fn load_shard(&self, node: NodeId, load: &ShardLoad) -> NodeResponse {
+        let mut inner = self.lock();
+        let key = ShardKey {
+            node,
+            fingerprint: load.fingerprint,
+            count: load.count,
+            rank: load.rank,
+        };
+        let Some(shard) = inner.shards.get(&key).cloned() else {
+            return NodeResponse::CacheLoaded(None);
+        };
+        NodeResponse::CacheLoaded(Some(inner.store(load.object, node, shard)))
+    }
+
+    async fn call_actor(
+        &self,
+        actor: ActorId,
+        message: &ActorMessage,
+    ) -> std::result::Result<ActorReply, ActorFailure> {
+        let gone = || ActorFailure::Gone {
+            actor,
+            reason: "no node hosts it".into(),
+        };
+        match message {
+            ActorMessage::Push(shards) => {
+                let mut inner = self.lock();
+                let copies: Vec<(ObjectId, RecordBatch)> = shards
+                    .iter()
+                    .filter_map(|shard| {
+                        let block = inner.blocks.get(&shard.object)?;
+                        Some((shard.object, block.batch.clone()))
+                    })
+                    .collect();
+                let hosted = inner.aggregators.get_mut(&actor).ok_or_else(gone)?;
+                hosted.held.extend(copies);
+                let held_bytes = hosted.held.values().map(data_bytes).sum();
+                inner.history.pushes.push(Push {
+                    actor,
+                    partitions: shards.iter().map(|shard| shard.partition).collect(),
+                });
+                Ok(ActorReply::Pushed { held_bytes })
+            }
+            ActorMessage::Reduce { task, .. } => {
+                let node = self
+                    .lock()
+                    .aggregators
+                    .get(&actor)
+                    .map(|hosted| hosted.node)
+                    .ok_or_else(gone)?;
+                match self.run(node, task, Some(actor)).await {
+                    Ran::Finished(Ok(outputs)) => Ok(ActorReply::Reduced(outputs)),
+                    Ran::Finished(Err(failure)) => Err(ActorFailure::Task(failure)),
+                    Ran::NodeDied => Err(gone()),
+                }
+            }
+            ActorMessage::Describe => Err(ActorFailure::Refused {
+                actor,
+                reason: "the fake cluster's aggregators describe nothing".into(),
+            }),
+        }
+    }
+
+    /// Runs a stage task on `node` (through `actor`, for a reduce sent to an aggregator).
+    async fn run(&self, node: NodeId, spec: &TaskSpec, actor: Option<ActorId>) -> Ran {
+        let TaskKind::Stage(task) = &spec.kind else {
+            return Ran::Finished(Err(TaskFailure::Error {
+                message: "the fake cluster runs stage tasks only".into(),
+            }));
+        };
+        let objects: Vec<ObjectId> = spec.inputs.iter().map(|input| input.object).collect();
+        let fault = {
+            let mut inner = self.lock();
+            let view = TaskView {
+                node,
+                task,
+                input_nodes: objects
+                    .iter()
+                    .map(|object| inner.blocks.get(object).map(|block| block.node))
+                    .collect(),
+                actor,
+            };
+            let fault = inner.fault_for(&view);
+            let victim = match &fault {
+                Some(Fault::KillNode) => Some(node),
+                Some(Fault::KillInputHolder) => view
+                    .input_nodes
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .find(|held| *held != node),
+                _ => None,
+            };
+            (fault, victim)
+        };
+        let (fault, victim) = fault;
+        if let Some(victim) = victim {
+            self.kill_node(victim);
+        }
+        match fault {
+            Some(Fault::Fail(failure)) => {
+                return self.record(node, spec, task, actor, Err(failure));
+            }
+            Some(Fault::KillNode) => return Ran::NodeDied,
+            Some(Fault::Delay(pause)) => tokio::time::sleep(pause).await,
+            Some(Fault::KillInputHolder) | None => {}
+        }
+        let inputs = {
+            let inner = self.lock();
+            if !inner.is_alive(node) {
+                return Ran::NodeDied;
+            }
+            // A reduce through an aggregator reads the shards pushed to it where it keeps them.
+            let held = actor.and_then(|actor| inner.aggregators.get(&actor));
+            objects
+                .iter()
+                .map(|object| {
+                    held.and_then(|hosted| hosted.held.get(object))
+                        .or_else(|| inner.blocks.get(object).map(|block| &block.batch))
+                        .map(|batch| vec![batch.clone()])
+                        .ok_or(*object)
+                })
+                .collect::<std::result::Result<Vec<_>, ObjectId>>()
+        };
+        let inputs = match inputs {
+            Ok(inputs) => inputs,
+            Err(object) => {
+                let failure = TaskFailure::InputUnavailable {
+                    object,
+                    reason: "it is in no store".into(),
+                };
+                return self.record(node, spec, task, actor, Err(failure));
+            }
+        };
+        let result = run_stage(task, inputs, &self.registry)
+            .map_err(|message| TaskFailure::Error { message });
+        let outputs = {
+            let mut inner = self.lock();
+            if !inner.is_alive(node) {
+                return Ran::NodeDied;
+            }
+            result.map(|batches| {
+                (0u32..)
+                    .zip(batches)
+                    .map(|(index, batch)| inner.store(output_id(spec.task, index), node, batch))
+                    .collect()
+            })
+        };
+        self.record(node, spec, task, actor, outputs)
+    }
+
+    fn record(
+        &self,
+        node: NodeId,
+        spec: &TaskSpec,
+        task: &StageTask,
+        actor: Option<ActorId>,
+        result: std::result::Result<Vec<OutputRef>, TaskFailure>,
+    ) -> Ran {
+        self.lock().history.tasks.push(RanTask {
+            task: spec.task,
+            node,
+            stage: task.stage.kind.name(),
+            input: task.input,
+            actor,
+            outputs: result
+                .iter()
+                .flatten()
+                .map(|output| output.object)
+                .collect(),
+            failure: result.as_ref().err().cloned(),
+        });
+        Ran::Finished(result)
+    }
+}
+
+/// An error the node answered instead of a response.
+fn refused(message: String) -> Error {
+    Error::Wire(WireError::Remote(RemoteError::new(
+        RemoteErrorKind::BadRequest,
+        message,
+    )))
+}
+
+/// One stage task over its input blocks (one `Vec` per input object), as a node's worker
+/// runs it: all-to-all tasks through the exchange kernels, the others through the task
+/// function, a sink written where its stage says.
+fn run_stage(
+    task: &StageTask,
+    inputs: Vec<Vec<RecordBatch>>,
+    registry: &Registry,
+) -> std::result::Result<Vec<RecordBatch>, String> {
+    let sizing =
+        BlockSizing::new(task.min_block_bytes, task.max_block_bytes).map_err(|e| e.to_string())?;
+    let context = TaskContext {
+        registry,
+        processes: &[],
+        sizing,
+        batch_rows: task.batch_rows.max(1) as usize,
+    };
+    let stage = &task.stage;
+    if let StageKind::AllToAll(operator) = &stage.kind {
+        let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
+        let output = Arc::new(stage.schema.clone());
+        let batches = floe_engine::exchange::run(operator, &output, task.input, &schemas, inputs)
+            .map_err(|e| e.to_string())?;
+        return match task.input {
+            StageInput::Reduce { .. } => sizing
+                .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
+                .map_err(|e| e.to_string()),
+            _ => Ok(batches),
+        };
+    }
+    let blocks: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
+    let input = match task.input {
+        StageInput::File(index) => TaskInput::File(index as usize),
+        StageInput::Range { start, end } => TaskInput::Range { start, end },
+        StageInput::Inline => TaskInput::Inline,
+        StageInput::Blocks => TaskInput::Blocks(blocks),
+        StageInput::Sink { index } => {
+            let StageKind::Write(spec) = &stage.kind else {
+                return Err(format!("a {} stage is not a sink", stage.kind.name()));
+            };
+            let schema = Arc::new(stage.schema.clone());
+            floe_engine::write::write_task(
+                spec,
+                index as usize,
+                schema,
+                blocks.into_iter().map(Ok),
+            )
+            .map_err(|e| e.to_string())?;
+            return Ok(Vec::new());
+        }
+        other => {
+            return Err(format!(
+                "a {} stage does not take {other:?}",
+                stage.kind.name()
+            ));
+        }
+    };
+    floe_engine::task::run_task(stage, input, &context).map_err(|e| e.to_string())
+}
+
+impl ClusterAccess for FakeCluster {
+    async fn read_state(&self) -> Result<ClusterState> {
+        Ok(self.lock().state.clone())
+    }
+
+    async fn propose(&self, command: Command) -> Result<Outcome> {
+        Ok(self.lock().commit(command))
+    }
+
+    async fn place_all(&self, requests: Vec<PlacementRequest>) -> Result<Vec<NodeId>> {
+        let mut placed = Vec::with_capacity(requests.len());
+        for request in requests {
+            loop {
+                let released = self.released.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                let decision = {
+                    let mut inner = self.lock();
+                    let decision = inner.view.place_one(&request)?;
+                    if let Decision::Placed(node) = decision {
+                        inner.history.placements.push((request.clone(), node));
+                    }
+                    decision
+                };
+                match decision {
+                    Decision::Placed(node) => {
+                        placed.push(node);
+                        break;
+                    }
+                    Decision::Wait => released.await,
+                }
+            }
+        }
+        Ok(placed)
+    }
+
+    async fn release(
+        &self,
+        node: NodeId,
+        cpu_millis: u64,
+        memory_hint: u64,
+        _requester: NodeId,
+    ) -> Result<()> {
+        self.lock().view.release(node, cpu_millis, memory_hint);
+        self.released.notify_waiters();
+        Ok(())
+    }
+
+    async fn report_progress(&self, job: JobId, progress: JobProgress) -> Result<bool> {
+        let mut inner = self.lock();
+        inner.history.progress = Some(progress);
+        let record = inner.state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
+        Ok(record.cancel_requested || record.status != JobStatus::Running)
+    }
+
+    async fn address(&self, node: NodeId) -> Result<String> {
+        let inner = self.lock();
+        match inner.state.nodes.get(&node) {
+            Some(record) if record.is_alive() => Ok(record.addresses.rpc.clone()),
+            _ => Err(Error::NodeGone(node)),
+        }
+    }
+
+    fn alive_nodes(&self) -> Vec<NodeId> {
+        self.lock()
+            .state
+            .alive_nodes()
+            .map(|node| node.id)
+            .collect()
+    }
+
+    async fn death_of(&self, node: NodeId) {
+        self.dead.of(node).await;
+    }
+
+    async fn call_node(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+        let node = self.alive_node_at(addr)?;
+        self.handle(node, request).await
+    }
+
+    async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
+        let node = self.alive_node_at(addr)?;
+        self.handle(node, request).await
+    }
+}

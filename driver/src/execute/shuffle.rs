@@ -1,0 +1,438 @@
+//! All-to-all operators: input bundles collected until every input has ended, then (for a
+//! sort) sampled and bounded, partitioned by map tasks, and reduced one task per partition; a
+//! partition far larger than the median is reported with its most frequent key.
+
+use std::collections::BTreeMap;
+
+use floe_api::node_protocol::{NodeRequest, NodeResponse};
+use floe_core::plan::physical::StageKind;
+use floe_core::plan::task::StageInput;
+use floe_core::plan::{Operator, SeedChoice};
+use floe_core::{NodeId, ObjectId};
+use floe_engine::exchange::SAMPLE_ROWS_PER_PARTITION;
+
+use super::Execution;
+use super::aggregators::{self, Aggregators};
+use super::blocks::Bundle;
+use super::task::{Launch, Recipe, compute};
+use crate::cluster::ClusterAccess;
+
+/// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
+/// reduce task's sequence number is its partition, which is its place in the output).
+pub(super) const SAMPLE_SEQ: u64 = 1 << 40;
+const BOUNDARIES_SEQ: u64 = 2 << 40;
+const PARTITION_SEQ: u64 = 3 << 40;
+const HOT_KEY_SEQ: u64 = 4 << 40;
+
+/// A shuffle partition this many times the median partition (and at least
+/// [`HOT_PARTITION_MIN_BYTES`]) is skewed: its most frequent key goes into the stats.
+const HOT_PARTITION_FACTOR: u64 = 4;
+const HOT_PARTITION_MIN_BYTES: u64 = 1 << 20;
+
+/// A shuffle without a partition count from the user gets one partition per input bundle,
+/// up to this many.
+const MAX_DEFAULT_PARTITIONS: usize = 200;
+
+/// Map tasks a shuffle runs per CPU of the cluster (see `Execution::map_groups`).
+const MAP_TASKS_PER_CPU: u64 = 2;
+
+/// Where a shuffle is: inputs are collected until every input has ended, then (for a sort)
+/// sampled and bounded, then partitioned, then reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ShufflePhase {
+    Collecting,
+    Sampling,
+    Bounding,
+    Partitioning,
+    Reducing,
+}
+
+#[derive(Debug)]
+pub(super) struct ShuffleState {
+    pub(super) phase: ShufflePhase,
+    /// Input bundles per input (a join's left and right), in order.
+    pub(super) sides: Vec<Vec<Bundle>>,
+    pub(super) partitions: u32,
+    pub(super) samples: BTreeMap<u64, ObjectId>,
+    pub(super) sample_tasks: u64,
+    pub(super) boundaries: Option<ObjectId>,
+    /// Map task sequence number → its output blocks, one per partition.
+    pub(super) map_outputs: BTreeMap<u64, Vec<ObjectId>>,
+    pub(super) map_tasks: u64,
+    /// How many map tasks read the left input (they come first).
+    pub(super) left_maps: u64,
+    /// A skewed partition: its index, its share of the shuffled bytes and its size against
+    /// the median partition.
+    pub(super) hot_partition: Option<HotPartition>,
+    /// The block naming its most frequent key.
+    pub(super) hot_key_block: Option<ObjectId>,
+    /// A hash shuffle's aggregator actors, from its first input until it closes.
+    pub(super) aggregators: Option<Aggregators>,
+}
+
+impl ShuffleState {
+    /// A shuffle of `inputs` inputs that has seen nothing yet.
+    pub(super) fn new(inputs: usize) -> Self {
+        Self {
+            phase: ShufflePhase::Collecting,
+            sides: vec![Vec::new(); inputs],
+            partitions: 0,
+            samples: BTreeMap::new(),
+            sample_tasks: 0,
+            boundaries: None,
+            map_outputs: BTreeMap::new(),
+            map_tasks: 0,
+            left_maps: 0,
+            hot_partition: None,
+            hot_key_block: None,
+            aggregators: None,
+        }
+    }
+}
+
+/// Why a shuffle's hot key could not be read (it is then left out of the stats).
+#[derive(Debug, thiserror::Error)]
+enum HotKeyError {
+    #[error(transparent)]
+    Cluster(#[from] crate::Error),
+    #[error("unexpected answer {0:?}")]
+    Unexpected(Box<NodeResponse>),
+    #[error("the hot-key block is not small")]
+    NotInline,
+    #[error(transparent)]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("the hot-key block is empty")]
+    Empty,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HotPartition {
+    pub(super) partition: u32,
+    pub(super) percent: u64,
+    pub(super) times_median: u64,
+}
+
+impl<C: ClusterAccess> Execution<C> {
+    /// Moves a shuffle forward: collects input bundles, and starts each phase's tasks once the
+    /// previous phase is complete.
+    pub(super) fn advance_shuffle(&mut self, index: usize) {
+        let op = &mut self.ops[index];
+        for (input, side) in op.inputs.iter_mut().zip(&mut op.shuffle.sides) {
+            side.extend(input.queued.drain(..));
+        }
+        let StageKind::AllToAll(operator) = &op.stage.kind else {
+            return;
+        };
+        let operator = operator.clone();
+        let has_input = op.shuffle.sides.iter().any(|side| !side.is_empty()) || op.inputs_ended();
+        if op.shuffle.phase == ShufflePhase::Collecting
+            && op.shuffle.aggregators.is_none()
+            && has_input
+            && aggregators::is_hash_shuffle(&operator)
+        {
+            self.start_aggregators(index);
+        }
+        let op = &mut self.ops[index];
+        match op.shuffle.phase {
+            ShufflePhase::Collecting => {
+                if !op.inputs_ended() {
+                    return;
+                }
+                let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
+                op.shuffle.partitions = match &operator {
+                    Operator::Repartition { partitions, .. } => *partitions,
+                    Operator::Aggregate { keys, .. } if keys.is_empty() => 1,
+                    _ => u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1),
+                };
+                let partitions = op.shuffle.partitions;
+                let idle = op
+                    .shuffle
+                    .aggregators
+                    .as_mut()
+                    .map(|pool| pool.keep_for(partitions))
+                    .unwrap_or_default();
+                self.stop_actors(idle);
+                if matches!(operator, Operator::Sort { .. }) && bundles > 0 {
+                    self.start_sampling(index);
+                } else {
+                    self.start_partitioning(index, &operator);
+                }
+            }
+            ShufflePhase::Sampling => {
+                if op.shuffle.samples.len() as u64 == op.shuffle.sample_tasks {
+                    let samples = op.shuffle.samples.values().copied().collect();
+                    let partitions = op.shuffle.partitions;
+                    op.shuffle.phase = ShufflePhase::Bounding;
+                    op.ready.push_back(compute(
+                        BOUNDARIES_SEQ,
+                        StageInput::Boundaries { partitions },
+                        samples,
+                    ));
+                }
+            }
+            ShufflePhase::Bounding => {
+                if op.shuffle.boundaries.is_some() {
+                    self.start_partitioning(index, &operator);
+                }
+            }
+            ShufflePhase::Partitioning => {
+                if op.shuffle.map_outputs.len() as u64 == op.shuffle.map_tasks {
+                    self.start_reducing(index, &operator);
+                }
+            }
+            ShufflePhase::Reducing => {}
+        }
+    }
+
+    /// A shuffle side's bundles, merged in order into groups that each become one map task:
+    /// a few map tasks per CPU, so each writes one block per partition for many bundles
+    /// rather than every bundle writing one per partition (a 256-bundle, 200-partition
+    /// shuffle would otherwise make 51,200 tiny objects).
+    fn map_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
+        let groups = (self.limits.concurrency_cap * MAP_TASKS_PER_CPU).max(1) as usize;
+        let per_group = bundles.len().div_ceil(groups).max(1);
+        bundles
+            .chunks(per_group)
+            .map(|chunk| Bundle {
+                blocks: chunk
+                    .iter()
+                    .flat_map(|bundle| bundle.blocks.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn start_sampling(&mut self, index: usize) {
+        let groups = self.map_groups(&self.ops[index].shuffle.sides[0]);
+        let shuffle = &mut self.ops[index].shuffle;
+        let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
+        let per_group = total.div_ceil(groups.len().max(1) as u64).max(1);
+        let rows = u32::try_from(per_group).unwrap_or(u32::MAX);
+        let launches: Vec<Launch> = (0u64..)
+            .zip(&groups)
+            .map(|(i, bundle)| {
+                let input = StageInput::Sample { rows, seed: i };
+                compute(SAMPLE_SEQ + i, input, bundle.blocks.clone())
+            })
+            .collect();
+        shuffle.sample_tasks = launches.len() as u64;
+        shuffle.phase = ShufflePhase::Sampling;
+        self.ops[index].ready.extend(launches);
+    }
+
+    fn start_partitioning(&mut self, index: usize, operator: &Operator) {
+        let seed = match operator {
+            Operator::RandomShuffle {
+                seed: SeedChoice::Fixed(seed),
+            } => seed.get(),
+            _ => 0,
+        };
+        let mut launches = Vec::new();
+        let shuffle = &self.ops[index].shuffle;
+        let mut left_maps = 0;
+        for (side, bundles) in shuffle.sides.iter().enumerate() {
+            let bundles = self.map_groups(bundles);
+            let rows = |bundle: &Bundle| -> u64 {
+                bundle
+                    .blocks
+                    .iter()
+                    .filter_map(|block| self.blocks.get(block))
+                    .map(|info| info.rows)
+                    .sum()
+            };
+            let total: u64 = bundles.iter().map(rows).sum();
+            let mut offset = 0;
+            for bundle in &bundles {
+                let seq = PARTITION_SEQ + launches.len() as u64;
+                let mut inputs = bundle.blocks.clone();
+                let input = match (operator, shuffle.boundaries) {
+                    (Operator::Sort { .. }, Some(boundaries)) => {
+                        inputs.push(boundaries);
+                        StageInput::RangePartition {
+                            partitions: shuffle.partitions,
+                        }
+                    }
+                    _ => StageInput::Partition {
+                        partitions: shuffle.partitions,
+                        side: u8::try_from(side).unwrap_or(u8::MAX),
+                        offset,
+                        total,
+                        seed: seed ^ (seq - PARTITION_SEQ).rotate_left(32),
+                    },
+                };
+                offset += rows(bundle);
+                launches.push(compute(seq, input, inputs));
+            }
+            if side == 0 {
+                left_maps = launches.len() as u64;
+            }
+        }
+        let op = &mut self.ops[index];
+        op.shuffle.map_tasks = launches.len() as u64;
+        op.shuffle.left_maps = left_maps;
+        op.shuffle.phase = ShufflePhase::Partitioning;
+        op.ready.extend(launches);
+        if op.shuffle.map_tasks == 0 {
+            self.start_reducing(index, operator);
+        }
+    }
+
+    fn start_reducing(&mut self, index: usize, operator: &Operator) {
+        let seed = match operator {
+            Operator::RandomShuffle {
+                seed: SeedChoice::Fixed(seed),
+            } => seed.get(),
+            _ => 0,
+        };
+        let hot = self.hot_partition(index);
+        let op = &mut self.ops[index];
+        let shuffle = &mut op.shuffle;
+        shuffle.phase = ShufflePhase::Reducing;
+        let left = u32::try_from(shuffle.left_maps).unwrap_or(u32::MAX);
+        if let Some(hot) = hot {
+            shuffle.hot_partition = Some(hot);
+            let inputs = shuffle
+                .map_outputs
+                .values()
+                .filter_map(|outputs| outputs.get(hot.partition as usize).copied())
+                .collect();
+            op.ready
+                .push_back(compute(HOT_KEY_SEQ, StageInput::HotKey { left }, inputs));
+        }
+        for partition in 0..shuffle.partitions {
+            let inputs = shuffle
+                .map_outputs
+                .values()
+                .filter_map(|outputs| outputs.get(partition as usize).copied())
+                .collect();
+            let input = StageInput::Reduce {
+                partition,
+                left,
+                seed: seed ^ u64::from(partition).rotate_left(17),
+            };
+            op.ready
+                .push_back(compute(u64::from(partition), input, inputs));
+        }
+        op.next_seq = u64::from(shuffle.partitions);
+    }
+
+    /// The partition far larger than the median one, if there is one.
+    fn hot_partition(&self, index: usize) -> Option<HotPartition> {
+        let shuffle = &self.ops[index].shuffle;
+        let sizes: Vec<u64> = (0..shuffle.partitions as usize)
+            .map(|partition| {
+                shuffle
+                    .map_outputs
+                    .values()
+                    .filter_map(|outputs| outputs.get(partition))
+                    .filter_map(|block| self.blocks.get(block))
+                    .map(|info| info.bytes)
+                    .sum()
+            })
+            .collect();
+        if sizes.len() < 2 {
+            return None;
+        }
+        let mut sorted = sizes.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2].max(1);
+        let total: u64 = sizes.iter().sum();
+        let (partition, largest) = sizes
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by_key(|(_, size)| *size)?;
+        let skewed = largest >= HOT_PARTITION_MIN_BYTES
+            && largest >= median.saturating_mul(HOT_PARTITION_FACTOR);
+        skewed.then(|| HotPartition {
+            partition: u32::try_from(partition).unwrap_or(u32::MAX),
+            percent: largest * 100 / total.max(1),
+            times_median: largest / median,
+        })
+    }
+
+    /// Fetches the hot keys found by shuffles into their operators' stats.
+    pub(super) async fn describe_hot_keys(&mut self) {
+        for index in 0..self.ops.len() {
+            let shuffle = &self.ops[index].shuffle;
+            let (Some(hot), Some(block)) = (shuffle.hot_partition, shuffle.hot_key_block) else {
+                continue;
+            };
+            let Some(info) = self.blocks.get(&block).copied() else {
+                continue;
+            };
+            let key = match self.read_hot_key(block, info.node).await {
+                Ok(key) => key,
+                Err(error) => {
+                    tracing::warn!(job = %self.job, %error, "cannot read a shuffle's hot key");
+                    continue;
+                }
+            };
+            self.ops[index].stats.hot_key = Some(format!(
+                "partition {} holds {}% of the shuffled bytes ({}× the median partition); its \
+                 most frequent key is {key}",
+                hot.partition, hot.percent, hot.times_median
+            ));
+        }
+    }
+
+    /// The most frequent key named in hot-key block `block` on `node`, and its rows.
+    async fn read_hot_key(&self, block: ObjectId, node: NodeId) -> Result<String, HotKeyError> {
+        let addr = self.cluster.address(node).await?;
+        let meta = match self
+            .cluster
+            .call_node(&addr, &NodeRequest::ObjectMeta { object: block })
+            .await?
+        {
+            NodeResponse::ObjectMeta(meta) => meta,
+            other => return Err(HotKeyError::Unexpected(Box::new(other))),
+        };
+        let bytes = meta.inline.ok_or(HotKeyError::NotInline)?.0;
+        let reader = arrow::ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)?;
+        for batch in reader {
+            let batch = batch?;
+            let (Some(keys), Some(rows)) =
+                (batch.column_by_name("key"), batch.column_by_name("rows"))
+            else {
+                continue;
+            };
+            let keys = keys.as_any().downcast_ref::<arrow::array::StringArray>();
+            let rows = rows.as_any().downcast_ref::<arrow::array::Int64Array>();
+            if let (Some(keys), Some(rows)) = (keys, rows)
+                && !arrow::array::Array::is_empty(keys)
+            {
+                return Ok(format!("{} ({} rows)", keys.value(0), rows.value(0)));
+            }
+        }
+        Err(HotKeyError::Empty)
+    }
+
+    /// A shuffle's sample, boundaries or partition task finished: its outputs feed the next
+    /// phase rather than the operator's output.
+    pub(super) fn map_side_done(&mut self, index: usize, launch: &Launch, outputs: Vec<ObjectId>) {
+        let op = &mut self.ops[index];
+        op.tasks_done += 1;
+        op.stats.tasks += 1;
+        let shuffle = &mut op.shuffle;
+        if launch.seq >= HOT_KEY_SEQ {
+            shuffle.hot_key_block = outputs.first().copied();
+        } else if launch.seq >= PARTITION_SEQ {
+            shuffle.map_outputs.insert(launch.seq, outputs);
+            if let Recipe::Compute { inputs, .. } = &launch.recipe {
+                self.release_inputs(inputs);
+            }
+            let slots = self.ops[index]
+                .shuffle
+                .aggregators
+                .as_ref()
+                .map_or(0, |pool| pool.slots.len());
+            for slot in 0..slots {
+                self.push_to(index, slot, &[launch.seq]);
+            }
+        } else if launch.seq >= BOUNDARIES_SEQ {
+            shuffle.boundaries = outputs.first().copied();
+        } else if let Some(sample) = outputs.first() {
+            shuffle.samples.insert(launch.seq, *sample);
+        }
+    }
+}

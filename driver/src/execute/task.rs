@@ -1,0 +1,535 @@
+//! One task: how it is (re)made, where it is placed, running it on a node (or through a hash
+//! shuffle's aggregator, or loading a cache shard), and what its result does to its operator:
+//! the bundle it made, a retry, or a rebuild of an input lost with its node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use floe_api::node_protocol::{
+    ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, OutputRef,
+    ShardLoad, TaskFailure, TaskKind, TaskSpec, output_id,
+};
+use floe_api::placement::{PlacementRequest, Strategy};
+use floe_core::plan::physical::Stage;
+use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::{ActorId, NodeId, ObjectId, TaskId};
+use floe_engine::udf::process::process_udfs;
+
+use super::aggregators::ReduceRoute;
+use super::blocks::{BlockInfo, Bundle};
+use super::operator::OperatorPhase;
+use super::shuffle::SAMPLE_SEQ;
+use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
+use crate::DriverConfig;
+use crate::cluster::ClusterAccess;
+use crate::plan::Work;
+
+/// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
+/// input is (Ray Data's rule).
+const SPREAD_MAX_INPUT_BYTES: u64 = 50 * 1024 * 1024;
+
+/// How a task's bundle is (re)made.
+#[derive(Debug, Clone)]
+pub(super) enum Recipe {
+    Compute {
+        input: StageInput,
+        inputs: Vec<ObjectId>,
+    },
+    Load {
+        node: NodeId,
+        rank: u32,
+        count: u32,
+    },
+}
+
+/// A first run of a task that computes `input` from `inputs`.
+pub(super) fn compute(seq: u64, input: StageInput, inputs: Vec<ObjectId>) -> Launch {
+    Launch::first(seq, Recipe::Compute { input, inputs })
+}
+
+/// One run of a task of an operator.
+#[derive(Debug, Clone)]
+pub(super) struct Launch {
+    pub(super) seq: u64,
+    pub(super) task: TaskId,
+    pub(super) recipe: Recipe,
+    /// A node to stay away from (the one a previous attempt failed on).
+    pub(super) avoid: Option<NodeId>,
+    /// Rebuilding a lost bundle rather than producing it the first time.
+    pub(super) rebuild: bool,
+}
+
+impl Launch {
+    /// The first run of task `seq`, under a new task id.
+    pub(super) fn first(seq: u64, recipe: Recipe) -> Self {
+        Self {
+            seq,
+            task: TaskId::random(),
+            recipe,
+            avoid: None,
+            rebuild: false,
+        }
+    }
+}
+
+/// Why one run of a task produced no bundle.
+pub(super) enum RunFailure {
+    /// The task ran and failed.
+    Failed(TaskFailure),
+    /// The node or the scheduler could not be reached.
+    Unreachable(String),
+    /// A shard the cache index named is gone (cleaned, evicted or damaged).
+    StaleCache(String),
+    /// The aggregator a reduce was sent to is gone.
+    ActorGone { actor: ActorId, message: String },
+}
+
+impl<C: ClusterAccess> Execution<C> {
+    pub(super) fn start(&mut self, index: usize, launch: Launch) {
+        let aggregator = match self.reduce_route(index, &launch) {
+            ReduceRoute::Direct => None,
+            ReduceRoute::Aggregator { actor, node } => Some((actor, node)),
+            ReduceRoute::AggregatorStarting => {
+                // Its aggregator is being created: ask again after a pause, the task counted
+                // as running meanwhile.
+                self.ops[index].running += 1;
+                self.running.insert(launch.task);
+                let events = self.events_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::Requeue { op: index, launch });
+                });
+                return;
+            }
+        };
+        let op = &mut self.ops[index];
+        op.running += 1;
+        op.started.get_or_insert_with(Instant::now);
+        op.history_of(launch.seq).recipe = Some(launch.recipe.clone());
+        self.running.insert(launch.task);
+        let inputs: Vec<(ObjectId, Option<BlockInfo>)> = match &launch.recipe {
+            Recipe::Compute { inputs, .. } => inputs
+                .iter()
+                .map(|object| (*object, self.blocks.get(object).copied()))
+                .collect(),
+            Recipe::Load { .. } => Vec::new(),
+        };
+        let run = TaskRun {
+            cluster: Arc::clone(&self.cluster),
+            config: Arc::clone(&self.config),
+            stage: Arc::clone(&self.ops[index].stage),
+            input_schemas: Arc::clone(&self.ops[index].input_schemas),
+            strategy: self.strategy(index, &inputs, launch.avoid),
+            aggregator,
+        };
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let (node, result) = run.run(&launch, &inputs).await;
+            let _ = events.send(Event::Task {
+                op: index,
+                launch,
+                node,
+                result,
+            });
+        });
+    }
+
+    fn strategy(
+        &self,
+        index: usize,
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+        avoid: Option<NodeId>,
+    ) -> Strategy {
+        if let Some(avoid) = avoid {
+            let others: Vec<NodeId> = self
+                .cluster
+                .alive_nodes()
+                .into_iter()
+                .filter(|node| *node != avoid)
+                .collect();
+            if !others.is_empty() {
+                let pick = others[self.ops[index].stats.retries as usize % others.len()];
+                return Strategy::NodeAffinity {
+                    node: pick,
+                    soft: true,
+                };
+            }
+        }
+        let input_bytes: u64 = inputs
+            .iter()
+            .filter_map(|(_, info)| info.map(|info| info.bytes))
+            .sum();
+        match self.ops[index].work {
+            Work::Source(_) => Strategy::Spread,
+            Work::Map if input_bytes < SPREAD_MAX_INPUT_BYTES => Strategy::Spread,
+            _ => Strategy::Default,
+        }
+    }
+
+    pub(super) fn task_succeeded(
+        &mut self,
+        index: usize,
+        launch: Launch,
+        node: NodeId,
+        outputs: Vec<OutputRef>,
+    ) {
+        let mut bundle = Bundle::default();
+        for output in &outputs {
+            self.blocks.insert(
+                output.object,
+                BlockInfo {
+                    node,
+                    rows: output.rows.unwrap_or(0),
+                    bytes: output.size,
+                },
+            );
+            self.lineage
+                .record(output.object, index, launch.seq, launch.task);
+            bundle.blocks.push(output.object);
+        }
+        if launch.rebuild {
+            self.ops[index].stats.rebuilt += 1;
+            for (op, waiting) in self.lineage.rebuilt(index, launch.seq, &bundle.blocks) {
+                self.requeue(op, waiting);
+            }
+            return;
+        }
+        if matches!(self.ops[index].work, Work::AllToAll) && launch.seq >= SAMPLE_SEQ {
+            self.map_side_done(index, &launch, bundle.blocks);
+            return;
+        }
+        let op = &mut self.ops[index];
+        op.tasks_done += 1;
+        if matches!(launch.recipe, Recipe::Compute { .. }) {
+            op.stats.tasks += 1;
+        }
+        op.stats.rows += outputs.iter().filter_map(|output| output.rows).sum::<u64>();
+        op.stats.bytes += outputs.iter().map(|output| output.size).sum::<u64>();
+        op.ended = Some(Instant::now());
+        // A source's shard count is known up front: its shards are written as they finish.
+        if let (Some(target), Work::Source(tasks), Recipe::Compute { .. }) =
+            (&op.cache, &op.work, &launch.recipe)
+        {
+            let count = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
+            let rank = u32::try_from(launch.seq).unwrap_or(u32::MAX);
+            let target = target.clone();
+            op.stats.cache_misses += 1;
+            self.write_shard(index, target, rank, count, node, bundle.blocks.clone());
+        }
+        match &launch.recipe {
+            // A reduce's inputs are its partition's blocks, read by no other task (but the
+            // hot-key task, for a skewed partition: those wait for the job's end).
+            Recipe::Compute {
+                input: StageInput::Reduce { partition, .. },
+                inputs,
+            } => {
+                let hot = self.ops[index].shuffle.hot_partition;
+                if hot.is_none_or(|hot| hot.partition != *partition) {
+                    self.free_now(inputs);
+                }
+            }
+            Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
+            Recipe::Load { .. } => {}
+        }
+        self.ops[index].finished.insert(launch.seq, bundle);
+        self.emit_ready(index);
+    }
+
+    pub(super) fn task_failed(
+        &mut self,
+        index: usize,
+        launch: Launch,
+        node: Option<NodeId>,
+        failure: RunFailure,
+    ) {
+        let name = self.ops[index].name.clone();
+        match failure {
+            RunFailure::Failed(TaskFailure::InputUnavailable { object, reason }) => {
+                tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
+                self.rebuild(object);
+                self.lineage.wait_for(object, index, launch);
+            }
+            RunFailure::Failed(TaskFailure::Cancelled) => {}
+            RunFailure::StaleCache(message) => {
+                self.stale_cache.insert(self.ops[index].stage.fingerprint);
+                self.fail(index, message);
+            }
+            RunFailure::Failed(failure) if failure.retryable() => {
+                let retries = self.options.max_task_retries;
+                let op = &mut self.ops[index];
+                let attempts = &mut op.history_of(launch.seq).failures;
+                *attempts += 1;
+                if *attempts > retries {
+                    let message =
+                        format!("a task failed {attempts} times; the last time: {failure}");
+                    self.fail(index, message);
+                    return;
+                }
+                op.stats.retries += 1;
+                tracing::warn!(job = %self.job, operator = %name, %failure, "retrying a task");
+                self.requeue(
+                    index,
+                    Launch {
+                        avoid: node,
+                        ..launch
+                    },
+                );
+            }
+            RunFailure::Failed(failure) => self.fail(index, failure.to_string()),
+            RunFailure::ActorGone { actor, message } => {
+                if let Recipe::Compute {
+                    input: StageInput::Reduce { partition, .. },
+                    ..
+                } = &launch.recipe
+                    && let Some(pool) = &self.ops[index].shuffle.aggregators
+                {
+                    let slot = pool.slot_of(*partition);
+                    self.replace_aggregator(index, slot, actor, node);
+                }
+                self.task_failed(index, launch, node, RunFailure::Unreachable(message));
+            }
+            RunFailure::Unreachable(message) => {
+                let op = &mut self.ops[index];
+                let tries = &mut op.history_of(launch.seq).unreachable;
+                *tries += 1;
+                if *tries > MAX_UNREACHABLE_RETRIES {
+                    self.fail(index, message);
+                    return;
+                }
+                op.stats.retries += 1;
+                tracing::info!(job = %self.job, operator = %name, %message, "unreachable; placing the task again");
+                // Queued again after a pause, so a node whose death has not committed yet is
+                // not hammered; the operator counts the task as running meanwhile.
+                op.running += 1;
+                self.running.insert(launch.task);
+                let events = self.events_tx.clone();
+                let launch = Launch {
+                    avoid: node.or(launch.avoid),
+                    ..launch
+                };
+                tokio::spawn(async move {
+                    tokio::time::sleep(UNREACHABLE_PAUSE).await;
+                    let _ = events.send(Event::Requeue { op: index, launch });
+                });
+            }
+        }
+    }
+
+    /// Puts a task back at the front of its operator's queue — unless the operator was
+    /// stopped by a limit and the task is not a rebuild some consumer waits for.
+    pub(super) fn requeue(&mut self, index: usize, launch: Launch) {
+        let op = &mut self.ops[index];
+        if op.phase == OperatorPhase::Stopped && !launch.rebuild {
+            return;
+        }
+        op.ready.push_front(launch);
+    }
+}
+
+/// One run of a task, spawned off the execution with what it needs: places it, runs it on
+/// its node (or through its aggregator, or loads its cache shard) and answers what it made.
+struct TaskRun<C: ClusterAccess> {
+    cluster: Arc<C>,
+    config: Arc<DriverConfig>,
+    stage: Arc<Stage>,
+    input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
+    strategy: Strategy,
+    /// A hash shuffle's reduce runs through the partition's aggregator, on its node.
+    aggregator: Option<(ActorId, NodeId)>,
+}
+
+impl<C: ClusterAccess> TaskRun<C> {
+    /// Runs one task where the scheduler places it (or loads a shard where it is cached).
+    async fn run(
+        &self,
+        launch: &Launch,
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+    ) -> (Option<NodeId>, Result<Vec<OutputRef>, RunFailure>) {
+        let unreachable =
+            |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
+        match &launch.recipe {
+            Recipe::Load { node, rank, count } => {
+                let addr = match self.cluster.address(*node).await {
+                    Ok(addr) => addr,
+                    Err(error) => {
+                        let message = format!("cached shard {rank} of {count} is gone: {error}");
+                        return (Some(*node), Err(RunFailure::StaleCache(message)));
+                    }
+                };
+                let load = ShardLoad {
+                    fingerprint: self.stage.fingerprint,
+                    rank: *rank,
+                    count: *count,
+                    object: output_id(launch.task, 0),
+                };
+                let result = match self
+                    .cluster
+                    .call_node(&addr, &NodeRequest::LoadCacheShard(load))
+                    .await
+                {
+                    Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(vec![output]),
+                    Ok(NodeResponse::CacheLoaded(None)) => Err(RunFailure::StaleCache(format!(
+                        "cached shard {rank} of {count} of {} is missing or damaged on node {node}",
+                        self.stage.fingerprint
+                    ))),
+                    Ok(other) => Err(unreachable(&format!("unexpected answer {other:?}"))),
+                    Err(error) => Err(unreachable(&error)),
+                };
+                (Some(*node), result)
+            }
+            Recipe::Compute {
+                input,
+                inputs: objects,
+            } => {
+                let mut preferred: BTreeMap<NodeId, u64> = BTreeMap::new();
+                for (_, info) in inputs {
+                    if let Some(info) = info {
+                        *preferred.entry(info.node).or_default() += info.bytes;
+                    }
+                }
+                // A process UDF's children need their memory on the node that runs them.
+                let memory_hint = match process_udfs(&self.stage.row_ops) {
+                    Ok(udfs) => udfs.iter().map(|udf| udf.memory).sum(),
+                    Err(error) => {
+                        let message = error.to_string();
+                        return (
+                            None,
+                            Err(RunFailure::Failed(TaskFailure::Error { message })),
+                        );
+                    }
+                };
+                let strategy = match self.aggregator {
+                    Some((_, node)) => Strategy::NodeAffinity { node, soft: false },
+                    None => self.strategy,
+                };
+                let request = PlacementRequest {
+                    cpu_millis: TASK_CPU_MILLIS,
+                    memory_hint,
+                    strategy,
+                    preferred: preferred.into_iter().collect(),
+                    requester: Some(self.config.node),
+                };
+                // A request no alive node can hold is asked again for a while, like an
+                // unreachable node (the one big enough may be restarting), then fails the job
+                // with the placement's reason.
+                let node = match self.cluster.place(request).await {
+                    Ok(node) => node,
+                    Err(error) => return (None, Err(unreachable(&error))),
+                };
+                let result = self
+                    .run_on(node, launch.task, *input, objects, inputs)
+                    .await;
+                if let Err(error) = self
+                    .cluster
+                    .release(node, TASK_CPU_MILLIS, memory_hint, self.config.node)
+                    .await
+                {
+                    tracing::debug!(%node, %error, "releasing a task's reservation failed");
+                }
+                (Some(node), result)
+            }
+        }
+    }
+
+    async fn run_on(
+        &self,
+        node: NodeId,
+        task: TaskId,
+        input: StageInput,
+        objects: &[ObjectId],
+        inputs: &[(ObjectId, Option<BlockInfo>)],
+    ) -> Result<Vec<OutputRef>, RunFailure> {
+        let addr = self
+            .cluster
+            .address(node)
+            .await
+            .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
+        let mut refs = Vec::with_capacity(objects.len());
+        for (object, info) in inputs {
+            let holder = match info {
+                Some(info) if info.node != node => {
+                    Some(self.cluster.address(info.node).await.map_err(|_| {
+                        RunFailure::Failed(TaskFailure::InputUnavailable {
+                            object: *object,
+                            reason: format!("its node {} is gone", info.node),
+                        })
+                    })?)
+                }
+                _ => None,
+            };
+            refs.push(InputRef {
+                object: *object,
+                holder,
+            });
+        }
+        let spec = TaskSpec {
+            task,
+            kind: TaskKind::Stage(Box::new(StageTask {
+                stage: (*self.stage).clone(),
+                input,
+                input_schemas: (*self.input_schemas).clone(),
+                min_block_bytes: self.config.min_block_bytes,
+                max_block_bytes: self.config.max_block_bytes,
+                batch_rows: self.config.batch_rows,
+            })),
+            inputs: refs,
+        };
+        // A reduce goes to its aggregator through the driver's own node, which routes it.
+        let (addr, request) = match (self.aggregator, input) {
+            (Some((actor, _)), StageInput::Reduce { partition, .. }) => {
+                let via = self
+                    .cluster
+                    .address(self.config.node)
+                    .await
+                    .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
+                let message = ActorMessage::Reduce {
+                    partition,
+                    task: spec,
+                };
+                let request = NodeRequest::CallActor {
+                    actor,
+                    message,
+                    forwarded: false,
+                };
+                (via, request)
+            }
+            _ => (addr, NodeRequest::RunTask(spec)),
+        };
+        let reply = tokio::select! {
+            reply = self.cluster.run_task(&addr, &request) => reply,
+            () = self.cluster.death_of(node) => {
+                return Err(RunFailure::Unreachable(format!("node {node} was declared dead")));
+            }
+        };
+        match reply {
+            Ok(
+                NodeResponse::Task(Ok(outputs))
+                | NodeResponse::Actor(Ok(ActorReply::Reduced(outputs))),
+            ) => Ok(outputs),
+            Ok(
+                NodeResponse::Task(Err(failure))
+                | NodeResponse::Actor(Err(ActorFailure::Task(failure))),
+            ) => Err(RunFailure::Failed(failure)),
+            Ok(NodeResponse::Actor(Err(ActorFailure::Gone { actor, reason }))) => {
+                Err(RunFailure::ActorGone {
+                    actor,
+                    message: reason,
+                })
+            }
+            // The aggregator refusing its own partition is a bug: no retry makes it right.
+            Ok(NodeResponse::Actor(Err(refused @ ActorFailure::Refused { .. }))) => {
+                Err(RunFailure::Failed(TaskFailure::Error {
+                    message: refused.to_string(),
+                }))
+            }
+            Ok(NodeResponse::Actor(Err(failure))) => {
+                Err(RunFailure::Unreachable(failure.to_string()))
+            }
+            Ok(other) => Err(RunFailure::Unreachable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(error) => Err(RunFailure::Unreachable(format!("node {node}: {error}"))),
+        }
+    }
+}

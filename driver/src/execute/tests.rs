@@ -1,0 +1,438 @@
+//! The executor's state machine against the in-process fake cluster: real kernels, real
+//! placement and replicated state, injected failures. Every test checks the job's rows
+//! against a plain Rust computation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array};
+use arrow::record_batch::RecordBatch;
+use floe_api::node_protocol::TaskFailure;
+use floe_api::placement::Strategy;
+use floe_api::state::{Command, JobRecord, JobStatus};
+use floe_core::config::{ClusterToken, TimeoutsConfig};
+use floe_core::expr::{col, lit};
+use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
+use floe_core::plan::task::StageInput;
+use floe_core::plan::{AggFunction, Aggregation, LogicalPlan};
+use floe_core::wire::WireConfig;
+use floe_core::{NodeId, ObjectId};
+
+use crate::DriverConfig;
+use crate::cluster::ClusterAccess;
+use crate::cluster::fake::{FakeCluster, FakeConfig, Fault, TaskView};
+
+/// The node every test's driver runs on; faults never kill it (the driver would die with it).
+const DRIVER_NODE: NodeId = NodeId::new(1);
+/// Rows per reader batch: a range task makes `4 × BATCH_ROWS` rows.
+const BATCH_ROWS: u32 = 8;
+/// A job that takes longer has hung.
+const JOB_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn fake(nodes: u64, cpus_per_node: u64) -> Arc<FakeCluster> {
+    Arc::new(FakeCluster::new(FakeConfig {
+        nodes,
+        cpus_per_node,
+        store_bytes_per_node: 1 << 30,
+    }))
+}
+
+fn driver_config() -> Arc<DriverConfig> {
+    Arc::new(DriverConfig {
+        schedulers: Vec::new(),
+        wire: WireConfig {
+            token: ClusterToken::new("fake"),
+            max_frame: 1 << 20,
+            timeouts: TimeoutsConfig::default(),
+        },
+        node: DRIVER_NODE,
+        min_block_bytes: 1,
+        max_block_bytes: 1 << 20,
+        batch_rows: BATCH_ROWS,
+        progress_interval: Duration::from_millis(10),
+    })
+}
+
+fn spec(plan: LogicalPlan, cache: CacheMode) -> JobSpec {
+    JobSpec {
+        plan,
+        options: JobOptions {
+            cache,
+            ..JobOptions::default()
+        },
+    }
+}
+
+/// `range(n)` whose blocks reach the object store before the operators after it: the
+/// `cache()` mark keeps the row-wise operators that follow from fusing into the range.
+fn stored_range(n: u64) -> LogicalPlan {
+    LogicalPlan::range(n).unwrap().cache().unwrap()
+}
+
+/// Runs `spec` to its end on `fake` and returns the job's record.
+async fn run(fake: &Arc<FakeCluster>, spec: &JobSpec) -> Arc<JobRecord> {
+    let job = fake.submit(spec, DRIVER_NODE);
+    tokio::time::timeout(
+        JOB_TIMEOUT,
+        crate::drive(driver_config(), Arc::clone(fake), job, 1),
+    )
+    .await
+    .expect("the job ended in time")
+    .expect("the driver committed the outcome");
+    // Frees the driver spawned and did not wait for.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    fake.job(job)
+}
+
+fn succeeded(record: &JobRecord) -> &JobRecord {
+    assert_eq!(record.status, JobStatus::Succeeded, "{:?}", record.status);
+    record
+}
+
+fn outputs(record: &JobRecord) -> Vec<ObjectId> {
+    record.outputs.iter().map(|output| output.object).collect()
+}
+
+/// Column `name` of `batches`, in order.
+fn column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|batch| {
+            let array = batch
+                .column_by_name(name)
+                .unwrap_or_else(|| panic!("no column {name}"));
+            let array = arrow::compute::cast(array, &arrow::datatypes::DataType::Int64).unwrap();
+            let values = array.as_any().downcast_ref::<Int64Array>().unwrap();
+            assert_eq!(values.null_count(), 0);
+            values.values().to_vec()
+        })
+        .collect()
+}
+
+fn stats<'a>(record: &'a JobRecord, operator: &str) -> &'a OperatorStats {
+    let stats = record.stats.as_ref().expect("the job has stats");
+    stats
+        .operators
+        .iter()
+        .find(|stats| stats.name == operator)
+        .unwrap_or_else(|| panic!("no operator {operator} in {stats:?}"))
+}
+
+/// How many tasks `range(n)` runs (see `plan::range_tasks`).
+fn range_task_count(n: u64) -> u64 {
+    n.div_ceil(4 * u64::from(BATCH_ROWS))
+}
+
+fn is_map(task: &TaskView<'_>) -> bool {
+    task.task.stage.kind.name() == "map"
+}
+
+/// `source.with_column("double", id * 2)`, whose rows `assert_doubled` checks.
+fn doubled(source: LogicalPlan) -> LogicalPlan {
+    source.with_column("double", col("id") * lit(2i64)).unwrap()
+}
+
+fn assert_doubled(fake: &FakeCluster, record: &JobRecord, n: i64) {
+    let batches = fake.batches(outputs(record));
+    assert_eq!(column(&batches, "id"), (0..n).collect::<Vec<_>>());
+    assert_eq!(
+        column(&batches, "double"),
+        (0..n).map(|id| id * 2).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn a_job_yields_exactly_its_rows_and_frees_every_intermediate_block() {
+    let fake = fake(2, 2);
+    let record = run(&fake, &spec(doubled(stored_range(400)), CacheMode::NoCache)).await;
+    assert_doubled(&fake, succeeded(&record), 400);
+    // The range's blocks were freed once the map had read them; only the output is left.
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+    let tasks = fake.tasks();
+    let range_tasks: Vec<_> = tasks.iter().filter(|task| task.stage == "range").collect();
+    assert_eq!(range_tasks.len() as u64, range_task_count(400));
+    let freed: BTreeSet<ObjectId> = fake.freed().into_iter().collect();
+    for task in range_tasks {
+        assert!(task.outputs.iter().all(|object| freed.contains(object)));
+    }
+    assert!(freed.is_disjoint(&outputs));
+    // Sources and maps of small blocks spread over the nodes.
+    let placements = fake.placements();
+    assert_eq!(placements.len(), tasks.len());
+    assert!(
+        placements
+            .iter()
+            .all(|(request, _)| request.strategy == Strategy::Spread)
+    );
+    let nodes: BTreeSet<NodeId> = placements.iter().map(|(_, node)| *node).collect();
+    assert_eq!(nodes.len(), 2);
+}
+
+#[tokio::test]
+async fn a_task_failing_transiently_runs_again_elsewhere_and_the_job_succeeds() {
+    let fake = fake(2, 2);
+    let flaky = TaskFailure::Transient {
+        message: "the model server hiccuped".into(),
+    };
+    fake.on_tasks(2, is_map, Fault::Fail(flaky.clone()));
+    let record = run(&fake, &spec(doubled(stored_range(200)), CacheMode::NoCache)).await;
+    assert_doubled(&fake, succeeded(&record), 200);
+    assert_eq!(stats(&record, "map").retries, 2);
+    let tasks = fake.tasks();
+    let failed: Vec<_> = tasks
+        .iter()
+        .filter(|task| task.failure.as_ref() == Some(&flaky))
+        .collect();
+    assert_eq!(failed.len(), 2);
+    for failure in failed {
+        // The same task (same id, so the same output ids), on the other node.
+        let rerun = tasks
+            .iter()
+            .find(|task| task.task == failure.task && task.failure.is_none())
+            .expect("the failed task ran again");
+        assert_ne!(rerun.node, failure.node);
+    }
+    assert_eq!(fake.stored_objects().len(), record.outputs.len());
+}
+
+#[tokio::test]
+async fn a_task_failing_past_the_retry_limit_fails_the_job_with_its_message() {
+    let fake = fake(2, 2);
+    let broken = TaskFailure::Transient {
+        message: "the disk is on fire".into(),
+    };
+    fake.on_tasks(u32::MAX, is_map, Fault::Fail(broken));
+    let mut spec = spec(doubled(stored_range(200)), CacheMode::NoCache);
+    spec.options.max_task_retries = 2;
+    let record = run(&fake, &spec).await;
+    let JobStatus::Failed { message } = &record.status else {
+        panic!("the job did not fail: {:?}", record.status);
+    };
+    assert_eq!(
+        message,
+        "map: a task failed 3 times; the last time: task error: the disk is on fire"
+    );
+    assert!(record.outputs.is_empty());
+    // A failed job keeps nothing.
+    assert_eq!(fake.stored_objects(), BTreeSet::new());
+}
+
+#[tokio::test]
+async fn an_input_lost_with_its_node_is_rebuilt_under_the_same_task_id() {
+    let fake = fake(3, 2);
+    // The first map whose input is on a third node loses that node as it starts.
+    fake.on_tasks(
+        1,
+        |task| {
+            is_map(task)
+                && task
+                    .input_nodes
+                    .iter()
+                    .flatten()
+                    .any(|node| *node != task.node && *node != DRIVER_NODE)
+        },
+        Fault::KillInputHolder,
+    );
+    let record = run(&fake, &spec(doubled(stored_range(400)), CacheMode::NoCache)).await;
+    assert_doubled(&fake, succeeded(&record), 400);
+    assert!(stats(&record, "range").rebuilt >= 1);
+    let tasks = fake.tasks();
+    let lost = tasks
+        .iter()
+        .find_map(|task| match &task.failure {
+            Some(TaskFailure::InputUnavailable { object, .. }) => Some(*object),
+            _ => None,
+        })
+        .expect("a map lost its input");
+    // The range task that made the lost block ran twice under one task id: the rebuilt
+    // block has the lost block's object id.
+    let mut runs_by_task: BTreeMap<_, Vec<NodeId>> = BTreeMap::new();
+    for task in tasks.iter().filter(|task| task.stage == "range") {
+        runs_by_task.entry(task.task).or_default().push(task.node);
+    }
+    let maker = tasks
+        .iter()
+        .find(|task| task.outputs.contains(&lost))
+        .expect("a range task made the lost block");
+    let runs = &runs_by_task[&maker.task];
+    assert_eq!(runs.len(), 2, "ran on {runs:?}");
+    assert_ne!(runs[0], runs[1]);
+    let remade = tasks
+        .iter()
+        .filter(|task| task.task == maker.task)
+        .all(|task| task.outputs.contains(&lost));
+    assert!(remade, "the rebuilt block has another object id");
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+#[tokio::test]
+async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
+    let fake = fake(3, 2);
+    // The first reduce through an aggregator on another node than the driver's kills it.
+    fake.on_tasks(
+        1,
+        |task| task.actor.is_some() && task.node != DRIVER_NODE,
+        Fault::KillNode,
+    );
+    let plan = LogicalPlan::range(320)
+        .unwrap()
+        .with_column("k", col("id") % lit(7i64))
+        .unwrap()
+        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
+        .unwrap();
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    succeeded(&record);
+    let batches = fake.batches(outputs(&record));
+    let got: BTreeMap<i64, i64> = column(&batches, "k")
+        .into_iter()
+        .zip(column(&batches, "sum_id"))
+        .collect();
+    let mut want: BTreeMap<i64, i64> = BTreeMap::new();
+    for id in 0..320 {
+        *want.entry(id % 7).or_default() += id;
+    }
+    assert_eq!(got, want);
+    let aggregate = stats(&record, "aggregate");
+    assert!(aggregate.aggregators_recreated >= 1, "{aggregate:?}");
+    // Every replacement was pushed only the partitions its slot owns.
+    let created = fake.created_actors();
+    let slots = created[0].slots;
+    let replacements: Vec<_> = created.iter().skip(slots as usize).collect();
+    assert!(!replacements.is_empty());
+    let alive = fake.alive_nodes();
+    assert_eq!(alive.len(), 2);
+    assert!(replacements.iter().all(|actor| alive.contains(&actor.node)));
+    let pushes = fake.pushes();
+    let mut pushed_to_replacements = 0;
+    for replacement in &replacements {
+        for push in pushes.iter().filter(|push| push.actor == replacement.actor) {
+            pushed_to_replacements += push.partitions.len();
+            assert!(
+                push.partitions
+                    .iter()
+                    .all(|partition| partition % slots == replacement.slot),
+                "slot {} of {slots} was pushed {:?}",
+                replacement.slot,
+                push.partitions
+            );
+        }
+    }
+    assert!(pushed_to_replacements > 0);
+    // Partitions of the aggregators that lived were reduced once, through them.
+    let replaced: BTreeSet<u32> = replacements.iter().map(|actor| actor.slot).collect();
+    let mut reduced: BTreeMap<u32, Vec<bool>> = BTreeMap::new();
+    for task in fake.tasks() {
+        if let (StageInput::Reduce { partition, .. }, None) = (task.input, &task.failure) {
+            reduced
+                .entry(partition)
+                .or_default()
+                .push(task.actor.is_some());
+        }
+    }
+    for (partition, runs) in reduced {
+        if !replaced.contains(&(partition % slots)) {
+            assert_eq!(runs, [true], "partition {partition}'s reduces");
+        }
+    }
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+#[tokio::test]
+async fn sources_are_throttled_while_queued_bytes_exceed_the_budget() {
+    // 1 KiB of budget: the stores hold 1 MiB in all and the job may keep a thousandth.
+    let fake = Arc::new(FakeCluster::new(FakeConfig {
+        nodes: 2,
+        cpus_per_node: 1,
+        store_bytes_per_node: 512_000,
+    }));
+    fake.on_tasks(u32::MAX, is_map, Fault::Delay(Duration::from_millis(3)));
+    // 64 range tasks of 32 ids (256 bytes each); the map keeps one row in 64.
+    let n = 64 * 4 * u64::from(BATCH_ROWS);
+    let plan = stored_range(n)
+        .filter((col("id") % lit(64i64)).eq(lit(0i64)))
+        .unwrap();
+    let mut spec = spec(plan, CacheMode::NoCache);
+    spec.options.object_store_budget_permille = 1;
+    let record = run(&fake, &spec).await;
+    let batches = fake.batches(outputs(succeeded(&record)));
+    let n = i64::try_from(n).unwrap();
+    assert_eq!(
+        column(&batches, "id"),
+        (0..n).filter(|id| id % 64 == 0).collect::<Vec<_>>()
+    );
+    // Unthrottled, the range (whose tasks finish at once) would store all 16 KiB before the
+    // slow maps read it. Throttled: the budget, plus a block per running source and per
+    // running map, plus the small outputs.
+    let block = 256;
+    let outputs = 32 * 8;
+    let bound = 1024 + 2 * block + 2 * block + outputs;
+    assert!(
+        fake.max_stored_bytes() <= bound,
+        "{} bytes were stored at once, over {bound}",
+        fake.max_stored_bytes()
+    );
+}
+
+#[tokio::test]
+async fn a_planned_cache_hit_loads_shards_instead_of_running_the_source() {
+    let fake = fake(2, 2);
+    // The map fuses into the range, whose output is cached shard by shard.
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&first), 200);
+    let range_runs = |fake: &FakeCluster| {
+        fake.tasks()
+            .iter()
+            .filter(|task| task.stage == "range")
+            .count()
+    };
+    let computed = range_runs(&fake);
+    let shards = range_task_count(200);
+    assert_eq!(computed as u64, shards);
+    assert_eq!(stats(&first, "range").cache_misses, shards);
+
+    let second = run(&fake, &spec(plan, CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&second), 200);
+    assert_eq!(range_runs(&fake), computed, "the range ran again");
+    assert_eq!(stats(&second, "range").cache_hits, shards);
+    assert_eq!(stats(&second, "range").tasks, 0);
+}
+
+#[tokio::test]
+async fn a_stale_cache_shard_makes_the_driver_evict_it_and_plan_again() {
+    let fake = fake(2, 2);
+    // The map fuses into the range, whose output is cached shard by shard.
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    succeeded(&first);
+    let computed = fake.tasks().len();
+    // The index still names the shards; their files are gone.
+    fake.delete_cache_files();
+    let record = run(&fake, &spec(plan, CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&record), 200);
+    let fingerprint = record
+        .stats
+        .as_ref()
+        .and_then(|stats| stats.operators[0].fingerprint)
+        .expect("the range has a fingerprint")
+        .to_string();
+    assert!(
+        fake.commands().iter().any(|(command, _)| {
+            *command
+                == Command::EvictCache {
+                    fingerprint: fingerprint.clone(),
+                }
+        }),
+        "the stale entry was not evicted"
+    );
+    // Planned again without the cache: the range computed its blocks again.
+    let recomputed = fake.tasks()[computed..]
+        .iter()
+        .filter(|task| task.stage == "range" && task.failure.is_none())
+        .count();
+    assert_eq!(recomputed as u64, range_task_count(200));
+}
