@@ -22,7 +22,7 @@ use floe_core::plan::task::StageInput;
 
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{Command, Outcome};
-use floe_core::plan::Operator;
+
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 
 use super::task::{Launch, Recipe};
@@ -35,15 +35,6 @@ use floe_api::node_protocol::{
 
 /// At most this many aggregators per shuffle (Ray's cap).
 pub const MAX_AGGREGATORS: u64 = 128;
-
-/// Whether `operator` is a hash shuffle, reduced through aggregators.
-pub fn is_hash_shuffle(operator: &Operator) -> bool {
-    match operator {
-        Operator::Aggregate { .. } | Operator::Join { .. } | Operator::Unique { .. } => true,
-        Operator::Repartition { keys, .. } => !keys.is_empty(),
-        _ => false,
-    }
-}
 
 /// One aggregator slot: the actor serving it now.
 #[derive(Debug, Clone)]
@@ -637,8 +628,6 @@ impl<C: ClusterAccess> Execution<C> {
 
 #[cfg(test)]
 mod tests {
-    use floe_core::plan::{AggFunction, Aggregation, JoinType, SortKey};
-
     use super::*;
 
     #[test]
@@ -659,30 +648,8 @@ mod tests {
     }
 
     #[test]
-    fn aggregators_are_capped_and_only_hash_shuffles_use_them() {
+    fn aggregators_are_capped() {
         assert_eq!(Aggregators::new(1_000).count() as u64, MAX_AGGREGATORS);
         assert_eq!(Aggregators::new(0).count(), 1);
-        let aggregate = Operator::Aggregate {
-            keys: vec!["k".into()],
-            aggregations: vec![Aggregation::of(AggFunction::Sum, "v")],
-        };
-        let join = Operator::Join {
-            left_keys: vec!["k".into()],
-            right_keys: vec!["k".into()],
-            how: JoinType::Inner,
-        };
-        let keyed = Operator::Repartition {
-            partitions: 4,
-            keys: vec!["k".into()],
-        };
-        let unkeyed = Operator::Repartition {
-            partitions: 4,
-            keys: Vec::new(),
-        };
-        let sort = Operator::Sort {
-            keys: vec![SortKey::asc("k")],
-        };
-        assert!(is_hash_shuffle(&aggregate) && is_hash_shuffle(&join) && is_hash_shuffle(&keyed));
-        assert!(!is_hash_shuffle(&unkeyed) && !is_hash_shuffle(&sort));
     }
 }

@@ -5,14 +5,14 @@
 use std::collections::BTreeMap;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
+use floe_core::plan::Operator;
 use floe_core::plan::physical::StageKind;
 use floe_core::plan::task::StageInput;
-use floe_core::plan::{Operator, SeedChoice};
 use floe_core::{NodeId, ObjectId};
-use floe_engine::exchange::SAMPLE_ROWS_PER_PARTITION;
+use floe_engine::exchange::{Routing, SAMPLE_ROWS_PER_PARTITION, exchange_for};
 
 use super::Execution;
-use super::aggregators::{self, Aggregators};
+use super::aggregators::Aggregators;
 use super::blocks::Bundle;
 use super::task::{Launch, Recipe, compute};
 use crate::cluster::ClusterAccess;
@@ -124,11 +124,14 @@ impl<C: ClusterAccess> Execution<C> {
             return;
         };
         let operator = operator.clone();
+        let Some(exchange) = exchange_for(&operator) else {
+            return;
+        };
         let has_input = op.shuffle.sides.iter().any(|side| !side.is_empty()) || op.inputs_ended();
         if op.shuffle.phase == ShufflePhase::Collecting
             && op.shuffle.aggregators.is_none()
             && has_input
-            && aggregators::is_hash_shuffle(&operator)
+            && exchange.routing() == Routing::Hash
         {
             self.start_aggregators(index);
         }
@@ -139,11 +142,9 @@ impl<C: ClusterAccess> Execution<C> {
                     return;
                 }
                 let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
-                op.shuffle.partitions = match &operator {
-                    Operator::Repartition { partitions, .. } => *partitions,
-                    Operator::Aggregate { keys, .. } if keys.is_empty() => 1,
-                    _ => u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1),
-                };
+                op.shuffle.partitions = exchange.fixed_partitions().unwrap_or_else(|| {
+                    u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1)
+                });
                 let partitions = op.shuffle.partitions;
                 let idle = op
                     .shuffle
@@ -152,7 +153,7 @@ impl<C: ClusterAccess> Execution<C> {
                     .map(|pool| pool.keep_for(partitions))
                     .unwrap_or_default();
                 self.stop_actors(idle);
-                if matches!(operator, Operator::Sort { .. }) && bundles > 0 {
+                if matches!(exchange.routing(), Routing::Range(_)) && bundles > 0 {
                     self.start_sampling(index);
                 } else {
                     self.start_partitioning(index, &operator);
@@ -221,12 +222,11 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     fn start_partitioning(&mut self, index: usize, operator: &Operator) {
-        let seed = match operator {
-            Operator::RandomShuffle {
-                seed: SeedChoice::Fixed(seed),
-            } => seed.get(),
-            _ => 0,
-        };
+        let exchange = exchange_for(operator);
+        let seed = exchange.as_ref().map_or(0, |exchange| exchange.seed());
+        let ranged = exchange
+            .as_ref()
+            .is_some_and(|exchange| matches!(exchange.routing(), Routing::Range(_)));
         let mut launches = Vec::new();
         let shuffle = &self.ops[index].shuffle;
         let mut left_maps = 0;
@@ -245,8 +245,8 @@ impl<C: ClusterAccess> Execution<C> {
             for bundle in &bundles {
                 let seq = PARTITION_SEQ + launches.len() as u64;
                 let mut inputs = bundle.blocks.clone();
-                let input = match (operator, shuffle.boundaries) {
-                    (Operator::Sort { .. }, Some(boundaries)) => {
+                let input = match shuffle.boundaries {
+                    Some(boundaries) if ranged => {
                         inputs.push(boundaries);
                         StageInput::RangePartition {
                             partitions: shuffle.partitions,
@@ -278,12 +278,7 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     fn start_reducing(&mut self, index: usize, operator: &Operator) {
-        let seed = match operator {
-            Operator::RandomShuffle {
-                seed: SeedChoice::Fixed(seed),
-            } => seed.get(),
-            _ => 0,
-        };
+        let seed = exchange_for(operator).map_or(0, |exchange| exchange.seed());
         let hot = self.hot_partition(index);
         let op = &mut self.ops[index];
         let shuffle = &mut op.shuffle;

@@ -285,3 +285,68 @@ pub(crate) fn key_schema(schema: &Schema, keys: &[SortKey]) -> Result<SchemaRef>
         .collect::<Result<Vec<Field>>>()?;
     Ok(Arc::new(Schema::new(fields)))
 }
+
+#[cfg(test)]
+mod tests {
+    use floe_core::plan::{AggFunction, Aggregation, JoinType, SeedChoice};
+
+    use super::*;
+
+    fn assert_routes(operator: &Operator, routing: Routing<'_>, fixed: Option<u32>) {
+        let exchange = exchange_for(operator).expect("an all-to-all operator");
+        assert_eq!(exchange.routing(), routing, "{}", operator.name());
+        assert_eq!(exchange.fixed_partitions(), fixed, "{}", operator.name());
+    }
+
+    #[test]
+    fn each_operator_says_how_it_routes_and_what_it_fixes() {
+        let keys = vec!["k".to_owned()];
+        let grouped = Operator::Aggregate {
+            keys: keys.clone(),
+            aggregations: vec![Aggregation::of(AggFunction::Sum, "v")],
+        };
+        assert_routes(&grouped, Routing::Hash, None);
+        let global = Operator::Aggregate {
+            keys: Vec::new(),
+            aggregations: vec![Aggregation::count_rows("n")],
+        };
+        assert_routes(&global, Routing::Hash, Some(1));
+        let join = Operator::Join {
+            left_keys: keys.clone(),
+            right_keys: keys.clone(),
+            how: JoinType::Inner,
+        };
+        assert_routes(&join, Routing::Hash, None);
+        let unique = Operator::Unique {
+            columns: Vec::new(),
+        };
+        assert_routes(&unique, Routing::Hash, None);
+        let keyed = Operator::Repartition {
+            partitions: 4,
+            keys: keys.clone(),
+        };
+        assert_routes(&keyed, Routing::Hash, Some(4));
+        let unkeyed = Operator::Repartition {
+            partitions: 4,
+            keys: Vec::new(),
+        };
+        assert_routes(&unkeyed, Routing::Position, Some(4));
+        let sort_keys = vec![SortKey::asc("k")];
+        let sort = Operator::Sort {
+            keys: sort_keys.clone(),
+        };
+        assert_routes(&sort, Routing::Range(&sort_keys), None);
+        let random = Operator::RandomShuffle {
+            seed: SeedChoice::Unresolved,
+        };
+        assert_routes(&random, Routing::Random, None);
+    }
+
+    #[test]
+    fn row_wise_operators_have_no_exchange() {
+        let select = Operator::Select {
+            columns: vec!["k".to_owned()],
+        };
+        assert!(exchange_for(&select).is_none());
+    }
+}
