@@ -63,6 +63,8 @@ pub enum Error {
     ExchangeInput { missing: &'static str },
     #[error("a {stage} stage cannot run on {input}")]
     StageInput { stage: String, input: String },
+    #[error("a scan of {0} files has more than a stage can number ({max})", max = u32::MAX)]
+    TooManyFiles(usize),
     #[error("range bound {0} does not fit in Int64")]
     RangeOverflow(u64),
     #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageId, StageKind};
 
-use crate::task::{TaskContext, TaskInput, run_task};
+use floe_core::plan::task::StageInput;
+
+use crate::task::{TaskContext, run_task};
 use crate::write::write_task;
 use crate::{Error, Result};
 
@@ -101,14 +103,15 @@ fn open<'a>(
     Ok(match &stage.kind {
         StageKind::Read(scan) => {
             // One task per file, as the cluster would schedule them.
-            let files = 0..scan.files.len();
-            tasks(stage, files.map(TaskInput::File), context)
+            let count = scan.files.len();
+            let files = 0..u32::try_from(count).map_err(|_| Error::TooManyFiles(count))?;
+            tasks(stage, files.map(StageInput::File), context)
         }
         StageKind::Range { n } => {
-            let range = TaskInput::Range { start: 0, end: *n };
+            let range = StageInput::Range { start: 0, end: *n };
             tasks(stage, iter::once(range), context)
         }
-        StageKind::FromBatches { .. } => tasks(stage, iter::once(TaskInput::Inline), context),
+        StageKind::FromBatches { .. } => tasks(stage, iter::once(StageInput::Inline), context),
         StageKind::Map => {
             // One task per input block, as the cluster runs a map stage over a stream.
             let mut upstream = input(0)?;
@@ -116,7 +119,7 @@ fn open<'a>(
                 iter::from_fn(move || {
                     upstream.next().map(|block| {
                         block.and_then(|block| {
-                            run_task(&stage, TaskInput::Blocks(vec![block]), &context)
+                            run_task(&stage, StageInput::Blocks, vec![block], &context)
                         })
                     })
                 })
@@ -135,7 +138,7 @@ fn open<'a>(
                     rows += block.num_rows() as u64;
                     pulled.push(block);
                 }
-                run_task(&stage, TaskInput::Blocks(pulled), &context)
+                run_task(&stage, StageInput::Blocks, pulled, &context)
             })
         }
         StageKind::Union => Box::new(input(0)?.chain(input(1)?)),
@@ -160,10 +163,10 @@ fn open<'a>(
 /// Runs `stage` on each input in turn, as its blocks are pulled.
 fn tasks<'a>(
     stage: Stage,
-    inputs: impl Iterator<Item = TaskInput> + 'a,
+    inputs: impl Iterator<Item = StageInput> + 'a,
     context: TaskContext<'a>,
 ) -> Blocks<'a> {
-    Box::new(inputs.flat_map(move |input| flatten(run_task(&stage, input, &context))))
+    Box::new(inputs.flat_map(move |input| flatten(run_task(&stage, input, Vec::new(), &context))))
 }
 
 /// One task, run when its first block is pulled.

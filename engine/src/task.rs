@@ -1,6 +1,7 @@
 //! One task of a stage: produce or take blocks, apply the stage's fused row-wise operators,
-//! and size the output blocks. This is the function a worker process calls for every
-//! non-all-to-all stage; here it runs in-process.
+//! and size the output blocks; or, for an all-to-all stage, one map or reduce task of its
+//! exchange. [`run_stage_task`] is the function a worker process calls for every task; the
+//! in-process executor calls [`run_task`] for row-wise stages.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -11,26 +12,16 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::physical::{Stage, StageKind};
+use floe_core::plan::task::{StageInput, StageTask};
 
 use crate::blocks::BlockSizing;
+use crate::exchange;
 use crate::ops::{Limiter, RowOpContext, apply_row_ops};
 use crate::read::read_file;
 use crate::udf::Registry;
 use crate::udf::process::{ProcessEndpoint, ProcessSessions};
+use crate::write::write_task;
 use crate::{Error, Result};
-
-/// What one task of a stage works on.
-#[derive(Debug, Clone)]
-pub enum TaskInput {
-    /// File `index` of a read stage's scan.
-    File(usize),
-    /// The ids `start..end` of a range stage.
-    Range { start: u64, end: u64 },
-    /// All of a from-batches stage's inline rows.
-    Inline,
-    /// Blocks produced by the stage's input (map, limit and write stages).
-    Blocks(Vec<RecordBatch>),
-}
 
 /// Everything a task needs besides its stage and input.
 #[derive(Clone, Copy)]
@@ -43,22 +34,62 @@ pub struct TaskContext<'a> {
     pub batch_rows: usize,
 }
 
-/// Runs one task of `stage` and returns its output blocks.
+/// Runs one stage task over its input blocks (one list per input object), as a worker does: an
+/// all-to-all task through its operator's exchange, a sink's part written where its stage says
+/// (no blocks come back), any other through [`run_task`].
+pub fn run_stage_task(
+    task: &StageTask,
+    inputs: Vec<Vec<RecordBatch>>,
+    context: &TaskContext,
+) -> Result<Vec<RecordBatch>> {
+    let stage = &task.stage;
+    match (&stage.kind, task.input) {
+        (StageKind::AllToAll(operator), input) => {
+            let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
+            let output = Arc::new(stage.schema.clone());
+            let batches = exchange::run(operator, &output, input, &schemas, inputs)?;
+            // The map side answers one block per partition, empty ones included: output i is
+            // partition i. A reduce output is cut to the block size range like any other.
+            match input {
+                StageInput::Reduce { .. } => context
+                    .sizing
+                    .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect()),
+                _ => Ok(batches),
+            }
+        }
+        (StageKind::Write(spec), StageInput::Sink { index }) => {
+            let schema = Arc::new(stage.schema.clone());
+            let blocks = inputs.into_iter().flatten().map(Ok);
+            write_task(spec, index as usize, schema, blocks)?;
+            Ok(Vec::new())
+        }
+        (_, input) => run_task(
+            stage,
+            input,
+            inputs.into_iter().flatten().collect(),
+            context,
+        ),
+    }
+}
+
+/// Runs one task of a row-wise `stage` on `input` (its `blocks` for map and limit stages) and
+/// returns its output blocks.
 pub fn run_task(
     stage: &Stage,
-    input: TaskInput,
+    input: StageInput,
+    blocks: Vec<RecordBatch>,
     context: &TaskContext,
 ) -> Result<Vec<RecordBatch>> {
     let batches = match (&stage.kind, input) {
-        (StageKind::Read(scan), TaskInput::File(index)) => {
-            read_file(scan, index, context.batch_rows)?.0
+        (StageKind::Read(scan), StageInput::File(index)) => {
+            read_file(scan, index as usize, context.batch_rows)?.0
         }
-        (StageKind::Range { n }, TaskInput::Range { start, end }) => {
+        (StageKind::Range { n }, StageInput::Range { start, end }) => {
             range_batches(start, end.min(*n), context.batch_rows)?
         }
-        (StageKind::FromBatches { ipc, .. }, TaskInput::Inline) => decode_ipc(ipc)?,
-        (StageKind::Map, TaskInput::Blocks(blocks)) => blocks,
-        (StageKind::Limit { n }, TaskInput::Blocks(blocks)) => {
+        (StageKind::FromBatches { ipc, .. }, StageInput::Inline) => decode_ipc(ipc)?,
+        (StageKind::Map, StageInput::Blocks) => blocks,
+        (StageKind::Limit { n }, StageInput::Blocks) => {
             let mut limiter = Limiter::new(*n);
             blocks
                 .into_iter()
@@ -66,15 +97,9 @@ pub fn run_task(
                 .collect()
         }
         (kind, input) => {
-            let input = match input {
-                TaskInput::File(index) => format!("file #{index}"),
-                TaskInput::Range { start, end } => format!("ids {start}..{end}"),
-                TaskInput::Inline => "inline rows".to_owned(),
-                TaskInput::Blocks(blocks) => format!("{} blocks", blocks.len()),
-            };
             return Err(Error::StageInput {
                 stage: kind.name().to_owned(),
-                input,
+                input: input.to_string(),
             });
         }
     };

@@ -10,9 +10,10 @@ use arrow::record_batch::RecordBatch;
 use floe_core::expr::{col, lit};
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, StageKind};
+use floe_core::plan::task::StageInput;
 use floe_core::plan::{LogicalPlan, PlanError, UdfCall, UdfKind};
 use floe_engine::blocks::{BlockSizing, data_bytes};
-use floe_engine::task::{TaskContext, TaskInput, decode_ipc, encode_ipc, run_task};
+use floe_engine::task::{TaskContext, decode_ipc, encode_ipc, run_task};
 use floe_engine::udf::Registry;
 use proptest::prelude::*;
 
@@ -58,12 +59,12 @@ fn run_locally(plan: &LogicalPlan, registry: &Registry) -> Vec<RecordBatch> {
     let physical = PhysicalPlan::from_logical(&Optimizer::default().optimize(plan).unwrap());
     let mut outputs: Vec<Vec<RecordBatch>> = Vec::new();
     for stage in &physical.stages {
-        let input = match &stage.kind {
-            StageKind::FromBatches { .. } => TaskInput::Inline,
-            StageKind::Range { n } => TaskInput::Range { start: 0, end: *n },
-            _ => TaskInput::Blocks(outputs[stage.inputs[0].0].clone()),
+        let (input, blocks) = match &stage.kind {
+            StageKind::FromBatches { .. } => (StageInput::Inline, Vec::new()),
+            StageKind::Range { n } => (StageInput::Range { start: 0, end: *n }, Vec::new()),
+            _ => (StageInput::Blocks, outputs[stage.inputs[0].0].clone()),
         };
-        outputs.push(run_task(stage, input, &context(registry)).unwrap());
+        outputs.push(run_task(stage, input, blocks, &context(registry)).unwrap());
     }
     outputs.swap_remove(physical.output.0)
 }
@@ -311,13 +312,13 @@ fn a_limit_stage_passes_the_first_rows_of_its_stream() {
     let physical = PhysicalPlan::from_logical(&plan);
     let limit = &physical.stages[1];
     assert_eq!(limit.kind, StageKind::Limit { n: 3 });
-    let output = run_task(limit, TaskInput::Blocks(blocks), &context(&registry)).unwrap();
+    let output = run_task(limit, StageInput::Blocks, blocks, &context(&registry)).unwrap();
     let ids: Vec<i64> = column::<Int64Array>(&output, "id")
         .iter()
         .flat_map(|a| a.values().to_vec())
         .collect();
     assert_eq!(ids, vec![0, 1, 2]);
-    let error = run_task(limit, TaskInput::Inline, &context(&registry)).unwrap_err();
+    let error = run_task(limit, StageInput::Inline, Vec::new(), &context(&registry)).unwrap_err();
     assert_eq!(error.to_string(), "a limit stage cannot run on inline rows");
 }
 

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
 use floe_core::TaskId;
-use floe_core::plan::physical::StageKind;
-use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::plan::task::StageTask;
 use floe_core::wire::{FramedStream, WireError, codec};
 use floe_objectstore::block::{encode_block, read_block};
 use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
@@ -22,11 +21,9 @@ use tokio::net::UnixStream;
 
 use floe_api::node_protocol::{Bytes, TaskKind};
 use floe_engine::blocks::BlockSizing;
-use floe_engine::exchange;
-use floe_engine::task::{TaskContext, TaskInput, run_task};
+use floe_engine::task::{TaskContext, run_stage_task};
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
-use floe_engine::write::write_task;
 
 use crate::tasks::execute;
 use crate::{Error, Result};
@@ -236,52 +233,7 @@ fn run_stage(
         let block = read_block(view).map_err(|error| format!("cannot decode an input: {error}"))?;
         per_input.push(block.batches);
     }
-    let stage = &task.stage;
-    if let StageKind::AllToAll(operator) = &stage.kind {
-        let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
-        let output = Arc::new(stage.schema.clone());
-        let batches = exchange::run(operator, &output, task.input, &schemas, per_input)
-            .map_err(|error| error.to_string())?;
-        // The map side answers one block per partition, empty ones included: output i is
-        // partition i. A reduce output is cut to the block size range like any other.
-        let batches = match task.input {
-            StageInput::Reduce { .. } => context
-                .sizing
-                .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
-                .map_err(|error| error.to_string())?,
-            _ => batches,
-        };
-        return Ok(encode_outputs(&batches)?);
-    }
-    let blocks: Vec<_> = per_input.into_iter().flatten().collect();
-    let input = match task.input {
-        StageInput::File(index) => TaskInput::File(index as usize),
-        StageInput::Range { start, end } => TaskInput::Range { start, end },
-        StageInput::Inline => TaskInput::Inline,
-        StageInput::Blocks => TaskInput::Blocks(blocks),
-        StageInput::Partition { .. }
-        | StageInput::RangePartition { .. }
-        | StageInput::Sample { .. }
-        | StageInput::Boundaries { .. }
-        | StageInput::Reduce { .. }
-        | StageInput::HotKey { .. } => {
-            return Err(TaskError::from(format!(
-                "a {} stage does not take {:?}",
-                stage.kind.name(),
-                task.input
-            )));
-        }
-        StageInput::Sink { index } => {
-            let StageKind::Write(spec) = &stage.kind else {
-                return Err(format!("a {} stage is not a sink", stage.kind.name()).into());
-            };
-            let schema = Arc::new(stage.schema.clone());
-            write_task(spec, index as usize, schema, blocks.into_iter().map(Ok))
-                .map_err(|error| error.to_string())?;
-            return Ok(Vec::new());
-        }
-    };
-    let batches = run_task(stage, input, &context)?;
+    let batches = run_stage_task(task, per_input, &context)?;
     Ok(encode_outputs(&batches)?)
 }
 

@@ -61,3 +61,32 @@ pub enum StageInput {
     /// for a join), as one row: `key` (the values, printed) and `rows`.
     HotKey { left: u32 },
 }
+
+impl std::fmt::Display for StageInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StageInput::File(index) => write!(f, "file #{index}"),
+            StageInput::Range { start, end } => write!(f, "ids {start}..{end}"),
+            StageInput::Inline => f.write_str("inline rows"),
+            StageInput::Blocks => f.write_str("input blocks"),
+            StageInput::Sink { index } => write!(f, "sink part #{index}"),
+            StageInput::Partition { partitions, .. } => {
+                write!(f, "a map task into {partitions} partitions")
+            }
+            StageInput::RangePartition { partitions } => {
+                write!(
+                    f,
+                    "a range-partitioning map task into {partitions} partitions"
+                )
+            }
+            StageInput::Sample { rows, .. } => write!(f, "a sample of {rows} rows"),
+            StageInput::Boundaries { partitions } => {
+                write!(f, "the boundaries of {partitions} partitions")
+            }
+            StageInput::Reduce { partition, .. } => {
+                write!(f, "the reduce of partition {partition}")
+            }
+            StageInput::HotKey { .. } => f.write_str("a hot-key count"),
+        }
+    }
+}

@@ -24,12 +24,11 @@ use floe_api::state::{
     ClusterState, Command, JobRecord, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
 };
 use floe_core::job::{JobProgress, JobSpec};
-use floe_core::plan::physical::StageKind;
 use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
 use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, SubmissionId, TaskId};
 use floe_engine::blocks::{BlockSizing, data_bytes};
-use floe_engine::task::{TaskContext, TaskInput};
+use floe_engine::task::{TaskContext, run_stage_task};
 use floe_engine::udf::Registry;
 use tokio::sync::Notify;
 
@@ -668,8 +667,9 @@ impl FakeCluster {
                 return self.record(node, spec, task, actor, Err(failure));
             }
         };
-        let result = run_stage(task, inputs, &self.registry)
-            .map_err(|message| TaskFailure::Error { message });
+        let result = run_stage(task, inputs, &self.registry).map_err(|error| TaskFailure::Error {
+            message: error.to_string(),
+        });
         let outputs = {
             let mut inner = self.lock();
             if !inner.is_alive(node) {
@@ -719,62 +719,19 @@ fn refused(message: String) -> Error {
 }
 
 /// One stage task over its input blocks (one `Vec` per input object), as a node's worker
-/// runs it: all-to-all tasks through the exchange kernels, the others through the task
-/// function, a sink written where its stage says.
+/// runs it.
 fn run_stage(
     task: &StageTask,
     inputs: Vec<Vec<RecordBatch>>,
     registry: &Registry,
-) -> std::result::Result<Vec<RecordBatch>, String> {
-    let sizing =
-        BlockSizing::new(task.min_block_bytes, task.max_block_bytes).map_err(|e| e.to_string())?;
+) -> std::result::Result<Vec<RecordBatch>, floe_engine::Error> {
     let context = TaskContext {
         registry,
         processes: &[],
-        sizing,
+        sizing: BlockSizing::new(task.min_block_bytes, task.max_block_bytes)?,
         batch_rows: task.batch_rows.max(1) as usize,
     };
-    let stage = &task.stage;
-    if let StageKind::AllToAll(operator) = &stage.kind {
-        let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
-        let output = Arc::new(stage.schema.clone());
-        let batches = floe_engine::exchange::run(operator, &output, task.input, &schemas, inputs)
-            .map_err(|e| e.to_string())?;
-        return match task.input {
-            StageInput::Reduce { .. } => sizing
-                .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
-                .map_err(|e| e.to_string()),
-            _ => Ok(batches),
-        };
-    }
-    let blocks: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-    let input = match task.input {
-        StageInput::File(index) => TaskInput::File(index as usize),
-        StageInput::Range { start, end } => TaskInput::Range { start, end },
-        StageInput::Inline => TaskInput::Inline,
-        StageInput::Blocks => TaskInput::Blocks(blocks),
-        StageInput::Sink { index } => {
-            let StageKind::Write(spec) = &stage.kind else {
-                return Err(format!("a {} stage is not a sink", stage.kind.name()));
-            };
-            let schema = Arc::new(stage.schema.clone());
-            floe_engine::write::write_task(
-                spec,
-                index as usize,
-                schema,
-                blocks.into_iter().map(Ok),
-            )
-            .map_err(|e| e.to_string())?;
-            return Ok(Vec::new());
-        }
-        other => {
-            return Err(format!(
-                "a {} stage does not take {other:?}",
-                stage.kind.name()
-            ));
-        }
-    };
-    floe_engine::task::run_task(stage, input, &context).map_err(|e| e.to_string())
+    run_stage_task(task, inputs, &context)
 }
 
 impl ClusterAccess for FakeCluster {

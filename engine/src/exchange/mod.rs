@@ -181,7 +181,7 @@ pub fn run(
 ) -> Result<Vec<RecordBatch>> {
     let unsupported = || Error::StageInput {
         stage: operator.name().to_owned(),
-        input: format!("{input:?}"),
+        input: input.to_string(),
     };
     let exchange = exchange_for(operator).ok_or_else(unsupported)?;
     let first_schema = || input_schemas.first().cloned().ok_or_else(unsupported);
