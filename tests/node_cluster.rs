@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
     NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
+    TestTask,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness};
@@ -161,10 +162,10 @@ async fn run(
 
 /// Runs a `Fill` task of `bytes` bytes on the node at `addr` and returns its one output.
 async fn fill(addr: &str, task: u128, bytes: usize, seed: u64) -> OutputRef {
-    let kind = TaskKind::Fill {
+    let kind = TaskKind::Test(TestTask::Fill {
         bytes: bytes as u64,
         seed,
-    };
+    });
     run(addr, task, kind, vec![]).await.unwrap()[0]
 }
 
@@ -234,7 +235,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         let outputs = run(
             addr_of(*node),
             100 + index as u128,
-            TaskKind::Fill { bytes: 1000, seed },
+            TaskKind::Test(TestTask::Fill { bytes: 1000, seed }),
             vec![],
         )
         .await
@@ -257,7 +258,9 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
             holder: (*node != node_a).then(|| b.addr().to_owned()),
         })
         .collect();
-    let outputs = run(a.addr(), 200, TaskKind::Hash, inputs).await.unwrap();
+    let outputs = run(a.addr(), 200, TaskKind::Test(TestTask::Hash), inputs)
+        .await
+        .unwrap();
     let hashed = read_start(a.addr(), outputs[0].object, 16).await;
     let mut expected_hash = Vec::new();
     for (index, _) in filled.iter().enumerate() {
@@ -287,7 +290,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let rehashed = run(
         b.addr(),
         301,
-        TaskKind::Hash,
+        TaskKind::Test(TestTask::Hash),
         vec![InputRef {
             object: big.object,
             holder: None,
@@ -471,7 +474,7 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     let hashed = run(
         b.addr(),
         2,
-        TaskKind::Hash,
+        TaskKind::Test(TestTask::Hash),
         vec![InputRef {
             object: object.object,
             holder: None,
@@ -493,8 +496,15 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
     wait_ready(&node, 2).await;
 
     let addr = node.addr().to_owned();
-    let long =
-        tokio::spawn(async move { run(&addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![]).await });
+    let long = tokio::spawn(async move {
+        run(
+            &addr,
+            1,
+            TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
+            vec![],
+        )
+        .await
+    });
     let deadline = Instant::now() + READY_TIMEOUT;
     let victim = loop {
         if let Some(running) = status(node.addr()).await.running.first() {
@@ -523,7 +533,7 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
     let outputs = run(
         node.addr(),
         2,
-        TaskKind::Fill { bytes: 10, seed: 0 },
+        TaskKind::Test(TestTask::Fill { bytes: 10, seed: 0 }),
         vec![],
     )
     .await
@@ -549,9 +559,14 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
         ],
     );
     wait_ready(&node, 2).await;
-    let failure = run(node.addr(), 1, TaskKind::Sleep { ms: 60_000 }, vec![])
-        .await
-        .unwrap_err();
+    let failure = run(
+        node.addr(),
+        1,
+        TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
+        vec![],
+    )
+    .await
+    .unwrap_err();
     match &failure {
         TaskFailure::OutOfMemory { reason } => {
             assert!(
@@ -616,7 +631,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     tokio::spawn(async move {
         let spec = TaskSpec {
             task: TaskId::new(9),
-            kind: TaskKind::Sleep { ms: 60_000 },
+            kind: TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
             inputs: Vec::new(),
         };
         // The node dies under this call; its failure is expected.

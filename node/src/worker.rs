@@ -28,30 +28,39 @@ use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 use floe_engine::write::write_task;
 
-use crate::tasks::execute;
 use crate::{Error, Result};
 
-/// Why a task failed, as the worker reports it.
-struct TaskError {
+/// Why a task failed in this worker, as the worker reports it to its agent
+/// ([`WorkerMessage::Failed`]).
+struct WorkerTaskFailure {
     message: String,
+    /// Whether running the task again may succeed.
     transient: bool,
 }
 
-impl From<String> for TaskError {
-    fn from(message: String) -> Self {
+impl WorkerTaskFailure {
+    /// A failure that running the task again would repeat.
+    fn permanent(reason: impl std::fmt::Display) -> Self {
         Self {
-            message,
+            message: reason.to_string(),
             transient: false,
         }
     }
 }
 
-impl From<floe_engine::Error> for TaskError {
+impl From<floe_engine::Error> for WorkerTaskFailure {
     fn from(error: floe_engine::Error) -> Self {
         Self {
             transient: error.is_transient(),
             message: error.to_string(),
         }
+    }
+}
+
+#[cfg(feature = "test-tasks")]
+impl From<crate::test_tasks::TestTaskError> for WorkerTaskFailure {
+    fn from(error: crate::test_tasks::TestTaskError) -> Self {
+        Self::permanent(error)
     }
 }
 
@@ -183,7 +192,7 @@ async fn serve(options: &WorkerOptions, registry: &Registry) -> Result<()> {
                 }
                 send(&mut stream, &WorkerMessage::Finished).await?;
             }
-            Err(TaskError { message, transient }) => {
+            Err(WorkerTaskFailure { message, transient }) => {
                 send(&mut stream, &WorkerMessage::Failed { message, transient }).await?;
             }
         }
@@ -194,18 +203,19 @@ fn run(
     client: &StoreClient,
     registry: &Registry,
     task: &WorkerTask,
-) -> Result<Vec<WorkerOutput>, TaskError> {
+) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     let views = task
         .inputs
         .iter()
         .map(|location| client.open(location))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| format!("cannot map an input: {error}"))?;
+        .map_err(|error| WorkerTaskFailure::permanent(format!("cannot map an input: {error}")))?;
     match &task.kind {
         TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry, &task.processes),
-        kind => {
+        #[cfg(feature = "test-tasks")]
+        TaskKind::Test(test_task) => {
             let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
-            Ok(execute(kind, &inputs)?
+            Ok(crate::test_tasks::run(test_task, &inputs)?
                 .into_iter()
                 .map(|bytes| WorkerOutput {
                     bytes: Bytes(bytes),
@@ -222,9 +232,9 @@ fn run_stage(
     views: &[ObjectView],
     registry: &Registry,
     processes: &[ProcessEndpoint],
-) -> Result<Vec<WorkerOutput>, TaskError> {
+) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     let sizing = BlockSizing::new(task.min_block_bytes, task.max_block_bytes)
-        .map_err(|error| error.to_string())?;
+        .map_err(WorkerTaskFailure::permanent)?;
     let context = TaskContext {
         registry,
         processes,
@@ -233,7 +243,9 @@ fn run_stage(
     };
     let mut per_input = Vec::with_capacity(views.len());
     for view in views {
-        let block = read_block(view).map_err(|error| format!("cannot decode an input: {error}"))?;
+        let block = read_block(view).map_err(|error| {
+            WorkerTaskFailure::permanent(format!("cannot decode an input: {error}"))
+        })?;
         per_input.push(block.batches);
     }
     let stage = &task.stage;
@@ -241,17 +253,17 @@ fn run_stage(
         let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
         let output = Arc::new(stage.schema.clone());
         let batches = exchange::run(operator, &output, task.input, &schemas, per_input)
-            .map_err(|error| error.to_string())?;
+            .map_err(WorkerTaskFailure::permanent)?;
         // The map side answers one block per partition, empty ones included: output i is
         // partition i. A reduce output is cut to the block size range like any other.
         let batches = match task.input {
             StageInput::Reduce { .. } => context
                 .sizing
                 .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
-                .map_err(|error| error.to_string())?,
+                .map_err(WorkerTaskFailure::permanent)?,
             _ => batches,
         };
-        return Ok(encode_outputs(&batches)?);
+        return encode_outputs(&batches);
     }
     let blocks: Vec<_> = per_input.into_iter().flatten().collect();
     let input = match task.input {
@@ -265,7 +277,7 @@ fn run_stage(
         | StageInput::Boundaries { .. }
         | StageInput::Reduce { .. }
         | StageInput::HotKey { .. } => {
-            return Err(TaskError::from(format!(
+            return Err(WorkerTaskFailure::permanent(format!(
                 "a {} stage does not take {:?}",
                 stage.kind.name(),
                 task.input
@@ -273,25 +285,30 @@ fn run_stage(
         }
         StageInput::Sink { index } => {
             let StageKind::Write(spec) = &stage.kind else {
-                return Err(format!("a {} stage is not a sink", stage.kind.name()).into());
+                return Err(WorkerTaskFailure::permanent(format!(
+                    "a {} stage is not a sink",
+                    stage.kind.name()
+                )));
             };
             let schema = Arc::new(stage.schema.clone());
             write_task(spec, index as usize, schema, blocks.into_iter().map(Ok))
-                .map_err(|error| error.to_string())?;
+                .map_err(WorkerTaskFailure::permanent)?;
             return Ok(Vec::new());
         }
     };
     let batches = run_task(stage, input, &context)?;
-    Ok(encode_outputs(&batches)?)
+    encode_outputs(&batches)
 }
 
 /// Each batch as one output block.
-fn encode_outputs(batches: &[RecordBatch]) -> Result<Vec<WorkerOutput>, String> {
+fn encode_outputs(batches: &[RecordBatch]) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     batches
         .iter()
         .map(|batch| {
-            let bytes = encode_block(&batch.schema(), std::slice::from_ref(batch))
-                .map_err(|error| format!("cannot encode an output block: {error}"))?;
+            let bytes =
+                encode_block(&batch.schema(), std::slice::from_ref(batch)).map_err(|error| {
+                    WorkerTaskFailure::permanent(format!("cannot encode an output block: {error}"))
+                })?;
             Ok(WorkerOutput {
                 bytes: Bytes(bytes),
                 rows: Some(batch.num_rows() as u64),
