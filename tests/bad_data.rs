@@ -14,7 +14,7 @@ use arrow::record_batch::RecordBatch;
 use floe_client::{
     AggFunction, Aggregation, Client, Dataset, JobOptions, LocalCluster, LocalClusterOptions, col,
 };
-use parquet::arrow::ArrowWriter;
+use floe_testkit::files::{write_parquet, write_parquet_with};
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
@@ -26,23 +26,13 @@ fn write(path: &Path, compression: Compression, ids: &Int64Array) {
         Field::new("label", DataType::Utf8, false),
     ]));
     let labels = StringArray::from_iter_values(ids.values().iter().map(|id| format!("row-{id}")));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![Arc::new(ids.clone()), Arc::new(labels)],
-    )
-    .unwrap();
+    let batch =
+        RecordBatch::try_new(schema, vec![Arc::new(ids.clone()), Arc::new(labels)]).unwrap();
     let properties = WriterProperties::builder()
         .set_compression(compression)
         .set_max_row_group_row_count(Some(50_000))
         .build();
-    let mut writer = ArrowWriter::try_new(
-        std::fs::File::create(path).unwrap(),
-        schema,
-        Some(properties),
-    )
-    .unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    write_parquet_with(path, &batch, properties);
 }
 
 fn ids() -> Int64Array {
@@ -134,19 +124,9 @@ async fn bad_parquet_is_refused_naming_the_file_and_the_cluster_keeps_serving() 
         .unwrap_err();
     assert!(error.contains("truncated.parquet"), "{error}");
     let text_ids = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
-    let batch = RecordBatch::try_new(
-        text_ids.clone(),
-        vec![Arc::new(StringArray::from(vec!["a", "b"]))],
-    )
-    .unwrap();
-    let mut writer = ArrowWriter::try_new(
-        std::fs::File::create(path("text.parquet")).unwrap(),
-        text_ids,
-        None,
-    )
-    .unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    let batch =
+        RecordBatch::try_new(text_ids, vec![Arc::new(StringArray::from(vec!["a", "b"]))]).unwrap();
+    write_parquet(&path("text.parquet"), &batch, None);
     let error = sum_ids(&client, &[path("snappy.parquet"), path("text.parquet")])
         .await
         .unwrap_err();

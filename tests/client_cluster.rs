@@ -10,14 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, Int64Array};
-use floe_client::local::{LocalNode, LocalNodeConfig};
-use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{
-    Client, ClusterExecutor, Dataset, JobState, LocalCluster, LocalClusterOptions, UdfCall, col,
-    lit,
+    ClusterExecutor, Dataset, JobState, LocalCluster, LocalClusterOptions, UdfCall, col, lit,
 };
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::WireConfig;
+use floe_testkit::batches::int_column;
+use floe_testkit::cluster::{FAST_ELECTIONS, READY_TIMEOUT, TestCluster, TestClusterConfig};
+use floe_testkit::process::{floe_command, processes_mentioning, wait_until_none_mention};
 
 fn options(nodes: usize) -> LocalClusterOptions {
     LocalClusterOptions {
@@ -29,20 +27,9 @@ fn options(nodes: usize) -> LocalClusterOptions {
     }
 }
 
-/// The `floe` binary, without the caller's `FLOE_*` settings.
-fn floe_command() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("FLOE_") {
-            command.env_remove(name);
-        }
-    }
-    command
-}
-
 /// Runs the CLI against `cluster`.
 fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
-    floe_command()
+    floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(args)
         .arg("--scheduler")
         .arg(cluster.addresses().join(","))
@@ -166,77 +153,31 @@ async fn a_bad_job_file_is_refused_naming_the_line_and_field() {
     assert!(jobs.is_empty(), "{jobs:?}");
 }
 
-/// Three scheduler replicas (with a leader, returned) and two nodes of two workers each, with
-/// `node_settings` besides.
-async fn three_replicas_and_two_nodes(
-    dir: &std::path::Path,
-    token: &str,
-    node_settings: &[&str],
-) -> (Schedulers, u64, Vec<LocalNode>) {
-    let schedulers = Schedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
+/// Three scheduler replicas and two nodes of two workers each, with `node_settings` besides.
+async fn three_replicas_and_two_nodes(token: &str, node_settings: &[&str]) -> TestCluster {
+    let config = TestClusterConfig {
         replicas: 3,
-        dir: dir.to_owned(),
-        token: token.into(),
-        settings: vec!["scheduler.raft_tick_ms=30".into()],
-    })
-    .unwrap();
-    let leader = schedulers
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .unwrap();
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(token);
-    let wire = WireConfig::from_config(&config);
-    let mut nodes = Vec::new();
-    for index in 0..2 {
-        let mut settings = vec![
-            "node.workers=2".to_owned(),
-            "scheduler.raft_tick_ms=30".to_owned(),
-        ];
-        settings.extend(node_settings.iter().map(|s| (*s).to_owned()));
-        let node = LocalNode::start(&LocalNodeConfig {
-            binary: env!("CARGO_BIN_EXE_floe").into(),
-            schedulers: schedulers.addrs(),
-            dir: dir.to_owned(),
-            name: format!("node-{index}"),
-            token: token.into(),
-            settings,
-        })
-        .unwrap();
-        node.wait_ready(&wire, 2, Duration::from_secs(30))
-            .await
-            .unwrap();
-        nodes.push(node);
-    }
-    (schedulers, leader, nodes)
+        settings: vec![FAST_ELECTIONS.into()],
+        node_settings: node_settings.iter().map(|s| (*s).to_owned()).collect(),
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token)
+    };
+    TestCluster::start(config, 2).await
 }
 
-/// The `id` column (the first) of a job's output, in output order.
+/// The `id` column of a job's output, in output order.
 async fn output_ids(output: &floe_client::JobOutput) -> Vec<i64> {
-    output
-        .to_arrow()
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|batch| {
-            let ids = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            ids.values().to_vec()
-        })
-        .collect()
+    int_column(&output.to_arrow().await.unwrap(), "id")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_client_survives_a_scheduler_leader_kill() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = "leader-kill";
-    let (mut schedulers, leader, nodes) =
-        three_replicas_and_two_nodes(dir.path(), token, &[]).await;
-    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let mut cluster = three_replicas_and_two_nodes("leader-kill", &[]).await;
+    let leader = cluster
+        .schedulers
+        .wait_for_leader(READY_TIMEOUT)
+        .await
+        .unwrap();
+    let client = cluster.connect().await;
     let slow = Dataset::range(60_000)
         .unwrap()
         .map_batches(UdfCall::new("delay", 1).with("ms", 300i64))
@@ -245,7 +186,7 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
     while job.progress().await.unwrap().is_none() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    schedulers.kill(leader).unwrap();
+    cluster.schedulers.kill(leader).unwrap();
     let output = job.wait().await.unwrap();
     assert_eq!(output.rows(), 60_000);
     assert_eq!(job.state().await.unwrap(), JobState::Succeeded);
@@ -272,12 +213,11 @@ async fn a_waiting_client_survives_a_scheduler_leader_kill() {
         .await
         .unwrap();
     assert_eq!(after.rows(), 10);
-    drop(nodes);
 }
 
 #[test]
 fn iter_batches_on_a_cluster_returns_every_row_once_in_order() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let runtime = floe_testkit::cluster::runtime();
     let cluster = runtime.block_on(LocalCluster::start(options(2))).unwrap();
     let executor =
         Arc::new(ClusterExecutor::connect(&cluster.addresses(), cluster.token()).unwrap());
@@ -385,7 +325,7 @@ fn cache_files(data_dir: &std::path::Path) -> usize {
 
 /// Runs `floe cache …` on the node data directory `data_dir`.
 fn floe_cache(data_dir: &std::path::Path, args: &[&str]) -> String {
-    let output = floe_command()
+    let output = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args([
             "--set",
             &format!("paths.data_dir={}", data_dir.display()),
@@ -485,22 +425,6 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Live processes whose command line mentions `text`.
-fn processes_mentioning(text: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = state
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-            !zombie && String::from_utf8_lossy(&cmdline).contains(text)
-        })
-        .collect()
-}
-
 /// `floe up` with no token configured: it generates one, stores it in a file only its owner
 /// can read, prints the file's path but never the token, and the token works.
 #[test]
@@ -509,7 +433,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::os::unix::fs::PermissionsExt;
 
     let mut up = StopOnDrop(
-        floe_command()
+        floe_command(env!("CARGO_BIN_EXE_floe"))
             .args(["up", "--nodes", "1", "--workers", "1"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -551,7 +475,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         "the token was printed:\n{printed}"
     );
 
-    let status = floe_command()
+    let status = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", &token)
         .output()
@@ -561,7 +485,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    let refused = floe_command()
+    let refused = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", "not-the-token")
         .output()
@@ -580,15 +504,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     assert!(terminated.success());
     assert!(up.0.wait().unwrap().success());
     assert!(!std::path::Path::new(&token_file).exists());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !processes_mentioning(&files).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "left running: {:?}",
-            processes_mentioning(&files)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_none_mention(&files, "left running", Duration::from_secs(10));
 }
 
 /// Every scheduler replica stopped in the middle of a job, then started again on its Raft
@@ -596,12 +512,9 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
 /// the committed state (nodes, the job) is what it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
-    let dir = tempfile::tempdir().unwrap();
-    let token = "full-restart";
     let small_blocks = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
-    let (mut schedulers, _, nodes) =
-        three_replicas_and_two_nodes(dir.path(), token, &small_blocks).await;
-    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let mut cluster = three_replicas_and_two_nodes("full-restart", &small_blocks).await;
+    let client = cluster.connect().await;
     let n = 200_000i64;
     let slow = Dataset::range(n as u64)
         .unwrap()
@@ -614,18 +527,19 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
     // About 25 blocks of 400 ms on 4 workers: seconds of work are left.
     assert_eq!(job.state().await.unwrap(), JobState::Running);
     for id in 1..=3 {
-        schedulers.kill(id).unwrap();
+        cluster.schedulers.kill(id).unwrap();
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     for id in 1..=3 {
-        schedulers.start_replica(id).unwrap();
+        cluster.schedulers.start_replica(id).unwrap();
     }
-    schedulers
+    cluster
+        .schedulers
         .wait_for_leader(Duration::from_secs(30))
         .await
         .unwrap();
 
-    let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
+    let client = cluster.connect().await;
     let output = client.job(job.id()).wait().await.unwrap();
     let ids = output_ids(&output).await;
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
@@ -637,5 +551,4 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
         info.nodes
     );
     assert_eq!(client.jobs().await.unwrap().len(), 1);
-    drop(nodes);
 }

@@ -5,20 +5,17 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
+use floe_testkit::process::floe_command;
+
+/// `floe` with `args` and, of the `FLOE_*` variables, only `env`.
 fn floe(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
-    command.args(args);
-    // Only the variables a test names: a FLOE_* variable in the developer's shell must not
-    // change what the test sees.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("FLOE_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(env.iter().copied());
-    command.output().expect("the floe binary runs")
+    floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the floe binary runs")
 }
 
 fn stdout(output: &Output) -> String {

@@ -167,10 +167,7 @@ impl Session<'_> {
 
 #[test]
 fn dashboard_shows_every_alive_node_and_the_finished_job() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = floe_testkit::cluster::runtime();
     let mut options = LocalClusterOptions::new(2, env!("CARGO_BIN_EXE_floe").into());
     options.workers_per_node = 2;
     let cluster = runtime.block_on(LocalCluster::start(options)).unwrap();

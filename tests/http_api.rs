@@ -6,19 +6,12 @@
 
 use std::time::Duration;
 
-use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{LocalCluster, LocalClusterOptions};
+use floe_testkit::cluster::{TestClusterConfig, runtime, start_schedulers};
 use floe_testkit::http::{Response, get, http_addr, post_json, request, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Waits until `addr` shows `job` in `state`; a replica that has not applied the job yet
 /// answers 404 meanwhile.
@@ -225,14 +218,11 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
     let token = "http-replicas-token";
-    let mut schedulers = Schedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
+    let config = TestClusterConfig {
         replicas: 3,
-        dir: dir.path().to_owned(),
-        token: token.into(),
-        settings: Vec::new(),
-    })
-    .unwrap();
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token)
+    };
+    let mut schedulers = start_schedulers(&config, dir.path());
     let leader = runtime.block_on(schedulers.wait_for_leader(WAIT)).unwrap();
     let addrs: Vec<String> = (1..=3)
         .map(|id| schedulers.http_addr(id).unwrap().to_owned())

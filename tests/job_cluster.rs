@@ -8,224 +8,41 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, Float64Array, Int64Array, RecordBatch};
-use floe_api::client::SchedulerClient;
-use floe_api::node_protocol::{
-    ActorDescription, ActorMessage, ActorReply, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
-};
-use floe_api::state::{ClusterState, JobRecord, JobStatus};
-use floe_client::local::{LocalNode, LocalNodeConfig};
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use arrow::array::{Array, Float64Array};
+use floe_api::state::{JobRecord, JobStatus};
 use floe_client::{
     AggFunction, Aggregation, Dataset, JoinType, SortKey, UdfCall, WriteOptions, col, lit, when,
 };
-use floe_core::config::{ClusterToken, Config};
-use floe_core::job::{CacheMode, JobOptions, JobSpec, JobStats};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
-use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+use floe_core::config::ByteSize;
+use floe_core::job::{CacheMode, JobOptions, JobStats};
+use floe_core::{JobId, NodeId, SubmissionId};
+use floe_testkit::batches::int_column;
+use floe_testkit::cluster::{JOB_TIMEOUT, TestCluster, TestClusterConfig, fast_timing};
+use floe_testkit::files::read_parquet_dir;
+use floe_testkit::process;
 
 const TOKEN: &str = "job-cluster-tests";
-const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn wire() -> WireConfig {
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(TOKEN);
-    config.net.max_frame = floe_core::config::ByteSize::mib(128);
-    WireConfig::from_config(&config)
-}
-
-fn timing() -> Vec<String> {
-    vec![
-        "scheduler.raft_tick_ms=30".into(),
-        "scheduler.heartbeat_interval_ms=200".into(),
-        "scheduler.missed_heartbeats=5".into(),
-    ]
-}
-
-/// A scheduler and `nodes` nodes; everything is killed and removed when it drops (fields
-/// drop in order: the processes before their directory, so a failing test shows their logs).
-struct TestCluster {
-    nodes: Vec<Option<LocalNode>>,
-    scheduler: LocalSchedulers,
-    dir: tempfile::TempDir,
-}
-
-impl TestCluster {
-    async fn start(nodes: usize, node_settings: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let scheduler = LocalSchedulers::start(LocalSchedulersConfig {
-            binary: env!("CARGO_BIN_EXE_floe").into(),
-            replicas: 1,
-            dir: dir.path().to_owned(),
-            token: TOKEN.into(),
-            settings: timing(),
-        })
-        .unwrap();
-        scheduler
-            .wait_for_leader(Duration::from_secs(30))
-            .await
-            .unwrap();
-        let mut started = Vec::new();
-        for index in 0..nodes {
-            let mut settings = vec![
-                "node.workers=2".to_owned(),
-                "net.max_frame=128MiB".to_owned(),
-                "data.min_block_size=64KiB".to_owned(),
-                "data.max_block_size=8MiB".to_owned(),
-            ];
-            settings.extend(timing());
-            settings.extend(node_settings.iter().map(|s| (*s).to_owned()));
-            let node = LocalNode::start(&LocalNodeConfig {
-                binary: env!("CARGO_BIN_EXE_floe").into(),
-                schedulers: scheduler.addrs(),
-                dir: dir.path().to_owned(),
-                name: format!("node-{index}"),
-                token: TOKEN.into(),
-                settings,
-            })
-            .unwrap();
-            node.wait_ready(&wire(), 2, Duration::from_secs(30))
-                .await
-                .unwrap();
-            started.push(Some(node));
-        }
-        Self {
-            nodes: started,
-            scheduler,
-            dir,
-        }
-    }
-
-    fn client(&self) -> SchedulerClient {
-        self.scheduler.client().unwrap()
-    }
-
-    async fn submit(&self, dataset: &Dataset, options: JobOptions) -> JobId {
-        let spec = JobSpec {
-            plan: dataset.plan().resolve_seeds().unwrap(),
-            options,
-        };
-        self.client()
-            .submit_job(spec.encode().unwrap(), SubmissionId::random())
-            .await
-            .unwrap()
-    }
-
-    async fn state(&self) -> ClusterState {
-        self.client().read_state().await.unwrap()
-    }
-
-    /// Waits for `job` to end and returns its record.
-    async fn wait(&self, job: JobId) -> JobRecord {
-        let deadline = Instant::now() + JOB_TIMEOUT;
-        loop {
-            let record = JobRecord::clone(&self.state().await.jobs[&job]);
-            if record.status.is_finished() {
-                return record;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {job} did not end: {record:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn run(&self, dataset: &Dataset, options: JobOptions) -> JobRecord {
-        let job = self.submit(dataset, options).await;
-        let record = self.wait(job).await;
-        assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
-        record
-    }
-
-    async fn node_status(&self, index: usize) -> NodeStatus {
-        let node = self.nodes[index].as_ref().unwrap();
-        let mut client = RpcClient::<NodeProtocol>::connect(node.addr(), wire(), PeerKind::Client)
-            .await
-            .unwrap();
-        match client.call(&NodeRequest::Status).await.unwrap() {
-            NodeResponse::Status(status) => *status,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    /// Asks node `index` to describe `actor`, wherever it runs.
-    async fn describe(&self, index: usize, actor: ActorId) -> ActorDescription {
-        let node = self.nodes[index].as_ref().unwrap();
-        let mut client = RpcClient::<NodeProtocol>::connect(node.addr(), wire(), PeerKind::Client)
-            .await
-            .unwrap();
-        let request = NodeRequest::CallActor {
-            actor,
-            message: ActorMessage::Describe,
-            forwarded: false,
-        };
-        match client.call(&request).await.unwrap() {
-            NodeResponse::Actor(Ok(ActorReply::Described(description))) => description,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    /// Waits until no node hosts an actor (stopping them is asynchronous).
-    async fn wait_for_no_actors(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for index in 0..self.nodes.len() {
-            if self.nodes[index].is_none() {
-                continue;
-            }
-            loop {
-                let actors = self.node_status(index).await.actors;
-                if actors.is_empty() {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "node {index} still hosts {actors:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-
-    /// The index in `nodes` of the node the scheduler numbered `id`.
-    async fn index_of(&self, id: NodeId) -> usize {
-        for index in 0..self.nodes.len() {
-            if self.nodes[index].is_some() && self.node_status(index).await.node == Some(id) {
-                return index;
-            }
-        }
-        panic!("no running node is {id}");
-    }
-
-    /// The job's output rows, fetched from the nodes holding its blocks.
-    async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
-        floe_client::Client::connect(&self.scheduler.addrs(), TOKEN)
-            .await
-            .unwrap()
-            .job(record.id)
-            .wait()
-            .await
-            .unwrap()
-            .to_arrow()
-            .await
-            .unwrap()
-    }
+/// A scheduler and `nodes` nodes of two workers, with `node_settings` besides.
+async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
+    let mut config = TestClusterConfig {
+        settings: fast_timing(),
+        node_settings: vec![
+            "data.min_block_size=64KiB".into(),
+            "data.max_block_size=8MiB".into(),
+        ],
+        max_frame: Some(ByteSize::mib(128)),
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+    };
+    config
+        .node_settings
+        .extend(node_settings.iter().map(|s| (*s).to_owned()));
+    TestCluster::start(config, nodes).await
 }
 
 /// Rows in the job's output, from its blocks' metadata.
 fn output_rows(record: &JobRecord) -> u64 {
     record.outputs.iter().map(|block| block.rows).sum()
-}
-
-fn int_column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|batch| {
-            let column = batch.column_by_name(name).unwrap();
-            let values = column.as_any().downcast_ref::<Int64Array>().unwrap();
-            values.values().to_vec()
-        })
-        .collect()
 }
 
 fn operator<'a>(stats: &'a JobStats, name: &str) -> &'a floe_core::job::OperatorStats {
@@ -252,31 +69,9 @@ fn write_csv_inputs(dir: &Path) -> Vec<(i64, i64)> {
     rows
 }
 
-fn read_parquet_dir(dir: &Path) -> Vec<RecordBatch> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "parquet"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no parquet files in {}", dir.display());
-    files
-        .iter()
-        .flat_map(|path| {
-            let file = std::fs::File::open(path).unwrap();
-            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-                .unwrap()
-                .build()
-                .unwrap()
-                .map(Result::unwrap)
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_filter_map_write_pipeline_runs_on_both_nodes_and_matches() {
-    let cluster = TestCluster::start(2, &[]).await;
+    let cluster = start(2, &[]).await;
     let input = cluster.dir.path().join("input");
     let rows = write_csv_inputs(&input);
     let output = cluster.dir.path().join("output");
@@ -351,7 +146,7 @@ async fn run_cached_pipeline(cluster: &TestCluster, mean: f64, options: JobOptio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_job_runs_no_compute_and_a_changed_argument_reruns_only_downstream() {
-    let cluster = TestCluster::start(2, &[]).await;
+    let cluster = start(2, &[]).await;
     let first = run_cached_pipeline(&cluster, 1.0, JobOptions::default()).await;
     assert!(first.compute_tasks() > 0);
 
@@ -405,8 +200,8 @@ async fn kill_a_worker_node_and_wait(cluster: &mut TestCluster, job: JobId) -> J
     let victim = (0..cluster.nodes.len())
         .find(|index| *index != driver_index && cluster.nodes[*index].is_some())
         .unwrap();
-    kill(cluster.nodes[victim].take().unwrap());
-    let record = cluster.wait(job).await;
+    cluster.kill_node(victim);
+    let record = cluster.wait_for_job(job).await;
     assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
     let stats = record.stats.clone().unwrap();
     assert_eq!(stats.attempt, 1, "the driver should not have restarted");
@@ -417,12 +212,6 @@ async fn kill_a_worker_node_and_wait(cluster: &mut TestCluster, job: JobId) -> J
         .sum();
     assert!(recovered > 0, "no retry or rebuild in {stats:?}");
     record
-}
-
-/// kill -9, and wait for the process to be gone.
-fn kill(mut node: LocalNode) {
-    node.signal("KILL").unwrap();
-    node.wait().unwrap();
 }
 
 /// Waits until the job's operators (those named `operator`, or all) finished `tasks` tasks.
@@ -452,7 +241,7 @@ async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_worker_node_mid_job_gives_the_right_result_with_retries() {
-    let mut cluster = TestCluster::start(3, &[]).await;
+    let mut cluster = start(3, &[]).await;
     let n = 400_000;
     let job = cluster
         .submit(&slow_pipeline(n as u64, 150), JobOptions::default())
@@ -465,7 +254,7 @@ async fn killing_a_worker_node_mid_job_gives_the_right_result_with_retries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_drivers_node_restarts_the_driver_which_reuses_cached_stages() {
-    let mut cluster = TestCluster::start(3, &[]).await;
+    let mut cluster = start(3, &[]).await;
     let n = 400_000;
     let job = cluster
         .submit(&slow_pipeline(n as u64, 400), JobOptions::default())
@@ -475,9 +264,9 @@ async fn killing_the_drivers_node_restarts_the_driver_which_reuses_cached_stages
     wait_for_tasks(&cluster, job, None, range_tasks + 1).await;
     let driver = cluster.state().await.jobs[&job].driver.unwrap();
     let victim = cluster.index_of(driver).await;
-    kill(cluster.nodes[victim].take().unwrap());
+    cluster.kill_node(victim);
 
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
     assert_eq!(record.attempts, 2);
     let stats = record.stats.clone().unwrap();
@@ -506,7 +295,7 @@ fn nine_columns(n: u64) -> Dataset {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
-    let cluster = TestCluster::start(2, &["memory.total=256MiB"]).await;
+    let cluster = start(2, &["memory.total=256MiB"]).await;
     let capacity: u64 =
         cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
     let n = 3 * capacity / NINE_COLUMNS_ROW_BYTES + 100_000;
@@ -550,9 +339,7 @@ async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
     }
     // Every row comes back from the spill files intact: streamed block by block (the output
     // is three times what the stores hold), each column equal to id × its number.
-    let client = floe_client::Client::connect(&cluster.scheduler.addrs(), TOKEN)
-        .await
-        .unwrap();
+    let client = cluster.connect().await;
     let output = client.job(record.id).wait().await.unwrap();
     let mut reader = output.stream();
     let (mut seen, mut id_sum) = (0u64, 0i64);
@@ -578,7 +365,7 @@ async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
-    let cluster = TestCluster::start(1, &[]).await;
+    let cluster = start(1, &[]).await;
     let job = cluster
         .submit(&slow_pipeline(200_000, 500), JobOptions::default())
         .await;
@@ -589,7 +376,7 @@ async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
         .await
         .unwrap();
     assert_eq!(outcome, floe_api::state::Outcome::Applied);
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     assert_eq!(record.status, JobStatus::Cancelled);
     // Freed asynchronously right before the job ended.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -605,13 +392,13 @@ async fn a_cancelled_job_ends_cancelled_and_frees_its_objects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_serving() {
-    let cluster = TestCluster::start(1, &[]).await;
+    let cluster = start(1, &[]).await;
     let job = cluster
         .client()
         .submit_job(vec![1, 2, 3], SubmissionId::random())
         .await
         .unwrap();
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     match &record.status {
         JobStatus::Failed { message } => assert!(message.contains("job spec"), "{message}"),
         other => panic!("unexpected {other:?}"),
@@ -624,7 +411,7 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groupby_sort_join_unique_and_shuffle_match_independent_computations() {
-    let cluster = TestCluster::start(2, &[]).await;
+    let cluster = start(2, &[]).await;
     let n = 30_000i64;
     // groupby → sort descending, across several input blocks and both nodes.
     let totals = Dataset::range(n as u64)
@@ -721,7 +508,7 @@ async fn groupby_sort_join_unique_and_shuffle_match_independent_computations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
-    let cluster = TestCluster::start(2, &["memory.total=256MiB"]).await;
+    let cluster = start(2, &["memory.total=256MiB"]).await;
     let capacity: u64 =
         cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
     // Four Int64 columns: 32 bytes a row, 1.5 × the stores.
@@ -788,7 +575,7 @@ async fn assert_groups_of_13(cluster: &TestCluster, record: &JobRecord, n: i64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
-    let mut cluster = TestCluster::start(3, &[]).await;
+    let mut cluster = start(3, &[]).await;
     let n = 400_000i64;
     let totals = groups_of_13(n, 100);
     let job = cluster.submit(&totals, JobOptions::default()).await;
@@ -804,7 +591,7 @@ async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_right() {
-    let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
+    let mut cluster = start(3, &["node.progress_interval_ms=50"]).await;
     let n = 400_000i64;
     // A second per slow batch: the aggregators live from the groupby's first input until it
     // closes, and the test must see them spread before it kills one.
@@ -840,10 +627,7 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
     let driver = floe_api::state::driver_actor(job, 1);
     assert_eq!(state.actors[&driver].node, driver_node);
     let elsewhere = (0..3)
-        .find(|index| {
-            state.nodes[&driver_node].addresses.rpc
-                != cluster.nodes[*index].as_ref().unwrap().addr()
-        })
+        .find(|index| state.nodes[&driver_node].addresses.rpc != cluster.node(*index).addr())
         .unwrap();
     let described = cluster.describe(elsewhere, driver).await;
     assert_eq!(
@@ -874,7 +658,7 @@ async fn killing_a_node_hosting_aggregators_recreates_them_and_the_groups_are_ri
 async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
     // Quick calls time out after a second here; a 2.5 s task must still be waited for, not
     // retried as if its node were gone.
-    let cluster = TestCluster::start(1, &["timeouts.read_ms=1000"]).await;
+    let cluster = start(1, &["timeouts.read_ms=1000"]).await;
     let slow = Dataset::range(100)
         .unwrap()
         .map_batches(UdfCall::new("delay", 1).with("ms", 2_500i64))
@@ -887,7 +671,7 @@ async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
-    let cluster = TestCluster::start(1, &[]).await;
+    let cluster = start(1, &[]).await;
     // Nine rows in ten have k = 0, and so does id 0.
     let skewed = Dataset::range(300_000)
         .unwrap()
@@ -920,7 +704,7 @@ async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subplan_shared_by_a_union_and_a_limit_or_filter_keeps_all_its_rows() {
-    let cluster = TestCluster::start(1, &[]).await;
+    let cluster = start(1, &[]).await;
     let a = Dataset::range(100_000).unwrap();
     let limited = a.union(&a.limit(5).unwrap()).unwrap();
     let record = cluster.run(&limited, JobOptions::default()).await;
@@ -951,7 +735,7 @@ async fn a_subplan_shared_by_a_union_and_a_limit_or_filter_keeps_all_its_rows() 
 async fn a_node_that_hangs_without_closing_its_connections_is_given_up() {
     // SIGSTOP: the node's sockets stay open but nothing answers, as when a machine loses
     // power. Its tasks must move once the scheduler declares it dead.
-    let mut cluster = TestCluster::start(3, &["timeouts.read_ms=3000"]).await;
+    let mut cluster = start(3, &["timeouts.read_ms=3000"]).await;
     let n = 400_000;
     let job = cluster
         .submit(&slow_pipeline(n as u64, 150), JobOptions::default())
@@ -960,13 +744,9 @@ async fn a_node_that_hangs_without_closing_its_connections_is_given_up() {
     let driver = cluster.state().await.jobs[&job].driver.unwrap();
     let driver_index = cluster.index_of(driver).await;
     let victim = (0..3).find(|index| *index != driver_index).unwrap();
-    cluster.nodes[victim]
-        .as_ref()
-        .unwrap()
-        .signal("STOP")
-        .unwrap();
+    cluster.node(victim).signal("STOP").unwrap();
 
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
     // The frozen node holds nothing the result needs.
     let frozen = cluster.nodes[victim].take().unwrap();
@@ -1024,7 +804,7 @@ async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next()
     };
     let spill = disk.0.join("spill");
     let fallback = disk.0.join("fallback");
-    let cluster = TestCluster::start(
+    let cluster = start(
         1,
         &[
             "memory.total=256MiB",
@@ -1043,7 +823,7 @@ async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next()
         ..JobOptions::default()
     };
     let job = cluster.submit(&dataset, options).await;
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     let JobStatus::Failed { message: error } = &record.status else {
         panic!("the job should fail: {record:?}");
     };
@@ -1077,7 +857,7 @@ async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_kill_9_of_a_worker_process() {
-    let cluster = TestCluster::start(2, &[]).await;
+    let cluster = start(2, &[]).await;
     let n = 400_000;
     let job = cluster
         .submit(&slow_pipeline(n as u64, 300), JobOptions::default())
@@ -1100,13 +880,9 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
         assert!(Instant::now() < deadline, "no task ever ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &worker.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    process::signal(worker, "KILL");
 
-    let record = cluster.wait(job).await;
+    let record = cluster.wait_for_job(job).await;
     assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
     let stats = record.stats.clone().unwrap();
     assert!(
@@ -1126,7 +902,7 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_while_a_shuffle_reduces_still_gives_every_row() {
     // Progress every 50 ms, so the test sees the reduce phase begin.
-    let mut cluster = TestCluster::start(3, &["node.progress_interval_ms=50"]).await;
+    let mut cluster = start(3, &["node.progress_interval_ms=50"]).await;
     // A sort: its reduce tasks merge sorted runs, the slowest reduce there is.
     let n = 2_000_000i64;
     let dataset = Dataset::range(n as u64)

@@ -5,108 +5,65 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
     NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
+    TestTask,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness};
-use floe_client::local::{LocalNode, LocalNodeConfig};
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_client::local::LocalNode;
+use floe_core::config::ByteSize;
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
+use floe_testkit::cluster::{
+    HEARTBEAT_MS, MISSED_HEARTBEATS, READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing,
+};
+use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
 
 const TOKEN: &str = "node-cluster-tests";
-const HEARTBEAT_MS: u64 = 200;
-const MISSED_HEARTBEATS: u64 = 5;
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn scheduler_settings() -> Vec<String> {
-    vec![
-        "scheduler.raft_tick_ms=30".into(),
-        format!("scheduler.heartbeat_interval_ms={HEARTBEAT_MS}"),
-        format!("scheduler.missed_heartbeats={MISSED_HEARTBEATS}"),
-    ]
+/// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
+fn config() -> TestClusterConfig {
+    TestClusterConfig {
+        settings: fast_timing(),
+        node_settings: vec!["memory.total=1GiB".into()],
+        max_frame: Some(ByteSize::mib(128)),
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+    }
 }
 
-fn scheduler(dir: &Path) -> LocalSchedulers {
-    LocalSchedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.to_owned(),
-        token: TOKEN.into(),
-        settings: scheduler_settings(),
-    })
-    .unwrap()
+async fn cluster() -> TestCluster {
+    TestCluster::start(config(), 0).await
 }
 
 fn wire() -> WireConfig {
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(TOKEN);
-    config.net.max_frame = floe_core::config::ByteSize::mib(128);
-    WireConfig::from_config(&config)
-}
-
-fn start_node(dir: &Path, name: &str, schedulers: &[String], settings: &[&str]) -> LocalNode {
-    let mut all: Vec<String> = vec![
-        "node.workers=2".into(),
-        "memory.total=1GiB".into(),
-        "net.max_frame=128MiB".into(),
-    ];
-    all.extend(scheduler_settings());
-    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
-    LocalNode::start(&LocalNodeConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        schedulers: schedulers.to_vec(),
-        dir: dir.to_owned(),
-        name: name.into(),
-        token: TOKEN.into(),
-        settings: all,
-    })
-    .unwrap()
+    config().wire()
 }
 
 /// Live `floe worker` processes of `node`, found by the socket path on their command line.
 fn workers_of(node: &LocalNode) -> Vec<u32> {
-    let socket = node.worker_socket().display().to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            // A zombie's command line is empty, so only running workers match.
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&socket))
-        })
-        .collect()
+    process::processes_mentioning(&node.worker_socket().display().to_string())
 }
 
 /// Waits until `node` has no worker processes left.
-async fn assert_workers_gone(node: &LocalNode) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !workers_of(node).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "workers {:?} outlived their node",
-            workers_of(node)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+fn assert_workers_gone(node: &LocalNode) {
+    process::wait_until_none_mention(
+        &node.worker_socket().display().to_string(),
+        "workers outlived their node",
+        Duration::from_secs(5),
+    );
 }
 
 async fn client(addr: &str) -> RpcClient<NodeProtocol> {
-    RpcClient::connect(addr, wire(), PeerKind::Client)
-        .await
-        .unwrap()
+    node::connect(addr, &wire()).await
 }
 
 async fn call(addr: &str, request: NodeRequest) -> NodeResponse {
-    client(addr).await.call(&request).await.unwrap()
+    node::call(addr, &wire(), &request).await
 }
 
 /// The first `len` bytes of an object, read as an attached chunk.
@@ -130,16 +87,7 @@ async fn read_start(addr: &str, object: ObjectId, len: usize) -> Vec<u8> {
 }
 
 async fn status(addr: &str) -> NodeStatus {
-    match call(addr, NodeRequest::Status).await {
-        NodeResponse::Status(status) => *status,
-        other => panic!("unexpected {other:?}"),
-    }
-}
-
-async fn wait_ready(node: &LocalNode, workers: u32) -> NodeStatus {
-    node.wait_ready(&wire(), workers, READY_TIMEOUT)
-        .await
-        .unwrap()
+    node::status(addr, &wire()).await
 }
 
 async fn run(
@@ -161,10 +109,10 @@ async fn run(
 
 /// Runs a `Fill` task of `bytes` bytes on the node at `addr` and returns its one output.
 async fn fill(addr: &str, task: u128, bytes: usize, seed: u64) -> OutputRef {
-    let kind = TaskKind::Fill {
+    let kind = TaskKind::Test(TestTask::Fill {
         bytes: bytes as u64,
         seed,
-    };
+    });
     run(addr, task, kind, vec![]).await.unwrap()[0]
 }
 
@@ -173,10 +121,6 @@ fn fill_pattern(bytes: usize, seed: u64) -> Vec<u8> {
     (0..bytes)
         .map(|i| ((i as u64 + seed) % 251) as u8)
         .collect()
-}
-
-async fn state(cluster: &LocalSchedulers) -> ClusterState {
-    cluster.client().unwrap().read_state().await.unwrap()
 }
 
 fn node_with_addr(state: &ClusterState, addr: &str) -> NodeId {
@@ -190,17 +134,15 @@ fn node_with_addr(state: &ClusterState, addr: &str) -> NodeId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
-    let schedulers = cluster.addrs();
-    let a = start_node(dir.path(), "a", &schedulers, &[]);
-    let b = start_node(dir.path(), "b", &schedulers, &[]);
-    let status_a = wait_ready(&a, 2).await;
-    let status_b = wait_ready(&b, 2).await;
+    let cluster = cluster().await;
+    let a = cluster.start_node("a", &[]);
+    let b = cluster.start_node("b", &[]);
+    let status_a = cluster.wait_ready(&a).await;
+    let status_b = cluster.wait_ready(&b).await;
     let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
 
     // Both registered with the token, under the ids they report.
-    let state = state(&cluster).await;
+    let state = cluster.state().await;
     assert_eq!(node_with_addr(&state, a.addr()), node_a);
     assert_eq!(node_with_addr(&state, b.addr()), node_b);
     assert_eq!(state.nodes[&node_a].resources.cpu_millis % 1000, 0);
@@ -215,7 +157,6 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     };
     let placements = cluster
         .client()
-        .unwrap()
         .place(vec![request.clone(), request])
         .await
         .unwrap();
@@ -234,7 +175,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         let outputs = run(
             addr_of(*node),
             100 + index as u128,
-            TaskKind::Fill { bytes: 1000, seed },
+            TaskKind::Test(TestTask::Fill { bytes: 1000, seed }),
             vec![],
         )
         .await
@@ -257,7 +198,9 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
             holder: (*node != node_a).then(|| b.addr().to_owned()),
         })
         .collect();
-    let outputs = run(a.addr(), 200, TaskKind::Hash, inputs).await.unwrap();
+    let outputs = run(a.addr(), 200, TaskKind::Test(TestTask::Hash), inputs)
+        .await
+        .unwrap();
     let hashed = read_start(a.addr(), outputs[0].object, 16).await;
     let mut expected_hash = Vec::new();
     for (index, _) in filled.iter().enumerate() {
@@ -287,7 +230,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let rehashed = run(
         b.addr(),
         301,
-        TaskKind::Hash,
+        TaskKind::Test(TestTask::Hash),
         vec![InputRef {
             object: big.object,
             holder: None,
@@ -311,14 +254,13 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     assert!(error.to_string().contains(&missing.to_string()), "{error}");
 }
 
-/// A scheduler and two ready nodes, `a` and `b`, in `dir`.
-async fn two_nodes(dir: &Path) -> (LocalSchedulers, LocalNode, LocalNode) {
-    let cluster = scheduler(dir);
-    let schedulers = cluster.addrs();
-    let a = start_node(dir, "a", &schedulers, &[]);
-    let b = start_node(dir, "b", &schedulers, &[]);
-    wait_ready(&a, 2).await;
-    wait_ready(&b, 2).await;
+/// A scheduler and two ready nodes, `a` and `b`.
+async fn two_nodes() -> (TestCluster, LocalNode, LocalNode) {
+    let cluster = cluster().await;
+    let a = cluster.start_node("a", &[]);
+    let b = cluster.start_node("b", &[]);
+    cluster.wait_ready(&a).await;
+    cluster.wait_ready(&b).await;
     (cluster, a, b)
 }
 
@@ -341,8 +283,7 @@ async fn call_actor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_cluster, a, b) = two_nodes(dir.path()).await;
+    let (_cluster, a, b) = two_nodes().await;
     // A shard on B (above the inline limit, so it moves in chunks) and one on A.
     let remote = fill(b.addr(), 1, 300_000, 3).await;
     let local = fill(a.addr(), 2, 1_000, 4).await;
@@ -455,8 +396,7 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_cluster, a, b) = two_nodes(dir.path()).await;
+    let (_cluster, a, b) = two_nodes().await;
     let size = 512usize << 20;
     let expected = xxh3_64(&fill_pattern(size, 5));
     let object = fill(a.addr(), 1, size, 5).await;
@@ -471,7 +411,7 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     let hashed = run(
         b.addr(),
         2,
-        TaskKind::Hash,
+        TaskKind::Test(TestTask::Hash),
         vec![InputRef {
             object: object.object,
             holder: None,
@@ -487,14 +427,13 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_task_and_is_respawned() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
-    let node = start_node(dir.path(), "n", &cluster.addrs(), &[]);
-    wait_ready(&node, 2).await;
+    let cluster = cluster().await;
+    let node = cluster.start_node("n", &[]);
+    cluster.wait_ready(&node).await;
 
     let addr = node.addr().to_owned();
-    let long =
-        tokio::spawn(async move { run(&addr, 1, TaskKind::Sleep { ms: 60_000 }, vec![]).await });
+    let sleep = TaskKind::Test(TestTask::Sleep { ms: 60_000 });
+    let long = tokio::spawn(async move { run(&addr, 1, sleep, vec![]).await });
     let deadline = Instant::now() + READY_TIMEOUT;
     let victim = loop {
         if let Some(running) = status(node.addr()).await.running.first() {
@@ -504,12 +443,7 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(victim.task, TaskId::new(1));
-    let status = Command::new("kill")
-        .arg("-9")
-        .arg(victim.worker_pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    process::signal(victim.worker_pid, "KILL");
 
     let failure = long.await.unwrap().unwrap_err();
     assert_eq!(
@@ -523,35 +457,31 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
     let outputs = run(
         node.addr(),
         2,
-        TaskKind::Fill { bytes: 10, seed: 0 },
+        TaskKind::Test(TestTask::Fill { bytes: 10, seed: 0 }),
         vec![],
     )
     .await
     .unwrap();
     assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(10, 0)));
-    let after = wait_ready(&node, 2).await;
+    let after = cluster.wait_ready(&node).await;
     assert_eq!(after.workers_respawned, 1);
     assert_eq!((after.tasks_finished, after.tasks_failed), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
+    let cluster = cluster().await;
     // Any host is past a 1% threshold, so the monitor acts on the first running task.
-    let node = start_node(
-        dir.path(),
+    let node = cluster.start_node(
         "n",
-        &cluster.addrs(),
         &[
             "node.memory_monitor_threshold=0.01",
             "node.memory_monitor_interval_ms=50",
         ],
     );
-    wait_ready(&node, 2).await;
-    let failure = run(node.addr(), 1, TaskKind::Sleep { ms: 60_000 }, vec![])
-        .await
-        .unwrap_err();
+    cluster.wait_ready(&node).await;
+    let sleep = TaskKind::Test(TestTask::Sleep { ms: 60_000 });
+    let failure = run(node.addr(), 1, sleep, vec![]).await.unwrap_err();
     match &failure {
         TaskFailure::OutOfMemory { reason } => {
             assert!(
@@ -563,19 +493,17 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
     }
     assert!(failure.retryable());
     // The agent itself is unharmed and replaces the worker.
-    let after = wait_ready(&node, 2).await;
+    let after = cluster.wait_ready(&node).await;
     assert_eq!(after.workers_respawned, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = scheduler(dir.path());
-    let schedulers = cluster.addrs();
-    let mut leaving = start_node(dir.path(), "leaving", &schedulers, &[]);
-    let crashing = start_node(dir.path(), "crashing", &schedulers, &[]);
-    let leaving_id = wait_ready(&leaving, 2).await.node.unwrap();
-    let crashing_id = wait_ready(&crashing, 2).await.node.unwrap();
+    let cluster = cluster().await;
+    let mut leaving = cluster.start_node("leaving", &[]);
+    let crashing = cluster.start_node("crashing", &[]);
+    let leaving_id = cluster.wait_ready(&leaving).await.node.unwrap();
+    let crashing_id = cluster.wait_ready(&crashing).await.node.unwrap();
     assert!(leaving.segment().exists());
     assert_eq!(workers_of(&leaving).len(), 2);
     assert_eq!(workers_of(&crashing).len(), 2);
@@ -593,7 +521,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         leaving.segment().display()
     );
     assert!(!leaving.worker_socket().exists());
-    assert_workers_gone(&leaving).await;
+    assert_workers_gone(&leaving);
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|entry| entry.ok())
@@ -605,7 +533,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
         })
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
-    match &state(&cluster).await.nodes[&leaving_id].liveness {
+    match &cluster.state().await.nodes[&leaving_id].liveness {
         Liveness::Dead { reason, .. } => assert!(reason.contains("SIGTERM"), "{reason}"),
         Liveness::Alive => panic!("the scheduler was not told"),
     }
@@ -616,7 +544,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     tokio::spawn(async move {
         let spec = TaskSpec {
             task: TaskId::new(9),
-            kind: TaskKind::Sleep { ms: 60_000 },
+            kind: TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
             inputs: Vec::new(),
         };
         // The node dies under this call; its failure is expected.
@@ -632,7 +560,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
     let deadline = killed_at + health_timeout * 3;
     loop {
-        if let Liveness::Dead { reason, .. } = &state(&cluster).await.nodes[&crashing_id].liveness {
+        if let Liveness::Dead { reason, .. } = &cluster.state().await.nodes[&crashing_id].liveness {
             assert!(reason.contains("missed"), "{reason}");
             break;
         }
@@ -645,7 +573,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     }
     let elapsed = killed_at.elapsed();
     // Its workers die with it, even one busy with a task.
-    assert_workers_gone(&crashing).await;
+    assert_workers_gone(&crashing);
     // The last heartbeat may have gone out up to one interval before the kill.
     let earliest = health_timeout - Duration::from_millis(HEARTBEAT_MS);
     assert!(
@@ -656,27 +584,31 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_follows_the_leader_through_a_failover() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalSchedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
+    let three_replicas = TestClusterConfig {
         replicas: 3,
-        dir: dir.path().to_owned(),
-        token: TOKEN.into(),
-        settings: scheduler_settings(),
-    })
-    .unwrap();
-    let old_leader = cluster.wait_for_leader(READY_TIMEOUT).await.unwrap();
-    let node = start_node(dir.path(), "n", &cluster.addrs(), &[]);
-    let id = wait_ready(&node, 2).await.node.unwrap();
+        ..config()
+    };
+    let mut cluster = TestCluster::start(three_replicas, 0).await;
+    let old_leader = cluster
+        .schedulers
+        .wait_for_leader(READY_TIMEOUT)
+        .await
+        .unwrap();
+    let node = cluster.start_node("n", &[]);
+    let id = cluster.wait_ready(&node).await.node.unwrap();
 
-    cluster.kill(old_leader).unwrap();
-    let new_leader = cluster.wait_for_leader(READY_TIMEOUT).await.unwrap();
+    cluster.schedulers.kill(old_leader).unwrap();
+    let new_leader = cluster
+        .schedulers
+        .wait_for_leader(READY_TIMEOUT)
+        .await
+        .unwrap();
     assert_ne!(new_leader, old_leader);
     // A node that stopped heartbeating would be committed dead by the new leader after one
     // health timeout; this one keeps going to whichever replica leads.
     let health_timeout = Duration::from_millis(HEARTBEAT_MS * MISSED_HEARTBEATS);
     tokio::time::sleep(health_timeout * 3).await;
-    let state = state(&cluster).await;
+    let state = cluster.state().await;
     assert!(state.nodes[&id].is_alive(), "{:?}", state.nodes[&id]);
     assert_eq!(
         state.nodes.len(),
@@ -696,7 +628,7 @@ async fn sigterm_while_no_scheduler_answers_still_cleans_up() {
         .local_addr()
         .unwrap()
         .to_string();
-    let mut node = start_node(dir.path(), "n", &[nowhere], &[]);
+    let mut node = floe_testkit::cluster::start_node(&config(), dir.path(), &[nowhere], "n", &[]);
     let deadline = Instant::now() + READY_TIMEOUT;
     while !(node.segment().exists() && workers_of(&node).len() == 2) {
         assert!(Instant::now() < deadline, "the node never opened its store");
@@ -709,5 +641,5 @@ async fn sigterm_while_no_scheduler_answers_still_cleans_up() {
     );
     assert!(!node.segment().exists());
     assert!(!node.worker_socket().exists());
-    assert_workers_gone(&node).await;
+    assert_workers_gone(&node);
 }

@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use arrow::array::{Array, Int64Array};
 use arrow::record_batch::RecordBatch;
 use floe_client::jobspec::parse_job_file;
 use floe_client::{Client, Dataset, JobOptions, LocalCluster, LocalClusterOptions, Registry};
@@ -49,15 +48,9 @@ fn job(rows: u64, udf: &str) -> Dataset {
     .dataset
 }
 
+/// The Int64 column `name` of the batches, sorted.
 fn int_column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
-    let mut values: Vec<i64> = batches
-        .iter()
-        .flat_map(|batch| {
-            let column = batch.column_by_name(name).unwrap();
-            let column = column.as_any().downcast_ref::<Int64Array>().unwrap();
-            column.values().to_vec()
-        })
-        .collect();
+    let mut values = floe_testkit::batches::int_column(batches, name);
     values.sort_unstable();
     values
 }

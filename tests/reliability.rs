@@ -7,79 +7,23 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::Duration;
 
-use arrow::array::{Array, Int64Array};
-use floe_client::local::{LocalNode, LocalNodeConfig};
-use floe_client::local::{LocalSchedulers as Schedulers, LocalSchedulersConfig};
 use floe_client::{Client, Dataset, col, lit};
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::WireConfig;
+use floe_core::config::ClusterToken;
+use floe_testkit::batches::int_column;
+use floe_testkit::cluster::{TestCluster, TestClusterConfig, runtime, start_node};
+use floe_testkit::process::is_running;
 
 const TOKEN: &str = "reliability-test-token";
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn wire() -> WireConfig {
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(TOKEN);
-    WireConfig::from_config(&config)
-}
-
-fn node(dir: &std::path::Path, schedulers: &Schedulers, name: &str, token: &str) -> LocalNode {
-    node_with(dir, schedulers, name, token, &[])
-}
-
-/// A node with two workers and `settings` besides.
-fn node_with(
-    dir: &std::path::Path,
-    schedulers: &Schedulers,
-    name: &str,
-    token: &str,
-    settings: &[&str],
-) -> LocalNode {
-    let mut all = vec!["node.workers=2".to_owned()];
-    all.extend(settings.iter().map(|s| (*s).to_owned()));
-    LocalNode::start(&LocalNodeConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        schedulers: schedulers.addrs(),
-        dir: dir.to_owned(),
-        name: name.into(),
-        token: token.into(),
-        settings: all,
-    })
-    .unwrap()
-}
-
-/// One scheduler replica with a leader.
-fn scheduler(runtime: &tokio::runtime::Runtime, dir: &std::path::Path) -> Schedulers {
-    scheduler_with(runtime, dir, &[])
-}
-
-/// One scheduler replica with `settings`, once it has a leader.
-fn scheduler_with(
-    runtime: &tokio::runtime::Runtime,
-    dir: &std::path::Path,
-    settings: &[&str],
-) -> Schedulers {
-    let schedulers = Schedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 1,
-        dir: dir.to_owned(),
-        token: TOKEN.into(),
+/// One scheduler replica and `nodes` nodes of two workers, all with `settings`.
+fn cluster(runtime: &tokio::runtime::Runtime, nodes: usize, settings: &[&str]) -> TestCluster {
+    let config = TestClusterConfig {
         settings: settings.iter().map(|s| (*s).to_owned()).collect(),
-    })
-    .unwrap();
-    runtime
-        .block_on(schedulers.wait_for_leader(Duration::from_secs(30)))
-        .unwrap();
-    schedulers
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+    };
+    runtime.block_on(TestCluster::start(config, nodes))
 }
 
 /// Bytes from a fixed seed, so a failure can be replayed.
@@ -108,14 +52,6 @@ fn throw_at(addr: &str, payload: &[u8]) {
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
-fn is_running(pid: u32) -> bool {
-    Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success()
-}
-
 /// A job whose answer is known: the ids below 30,000 divisible by 3, and their sum.
 async fn check_a_job(client: &Client) {
     let dataset = Dataset::range(30_000)
@@ -123,36 +59,18 @@ async fn check_a_job(client: &Client) {
         .filter((col("id") % lit(3i64)).eq(lit(0i64)))
         .unwrap();
     let output = client.submit(&dataset).await.unwrap().wait().await.unwrap();
-    let mut rows = 0usize;
-    let mut sum = 0i64;
-    for batch in output.to_arrow().await.unwrap() {
-        let ids = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        rows += ids.len();
-        sum += ids.values().iter().sum::<i64>();
-    }
+    let ids = int_column(&output.to_arrow().await.unwrap(), "id");
     let expected: Vec<i64> = (0..30_000).filter(|id| id % 3 == 0).collect();
-    assert_eq!(rows, expected.len());
-    assert_eq!(sum, expected.iter().sum::<i64>());
+    assert_eq!(ids.len(), expected.len());
+    assert_eq!(ids.iter().sum::<i64>(), expected.iter().sum::<i64>());
 }
 
 #[test]
 fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let schedulers = scheduler(&runtime, dir.path());
-    let nodes = [
-        node(dir.path(), &schedulers, "node-a", TOKEN),
-        node(dir.path(), &schedulers, "node-b", TOKEN),
-    ];
-    for node in &nodes {
-        runtime
-            .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
-            .unwrap();
-    }
+    let cluster = cluster(&runtime, 2, &[]);
+    let schedulers = &cluster.schedulers;
+    let nodes = [cluster.node(0), cluster.node(1)];
 
     let mut ports = vec![
         schedulers.addr(1).unwrap().to_owned(),
@@ -201,19 +119,20 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
 #[test]
 fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let schedulers = scheduler(&runtime, dir.path());
-    let good = node(dir.path(), &schedulers, "good", TOKEN);
-    runtime
-        .block_on(good.wait_registered(&wire(), Duration::from_secs(60)))
-        .unwrap();
+    let cluster = cluster(&runtime, 1, &[]);
+    let schedulers = &cluster.schedulers;
 
-    let mut intruder = node(dir.path(), &schedulers, "intruder", "not-the-token");
+    let wrong_token = TestClusterConfig {
+        token: "not-the-token".into(),
+        ..cluster.config.clone()
+    };
+    let dir = cluster.dir.path();
+    let mut intruder = start_node(&wrong_token, dir, &schedulers.addrs(), "intruder", &[]);
     assert!(
         !intruder.wait().unwrap(),
         "a node with the wrong token kept running"
     );
-    let log = std::fs::read_to_string(dir.path().join("intruder.log")).unwrap();
+    let log = std::fs::read_to_string(dir.join("intruder.log")).unwrap();
     assert!(log.contains("wrong cluster token"), "{log}");
 
     runtime.block_on(async {
@@ -274,12 +193,8 @@ fn listening_sockets(pid: u32) -> Vec<(std::net::IpAddr, u16)> {
 #[test]
 fn every_service_listens_on_loopback_by_default() {
     let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let schedulers = scheduler(&runtime, dir.path());
-    let node = node(dir.path(), &schedulers, "node-a", TOKEN);
-    runtime
-        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
-        .unwrap();
+    let cluster = cluster(&runtime, 1, &[]);
+    let (schedulers, node) = (&cluster.schedulers, cluster.node(0));
     let scheduler_ports = listening_sockets(schedulers.pid(1).unwrap());
     let node_ports = listening_sockets(node.pid());
     // The scheduler serves Raft/RPC and HTTP; the node serves its RPC.
@@ -355,11 +270,8 @@ fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
     std::fs::write(root.join("in.csv"), "x\n1\n2\n3\n").unwrap();
     std::fs::write(dir.path().join("outside.csv"), "x\n7\n").unwrap();
     let allowed = format!("data.allowed_paths={}", root.display());
-    let schedulers = scheduler_with(&runtime, dir.path(), &[&allowed]);
-    let node = node_with(dir.path(), &schedulers, "node-a", TOKEN, &[&allowed]);
-    runtime
-        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
-        .unwrap();
+    let cluster = cluster(&runtime, 1, &[&allowed]);
+    let schedulers = &cluster.schedulers;
 
     let http = schedulers.http_addr(1).unwrap().to_owned();
     let spec = format!(
@@ -415,13 +327,8 @@ fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
     use floe_core::wire::{FramedStream, PeerKind};
 
     let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let small_frames = "net.max_frame=1MiB";
-    let schedulers = scheduler_with(&runtime, dir.path(), &[small_frames]);
-    let node = node_with(dir.path(), &schedulers, "node-a", TOKEN, &[small_frames]);
-    runtime
-        .block_on(node.wait_registered(&wire(), Duration::from_secs(60)))
-        .unwrap();
+    let cluster = cluster(&runtime, 1, &["net.max_frame=1MiB"]);
+    let (schedulers, node) = (&cluster.schedulers, cluster.node(0));
 
     for addr in [
         schedulers.addr(1).unwrap().to_owned(),

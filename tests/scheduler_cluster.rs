@@ -10,23 +10,24 @@ use std::time::{Duration, Instant};
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{Command, NodeAddresses, NodeMemory, Outcome, Resources};
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_client::local::LocalSchedulers;
 use floe_core::JobId;
+use floe_testkit::cluster::{FAST_ELECTIONS, TestClusterConfig, start_schedulers};
+use floe_testkit::process::floe_command;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Three replicas with fast elections and `settings`, in `dir`.
 fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalSchedulers {
-    // Fast elections keep the suite quick: ticks of 30 ms, elections after 0.3–0.6 s.
-    let mut all = vec!["scheduler.raft_tick_ms=30".to_owned()];
-    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
-    LocalSchedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
+    let mut config = TestClusterConfig {
         replicas: 3,
-        dir: dir.path().to_owned(),
-        token: "scheduler-cluster-tests".into(),
-        settings: all,
-    })
-    .unwrap()
+        settings: vec![FAST_ELECTIONS.to_owned()],
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), "scheduler-cluster-tests")
+    };
+    config
+        .settings
+        .extend(settings.iter().map(|setting| (*setting).to_owned()));
+    start_schedulers(&config, dir.path())
 }
 
 async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
@@ -239,13 +240,8 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
 #[test]
 fn bad_scheduler_arguments_fail_with_the_reason() {
     let run = |args: &[&str], token: Option<&str>| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floe"));
+        let mut command = floe_command(env!("CARGO_BIN_EXE_floe"));
         command.arg("scheduler").args(args);
-        for (name, _) in std::env::vars() {
-            if name.starts_with("FLOE_") {
-                command.env_remove(name);
-            }
-        }
         if let Some(token) = token {
             command.env("FLOE_CLUSTER_TOKEN", token);
         }

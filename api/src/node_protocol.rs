@@ -56,12 +56,23 @@ impl<'de> Deserialize<'de> for Bytes {
     }
 }
 
-/// What a worker process runs: one task of a plan stage, or a built-in task (used by tests
-/// and benchmarks to exercise the task path without a plan).
+/// What a worker process runs: one task of a plan stage, or (built with the `test-tasks`
+/// feature only) a test task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TaskKind {
     /// One task of a plan stage; its input blocks are the task's inputs, in order.
     Stage(Box<StageTask>),
+    /// A task tests and benchmarks run to exercise the task path without a plan. A binary
+    /// built without the feature has no such variant, so its node refuses one as a request
+    /// it cannot decode.
+    #[cfg(feature = "test-tasks")]
+    Test(TestTask),
+}
+
+/// The test-only task kinds (feature `test-tasks`), run by the node's workers.
+#[cfg(feature = "test-tasks")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TestTask {
     /// Does nothing for `ms` milliseconds; no outputs.
     Sleep { ms: u64 },
     /// One output: the xxh3-64 of each input's bytes, 8 little-endian bytes per input.
@@ -385,5 +396,25 @@ mod tests {
         assert_eq!(output_id(a, 0), output_id(a, 0));
         assert_ne!(output_id(a, 0), output_id(a, 1));
         assert_ne!(output_id(a, 0), output_id(b, 0));
+    }
+
+    /// `TaskKind::Test(TestTask::Sleep { ms: 0 })` on the wire: variant 1, variant 0, 0 ms.
+    const SLEEP_TASK: &[u8] = &[1, 0, 0];
+
+    #[cfg(feature = "test-tasks")]
+    #[test]
+    fn a_test_task_is_encoded_as_the_bytes_a_production_build_refuses() {
+        let sleep = TaskKind::Test(TestTask::Sleep { ms: 0 });
+        assert_eq!(floe_core::wire::codec::encode(&sleep).unwrap(), SLEEP_TASK);
+    }
+
+    /// Built without the feature, as the production `floe` is, the protocol has no test task:
+    /// a node refuses one as a request it cannot decode.
+    #[cfg(not(feature = "test-tasks"))]
+    #[test]
+    fn without_the_feature_a_test_task_does_not_decode() {
+        let error = floe_core::wire::codec::decode::<TaskKind>(SLEEP_TASK, "a task kind")
+            .expect_err("a test task decoded without the test-tasks feature");
+        assert!(error.to_string().contains("variant index"), "{error}");
     }
 }

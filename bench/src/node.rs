@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec};
+use floe_api::node_protocol::{
+    NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask,
+};
 use floe_client::local::{LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
@@ -127,10 +129,10 @@ async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Re
     let puller = bench.add_node(1, &memory).await?;
     let spec = TaskSpec {
         task: TaskId::new(1),
-        kind: TaskKind::Fill {
+        kind: TaskKind::Test(TestTask::Fill {
             bytes: size,
             seed: 1,
-        },
+        }),
         inputs: Vec::new(),
     };
     let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
@@ -230,7 +232,7 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
                     let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
                     let spec = TaskSpec {
                         task: TaskId::new(id),
-                        kind: TaskKind::Sleep { ms: 0 },
+                        kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
                         inputs: Vec::new(),
                     };
                     match connection.call(&NodeRequest::RunTask(spec)).await? {

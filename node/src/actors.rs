@@ -693,7 +693,7 @@ mod tests {
     use floe_core::wire::{RpcServer, WireError};
 
     use super::*;
-    use floe_api::node_protocol::TaskKind;
+    use floe_api::node_protocol::{TaskKind, TestTask};
 
     /// A node that takes calls and never answers them, as one that froze with its
     /// connections open does.
@@ -759,7 +759,7 @@ mod tests {
             partition: 0,
             task: TaskSpec {
                 task: TaskId::new(1),
-                kind: TaskKind::Sleep { ms: 0 },
+                kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
                 inputs: Vec::new(),
             },
         });

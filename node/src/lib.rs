@@ -10,7 +10,8 @@
 mod actors;
 mod monitor;
 mod pool;
-pub mod tasks;
+#[cfg(feature = "test-tasks")]
+mod test_tasks;
 mod transfer;
 pub mod udf_pools;
 pub mod worker;
@@ -45,6 +46,7 @@ use floe_api::node_protocol::{
 };
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
+use floe_core::plan::task::StageTask;
 use floe_core::plan::{Operator, ProcessUdf};
 use floe_driver::DriverConfig;
 use floe_engine::udf::process::process_udfs;
@@ -188,8 +190,14 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
-        check_paths(&self.allowed, &spec.kind)?;
-        let mut leases = self.lease_processes(&spec.kind).await?;
+        let mut leases = match &spec.kind {
+            TaskKind::Stage(stage) => {
+                check_paths(&self.allowed, stage)?;
+                self.lease_processes(stage).await?
+            }
+            #[cfg(feature = "test-tasks")]
+            TaskKind::Test(_) => Vec::new(),
+        };
         let task = WorkerTask {
             task: spec.task,
             kind: spec.kind,
@@ -266,10 +274,7 @@ impl Shared {
     /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
     /// wait on each other) on a blocking thread: a lease waits while its pool is busy, and
     /// leases already taken when a later one fails are given back there too.
-    async fn lease_processes(&self, kind: &TaskKind) -> Result<Vec<Lease>, TaskFailure> {
-        let TaskKind::Stage(stage) = kind else {
-            return Ok(Vec::new());
-        };
+    async fn lease_processes(&self, stage: &StageTask) -> Result<Vec<Lease>, TaskFailure> {
         let udfs: Vec<ProcessUdf> = process_udfs(&stage.stage.row_ops)
             .map_err(|error| TaskFailure::Error {
                 message: error.to_string(),
@@ -752,10 +757,7 @@ async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
 /// Refuses a stage task that would read or write outside `data.allowed_paths`: its input
 /// files, its sink directory, its process UDFs' files. The scheduler checks submitted specs
 /// too, but a plan can also come from a client library, so the node checks every task.
-fn check_paths(allowed: &AllowedPaths, kind: &TaskKind) -> Result<(), TaskFailure> {
-    let TaskKind::Stage(task) = kind else {
-        return Ok(());
-    };
+fn check_paths(allowed: &AllowedPaths, task: &StageTask) -> Result<(), TaskFailure> {
     if !allowed.is_restricted() {
         return Ok(());
     }

@@ -25,30 +25,39 @@ use floe_engine::task::{TaskContext, run_stage_task};
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 
-use crate::tasks::execute;
 use crate::{Error, Result};
 
-/// Why a task failed, as the worker reports it.
-struct TaskError {
+/// Why a task failed in this worker, as the worker reports it to its agent
+/// ([`WorkerMessage::Failed`]).
+struct WorkerTaskFailure {
     message: String,
+    /// Whether running the task again may succeed.
     transient: bool,
 }
 
-impl From<String> for TaskError {
-    fn from(message: String) -> Self {
+impl WorkerTaskFailure {
+    /// A failure that running the task again would repeat.
+    fn permanent(reason: impl std::fmt::Display) -> Self {
         Self {
-            message,
+            message: reason.to_string(),
             transient: false,
         }
     }
 }
 
-impl From<floe_engine::Error> for TaskError {
+impl From<floe_engine::Error> for WorkerTaskFailure {
     fn from(error: floe_engine::Error) -> Self {
         Self {
             transient: error.is_transient(),
             message: error.to_string(),
         }
+    }
+}
+
+#[cfg(feature = "test-tasks")]
+impl From<crate::test_tasks::TestTaskError> for WorkerTaskFailure {
+    fn from(error: crate::test_tasks::TestTaskError) -> Self {
+        Self::permanent(error)
     }
 }
 
@@ -180,7 +189,7 @@ async fn serve(options: &WorkerOptions, registry: &Registry) -> Result<()> {
                 }
                 send(&mut stream, &WorkerMessage::Finished).await?;
             }
-            Err(TaskError { message, transient }) => {
+            Err(WorkerTaskFailure { message, transient }) => {
                 send(&mut stream, &WorkerMessage::Failed { message, transient }).await?;
             }
         }
@@ -191,18 +200,19 @@ fn run(
     client: &StoreClient,
     registry: &Registry,
     task: &WorkerTask,
-) -> Result<Vec<WorkerOutput>, TaskError> {
+) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     let views = task
         .inputs
         .iter()
         .map(|location| client.open(location))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| format!("cannot map an input: {error}"))?;
+        .map_err(|error| WorkerTaskFailure::permanent(format!("cannot map an input: {error}")))?;
     match &task.kind {
         TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry, &task.processes),
-        kind => {
+        #[cfg(feature = "test-tasks")]
+        TaskKind::Test(test_task) => {
             let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
-            Ok(execute(kind, &inputs)?
+            Ok(crate::test_tasks::run(test_task, &inputs)?
                 .into_iter()
                 .map(|bytes| WorkerOutput {
                     bytes: Bytes(bytes),
@@ -219,9 +229,9 @@ fn run_stage(
     views: &[ObjectView],
     registry: &Registry,
     processes: &[ProcessEndpoint],
-) -> Result<Vec<WorkerOutput>, TaskError> {
+) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     let sizing = BlockSizing::new(task.min_block_bytes, task.max_block_bytes)
-        .map_err(|error| error.to_string())?;
+        .map_err(WorkerTaskFailure::permanent)?;
     let context = TaskContext {
         registry,
         processes,
@@ -230,20 +240,24 @@ fn run_stage(
     };
     let mut per_input = Vec::with_capacity(views.len());
     for view in views {
-        let block = read_block(view).map_err(|error| format!("cannot decode an input: {error}"))?;
+        let block = read_block(view).map_err(|error| {
+            WorkerTaskFailure::permanent(format!("cannot decode an input: {error}"))
+        })?;
         per_input.push(block.batches);
     }
     let batches = run_stage_task(task, per_input, &context)?;
-    Ok(encode_outputs(&batches)?)
+    encode_outputs(&batches)
 }
 
 /// Each batch as one output block.
-fn encode_outputs(batches: &[RecordBatch]) -> Result<Vec<WorkerOutput>, String> {
+fn encode_outputs(batches: &[RecordBatch]) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
     batches
         .iter()
         .map(|batch| {
-            let bytes = encode_block(&batch.schema(), std::slice::from_ref(batch))
-                .map_err(|error| format!("cannot encode an output block: {error}"))?;
+            let bytes =
+                encode_block(&batch.schema(), std::slice::from_ref(batch)).map_err(|error| {
+                    WorkerTaskFailure::permanent(format!("cannot encode an output block: {error}"))
+                })?;
             Ok(WorkerOutput {
                 bytes: Bytes(bytes),
                 rows: Some(batch.num_rows() as u64),

@@ -1,28 +1,35 @@
-//! The built-in task kinds a worker runs without a plan, for tests and benchmarks.
+//! The test-only task kinds (feature `test-tasks`): what a worker runs for a
+//! [`TestTask`], which tests and benchmarks send to exercise the task path without a plan.
 
 use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use floe_api::node_protocol::TaskKind;
+use floe_api::node_protocol::TestTask;
 
-/// Runs `kind` over the inputs' bytes and returns its outputs' bytes.
-pub fn execute(kind: &TaskKind, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, String> {
-    match kind {
-        TaskKind::Stage(_) => Err("a stage task is not a built-in task".to_owned()),
-        TaskKind::Sleep { ms } => {
+/// Why a test task failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TestTaskError {
+    #[error("{bytes} bytes do not fit in this process's memory")]
+    TooLarge { bytes: u64 },
+}
+
+/// Runs `task` over the inputs' bytes and returns its outputs' bytes.
+pub(crate) fn run(task: &TestTask, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, TestTaskError> {
+    match task {
+        TestTask::Sleep { ms } => {
             std::thread::sleep(Duration::from_millis(*ms));
             Ok(Vec::new())
         }
-        TaskKind::Hash => Ok(vec![
+        TestTask::Hash => Ok(vec![
             inputs
                 .iter()
                 .flat_map(|input| xxh3_64(input).to_le_bytes())
                 .collect(),
         ]),
-        TaskKind::Fill { bytes, seed } => {
-            let len = usize::try_from(*bytes)
-                .map_err(|_| format!("{bytes} bytes do not fit in this process's memory"))?;
+        TestTask::Fill { bytes, seed } => {
+            let len =
+                usize::try_from(*bytes).map_err(|_| TestTaskError::TooLarge { bytes: *bytes })?;
             let start = seed % 251;
             Ok(vec![
                 (0..len)
@@ -39,7 +46,7 @@ mod tests {
 
     #[test]
     fn hash_outputs_each_inputs_checksum() {
-        let outputs = execute(&TaskKind::Hash, &[b"abc", b""]).unwrap();
+        let outputs = run(&TestTask::Hash, &[b"abc", b""]).unwrap();
         let mut expected = xxh3_64(b"abc").to_le_bytes().to_vec();
         expected.extend(xxh3_64(b"").to_le_bytes());
         assert_eq!(outputs, vec![expected]);
@@ -47,8 +54,8 @@ mod tests {
 
     #[test]
     fn fill_follows_its_documented_pattern() {
-        let outputs = execute(
-            &TaskKind::Fill {
+        let outputs = run(
+            &TestTask::Fill {
                 bytes: 600,
                 seed: 3,
             },

@@ -1,0 +1,307 @@
+//! Real floe clusters for a test: `floe scheduler` replicas and `floe node`s started from the
+//! binary under test, on loopback, with one token, in one temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use arrow::record_batch::RecordBatch;
+use floe_api::client::SchedulerClient;
+use floe_api::node_protocol::{
+    ActorDescription, ActorMessage, ActorReply, NodeRequest, NodeResponse, NodeStatus,
+};
+use floe_api::state::{ClusterState, JobRecord, JobStatus};
+use floe_client::Dataset;
+use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
+use floe_core::config::{ByteSize, ClusterToken, Config};
+use floe_core::job::{JobOptions, JobSpec};
+use floe_core::wire::WireConfig;
+use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+
+use crate::node;
+
+/// Raft ticks of 30 ms: elections after 0.3–0.6 s keep a suite quick.
+pub const FAST_ELECTIONS: &str = "scheduler.raft_tick_ms=30";
+/// The heartbeat interval of [`fast_timing`].
+pub const HEARTBEAT_MS: u64 = 200;
+/// The heartbeats a node may miss before it is dead, in [`fast_timing`].
+pub const MISSED_HEARTBEATS: u64 = 5;
+/// How long a scheduler may take to elect a leader, and a node to get ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a test job may run.
+pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Fast elections, and heartbeats every [`HEARTBEAT_MS`] with a node dead after
+/// [`MISSED_HEARTBEATS`] missed ones: for schedulers and nodes alike (nodes pace their
+/// heartbeats by the scheduler's settings).
+pub fn fast_timing() -> Vec<String> {
+    vec![
+        FAST_ELECTIONS.into(),
+        format!("scheduler.heartbeat_interval_ms={HEARTBEAT_MS}"),
+        format!("scheduler.missed_heartbeats={MISSED_HEARTBEATS}"),
+    ]
+}
+
+/// The runtime a synchronous test drives its cluster with.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// How a test's processes run.
+#[derive(Debug, Clone)]
+pub struct TestClusterConfig {
+    /// The `floe` binary under test (`env!("CARGO_BIN_EXE_floe")` in the test).
+    pub binary: PathBuf,
+    pub token: String,
+    /// Scheduler replicas.
+    pub replicas: u64,
+    /// `section.key=value` settings of every process, scheduler replicas and nodes alike.
+    pub settings: Vec<String>,
+    /// Settings of the nodes only, after [`Self::settings`].
+    pub node_settings: Vec<String>,
+    /// Worker processes per node; a node is ready when all of them are connected.
+    pub workers: u32,
+    /// The nodes' `net.max_frame`, and the test's own connections' (the default when `None`).
+    pub max_frame: Option<ByteSize>,
+}
+
+impl TestClusterConfig {
+    /// One scheduler replica, nodes of two workers, default settings.
+    pub fn new(binary: impl Into<PathBuf>, token: &str) -> Self {
+        Self {
+            binary: binary.into(),
+            token: token.to_owned(),
+            replicas: 1,
+            settings: Vec::new(),
+            node_settings: Vec::new(),
+            workers: 2,
+            max_frame: None,
+        }
+    }
+
+    /// How the test's own connections reach the processes: with the token, and frames up to
+    /// [`Self::max_frame`].
+    pub fn wire(&self) -> WireConfig {
+        let mut config = Config::default();
+        config.cluster.token = ClusterToken::new(self.token.clone());
+        if let Some(max_frame) = self.max_frame {
+            config.net.max_frame = max_frame;
+        }
+        WireConfig::from_config(&config)
+    }
+}
+
+/// Starts the scheduler replicas in `dir`, without waiting for a leader.
+pub fn start_schedulers(config: &TestClusterConfig, dir: &Path) -> LocalSchedulers {
+    LocalSchedulers::start(LocalSchedulersConfig {
+        binary: config.binary.clone(),
+        replicas: config.replicas,
+        dir: dir.to_owned(),
+        token: config.token.clone(),
+        settings: config.settings.clone(),
+    })
+    .unwrap()
+}
+
+/// Starts node `name` in `dir` against `schedulers`, with `settings` after the configured
+/// ones, without waiting for it to be ready.
+pub fn start_node(
+    config: &TestClusterConfig,
+    dir: &Path,
+    schedulers: &[String],
+    name: &str,
+    settings: &[&str],
+) -> LocalNode {
+    let mut all = vec![format!("node.workers={}", config.workers)];
+    if let Some(max_frame) = config.max_frame {
+        all.push(format!("net.max_frame={max_frame}"));
+    }
+    all.extend(config.settings.iter().cloned());
+    all.extend(config.node_settings.iter().cloned());
+    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+    LocalNode::start(&LocalNodeConfig {
+        binary: config.binary.clone(),
+        schedulers: schedulers.to_vec(),
+        dir: dir.to_owned(),
+        name: name.into(),
+        token: config.token.clone(),
+        settings: all,
+    })
+    .unwrap()
+}
+
+/// Scheduler replicas and nodes; everything is killed and removed when it drops (fields drop
+/// in order: the processes before their directory, so a failing test shows their logs).
+pub struct TestCluster {
+    /// The nodes [`TestCluster::start`] started, `node-<index>`; a killed one is taken out.
+    pub nodes: Vec<Option<LocalNode>>,
+    pub schedulers: LocalSchedulers,
+    pub config: TestClusterConfig,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Starts the schedulers, waits for a leader, then starts `nodes` nodes one by one and
+    /// waits for each to be ready.
+    pub async fn start(config: TestClusterConfig, nodes: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let schedulers = start_schedulers(&config, dir.path());
+        schedulers.wait_for_leader(READY_TIMEOUT).await.unwrap();
+        let mut cluster = Self {
+            nodes: Vec::new(),
+            schedulers,
+            config,
+            dir,
+        };
+        for index in 0..nodes {
+            let node = cluster.start_node(&format!("node-{index}"), &[]);
+            cluster.wait_ready(&node).await;
+            cluster.nodes.push(Some(node));
+        }
+        cluster
+    }
+
+    /// Starts one more node, `name`, with `settings` besides the configured ones; the test
+    /// owns it and waits for it with [`Self::wait_ready`].
+    pub fn start_node(&self, name: &str, settings: &[&str]) -> LocalNode {
+        let schedulers = self.schedulers.addrs();
+        start_node(&self.config, self.dir.path(), &schedulers, name, settings)
+    }
+
+    /// Waits until `node` has registered and all its workers are connected.
+    pub async fn wait_ready(&self, node: &LocalNode) -> NodeStatus {
+        node.wait_ready(&self.wire(), self.config.workers, READY_TIMEOUT)
+            .await
+            .unwrap()
+    }
+
+    /// Node `index` of [`Self::nodes`]; it must not have been killed.
+    pub fn node(&self, index: usize) -> &LocalNode {
+        self.nodes[index].as_ref().unwrap()
+    }
+
+    /// kill -9 of node `index`, once it is gone; it leaves [`Self::nodes`].
+    pub fn kill_node(&mut self, index: usize) {
+        let mut node = self.nodes[index].take().unwrap();
+        node.signal("KILL").unwrap();
+        node.wait().unwrap();
+    }
+
+    pub fn wire(&self) -> WireConfig {
+        self.config.wire()
+    }
+
+    pub fn client(&self) -> SchedulerClient {
+        self.schedulers.client().unwrap()
+    }
+
+    pub async fn state(&self) -> ClusterState {
+        self.client().read_state().await.unwrap()
+    }
+
+    pub async fn node_status(&self, index: usize) -> NodeStatus {
+        node::status(self.node(index).addr(), &self.wire()).await
+    }
+
+    /// The index in [`Self::nodes`] of the node the scheduler numbered `id`.
+    pub async fn index_of(&self, id: NodeId) -> usize {
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].is_some() && self.node_status(index).await.node == Some(id) {
+                return index;
+            }
+        }
+        panic!("no running node is {id}");
+    }
+
+    /// Asks node `index` to describe `actor`, wherever it runs.
+    pub async fn describe(&self, index: usize, actor: ActorId) -> ActorDescription {
+        let request = NodeRequest::CallActor {
+            actor,
+            message: ActorMessage::Describe,
+            forwarded: false,
+        };
+        match node::call(self.node(index).addr(), &self.wire(), &request).await {
+            NodeResponse::Actor(Ok(ActorReply::Described(description))) => description,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Waits until no node hosts an actor (stopping them is asynchronous).
+    pub async fn wait_for_no_actors(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].is_none() {
+                continue;
+            }
+            loop {
+                let actors = self.node_status(index).await.actors;
+                if actors.is_empty() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {index} still hosts {actors:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Submits `dataset` straight to the scheduler (no client library in between).
+    pub async fn submit(&self, dataset: &Dataset, options: JobOptions) -> JobId {
+        let spec = JobSpec {
+            plan: dataset.plan().resolve_seeds().unwrap(),
+            options,
+        };
+        self.client()
+            .submit_job(spec.encode().unwrap(), SubmissionId::random())
+            .await
+            .unwrap()
+    }
+
+    /// Waits for `job` to end and returns its record.
+    pub async fn wait_for_job(&self, job: JobId) -> JobRecord {
+        let deadline = Instant::now() + JOB_TIMEOUT;
+        loop {
+            let record = JobRecord::clone(&self.state().await.jobs[&job]);
+            if record.status.is_finished() {
+                return record;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {job} did not end: {record:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Submits `dataset` and waits for it to succeed.
+    pub async fn run(&self, dataset: &Dataset, options: JobOptions) -> JobRecord {
+        let job = self.submit(dataset, options).await;
+        let record = self.wait_for_job(job).await;
+        assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+        record
+    }
+
+    /// The job's output rows, fetched from the nodes holding its blocks.
+    pub async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
+        self.connect()
+            .await
+            .job(record.id)
+            .wait()
+            .await
+            .unwrap()
+            .to_arrow()
+            .await
+            .unwrap()
+    }
+
+    /// A client library connection to the cluster.
+    pub async fn connect(&self) -> floe_client::Client {
+        floe_client::Client::connect(&self.schedulers.addrs(), &self.config.token)
+            .await
+            .unwrap()
+    }
+}
