@@ -25,10 +25,28 @@
 //! retries = 3
 //! ```
 //!
-//! Other steps: `select = [..]`, `drop = [..]`, `rename = { old = "new" }`, `limit = n`,
-//! `unique = [..]`, `repartition = n` (with `keys = [..]` to hash-partition),
-//! `random_shuffle = seed`, `cache = true`, `map_batches` / `flat_map =
-//! { udf = "name", version = 1, args = { .. } }`.
+//! Each `[[steps]]` table holds exactly one step and only the keys listed for it:
+//!
+//! | step | value | other keys in the table |
+//! |---|---|---|
+//! | `filter` | an expression | — |
+//! | `with_column` | `{ name = "..", expr = ".." }` | — |
+//! | `select`, `drop`, `unique` | columns | — |
+//! | `rename` | `{ old = "new", .. }` | — |
+//! | `limit` | rows | — |
+//! | `groupby` | key columns | `agg = ["function(column) [as alias]", ..]` |
+//! | `sort` | `["column [asc\|desc] [nulls first\|last]", ..]` | — |
+//! | `repartition` | partitions | `keys = [..]` to hash-partition (else equal-sized parts) |
+//! | `random_shuffle` | a seed | — |
+//! | `cache` | `true` or `false` | — |
+//! | `map_batches`, `flat_map` | `{ udf = "name", version = 1, args = { .. } }` | — |
+//!
+//! Every table refuses a key it does not know — a misspelled `aggs` is an error that suggests
+//! `agg`, never a silently different job — and so do `[source]`, `[sink]`, `[options]` and the
+//! tables inside steps. A plan is at most [`floe_core::plan::MAX_PLAN_DEPTH`] operators deep
+//! (the source, the steps and the sink together), and an expression at most
+//! [`floe_core::plan::MAX_EXPR_DEPTH`] levels; a longer job is refused at the step that passes
+//! the limit.
 //!
 //! A process UDF (a Python script using `floe_udf`, see `docs/PROCESS_UDFS.md`) is a
 //! `map_batches` step with a `command`:
@@ -49,8 +67,9 @@
 //! `contains(e, 's')`, `starts_with(e, 's')`, `coalesce(a, b, ..)`, `when(cond, a, b)`,
 //! `hash(a, ..)`. Integers are Int64 and decimals Float64.
 //!
-//! The whole file is checked before anything is submitted: every error names the line and
-//! the field, and the plan is built (so unknown columns and type mismatches are caught too).
+//! The whole file is checked before anything is submitted: every error names the job file,
+//! the line and the field (`job.toml:7: steps[2].agg: …`), and the plan is built (so unknown
+//! columns and type mismatches are caught too). A data file that cannot be read is named too.
 
 use std::collections::BTreeMap;
 
@@ -60,7 +79,9 @@ use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
 use floe_core::fingerprint::ArgValue;
 use floe_core::fingerprint::FileDigest;
 use floe_core::job::{CacheMode, JobOptions};
-use floe_core::plan::{AggFunction, Aggregation, Concurrency, ProcessUdf, SortKey, UdfCall};
+use floe_core::plan::{
+    AggFunction, Aggregation, Concurrency, CsvOptions, FileFormat, ProcessUdf, SortKey, UdfCall,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -155,24 +176,43 @@ pub fn parse_job_file_with(
     };
     let raw: RawSpec = toml::from_str(text).map_err(|error| {
         let offset = error.span().map_or(0, |span| span.start);
-        at(offset, "file", error.message().to_owned())
+        match unknown_table(text) {
+            Some((key, message)) => at(offset, &key, message),
+            None => at(offset, "file", error.message().to_owned()),
+        }
     })?;
+    // `field` is empty when the error is about the whole table.
+    let within = |table: &str, (field, message): FieldError| -> (String, String) {
+        let field = if field.is_empty() {
+            table.to_owned()
+        } else {
+            format!("{table}.{field}")
+        };
+        (field, message)
+    };
     let source_at = raw.source.span().start;
     let mut dataset = source(raw.source.get_ref(), paths)
-        .map_err(|(field, message)| at(source_at, &format!("source.{field}"), message))?
+        .map_err(|error| {
+            let (field, message) = within("source", error);
+            at(source_at, &field, message)
+        })?
         .with_udfs(udfs);
     for (index, step) in raw.steps.iter().enumerate() {
-        let step_at = step.span().start;
-        dataset = apply_step(dataset, step.get_ref(), paths)
-            .map_err(|(field, message)| at(step_at, &format!("steps[{index}].{field}"), message))?;
+        dataset = apply_step(dataset, step.get_ref(), paths).map_err(|error| {
+            let (field, message) = within(&format!("steps[{index}]"), error);
+            at(step.span().start, &field, message)
+        })?;
     }
     if let Some(sink) = &raw.sink {
-        dataset = apply_sink(dataset, sink.get_ref(), paths)
-            .map_err(|(field, message)| at(sink.span().start, &format!("sink.{field}"), message))?;
+        dataset = apply_sink(dataset, sink.get_ref(), paths).map_err(|error| {
+            let (field, message) = within("sink", error);
+            at(sink.span().start, &field, message)
+        })?;
     }
     let options = match &raw.options {
-        Some(options) => job_options(options.get_ref()).map_err(|(field, message)| {
-            at(options.span().start, &format!("options.{field}"), message)
+        Some(options) => job_options(options.get_ref()).map_err(|error| {
+            let (field, message) = within("options", error);
+            at(options.span().start, &field, message)
         })?,
         None => JobOptions::default(),
     };
@@ -186,27 +226,181 @@ fn field_error(field: &str, message: impl std::fmt::Display) -> FieldError {
     (field.to_owned(), message.to_string())
 }
 
-fn only_one<'a>(
-    table: &'a toml::Table,
-    allowed: &[&str],
-) -> Result<(&'a str, &'a toml::Value), FieldError> {
-    let mut known = table
+/// The tables a job file has.
+const TABLES: [&str; 4] = ["source", "steps", "sink", "options"];
+
+/// When `text` has a top-level table the format does not know: its name, and a message that
+/// suggests the nearest known one (TOML's own message only lists them).
+fn unknown_table(text: &str) -> Option<(String, String)> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let key = table.keys().find(|key| !TABLES.contains(&key.as_str()))?;
+    let message = format!(
+        "unknown table `{key}`{}; a job file has {}",
+        did_you_mean(key, &TABLES),
+        TABLES.join(", ")
+    );
+    Some((key.clone(), message))
+}
+
+/// The edits that turn `a` into `b`: insertions, deletions, substitutions and swaps of two
+/// neighbouring characters (the commonest typo: `rnage`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // distance[i][j]: between the first i characters of `a` and the first j of `b`.
+    let mut distance = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in distance.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in distance[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let substitution = distance[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut best = substitution
+                .min(distance[i - 1][j] + 1)
+                .min(distance[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(distance[i - 2][j - 2] + 1);
+            }
+            distance[i][j] = best;
+        }
+    }
+    distance[a.len()][b.len()]
+}
+
+/// ` (did you mean `agg`?)` when one of `known` is a small edit away from `key` (at most one
+/// edit per three characters, and at least one), else nothing.
+fn did_you_mean(key: &str, known: &[&str]) -> String {
+    let allowed = (key.chars().count() / 3).max(1);
+    known
         .iter()
-        .filter(|(key, _)| allowed.contains(&key.as_str()));
-    let Some((key, value)) = known.next() else {
-        let keys: Vec<&String> = table.keys().collect();
-        return Err(field_error(
-            keys.first().map_or("", |key| key.as_str()),
-            format!("expected one of {}, got {keys:?}", allowed.join(", ")),
-        ));
+        .map(|candidate| (edit_distance(key, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= allowed)
+        .min_by_key(|(distance, _)| *distance)
+        .map_or_else(String::new, |(_, nearest)| {
+            format!(" (did you mean `{nearest}`?)")
+        })
+}
+
+/// `a, b, c` with each name quoted.
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Refuses every key of `table` that is not in `known`. `prefix` leads the field path of the
+/// error, `what` names the table in its message.
+fn refuse_unknown_keys(
+    table: &toml::Table,
+    known: &[&str],
+    prefix: &str,
+    what: &str,
+) -> Result<(), FieldError> {
+    let Some(key) = table.keys().find(|key| !known.contains(&key.as_str())) else {
+        return Ok(());
     };
-    if let Some((other, _)) = known.next() {
+    let field = if prefix.is_empty() {
+        key.clone()
+    } else {
+        format!("{prefix}.{key}")
+    };
+    Err(field_error(
+        &field,
+        format!(
+            "unknown key `{key}` in {what}{}; it takes {}",
+            did_you_mean(key, known),
+            quoted(known)
+        ),
+    ))
+}
+
+/// A kind of source, step or sink: the key that names it, and the other keys its table may
+/// hold.
+struct Kind {
+    name: &'static str,
+    with: &'static [&'static str],
+}
+
+const fn kind(name: &'static str) -> Kind {
+    Kind { name, with: &[] }
+}
+
+/// The one key of `table` that says which kind of `what` (source, step, sink) it is, with its
+/// value, once every other key is known to belong to that kind: nothing in the table is
+/// ignored.
+fn kind_of<'a>(
+    table: &'a toml::Table,
+    kinds: &[Kind],
+    what: &str,
+) -> Result<(&'static str, &'a toml::Value), FieldError> {
+    let names: Vec<&str> = kinds.iter().map(|kind| kind.name).collect();
+    let owner = |key: &str| kinds.iter().find(|kind| kind.with.contains(&key));
+    let mut named = kinds
+        .iter()
+        .filter_map(|kind| table.get(kind.name).map(|value| (kind, value)));
+    let Some((found, value)) = named.next() else {
+        // No kind is named: most likely its name is misspelled.
+        return Err(
+            match table.keys().find(|key| owner(key.as_str()).is_none()) {
+                Some(key) => field_error(
+                    key,
+                    format!(
+                        "unknown {what} `{key}`{}; a {what} is one of {}",
+                        did_you_mean(key, &names),
+                        quoted(&names)
+                    ),
+                ),
+                None => match table.keys().next() {
+                    Some(key) => field_error(
+                        key,
+                        format!(
+                            "`{key}` belongs to a {} {what}, but this table names no {what}; \
+                             a {what} is one of {}",
+                            owner(key).map_or("", |kind| kind.name),
+                            quoted(&names)
+                        ),
+                    ),
+                    None => field_error(
+                        "",
+                        format!("an empty {what}: expected one of {}", quoted(&names)),
+                    ),
+                },
+            },
+        );
+    };
+    if let Some((other, _)) = named.next() {
         return Err(field_error(
-            other,
-            format!("{key} and {other} cannot be in one table"),
+            other.name,
+            format!(
+                "`{}` and `{}` cannot be in one {what}; give each its own table",
+                found.name, other.name
+            ),
         ));
     }
-    Ok((key.as_str(), value))
+    let known: Vec<&str> = std::iter::once(found.name)
+        .chain(found.with.iter().copied())
+        .collect();
+    if let Some(key) = table.keys().find(|key| !known.contains(&key.as_str())) {
+        let elsewhere = owner(key)
+            .map(|kind| format!(" (`{key}` belongs to a {} {what})", kind.name))
+            .unwrap_or_default();
+        return Err(field_error(
+            key,
+            format!(
+                "unknown key `{key}` in a {} {what}{}; a {} {what} takes {}{elsewhere}",
+                found.name,
+                did_you_mean(key, &known),
+                found.name,
+                quoted(&known)
+            ),
+        ));
+    }
+    Ok((found.name, value))
 }
 
 fn strings(field: &str, value: &toml::Value) -> Result<Vec<String>, FieldError> {
@@ -265,9 +459,16 @@ fn check_path(field: &str, path: &str, policy: &PathPolicy) -> Result<(), FieldE
     Ok(())
 }
 
+/// The kinds of source.
+const SOURCES: [Kind; 4] = [
+    kind("read_csv"),
+    kind("read_parquet"),
+    kind("read_json"),
+    kind("range"),
+];
+
 fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldError> {
-    let allowed = ["read_csv", "read_parquet", "read_json", "range"];
-    let (kind, value) = only_one(table, &allowed)?;
+    let (kind, value) = kind_of(table, &SOURCES, "source")?;
     let built = match kind {
         "range" => Dataset::range(integer(kind, value)?),
         _ => {
@@ -288,38 +489,74 @@ fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldErro
                     .map(|file| file.to_string_lossy().into_owned())
                     .collect();
             }
-            match kind {
-                "read_csv" => Dataset::read_csv(&paths),
-                "read_parquet" => Dataset::read_parquet(&paths),
-                _ => Dataset::read_json(&paths),
-            }
+            let format = match kind {
+                "read_csv" => FileFormat::Csv(CsvOptions::default()),
+                "read_parquet" => FileFormat::Parquet,
+                _ => FileFormat::Json,
+            };
+            return Dataset::read(format.clone(), &paths, None)
+                .map_err(|error| field_error(kind, name_the_file(&format, &paths, error)));
         }
     };
     built.map_err(|error| field_error(kind, error))
 }
+
+/// The reader names the file in its errors, except when Arrow cannot make sense of a file as
+/// CSV (a Parquet file read as CSV, say): then each file is read alone to find the one.
+fn name_the_file(format: &FileFormat, paths: &[String], error: crate::Error) -> String {
+    use floe_engine::Error as ReadError;
+    if !matches!(
+        error,
+        crate::Error::Source(ReadError::Arrow(_) | ReadError::Parquet(_))
+    ) {
+        return error.to_string();
+    }
+    let files = floe_engine::read::expand_paths(paths).unwrap_or_default();
+    files
+        .iter()
+        .find_map(|file| {
+            floe_engine::read::discover(format.clone(), std::slice::from_ref(file))
+                .err()
+                .map(|alone| format!("{}: {alone}", file.display()))
+        })
+        .unwrap_or_else(|| format!("{}: {error}", paths.join(", ")))
+}
+
+/// The kinds of step, and the keys each takes beside its name.
+const STEPS: [Kind; 14] = [
+    kind("filter"),
+    kind("with_column"),
+    kind("select"),
+    kind("drop"),
+    kind("rename"),
+    kind("limit"),
+    Kind {
+        name: "groupby",
+        with: &["agg"],
+    },
+    kind("sort"),
+    kind("unique"),
+    Kind {
+        name: "repartition",
+        with: &["keys"],
+    },
+    kind("random_shuffle"),
+    kind("cache"),
+    kind("map_batches"),
+    kind("flat_map"),
+];
+
+/// The keys of a `with_column` table.
+const WITH_COLUMN_KEYS: [&str; 2] = ["name", "expr"];
+/// The keys of a call of a registered UDF (`map_batches` or `flat_map`).
+const UDF_CALL_KEYS: [&str; 3] = ["udf", "version", "args"];
 
 fn apply_step(
     dataset: Dataset,
     table: &toml::Table,
     policy: &PathPolicy,
 ) -> Result<Dataset, FieldError> {
-    let allowed = [
-        "filter",
-        "with_column",
-        "select",
-        "drop",
-        "rename",
-        "limit",
-        "groupby",
-        "sort",
-        "unique",
-        "repartition",
-        "random_shuffle",
-        "cache",
-        "map_batches",
-        "flat_map",
-    ];
-    let (op, value) = only_one(table, &allowed)?;
+    let (op, value) = kind_of(table, &STEPS, "step")?;
     let plan_error = |error: crate::Error| field_error(op, error);
     let names = |field: &str, value: &toml::Value| strings(field, value);
     match op {
@@ -335,6 +572,7 @@ fn apply_step(
             let spec = value
                 .as_table()
                 .ok_or_else(|| field_error(op, "expected { name = .., expr = .. }"))?;
+            refuse_unknown_keys(spec, &WITH_COLUMN_KEYS, op, "with_column")?;
             let name = spec
                 .get("name")
                 .and_then(|v| v.as_str())
@@ -423,6 +661,16 @@ fn apply_step(
             let spec = value.as_table().ok_or_else(|| {
                 field_error(op, "expected { udf = .., version = .., args = { .. } }")
             })?;
+            if op == "map_batches" && spec.get("udf").is_none() {
+                // Neither `udf` nor `command`: one of them may be misspelled.
+                let either: Vec<&str> = UDF_CALL_KEYS
+                    .iter()
+                    .chain(&PROCESS_UDF_KEYS)
+                    .copied()
+                    .collect();
+                refuse_unknown_keys(spec, &either, op, "map_batches")?;
+            }
+            refuse_unknown_keys(spec, &UDF_CALL_KEYS, op, &format!("a {op} UDF call"))?;
             let name = spec
                 .get("udf")
                 .and_then(|v| v.as_str())
@@ -460,17 +708,7 @@ fn apply_step(
 /// A `map_batches = { command = .., .. }` step: a process UDF.
 fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, FieldError> {
     let field = |name: &str| format!("map_batches.{name}");
-    for key in spec.keys() {
-        if !PROCESS_UDF_KEYS.contains(&key.as_str()) {
-            return Err(field_error(
-                &field(key),
-                format!(
-                    "unknown field (expected one of {})",
-                    PROCESS_UDF_KEYS.join(", ")
-                ),
-            ));
-        }
-    }
+    refuse_unknown_keys(spec, &PROCESS_UDF_KEYS, "map_batches", "a process UDF")?;
     let command = spec
         .get("command")
         .and_then(|v| v.as_str())
@@ -586,12 +824,15 @@ fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
     })
 }
 
+/// The kinds of sink.
+const SINKS: [Kind; 3] = [kind("write_parquet"), kind("write_csv"), kind("write_json")];
+
 fn apply_sink(
     dataset: Dataset,
     table: &toml::Table,
     policy: &PathPolicy,
 ) -> Result<Dataset, FieldError> {
-    let (kind, value) = only_one(table, &["write_parquet", "write_csv", "write_json"])?;
+    let (kind, value) = kind_of(table, &SINKS, "sink")?;
     let directory = value
         .as_str()
         .ok_or_else(|| field_error(kind, "expected a directory"))?;
@@ -605,34 +846,28 @@ fn apply_sink(
     .map_err(|error| field_error(kind, error))
 }
 
+/// The keys of `[options]`.
+const OPTION_KEYS: [&str; 2] = ["cache", "retries"];
+
 fn job_options(table: &toml::Table) -> Result<JobOptions, FieldError> {
+    refuse_unknown_keys(table, &OPTION_KEYS, "", "[options]")?;
     let mut options = JobOptions::default();
-    for (key, value) in table {
-        match key.as_str() {
-            "cache" => {
-                options.cache = match value.as_str() {
-                    Some("reuse") => CacheMode::Reuse,
-                    Some("recompute") => CacheMode::Recompute,
-                    Some("none") => CacheMode::NoCache,
-                    _ => {
-                        return Err(field_error(
-                            key,
-                            "expected \"reuse\", \"recompute\" or \"none\"",
-                        ));
-                    }
-                }
-            }
-            "retries" => {
-                options.max_task_retries = u32::try_from(integer(key, value)?)
-                    .map_err(|_| field_error(key, "too many retries"))?;
-            }
-            other => {
+    if let Some(value) = table.get("cache") {
+        options.cache = match value.as_str() {
+            Some("reuse") => CacheMode::Reuse,
+            Some("recompute") => CacheMode::Recompute,
+            Some("none") => CacheMode::NoCache,
+            _ => {
                 return Err(field_error(
-                    other,
-                    "unknown option (expected cache or retries)",
+                    "cache",
+                    "expected \"reuse\", \"recompute\" or \"none\"",
                 ));
             }
         }
+    }
+    if let Some(value) = table.get("retries") {
+        options.max_task_retries = u32::try_from(integer("retries", value)?)
+            .map_err(|_| field_error("retries", "too many retries"))?;
     }
     Ok(options)
 }
@@ -755,10 +990,9 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
     Ok(tokens)
 }
 
-/// The most tokens one expression may have. Long chains (`a + b + …`) build deep trees that
-/// later passes walk recursively, so the length is bounded as well as the nesting.
-/// Together with the plan's depth it stays inside what a node will decode
-/// (`floe_core::wire::nesting::MAX_DECODE_NESTING`).
+/// The most tokens one expression may have. Long chains (`a + b + …`) build deep trees, so
+/// the length is bounded as well as the nesting, before any tree is built; the plan then
+/// refuses an expression deeper than `floe_core::plan::MAX_EXPR_DEPTH`.
 const MAX_EXPR_TOKENS: usize = 200;
 /// The deepest nesting of parentheses, calls, `not` and unary minus.
 const MAX_EXPR_NESTING: usize = 64;

@@ -90,7 +90,7 @@ fn errors_name_the_file_line_and_field() {
         (
             "[source]\nrange = 10\n[[steps]]\nexplode = 1\n",
             "job.toml:3: steps[0].explode",
-            "expected one of",
+            "unknown step `explode`; a step is one of `filter`",
         ),
         (
             "[source]\nrange = -1\n",
@@ -271,4 +271,217 @@ fn paths_outside_the_allowed_roots_are_refused_before_anything_is_opened() {
             "{error}"
         );
     }
+}
+
+/// Parses `text` as the job file `file`, expecting an error; returns its text.
+fn refusal(file: &str, text: &str) -> String {
+    match parse_job_file(file, text, builtins()) {
+        Ok(_) => panic!("{file} was accepted:\n{text}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[test]
+fn unknown_keys_are_refused_everywhere_with_the_nearest_known_key() {
+    let range = "[source]\nrange = 10\n";
+    // (the file's text, where the error points, what it must say)
+    let cases = [
+        // The issue's cases: each ran a silently different job.
+        (
+            format!("{range}[[steps]]\ngroupby = [\"id\"]\naggs = [\"count(*)\"]\n"),
+            "/srv/jobs/daily.toml:3: steps[0].aggs: ",
+            "unknown key `aggs` in a groupby step (did you mean `agg`?); \
+             a groupby step takes `groupby`, `agg`",
+        ),
+        (
+            format!("{range}[[steps]]\nrepartition = 8\nkey = [\"id\"]\n"),
+            "/srv/jobs/daily.toml:3: steps[0].key: ",
+            "unknown key `key` in a repartition step (did you mean `keys`?)",
+        ),
+        (
+            format!(
+                "{range}[[steps]]\nwith_column = {{ name = \"x\", expr = \"id\", typ = \"int\" }}\n"
+            ),
+            "/srv/jobs/daily.toml:3: steps[0].with_column.typ: ",
+            "unknown key `typ` in with_column; it takes `name`, `expr`",
+        ),
+        (
+            format!("{range}[[steps]]\nwith_column = {{ name = \"x\", exp = \"id\" }}\n"),
+            "steps[0].with_column.exp: ",
+            "(did you mean `expr`?)",
+        ),
+        // A misspelled step name is reported as such, not against another key.
+        (
+            format!("{range}[[steps]]\ngropuby = [\"id\"]\nagg = [\"count(*)\"]\n"),
+            "/srv/jobs/daily.toml:3: steps[0].gropuby: ",
+            "unknown step `gropuby` (did you mean `groupby`?); a step is one of `filter`",
+        ),
+        (
+            format!("{range}[[steps]]\nagg = [\"count(*)\"]\n"),
+            "steps[0].agg: ",
+            "`agg` belongs to a groupby step, but this table names no step",
+        ),
+        (
+            format!("{range}[[steps]]\n[[steps]]\nlimit = 1\n"),
+            "/srv/jobs/daily.toml:3: steps[0]: ",
+            "an empty step",
+        ),
+        (
+            format!("{range}[[steps]]\nfilter = \"id > 1\"\nagg = [\"count(*)\"]\n"),
+            "steps[0].agg: ",
+            "a filter step takes `filter` (`agg` belongs to a groupby step)",
+        ),
+        (
+            format!("{range}[[steps]]\nfilter = \"id > 1\"\nlimit = 3\n"),
+            "steps[0].limit: ",
+            "`filter` and `limit` cannot be in one step",
+        ),
+        // Registered and process UDFs.
+        (
+            format!("{range}[[steps]]\nmap_batches = {{ udf = \"x\", version = 1, arg = {{}} }}\n"),
+            "steps[0].map_batches.arg: ",
+            "unknown key `arg` in a map_batches UDF call (did you mean `args`?)",
+        ),
+        (
+            format!("{range}[[steps]]\nmap_batches = {{ comand = \"python3\" }}\n"),
+            "steps[0].map_batches.comand: ",
+            "(did you mean `command`?)",
+        ),
+        (
+            format!("{range}[[steps]]\nmap_batches = {{ command = \"python3\", timeout = 5 }}\n"),
+            "steps[0].map_batches.timeout: ",
+            "unknown key `timeout` in a process UDF (did you mean `timeout_s`?)",
+        ),
+        // Source, sink, options and the file's own tables.
+        (
+            format!("{range}header = true\n"),
+            "/srv/jobs/daily.toml:1: source.header: ",
+            "unknown key `header` in a range source; a range source takes `range`",
+        ),
+        (
+            "[source]\nrnage = 10\n".to_owned(),
+            "source.rnage: ",
+            "unknown source `rnage` (did you mean `range`?)",
+        ),
+        (
+            format!("{range}[sink]\nwrite_parquet = \"/tmp/out\"\nmode = \"overwrite\"\n"),
+            "sink.mode: ",
+            "unknown key `mode` in a write_parquet sink",
+        ),
+        (
+            format!("{range}[sink]\nwrite_parket = \"/tmp/out\"\n"),
+            "sink.write_parket: ",
+            "unknown sink `write_parket` (did you mean `write_parquet`?)",
+        ),
+        (
+            format!("{range}[options]\nretires = 2\n"),
+            "/srv/jobs/daily.toml:3: options.retires: ",
+            "unknown key `retires` in [options] (did you mean `retries`?); it takes `cache`, `retries`",
+        ),
+        (
+            format!("{range}[step]\nfilter = \"id > 1\"\n"),
+            "/srv/jobs/daily.toml:3: step: ",
+            "unknown table `step` (did you mean `steps`?); a job file has source, steps, sink, options",
+        ),
+        // No suggestion when nothing is close.
+        (
+            format!("{range}[[steps]]\nsort = [\"id\"]\nfrobnicate = true\n"),
+            "steps[0].frobnicate: ",
+            "unknown key `frobnicate` in a sort step; a sort step takes `sort`",
+        ),
+    ];
+    for (text, location, message) in cases {
+        let error = refusal("/srv/jobs/daily.toml", &text);
+        assert!(error.starts_with("/srv/jobs/daily.toml:"), "{error}");
+        assert!(
+            error.contains(location),
+            "{error:?} should contain {location:?}"
+        );
+        assert!(
+            error.contains(message),
+            "{error:?} should contain {message:?}"
+        );
+        if !message.contains("did you mean") {
+            assert!(!error.contains("did you mean"), "{error}");
+        }
+    }
+}
+
+#[test]
+fn the_keys_each_step_takes_are_accepted() {
+    let file = r#"
+[source]
+range = 100
+
+[[steps]]
+with_column = { name = "g", expr = "id % 4" }
+
+[[steps]]
+repartition = 3
+keys = ["g"]
+
+[[steps]]
+groupby = ["g"]
+agg = ["count(*) as n"]
+
+[options]
+cache = "none"
+retries = 1
+"#;
+    let parsed = parse_job_file("job.toml", file, builtins()).unwrap();
+    let built = Dataset::range(100)
+        .unwrap()
+        .with_column("g", col("id") % lit(4i64))
+        .unwrap()
+        .repartition_by(3, &["g"])
+        .unwrap()
+        .groupby(&["g"])
+        .agg(vec![floe_client::Aggregation::count_rows("n")])
+        .unwrap();
+    assert_eq!(parsed.dataset.fingerprint(), built.fingerprint());
+}
+
+#[test]
+fn a_file_that_cannot_be_read_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    // A real Parquet file, written by the local executor.
+    let out = dir.path().join("parquet");
+    Dataset::range(50)
+        .unwrap()
+        .write_parquet(&out, floe_client::WriteOptions::default())
+        .unwrap()
+        .execute_locally()
+        .unwrap();
+    let parquet = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "parquet"))
+        .unwrap();
+    let good_csv = dir.path().join("good.csv");
+    std::fs::write(&good_csv, "id\n1\n").unwrap();
+    let named = |paths: &[&std::path::Path]| -> String {
+        let list: Vec<String> = paths
+            .iter()
+            .map(|p| format!("{:?}", p.to_str().unwrap()))
+            .collect();
+        refusal(
+            "job.toml",
+            &format!("[source]\nread_csv = [{}]\n", list.join(", ")),
+        )
+    };
+    for error in [named(&[&parquet]), named(&[&good_csv, &parquet])] {
+        assert!(
+            error.starts_with("job.toml:1: source.read_csv: "),
+            "{error}"
+        );
+        assert!(
+            error.contains(&format!("{}: ", parquet.display())),
+            "the error should name {}: {error}",
+            parquet.display()
+        );
+    }
+    // A directory read as CSV: the glob's files are named.
+    let glob = out.join("*");
+    let error = named(&[&glob]);
+    assert!(error.contains(&parquet.display().to_string()), "{error}");
 }

@@ -218,7 +218,7 @@ fn not_chain_bytes(depth: usize) -> Vec<u8> {
 fn deeply_nested_plans_and_expressions_are_refused_not_overflowed() {
     use floe_core::expr::Expr;
     use floe_core::job::{JobOptions, JobSpec};
-    use floe_core::plan::{LogicalPlan, Operator};
+    use floe_core::plan::{LogicalPlan, MAX_PLAN_DEPTH, Operator};
     use floe_core::wire::codec;
     use floe_core::wire::nesting::MAX_DECODE_NESTING;
 
@@ -229,15 +229,16 @@ fn deeply_nested_plans_and_expressions_are_refused_not_overflowed() {
     let shallow = codec::decode::<Expr>(&not_chain_bytes(depth), "expression").unwrap();
     assert_eq!(shallow.to_string().matches("not(").count(), depth);
 
-    // A plan nested past the bound: a limit on a limit on … on a range.
+    // A plan that deep cannot even be built (`plan_depth.rs` sends the bytes of one).
     let mut plan = LogicalPlan::new(Operator::Range { n: 10 }, vec![]).unwrap();
-    for _ in 0..MAX_DECODE_NESTING + 10 {
+    for _ in 1..MAX_PLAN_DEPTH {
         plan = LogicalPlan::new(Operator::Limit { n: 5 }, vec![plan]).unwrap();
     }
     let spec = JobSpec {
-        plan,
+        plan: plan.clone(),
         options: JobOptions::default(),
     };
-    let error = JobSpec::decode(&spec.encode().unwrap()).unwrap_err();
-    assert!(error.to_string().contains("levels deep"), "{error}");
+    assert!(JobSpec::decode(&spec.encode().unwrap()).is_ok());
+    let error = LogicalPlan::new(Operator::Limit { n: 5 }, vec![plan]).unwrap_err();
+    assert!(error.to_string().contains("steps deep"), "{error}");
 }

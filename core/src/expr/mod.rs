@@ -450,6 +450,47 @@ impl Expr {
         self.string(StringFunction::RegexMatch(pattern.into()))
     }
 
+    /// How many levels the expression nests, counted as the wire decoder counts them: a column
+    /// or a literal is 0, any other node one more than its deepest argument. A plan refuses
+    /// an expression deeper than [`crate::plan::MAX_EXPR_DEPTH`]; this walk uses no recursion,
+    /// so measuring any expression is safe.
+    pub fn depth(&self) -> u32 {
+        let mut deepest = 0;
+        let mut pending = vec![(self, 0u32)];
+        while let Some((expr, depth)) = pending.pop() {
+            let children = expr.arguments();
+            // A node with arguments, even an empty list of them (`coalesce()`), decodes them
+            // one level deeper.
+            let own = match expr {
+                Expr::Column(_) | Expr::Literal(_) => depth,
+                _ => depth + 1,
+            };
+            deepest = deepest.max(own);
+            pending.extend(children.into_iter().map(|child| (child, depth + 1)));
+        }
+        deepest
+    }
+
+    /// The expressions this one applies to, in order.
+    fn arguments(&self) -> Vec<&Expr> {
+        match self {
+            Expr::Column(_) | Expr::Literal(_) => Vec::new(),
+            Expr::Binary { left, right, .. } => vec![&**left, &**right],
+            Expr::Not(inner)
+            | Expr::Negate(inner)
+            | Expr::IsNull(inner)
+            | Expr::IsNotNull(inner)
+            | Expr::Cast { expr: inner, .. }
+            | Expr::String { expr: inner, .. } => vec![&**inner],
+            Expr::Coalesce(items) | Expr::Hash(items) => items.iter().collect(),
+            Expr::IfThenElse {
+                condition,
+                then,
+                otherwise,
+            } => vec![&**condition, &**then, &**otherwise],
+        }
+    }
+
     /// Every column name the expression reads, in first-use order, without repeats.
     pub fn columns(&self) -> Vec<&str> {
         let mut names = Vec::new();

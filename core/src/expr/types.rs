@@ -84,169 +84,202 @@ pub(super) fn infer(
     schema: &Schema,
     operator: &str,
 ) -> Result<(DataType, bool), PlanError> {
-    let infer_in = |inner: &Expr| infer(inner, schema, operator);
-    match expr {
-        Expr::Column(name) => match schema.column_with_name(name) {
+    Inference { schema, operator }.infer(expr)
+}
+
+/// Type inference over one schema for one operator's errors. Each kind of expression has its
+/// own method, so the recursion carries only that kind's locals on the stack: a debug build's
+/// frame of one function holding every arm's locals would be many times larger.
+struct Inference<'a> {
+    schema: &'a Schema,
+    operator: &'a str,
+}
+
+impl Inference<'_> {
+    fn infer(&self, expr: &Expr) -> Result<(DataType, bool), PlanError> {
+        match expr {
+            Expr::Column(name) => self.column(name),
+            Expr::Literal(value) => {
+                let data_type = value.data_type();
+                let nullable = data_type == DataType::Null;
+                Ok((data_type, nullable))
+            }
+            Expr::Binary { op, left, right } => self.binary(expr, *op, left, right),
+            Expr::Not(inner) => self.not(inner),
+            Expr::Negate(inner) => self.negate(inner),
+            Expr::IsNull(inner) | Expr::IsNotNull(inner) => {
+                self.infer(inner)?;
+                Ok((DataType::Boolean, false))
+            }
+            Expr::Coalesce(items) => self.coalesce(items),
+            Expr::Cast { expr: inner, to } => self.cast(inner, to),
+            Expr::String {
+                function,
+                expr: inner,
+            } => self.string(function, inner),
+            Expr::Hash(items) => self.hash(items),
+            Expr::IfThenElse {
+                condition,
+                then,
+                otherwise,
+            } => self.if_then_else(condition, then, otherwise),
+        }
+    }
+
+    fn mismatch(&self, expr: &Expr, expected: &str, actual: &DataType) -> PlanError {
+        mismatch(self.operator, expr, expected, actual)
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> PlanError {
+        PlanError::InvalidArgument {
+            operator: self.operator.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    fn column(&self, name: &str) -> Result<(DataType, bool), PlanError> {
+        match self.schema.column_with_name(name) {
             Some((_, field)) => Ok((field.data_type().clone(), field.is_nullable())),
-            None => Err(PlanError::unknown_column(operator, name, schema)),
-        },
-        Expr::Literal(value) => {
-            let data_type = value.data_type();
-            let nullable = data_type == DataType::Null;
-            Ok((data_type, nullable))
+            None => Err(PlanError::unknown_column(self.operator, name, self.schema)),
         }
-        Expr::Binary { op, left, right } => {
-            let (left_type, left_null) = infer_in(left)?;
-            let (right_type, right_null) = infer_in(right)?;
-            let operands = || format!("{} and {}", type_name(&left_type), type_name(&right_type));
-            let binary_mismatch = |expected: &str| PlanError::OperandMismatch {
-                operator: operator.to_owned(),
-                expr: expr.to_string(),
-                op: op.symbol().to_owned(),
-                expected: expected.to_owned(),
-                operands: operands(),
-            };
-            if op.is_arithmetic() {
-                let result = arithmetic_type(&left_type, &right_type)
-                    .ok_or_else(|| binary_mismatch("numeric operands"))?;
-                // Overflow and division by zero give null, so arithmetic is always nullable.
-                Ok((result, true))
-            } else if op.is_comparison() {
-                let comparable = common_type(&left_type, &right_type)
-                    .filter(is_orderable)
-                    .is_some();
-                if !comparable {
-                    return Err(binary_mismatch("operands of one comparable type"));
-                }
-                Ok((DataType::Boolean, left_null || right_null))
-            } else {
-                let boolean = |t: &DataType| matches!(t, DataType::Boolean | DataType::Null);
-                if !boolean(&left_type) || !boolean(&right_type) {
-                    return Err(binary_mismatch("Boolean operands"));
-                }
-                Ok((DataType::Boolean, left_null || right_null))
-            }
-        }
-        Expr::Not(inner) => {
-            let (data_type, nullable) = infer_in(inner)?;
-            if !matches!(data_type, DataType::Boolean | DataType::Null) {
-                return Err(mismatch(operator, inner, "Boolean for not", &data_type));
-            }
-            Ok((DataType::Boolean, nullable))
-        }
-        Expr::Negate(inner) => {
-            let (data_type, _) = infer_in(inner)?;
-            if data_type.is_unsigned_integer() || arithmetic_type(&data_type, &data_type).is_none()
-            {
-                return Err(mismatch(
-                    operator,
-                    inner,
-                    "a signed numeric type for negation",
-                    &data_type,
-                ));
-            }
-            let result = arithmetic_type(&data_type, &DataType::Int64).unwrap_or(DataType::Int64);
+    }
+
+    fn binary(
+        &self,
+        expr: &Expr,
+        op: super::BinaryOp,
+        left: &Expr,
+        right: &Expr,
+    ) -> Result<(DataType, bool), PlanError> {
+        let (left_type, left_null) = self.infer(left)?;
+        let (right_type, right_null) = self.infer(right)?;
+        let binary_mismatch = |expected: &str| PlanError::OperandMismatch {
+            operator: self.operator.to_owned(),
+            expr: expr.to_string(),
+            op: op.symbol().to_owned(),
+            expected: expected.to_owned(),
+            operands: format!("{} and {}", type_name(&left_type), type_name(&right_type)),
+        };
+        if op.is_arithmetic() {
+            let result = arithmetic_type(&left_type, &right_type)
+                .ok_or_else(|| binary_mismatch("numeric operands"))?;
+            // Overflow and division by zero give null, so arithmetic is always nullable.
             Ok((result, true))
+        } else if op.is_comparison() {
+            let comparable = common_type(&left_type, &right_type)
+                .filter(is_orderable)
+                .is_some();
+            if !comparable {
+                return Err(binary_mismatch("operands of one comparable type"));
+            }
+            Ok((DataType::Boolean, left_null || right_null))
+        } else {
+            let boolean = |t: &DataType| matches!(t, DataType::Boolean | DataType::Null);
+            if !boolean(&left_type) || !boolean(&right_type) {
+                return Err(binary_mismatch("Boolean operands"));
+            }
+            Ok((DataType::Boolean, left_null || right_null))
         }
-        Expr::IsNull(inner) | Expr::IsNotNull(inner) => {
-            infer_in(inner)?;
-            Ok((DataType::Boolean, false))
+    }
+
+    fn not(&self, inner: &Expr) -> Result<(DataType, bool), PlanError> {
+        let (data_type, nullable) = self.infer(inner)?;
+        if !matches!(data_type, DataType::Boolean | DataType::Null) {
+            return Err(self.mismatch(inner, "Boolean for not", &data_type));
         }
-        Expr::Coalesce(items) => {
-            let Some(first) = items.first() else {
-                return Err(PlanError::InvalidArgument {
-                    operator: operator.to_owned(),
-                    message: "coalesce needs at least one argument".to_owned(),
-                });
-            };
-            let (mut data_type, mut nullable) = infer_in(first)?;
-            for item in &items[1..] {
-                let (item_type, item_null) = infer_in(item)?;
-                data_type = common_type(&data_type, &item_type).ok_or_else(|| {
-                    mismatch(
-                        operator,
-                        item,
-                        &format!("a type compatible with {}", type_name(&data_type)),
-                        &item_type,
-                    )
-                })?;
-                // Non-null as soon as one argument can never be null.
-                nullable &= item_null;
-            }
-            Ok((data_type, nullable))
+        Ok((DataType::Boolean, nullable))
+    }
+
+    fn negate(&self, inner: &Expr) -> Result<(DataType, bool), PlanError> {
+        let (data_type, _) = self.infer(inner)?;
+        if data_type.is_unsigned_integer() || arithmetic_type(&data_type, &data_type).is_none() {
+            return Err(self.mismatch(inner, "a signed numeric type for negation", &data_type));
         }
-        Expr::Cast { expr: inner, to } => {
-            let (from, _) = infer_in(inner)?;
-            if !castable(&from) || !castable(to) {
-                return Err(PlanError::UnsupportedCast {
-                    operator: operator.to_owned(),
-                    expr: inner.to_string(),
-                    from: from.to_string(),
-                    to: to.to_string(),
-                });
-            }
-            // A value that does not fit the target becomes null.
-            Ok((to.clone(), true))
-        }
-        Expr::String {
-            function,
-            expr: inner,
-        } => {
-            let (data_type, nullable) = infer_in(inner)?;
-            if !is_string(&data_type) && data_type != DataType::Null {
-                return Err(mismatch(
-                    operator,
-                    inner,
-                    &format!("Utf8 for {}", function.name()),
-                    &data_type,
-                ));
-            }
-            if let super::StringFunction::RegexMatch(pattern) = function {
-                regex::Regex::new(pattern).map_err(|error| PlanError::InvalidArgument {
-                    operator: operator.to_owned(),
-                    message: format!("invalid regular expression {pattern:?}: {error}"),
-                })?;
-            }
-            Ok((function.output_type(), nullable))
-        }
-        Expr::Hash(items) => {
-            if items.is_empty() {
-                return Err(PlanError::InvalidArgument {
-                    operator: operator.to_owned(),
-                    message: "hash needs at least one argument".to_owned(),
-                });
-            }
-            for item in items {
-                infer_in(item)?;
-            }
-            Ok((DataType::UInt64, false))
-        }
-        Expr::IfThenElse {
-            condition,
-            then,
-            otherwise,
-        } => {
-            let (condition_type, _) = infer_in(condition)?;
-            if !matches!(condition_type, DataType::Boolean | DataType::Null) {
-                return Err(mismatch(
-                    operator,
-                    condition,
-                    "Boolean for the if condition",
-                    &condition_type,
-                ));
-            }
-            let (then_type, then_null) = infer_in(then)?;
-            let (else_type, else_null) = infer_in(otherwise)?;
-            let data_type = common_type(&then_type, &else_type).ok_or_else(|| {
-                mismatch(
-                    operator,
-                    otherwise,
-                    &format!("the then-branch's type {}", type_name(&then_type)),
-                    &else_type,
+        let result = arithmetic_type(&data_type, &DataType::Int64).unwrap_or(DataType::Int64);
+        Ok((result, true))
+    }
+
+    fn coalesce(&self, items: &[Expr]) -> Result<(DataType, bool), PlanError> {
+        let Some(first) = items.first() else {
+            return Err(self.invalid("coalesce needs at least one argument"));
+        };
+        let (mut data_type, mut nullable) = self.infer(first)?;
+        for item in &items[1..] {
+            let (item_type, item_null) = self.infer(item)?;
+            data_type = common_type(&data_type, &item_type).ok_or_else(|| {
+                self.mismatch(
+                    item,
+                    &format!("a type compatible with {}", type_name(&data_type)),
+                    &item_type,
                 )
             })?;
-            Ok((data_type, then_null || else_null))
+            // Non-null as soon as one argument can never be null.
+            nullable &= item_null;
         }
+        Ok((data_type, nullable))
+    }
+
+    fn cast(&self, inner: &Expr, to: &DataType) -> Result<(DataType, bool), PlanError> {
+        let (from, _) = self.infer(inner)?;
+        if !castable(&from) || !castable(to) {
+            return Err(PlanError::UnsupportedCast {
+                operator: self.operator.to_owned(),
+                expr: inner.to_string(),
+                from: from.to_string(),
+                to: to.to_string(),
+            });
+        }
+        // A value that does not fit the target becomes null.
+        Ok((to.clone(), true))
+    }
+
+    fn string(
+        &self,
+        function: &super::StringFunction,
+        inner: &Expr,
+    ) -> Result<(DataType, bool), PlanError> {
+        let (data_type, nullable) = self.infer(inner)?;
+        if !is_string(&data_type) && data_type != DataType::Null {
+            return Err(self.mismatch(inner, &format!("Utf8 for {}", function.name()), &data_type));
+        }
+        if let super::StringFunction::RegexMatch(pattern) = function {
+            regex::Regex::new(pattern).map_err(|error| {
+                self.invalid(format!("invalid regular expression {pattern:?}: {error}"))
+            })?;
+        }
+        Ok((function.output_type(), nullable))
+    }
+
+    fn hash(&self, items: &[Expr]) -> Result<(DataType, bool), PlanError> {
+        if items.is_empty() {
+            return Err(self.invalid("hash needs at least one argument"));
+        }
+        for item in items {
+            self.infer(item)?;
+        }
+        Ok((DataType::UInt64, false))
+    }
+
+    fn if_then_else(
+        &self,
+        condition: &Expr,
+        then: &Expr,
+        otherwise: &Expr,
+    ) -> Result<(DataType, bool), PlanError> {
+        let (condition_type, _) = self.infer(condition)?;
+        if !matches!(condition_type, DataType::Boolean | DataType::Null) {
+            return Err(self.mismatch(condition, "Boolean for the if condition", &condition_type));
+        }
+        let (then_type, then_null) = self.infer(then)?;
+        let (else_type, else_null) = self.infer(otherwise)?;
+        let data_type = common_type(&then_type, &else_type).ok_or_else(|| {
+            self.mismatch(
+                otherwise,
+                &format!("the then-branch's type {}", type_name(&then_type)),
+                &else_type,
+            )
+        })?;
+        Ok((data_type, then_null || else_null))
     }
 }
 

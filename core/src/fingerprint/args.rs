@@ -19,9 +19,10 @@ pub enum ArgValue {
     Float(#[serde(with = "float_bits")] f64),
     Str(String),
     Bytes(Vec<u8>),
-    List(Vec<ArgValue>),
+    // Values nest: each level decodes one deeper, bounded by `wire::nesting`.
+    List(#[serde(deserialize_with = "crate::wire::nesting::nested_vec")] Vec<ArgValue>),
     /// Sorted by key, so construction order never matters.
-    Map(BTreeMap<String, ArgValue>),
+    Map(#[serde(deserialize_with = "crate::wire::nesting::nested_map")] BTreeMap<String, ArgValue>),
     /// Another dataset used as an argument (e.g. the right side of a join, or a lookup table).
     Fingerprint(Fingerprint),
 }

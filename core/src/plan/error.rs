@@ -72,6 +72,27 @@ pub enum PlanError {
         "{operator}: the plan holds a random_shuffle without a seed; resolve seeds at submission"
     )]
     UnresolvedSeed { operator: String },
+    /// Every walk over a plan (validation, optimizer, encoding, display, drop) goes one level
+    /// per step, so a plan's depth is bounded where its nodes are built.
+    #[error(
+        "{operator}: this step would make the plan {depth} steps deep along its longest path; \
+         at most {limit} are allowed (floe_core::plan::MAX_PLAN_DEPTH). Split the job: write \
+         an intermediate result and read it back in a second job"
+    )]
+    PlanTooDeep {
+        operator: String,
+        depth: u32,
+        limit: u32,
+    },
+    #[error(
+        "{operator}: the expression nests {depth} levels deep; at most {limit} are allowed \
+         (floe_core::plan::MAX_EXPR_DEPTH). Split it over several with_column steps"
+    )]
+    ExpressionTooDeep {
+        operator: String,
+        depth: u32,
+        limit: u32,
+    },
     #[error(transparent)]
     Fingerprint(#[from] FingerprintErrorText),
 }

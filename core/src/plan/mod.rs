@@ -13,6 +13,16 @@
 //! Plans go from here to the [`optimizer`] (a list of [`optimizer::Rule`]s rewriting the logical
 //! plan), then to the [`physical`] planner, which cuts the plan into stages (fusing row-wise
 //! operators) that the node's kernels run. [`LogicalPlan::explain`] prints all three.
+//!
+//! # Depth
+//! Every walk over a plan — schema and fingerprint checks, seed resolution, the optimizer's
+//! rules, the physical planner, encoding and decoding, display, and dropping the chain of
+//! nodes — goes one level deeper per step. So a plan's depth is bounded where its nodes are
+//! built: a node more than [`MAX_PLAN_DEPTH`] steps deep, or holding an expression nested
+//! more than [`MAX_EXPR_DEPTH`] levels, is refused by [`LogicalPlan::new`], whether it comes
+//! from the builder, a job file, a REST body or the wire. The wire decoder's bound
+//! ([`crate::wire::nesting::MAX_DECODE_NESTING`]) is the sum of the two, so every plan that
+//! can be built can be decoded.
 
 mod error;
 pub mod operator;
@@ -47,16 +57,42 @@ pub use process::{Concurrency, ProcessUdf};
 pub use schema::{renamed_fields, same_columns};
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
+/// The most operators along any path of a plan, from a source to the output, both included:
+/// a job file's source, its steps and its sink. Deep enough for any pipeline written by hand,
+/// and shallow enough that every recursive pass over a plan stays far inside a thread's stack.
+pub const MAX_PLAN_DEPTH: u32 = 64;
+
+/// The deepest expression one step may hold, as [`Expr::depth`] counts (`a + b` is 1 level,
+/// `(a + b) * c` 2). Expressions are walked recursively like plans.
+pub const MAX_EXPR_DEPTH: u32 = 64;
+
 /// One node of a logical plan and, through its inputs, the whole plan below it.
 #[derive(Clone)]
 pub struct LogicalPlan(Arc<PlanNode>);
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize)]
 struct PlanNode {
     operator: Operator,
     inputs: Vec<LogicalPlan>,
     schema: Schema,
     fingerprint: Fingerprint,
+    /// Operators along the longest path from a source to this node, both included. Not
+    /// encoded: a decoded node is rebuilt by [`LogicalPlan::new`], which computes it.
+    #[serde(skip)]
+    depth: u32,
+}
+
+/// A [`PlanNode`] as it arrives, before it is rebuilt. The boxes decode like their contents
+/// but keep this frame small while the inputs below decode (one frame per step).
+#[derive(Deserialize)]
+struct ReceivedNode {
+    operator: Box<Operator>,
+    inputs: Vec<LogicalPlan>,
+    /// Recomputed, never trusted.
+    #[serde(rename = "schema")]
+    _schema: Box<Schema>,
+    #[serde(rename = "fingerprint")]
+    _fingerprint: Fingerprint,
 }
 
 impl std::fmt::Debug for LogicalPlan {
@@ -76,9 +112,9 @@ impl Serialize for LogicalPlan {
 impl<'de> Deserialize<'de> for LogicalPlan {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let level = crate::wire::nesting::Nested::enter()?;
-        let node = PlanNode::deserialize(deserializer)?;
+        let node = ReceivedNode::deserialize(deserializer)?;
         drop(level);
-        LogicalPlan::new(node.operator, node.inputs).map_err(serde::de::Error::custom)
+        LogicalPlan::new(*node.operator, node.inputs).map_err(serde::de::Error::custom)
     }
 }
 
@@ -90,9 +126,28 @@ impl PartialEq for LogicalPlan {
 }
 
 impl LogicalPlan {
-    /// A node applying `operator` to `inputs`: checks the inputs' schemas, infers the output
-    /// schema and computes the fingerprint.
+    /// A node applying `operator` to `inputs`: checks the plan's depth and the operator's
+    /// expressions against [`MAX_PLAN_DEPTH`] and [`MAX_EXPR_DEPTH`] (before anything walks
+    /// them), the inputs' schemas, infers the output schema and computes the fingerprint.
     pub fn new(operator: Operator, inputs: Vec<LogicalPlan>) -> Result<Self, PlanError> {
+        let depth = 1 + inputs.iter().map(LogicalPlan::depth).max().unwrap_or(0);
+        if depth > MAX_PLAN_DEPTH {
+            return Err(PlanError::PlanTooDeep {
+                operator: schema::label(&operator),
+                depth,
+                limit: MAX_PLAN_DEPTH,
+            });
+        }
+        for expr in operator.expressions() {
+            let expr_depth = expr.depth();
+            if expr_depth > MAX_EXPR_DEPTH {
+                return Err(PlanError::ExpressionTooDeep {
+                    operator: schema::label(&operator),
+                    depth: expr_depth,
+                    limit: MAX_EXPR_DEPTH,
+                });
+            }
+        }
         let input_schemas: Vec<&Schema> = inputs.iter().map(LogicalPlan::schema).collect();
         let schema = schema::output_schema(&operator, &input_schemas)?;
         let fingerprint = match source_description(&operator) {
@@ -123,6 +178,7 @@ impl LogicalPlan {
             inputs,
             schema,
             fingerprint,
+            depth,
         })))
     }
 
@@ -299,6 +355,12 @@ impl LogicalPlan {
         self.0.fingerprint
     }
 
+    /// Operators along the longest path from a source to this node, both included (at most
+    /// [`MAX_PLAN_DEPTH`]).
+    pub fn depth(&self) -> u32 {
+        self.0.depth
+    }
+
     /// The same operator over new inputs (used by optimizer rules).
     pub fn with_inputs(&self, inputs: Vec<LogicalPlan>) -> Result<Self, PlanError> {
         Self::new(self.operator().clone(), inputs)
@@ -340,7 +402,8 @@ impl LogicalPlan {
     }
 
     /// Rewrites the plan bottom-up with `rewrite`, rebuilding (and revalidating) every node
-    /// above a changed one. Shared subplans are rewritten once per path; plans are small.
+    /// above a changed one. It recurses once per step, at most [`MAX_PLAN_DEPTH`] deep.
+    /// Shared subplans are rewritten once per path.
     pub fn transform_up(
         &self,
         rewrite: &impl Fn(LogicalPlan) -> Result<LogicalPlan, PlanError>,

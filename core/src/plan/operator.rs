@@ -368,6 +368,34 @@ impl Operator {
         1
     }
 
+    /// The expressions the operator evaluates; a plan bounds their depth
+    /// ([`super::MAX_EXPR_DEPTH`]). Every variant is listed, so a new operator that holds an
+    /// expression cannot slip past that check.
+    pub fn expressions(&self) -> Vec<&Expr> {
+        match self {
+            Operator::Read(scan) => scan.predicate.iter().collect(),
+            Operator::WithColumn { expr, .. } => vec![expr],
+            Operator::Filter { predicate } => vec![predicate],
+            Operator::Range { .. }
+            | Operator::FromBatches { .. }
+            | Operator::Select { .. }
+            | Operator::Drop { .. }
+            | Operator::Rename { .. }
+            | Operator::Udf { .. }
+            | Operator::ProcessUdf(_)
+            | Operator::Limit { .. }
+            | Operator::Sort { .. }
+            | Operator::Aggregate { .. }
+            | Operator::Repartition { .. }
+            | Operator::RandomShuffle { .. }
+            | Operator::Join { .. }
+            | Operator::Union
+            | Operator::Unique { .. }
+            | Operator::Cache
+            | Operator::Write(_) => Vec::new(),
+        }
+    }
+
     /// Row-wise operators work on each block alone and can be fused into one task.
     pub fn is_row_wise(&self) -> bool {
         matches!(

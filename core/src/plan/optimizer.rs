@@ -11,7 +11,7 @@
 //! [`super::physical::FuseRowOperators`].
 
 use super::operator::{FileScan, Operator};
-use super::{LogicalPlan, PlanError};
+use super::{LogicalPlan, MAX_EXPR_DEPTH, MAX_PLAN_DEPTH, PlanError};
 use crate::expr::Expr;
 
 /// One rewrite of the logical plan.
@@ -26,8 +26,8 @@ pub struct Optimizer {
 }
 
 /// No plan needs more passes than this: each pass moves every operator at least one step, and
-/// pipelines are not this deep. The bound only guards against two rules undoing each other.
-const MAX_PASSES: usize = 32;
+/// no plan has more steps. The bound only guards against two rules undoing each other.
+const MAX_PASSES: u32 = MAX_PLAN_DEPTH;
 
 impl Default for Optimizer {
     fn default() -> Self {
@@ -63,9 +63,12 @@ impl Optimizer {
     }
 }
 
-fn and_all(mut parts: Vec<Expr>) -> Option<Expr> {
-    let first = parts.first().cloned()?;
-    Some(parts.drain(1..).fold(first, Expr::and))
+/// `left and right`, unless that would nest deeper than a plan may hold ([`MAX_EXPR_DEPTH`]):
+/// merging a long chain of filters would build one ever deeper predicate, so past the limit
+/// the filters stay apart.
+fn conjunction(left: &Expr, right: &Expr) -> Option<Expr> {
+    // `and` is one level above its deeper side.
+    (left.depth().max(right.depth()) < MAX_EXPR_DEPTH).then(|| left.clone().and(right.clone()))
 }
 
 /// Moves filters towards the data: merges adjacent filters, swaps a filter below projections,
@@ -89,21 +92,22 @@ impl Rule for PushFilters {
             };
             match child.operator() {
                 Operator::Read(scan) if scan.supports_predicate() && scan.limit.is_none() => {
-                    let predicate = and_all(
-                        scan.predicate
-                            .iter()
-                            .cloned()
-                            .chain([predicate.clone()])
-                            .collect(),
-                    );
-                    LogicalPlan::read(FileScan {
-                        predicate,
-                        ..scan.clone()
-                    })
+                    let merged = match &scan.predicate {
+                        None => Some(predicate.clone()),
+                        Some(pushed) => conjunction(pushed, predicate),
+                    };
+                    match merged {
+                        Some(merged) => LogicalPlan::read(FileScan {
+                            predicate: Some(merged),
+                            ..scan.clone()
+                        }),
+                        None => Ok(node),
+                    }
                 }
-                Operator::Filter { predicate: inner } => {
-                    filter_over(&child.inputs()[0], inner.clone().and(predicate.clone()))
-                }
+                Operator::Filter { predicate: inner } => match conjunction(inner, predicate) {
+                    Some(merged) => filter_over(&child.inputs()[0], merged),
+                    None => Ok(node),
+                },
                 Operator::Select { .. } | Operator::Drop { .. } | Operator::Sort { .. } => {
                     child.with_inputs(vec![filter_over(&child.inputs()[0], predicate.clone())?])
                 }

@@ -3,18 +3,21 @@
 //! Plans and expressions are trees, and serde decodes a tree by recursion: bytes that nest a
 //! million levels deep (a few megabytes, under the frame limit) would exhaust a thread's
 //! stack and abort the process — a scheduler replica parsing a submission, or a node running
-//! a driver. The recursive types count their depth while decoding, in a thread-local
-//! counter (serde passes no context), and refuse to go past [`MAX_DECODE_NESTING`].
+//! a driver. The recursive types (plan nodes, expressions, fingerprint argument values) count
+//! their depth while decoding, in a thread-local counter (serde passes no context), and
+//! refuse to go past [`MAX_DECODE_NESTING`].
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
 /// The deepest nesting of plan nodes and expressions, counted together, that a decoder
-/// accepts. Far deeper than a written plan goes (the job-spec reader allows 64 levels of
-/// parentheses and 200 tokens an expression), and shallow enough that decoding and the
+/// accepts: exactly what a plan may hold ([`crate::plan::MAX_PLAN_DEPTH`] steps, the deepest
+/// with an expression of [`crate::plan::MAX_EXPR_DEPTH`] levels), so every plan that can be
+/// built decodes, and nothing deeper is walked. Shallow enough that decoding and the
 /// recursive passes over the result stay well inside a 2 MiB thread stack.
-pub const MAX_DECODE_NESTING: u32 = 128;
+pub const MAX_DECODE_NESTING: u32 = crate::plan::MAX_PLAN_DEPTH + crate::plan::MAX_EXPR_DEPTH;
 
 thread_local! {
     static NESTING: Cell<u32> = const { Cell::new(0) };
@@ -62,4 +65,14 @@ where
 {
     let _level = Nested::enter()?;
     Vec::<T>::deserialize(deserializer)
+}
+
+/// `deserialize_with` for the entries of a recursive map.
+pub(crate) fn nested_map<'de, D, T>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let _level = Nested::enter()?;
+    BTreeMap::<String, T>::deserialize(deserializer)
 }
