@@ -494,32 +494,10 @@ fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldErro
                 "read_parquet" => FileFormat::Parquet,
                 _ => FileFormat::Json,
             };
-            return Dataset::read(format.clone(), &paths, None)
-                .map_err(|error| field_error(kind, name_the_file(&format, &paths, error)));
+            return Dataset::read(format, &paths, None).map_err(|error| field_error(kind, error));
         }
     };
     built.map_err(|error| field_error(kind, error))
-}
-
-/// The reader names the file in its errors, except when Arrow cannot make sense of a file as
-/// CSV (a Parquet file read as CSV, say): then each file is read alone to find the one.
-fn name_the_file(format: &FileFormat, paths: &[String], error: crate::Error) -> String {
-    use floe_engine::Error as ReadError;
-    if !matches!(
-        error,
-        crate::Error::Source(ReadError::Arrow(_) | ReadError::Parquet(_))
-    ) {
-        return error.to_string();
-    }
-    let files = floe_engine::read::expand_paths(paths).unwrap_or_default();
-    files
-        .iter()
-        .find_map(|file| {
-            floe_engine::read::discover(format.clone(), std::slice::from_ref(file))
-                .err()
-                .map(|alone| format!("{}: {alone}", file.display()))
-        })
-        .unwrap_or_else(|| format!("{}: {error}", paths.join(", ")))
 }
 
 /// The kinds of step, and the keys each takes beside its name.

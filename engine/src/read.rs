@@ -14,6 +14,7 @@ use arrow::array::{Array, ArrayRef, BooleanArray};
 use arrow::compute::kernels::cmp;
 use arrow::compute::{and_kleene, filter_record_batch};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{BinaryOp, Expr, common_type};
 use floe_core::fingerprint::FileStamp;
@@ -192,12 +193,16 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
                 .with_delimiter(options.delimiter);
             let path = first(&paths)?;
             let mut file = File::open(path).map_err(Error::io(path))?;
-            let (schema, _) = format.infer_schema(&mut file, Some(INFER_ROWS))?;
+            let (schema, _) = format
+                .infer_schema(&mut file, Some(INFER_ROWS))
+                .map_err(unreadable_csv(path))?;
             // Types come from the first file, but every header must name the same columns,
             // so a mismatched file fails now rather than halfway through the job.
             for other in &paths[1..] {
                 let mut file = File::open(other).map_err(Error::io(other))?;
-                let (header, _) = format.infer_schema(&mut file, Some(1))?;
+                let (header, _) = format
+                    .infer_schema(&mut file, Some(1))
+                    .map_err(unreadable_csv(other))?;
                 let names = |s: &Schema| -> Vec<String> {
                     s.fields().iter().map(|f| f.name().clone()).collect()
                 };
@@ -558,6 +563,15 @@ fn conjunct_may_match(
     Ok(Some(verdict))
 }
 
+/// Arrow's CSV inference errors say what is wrong but not in which file.
+fn unreadable_csv(path: &Path) -> impl FnOnce(ArrowError) -> Error {
+    let path = path.to_owned();
+    move |error| Error::BadFile {
+        path,
+        message: format!("cannot read it as CSV: {error}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::wildcard_match;
@@ -572,3 +586,4 @@ mod tests {
         assert!(wildcard_match("*", ""));
     }
 }
+
