@@ -29,13 +29,7 @@ fn options(nodes: usize) -> LocalClusterOptions {
 
 /// Runs the CLI against `cluster`.
 fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
-    floe_command(env!("CARGO_BIN_EXE_floe"))
-        .args(args)
-        .arg("--scheduler")
-        .arg(cluster.addresses().join(","))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
-        .output()
-        .unwrap()
+    floe_testkit::process::run_floe_against(env!("CARGO_BIN_EXE_floe"), cluster, args)
 }
 
 fn stdout(output: &Output) -> String {

@@ -6,23 +6,17 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_client::{LocalCluster, LocalClusterOptions};
 use floe_core::plan::MAX_PLAN_DEPTH;
+use floe_testkit::cluster::runtime;
 use floe_testkit::http::{Response, get, http_addr, post_json, request, wait_for};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A job file of `steps` filter steps over a range: about 30 bytes a step.
 fn long_job(steps: usize) -> String {
@@ -50,21 +44,9 @@ fn submit(addr: &str, token: &str, spec: &str) -> Response {
     post_json(addr, "/api/jobs", token, &json!({ "job": spec }))
 }
 
-/// The `floe` binary, without the caller's `FLOE_*` settings.
+/// Runs the CLI against `cluster`.
 fn floe(cluster: &LocalCluster, args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_floe"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("FLOE_") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .args(args)
-        .arg("--scheduler")
-        .arg(cluster.addresses().join(","))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
-        .output()
-        .unwrap()
+    floe_testkit::process::run_floe_against(env!("CARGO_BIN_EXE_floe"), cluster, args)
 }
 
 /// `floe` failed with an error of its own: exit code 1, not a signal (a stack overflow aborts).

@@ -586,4 +586,3 @@ mod tests {
         assert!(wildcard_match("*", ""));
     }
 }
-

@@ -64,3 +64,18 @@ pub fn wait_until_none_mention(text: &str, what: &str, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Runs the `floe` CLI at `binary` with `args` against `cluster`'s schedulers and token.
+pub fn run_floe_against(
+    binary: &str,
+    cluster: &floe_client::LocalCluster,
+    args: &[&str],
+) -> std::process::Output {
+    floe_command(binary)
+        .args(args)
+        .arg("--scheduler")
+        .arg(cluster.addresses().join(","))
+        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .output()
+        .unwrap()
+}
