@@ -30,8 +30,11 @@ use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use self::standing::Standing;
 use crate::storage::LogStore;
 use crate::{Error, Result};
+
+mod standing;
 use floe_api::placement::{
     Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView,
 };
@@ -384,6 +387,8 @@ struct RaftLoop<S: LogStore> {
     peers: BTreeMap<u64, String>,
     config: SchedulerConfig,
     raw: RawNode<S>,
+    /// Whether this replica may vote and campaign (see the `standing` module).
+    standing: Standing,
     state: ClusterState,
     senders: BTreeMap<u64, mpsc::UnboundedSender<Message>>,
     notices: Notices,
@@ -447,6 +452,7 @@ impl<S: LogStore> RaftLoop<S> {
             ..raft::Config::default()
         };
         raft_config.validate()?;
+        let standing = Standing::at_start(config.id, store.lost_tail());
         let raw = RawNode::new(&raft_config, store, &crate::logging::raft_logger(config.id))?;
         let senders = config
             .peers
@@ -473,6 +479,7 @@ impl<S: LogStore> RaftLoop<S> {
             peers: config.peers.clone(),
             config: config.scheduler.clone(),
             raw,
+            standing,
             state,
             senders,
             notices,
@@ -516,9 +523,10 @@ impl<S: LogStore> RaftLoop<S> {
                         }
                     }
                 }
-                _ = tick.tick() => {
+                // A replica out of elections does not let its election timer run.
+                _ = tick.tick() => if self.standing.may_campaign() {
                     self.raw.tick();
-                }
+                },
                 _ = health.tick() => self.check_health(),
             }
             self.issue_reads();
@@ -526,6 +534,9 @@ impl<S: LogStore> RaftLoop<S> {
                 tracing::error!(replica = self.id, %error, "cannot persist the raft log; stopping");
                 return Err(error);
             }
+            let durable_last = self.raw.store().last_index()?;
+            self.standing
+                .settle(self.id, self.raw.raft.raft_log.committed, durable_last);
             if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
@@ -567,8 +578,19 @@ impl<S: LogStore> RaftLoop<S> {
         match input {
             Input::Raft(messages) => {
                 for message in messages {
+                    let last_index = self.raw.raft.raft_log.last_index();
+                    let Some(message) = self.standing.screen(self.id, message, last_index) else {
+                        continue;
+                    };
                     if let Err(error) = self.raw.step(message) {
                         tracing::debug!(replica = self.id, %error, "raft message ignored");
+                    }
+                }
+                let election_timeout = self.config.raft_tick() * self.config.election_ticks;
+                if self.standing.nudge_due(Instant::now(), election_timeout) {
+                    // Forwarded to the leader; an empty entry applies as nothing.
+                    if let Err(error) = self.raw.propose(Vec::new(), Vec::new()) {
+                        tracing::debug!(replica = self.id, %error, "no leader to nudge yet");
                     }
                 }
             }
