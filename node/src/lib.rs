@@ -5,7 +5,9 @@
 //! failovers), sends heartbeats with its resource use, serves the node RPC service
 //! ([`NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
 //! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
-//! leaving, kills its workers and unlinks its shared memory.
+//! leaving, kills its workers and unlinks its shared memory. It holds a lock on its data
+//! directory for its whole life, and at start removes what a killed predecessor on that
+//! directory left behind (`data_dir`).
 
 mod actors;
 mod data_dir;

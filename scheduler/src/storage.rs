@@ -9,7 +9,8 @@
 //! check lets recovery tell a record that was being written when the process died (its header
 //! is intact but its payload is short or fails its checksum, and nothing follows it: the torn
 //! tail is cut off) from damage in the middle of the log (an error: entries that may have been
-//! acknowledged must never silently disappear).
+//! acknowledged must never silently disappear). A cut tail is reported as a [`LostTail`], which
+//! tells the replica whether it provably lost entries it had acknowledged.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
