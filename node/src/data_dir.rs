@@ -195,6 +195,18 @@ mod tests {
         }
     }
 
+    /// A store named `name` with its directories in `dir`.
+    fn store_in(dir: &Path, name: &str) -> StoreConfig {
+        StoreConfig {
+            name: name.into(),
+            capacity: 1 << 20,
+            spill_threshold: 0.8,
+            min_spilling_size: 1 << 20,
+            spill_dir: dir.join("spill"),
+            fallback_dir: dir.join("fallback"),
+        }
+    }
+
     #[test]
     fn records_round_trip_and_bad_ones_are_refused() {
         let record = holder(42);
@@ -216,14 +228,7 @@ mod tests {
     #[test]
     fn a_second_claim_fails_naming_the_directory_and_the_holders_pid() {
         let dir = tempfile::tempdir().unwrap();
-        let store = StoreConfig {
-            name: "unused".into(),
-            capacity: 1 << 20,
-            spill_threshold: 0.8,
-            min_spilling_size: 1 << 20,
-            spill_dir: dir.path().join("spill"),
-            fallback_dir: dir.path().join("fallback"),
-        };
+        let store = store_in(dir.path(), "unused");
         let first = DataDirLock::claim(dir.path(), &holder(std::process::id()), &store).unwrap();
         let error = DataDirLock::claim(dir.path(), &holder(7), &store).unwrap_err();
         let message = error.to_string();
@@ -249,14 +254,7 @@ mod tests {
     #[test]
     fn a_dead_predecessors_socket_and_files_are_removed_and_a_live_pids_are_not() {
         let dir = tempfile::tempdir().unwrap();
-        let store = StoreConfig {
-            name: "ours".into(),
-            capacity: 1 << 20,
-            spill_threshold: 0.8,
-            min_spilling_size: 1 << 20,
-            spill_dir: dir.path().join("spill"),
-            fallback_dir: dir.path().join("fallback"),
-        };
+        let store = store_in(dir.path(), "ours");
         std::fs::create_dir_all(&store.spill_dir).unwrap();
         // A pid that no process has: above the kernel's largest.
         let dead = holder(u32::MAX - 1);

@@ -481,13 +481,19 @@ fn spilling_on_request_frees_memory_in_lru_order(backing: Backing) {
     assert_eq!(pinned.as_bytes(), &contents(id(5), 256 * KIB)[..]);
 }
 
-fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backing) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_in(dir.path(), MIB, 256 * KIB);
+/// What a crashed store of `config`'s name leaves: its segment, a spill file and a fallback
+/// file — next to a file of another store whose name starts with this one's.
+struct Remains {
+    os_id: String,
+    segment: PathBuf,
+    spill: PathBuf,
+    fallback: PathBuf,
+    neighbour: PathBuf,
+}
+
+fn plant_remains(config: &floe_objectstore::StoreConfig) -> Remains {
     std::fs::create_dir_all(&config.spill_dir).unwrap();
     std::fs::create_dir_all(&config.fallback_dir).unwrap();
-    // What a crashed store leaves: its segment, a spill file and a fallback file — next to a
-    // file of another store whose name starts with this one's.
     let os_id = format!("/floe-{}", config.name);
     let mut segment = shared_memory::ShmemConf::new()
         .os_id(&os_id)
@@ -496,19 +502,35 @@ fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backi
         .unwrap();
     segment.set_owner(false);
     drop(segment);
-    let segment_path = std::path::PathBuf::from(format!("/dev/shm{os_id}"));
-    let spill = config
-        .spill_dir
-        .join(format!("{}-000003.spill", config.name));
-    let fallback = config
-        .fallback_dir
-        .join(format!("{}-{}.object", config.name, id(5)));
-    let neighbour = config
-        .spill_dir
-        .join(format!("{}-2-000001.spill", config.name));
-    for path in [&spill, &fallback, &neighbour] {
+    let remains = Remains {
+        segment: PathBuf::from(format!("/dev/shm{os_id}")),
+        os_id,
+        spill: config
+            .spill_dir
+            .join(format!("{}-000003.spill", config.name)),
+        fallback: config
+            .fallback_dir
+            .join(format!("{}-{}.object", config.name, id(5))),
+        neighbour: config
+            .spill_dir
+            .join(format!("{}-2-000001.spill", config.name)),
+    };
+    for path in [&remains.spill, &remains.fallback, &remains.neighbour] {
         std::fs::write(path, b"left over").unwrap();
     }
+    remains
+}
+
+fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path(), MIB, 256 * KIB);
+    let Remains {
+        os_id,
+        segment: segment_path,
+        spill,
+        fallback,
+        neighbour,
+    } = plant_remains(&config);
     let store = ObjectStore::open_with(config, backing).unwrap();
     assert!(!spill.exists() && !fallback.exists());
     assert!(neighbour.exists());
@@ -626,29 +648,13 @@ fn the_files_on_disk_are_exactly_those_of_live_objects(backing: Backing) {
 fn a_dead_stores_segment_and_files_are_removed_by_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let config = config_in(dir.path(), MIB, 256 * KIB);
-    std::fs::create_dir_all(&config.spill_dir).unwrap();
-    std::fs::create_dir_all(&config.fallback_dir).unwrap();
-    let os_id = format!("/floe-{}", config.name);
-    let mut segment = shared_memory::ShmemConf::new()
-        .os_id(&os_id)
-        .size(4096)
-        .create()
-        .unwrap();
-    segment.set_owner(false);
-    drop(segment);
-    let segment_path = PathBuf::from(format!("/dev/shm{os_id}"));
-    let spill = config
-        .spill_dir
-        .join(format!("{}-000007.spill", config.name));
-    let fallback = config
-        .fallback_dir
-        .join(format!("{}-{}.object", config.name, id(5)));
-    let neighbour = config
-        .spill_dir
-        .join(format!("{}-2-000001.spill", config.name));
-    for path in [&spill, &fallback, &neighbour] {
-        std::fs::write(path, b"left over").unwrap();
-    }
+    let Remains {
+        segment: segment_path,
+        spill,
+        fallback,
+        neighbour,
+        ..
+    } = plant_remains(&config);
     let removed: BTreeSet<PathBuf> = ObjectStore::remove_dead_store(&config)
         .unwrap()
         .into_iter()

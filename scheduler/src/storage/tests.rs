@@ -112,6 +112,15 @@ fn wal_len(dir: &Path) -> u64 {
     std::fs::metadata(dir.join(WAL_FILE)).unwrap().len()
 }
 
+/// Cuts the last `bytes` bytes off the WAL in `dir`.
+fn cut_wal(dir: &Path, bytes: u64) {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(dir.join(WAL_FILE))
+        .unwrap();
+    file.set_len(wal_len(dir) - bytes).unwrap();
+}
+
 #[test]
 fn a_torn_last_record_is_cut_off() {
     for cut in [1, 5, HEADER_LEN as u64 + 2] {
@@ -124,12 +133,7 @@ fn a_torn_last_record_is_cut_off() {
             log.persist(&entries(4..=4, 1), None).unwrap();
         }
         let full = wal_len(dir.path());
-        let file = OpenOptions::new()
-            .write(true)
-            .open(dir.path().join(WAL_FILE))
-            .unwrap();
-        file.set_len(full - cut).unwrap();
-        drop(file);
+        cut_wal(dir.path(), cut);
 
         let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
         assert_eq!(all_entries(&log), expected(1..=3, 1), "cut {cut}");
@@ -272,13 +276,7 @@ fn a_cut_tail_under_a_recorded_commit_is_reported_and_the_log_still_starts() {
             .unwrap();
         log.compact(snapshot(30, 2, "state@30")).unwrap();
     }
-    let full = wal_len(dir.path());
-    let file = OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(WAL_FILE))
-        .unwrap();
-    file.set_len(full - 100).unwrap();
-    drop(file);
+    cut_wal(dir.path(), 100);
 
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     let last = log.last_index().unwrap();
