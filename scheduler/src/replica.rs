@@ -7,7 +7,9 @@
 //! Ready in raft-rs's order: send the leader's messages, install a snapshot, append entries
 //! and hard state durably, only then send the messages that required persistence, apply
 //! committed entries, advance. A failed write ends the loop with the error, which
-//! [`Replica::wait`] returns: a replica that cannot persist must not keep voting.
+//! [`Replica::wait`] returns: a replica that cannot persist must not keep voting. A replica
+//! whose log lost entries it had acknowledged stays out of elections until the leader has sent
+//! them again (the `standing` module says why, and how it tells).
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, resource reservations and the
@@ -33,8 +35,6 @@ use tokio::task::JoinHandle;
 use self::standing::Standing;
 use crate::storage::LogStore;
 use crate::{Error, Result};
-
-mod standing;
 use floe_api::placement::{
     Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView,
 };
@@ -43,6 +43,8 @@ use floe_api::scheduler_protocol::{
     SchedulerResponse,
 };
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
+
+mod standing;
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
