@@ -5,9 +5,12 @@
 //! failovers), sends heartbeats with its resource use, serves the node RPC service
 //! ([`NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
 //! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
-//! leaving, kills its workers and unlinks its shared memory.
+//! leaving, kills its workers and unlinks its shared memory. It holds a lock on its data
+//! directory for its whole life, and at start removes what a killed predecessor on that
+//! directory left behind (`data_dir`).
 
 mod actors;
+mod data_dir;
 mod monitor;
 mod pool;
 #[cfg(feature = "test-tasks")]
@@ -37,6 +40,7 @@ use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
+use self::data_dir::{DataDirLock, Holder};
 use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
@@ -77,6 +81,24 @@ pub enum Error {
     Cache(#[from] floe_objectstore::cache::CacheError),
     #[error("scheduler: {0}")]
     Scheduler(#[from] floe_api::Error),
+    #[error(
+        "data directory {} is in use by another floe node ({}); each node needs its own \
+         paths.data_dir",
+        dir.display(),
+        pid.map_or_else(|| "it has not recorded its pid yet".to_owned(), |pid| format!("pid {pid}"))
+    )]
+    DataDirInUse { dir: PathBuf, pid: Option<u32> },
+    #[error("cannot {action} {}: {source}", path.display())]
+    DataDirIo {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} does not hold a node's record ({problem}); remove it if no node uses this directory",
+        path.display()
+    )]
+    BadLockRecord { path: PathBuf, problem: String },
     #[error("cannot read host memory: {0}")]
     HostMemory(String),
     #[error("worker: {0}")]
@@ -523,6 +545,8 @@ pub struct NodeAgent {
     background: Vec<JoinHandle<()>>,
     schedulers: Vec<String>,
     wire: WireConfig,
+    /// Held for the agent's life: no other node may use its data directory meanwhile.
+    data_dir_lock: DataDirLock,
 }
 
 impl NodeAgent {
@@ -532,14 +556,21 @@ impl NodeAgent {
         let wire = WireConfig::from_config(config);
         let pools = MemoryPools::detect(&config.memory)?;
         let pid = std::process::id();
-        // Store names must be unique among live stores on the host; pids are.
-        let store =
-            ObjectStore::open(StoreConfig::for_node(config, &pools, format!("node-{pid}")))?;
         let data_dir = &config.paths.data_dir;
         std::fs::create_dir_all(data_dir).map_err(|source| Error::Io {
             op: "creating the data directory",
             source,
         })?;
+        // Store names must be unique among live stores on the host; pids are.
+        let store_config = StoreConfig::for_node(config, &pools, format!("node-{pid}"));
+        let holder = Holder {
+            pid,
+            store: store_config.name.clone(),
+            socket: format!("node-{pid}.sock"),
+        };
+        // Before anything of this node exists: a second node on the directory stops here.
+        let data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
+        let store = ObjectStore::open(store_config)?;
         let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
         let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
         let workers = match config.node.workers {
@@ -548,7 +579,7 @@ impl NodeAgent {
         };
         let pool = Arc::new(WorkerPool::start(PoolOptions {
             binary: options.worker_binary.clone(),
-            socket: data_dir.join(format!("node-{pid}.sock")),
+            socket: data_dir.join(&holder.socket),
             workers,
             max_frame: wire.max_frame,
         })?);
@@ -648,6 +679,7 @@ impl NodeAgent {
             background,
             schedulers: options.schedulers,
             wire,
+            data_dir_lock,
         })
     }
 
@@ -670,6 +702,7 @@ impl NodeAgent {
             background,
             schedulers,
             wire,
+            data_dir_lock,
         } = self;
         server.shutdown();
         for task in background {
@@ -695,8 +728,10 @@ impl NodeAgent {
                 "the node had not registered yet".into(),
             )),
         };
-        // Dropping the last handle of the store unlinks its segment.
+        // Dropping the last handle of the store unlinks its segment; the directory is free
+        // for another node only after that.
         drop(shared);
+        drop(data_dir_lock);
         let node = told?;
         tracing::info!(%node, "node left the cluster");
         Ok(())

@@ -126,7 +126,7 @@ impl SharedSegment {
                 available,
             });
         }
-        let os_id = format!("/floe-{name}");
+        let os_id = Self::os_id_of_store(name);
         if Self::unlink(&os_id)? {
             tracing::warn!(
                 segment = os_id,
@@ -143,6 +143,19 @@ impl SharedSegment {
                 reason: error.to_string(),
             })?;
         Self::new(shmem, &os_id)
+    }
+
+    /// Unlinks the segment a dead store `name` left, if there is one, and returns where it was.
+    /// Store names are unique among live stores on a host, so the caller must know the store
+    /// is dead.
+    pub fn remove_dead_store(name: &str) -> Result<Option<PathBuf>> {
+        let os_id = Self::os_id_of_store(name);
+        Ok(Self::unlink(&os_id)?.then(|| Self::path_of(&os_id)))
+    }
+
+    /// The segment name of store `name`.
+    fn os_id_of_store(name: &str) -> String {
+        format!("/floe-{name}")
     }
 
     /// Maps an existing segment created by a store, possibly in another process. Readers only
@@ -274,6 +287,11 @@ impl FileMapping {
             path: path.to_owned(),
             map: FileMap::Owned { _map: map },
         })
+    }
+
+    /// The mapped file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Maps a fallback object's file read-only.

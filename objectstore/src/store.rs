@@ -22,8 +22,8 @@
 //! Spilling runs on the thread that needs the memory, without the store's lock held during
 //! disk I/O, so a producer that outruns the disk is slowed down rather than failing.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::alloc::{Allocator, aligned};
-use crate::mapping::{FileMapping, HEADER_LEN, Header, available_space};
+use crate::mapping::{FileMapping, HEADER_LEN, Header, SharedSegment, available_space};
 use crate::pools::MemoryPools;
 use crate::region::{Backing, Region};
 use crate::spill::{SpillSlot, write_spill_file};
@@ -170,17 +170,7 @@ impl ObjectStore {
     /// Opens the store with its memory in `backing`: [`Backing::Heap`] gives a store that
     /// behaves the same in its own process but cannot be read from others.
     pub fn open_with(config: StoreConfig, backing: Backing) -> Result<Self> {
-        let name_ok = !config.name.is_empty()
-            && config.name.len() <= 200
-            && config
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-        if !name_ok {
-            return Err(Error::InvalidStoreName {
-                name: config.name.clone(),
-            });
-        }
+        check_name(&config.name)?;
         let allocator = Allocator::new(config.capacity);
         if allocator.capacity() < HEADER_LEN * 2 {
             return Err(Error::CapacityTooSmall {
@@ -474,50 +464,135 @@ impl ObjectStore {
         let slot = state.objects.get(&object)?.spilled.as_ref()?;
         Some(slot.path().to_owned())
     }
+
+    /// Compares the files named for this store in its spill and fallback directories with the
+    /// files its live objects hold. They are the same unless a file outlived its objects (or
+    /// went missing under them) — or a spill is being written right now, whose file exists
+    /// before any object holds it: audit a store at rest.
+    pub fn audit_files(&self) -> Result<FileAudit> {
+        // Files are removed when their last object goes, which happens under this lock: with
+        // it held, the listing and the objects describe one moment.
+        let state = self.inner.lock();
+        let mut held = BTreeSet::new();
+        for entry in state.objects.values() {
+            if let Some(slot) = &entry.spilled {
+                held.insert(slot.path().to_owned());
+            }
+            if let Some(mapping) = &entry.fallback {
+                held.insert(mapping.path().to_owned());
+            }
+        }
+        let config = &self.inner.config;
+        let on_disk = files_of_store(&config.name, &config.spill_dir, &config.fallback_dir)?;
+        Ok(FileAudit { held, on_disk })
+    }
+
+    /// Removes what a dead store named `config.name` left behind: its shared-memory segment,
+    /// and its spill and fallback files in `config`'s directories (a node restarted after
+    /// SIGKILL cleans up after its predecessor this way). Returns what it removed. Store names
+    /// are unique among live stores on a host, so the caller must know that store is dead.
+    pub fn remove_dead_store(config: &StoreConfig) -> Result<Vec<PathBuf>> {
+        check_name(&config.name)?;
+        let mut removed = remove_leftovers(config)?;
+        removed.extend(SharedSegment::remove_dead_store(&config.name)?);
+        Ok(removed)
+    }
 }
 
-/// Removes the spill and fallback files a previous store of the same name left when its
-/// process died (a shared-memory backing also removes its segment). Store names are unique
-/// among live stores on a host, so anything under this name belongs to a dead one.
-fn remove_leftovers(config: &StoreConfig) -> Result<()> {
-    let prefix = format!("{}-", config.name);
-    let leftovers = [
-        (&config.spill_dir, ".spill"),
-        (&config.fallback_dir, ".object"),
-    ];
-    for (dir, suffix) in leftovers {
-        let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
-            action: "list a directory",
-            path: dir.clone(),
-            source,
-        })?;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(middle) = name
+/// What [`ObjectStore::audit_files`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileAudit {
+    /// Spill and fallback files that the store's live objects hold.
+    pub held: BTreeSet<PathBuf>,
+    /// Files named for the store in its spill and fallback directories.
+    pub on_disk: BTreeSet<PathBuf>,
+}
+
+impl FileAudit {
+    /// Files on disk that no live object holds: space nothing will ever free.
+    pub fn stray(&self) -> Vec<&PathBuf> {
+        self.on_disk.difference(&self.held).collect()
+    }
+
+    /// Files live objects hold that are gone from disk.
+    pub fn missing(&self) -> Vec<&PathBuf> {
+        self.held.difference(&self.on_disk).collect()
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let name_ok = !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if name_ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidStoreName {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// The files of store `name`: `<name>-<number>.spill` in `spill_dir` and
+/// `<name>-<object id>.object` in `fallback_dir`, and not another store's files whose name
+/// merely starts with this one's. A directory that does not exist holds none.
+fn files_of_store(name: &str, spill_dir: &Path, fallback_dir: &Path) -> Result<BTreeSet<PathBuf>> {
+    let prefix = format!("{name}-");
+    let mut files = BTreeSet::new();
+    for (dir, suffix) in [(spill_dir, ".spill"), (fallback_dir, ".object")] {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(Error::Io {
+                    action: "list a directory",
+                    path: dir.to_owned(),
+                    source,
+                });
+            }
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| Error::Io {
+                action: "list a directory",
+                path: dir.to_owned(),
+                source,
+            })?;
+            let file_name = entry.file_name();
+            let Some(middle) = file_name
                 .to_str()
-                .and_then(|name| name.strip_prefix(&prefix))
+                .and_then(|file_name| file_name.strip_prefix(&prefix))
                 .and_then(|rest| rest.strip_suffix(suffix))
             else {
                 continue;
             };
-            // `<name>-<number>.spill` or `<name>-<object id>.object`, and not another store's
-            // files whose name merely starts with this one's.
             let ours = match suffix {
                 ".spill" => !middle.is_empty() && middle.bytes().all(|b| b.is_ascii_digit()),
                 _ => middle.parse::<ObjectId>().is_ok(),
             };
             if ours {
-                let path = entry.path();
-                tracing::warn!(path = %path.display(), "removing a file left by a dead store");
-                std::fs::remove_file(&path).map_err(|source| Error::Io {
-                    action: "remove a leftover file",
-                    path,
-                    source,
-                })?;
+                files.insert(entry.path());
             }
         }
     }
-    Ok(())
+    Ok(files)
+}
+
+/// Removes the spill and fallback files a previous store of the same name left when its
+/// process died, and returns them. Store names are unique among live stores on a host, so
+/// anything under this name belongs to a dead one.
+fn remove_leftovers(config: &StoreConfig) -> Result<Vec<PathBuf>> {
+    let files = files_of_store(&config.name, &config.spill_dir, &config.fallback_dir)?;
+    for path in &files {
+        tracing::warn!(path = %path.display(), "removing a file left by a dead store");
+        std::fs::remove_file(path).map_err(|source| Error::Io {
+            action: "remove a leftover file",
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(files.into_iter().collect())
 }
 
 impl State {

@@ -7,7 +7,8 @@
 #[allow(dead_code)] // each test binary uses a different subset of the helpers
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
@@ -34,6 +35,7 @@ on_every_backing!(
     spilling_on_request_frees_memory_in_lru_order,
     a_store_reopened_under_a_dead_stores_name_clears_its_leftovers,
     a_recorded_checksum_lasts_as_long_as_its_object,
+    the_files_on_disk_are_exactly_those_of_live_objects,
 );
 
 /// As the parent: seal objects (one in shared memory, one in a fallback file, one in a heap
@@ -479,13 +481,19 @@ fn spilling_on_request_frees_memory_in_lru_order(backing: Backing) {
     assert_eq!(pinned.as_bytes(), &contents(id(5), 256 * KIB)[..]);
 }
 
-fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backing) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_in(dir.path(), MIB, 256 * KIB);
+/// What a crashed store of `config`'s name leaves: its segment, a spill file and a fallback
+/// file — next to a file of another store whose name starts with this one's.
+struct Remains {
+    os_id: String,
+    segment: PathBuf,
+    spill: PathBuf,
+    fallback: PathBuf,
+    neighbour: PathBuf,
+}
+
+fn plant_remains(config: &floe_objectstore::StoreConfig) -> Remains {
     std::fs::create_dir_all(&config.spill_dir).unwrap();
     std::fs::create_dir_all(&config.fallback_dir).unwrap();
-    // What a crashed store leaves: its segment, a spill file and a fallback file — next to a
-    // file of another store whose name starts with this one's.
     let os_id = format!("/floe-{}", config.name);
     let mut segment = shared_memory::ShmemConf::new()
         .os_id(&os_id)
@@ -494,19 +502,35 @@ fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backi
         .unwrap();
     segment.set_owner(false);
     drop(segment);
-    let segment_path = std::path::PathBuf::from(format!("/dev/shm{os_id}"));
-    let spill = config
-        .spill_dir
-        .join(format!("{}-000003.spill", config.name));
-    let fallback = config
-        .fallback_dir
-        .join(format!("{}-{}.object", config.name, id(5)));
-    let neighbour = config
-        .spill_dir
-        .join(format!("{}-2-000001.spill", config.name));
-    for path in [&spill, &fallback, &neighbour] {
+    let remains = Remains {
+        segment: PathBuf::from(format!("/dev/shm{os_id}")),
+        os_id,
+        spill: config
+            .spill_dir
+            .join(format!("{}-000003.spill", config.name)),
+        fallback: config
+            .fallback_dir
+            .join(format!("{}-{}.object", config.name, id(5))),
+        neighbour: config
+            .spill_dir
+            .join(format!("{}-2-000001.spill", config.name)),
+    };
+    for path in [&remains.spill, &remains.fallback, &remains.neighbour] {
         std::fs::write(path, b"left over").unwrap();
     }
+    remains
+}
+
+fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path(), MIB, 256 * KIB);
+    let Remains {
+        os_id,
+        segment: segment_path,
+        spill,
+        fallback,
+        neighbour,
+    } = plant_remains(&config);
     let store = ObjectStore::open_with(config, backing).unwrap();
     assert!(!spill.exists() && !fallback.exists());
     assert!(neighbour.exists());
@@ -533,6 +557,126 @@ fn a_store_reopened_under_a_dead_stores_name_clears_its_leftovers(backing: Backi
             assert!(!segment_path.exists());
         }
     }
+}
+
+fn the_files_on_disk_are_exactly_those_of_live_objects(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 2 * MIB, 256 * KIB, backing);
+    let spill_dir = dir.path().join("spill");
+    let fallback_dir = dir.path().join("fallback");
+    let on_disk = || -> BTreeSet<PathBuf> {
+        files_in(&spill_dir)
+            .into_iter()
+            .chain(files_in(&fallback_dir))
+            .collect()
+    };
+    let spill_files_of = |objects: &[ObjectId]| -> BTreeSet<PathBuf> {
+        objects
+            .iter()
+            .filter_map(|&object| store.spill_path(object))
+            .collect()
+    };
+    // 16 objects of 200 KiB in 2 MiB: most are spilled, fused about two to a file.
+    let objects: Vec<ObjectId> = (0..16).map(id).collect();
+    for &object in &objects {
+        store.put(object, &contents(object, 200 * KIB)).unwrap();
+    }
+    // With the last three pinned, a 1.5 MiB object fits nowhere in memory: a fallback file.
+    let pins: Vec<_> = objects[13..]
+        .iter()
+        .map(|&object| store.get(object).unwrap())
+        .collect();
+    let big = id(100);
+    store.put(big, &contents(big, 1536 * KIB)).unwrap();
+    assert_eq!(store.stats().fallback_objects, 1);
+    let fallback = files_in(&fallback_dir);
+    assert_eq!(fallback.len(), 1);
+
+    let audit = store.audit_files().unwrap();
+    let spilled = spill_files_of(&objects);
+    assert!(spilled.len() > 2, "{spilled:?}");
+    let mut expected = spilled.clone();
+    expected.extend(fallback.iter().cloned());
+    assert_eq!(audit.held, expected);
+    assert_eq!(audit.on_disk, on_disk());
+    assert!(
+        audit.stray().is_empty() && audit.missing().is_empty(),
+        "{audit:?}"
+    );
+
+    // Free the older half (the first spilled) and the fallback object: a file goes with its
+    // last object, so what is left on disk is exactly what the survivors hold.
+    let (freed, survivors) = objects.split_at(8);
+    for &object in freed {
+        assert_eq!(store.remove_ref(object).unwrap(), 0);
+    }
+    store.remove_ref(big).unwrap();
+    let audit = store.audit_files().unwrap();
+    assert_eq!(audit.held, spill_files_of(survivors));
+    assert_eq!(audit.on_disk, on_disk());
+    assert!(
+        audit.stray().is_empty() && audit.missing().is_empty(),
+        "{audit:?}"
+    );
+    assert!(
+        audit.on_disk.len() < spilled.len(),
+        "{audit:?} vs {spilled:?}"
+    );
+    assert!(files_in(&fallback_dir).is_empty());
+
+    // A file no object holds is reported, and so is a held file that went missing.
+    let stray = spill_dir.join(format!("{}-999999.spill", store.config().name));
+    std::fs::write(&stray, b"nobody's").unwrap();
+    let gone = audit.held.iter().next().unwrap().clone();
+    std::fs::remove_file(&gone).unwrap();
+    let audit = store.audit_files().unwrap();
+    assert_eq!(audit.stray(), [&stray]);
+    assert_eq!(audit.missing(), [&gone]);
+
+    drop(pins);
+    for &object in survivors {
+        store.remove_ref(object).unwrap();
+    }
+    let audit = store.audit_files().unwrap();
+    assert!(audit.held.is_empty(), "{audit:?}");
+    assert_eq!(audit.on_disk, BTreeSet::from([stray]));
+}
+
+/// What a SIGKILLed node's store leaves — its segment, spill and fallback files — is removed
+/// by name, and nothing of another store's.
+#[test]
+fn a_dead_stores_segment_and_files_are_removed_by_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path(), MIB, 256 * KIB);
+    let Remains {
+        segment: segment_path,
+        spill,
+        fallback,
+        neighbour,
+        ..
+    } = plant_remains(&config);
+    let removed: BTreeSet<PathBuf> = ObjectStore::remove_dead_store(&config)
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        removed,
+        BTreeSet::from([segment_path.clone(), spill.clone(), fallback.clone()])
+    );
+    assert!(!segment_path.exists() && !spill.exists() && !fallback.exists());
+    assert!(neighbour.exists());
+    // Nothing left: nothing removed. Missing directories hold nothing either.
+    assert!(ObjectStore::remove_dead_store(&config).unwrap().is_empty());
+    let elsewhere = config_in(&dir.path().join("never-created"), MIB, KIB);
+    assert!(
+        ObjectStore::remove_dead_store(&elsewhere)
+            .unwrap()
+            .is_empty()
+    );
+    let mut bad = config.clone();
+    bad.name = "../escape".into();
+    let error = ObjectStore::remove_dead_store(&bad).unwrap_err();
+    assert!(matches!(error, Error::InvalidStoreName { .. }), "{error}");
 }
 
 #[test]

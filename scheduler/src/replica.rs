@@ -7,7 +7,9 @@
 //! Ready in raft-rs's order: send the leader's messages, install a snapshot, append entries
 //! and hard state durably, only then send the messages that required persistence, apply
 //! committed entries, advance. A failed write ends the loop with the error, which
-//! [`Replica::wait`] returns: a replica that cannot persist must not keep voting.
+//! [`Replica::wait`] returns: a replica that cannot persist must not keep voting. A replica
+//! whose log lost entries it had acknowledged stays out of elections until the leader has sent
+//! them again (the `standing` module says why, and how it tells).
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, resource reservations and the
@@ -30,6 +32,7 @@ use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use self::standing::Standing;
 use crate::storage::LogStore;
 use crate::{Error, Result};
 use floe_api::placement::{
@@ -40,6 +43,8 @@ use floe_api::scheduler_protocol::{
     SchedulerResponse,
 };
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
+
+mod standing;
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
@@ -384,6 +389,8 @@ struct RaftLoop<S: LogStore> {
     peers: BTreeMap<u64, String>,
     config: SchedulerConfig,
     raw: RawNode<S>,
+    /// Whether this replica may vote and campaign (see the `standing` module).
+    standing: Standing,
     state: ClusterState,
     senders: BTreeMap<u64, mpsc::UnboundedSender<Message>>,
     notices: Notices,
@@ -447,6 +454,7 @@ impl<S: LogStore> RaftLoop<S> {
             ..raft::Config::default()
         };
         raft_config.validate()?;
+        let standing = Standing::at_start(config.id, store.lost_tail());
         let raw = RawNode::new(&raft_config, store, &crate::logging::raft_logger(config.id))?;
         let senders = config
             .peers
@@ -473,6 +481,7 @@ impl<S: LogStore> RaftLoop<S> {
             peers: config.peers.clone(),
             config: config.scheduler.clone(),
             raw,
+            standing,
             state,
             senders,
             notices,
@@ -516,9 +525,10 @@ impl<S: LogStore> RaftLoop<S> {
                         }
                     }
                 }
-                _ = tick.tick() => {
+                // A replica out of elections does not let its election timer run.
+                _ = tick.tick() => if self.standing.may_campaign() {
                     self.raw.tick();
-                }
+                },
                 _ = health.tick() => self.check_health(),
             }
             self.issue_reads();
@@ -526,6 +536,9 @@ impl<S: LogStore> RaftLoop<S> {
                 tracing::error!(replica = self.id, %error, "cannot persist the raft log; stopping");
                 return Err(error);
             }
+            let durable_last = self.raw.store().last_index()?;
+            self.standing
+                .settle(self.id, self.raw.raft.raft_log.committed, durable_last);
             if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
@@ -567,8 +580,19 @@ impl<S: LogStore> RaftLoop<S> {
         match input {
             Input::Raft(messages) => {
                 for message in messages {
+                    let last_index = self.raw.raft.raft_log.last_index();
+                    let Some(message) = self.standing.screen(self.id, message, last_index) else {
+                        continue;
+                    };
                     if let Err(error) = self.raw.step(message) {
                         tracing::debug!(replica = self.id, %error, "raft message ignored");
+                    }
+                }
+                let election_timeout = self.config.raft_tick() * self.config.election_ticks;
+                if self.standing.nudge_due(Instant::now(), election_timeout) {
+                    // Forwarded to the leader; an empty entry applies as nothing.
+                    if let Err(error) = self.raw.propose(Vec::new(), Vec::new()) {
+                        tracing::debug!(replica = self.id, %error, "no leader to nudge yet");
                     }
                 }
             }

@@ -9,7 +9,8 @@
 //! check lets recovery tell a record that was being written when the process died (its header
 //! is intact but its payload is short or fails its checksum, and nothing follows it: the torn
 //! tail is cut off) from damage in the middle of the log (an error: entries that may have been
-//! acknowledged must never silently disappear).
+//! acknowledged must never silently disappear). A cut tail is reported as a [`LostTail`], which
+//! tells the replica whether it provably lost entries it had acknowledged.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -35,6 +36,36 @@ pub trait LogStore: Storage + Send + 'static {
 
     /// The latest snapshot (index 0 when there is none yet).
     fn latest_snapshot(&self) -> &Snapshot;
+
+    /// What was missing from the end of the log when it was opened, if anything.
+    fn lost_tail(&self) -> Option<LostTail>;
+}
+
+/// The end of a log that did not survive until it was opened again: a record cut short (a
+/// crash in the middle of a write, or a disk that lost bytes it had reported written), or
+/// entries gone from under a hard state that says they were committed.
+///
+/// A record cut short by a crash was never acknowledged: votes and acknowledgements are sent
+/// only once their write is durable. Dropping it is safe, and nothing here can tell it apart
+/// from lost durable bytes. What *can* be told is `recorded_commit > last_index`: a hard
+/// state that survived says entries up to `recorded_commit` were committed, and this log
+/// held them — durably, since it recorded their commit — but now ends before them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostTail {
+    /// Bytes cut off the end of the WAL (0 when records are missing whole).
+    pub dropped_bytes: u64,
+    /// The last entry the log still holds.
+    pub last_index: u64,
+    /// The highest commit index the surviving hard states record. The log's commit index
+    /// is lowered to `last_index` when it is higher (raft-rs refuses to start otherwise).
+    pub recorded_commit: u64,
+}
+
+impl LostTail {
+    /// Whether entries this replica held durably, and so may have acknowledged, are gone.
+    pub fn lost_committed_entries(&self) -> bool {
+        self.recorded_commit > self.last_index
+    }
 }
 
 /// The log in memory: a snapshot followed by the entries after it.
@@ -213,6 +244,10 @@ impl LogStore for MemoryLog {
     fn latest_snapshot(&self) -> &Snapshot {
         &self.snapshot
     }
+
+    fn lost_tail(&self) -> Option<LostTail> {
+        None
+    }
 }
 
 const HEADER_LEN: usize = 16;
@@ -332,6 +367,7 @@ pub struct DiskLog {
     dir: PathBuf,
     wal: File,
     buffer: Vec<u8>,
+    lost_tail: Option<LostTail>,
     /// Held while the log is open: two replicas writing one log would corrupt it. The OS
     /// releases it when the process dies, however it dies.
     _lock: File,
@@ -418,22 +454,43 @@ impl DiskLog {
             .append(true)
             .open(&wal_path)
             .map_err(Error::io("opening", &wal_path))?;
-        if records.valid_len < bytes.len() {
+        let dropped_bytes = (bytes.len() - records.valid_len) as u64;
+        if dropped_bytes > 0 {
             tracing::warn!(
                 path = %wal_path.display(),
                 kept = records.valid_len,
-                dropped = bytes.len() - records.valid_len,
+                dropped = dropped_bytes,
                 "cutting off a torn record at the end of the raft log"
             );
             wal.set_len(records.valid_len as u64)
                 .and_then(|()| wal.sync_all())
                 .map_err(Error::io("truncating", &wal_path))?;
         }
+        let last_index = memory.last();
+        let recorded_commit = memory.hard_state.commit;
+        let lost_tail = (dropped_bytes > 0 || recorded_commit > last_index).then_some(LostTail {
+            dropped_bytes,
+            last_index,
+            recorded_commit,
+        });
+        if recorded_commit > last_index {
+            tracing::error!(
+                path = %wal_path.display(),
+                recorded_commit,
+                last_index,
+                "the raft log lost entries its hard state says were committed; its commit \
+                 index is lowered to the last entry it holds"
+            );
+            // Lowering what this replica knows to be committed is safe (the leader tells it
+            // again); what it may have acknowledged is the replica's concern (see LostTail).
+            memory.hard_state.commit = last_index;
+        }
         Ok(Self {
             memory,
             dir: dir.to_owned(),
             wal,
             buffer: Vec::new(),
+            lost_tail,
             _lock: lock,
         })
     }
@@ -549,6 +606,10 @@ impl LogStore for DiskLog {
 
     fn latest_snapshot(&self) -> &Snapshot {
         &self.memory.snapshot
+    }
+
+    fn lost_tail(&self) -> Option<LostTail> {
+        self.lost_tail
     }
 }
 

@@ -410,6 +410,10 @@ impl LogStore for FailingLog {
     fn latest_snapshot(&self) -> &Snapshot {
         self.inner.latest_snapshot()
     }
+
+    fn lost_tail(&self) -> Option<crate::storage::LostTail> {
+        self.inner.lost_tail()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,10 +105,20 @@ fn disk_log_survives_reopen() {
         (2, 3, 4)
     );
     assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(log.lost_tail(), None);
 }
 
 fn wal_len(dir: &Path) -> u64 {
     std::fs::metadata(dir.join(WAL_FILE)).unwrap().len()
+}
+
+/// Cuts the last `bytes` bytes off the WAL in `dir`.
+fn cut_wal(dir: &Path, bytes: u64) {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(dir.join(WAL_FILE))
+        .unwrap();
+    file.set_len(wal_len(dir) - bytes).unwrap();
 }
 
 #[test]
@@ -123,16 +133,17 @@ fn a_torn_last_record_is_cut_off() {
             log.persist(&entries(4..=4, 1), None).unwrap();
         }
         let full = wal_len(dir.path());
-        let file = OpenOptions::new()
-            .write(true)
-            .open(dir.path().join(WAL_FILE))
-            .unwrap();
-        file.set_len(full - cut).unwrap();
-        drop(file);
+        cut_wal(dir.path(), cut);
 
         let mut log = DiskLog::open(dir.path(), vec![1]).unwrap();
         assert_eq!(all_entries(&log), expected(1..=3, 1), "cut {cut}");
         assert_eq!(wal_len(dir.path()), before_last, "the tail is truncated");
+        let lost = log.lost_tail().unwrap();
+        assert_eq!(
+            (lost.dropped_bytes, lost.last_index, lost.recorded_commit),
+            (full - cut - before_last, 3, 0)
+        );
+        assert!(!lost.lost_committed_entries());
         // The log keeps working after the repair.
         log.persist(&entries(4..=5, 1), None).unwrap();
         drop(log);
@@ -251,4 +262,64 @@ fn a_log_is_opened_by_one_replica_at_a_time() {
     ));
     drop(log);
     DiskLog::open(dir.path(), vec![1]).unwrap();
+}
+
+/// The case that crash-looped a replica: after a compaction the WAL starts with the hard state
+/// (commit at the last entry) and the entries follow, so cutting its last 100 bytes leaves a
+/// commit index past the last entry, which raft-rs refuses to start from.
+#[test]
+fn a_cut_tail_under_a_recorded_commit_is_reported_and_the_log_still_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=40, 2), Some(&hard_state(2, 1, 40)))
+            .unwrap();
+        log.compact(snapshot(30, 2, "state@30")).unwrap();
+    }
+    cut_wal(dir.path(), 100);
+
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    let last = log.last_index().unwrap();
+    assert!((31..40).contains(&last), "last entry {last}");
+    assert_eq!(all_entries(&log), expected(31..=last, 2));
+    let lost = log.lost_tail().unwrap();
+    assert_eq!((lost.last_index, lost.recorded_commit), (last, 40));
+    assert!(
+        lost.dropped_bytes > 0 && lost.dropped_bytes < 100,
+        "{lost:?}"
+    );
+    assert!(lost.lost_committed_entries());
+    let state = log.initial_state().unwrap();
+    assert_eq!(
+        (
+            state.hard_state.term,
+            state.hard_state.vote,
+            state.hard_state.commit
+        ),
+        (2, 1, last),
+        "the commit index is lowered to the last entry; term and vote stay"
+    );
+    // raft-rs starts on it (it panics on a commit index past the last entry) and resumes
+    // applying after the snapshot.
+    let config = raft::Config {
+        id: 1,
+        applied: 30,
+        ..raft::Config::default()
+    };
+    let raw = raft::RawNode::new(&config, log, &crate::logging::raft_logger(1)).unwrap();
+    assert_eq!(raw.raft.raft_log.committed, last);
+    assert_eq!(raw.raft.raft_log.last_index(), last);
+    drop(raw);
+
+    // The torn bytes are gone from the file, but the hard state that proves the loss is
+    // not: a replica restarted before catching up is told again.
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(
+        log.lost_tail(),
+        Some(LostTail {
+            dropped_bytes: 0,
+            last_index: last,
+            recorded_commit: 40
+        })
+    );
 }
