@@ -8,12 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus, TaskKind};
+use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind};
 use floe_api::node_protocol::{OutputRef, TaskSpec, TestTask};
 use floe_api::state::{Command, Outcome};
 use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
 use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::WireConfig;
 use floe_core::{SubmissionId, TaskId};
 
 const TOKEN: &str = "recovery-tests";
@@ -60,22 +60,6 @@ fn start_node(dir: &Path, name: &str, schedulers: &LocalSchedulers) -> LocalNode
     .unwrap()
 }
 
-async fn call(addr: &str, request: NodeRequest) -> NodeResponse {
-    RpcClient::<NodeProtocol>::connect(addr, wire(), PeerKind::Client)
-        .await
-        .unwrap()
-        .call(&request)
-        .await
-        .unwrap()
-}
-
-async fn status(addr: &str) -> NodeStatus {
-    match call(addr, NodeRequest::Status).await {
-        NodeResponse::Status(status) => *status,
-        other => panic!("unexpected {other:?}"),
-    }
-}
-
 /// Runs a `Fill` task of `bytes` bytes; its output stays in the node's store.
 async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
     let spec = TaskSpec {
@@ -83,7 +67,7 @@ async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
         kind: TaskKind::Test(TestTask::Fill { bytes, seed: 1 }),
         inputs: Vec::new(),
     };
-    match call(addr, NodeRequest::RunTask(spec)).await {
+    match floe_testkit::node::call(addr, &wire(), &NodeRequest::RunTask(spec)).await {
         NodeResponse::Task(Ok(outputs)) => outputs[0],
         other => panic!("unexpected {other:?}"),
     }
@@ -99,15 +83,6 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
 
 fn log_of(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
-}
-
-/// Whether process `pid` runs (exists and is not a zombie).
-fn is_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-            .is_some_and(|state| state != 'Z')
-    })
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -137,7 +112,9 @@ async fn a_killed_nodes_segment_spill_files_and_socket_are_removed_by_the_next_n
         let output = fill(first.addr(), 100 + task, 8 << 20).await;
         assert_eq!(output.size, 8 << 20);
     }
-    let store = status(first.addr()).await.store;
+    let store = floe_testkit::node::status(first.addr(), &wire())
+        .await
+        .store;
     assert!(store.spilled_objects >= 2, "{store:?}");
     let segment = first.segment();
     let socket = first.worker_socket();
@@ -157,7 +134,12 @@ async fn a_killed_nodes_segment_spill_files_and_socket_are_removed_by_the_next_n
     assert!(log.contains(&refusal), "{log}");
     assert_eq!(files_in(&spill_dir), spilled);
     assert!(segment.exists() && socket.exists());
-    assert_eq!(status(first.addr()).await.store, store);
+    assert_eq!(
+        floe_testkit::node::status(first.addr(), &wire())
+            .await
+            .store,
+        store
+    );
 
     // SIGKILL leaves it all behind: the segment, the spill files, the socket.
     first.signal("KILL").unwrap();
@@ -299,7 +281,10 @@ async fn a_replica_whose_raft_log_lost_its_last_100_bytes_rejoins_and_catches_up
     })
     .await;
     // One process all along: it never crashed.
-    assert!(is_running(pid), "replica {follower} (pid {pid}) died");
+    assert!(
+        floe_testkit::process::is_running(pid),
+        "replica {follower} (pid {pid}) died"
+    );
     assert_eq!(schedulers.pid(follower), Some(pid));
     let log = log_of(dir.path(), &log_name);
     assert!(
