@@ -159,7 +159,15 @@ async fn a_frozen_leader_gets_no_node_declared_dead_and_the_job_completes() {
         "{:?}",
         after.nodes
     );
-    assert_eq!(shard_nodes(&after.cache), shard_nodes(&cache_before));
+    // Every shard indexed before is still indexed on its node (the slow job cached its own
+    // output besides).
+    let indexed = shard_nodes(&after.cache);
+    for shard in shard_nodes(&cache_before) {
+        assert!(
+            indexed.contains(&shard),
+            "{shard:?} left the index: {indexed:?}"
+        );
+    }
     drop(nodes);
 }
 
