@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::{SchedulerProtocol, SchedulerRequest, SchedulerResponse};
-use floe_api::state::ClusterState;
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RpcServer, WireConfig};
 
@@ -23,9 +22,7 @@ impl Handler<SchedulerProtocol> for Answering {
         request: SchedulerRequest,
     ) -> Result<SchedulerResponse, RemoteError> {
         match request {
-            SchedulerRequest::ReadState => {
-                Ok(SchedulerResponse::State(Box::new(ClusterState::default())))
-            }
+            SchedulerRequest::ReadState => Ok(SchedulerResponse::State(Box::default())),
             other => panic!("unexpected request {other:?}"),
         }
     }
