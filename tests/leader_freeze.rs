@@ -15,7 +15,7 @@ use arrow::array::{Array, Int64Array};
 use floe_api::state::{CacheEntry, ClusterState};
 use floe_client::local::{LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
-use floe_client::{Client, Dataset, JobOutput, UdfCall, col, lit};
+use floe_client::{Client, Dataset, JobHandle, JobOutput, UdfCall, col, lit};
 use floe_core::NodeId;
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::WireConfig;
@@ -119,6 +119,25 @@ fn shard_nodes(
     shards
 }
 
+/// Waits until `job`'s driver reports progress, then returns the scheduler leader's id.
+async fn leader_once_running(schedulers: &LocalSchedulers, job: &JobHandle) -> u64 {
+    while job.progress().await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    schedulers
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .unwrap()
+}
+
+/// Kills the leader and one other replica: no quorum is left. Returns the two ids.
+fn kill_quorum(schedulers: &mut LocalSchedulers, leader: u64) -> [u64; 2] {
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+    schedulers.kill(leader).unwrap();
+    schedulers.kill(other).unwrap();
+    [leader, other]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_gets_no_node_declared_dead_and_the_job_completes() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,13 +154,7 @@ async fn a_frozen_leader_gets_no_node_declared_dead_and_the_job_completes() {
     // About 25 blocks of 2 s on 4 workers: the job runs through the whole freeze.
     let n = 200_000i64;
     let job = client.submit(&slow_range(n as u64, 2_000)).await.unwrap();
-    while job.progress().await.unwrap().is_none() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let leader = schedulers
-        .wait_for_leader(Duration::from_secs(10))
-        .await
-        .unwrap();
+    let leader = leader_once_running(&schedulers, &job).await;
     let pid = schedulers.pid(leader).unwrap();
     // Frozen for well over the node timeout (5 heartbeats of 1 s).
     signal(pid, "STOP");
@@ -335,21 +348,14 @@ async fn submit_wait_survives_quorum_loss_and_gives_up_only_on_its_timeout() {
     stdout("job 1 submitted");
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
     let job = client.job(floe_core::JobId::new(1));
-    while job.progress().await.unwrap().is_none() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     // Two of three replicas (the leader among them) gone for longer than a client's
     // 10 s retry window: no quorum, no leader.
-    let leader = schedulers
-        .wait_for_leader(Duration::from_secs(10))
-        .await
-        .unwrap();
-    let other = (1..=3).find(|id| *id != leader).unwrap();
-    schedulers.kill(leader).unwrap();
-    schedulers.kill(other).unwrap();
+    let leader = leader_once_running(&schedulers, &job).await;
+    let killed = kill_quorum(&mut schedulers, leader);
     tokio::time::sleep(Duration::from_secs(12)).await;
-    schedulers.start_replica(leader).unwrap();
-    schedulers.start_replica(other).unwrap();
+    for id in killed {
+        schedulers.start_replica(id).unwrap();
+    }
 
     let lines = stdout("succeeded");
     let output = waiting.wait_with_output().unwrap();
@@ -374,9 +380,7 @@ async fn submit_wait_survives_quorum_loss_and_gives_up_only_on_its_timeout() {
         .wait_for_leader(Duration::from_secs(10))
         .await
         .unwrap();
-    let other = (1..=3).find(|id| *id != leader).unwrap();
-    schedulers.kill(leader).unwrap();
-    schedulers.kill(other).unwrap();
+    kill_quorum(&mut schedulers, leader);
     let output = bounded.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
