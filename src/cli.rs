@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Args;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
-use floe_client::{JobOutput, LocalClusterOptions, Registry};
+use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
@@ -43,11 +44,36 @@ pub struct JobArgs {
 pub struct SubmitArgs {
     /// The job-spec file (TOML; see `floe_client::jobspec` and the README).
     pub file: std::path::PathBuf,
-    /// Wait for the job, with a progress bar per operator, and print its stats.
+    /// Wait for the job, with a progress bar per operator, and print its stats. Waits
+    /// through scheduler leader changes and quorum loss, saying so on stderr.
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: give up (exit non-zero) after this long, e.g. `90s`, `500ms`, `10m`,
+    /// `2h`. Without it, --wait waits as long as the job runs.
+    #[arg(long, requires = "wait", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+}
+
+/// A positive whole number of `ms`, `s`, `m` or `h`.
+fn parse_timeout(text: &str) -> anyhow::Result<Duration> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| anyhow::anyhow!("`{text}` has no unit; write e.g. 90s, 500ms, 10m or 2h"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| anyhow::anyhow!("`{text}` does not start with a whole number"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number.saturating_mul(60)),
+        "h" => Duration::from_secs(number.saturating_mul(3600)),
+        other => anyhow::bail!("unknown unit `{other}` in `{text}`; use ms, s, m or h"),
+    };
+    anyhow::ensure!(!duration.is_zero(), "the timeout must be longer than 0");
+    Ok(duration)
 }
 
 #[derive(Debug, Args)]
@@ -175,7 +201,10 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
         .await?;
     println!("job {} submitted", job.id());
     if args.wait {
-        let output = wait_with_bars(&job).await?;
+        let options = WaitOptions {
+            timeout: args.timeout,
+        };
+        let output = wait_with_bars(&job, options).await?;
         println!("job {} succeeded: {} rows", job.id(), output.rows());
         print_stats(&output.stats);
         print!("{}", format_batches(&output.take(10).await?)?);
@@ -267,8 +296,9 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     );
 }
 
-/// Waits for `job`, drawing one progress bar per operator.
-pub async fn wait_with_bars(job: &JobHandle) -> anyhow::Result<JobOutput> {
+/// Waits for `job`, drawing one progress bar per operator, through leader changes and
+/// quorum loss (said on stderr), until `options.timeout` if any.
+pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Result<JobOutput> {
     let bars = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} tasks {msg}")
         .context("progress bar style")?
@@ -290,7 +320,19 @@ pub async fn wait_with_bars(job: &JobHandle) -> anyhow::Result<JobOutput> {
             bar.set_message(format!("{} rows", operator.rows_done));
         }
     };
-    let output = job.wait_with_progress(&mut draw).await;
+    let id = job.id();
+    let on_event = |event: WaitEvent<'_>| {
+        match event {
+            WaitEvent::Progress(progress) => draw(progress),
+            WaitEvent::SchedulerUnavailable(error) => {
+                bars.suspend(|| {
+                    eprintln!("no scheduler leader; still waiting for job {id}… ({error})");
+                });
+            }
+        }
+        Ok(())
+    };
+    let output = job.wait_with(options, on_event).await;
     for bar in by_operator.values() {
         bar.finish();
     }

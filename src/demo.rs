@@ -11,8 +11,8 @@ use anyhow::Context;
 use arrow::datatypes::DataType;
 use clap::Args;
 use floe_client::{
-    AggFunction, Aggregation, Dataset, LocalCluster, LocalClusterOptions, SortKey, WriteOptions,
-    col, lit,
+    AggFunction, Aggregation, Dataset, LocalCluster, LocalClusterOptions, SortKey, WaitOptions,
+    WriteOptions, col, lit,
 };
 
 use crate::cli::{format_batches, print_local_cluster, print_stats, wait_with_bars};
@@ -63,7 +63,7 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
 
     println!("job 1: revenue by region");
     let job = client.submit(&quickstart).await?;
-    let output = wait_with_bars(&job).await?;
+    let output = wait_with_bars(&job, WaitOptions::default()).await?;
     println!("\nresult ({} rows):", output.rows());
     print!("{}", format_batches(&output.take(10).await?)?);
     print_stats(&output.stats);
@@ -72,7 +72,7 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let written = quickstart.write_parquet(&out_dir, WriteOptions::default())?;
     println!("\njob 2: the same pipeline, written as Parquet (its upstream is cached)");
     let job = client.submit(&written).await?;
-    let output = wait_with_bars(&job).await?;
+    let output = wait_with_bars(&job, WaitOptions::default()).await?;
     print_stats(&output.stats);
     let computed: u64 = output
         .stats

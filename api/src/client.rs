@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use floe_core::WireError;
 use floe_core::job::JobProgress;
-use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig};
+use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig, within};
 use floe_core::{JobId, NodeId, SubmissionId};
 
 use crate::placement::{PlacementError, PlacementRequest};
@@ -42,9 +42,35 @@ pub struct SchedulerClient {
     wire: WireConfig,
     kind: PeerKind,
     retry_for: Duration,
+    /// How long one attempt at one replica may take beyond what the request itself asks the
+    /// leader to hold it; `None` leaves only the connection's own timeouts (a reply may take
+    /// `timeouts.read_ms`, 30 s by default).
+    attempt_timeout: Option<Duration>,
     /// The replica currently talked to, and the connection to it.
     target: String,
     connection: Option<RpcClient<SchedulerProtocol>>,
+}
+
+/// How long the leader may hold `request` before answering by design: a long poll's wait,
+/// nothing for the rest, and `None` for a placement, held until the requests fit.
+fn held_for(request: &SchedulerRequest) -> Option<Duration> {
+    match request {
+        SchedulerRequest::WatchDrivers { wait_ms, .. }
+        | SchedulerRequest::WatchJob { wait_ms, .. }
+        | SchedulerRequest::WatchDeaths { wait_ms, .. } => Some(Duration::from_millis(*wait_ms)),
+        SchedulerRequest::Place { .. } => None,
+        SchedulerRequest::Raft { .. }
+        | SchedulerRequest::RegisterNode { .. }
+        | SchedulerRequest::Heartbeat { .. }
+        | SchedulerRequest::Propose(_)
+        | SchedulerRequest::ReadState
+        | SchedulerRequest::Release { .. }
+        | SchedulerRequest::NodeReports
+        | SchedulerRequest::ReportProgress { .. }
+        | SchedulerRequest::JobProgress { .. }
+        | SchedulerRequest::AllProgress
+        | SchedulerRequest::Status => Some(Duration::ZERO),
+    }
 }
 
 fn unexpected(response: SchedulerResponse) -> Error {
@@ -63,6 +89,7 @@ impl SchedulerClient {
             wire,
             kind,
             retry_for: Duration::from_secs(10),
+            attempt_timeout: None,
             target,
             connection: None,
         })
@@ -72,6 +99,16 @@ impl SchedulerClient {
     /// timeouts, with margin).
     pub fn with_retry_for(mut self, retry_for: Duration) -> Self {
         self.retry_for = retry_for;
+        self
+    }
+
+    /// Bounds each attempt at one replica (connecting included) by `attempt_timeout` plus
+    /// the request's own long-poll wait, then moves on to the next replica. A replica that is
+    /// frozen (SIGSTOP, a stalled VM) accepts connections in its kernel but never answers;
+    /// without this bound a call sits on it until the read timeout. `Place`, which the leader
+    /// holds until the requests fit, is not bounded.
+    pub fn with_attempt_timeout(mut self, attempt_timeout: Duration) -> Self {
+        self.attempt_timeout = Some(attempt_timeout);
         self
     }
 
@@ -88,7 +125,33 @@ impl SchedulerClient {
         self.switch_to(self.replicas[next].clone());
     }
 
+    /// One attempt at the current replica, bounded as [`Self::with_attempt_timeout`] says.
     async fn call_target(
+        &mut self,
+        request: &SchedulerRequest,
+    ) -> Result<SchedulerResponse, WireError> {
+        let limit = self
+            .attempt_timeout
+            .zip(held_for(request))
+            .map(|(attempt, held)| attempt + held);
+        let Some(limit) = limit else {
+            return self.call_target_unbounded(request).await;
+        };
+        let result = within(
+            limit,
+            "waiting for a scheduler replica",
+            self.call_target_unbounded(request),
+        )
+        .await
+        .and_then(|result| result);
+        if matches!(result, Err(WireError::Timeout { .. })) {
+            // The reply may still come on this connection; it must not answer a later call.
+            self.connection = None;
+        }
+        result
+    }
+
+    async fn call_target_unbounded(
         &mut self,
         request: &SchedulerRequest,
     ) -> Result<SchedulerResponse, WireError> {

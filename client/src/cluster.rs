@@ -45,6 +45,11 @@ use crate::{BatchStream, Dataset, Error, Executor, Registry, Result};
 /// How long a waiting handle lets the leader hold its request before it reads the job's
 /// progress; the leader answers as soon as the job ends.
 const WAIT_SLICE: Duration = Duration::from_millis(500);
+/// How long one attempt at one replica may take beyond a long poll's own wait, so a frozen
+/// replica costs a waiting client seconds, not the 30 s read timeout.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a waiting handle tries replicas before it reports the scheduler unavailable.
+const WAIT_RETRY_FOR: Duration = Duration::from_secs(3);
 /// Result blocks are read from their node in chunks of this size.
 const READ_CHUNK: u64 = 5 << 20;
 /// The largest frame the client accepts (a chunk plus its envelope).
@@ -185,7 +190,8 @@ impl Client {
         config.cluster.token = ClusterToken::new(token);
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
         let wire = WireConfig::from_config(&config);
-        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?;
+        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?
+            .with_attempt_timeout(ATTEMPT_TIMEOUT);
         scheduler
             .read_state()
             .await
@@ -358,22 +364,66 @@ impl JobHandle {
     }
 
     /// [`JobHandle::wait`], calling `on_progress` with each progress report while it runs.
-    /// Keeps waiting across scheduler leader changes.
+    /// Keeps waiting across scheduler leader changes, but gives up when no replica answers
+    /// for the client's retry window (10 s); [`JobHandle::wait_with`] waits through that too.
     pub async fn wait_with_progress(
         &self,
         mut on_progress: impl FnMut(&JobProgress),
+    ) -> Result<JobOutput> {
+        self.wait_with(WaitOptions::default(), |event| match event {
+            WaitEvent::Progress(progress) => {
+                on_progress(progress);
+                Ok(())
+            }
+            WaitEvent::SchedulerUnavailable(error) => Err(error),
+        })
+        .await
+    }
+
+    /// Waits for the job to end, calling `on_event` with each progress report and each time
+    /// no scheduler replica could answer (no leader, no quorum). `on_event` decides whether
+    /// to go on after the latter: returning the error ends the wait with it. Only
+    /// `options.timeout` ends a wait that `on_event` lets go on.
+    pub async fn wait_with(
+        &self,
+        options: WaitOptions,
+        on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
+    ) -> Result<JobOutput> {
+        let waiting = self.wait_loop(on_event);
+        match options.timeout {
+            None => waiting.await,
+            Some(after) => {
+                tokio::time::timeout(after, waiting)
+                    .await
+                    .map_err(|_| Error::WaitTimedOut {
+                        job: self.id,
+                        after,
+                    })?
+            }
+        }
+    }
+
+    async fn wait_loop(
+        &self,
+        mut on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
         // Its own connection: a long wait must not hold up other calls on this client.
         let mut waiter = SchedulerClient::new(
             self.inner.replicas.clone(),
             self.inner.wire.clone(),
             PeerKind::Client,
-        )?;
+        )?
+        .with_attempt_timeout(ATTEMPT_TIMEOUT)
+        .with_retry_for(WAIT_RETRY_FOR);
         loop {
-            let record = waiter
-                .watch_job(self.id, WAIT_SLICE)
-                .await?
-                .ok_or(Error::UnknownJob(self.id))?;
+            let record = match waiter.watch_job(self.id, WAIT_SLICE).await {
+                Ok(record) => record.ok_or(Error::UnknownJob(self.id))?,
+                Err(error @ floe_api::Error::NoReplica(_)) => {
+                    on_event(WaitEvent::SchedulerUnavailable(error.into()))?;
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
             match record.status {
                 JobStatus::Succeeded => {
                     return Ok(JobOutput {
@@ -392,11 +442,32 @@ impl JobHandle {
                 JobStatus::Cancelled => return Err(Error::JobCancelled(self.id)),
                 JobStatus::Pending | JobStatus::Running => {}
             }
-            if let Some(progress) = waiter.job_progress(self.id).await? {
-                on_progress(&progress);
+            match waiter.job_progress(self.id).await {
+                Ok(Some(progress)) => on_event(WaitEvent::Progress(&progress))?,
+                Ok(None) => {}
+                Err(error @ floe_api::Error::NoReplica(_)) => {
+                    on_event(WaitEvent::SchedulerUnavailable(error.into()))?;
+                }
+                Err(error) => return Err(error.into()),
             }
         }
     }
+}
+
+/// How [`JobHandle::wait_with`] waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitOptions {
+    /// Give up after this long; `None` waits while the job may still end.
+    pub timeout: Option<Duration>,
+}
+
+/// What [`JobHandle::wait_with`] reports while the job has not ended.
+#[derive(Debug)]
+pub enum WaitEvent<'a> {
+    Progress(&'a JobProgress),
+    /// No scheduler replica answered for a while (a leader election, or no quorum); the
+    /// wait goes on unless the callback returns this error.
+    SchedulerUnavailable(Error),
 }
 
 /// A finished job's output: its stats and its result blocks, which stay in the nodes' object

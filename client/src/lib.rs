@@ -66,7 +66,8 @@ pub mod jobspec;
 pub mod local;
 pub use cluster::{
     BlockReader, Client, ClusterExecutor, ClusterInfo, JobHandle, JobInfo, JobOutput, JobState,
-    LocalCluster, LocalClusterOptions, NodeInfo, ReplicaInfo, find_floe_binary,
+    LocalCluster, LocalClusterOptions, NodeInfo, ReplicaInfo, WaitEvent, WaitOptions,
+    find_floe_binary,
 };
 pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
 
@@ -100,6 +101,13 @@ pub enum Error {
     JobFailed {
         job: floe_core::JobId,
         message: String,
+    },
+    #[error(
+        "gave up waiting for job {job} after {after:?}; it may still run (`floe job {job}` shows it)"
+    )]
+    WaitTimedOut {
+        job: floe_core::JobId,
+        after: std::time::Duration,
     },
     #[error("job {0} was cancelled")]
     JobCancelled(floe_core::JobId),

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
-use floe_api::state::{Command, NodeAddresses, NodeMemory, Resources};
+use floe_api::state::{CachedShard, Command, NodeAddresses, NodeMemory, Outcome, Resources};
 use floe_core::wire::{
     AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
@@ -630,8 +630,12 @@ impl NodeAgent {
                 system_reserve_bytes: pools.system_reserve,
             },
         };
-        let mut client =
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
+        let attempt_timeout = config.scheduler.node_timeout() / 4;
+        let scheduler_client = || {
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
+                .map(|client| client.with_attempt_timeout(attempt_timeout))
+        };
+        let mut client = scheduler_client()?;
         let node = registration.register(&mut client).await?;
         shared.node.store(node.get(), Ordering::Relaxed);
         let batch_rows = u32::try_from(floe_engine::read::DEFAULT_BATCH_ROWS).unwrap_or(u32::MAX);
@@ -653,13 +657,11 @@ impl NodeAgent {
         }
         let host_memory =
             || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
-        let watcher =
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)?;
         let background = vec![
-            tokio::spawn(watch_drivers(Arc::clone(&shared), watcher)),
+            tokio::spawn(watch_drivers(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
-                client,
+                [client, scheduler_client()?],
                 registration,
                 host_memory()?,
                 config.scheduler.heartbeat_interval(),
@@ -855,14 +857,25 @@ async fn reap_processes(processes: Arc<ProcessPools>) {
     }
 }
 
+/// Sends a heartbeat every `interval`, and registers the node again when the scheduler
+/// declared it dead. After each registration (the first included) the node records the cache
+/// shards in its directory under its id, so shards written before a restart or a declared
+/// death are found again. `clients`: one for heartbeats, one for recording shards.
 async fn heartbeats(
     shared: Arc<Shared>,
-    mut client: SchedulerClient,
+    clients: [SchedulerClient; 2],
     registration: Registration,
     system: sysinfo::System,
     interval: Duration,
 ) {
+    let [mut client, indexer] = clients;
     let mut memory = HostMemory::new(system, interval);
+    // Dropped with this task (on shutdown), which aborts an indexing still running.
+    let mut indexing = tokio::task::JoinSet::new();
+    let indexer = Arc::new(tokio::sync::Mutex::new(indexer));
+    if let Some(node) = shared.node() {
+        indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), node));
+    }
     loop {
         let (host_used, _) = memory.next().await;
         let store = shared.store.stats();
@@ -887,11 +900,67 @@ async fn heartbeats(
                 Ok(new) => {
                     tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");
                     shared.node.store(new.get(), Ordering::Relaxed);
+                    // Replacing the set aborts an indexing under the old id.
+                    indexing = tokio::task::JoinSet::new();
+                    indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), new));
                 }
                 Err(error) => tracing::error!(%error, "cannot register again"),
             },
             Err(error) => tracing::warn!(%node, %error, "heartbeat failed"),
         }
+    }
+}
+
+/// Records every valid shard in the node's cache directory as held by `node`. Each shard is
+/// opened without its columns (its structure and manifest are checked, not its data);
+/// one that fails is removed by the cache and skipped.
+async fn index_cache(
+    shared: Arc<Shared>,
+    client: Arc<tokio::sync::Mutex<SchedulerClient>>,
+    node: NodeId,
+) {
+    let mut client = client.lock().await;
+    let cache = Arc::clone(&shared);
+    let found = blocking(move || {
+        let mut found = Vec::new();
+        for file in cache.cache.shards()? {
+            if let Some(opened) = cache.cache.open_shard_columns(file.name, &[])? {
+                found.push((file.name, file.bytes, opened.manifest.rows));
+            }
+        }
+        Ok(found)
+    })
+    .await;
+    let found = match found {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::error!(%error, "cannot list the cache directory; its shards stay unindexed");
+            return;
+        }
+    };
+    let mut recorded = 0_usize;
+    for (name, bytes, rows) in found {
+        let command = Command::RecordCacheShard {
+            fingerprint: name.fingerprint.to_string(),
+            shard_count: name.shard.count,
+            rank: name.shard.rank,
+            shard: CachedShard { node, bytes, rows },
+        };
+        match client.propose(command).await {
+            Ok(Outcome::Applied) => recorded += 1,
+            // Declared dead again meanwhile: the next registration indexes afresh.
+            Ok(outcome) => {
+                tracing::warn!(%node, ?outcome, "stopped recording cache shards");
+                return;
+            }
+            Err(error) => {
+                tracing::error!(%node, %error, "cannot record a cache shard; stopped");
+                return;
+            }
+        }
+    }
+    if recorded > 0 {
+        tracing::info!(%node, shards = recorded, "recorded the cache shards found on disk");
     }
 }
 

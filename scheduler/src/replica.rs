@@ -409,6 +409,9 @@ struct RaftLoop<S: LogStore> {
     batches: BTreeMap<u64, PlaceBatch>,
     next_batch: u64,
     last_seen: BTreeMap<NodeId, Instant>,
+    /// When the health check last ran: a gap of half a node timeout means this replica
+    /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
+    last_health_check: Instant,
     usage: BTreeMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
@@ -497,6 +500,7 @@ impl<S: LogStore> RaftLoop<S> {
             batches: BTreeMap::new(),
             next_batch: 0,
             last_seen: BTreeMap::new(),
+            last_health_check: Instant::now(),
             usage: BTreeMap::new(),
             dying: BTreeSet::new(),
             leases: BTreeMap::new(),
@@ -1137,12 +1141,23 @@ impl<S: LogStore> RaftLoop<S> {
 
     /// The leader commits the death of every node silent for longer than the node timeout.
     /// A node first seen now (new registration, or this replica just became leader) gets a
-    /// full timeout from now.
+    /// full timeout from now: death needs silence to the current leader. So does every node
+    /// after this replica stalled for over half a node timeout (SIGSTOP, a paused VM): it
+    /// could not hear anyone then, and it may not even be the leader any more.
     fn check_health(&mut self) {
+        let now = Instant::now();
+        let stalled = now.duration_since(self.last_health_check) > self.config.node_timeout() / 2;
+        self.last_health_check = now;
         if !self.is_leader() {
             return;
         }
-        let now = Instant::now();
+        if stalled {
+            tracing::warn!(
+                replica = self.id,
+                "this replica was stalled; every node gets a full timeout from now"
+            );
+            self.last_seen.clear();
+        }
         let timeout = self.config.node_timeout();
         let mut silent = Vec::new();
         for node in self.state.alive_nodes() {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
@@ -186,6 +187,10 @@ async fn call_pooled(
     Ok(response)
 }
 
+/// How long one scheduler call may wait at one replica (beyond a long poll's own wait)
+/// before trying the next: a frozen leader must not hold the driver for the read timeout.
+const SCHEDULER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn pooled_scheduler_client(
     pool: &Mutex<Vec<SchedulerClient>>,
     schedulers: &[String],
@@ -193,11 +198,10 @@ fn pooled_scheduler_client(
 ) -> Result<SchedulerClient> {
     match lock(pool).pop() {
         Some(client) => Ok(client),
-        None => Ok(SchedulerClient::new(
-            schedulers.to_vec(),
-            wire.clone(),
-            PeerKind::Node,
-        )?),
+        None => Ok(
+            SchedulerClient::new(schedulers.to_vec(), wire.clone(), PeerKind::Node)?
+                .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT),
+        ),
     }
 }
 
