@@ -48,8 +48,12 @@ const WAIT_SLICE: Duration = Duration::from_millis(500);
 /// How long one attempt at one replica may take beyond a long poll's own wait, so a frozen
 /// replica costs a waiting client seconds, not the 30 s read timeout.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a waiting handle tries replicas before it reports the scheduler unavailable.
-const WAIT_RETRY_FOR: Duration = Duration::from_secs(3);
+/// How long [`JobHandle::wait_with`] tries replicas before it reports the scheduler
+/// unavailable (and goes on waiting).
+const REPORT_UNAVAILABLE_AFTER: Duration = Duration::from_secs(3);
+/// How long [`JobHandle::wait`] tries replicas before it gives up: two election timeouts,
+/// with margin.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 /// Result blocks are read from their node in chunks of this size.
 const READ_CHUNK: u64 = 5 << 20;
 /// The largest frame the client accepts (a chunk plus its envelope).
@@ -370,14 +374,14 @@ impl JobHandle {
         &self,
         mut on_progress: impl FnMut(&JobProgress),
     ) -> Result<JobOutput> {
-        self.wait_with(WaitOptions::default(), |event| match event {
+        let on_event = |event: WaitEvent<'_>| match event {
             WaitEvent::Progress(progress) => {
                 on_progress(progress);
                 Ok(())
             }
             WaitEvent::SchedulerUnavailable(error) => Err(error),
-        })
-        .await
+        };
+        self.wait_loop(GIVE_UP_AFTER, on_event).await
     }
 
     /// Waits for the job to end, calling `on_event` with each progress report and each time
@@ -389,7 +393,7 @@ impl JobHandle {
         options: WaitOptions,
         on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
-        let waiting = self.wait_loop(on_event);
+        let waiting = self.wait_loop(REPORT_UNAVAILABLE_AFTER, on_event);
         match options.timeout {
             None => waiting.await,
             Some(after) => {
@@ -403,8 +407,10 @@ impl JobHandle {
         }
     }
 
+    /// Waits, reporting the scheduler unavailable after `report_after` without an answer.
     async fn wait_loop(
         &self,
+        report_after: Duration,
         mut on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
         // Its own connection: a long wait must not hold up other calls on this client.
@@ -414,7 +420,7 @@ impl JobHandle {
             PeerKind::Client,
         )?
         .with_attempt_timeout(ATTEMPT_TIMEOUT)
-        .with_retry_for(WAIT_RETRY_FOR);
+        .with_retry_for(report_after);
         loop {
             let record = match waiter.watch_job(self.id, WAIT_SLICE).await {
                 Ok(record) => record.ok_or(Error::UnknownJob(self.id))?,
