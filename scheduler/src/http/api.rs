@@ -1,6 +1,5 @@
 //! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations check the
-//! token and go to the leader. The response types here are the HTTP edge: they are built
-//! from the scheduler's domain types and never travel further in.
+//! token and go to the leader. The request and response types they use are in `json`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,13 +8,18 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use floe_core::config::ClusterToken;
-use floe_core::job::{CacheMode, JobProgress, JobSpec, JobStats};
+use floe_core::job::{CacheMode, JobProgress, JobSpec};
 use floe_core::wire::{PeerKind, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
-use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
+use super::json::{
+    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, ErrorBody, EventJson, EventsJson,
+    EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson, NodeCounts,
+    NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson, SampleJson,
+    StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+};
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
 use floe_api::client::SchedulerClient;
@@ -150,11 +154,6 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-}
-
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         self.status
@@ -202,12 +201,6 @@ async fn not_found(request: HttpRequest) -> Reply {
     ))
 }
 
-#[derive(Serialize)]
-struct Version {
-    version: &'static str,
-    api: u32,
-}
-
 async fn version() -> HttpResponse {
     HttpResponse::Ok().json(Version {
         version: env!("CARGO_PKG_VERSION"),
@@ -215,62 +208,7 @@ async fn version() -> HttpResponse {
     })
 }
 
-// ---- paging ---------------------------------------------------------------------------
-
-#[derive(Deserialize)]
-struct ListQuery {
-    state: Option<String>,
-    offset: Option<usize>,
-    limit: Option<usize>,
-}
-
-impl ListQuery {
-    fn page(&self, default: usize) -> (usize, usize) {
-        (
-            self.offset.unwrap_or(0),
-            self.limit.unwrap_or(default).clamp(1, 1000),
-        )
-    }
-}
-
 // ---- cluster --------------------------------------------------------------------------
-
-#[derive(Serialize)]
-struct ReplicaJson {
-    id: u64,
-    addr: String,
-    reachable: bool,
-    leader: Option<u64>,
-    term: Option<u64>,
-    commit: Option<u64>,
-    applied: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct NodeCounts {
-    alive: u64,
-    dead: u64,
-}
-
-#[derive(Serialize)]
-struct StoreTotals {
-    used_bytes: u64,
-    capacity_bytes: u64,
-}
-
-#[derive(Serialize)]
-struct ClusterJson {
-    health: &'static str,
-    leader: Option<u64>,
-    as_of_index: u64,
-    replica_id: u64,
-    replicas: Vec<ReplicaJson>,
-    nodes: NodeCounts,
-    jobs: BTreeMap<&'static str, u64>,
-    object_store: StoreTotals,
-    spilled_bytes: u64,
-    fallback_bytes: u64,
-}
 
 /// `ok`, `degraded` or `down`, as `docs/HTTP_API.md` defines them.
 pub(crate) fn health(snapshot: &Snapshot, state: &ClusterState) -> &'static str {
@@ -344,53 +282,6 @@ async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
 
 // ---- nodes ----------------------------------------------------------------------------
 
-#[derive(Serialize)]
-struct MemoryJson {
-    total_bytes: u64,
-    object_store_bytes: u64,
-    system_reserve_bytes: u64,
-    heap_bytes: u64,
-}
-
-#[derive(Serialize)]
-struct UsageJson {
-    cpu_reserved: f64,
-    heap_reserved_bytes: u64,
-    heap_used_bytes: u64,
-    object_store_used_bytes: u64,
-    spilled_bytes: u64,
-    fallback_bytes: u64,
-    workers_busy: u32,
-    workers: u32,
-}
-
-#[derive(Serialize)]
-struct NodeJson {
-    id: String,
-    addr: String,
-    state: &'static str,
-    dead_reason: Option<String>,
-    cpus: f64,
-    labels: BTreeMap<String, String>,
-    memory: MemoryJson,
-    usage: Option<UsageJson>,
-    heartbeat_age_ms: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Page<T> {
-    total: usize,
-    offset: usize,
-    limit: usize,
-    #[serde(flatten)]
-    items: T,
-}
-
-#[derive(Serialize)]
-struct NodeItems {
-    nodes: Vec<NodeJson>,
-}
-
 fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
     let report = node
         .is_alive()
@@ -461,25 +352,6 @@ async fn nodes(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply
 }
 
 // ---- jobs -----------------------------------------------------------------------------
-
-#[derive(Serialize)]
-struct JobSummary {
-    id: String,
-    state: &'static str,
-    attempts: u32,
-    driver_node: Option<String>,
-    error: Option<String>,
-    submission_id: String,
-    operators: Vec<String>,
-    wall_ms: Option<u64>,
-    output_rows: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct JobItems {
-    counts: BTreeMap<&'static str, u64>,
-    jobs: Vec<JobSummary>,
-}
 
 fn error_text(status: &JobStatus) -> Option<String> {
     match status {
@@ -555,127 +427,6 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
     Ok(HttpResponse::Ok().json(body))
 }
 
-#[derive(Serialize)]
-struct OptionsJson {
-    cache: &'static str,
-    max_task_retries: u32,
-    object_store_budget_permille: u32,
-}
-
-#[derive(Serialize)]
-struct OutputJson {
-    blocks: usize,
-    rows: u64,
-    bytes: u64,
-}
-
-#[derive(Serialize)]
-struct JobDetail {
-    #[serde(flatten)]
-    summary: JobSummary,
-    cancel_requested: bool,
-    options: Option<OptionsJson>,
-    plan: Option<String>,
-    rows_per_s: Option<f64>,
-    progress: Option<ProgressJson>,
-    stats: Option<StatsJson>,
-    output: Option<OutputJson>,
-}
-
-#[derive(Serialize)]
-struct OperatorProgressJson {
-    name: String,
-    rows_done: u64,
-    blocks_done: u64,
-    bytes_done: u64,
-    tasks_total: Option<u64>,
-    tasks_done: u64,
-    tasks_running: u64,
-    tasks_queued: u64,
-}
-
-#[derive(Serialize)]
-struct ProgressJson {
-    attempt: u32,
-    operators: Vec<OperatorProgressJson>,
-}
-
-impl From<&JobProgress> for ProgressJson {
-    fn from(progress: &JobProgress) -> Self {
-        Self {
-            attempt: progress.attempt,
-            operators: progress
-                .operators
-                .iter()
-                .map(|op| OperatorProgressJson {
-                    name: op.name.clone(),
-                    rows_done: op.rows_done,
-                    blocks_done: op.blocks_done,
-                    bytes_done: op.bytes_done,
-                    tasks_total: op.tasks_total,
-                    tasks_done: op.tasks_done,
-                    tasks_running: op.tasks_running,
-                    tasks_queued: op.tasks_queued,
-                })
-                .collect(),
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct OperatorStatsJson {
-    name: String,
-    fingerprint: Option<String>,
-    wall_ms: u64,
-    tasks: u64,
-    retries: u64,
-    rebuilt: u64,
-    rows: u64,
-    bytes: u64,
-    cache_hits: u64,
-    cache_misses: u64,
-    hot_key: Option<String>,
-    aggregators: u64,
-    aggregators_recreated: u64,
-}
-
-#[derive(Serialize)]
-struct StatsJson {
-    attempt: u32,
-    wall_ms: u64,
-    spilled_bytes: u64,
-    operators: Vec<OperatorStatsJson>,
-}
-
-impl From<&JobStats> for StatsJson {
-    fn from(stats: &JobStats) -> Self {
-        Self {
-            attempt: stats.attempt,
-            wall_ms: stats.wall_ms,
-            spilled_bytes: stats.spilled_bytes,
-            operators: stats
-                .operators
-                .iter()
-                .map(|op| OperatorStatsJson {
-                    name: op.name.clone(),
-                    fingerprint: op.fingerprint.map(|fp| fp.to_string()),
-                    wall_ms: op.wall_ms,
-                    tasks: op.tasks,
-                    retries: op.retries,
-                    rebuilt: op.rebuilt,
-                    rows: op.rows,
-                    bytes: op.bytes,
-                    cache_hits: op.cache_hits,
-                    cache_misses: op.cache_misses,
-                    hot_key: op.hot_key.clone(),
-                    aggregators: op.aggregators,
-                    aggregators_recreated: op.aggregators_recreated,
-                })
-                .collect(),
-        }
-    }
-}
-
 fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
     text.parse()
         .map_err(|_| ApiError::bad_request(format!("{text:?} is not a job id (a number)")))
@@ -718,19 +469,6 @@ async fn job(shared: web::Data<Shared>, id: web::Path<String>) -> Reply {
         }),
     };
     Ok(HttpResponse::Ok().json(body))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SubmitBody {
-    job: String,
-    submission_id: Option<String>,
-}
-
-#[derive(Serialize)]
-struct Submitted {
-    job_id: String,
-    submission_id: String,
 }
 
 /// Reads a request body of at most [`MAX_BODY_BYTES`].
@@ -795,12 +533,6 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::P
     }))
 }
 
-#[derive(Serialize)]
-struct Stopped {
-    stopped: bool,
-    message: String,
-}
-
 async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<String>) -> Reply {
     shared.authorize(&request)?;
     let job = parse_job_id(&id)?;
@@ -842,24 +574,6 @@ async fn propose(shared: &Shared, command: Command) -> Result<Outcome, ApiError>
 
 // ---- cache ----------------------------------------------------------------------------
 
-#[derive(Serialize)]
-struct CacheEntryJson {
-    fingerprint: String,
-    shard_count: u32,
-    shards_present: usize,
-    complete: bool,
-    rows: u64,
-    bytes: u64,
-    nodes: Vec<String>,
-    last_used_ms: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct CacheJson {
-    total_bytes: u64,
-    entries: Vec<CacheEntryJson>,
-}
-
 async fn cache(shared: web::Data<Shared>) -> HttpResponse {
     let snapshot = shared.monitor.snapshot();
     let state = shared.state();
@@ -885,17 +599,6 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
         total_bytes: entries.iter().map(|entry| entry.bytes).sum(),
         entries,
     })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CleanBody {
-    fingerprint: Option<String>,
-}
-
-#[derive(Serialize)]
-struct Cleaned {
-    evicted: usize,
 }
 
 async fn clean_cache(
@@ -961,26 +664,6 @@ async fn clean_cache(
 
 // ---- events and history ---------------------------------------------------------------
 
-#[derive(Deserialize)]
-struct EventsQuery {
-    after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct EventJson {
-    seq: u64,
-    time_ms: u64,
-    kind: &'static str,
-    node: Option<String>,
-    job: Option<String>,
-    message: String,
-}
-
-#[derive(Serialize)]
-struct EventsJson {
-    events: Vec<EventJson>,
-}
-
 async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> HttpResponse {
     let events = shared
         .monitor
@@ -996,22 +679,6 @@ async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> Ht
         })
         .collect();
     HttpResponse::Ok().json(EventsJson { events })
-}
-
-#[derive(Serialize)]
-struct SampleJson {
-    time_ms: u64,
-    object_store_used_bytes: u64,
-    spilled_bytes: u64,
-    rows_per_s: f64,
-    running_jobs: u64,
-}
-
-#[derive(Serialize)]
-struct HistoryJson {
-    interval_ms: u64,
-    now_ms: u64,
-    samples: Vec<SampleJson>,
 }
 
 async fn history(shared: web::Data<Shared>) -> HttpResponse {

@@ -11,6 +11,7 @@
 
 mod api;
 mod assets;
+mod json;
 mod metrics;
 mod monitor;
 #[cfg(test)]

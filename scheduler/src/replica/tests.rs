@@ -1,11 +1,12 @@
 use std::time::Duration;
 
-use floe_core::config::ClusterToken;
+use floe_core::config::{ClusterToken, Config};
+use floe_core::wire::{PeerKind, WireConfig};
 
 use super::*;
 use crate::storage::MemoryLog;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
-use floe_api::placement::Strategy;
+use floe_api::placement::{PlacementError, Strategy};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{NodeAddresses, NodeMemory, Resources};
 

@@ -14,114 +14,54 @@
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, resource reservations and the
 //! placement queue are the leader's soft state; a node's death is committed.
+//!
+//! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
+//! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
+//! answers to requests; `placement` places tasks and keeps their reservations; `health`
+//! decides node deaths and places job drivers; `transport` carries Raft messages to peers;
+//! `config` is what a replica starts with; `standing` decides whether it may vote.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_core::config::{Config, SchedulerConfig};
+use floe_core::config::SchedulerConfig;
 use floe_core::job::JobProgress;
-use floe_core::wire::{
-    Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcClient, RpcServer, WireConfig, codec,
-};
+use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
 use floe_core::{JobId, NodeId};
-use protobuf::Message as _;
-use raft::prelude::{Entry, EntryType, Message, MessageType, Snapshot};
+use raft::prelude::{Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use self::config::port_of;
+use self::placement::{PlaceBatch, Reservation};
+use self::service::Service;
 use self::standing::Standing;
+use self::transport::spawn_peer_sender;
 use crate::storage::LogStore;
 use crate::{Error, Result};
-use floe_api::placement::{
-    Decision, PlacementError, PlacementQueue, PlacementRequest, ResourceView,
-};
+use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::{
-    LeaderHint, NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
-    SchedulerResponse,
+    ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
 };
-use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, NodeDeath, Outcome};
+use floe_api::state::{ClusterState, Command, NodeDeath, Outcome};
 
+mod config;
+mod health;
+mod placement;
+mod service;
 mod standing;
+mod transport;
 
-/// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
-const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
+pub use self::config::{ReplicaConfig, parse_peers};
+
 /// Inputs handled per loop turn before Raft gets to tick and produce a Ready.
 const MAX_INPUTS_PER_TURN: usize = 4096;
-/// Largest batch of Raft messages sent to one peer in one RPC.
-const MAX_MESSAGES_PER_SEND: usize = 1024;
 /// The least time between two copies of the state published for readers such as the HTTP
 /// API; a copy costs a clone of the whole state, so it is not made after every entry.
 const PUBLISH_INTERVAL: Duration = Duration::from_millis(250);
-/// Pause after a failed send to a peer, so a dead peer costs no busy loop.
-const PEER_RETRY_PAUSE: Duration = Duration::from_millis(100);
-
-/// Parses `1=host:port,2=host:port,…` into replica id → address.
-pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>> {
-    let mut peers = BTreeMap::new();
-    for part in spec
-        .split(',')
-        .map(str::trim)
-        .filter(|part| !part.is_empty())
-    {
-        let (id, addr) = part
-            .split_once('=')
-            .ok_or_else(|| Error::Peers(format!("{part:?} is not id=host:port")))?;
-        let id: u64 =
-            id.trim().parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-                Error::Peers(format!("replica id {id:?} is not a positive integer"))
-            })?;
-        let addr = addr.trim();
-        port_of(addr)?;
-        if peers.insert(id, addr.to_owned()).is_some() {
-            return Err(Error::Peers(format!("replica id {id} appears twice")));
-        }
-    }
-    if peers.len() % 2 == 0 {
-        return Err(Error::Peers(format!(
-            "{} replicas given; use an odd number (3 or 5) so a majority survives failures",
-            peers.len()
-        )));
-    }
-    Ok(peers)
-}
-
-fn port_of(addr: &str) -> Result<u16> {
-    addr.rsplit_once(':')
-        .and_then(|(_, port)| port.parse().ok())
-        .ok_or_else(|| Error::Peers(format!("{addr:?} is not host:port")))
-}
-
-/// Everything a replica needs to start.
-#[derive(Debug, Clone)]
-pub struct ReplicaConfig {
-    pub id: u64,
-    /// Every replica's address (its own included); it listens on its own entry's port.
-    pub peers: BTreeMap<u64, String>,
-    pub bind_host: IpAddr,
-    pub scheduler: SchedulerConfig,
-    pub wire: WireConfig,
-}
-
-impl ReplicaConfig {
-    pub fn new(config: &Config, id: u64, peers: BTreeMap<u64, String>) -> Result<Self> {
-        if !peers.contains_key(&id) {
-            return Err(Error::Peers(format!(
-                "--id {id} is not one of the replicas {:?}",
-                peers.keys().collect::<Vec<_>>()
-            )));
-        }
-        Ok(Self {
-            id,
-            peers,
-            bind_host: config.net.bind_host,
-            scheduler: config.scheduler.clone(),
-            wire: WireConfig::from_config(config),
-        })
-    }
-}
 
 type Reply = oneshot::Sender<Result<SchedulerResponse, RemoteError>>;
 
@@ -220,168 +160,6 @@ impl Notices {
             jobs_ended: broadcast::channel(1024).0,
         }
     }
-}
-
-struct Service {
-    inputs: mpsc::Sender<Input>,
-    notices: Notices,
-}
-
-fn stopped() -> RemoteError {
-    RemoteError::new(RemoteErrorKind::Unavailable, "the replica is shutting down")
-}
-
-impl Service {
-    async fn ask(&self, request: SchedulerRequest) -> Result<SchedulerResponse, RemoteError> {
-        let (reply, answer) = oneshot::channel();
-        self.inputs
-            .send(Input::Request { request, reply })
-            .await
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
-}
-
-impl Handler<SchedulerProtocol> for Service {
-    async fn handle(
-        &self,
-        peer: Peer,
-        request: SchedulerRequest,
-    ) -> Result<SchedulerResponse, RemoteError> {
-        match request {
-            SchedulerRequest::Raft { messages } => {
-                if peer.kind != PeerKind::Scheduler {
-                    return Err(RemoteError::new(
-                        RemoteErrorKind::BadRequest,
-                        format!(
-                            "raft messages are only accepted from replicas, not {:?}",
-                            peer.kind
-                        ),
-                    ));
-                }
-                let messages = messages
-                    .iter()
-                    .map(|bytes| Message::parse_from_bytes(bytes))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|error| {
-                        RemoteError::new(
-                            RemoteErrorKind::BadRequest,
-                            format!("undecodable raft message: {error}"),
-                        )
-                    })?;
-                self.inputs
-                    .send(Input::Raft(messages))
-                    .await
-                    .map_err(|_| stopped())?;
-                Ok(SchedulerResponse::RaftAccepted)
-            }
-            SchedulerRequest::WatchDeaths { after, wait_ms } => {
-                // Subscribe before reading, so a death committed in between is not missed.
-                let mut published = self.notices.deaths.subscribe();
-                let known = self
-                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
-                    .await?;
-                if !matches!(&known, SchedulerResponse::Deaths(deaths) if deaths.is_empty()) {
-                    return Ok(known);
-                }
-                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
-                let next = tokio::time::timeout(wait, async {
-                    loop {
-                        match published.recv().await {
-                            Ok(death) if death.index > after => return Ok(vec![death]),
-                            Ok(_) => {}
-                            // Missed some: the state has them all.
-                            Err(broadcast::error::RecvError::Lagged(_)) => {
-                                return self
-                                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
-                                    .await
-                                    .map(|response| match response {
-                                        SchedulerResponse::Deaths(deaths) => deaths,
-                                        _ => Vec::new(),
-                                    });
-                            }
-                            Err(broadcast::error::RecvError::Closed) => return Err(stopped()),
-                        }
-                    }
-                })
-                .await;
-                match next {
-                    Ok(deaths) => Ok(SchedulerResponse::Deaths(deaths?)),
-                    Err(_) => Ok(SchedulerResponse::Deaths(Vec::new())),
-                }
-            }
-            SchedulerRequest::WatchJob { job, wait_ms } => {
-                // Subscribe before reading, so an end committed in between is not missed.
-                let mut ended = self.notices.jobs_ended.subscribe();
-                let request = SchedulerRequest::WatchJob { job, wait_ms };
-                let current = self.ask(request.clone()).await?;
-                let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
-                if !running {
-                    return Ok(current);
-                }
-                until_announced(&mut ended, job, wait_ms).await;
-                self.ask(request).await
-            }
-            SchedulerRequest::WatchDrivers {
-                node,
-                known,
-                wait_ms,
-            } => {
-                // Subscribe before reading, so a driver started in between is not missed.
-                let mut started = self.notices.drivers_started.subscribe();
-                let request = SchedulerRequest::WatchDrivers {
-                    node,
-                    known: known.clone(),
-                    wait_ms,
-                };
-                let current = self.ask(request.clone()).await?;
-                if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
-                {
-                    return Ok(current);
-                }
-                until_announced(&mut started, node, wait_ms).await;
-                self.ask(request).await
-            }
-            request => self.ask(request).await,
-        }
-    }
-}
-
-/// Waits until `announcements` carries `wanted`, at most `wait_ms` (capped by
-/// [`MAX_WATCH_WAIT`]). Missed announcements or a closed channel end the wait too: the caller
-/// reads the state again either way.
-async fn until_announced<T: Clone + PartialEq>(
-    announcements: &mut broadcast::Receiver<T>,
-    wanted: T,
-    wait_ms: u64,
-) {
-    let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
-    let _ = tokio::time::timeout(wait, async {
-        while let Ok(announced) = announcements.recv().await {
-            if announced == wanted {
-                return;
-            }
-        }
-    })
-    .await;
-}
-
-/// One `Place` request being answered: some requests placed, some waiting in the queue.
-struct PlaceBatch {
-    results: Vec<Option<Result<NodeId, PlacementError>>>,
-    pending: usize,
-    reply: Reply,
-    /// What was reserved for this batch, returned if the caller is gone when it completes.
-    reserved: Vec<Reservation>,
-}
-
-/// One placement's reservation, and the node that asked for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Reservation {
-    node: NodeId,
-    cpu_millis: u64,
-    memory_hint: u64,
-    requester: Option<NodeId>,
 }
 
 struct RaftLoop<S: LogStore> {
@@ -566,20 +344,6 @@ impl<S: LogStore> RaftLoop<S> {
         self.raw.raft.state == StateRole::Leader
     }
 
-    fn leader_hint(&self) -> Option<LeaderHint> {
-        let leader = self.raw.raft.leader_id;
-        self.peers.get(&leader).map(|addr| LeaderHint {
-            id: leader,
-            addr: addr.clone(),
-        })
-    }
-
-    fn not_leader(&self) -> SchedulerResponse {
-        SchedulerResponse::NotLeader {
-            leader: self.leader_hint(),
-        }
-    }
-
     fn handle(&mut self, input: Input) {
         match input {
             Input::Raft(messages) => {
@@ -603,145 +367,6 @@ impl<S: LogStore> RaftLoop<S> {
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
             Input::Request { request, reply } => self.handle_request(request, reply),
-        }
-    }
-
-    fn handle_request(&mut self, request: SchedulerRequest, reply: Reply) {
-        match request {
-            SchedulerRequest::Status => {
-                let status = self.status();
-                let _ = reply.send(Ok(SchedulerResponse::Status(status)));
-            }
-            SchedulerRequest::WatchDeaths { after, .. } => {
-                let deaths = self.state.deaths_after(after);
-                let _ = reply.send(Ok(SchedulerResponse::Deaths(deaths)));
-            }
-            _ if !self.is_leader() => {
-                let _ = reply.send(Ok(self.not_leader()));
-            }
-            SchedulerRequest::RegisterNode {
-                addresses,
-                resources,
-                memory,
-                labels,
-            } => self.propose(
-                Command::RegisterNode {
-                    addresses,
-                    resources,
-                    memory,
-                    labels,
-                },
-                Some(reply),
-            ),
-            SchedulerRequest::Propose(command) => self.propose(command, Some(reply)),
-            SchedulerRequest::Heartbeat { node, usage } => {
-                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    self.last_seen.insert(node, Instant::now());
-                    self.usage.insert(node, usage);
-                    SchedulerResponse::HeartbeatAccepted {
-                        drivers: self.state.drivers_on(node),
-                    }
-                } else {
-                    SchedulerResponse::Rejoin
-                };
-                let _ = reply.send(Ok(response));
-            }
-            SchedulerRequest::WatchJob { job, .. } => {
-                let record = self
-                    .state
-                    .jobs
-                    .get(&job)
-                    .map(|record| Box::new(JobRecord::clone(record)));
-                let _ = reply.send(Ok(SchedulerResponse::Job(record)));
-            }
-            SchedulerRequest::WatchDrivers { node, .. } => {
-                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    SchedulerResponse::HeartbeatAccepted {
-                        drivers: self.state.drivers_on(node),
-                    }
-                } else {
-                    SchedulerResponse::Rejoin
-                };
-                let _ = reply.send(Ok(response));
-            }
-            SchedulerRequest::ReadState => self.reads_unissued.push(reply),
-            SchedulerRequest::NodeReports => {
-                let now = Instant::now();
-                let reports = self
-                    .usage
-                    .iter()
-                    .filter_map(|(node, usage)| {
-                        let seen = self.last_seen.get(node)?;
-                        let age = now.duration_since(*seen).as_millis();
-                        Some((
-                            *node,
-                            NodeReport {
-                                usage: *usage,
-                                reserved: self.view.used(*node).unwrap_or_default(),
-                                age_ms: u64::try_from(age).unwrap_or(u64::MAX),
-                            },
-                        ))
-                    })
-                    .collect();
-                let _ = reply.send(Ok(SchedulerResponse::NodeReports(reports)));
-            }
-            SchedulerRequest::ReportProgress { job, progress } => {
-                let response = match self.state.jobs.get(&job) {
-                    Some(record) if record.status == JobStatus::Running => {
-                        let cancel = record.cancel_requested;
-                        self.progress.insert(job, progress);
-                        SchedulerResponse::ProgressAccepted { cancel }
-                    }
-                    // The job ended or was never here: the driver should stop.
-                    _ => SchedulerResponse::ProgressAccepted { cancel: true },
-                };
-                let _ = reply.send(Ok(response));
-            }
-            SchedulerRequest::JobProgress { job } => {
-                let progress = self.progress.get(&job).cloned();
-                let _ = reply.send(Ok(SchedulerResponse::Progress(progress)));
-            }
-            SchedulerRequest::AllProgress => {
-                let progress = self.progress.clone();
-                let _ = reply.send(Ok(SchedulerResponse::AllProgress(progress)));
-            }
-            SchedulerRequest::Place { requests } => self.place(requests, reply),
-            SchedulerRequest::Release {
-                node,
-                cpu_millis,
-                memory_hint,
-                requester,
-            } => {
-                self.release(Reservation {
-                    node,
-                    cpu_millis,
-                    memory_hint,
-                    requester,
-                });
-                self.retry_waiting();
-                let _ = reply.send(Ok(SchedulerResponse::Released));
-            }
-            SchedulerRequest::Raft { .. } => {
-                let _ = reply.send(Err(RemoteError::new(
-                    RemoteErrorKind::BadRequest,
-                    "raft messages go through the transport",
-                )));
-            }
-        }
-    }
-
-    fn status(&self) -> ReplicaStatus {
-        let leader = self.raw.raft.leader_id;
-        let store = self.raw.store();
-        ReplicaStatus {
-            id: self.id,
-            leader: (leader != 0).then_some(leader),
-            term: self.raw.raft.term,
-            commit: self.raw.raft.raft_log.committed,
-            applied: self.state.applied_index,
-            applied_commands: self.state.applied_commands,
-            first_index: store.first_index().unwrap_or(0),
-            snapshot_index: store.latest_snapshot().get_metadata().index,
         }
     }
 
@@ -783,117 +408,6 @@ impl<S: LogStore> RaftLoop<S> {
                 }
             }
         }
-    }
-
-    fn place(&mut self, requests: Vec<PlacementRequest>, reply: Reply) {
-        let decisions = self.view.place(&requests);
-        let mut batch = PlaceBatch {
-            results: Vec::with_capacity(requests.len()),
-            pending: 0,
-            reply,
-            reserved: Vec::new(),
-        };
-        self.next_batch += 1;
-        for (slot, (decision, request)) in decisions.into_iter().zip(requests).enumerate() {
-            match decision {
-                Ok(Decision::Placed(node)) => {
-                    batch.reserved.push(Reservation {
-                        node,
-                        cpu_millis: request.cpu_millis,
-                        memory_hint: request.memory_hint,
-                        requester: request.requester,
-                    });
-                    batch.results.push(Some(Ok(node)));
-                }
-                Ok(Decision::Wait) => {
-                    batch.results.push(None);
-                    batch.pending += 1;
-                    self.queue
-                        .push(request.clone(), (self.next_batch, slot, request));
-                }
-                Err(error) => batch.results.push(Some(Err(error))),
-            }
-        }
-        self.batches.insert(self.next_batch, batch);
-        self.finish_batch(self.next_batch);
-    }
-
-    fn retry_waiting(&mut self) {
-        if self.queue.is_empty() {
-            return;
-        }
-        for ((batch_id, slot, request), result) in self.queue.retry(&mut self.view) {
-            let Some(batch) = self.batches.get_mut(&batch_id) else {
-                continue;
-            };
-            if let Ok(node) = &result {
-                batch.reserved.push(Reservation {
-                    node: *node,
-                    cpu_millis: request.cpu_millis,
-                    memory_hint: request.memory_hint,
-                    requester: request.requester,
-                });
-            }
-            batch.results[slot] = Some(result);
-            batch.pending -= 1;
-            self.finish_batch(batch_id);
-        }
-    }
-
-    fn finish_batch(&mut self, batch_id: u64) {
-        if self
-            .batches
-            .get(&batch_id)
-            .is_none_or(|batch| batch.pending > 0)
-        {
-            return;
-        }
-        let Some(batch) = self.batches.remove(&batch_id) else {
-            return;
-        };
-        let results = batch.results.into_iter().flatten().collect();
-        if batch
-            .reply
-            .send(Ok(SchedulerResponse::Placements(results)))
-            .is_err()
-        {
-            // The caller gave up waiting; nothing will run on what was reserved for it.
-            for reservation in batch.reserved {
-                self.view.release(
-                    reservation.node,
-                    reservation.cpu_millis,
-                    reservation.memory_hint,
-                );
-            }
-            self.retry_waiting();
-            return;
-        }
-        for reservation in batch.reserved {
-            if let Some(requester) = reservation.requester {
-                self.leases.entry(requester).or_default().push(reservation);
-            }
-        }
-    }
-
-    /// Gives back what a placed task reserved. A requester's reservation is given back once,
-    /// while this leader still holds its lease: after a leader change (the view is rebuilt
-    /// without it) or the requester's death (its leases went with it), a late release must not
-    /// subtract what other tasks reserved.
-    fn release(&mut self, reservation: Reservation) {
-        if let Some(requester) = reservation.requester {
-            let Some(leases) = self.leases.get_mut(&requester) else {
-                return;
-            };
-            let Some(position) = leases.iter().position(|lease| *lease == reservation) else {
-                return;
-            };
-            leases.swap_remove(position);
-        }
-        self.view.release(
-            reservation.node,
-            reservation.cpu_millis,
-            reservation.memory_hint,
-        );
     }
 
     fn issue_reads(&mut self) {
@@ -1139,82 +653,6 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
-    /// The leader commits the death of every node silent for longer than the node timeout.
-    /// A node first seen now (new registration, or this replica just became leader) gets a
-    /// full timeout from now: death needs silence to the current leader. So does every node
-    /// after this replica stalled for over half a node timeout (SIGSTOP, a paused VM): it
-    /// could not hear anyone then, and it may not even be the leader any more.
-    fn check_health(&mut self) {
-        let now = Instant::now();
-        let stalled = now.duration_since(self.last_health_check) > self.config.node_timeout() / 2;
-        self.last_health_check = now;
-        if !self.is_leader() {
-            return;
-        }
-        if stalled {
-            tracing::warn!(
-                replica = self.id,
-                "this replica was stalled; every node gets a full timeout from now"
-            );
-            self.last_seen.clear();
-        }
-        let timeout = self.config.node_timeout();
-        let mut silent = Vec::new();
-        for node in self.state.alive_nodes() {
-            let last = *self.last_seen.entry(node.id).or_insert(now);
-            if now.duration_since(last) > timeout && !self.dying.contains(&node.id) {
-                silent.push(node.id);
-            }
-        }
-        for node in silent {
-            self.dying.insert(node);
-            let reason = format!(
-                "missed {} heartbeats ({} ms without one)",
-                self.config.missed_heartbeats,
-                timeout.as_millis()
-            );
-            tracing::warn!(%node, %reason, "proposing node death");
-            self.propose(Command::MarkNodeDead { node, reason }, None);
-        }
-        self.place_drivers(now, timeout);
-    }
-
-    /// Starts a driver for every pending job on the least utilized alive node (drivers are
-    /// light; the work they start is placed task by task).
-    fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
-        let pending: Vec<JobId> = self
-            .state
-            .jobs
-            .values()
-            .filter(|job| job.status == JobStatus::Pending)
-            .map(|job| job.id)
-            .collect();
-        for job in pending {
-            if self
-                .drivers_proposed
-                .get(&job)
-                .is_some_and(|proposed| now.duration_since(*proposed) < retry_after)
-            {
-                continue;
-            }
-            let Some(node) = self
-                .state
-                .alive_nodes()
-                .filter(|node| !self.dying.contains(&node.id))
-                .min_by(|a, b| {
-                    let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
-                    load(a.id).total_cmp(&load(b.id))
-                })
-                .map(|node| node.id)
-            else {
-                return;
-            };
-            tracing::info!(%job, %node, "placing a job driver");
-            self.drivers_proposed.insert(job, now);
-            self.propose(Command::StartDriver { job, node }, None);
-        }
-    }
-
     fn maybe_compact(&mut self) -> Result<()> {
         let applied = self.state.applied_index;
         let snapshot_index = self.raw.store().latest_snapshot().get_metadata().index;
@@ -1247,95 +685,6 @@ enum Effect {
     JobEnded(JobId),
     JobCancelled(JobId),
     None,
-}
-
-/// Starts the task that carries Raft messages to one peer, batching whatever is queued into
-/// one RPC. Failures are reported to Raft (which retransmits) and paced by a short pause.
-fn spawn_peer_sender(
-    peer: u64,
-    addr: String,
-    wire: WireConfig,
-    inputs: mpsc::Sender<Input>,
-) -> mpsc::UnboundedSender<Message> {
-    let (sender, mut queue) = mpsc::unbounded_channel::<Message>();
-    tokio::spawn(async move {
-        let mut client: Option<RpcClient<SchedulerProtocol>> = None;
-        while let Some(first) = queue.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < MAX_MESSAGES_PER_SEND {
-                match queue.try_recv() {
-                    Ok(message) => batch.push(message),
-                    Err(_) => break,
-                }
-            }
-            let has_snapshot = batch
-                .iter()
-                .any(|message| message.get_msg_type() == MessageType::MsgSnapshot);
-            let sent = send_batch(&mut client, &addr, &wire, &batch).await;
-            if has_snapshot {
-                let status = if sent.is_ok() {
-                    SnapshotStatus::Finish
-                } else {
-                    SnapshotStatus::Failure
-                };
-                if inputs
-                    .send(Input::SnapshotSent { peer, status })
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if let Err(error) = sent {
-                tracing::debug!(peer, %addr, %error, "cannot reach replica");
-                client = None;
-                if inputs.send(Input::Unreachable(peer)).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(PEER_RETRY_PAUSE).await;
-                // What queued up meanwhile is stale; Raft resends what still matters, but it
-                // must hear that a snapshot was dropped or it would wait for it forever.
-                let mut dropped_snapshot = false;
-                while let Ok(message) = queue.try_recv() {
-                    dropped_snapshot |= message.get_msg_type() == MessageType::MsgSnapshot;
-                }
-                if dropped_snapshot {
-                    let status = SnapshotStatus::Failure;
-                    if inputs
-                        .send(Input::SnapshotSent { peer, status })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    sender
-}
-
-async fn send_batch(
-    client: &mut Option<RpcClient<SchedulerProtocol>>,
-    addr: &str,
-    wire: &WireConfig,
-    batch: &[Message],
-) -> Result<()> {
-    let messages = batch
-        .iter()
-        .map(|message| {
-            message.write_to_bytes().map_err(|error| Error::Protobuf {
-                what: "message",
-                message: error.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let connected = match client {
-        Some(client) => client,
-        None => client.insert(RpcClient::connect(addr, wire.clone(), PeerKind::Scheduler).await?),
-    };
-    connected.call(&SchedulerRequest::Raft { messages }).await?;
-    Ok(())
 }
 
 #[cfg(test)]

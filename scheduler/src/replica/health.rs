@@ -1,0 +1,87 @@
+//! The leader's health tick: committing the death of nodes that stopped heartbeating, and
+//! the driver loop that starts a driver for every pending job.
+
+use std::time::{Duration, Instant};
+
+use super::RaftLoop;
+use crate::storage::LogStore;
+use floe_api::state::{Command, JobStatus};
+use floe_core::JobId;
+
+impl<S: LogStore> RaftLoop<S> {
+    /// The leader commits the death of every node silent for longer than the node timeout.
+    /// A node first seen now (new registration, or this replica just became leader) gets a
+    /// full timeout from now: death needs silence to the current leader. So does every node
+    /// after this replica stalled for over half a node timeout (SIGSTOP, a paused VM): it
+    /// could not hear anyone then, and it may not even be the leader any more.
+    pub(super) fn check_health(&mut self) {
+        let now = Instant::now();
+        let stalled = now.duration_since(self.last_health_check) > self.config.node_timeout() / 2;
+        self.last_health_check = now;
+        if !self.is_leader() {
+            return;
+        }
+        if stalled {
+            tracing::warn!(
+                replica = self.id,
+                "this replica was stalled; every node gets a full timeout from now"
+            );
+            self.last_seen.clear();
+        }
+        let timeout = self.config.node_timeout();
+        let mut silent = Vec::new();
+        for node in self.state.alive_nodes() {
+            let last = *self.last_seen.entry(node.id).or_insert(now);
+            if now.duration_since(last) > timeout && !self.dying.contains(&node.id) {
+                silent.push(node.id);
+            }
+        }
+        for node in silent {
+            self.dying.insert(node);
+            let reason = format!(
+                "missed {} heartbeats ({} ms without one)",
+                self.config.missed_heartbeats,
+                timeout.as_millis()
+            );
+            tracing::warn!(%node, %reason, "proposing node death");
+            self.propose(Command::MarkNodeDead { node, reason }, None);
+        }
+        self.place_drivers(now, timeout);
+    }
+
+    /// Starts a driver for every pending job on the least utilized alive node (drivers are
+    /// light; the work they start is placed task by task).
+    pub(super) fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
+        let pending: Vec<JobId> = self
+            .state
+            .jobs
+            .values()
+            .filter(|job| job.status == JobStatus::Pending)
+            .map(|job| job.id)
+            .collect();
+        for job in pending {
+            if self
+                .drivers_proposed
+                .get(&job)
+                .is_some_and(|proposed| now.duration_since(*proposed) < retry_after)
+            {
+                continue;
+            }
+            let Some(node) = self
+                .state
+                .alive_nodes()
+                .filter(|node| !self.dying.contains(&node.id))
+                .min_by(|a, b| {
+                    let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
+                    load(a.id).total_cmp(&load(b.id))
+                })
+                .map(|node| node.id)
+            else {
+                return;
+            };
+            tracing::info!(%job, %node, "placing a job driver");
+            self.drivers_proposed.insert(job, now);
+            self.propose(Command::StartDriver { job, node }, None);
+        }
+    }
+}

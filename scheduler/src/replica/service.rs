@@ -1,0 +1,321 @@
+//! The RPC front: the [`Handler`] clients, nodes and other replicas call, which turns Raft
+//! traffic and requests into inputs for the Raft loop and holds the watches (deaths, jobs,
+//! drivers) open until the loop announces a change; and the loop's side of each request —
+//! answered from the state, proposed, or redirected to the leader when this replica is not it.
+
+use std::time::{Duration, Instant};
+
+use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
+use protobuf::Message as _;
+use raft::prelude::Message;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::placement::Reservation;
+use super::{Input, Notices, RaftLoop, Reply};
+use crate::storage::LogStore;
+use floe_api::scheduler_protocol::{
+    LeaderHint, NodeReport, ReplicaStatus, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+};
+use floe_api::state::{Command, JobRecord, JobStatus};
+
+/// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
+const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
+
+pub(super) struct Service {
+    pub(super) inputs: mpsc::Sender<Input>,
+    pub(super) notices: Notices,
+}
+
+fn stopped() -> RemoteError {
+    RemoteError::new(RemoteErrorKind::Unavailable, "the replica is shutting down")
+}
+
+impl Service {
+    async fn ask(&self, request: SchedulerRequest) -> Result<SchedulerResponse, RemoteError> {
+        let (reply, answer) = oneshot::channel();
+        self.inputs
+            .send(Input::Request { request, reply })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+impl Handler<SchedulerProtocol> for Service {
+    async fn handle(
+        &self,
+        peer: Peer,
+        request: SchedulerRequest,
+    ) -> Result<SchedulerResponse, RemoteError> {
+        match request {
+            SchedulerRequest::Raft { messages } => {
+                if peer.kind != PeerKind::Scheduler {
+                    return Err(RemoteError::new(
+                        RemoteErrorKind::BadRequest,
+                        format!(
+                            "raft messages are only accepted from replicas, not {:?}",
+                            peer.kind
+                        ),
+                    ));
+                }
+                let messages = messages
+                    .iter()
+                    .map(|bytes| Message::parse_from_bytes(bytes))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| {
+                        RemoteError::new(
+                            RemoteErrorKind::BadRequest,
+                            format!("undecodable raft message: {error}"),
+                        )
+                    })?;
+                self.inputs
+                    .send(Input::Raft(messages))
+                    .await
+                    .map_err(|_| stopped())?;
+                Ok(SchedulerResponse::RaftAccepted)
+            }
+            SchedulerRequest::WatchDeaths { after, wait_ms } => {
+                // Subscribe before reading, so a death committed in between is not missed.
+                let mut published = self.notices.deaths.subscribe();
+                let known = self
+                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                    .await?;
+                if !matches!(&known, SchedulerResponse::Deaths(deaths) if deaths.is_empty()) {
+                    return Ok(known);
+                }
+                let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
+                let next = tokio::time::timeout(wait, async {
+                    loop {
+                        match published.recv().await {
+                            Ok(death) if death.index > after => return Ok(vec![death]),
+                            Ok(_) => {}
+                            // Missed some: the state has them all.
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                return self
+                                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                                    .await
+                                    .map(|response| match response {
+                                        SchedulerResponse::Deaths(deaths) => deaths,
+                                        _ => Vec::new(),
+                                    });
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return Err(stopped()),
+                        }
+                    }
+                })
+                .await;
+                match next {
+                    Ok(deaths) => Ok(SchedulerResponse::Deaths(deaths?)),
+                    Err(_) => Ok(SchedulerResponse::Deaths(Vec::new())),
+                }
+            }
+            SchedulerRequest::WatchJob { job, wait_ms } => {
+                // Subscribe before reading, so an end committed in between is not missed.
+                let mut ended = self.notices.jobs_ended.subscribe();
+                let request = SchedulerRequest::WatchJob { job, wait_ms };
+                let current = self.ask(request.clone()).await?;
+                let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
+                if !running {
+                    return Ok(current);
+                }
+                until_announced(&mut ended, job, wait_ms).await;
+                self.ask(request).await
+            }
+            SchedulerRequest::WatchDrivers {
+                node,
+                known,
+                wait_ms,
+            } => {
+                // Subscribe before reading, so a driver started in between is not missed.
+                let mut started = self.notices.drivers_started.subscribe();
+                let request = SchedulerRequest::WatchDrivers {
+                    node,
+                    known: known.clone(),
+                    wait_ms,
+                };
+                let current = self.ask(request.clone()).await?;
+                if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
+                {
+                    return Ok(current);
+                }
+                until_announced(&mut started, node, wait_ms).await;
+                self.ask(request).await
+            }
+            request => self.ask(request).await,
+        }
+    }
+}
+
+/// Waits until `announcements` carries `wanted`, at most `wait_ms` (capped by
+/// [`MAX_WATCH_WAIT`]). Missed announcements or a closed channel end the wait too: the caller
+/// reads the state again either way.
+async fn until_announced<T: Clone + PartialEq>(
+    announcements: &mut broadcast::Receiver<T>,
+    wanted: T,
+    wait_ms: u64,
+) {
+    let wait = Duration::from_millis(wait_ms).min(MAX_WATCH_WAIT);
+    let _ = tokio::time::timeout(wait, async {
+        while let Ok(announced) = announcements.recv().await {
+            if announced == wanted {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+impl<S: LogStore> RaftLoop<S> {
+    pub(super) fn leader_hint(&self) -> Option<LeaderHint> {
+        let leader = self.raw.raft.leader_id;
+        self.peers.get(&leader).map(|addr| LeaderHint {
+            id: leader,
+            addr: addr.clone(),
+        })
+    }
+
+    pub(super) fn not_leader(&self) -> SchedulerResponse {
+        SchedulerResponse::NotLeader {
+            leader: self.leader_hint(),
+        }
+    }
+
+    pub(super) fn handle_request(&mut self, request: SchedulerRequest, reply: Reply) {
+        match request {
+            SchedulerRequest::Status => {
+                let status = self.status();
+                let _ = reply.send(Ok(SchedulerResponse::Status(status)));
+            }
+            SchedulerRequest::WatchDeaths { after, .. } => {
+                let deaths = self.state.deaths_after(after);
+                let _ = reply.send(Ok(SchedulerResponse::Deaths(deaths)));
+            }
+            _ if !self.is_leader() => {
+                let _ = reply.send(Ok(self.not_leader()));
+            }
+            SchedulerRequest::RegisterNode {
+                addresses,
+                resources,
+                memory,
+                labels,
+            } => self.propose(
+                Command::RegisterNode {
+                    addresses,
+                    resources,
+                    memory,
+                    labels,
+                },
+                Some(reply),
+            ),
+            SchedulerRequest::Propose(command) => self.propose(command, Some(reply)),
+            SchedulerRequest::Heartbeat { node, usage } => {
+                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
+                    self.last_seen.insert(node, Instant::now());
+                    self.usage.insert(node, usage);
+                    SchedulerResponse::HeartbeatAccepted {
+                        drivers: self.state.drivers_on(node),
+                    }
+                } else {
+                    SchedulerResponse::Rejoin
+                };
+                let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::WatchJob { job, .. } => {
+                let record = self
+                    .state
+                    .jobs
+                    .get(&job)
+                    .map(|record| Box::new(JobRecord::clone(record)));
+                let _ = reply.send(Ok(SchedulerResponse::Job(record)));
+            }
+            SchedulerRequest::WatchDrivers { node, .. } => {
+                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
+                    SchedulerResponse::HeartbeatAccepted {
+                        drivers: self.state.drivers_on(node),
+                    }
+                } else {
+                    SchedulerResponse::Rejoin
+                };
+                let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::ReadState => self.reads_unissued.push(reply),
+            SchedulerRequest::NodeReports => {
+                let now = Instant::now();
+                let reports = self
+                    .usage
+                    .iter()
+                    .filter_map(|(node, usage)| {
+                        let seen = self.last_seen.get(node)?;
+                        let age = now.duration_since(*seen).as_millis();
+                        Some((
+                            *node,
+                            NodeReport {
+                                usage: *usage,
+                                reserved: self.view.used(*node).unwrap_or_default(),
+                                age_ms: u64::try_from(age).unwrap_or(u64::MAX),
+                            },
+                        ))
+                    })
+                    .collect();
+                let _ = reply.send(Ok(SchedulerResponse::NodeReports(reports)));
+            }
+            SchedulerRequest::ReportProgress { job, progress } => {
+                let response = match self.state.jobs.get(&job) {
+                    Some(record) if record.status == JobStatus::Running => {
+                        let cancel = record.cancel_requested;
+                        self.progress.insert(job, progress);
+                        SchedulerResponse::ProgressAccepted { cancel }
+                    }
+                    // The job ended or was never here: the driver should stop.
+                    _ => SchedulerResponse::ProgressAccepted { cancel: true },
+                };
+                let _ = reply.send(Ok(response));
+            }
+            SchedulerRequest::JobProgress { job } => {
+                let progress = self.progress.get(&job).cloned();
+                let _ = reply.send(Ok(SchedulerResponse::Progress(progress)));
+            }
+            SchedulerRequest::AllProgress => {
+                let progress = self.progress.clone();
+                let _ = reply.send(Ok(SchedulerResponse::AllProgress(progress)));
+            }
+            SchedulerRequest::Place { requests } => self.place(requests, reply),
+            SchedulerRequest::Release {
+                node,
+                cpu_millis,
+                memory_hint,
+                requester,
+            } => {
+                self.release(Reservation {
+                    node,
+                    cpu_millis,
+                    memory_hint,
+                    requester,
+                });
+                self.retry_waiting();
+                let _ = reply.send(Ok(SchedulerResponse::Released));
+            }
+            SchedulerRequest::Raft { .. } => {
+                let _ = reply.send(Err(RemoteError::new(
+                    RemoteErrorKind::BadRequest,
+                    "raft messages go through the transport",
+                )));
+            }
+        }
+    }
+
+    pub(super) fn status(&self) -> ReplicaStatus {
+        let leader = self.raw.raft.leader_id;
+        let store = self.raw.store();
+        ReplicaStatus {
+            id: self.id,
+            leader: (leader != 0).then_some(leader),
+            term: self.raw.raft.term,
+            commit: self.raw.raft.raft_log.committed,
+            applied: self.state.applied_index,
+            applied_commands: self.state.applied_commands,
+            first_index: store.first_index().unwrap_or(0),
+            snapshot_index: store.latest_snapshot().get_metadata().index,
+        }
+    }
+}
