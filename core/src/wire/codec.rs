@@ -5,13 +5,15 @@
 //! or byte buffer is allocated only once its bytes are known to be in the input; a sequence's
 //! claimed length may make serde preallocate, but serde caps that at 1 MiB, which is why the
 //! frame limit (`net.max_frame`) is at least 1 MiB: no input makes a decoder allocate more
-//! than the frame limit in one piece. Swapping the codec means changing only this file.
+//! than the frame limit in one piece. Every value decodes through [`super::depth::Depth`], so no
+//! input nests deeper than [`MAX_SERDE_DEPTH`] levels, whatever its types. Swapping the codec means changing only this file.
 
 use bincode::Options;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::WireError;
+use super::depth::{Bounded, MAX_SERDE_DEPTH};
 
 fn options() -> impl Options {
     bincode::DefaultOptions::new()
@@ -35,9 +37,18 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, WireError> {
 
 /// Decodes exactly one value that must fill `bytes`; `what` names it in the error.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<T, WireError> {
+    decode_within(bytes, what, MAX_SERDE_DEPTH)
+}
+
+/// [`decode`] with `max_depth` levels of serde nesting allowed instead of [`MAX_SERDE_DEPTH`].
+pub(crate) fn decode_within<T: DeserializeOwned>(
+    bytes: &[u8],
+    what: &'static str,
+    max_depth: u32,
+) -> Result<T, WireError> {
     options()
         .with_limit(bytes.len() as u64)
-        .deserialize(bytes)
+        .deserialize_seed(Bounded::<T>::new(max_depth), bytes)
         .map_err(|error| WireError::Decode {
             what,
             message: error.to_string(),

@@ -5,6 +5,7 @@
 //! and cluster token) and [`rpc`] (typed request/response over a handshaken connection).
 
 pub mod codec;
+pub mod depth;
 pub mod frame;
 pub mod handshake;
 pub mod nesting;
