@@ -5,6 +5,7 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
+use floe_testkit::process::signal;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -59,15 +60,6 @@ async fn cluster(dir: &Path, token: &str, nodes: usize) -> (LocalSchedulers, Vec
         started.push(node);
     }
     (schedulers, started)
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
 async fn state(schedulers: &LocalSchedulers) -> ClusterState {
