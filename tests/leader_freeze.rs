@@ -5,7 +5,6 @@
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
 
-use floe_testkit::process::signal;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -14,47 +13,39 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Int64Array};
 use floe_api::state::{CacheEntry, ClusterState};
-use floe_client::local::{LocalNode, LocalNodeConfig};
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_client::local::LocalNode;
+use floe_client::local::LocalSchedulers;
 use floe_client::{Client, Dataset, JobHandle, JobOutput, UdfCall, col, lit};
 use floe_core::NodeId;
 use floe_core::config::{ClusterToken, Config};
 use floe_core::wire::WireConfig;
+use floe_testkit::cluster::{TestClusterConfig, start_node, start_schedulers};
+use floe_testkit::process::signal;
 
 /// Small blocks, so a range becomes tens of tasks.
 const SMALL_BLOCKS: [&str; 2] = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
 
 /// Three replicas (with a fast Raft tick) and `nodes` nodes of two workers each.
 async fn cluster(dir: &Path, token: &str, nodes: usize) -> (LocalSchedulers, Vec<LocalNode>) {
-    let schedulers = LocalSchedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas: 3,
-        dir: dir.to_owned(),
-        token: token.into(),
-        settings: vec!["scheduler.raft_tick_ms=30".into()],
-    })
-    .unwrap();
+    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token);
+    config.replicas = 3;
+    config.settings = vec!["scheduler.raft_tick_ms=30".into()];
+    config.node_settings = SMALL_BLOCKS.map(str::to_owned).to_vec();
+    let schedulers = start_schedulers(&config, dir);
     schedulers
         .wait_for_leader(Duration::from_secs(30))
         .await
         .unwrap();
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(token);
-    let wire = WireConfig::from_config(&config);
     let mut started = Vec::new();
     for index in 0..nodes {
-        let mut settings = vec!["node.workers=2".to_owned()];
-        settings.extend(SMALL_BLOCKS.iter().map(|s| (*s).to_owned()));
-        let node = LocalNode::start(&LocalNodeConfig {
-            binary: env!("CARGO_BIN_EXE_floe").into(),
-            schedulers: schedulers.addrs(),
-            dir: dir.to_owned(),
-            name: format!("node-{index}"),
-            token: token.into(),
-            settings,
-        })
-        .unwrap();
-        node.wait_ready(&wire, 2, Duration::from_secs(30))
+        let node = start_node(
+            &config,
+            dir,
+            &schedulers.addrs(),
+            &format!("node-{index}"),
+            &[],
+        );
+        node.wait_ready(&config.wire(), config.workers, Duration::from_secs(30))
             .await
             .unwrap();
         started.push(node);

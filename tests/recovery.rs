@@ -11,53 +11,43 @@ use std::time::{Duration, Instant};
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind};
 use floe_api::node_protocol::{OutputRef, TaskSpec, TestTask};
 use floe_api::state::{Command, Outcome};
-use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
-use floe_core::config::{ClusterToken, Config};
+use floe_client::local::{LocalNode, LocalSchedulers};
+use floe_core::config::ByteSize;
 use floe_core::wire::WireConfig;
 use floe_core::{SubmissionId, TaskId};
+use floe_testkit::cluster::{TestClusterConfig, start_schedulers};
 
 const TOKEN: &str = "recovery-tests";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Replicas with a fast Raft tick, and nodes whose object store is 32 MiB, spilling past 80%
+/// in files of 1 MiB.
+fn config(replicas: u64) -> TestClusterConfig {
+    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN);
+    config.replicas = replicas;
+    config.settings = vec!["scheduler.raft_tick_ms=30".into()];
+    config.node_settings = [
+        "memory.total=1GiB",
+        "memory.object_store_fraction=0.01",
+        "memory.object_store_min=32MiB",
+        "memory.min_spilling_size=1MiB",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    config.max_frame = Some(ByteSize::mib(64));
+    config
+}
+
 fn schedulers(dir: &Path, replicas: u64) -> LocalSchedulers {
-    LocalSchedulers::start(LocalSchedulersConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        replicas,
-        dir: dir.to_owned(),
-        token: TOKEN.into(),
-        settings: vec!["scheduler.raft_tick_ms=30".into()],
-    })
-    .unwrap()
+    start_schedulers(&config(replicas), dir)
 }
 
 fn wire() -> WireConfig {
-    let mut config = Config::default();
-    config.cluster.token = ClusterToken::new(TOKEN);
-    config.net.max_frame = floe_core::config::ByteSize::mib(64);
-    WireConfig::from_config(&config)
+    config(1).wire()
 }
 
-/// A node in `dir/name` whose object store is 32 MiB, spilling past 80% in files of 1 MiB.
 fn start_node(dir: &Path, name: &str, schedulers: &LocalSchedulers) -> LocalNode {
-    LocalNode::start(&LocalNodeConfig {
-        binary: env!("CARGO_BIN_EXE_floe").into(),
-        schedulers: schedulers.addrs(),
-        dir: dir.to_owned(),
-        name: name.into(),
-        token: TOKEN.into(),
-        settings: [
-            "node.workers=2",
-            "memory.total=1GiB",
-            "memory.object_store_fraction=0.01",
-            "memory.object_store_min=32MiB",
-            "memory.min_spilling_size=1MiB",
-            "net.max_frame=64MiB",
-            "scheduler.raft_tick_ms=30",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    })
-    .unwrap()
+    floe_testkit::cluster::start_node(&config(1), dir, &schedulers.addrs(), name, &[])
 }
 
 /// Runs a `Fill` task of `bytes` bytes; its output stays in the node's store.
