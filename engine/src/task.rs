@@ -34,14 +34,22 @@ pub struct TaskContext<'a> {
     pub batch_rows: usize,
 }
 
-/// Runs one stage task over its input blocks (one list per input object), as a worker does: an
-/// all-to-all task through its operator's exchange, a sink's part written where its stage says
-/// (no blocks come back), any other through [`run_task`].
+/// Runs one stage task over its input blocks (one list per input object), with the block sizes
+/// and batch rows the task names, as a worker does: an all-to-all task through its operator's
+/// exchange, a sink's part written where its stage says (no blocks come back), any other
+/// through [`run_task`].
 pub fn run_stage_task(
     task: &StageTask,
     inputs: Vec<Vec<RecordBatch>>,
-    context: &TaskContext,
+    registry: &Registry,
+    processes: &[ProcessEndpoint],
 ) -> Result<Vec<RecordBatch>> {
+    let context = &TaskContext {
+        registry,
+        processes,
+        sizing: BlockSizing::new(task.min_block_bytes, task.max_block_bytes)?,
+        batch_rows: task.batch_rows.max(1) as usize,
+    };
     let stage = &task.stage;
     match (&stage.kind, task.input) {
         (StageKind::AllToAll(operator), input) => {

@@ -20,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
 use floe_api::node_protocol::{Bytes, TaskKind};
-use floe_engine::blocks::BlockSizing;
-use floe_engine::task::{TaskContext, run_stage_task};
+use floe_engine::task::run_stage_task;
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 
@@ -230,14 +229,6 @@ fn run_stage(
     registry: &Registry,
     processes: &[ProcessEndpoint],
 ) -> Result<Vec<WorkerOutput>, WorkerTaskFailure> {
-    let sizing = BlockSizing::new(task.min_block_bytes, task.max_block_bytes)
-        .map_err(WorkerTaskFailure::permanent)?;
-    let context = TaskContext {
-        registry,
-        processes,
-        sizing,
-        batch_rows: task.batch_rows.max(1) as usize,
-    };
     let mut per_input = Vec::with_capacity(views.len());
     for view in views {
         let block = read_block(view).map_err(|error| {
@@ -245,7 +236,7 @@ fn run_stage(
         })?;
         per_input.push(block.batches);
     }
-    let batches = run_stage_task(task, per_input, &context)?;
+    let batches = run_stage_task(task, per_input, registry, processes)?;
     encode_outputs(&batches)
 }
 

@@ -27,8 +27,8 @@ use floe_core::job::{JobProgress, JobSpec};
 use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
 use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, SubmissionId, TaskId};
-use floe_engine::blocks::{BlockSizing, data_bytes};
-use floe_engine::task::{TaskContext, run_stage_task};
+use floe_engine::blocks::data_bytes;
+use floe_engine::task::run_stage_task;
 use floe_engine::udf::Registry;
 use tokio::sync::Notify;
 
@@ -667,9 +667,10 @@ impl FakeCluster {
                 return self.record(node, spec, task, actor, Err(failure));
             }
         };
-        let result = run_stage(task, inputs, &self.registry).map_err(|error| TaskFailure::Error {
-            message: error.to_string(),
-        });
+        let result =
+            run_stage_task(task, inputs, &self.registry, &[]).map_err(|error| TaskFailure::Error {
+                message: error.to_string(),
+            });
         let outputs = {
             let mut inner = self.lock();
             if !inner.is_alive(node) {
@@ -716,22 +717,6 @@ fn refused(message: String) -> Error {
         RemoteErrorKind::BadRequest,
         message,
     )))
-}
-
-/// One stage task over its input blocks (one `Vec` per input object), as a node's worker
-/// runs it.
-fn run_stage(
-    task: &StageTask,
-    inputs: Vec<Vec<RecordBatch>>,
-    registry: &Registry,
-) -> std::result::Result<Vec<RecordBatch>, floe_engine::Error> {
-    let context = TaskContext {
-        registry,
-        processes: &[],
-        sizing: BlockSizing::new(task.min_block_bytes, task.max_block_bytes)?,
-        batch_rows: task.batch_rows.max(1) as usize,
-    };
-    run_stage_task(task, inputs, &context)
 }
 
 impl ClusterAccess for FakeCluster {
