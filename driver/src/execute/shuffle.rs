@@ -5,11 +5,10 @@
 use std::collections::BTreeMap;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
-use floe_core::plan::Operator;
 use floe_core::plan::physical::StageKind;
 use floe_core::plan::task::StageInput;
 use floe_core::{NodeId, ObjectId};
-use floe_engine::exchange::{Routing, SAMPLE_ROWS_PER_PARTITION, exchange_for};
+use floe_engine::exchange::{Exchange, Routing, SAMPLE_ROWS_PER_PARTITION, exchange_for};
 
 use super::Execution;
 use super::aggregators::Aggregators;
@@ -156,7 +155,7 @@ impl<C: ClusterAccess> Execution<C> {
                 if matches!(exchange.routing(), Routing::Range(_)) && bundles > 0 {
                     self.start_sampling(index);
                 } else {
-                    self.start_partitioning(index, &operator);
+                    self.start_partitioning(index, &*exchange);
                 }
             }
             ShufflePhase::Sampling => {
@@ -173,12 +172,12 @@ impl<C: ClusterAccess> Execution<C> {
             }
             ShufflePhase::Bounding => {
                 if op.shuffle.boundaries.is_some() {
-                    self.start_partitioning(index, &operator);
+                    self.start_partitioning(index, &*exchange);
                 }
             }
             ShufflePhase::Partitioning => {
                 if op.shuffle.map_outputs.len() as u64 == op.shuffle.map_tasks {
-                    self.start_reducing(index, &operator);
+                    self.start_reducing(index, &*exchange);
                 }
             }
             ShufflePhase::Reducing => {}
@@ -221,12 +220,9 @@ impl<C: ClusterAccess> Execution<C> {
         self.ops[index].ready.extend(launches);
     }
 
-    fn start_partitioning(&mut self, index: usize, operator: &Operator) {
-        let exchange = exchange_for(operator);
-        let seed = exchange.as_ref().map_or(0, |exchange| exchange.seed());
-        let ranged = exchange
-            .as_ref()
-            .is_some_and(|exchange| matches!(exchange.routing(), Routing::Range(_)));
+    fn start_partitioning(&mut self, index: usize, exchange: &dyn Exchange) {
+        let seed = exchange.seed();
+        let ranged = matches!(exchange.routing(), Routing::Range(_));
         let mut launches = Vec::new();
         let shuffle = &self.ops[index].shuffle;
         let mut left_maps = 0;
@@ -273,12 +269,12 @@ impl<C: ClusterAccess> Execution<C> {
         op.shuffle.phase = ShufflePhase::Partitioning;
         op.ready.extend(launches);
         if op.shuffle.map_tasks == 0 {
-            self.start_reducing(index, operator);
+            self.start_reducing(index, exchange);
         }
     }
 
-    fn start_reducing(&mut self, index: usize, operator: &Operator) {
-        let seed = exchange_for(operator).map_or(0, |exchange| exchange.seed());
+    fn start_reducing(&mut self, index: usize, exchange: &dyn Exchange) {
+        let seed = exchange.seed();
         let hot = self.hot_partition(index);
         let op = &mut self.ops[index];
         let shuffle = &mut op.shuffle;
