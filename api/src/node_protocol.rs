@@ -69,6 +69,18 @@ pub enum TaskKind {
     Test(TestTask),
 }
 
+impl TaskKind {
+    /// The stage task, unless this is a test task: lets code that runs only stage tasks say
+    /// so the same way whether or not the `test-tasks` feature is on.
+    pub fn as_stage(&self) -> Option<&StageTask> {
+        match self {
+            TaskKind::Stage(task) => Some(task),
+            #[cfg(feature = "test-tasks")]
+            TaskKind::Test(_) => None,
+        }
+    }
+}
+
 /// The test-only task kinds (feature `test-tasks`), run by the node's workers.
 #[cfg(feature = "test-tasks")]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

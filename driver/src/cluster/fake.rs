@@ -16,8 +16,8 @@ use std::time::Duration;
 use arrow::record_batch::RecordBatch;
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, Bytes, NodeRequest, NodeResponse,
-    NodeStatus, ObjectMeta, OutputRef, ShardLoad, ShardWrite, StoreUsage, TaskFailure, TaskKind,
-    TaskSpec, output_id,
+    NodeStatus, ObjectMeta, OutputRef, ShardLoad, ShardWrite, StoreUsage, TaskFailure, TaskSpec,
+    output_id,
 };
 use floe_api::placement::{Decision, PlacementRequest, ResourceView};
 use floe_api::state::{
@@ -598,7 +598,7 @@ impl FakeCluster {
 
     /// Runs a stage task on `node` (through `actor`, for a reduce sent to an aggregator).
     async fn run(&self, node: NodeId, spec: &TaskSpec, actor: Option<ActorId>) -> Ran {
-        let TaskKind::Stage(task) = &spec.kind else {
+        let Some(task) = spec.kind.as_stage() else {
             return Ran::Finished(Err(TaskFailure::Error {
                 message: "the fake cluster runs stage tasks only".into(),
             }));
