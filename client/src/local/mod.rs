@@ -8,7 +8,9 @@
 mod node;
 mod schedulers;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 pub use node::{LocalNode, LocalNodeConfig};
 pub use schedulers::{LocalSchedulers, LocalSchedulersConfig};
@@ -30,6 +32,8 @@ pub enum Error {
     Node(String),
     #[error("local schedulers: {0}")]
     Schedulers(String),
+    #[error("no loopback port was free after {0} tries")]
+    NoFreePort(usize),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -39,4 +43,26 @@ impl Error {
         let path = path.into();
         move |source| Error::Io { op, path, source }
     }
+}
+
+/// How many probes [`free_port`] makes before it gives up.
+const PORT_PROBES: usize = 1000;
+
+/// A loopback port that nothing listened on when probed and that this process has not handed
+/// out before. The processes started here bind their ports themselves, later: a port released
+/// by one probe is often the next probe's, so two processes of one test would otherwise be
+/// given the same port and the second would fail to listen.
+fn free_port() -> Result<u16> {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..PORT_PROBES {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .map_err(Error::io("binding a probe socket on", "127.0.0.1:0"))?
+            .port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(Error::NoFreePort(PORT_PROBES))
 }

@@ -11,7 +11,7 @@ use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
 
-use super::{Error, Result};
+use super::{Error, Result, free_port};
 
 /// How to run the node.
 #[derive(Debug, Clone)]
@@ -39,10 +39,7 @@ pub struct LocalNode {
 impl LocalNode {
     /// Starts `floe node` on a free loopback port.
     pub fn start(config: &LocalNodeConfig) -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|probe| probe.local_addr())
-            .map_err(Error::io("finding a free port on", "127.0.0.1:0"))?
-            .port();
+        let port = free_port()?;
         let data_dir = config.dir.join(&config.name);
         std::fs::create_dir_all(&data_dir)
             .map_err(Error::io("creating the node's directory", &data_dir))?;

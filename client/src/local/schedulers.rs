@@ -14,7 +14,7 @@ use floe_core::wire::{PeerKind, WireConfig};
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::ReplicaStatus;
 
-use super::{Error, Result};
+use super::{Error, Result, free_port};
 
 /// How to run the cluster.
 #[derive(Debug, Clone)]
@@ -35,15 +35,6 @@ pub struct LocalSchedulers {
     /// Each replica's HTTP address (API, dashboard, metrics).
     http: BTreeMap<u64, String>,
     children: BTreeMap<u64, Child>,
-}
-
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(Error::io("binding a probe socket on", "127.0.0.1:0"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(Error::io("reading the address of", "127.0.0.1:0"))?;
-    Ok(addr.port())
 }
 
 impl LocalSchedulers {
