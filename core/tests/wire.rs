@@ -14,7 +14,8 @@ use floe_core::wire::handshake::{
 };
 use floe_core::wire::rpc::{self, Handler, Peer, Protocol, RemoteError, RemoteErrorKind};
 use floe_core::wire::{
-    FileRange, FramedStream, PROTOCOL_VERSION, RpcClient, RpcServer, WireConfig, WireError, codec,
+    FileRange, FramedStream, PROTOCOL_VERSION, RpcClient, RpcServer, WireConfig, WireError,
+    WireTls, codec,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -134,6 +135,7 @@ fn wire_config(token: &str) -> WireConfig {
             write_ms: 2_000,
             idle_ms: 10_000,
         },
+        tls: WireTls::Plaintext,
     }
 }
 

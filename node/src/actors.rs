@@ -720,6 +720,7 @@ mod tests {
                 write_ms: 2_000,
                 idle_ms: 10_000,
             },
+            tls: floe_core::wire::WireTls::Plaintext,
         }
     }
 

@@ -15,6 +15,7 @@
 
 mod allowed;
 mod bytesize;
+mod tls;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -25,6 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
+pub use tls::{TlsConfig, TlsRole};
 
 /// The environment variable that names the config file.
 pub const CONFIG_FILE_ENV: &str = "FLOE_CONFIG";
@@ -44,6 +46,7 @@ pub struct Config {
     pub cache: CacheConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
+    pub tls: TlsConfig,
 }
 
 /// `[cluster]`: what every member of one cluster shares.
@@ -518,6 +521,8 @@ pub enum ConfigError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Tls(#[from] crate::wire::TlsError),
     #[error("cannot represent the configuration as TOML: {0}")]
     Render(String),
 }
@@ -924,11 +929,13 @@ impl Config {
                 reason: "must not be empty".into(),
             });
         }
+        self.tls.role()?;
         Ok(())
     }
 
     /// Checks that `service` can start here: the cluster token is set, its directories exist
-    /// (they are created) and are writable, and its ports are free on `net.bind_host`.
+    /// (they are created) and are writable, it serves TLS unless it listens on loopback only
+    /// (and the TLS files load), and its ports are free on `net.bind_host`.
     pub fn preflight(&self, service: Service) -> Result<(), ConfigError> {
         if self.cluster.token.is_empty() {
             return Err(ConfigError::Invalid {
@@ -954,6 +961,8 @@ impl Config {
         for (key, path) in directories {
             check_writable_dir(key, &path)?;
         }
+        self.tls.check_server(self.net.bind_host)?;
+        crate::wire::TlsContext::load(self.tls.role()?)?;
         let ports = match service {
             Service::Scheduler => vec![
                 ("scheduler.rpc_port", self.scheduler.rpc_port),

@@ -618,3 +618,120 @@ fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
         "{relative}"
     );
 }
+
+fn service_config(dir: &tempfile::TempDir, settings: &[String]) -> Result<Config, ConfigError> {
+    let mut loader = ConfigLoader::new()
+        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .set(&format!("paths.data_dir={}", dir.path().display()))?
+        .set("node.rpc_port=0")?;
+    for setting in settings {
+        loader = loader.set(setting)?;
+    }
+    loader.load()
+}
+
+#[test]
+fn a_server_off_loopback_without_tls_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = service_config(&dir, &["net.bind_host=0.0.0.0".into()]).unwrap();
+    let error = config.preflight(Service::Node).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ConfigError::Invalid {
+                key: "net.bind_host",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("plaintext is allowed only on loopback"),
+        "{error}"
+    );
+
+    // With the CA alone it is a client, and still cannot serve.
+    let tls_dir = tempfile::tempdir().unwrap();
+    let member = crate::wire::tls::generate_throwaway(tls_dir.path(), &[]).unwrap();
+    let ca_only = format!("tls.ca={}", member.ca.display());
+    let config = service_config(&dir, &["net.bind_host=0.0.0.0".into(), ca_only]).unwrap();
+    let error = config.preflight(Service::Node).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ConfigError::Invalid {
+                key: "tls.cert",
+                ..
+            }
+        ),
+        "{error}"
+    );
+
+    // With a certificate and key it serves anywhere.
+    let config = service_config(
+        &dir,
+        &[
+            "net.bind_host=0.0.0.0".into(),
+            format!("tls.ca={}", member.ca.display()),
+            format!("tls.cert={}", member.cert.display()),
+            format!("tls.key={}", member.key.display()),
+        ],
+    )
+    .unwrap();
+    config.preflight(Service::Node).unwrap();
+    assert_eq!(config.tls, member);
+}
+
+#[test]
+fn tls_files_come_from_the_environment_and_must_make_sense() {
+    let config = ConfigLoader::new()
+        .env(env(&[("FLOE_TLS_CA", "/etc/floe/ca.pem")]))
+        .load()
+        .unwrap();
+    assert_eq!(
+        config.tls.role().unwrap(),
+        TlsRole::Client {
+            ca: Path::new("/etc/floe/ca.pem")
+        }
+    );
+
+    let error = ConfigLoader::new()
+        .env(env(&[("FLOE_TLS_CERT", "/etc/floe/node.pem")]))
+        .load()
+        .unwrap_err();
+    assert!(
+        matches!(error, ConfigError::Invalid { key: "tls.key", .. }),
+        "{error}"
+    );
+    let error = ConfigLoader::new()
+        .env(env(&[
+            ("FLOE_TLS_CERT", "/c.pem"),
+            ("FLOE_TLS_KEY", "/k.pem"),
+        ]))
+        .load()
+        .unwrap_err();
+    assert!(
+        matches!(error, ConfigError::Invalid { key: "tls.ca", .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_server_whose_tls_files_do_not_load_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nowhere.pem");
+    let config = service_config(
+        &dir,
+        &[
+            format!("tls.ca={}", missing.display()),
+            format!("tls.cert={}", missing.display()),
+            format!("tls.key={}", missing.display()),
+        ],
+    )
+    .unwrap();
+    let error = config.preflight(Service::Node).unwrap_err();
+    assert!(matches!(error, ConfigError::Tls(_)), "{error}");
+    assert!(error.to_string().contains("nowhere.pem"), "{error}");
+}

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::rpc::FileRange;
+use super::tls::Connection;
 use super::{WireError, within};
 
 const HEADER_LEN: usize = 4;
@@ -174,20 +175,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
     }
 }
 
-impl FramedStream<TcpStream> {
-    /// Like [`Self::send_with_tail`], with a tail of `len` bytes of `range`'s file sent by
-    /// `sendfile(2)`. The kernel may read the file's pages after this returns: the caller keeps
-    /// them unchanged until the peer has read the frame.
-    pub async fn send_with_file_tail(
+impl FramedStream<Connection> {
+    /// Like [`Self::send_with_tail`]. On a plain TCP connection a tail that also lies in a
+    /// file (`file`) goes out with `sendfile(2)`, and the kernel may read the file's pages
+    /// after this returns: the caller keeps them unchanged until the peer has read the frame.
+    /// Inside TLS the bytes must be encrypted, so they are written from `tail`.
+    pub async fn send_with_attachment(
         &mut self,
         fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
-        range: &FileRange,
-        len: usize,
+        tail: &[u8],
+        file: Option<&FileRange>,
     ) -> Result<(), WireError> {
-        self.fill_head(fill, len)?;
+        self.fill_head(fill, tail.len())?;
         let write = async {
-            self.stream.write_all(&self.buffer).await?;
-            send_file(&self.stream, range, len).await
+            match (&mut self.stream, file) {
+                (Connection::Plain(socket), Some(range)) => {
+                    socket.write_all(&self.buffer).await?;
+                    send_file(socket, range, tail.len()).await
+                }
+                (stream, _) => {
+                    stream.write_all(&self.buffer).await?;
+                    stream.write_all(tail).await?;
+                    stream.flush().await
+                }
+            }
         };
         timed_write(self.write_timeout, write).await
     }
@@ -196,12 +207,7 @@ impl FramedStream<TcpStream> {
     /// server that dropped an idle client. Checked without blocking before reusing a
     /// connection, so a request is never written into a socket the peer already abandoned.
     pub fn peer_has_closed(&self) -> bool {
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
-            Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
-            // Bytes nobody asked for mean the stream is out of step: treat it as closed too.
-            Ok(_) => true,
-        }
+        self.stream.peer_has_closed()
     }
 }
 

@@ -44,8 +44,13 @@ pub struct Hello {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     WrongToken,
-    VersionMismatch { server: u32, client: u32 },
+    VersionMismatch {
+        server: u32,
+        client: u32,
+    },
     Malformed,
+    /// A plaintext peer reached a server that serves only TLS.
+    TlsRequired,
 }
 
 impl fmt::Display for Refusal {
@@ -57,6 +62,7 @@ impl fmt::Display for Refusal {
                 "protocol version mismatch (server {server}, client {client})"
             ),
             Refusal::Malformed => f.write_str("malformed handshake"),
+            Refusal::TlsRequired => f.write_str("the server requires TLS"),
         }
     }
 }
@@ -96,6 +102,7 @@ pub fn encode_reply(reply: &HandshakeReply, out: &mut Vec<u8>) {
                 Refusal::WrongToken => 1,
                 Refusal::VersionMismatch { .. } => 2,
                 Refusal::Malformed => 3,
+                Refusal::TlsRequired => 4,
             });
             out.extend_from_slice(message.as_bytes());
         }
@@ -119,6 +126,7 @@ pub fn decode_reply(body: &[u8], client_version: u32) -> Result<HandshakeReply, 
             client: client_version,
         },
         3 => Refusal::Malformed,
+        4 => Refusal::TlsRequired,
         other => {
             return Err(WireError::NotFloe(format!(
                 "unknown handshake status {other}"

@@ -10,8 +10,10 @@ pub mod frame;
 pub mod handshake;
 pub mod nesting;
 pub mod rpc;
+pub mod tls;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use frame::FramedStream;
@@ -22,6 +24,7 @@ pub use rpc::{
 };
 
 use crate::config::{ClusterToken, Config, TimeoutsConfig};
+pub use tls::{TlsContext, TlsError, WireTls};
 
 /// What a connection needs to know, taken from [`Config`].
 #[derive(Debug, Clone)]
@@ -29,6 +32,7 @@ pub struct WireConfig {
     pub token: ClusterToken,
     pub max_frame: usize,
     pub timeouts: TimeoutsConfig,
+    pub tls: WireTls,
 }
 
 impl WireConfig {
@@ -38,6 +42,7 @@ impl WireConfig {
             // `Config::validate` caps the frame at 1 GiB, which fits every target's usize.
             max_frame: usize::try_from(config.net.max_frame.bytes()).unwrap_or(usize::MAX),
             timeouts: config.timeouts.clone(),
+            tls: WireTls::from_config(&config.tls),
         }
     }
 }
@@ -92,6 +97,23 @@ pub enum WireError {
     IdMismatch { expected: u64, got: u64 },
     #[error("the cluster token is empty: set cluster.token (FLOE_CLUSTER_TOKEN) on every process")]
     EmptyToken,
+    #[error("{0}")]
+    Tls(Arc<TlsError>),
+    #[error("TLS handshake with {addr} failed: {source}")]
+    TlsHandshake {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{addr} does not speak TLS: is the server running without [tls]? (plaintext is \
+         served only on loopback)"
+    )]
+    ServerNotTls { addr: String },
+    #[error(
+        "refusing to serve plaintext on {addr}, which is not a loopback address: set tls.ca, \
+         tls.cert and tls.key"
+    )]
+    PlaintextOffLoopback { addr: SocketAddr },
     #[error("remote error: {0}")]
     Remote(#[from] RemoteError),
 }

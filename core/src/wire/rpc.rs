@@ -28,6 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::handshake::{self, HANDSHAKE_MAX_FRAME, Hello, PeerKind};
+use super::tls::{self, Connection};
 use super::{FramedStream, WireConfig, WireError, codec, within};
 
 /// One RPC service's message types.
@@ -81,6 +82,9 @@ impl std::fmt::Display for RemoteErrorKind {
 pub struct Peer {
     pub addr: SocketAddr,
     pub kind: PeerKind,
+    /// Whether the peer presented a TLS client certificate that chains to the cluster's CA,
+    /// as cluster members do (user clients have none; plaintext connections never do).
+    pub member_certificate: bool,
 }
 
 /// Serves one [`Protocol`]. Handlers run concurrently, one task per connection.
@@ -221,7 +225,7 @@ pub struct RpcClient<P: Protocol> {
     addr: String,
     config: WireConfig,
     peer: PeerKind,
-    stream: Option<FramedStream<TcpStream>>,
+    stream: Option<FramedStream<Connection>>,
     next_id: u64,
     _protocol: std::marker::PhantomData<P>,
 }
@@ -355,7 +359,7 @@ async fn open(
     addr: &str,
     config: &WireConfig,
     peer: PeerKind,
-) -> Result<FramedStream<TcpStream>, WireError> {
+) -> Result<FramedStream<Connection>, WireError> {
     let connect_timeout = config.timeouts.connect();
     let socket = within(connect_timeout, "connecting", TcpStream::connect(addr))
         .await?
@@ -368,8 +372,9 @@ async fn open(
         op: "configuring the socket",
         source,
     })?;
+    let connection = tls::connect(socket, addr, &config.tls, config.timeouts.handshake()).await?;
     let mut stream = FramedStream::new(
-        socket,
+        connection,
         config.max_frame,
         config.timeouts.read(),
         config.timeouts.write(),
@@ -420,6 +425,7 @@ impl RpcServer {
         if config.token.is_empty() {
             return Err(WireError::EmptyToken);
         }
+        tls::check_bind(addr, &config.tls)?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| WireError::Bind { addr, source })?;
@@ -483,8 +489,15 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
     if let Err(error) = socket.set_nodelay(true) {
         tracing::debug!(%addr, %error, "cannot set TCP_NODELAY");
     }
+    let accepted = match tls::accept(socket, &config.tls, &config.timeouts).await {
+        Ok(accepted) => accepted,
+        Err(error) => {
+            tracing::warn!(protocol = P::NAME, %addr, %error, "connection refused");
+            return;
+        }
+    };
     let mut stream = FramedStream::new(
-        socket,
+        accepted.connection,
         HANDSHAKE_MAX_FRAME,
         config.timeouts.read(),
         config.timeouts.write(),
@@ -500,7 +513,11 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
             }
         };
     stream.set_max_frame(config.max_frame);
-    let peer = Peer { addr, kind };
+    let peer = Peer {
+        addr,
+        kind,
+        member_certificate: accepted.member_certificate,
+    };
     // The last reply's attachment, kept until the client has read it (see the module docs).
     let mut unread: Option<Attachment> = None;
     loop {
@@ -536,24 +553,12 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
                     .send_with(|out| encode_response::<P>(id, &reply, out))
                     .await
             }
-            Some(
-                attachment @ Attachment {
-                    file: Some(range), ..
-                },
-            ) => {
-                stream
-                    .send_with_file_tail(
-                        |out| encode_attached_response::<P>(id, &reply, out),
-                        range,
-                        attachment.as_bytes().len(),
-                    )
-                    .await
-            }
             Some(attachment) => {
                 stream
-                    .send_with_tail(
+                    .send_with_attachment(
                         |out| encode_attached_response::<P>(id, &reply, out),
                         attachment.as_bytes(),
+                        attachment.file.as_ref(),
                     )
                     .await
             }

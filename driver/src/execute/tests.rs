@@ -45,6 +45,7 @@ fn driver_config() -> Arc<DriverConfig> {
             token: ClusterToken::new("fake"),
             max_frame: 1 << 20,
             timeouts: TimeoutsConfig::default(),
+            tls: floe_core::wire::WireTls::Plaintext,
         },
         node: DRIVER_NODE,
         min_block_bytes: 1,
