@@ -14,6 +14,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Args;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
+use floe_core::config::TlsRole;
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
@@ -27,8 +28,15 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
+    /// Connects with the configured token, over TLS when `tls.ca` is set.
     pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
-        Ok(Client::connect(&self.schedulers, config.cluster.token.expose()).await?)
+        let token = config.cluster.token.expose();
+        Ok(match config.tls.role()? {
+            TlsRole::Plaintext => Client::connect(&self.schedulers, token).await?,
+            TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
+                Client::connect_tls(&self.schedulers, token, ca).await?
+            }
+        })
     }
 }
 
@@ -84,6 +92,10 @@ pub struct UpArgs {
     /// Worker processes per node (0: one per CPU).
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
+    /// Run without TLS. By default every connection uses TLS with a throwaway CA made for
+    /// this cluster in its directory.
+    #[arg(long)]
+    pub plaintext: bool,
 }
 
 pub async fn status(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
@@ -271,6 +283,7 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         workers_per_node: args.workers,
         node_settings: Vec::new(),
         token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
+        tls: !args.plaintext,
     })
     .await?;
     print_local_cluster(&cluster);
@@ -290,8 +303,18 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     println!("  dashboard:  {}", cluster.dashboard_url());
     let token_file = cluster.token_file();
     println!("  token:      {} (mode 0600)", token_file.display());
+    let ca = match cluster.ca_file() {
+        Some(ca) => {
+            println!(
+                "  ca:         {} (TLS: clients verify with it)",
+                ca.display()
+            );
+            format!("FLOE_TLS_CA={} ", ca.display())
+        }
+        None => String::new(),
+    };
     println!(
-        "  use it:     FLOE_CLUSTER_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        "  use it:     {ca}FLOE_CLUSTER_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
         token_file.display()
     );
 }

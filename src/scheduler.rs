@@ -123,7 +123,12 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
             addr = %replica.local_addr(),
             http = %http.local_addr(),
             raft_dir = %raft_dir.display(),
-            "scheduler replica serving; dashboard at http://{}/",
+            "scheduler replica serving; dashboard at {}://{}/",
+            if config.tls.cert.as_os_str().is_empty() {
+                "http"
+            } else {
+                "https"
+            },
             http.local_addr()
         );
         replica

@@ -72,6 +72,7 @@ fn a_long_job_posted_to_every_replica_is_refused_and_every_replica_stays_up() {
         dir: dir.path().to_owned(),
         token: token.into(),
         settings: Vec::new(),
+        tls: floe_core::config::TlsConfig::default(),
     })
     .unwrap();
     runtime.block_on(schedulers.wait_for_leader(WAIT)).unwrap();

@@ -22,6 +22,7 @@ fn options(nodes: usize) -> LocalClusterOptions {
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=1MiB".into()],
         token: None,
+        tls: false,
     }
 }
 

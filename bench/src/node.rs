@@ -54,6 +54,7 @@ impl Bench {
             dir: dir.clone(),
             token: token.clone(),
             settings: Vec::new(),
+            tls: floe_core::config::TlsConfig::default(),
         })?;
         cluster.wait_for_leader(READY_TIMEOUT).await?;
         Ok(Self {

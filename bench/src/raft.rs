@@ -64,6 +64,7 @@ async fn measure(scale: &Scale, dir: &std::path::Path) -> anyhow::Result<()> {
         dir: dir.to_owned(),
         token: format!("bench-raft-{}", std::process::id()),
         settings: Vec::new(),
+        tls: floe_core::config::TlsConfig::default(),
     })?;
     cluster.wait_for_leader(LEADER_TIMEOUT).await?;
     let labels = [("replicas", 3.into()), ("clients", CLIENTS.into())];

@@ -32,7 +32,7 @@ use arrow::record_batch::RecordBatch;
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::{ClusterToken, Config, TlsConfig};
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
 use floe_core::plan::LogicalPlan;
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
@@ -189,9 +189,32 @@ impl Client {
     /// Connects to the cluster whose scheduler replicas are at `replicas` (`host:port`) and
     /// checks that one answers with this token.
     pub async fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
+        Self::connect_with(replicas, token, TlsConfig::default()).await
+    }
+
+    /// Connects like [`Client::connect`] over TLS, verifying every scheduler's and node's
+    /// certificate against the CA certificate(s) in the PEM file `ca`.
+    pub async fn connect_tls(
+        replicas: &[impl AsRef<str>],
+        token: &str,
+        ca: &std::path::Path,
+    ) -> Result<Self> {
+        let tls = TlsConfig {
+            ca: ca.to_owned(),
+            ..TlsConfig::default()
+        };
+        Self::connect_with(replicas, token, tls).await
+    }
+
+    async fn connect_with(
+        replicas: &[impl AsRef<str>],
+        token: &str,
+        tls: TlsConfig,
+    ) -> Result<Self> {
         let replicas: Vec<String> = replicas.iter().map(|r| r.as_ref().to_owned()).collect();
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(token);
+        config.tls = tls;
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
         let wire = WireConfig::from_config(&config);
         let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?
@@ -698,6 +721,9 @@ pub struct LocalClusterOptions {
     pub node_settings: Vec<String>,
     /// The cluster token; `None` generates a random one.
     pub token: Option<String>,
+    /// Run every connection (RPC and HTTP) over TLS, with a throwaway CA generated in the
+    /// cluster's directory. Default off: plaintext on loopback.
+    pub tls: bool,
 }
 
 impl LocalClusterOptions {
@@ -709,12 +735,15 @@ impl LocalClusterOptions {
             workers_per_node: 0,
             node_settings: Vec::new(),
             token: None,
+            tls: false,
         }
     }
 }
 
 /// The local cluster's token file, in its directory.
 const TOKEN_FILE: &str = "token";
+/// Where a local cluster that runs TLS keeps its throwaway CA and member certificate.
+const TLS_DIR: &str = "tls";
 
 /// Writes `token` to a new file only its owner can read (mode 0600 from the start, so it is
 /// never readable by others, not even briefly).
@@ -743,6 +772,8 @@ pub struct LocalCluster {
     nodes: Vec<crate::local::LocalNode>,
     scheduler: crate::local::LocalSchedulers,
     token: String,
+    /// The members' TLS files; empty when the cluster runs plaintext.
+    tls: TlsConfig,
     dir: tempfile::TempDir,
 }
 
@@ -759,6 +790,17 @@ impl LocalCluster {
             .clone()
             .unwrap_or_else(|| format!("{}{}", SubmissionId::random(), SubmissionId::random()));
         write_token_file(&dir.path().join(TOKEN_FILE), &token)?;
+        let tls = if options.tls {
+            let tls_dir = dir.path().join(TLS_DIR);
+            std::fs::create_dir(&tls_dir).map_err(|source| {
+                Error::LocalCluster(format!("cannot create {}: {source}", tls_dir.display()))
+            })?;
+            floe_core::wire::tls::generate_throwaway(&tls_dir, &[]).map_err(|error| {
+                Error::LocalCluster(format!("cannot make its certificates: {error}"))
+            })?
+        } else {
+            TlsConfig::default()
+        };
         let scheduler =
             crate::local::LocalSchedulers::start(crate::local::LocalSchedulersConfig {
                 binary: options.binary.clone(),
@@ -766,14 +808,17 @@ impl LocalCluster {
                 dir: dir.path().to_owned(),
                 token: token.clone(),
                 settings: Vec::new(),
+                tls: tls.clone(),
             })?;
         scheduler.wait_for_leader(Duration::from_secs(30)).await?;
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(token.clone());
+        config.tls = tls.client_only();
         let wire = WireConfig::from_config(&config);
         let mut nodes = Vec::new();
         for index in 0..options.nodes {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
+            settings.extend(tls.settings());
             settings.extend(options.node_settings.iter().cloned());
             let node = crate::local::LocalNode::start(&crate::local::LocalNodeConfig {
                 binary: options.binary.clone(),
@@ -791,6 +836,7 @@ impl LocalCluster {
             nodes,
             scheduler,
             token,
+            tls,
             dir,
         })
     }
@@ -800,11 +846,22 @@ impl LocalCluster {
         self.scheduler.addrs()
     }
 
-    /// The dashboard (and REST API) of the local cluster's scheduler: `http://host:port/`.
+    /// The dashboard (and REST API) of the local cluster's scheduler: `http://host:port/`,
+    /// or `https://` when it runs TLS.
     pub fn dashboard_url(&self) -> String {
+        let scheme = if self.ca_file().is_some() {
+            "https"
+        } else {
+            "http"
+        };
         self.scheduler
             .http_addr(1)
-            .map_or_else(String::new, |addr| format!("http://{addr}/"))
+            .map_or_else(String::new, |addr| format!("{scheme}://{addr}/"))
+    }
+
+    /// The CA certificate clients verify the cluster with, when it runs TLS.
+    pub fn ca_file(&self) -> Option<&std::path::Path> {
+        Some(self.tls.ca.as_path()).filter(|ca| !ca.as_os_str().is_empty())
     }
 
     pub fn token(&self) -> &str {
@@ -830,7 +887,7 @@ impl LocalCluster {
     }
 
     pub async fn connect(&self) -> Result<Client> {
-        Client::connect(&self.addresses(), &self.token).await
+        Client::connect_with(&self.addresses(), &self.token, self.tls.client_only()).await
     }
 }
 

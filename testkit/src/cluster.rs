@@ -12,7 +12,7 @@ use floe_api::node_protocol::{
 use floe_api::state::{ClusterState, JobRecord, JobStatus};
 use floe_client::Dataset;
 use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
-use floe_core::config::{ByteSize, ClusterToken, Config};
+use floe_core::config::{ByteSize, ClusterToken, Config, TlsConfig};
 use floe_core::job::{JobOptions, JobSpec};
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
@@ -65,6 +65,9 @@ pub struct TestClusterConfig {
     pub workers: u32,
     /// The nodes' `net.max_frame`, and the test's own connections' (the default when `None`).
     pub max_frame: Option<ByteSize>,
+    /// The members' TLS files (see `floe_core::wire::tls::generate_throwaway`); the test's
+    /// own connections use the CA alone, as a user's client does. Default empty: plaintext.
+    pub tls: TlsConfig,
 }
 
 impl TestClusterConfig {
@@ -78,6 +81,7 @@ impl TestClusterConfig {
             node_settings: Vec::new(),
             workers: 2,
             max_frame: None,
+            tls: TlsConfig::default(),
         }
     }
 
@@ -89,6 +93,7 @@ impl TestClusterConfig {
         if let Some(max_frame) = self.max_frame {
             config.net.max_frame = max_frame;
         }
+        config.tls = self.tls.client_only();
         WireConfig::from_config(&config)
     }
 }
@@ -101,6 +106,7 @@ pub fn start_schedulers(config: &TestClusterConfig, dir: &Path) -> LocalSchedule
         dir: dir.to_owned(),
         token: config.token.clone(),
         settings: config.settings.clone(),
+        tls: config.tls.clone(),
     })
     .unwrap()
 }
@@ -118,6 +124,7 @@ pub fn start_node(
     if let Some(max_frame) = config.max_frame {
         all.push(format!("net.max_frame={max_frame}"));
     }
+    all.extend(config.tls.settings());
     all.extend(config.settings.iter().cloned());
     all.extend(config.node_settings.iter().cloned());
     all.extend(settings.iter().map(|setting| (*setting).to_owned()));

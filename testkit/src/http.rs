@@ -1,9 +1,14 @@
-//! A plain HTTP/1.1 client over a TCP socket, enough for the REST API and a WebDriver
-//! server, so the tests depend on no HTTP client crate.
+//! A plain HTTP/1.1 client over a TCP socket (or rustls, for HTTPS), enough for the REST API
+//! and a WebDriver server, so the tests depend on no HTTP client crate.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use floe_core::config::TlsRole;
+use floe_core::wire::{TlsContext, TlsError};
+use rustls::pki_types::ServerName;
 
 /// A response: the status code and the body as text.
 #[derive(Debug)]
@@ -23,6 +28,7 @@ impl Response {
 pub fn http_addr(cluster: &floe_client::LocalCluster) -> String {
     let url = cluster.dashboard_url();
     url.trim_start_matches("http://")
+        .trim_start_matches("https://")
         .trim_end_matches('/')
         .to_owned()
 }
@@ -35,10 +41,37 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
-    let mut stream = TcpStream::connect(addr).unwrap();
+    exchange(connect(addr), method, addr, path, headers, body)
+}
+
+fn connect(addr: &str) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
+    stream
+}
+
+/// A GET over HTTPS, verifying the server against the CA certificate in `ca`.
+pub fn get_tls(addr: &str, path: &str, ca: &Path) -> Result<Response, TlsError> {
+    let role = TlsRole::Client { ca };
+    let context = TlsContext::load(role)?.expect("a client role loads a context");
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let name = ServerName::try_from(host.to_owned()).expect("a host name or address");
+    let connection =
+        rustls::ClientConnection::new(context.client_config(), name).expect("a client connection");
+    let stream = rustls::StreamOwned::new(connection, connect(addr));
+    Ok(exchange(stream, "GET", addr, path, &[], b""))
+}
+
+fn exchange(
+    mut stream: impl Read + Write,
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -53,7 +86,12 @@ pub fn request(
     let mut raw = Vec::new();
     let mut buffer = [0u8; 64 * 1024];
     loop {
-        let read = stream.read(&mut buffer).unwrap();
+        let read = match stream.read(&mut buffer) {
+            Ok(read) => read,
+            // A TLS peer that closes without close_notify; the framing below decides.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+            Err(error) => panic!("reading the response: {error}"),
+        };
         raw.extend_from_slice(&buffer[..read]);
         if read == 0 || response_complete(&raw) {
             break;

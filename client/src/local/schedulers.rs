@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::{ClusterToken, Config, TlsConfig};
 use floe_core::wire::{PeerKind, WireConfig};
 
 use floe_api::client::SchedulerClient;
@@ -27,6 +27,8 @@ pub struct LocalSchedulersConfig {
     pub token: String,
     /// Extra `section.key=value` settings for every replica.
     pub settings: Vec<String>,
+    /// The replicas' TLS files; empty runs plaintext on loopback.
+    pub tls: TlsConfig,
 }
 
 pub struct LocalSchedulers {
@@ -102,7 +104,12 @@ impl LocalSchedulers {
                 .arg("--set")
                 .arg(format!("scheduler.http_port={}", http.1));
         }
-        for setting in &self.config.settings {
+        for setting in self
+            .config
+            .settings
+            .iter()
+            .chain(&self.config.tls.settings())
+        {
             command.arg("--set").arg(setting);
         }
         // Only the settings given here: a FLOE_* variable in the caller's shell must not leak.
@@ -146,6 +153,7 @@ impl LocalSchedulers {
     pub fn wire(&self) -> WireConfig {
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(self.config.token.clone());
+        config.tls = self.config.tls.client_only();
         WireConfig::from_config(&config)
     }
 

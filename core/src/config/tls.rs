@@ -59,8 +59,27 @@ impl TlsConfig {
         }
     }
 
-    /// Refuses a server that would listen in plaintext on a non-loopback address: whoever
-    /// can reach the port could read the cluster's traffic, token included.
+    /// The same CA without a certificate of its own: what a user's client of this cluster
+    /// needs.
+    pub fn client_only(&self) -> TlsConfig {
+        TlsConfig {
+            ca: self.ca.clone(),
+            ..TlsConfig::default()
+        }
+    }
+
+    /// The `section.key=value` settings (`--set`) that give another process these files.
+    pub fn settings(&self) -> Vec<String> {
+        [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)]
+            .into_iter()
+            .filter(|(_, path)| !path.as_os_str().is_empty())
+            .map(|(key, path)| format!("tls.{key}={}", path.display()))
+            .collect()
+    }
+
+    /// Refuses a server that would listen in plaintext on a non-loopback address (whoever
+    /// can reach the port could read the cluster's traffic, token included), and a server
+    /// with a CA but no certificate of its own (its peers would speak TLS to it).
     pub fn check_server(&self, bind_host: IpAddr) -> Result<(), ConfigError> {
         match self.role()? {
             TlsRole::Member { .. } => Ok(()),

@@ -87,6 +87,12 @@ impl HttpServer {
         applied_state: watch::Receiver<Arc<ClusterState>>,
         parser: Arc<dyn JobSpecParser>,
     ) -> Result<Self> {
+        floe_core::wire::tls::check_bind(config.bind, &config.wire.tls)?;
+        // Checked before the thread starts, so an unusable certificate fails the start.
+        let tls = match config.wire.tls.context()? {
+            Some(context) => context.http_server(),
+            None => None,
+        };
         let listener = std::net::TcpListener::bind(config.bind)
             .map_err(Error::io("binding the HTTP port", config.bind.to_string()))?;
         let local_addr = listener
@@ -95,7 +101,18 @@ impl HttpServer {
         let (handle_sender, handle_receiver) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("floe-http".into())
-            .spawn(move || serve(config, applied_state, parser, listener, handle_sender))
+            .spawn(move || {
+                serve(
+                    config,
+                    applied_state,
+                    parser,
+                    Listener {
+                        socket: listener,
+                        tls,
+                    },
+                    handle_sender,
+                )
+            })
             .map_err(Error::io(
                 "starting the HTTP thread for",
                 local_addr.to_string(),
@@ -130,11 +147,17 @@ impl Drop for HttpServer {
     }
 }
 
+/// The bound socket, and the TLS configuration to serve HTTPS with, if any.
+struct Listener {
+    socket: std::net::TcpListener,
+    tls: Option<rustls::ServerConfig>,
+}
+
 fn serve(
     config: HttpConfig,
     applied_state: watch::Receiver<Arc<ClusterState>>,
     parser: Arc<dyn JobSpecParser>,
-    listener: std::net::TcpListener,
+    listener: Listener,
     started: std::sync::mpsc::Sender<std::io::Result<ServerHandle>>,
 ) {
     let system = actix_web::rt::System::new();
@@ -158,8 +181,11 @@ fn serve(
         // One worker: every handler answers from memory, and the cluster's cores are for
         // tasks.
         .workers(1)
-        .disable_signals()
-        .listen(listener);
+        .disable_signals();
+        let server = match listener.tls {
+            Some(tls) => server.listen_rustls_0_23(listener.socket, tls),
+            None => server.listen(listener.socket),
+        };
         let server = match server {
             Ok(server) => server.run(),
             Err(error) => {
