@@ -421,7 +421,8 @@ impl Drop for StopOnDrop {
 }
 
 /// `floe up` with no token configured: it generates one, stores it in a file only its owner
-/// can read, prints the file's path but never the token, and the token works.
+/// can read, prints the file's path but never the token, and the token works, over TLS with
+/// the CA it prints; without the CA a client is told the cluster requires TLS.
 #[test]
 fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
@@ -470,9 +471,15 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
         "the token was printed:\n{printed}"
     );
 
+    let ca = field("ca:")
+        .trim_end_matches("(TLS: clients verify with it)")
+        .trim()
+        .to_owned();
+    assert!(std::path::Path::new(&ca).is_file(), "{ca}");
     let status = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", &token)
+        .env("FLOE_TLS_CA", &ca)
         .output()
         .unwrap();
     assert!(
@@ -483,9 +490,18 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     let refused = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
         .env("FLOE_CLUSTER_TOKEN", "not-the-token")
+        .env("FLOE_TLS_CA", &ca)
         .output()
         .unwrap();
     assert!(!refused.status.success());
+    let plaintext = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["status", "--scheduler", &schedulers])
+        .env("FLOE_CLUSTER_TOKEN", &token)
+        .output()
+        .unwrap();
+    assert!(!plaintext.status.success());
+    let stderr = String::from_utf8_lossy(&plaintext.stderr);
+    assert!(stderr.contains("requires TLS"), "{stderr}");
 
     // SIGTERM (a service manager, `timeout`, `kill`) stops the cluster like Ctrl-C: every
     // process it started is gone, and the token file goes with it.

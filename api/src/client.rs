@@ -190,10 +190,8 @@ impl SchedulerClient {
                     self.rotate();
                 }
                 Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
-                // Every replica has the same token and release: asking another cannot help.
-                Err(error @ (WireError::Refused { .. } | WireError::EmptyToken)) => {
-                    return Err(Error::Wire(error));
-                }
+                // Every replica has the same token, release and CA: asking another cannot help.
+                Err(error) if error.is_misconfiguration() => return Err(Error::Wire(error)),
                 Err(error) => {
                     last_problem = format!("{}: {error}", self.target);
                     self.rotate();

@@ -12,7 +12,7 @@ use floe_api::node_protocol::{
 use floe_api::state::{ClusterState, JobRecord, JobStatus};
 use floe_client::Dataset;
 use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
-use floe_core::config::{ByteSize, ClusterToken, Config, TlsConfig};
+use floe_core::config::{ByteSize, ClusterToken, Config, TlsConfig, TlsRole};
 use floe_core::job::{JobOptions, JobSpec};
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
@@ -306,9 +306,16 @@ impl TestCluster {
     }
 
     /// A client library connection to the cluster.
+    /// A client library connection to the cluster (over TLS, with the CA alone, when the
+    /// cluster runs TLS).
     pub async fn connect(&self) -> floe_client::Client {
-        floe_client::Client::connect(&self.schedulers.addrs(), &self.config.token)
-            .await
-            .unwrap()
+        let (addrs, token) = (self.schedulers.addrs(), &self.config.token);
+        let connected = match self.config.tls.role().unwrap() {
+            TlsRole::Plaintext => floe_client::Client::connect(&addrs, token).await,
+            TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
+                floe_client::Client::connect_tls(&addrs, token, ca).await
+            }
+        };
+        connected.unwrap()
     }
 }

@@ -58,6 +58,21 @@ pub async fn within<T>(
         .map_err(|_| WireError::Timeout { op, after: limit })
 }
 
+impl WireError {
+    /// True when the error comes from this process's or the cluster's configuration (token,
+    /// release, TLS files and certificates), so another replica would answer the same.
+    pub fn is_misconfiguration(&self) -> bool {
+        matches!(
+            self,
+            WireError::Refused { .. }
+                | WireError::EmptyToken
+                | WireError::Tls(_)
+                | WireError::Certificate { .. }
+                | WireError::ServerNotTls { .. }
+        )
+    }
+}
+
 /// A failure of the connection or of the peer's protocol. After any variant but `Remote` the
 /// connection is dropped.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +119,11 @@ pub enum WireError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "TLS handshake with {addr} failed: {source} (is tls.ca the CA that signed the \
+         cluster's certificates, and does the certificate name this host?)"
+    )]
+    Certificate { addr: String, source: rustls::Error },
     #[error(
         "{addr} does not speak TLS: is the server running without [tls]? (plaintext is \
          served only on loopback)"

@@ -353,19 +353,19 @@ fn server_host(addr: &str) -> &str {
 }
 
 fn client_handshake_error(addr: &str, source: io::Error) -> WireError {
-    let not_tls = source
+    let addr = addr.to_owned();
+    match source
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .is_some_and(|error| matches!(error, rustls::Error::InvalidMessage(_)));
-    if not_tls {
-        WireError::ServerNotTls {
-            addr: addr.to_owned(),
+    {
+        Some(rustls::Error::InvalidMessage(_)) => WireError::ServerNotTls { addr },
+        Some(error @ (rustls::Error::InvalidCertificate(_) | rustls::Error::AlertReceived(_))) => {
+            WireError::Certificate {
+                addr,
+                source: error.clone(),
+            }
         }
-    } else {
-        WireError::TlsHandshake {
-            addr: addr.to_owned(),
-            source,
-        }
+        _ => WireError::TlsHandshake { addr, source },
     }
 }
 

@@ -211,7 +211,7 @@ async fn a_client_trusting_another_ca_refuses_the_server() {
         .await
         .err()
         .expect("the server's certificate is not trusted");
-    assert!(matches!(error, WireError::TlsHandshake { .. }), "{error}");
+    assert!(matches!(error, WireError::Certificate { .. }), "{error}");
     assert!(
         error
             .to_string()
