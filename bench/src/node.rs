@@ -4,6 +4,9 @@
 //! - `transfer_gbps`: one object pulled by node B from node A (chunks over parallel
 //!   connections, checksum verified on arrival, written into B's store), against `tcp_gbps`,
 //!   the same number of bytes copied through one loopback TCP connection in the same run;
+//! - `transfer_tls_gbps`: the same pull between two nodes of a second cluster that runs TLS
+//!   (a throwaway CA, mutual TLS between the nodes), its runs interleaved with the plaintext
+//!   ones, and `tls_to_plaintext`, the ratio of the two;
 //! - `empty_tasks_per_s`: tasks that do nothing, sent by concurrent clients to one node and run
 //!   by its worker processes (RPC to the agent, Unix socket to a worker and back).
 //!
@@ -14,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use floe_api::node_protocol::{
-    NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask,
+    NodeProtocol, NodeRequest, NodeResponse, OutputRef, TaskKind, TaskSpec, TestTask,
 };
 use floe_client::local::{LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::{ClusterToken, Config, TlsConfig};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -31,22 +34,36 @@ const MAX_FRAME: &str = "net.max_frame=1GiB";
 /// Client connections sending empty tasks at once.
 const TASK_CLIENTS: usize = 32;
 
+/// How a bench cluster's processes talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Plaintext,
+    /// TLS with a throwaway CA generated in the bench's directory.
+    Tls,
+}
+
 /// The scheduler, the nodes and their directory, removed when dropped.
 struct Bench {
     dir: PathBuf,
     token: String,
+    /// The members' TLS files; empty for plaintext.
+    tls: TlsConfig,
     cluster: LocalSchedulers,
     nodes: Vec<LocalNode>,
 }
 
 impl Bench {
-    async fn start(config: &Config, part: &str) -> anyhow::Result<Self> {
+    async fn start(config: &Config, part: &str, transport: Transport) -> anyhow::Result<Self> {
         let dir = config
             .paths
             .data_dir
             .join(format!("bench-{part}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
+        let tls = match transport {
+            Transport::Plaintext => TlsConfig::default(),
+            Transport::Tls => floe_core::wire::tls::generate_throwaway(&dir, &[])?,
+        };
         let token = format!("bench-{part}-{}", std::process::id());
         let cluster = LocalSchedulers::start(LocalSchedulersConfig {
             binary: crate::floe_binary()?,
@@ -54,12 +71,13 @@ impl Bench {
             dir: dir.clone(),
             token: token.clone(),
             settings: Vec::new(),
-            tls: floe_core::config::TlsConfig::default(),
+            tls: tls.clone(),
         })?;
         cluster.wait_for_leader(READY_TIMEOUT).await?;
         Ok(Self {
             dir,
             token,
+            tls,
             cluster,
             nodes: Vec::new(),
         })
@@ -69,11 +87,13 @@ impl Bench {
         let mut config = Config::default();
         config.cluster.token = ClusterToken::new(self.token.clone());
         config.net.max_frame = floe_core::config::ByteSize::gib(1);
+        config.tls = self.tls.client_only();
         WireConfig::from_config(&config)
     }
 
     async fn add_node(&mut self, workers: u32, settings: &[&str]) -> anyhow::Result<String> {
         let mut all = vec![format!("node.workers={workers}"), MAX_FRAME.to_owned()];
+        all.extend(self.tls.settings());
         all.extend(settings.iter().map(|setting| (*setting).to_owned()));
         let node = LocalNode::start(&LocalNodeConfig {
             binary: crate::floe_binary()?,
@@ -122,49 +142,83 @@ pub fn run_transfer(quick: bool, config: &Config) -> anyhow::Result<()> {
     runtime()?.block_on(measure_transfer(config, size, runs))
 }
 
-async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Result<()> {
-    let mut bench = Bench::start(config, "transfer").await?;
-    // Stores of 30% of 4 GiB hold the object with room to spare.
-    let memory = ["memory.total=4GiB"];
-    let holder = bench.add_node(1, &memory).await?;
-    let puller = bench.add_node(1, &memory).await?;
-    let spec = TaskSpec {
-        task: TaskId::new(1),
-        kind: TaskKind::Test(TestTask::Fill {
-            bytes: size,
-            seed: 1,
-        }),
-        inputs: Vec::new(),
-    };
-    let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
-        NodeResponse::Task(Ok(outputs)) => *outputs.first().context("Fill returned no output")?,
-        other => anyhow::bail!("cannot create the object: {other:?}"),
-    };
-    let mut transfer = Vec::new();
-    let mut tcp = Vec::new();
-    for _ in 0..runs {
+/// Two nodes of one bench cluster, the first holding an object for the second to pull.
+struct TransferPair {
+    bench: Bench,
+    holder: String,
+    puller: String,
+    object: OutputRef,
+}
+
+impl TransferPair {
+    async fn start(
+        config: &Config,
+        part: &str,
+        transport: Transport,
+        size: u64,
+    ) -> anyhow::Result<Self> {
+        let mut bench = Bench::start(config, part, transport).await?;
+        // Stores of 30% of 4 GiB hold the object with room to spare.
+        let memory = ["memory.total=4GiB"];
+        let holder = bench.add_node(1, &memory).await?;
+        let puller = bench.add_node(1, &memory).await?;
+        let spec = TaskSpec {
+            task: TaskId::new(1),
+            kind: TaskKind::Test(TestTask::Fill {
+                bytes: size,
+                seed: 1,
+            }),
+            inputs: Vec::new(),
+        };
+        let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
+            NodeResponse::Task(Ok(outputs)) => {
+                *outputs.first().context("Fill returned no output")?
+            }
+            other => anyhow::bail!("cannot create the object: {other:?}"),
+        };
+        Ok(Self {
+            bench,
+            holder,
+            puller,
+            object,
+        })
+    }
+
+    /// Pulls the object once and frees the copy; returns the pull's rate in GB/s.
+    async fn pull(&self, size: u64) -> anyhow::Result<f64> {
         let start = Instant::now();
         let pull = NodeRequest::Pull {
-            object: object.object,
-            holder: holder.clone(),
+            object: self.object.object,
+            holder: self.holder.clone(),
         };
-        match bench.call(&puller, &pull).await? {
-            NodeResponse::Pulled(pulled) if pulled == object => {}
-            other => anyhow::bail!("the pull returned {other:?}, expected {object:?}"),
+        match self.bench.call(&self.puller, &pull).await? {
+            NodeResponse::Pulled(pulled) if pulled == self.object => {}
+            other => anyhow::bail!("the pull returned {other:?}, expected {:?}", self.object),
         }
-        transfer.push(gbps(size, start.elapsed()));
-        bench
-            .call(
-                &puller,
-                &NodeRequest::Free {
-                    objects: vec![object.object],
-                },
-            )
-            .await?;
+        let rate = gbps(size, start.elapsed());
+        let free = NodeRequest::Free {
+            objects: vec![self.object.object],
+        };
+        self.bench.call(&self.puller, &free).await?;
+        Ok(rate)
+    }
+}
+
+async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Result<()> {
+    let plaintext = TransferPair::start(config, "transfer", Transport::Plaintext, size).await?;
+    let tls = TransferPair::start(config, "transfer-tls", Transport::Tls, size).await?;
+    let mut transfer = Vec::new();
+    let mut transfer_tls = Vec::new();
+    let mut tcp = Vec::new();
+    // Interleaved, so a noisy neighbour slows both kinds alike.
+    for _ in 0..runs {
+        transfer.push(plaintext.pull(size).await?);
+        transfer_tls.push(tls.pull(size).await?);
         tcp.push(gbps(size, tcp_copy(size).await?));
     }
     let labels = [("bytes", size.into()), ("chunk", "5MiB".into())];
     let transfer = median(&mut transfer);
+    let transfer_tls = median(&mut transfer_tls);
     let tcp = median(&mut tcp);
     print_figure("transfer", "transfer_gbps", transfer, "GB/s", &labels);
     print_figure("transfer", "tcp_gbps", tcp, "GB/s", &labels);
@@ -172,6 +226,20 @@ async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Re
         "transfer",
         "transfer_to_tcp",
         transfer / tcp,
+        "ratio",
+        &labels,
+    );
+    print_figure(
+        "transfer",
+        "transfer_tls_gbps",
+        transfer_tls,
+        "GB/s",
+        &labels,
+    );
+    print_figure(
+        "transfer",
+        "tls_to_plaintext",
+        transfer_tls / transfer,
         "ratio",
         &labels,
     );
@@ -216,7 +284,7 @@ pub fn run_tasks(quick: bool, config: &Config) -> anyhow::Result<()> {
 }
 
 async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Result<()> {
-    let mut bench = Bench::start(config, "tasks").await?;
+    let mut bench = Bench::start(config, "tasks", Transport::Plaintext).await?;
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
     let workers = u32::try_from(cpus).unwrap_or(1);
     let node = bench.add_node(workers, &[]).await?;
