@@ -47,7 +47,7 @@ impl Handler<Probe> for ProbeHandler {
         peer: Peer,
         request: ProbeRequest,
     ) -> Result<ProbeResponse, RemoteError> {
-        Ok(self.handle_attached(peer, request).await.0?)
+        self.handle_attached(peer, request).await.0
     }
 
     async fn handle_attached(
@@ -243,8 +243,7 @@ async fn a_member_certificate_from_another_ca_is_refused() {
         Ok(mut client) => client
             .call(&ProbeRequest::WhoAmI)
             .await
-            .err()
-            .expect("the server refuses the certificate"),
+            .expect_err("the server refuses the certificate"),
     };
     assert!(
         refused.to_string().contains("UnknownCA") || refused.to_string().contains("alert"),
@@ -313,9 +312,8 @@ fn unusable_files_are_named() {
         ca: dir.path().join("missing.pem"),
         ..TlsConfig::default()
     };
-    let error = TlsContext::load(missing.role().expect("a client role"))
-        .err()
-        .expect("a missing CA file");
+    let error =
+        TlsContext::load(missing.role().expect("a client role")).expect_err("a missing CA file");
     assert!(error.to_string().contains("tls.ca"), "{error}");
     assert!(error.to_string().contains("missing.pem"), "{error}");
 
@@ -326,8 +324,7 @@ fn unusable_files_are_named() {
         ..TlsConfig::default()
     };
     let error = TlsContext::load(no_certificate.role().expect("a client role"))
-        .err()
-        .expect("an empty CA file");
+        .expect_err("an empty CA file");
     assert!(
         matches!(error, TlsError::NoCertificate { key: "ca", .. }),
         "{error}"
