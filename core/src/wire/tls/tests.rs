@@ -337,3 +337,36 @@ fn the_host_of_an_address_names_the_server() {
     assert_eq!(server_host("node-3.example:7800"), "node-3.example");
     assert_eq!(server_host("[::1]:7700"), "::1");
 }
+
+#[tokio::test]
+async fn the_server_certificate_must_name_the_host_dialled() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let member = generate_throwaway(dir.path(), &[]).expect("certificates");
+    // 127.0.0.2 is loopback too, but the certificate names only 127.0.0.1 and localhost.
+    let elsewhere: SocketAddr = "127.0.0.2:0".parse().expect("an address");
+    let server = RpcServer::bind::<Probe, _>(elsewhere, Arc::new(ProbeHandler), wire(&member))
+        .await
+        .expect("the server starts");
+    let error = connect(&server, &client_of(&member), PeerKind::Client)
+        .await
+        .err()
+        .expect("the certificate does not name 127.0.0.2");
+    assert!(matches!(error, WireError::Certificate { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("certificate not valid for name \"127.0.0.2\""),
+        "{error}"
+    );
+
+    let named_dir = tempfile::tempdir().expect("a temp dir");
+    let named =
+        generate_throwaway(named_dir.path(), &["127.0.0.2".to_owned()]).expect("certificates");
+    let server = RpcServer::bind::<Probe, _>(elsewhere, Arc::new(ProbeHandler), wire(&named))
+        .await
+        .expect("the server starts");
+    assert!(matches!(
+        who_am_i(&server, &client_of(&named), PeerKind::Client).await,
+        ProbeResponse::Caller { .. }
+    ));
+}
