@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::wire::TlsError;
 
 /// `[tls]`: PEM files. Every path empty (the default) means plaintext, which servers accept
 /// only on a loopback address. A client sets `ca` alone; a cluster member (replica, node)
@@ -40,7 +41,7 @@ pub enum TlsRole<'a> {
 impl TlsConfig {
     /// What the files set make of this process; a combination that means nothing (a key
     /// without a certificate, a certificate without a CA to check peers by) is an error.
-    pub fn role(&self) -> Result<TlsRole<'_>, ConfigError> {
+    pub fn role(&self) -> Result<TlsRole<'_>, TlsError> {
         let set = |path: &PathBuf| !path.as_os_str().is_empty();
         match (set(&self.ca), set(&self.cert), set(&self.key)) {
             (false, false, false) => Ok(TlsRole::Plaintext),
@@ -50,9 +51,9 @@ impl TlsConfig {
                 cert: &self.cert,
                 key: &self.key,
             }),
-            (_, true, false) => Err(invalid("tls.key", "is empty while tls.cert is set")),
-            (_, false, true) => Err(invalid("tls.cert", "is empty while tls.key is set")),
-            (false, true, true) => Err(invalid(
+            (_, true, false) => Err(incomplete("tls.key", "is empty while tls.cert is set")),
+            (_, false, true) => Err(incomplete("tls.cert", "is empty while tls.key is set")),
+            (false, true, true) => Err(incomplete(
                 "tls.ca",
                 "is empty while tls.cert is set; members verify each other against the CA",
             )),
@@ -98,6 +99,10 @@ impl TlsConfig {
             )),
         }
     }
+}
+
+fn incomplete(key: &'static str, reason: &'static str) -> TlsError {
+    TlsError::Incomplete { key, reason }
 }
 
 fn invalid(key: &'static str, reason: &str) -> ConfigError {

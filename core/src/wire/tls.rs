@@ -43,6 +43,11 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// Why the TLS files cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    #[error("invalid setting {key}: {reason}")]
+    Incomplete {
+        key: &'static str,
+        reason: &'static str,
+    },
     #[error("tls.{key} = {}: {source}", path.display())]
     Pem {
         key: &'static str,
@@ -209,13 +214,7 @@ pub enum WireTls {
 
 impl WireTls {
     pub fn from_config(config: &TlsConfig) -> Self {
-        // An inconsistent `[tls]` never gets here: `Config::validate` refuses it on load. A
-        // hand-built config that does is treated as plaintext, which servers refuse off
-        // loopback.
-        let Ok(role) = config.role() else {
-            return WireTls::Plaintext;
-        };
-        match TlsContext::load(role) {
+        match config.role().and_then(TlsContext::load) {
             Ok(Some(context)) => WireTls::Tls(Arc::new(context)),
             Ok(None) => WireTls::Plaintext,
             Err(error) => WireTls::Unusable(Arc::new(error)),
