@@ -19,7 +19,8 @@
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
 //! answers to requests; `placement` places tasks and keeps their reservations; `health`
 //! decides node deaths and places job drivers; `transport` carries Raft messages to peers;
-//! `config` is what a replica starts with; `standing` decides whether it may vote.
+//! `config` is what a replica starts with; `standing` decides whether it may vote;
+//! `raft_guard` checks a peer's Raft message before protobuf parses it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -37,6 +38,7 @@ use tokio::task::JoinHandle;
 
 use self::config::port_of;
 use self::placement::{PlaceBatch, Reservation};
+use self::raft_guard::RaftGuard;
 use self::service::Service;
 use self::standing::Standing;
 use self::transport::spawn_peer_sender;
@@ -51,6 +53,7 @@ use floe_api::state::{ClusterState, Command, NodeDeath, Outcome};
 mod config;
 mod health;
 mod placement;
+mod raft_guard;
 mod service;
 mod standing;
 mod transport;
@@ -100,7 +103,12 @@ impl Replica {
         let notices = Notices::new();
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
-        let service = Arc::new(Service { inputs, notices });
+        let raft_guard = RaftGuard::new(config.wire.max_frame, config.peers.keys().copied());
+        let service = Arc::new(Service {
+            inputs,
+            notices,
+            raft_guard,
+        });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {

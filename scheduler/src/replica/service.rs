@@ -6,11 +6,10 @@
 use std::time::{Duration, Instant};
 
 use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
-use protobuf::Message as _;
-use raft::prelude::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::placement::Reservation;
+use super::raft_guard::RaftGuard;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
 use floe_api::scheduler_protocol::{
@@ -24,6 +23,7 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Service {
     pub(super) inputs: mpsc::Sender<Input>,
     pub(super) notices: Notices,
+    pub(super) raft_guard: RaftGuard,
 }
 
 fn stopped() -> RemoteError {
@@ -58,15 +58,13 @@ impl Handler<SchedulerProtocol> for Service {
                         ),
                     ));
                 }
+                // Checked before protobuf parses it (CVE-2025-53605), see `raft_guard`.
                 let messages = messages
                     .iter()
-                    .map(|bytes| Message::parse_from_bytes(bytes))
+                    .map(|bytes| self.raft_guard.decode(bytes))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|error| {
-                        RemoteError::new(
-                            RemoteErrorKind::BadRequest,
-                            format!("undecodable raft message: {error}"),
-                        )
+                        RemoteError::new(RemoteErrorKind::BadRequest, error.to_string())
                     })?;
                 self.inputs
                     .send(Input::Raft(messages))
