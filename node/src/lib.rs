@@ -51,7 +51,7 @@ use floe_api::node_protocol::{
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
 use floe_core::plan::task::StageTask;
-use floe_core::plan::{Operator, ProcessUdf};
+use floe_core::plan::{Operator, ProcessUdf, UdfCodePolicy};
 use floe_driver::DriverConfig;
 use floe_engine::udf::process::process_udfs;
 
@@ -589,6 +589,7 @@ impl NodeAgent {
             ProcessPools::new(PoolsConfig {
                 runtime_dir: data_dir.join(format!("udf-{pid}")),
                 allowed_commands: config.node.udf_commands.clone(),
+                code: UdfCodePolicy::for_node(&config.node),
                 default_max: cpus,
                 shrink_after: UDF_SHRINK_AFTER,
                 retire_after: UDF_RETIRE_AFTER,

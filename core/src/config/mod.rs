@@ -192,6 +192,12 @@ pub struct NodeConfig {
     /// The only commands a process UDF may run on this node (looked up on `PATH`); empty
     /// refuses every process UDF. Default `["python3"]`.
     pub udf_commands: Vec<String>,
+    /// Directories a process UDF's script must be under (symlinks and `..` resolved); empty
+    /// refuses every process UDF unless `udf_allow_inline`. Default `[]`.
+    pub udf_roots: Vec<PathBuf>,
+    /// Lets a process UDF run any command line (`python3 -c …`, a script anywhere) that
+    /// `udf_commands` allows: for development only. Default false.
+    pub udf_allow_inline: bool,
 }
 
 impl Default for NodeConfig {
@@ -206,6 +212,8 @@ impl Default for NodeConfig {
             transfer_max_in_flight: ByteSize::mib(20),
             transfer_inline_max: ByteSize::kib(100),
             udf_commands: vec!["python3".to_owned()],
+            udf_roots: Vec::new(),
+            udf_allow_inline: false,
         }
     }
 }
@@ -754,6 +762,12 @@ impl Config {
                     "{} is larger than node.transfer_chunk ({chunk})",
                     node.transfer_inline_max
                 ),
+            });
+        }
+        if let Some(root) = node.udf_roots.iter().find(|root| !root.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                key: "node.udf_roots",
+                reason: format!("{} is not an absolute directory", root.display()),
             });
         }
         Ok(())

@@ -115,6 +115,25 @@ fn list_settings_are_written_comma_separated() {
         .load()
         .unwrap();
     assert!(emptied.node.udf_commands.is_empty());
+    let rooted = ConfigLoader::new()
+        .set("node.udf_roots=/srv/udfs,/opt/udfs")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(
+        rooted.node.udf_roots,
+        [PathBuf::from("/srv/udfs"), PathBuf::from("/opt/udfs")]
+    );
+    assert!(!rooted.node.udf_allow_inline);
+    let relative = ConfigLoader::new()
+        .set("node.udf_roots=udfs")
+        .unwrap()
+        .load()
+        .unwrap_err();
+    assert!(
+        relative.to_string().contains("node.udf_roots"),
+        "{relative}"
+    );
 }
 
 #[test]

@@ -53,7 +53,9 @@ pub use operator::{
     AggFunction, Aggregation, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, JoinType,
     Operator, SeedChoice, SortKey, WriteSpec,
 };
-pub use process::{Concurrency, ProcessUdf};
+pub use process::{
+    Concurrency, InlineCode, ProcessUdf, SCRIPT_OPTIONS, UdfCodePolicy, UdfCodeRefused,
+};
 pub use schema::{renamed_fields, same_columns};
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
@@ -486,6 +488,19 @@ impl LogicalPlan {
         self.inputs()
             .iter()
             .try_for_each(|input| input.check_udfs(catalog))
+    }
+
+    /// Every process UDF the plan calls, found without recursion.
+    pub fn process_udfs(&self) -> Vec<&ProcessUdf> {
+        let mut udfs = Vec::new();
+        let mut pending = vec![self];
+        while let Some(plan) = pending.pop() {
+            if let Operator::ProcessUdf(udf) = plan.operator() {
+                udfs.push(udf);
+            }
+            pending.extend(plan.inputs());
+        }
+        udfs
     }
 
     /// The plan as an indented tree, one node per line with its fingerprint and schema.

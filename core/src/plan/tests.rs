@@ -912,6 +912,22 @@ fn process_udf_settings_are_validated() {
             "batch_size must be positive",
         ),
         (ProcessUdf::new("python3", &["a\0b"]), "NUL byte"),
+        (
+            ProcessUdf::new("python3", &[]).env("FLOE_CLUSTER_TOKEN", "x"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("PATH", "/tmp"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("LD_PRELOAD", "/x.so"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("A=B", "x"),
+            "not a valid variable",
+        ),
     ];
     for (udf, expected) in bad {
         let error = error_text(sales().process_udf(udf));
@@ -935,4 +951,102 @@ fn a_file_digest_streams_to_the_hash_of_its_bytes_and_refuses_devices() {
     assert_eq!(digest.content, crate::fingerprint::FileDigest::hash(&bytes));
     assert!(crate::fingerprint::FileDigest::of(std::path::Path::new("/dev/zero")).is_err());
     assert!(crate::fingerprint::FileDigest::of(dir.path()).is_err());
+}
+
+#[test]
+fn a_udf_env_is_part_of_its_fingerprint_and_pool() {
+    let plain = ProcessUdf::new("python3", &["/srv/udf.py"]);
+    let with_env = plain.clone().env("MODEL", "small");
+    assert_ne!(
+        sales().process_udf(plain.clone()).unwrap().fingerprint(),
+        sales().process_udf(with_env.clone()).unwrap().fingerprint()
+    );
+    assert_ne!(plain.pool_key().unwrap(), with_env.pool_key().unwrap());
+}
+
+#[test]
+fn udf_code_comes_from_a_pinned_script_under_the_roots_unless_inline_is_allowed() {
+    let roots = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let script = roots.path().join("udf.py");
+    let outside = elsewhere.path().join("udf.py");
+    std::fs::write(&script, "pass\n").unwrap();
+    std::fs::write(&outside, "pass\n").unwrap();
+    let pinned = |path: &std::path::Path, options: &[&str]| {
+        let digest = crate::fingerprint::FileDigest::of(path).unwrap();
+        let mut args: Vec<&str> = options.to_vec();
+        let path = digest.path.to_str().unwrap().to_owned();
+        args.push(&path);
+        args.push("--fast");
+        ProcessUdf::new("python3", &args).pinned(digest.clone())
+    };
+    let policy = UdfCodePolicy {
+        roots: vec![roots.path().to_owned()],
+        allow_inline: false,
+    };
+    policy.check(&pinned(&script, &[])).unwrap();
+    policy.check(&pinned(&script, &["-u", "-B"])).unwrap();
+
+    let refused = [
+        (
+            ProcessUdf::new("python3", &["-c", "print(1)"]),
+            "\"-c\" comes before the script",
+        ),
+        (
+            ProcessUdf::new("python3", &["-m", "http.server"]),
+            "\"-m\" comes before",
+        ),
+        (
+            ProcessUdf::new("python3", &["-Sc", "print(1)"]),
+            "\"-Sc\" comes before",
+        ),
+        (ProcessUdf::new("python3", &["-"]), "stdin"),
+        (ProcessUdf::new("python3", &[]), "names no script"),
+        (
+            ProcessUdf::new("python3", &["/srv/udf.py"]),
+            "not a file the UDF pins",
+        ),
+    ];
+    for (udf, reason) in refused {
+        let error = policy.check_command_line(&udf).unwrap_err().to_string();
+        assert!(
+            error.contains(reason) && error.contains("node.udf_allow_inline"),
+            "{error}"
+        );
+        assert!(policy.check(&udf).is_err());
+    }
+    // A pinned script outside the roots passes the submitter's check, not the node's.
+    let stray = pinned(&outside, &[]);
+    policy.check_command_line(&stray).unwrap();
+    let error = policy.check(&stray).unwrap_err().to_string();
+    assert!(error.contains("is not under node.udf_roots"), "{error}");
+    // `..` does not leave a root.
+    let escaping = roots
+        .path()
+        .join("..")
+        .join(elsewhere.path().file_name().unwrap());
+    let mut sneaky = pinned(&outside, &[]);
+    sneaky.args[0] = escaping.join("udf.py").to_str().unwrap().to_owned();
+    sneaky.files[0].path = escaping.join("udf.py");
+    assert!(
+        policy
+            .check(&sneaky)
+            .unwrap_err()
+            .to_string()
+            .contains("node.udf_roots")
+    );
+    // No roots: nothing runs.
+    let error = UdfCodePolicy::default()
+        .check(&pinned(&script, &[]))
+        .unwrap_err();
+    assert!(error.to_string().contains("node.udf_roots ([])"), "{error}");
+
+    let inline = UdfCodePolicy {
+        roots: Vec::new(),
+        allow_inline: true,
+    };
+    inline
+        .check(&ProcessUdf::new("python3", &["-c", "print(1)"]))
+        .unwrap();
+    inline.check(&stray).unwrap();
 }
