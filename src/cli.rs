@@ -14,6 +14,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Args;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
+use floe_core::plan::UdfCodePolicy;
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
@@ -195,6 +196,12 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read the job file {name}"))?;
     let job_file = floe_client::jobspec::parse_job_file(&name, &text, udfs)?;
+    // Refused here rather than on every node: the nodes check the same rule (and their roots).
+    let code = UdfCodePolicy::for_node(&config.node);
+    for udf in job_file.dataset.plan().process_udfs() {
+        code.check_command_line(udf)
+            .with_context(|| format!("{name}: {}", udf.label()))?;
+    }
     let client = args.cluster.connect(config).await?;
     let job = client
         .submit_with(&job_file.dataset, job_file.options)

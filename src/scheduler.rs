@@ -8,6 +8,7 @@ use floe_client::jobspec::{PathPolicy, parse_job_file_with};
 use floe_core::Config;
 use floe_core::config::Service;
 use floe_core::job::JobSpec;
+use floe_core::plan::UdfCodePolicy;
 use floe_engine::udf::Registry;
 use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, RejectedSpec};
 use floe_scheduler::replica::{Replica, ReplicaConfig, parse_peers};
@@ -29,10 +30,13 @@ pub struct SchedulerArgs {
 }
 
 /// Job specs posted to the REST API, read exactly as `floe submit` reads a file, except that
-/// paths must be absolute and under `data.allowed_paths`.
+/// paths must be absolute and under `data.allowed_paths`. A process UDF with inline code is
+/// refused here already, unless this replica's `node.udf_allow_inline` allows it (the nodes
+/// check again, and check `node.udf_roots`).
 struct SubmittedSpecs {
     udfs: Arc<Registry>,
     paths: PathPolicy,
+    code: UdfCodePolicy,
 }
 
 impl JobSpecParser for SubmittedSpecs {
@@ -40,6 +44,11 @@ impl JobSpecParser for SubmittedSpecs {
         let reject = |error: &dyn std::fmt::Display| RejectedSpec(error.to_string());
         let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), &self.paths)
             .map_err(|error| reject(&error))?;
+        for udf in job.dataset.plan().process_udfs() {
+            self.code
+                .check_command_line(udf)
+                .map_err(|error| reject(&format!("job: {}: {error}", udf.label())))?;
+        }
         let spec = JobSpec {
             plan: job
                 .dataset
@@ -116,7 +125,11 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
         let http = HttpServer::start(
             http_config,
             replica.applied_state(),
-            Arc::new(SubmittedSpecs { udfs, paths }),
+            Arc::new(SubmittedSpecs {
+                udfs,
+                paths,
+                code: UdfCodePolicy::for_node(&config.node),
+            }),
         )?;
         tracing::info!(
             replica = args.id,

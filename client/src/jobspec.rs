@@ -59,7 +59,9 @@
 //! ```
 //!
 //! `files` lists what the fingerprint hashes by content; by default, every argument that names
-//! an existing file.
+//! an existing file. `env = { KEY = "value" }` is the child's environment (it inherits none of
+//! the node's). A node runs only a script under its `node.udf_roots`, never inline code
+//! (`-c`, `-m`, stdin): [`floe_core::plan::UdfCodePolicy`].
 //!
 //! Expressions: column names (or `col('any name')`), numbers, `'strings'`, `true`, `false`,
 //! `null`; `+ - * / %`, `== != < <= > >=`, `and or not`, parentheses; functions `cast(e,
@@ -710,17 +712,26 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
     };
     let mut digests = Vec::new();
     let mut resolved_args = Vec::with_capacity(args.len());
+    for file in listed.iter().flatten() {
+        digests.push(pin("files", file)?);
+    }
     for arg in &args {
-        if listed.is_none() && std::path::Path::new(arg).is_file() {
+        let path = std::path::Path::new(arg);
+        if listed.is_none() && path.is_file() {
             let digest = pin("args", arg)?;
             resolved_args.push(digest.path.to_string_lossy().into_owned());
             digests.push(digest);
-        } else {
-            resolved_args.push(arg.clone());
+            continue;
         }
-    }
-    for file in listed.unwrap_or_default() {
-        digests.push(pin("files", &file)?);
+        // An argument naming a listed file is passed as the path pinned, so the node can tell
+        // the script it runs is one the plan pins.
+        let listed_as = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|resolved| digests.iter().find(|digest| digest.path == resolved));
+        match listed_as {
+            Some(digest) => resolved_args.push(digest.path.to_string_lossy().into_owned()),
+            None => resolved_args.push(arg.clone()),
+        }
     }
     let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
     let mut udf = digests
@@ -768,10 +779,22 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
     if let Some(batch_size) = spec.get("batch_size") {
         udf = udf.batch_size(integer(&field("batch_size"), batch_size)?);
     }
+    if let Some(env) = spec.get("env") {
+        let env = env
+            .as_table()
+            .ok_or_else(|| field_error(&field("env"), "expected a table of strings"))?;
+        for (key, value) in env {
+            let value = value
+                .as_str()
+                .ok_or_else(|| field_error(&field(&format!("env.{key}")), "expected a string"))?;
+            udf = udf.env(key.as_str(), value);
+        }
+    }
     Ok(udf)
 }
 
-const PROCESS_UDF_KEYS: [&str; 8] = [
+const PROCESS_UDF_KEYS: [&str; 9] = [
+    "env",
     "command",
     "args",
     "files",
