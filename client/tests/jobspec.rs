@@ -153,7 +153,7 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
     let parsed = parse_job_file(
         "job.toml",
         &spec(&format!(
-            "command = \"python3\", args = [{script_arg:?}, \"--fast\"], output = [\"id int64\", \"label utf8\"], concurrency = [1, 3], memory = \"1GiB\", timeout_s = 5"
+            "command = \"python3\", args = [{script_arg:?}, \"--fast\"], output = [\"id int64\", \"label utf8\"], concurrency = [1, 3], memory = \"1GiB\", timeout_s = 5, env = {{ MODEL = \"small\" }}"
         )),
         builtins(),
     )
@@ -170,6 +170,8 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
     assert_eq!(udf.concurrency, floe_client::Concurrency::new(1, 3));
     assert_eq!(udf.memory, 1 << 30);
     assert_eq!(udf.timeout_ms, 5000);
+    assert_eq!(udf.env.get("MODEL").map(String::as_str), Some("small"));
+    assert_eq!(udf.env.len(), 1);
     let names: Vec<&String> = plan.schema().fields().iter().map(|f| f.name()).collect();
     assert_eq!(names, ["id", "label"]);
 
@@ -196,6 +198,12 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
             "map_batches.memory",
         ),
         ("command = \"\"", "map_batches"),
+        ("command = \"python3\", env = [\"A\"]", "map_batches.env"),
+        ("command = \"python3\", env = { A = 1 }", "map_batches.env.A"),
+        (
+            "command = \"python3\", env = { FLOE_CLUSTER_TOKEN = \"x\" }",
+            "map_batches",
+        ),
     ];
     for (fields, field) in cases {
         let error = parse_job_file("job.toml", &spec(fields), builtins())
