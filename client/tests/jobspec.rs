@@ -199,7 +199,10 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
         ),
         ("command = \"\"", "map_batches"),
         ("command = \"python3\", env = [\"A\"]", "map_batches.env"),
-        ("command = \"python3\", env = { A = 1 }", "map_batches.env.A"),
+        (
+            "command = \"python3\", env = { A = 1 }",
+            "map_batches.env.A",
+        ),
         (
             "command = \"python3\", env = { FLOE_CLUSTER_TOKEN = \"x\" }",
             "map_batches",
