@@ -62,7 +62,7 @@ impl<'de> Deserialize<'de> for Bytes {
 pub enum TaskKind {
     /// One task of a plan stage; its input blocks are the task's inputs, in order.
     Stage(Box<StageTask>),
-    /// A task tests and benchmarks run to exercise the task path without a plan. A binary
+    /// A task tests run to exercise the task path without a plan. A binary
     /// built without the feature has no such variant, so its node refuses one as a request
     /// it cannot decode.
     #[cfg(feature = "test-tasks")]

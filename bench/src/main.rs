@@ -2,8 +2,8 @@
 //!
 //! A binary of its own, so the production `floe` carries neither the benchmarks nor their
 //! dependencies. The parts that run a cluster start the `floe` binary next to this one: build
-//! both with `cargo build --release -p floe -p floe-bench` (built together, that `floe` serves
-//! the test tasks `transfer` and `tasks` send; one built alone has none).
+//! both with `cargo build --release -p floe -p floe-bench`. They send it stage tasks only, so
+//! building them together adds no test-only task kind to that `floe`.
 //!
 //! Every figure is one line, `{"bench": <part>, "figure": <name>, "value": <number>,
 //! "unit": <unit>, ...labels}`, and every figure of one run is measured in that run, so ratios

@@ -7,19 +7,23 @@
 //! - `empty_tasks_per_s`: tasks that do nothing, sent by concurrent clients to one node and run
 //!   by its worker processes (RPC to the agent, Unix socket to a worker and back).
 //!
-//! Each figure is the median of several runs (one with `--quick`).
+//! Both send real stage tasks, as a job's driver does: the object is one block made by a
+//! range stage, and an empty task is a range stage over no ids. (The test-only task kinds
+//! stay out of the binary the benchmarks start.) Each figure is the median of several runs
+//! (one with `--quick`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floe_api::node_protocol::{
-    NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask,
-};
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec};
 use floe_client::local::{LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
 use floe_core::config::{ClusterToken, Config};
+use floe_core::plan::LogicalPlan;
+use floe_core::plan::physical::PhysicalPlan;
+use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -116,6 +120,30 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// A task of the range stage over `rows` ids that makes them one block (none for 0 rows):
+/// `8 × rows` bytes of Int64 ids.
+fn range_task(task: TaskId, rows: u64) -> anyhow::Result<TaskSpec> {
+    let plan = PhysicalPlan::from_logical(&LogicalPlan::range(rows)?);
+    let stage = plan.stage(plan.output).clone();
+    let bytes = rows.saturating_mul(8).max(1);
+    Ok(TaskSpec {
+        task,
+        kind: TaskKind::Stage(Box::new(StageTask {
+            stage,
+            input: StageInput::Range {
+                start: 0,
+                end: rows,
+            },
+            input_schemas: Vec::new(),
+            // One block: neither coalesced with nothing nor split.
+            min_block_bytes: bytes,
+            max_block_bytes: bytes,
+            batch_rows: u32::try_from(rows.max(1)).context("too many rows for one batch")?,
+        })),
+        inputs: Vec::new(),
+    })
+}
+
 pub fn run_transfer(quick: bool, config: &Config) -> anyhow::Result<()> {
     let (size, runs) = if quick { (64 << 20, 1) } else { (256 << 20, 5) };
     runtime()?.block_on(measure_transfer(config, size, runs))
@@ -127,18 +155,16 @@ async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Re
     let memory = ["memory.total=4GiB"];
     let holder = bench.add_node(1, &memory).await?;
     let puller = bench.add_node(1, &memory).await?;
-    let spec = TaskSpec {
-        task: TaskId::new(1),
-        kind: TaskKind::Test(TestTask::Fill {
-            bytes: size,
-            seed: 1,
-        }),
-        inputs: Vec::new(),
-    };
+    let spec = range_task(TaskId::new(1), size / 8)?;
     let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
-        NodeResponse::Task(Ok(outputs)) => *outputs.first().context("Fill returned no output")?,
+        NodeResponse::Task(Ok(outputs)) => match outputs.as_slice() {
+            [object] => *object,
+            other => anyhow::bail!("the range task made {} blocks, not one", other.len()),
+        },
         other => anyhow::bail!("cannot create the object: {other:?}"),
     };
+    // The block's bytes: its ids and the Arrow IPC framing around them.
+    let size = object.size;
     let mut transfer = Vec::new();
     let mut tcp = Vec::new();
     for _ in 0..runs {
@@ -148,7 +174,10 @@ async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Re
             holder: holder.clone(),
         };
         match bench.call(&puller, &pull).await? {
-            NodeResponse::Pulled(pulled) if pulled == object => {}
+            // The copy's size and checksum are the block's (a pull does not know its rows).
+            NodeResponse::Pulled(pulled)
+                if (pulled.object, pulled.size, pulled.checksum)
+                    == (object.object, object.size, object.checksum) => {}
             other => anyhow::bail!("the pull returned {other:?}, expected {object:?}"),
         }
         transfer.push(gbps(size, start.elapsed()));
@@ -230,13 +259,9 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
             clients.spawn(async move {
                 for index in 0..share {
                     let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
-                    let spec = TaskSpec {
-                        task: TaskId::new(id),
-                        kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
-                        inputs: Vec::new(),
-                    };
+                    let spec = range_task(TaskId::new(id), 0)?;
                     match connection.call(&NodeRequest::RunTask(spec)).await? {
-                        NodeResponse::Task(Ok(_)) => {}
+                        NodeResponse::Task(Ok(outputs)) if outputs.is_empty() => {}
                         other => anyhow::bail!("an empty task failed: {other:?}"),
                     }
                 }
