@@ -35,6 +35,7 @@ use floe_client::{
     LocalClusterOptions, ProcessUdf, SortKey, WriteOptions, col, lit,
 };
 use floe_core::Config;
+use floe_core::fingerprint::FileDigest;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
@@ -505,8 +506,14 @@ fn pyudf_dataset(files: &[PathBuf], data_dir: &Path) -> anyhow::Result<Dataset> 
     let script = data_dir.join("identity_udf.py");
     std::fs::write(&script, IDENTITY_UDF)
         .with_context(|| format!("cannot write {}", script.display()))?;
-    let script_arg = script.to_str().context("the data directory is not UTF-8")?;
-    let udf = ProcessUdf::new("python3", &[script_arg]).file(&script)?;
+    // Run by the path pinned (symlinks resolved): a node runs only a script the plan pins.
+    let digest = FileDigest::of(&script)?;
+    let script_arg = digest
+        .path
+        .to_str()
+        .context("the data directory is not UTF-8")?
+        .to_owned();
+    let udf = ProcessUdf::new("python3", &[&script_arg]).pinned(digest);
     Ok(Dataset::read_parquet(files)?
         .select(&["value"])?
         .map_batches_process(udf)?
@@ -586,7 +593,16 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                 _ => &["value"],
             };
             let columns_read = parquet_read_columns(&data.files, used)?;
-            let target = target(config, Vec::new()).await?;
+            // The UDF's script is written into the data directory: the local nodes run scripts
+            // from there (a remote cluster's nodes need it in their own `node.udf_roots`).
+            let settings = match workload {
+                Workload::Pyudf => vec![format!(
+                    "node.udf_roots={}",
+                    std::fs::canonicalize(&config.data_dir)?.display()
+                )],
+                _ => Vec::new(),
+            };
+            let target = target(config, settings).await?;
             let truth = &data.truth;
             let mut extra = Vec::new();
             let (measured, verified) = match workload {
