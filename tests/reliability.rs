@@ -207,8 +207,8 @@ fn every_service_listens_on_loopback_by_default() {
 
 /// No HTTP endpoint or scheduler RPC can start a process: the scheduler crate, which serves
 /// both, never spawns one (its `local` module is the test harness that starts replicas and is
-/// not reachable from the network). Process UDFs run on nodes, behind the token and the
-/// nodes' `node.udf_commands`.
+/// not reachable from the network). Process UDFs run on nodes, behind the token, the
+/// nodes' `node.udf_commands` and `node.udf_roots` (no inline code: `tests/process_udf.rs`).
 #[test]
 fn the_scheduler_serves_no_way_to_run_a_command() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
