@@ -79,6 +79,22 @@ async fn run(client: &Client, dataset: &Dataset, retries: u32) -> floe_client::J
         .unwrap()
 }
 
+/// Posts `spec` to the cluster's `POST /api/jobs` with its token.
+async fn post_job(cluster: &LocalCluster, spec: &str) -> floe_testkit::http::Response {
+    let addr = floe_testkit::http::http_addr(cluster);
+    let (token, spec) = (cluster.token().to_owned(), spec.to_owned());
+    tokio::task::spawn_blocking(move || {
+        floe_testkit::http::post_json(
+            &addr,
+            "/api/jobs",
+            &token,
+            &serde_json::json!({ "job": spec }),
+        )
+    })
+    .await
+    .unwrap()
+}
+
 async fn failure(client: &Client, dataset: &Dataset, retries: u32) -> String {
     let options = JobOptions {
         max_task_retries: retries,
@@ -388,7 +404,6 @@ async fn a_warm_child_keeps_its_state_between_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_accepts_process_udfs() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
-    let addr = floe_testkit::http::http_addr(&cluster);
     let dir = tempfile::tempdir().unwrap();
     let markers = dir.path().join("markers");
     std::fs::create_dir(&markers).unwrap();
@@ -398,20 +413,7 @@ async fn the_rest_api_accepts_process_udfs() {
         udf.to_str().unwrap(),
         markers.to_str().unwrap()
     );
-    let token = cluster.token().to_owned();
-    let submitted = {
-        let (addr, spec) = (addr.clone(), spec.clone());
-        tokio::task::spawn_blocking(move || {
-            floe_testkit::http::post_json(
-                &addr,
-                "/api/jobs",
-                &token,
-                &serde_json::json!({ "job": spec }),
-            )
-        })
-        .await
-        .unwrap()
-    };
+    let submitted = post_job(&cluster, &spec).await;
     assert_eq!(submitted.status, 201, "{}", submitted.body);
     let job = submitted.json()["job_id"].as_str().unwrap().to_owned();
     let client = cluster.connect().await.unwrap();
@@ -428,17 +430,7 @@ async fn the_rest_api_accepts_process_udfs() {
 
     // Over the network, the files a UDF pins must be named by absolute paths.
     let relative = spec.replace("output = [", "files = [\"stateful.py\"], output = [");
-    let token = cluster.token().to_owned();
-    let refused = tokio::task::spawn_blocking(move || {
-        floe_testkit::http::post_json(
-            &addr,
-            "/api/jobs",
-            &token,
-            &serde_json::json!({ "job": relative }),
-        )
-    })
-    .await
-    .unwrap();
+    let refused = post_job(&cluster, &relative).await;
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(refused.body.contains("absolute"), "{}", refused.body);
 }
@@ -561,23 +553,7 @@ async fn a_udf_gets_a_clean_environment_and_runs_only_scripts_under_the_roots() 
     // Inline code over REST: refused before the job exists.
     let inline = "command = \"python3\", args = [\"-c\", \"import floe_udf\"]";
     let inline_job = format!("[source]\nrange = 10\n[[steps]]\nmap_batches = {{ {inline} }}\n");
-    let refused = {
-        let (addr, token, spec) = (
-            floe_testkit::http::http_addr(&cluster),
-            token.clone(),
-            inline_job.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            floe_testkit::http::post_json(
-                &addr,
-                "/api/jobs",
-                &token,
-                &serde_json::json!({ "job": spec }),
-            )
-        })
-        .await
-        .unwrap()
-    };
+    let refused = post_job(&cluster, &inline_job).await;
     assert_eq!(refused.status, 400, "{}", refused.body);
     for expected in [
         "inline code is refused",
