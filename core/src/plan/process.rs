@@ -29,16 +29,30 @@ pub const MAX_PROCESS_CONCURRENCY: u32 = 1024;
 /// what code runs.
 pub const SCRIPT_OPTIONS: [&str; 8] = ["-u", "-B", "-O", "-OO", "-s", "-S", "-I", "-q"];
 /// Variables a UDF may not declare: the node sets `FLOE_*` and `PYTHONPATH` itself, `PATH`
-/// decides which program the command names, and the others load code from outside the
-/// script.
-const RESERVED_ENV: [&str; 5] = [
+/// decides which program the command names, and the others make an interpreter or the loader
+/// run code from outside the script (`LD_PRELOAD`, `PYTHONUSERBASE`'s `.pth` files,
+/// `NODE_OPTIONS=--require`, …).
+const RESERVED_ENV: [&str; 9] = [
     "PATH",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
     "BASH_ENV",
+    "ENV",
+    "GCONV_PATH",
+    "NODE_OPTIONS",
+    "PERL5LIB",
+    "PERL5OPT",
+    "RUBYLIB",
+    "RUBYOPT",
 ];
-const RESERVED_ENV_PREFIXES: [&str; 2] = ["FLOE_", "LD_"];
+const RESERVED_ENV_PREFIXES: [&str; 3] = ["FLOE_", "LD_", "PYTHON"];
+/// The `PYTHON*` variables a UDF may declare: they change how Python runs, never what runs.
+const PYTHON_SETTINGS: [&str; 6] = [
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONFAULTHANDLER",
+    "PYTHONHASHSEED",
+    "PYTHONIOENCODING",
+    "PYTHONUNBUFFERED",
+    "PYTHONUTF8",
+];
 
 /// How many child processes a node keeps for one process UDF: at least `min` once it has been
 /// used, at most `max` at a time. A task waits for a free child when all `max` are busy.
@@ -184,12 +198,13 @@ impl ProcessUdf {
             }
             let reserved = RESERVED_ENV.contains(&key.as_str())
                 || RESERVED_ENV_PREFIXES.iter().any(|p| key.starts_with(p));
-            if reserved {
+            if reserved && !PYTHON_SETTINGS.contains(&key.as_str()) {
                 return invalid(&format!(
-                    "env: {key} is set by the node or loads code from outside the script; a UDF \
-                     may not declare {} or variables starting with {}",
+                    "env: {key} is set by the node or runs code from outside the script; a UDF \
+                     may not declare {}, or variables starting with {} (but {})",
                     RESERVED_ENV.join(", "),
-                    RESERVED_ENV_PREFIXES.join(" or ")
+                    RESERVED_ENV_PREFIXES.join(", "),
+                    PYTHON_SETTINGS.join(", ")
                 ));
             }
         }

@@ -925,6 +925,14 @@ fn process_udf_settings_are_validated() {
             "may not declare",
         ),
         (
+            ProcessUdf::new("python3", &[]).env("PYTHONUSERBASE", "/tmp/x"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("NODE_OPTIONS", "--require /tmp/x.js"),
+            "may not declare",
+        ),
+        (
             ProcessUdf::new("python3", &[]).env("A=B", "x"),
             "not a valid variable",
         ),
@@ -957,6 +965,10 @@ fn a_file_digest_streams_to_the_hash_of_its_bytes_and_refuses_devices() {
 fn a_udf_env_is_part_of_its_fingerprint_and_pool() {
     let plain = ProcessUdf::new("python3", &["/srv/udf.py"]);
     let with_env = plain.clone().env("MODEL", "small");
+    // Settings of how Python runs may be declared.
+    sales()
+        .process_udf(with_env.clone().env("PYTHONUNBUFFERED", "1"))
+        .unwrap();
     assert_ne!(
         sales().process_udf(plain.clone()).unwrap().fingerprint(),
         sales().process_udf(with_env.clone()).unwrap().fingerprint()
