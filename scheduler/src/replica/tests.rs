@@ -486,3 +486,58 @@ async fn a_dropped_replica_stops_serving() {
             .is_err()
     );
 }
+
+/// CVE-2025-53605's shape (nested start groups) and a message from a peer id that is not a
+/// replica, sent as Raft traffic by a peer that passed the handshake as a scheduler: each is
+/// refused with the rule it breaks, and the replica goes on committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_raft_messages_are_refused_and_the_replica_keeps_serving() {
+    use floe_core::wire::RpcClient;
+    use protobuf::Message as _;
+
+    let config = test_config();
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let addr = replicas[0].local_addr().to_string();
+    let mut peer = RpcClient::<SchedulerProtocol>::connect(
+        &addr,
+        WireConfig::from_config(&config),
+        PeerKind::Scheduler,
+    )
+    .await
+    .unwrap();
+    let stranger = Message {
+        from: 9,
+        to: 1,
+        ..Message::default()
+    };
+    let cases = [
+        (vec![0x0b; 100_000], "group wire type 3"),
+        (
+            stranger.write_to_bytes().unwrap(),
+            "a raft message from 9, which is not a configured replica",
+        ),
+    ];
+    for (bytes, expected) in cases {
+        let refused = peer
+            .call(&SchedulerRequest::Raft {
+                messages: vec![bytes],
+            })
+            .await
+            .unwrap_err();
+        match refused {
+            floe_core::WireError::Remote(error) => {
+                assert_eq!(error.kind, RemoteErrorKind::BadRequest, "{error}");
+                assert!(error.message.contains(expected), "{error}");
+            }
+            other => panic!("expected a refusal, got {other}"),
+        }
+    }
+    let outcome = client
+        .propose(Command::SubmitJob {
+            spec: vec![1],
+            submission: floe_core::SubmissionId::random(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::JobSubmitted(_)), "{outcome:?}");
+}
