@@ -175,6 +175,29 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
     let names: Vec<&String> = plan.schema().fields().iter().map(|f| f.name()).collect();
     assert_eq!(names, ["id", "label"]);
 
+    // With `files` listed, an argument naming one of them (here through `..`) is passed as the
+    // path pinned, so a node sees that the script it runs is pinned.
+    let roundabout = dir
+        .path()
+        .join("..")
+        .join(dir.path().file_name().unwrap())
+        .join("udf.py");
+    let roundabout = roundabout.to_str().unwrap();
+    let listed = parse_job_file(
+        "job.toml",
+        &spec(&format!(
+            "command = \"python3\", args = [{roundabout:?}], files = [{roundabout:?}]"
+        )),
+        builtins(),
+    )
+    .unwrap();
+    let floe_core::plan::Operator::ProcessUdf(listed) = listed.dataset.plan().operator().clone()
+    else {
+        panic!("not a process UDF");
+    };
+    assert_eq!(listed.args, [udf.files[0].path.to_str().unwrap()]);
+    assert_eq!(listed.script().unwrap().path, udf.files[0].path);
+
     let cases = [
         ("command = \"python3\", colour = 1", "map_batches.colour"),
         (
