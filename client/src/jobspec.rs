@@ -794,7 +794,6 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
 }
 
 const PROCESS_UDF_KEYS: [&str; 9] = [
-    "env",
     "command",
     "args",
     "files",
@@ -803,6 +802,7 @@ const PROCESS_UDF_KEYS: [&str; 9] = [
     "memory",
     "timeout_s",
     "batch_size",
+    "env",
 ];
 
 fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
