@@ -276,7 +276,7 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
-        node_settings: Vec::new(),
+        node_settings: process_udf_settings(config),
         token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
     })
     .await?;
@@ -286,6 +286,22 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     println!("stopping ({signal})");
     drop(cluster);
     Ok(())
+}
+
+/// The nodes `floe up` starts take only the settings given to them: these pass on what
+/// process UDFs may run (`floe --set node.udf_roots=/srv/udfs up`).
+fn process_udf_settings(config: &Config) -> Vec<String> {
+    let roots: Vec<String> = config
+        .node
+        .udf_roots
+        .iter()
+        .map(|root| root.display().to_string())
+        .collect();
+    vec![
+        format!("node.udf_commands={}", config.node.udf_commands.join(",")),
+        format!("node.udf_roots={}", roots.join(",")),
+        format!("node.udf_allow_inline={}", config.node.udf_allow_inline),
+    ]
 }
 
 pub fn print_local_cluster(cluster: &LocalCluster) {
