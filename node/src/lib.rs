@@ -34,7 +34,7 @@ use floe_core::wire::{
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
-use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
+use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
@@ -146,6 +146,9 @@ struct Shared {
     actors: ActorHost,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
+    /// Records and forgets this node's cache shards in the index; held for the whole of an
+    /// indexing or a clean, so the two never interleave.
+    cache_index: tokio::sync::Mutex<SchedulerClient>,
 }
 
 impl Shared {
@@ -387,6 +390,45 @@ impl Shared {
         }))
     }
 
+    /// `floe cache clean`: drops the shards to remove from the index first (so no job is
+    /// planned against them), then removes their files, and stale temporary files with them.
+    async fn clean_cache(
+        self: &Arc<Self>,
+        keep_bytes: Option<u64>,
+    ) -> Result<Removed, RemoteError> {
+        let mut client = self.cache_index.lock().await;
+        let shared = Arc::clone(self);
+        let doomed = blocking(move || {
+            Ok(match keep_bytes {
+                Some(keep) => shared.cache.least_recently_used_beyond(keep)?,
+                None => shared.cache.shards()?,
+            })
+        })
+        .await?;
+        if let Some(node) = self.node() {
+            for shard in &doomed {
+                let command = Command::ForgetCacheShard {
+                    fingerprint: shard.name.fingerprint.to_string(),
+                    shard_count: shard.name.shard.count,
+                    rank: shard.name.shard.rank,
+                    node,
+                };
+                // Rejected: not indexed (never recorded, or forgotten already).
+                client
+                    .propose(command)
+                    .await
+                    .map_err(|error| remote(error.into()))?;
+            }
+        }
+        let shared = Arc::clone(self);
+        blocking(move || {
+            let removed = shared.cache.remove_files(&doomed)?;
+            shared.cache.remove_stale_temps()?;
+            Ok(removed)
+        })
+        .await
+    }
+
     /// Runs the drivers the scheduler assigned to this node and stops the others.
     fn sync_drivers(self: &Arc<Self>, assigned: &[(JobId, u32)]) {
         let (Some(config), Some(node)) = (self.driver_config.get(), self.node()) else {
@@ -534,6 +576,20 @@ impl Handler<NodeProtocol> for Service {
                 shared.actors.stop(actor);
                 Ok(NodeResponse::ActorStopped)
             }
+            NodeRequest::RemoveCacheShards { fingerprints } => {
+                let shared = Arc::clone(shared);
+                let removed = blocking(move || {
+                    let shards = shared
+                        .cache
+                        .shards_of(&fingerprints.into_iter().collect())?;
+                    Ok(shared.cache.remove_files(&shards)?)
+                })
+                .await?;
+                Ok(cache_removed(removed))
+            }
+            NodeRequest::CleanCache { keep_bytes } => {
+                shared.clean_cache(keep_bytes).await.map(cache_removed)
+            }
         }
     }
 }
@@ -595,7 +651,13 @@ impl NodeAgent {
             })
             .map_err(|error| Error::Worker(format!("preparing process UDFs: {error}")))?,
         );
+        let attempt_timeout = config.scheduler.node_timeout() / 4;
+        let scheduler_client = || {
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
+                .map(|client| client.with_attempt_timeout(attempt_timeout))
+        };
         let shared = Arc::new(Shared {
+            cache_index: tokio::sync::Mutex::new(scheduler_client()?),
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
             actors: ActorHost::start(options.schedulers.clone(), &wire)?,
@@ -630,11 +692,6 @@ impl NodeAgent {
                 system_reserve_bytes: pools.system_reserve,
             },
         };
-        let attempt_timeout = config.scheduler.node_timeout() / 4;
-        let scheduler_client = || {
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
-                .map(|client| client.with_attempt_timeout(attempt_timeout))
-        };
         let mut client = scheduler_client()?;
         let node = registration.register(&mut client).await?;
         shared.node.store(node.get(), Ordering::Relaxed);
@@ -661,7 +718,7 @@ impl NodeAgent {
             tokio::spawn(watch_drivers(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
-                [client, scheduler_client()?],
+                client,
                 registration,
                 host_memory()?,
                 config.scheduler.heartbeat_interval(),
@@ -860,21 +917,19 @@ async fn reap_processes(processes: Arc<ProcessPools>) {
 /// Sends a heartbeat every `interval`, and registers the node again when the scheduler
 /// declared it dead. After each registration (the first included) the node records the cache
 /// shards in its directory under its id, so shards written before a restart or a declared
-/// death are found again. `clients`: one for heartbeats, one for recording shards.
+/// death are found again.
 async fn heartbeats(
     shared: Arc<Shared>,
-    clients: [SchedulerClient; 2],
+    mut client: SchedulerClient,
     registration: Registration,
     system: sysinfo::System,
     interval: Duration,
 ) {
-    let [mut client, indexer] = clients;
     let mut memory = HostMemory::new(system, interval);
     // Dropped with this task (on shutdown), which aborts an indexing still running.
     let mut indexing = tokio::task::JoinSet::new();
-    let indexer = Arc::new(tokio::sync::Mutex::new(indexer));
     if let Some(node) = shared.node() {
-        indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), node));
+        indexing.spawn(index_cache(Arc::clone(&shared), node));
     }
     loop {
         let (host_used, _) = memory.next().await;
@@ -902,7 +957,7 @@ async fn heartbeats(
                     shared.node.store(new.get(), Ordering::Relaxed);
                     // Replacing the set aborts an indexing under the old id.
                     indexing = tokio::task::JoinSet::new();
-                    indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), new));
+                    indexing.spawn(index_cache(Arc::clone(&shared), new));
                 }
                 Err(error) => tracing::error!(%error, "cannot register again"),
             },
@@ -914,12 +969,8 @@ async fn heartbeats(
 /// Records every valid shard in the node's cache directory as held by `node`. Each shard is
 /// opened without its columns (its structure and manifest are checked, not its data);
 /// one that fails is removed by the cache and skipped.
-async fn index_cache(
-    shared: Arc<Shared>,
-    client: Arc<tokio::sync::Mutex<SchedulerClient>>,
-    node: NodeId,
-) {
-    let mut client = client.lock().await;
+async fn index_cache(shared: Arc<Shared>, node: NodeId) {
+    let mut client = shared.cache_index.lock().await;
     let cache = Arc::clone(&shared);
     let found = blocking(move || {
         let mut found = Vec::new();
@@ -990,6 +1041,13 @@ impl Termination {
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.interrupt.recv() => "SIGINT",
         }
+    }
+}
+
+fn cache_removed(removed: Removed) -> NodeResponse {
+    NodeResponse::CacheRemoved {
+        shards: removed.shards,
+        bytes: removed.bytes,
     }
 }
 
