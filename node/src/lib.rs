@@ -40,7 +40,8 @@ use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
-use self::data_dir::{DataDirLock, Holder};
+use self::data_dir::DataDirLock;
+pub use self::data_dir::{Holder, live_holder};
 use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
@@ -623,9 +624,10 @@ impl NodeAgent {
             pid,
             store: store_config.name.clone(),
             socket: format!("node-{pid}.sock"),
+            rpc: None,
         };
         // Before anything of this node exists: a second node on the directory stops here.
-        let data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
+        let mut data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
         let store = ObjectStore::open(store_config)?;
         let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
         let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
@@ -678,6 +680,10 @@ impl NodeAgent {
             wire.clone(),
         )
         .await?;
+        data_dir_lock.record(&Holder {
+            rpc: Some(server.local_addr().to_string()),
+            ..holder
+        })?;
         let registration = Registration {
             addresses: NodeAddresses {
                 rpc: server.local_addr().to_string(),
