@@ -42,7 +42,6 @@ use xxhash_rust::xxh3::xxh3_64;
 use self::actors::ActorHost;
 use self::data_dir::DataDirLock;
 pub use self::data_dir::{Holder, live_holder};
-use self::monitor::HostMemory;
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
@@ -100,8 +99,6 @@ pub enum Error {
         path.display()
     )]
     BadLockRecord { path: PathBuf, problem: String },
-    #[error("cannot read host memory: {0}")]
-    HostMemory(String),
     #[error("worker: {0}")]
     Worker(String),
     #[error("local node: {0}")]
@@ -718,22 +715,19 @@ impl NodeAgent {
             [] => tracing::info!("data.allowed_paths is empty: tasks may use any path"),
             roots => tracing::info!(?roots, "tasks may only use paths under data.allowed_paths"),
         }
-        let host_memory =
-            || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
         let background = vec![
             tokio::spawn(watch_drivers(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
                 client,
                 registration,
-                host_memory()?,
                 config.scheduler.heartbeat_interval(),
             )),
             tokio::spawn(reap_processes(processes)),
             tokio::spawn(sweep_actors(Arc::clone(&shared))),
             tokio::spawn(monitor::run_monitor(
                 pool,
-                host_memory()?,
+                pools,
                 config.node.memory_monitor_threshold,
                 config.node.memory_monitor_interval(),
             )),
@@ -928,23 +922,27 @@ async fn heartbeats(
     shared: Arc<Shared>,
     mut client: SchedulerClient,
     registration: Registration,
-    system: sysinfo::System,
     interval: Duration,
 ) {
-    let mut memory = HostMemory::new(system, interval);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let agent = std::process::id();
     // Dropped with this task (on shutdown), which aborts an indexing still running.
     let mut indexing = tokio::task::JoinSet::new();
     if let Some(node) = shared.node() {
         indexing.spawn(index_cache(Arc::clone(&shared), node));
     }
     loop {
-        let (host_used, _) = memory.next().await;
+        ticks.tick().await;
+        let tree = tokio::task::spawn_blocking(move || monitor::process_tree_memory(agent))
+            .await
+            .unwrap_or_default();
         let store = shared.store.stats();
         let running = shared.pool.running().len();
         let usage = ResourceUsage {
             cpu_millis: running as u64 * 1000,
-            // What tasks use: the host's memory in use besides the object store.
-            heap_bytes: host_used.saturating_sub(store.used),
+            // What tasks use: the private memory of the agent, its workers and UDF children.
+            heap_bytes: tree.anonymous,
             object_store_bytes: store.used,
             spilled_bytes: store.spilled_bytes,
             fallback_bytes: store.fallback_bytes,
