@@ -471,10 +471,12 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason() {
     let cluster = cluster().await;
-    // Any host is past a 1% threshold, so the monitor acts on the first running task.
+    // Any node's processes are past 1% of 256 MiB, so the monitor acts on the first running
+    // task.
     let node = cluster.start_node(
         "n",
         &[
+            "memory.total=256MiB",
             "node.memory_monitor_threshold=0.01",
             "node.memory_monitor_interval_ms=50",
         ],
@@ -493,6 +495,38 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
     }
     assert!(failure.retryable());
     // The agent itself is unharmed and replaces the worker.
+    let after = cluster.wait_ready(&node).await;
+    assert_eq!(after.workers_respawned, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_given_less_memory_than_the_host_kills_a_growing_task_before_its_processes_pass_it()
+{
+    let cluster = cluster().await;
+    let total: u64 = 512 << 20;
+    let node = cluster.start_node(
+        "small",
+        &["memory.total=512MiB", "node.memory_monitor_interval_ms=20"],
+    );
+    cluster.wait_ready(&node).await;
+    // The task fills 1 GiB, page by page: twice what the node may use, well within the host.
+    let fill = TaskKind::Test(TestTask::Fill {
+        bytes: 1 << 30,
+        seed: 0,
+    });
+    let failure = run(node.addr(), 1, fill, vec![]).await.unwrap_err();
+    let TaskFailure::OutOfMemory { reason } = &failure else {
+        panic!("expected an out-of-memory failure, got {failure:?}");
+    };
+    // What the node's processes used when the monitor acted: past 95% of what the 10%
+    // system reserve leaves, and still below the node's memory.
+    let used: u64 = reason
+        .strip_prefix("the node's processes use ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|used| used.parse().ok())
+        .unwrap_or_else(|| panic!("no usage in {reason:?}"));
+    let limit = ((total - total / 10) as f64 * 0.95) as u64;
+    assert!(used > limit && used < total, "{used} of {total}: {reason}");
     let after = cluster.wait_ready(&node).await;
     assert_eq!(after.workers_respawned, 1);
 }
