@@ -169,14 +169,14 @@ impl Shared {
     async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
         let result = self.run_with_inputs(spec, &mut pulled).await;
-        // Copies pulled from other nodes were this task's inputs only (their owners free the
+        // This task's uses of copies pulled from other nodes (their owners free the
         // originals).
-        self.delete_local(&pulled);
+        self.transfers.release(&pulled);
         result
     }
 
-    /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
-    /// will learn of. One a running task still reads goes when that task lets go of it.
+    /// Deletes objects from this node's store: outputs nobody will learn of. One a running
+    /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
         for object in objects {
             match self.store.delete(*object) {
@@ -203,7 +203,7 @@ impl Shared {
                     .pull(input.object, holder)
                     .await
                     .map_err(unavailable)?;
-                if copy.fetched {
+                if copy.copy_in_use {
                     pulled.push(input.object);
                 }
             }
@@ -529,12 +529,16 @@ impl Handler<NodeProtocol> for Service {
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
             )),
-            NodeRequest::Pull { object, holder } => shared
-                .transfers
-                .pull(object, &holder)
-                .await
-                .map(|pulled| NodeResponse::Pulled(pulled.output))
-                .map_err(remote),
+            NodeRequest::Pull { object, holder } => {
+                let pulled = shared
+                    .transfers
+                    .pull(object, &holder)
+                    .await
+                    .map_err(remote)?;
+                // Asked for by name: it stays until a `Free`.
+                shared.transfers.keep(object);
+                Ok(NodeResponse::Pulled(pulled.output))
+            }
             NodeRequest::Free { objects } => {
                 for object in objects {
                     match shared.store.delete(object) {
