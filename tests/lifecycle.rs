@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use floe_api::state::{ClusterState, JobStatus};
 use floe_client::{Dataset, SortKey, col, lit};
 use floe_core::NodeId;
-use floe_core::config::ByteSize;
 use floe_core::job::{JobOptions, JobStats, OperatorStats};
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing};
@@ -20,19 +19,14 @@ use floe_testkit::cluster::{READY_TIMEOUT, TestCluster, TestClusterConfig, fast_
 const TOKEN: &str = "cache-lifecycle-tests";
 const ROWS: i64 = 40_000;
 
+/// A scheduler and `nodes` nodes with fast heartbeats, and `settings` for all of them.
 async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
-    let mut config = TestClusterConfig {
-        settings: fast_timing(),
-        node_settings: vec![
-            "data.min_block_size=64KiB".into(),
-            "data.max_block_size=8MiB".into(),
-        ],
-        max_frame: Some(ByteSize::mib(128)),
+    let mut all = fast_timing();
+    all.extend(settings.iter().map(|setting| (*setting).to_owned()));
+    let config = TestClusterConfig {
+        settings: all,
         ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
     };
-    config
-        .settings
-        .extend(settings.iter().map(|setting| (*setting).to_owned()));
     TestCluster::start(config, nodes).await
 }
 

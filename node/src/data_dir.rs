@@ -98,14 +98,7 @@ impl DataDirLock {
     /// naming the directory and the holder's pid, if a live node holds the lock.
     pub fn claim(dir: &Path, holder: &Holder, store: &StoreConfig) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
-        let io = |action: &'static str| {
-            let path = path.clone();
-            move |source| Error::DataDirIo {
-                action,
-                path,
-                source,
-            }
-        };
+        let io = |action| io_error(action, &path);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -142,14 +135,7 @@ impl DataDirLock {
 
     /// Replaces the lock file's record with `holder`.
     pub fn record(&mut self, holder: &Holder) -> Result<()> {
-        let io = |action: &'static str| {
-            let path = self.path.clone();
-            move |source| Error::DataDirIo {
-                action,
-                path,
-                source,
-            }
-        };
+        let io = |action| io_error(action, &self.path);
         let file = &mut self.file;
         file.set_len(0).map_err(io("truncate"))?;
         file.seek(SeekFrom::Start(0)).map_err(io("rewind"))?;
@@ -162,14 +148,7 @@ impl DataDirLock {
 /// The record of the live node holding `dir`, or `None` when no node holds it.
 pub fn live_holder(dir: &Path) -> Result<Option<Holder>> {
     let path = dir.join(LOCK_FILE);
-    let io = |action: &'static str| {
-        let path = path.clone();
-        move |source| Error::DataDirIo {
-            action,
-            path,
-            source,
-        }
-    };
+    let io = |action| io_error(action, &path);
     let mut file = match File::open(&path) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -187,6 +166,16 @@ pub fn live_holder(dir: &Path) -> Result<Option<Holder>> {
         path: path.clone(),
         problem,
     })
+}
+
+/// Turns an I/O error doing `action` on `path` into the node's error.
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_owned();
+    move |source| Error::DataDirIo {
+        action,
+        path,
+        source,
+    }
 }
 
 /// Removes what a dead `predecessor` left, logging each removal.

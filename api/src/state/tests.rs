@@ -149,19 +149,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         );
     }
     for (index, rank, node) in [(7, 0, a), (8, 1, b)] {
-        state.apply(
-            index,
-            Command::RecordCacheShard {
-                fingerprint: fingerprint(1),
-                shard_count: 2,
-                rank,
-                shard: CachedShard {
-                    node,
-                    bytes: 100,
-                    rows: 10,
-                },
-            },
-        );
+        state.apply(index, record_shard_of_two(rank, node));
     }
     state.apply(
         9,
@@ -352,19 +340,7 @@ fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
     let a = register(&mut state, 1, "a:1");
     let b = register(&mut state, 2, "b:1");
     for (index, rank, node) in [(3, 0, a), (4, 1, b)] {
-        state.apply(
-            index,
-            Command::RecordCacheShard {
-                fingerprint: fingerprint(1),
-                shard_count: 2,
-                rank,
-                shard: CachedShard {
-                    node,
-                    bytes: 1,
-                    rows: 1,
-                },
-            },
-        );
+        state.apply(index, record_shard_of_two(rank, node));
     }
     let forget = |rank, node| Command::ForgetCacheShard {
         fingerprint: fingerprint(1),
@@ -387,4 +363,18 @@ fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
         state.apply(8, forget(1, b)),
         Some(Outcome::Rejected(_))
     ));
+}
+
+/// Records shard `rank` of 2 of `fingerprint(1)` on `node`.
+fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
+    Command::RecordCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        shard: CachedShard {
+            node,
+            bytes: 100,
+            rows: 10,
+        },
+    }
 }
