@@ -714,7 +714,7 @@ impl Config {
         if !(threshold.is_finite() && threshold > 0.0 && threshold <= 1.0) {
             return Err(ConfigError::Invalid {
                 key: "node.memory_monitor_threshold",
-                reason: format!("{threshold} is not a share of host memory in (0, 1]"),
+                reason: format!("{threshold} is not a share in (0, 1]"),
             });
         }
         if node.memory_monitor_interval_ms == 0 {
