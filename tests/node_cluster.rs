@@ -545,15 +545,15 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
 async fn a_node_given_less_memory_than_the_host_kills_a_growing_task_before_its_processes_pass_it()
 {
     let cluster = cluster().await;
-    let total: u64 = 512 << 20;
+    let total: u64 = 256 << 20;
     let node = cluster.start_node(
         "small",
-        &["memory.total=512MiB", "node.memory_monitor_interval_ms=20"],
+        &["memory.total=256MiB", "node.memory_monitor_interval_ms=20"],
     );
     cluster.wait_ready(&node).await;
-    // The task fills 1 GiB, page by page: twice what the node may use, well within the host.
+    // The task fills 512 MiB, page by page: twice what the node may use, well within the host.
     let fill = TaskKind::Test(TestTask::Fill {
-        bytes: 1 << 30,
+        bytes: 512 << 20,
         seed: 0,
     });
     let failure = run(node.addr(), 1, fill, vec![]).await.unwrap_err();
