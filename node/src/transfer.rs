@@ -225,12 +225,14 @@ impl Transfers {
                 // Deleted with its last use while something still reads it: revived, it is
                 // this caller's copy.
                 None if self.store.revive(object) => {
-                    copies.uses.insert(object, 1);
+                    *copies.uses.entry(object).or_default() += 1;
                     drop(guard);
                     return self.local_use(object);
                 }
+                // Added to, not set: callers of a pull that just failed may not have given
+                // their uses back yet.
                 None => {
-                    copies.uses.insert(object, 1);
+                    *copies.uses.entry(object).or_default() += 1;
                     Arc::clone(copies.pulls.entry(object).or_default())
                 }
             }
