@@ -1,7 +1,8 @@
 //! Lifecycle across real processes: a node that restarts (or rejoins under a new id) finds its
 //! cache shards again and the next run uses them; shard files deleted behind the index's back
-//! cost a recomputation, never the job; a scheduler restarted on its old data directory sends
-//! work only to nodes that heartbeat to it.
+//! cost a recomputation, never the job; a recompute replaces the old shard files rather than
+//! adding to them; a scheduler restarted on its old data directory sends work only to nodes
+//! that heartbeat to it.
 
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use floe_api::state::{ClusterState, JobStatus};
 use floe_client::{Dataset, SortKey, col, lit};
 use floe_core::NodeId;
-use floe_core::job::{JobOptions, JobStats, OperatorStats};
+use floe_core::job::{CacheMode, JobOptions, JobStats, OperatorStats};
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing};
 
@@ -213,4 +214,33 @@ async fn a_restarted_scheduler_sends_drivers_only_to_nodes_that_heartbeat_to_it(
     );
     let batches = cluster.outputs(&record).await;
     assert_eq!(int_column(&batches, "id"), (0..ROWS).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recompute_leaves_one_file_per_shard_across_the_nodes() {
+    let cluster = start(2, &[]).await;
+    let files =
+        || shard_files(&cache_dir(&cluster, 0)).len() + shard_files(&cache_dir(&cluster, 1)).len();
+    let first = run_exact(&cluster, &doubled()).await;
+    let shards = operator(&first, "range").tasks as usize;
+    assert_eq!(files(), shards);
+    let recompute = JobOptions {
+        cache: CacheMode::Recompute,
+        ..JobOptions::default()
+    };
+    for _ in 0..3 {
+        let record = cluster.run(&doubled(), recompute.clone()).await;
+        assert_eq!(record.status, JobStatus::Succeeded, "{record:?}");
+        // Placement spreads the shards differently each time: the old copies go.
+        assert_eq!(files(), shards);
+    }
+    let indexed: usize = cluster
+        .state()
+        .await
+        .cache
+        .values()
+        .flat_map(|by_count| by_count.values())
+        .map(|entry| entry.shards.len())
+        .sum();
+    assert_eq!(indexed, shards);
 }
