@@ -317,9 +317,10 @@ fn cache_files(data_dir: &std::path::Path) -> usize {
         .count()
 }
 
-/// Runs `floe cache …` on the node data directory `data_dir`.
-fn floe_cache(data_dir: &std::path::Path, args: &[&str]) -> String {
+/// Runs `floe cache …` on the node data directory `data_dir` of `cluster`.
+fn floe_cache(cluster: &LocalCluster, data_dir: &std::path::Path, args: &[&str]) -> String {
     let output = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .env("FLOE_CLUSTER_TOKEN", cluster.token())
         .args([
             "--set",
             &format!("paths.data_dir={}", data_dir.display()),
@@ -364,7 +365,7 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
     assert!(first.stats.compute_tasks() > 0);
 
     let data_dir = cluster.dir().join("node-0");
-    let listed = floe_cache(&data_dir, &["ls"]);
+    let listed = floe_cache(&cluster, &data_dir, &["ls"]);
     let shard_files = cache_files(&data_dir);
     assert!(shard_files > 0);
     assert!(
@@ -372,27 +373,43 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         "{listed}"
     );
 
-    let explained = floe_cache(&data_dir, &["explain", cached.to_str().unwrap()]);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", cached.to_str().unwrap()]);
     assert!(
         explained.contains("cached, with shard counts"),
         "{explained}"
     );
     let changed = job_file("changed.toml", 9);
-    let explained = floe_cache(&data_dir, &["explain", changed.to_str().unwrap()]);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", changed.to_str().unwrap()]);
     assert!(explained.contains("nearest cached entry"), "{explained}");
     assert!(
         explained.contains("expr"),
         "the changed argument is named: {explained}"
     );
 
-    let cleaned = floe_cache(&data_dir, &["clean"]);
+    let cleaned = floe_cache(&cluster, &data_dir, &["clean"]);
     assert!(
-        cleaned.contains(&format!("removed {shard_files} shards")),
+        cleaned.contains(&format!("removed {shard_files} shards"))
+            && cleaned.contains("through the node"),
         "{cleaned}"
     );
     assert_eq!(cache_files(&data_dir), 0);
+    // The running node took the shards out of the index before removing their files.
+    let url = cluster.dashboard_url();
+    let http = url.trim_start_matches("http://").trim_end_matches('/');
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let cache = floe_testkit::http::get(http, "/api/cache").json();
+        if cache["entries"] == serde_json::json!([]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard still lists cleaned entries: {cache}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
-    // The index still names the removed shards: the job plans again and recomputes.
+    // Nothing indexed, nothing missing: the job recomputes and caches again.
     let again = client
         .submit(&parsed.dataset)
         .await
@@ -402,6 +419,7 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         .unwrap();
     assert_eq!(again.rows(), 20_000);
     assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
+    assert_eq!(cache_files(&data_dir), shard_files);
 }
 
 /// A `floe up` that is interrupted (and so stops its cluster) when the test ends, even when

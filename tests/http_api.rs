@@ -191,6 +191,15 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     assert!(kinds.contains(&"job_state"));
 
     // The cache: entries from the jobs above; cleaning needs the token and empties it.
+    let shard_files = || -> Vec<String> {
+        ["node-0", "node-1"]
+            .iter()
+            .flat_map(|node| std::fs::read_dir(cluster.dir().join(node).join("cache")).unwrap())
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("cache-"))
+            .collect()
+    };
+    assert!(!shard_files().is_empty());
     let cache = get(&addr, "/api/cache").json();
     assert!(!cache["entries"].as_array().unwrap().is_empty(), "{cache}");
     assert_eq!(
@@ -207,6 +216,8 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
             .is_empty()
             .then_some(())
     });
+    // The files went too (after the index), so a restarted node cannot index them again.
+    assert_eq!(shard_files(), Vec::<String>::new());
 
     let missing = get(&addr, "/api/nothing");
     assert_eq!(missing.status, 404);

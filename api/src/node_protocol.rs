@@ -354,6 +354,16 @@ pub enum NodeRequest {
         actor: ActorId,
     },
     Status,
+    /// Removes every cache shard file of these fingerprints from this node's cache directory
+    /// (whoever asks has already dropped them from the index).
+    RemoveCacheShards {
+        fingerprints: Vec<Fingerprint>,
+    },
+    /// `floe cache clean` on this node's host: drops the shards from the index first, then
+    /// removes their files; all of them, or the least recently used beyond `keep_bytes`.
+    CleanCache {
+        keep_bytes: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -377,6 +387,11 @@ pub enum NodeResponse {
     Actor(Result<ActorReply, ActorFailure>),
     ActorStopped,
     Status(Box<NodeStatus>),
+    /// Cache shard files removed: how many and their bytes.
+    CacheRemoved {
+        shards: u64,
+        bytes: u64,
+    },
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

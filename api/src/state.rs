@@ -221,6 +221,14 @@ pub enum Command {
     EvictCache {
         fingerprint: String,
     },
+    /// Drops one shard from the index if it is still recorded on `node` (its file is gone, or
+    /// is about to be removed): a copy recorded since on another node stays.
+    ForgetCacheShard {
+        fingerprint: String,
+        shard_count: u32,
+        rank: u32,
+        node: NodeId,
+    },
 }
 
 /// The result of applying one command, returned to whoever proposed it.
@@ -472,7 +480,39 @@ impl ClusterState {
                 Some(_) => Outcome::Applied,
                 None => Outcome::Rejected(format!("no cache entry {fingerprint}")),
             },
+            Command::ForgetCacheShard {
+                fingerprint,
+                shard_count,
+                rank,
+                node,
+            } => self.forget_shard(&fingerprint, shard_count, rank, node),
         }
+    }
+
+    fn forget_shard(&mut self, fingerprint: &str, count: u32, rank: u32, node: NodeId) -> Outcome {
+        let Some(by_count) = self.cache.get_mut(fingerprint) else {
+            return Outcome::Rejected(format!("no cache entry {fingerprint}"));
+        };
+        let Some(entry) = by_count.get_mut(&count) else {
+            return Outcome::Rejected(format!("no {count}-shard entry of {fingerprint}"));
+        };
+        if entry
+            .shards
+            .get(&rank)
+            .is_none_or(|shard| shard.node != node)
+        {
+            return Outcome::Rejected(format!(
+                "shard {rank} of {count} of {fingerprint} is not recorded on node {node}"
+            ));
+        }
+        entry.shards.remove(&rank);
+        if entry.shards.is_empty() {
+            by_count.remove(&count);
+        }
+        if by_count.is_empty() {
+            self.cache.remove(fingerprint);
+        }
+        Outcome::Applied
     }
 
     /// A dead node's actors and cached shards are gone with it; a job whose driver ran there

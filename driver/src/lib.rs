@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
-use floe_core::job::{JobSpec, JobStats};
+use floe_core::job::{CacheMode, JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 
@@ -108,9 +108,15 @@ pub async fn drive<C: ClusterAccess>(
     }
 }
 
-/// Plans and runs the job. If cache shards the index named turn out to be gone, their
-/// fingerprints are dropped from the index and the job is planned and run once more, so a
-/// cleaned or damaged cache costs a recomputation, never the job.
+/// How many times one attempt plans its job: each plan after the first drops at least one
+/// missing shard from the index, so this bounds a cache that keeps vanishing under the job.
+const MAX_PLANS: usize = 8;
+
+/// Plans and runs the job. If cache shards the index named turn out to be gone (and the job
+/// could not simply compute them in their place), they are dropped from the index and the job
+/// is planned and run again without them, so a cleaned or damaged cache costs a
+/// recomputation, never the job. A recompute first removes the old shards of what it
+/// recomputes, from the index and then from every node's disk.
 async fn plan_and_run<C: ClusterAccess>(
     config: &Arc<DriverConfig>,
     cluster: &Arc<C>,
@@ -120,12 +126,16 @@ async fn plan_and_run<C: ClusterAccess>(
     state: floe_api::state::ClusterState,
 ) -> Result<JobOutcome> {
     let mut state = state;
-    let mut replanned = false;
+    let mut plans = 0;
     loop {
+        plans += 1;
         let operators = match plan::plan(spec, &state, config) {
             Ok(operators) => operators,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
+        if plans == 1 && spec.options.cache == CacheMode::Recompute {
+            execute::remove_old_shards(cluster.as_ref(), &operators).await?;
+        }
         let run = execute::Execution::new(
             Arc::clone(config),
             Arc::clone(cluster),
@@ -135,17 +145,12 @@ async fn plan_and_run<C: ClusterAccess>(
             operators,
         );
         let finished = run.run().await;
-        if finished.stale_cache.is_empty() || replanned {
+        if finished.stale_cache.is_empty() || plans == MAX_PLANS {
             return Ok(finished.outcome);
         }
-        replanned = true;
-        for fingerprint in finished.stale_cache {
-            tracing::warn!(%job, %fingerprint, "cached shards are gone; planning again without them");
-            cluster
-                .propose(Command::EvictCache {
-                    fingerprint: fingerprint.to_string(),
-                })
-                .await?;
+        for stale in finished.stale_cache {
+            tracing::warn!(%job, fingerprint = %stale.fingerprint, rank = stale.rank, count = stale.count, node = %stale.node, "a cached shard is gone; planning again without it");
+            cluster.propose(stale.forget()).await?;
         }
         state = cluster.read_state().await?;
     }

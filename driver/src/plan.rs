@@ -32,12 +32,18 @@ const RANGE_MAX_TASKS: u64 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SourceTask {
     Compute(StageInput),
-    /// Shard `rank` of `count` of the operator's fingerprint, cached on `node`.
-    Load {
-        node: NodeId,
-        rank: u32,
-        count: u32,
-    },
+    Load(ShardToLoad),
+}
+
+/// Shard `rank` of `count` of an operator's fingerprint, cached on `node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShardToLoad {
+    pub node: NodeId,
+    pub rank: u32,
+    pub count: u32,
+    /// The source task that computes the same rows (the shard is one of a source's own, in
+    /// its own count): a load that finds the shard gone runs it instead.
+    pub recompute: Option<StageInput>,
 }
 
 #[derive(Debug, Clone)]
@@ -235,14 +241,25 @@ fn mark_needed(
                 .unwrap_or_default();
             if let Some((count, entry)) = complete_entry(&entries, source_count(operator)) {
                 operator.cache_hits = u64::from(count);
+                let own = match &operator.work {
+                    Work::Source(tasks) if tasks.len() == count as usize => tasks.clone(),
+                    _ => Vec::new(),
+                };
                 operator.work = Work::Source(
                     entry
                         .shards
                         .iter()
-                        .map(|(rank, shard)| SourceTask::Load {
-                            node: shard.node,
-                            rank: *rank,
-                            count,
+                        .map(|(rank, shard)| {
+                            let recompute = match own.get(*rank as usize) {
+                                Some(SourceTask::Compute(input)) => Some(*input),
+                                _ => None,
+                            };
+                            SourceTask::Load(ShardToLoad {
+                                node: shard.node,
+                                rank: *rank,
+                                count,
+                                recompute,
+                            })
                         })
                         .collect(),
                 );
@@ -253,12 +270,15 @@ fn mark_needed(
                 let count = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
                 let present = entries.get(&count).map(|entry| &entry.shards);
                 for (rank, task) in (0..count).zip(tasks.iter_mut()) {
-                    if let Some(shard) = present.and_then(|shards| shards.get(&rank)) {
-                        *task = SourceTask::Load {
+                    if let (Some(shard), SourceTask::Compute(input)) =
+                        (present.and_then(|shards| shards.get(&rank)), *task)
+                    {
+                        *task = SourceTask::Load(ShardToLoad {
                             node: shard.node,
                             rank,
                             count,
-                        };
+                            recompute: Some(input),
+                        });
                         operator.cache_hits += 1;
                     }
                 }

@@ -407,8 +407,8 @@ impl Message for Call {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     bytes: u64,
-    /// Pulled here by the aggregator (so it drops the copy); otherwise the shard was written
-    /// on this node and its owner frees it.
+    /// Pulled here by the aggregator (so it gives back its use of the copy); otherwise the
+    /// shard was written on this node and its owner frees it.
     pulled: bool,
 }
 
@@ -544,6 +544,11 @@ impl HashShuffleAggregator {
                 }
                 let entry = act.held.entry(partition).or_default();
                 let held = match entry.get(&object) {
+                    // Pushed twice: one use of the copy is enough.
+                    Some(before) if before.pulled && held.pulled => {
+                        late.push((object, held));
+                        *before
+                    }
                     Some(before) => Held {
                         pulled: before.pulled || held.pulled,
                         ..held
@@ -595,7 +600,7 @@ impl HashShuffleAggregator {
             .map(|(object, _)| object)
             .collect();
         if let Some(shared) = self.shared.upgrade() {
-            shared.delete_local(&pulled);
+            shared.transfers.release(&pulled);
         }
     }
 
@@ -626,7 +631,7 @@ async fn pull_shards(
             Some(holder) => match shared.transfers.pull(shard.object, holder).await {
                 Ok(pulled) => Held {
                     bytes: pulled.output.size,
-                    pulled: pulled.fetched,
+                    pulled: pulled.copy_in_use,
                 },
                 Err(error) => return (arrived, Some(failed(error.to_string()))),
             },

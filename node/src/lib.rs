@@ -34,14 +34,14 @@ use floe_core::wire::{
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
-use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
+use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
-use self::data_dir::{DataDirLock, Holder};
-use self::monitor::HostMemory;
+use self::data_dir::DataDirLock;
+pub use self::data_dir::{Holder, live_holder};
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
@@ -99,8 +99,6 @@ pub enum Error {
         path.display()
     )]
     BadLockRecord { path: PathBuf, problem: String },
-    #[error("cannot read host memory: {0}")]
-    HostMemory(String),
     #[error("worker: {0}")]
     Worker(String),
     #[error("local node: {0}")]
@@ -146,6 +144,9 @@ struct Shared {
     actors: ActorHost,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
+    /// Records and forgets this node's cache shards in the index; held for the whole of an
+    /// indexing or a clean, so the two never interleave.
+    cache_index: tokio::sync::Mutex<SchedulerClient>,
 }
 
 impl Shared {
@@ -168,14 +169,14 @@ impl Shared {
     async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
         let result = self.run_with_inputs(spec, &mut pulled).await;
-        // Copies pulled from other nodes were this task's inputs only (their owners free the
+        // This task's uses of copies pulled from other nodes (their owners free the
         // originals).
-        self.delete_local(&pulled);
+        self.transfers.release(&pulled);
         result
     }
 
-    /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
-    /// will learn of. One a running task still reads goes when that task lets go of it.
+    /// Deletes objects from this node's store: outputs nobody will learn of. One a running
+    /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
         for object in objects {
             match self.store.delete(*object) {
@@ -202,7 +203,7 @@ impl Shared {
                     .pull(input.object, holder)
                     .await
                     .map_err(unavailable)?;
-                if copy.fetched {
+                if copy.copy_in_use {
                     pulled.push(input.object);
                 }
             }
@@ -387,6 +388,45 @@ impl Shared {
         }))
     }
 
+    /// `floe cache clean`: drops the shards to remove from the index first (so no job is
+    /// planned against them), then removes their files, and stale temporary files with them.
+    async fn clean_cache(
+        self: &Arc<Self>,
+        keep_bytes: Option<u64>,
+    ) -> Result<Removed, RemoteError> {
+        let mut client = self.cache_index.lock().await;
+        let shared = Arc::clone(self);
+        let doomed = blocking(move || {
+            Ok(match keep_bytes {
+                Some(keep) => shared.cache.least_recently_used_beyond(keep)?,
+                None => shared.cache.shards()?,
+            })
+        })
+        .await?;
+        if let Some(node) = self.node() {
+            for shard in &doomed {
+                let command = Command::ForgetCacheShard {
+                    fingerprint: shard.name.fingerprint.to_string(),
+                    shard_count: shard.name.shard.count,
+                    rank: shard.name.shard.rank,
+                    node,
+                };
+                // Rejected: not indexed (never recorded, or forgotten already).
+                client
+                    .propose(command)
+                    .await
+                    .map_err(|error| remote(error.into()))?;
+            }
+        }
+        let shared = Arc::clone(self);
+        blocking(move || {
+            let removed = shared.cache.remove_files(&doomed)?;
+            shared.cache.remove_stale_temps()?;
+            Ok(removed)
+        })
+        .await
+    }
+
     /// Runs the drivers the scheduler assigned to this node and stops the others.
     fn sync_drivers(self: &Arc<Self>, assigned: &[(JobId, u32)]) {
         let (Some(config), Some(node)) = (self.driver_config.get(), self.node()) else {
@@ -489,12 +529,16 @@ impl Handler<NodeProtocol> for Service {
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
             )),
-            NodeRequest::Pull { object, holder } => shared
-                .transfers
-                .pull(object, &holder)
-                .await
-                .map(|pulled| NodeResponse::Pulled(pulled.output))
-                .map_err(remote),
+            NodeRequest::Pull { object, holder } => {
+                let pulled = shared
+                    .transfers
+                    .pull(object, &holder)
+                    .await
+                    .map_err(remote)?;
+                // Asked for by name: it stays until a `Free`.
+                shared.transfers.keep(object);
+                Ok(NodeResponse::Pulled(pulled.output))
+            }
             NodeRequest::Free { objects } => {
                 for object in objects {
                     match shared.store.delete(object) {
@@ -534,6 +578,20 @@ impl Handler<NodeProtocol> for Service {
                 shared.actors.stop(actor);
                 Ok(NodeResponse::ActorStopped)
             }
+            NodeRequest::RemoveCacheShards { fingerprints } => {
+                let shared = Arc::clone(shared);
+                let removed = blocking(move || {
+                    let shards = shared
+                        .cache
+                        .shards_of(&fingerprints.into_iter().collect())?;
+                    Ok(shared.cache.remove_files(&shards)?)
+                })
+                .await?;
+                Ok(cache_removed(removed))
+            }
+            NodeRequest::CleanCache { keep_bytes } => {
+                shared.clean_cache(keep_bytes).await.map(cache_removed)
+            }
         }
     }
 }
@@ -567,9 +625,10 @@ impl NodeAgent {
             pid,
             store: store_config.name.clone(),
             socket: format!("node-{pid}.sock"),
+            rpc: None,
         };
         // Before anything of this node exists: a second node on the directory stops here.
-        let data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
+        let mut data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
         let store = ObjectStore::open(store_config)?;
         let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
         let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
@@ -596,7 +655,13 @@ impl NodeAgent {
             })
             .map_err(|error| Error::Worker(format!("preparing process UDFs: {error}")))?,
         );
+        let attempt_timeout = config.scheduler.node_timeout() / 4;
+        let scheduler_client = || {
+            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
+                .map(|client| client.with_attempt_timeout(attempt_timeout))
+        };
         let shared = Arc::new(Shared {
+            cache_index: tokio::sync::Mutex::new(scheduler_client()?),
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
             actors: ActorHost::start(options.schedulers.clone(), &wire)?,
@@ -617,6 +682,10 @@ impl NodeAgent {
             wire.clone(),
         )
         .await?;
+        data_dir_lock.record(&Holder {
+            rpc: Some(server.local_addr().to_string()),
+            ..holder
+        })?;
         let registration = Registration {
             addresses: NodeAddresses {
                 rpc: server.local_addr().to_string(),
@@ -630,11 +699,6 @@ impl NodeAgent {
                 object_store_bytes: pools.object_store,
                 system_reserve_bytes: pools.system_reserve,
             },
-        };
-        let attempt_timeout = config.scheduler.node_timeout() / 4;
-        let scheduler_client = || {
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
-                .map(|client| client.with_attempt_timeout(attempt_timeout))
         };
         let mut client = scheduler_client()?;
         let node = registration.register(&mut client).await?;
@@ -656,22 +720,19 @@ impl NodeAgent {
             [] => tracing::info!("data.allowed_paths is empty: tasks may use any path"),
             roots => tracing::info!(?roots, "tasks may only use paths under data.allowed_paths"),
         }
-        let host_memory =
-            || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
         let background = vec![
             tokio::spawn(watch_drivers(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
-                [client, scheduler_client()?],
+                client,
                 registration,
-                host_memory()?,
                 config.scheduler.heartbeat_interval(),
             )),
             tokio::spawn(reap_processes(processes)),
             tokio::spawn(sweep_actors(Arc::clone(&shared))),
             tokio::spawn(monitor::run_monitor(
                 pool,
-                host_memory()?,
+                pools,
                 config.node.memory_monitor_threshold,
                 config.node.memory_monitor_interval(),
             )),
@@ -861,30 +922,32 @@ async fn reap_processes(processes: Arc<ProcessPools>) {
 /// Sends a heartbeat every `interval`, and registers the node again when the scheduler
 /// declared it dead. After each registration (the first included) the node records the cache
 /// shards in its directory under its id, so shards written before a restart or a declared
-/// death are found again. `clients`: one for heartbeats, one for recording shards.
+/// death are found again.
 async fn heartbeats(
     shared: Arc<Shared>,
-    clients: [SchedulerClient; 2],
+    mut client: SchedulerClient,
     registration: Registration,
-    system: sysinfo::System,
     interval: Duration,
 ) {
-    let [mut client, indexer] = clients;
-    let mut memory = HostMemory::new(system, interval);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let agent = std::process::id();
     // Dropped with this task (on shutdown), which aborts an indexing still running.
     let mut indexing = tokio::task::JoinSet::new();
-    let indexer = Arc::new(tokio::sync::Mutex::new(indexer));
     if let Some(node) = shared.node() {
-        indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), node));
+        indexing.spawn(index_cache(Arc::clone(&shared), node));
     }
     loop {
-        let (host_used, _) = memory.next().await;
+        ticks.tick().await;
+        let tree = tokio::task::spawn_blocking(move || monitor::process_tree_memory(agent))
+            .await
+            .unwrap_or_default();
         let store = shared.store.stats();
         let running = shared.pool.running().len();
         let usage = ResourceUsage {
             cpu_millis: running as u64 * 1000,
-            // What tasks use: the host's memory in use besides the object store.
-            heap_bytes: host_used.saturating_sub(store.used),
+            // What tasks use: the private memory of the agent, its workers and UDF children.
+            heap_bytes: tree.anonymous,
             object_store_bytes: store.used,
             spilled_bytes: store.spilled_bytes,
             fallback_bytes: store.fallback_bytes,
@@ -903,7 +966,7 @@ async fn heartbeats(
                     shared.node.store(new.get(), Ordering::Relaxed);
                     // Replacing the set aborts an indexing under the old id.
                     indexing = tokio::task::JoinSet::new();
-                    indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), new));
+                    indexing.spawn(index_cache(Arc::clone(&shared), new));
                 }
                 Err(error) => tracing::error!(%error, "cannot register again"),
             },
@@ -915,12 +978,8 @@ async fn heartbeats(
 /// Records every valid shard in the node's cache directory as held by `node`. Each shard is
 /// opened without its columns (its structure and manifest are checked, not its data);
 /// one that fails is removed by the cache and skipped.
-async fn index_cache(
-    shared: Arc<Shared>,
-    client: Arc<tokio::sync::Mutex<SchedulerClient>>,
-    node: NodeId,
-) {
-    let mut client = client.lock().await;
+async fn index_cache(shared: Arc<Shared>, node: NodeId) {
+    let mut client = shared.cache_index.lock().await;
     let cache = Arc::clone(&shared);
     let found = blocking(move || {
         let mut found = Vec::new();
@@ -991,6 +1050,13 @@ impl Termination {
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.interrupt.recv() => "SIGINT",
         }
+    }
+}
+
+fn cache_removed(removed: Removed) -> NodeResponse {
+    NodeResponse::CacheRemoved {
+        shards: removed.shards,
+        bytes: removed.bytes,
     }
 }
 

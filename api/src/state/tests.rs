@@ -149,19 +149,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         );
     }
     for (index, rank, node) in [(7, 0, a), (8, 1, b)] {
-        state.apply(
-            index,
-            Command::RecordCacheShard {
-                fingerprint: fingerprint(1),
-                shard_count: 2,
-                rank,
-                shard: CachedShard {
-                    node,
-                    bytes: 100,
-                    rows: 10,
-                },
-            },
-        );
+        state.apply(index, record_shard_of_two(rank, node));
     }
     state.apply(
         9,
@@ -344,4 +332,49 @@ fn a_driver_declared_gone_cannot_end_its_pending_job() {
     };
     assert!(matches!(state.apply(6, late), Some(Outcome::Rejected(_))));
     assert_eq!(state.jobs[&job].status, JobStatus::Pending);
+}
+
+#[test]
+fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    let b = register(&mut state, 2, "b:1");
+    for (index, rank, node) in [(3, 0, a), (4, 1, b)] {
+        state.apply(index, record_shard_of_two(rank, node));
+    }
+    let forget = |rank, node| Command::ForgetCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        node,
+    };
+    // Recorded on `a`, not `b`: a copy recorded elsewhere since is not dropped.
+    assert!(matches!(
+        state.apply(5, forget(0, b)),
+        Some(Outcome::Rejected(_))
+    ));
+    assert_eq!(state.apply(6, forget(0, a)), Some(Outcome::Applied));
+    let shards = &state.cache[&fingerprint(1)][&2].shards;
+    assert_eq!(shards.keys().copied().collect::<Vec<_>>(), vec![1]);
+    // The last shard takes its entry and its fingerprint with it.
+    assert_eq!(state.apply(7, forget(1, b)), Some(Outcome::Applied));
+    assert!(state.cache.is_empty());
+    assert!(matches!(
+        state.apply(8, forget(1, b)),
+        Some(Outcome::Rejected(_))
+    ));
+}
+
+/// Records shard `rank` of 2 of `fingerprint(1)` on `node`.
+fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
+    Command::RecordCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        shard: CachedShard {
+            node,
+            bytes: 100,
+            rows: 10,
+        },
+    }
 }

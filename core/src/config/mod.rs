@@ -174,10 +174,10 @@ pub struct NodeConfig {
     pub rpc_port: u16,
     /// `floe worker` processes the agent keeps running; 0 means one per CPU. Default 0.
     pub workers: u32,
-    /// Share of host memory in use past which the memory monitor kills the newest task's
-    /// worker, in (0, 1]. Default 0.95.
+    /// Share of the node's memory less its system reserve that the node's processes may use
+    /// before the memory monitor kills the newest task's worker, in (0, 1]. Default 0.95.
     pub memory_monitor_threshold: f64,
-    /// How often the memory monitor reads host memory. Default 250.
+    /// How often the memory monitor reads the node's processes' memory. Default 250.
     pub memory_monitor_interval_ms: u64,
     /// How often a job driver on this node reports progress to the scheduler (and notices a
     /// cancellation). Default 500.
@@ -722,7 +722,7 @@ impl Config {
         if !(threshold.is_finite() && threshold > 0.0 && threshold <= 1.0) {
             return Err(ConfigError::Invalid {
                 key: "node.memory_monitor_threshold",
-                reason: format!("{threshold} is not a share of host memory in (0, 1]"),
+                reason: format!("{threshold} is not a share in (0, 1]"),
             });
         }
         if node.memory_monitor_interval_ms == 0 {

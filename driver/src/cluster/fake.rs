@@ -340,6 +340,17 @@ impl FakeCluster {
         self.lock().shards.clear();
     }
 
+    /// Deletes the cache shard files of rank `rank` (of any count, on any node), leaving the
+    /// cache index as it is.
+    pub(crate) fn delete_cache_rank(&self, rank: u32) {
+        self.lock().shards.retain(|key, _| key.rank != rank);
+    }
+
+    /// How many cache shard files the nodes hold.
+    pub(crate) fn cache_files(&self) -> usize {
+        self.lock().shards.len()
+    }
+
     /// The blocks in the object stores.
     pub(crate) fn stored_objects(&self) -> BTreeSet<ObjectId> {
         self.lock().blocks.keys().copied().collect()
@@ -449,7 +460,20 @@ impl FakeCluster {
             NodeRequest::CallActor { actor, message, .. } => {
                 NodeResponse::Actor(self.call_actor(*actor, message).await)
             }
-            NodeRequest::ReadChunk { .. } | NodeRequest::Pull { .. } => {
+            NodeRequest::RemoveCacheShards { fingerprints } => {
+                let mut inner = self.lock();
+                let before = inner.shards.len();
+                inner
+                    .shards
+                    .retain(|key, _| key.node != node || !fingerprints.contains(&key.fingerprint));
+                NodeResponse::CacheRemoved {
+                    shards: (before - inner.shards.len()) as u64,
+                    bytes: 0,
+                }
+            }
+            NodeRequest::ReadChunk { .. }
+            | NodeRequest::Pull { .. }
+            | NodeRequest::CleanCache { .. } => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"
                 )));

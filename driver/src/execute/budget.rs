@@ -95,7 +95,7 @@ impl<C: ClusterAccess> Execution<C> {
                 let queued = op.inputs.iter().flat_map(|input| &input.queued);
                 let unstarted = op.ready.iter().filter_map(|launch| match &launch.recipe {
                     Recipe::Compute { inputs, .. } => Some(inputs),
-                    Recipe::Load { .. } => None,
+                    Recipe::Load(_) => None,
                 });
                 queued
                     .flat_map(|bundle| &bundle.blocks)

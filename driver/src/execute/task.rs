@@ -23,7 +23,7 @@ use super::shuffle::SAMPLE_SEQ;
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
-use crate::plan::Work;
+use crate::plan::{ShardToLoad, Work};
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
 /// input is (Ray Data's rule).
@@ -36,11 +36,7 @@ pub(super) enum Recipe {
         input: StageInput,
         inputs: Vec<ObjectId>,
     },
-    Load {
-        node: NodeId,
-        rank: u32,
-        count: u32,
-    },
+    Load(ShardToLoad),
 }
 
 /// A first run of a task that computes `input` from `inputs`.
@@ -113,7 +109,7 @@ impl<C: ClusterAccess> Execution<C> {
                 .iter()
                 .map(|object| (*object, self.blocks.get(object).copied()))
                 .collect(),
-            Recipe::Load { .. } => Vec::new(),
+            Recipe::Load(_) => Vec::new(),
         };
         let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
@@ -230,7 +226,7 @@ impl<C: ClusterAccess> Execution<C> {
                 }
             }
             Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
-            Recipe::Load { .. } => {}
+            Recipe::Load(_) => {}
         }
         self.ops[index].finished.insert(launch.seq, bundle);
         self.emit_ready(index);
@@ -251,10 +247,7 @@ impl<C: ClusterAccess> Execution<C> {
                 self.lineage.wait_for(object, index, launch);
             }
             RunFailure::Failed(TaskFailure::Cancelled) => {}
-            RunFailure::StaleCache(message) => {
-                self.stale_cache.insert(self.ops[index].stage.fingerprint);
-                self.fail(index, message);
-            }
+            RunFailure::StaleCache(message) => self.shard_gone(index, launch, message),
             RunFailure::Failed(failure) if failure.retryable() => {
                 let retries = self.options.max_task_retries;
                 let op = &mut self.ops[index];
@@ -349,7 +342,9 @@ impl<C: ClusterAccess> TaskRun<C> {
         let unreachable =
             |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
         match &launch.recipe {
-            Recipe::Load { node, rank, count } => {
+            Recipe::Load(ShardToLoad {
+                node, rank, count, ..
+            }) => {
                 let addr = match self.cluster.address(*node).await {
                     Ok(addr) => addr,
                     Err(error) => {

@@ -402,37 +402,91 @@ async fn a_planned_cache_hit_loads_shards_instead_of_running_the_source() {
     assert_eq!(stats(&second, "range").tasks, 0);
 }
 
+/// The `ForgetCacheShard` commands `fake` applied, as (rank, count).
+fn forgotten(fake: &FakeCluster) -> Vec<(u32, u32)> {
+    fake.commands()
+        .iter()
+        .filter_map(|(command, outcome)| match command {
+            Command::ForgetCacheShard {
+                rank, shard_count, ..
+            } if *outcome == floe_api::state::Outcome::Applied => Some((*rank, *shard_count)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn range_runs(fake: &FakeCluster) -> usize {
+    fake.tasks()
+        .iter()
+        .filter(|task| task.stage == "range" && task.failure.is_none())
+        .count()
+}
+
 #[tokio::test]
-async fn a_stale_cache_shard_makes_the_driver_evict_it_and_plan_again() {
+async fn a_missing_source_shard_is_dropped_from_the_index_and_computed_in_its_place() {
     let fake = fake(2, 2);
     // The map fuses into the range, whose output is cached shard by shard.
     let plan = doubled(LogicalPlan::range(200).unwrap());
     let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
     succeeded(&first);
-    let computed = fake.tasks().len();
-    // The index still names the shards; their files are gone.
+    let computed = range_runs(&fake);
+    let shards = range_task_count(200);
+    // The index still names shard 1; its file is gone.
+    fake.delete_cache_rank(1);
+    let record = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&record), 200);
+    assert_eq!(forgotten(&fake), vec![(1, shards as u32)]);
+    // Only the missing shard ran, in the same plan.
+    assert_eq!(range_runs(&fake), computed + 1);
+    assert_eq!(stats(&record, "range").tasks, 1);
+    assert_eq!(stats(&record, "range").cache_hits, shards - 1);
+    // It was written and indexed again: the next run computes nothing.
+    let again = run(&fake, &spec(plan, CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&again), 200);
+    assert_eq!(range_runs(&fake), computed + 1);
+}
+
+#[tokio::test]
+async fn a_missing_shuffle_shard_makes_the_driver_forget_it_and_plan_again() {
+    let fake = fake(2, 2);
+    let sorted = |source: LogicalPlan| {
+        source
+            .sort(vec![floe_core::plan::SortKey::asc("id")])
+            .unwrap()
+    };
+    let plan = sorted(doubled(LogicalPlan::range(200).unwrap()));
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    succeeded(&first);
+    let computed = range_runs(&fake);
+    // Every file is gone (a `cache clean` the index did not hear of): the sort's output is
+    // found missing, then the range's shards, which are computed in place.
     fake.delete_cache_files();
     let record = run(&fake, &spec(plan, CacheMode::Reuse)).await;
     assert_doubled(&fake, succeeded(&record), 200);
-    let fingerprint = record
-        .stats
-        .as_ref()
-        .and_then(|stats| stats.operators[0].fingerprint)
-        .expect("the range has a fingerprint")
-        .to_string();
-    assert!(
-        fake.commands().iter().any(|(command, _)| {
-            *command
-                == Command::EvictCache {
-                    fingerprint: fingerprint.clone(),
-                }
-        }),
-        "the stale entry was not evicted"
-    );
-    // Planned again without the cache: the range computed its blocks again.
-    let recomputed = fake.tasks()[computed..]
-        .iter()
-        .filter(|task| task.stage == "range" && task.failure.is_none())
-        .count();
-    assert_eq!(recomputed as u64, range_task_count(200));
+    assert!(!forgotten(&fake).is_empty());
+    assert_eq!(range_runs(&fake), computed + range_task_count(200) as usize);
+}
+
+#[tokio::test]
+async fn a_recompute_replaces_the_old_shards_instead_of_adding_to_them() {
+    let fake = fake(3, 1);
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    succeeded(&first);
+    let shards = range_task_count(200) as usize;
+    assert_eq!(fake.cache_files(), shards);
+    for _ in 0..3 {
+        let record = run(&fake, &spec(plan.clone(), CacheMode::Recompute)).await;
+        assert_doubled(&fake, succeeded(&record), 200);
+        // Placement spreads the shards differently each time; old copies elsewhere go.
+        assert_eq!(fake.cache_files(), shards);
+    }
+    let state = fake.read_state().await.unwrap();
+    let entries: usize = state
+        .cache
+        .values()
+        .flat_map(|by_count| by_count.values())
+        .map(|entry| entry.shards.len())
+        .sum();
+    assert_eq!(entries, shards);
 }

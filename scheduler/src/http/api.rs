@@ -7,9 +7,10 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use floe_api::node_protocol::{NodeProtocol, NodeRequest};
 use floe_core::config::ClusterToken;
 use floe_core::job::{CacheMode, JobProgress, JobSpec};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::wire::{PeerKind, RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
@@ -658,8 +659,40 @@ async fn clean_cache(
     shared
         .wait_applied(|state| evicted.iter().all(|(fp, _)| !state.cache.contains_key(fp)))
         .await;
+    // Out of the index first, so no job is planned against them; then off the disks, so no
+    // node records them again when it restarts.
+    let fingerprints = evicted
+        .iter()
+        .filter_map(|(fingerprint, _)| fingerprint.parse().ok())
+        .collect();
+    remove_shard_files(&shared, fingerprints).await;
     let evicted = evicted.iter().map(|(_, count)| count).sum();
     Ok(HttpResponse::Ok().json(Cleaned { evicted }))
+}
+
+/// Asks every alive node to remove its shard files of `fingerprints`. A node that cannot be
+/// reached keeps them: they are out of the index, and a job never reads an unindexed shard.
+async fn remove_shard_files(shared: &Shared, fingerprints: Vec<floe_core::Fingerprint>) {
+    if fingerprints.is_empty() {
+        return;
+    }
+    let request = NodeRequest::RemoveCacheShards { fingerprints };
+    let nodes: Vec<(NodeId, String)> = shared
+        .state()
+        .alive_nodes()
+        .map(|node| (node.id, node.addresses.rpc.clone()))
+        .collect();
+    for (node, addr) in nodes {
+        let removed = async {
+            let mut client: RpcClient<NodeProtocol> =
+                RpcClient::connect(addr, shared.wire.clone(), PeerKind::Scheduler).await?;
+            client.call(&request).await
+        }
+        .await;
+        if let Err(error) = removed {
+            tracing::warn!(%node, %error, "cannot remove cleaned cache shards from a node");
+        }
+    }
 }
 
 // ---- events and history ---------------------------------------------------------------

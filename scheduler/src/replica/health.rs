@@ -49,8 +49,9 @@ impl<S: LogStore> RaftLoop<S> {
         self.place_drivers(now, timeout);
     }
 
-    /// Starts a driver for every pending job on the least utilized alive node (drivers are
-    /// light; the work they start is placed task by task).
+    /// Starts a driver for every pending job on the least utilized alive node that has
+    /// heartbeated to this leader (drivers are light; the work they start is placed task by
+    /// task).
     pub(super) fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
         let pending: Vec<JobId> = self
             .state
@@ -70,7 +71,7 @@ impl<S: LogStore> RaftLoop<S> {
             let Some(node) = self
                 .state
                 .alive_nodes()
-                .filter(|node| !self.dying.contains(&node.id))
+                .filter(|node| !self.dying.contains(&node.id) && self.usage.contains_key(&node.id))
                 .min_by(|a, b| {
                     let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
                     load(a.id).total_cmp(&load(b.id))

@@ -198,6 +198,8 @@ struct RaftLoop<S: LogStore> {
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
+    /// Each node's last reported usage; a node is in it once it has heartbeated to this
+    /// replica as leader, and only then do drivers and tasks go to it.
     usage: BTreeMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
@@ -256,10 +258,8 @@ impl<S: LogStore> RaftLoop<S> {
             })
             .collect();
         let state_copy = state.clone();
-        let mut view = ResourceView::new();
-        for node in state.alive_nodes() {
-            view.upsert_node(node.id, node.resources);
-        }
+        // Empty until nodes heartbeat to this replica as leader (see `rebuild_view`).
+        let view = ResourceView::new();
         tracing::info!(
             replica = config.id,
             applied = state.applied_index,
@@ -503,10 +503,28 @@ impl<S: LogStore> RaftLoop<S> {
         Ok(())
     }
 
+    /// The view holds the alive nodes this replica has heard from since it became leader: a
+    /// node the restored state calls alive may have died while no leader listened (a
+    /// scheduler restarted on an old data directory), and placing work there would wait out
+    /// its node timeout. A node joins the view with its first heartbeat here.
     fn rebuild_view(&mut self) {
         self.view = ResourceView::new();
         for node in self.state.alive_nodes() {
-            self.view.upsert_node(node.id, node.resources);
+            if self.usage.contains_key(&node.id) {
+                self.view.upsert_node(node.id, node.resources);
+            }
+        }
+    }
+
+    /// A heartbeat from `node`, alive in the state: the first since this replica led puts
+    /// the node in the view (and may place what waited for room).
+    fn heard_from(&mut self, node: NodeId, usage: ResourceUsage) {
+        self.last_seen.insert(node, Instant::now());
+        if self.usage.insert(node, usage).is_none()
+            && let Some(record) = self.state.nodes.get(&node)
+        {
+            self.view.upsert_node(node, record.resources);
+            self.retry_waiting();
         }
     }
 

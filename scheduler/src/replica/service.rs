@@ -208,8 +208,7 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::Propose(command) => self.propose(command, Some(reply)),
             SchedulerRequest::Heartbeat { node, usage } => {
                 let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    self.last_seen.insert(node, Instant::now());
-                    self.usage.insert(node, usage);
+                    self.heard_from(node, usage);
                     SchedulerResponse::HeartbeatAccepted {
                         drivers: self.state.drivers_on(node),
                     }

@@ -256,6 +256,16 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
         .submit_job(vec![1], floe_core::SubmissionId::random())
         .await
         .unwrap();
+    // Registered but not heard from since: no driver goes to them (a restored state may call
+    // a node alive that died while no leader listened).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(client.read_state().await.unwrap().jobs[&job].driver, None);
+    for node in [worker, driver] {
+        client
+            .heartbeat(node, ResourceUsage::default())
+            .await
+            .unwrap();
+    }
     // The leader places the driver on its own; the node hears of it in its heartbeat.
     let deadline = Instant::now() + Duration::from_secs(5);
     let placed_on = loop {
