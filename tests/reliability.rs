@@ -324,7 +324,7 @@ fn post_job(addr: &str, spec: &str) -> String {
 #[test]
 fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
     use floe_core::wire::handshake::{Hello, client_handshake};
-    use floe_core::wire::{FramedStream, PeerKind};
+    use floe_core::wire::{FramedStream};
 
     let runtime = runtime();
     let cluster = cluster(&runtime, 1, &["net.max_frame=1MiB"]);

@@ -20,7 +20,7 @@ use floe_client::local::{LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
 use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{gbps, print_figure};
@@ -91,7 +91,7 @@ impl Bench {
 
     async fn call(&self, addr: &str, request: &NodeRequest) -> anyhow::Result<NodeResponse> {
         let mut client =
-            RpcClient::<NodeProtocol>::connect(addr, self.wire(), PeerKind::Client).await?;
+            RpcClient::<NodeProtocol>::connect(addr, self.wire()).await?;
         Ok(client.call(request).await?)
     }
 }
@@ -225,7 +225,7 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
         let mut clients = tokio::task::JoinSet::new();
         for client in 0..TASK_CLIENTS {
             let mut connection =
-                RpcClient::<NodeProtocol>::connect(&node, bench.wire(), PeerKind::Client).await?;
+                RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
             let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
             clients.spawn(async move {
                 for index in 0..share {

@@ -35,7 +35,7 @@ use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
 use floe_core::config::{ClusterToken, Config};
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
 use floe_core::plan::LogicalPlan;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
@@ -194,7 +194,7 @@ impl Client {
         config.cluster.token = ClusterToken::new(token);
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
         let wire = WireConfig::from_config(&config);
-        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?
+        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone())?
             .with_attempt_timeout(ATTEMPT_TIMEOUT);
         scheduler
             .read_state()
@@ -416,8 +416,7 @@ impl JobHandle {
         // Its own connection: a long wait must not hold up other calls on this client.
         let mut waiter = SchedulerClient::new(
             self.inner.replicas.clone(),
-            self.inner.wire.clone(),
-            PeerKind::Client,
+            self.inner.wire.clone()
         )?
         .with_attempt_timeout(ATTEMPT_TIMEOUT)
         .with_retry_for(report_after);
@@ -582,7 +581,7 @@ impl BlockReader {
             reason,
         };
         let mut client =
-            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone(), PeerKind::Client)
+            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
                 .await
                 .map_err(|error| lost(error.to_string()))?;
         let request = NodeRequest::ObjectMeta {

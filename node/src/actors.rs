@@ -26,7 +26,7 @@ use actix::{
 };
 use floe_api::client::SchedulerClient;
 use floe_api::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig, within};
+use floe_core::wire::{RpcClient, WireConfig, within};
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use tokio::runtime::Handle;
 use tokio::task::{AbortHandle, JoinHandle};
@@ -254,7 +254,7 @@ impl ActorHost {
     }
 
     async fn read_state(&self) -> std::result::Result<ClusterState, floe_api::Error> {
-        SchedulerClient::new(self.schedulers.clone(), self.wire.clone(), PeerKind::Node)?
+        SchedulerClient::new(self.schedulers.clone(), self.wire.clone())?
             .read_state()
             .await
     }
@@ -325,7 +325,7 @@ impl ActorHost {
         let mut client = match idle {
             Some(client) => client,
             None => {
-                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone(), PeerKind::Node)
+                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone())
                     .await?
             }
         };

@@ -30,7 +30,7 @@ use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{CachedShard, Command, NodeAddresses, NodeMemory, Outcome, Resources};
 use floe_core::wire::{
-    AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+    AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
@@ -632,7 +632,7 @@ impl NodeAgent {
         };
         let attempt_timeout = config.scheduler.node_timeout() / 4;
         let scheduler_client = || {
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
+            SchedulerClient::new(options.schedulers.clone(), wire.clone())
                 .map(|client| client.with_attempt_timeout(attempt_timeout))
         };
         let mut client = scheduler_client()?;
@@ -718,7 +718,7 @@ impl NodeAgent {
         let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
         let told = match shared.node() {
             Some(node) => {
-                let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
+                let mut client = SchedulerClient::new(schedulers, wire)?
                     .with_retry_for(Duration::from_secs(5));
                 let command = Command::MarkNodeDead {
                     node,

@@ -25,7 +25,7 @@ use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
-use floe_core::wire::{Attachment, FileRange, PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{Attachment, FileRange, RpcClient, WireConfig};
 use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
@@ -204,7 +204,7 @@ impl Transfers {
 
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
         let mut client =
-            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone(), PeerKind::Node).await?;
+            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
         let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
             NodeResponse::ObjectMeta(meta) => meta,
             other => return Err(unexpected(object, &other)),
@@ -256,7 +256,7 @@ impl Transfers {
         let connections = (self.max_in_flight / self.chunk).clamp(1, chunks);
         let mut clients = vec![first];
         for _ in 1..connections {
-            clients.push(RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?);
+            clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
         }
         // `chunk` is at most a frame's size, which fits in usize.
         let chunk = self.chunk as usize;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
 
@@ -158,7 +158,7 @@ impl LocalNode {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(mut client) =
-                RpcClient::<NodeProtocol>::connect(&self.addr, wire.clone(), PeerKind::Client).await
+                RpcClient::<NodeProtocol>::connect(&self.addr, wire.clone()).await
                 && let Ok(NodeResponse::Status(status)) = client.call(&NodeRequest::Status).await
                 && status.node.is_some()
                 && ready(&status)

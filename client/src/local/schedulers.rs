@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::wire::{WireConfig};
 
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::ReplicaStatus;
@@ -152,8 +152,7 @@ impl LocalSchedulers {
     pub fn client(&self) -> Result<SchedulerClient> {
         Ok(SchedulerClient::new(
             self.addrs(),
-            self.wire(),
-            PeerKind::Client,
+            self.wire()
         )?)
     }
 

@@ -9,7 +9,7 @@ use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use floe_core::config::ClusterToken;
 use floe_core::job::{CacheMode, JobProgress, JobSpec};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::wire::{WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
@@ -70,7 +70,7 @@ impl Shared {
 
     /// A client for one mutation; it finds the leader itself.
     fn leader(&self) -> Result<SchedulerClient, ApiError> {
-        SchedulerClient::new(self.replicas.clone(), self.wire.clone(), PeerKind::Client)
+        SchedulerClient::new(self.replicas.clone(), self.wire.clone())
             .map(|client| client.with_retry_for(MUTATION_RETRY))
             .map_err(ApiError::from_scheduler)
     }

@@ -344,7 +344,7 @@ pub(crate) async fn run(
     applied_state: watch::Receiver<Arc<ClusterState>>,
 ) {
     let addrs: Vec<String> = config.peers.values().cloned().collect();
-    let mut leader = match SchedulerClient::new(addrs, config.wire.clone(), PeerKind::Client) {
+    let mut leader = match SchedulerClient::new(addrs, config.wire.clone()) {
         Ok(client) => client.with_retry_for(CALL_TIMEOUT),
         Err(error) => {
             tracing::error!(%error, "the HTTP monitor has no scheduler to read from");

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
+use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
 use protobuf::Message as _;
 use raft::prelude::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};

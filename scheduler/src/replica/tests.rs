@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::wire::{WireConfig};
 
 use super::*;
 use crate::storage::MemoryLog;
@@ -39,8 +39,7 @@ async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerC
     }
     let client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::from_config(config),
-        PeerKind::Client,
+        WireConfig::from_config(config)
     )
     .unwrap();
     (replicas, client)
@@ -219,8 +218,7 @@ async fn a_request_that_fits_later_waits_for_a_release() {
 
     let mut waiter = SchedulerClient::new(
         vec![client_target(&replicas)],
-        WireConfig::from_config(&config),
-        PeerKind::Client,
+        WireConfig::from_config(&config)
     )
     .unwrap();
     let waiting = tokio::spawn(async move { waiter.place(vec![request]).await });
@@ -434,8 +432,7 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
     .unwrap();
     let mut client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::from_config(&config),
-        PeerKind::Client,
+        WireConfig::from_config(&config)
     )
     .unwrap()
     .with_retry_for(Duration::from_secs(1));
