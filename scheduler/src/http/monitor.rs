@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floe_core::job::JobProgress;
-use floe_core::wire::PeerKind;
 use floe_core::{JobId, NodeId};
 use tokio::sync::watch;
 use tokio::task::JoinSet;

@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_core::auth::Principal;
 use floe_core::config::SchedulerConfig;
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
@@ -68,6 +69,8 @@ type Reply = oneshot::Sender<Result<SchedulerResponse, RemoteError>>;
 enum Input {
     Raft(Vec<Message>),
     Request {
+        /// Who sent it, as the handshake verified; the loop authorizes against its state.
+        principal: Principal,
         request: SchedulerRequest,
         reply: Reply,
     },
@@ -100,7 +103,12 @@ impl Replica {
         let notices = Notices::new();
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
-        let service = Arc::new(Service { inputs, notices });
+        let service = Arc::new(Service {
+            inputs,
+            notices,
+            replicas: config.peers.keys().copied().collect(),
+            authenticator: Arc::clone(&config.wire.authenticator),
+        });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {
@@ -366,7 +374,11 @@ impl<S: LogStore> RaftLoop<S> {
             }
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
-            Input::Request { request, reply } => self.handle_request(request, reply),
+            Input::Request {
+                principal,
+                request,
+                reply,
+            } => self.handle_request(&principal, request, reply),
         }
     }
 
