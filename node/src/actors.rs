@@ -688,7 +688,7 @@ mod tests {
     use std::time::Duration;
 
     use floe_core::TaskId;
-    use floe_core::config::{ClusterToken, TimeoutsConfig};
+    use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
     use floe_core::wire::rpc::{Handler as RpcHandler, Peer, RemoteError};
     use floe_core::wire::{RpcServer, WireError};
 
@@ -710,8 +710,10 @@ mod tests {
     }
 
     fn wire(read_ms: u64) -> WireConfig {
-        WireConfig {
-            token: ClusterToken::new("actors-test"),
+        {
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("actors-test");
+            WireConfig {
             max_frame: 1 << 20,
             timeouts: TimeoutsConfig {
                 connect_ms: 2_000,
@@ -720,6 +722,8 @@ mod tests {
                 write_ms: 2_000,
                 idle_ms: 10_000,
             },
+                ..WireConfig::member(&config)
+            }
         }
     }
 

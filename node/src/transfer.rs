@@ -408,7 +408,7 @@ fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use floe_core::config::{ClusterToken, Config};
+    use floe_core::config::{ClusterSecret, Config};
     use floe_objectstore::{Backing, StoreConfig};
 
     use super::*;
@@ -427,9 +427,9 @@ mod tests {
         )
         .unwrap();
         let mut config = Config::default();
-        config.cluster.token = ClusterToken::new("unit");
+        config.cluster.secret = ClusterSecret::new("unit");
         config.node.transfer_inline_max = floe_core::config::ByteSize(8);
-        Transfers::new(store, WireConfig::from_config(&config), &config.node)
+        Transfers::new(store, WireConfig::member(&config), &config.node)
     }
 
     #[test]
