@@ -16,10 +16,10 @@ use anyhow::Context;
 use floe_api::node_protocol::{
     NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask,
 };
-use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalCredentials, LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::Config;
 use floe_core::wire::{RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -34,7 +34,7 @@ const TASK_CLIENTS: usize = 32;
 /// The scheduler, the nodes and their directory, removed when dropped.
 struct Bench {
     dir: PathBuf,
-    token: String,
+    credentials: LocalCredentials,
     cluster: LocalSchedulers,
     nodes: Vec<LocalNode>,
 }
@@ -47,28 +47,28 @@ impl Bench {
             .join(format!("bench-{part}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let token = format!("bench-{part}-{}", std::process::id());
+        let credentials = LocalCredentials::generate(&dir)?;
         let cluster = LocalSchedulers::start(LocalSchedulersConfig {
             binary: crate::floe_binary()?,
             replicas: 1,
             dir: dir.clone(),
-            token: token.clone(),
+            credentials: credentials.clone(),
             settings: Vec::new(),
         })?;
         cluster.wait_for_leader(READY_TIMEOUT).await?;
         Ok(Self {
             dir,
-            token,
+            credentials,
             cluster,
             nodes: Vec::new(),
         })
     }
 
+    /// Talks to the nodes as a cluster member, with frames up to 1 GiB.
     fn wire(&self) -> WireConfig {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(self.token.clone());
+        let mut config = self.credentials.config();
         config.net.max_frame = floe_core::config::ByteSize::gib(1);
-        WireConfig::from_config(&config)
+        WireConfig::member(&config)
     }
 
     async fn add_node(&mut self, workers: u32, settings: &[&str]) -> anyhow::Result<String> {
@@ -79,7 +79,7 @@ impl Bench {
             schedulers: self.cluster.addrs(),
             dir: self.dir.clone(),
             name: format!("node-{}", self.nodes.len()),
-            token: self.token.clone(),
+            credentials: self.credentials.clone(),
             settings: all,
         })?;
         node.wait_ready(&self.wire(), workers, READY_TIMEOUT)
