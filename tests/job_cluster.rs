@@ -21,7 +21,6 @@ use floe_testkit::cluster::{JOB_TIMEOUT, TestCluster, TestClusterConfig, fast_ti
 use floe_testkit::files::read_parquet_dir;
 use floe_testkit::process;
 
-const TOKEN: &str = "job-cluster-tests";
 
 /// A scheduler and `nodes` nodes of two workers, with `node_settings` besides.
 async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
@@ -32,7 +31,7 @@ async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
             "data.max_block_size=8MiB".into(),
         ],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     config
         .node_settings

@@ -24,7 +24,6 @@ use floe_testkit::cluster::{
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
 
-const TOKEN: &str = "node-cluster-tests";
 
 /// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
 fn config() -> TestClusterConfig {
@@ -32,7 +31,7 @@ fn config() -> TestClusterConfig {
         settings: fast_timing(),
         node_settings: vec!["memory.total=1GiB".into()],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     }
 }
 

@@ -10,7 +10,9 @@ use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{
     ActorDescription, ActorMessage, ActorReply, NodeRequest, NodeResponse, NodeStatus,
 };
-use floe_api::state::{ClusterState, JobRecord, JobStatus};
+use floe_api::state::{ClusterState, JobRecord, JobStatus, NodeAddresses, NodeMemory, Resources};
+use floe_core::auth::Credential;
+use std::collections::BTreeMap;
 use floe_client::Dataset;
 use floe_client::local::{
     LocalCredentials, LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig,
@@ -72,17 +74,22 @@ pub struct TestClusterConfig {
 }
 
 impl TestClusterConfig {
-    /// One scheduler replica, nodes of two workers, default settings, new secrets.
+    /// One scheduler replica, nodes of two workers, default settings, and the secrets every
+    /// cluster of this test process shares (so configs built twice agree).
     pub fn new(binary: impl Into<PathBuf>) -> Self {
-        // The tokens file outlives any one cluster of the test (configs are cloned).
-        let dir = tempfile::Builder::new()
-            .prefix("floe-test-credentials-")
-            .tempdir()
-            .unwrap()
-            .keep();
+        static CREDENTIALS: std::sync::OnceLock<LocalCredentials> = std::sync::OnceLock::new();
+        let credentials = CREDENTIALS.get_or_init(|| {
+            // The tokens file outlives every cluster of the process.
+            let dir = tempfile::Builder::new()
+                .prefix("floe-test-credentials-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            LocalCredentials::generate(&dir).unwrap()
+        });
         Self {
             binary: binary.into(),
-            credentials: LocalCredentials::generate(&dir).unwrap(),
+            credentials: credentials.clone(),
             replicas: 1,
             settings: Vec::new(),
             node_settings: Vec::new(),
@@ -113,6 +120,28 @@ impl TestClusterConfig {
     pub fn token(&self) -> &str {
         self.credentials.admin_token.expose()
     }
+}
+
+/// Registers a node that is no process with `schedulers`, as a node agent would (with the
+/// cluster secret), and returns its id and a client presenting its ticket.
+pub async fn register_node(
+    schedulers: &LocalSchedulers,
+    addresses: NodeAddresses,
+    resources: Resources,
+) -> (NodeId, SchedulerClient) {
+    let credentials = schedulers.credentials();
+    let member = credentials.member_wire();
+    let mut client = SchedulerClient::new(schedulers.addrs(), member.clone()).unwrap();
+    let (node, ticket) = client
+        .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
+        .await
+        .unwrap();
+    let as_node = member.with_credential(Credential::Node {
+        secret: credentials.cluster_secret.clone(),
+        id: node,
+        ticket,
+    });
+    (node, SchedulerClient::new(schedulers.addrs(), as_node).unwrap())
 }
 
 /// Starts the scheduler replicas in `dir`, without waiting for a leader.

@@ -142,6 +142,10 @@ impl LocalSchedulers {
         self.children.get(&id).map(Child::id)
     }
 
+    pub fn credentials(&self) -> &LocalCredentials {
+        &self.config.credentials
+    }
+
     /// Presents the cluster's admin token.
     pub fn wire(&self) -> WireConfig {
         self.config.credentials.admin_wire()
