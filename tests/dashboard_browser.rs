@@ -203,6 +203,12 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
 
     let driver = Driver::start();
     let session = driver.session();
+    // Reads need a token: set it in the tab as the "token" link would.
+    session.go(&url);
+    session.eval(&format!(
+        "sessionStorage.setItem('floe-token', {}); return true;",
+        json!(cluster.token())
+    ));
 
     session.go(&format!("{url}#/nodes"));
     let listed = session.wait_for(

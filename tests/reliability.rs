@@ -115,7 +115,7 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
 }
 
 #[test]
-fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
+fn a_node_with_the_wrong_secret_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
     let cluster = cluster(&runtime, 1, &[]);
     let schedulers = &cluster.schedulers;
