@@ -147,10 +147,11 @@ pub(crate) struct Caller {
 }
 
 /// The scope a request needs: reads `read` (none with `http.public_reads`), job changes
-/// `submit`, cache cleaning `admin`; the dashboard's own files none.
+/// `submit`, cache cleaning `admin`; the dashboard's own files and `/api/version` (what
+/// health checks probe; it says nothing about the cluster) none.
 fn required_scope(method: &Method, path: &str, public_reads: bool) -> Option<Scope> {
     let api = path == "/api" || path.starts_with("/api/") || path == "/metrics";
-    if !api {
+    if !api || (path == "/api/version" && *method == Method::GET) {
         return None;
     }
     if *method == Method::GET || *method == Method::HEAD {

@@ -284,6 +284,9 @@ async fn every_call_needs_a_token_with_its_scope_and_bad_specs_name_their_error(
     }
     let (status, _) = get!(app, "/api/jobs", Some(tokens.read.expose()));
     assert_eq!(status, 200);
+    // Health checks probe the version without a token; it says nothing about the cluster.
+    let (status, _) = get!(app, "/api/version", None::<&str>);
+    assert_eq!(status, 200);
     // With a submit token the request reaches the parser, whose error comes back as a 400.
     let response =
         actix_test::call_service(&app, post("/api/jobs", Some(tokens.submit.expose()))).await;
