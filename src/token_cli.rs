@@ -30,7 +30,8 @@ pub enum TokenCommand {
 pub fn run(config: &Config, command: &TokenCommand) -> anyhow::Result<()> {
     let path = config.tokens_file();
     let load = || {
-        TokensFile::load(&path).with_context(|| format!("reading the tokens file {}", path.display()))
+        TokensFile::load(&path)
+            .with_context(|| format!("reading the tokens file {}", path.display()))
     };
     match command {
         TokenCommand::Create { name, scopes } => {

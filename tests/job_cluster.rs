@@ -21,7 +21,6 @@ use floe_testkit::cluster::{JOB_TIMEOUT, TestCluster, TestClusterConfig, fast_ti
 use floe_testkit::files::read_parquet_dir;
 use floe_testkit::process;
 
-
 /// A scheduler and `nodes` nodes of two workers, with `node_settings` besides.
 async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
     let mut config = TestClusterConfig {

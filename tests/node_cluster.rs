@@ -24,7 +24,6 @@ use floe_testkit::cluster::{
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
 
-
 /// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
 fn config() -> TestClusterConfig {
     TestClusterConfig {

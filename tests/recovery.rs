@@ -186,7 +186,12 @@ async fn submit_jobs(schedulers: &LocalSchedulers, first: u8, count: u8) -> Vec<
 /// The ids of the jobs replica `id`'s own applied state lists, from its HTTP API.
 fn jobs_on(schedulers: &LocalSchedulers, id: u64) -> Vec<String> {
     let addr = schedulers.http_addr(id).unwrap().to_owned();
-    let body = floe_testkit::http::get(&addr, "/api/jobs?limit=1000", schedulers.credentials().admin_token.expose()).json();
+    let body = floe_testkit::http::get(
+        &addr,
+        "/api/jobs?limit=1000",
+        schedulers.credentials().admin_token.expose(),
+    )
+    .json();
     let mut ids: Vec<String> = body["jobs"]
         .as_array()
         .unwrap()

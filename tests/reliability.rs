@@ -100,7 +100,9 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
     }
     assert!(schedulers.is_running(1));
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), cluster.config.token()).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         check_a_job(&client).await;
         let alive = client
             .cluster()
@@ -132,7 +134,9 @@ fn a_node_with_the_wrong_secret_is_refused_and_the_cluster_keeps_serving() {
     assert!(log.contains("wrong cluster secret"), "{log}");
 
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), cluster.config.token()).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         let nodes = client.cluster().await.unwrap().nodes;
         assert_eq!(nodes.len(), 1, "the intruder registered: {nodes:?}");
         check_a_job(&client).await;
@@ -279,7 +283,9 @@ fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
     assert!(refused.contains("outside data.allowed_paths"), "{refused}");
 
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), cluster.config.token()).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         let outside = Dataset::read_csv(&[dir.path().join("outside.csv")]).unwrap();
         let handle = client.submit(&outside).await.unwrap();
         assert!(handle.wait().await.is_err());
@@ -319,8 +325,8 @@ fn post_job(addr: &str, token: &str, spec: &str) -> String {
 /// at a node alike; the processes keep serving.
 #[test]
 fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
+    use floe_core::wire::FramedStream;
     use floe_core::wire::handshake::{Hello, client_handshake};
-    use floe_core::wire::{FramedStream};
 
     let runtime = runtime();
     let cluster = cluster(&runtime, 1, &["net.max_frame=1MiB"]);
@@ -364,7 +370,9 @@ fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
     assert!(is_running(node.pid()), "the node died");
     assert!(schedulers.is_running(1), "the scheduler died");
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), cluster.config.token()).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         check_a_job(&client).await;
     });
 }

@@ -175,12 +175,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
         cpu_millis: 4000,
         heap_bytes: 1 << 30,
     };
-    let register = |rpc: &str| {
-        (
-            NodeAddresses { rpc: rpc.into() },
-            resources,
-        )
-    };
+    let register = |rpc: &str| (NodeAddresses { rpc: rpc.into() }, resources);
     let (addresses, resources) = register("127.0.0.1:9");
     let (quiet, mut quiet_client) = register_node(&cluster, addresses, resources).await;
     let silent_since = Instant::now();

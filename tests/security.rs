@@ -12,13 +12,10 @@ use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::scheduler_protocol::{ResourceUsage, SchedulerRequest};
 use floe_api::state::{
-    CachedShard, ClusterState, Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory,
-    Resources,
+    CachedShard, ClusterState, Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources,
 };
 use floe_client::{Dataset, col, lit};
-use floe_core::auth::{
-    ClientToken, ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile,
-};
+use floe_core::auth::{ClientToken, ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile};
 use floe_core::job::{JobOptions, JobStats, OutputBlock};
 use floe_core::wire::{RemoteErrorKind, RpcClient, WireError};
 use floe_core::{JobId, NodeId, ObjectId, SubmissionId};
@@ -39,7 +36,9 @@ fn scoped(config: &TestClusterConfig) -> &'static Scoped {
         let path = &config.credentials.tokens_file;
         let mut file = TokensFile::load(path).unwrap();
         let scoped = Scoped {
-            read: file.create("reader", Scopes::parse("read").unwrap()).unwrap(),
+            read: file
+                .create("reader", Scopes::parse("read").unwrap())
+                .unwrap(),
             submit: file
                 .create("submitter", Scopes::parse("submit").unwrap())
                 .unwrap(),
@@ -177,9 +176,7 @@ fn a_client_token_cannot_propose_internal_commands() {
         // Scopes: a read token may not submit or cancel; a submit token may not evict.
         let mut reader = client_with(&cluster, &scoped.read);
         forbidden(
-            reader
-                .submit_job(vec![1], SubmissionId::random())
-                .await,
+            reader.submit_job(vec![1], SubmissionId::random()).await,
             "token 'reader' lacks scope submit",
         );
         forbidden(
@@ -208,7 +205,11 @@ fn a_client_token_cannot_propose_internal_commands() {
                 .await,
             "only accepted from replicas",
         );
-        assert_eq!(state(&cluster).await, before, "a refused command changed the state");
+        assert_eq!(
+            state(&cluster).await,
+            before,
+            "a refused command changed the state"
+        );
         assert_a_job_is_exact(&cluster).await;
     });
 }
@@ -230,7 +231,9 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
 
         forbidden(
             node_a.heartbeat(b, ResourceUsage::default()).await,
-            &format!("a node may only report about itself (node {a} sent a heartbeat for node {b})"),
+            &format!(
+                "a node may only report about itself (node {a} sent a heartbeat for node {b})"
+            ),
         );
         forbidden(
             node_a
@@ -310,10 +313,15 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
         );
         let (_, ticket_of_a) = {
             // A registers again to learn a ticket it can try to pass off as B's.
-            let mut relisted = SchedulerClient::new(cluster.schedulers.addrs(), member.clone())
-                .unwrap();
+            let mut relisted =
+                SchedulerClient::new(cluster.schedulers.addrs(), member.clone()).unwrap();
             relisted
-                .register_node(at("127.0.0.1:11"), resources, NodeMemory::default(), BTreeMap::new())
+                .register_node(
+                    at("127.0.0.1:11"),
+                    resources,
+                    NodeMemory::default(),
+                    BTreeMap::new(),
+                )
                 .await
                 .unwrap()
         };
@@ -426,8 +434,18 @@ fn rest_calls_need_a_token_with_their_scope() {
     let (read, submit) = (scoped.read.expose(), scoped.submit.expose());
     let before = runtime.block_on(state(&cluster));
     for token in ["", "floe_wrong"] {
-        for path in ["/api/jobs", "/api/nodes", "/api/cluster", "/api/cache", "/metrics"] {
-            assert_eq!(get(&http, path, token).status, 401, "GET {path} with {token:?}");
+        for path in [
+            "/api/jobs",
+            "/api/nodes",
+            "/api/cluster",
+            "/api/cache",
+            "/metrics",
+        ] {
+            assert_eq!(
+                get(&http, path, token).status,
+                401,
+                "GET {path} with {token:?}"
+            );
         }
     }
     assert_eq!(get(&http, "/api/jobs", read).status, 200);
@@ -437,7 +455,11 @@ fn rest_calls_need_a_token_with_their_scope() {
     }
     let refused = post_json(&http, "/api/jobs", read, &spec);
     assert_eq!(refused.status, 403, "{}", refused.body);
-    assert!(refused.body.contains("token 'reader' lacks scope submit"), "{}", refused.body);
+    assert!(
+        refused.body.contains("token 'reader' lacks scope submit"),
+        "{}",
+        refused.body
+    );
     assert_eq!(
         post_json(&http, "/api/jobs/1/stop", read, &serde_json::json!({})).status,
         403
@@ -446,7 +468,11 @@ fn rest_calls_need_a_token_with_their_scope() {
         post_json(&http, "/api/cache/clean", submit, &serde_json::json!({})).status,
         403
     );
-    assert_eq!(runtime.block_on(state(&cluster)), before, "a refused call changed the state");
+    assert_eq!(
+        runtime.block_on(state(&cluster)),
+        before,
+        "a refused call changed the state"
+    );
 
     let created = post_json(&http, "/api/jobs", submit, &spec);
     assert_eq!(created.status, 201, "{}", created.body);

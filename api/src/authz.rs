@@ -35,7 +35,9 @@ fn client_with(principal: &Principal, scope: Scope, what: &str) -> Decision {
         Principal::Client { name, .. } => forbid(format!(
             "token '{name}' lacks scope {scope}, which {what} needs"
         )),
-        other => forbid(format!("{what} is for clients with scope {scope}, not {other}")),
+        other => forbid(format!(
+            "{what} is for clients with scope {scope}, not {other}"
+        )),
     }
 }
 
@@ -58,7 +60,9 @@ fn the_node(principal: &Principal, node: NodeId, what: &str) -> Decision {
         Principal::Node(own) => forbid(format!(
             "a node may only report about itself (node {own} sent {what} for node {node})"
         )),
-        other => forbid(format!("{what} for node {node} may only come from that node, not {other}")),
+        other => forbid(format!(
+            "{what} for node {node} may only come from that node, not {other}"
+        )),
     }
 }
 
@@ -66,7 +70,9 @@ fn the_node(principal: &Principal, node: NodeId, what: &str) -> Decision {
 fn a_node(principal: &Principal, what: &str) -> Decision {
     match principal {
         Principal::Node(_) => Ok(()),
-        other => forbid(format!("{what} may only come from a registered node, not {other}")),
+        other => forbid(format!(
+            "{what} may only come from a registered node, not {other}"
+        )),
     }
 }
 
@@ -118,9 +124,7 @@ pub fn authorize_scheduler(
             )),
         },
         SchedulerRequest::Heartbeat { node, .. } => the_node(principal, *node, "a heartbeat"),
-        SchedulerRequest::WatchDrivers { node, .. } => {
-            the_node(principal, *node, "a driver watch")
-        }
+        SchedulerRequest::WatchDrivers { node, .. } => the_node(principal, *node, "a driver watch"),
         SchedulerRequest::Propose(command) => authorize_command(principal, command, state),
         SchedulerRequest::Place { .. } => a_node(principal, "a placement"),
         SchedulerRequest::Release { .. } => a_node(principal, "a release"),

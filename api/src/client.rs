@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use floe_core::WireError;
-use floe_core::job::JobProgress;
 use floe_core::auth::NodeTicket;
+use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, within};
 use floe_core::{JobId, NodeId, SubmissionId};
 
@@ -156,9 +156,9 @@ impl SchedulerClient {
     ) -> Result<SchedulerResponse, WireError> {
         let connection = match &mut self.connection {
             Some(connection) => connection,
-            None => self.connection.insert(
-                RpcClient::connect(self.target.clone(), self.wire.clone()).await?,
-            ),
+            None => self
+                .connection
+                .insert(RpcClient::connect(self.target.clone(), self.wire.clone()).await?),
         };
         let result = connection.call(request).await;
         if matches!(&result, Err(error) if !matches!(error, WireError::Remote(_))) {

@@ -55,10 +55,9 @@ async fn answering() -> (RpcServer, String) {
 async fn a_frozen_replica_costs_one_attempt_timeout_then_the_next_replica_answers() {
     let (_frozen, frozen_addr) = frozen().await;
     let (_server, answering_addr) = answering().await;
-    let mut client =
-        SchedulerClient::new(vec![frozen_addr, answering_addr], wire())
-            .unwrap()
-            .with_attempt_timeout(Duration::from_millis(300));
+    let mut client = SchedulerClient::new(vec![frozen_addr, answering_addr], wire())
+        .unwrap()
+        .with_attempt_timeout(Duration::from_millis(300));
     let started = Instant::now();
     client.read_state().await.unwrap();
     // Without the bound the handshake alone waits `timeouts.handshake_ms` (5 s).
@@ -78,7 +77,7 @@ async fn without_an_attempt_timeout_a_frozen_replica_holds_the_call_for_the_hand
     config.timeouts.handshake_ms = 1_500;
     let mut client = SchedulerClient::new(
         vec![frozen_addr, answering_addr],
-        WireConfig::member(&config)
+        WireConfig::member(&config),
     )
     .unwrap();
     let started = Instant::now();

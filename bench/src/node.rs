@@ -90,8 +90,7 @@ impl Bench {
     }
 
     async fn call(&self, addr: &str, request: &NodeRequest) -> anyhow::Result<NodeResponse> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(addr, self.wire()).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(addr, self.wire()).await?;
         Ok(client.call(request).await?)
     }
 }
@@ -224,8 +223,7 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
         let start = Instant::now();
         let mut clients = tokio::task::JoinSet::new();
         for client in 0..TASK_CLIENTS {
-            let mut connection =
-                RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
+            let mut connection = RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
             let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
             clients.spawn(async move {
                 for index in 0..share {

@@ -416,12 +416,10 @@ impl JobHandle {
         mut on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
         // Its own connection: a long wait must not hold up other calls on this client.
-        let mut waiter = SchedulerClient::new(
-            self.inner.replicas.clone(),
-            self.inner.wire.clone()
-        )?
-        .with_attempt_timeout(ATTEMPT_TIMEOUT)
-        .with_retry_for(report_after);
+        let mut waiter =
+            SchedulerClient::new(self.inner.replicas.clone(), self.inner.wire.clone())?
+                .with_attempt_timeout(ATTEMPT_TIMEOUT)
+                .with_retry_for(report_after);
         loop {
             let record = match waiter.watch_job(self.id, WAIT_SLICE).await {
                 Ok(record) => record.ok_or(Error::UnknownJob(self.id))?,
@@ -582,10 +580,9 @@ impl BlockReader {
             node: block.node,
             reason,
         };
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
-                .await
-                .map_err(|error| lost(error.to_string()))?;
+        let mut client = RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
+            .await
+            .map_err(|error| lost(error.to_string()))?;
         let request = NodeRequest::ObjectMeta {
             object: block.object,
         };

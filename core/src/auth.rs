@@ -522,11 +522,15 @@ impl TokensFile {
             source,
         };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| io("create the directory of", source))?;
+            std::fs::create_dir_all(parent)
+                .map_err(|source| io("create the directory of", source))?;
         }
         let mut text = String::from("# floe client tokens: name scopes sha256(token)\n");
         for entry in &self.entries {
-            text.push_str(&format!("{} {} {}\n", entry.name, entry.scopes, entry.sha256));
+            text.push_str(&format!(
+                "{} {} {}\n",
+                entry.name, entry.scopes, entry.sha256
+            ));
         }
         let temporary = path.with_extension(format!("tmp-{}", std::process::id()));
         let mut file = std::fs::OpenOptions::new()
@@ -642,9 +646,12 @@ impl TokenStore {
     }
 
     fn verify(&self, token: &ClientToken) -> Result<Principal, Unauthenticated> {
-        let stamp = std::fs::metadata(&self.path)
-            .ok()
-            .map(|meta| (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len()));
+        let stamp = std::fs::metadata(&self.path).ok().map(|meta| {
+            (
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            )
+        });
         let mut loaded = match self.loaded.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),

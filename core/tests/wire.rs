@@ -80,9 +80,10 @@ struct EchoHandler;
 impl Handler<Echo> for EchoHandler {
     async fn handle(&self, peer: Peer, request: EchoRequest) -> Result<EchoResponse, RemoteError> {
         match request {
-            EchoRequest::Say(text) => {
-                Ok(EchoResponse::Said(format!("{:?} says {text}", peer.principal)))
-            }
+            EchoRequest::Say(text) => Ok(EchoResponse::Said(format!(
+                "{:?} says {text}",
+                peer.principal
+            ))),
             EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
             EchoRequest::Repeat { .. } | EchoRequest::FromFile { .. } => Err(RemoteError::new(

@@ -324,10 +324,7 @@ impl ActorHost {
         let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
         let mut client = match idle {
             Some(client) => client,
-            None => {
-                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone())
-                    .await?
-            }
+            None => RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone()).await?,
         };
         let reply = within(
             limit,
@@ -714,14 +711,14 @@ mod tests {
             let mut config = Config::default();
             config.cluster.secret = ClusterSecret::new("actors-test");
             WireConfig {
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig {
-                connect_ms: 2_000,
-                handshake_ms: 2_000,
-                read_ms,
-                write_ms: 2_000,
-                idle_ms: 10_000,
-            },
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig {
+                    connect_ms: 2_000,
+                    handshake_ms: 2_000,
+                    read_ms,
+                    write_ms: 2_000,
+                    idle_ms: 10_000,
+                },
                 ..WireConfig::member(&config)
             }
         }

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use floe_api::authz;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
-use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{CachedShard, Command, NodeAddresses, NodeMemory, Outcome, Resources};
+use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
@@ -727,8 +727,8 @@ impl NodeAgent {
         let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
         let told = match shared.node() {
             Some(node) => {
-                let mut client = SchedulerClient::new(schedulers, wire)?
-                    .with_retry_for(Duration::from_secs(5));
+                let mut client =
+                    SchedulerClient::new(schedulers, wire)?.with_retry_for(Duration::from_secs(5));
                 let command = Command::MarkNodeDead {
                     node,
                     reason: format!("node left: {reason}"),

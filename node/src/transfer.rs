@@ -203,8 +203,7 @@ impl Transfers {
     }
 
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
         let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
             NodeResponse::ObjectMeta(meta) => meta,
             other => return Err(unexpected(object, &other)),

@@ -11,16 +11,16 @@ use floe_api::node_protocol::{
     ActorDescription, ActorMessage, ActorReply, NodeRequest, NodeResponse, NodeStatus,
 };
 use floe_api::state::{ClusterState, JobRecord, JobStatus, NodeAddresses, NodeMemory, Resources};
-use floe_core::auth::Credential;
-use std::collections::BTreeMap;
 use floe_client::Dataset;
 use floe_client::local::{
     LocalCredentials, LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig,
 };
+use floe_core::auth::Credential;
 use floe_core::config::ByteSize;
 use floe_core::job::{JobOptions, JobSpec};
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+use std::collections::BTreeMap;
 
 use crate::node;
 
@@ -141,7 +141,10 @@ pub async fn register_node(
         id: node,
         ticket,
     });
-    (node, SchedulerClient::new(schedulers.addrs(), as_node).unwrap())
+    (
+        node,
+        SchedulerClient::new(schedulers.addrs(), as_node).unwrap(),
+    )
 }
 
 /// Starts the scheduler replicas in `dir`, without waiting for a leader.

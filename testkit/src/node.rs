@@ -5,9 +5,7 @@ use floe_core::wire::{RpcClient, WireConfig};
 
 /// A client connection to the node at `addr`.
 pub async fn connect(addr: &str, wire: &WireConfig) -> RpcClient<NodeProtocol> {
-    RpcClient::connect(addr, wire.clone())
-        .await
-        .unwrap()
+    RpcClient::connect(addr, wire.clone()).await.unwrap()
 }
 
 /// One call on a fresh connection.

@@ -215,7 +215,11 @@ fn every_command_lists_who_may_propose_it() {
     for (command, allowed) in commands {
         let name = format!("{command:?}");
         check(&name, allowed, |principal| {
-            authorize_scheduler(principal, &SchedulerRequest::Propose(command.clone()), &state)
+            authorize_scheduler(
+                principal,
+                &SchedulerRequest::Propose(command.clone()),
+                &state,
+            )
         });
     }
 }
@@ -250,7 +254,10 @@ fn every_request_lists_who_may_send_it() {
             },
             &[DRIVER],
         ),
-        (SchedulerRequest::Place { requests: vec![] }, &[DRIVER, OTHER_NODE]),
+        (
+            SchedulerRequest::Place { requests: vec![] },
+            &[DRIVER, OTHER_NODE],
+        ),
         (
             SchedulerRequest::Release {
                 node: NodeId::new(1),
@@ -273,7 +280,10 @@ fn every_request_lists_who_may_send_it() {
         ),
         (SchedulerRequest::ReadState, readers),
         (SchedulerRequest::NodeReports, readers),
-        (SchedulerRequest::JobProgress { job: JobId::new(1) }, readers),
+        (
+            SchedulerRequest::JobProgress { job: JobId::new(1) },
+            readers,
+        ),
         (SchedulerRequest::AllProgress, readers),
         (
             SchedulerRequest::WatchJob {
@@ -330,7 +340,9 @@ fn clients_may_only_fetch_results_from_nodes() {
     ];
     for (request, allowed) in requests {
         let name = format!("{request:?}");
-        check(&name, allowed, |principal| authorize_node(principal, &request));
+        check(&name, allowed, |principal| {
+            authorize_node(principal, &request)
+        });
     }
 }
 

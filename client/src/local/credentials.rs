@@ -35,7 +35,10 @@ impl LocalCredentials {
     pub fn generate(dir: &Path) -> Result<Self> {
         let mut tokens = TokensFile::default();
         let admin_token = tokens
-            .create(ADMIN_TOKEN_NAME, Scopes::new([floe_core::auth::Scope::Admin]))
+            .create(
+                ADMIN_TOKEN_NAME,
+                Scopes::new([floe_core::auth::Scope::Admin]),
+            )
             .map_err(auth_error)?;
         let tokens_file = dir.join("tokens");
         tokens.save(&tokens_file).map_err(auth_error)?;

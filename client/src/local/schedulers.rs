@@ -152,10 +152,7 @@ impl LocalSchedulers {
     }
 
     pub fn client(&self) -> Result<SchedulerClient> {
-        Ok(SchedulerClient::new(
-            self.addrs(),
-            self.wire()
-        )?)
+        Ok(SchedulerClient::new(self.addrs(), self.wire())?)
     }
 
     pub async fn status(&self, id: u64) -> Result<ReplicaStatus> {

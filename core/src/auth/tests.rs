@@ -12,7 +12,10 @@ fn scopes_include_the_lower_ones_only() {
     assert!(!submit.grants(Scope::Admin));
     assert!(Scopes::parse("read,bogus").is_err());
     assert!(Scopes::parse("").is_err());
-    assert_eq!(Scopes::parse("submit, read").unwrap().to_string(), "read,submit");
+    assert_eq!(
+        Scopes::parse("submit, read").unwrap().to_string(),
+        "read,submit"
+    );
 }
 
 #[test]
@@ -31,14 +34,19 @@ fn a_created_token_is_stored_as_a_hash_and_found_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = tokens_path(&dir);
     let mut file = TokensFile::load(&path).unwrap();
-    let token = file.create("ci", Scopes::parse("read,submit").unwrap()).unwrap();
+    let token = file
+        .create("ci", Scopes::parse("read,submit").unwrap())
+        .unwrap();
     assert!(matches!(
         file.create("ci", Scopes::parse("read").unwrap()),
         Err(AuthError::Duplicate(_))
     ));
     file.save(&path).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(!text.contains(token.expose()), "the token itself must not be stored");
+    assert!(
+        !text.contains(token.expose()),
+        "the token itself must not be stored"
+    );
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
@@ -80,7 +88,10 @@ fn the_authenticator_tells_roles_apart_by_credential() {
         id: NodeId::new(2),
         ticket: on_replica.issue_ticket(NodeId::new(2)).unwrap(),
     };
-    assert_eq!(on_replica.verify(&node), Ok(Principal::Node(NodeId::new(2))));
+    assert_eq!(
+        on_replica.verify(&node),
+        Ok(Principal::Node(NodeId::new(2)))
+    );
     assert_eq!(on_node.verify(&node), Ok(Principal::Member));
     assert!(on_node.issue_ticket(NodeId::new(2)).is_none());
     let forged = Credential::Node {
@@ -118,7 +129,10 @@ fn tokens_are_reread_when_the_file_changes() {
     file.revoke("old").unwrap();
     assert!(file.revoke("old").is_err());
     file.save(&path).unwrap();
-    assert!(auth.verify_token(&old).is_err(), "a revoked token must stop working");
+    assert!(
+        auth.verify_token(&old).is_err(),
+        "a revoked token must stop working"
+    );
     let principal = auth.verify_token(&new).unwrap();
     assert!(principal.has_scope(Scope::Admin));
     // A broken file refuses everyone rather than keeping revoked tokens alive.

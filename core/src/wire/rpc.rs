@@ -28,8 +28,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::handshake::{self, HANDSHAKE_MAX_FRAME, Hello};
-use crate::auth::Principal;
 use super::{FramedStream, WireConfig, WireError, codec, within};
+use crate::auth::Principal;
 
 /// One RPC service's message types.
 pub trait Protocol: Send + Sync + 'static {
@@ -502,11 +502,11 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
     .await
     {
         Ok(principal) => principal,
-            Err(error) => {
-                tracing::warn!(protocol = P::NAME, %addr, %error, "connection refused");
-                return;
-            }
-        };
+        Err(error) => {
+            tracing::warn!(protocol = P::NAME, %addr, %error, "connection refused");
+            return;
+        }
+    };
     stream.set_max_frame(config.max_frame);
     let peer = Peer { addr, principal };
     // The last reply's attachment, kept until the client has read it (see the module docs).

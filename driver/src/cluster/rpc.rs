@@ -198,10 +198,8 @@ fn pooled_scheduler_client(
 ) -> Result<SchedulerClient> {
     match lock(pool).pop() {
         Some(client) => Ok(client),
-        None => Ok(
-            SchedulerClient::new(schedulers.to_vec(), wire.clone())?
-                .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT),
-        ),
+        None => Ok(SchedulerClient::new(schedulers.to_vec(), wire.clone())?
+            .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT)),
     }
 }
 

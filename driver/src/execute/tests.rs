@@ -45,8 +45,8 @@ fn driver_config() -> Arc<DriverConfig> {
             let mut config = Config::default();
             config.cluster.secret = ClusterSecret::new("fake");
             WireConfig {
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig::default(),
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig::default(),
                 ..WireConfig::member(&config)
             }
         },

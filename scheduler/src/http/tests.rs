@@ -119,9 +119,7 @@ fn tokens() -> &'static TestTokens {
 
 /// GETs `$path` with the read token.
 macro_rules! get {
-    ($app:expr, $path:expr) => {{
-        get!($app, $path, Some(tokens().read.expose()))
-    }};
+    ($app:expr, $path:expr) => {{ get!($app, $path, Some(tokens().read.expose())) }};
     ($app:expr, $path:expr, $token:expr) => {{
         let mut request = actix_test::TestRequest::get().uri($path);
         if let Some(token) = $token {
@@ -138,9 +136,7 @@ macro_rules! get {
 /// The JSON API serving `state` (as this replica's applied state), with a parser that refuses
 /// every spec.
 macro_rules! api_over {
-    ($state:expr) => {{
-        api_over!($state, config())
-    }};
+    ($state:expr) => {{ api_over!($state, config()) }};
     ($state:expr, $config:expr) => {{
         let config = $config;
         let state = Arc::new($state);
@@ -263,20 +259,31 @@ async fn every_call_needs_a_token_with_its_scope_and_bad_specs_name_their_error(
         }
         // A read token is known but may not change anything.
         let response = actix_test::call_service(&app, post(path, Some(tokens.read.expose()))).await;
-        assert_eq!(response.status().as_u16(), 403, "{path} with the read token");
+        assert_eq!(
+            response.status().as_u16(),
+            403,
+            "{path} with the read token"
+        );
         let body: Value = actix_test::read_body_json(response).await;
         assert!(
-            body["error"].as_str().unwrap().contains("token 'reader' lacks scope"),
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("token 'reader' lacks scope"),
             "{body}"
         );
     }
-    let response = actix_test::call_service(
-        &app,
-        post("/api/cache/clean", Some(tokens.submit.expose())),
-    )
-    .await;
+    let response =
+        actix_test::call_service(&app, post("/api/cache/clean", Some(tokens.submit.expose())))
+            .await;
     assert_eq!(response.status().as_u16(), 403, "cleaning needs admin");
-    for path in ["/api/jobs", "/api/cluster", "/api/nodes", "/api/cache", "/metrics"] {
+    for path in [
+        "/api/jobs",
+        "/api/cluster",
+        "/api/nodes",
+        "/api/cache",
+        "/metrics",
+    ] {
         for token in unknown {
             let (status, _) = get!(app, path, token);
             assert_eq!(status, 401, "GET {path} with {token:?}");
@@ -296,10 +303,7 @@ async fn every_call_needs_a_token_with_its_scope_and_bad_specs_name_their_error(
     // Cleaning an empty cache with the admin token asks the leader nothing.
     let clean = actix_test::TestRequest::post()
         .uri("/api/cache/clean")
-        .insert_header((
-            "Authorization",
-            format!("Bearer {}", tokens.admin.expose()),
-        ))
+        .insert_header(("Authorization", format!("Bearer {}", tokens.admin.expose())))
         .to_request();
     let response = actix_test::call_service(&app, clean).await;
     assert_eq!(response.status().as_u16(), 200);

@@ -144,7 +144,10 @@ impl Handler<SchedulerProtocol> for Service {
                             // Missed some: the state has them all.
                             Err(broadcast::error::RecvError::Lagged(_)) => {
                                 return self
-                                    .ask(principal, SchedulerRequest::WatchDeaths { after, wait_ms })
+                                    .ask(
+                                        principal,
+                                        SchedulerRequest::WatchDeaths { after, wait_ms },
+                                    )
                                     .await
                                     .map(|response| match response {
                                         SchedulerResponse::Deaths(deaths) => deaths,

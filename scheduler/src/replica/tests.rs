@@ -49,7 +49,7 @@ async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerC
     }
     let client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::client(config)
+        WireConfig::client(config),
     )
     .unwrap();
     (replicas, client)
@@ -450,7 +450,7 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
     .unwrap();
     let mut client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::client(&config)
+        WireConfig::client(&config),
     )
     .unwrap()
     .with_retry_for(Duration::from_secs(1));
