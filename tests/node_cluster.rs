@@ -13,13 +13,14 @@ use floe_api::node_protocol::{
     TestTask,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_api::state::{ClusterState, Liveness};
+use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
 use floe_client::local::LocalNode;
 use floe_core::config::ByteSize;
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_testkit::cluster::{
     HEARTBEAT_MS, MISSED_HEARTBEATS, READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing,
+    register_node,
 };
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
@@ -153,11 +154,14 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         preferred: Vec::new(),
         requester: None,
     };
-    let placements = cluster
-        .client()
-        .place(vec![request.clone(), request])
-        .await
-        .unwrap();
+    // Placements come from nodes (a job's driver asks); this one has nothing to offer.
+    let (_, mut placer) = register_node(
+        &cluster.schedulers,
+        NodeAddresses::default(),
+        Resources::default(),
+    )
+    .await;
+    let placements = placer.place(vec![request.clone(), request]).await.unwrap();
     let placed: Vec<NodeId> = placements.into_iter().map(Result::unwrap).collect();
     let mut expected = vec![node_a, node_b];
     let mut sorted = placed.clone();

@@ -17,7 +17,7 @@ use floe_api::state::{
 use floe_client::{Dataset, col, lit};
 use floe_core::auth::{ClientToken, ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile};
 use floe_core::job::{JobOptions, JobStats, OutputBlock};
-use floe_core::wire::{RemoteErrorKind, RpcClient, WireError};
+use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId, ObjectId, SubmissionId};
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{TestCluster, TestClusterConfig, register_node, runtime};
@@ -75,6 +75,20 @@ async fn assert_a_job_is_exact(cluster: &TestCluster) {
     let ids = int_column(&cluster.outputs(&record).await, "id");
     let expected: Vec<i64> = (0..20_000).filter(|id| id % 7 == 0).collect();
     assert_eq!(ids, expected);
+}
+
+/// A handshake presenting `wire`'s credential must be refused with a message containing
+/// `needle`.
+async fn assert_handshake_refused(cluster: &TestCluster, wire: WireConfig, needle: &str) {
+    let refused = SchedulerClient::new(cluster.schedulers.addrs(), wire)
+        .unwrap()
+        .read_state()
+        .await;
+    assert!(
+        matches!(&refused, Err(floe_api::Error::Wire(WireError::Refused { message, .. }))
+            if message.contains(needle)),
+        "{refused:?}"
+    );
 }
 
 /// `result` must be a refusal of kind `kind` whose message contains `needle`.
@@ -290,46 +304,49 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
             id: 1,
             secret: ReplicaSecret::new(secret.expose()),
         });
-        let refused = SchedulerClient::new(cluster.schedulers.addrs(), claims_replica)
-            .unwrap()
-            .read_state()
-            .await;
-        assert!(
-            matches!(&refused, Err(floe_api::Error::Wire(WireError::Refused { message, .. }))
-                if message.contains("wrong replica secret")),
-            "{refused:?}"
-        );
+        assert_handshake_refused(&cluster, claims_replica, "wrong replica secret").await;
         let wrong_secret = member.with_credential(Credential::Member {
             secret: ClusterSecret::new("guessed"),
         });
-        let refused = SchedulerClient::new(cluster.schedulers.addrs(), wrong_secret)
-            .unwrap()
-            .read_state()
-            .await;
-        assert!(
-            matches!(&refused, Err(floe_api::Error::Wire(WireError::Refused { message, .. }))
-                if message.contains("wrong cluster secret")),
-            "{refused:?}"
-        );
-        let (_, ticket_of_a) = {
-            // A registers again to learn a ticket it can try to pass off as B's.
+        assert_handshake_refused(&cluster, wrong_secret, "wrong cluster secret").await;
+        // A third node registers; its valid ticket is then passed off as B's.
+        let (c, mut node_c) =
+            register_node(&cluster.schedulers, at("127.0.0.1:11"), resources).await;
+        let ticket_of_c = {
             let mut relisted =
                 SchedulerClient::new(cluster.schedulers.addrs(), member.clone()).unwrap();
-            relisted
+            // Registering again under the member credential returns a fresh id and ticket;
+            // that node leaves at once, through its own ticket.
+            let (extra, ticket) = relisted
                 .register_node(
-                    at("127.0.0.1:11"),
+                    at("127.0.0.1:12"),
                     resources,
                     NodeMemory::default(),
                     BTreeMap::new(),
                 )
                 .await
+                .unwrap();
+            let as_extra = member.with_credential(Credential::Node {
+                secret: secret.clone(),
+                id: extra,
+                ticket: ticket.clone(),
+            });
+            let left = SchedulerClient::new(cluster.schedulers.addrs(), as_extra)
                 .unwrap()
+                .propose(Command::MarkNodeDead {
+                    node: extra,
+                    reason: "test node leaves".into(),
+                })
+                .await
+                .unwrap();
+            assert_eq!(left, floe_api::state::Outcome::Applied);
+            ticket
         };
         let after_registering = state(&cluster).await;
         let forged_ticket = member.with_credential(Credential::Node {
             secret,
             id: b,
-            ticket: ticket_of_a,
+            ticket: ticket_of_c,
         });
         let refused = SchedulerClient::new(cluster.schedulers.addrs(), forged_ticket)
             .unwrap()
@@ -347,12 +364,12 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
         );
         assert_eq!(
             after_registering.nodes.len(),
-            before.nodes.len() + 1,
-            "only the registration changed anything"
+            before.nodes.len() + 2,
+            "only the registrations changed anything"
         );
 
         // What a node may do about itself still works: it leaves.
-        for (node, client) in [(a, &mut node_a), (b, &mut node_b)] {
+        for (node, client) in [(a, &mut node_a), (b, &mut node_b), (c, &mut node_c)] {
             let left = client
                 .propose(Command::MarkNodeDead {
                     node,
@@ -411,16 +428,7 @@ fn a_client_token_may_only_fetch_results_from_a_node() {
         // The read token fetches a job's result through the client library.
         let dataset = Dataset::range(1_000).unwrap();
         let record = cluster.run(&dataset, JobOptions::default()).await;
-        let output = floe_client::Client::connect(&cluster.schedulers.addrs(), scoped.read.expose())
-            .await
-            .unwrap()
-            .job(record.id)
-            .wait()
-            .await
-            .unwrap()
-            .to_arrow()
-            .await
-            .unwrap();
+        let output = cluster.outputs_with(scoped.read.expose(), &record).await;
         assert_eq!(int_column(&output, "id"), (0..1_000).collect::<Vec<i64>>());
     });
 }

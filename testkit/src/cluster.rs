@@ -347,8 +347,14 @@ impl TestCluster {
 
     /// The job's output rows, fetched from the nodes holding its blocks.
     pub async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
-        self.connect()
+        self.outputs_with(self.config.token(), record).await
+    }
+
+    /// The job's output rows, fetched with client token `token`.
+    pub async fn outputs_with(&self, token: &str, record: &JobRecord) -> Vec<RecordBatch> {
+        floe_client::Client::connect(&self.schedulers.addrs(), token)
             .await
+            .unwrap()
             .job(record.id)
             .wait()
             .await
