@@ -140,7 +140,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let status_b = cluster.wait_ready(&b).await;
     let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
 
-    // Both registered with the token, under the ids they report.
+    // Both registered with the cluster secret, under the ids they report.
     let state = cluster.state().await;
     assert_eq!(node_with_addr(&state, a.addr()), node_a);
     assert_eq!(node_with_addr(&state, b.addr()), node_b);
