@@ -15,7 +15,7 @@ use floe_core::auth::{Principal, Scope};
 
 use crate::node_protocol::NodeRequest;
 use crate::scheduler_protocol::SchedulerRequest;
-use crate::state::{ClusterState, Command};
+use crate::state::{ClusterState, Command, JobStatus};
 
 /// Why a request was refused; the message names the missing right.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -129,7 +129,17 @@ pub fn authorize_scheduler(
         SchedulerRequest::Place { .. } => a_node(principal, "a placement"),
         SchedulerRequest::Release { .. } => a_node(principal, "a release"),
         SchedulerRequest::ReportProgress { job, .. } => {
-            driver_of(principal, state, *job, "a progress report")
+            // A driver whose job ended or went back to pending is answered "stop", which
+            // records nothing; only a job another node drives is refused.
+            let running = state
+                .jobs
+                .get(job)
+                .is_some_and(|record| record.status == JobStatus::Running);
+            if running {
+                driver_of(principal, state, *job, "a progress report")
+            } else {
+                a_node(principal, "a progress report")
+            }
         }
         SchedulerRequest::Status => match principal {
             Principal::Member => Ok(()),
@@ -230,7 +240,10 @@ pub const RIGHTS: &[(&str, &str)] = &[
     ("Heartbeat", "the node itself"),
     ("WatchDrivers", "the node itself"),
     ("Place, Release", "registered nodes"),
-    ("ReportProgress", "the node driving the job"),
+    (
+        "ReportProgress",
+        "the node driving the job (any node, for a job that is not running: told to stop)",
+    ),
     ("Status", "members, nodes, replicas, read"),
     (
         "ReadState, NodeReports, JobProgress, AllProgress, WatchJob, WatchDeaths",

@@ -274,6 +274,14 @@ fn every_request_lists_who_may_send_it() {
             },
             &[DRIVER],
         ),
+        // A job that is not running: its stale driver is told to stop, nothing is recorded.
+        (
+            SchedulerRequest::ReportProgress {
+                job: JobId::new(99),
+                progress: floe_core::job::JobProgress::default(),
+            },
+            &[DRIVER, OTHER_NODE],
+        ),
         (
             SchedulerRequest::Status,
             &[READ, SUBMIT, ADMIN, MEMBER, DRIVER, OTHER_NODE, REPLICA],
