@@ -501,3 +501,55 @@ async fn a_dropped_replica_stops_serving() {
             .is_err()
     );
 }
+
+/// Raft messages are decoded only from a configured replica that proved the replica secret,
+/// and only when they say they come from that replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
+    use protobuf::Message as _;
+
+    let config = test_config();
+    let (replicas, _) = start_cluster(&config, 1).await;
+    let addrs = vec![replicas[0].local_addr().to_string()];
+    let mut message = Message::default();
+    message.from = 2;
+    message.to = 1;
+    let encoded = message.write_to_bytes().unwrap();
+    let send = |wire: WireConfig, messages: Vec<Vec<u8>>| {
+        let addrs = addrs.clone();
+        async move {
+            SchedulerClient::new(addrs, wire)
+                .unwrap()
+                .call(&SchedulerRequest::Raft { messages })
+                .await
+        }
+    };
+    let refusal = |result: floe_api::Result<SchedulerResponse>| match result {
+        Err(floe_api::Error::Wire(floe_core::WireError::Remote(error))) => {
+            assert_eq!(error.kind, RemoteErrorKind::Forbidden, "{error}");
+            error.message
+        }
+        other => panic!("not refused: {other:?}"),
+    };
+    // Replica 7 knows the secret but is not among the peers.
+    let stranger = WireConfig::replica(&config, 7);
+    let message_7 = refusal(send(stranger, vec![encoded.clone()]).await);
+    assert!(
+        message_7.contains("replica 7 is not one of the configured replicas"),
+        "{message_7}"
+    );
+    // Replica 1 (the only peer) passing off a message as replica 2's.
+    let impostor = WireConfig::replica(&config, 1);
+    let message_1 = refusal(send(impostor, vec![encoded]).await);
+    assert!(
+        message_1.contains("replica 1 sent a raft message from replica 2"),
+        "{message_1}"
+    );
+    // A node never reaches the decoder, even with bytes that are no message at all.
+    let member = WireConfig::member(&config);
+    let message_m = refusal(send(member, vec![vec![0xff; 32]]).await);
+    assert!(
+        message_m.contains("only accepted from replicas"),
+        "{message_m}"
+    );
+}
