@@ -511,9 +511,11 @@ async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
     let config = test_config();
     let (replicas, _) = start_cluster(&config, 1).await;
     let addrs = vec![replicas[0].local_addr().to_string()];
-    let mut message = Message::default();
-    message.from = 2;
-    message.to = 1;
+    let message = Message {
+        from: 2,
+        to: 1,
+        ..Message::default()
+    };
     let encoded = message.write_to_bytes().unwrap();
     let send = |wire: WireConfig, messages: Vec<Vec<u8>>| {
         let addrs = addrs.clone();
