@@ -19,7 +19,7 @@ use floe_core::Config;
 use floe_core::Fingerprint;
 use floe_core::config::ByteSize;
 use floe_core::plan::optimizer::Optimizer;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_engine::udf::Registry;
 use floe_objectstore::cache::{Cache, CacheConfig};
 
@@ -145,13 +145,16 @@ async fn clean_through_node(
             node.pid
         );
     };
-    let mut client: RpcClient<NodeProtocol> = RpcClient::connect(
-        addr.clone(),
-        WireConfig::from_config(config),
-        PeerKind::Client,
-    )
-    .await
-    .with_context(|| format!("cannot reach the node at {addr}"))?;
+    // Run on the node's host: with the node's own config (its cluster secret), or with an
+    // admin client token.
+    let wire = if config.client.token.is_empty() {
+        WireConfig::member(config)
+    } else {
+        WireConfig::client(config)
+    };
+    let mut client: RpcClient<NodeProtocol> = RpcClient::connect(addr.clone(), wire)
+        .await
+        .with_context(|| format!("cannot reach the node at {addr}"))?;
     match client
         .call(&NodeRequest::CleanCache { keep_bytes })
         .await

@@ -21,15 +21,15 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 /// Where the cluster is.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// Every scheduler replica, `host:port,host:port,…` (the token comes from the
-    /// configuration: `FLOE_CLUSTER_TOKEN` or `cluster.token`).
+    /// Every scheduler replica, `host:port,host:port,…` (the client token comes from the
+    /// configuration: `FLOE_CLIENT_TOKEN` or `client.token`).
     #[arg(long = "scheduler", value_delimiter = ',', required = true)]
     pub schedulers: Vec<String>,
 }
 
 impl ClusterArgs {
     pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
-        Ok(Client::connect(&self.schedulers, config.cluster.token.expose()).await?)
+        Ok(Client::connect(&self.schedulers, config.client.token.expose()).await?)
     }
 }
 
@@ -266,10 +266,9 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 }
 
 /// Runs a local cluster in the foreground until Ctrl-C or SIGTERM.
-/// The cluster's token is the configured one (`FLOE_CLUSTER_TOKEN`), or a generated one; either
-/// way it is written to a file only this user can read, and only the file's path is printed.
+/// Its secrets and an admin client token are generated for it; the token is written to a file
+/// only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
-    let configured = &config.cluster.token;
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
     let cluster = LocalCluster::start(LocalClusterOptions {
@@ -277,7 +276,6 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
         node_settings: process_udf_settings(config),
-        token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
     })
     .await?;
     print_local_cluster(&cluster);
@@ -312,9 +310,12 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     println!("  files:      {}", cluster.dir().display());
     println!("  dashboard:  {}", cluster.dashboard_url());
     let token_file = cluster.token_file();
-    println!("  token:      {} (mode 0600)", token_file.display());
     println!(
-        "  use it:     FLOE_CLUSTER_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        "  token:      {} (an admin client token, mode 0600)",
+        token_file.display()
+    );
+    println!(
+        "  use it:     FLOE_CLIENT_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
         token_file.display()
     );
 }

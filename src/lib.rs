@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod node;
 mod scheduler;
+mod token_cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,13 +82,16 @@ enum Command {
     /// The fingerprint cache of the node on this host.
     #[command(subcommand)]
     Cache(cache_cli::CacheCommand),
+    /// Create, list and revoke client tokens (the tokens file, auth.tokens_file).
+    #[command(subcommand)]
+    Token(token_cli::TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Print the effective configuration as TOML (the token is redacted).
+    /// Print the effective configuration as TOML (every secret is redacted).
     Show,
-    /// Check that a service could start here: settings valid, token set, directories
+    /// Check that a service could start here: settings valid, secrets set, directories
     /// writable, ports free.
     Check {
         /// The services to check (default: all).
@@ -151,6 +155,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
             | Command::Jobs(_)
             | Command::Job(_)
             | Command::Cache(_)
+            | Command::Token(_)
     );
     if prints_for_a_pipe {
         end_quietly_when_stdout_closes();
@@ -184,6 +189,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,
         Command::Submit(args) => block_on(cli::submit(&config, &args, udfs))?,
         Command::Cache(command) => cache_cli::run(&config, &command, udfs)?,
+        Command::Token(command) => token_cli::run(&config, &command)?,
     }
     Ok(())
 }

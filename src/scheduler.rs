@@ -23,7 +23,7 @@ pub struct SchedulerArgs {
     /// This replica listens on its own entry's port, on net.bind_host.
     #[arg(long, value_name = "ID=HOST:PORT,…")]
     peers: String,
-    /// Check the configuration (token, directories, ports, --id and --peers) and exit
+    /// Check the configuration (secrets, directories, ports, --id and --peers) and exit
     /// without starting.
     #[arg(long)]
     check_config: bool,
@@ -95,10 +95,17 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
     if args.check_config {
         return check_config(config, &args);
     }
-    if config.cluster.token.is_empty() {
+    if config.cluster.secret.is_empty() {
         anyhow::bail!(
-            "cluster.token is empty, and replicas refuse connections without one; set \
-             FLOE_CLUSTER_TOKEN to the same long random secret on every process"
+            "cluster.secret is empty, and replicas refuse nodes without it; set \
+             FLOE_CLUSTER_SECRET to the same long random secret on every replica and node"
+        );
+    }
+    if config.scheduler.replica_secret.is_empty() {
+        anyhow::bail!(
+            "scheduler.replica_secret is empty, and replicas refuse each other without it; set \
+             FLOE_SCHEDULER_REPLICA_SECRET to the same long random secret on every replica \
+             (and on no node)"
         );
     }
     let peers = parse_peers(&args.peers)?;

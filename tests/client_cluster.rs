@@ -23,7 +23,6 @@ fn options(nodes: usize) -> LocalClusterOptions {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=8MiB".into()],
-        token: None,
     }
 }
 
@@ -148,12 +147,12 @@ async fn a_bad_job_file_is_refused_naming_the_line_and_field() {
 }
 
 /// Three scheduler replicas and two nodes of two workers each, with `node_settings` besides.
-async fn three_replicas_and_two_nodes(token: &str, node_settings: &[&str]) -> TestCluster {
+async fn three_replicas_and_two_nodes(node_settings: &[&str]) -> TestCluster {
     let config = TestClusterConfig {
         replicas: 3,
         settings: vec![FAST_ELECTIONS.into()],
         node_settings: node_settings.iter().map(|s| (*s).to_owned()).collect(),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     TestCluster::start(config, 2).await
 }
@@ -165,7 +164,7 @@ async fn output_ids(output: &floe_client::JobOutput) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_client_survives_a_scheduler_leader_kill() {
-    let mut cluster = three_replicas_and_two_nodes("leader-kill", &[]).await;
+    let mut cluster = three_replicas_and_two_nodes(&[]).await;
     let leader = cluster
         .schedulers
         .wait_for_leader(READY_TIMEOUT)
@@ -277,7 +276,7 @@ async fn a_custom_floe_binary_runs_its_own_udf_on_the_cluster() {
     let output = Command::new(&custom)
         .args(["submit", file, "--wait", "--scheduler"])
         .arg(cluster.addresses().join(","))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .env("FLOE_CLIENT_TOKEN", cluster.token())
         .output()
         .unwrap();
     let printed = stdout(&output);
@@ -320,7 +319,7 @@ fn cache_files(data_dir: &std::path::Path) -> usize {
 /// Runs `floe cache …` on the node data directory `data_dir` of `cluster`.
 fn floe_cache(cluster: &LocalCluster, data_dir: &std::path::Path, args: &[&str]) -> String {
     let output = floe_command(env!("CARGO_BIN_EXE_floe"))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .env("FLOE_CLIENT_TOKEN", cluster.token())
         .args([
             "--set",
             &format!("paths.data_dir={}", data_dir.display()),
@@ -398,7 +397,7 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
     let http = url.trim_start_matches("http://").trim_end_matches('/');
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let cache = floe_testkit::http::get(http, "/api/cache").json();
+        let cache = floe_testkit::http::get(http, "/api/cache", cluster.token()).json();
         if cache["entries"] == serde_json::json!([]) {
             break;
         }
@@ -437,8 +436,10 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// `floe up` with no token configured: it generates one, stores it in a file only its owner
-/// can read, prints the file's path but never the token, and the token works.
+/// `floe up` generates its secrets and an admin token, stores the token in a file only its
+/// owner can read, prints the file's path but never the token, and the token works. Its REST
+/// API refuses reads without a token (401) and serves them with a read token (200), one
+/// created with `floe token create` while the cluster runs.
 #[test]
 fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
@@ -470,7 +471,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
             .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
     };
     let token_file = field("token:")
-        .trim_end_matches("(mode 0600)")
+        .trim_end_matches("(an admin client token, mode 0600)")
         .trim()
         .to_owned();
     let schedulers = field("schedulers:");
@@ -489,7 +490,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
 
     let status = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
-        .env("FLOE_CLUSTER_TOKEN", &token)
+        .env("FLOE_CLIENT_TOKEN", &token)
         .output()
         .unwrap();
     assert!(
@@ -499,14 +500,46 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     );
     let refused = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
-        .env("FLOE_CLUSTER_TOKEN", "not-the-token")
+        .env("FLOE_CLIENT_TOKEN", "not-the-token")
         .output()
         .unwrap();
     assert!(!refused.status.success());
 
+    // The REST API: reads need a token by default.
+    let files = field("files:");
+    let http = field("dashboard:")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    assert_eq!(floe_testkit::http::get(&http, "/api/jobs", "").status, 401);
+    assert_eq!(
+        floe_testkit::http::get(&http, "/api/jobs", "not-the-token").status,
+        401
+    );
+    let created = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["token", "create", "--name", "reader", "--scopes", "read"])
+        .arg("--set")
+        .arg(format!("auth.tokens_file={files}/tokens"))
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let read_token = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    let jobs = floe_testkit::http::get(&http, "/api/jobs", &read_token);
+    assert_eq!(jobs.status, 200, "{}", jobs.body);
+    let submitted = floe_testkit::http::post_json(
+        &http,
+        "/api/jobs",
+        &read_token,
+        &serde_json::json!({"job": "[source]\nrange = 3\n"}),
+    );
+    assert_eq!(submitted.status, 403, "{}", submitted.body);
+
     // SIGTERM (a service manager, `timeout`, `kill`) stops the cluster like Ctrl-C: every
     // process it started is gone, and the token file goes with it.
-    let files = field("files:");
     let started = processes_mentioning(&files);
     assert!(started.len() >= 2, "a scheduler and a node: {started:?}");
     let terminated = Command::new("kill")
@@ -525,7 +558,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
     let small_blocks = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
-    let mut cluster = three_replicas_and_two_nodes("full-restart", &small_blocks).await;
+    let mut cluster = three_replicas_and_two_nodes(&small_blocks).await;
     let client = cluster.connect().await;
     let n = 200_000i64;
     let slow = Dataset::range(n as u64)

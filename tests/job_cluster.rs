@@ -21,8 +21,6 @@ use floe_testkit::cluster::{JOB_TIMEOUT, TestCluster, TestClusterConfig, fast_ti
 use floe_testkit::files::read_parquet_dir;
 use floe_testkit::process;
 
-const TOKEN: &str = "job-cluster-tests";
-
 /// Nodes whose object store is as small as a 256 MiB node's (76 MiB), with room besides it
 /// for the debug build's processes, which the memory monitor counts against the node's memory.
 const SMALL_STORE: [&str; 2] = ["memory.total=1GiB", "memory.object_store_max=76MiB"];
@@ -36,7 +34,7 @@ async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
             "data.max_block_size=8MiB".into(),
         ],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     config
         .node_settings

@@ -17,7 +17,6 @@ use floe_core::job::{CacheMode, JobOptions, JobStats, OperatorStats};
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing};
 
-const TOKEN: &str = "cache-lifecycle-tests";
 const ROWS: i64 = 40_000;
 
 /// A scheduler and `nodes` nodes with fast heartbeats, and `settings` for all of them.
@@ -26,7 +25,7 @@ async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
     all.extend(settings.iter().map(|setting| (*setting).to_owned()));
     let config = TestClusterConfig {
         settings: all,
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     TestCluster::start(config, nodes).await
 }

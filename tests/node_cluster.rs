@@ -13,18 +13,17 @@ use floe_api::node_protocol::{
     TestTask,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_api::state::{ClusterState, Liveness};
+use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
 use floe_client::local::LocalNode;
 use floe_core::config::ByteSize;
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_testkit::cluster::{
     HEARTBEAT_MS, MISSED_HEARTBEATS, READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing,
+    register_node,
 };
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
-
-const TOKEN: &str = "node-cluster-tests";
 
 /// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
 fn config() -> TestClusterConfig {
@@ -32,7 +31,7 @@ fn config() -> TestClusterConfig {
         settings: fast_timing(),
         node_settings: vec!["memory.total=1GiB".into()],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     }
 }
 
@@ -141,7 +140,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let status_b = cluster.wait_ready(&b).await;
     let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
 
-    // Both registered with the token, under the ids they report.
+    // Both registered with the cluster secret, under the ids they report.
     let state = cluster.state().await;
     assert_eq!(node_with_addr(&state, a.addr()), node_a);
     assert_eq!(node_with_addr(&state, b.addr()), node_b);
@@ -155,11 +154,14 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         preferred: Vec::new(),
         requester: None,
     };
-    let placements = cluster
-        .client()
-        .place(vec![request.clone(), request])
-        .await
-        .unwrap();
+    // Placements come from nodes (a job's driver asks); this one has nothing to offer.
+    let (_, mut placer) = register_node(
+        &cluster.schedulers,
+        NodeAddresses::default(),
+        Resources::default(),
+    )
+    .await;
+    let placements = placer.place(vec![request.clone(), request]).await.unwrap();
     let placed: Vec<NodeId> = placements.into_iter().map(Result::unwrap).collect();
     let mut expected = vec![node_a, node_b];
     let mut sorted = placed.clone();

@@ -31,7 +31,6 @@ fn options_with_roots(nodes: usize, roots: &Path) -> LocalClusterOptions {
             "data.max_block_size=1MiB".into(),
             format!("node.udf_roots={}", roots.display()),
         ],
-        token: None,
     }
 }
 
@@ -460,12 +459,13 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason
     let output = run(&client, &step(20_000, "1GiB"), 0).await;
     assert_eq!(output.rows(), 20_000);
     let addr = floe_testkit::http::http_addr(&cluster);
+    let token = cluster.token().to_owned();
     let reserved = tokio::task::spawn_blocking(move || {
         floe_testkit::http::wait_for(
             "the reservations to be given back",
             Duration::from_secs(10),
             || {
-                let nodes = floe_testkit::http::get(&addr, "/api/nodes").json();
+                let nodes = floe_testkit::http::get(&addr, "/api/nodes", &token).json();
                 let usage = &nodes["nodes"][0]["usage"];
                 (usage["heap_reserved_bytes"] == 0 && usage["cpu_reserved"] == 0.0).then_some(())
             },

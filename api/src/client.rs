@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use floe_core::WireError;
+use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
-use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig, within};
+use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, within};
 use floe_core::{JobId, NodeId, SubmissionId};
 
 use crate::placement::{PlacementError, PlacementRequest};
@@ -40,7 +41,6 @@ pub enum HeartbeatReply {
 pub struct SchedulerClient {
     replicas: Vec<String>,
     wire: WireConfig,
-    kind: PeerKind,
     retry_for: Duration,
     /// How long one attempt at one replica may take beyond what the request itself asks the
     /// leader to hold it; `None` leaves only the connection's own timeouts (a reply may take
@@ -79,7 +79,7 @@ fn unexpected(response: SchedulerResponse) -> Error {
 
 impl SchedulerClient {
     /// A client of the replicas at `replicas` (`host:port`); it connects on first use.
-    pub fn new(replicas: Vec<String>, wire: WireConfig, kind: PeerKind) -> Result<Self> {
+    pub fn new(replicas: Vec<String>, wire: WireConfig) -> Result<Self> {
         let target = replicas
             .first()
             .cloned()
@@ -87,7 +87,6 @@ impl SchedulerClient {
         Ok(Self {
             replicas,
             wire,
-            kind,
             retry_for: Duration::from_secs(10),
             attempt_timeout: None,
             target,
@@ -157,9 +156,9 @@ impl SchedulerClient {
     ) -> Result<SchedulerResponse, WireError> {
         let connection = match &mut self.connection {
             Some(connection) => connection,
-            None => self.connection.insert(
-                RpcClient::connect(self.target.clone(), self.wire.clone(), self.kind).await?,
-            ),
+            None => self
+                .connection
+                .insert(RpcClient::connect(self.target.clone(), self.wire.clone()).await?),
         };
         let result = connection.call(request).await;
         if matches!(&result, Err(error) if !matches!(error, WireError::Remote(_))) {
@@ -190,8 +189,8 @@ impl SchedulerClient {
                     self.rotate();
                 }
                 Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
-                // Every replica has the same token and release: asking another cannot help.
-                Err(error @ (WireError::Refused { .. } | WireError::EmptyToken)) => {
+                // Every replica has the same secrets and release: asking another cannot help.
+                Err(error @ (WireError::Refused { .. } | WireError::NoCredential)) => {
                     return Err(Error::Wire(error));
                 }
                 Err(error) => {
@@ -231,7 +230,7 @@ impl SchedulerClient {
         resources: Resources,
         memory: NodeMemory,
         labels: BTreeMap<String, String>,
-    ) -> Result<NodeId> {
+    ) -> Result<(NodeId, NodeTicket)> {
         let request = SchedulerRequest::RegisterNode {
             addresses,
             resources,
@@ -239,7 +238,7 @@ impl SchedulerClient {
             labels,
         };
         match self.call(&request).await? {
-            SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => Ok(node),
+            SchedulerResponse::NodeRegistered { node, ticket } => Ok((node, ticket)),
             other => Err(unexpected(other)),
         }
     }
@@ -387,8 +386,7 @@ impl SchedulerClient {
 
     /// The Raft status of the replica at `addr` itself (no redirect).
     pub async fn status_of(addr: &str, wire: WireConfig) -> Result<ReplicaStatus> {
-        let mut client =
-            RpcClient::<SchedulerProtocol>::connect(addr, wire, PeerKind::Client).await?;
+        let mut client = RpcClient::<SchedulerProtocol>::connect(addr, wire).await?;
         match client.call(&SchedulerRequest::Status).await? {
             SchedulerResponse::Status(status) => Ok(status),
             other => Err(unexpected(other)),

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
 use floe_core::wire::Protocol;
 use floe_core::{JobId, NodeId};
@@ -40,7 +41,7 @@ pub struct ResourceUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SchedulerRequest {
     /// Raft messages from another replica, each protobuf-encoded (raft-rs's own format).
-    /// Only accepted from scheduler peers.
+    /// Only accepted from configured replicas that proved the replica secret.
     Raft {
         messages: Vec<Vec<u8>>,
     },
@@ -143,6 +144,11 @@ pub enum SchedulerResponse {
     },
     RaftAccepted,
     Committed(Outcome),
+    /// The answer to `RegisterNode`: the node's id and the ticket it presents from now on.
+    NodeRegistered {
+        node: NodeId,
+        ticket: NodeTicket,
+    },
     /// The heartbeat was taken (or a `WatchDrivers` answered); `drivers` are the running jobs
     /// (and attempts) whose drivers the node must be running.
     HeartbeatAccepted {

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, TaskKind, TaskSpec};
-use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalCredentials, LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::Config;
 use floe_core::plan::LogicalPlan;
 use floe_core::plan::physical::PhysicalPlan;
 use floe_core::plan::task::{StageInput, StageTask};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{gbps, print_figure};
@@ -38,7 +38,7 @@ const TASK_CLIENTS: usize = 32;
 /// The scheduler, the nodes and their directory, removed when dropped.
 struct Bench {
     dir: PathBuf,
-    token: String,
+    credentials: LocalCredentials,
     cluster: LocalSchedulers,
     nodes: Vec<LocalNode>,
 }
@@ -51,28 +51,28 @@ impl Bench {
             .join(format!("bench-{part}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let token = format!("bench-{part}-{}", std::process::id());
+        let credentials = LocalCredentials::generate(&dir)?;
         let cluster = LocalSchedulers::start(LocalSchedulersConfig {
             binary: crate::floe_binary()?,
             replicas: 1,
             dir: dir.clone(),
-            token: token.clone(),
+            credentials: credentials.clone(),
             settings: Vec::new(),
         })?;
         cluster.wait_for_leader(READY_TIMEOUT).await?;
         Ok(Self {
             dir,
-            token,
+            credentials,
             cluster,
             nodes: Vec::new(),
         })
     }
 
+    /// Talks to the nodes as a cluster member, with frames up to 1 GiB.
     fn wire(&self) -> WireConfig {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(self.token.clone());
+        let mut config = self.credentials.config();
         config.net.max_frame = floe_core::config::ByteSize::gib(1);
-        WireConfig::from_config(&config)
+        WireConfig::member(&config)
     }
 
     async fn add_node(&mut self, workers: u32, settings: &[&str]) -> anyhow::Result<String> {
@@ -83,7 +83,7 @@ impl Bench {
             schedulers: self.cluster.addrs(),
             dir: self.dir.clone(),
             name: format!("node-{}", self.nodes.len()),
-            token: self.token.clone(),
+            credentials: self.credentials.clone(),
             settings: all,
         })?;
         node.wait_ready(&self.wire(), workers, READY_TIMEOUT)
@@ -94,8 +94,7 @@ impl Bench {
     }
 
     async fn call(&self, addr: &str, request: &NodeRequest) -> anyhow::Result<NodeResponse> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(addr, self.wire(), PeerKind::Client).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(addr, self.wire()).await?;
         Ok(client.call(request).await?)
     }
 }
@@ -253,8 +252,7 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
         let start = Instant::now();
         let mut clients = tokio::task::JoinSet::new();
         for client in 0..TASK_CLIENTS {
-            let mut connection =
-                RpcClient::<NodeProtocol>::connect(&node, bench.wire(), PeerKind::Client).await?;
+            let mut connection = RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
             let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
             clients.spawn(async move {
                 for index in 0..share {

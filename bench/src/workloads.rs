@@ -109,7 +109,7 @@ impl RunConfig {
         Self {
             quick,
             address: address.map(|list| list.split(',').map(str::to_owned).collect()),
-            token: config.cluster.token.expose().to_owned(),
+            token: config.client.token.expose().to_owned(),
             data_dir: config.paths.data_dir.join("bench-data"),
         }
     }

@@ -1,6 +1,6 @@
 //! Running datasets on a cluster.
 //!
-//! [`Client::connect`] takes every scheduler replica's address and the cluster token; calls go
+//! [`Client::connect`] takes every scheduler replica's address and a client token; calls go
 //! to the Raft leader and follow it across failovers. [`Client::submit`] commits a job and
 //! returns a [`JobHandle`]: its status, progress, stats and error, [`JobHandle::wait`] and
 //! [`JobHandle::cancel`]. A finished job's [`JobOutput`] streams its result blocks in order,
@@ -32,10 +32,11 @@ use arrow::record_batch::RecordBatch;
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
-use floe_core::config::{ClusterToken, Config};
+use floe_core::auth::ClientToken;
+use floe_core::config::Config;
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
 use floe_core::plan::LogicalPlan;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
@@ -187,14 +188,15 @@ pub struct Client {
 
 impl Client {
     /// Connects to the cluster whose scheduler replicas are at `replicas` (`host:port`) and
-    /// checks that one answers with this token.
+    /// checks that one answers to this client token (it needs at least the `read` scope;
+    /// submitting needs `submit`).
     pub async fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
         let replicas: Vec<String> = replicas.iter().map(|r| r.as_ref().to_owned()).collect();
         let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(token);
+        config.client.token = ClientToken::new(token);
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
-        let wire = WireConfig::from_config(&config);
-        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?
+        let wire = WireConfig::client(&config);
+        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone())?
             .with_attempt_timeout(ATTEMPT_TIMEOUT);
         scheduler
             .read_state()
@@ -414,13 +416,10 @@ impl JobHandle {
         mut on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
         // Its own connection: a long wait must not hold up other calls on this client.
-        let mut waiter = SchedulerClient::new(
-            self.inner.replicas.clone(),
-            self.inner.wire.clone(),
-            PeerKind::Client,
-        )?
-        .with_attempt_timeout(ATTEMPT_TIMEOUT)
-        .with_retry_for(report_after);
+        let mut waiter =
+            SchedulerClient::new(self.inner.replicas.clone(), self.inner.wire.clone())?
+                .with_attempt_timeout(ATTEMPT_TIMEOUT)
+                .with_retry_for(report_after);
         loop {
             let record = match waiter.watch_job(self.id, WAIT_SLICE).await {
                 Ok(record) => record.ok_or(Error::UnknownJob(self.id))?,
@@ -581,10 +580,9 @@ impl BlockReader {
             node: block.node,
             reason,
         };
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone(), PeerKind::Client)
-                .await
-                .map_err(|error| lost(error.to_string()))?;
+        let mut client = RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
+            .await
+            .map_err(|error| lost(error.to_string()))?;
         let request = NodeRequest::ObjectMeta {
             object: block.object,
         };
@@ -696,8 +694,6 @@ pub struct LocalClusterOptions {
     pub workers_per_node: u32,
     /// Extra `section.key=value` settings for every node.
     pub node_settings: Vec<String>,
-    /// The cluster token; `None` generates a random one.
-    pub token: Option<String>,
 }
 
 impl LocalClusterOptions {
@@ -708,12 +704,11 @@ impl LocalClusterOptions {
             binary,
             workers_per_node: 0,
             node_settings: Vec::new(),
-            token: None,
         }
     }
 }
 
-/// The local cluster's token file, in its directory.
+/// The file with the local cluster's admin token, in its directory.
 const TOKEN_FILE: &str = "token";
 
 /// Writes `token` to a new file only its owner can read (mode 0600 from the start, so it is
@@ -737,12 +732,13 @@ fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
     file.sync_all().map_err(failed)
 }
 
-/// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
-/// every process and removes the directory and the nodes' shared memory.
+/// A real scheduler and real nodes on loopback, in a temporary directory, with generated
+/// secrets and an admin token. Dropping it kills every process and removes the directory and
+/// the nodes' shared memory.
 pub struct LocalCluster {
     nodes: Vec<crate::local::LocalNode>,
     scheduler: crate::local::LocalSchedulers,
-    token: String,
+    credentials: crate::local::LocalCredentials,
     dir: tempfile::TempDir,
 }
 
@@ -754,23 +750,21 @@ impl LocalCluster {
             .map_err(|source| {
                 Error::LocalCluster(format!("cannot create a directory: {source}"))
             })?;
-        let token = options
-            .token
-            .clone()
-            .unwrap_or_else(|| format!("{}{}", SubmissionId::random(), SubmissionId::random()));
-        write_token_file(&dir.path().join(TOKEN_FILE), &token)?;
+        let credentials = crate::local::LocalCredentials::generate(dir.path())?;
+        write_token_file(
+            &dir.path().join(TOKEN_FILE),
+            credentials.admin_token.expose(),
+        )?;
         let scheduler =
             crate::local::LocalSchedulers::start(crate::local::LocalSchedulersConfig {
                 binary: options.binary.clone(),
                 replicas: 1,
                 dir: dir.path().to_owned(),
-                token: token.clone(),
+                credentials: credentials.clone(),
                 settings: Vec::new(),
             })?;
         scheduler.wait_for_leader(Duration::from_secs(30)).await?;
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(token.clone());
-        let wire = WireConfig::from_config(&config);
+        let wire = credentials.admin_wire();
         let mut nodes = Vec::new();
         for index in 0..options.nodes {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
@@ -780,7 +774,7 @@ impl LocalCluster {
                 schedulers: scheduler.addrs(),
                 dir: dir.path().to_owned(),
                 name: format!("node-{index}"),
-                token: token.clone(),
+                credentials: credentials.clone(),
                 settings,
             })?;
             let status = node.wait_registered(&wire, Duration::from_secs(60)).await?;
@@ -790,7 +784,7 @@ impl LocalCluster {
         Ok(Self {
             nodes,
             scheduler,
-            token,
+            credentials,
             dir,
         })
     }
@@ -807,11 +801,12 @@ impl LocalCluster {
             .map_or_else(String::new, |addr| format!("http://{addr}/"))
     }
 
+    /// The cluster's admin client token.
     pub fn token(&self) -> &str {
-        &self.token
+        self.credentials.admin_token.expose()
     }
 
-    /// The file holding the token (mode 0600), removed with the cluster.
+    /// The file holding the admin token (mode 0600), removed with the cluster.
     pub fn token_file(&self) -> PathBuf {
         self.dir.path().join(TOKEN_FILE)
     }
@@ -830,7 +825,7 @@ impl LocalCluster {
     }
 
     pub async fn connect(&self) -> Result<Client> {
-        Client::connect(&self.addresses(), &self.token).await
+        Client::connect(&self.addresses(), self.token()).await
     }
 }
 

@@ -205,7 +205,13 @@ pass "7 hosts on a bridge: schedulers floe-s1..3 ($SUBNET.11-13), nodes floe-n1.
 TMP=$(mktemp -d /tmp/floe-netns.XXXXXX)
 mkdir -p "$TMP/logs" "$TMP/input" "$TMP/jobs"
 chmod 0755 "$TMP"
-TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+CLUSTER_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+REPLICA_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+# The client tokens every replica and node reads (a copy of /var/lib/floe/tokens on each host).
+TOKENS_FILE=$TMP/tokens
+CLIENT_TOKEN=$(env -i PATH="$PATH" "$BIN" token create --name ci --scopes submit \
+    --set "auth.tokens_file=$TOKENS_FILE" 2>/dev/null) ||
+    fail "floe token create could not write $TOKENS_FILE"
 SCHEDULER_PEERS=""
 SCHEDULER_ADDRS=""
 for index in "${!SCHEDULER_HOSTS[@]}"; do
@@ -215,14 +221,24 @@ for index in "${!SCHEDULER_HOSTS[@]}"; do
 done
 
 # One env file per host, like /etc/floe/floe.env: the cluster's shared lines plus the host's
-# address and data directory. Heartbeats are faster than the defaults so a cut node is
-# declared dead in 2 s rather than 5 s.
+# address and data directory, and what its role holds: replicas the cluster and replica
+# secrets, nodes the cluster secret, the client only its token. Heartbeats are faster than
+# the defaults so a cut node is declared dead in 2 s rather than 5 s.
 write_env_file() {
-    local host=$1 file="$TMP/$1.env"
+    local host=$1 file="$TMP/$1.env" role_lines
+    case $host in
+    s*) role_lines="FLOE_CLUSTER_SECRET=$CLUSTER_SECRET
+FLOE_SCHEDULER_REPLICA_SECRET=$REPLICA_SECRET
+FLOE_AUTH_TOKENS_FILE=$TOKENS_FILE
+FLOE_SCHEDULER_HTTP_BIND=$(address_of "$host")" ;;
+    n*) role_lines="FLOE_CLUSTER_SECRET=$CLUSTER_SECRET
+FLOE_AUTH_TOKENS_FILE=$TOKENS_FILE" ;;
+    *) role_lines="FLOE_CLIENT_TOKEN=$CLIENT_TOKEN" ;;
+    esac
     (
         umask 077
         cat >"$file" <<EOF
-FLOE_CLUSTER_TOKEN=$TOKEN
+$role_lines
 SCHEDULER_PEERS=$SCHEDULER_PEERS
 SCHEDULER_ADDRS=$SCHEDULER_ADDRS
 FLOE_NET_BIND_HOST=$(address_of "$host")
@@ -326,16 +342,17 @@ $nodes_out"
 done
 pass "every node registered at its host's address"
 
-# The REST API and dashboard port (admins only), on every replica's net.bind_host.
-# http_get FROM_HOST ADDRESS PATH prints the response; fails if nothing listens.
+# The REST API and dashboard port (admins only), on every replica's scheduler.http_bind.
+# http_get FROM_HOST ADDRESS PATH prints the response (with the client's token); fails if
+# nothing listens.
 http_get() {
     local from=$1 address=$2 path=$3
     # The inner script takes its values as arguments, expanded by the inner bash.
     # shellcheck disable=SC2016
     in_host "$from" bash -c '
         exec 3<>"/dev/tcp/$0/$1" || exit 1
-        printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$0" >&3
-        timeout 5 cat <&3' "$address" "$HTTP_PORT" "$path" 2>/dev/null
+        printf "GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n" "$2" "$0" "$3" >&3
+        timeout 5 cat <&3' "$address" "$HTTP_PORT" "$path" "$CLIENT_TOKEN" 2>/dev/null
 }
 for host in "${SCHEDULER_HOSTS[@]}"; do
     response=$(http_get "$CLIENT_HOST" "$(address_of "$host")" /api/version) ||

@@ -26,7 +26,7 @@ use actix::{
 };
 use floe_api::client::SchedulerClient;
 use floe_api::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig, within};
+use floe_core::wire::{RpcClient, WireConfig, within};
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use tokio::runtime::Handle;
 use tokio::task::{AbortHandle, JoinHandle};
@@ -254,7 +254,7 @@ impl ActorHost {
     }
 
     async fn read_state(&self) -> std::result::Result<ClusterState, floe_api::Error> {
-        SchedulerClient::new(self.schedulers.clone(), self.wire.clone(), PeerKind::Node)?
+        SchedulerClient::new(self.schedulers.clone(), self.wire.clone())?
             .read_state()
             .await
     }
@@ -324,10 +324,7 @@ impl ActorHost {
         let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
         let mut client = match idle {
             Some(client) => client,
-            None => {
-                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone(), PeerKind::Node)
-                    .await?
-            }
+            None => RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone()).await?,
         };
         let reply = within(
             limit,
@@ -693,7 +690,7 @@ mod tests {
     use std::time::Duration;
 
     use floe_core::TaskId;
-    use floe_core::config::{ClusterToken, TimeoutsConfig};
+    use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
     use floe_core::wire::rpc::{Handler as RpcHandler, Peer, RemoteError};
     use floe_core::wire::{RpcServer, WireError};
 
@@ -715,16 +712,20 @@ mod tests {
     }
 
     fn wire(read_ms: u64) -> WireConfig {
-        WireConfig {
-            token: ClusterToken::new("actors-test"),
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig {
-                connect_ms: 2_000,
-                handshake_ms: 2_000,
-                read_ms,
-                write_ms: 2_000,
-                idle_ms: 10_000,
-            },
+        {
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("actors-test");
+            WireConfig {
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig {
+                    connect_ms: 2_000,
+                    handshake_ms: 2_000,
+                    read_ms,
+                    write_ms: 2_000,
+                    idle_ms: 10_000,
+                },
+                ..WireConfig::member(&config)
+            }
         }
     }
 

@@ -1,8 +1,8 @@
 //! floe-node: the node agent behind `floe node`.
 //!
 //! It owns the node's shared-memory [`ObjectStore`], registers the node with the scheduler
-//! (with the cluster token, through a [`SchedulerClient`] that follows the leader across
-//! failovers), sends heartbeats with its resource use, serves the node RPC service
+//! (with the cluster secret; every connection then presents the node's ticket), through a
+//! [`SchedulerClient`] that follows the leader across failovers, sends heartbeats with its resource use, serves the node RPC service
 //! ([`NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
 //! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
 //! leaving, kills its workers and unlinks its shared memory. It holds a lock on its data
@@ -26,11 +26,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use floe_api::authz;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{CachedShard, Command, NodeAddresses, NodeMemory, Outcome, Resources};
+use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_core::wire::{
-    AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+    AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
@@ -503,6 +505,11 @@ impl Handler<NodeProtocol> for Service {
         peer: Peer,
         request: NodeRequest,
     ) -> AttachedReply<NodeResponse> {
+        if let Err(refusal) = authz::authorize_node(&peer.principal, &request) {
+            tracing::warn!(principal = %peer.principal, %refusal, "refused a request");
+            let refused = RemoteError::new(RemoteErrorKind::Forbidden, refusal.0);
+            return (Err(refused), None);
+        }
         match request {
             NodeRequest::ReadChunk {
                 object,
@@ -611,7 +618,7 @@ impl NodeAgent {
     /// Opens the store, starts the workers and the RPC service, and registers with the
     /// scheduler.
     pub async fn start(config: &Config, options: AgentOptions) -> Result<Self> {
-        let wire = WireConfig::from_config(config);
+        let wire = WireConfig::member(config);
         let pools = MemoryPools::detect(&config.memory)?;
         let pid = std::process::id();
         let data_dir = &config.paths.data_dir;
@@ -657,7 +664,7 @@ impl NodeAgent {
         );
         let attempt_timeout = config.scheduler.node_timeout() / 4;
         let scheduler_client = || {
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
+            SchedulerClient::new(options.schedulers.clone(), wire.clone())
                 .map(|client| client.with_attempt_timeout(attempt_timeout))
         };
         let shared = Arc::new(Shared {
@@ -687,6 +694,8 @@ impl NodeAgent {
             ..holder
         })?;
         let registration = Registration {
+            identity: wire.identity.clone(),
+            secret: config.cluster.secret.clone(),
             addresses: NodeAddresses {
                 rpc: server.local_addr().to_string(),
             },
@@ -780,8 +789,8 @@ impl NodeAgent {
         let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
         let told = match shared.node() {
             Some(node) => {
-                let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
-                    .with_retry_for(Duration::from_secs(5));
+                let mut client =
+                    SchedulerClient::new(schedulers, wire)?.with_retry_for(Duration::from_secs(5));
                 let command = Command::MarkNodeDead {
                     node,
                     reason: format!("node left: {reason}"),
@@ -805,6 +814,10 @@ impl NodeAgent {
 /// What the node registers with; kept to register again after the scheduler declared the
 /// node dead (e.g. after a network partition).
 struct Registration {
+    /// Shared by every connection of the node (its drivers' included): registering makes it
+    /// present the node's ticket from then on.
+    identity: Identity,
+    secret: ClusterSecret,
     addresses: NodeAddresses,
     resources: Resources,
     memory: NodeMemory,
@@ -812,14 +825,20 @@ struct Registration {
 
 impl Registration {
     async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
-        Ok(client
+        let (node, ticket) = client
             .register_node(
                 self.addresses.clone(),
                 self.resources,
                 self.memory,
                 BTreeMap::new(),
             )
-            .await?)
+            .await?;
+        self.identity.set(Credential::Node {
+            secret: self.secret.clone(),
+            id: node,
+            ticket,
+        });
+        Ok(node)
     }
 }
 

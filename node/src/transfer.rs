@@ -30,7 +30,7 @@ use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
-use floe_core::wire::{Attachment, FileRange, PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{Attachment, FileRange, RpcClient, WireConfig};
 use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
@@ -275,8 +275,7 @@ impl Transfers {
     }
 
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone(), PeerKind::Node).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
         let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
             NodeResponse::ObjectMeta(meta) => meta,
             other => return Err(unexpected(object, &other)),
@@ -328,7 +327,7 @@ impl Transfers {
         let connections = (self.max_in_flight / self.chunk).clamp(1, chunks);
         let mut clients = vec![first];
         for _ in 1..connections {
-            clients.push(RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?);
+            clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
         }
         // `chunk` is at most a frame's size, which fits in usize.
         let chunk = self.chunk as usize;
@@ -480,7 +479,7 @@ fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use floe_core::config::{ClusterToken, Config};
+    use floe_core::config::{ClusterSecret, Config};
     use floe_objectstore::{Backing, StoreConfig};
 
     use super::*;
@@ -499,9 +498,9 @@ mod tests {
         )
         .unwrap();
         let mut config = Config::default();
-        config.cluster.token = ClusterToken::new("unit");
+        config.cluster.secret = ClusterSecret::new("unit");
         config.node.transfer_inline_max = floe_core::config::ByteSize(8);
-        Transfers::new(store, WireConfig::from_config(&config), &config.node)
+        Transfers::new(store, WireConfig::member(&config), &config.node)
     }
 
     #[test]

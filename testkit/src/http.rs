@@ -105,8 +105,14 @@ fn unchunk(mut body: &str) -> String {
     }
 }
 
-pub fn get(addr: &str, path: &str) -> Response {
-    request("GET", addr, path, &[], b"")
+/// A GET with `token` as the bearer token (none when empty).
+pub fn get(addr: &str, path: &str, token: &str) -> Response {
+    let auth = format!("Bearer {token}");
+    let mut headers = Vec::new();
+    if !token.is_empty() {
+        headers.push(("Authorization", auth.as_str()));
+    }
+    request("GET", addr, path, &headers, b"")
 }
 
 /// A JSON POST with `token` as the bearer token (none when empty).

@@ -11,7 +11,7 @@
 //! Every default is in [`Config::default`] and documented on its field; `floe config show`
 //! prints the effective result. Values are checked twice: [`Config::validate`] checks what can
 //! be checked on paper (fractions, port clashes, limits), and [`Config::preflight`] checks the
-//! machine (token set, directories writable, ports free) before a service starts.
+//! machine (secrets set, directories writable, ports free) before a service starts.
 
 mod allowed;
 mod bytesize;
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::auth::{ClientToken, ClusterSecret, ReplicaSecret};
 pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
 
@@ -35,6 +36,9 @@ const ENV_PREFIX: &str = "FLOE_";
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub cluster: ClusterConfig,
+    pub client: ClientConfig,
+    pub auth: AuthConfig,
+    pub http: HttpAccess,
     pub net: NetConfig,
     pub scheduler: SchedulerConfig,
     pub node: NodeConfig,
@@ -50,44 +54,44 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// The shared secret every connection presents in its handshake. Default: empty, which
-    /// servers refuse to start with; set it with `FLOE_CLUSTER_TOKEN` rather than a flag so it
-    /// stays out of process listings.
-    pub token: ClusterToken,
+    /// The secret replicas and nodes present to each other; clients never get it. Default:
+    /// empty, which servers refuse to start with; set it with `FLOE_CLUSTER_SECRET` rather
+    /// than a flag so it stays out of process listings.
+    pub secret: ClusterSecret,
 }
 
-/// The cluster's shared secret. `Debug` never prints it.
-#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ClusterToken(String);
+/// `[client]`: what a client process (the CLI, a program using floe-client) presents.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// A token from `floe token create`, usually set as `FLOE_CLIENT_TOKEN`. Default: empty.
+    pub token: ClientToken,
+}
 
-impl ClusterToken {
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
-    }
+/// `[auth]`: where servers find the client tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The tokens file (`name scopes sha256` per line), re-read when it changes; relative to
+    /// `paths.data_dir`. Default `tokens`.
+    pub tokens_file: PathBuf,
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
-    }
-
-    /// The secret itself, to hand to a client library; never log it.
-    pub fn expose(&self) -> &str {
-        &self.0
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            tokens_file: PathBuf::from("tokens"),
+        }
     }
 }
 
-impl fmt::Debug for ClusterToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "ClusterToken(<empty>)"
-        } else {
-            "ClusterToken(<redacted>)"
-        })
-    }
+/// `[http]`: who may use a replica's REST API.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpAccess {
+    /// Serve reads (jobs, nodes, cache, metrics) without a token. Default false: reads need a
+    /// token with the `read` scope.
+    pub public_reads: bool,
 }
 
 /// `[net]`: sockets and framing shared by all services.
@@ -118,6 +122,12 @@ pub struct SchedulerConfig {
     pub rpc_port: u16,
     /// REST API, dashboard and `/metrics`. Default 7780.
     pub http_port: u16,
+    /// The address the HTTP listener binds, apart from `net.bind_host` so the REST API can
+    /// stay on loopback while RPC faces the network. Default `127.0.0.1`.
+    pub http_bind: IpAddr,
+    /// The secret only replicas hold: it authenticates Raft peers and signs node tickets.
+    /// Default: empty, which replicas refuse to start with; set `FLOE_SCHEDULER_REPLICA_SECRET`.
+    pub replica_secret: ReplicaSecret,
     /// How often nodes send a heartbeat with their resource use. Default 1000.
     pub heartbeat_interval_ms: u64,
     /// Heartbeat periods a node may miss before the leader commits it dead (as Ray's
@@ -140,6 +150,8 @@ impl Default for SchedulerConfig {
         Self {
             rpc_port: 7700,
             http_port: 7780,
+            http_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            replica_secret: ReplicaSecret::default(),
             heartbeat_interval_ms: 1_000,
             missed_heartbeats: 5,
             raft_tick_ms: 100,
@@ -702,15 +714,26 @@ fn known_keys(table: &toml::Table, key: &str) -> Vec<String> {
 }
 
 impl Config {
+    /// Where the client tokens are: `auth.tokens_file` under `paths.data_dir`.
+    pub fn tokens_file(&self) -> PathBuf {
+        self.paths.data_dir.join(&self.auth.tokens_file)
+    }
+
     fn to_table(&self) -> Result<toml::Table, ConfigError> {
         toml::Table::try_from(self).map_err(|error| ConfigError::Render(error.to_string()))
     }
 
-    /// The effective configuration as TOML, with the token replaced by `<redacted>`.
+    /// The effective configuration as TOML, with every secret replaced by `<redacted>`.
     pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
         let mut shown = self.clone();
-        if !shown.cluster.token.is_empty() {
-            shown.cluster.token = ClusterToken::new("<redacted>");
+        if !shown.cluster.secret.is_empty() {
+            shown.cluster.secret = ClusterSecret::new("<redacted>");
+        }
+        if !shown.scheduler.replica_secret.is_empty() {
+            shown.scheduler.replica_secret = ReplicaSecret::new("<redacted>");
+        }
+        if !shown.client.token.is_empty() {
+            shown.client.token = ClientToken::new("<redacted>");
         }
         toml::to_string(&shown).map_err(|error| ConfigError::Render(error.to_string()))
     }
@@ -941,14 +964,23 @@ impl Config {
         Ok(())
     }
 
-    /// Checks that `service` can start here: the cluster token is set, its directories exist
-    /// (they are created) and are writable, and its ports are free on `net.bind_host`.
+    /// Checks that `service` can start here: its secrets are set, its directories exist
+    /// (they are created) and are writable, and its ports are free.
     pub fn preflight(&self, service: Service) -> Result<(), ConfigError> {
-        if self.cluster.token.is_empty() {
+        if self.cluster.secret.is_empty() {
             return Err(ConfigError::Invalid {
-                key: "cluster.token",
-                reason: "is empty, and servers refuse connections without a token; set \
-                         FLOE_CLUSTER_TOKEN to a long random secret"
+                key: "cluster.secret",
+                reason: "is empty, and servers refuse members without it; set \
+                         FLOE_CLUSTER_SECRET to a long random secret"
+                    .into(),
+            });
+        }
+        if service == Service::Scheduler && self.scheduler.replica_secret.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "scheduler.replica_secret",
+                reason: "is empty, and replicas refuse each other without it; set \
+                         FLOE_SCHEDULER_REPLICA_SECRET to a long random secret (the same on \
+                         every replica, never on nodes)"
                     .into(),
             });
         }
@@ -976,7 +1008,11 @@ impl Config {
             Service::Node => vec![("node.rpc_port", self.node.rpc_port)],
         };
         for (key, port) in ports {
-            let addr = SocketAddr::new(self.net.bind_host, port);
+            let host = match key {
+                "scheduler.http_port" => self.scheduler.http_bind,
+                _ => self.net.bind_host,
+            };
+            let addr = SocketAddr::new(host, port);
             TcpListener::bind(addr).map_err(|source| ConfigError::PortUnavailable {
                 key,
                 addr,

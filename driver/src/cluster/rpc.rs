@@ -10,7 +10,7 @@ use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::placement::PlacementRequest;
 use floe_api::state::{ClusterState, Command, Outcome};
 use floe_core::job::JobProgress;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
+use floe_core::wire::{RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId};
 
 use super::{ClusterAccess, Deaths};
@@ -176,7 +176,7 @@ async fn call_pooled(
     let pooled = lock(pool).get_mut(addr).and_then(|clients| clients.pop());
     let mut client = match pooled {
         Some(client) => client,
-        None => RpcClient::connect(addr, wire.clone(), PeerKind::Node).await?,
+        None => RpcClient::connect(addr, wire.clone()).await?,
     };
     let response = client.call(request).await?;
     let mut pool = lock(pool);
@@ -198,10 +198,8 @@ fn pooled_scheduler_client(
 ) -> Result<SchedulerClient> {
     match lock(pool).pop() {
         Some(client) => Ok(client),
-        None => Ok(
-            SchedulerClient::new(schedulers.to_vec(), wire.clone(), PeerKind::Node)?
-                .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT),
-        ),
+        None => Ok(SchedulerClient::new(schedulers.to_vec(), wire.clone())?
+            .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT)),
     }
 }
 

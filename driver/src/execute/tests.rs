@@ -11,7 +11,7 @@ use arrow::record_batch::RecordBatch;
 use floe_api::node_protocol::TaskFailure;
 use floe_api::placement::Strategy;
 use floe_api::state::{Command, JobRecord, JobStatus};
-use floe_core::config::{ClusterToken, TimeoutsConfig};
+use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
 use floe_core::expr::{col, lit};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
@@ -41,10 +41,14 @@ fn fake(nodes: u64, cpus_per_node: u64) -> Arc<FakeCluster> {
 fn driver_config() -> Arc<DriverConfig> {
     Arc::new(DriverConfig {
         schedulers: Vec::new(),
-        wire: WireConfig {
-            token: ClusterToken::new("fake"),
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig::default(),
+        wire: {
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("fake");
+            WireConfig {
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig::default(),
+                ..WireConfig::member(&config)
+            }
         },
         node: DRIVER_NODE,
         min_block_bytes: 1,

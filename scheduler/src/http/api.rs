@@ -1,18 +1,21 @@
-//! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations check the
-//! token and go to the leader. The request and response types they use are in `json`.
+//! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations go to the
+//! leader with the caller's own token. [`authenticate`] checks every call's token and scope
+//! before a handler runs. The request and response types they use are in `json`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
-use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage as _, HttpRequest, HttpResponse, ResponseError, web};
 use floe_api::node_protocol::{NodeProtocol, NodeRequest};
-use floe_core::config::ClusterToken;
+use floe_core::auth::{Authenticator, ClientToken, Credential, Principal, Scope};
 use floe_core::job::{CacheMode, JobProgress, JobSpec};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId, SubmissionId};
-use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use super::json::{
@@ -43,7 +46,9 @@ pub(crate) struct Shared {
     /// state says is read from here, the leader's soft state from the snapshot.
     applied_state: watch::Receiver<Arc<ClusterState>>,
     parser: Arc<dyn JobSpecParser>,
-    token: ClusterToken,
+    authenticator: Arc<Authenticator>,
+    /// `http.public_reads`: reads need no token.
+    public_reads: bool,
     replica_id: u64,
     /// Every replica's RPC address: each mutation gets its own client of them, so a slow
     /// one (no leader yet) never queues the others behind it.
@@ -62,16 +67,21 @@ impl Shared {
             monitor,
             applied_state,
             parser,
-            token: config.token.clone(),
+            authenticator: Arc::clone(&config.wire.authenticator),
+            public_reads: config.public_reads,
             replica_id: config.replica_id,
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
         }
     }
 
-    /// A client for one mutation; it finds the leader itself.
-    fn leader(&self) -> Result<SchedulerClient, ApiError> {
-        SchedulerClient::new(self.replicas.clone(), self.wire.clone(), PeerKind::Client)
+    /// A client for one mutation, presenting the caller's own token (the leader checks it
+    /// again); it finds the leader itself.
+    fn leader(&self, caller: &Caller) -> Result<SchedulerClient, ApiError> {
+        let wire = self.wire.with_credential(Credential::Client {
+            token: caller.token.clone(),
+        });
+        SchedulerClient::new(self.replicas.clone(), wire)
             .map(|client| client.with_retry_for(MUTATION_RETRY))
             .map_err(ApiError::from_scheduler)
     }
@@ -95,29 +105,90 @@ impl Shared {
             tokio::time::timeout(READ_YOUR_WRITES, state.wait_for(|state| applied(state))).await;
     }
 
-    /// Refuses the request unless it carries the cluster token.
-    fn authorize(&self, request: &HttpRequest) -> Result<(), ApiError> {
-        let presented = request
-            .headers()
+    /// The caller of a request that needs `scope`: its token must be known and grant it.
+    fn authorize(&self, headers: &HeaderMap, scope: Scope) -> Result<Caller, ApiError> {
+        let presented = headers
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim);
+            .map(str::trim)
+            .filter(|token| !token.is_empty());
         let Some(presented) = presented else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "this call changes the cluster and needs the cluster token: send \
-                 `Authorization: Bearer <token>`",
+                format!(
+                    "this call needs a token with scope {scope}: send `Authorization: Bearer \
+                     <token>` (tokens come from `floe token create`)"
+                ),
             ));
         };
-        if self.token.is_empty() || !bool::from(presented.as_bytes().ct_eq(self.token.as_bytes())) {
+        let token = ClientToken::new(presented);
+        let principal = self
+            .authenticator
+            .verify_token(&token)
+            .map_err(|refused| ApiError::new(StatusCode::UNAUTHORIZED, refused.0))?;
+        if !principal.has_scope(scope) {
+            let name = match &principal {
+                Principal::Client { name, .. } => name.as_str(),
+                _ => "?",
+            };
             return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "wrong cluster token; use the FLOE_CLUSTER_TOKEN the cluster was started with",
+                StatusCode::FORBIDDEN,
+                format!("token '{name}' lacks scope {scope}, which this call needs"),
             ));
         }
-        Ok(())
+        Ok(Caller { token })
     }
+}
+
+/// The verified caller of a request, for handlers that act in its name.
+#[derive(Clone)]
+pub(crate) struct Caller {
+    token: ClientToken,
+}
+
+/// The scope a request needs: reads `read` (none with `http.public_reads`), job changes
+/// `submit`, cache cleaning `admin`; the dashboard's own files and `/api/version` (what
+/// health checks probe; it says nothing about the cluster) none.
+fn required_scope(method: &Method, path: &str, public_reads: bool) -> Option<Scope> {
+    let api = path == "/api" || path.starts_with("/api/") || path == "/metrics";
+    if !api || (path == "/api/version" && *method == Method::GET) {
+        return None;
+    }
+    if *method == Method::GET || *method == Method::HEAD {
+        return (!public_reads).then_some(Scope::Read);
+    }
+    if path == "/api/cache/clean" {
+        Some(Scope::Admin)
+    } else {
+        Some(Scope::Submit)
+    }
+}
+
+/// Middleware: refuses a call whose token is missing or unknown (401) or lacks the scope the
+/// route needs (403) before its handler runs, and hands handlers the verified [`Caller`].
+pub(crate) async fn authenticate(
+    request: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody + 'static>>, actix_web::Error> {
+    let Some(shared) = request.app_data::<web::Data<Shared>>().cloned() else {
+        return Err(actix_web::error::ErrorInternalServerError(
+            "the API's state is missing",
+        ));
+    };
+    if let Some(scope) = required_scope(request.method(), request.path(), shared.public_reads) {
+        match shared.authorize(request.headers(), scope) {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(error) => {
+                return Ok(request.error_response(error).map_into_right_body());
+            }
+        }
+    }
+    next.call(request)
+        .await
+        .map(ServiceResponse::map_into_left_body)
 }
 
 /// An error answered as `{"error": …}` with its status.
@@ -140,9 +211,15 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    /// A scheduler error: 503 when no leader answered (worth retrying), 500 otherwise.
+    /// A scheduler error: 503 when no leader answered (worth retrying), 403 when the leader
+    /// refused the caller's rights, 500 otherwise.
     fn from_scheduler(error: floe_api::Error) -> Self {
         match error {
+            floe_api::Error::Wire(WireError::Remote(remote))
+                if remote.kind == RemoteErrorKind::Forbidden =>
+            {
+                Self::new(StatusCode::FORBIDDEN, remote.message)
+            }
             floe_api::Error::NoReplica(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no scheduler leader answered; try again shortly: {error}"),
@@ -486,8 +563,12 @@ async fn read_body(payload: web::Payload) -> Result<web::Bytes, ApiError> {
         .map_err(|error| ApiError::bad_request(format!("reading the body: {error}")))
 }
 
-async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::Payload) -> Reply {
-    shared.authorize(&request)?;
+async fn submit(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
     let body = read_body(payload).await?;
     let content_type = request
         .headers()
@@ -521,7 +602,7 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::P
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
         .map_err(|rejected| ApiError::bad_request(rejected.0))?;
     let job = shared
-        .leader()?
+        .leader(&caller)?
         .submit_job(spec, submission)
         .await
         .map_err(ApiError::from_scheduler)?;
@@ -534,11 +615,18 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::P
     }))
 }
 
-async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<String>) -> Reply {
-    shared.authorize(&request)?;
+async fn stop(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    id: web::Path<String>,
+) -> Reply {
     let job = parse_job_id(&id)?;
     // The leader decides, not the snapshot, which may lag a fresh submission.
-    let outcome = propose(&shared, Command::CancelJob { job }).await?;
+    let outcome = shared
+        .leader(&caller)?
+        .propose(Command::CancelJob { job })
+        .await
+        .map_err(ApiError::from_scheduler)?;
     if outcome == Outcome::Applied {
         shared
             .wait_applied(|state| {
@@ -563,14 +651,6 @@ async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<Str
         },
     };
     Ok(HttpResponse::Ok().json(body))
-}
-
-async fn propose(shared: &Shared, command: Command) -> Result<Outcome, ApiError> {
-    shared
-        .leader()?
-        .propose(command)
-        .await
-        .map_err(ApiError::from_scheduler)
 }
 
 // ---- cache ----------------------------------------------------------------------------
@@ -604,10 +684,9 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
 
 async fn clean_cache(
     shared: web::Data<Shared>,
-    request: HttpRequest,
+    caller: web::ReqData<Caller>,
     payload: web::Payload,
 ) -> Reply {
-    shared.authorize(&request)?;
     let body = read_body(payload).await?;
     let clean: CleanBody = if body.is_empty() {
         CleanBody { fingerprint: None }
@@ -637,7 +716,7 @@ async fn clean_cache(
             .get(fingerprint)
             .map_or(0, BTreeMap::len)
     };
-    let mut client = shared.leader()?;
+    let mut client = shared.leader(&caller)?;
     let mut evicted = Vec::new();
     for fingerprint in fingerprints {
         let count = entries(&fingerprint);
@@ -685,7 +764,7 @@ async fn remove_shard_files(shared: &Shared, fingerprints: Vec<floe_core::Finger
     for (node, addr) in nodes {
         let removed = async {
             let mut client: RpcClient<NodeProtocol> =
-                RpcClient::connect(addr, shared.wire.clone(), PeerKind::Scheduler).await?;
+                RpcClient::connect(addr, shared.wire.clone()).await?;
             client.call(&request).await
         }
         .await;

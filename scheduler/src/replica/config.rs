@@ -52,6 +52,7 @@ pub struct ReplicaConfig {
     pub peers: BTreeMap<u64, String>,
     pub bind_host: IpAddr,
     pub scheduler: SchedulerConfig,
+    /// Presents this replica's credential, and verifies replicas and node tickets.
     pub wire: WireConfig,
 }
 
@@ -68,7 +69,7 @@ impl ReplicaConfig {
             peers,
             bind_host: config.net.bind_host,
             scheduler: config.scheduler.clone(),
-            wire: WireConfig::from_config(config),
+            wire: WireConfig::replica(config, id),
         })
     }
 }

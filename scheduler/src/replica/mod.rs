@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_core::auth::Principal;
 use floe_core::config::SchedulerConfig;
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
@@ -71,6 +72,8 @@ type Reply = oneshot::Sender<Result<SchedulerResponse, RemoteError>>;
 enum Input {
     Raft(Vec<Message>),
     Request {
+        /// Who sent it, as the handshake verified; the loop authorizes against its state.
+        principal: Principal,
         request: SchedulerRequest,
         reply: Reply,
     },
@@ -108,6 +111,8 @@ impl Replica {
             inputs,
             notices,
             raft_guard,
+            replicas: config.peers.keys().copied().collect(),
+            authenticator: Arc::clone(&config.wire.authenticator),
         });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
@@ -374,7 +379,11 @@ impl<S: LogStore> RaftLoop<S> {
             }
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
-            Input::Request { request, reply } => self.handle_request(request, reply),
+            Input::Request {
+                principal,
+                request,
+                reply,
+            } => self.handle_request(&principal, request, reply),
         }
     }
 

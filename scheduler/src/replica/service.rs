@@ -3,19 +3,24 @@
 //! drivers) open until the loop announces a change; and the loop's side of each request —
 //! answered from the state, proposed, or redirected to the leader when this replica is not it.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
+use floe_core::auth::{Authenticator, Principal};
+use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
+use raft::prelude::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::placement::Reservation;
 use super::raft_guard::RaftGuard;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
+use floe_api::authz;
 use floe_api::scheduler_protocol::{
     LeaderHint, NodeReport, ReplicaStatus, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
 };
-use floe_api::state::{Command, JobRecord, JobStatus};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
@@ -24,20 +29,83 @@ pub(super) struct Service {
     pub(super) inputs: mpsc::Sender<Input>,
     pub(super) notices: Notices,
     pub(super) raft_guard: RaftGuard,
+    /// The configured replica ids: the only peers whose Raft messages are decoded.
+    pub(super) replicas: BTreeSet<u64>,
+    /// Issues the tickets registered nodes present from then on.
+    pub(super) authenticator: Arc<Authenticator>,
 }
 
 fn stopped() -> RemoteError {
     RemoteError::new(RemoteErrorKind::Unavailable, "the replica is shutting down")
 }
 
+fn forbidden(principal: &Principal, refusal: authz::Forbidden) -> RemoteError {
+    tracing::warn!(%principal, %refusal, "refused a request");
+    RemoteError::new(RemoteErrorKind::Forbidden, refusal.0)
+}
+
 impl Service {
-    async fn ask(&self, request: SchedulerRequest) -> Result<SchedulerResponse, RemoteError> {
+    async fn ask(
+        &self,
+        principal: &Principal,
+        request: SchedulerRequest,
+    ) -> Result<SchedulerResponse, RemoteError> {
         let (reply, answer) = oneshot::channel();
         self.inputs
-            .send(Input::Request { request, reply })
+            .send(Input::Request {
+                principal: principal.clone(),
+                request,
+                reply,
+            })
             .await
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// Refuses Raft messages from anyone but a configured replica that proved the replica
+    /// secret, before a byte of them reaches raft-rs's decoder; and messages that claim to
+    /// come from another replica than the one that sent them.
+    fn raft_messages(
+        &self,
+        principal: &Principal,
+        messages: &[Vec<u8>],
+    ) -> Result<Vec<Message>, RemoteError> {
+        let request = SchedulerRequest::Raft {
+            messages: Vec::new(),
+        };
+        authz::authorize_scheduler(principal, &request, &ClusterState::default())
+            .map_err(|refusal| forbidden(principal, refusal))?;
+        let Principal::Replica(sender) = principal else {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden("raft messages come only from replicas".into()),
+            ));
+        };
+        if !self.replicas.contains(sender) {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden(format!(
+                    "replica {sender} is not one of the configured replicas {:?}",
+                    self.replicas
+                )),
+            ));
+        }
+        // Checked before protobuf parses it (CVE-2025-53605), see `raft_guard`.
+        let messages = messages
+            .iter()
+            .map(|bytes| self.raft_guard.decode(bytes))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| RemoteError::new(RemoteErrorKind::BadRequest, error.to_string()))?;
+        if let Some(message) = messages.iter().find(|message| message.from != *sender) {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden(format!(
+                    "replica {sender} sent a raft message from replica {}",
+                    message.from
+                )),
+            ));
+        }
+        Ok(messages)
     }
 }
 
@@ -47,25 +115,10 @@ impl Handler<SchedulerProtocol> for Service {
         peer: Peer,
         request: SchedulerRequest,
     ) -> Result<SchedulerResponse, RemoteError> {
+        let principal = &peer.principal;
         match request {
             SchedulerRequest::Raft { messages } => {
-                if peer.kind != PeerKind::Scheduler {
-                    return Err(RemoteError::new(
-                        RemoteErrorKind::BadRequest,
-                        format!(
-                            "raft messages are only accepted from replicas, not {:?}",
-                            peer.kind
-                        ),
-                    ));
-                }
-                // Checked before protobuf parses it (CVE-2025-53605), see `raft_guard`.
-                let messages = messages
-                    .iter()
-                    .map(|bytes| self.raft_guard.decode(bytes))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|error| {
-                        RemoteError::new(RemoteErrorKind::BadRequest, error.to_string())
-                    })?;
+                let messages = self.raft_messages(principal, &messages)?;
                 self.inputs
                     .send(Input::Raft(messages))
                     .await
@@ -76,7 +129,7 @@ impl Handler<SchedulerProtocol> for Service {
                 // Subscribe before reading, so a death committed in between is not missed.
                 let mut published = self.notices.deaths.subscribe();
                 let known = self
-                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                    .ask(principal, SchedulerRequest::WatchDeaths { after, wait_ms })
                     .await?;
                 if !matches!(&known, SchedulerResponse::Deaths(deaths) if deaths.is_empty()) {
                     return Ok(known);
@@ -90,7 +143,10 @@ impl Handler<SchedulerProtocol> for Service {
                             // Missed some: the state has them all.
                             Err(broadcast::error::RecvError::Lagged(_)) => {
                                 return self
-                                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                                    .ask(
+                                        principal,
+                                        SchedulerRequest::WatchDeaths { after, wait_ms },
+                                    )
                                     .await
                                     .map(|response| match response {
                                         SchedulerResponse::Deaths(deaths) => deaths,
@@ -111,13 +167,13 @@ impl Handler<SchedulerProtocol> for Service {
                 // Subscribe before reading, so an end committed in between is not missed.
                 let mut ended = self.notices.jobs_ended.subscribe();
                 let request = SchedulerRequest::WatchJob { job, wait_ms };
-                let current = self.ask(request.clone()).await?;
+                let current = self.ask(principal, request.clone()).await?;
                 let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
                 if !running {
                     return Ok(current);
                 }
                 until_announced(&mut ended, job, wait_ms).await;
-                self.ask(request).await
+                self.ask(principal, request).await
             }
             SchedulerRequest::WatchDrivers {
                 node,
@@ -131,15 +187,29 @@ impl Handler<SchedulerProtocol> for Service {
                     known: known.clone(),
                     wait_ms,
                 };
-                let current = self.ask(request.clone()).await?;
+                let current = self.ask(principal, request.clone()).await?;
                 if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
                 {
                     return Ok(current);
                 }
                 until_announced(&mut started, node, wait_ms).await;
-                self.ask(request).await
+                self.ask(principal, request).await
             }
-            request => self.ask(request).await,
+            request @ SchedulerRequest::RegisterNode { .. } => {
+                match self.ask(principal, request).await? {
+                    SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => {
+                        let ticket = self.authenticator.issue_ticket(node).ok_or_else(|| {
+                            RemoteError::new(
+                                RemoteErrorKind::Internal,
+                                "this replica has no replica secret to issue node tickets",
+                            )
+                        })?;
+                        Ok(SchedulerResponse::NodeRegistered { node, ticket })
+                    }
+                    other => Ok(other),
+                }
+            }
+            request => self.ask(principal, request).await,
         }
     }
 }
@@ -178,7 +248,26 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
-    pub(super) fn handle_request(&mut self, request: SchedulerRequest, reply: Reply) {
+    pub(super) fn handle_request(
+        &mut self,
+        principal: &Principal,
+        request: SchedulerRequest,
+        reply: Reply,
+    ) {
+        let answered_anywhere = matches!(
+            request,
+            SchedulerRequest::Status | SchedulerRequest::WatchDeaths { .. }
+        );
+        if !answered_anywhere && !self.is_leader() {
+            let _ = reply.send(Ok(self.not_leader()));
+            return;
+        }
+        // Checked against the leader's state (what a node drives, which job an actor
+        // belongs to); the two requests any replica answers depend on no state.
+        if let Err(refusal) = authz::authorize_scheduler(principal, &request, &self.state) {
+            let _ = reply.send(Err(forbidden(principal, refusal)));
+            return;
+        }
         match request {
             SchedulerRequest::Status => {
                 let status = self.status();
@@ -187,9 +276,6 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::WatchDeaths { after, .. } => {
                 let deaths = self.state.deaths_after(after);
                 let _ = reply.send(Ok(SchedulerResponse::Deaths(deaths)));
-            }
-            _ if !self.is_leader() => {
-                let _ = reply.send(Ok(self.not_leader()));
             }
             SchedulerRequest::RegisterNode {
                 addresses,
