@@ -275,9 +275,8 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
     // a node alive that died while no leader listened).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(client.read_state().await.unwrap().jobs[&job].driver, None);
-    for node in [worker, driver] {
-        client
-            .heartbeat(node, ResourceUsage::default())
+    for (node, own) in nodes.iter_mut() {
+        own.heartbeat(*node, ResourceUsage::default())
             .await
             .unwrap();
     }
@@ -570,7 +569,9 @@ async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
     use protobuf::Message as _;
 
     let config = test_config();
-    let (replicas, _) = start_cluster(&config, 1).await;
+    // Two configured replicas, so replica 2's id passes the raft guard's peer check and only
+    // the sender check can refuse replica 1 passing off its message.
+    let (replicas, _) = start_cluster(&config, 2).await;
     let addrs = vec![replicas[0].local_addr().to_string()];
     let message = Message {
         from: 2,
@@ -601,7 +602,7 @@ async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
         message_7.contains("replica 7 is not one of the configured replicas"),
         "{message_7}"
     );
-    // Replica 1 (the only peer) passing off a message as replica 2's.
+    // Replica 1 passing off a message as replica 2's.
     let impostor = WireConfig::replica(&config, 1);
     let message_1 = refusal(send(impostor, vec![encoded]).await);
     assert!(
