@@ -173,6 +173,9 @@ pub struct CacheEntry {
     pub shards: BTreeMap<u32, CachedShard>,
 }
 
+/// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
+pub type CacheIndex = BTreeMap<String, BTreeMap<u32, CacheEntry>>;
+
 /// A committed node death, as published to subscribers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDeath {
@@ -301,8 +304,7 @@ pub struct ClusterState {
     /// Which job each submission became, so a retried submission finds its job.
     pub submissions: BTreeMap<SubmissionId, JobId>,
     pub actors: BTreeMap<ActorId, ActorRecord>,
-    /// Fingerprint (32 hex digits) → shard count → shards.
-    pub cache: BTreeMap<String, BTreeMap<u32, CacheEntry>>,
+    pub cache: CacheIndex,
     /// Jobs not yet ended (pending or running), so the leader's driver loop and heartbeats
     /// never scan the finished ones.
     pub unfinished: BTreeSet<JobId>,

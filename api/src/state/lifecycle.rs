@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use floe_core::job::JobStats;
-use floe_core::{JobId, NodeId};
+use floe_core::{JobId, NodeId, SubmissionId};
 use serde::{Deserialize, Serialize};
 
 use super::{ClusterState, JobRecord, JobStatus, Liveness, Outcome};
@@ -68,6 +68,7 @@ pub enum Removal {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSummary {
     pub id: JobId,
+    pub submission: SubmissionId,
     pub status: JobStatus,
     pub attempts: u32,
     pub submitted_at_ms: u64,
@@ -83,6 +84,7 @@ impl JobSummary {
     fn of(record: &JobRecord, removal: Removal, removed_at_ms: u64) -> Self {
         Self {
             id: record.id,
+            submission: record.submission,
             status: record.status.clone(),
             attempts: record.attempts,
             submitted_at_ms: record.submitted_at_ms,

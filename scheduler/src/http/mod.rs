@@ -57,6 +57,8 @@ pub struct HttpConfig {
     pub token: ClusterToken,
     /// How often the monitor refreshes its snapshot (one history sample each time).
     pub refresh: Duration,
+    /// This replica's job history file, listed by `/api/jobs?all=true`.
+    pub job_history: Option<std::path::PathBuf>,
 }
 
 impl HttpConfig {
@@ -69,6 +71,7 @@ impl HttpConfig {
             wire: WireConfig::from_config(config),
             token: config.cluster.token.clone(),
             refresh: Duration::from_secs(1),
+            job_history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! drivers) open until the loop announces a change; and the loop's side of each request —
 //! answered from the state, proposed, or redirected to the leader when this replica is not it.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
@@ -14,7 +15,8 @@ use super::placement::Reservation;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
 use floe_api::scheduler_protocol::{
-    LeaderHint, NodeReport, ReplicaStatus, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+    LeaderHint, NodeReport, NodeSummary, ReplicaStatus, SchedulerProtocol, SchedulerRequest,
+    SchedulerResponse,
 };
 use floe_api::state::{Command, JobRecord, JobStatus};
 
@@ -24,6 +26,8 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Service {
     pub(super) inputs: mpsc::Sender<Input>,
     pub(super) notices: Notices,
+    /// This replica's history file, read for `JobHistory`.
+    pub(super) history: Option<PathBuf>,
 }
 
 fn stopped() -> RemoteError {
@@ -140,6 +144,19 @@ impl Handler<SchedulerProtocol> for Service {
                 }
                 until_announced(&mut started, node, wait_ms).await;
                 self.ask(request).await
+            }
+            SchedulerRequest::JobHistory { limit } => {
+                let Some(path) = self.history.clone() else {
+                    return Ok(SchedulerResponse::History(Vec::new()));
+                };
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                let read = tokio::task::spawn_blocking(move || {
+                    crate::history::read_newest(&path, limit)
+                })
+                .await
+                .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))?;
+                read.map(SchedulerResponse::History)
+                    .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))
             }
             request => self.ask(request).await,
         }
@@ -295,13 +312,46 @@ impl<S: LogStore> RaftLoop<S> {
                 self.retry_waiting();
                 let _ = reply.send(Ok(SchedulerResponse::Released));
             }
-            SchedulerRequest::Raft { .. } => {
+            SchedulerRequest::ActorNode { actor } => {
+                let node = self
+                    .state
+                    .actors
+                    .get(&actor)
+                    .and_then(|actor| self.node_summary(actor.node));
+                let _ = reply.send(Ok(SchedulerResponse::ActorNode(node)));
+            }
+            SchedulerRequest::AliveNodes => {
+                let nodes = self
+                    .state
+                    .alive_nodes()
+                    .filter_map(|node| self.node_summary(node.id))
+                    .collect();
+                let _ = reply.send(Ok(SchedulerResponse::AliveNodes {
+                    as_of: self.state.applied_index,
+                    nodes,
+                }));
+            }
+            SchedulerRequest::CacheIndex => {
+                let index = self.state.cache.clone();
+                let _ = reply.send(Ok(SchedulerResponse::CacheIndex(index)));
+            }
+            SchedulerRequest::Raft { .. } | SchedulerRequest::JobHistory { .. } => {
                 let _ = reply.send(Err(RemoteError::new(
                     RemoteErrorKind::BadRequest,
-                    "raft messages go through the transport",
+                    "raft messages and history reads are not the raft loop's to answer",
                 )));
             }
         }
+    }
+
+    /// An alive node's address and resources.
+    fn node_summary(&self, node: floe_core::NodeId) -> Option<NodeSummary> {
+        let record = self.state.nodes.get(&node).filter(|node| node.is_alive())?;
+        Some(NodeSummary {
+            id: record.id,
+            rpc: record.addresses.rpc.clone(),
+            resources: record.resources,
+        })
     }
 
     pub(super) fn status(&self) -> ReplicaStatus {

@@ -33,7 +33,8 @@ async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerC
         .collect();
     let mut replicas = Vec::new();
     for id in 1..=count {
-        let replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        let mut replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        replica_config.history = None;
         let store = MemoryLog::new(peers.keys().copied().collect());
         replicas.push(Replica::start(replica_config, store).await.unwrap());
     }
