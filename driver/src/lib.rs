@@ -79,8 +79,7 @@ pub async fn drive<C: ClusterAccess>(
     attempt: u32,
 ) -> Result<()> {
     let started = Instant::now();
-    let state = cluster.read_state().await?;
-    let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
+    let record = cluster.read_job(job).await?.ok_or(Error::UnknownJob(job))?;
     if record.status != JobStatus::Running || record.attempts != attempt {
         // Ended meanwhile, or superseded by a later attempt: nothing to run.
         return Ok(());
@@ -88,7 +87,7 @@ pub async fn drive<C: ClusterAccess>(
     tracing::info!(%job, attempt, node = %config.node, "driver started");
     let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
-        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec, state).await?,
+        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec).await?,
     };
     outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
@@ -117,12 +116,11 @@ async fn plan_and_run<C: ClusterAccess>(
     job: JobId,
     attempt: u32,
     spec: &JobSpec,
-    state: floe_api::state::ClusterState,
 ) -> Result<JobOutcome> {
-    let mut state = state;
     let mut replanned = false;
     loop {
-        let operators = match plan::plan(spec, &state, config) {
+        let cache = cluster.cache_index().await?;
+        let operators = match plan::plan(spec, &cache, config) {
             Ok(operators) => operators,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
@@ -147,7 +145,6 @@ async fn plan_and_run<C: ClusterAccess>(
                 })
                 .await?;
         }
-        state = cluster.read_state().await?;
     }
 }
 

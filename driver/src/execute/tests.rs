@@ -436,3 +436,25 @@ async fn a_stale_cache_shard_makes_the_driver_evict_it_and_plan_again() {
         .count();
     assert_eq!(recomputed as u64, range_task_count(200));
 }
+
+#[tokio::test]
+async fn a_driver_reads_what_it_needs_however_many_jobs_the_cluster_ran() {
+    let fake = fake(3, 2);
+    fake.add_finished_jobs(20_000);
+    // Slow tasks keep the job running for many progress ticks (10 ms each).
+    fake.on_tasks(2, |_| true, Fault::Delay(Duration::from_millis(150)));
+    let plan = stored_range(u64::from(BATCH_ROWS) * 16)
+        .filter(col("id").gt(lit(3i64)))
+        .unwrap();
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    succeeded(&record);
+    let reads = fake.scheduler_reads();
+    // Each tick asks only for deaths since the last one; the job and the cache index are
+    // read once, the nodes a few times (the budget, spill counts, the outputs' holders).
+    assert!(reads.death_checks >= 5, "{reads:?}");
+    assert_eq!(reads.jobs, 1, "{reads:?}");
+    assert_eq!(reads.cache_indexes, 1, "{reads:?}");
+    assert!(reads.node_lists <= 4, "{reads:?}");
+    // No answer carried more than the three nodes: the 20,000 finished jobs were never read.
+    assert!(reads.largest_answer <= 3, "{reads:?}");
+}
