@@ -126,6 +126,19 @@ pub enum Error {
         reason: String,
     },
     #[error(
+        "job {job}'s result is no longer held: {reason}; run the job again (cached stages are \
+         reused)"
+    )]
+    ResultReleased {
+        job: floe_core::JobId,
+        reason: String,
+    },
+    #[error("job {job}: {reason}")]
+    Refused {
+        job: floe_core::JobId,
+        reason: String,
+    },
+    #[error(
         "the cluster answered something unexpected: {0}; are client and cluster the same release?"
     )]
     Unexpected(String),
