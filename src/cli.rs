@@ -198,11 +198,23 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
                 floe_api::state::Removal::Deleted => "  (deleted)",
                 floe_api::state::Removal::Pruned => "  (history)",
             };
-            row(job.id, job.status.name(), job.attempts, job.stats.as_ref(), note);
+            row(
+                job.id,
+                job.status.name(),
+                job.attempts,
+                job.stats.as_ref(),
+                note,
+            );
         }
     }
     for job in &live {
-        row(job.id, job.state.name(), job.attempts, job.stats.as_ref(), "");
+        row(
+            job.id,
+            job.state.name(),
+            job.attempts,
+            job.stats.as_ref(),
+            "",
+        );
     }
     Ok(())
 }

@@ -21,8 +21,8 @@ use crate::scheduler_protocol::{
     SchedulerResponse,
 };
 use crate::state::{
-    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath,
-    NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
+    Outcome, Resources,
 };
 use crate::{Error, Result};
 

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::state::{
-    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath,
-    NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
+    Outcome, Resources,
 };
 
 pub struct SchedulerProtocol;

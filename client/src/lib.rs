@@ -95,7 +95,10 @@ pub enum Error {
     Scheduler(#[from] floe_api::Error),
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
-    #[error("there is no job {0} on this cluster; `floe jobs` lists them")]
+    #[error(
+        "there is no job {0} in the scheduler's state: it never existed, or it was deleted or \
+         moved to the history (`floe jobs --all` lists those)"
+    )]
     UnknownJob(floe_core::JobId),
     #[error("job {job} failed: {message}")]
     JobFailed {

@@ -214,12 +214,7 @@ fn range_tasks(n: u64, batch_rows: u32) -> Vec<SourceTask> {
 
 /// Walks down from `output` marking the operators the job runs, turning cached operators
 /// into cache loads when `reuse` allows.
-fn mark_needed(
-    operators: &mut [PlannedOperator],
-    output: usize,
-    cache: &CacheIndex,
-    reuse: bool,
-) {
+fn mark_needed(operators: &mut [PlannedOperator], output: usize, cache: &CacheIndex, reuse: bool) {
     let mut stack = vec![output];
     while let Some(index) = stack.pop() {
         let operator = &mut operators[index];

@@ -73,10 +73,7 @@ pub fn read_newest(path: &Path, limit: usize) -> Result<Vec<JobSummary>> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(error) => return Err(Error::io("open", path)(error)),
     };
-    let len = file
-        .metadata()
-        .map_err(Error::io("stat", path))?
-        .len();
+    let len = file.metadata().map_err(Error::io("stat", path))?.len();
     let mut end = len;
     // Bytes from `start` to `end` of the file: whole lines, except maybe the first.
     let mut tail: Vec<u8> = Vec::new();
@@ -111,8 +108,10 @@ pub fn read_newest(path: &Path, limit: usize) -> Result<Vec<JobSummary>> {
             match serde_json::from_slice::<JobSummary>(line) {
                 Ok(summary) => newest.push(summary),
                 // Only the file's very last line can be torn by a crash.
-                Err(_) if back == 0 && start + (cut as u64) + (whole.len() as u64) == len
-                    && !whole.ends_with(b"\n") => {}
+                Err(_)
+                    if back == 0
+                        && start + (cut as u64) + (whole.len() as u64) == len
+                        && !whole.ends_with(b"\n") => {}
                 Err(error) => {
                     return Err(Error::Corrupt {
                         path: path.to_owned(),
@@ -192,9 +191,6 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![2, 1]);
         file.write_all(b"\n").unwrap();
-        assert!(matches!(
-            read_newest(&path, 10),
-            Err(Error::Corrupt { .. })
-        ));
+        assert!(matches!(read_newest(&path, 10), Err(Error::Corrupt { .. })));
     }
 }

@@ -236,7 +236,12 @@ impl ClusterState {
         JobSummary::of(&record, removal, at_ms)
     }
 
-    pub(super) fn forget_nodes(&mut self, nodes: &[NodeId], dead_for_ms: u64, at_ms: u64) -> Outcome {
+    pub(super) fn forget_nodes(
+        &mut self,
+        nodes: &[NodeId],
+        dead_for_ms: u64,
+        at_ms: u64,
+    ) -> Outcome {
         if nodes.len() > MAX_PER_COMMAND {
             return Outcome::Rejected(format!("more than {MAX_PER_COMMAND} nodes in one command"));
         }

@@ -3,7 +3,8 @@ use super::*;
 fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
     let outcome = state
         .apply(
-            index, 0,
+            index,
+            0,
             Command::RegisterNode {
                 addresses: NodeAddresses { rpc: rpc.into() },
                 resources: Resources {
@@ -68,7 +69,8 @@ fn only_the_current_driver_attempt_finishes_a_job() {
         Some(Outcome::Rejected(_))
     ));
     state.apply(
-        6, 0,
+        6,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "killed".into(),
@@ -102,7 +104,8 @@ fn cancelling_ends_a_pending_job_and_flags_a_running_one() {
     state.apply(3, 0, submit_job(2));
     let (pending, running) = (JobId::new(1), JobId::new(2));
     state.apply(
-        4, 0,
+        4,
+        0,
         Command::StartDriver {
             job: running,
             node: a,
@@ -139,7 +142,8 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     let actor_b = ActorId::new(11);
     for (index, actor, node) in [(5, actor_a, a), (6, actor_b, b)] {
         state.apply(
-            index, 0,
+            index,
+            0,
             Command::RegisterActor {
                 actor,
                 kind: "HashShuffleAggregator".into(),
@@ -150,7 +154,8 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     }
     for (index, rank, node) in [(7, 0, a), (8, 1, b)] {
         state.apply(
-            index, 0,
+            index,
+            0,
             Command::RecordCacheShard {
                 fingerprint: fingerprint(1),
                 shard_count: 2,
@@ -164,7 +169,8 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         );
     }
     state.apply(
-        9, 0,
+        9,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "missed 5 heartbeats".into(),
@@ -194,7 +200,8 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     // Nothing new may be placed on a dead node, and it can only come back as a new node.
     assert!(matches!(
         state.apply(
-            10, 0,
+            10,
+            0,
             Command::StartDriver {
                 job: JobId::new(1),
                 node: a
@@ -260,7 +267,8 @@ fn the_snapshot_round_trips_and_is_deterministic() {
         let node = register(&mut state, 1, "a:1");
         for (index, n) in (2..40).zip(0u8..) {
             state.apply(
-                index, 0,
+                index,
+                0,
                 Command::RecordCacheShard {
                     fingerprint: fingerprint(n % 7),
                     shard_count: 4,
@@ -326,7 +334,8 @@ fn a_driver_declared_gone_cannot_end_its_pending_job() {
     state.apply(3, 0, submit_job(1));
     state.apply(4, 0, Command::StartDriver { job, node: a });
     state.apply(
-        5, 0,
+        5,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "late heartbeats".into(),
@@ -342,6 +351,9 @@ fn a_driver_declared_gone_cannot_end_its_pending_job() {
             outputs: Vec::new(),
         },
     };
-    assert!(matches!(state.apply(6, 0, late), Some(Outcome::Rejected(_))));
+    assert!(matches!(
+        state.apply(6, 0, late),
+        Some(Outcome::Rejected(_))
+    ));
     assert_eq!(state.jobs[&job].status, JobStatus::Pending);
 }

@@ -82,10 +82,7 @@ impl FromStr for Span {
             .find(|(name, _)| *name == unit.trim())
             .map(|(_, size)| *size)
             .ok_or_else(error)?;
-        number
-            .checked_mul(size)
-            .map(Span::millis)
-            .ok_or_else(error)
+        number.checked_mul(size).map(Span::millis).ok_or_else(error)
     }
 }
 
@@ -120,7 +117,15 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_span() {
-        for text in ["", "1", "h", "1 week", "-1s", "1.5h", "99999999999999999999d"] {
+        for text in [
+            "",
+            "1",
+            "h",
+            "1 week",
+            "-1s",
+            "1.5h",
+            "99999999999999999999d",
+        ] {
             assert!(text.parse::<Span>().is_err(), "{text:?} parsed");
         }
     }

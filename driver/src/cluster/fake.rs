@@ -22,8 +22,8 @@ use floe_api::node_protocol::{
 use floe_api::placement::{Decision, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::NodeSummary;
 use floe_api::state::{
-    CacheIndex, ClusterState, Command, JobOutcome, JobRecord, JobStatus, NodeAddresses,
-    NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobOutcome, JobRecord, JobStatus, NodeAddresses, NodeMemory,
+    Outcome, Resources,
 };
 use floe_core::job::{JobProgress, JobSpec};
 use floe_core::plan::task::{StageInput, StageTask};

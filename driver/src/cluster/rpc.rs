@@ -2,8 +2,8 @@
 //! (tasks, actor calls, cache shards, frees), each behind a small pool of reused connections.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use floe_api::client::SchedulerClient;

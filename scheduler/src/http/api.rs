@@ -15,10 +15,10 @@ use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use super::json::{
-    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, ErrorBody, EventJson, EventsJson,
-    Deleted, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson, NodeCounts,
-    NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson, SampleJson,
-    StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
+    EventsJson, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson,
+    NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson,
+    SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};

@@ -121,7 +121,9 @@ async fn free_on_nodes(
         match call.await {
             Ok(NodeResponse::Freed) => freed.push(node),
             Ok(other) => tracing::warn!(%job, %node, ?other, "unexpected answer to Free"),
-            Err(error) => tracing::debug!(%job, %node, %error, "freeing a released output failed; will retry"),
+            Err(error) => {
+                tracing::debug!(%job, %node, %error, "freeing a released output failed; will retry")
+            }
         }
     }
     if freed.is_empty() {

@@ -150,11 +150,12 @@ impl Handler<SchedulerProtocol> for Service {
                     return Ok(SchedulerResponse::History(Vec::new()));
                 };
                 let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-                let read = tokio::task::spawn_blocking(move || {
-                    crate::history::read_newest(&path, limit)
-                })
-                .await
-                .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))?;
+                let read =
+                    tokio::task::spawn_blocking(move || crate::history::read_newest(&path, limit))
+                        .await
+                        .map_err(|error| {
+                            RemoteError::new(RemoteErrorKind::Internal, error.to_string())
+                        })?;
                 read.map(SchedulerResponse::History)
                     .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))
             }

@@ -143,10 +143,19 @@ fn releasing_an_output_queues_its_blocks_for_freeing_once() {
     );
     assert_eq!(log.state.outputs_to_free[&job].len(), 2);
     let again = log.unchanged_by(30, Command::ReleaseJobOutput { job });
-    assert!(again.contains("released by the client at 1970-01-01 00:00:00 UTC"), "{again}");
+    assert!(
+        again.contains("released by the client at 1970-01-01 00:00:00 UTC"),
+        "{again}"
+    );
     // One node answered; then the other died, taking its copy with it.
     assert_eq!(
-        log.apply(40, Command::OutputsFreed { job, nodes: vec![a] }),
+        log.apply(
+            40,
+            Command::OutputsFreed {
+                job,
+                nodes: vec![a]
+            }
+        ),
         Outcome::Applied
     );
     assert_eq!(log.state.outputs_to_free[&job].len(), 1);
@@ -158,7 +167,13 @@ fn releasing_an_output_queues_its_blocks_for_freeing_once() {
         },
     );
     assert!(log.state.outputs_to_free.is_empty());
-    log.unchanged_by(60, Command::OutputsFreed { job, nodes: vec![b] });
+    log.unchanged_by(
+        60,
+        Command::OutputsFreed {
+            job,
+            nodes: vec![b],
+        },
+    );
 }
 
 #[test]
@@ -184,7 +199,11 @@ fn outputs_expire_only_after_the_ttl_on_the_entrys_clock() {
     let mut log = Log::new();
     let a = log.register("a:1");
     let job = log.run_job(1, 0, a, JobStatus::Succeeded, HOUR, &[a]);
-    assert!(log.state.outputs_due_to_expire(HOUR, 2 * HOUR - 1).is_empty());
+    assert!(
+        log.state
+            .outputs_due_to_expire(HOUR, 2 * HOUR - 1)
+            .is_empty()
+    );
     let early = log.unchanged_by(
         2 * HOUR - 1,
         Command::ExpireJobOutputs {
@@ -206,7 +225,10 @@ fn outputs_expire_only_after_the_ttl_on_the_entrys_clock() {
     );
     let release = log.state.jobs[&job].release.unwrap();
     assert_eq!(release.reason, ReleaseReason::Expired { ttl_ms: HOUR });
-    assert!(release.to_string().contains("1h after the job ended"), "{release}");
+    assert!(
+        release.to_string().contains("1h after the job ended"),
+        "{release}"
+    );
     assert!(log.state.outputs_due_to_expire(HOUR, 3 * HOUR).is_empty());
     // Expiring an output already let go changes nothing.
     assert_eq!(
@@ -271,21 +293,34 @@ fn pruning_keeps_the_newest_finished_jobs_and_drops_old_ones() {
         log.state.jobs_due_for_history(4, u64::MAX, 8 * HOUR),
         jobs[..2]
     );
-    assert_eq!(log.state.jobs_due_for_history(10, 3 * HOUR, 8 * HOUR), jobs[..5]);
+    assert_eq!(
+        log.state.jobs_due_for_history(10, 3 * HOUR, 8 * HOUR),
+        jobs[..5]
+    );
     let due = log.state.jobs_due_for_history(4, u64::MAX, 8 * HOUR);
     let Outcome::JobsRemoved(summaries) = log.apply(8 * HOUR, Command::PruneJobs { jobs: due })
     else {
         panic!("not pruned");
     };
     assert_eq!(summaries.len(), 2);
-    assert!(summaries.iter().all(|s| s.removal == Removal::Pruned
-        && s.release.unwrap().reason == ReleaseReason::Pruned));
+    assert!(summaries.iter().all(
+        |s| s.removal == Removal::Pruned && s.release.unwrap().reason == ReleaseReason::Pruned
+    ));
     assert_eq!(log.state.jobs.len(), 4);
     assert_eq!(log.state.submissions.len(), 4);
     assert_eq!(log.state.outputs_to_free.len(), 2);
-    assert!(log.state.jobs_due_for_history(4, u64::MAX, 8 * HOUR).is_empty());
+    assert!(
+        log.state
+            .jobs_due_for_history(4, u64::MAX, 8 * HOUR)
+            .is_empty()
+    );
     // Naming a job twice removes it once; naming a gone one is refused.
-    log.unchanged_by(9 * HOUR, Command::PruneJobs { jobs: jobs[..1].to_vec() });
+    log.unchanged_by(
+        9 * HOUR,
+        Command::PruneJobs {
+            jobs: jobs[..1].to_vec(),
+        },
+    );
     let Outcome::JobsRemoved(once) = log.apply(
         9 * HOUR,
         Command::PruneJobs {
@@ -358,5 +393,8 @@ fn oversized_housekeeping_commands_are_refused() {
 fn utc_times_are_civil_dates() {
     assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
     assert_eq!(utc_time(951_782_400_000), "2000-02-29 00:00:00 UTC");
-    assert_eq!(utc_time(1_796_083_200_000 + 3_723_000), "2026-12-01 01:02:03 UTC");
+    assert_eq!(
+        utc_time(1_796_083_200_000 + 3_723_000),
+        "2026-12-01 01:02:03 UTC"
+    );
 }
