@@ -71,15 +71,10 @@ impl FromStr for Span {
         let error = || SpanError {
             input: input.to_owned(),
         };
-        let trimmed = input.trim();
-        let digits_end = trimmed
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(trimmed.len());
-        let (number, unit) = trimmed.split_at(digits_end);
-        let number: u64 = number.parse().map_err(|_| error())?;
+        let (number, unit) = super::bytesize::number_and_unit(input).ok_or_else(error)?;
         let size = UNITS
             .iter()
-            .find(|(name, _)| *name == unit.trim())
+            .find(|(name, _)| *name == unit)
             .map(|(_, size)| *size)
             .ok_or_else(error)?;
         number.checked_mul(size).map(Span::millis).ok_or_else(error)
