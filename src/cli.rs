@@ -275,8 +275,9 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
         println!("job {} succeeded: {} rows", job.id(), output.rows());
         print_stats(&output.stats);
         print!("{}", format_batches(&output.take(10).await?)?);
-        // Nothing reads the result after this process; the cluster need not keep it.
-        output.release().await?;
+        // Held for a later reader (another client, the dashboard) until jobs.result_ttl or
+        // `floe job delete`; this process ends before a release on drop could be sent.
+        output.keep();
     }
     Ok(())
 }
