@@ -110,8 +110,8 @@ pub enum SchedulerRequest {
     AliveNodes,
     /// The fingerprint cache index, for planning a job.
     CacheIndex,
-    /// Summaries of jobs that left the replicated state, newest first, at most `limit`, from
-    /// the history file of the replica asked (any replica answers).
+    /// Summaries of jobs that left the replicated state, newest first, at most `limit` (and
+    /// at most 10,000), from the history file of the replica asked (any replica answers).
     JobHistory {
         limit: u32,
     },

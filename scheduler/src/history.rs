@@ -5,7 +5,8 @@
 //!
 //! Every replica writes its own copy. A replica that installs a snapshot from the leader skips
 //! the entries the snapshot covers, so its file misses the summaries pruned in them; the
-//! other replicas' files still have them.
+//! other replicas' files still have them. A restarted replica applies again the entries after
+//! its last snapshot and appends their summaries again; readers list each job once.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -64,9 +65,9 @@ impl HistoryWriter {
     }
 }
 
-/// The newest `limit` summaries in the history file at `path`, newest first; none when the
-/// file does not exist yet. A line cut short by a crash mid-append is skipped; any other line
-/// that does not decode is an error naming its place.
+/// The newest `limit` summaries in the history file at `path`, newest first, each job once;
+/// none when the file does not exist yet. A line cut short by a crash mid-append is skipped;
+/// any other line that does not decode is an error naming its place.
 pub fn read_newest(path: &Path, limit: usize) -> Result<Vec<JobSummary>> {
     let mut file = match File::open(path) {
         Ok(file) => file,
@@ -78,6 +79,7 @@ pub fn read_newest(path: &Path, limit: usize) -> Result<Vec<JobSummary>> {
     // Bytes from `start` to `end` of the file: whole lines, except maybe the first.
     let mut tail: Vec<u8> = Vec::new();
     let mut newest = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     while newest.len() < limit {
         let start = end.saturating_sub(READ_STEP);
         let mut chunk = vec![0; (end - start) as usize];
@@ -106,7 +108,11 @@ pub fn read_newest(path: &Path, limit: usize) -> Result<Vec<JobSummary>> {
             .enumerate()
         {
             match serde_json::from_slice::<JobSummary>(line) {
-                Ok(summary) => newest.push(summary),
+                Ok(summary) => {
+                    if seen.insert(summary.id) {
+                        newest.push(summary);
+                    }
+                }
                 // Only the file's very last line can be torn by a crash.
                 Err(_)
                     if back == 0
@@ -174,6 +180,14 @@ mod tests {
         let every = read_newest(&path, usize::MAX).unwrap();
         assert_eq!(every.len(), 1000);
         assert!(every.iter().rev().eq(all.iter()));
+        // A restarted replica appending the last batch again: still listed once.
+        writer.append(&all[995..]).unwrap();
+        let ids: Vec<u64> = read_newest(&path, 7)
+            .unwrap()
+            .iter()
+            .map(|s| s.id.get())
+            .collect();
+        assert_eq!(ids, vec![1000, 999, 998, 997, 996, 995, 994]);
     }
 
     #[test]

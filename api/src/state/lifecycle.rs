@@ -266,11 +266,13 @@ impl ClusterState {
         Outcome::Applied
     }
 
-    /// Succeeded jobs whose output has been held for `ttl_ms` after they ended, at `now_ms`.
+    /// Succeeded jobs whose output blocks have been held for `ttl_ms` after they ended, at
+    /// `now_ms` (a job without blocks holds nothing to expire).
     pub fn outputs_due_to_expire(&self, ttl_ms: u64, now_ms: u64) -> Vec<JobId> {
         self.jobs
             .values()
             .filter(|job| job.status == JobStatus::Succeeded && job.release.is_none())
+            .filter(|job| !job.outputs.is_empty())
             .filter(|job| {
                 job.ended_at_ms
                     .is_some_and(|ended| ended.saturating_add(ttl_ms) <= now_ms)

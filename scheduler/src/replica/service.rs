@@ -20,6 +20,9 @@ use floe_api::scheduler_protocol::{
 };
 use floe_api::state::{Command, JobRecord, JobStatus};
 
+/// Most history entries one `JobHistory` answer carries, so it fits a frame.
+const MAX_HISTORY_PAGE: u32 = 10_000;
+
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
 
@@ -149,7 +152,7 @@ impl Handler<SchedulerProtocol> for Service {
                 let Some(path) = self.history.clone() else {
                     return Ok(SchedulerResponse::History(Vec::new()));
                 };
-                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                let limit = usize::try_from(limit.min(MAX_HISTORY_PAGE)).unwrap_or(usize::MAX);
                 let read =
                     tokio::task::spawn_blocking(move || crate::history::read_newest(&path, limit))
                         .await
