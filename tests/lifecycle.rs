@@ -2,7 +2,8 @@
 //! releases it, when `jobs.result_ttl` passes and when the job is deleted (CLI and REST), and
 //! reading it afterwards names the reason; finished jobs past `jobs.keep_finished` leave the
 //! replicated state for the history that `floe jobs --all` lists; a dead node is forgotten
-//! after `nodes.forget_dead_after`.
+//! after `nodes.forget_dead_after`; a node frees what was made for a job on `FreeJob`, as a
+//! later attempt asks when an earlier one's driver died.
 
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
@@ -10,10 +11,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
 use floe_client::{Client, Dataset, Error, JobHandle, JobOutput, col, lit};
-use floe_core::JobId;
 use floe_core::config::ByteSize;
 use floe_core::job::{CacheMode, JobOptions};
+use floe_core::{JobId, TaskId};
 use floe_testkit::cluster::{TestCluster, TestClusterConfig, fast_timing};
 use floe_testkit::process::floe_command;
 
@@ -247,8 +249,12 @@ async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are
     assert_eq!(ids, expected, "{listed}");
     assert_eq!(listed.matches("(history)").count(), 4, "{listed}");
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
-    let all = floe_testkit::http::get(&http, "/api/jobs?all=true").json();
-    assert_eq!(all["total"], 9, "{all}");
+    // The HTTP API answers from the replica's applied state, published every 250 ms.
+    let all =
+        floe_testkit::http::wait_for("all nine jobs over REST", Duration::from_secs(10), || {
+            let all = floe_testkit::http::get(&http, "/api/jobs?all=true").json();
+            (all["total"] == 9).then_some(all)
+        });
     assert_eq!(all["jobs"][8]["removed"], "pruned", "{all}");
 
     // A dead node leaves the state once it has been dead for nodes.forget_dead_after.
@@ -272,4 +278,47 @@ async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are
         "node {dead} was forgotten before it was seen dead"
     );
     assert_eq!(cluster.state().await.nodes.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
+    let cluster = start(1, &[]).await;
+    let addr = cluster.node(0).addr().to_owned();
+    let wire = cluster.wire();
+    let mut made = Vec::new();
+    for (task, job) in [(1u128, 1u64), (2, 1), (3, 2)] {
+        let spec = TaskSpec {
+            task: TaskId::new(task),
+            job: JobId::new(job),
+            kind: TaskKind::Test(TestTask::Fill {
+                bytes: 1 << 20,
+                seed: 1,
+            }),
+            inputs: Vec::new(),
+        };
+        match floe_testkit::node::call(&addr, &wire, &NodeRequest::RunTask(spec)).await {
+            NodeResponse::Task(Ok(outputs)) => made.push(outputs[0].object),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let objects = || async {
+        let store = cluster.node_status(0).await.store;
+        store.objects_in_memory + store.spilled_objects + store.fallback_objects
+    };
+    assert_eq!(objects().await, 3);
+    let free = |job: u64, keep: Vec<floe_core::ObjectId>| NodeRequest::FreeJob {
+        job: JobId::new(job),
+        keep,
+    };
+    // Job 1's second object is kept (a later attempt's own output); its first goes.
+    let answer = floe_testkit::node::call(&addr, &wire, &free(1, vec![made[1]])).await;
+    assert_eq!(answer, NodeResponse::Freed);
+    assert_eq!(objects().await, 2);
+    let meta = floe_testkit::node::connect(&addr, &wire)
+        .await
+        .call(&NodeRequest::ObjectMeta { object: made[0] })
+        .await;
+    assert!(meta.is_err(), "job 1's first object is still there");
+    floe_testkit::node::call(&addr, &wire, &free(2, Vec::new())).await;
+    assert_eq!(objects().await, 1);
 }

@@ -129,6 +129,7 @@ async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Re
     let puller = bench.add_node(1, &memory).await?;
     let spec = TaskSpec {
         task: TaskId::new(1),
+        job: floe_core::JobId::new(1),
         kind: TaskKind::Test(TestTask::Fill {
             bytes: size,
             seed: 1,
@@ -232,6 +233,7 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
                     let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
                     let spec = TaskSpec {
                         task: TaskId::new(id),
+                        job: floe_core::JobId::new(1),
                         kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
                         inputs: Vec::new(),
                     };

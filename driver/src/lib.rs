@@ -20,6 +20,7 @@ mod plan;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_api::node_protocol::NodeRequest;
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
 use floe_core::job::{JobSpec, JobStats};
 use floe_core::wire::WireConfig;
@@ -85,6 +86,9 @@ pub async fn drive<C: ClusterAccess>(
         return Ok(());
     }
     tracing::info!(%job, attempt, node = %config.node, "driver started");
+    if attempt > 1 {
+        free_earlier_attempts(cluster.as_ref(), job).await;
+    }
     let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
         Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec).await?,
@@ -144,6 +148,28 @@ async fn plan_and_run<C: ClusterAccess>(
                     fingerprint: fingerprint.to_string(),
                 })
                 .await?;
+        }
+    }
+}
+
+/// Frees what earlier attempts of `job` left on the alive nodes: their driver died with its
+/// node, and nobody else knows their blocks. This attempt has made nothing yet, so nothing is
+/// kept; a node that does not answer is logged and left (its blocks stay until it restarts).
+async fn free_earlier_attempts<C: ClusterAccess>(cluster: &C, job: JobId) {
+    let nodes = match cluster.read_nodes().await {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            tracing::warn!(%job, %error, "cannot list the nodes to free earlier attempts' blocks");
+            return;
+        }
+    };
+    let request = NodeRequest::FreeJob {
+        job,
+        keep: Vec::new(),
+    };
+    for node in nodes {
+        if let Err(error) = cluster.call_node(&node.rpc, &request).await {
+            tracing::warn!(%job, node = %node.id, %error, "cannot free earlier attempts' blocks");
         }
     }
 }

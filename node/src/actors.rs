@@ -759,6 +759,7 @@ mod tests {
             partition: 0,
             task: TaskSpec {
                 task: TaskId::new(1),
+                job: floe_core::JobId::new(1),
                 kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
                 inputs: Vec::new(),
             },

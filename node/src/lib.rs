@@ -144,6 +144,9 @@ struct Shared {
     allowed: AllowedPaths,
     transfers: Transfers,
     actors: ActorHost,
+    /// The job each task output and loaded cache shard here was made for, until it is freed,
+    /// so a job's leftovers can be freed without knowing their ids (`FreeJob`).
+    made_for: Mutex<BTreeMap<ObjectId, JobId>>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
 }
@@ -177,7 +180,9 @@ impl Shared {
     /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
     /// will learn of. One a running task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
+            made_for.remove(object);
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
@@ -212,6 +217,7 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
+        let job = spec.job;
         let mut leases = match &spec.kind {
             TaskKind::Stage(stage) => {
                 check_paths(&self.allowed, stage)?;
@@ -290,7 +296,32 @@ impl Shared {
                 rows: output.rows,
             });
         }
+        self.made(job, refs.iter().map(|output| output.object));
         Ok(refs)
+    }
+
+    /// Records that `objects` were made for `job`.
+    fn made(&self, job: JobId, objects: impl IntoIterator<Item = ObjectId>) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        for object in objects {
+            made_for.insert(object, job);
+        }
+    }
+
+    /// Deletes every object made for `job` except `keep`.
+    fn free_job(&self, job: JobId, keep: &[ObjectId]) {
+        let leftovers: Vec<ObjectId> = self
+            .made_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(object, owner)| **owner == job && !keep.contains(object))
+            .map(|(object, _)| *object)
+            .collect();
+        if !leftovers.is_empty() {
+            tracing::info!(%job, objects = leftovers.len(), "freeing what earlier attempts of the job left");
+        }
+        self.delete_local(&leftovers);
     }
 
     /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
@@ -377,6 +408,7 @@ impl Shared {
                 &opened.block.batches,
             )?;
         }
+        self.made(load.job, [load.object]);
         let view = self.store.get(load.object)?;
         let size = view.len() as u64;
         Ok(Some(OutputRef {
@@ -495,7 +527,19 @@ impl Handler<NodeProtocol> for Service {
                 .await
                 .map(|pulled| NodeResponse::Pulled(pulled.output))
                 .map_err(remote),
+            NodeRequest::FreeJob { job, keep } => {
+                shared.free_job(job, &keep);
+                Ok(NodeResponse::Freed)
+            }
             NodeRequest::Free { objects } => {
+                let mut made_for = shared
+                    .made_for
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for object in &objects {
+                    made_for.remove(object);
+                }
+                drop(made_for);
                 for object in objects {
                     match shared.store.delete(object) {
                         Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
@@ -606,6 +650,7 @@ impl NodeAgent {
             pool: Arc::clone(&pool),
             processes: Arc::clone(&processes),
             allowed: config.data.allowed(),
+            made_for: Mutex::new(BTreeMap::new()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
         });

@@ -113,6 +113,8 @@ pub(crate) struct CreatedActor {
 
 struct StoredBlock {
     node: NodeId,
+    /// The job it was made for.
+    job: JobId,
     batch: RecordBatch,
     bytes: u64,
 }
@@ -187,12 +189,25 @@ impl Inner {
             .is_some_and(|node| node.is_alive())
     }
 
-    fn store(&mut self, object: ObjectId, node: NodeId, batch: RecordBatch) -> OutputRef {
+    fn store(
+        &mut self,
+        object: ObjectId,
+        node: NodeId,
+        job: JobId,
+        batch: RecordBatch,
+    ) -> OutputRef {
         let bytes = data_bytes(&batch);
         let rows = batch.num_rows() as u64;
         self.discard(object);
-        self.blocks
-            .insert(object, StoredBlock { node, batch, bytes });
+        self.blocks.insert(
+            object,
+            StoredBlock {
+                node,
+                job,
+                batch,
+                bytes,
+            },
+        );
         self.stored_bytes += bytes;
         self.max_stored_bytes = self.max_stored_bytes.max(self.stored_bytes);
         OutputRef {
@@ -345,6 +360,22 @@ impl FakeCluster {
         inner.history.commands.clear();
     }
 
+    /// Puts a block made for `job` on `node`, as an earlier attempt's task would have.
+    pub(crate) fn store_block(&self, job: JobId, node: NodeId, object: ObjectId) {
+        let batch = RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+        self.lock().store(object, node, job, batch);
+    }
+
+    /// Starts attempt 2 of `job`, whose first driver ran on `first`: that node dies (taking its
+    /// blocks), and the next driver starts on `driver`.
+    pub(crate) fn restart_driver(&self, job: JobId, first: NodeId, driver: NodeId) {
+        self.kill_node(first);
+        let outcome = self
+            .lock()
+            .commit(Command::StartDriver { job, node: driver });
+        assert_eq!(outcome, Outcome::Applied);
+    }
+
     /// What the driver asked the scheduler.
     pub(crate) fn scheduler_reads(&self) -> SchedulerReads {
         self.lock().history.reads
@@ -460,6 +491,22 @@ impl FakeCluster {
                         inner.discard(*object);
                         inner.history.freed.push(*object);
                     }
+                }
+                NodeResponse::Freed
+            }
+            NodeRequest::FreeJob { job, keep } => {
+                let mut inner = self.lock();
+                let leftovers: Vec<ObjectId> = inner
+                    .blocks
+                    .iter()
+                    .filter(|(object, block)| {
+                        block.node == node && block.job == *job && !keep.contains(object)
+                    })
+                    .map(|(object, _)| *object)
+                    .collect();
+                for object in leftovers {
+                    inner.discard(object);
+                    inner.history.freed.push(object);
                 }
                 NodeResponse::Freed
             }
@@ -592,7 +639,7 @@ impl FakeCluster {
         let Some(shard) = inner.shards.get(&key).cloned() else {
             return NodeResponse::CacheLoaded(None);
         };
-        NodeResponse::CacheLoaded(Some(inner.store(load.object, node, shard)))
+        NodeResponse::CacheLoaded(Some(inner.store(load.object, node, load.job, shard)))
     }
 
     async fn call_actor(
@@ -726,7 +773,9 @@ impl FakeCluster {
             result.map(|batches| {
                 (0u32..)
                     .zip(batches)
-                    .map(|(index, batch)| inner.store(output_id(spec.task, index), node, batch))
+                    .map(|(index, batch)| {
+                        inner.store(output_id(spec.task, index), node, spec.job, batch)
+                    })
                     .collect()
             })
         };

@@ -382,8 +382,10 @@ fn operator_names(job: &JobRecord, progress: Option<&JobProgress>) -> Vec<String
     }
 }
 
+/// The rows of the output the job holds; none once it was released.
 fn output_rows(job: &JobRecord) -> Option<u64> {
-    (job.status == JobStatus::Succeeded).then(|| job.outputs.iter().map(|b| b.rows).sum())
+    (job.status == JobStatus::Succeeded && job.release.is_none())
+        .then(|| job.outputs.iter().map(|b| b.rows).sum())
 }
 
 fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
