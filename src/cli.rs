@@ -1,5 +1,5 @@
-//! The client subcommands: `floe status`, `floe nodes`, `floe jobs`, `floe job ID`,
-//! `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
+//! The client subcommands: `floe status`, `floe nodes`, `floe jobs [--all]`, `floe job ID`,
+//! `floe job delete ID`, `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
 //! `--wait` share.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use clap::Args;
+use clap::{Args, Subcommand};
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
 use floe_core::plan::UdfCodePolicy;
@@ -39,6 +39,39 @@ pub struct JobArgs {
     pub job: JobId,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Also list the jobs that left the scheduler's state (deleted, or past
+    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from a replica's history.
+    #[arg(long)]
+    pub all: bool,
+    /// With --all: how many history entries to list at most.
+    #[arg(long, requires = "all", default_value_t = 1000)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// `floe job ID`, or `floe job delete ID`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct JobCommandArgs {
+    /// The job's id (as `floe jobs` lists it).
+    #[arg(required = true)]
+    pub job: Option<JobId>,
+    #[command(subcommand)]
+    pub action: Option<JobAction>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobAction {
+    /// Delete an ended job: its result blocks are freed at once and it leaves the job list
+    /// (`floe jobs --all` still shows its summary).
+    Delete(JobArgs),
 }
 
 #[derive(Debug, Args)]
@@ -135,36 +168,70 @@ pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()>
     Ok(())
 }
 
-pub async fn jobs(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
-    let client = cluster.connect(config).await?;
+pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
+    let client = args.cluster.connect(config).await?;
     println!(
         "{:<6} {:<10} {:>8} {:>10} {:>8}",
         "JOB", "STATE", "ATTEMPTS", "WALL_MS", "TASKS"
     );
-    for job in client.jobs().await? {
-        let (wall, tasks) = job
-            .stats
-            .as_ref()
-            .map_or((String::new(), String::new()), |s| {
-                (s.wall_ms.to_string(), s.compute_tasks().to_string())
-            });
+    let row = |id: JobId, state: &str, attempts: u32, stats: Option<&JobStats>, note: &str| {
+        let (wall, tasks) = stats.map_or((String::new(), String::new()), |s| {
+            (s.wall_ms.to_string(), s.compute_tasks().to_string())
+        });
         println!(
-            "{:<6} {:<10} {:>8} {:>10} {:>8}",
-            job.id.to_string(),
-            job.state.name(),
-            job.attempts,
+            "{:<6} {:<10} {:>8} {:>10} {:>8}{note}",
+            id.to_string(),
+            state,
+            attempts,
             wall,
             tasks
+        );
+    };
+    let live = client.jobs().await?;
+    // Oldest first, as the live jobs are: the history's (older) jobs come before them.
+    if args.all {
+        for job in client.job_history(args.limit).await?.iter().rev() {
+            // A job removed after the live list was read can show in both.
+            if live.iter().any(|live| live.id == job.id) {
+                continue;
+            }
+            let note = match job.removal {
+                floe_api::state::Removal::Deleted => "  (deleted)",
+                floe_api::state::Removal::Pruned => "  (history)",
+            };
+            row(
+                job.id,
+                job.status.name(),
+                job.attempts,
+                job.stats.as_ref(),
+                note,
+            );
+        }
+    }
+    for job in &live {
+        row(
+            job.id,
+            job.state.name(),
+            job.attempts,
+            job.stats.as_ref(),
+            "",
         );
     }
     Ok(())
 }
 
-pub async fn job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
+pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
     let client = args.cluster.connect(config).await?;
-    let handle = client.job(args.job);
+    client.job(args.job).delete().await?;
+    println!("job {}: deleted; its result is being freed", args.job);
+    Ok(())
+}
+
+pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    let handle = client.job(job);
     let state = handle.state().await?;
-    println!("job {}: {}", args.job, state.name());
+    println!("job {job}: {}", state.name());
     if let JobState::Failed { message } = &state {
         println!("error: {message}");
     }
@@ -215,6 +282,9 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
         println!("job {} succeeded: {} rows", job.id(), output.rows());
         print_stats(&output.stats);
         print!("{}", format_batches(&output.take(10).await?)?);
+        // Held for a later reader (another client, the dashboard) until jobs.result_ttl or
+        // `floe job delete`; this process ends before a release on drop could be sent.
+        output.keep();
     }
     Ok(())
 }

@@ -97,6 +97,7 @@ async fn run(
 ) -> Result<Vec<OutputRef>, TaskFailure> {
     let spec = TaskSpec {
         task: TaskId::new(task),
+        job: floe_core::JobId::new(1),
         kind,
         inputs,
     };
@@ -622,6 +623,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     tokio::spawn(async move {
         let spec = TaskSpec {
             task: TaskId::new(9),
+            job: floe_core::JobId::new(1),
             kind: TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
             inputs: Vec::new(),
         };

@@ -53,6 +53,7 @@ fn start_node(dir: &Path, name: &str, schedulers: &LocalSchedulers) -> LocalNode
 async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
     let spec = TaskSpec {
         task: TaskId::new(task),
+        job: floe_core::JobId::new(1),
         kind: TaskKind::Test(TestTask::Fill { bytes, seed: 1 }),
         inputs: Vec::new(),
     };

@@ -151,6 +151,10 @@ pub fn authorize_scheduler(
         SchedulerRequest::AllProgress => reader(principal, "reading progress"),
         SchedulerRequest::WatchJob { .. } => reader(principal, "watching a job"),
         SchedulerRequest::WatchDeaths { .. } => reader(principal, "watching node deaths"),
+        SchedulerRequest::AliveNodes => reader(principal, "listing the alive nodes"),
+        SchedulerRequest::JobHistory { .. } => reader(principal, "reading the job history"),
+        SchedulerRequest::ActorNode { .. } => a_node(principal, "looking up an actor's node"),
+        SchedulerRequest::CacheIndex => a_node(principal, "reading the cache index"),
     }
 }
 
@@ -207,6 +211,17 @@ pub fn authorize_command(
                 "ForgetCacheShard may only come from a node, not {other}"
             )),
         },
+        Command::ReleaseJobOutput { .. } => {
+            client_with(principal, Scope::Submit, "releasing a job's result")
+        }
+        Command::DeleteJob { .. } => client_with(principal, Scope::Submit, "deleting a job"),
+        Command::ExpireJobOutputs { .. }
+        | Command::OutputsFreed { .. }
+        | Command::PruneJobs { .. }
+        | Command::ForgetNodes { .. } => forbid(
+            "ExpireJobOutputs, OutputsFreed, PruneJobs and ForgetNodes cannot be proposed; only \
+             the leader's housekeeping makes them",
+        ),
         Command::EvictCache { .. } => match principal {
             Principal::Node(node) if drives_a_job(state, *node) => Ok(()),
             Principal::Node(node) => forbid(format!(
@@ -239,7 +254,8 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         | NodeRequest::CreateActor(_)
         | NodeRequest::CallActor { .. }
         | NodeRequest::StopActor { .. }
-        | NodeRequest::RemoveCacheShards { .. } => forbid(format!(
+        | NodeRequest::RemoveCacheShards { .. }
+        | NodeRequest::FreeJob { .. } => forbid(format!(
             "only cluster members may send this request to a node, not {principal}"
         )),
     }
@@ -259,13 +275,22 @@ pub const RIGHTS: &[(&str, &str)] = &[
     ),
     ("Status", "members, nodes, replicas, read"),
     (
-        "ReadState, NodeReports, JobProgress, AllProgress, WatchJob, WatchDeaths",
+        "ReadState, NodeReports, JobProgress, AllProgress, WatchJob, WatchDeaths, AliveNodes, \
+         JobHistory",
         "nodes, replicas, read",
     ),
+    ("ActorNode, CacheIndex", "registered nodes"),
     ("Propose(RegisterNode)", "nobody (use the request)"),
     ("Propose(StartDriver)", "nobody (the leader itself)"),
     ("Propose(MarkNodeDead)", "the node itself (leaving)"),
-    ("Propose(SubmitJob), Propose(CancelJob)", "submit"),
+    (
+        "Propose(SubmitJob), Propose(CancelJob), Propose(ReleaseJobOutput), Propose(DeleteJob)",
+        "submit",
+    ),
+    (
+        "Propose(ExpireJobOutputs), Propose(OutputsFreed), Propose(PruneJobs), Propose(ForgetNodes)",
+        "nobody (the leader's housekeeping)",
+    ),
     (
         "Propose(FinishJob), Propose(RegisterActor), Propose(RemoveActor)",
         "the node driving the job",

@@ -14,15 +14,16 @@ use floe_core::WireError;
 use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, within};
-use floe_core::{JobId, NodeId, SubmissionId};
+use floe_core::{ActorId, JobId, NodeId, SubmissionId};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::scheduler_protocol::{
-    NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
+    NodeReport, NodeSummary, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
 use crate::state::{
-    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
+    Outcome, Resources,
 };
 use crate::{Error, Result};
 
@@ -69,7 +70,11 @@ fn held_for(request: &SchedulerRequest) -> Option<Duration> {
         | SchedulerRequest::ReportProgress { .. }
         | SchedulerRequest::JobProgress { .. }
         | SchedulerRequest::AllProgress
-        | SchedulerRequest::Status => Some(Duration::ZERO),
+        | SchedulerRequest::Status
+        | SchedulerRequest::ActorNode { .. }
+        | SchedulerRequest::AliveNodes
+        | SchedulerRequest::CacheIndex
+        | SchedulerRequest::JobHistory { .. } => Some(Duration::ZERO),
     }
 }
 
@@ -380,6 +385,38 @@ impl SchedulerClient {
             .await?
         {
             SchedulerResponse::Deaths(deaths) => Ok(deaths),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The node hosting `actor`, if the scheduler knows the actor.
+    pub async fn actor_node(&mut self, actor: ActorId) -> Result<Option<NodeSummary>> {
+        match self.call(&SchedulerRequest::ActorNode { actor }).await? {
+            SchedulerResponse::ActorNode(node) => Ok(node),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The alive nodes, and the log index they are as of (for [`Self::watch_deaths`]).
+    pub async fn alive_nodes(&mut self) -> Result<(u64, Vec<NodeSummary>)> {
+        match self.call(&SchedulerRequest::AliveNodes).await? {
+            SchedulerResponse::AliveNodes { as_of, nodes } => Ok((as_of, nodes)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The fingerprint cache index.
+    pub async fn cache_index(&mut self) -> Result<CacheIndex> {
+        match self.call(&SchedulerRequest::CacheIndex).await? {
+            SchedulerResponse::CacheIndex(index) => Ok(index),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `limit` summaries of jobs that left the state, newest first.
+    pub async fn job_history(&mut self, limit: u32) -> Result<Vec<JobSummary>> {
+        match self.call(&SchedulerRequest::JobHistory { limit }).await? {
+            SchedulerResponse::History(summaries) => Ok(summaries),
             other => Err(unexpected(other)),
         }
     }

@@ -105,6 +105,8 @@ pub struct InputRef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskSpec {
     pub task: TaskId,
+    /// The job it works for: its outputs are the job's until freed, and `FreeJob` frees them.
+    pub job: JobId,
     pub kind: TaskKind,
     pub inputs: Vec<InputRef>,
 }
@@ -300,6 +302,8 @@ pub struct ShardWrite {
 /// A cache shard loaded into this node's store as one block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardLoad {
+    /// The job the loaded block belongs to (see [`TaskSpec::job`]).
+    pub job: JobId,
     pub fingerprint: Fingerprint,
     pub rank: u32,
     pub count: u32,
@@ -363,6 +367,12 @@ pub enum NodeRequest {
     /// removes their files; all of them, or the least recently used beyond `keep_bytes`.
     CleanCache {
         keep_bytes: Option<u64>,
+    },
+    /// Deletes every local object made for `job` (task outputs, loaded cache shards) except
+    /// `keep`: what earlier driver attempts left when their node died.
+    FreeJob {
+        job: JobId,
+        keep: Vec<ObjectId>,
     },
 }
 

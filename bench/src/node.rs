@@ -127,6 +127,7 @@ fn range_task(task: TaskId, rows: u64) -> anyhow::Result<TaskSpec> {
     let bytes = rows.saturating_mul(8).max(1);
     Ok(TaskSpec {
         task,
+        job: floe_core::JobId::new(1),
         kind: TaskKind::Stage(Box::new(StageTask {
             stage,
             input: StageInput::Range {

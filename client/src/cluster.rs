@@ -4,7 +4,11 @@
 //! to the Raft leader and follow it across failovers. [`Client::submit`] commits a job and
 //! returns a [`JobHandle`]: its status, progress, stats and error, [`JobHandle::wait`] and
 //! [`JobHandle::cancel`]. A finished job's [`JobOutput`] streams its result blocks in order,
-//! straight from the nodes that hold them, each checked against the holder's checksum.
+//! straight from the nodes that hold them, each checked against the holder's checksum. The
+//! blocks stay in the cluster until the client lets them go: dropping the last copy of a
+//! `JobOutput` (and of its readers) releases them, [`JobOutput::keep`] leaves them held until
+//! `jobs.result_ttl` passes or [`JobHandle::release_output`] / [`JobHandle::delete`] is
+//! called.
 //! [`ClusterExecutor`] plugs a client into [`Dataset`]'s consuming calls (`count`, `take`,
 //! `iter_batches`), and [`LocalCluster`] starts a real scheduler and real nodes on loopback.
 //!
@@ -25,13 +29,14 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow::ipc::reader::FileReader;
 use arrow::record_batch::RecordBatch;
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
-use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, JobSummary, Outcome};
 use floe_core::auth::ClientToken;
 use floe_core::config::Config;
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
@@ -163,6 +168,8 @@ struct Inner {
     replicas: Vec<String>,
     wire: WireConfig,
     scheduler: Mutex<SchedulerClient>,
+    /// The runtime the client was connected on, where a dropped output's release is sent.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Inner {
@@ -177,6 +184,27 @@ impl Inner {
             .watch_job(job, Duration::ZERO)
             .await?
             .ok_or(Error::UnknownJob(job))
+    }
+
+    /// Commits `command` about `job`; a rejection is [`Error::Refused`] with its reason.
+    async fn propose_for(&self, job: JobId, command: Command) -> Result<Outcome> {
+        match self.scheduler.lock().await.propose(command).await? {
+            Outcome::Rejected(reason) => Err(Error::Refused { job, reason }),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// Why `job`'s result blocks can no longer be read, when the job let them go.
+    async fn why_released(&self, job: JobId) -> Option<Error> {
+        let reason = match self.job(job).await {
+            Ok(record) => record.release?.to_string(),
+            Err(Error::UnknownJob(_)) => "the job was deleted, or moved to the history \
+                                          (jobs.keep_finished / jobs.keep_for), and its output \
+                                          freed"
+                .to_owned(),
+            Err(_) => return None,
+        };
+        Some(Error::ResultReleased { job, reason })
     }
 }
 
@@ -198,8 +226,9 @@ impl Client {
         let wire = WireConfig::client(&config);
         let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone())?
             .with_attempt_timeout(ATTEMPT_TIMEOUT);
+        // A small question the leader answers, proving the address and the token.
         scheduler
-            .read_state()
+            .alive_nodes()
             .await
             .map_err(|error| Error::Connect {
                 replicas: replicas.join(","),
@@ -210,6 +239,7 @@ impl Client {
                 replicas,
                 wire,
                 scheduler: Mutex::new(scheduler),
+                runtime: tokio::runtime::Handle::current(),
             }),
         })
     }
@@ -265,7 +295,14 @@ impl Client {
             .collect())
     }
 
-    /// Every node that ever registered, alive or dead.
+    /// Up to `limit` jobs that left the scheduler's state (deleted, or past
+    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from one replica's history.
+    pub async fn job_history(&self, limit: u32) -> Result<Vec<JobSummary>> {
+        Ok(self.inner.scheduler.lock().await.job_history(limit).await?)
+    }
+
+    /// Every node the scheduler remembers, alive or dead (dead ones are forgotten after
+    /// `nodes.forget_dead_after`).
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         Ok(nodes_of(&self.inner.state().await?))
     }
@@ -364,6 +401,24 @@ impl JobHandle {
         }
     }
 
+    /// Lets the cluster free the job's result blocks now (what dropping its [`JobOutput`]
+    /// does in the background).
+    pub async fn release_output(&self) -> Result<()> {
+        self.inner
+            .propose_for(self.id, Command::ReleaseJobOutput { job: self.id })
+            .await
+            .map(drop)
+    }
+
+    /// Deletes the ended job: its result blocks are freed and it leaves the job list (its
+    /// summary stays in the history).
+    pub async fn delete(&self) -> Result<()> {
+        self.inner
+            .propose_for(self.id, Command::DeleteJob { job: self.id })
+            .await
+            .map(drop)
+    }
+
     /// Waits for the job to end; its output when it succeeded.
     pub async fn wait(&self) -> Result<JobOutput> {
         self.wait_with_progress(|_| {}).await
@@ -431,10 +486,21 @@ impl JobHandle {
             };
             match record.status {
                 JobStatus::Succeeded => {
+                    if let Some(release) = record.release {
+                        return Err(Error::ResultReleased {
+                            job: self.id,
+                            reason: release.to_string(),
+                        });
+                    }
                     return Ok(JobOutput {
                         inner: Arc::clone(&self.inner),
                         job: self.id,
                         stats: record.stats.unwrap_or_default(),
+                        lease: Arc::new(OutputLease {
+                            inner: Arc::clone(&self.inner),
+                            job: self.id,
+                            held: AtomicBool::new(!record.outputs.is_empty()),
+                        }),
                         blocks: record.outputs,
                     });
                 }
@@ -476,16 +542,65 @@ pub enum WaitEvent<'a> {
 }
 
 /// A finished job's output: its stats and its result blocks, which stay in the nodes' object
-/// stores (and, by default, in the fingerprint cache).
+/// stores until released. Dropping the last copy of it (and of every [`BlockReader`] streamed
+/// from it) releases them in the background; [`JobOutput::release`] does so now and
+/// [`JobOutput::keep`] not at all (the cluster frees them after `jobs.result_ttl`).
 #[derive(Clone)]
 pub struct JobOutput {
     inner: Arc<Inner>,
     pub job: JobId,
     pub stats: JobStats,
     pub blocks: Vec<OutputBlock>,
+    lease: Arc<OutputLease>,
+}
+
+/// The client's hold on a job's output blocks, shared by the output and its readers.
+struct OutputLease {
+    inner: Arc<Inner>,
+    job: JobId,
+    /// Whether dropping the lease still releases the blocks.
+    held: AtomicBool,
+}
+
+impl Drop for OutputLease {
+    fn drop(&mut self) {
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        let job = self.job;
+        // A lost release (the program exits first) is caught by `jobs.result_ttl`.
+        self.inner.runtime.spawn(async move {
+            if let Err(error) = inner
+                .propose_for(job, Command::ReleaseJobOutput { job })
+                .await
+            {
+                tracing::debug!(%job, %error, "releasing the job's output failed");
+            }
+        });
+    }
 }
 
 impl JobOutput {
+    /// Releases the result blocks now: the cluster frees them, and later reads fail with
+    /// [`Error::ResultReleased`].
+    pub async fn release(self) -> Result<()> {
+        if !self.lease.held.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner
+            .propose_for(self.job, Command::ReleaseJobOutput { job: self.job })
+            .await
+            .map(drop)
+    }
+
+    /// Keeps the result blocks held after this output is dropped, for whoever reads the job
+    /// later (`floe job ID`, another process); the cluster frees them after `jobs.result_ttl`
+    /// unless released or deleted sooner.
+    pub fn keep(&self) {
+        self.lease.held.store(false, Ordering::Release);
+    }
+
     /// Rows in the output, from the blocks' metadata (nothing is fetched).
     pub fn rows(&self) -> u64 {
         self.blocks.iter().map(|block| block.rows).sum()
@@ -495,6 +610,7 @@ impl JobOutput {
     pub fn stream(&self) -> BlockReader {
         BlockReader {
             inner: Arc::clone(&self.inner),
+            lease: Arc::clone(&self.lease),
             blocks: self.blocks.clone(),
             next: 0,
             addresses: BTreeMap::new(),
@@ -533,6 +649,8 @@ impl JobOutput {
 /// Reads a job's result blocks in order from the nodes that hold them.
 pub struct BlockReader {
     inner: Arc<Inner>,
+    /// Keeps the blocks held while they are read.
+    lease: Arc<OutputLease>,
     blocks: Vec<OutputBlock>,
     next: usize,
     addresses: BTreeMap<NodeId, String>,
@@ -558,13 +676,19 @@ impl BlockReader {
     }
 
     async fn fetch(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
+        let fetched = self.fetch_from_holder(block).await;
+        if matches!(fetched, Err(Error::BlockLost { .. }))
+            && let Some(released) = self.inner.why_released(self.lease.job).await
+        {
+            return Err(released);
+        }
+        fetched
+    }
+
+    async fn fetch_from_holder(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
         if !self.addresses.contains_key(&block.node) {
-            let state = self.inner.state().await?;
-            self.addresses = state
-                .nodes
-                .values()
-                .map(|node| (node.id, node.addresses.rpc.clone()))
-                .collect();
+            let (_, nodes) = self.inner.scheduler.lock().await.alive_nodes().await?;
+            self.addresses = nodes.into_iter().map(|node| (node.id, node.rpc)).collect();
         }
         let addr = self
             .addresses

@@ -95,7 +95,10 @@ pub enum Error {
     Scheduler(#[from] floe_api::Error),
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
-    #[error("there is no job {0} on this cluster; `floe jobs` lists them")]
+    #[error(
+        "there is no job {0} in the scheduler's state: it never existed, or it was deleted or \
+         moved to the history (`floe jobs --all` lists those)"
+    )]
     UnknownJob(floe_core::JobId),
     #[error("job {job} failed: {message}")]
     JobFailed {
@@ -123,6 +126,19 @@ pub enum Error {
     BlockLost {
         object: floe_core::ObjectId,
         node: floe_core::NodeId,
+        reason: String,
+    },
+    #[error(
+        "job {job}'s result is no longer held: {reason}; run the job again (cached stages are \
+         reused)"
+    )]
+    ResultReleased {
+        job: floe_core::JobId,
+        reason: String,
+    },
+    #[error("job {job}: {reason}")]
+    Refused {
+        job: floe_core::JobId,
         reason: String,
     },
     #[error(

@@ -20,6 +20,7 @@ mod plan;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_api::node_protocol::NodeRequest;
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
 use floe_core::job::{CacheMode, JobSpec, JobStats};
 use floe_core::wire::WireConfig;
@@ -79,16 +80,18 @@ pub async fn drive<C: ClusterAccess>(
     attempt: u32,
 ) -> Result<()> {
     let started = Instant::now();
-    let state = cluster.read_state().await?;
-    let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
+    let record = cluster.read_job(job).await?.ok_or(Error::UnknownJob(job))?;
     if record.status != JobStatus::Running || record.attempts != attempt {
         // Ended meanwhile, or superseded by a later attempt: nothing to run.
         return Ok(());
     }
     tracing::info!(%job, attempt, node = %config.node, "driver started");
+    if attempt > 1 {
+        free_earlier_attempts(cluster.as_ref(), job).await;
+    }
     let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
-        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec, state).await?,
+        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec).await?,
     };
     outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
@@ -123,13 +126,12 @@ async fn plan_and_run<C: ClusterAccess>(
     job: JobId,
     attempt: u32,
     spec: &JobSpec,
-    state: floe_api::state::ClusterState,
 ) -> Result<JobOutcome> {
-    let mut state = state;
     let mut plans = 0;
     loop {
         plans += 1;
-        let operators = match plan::plan(spec, &state, config) {
+        let cache = cluster.cache_index().await?;
+        let operators = match plan::plan(spec, &cache, config) {
             Ok(operators) => operators,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
@@ -152,7 +154,28 @@ async fn plan_and_run<C: ClusterAccess>(
             tracing::warn!(%job, fingerprint = %stale.fingerprint, rank = stale.rank, count = stale.count, node = %stale.node, "a cached shard is gone; planning again without it");
             cluster.propose(stale.forget()).await?;
         }
-        state = cluster.read_state().await?;
+    }
+}
+
+/// Frees what earlier attempts of `job` left on the alive nodes: their driver died with its
+/// node, and nobody else knows their blocks. This attempt has made nothing yet, so nothing is
+/// kept; a node that does not answer is logged and left (its blocks stay until it restarts).
+async fn free_earlier_attempts<C: ClusterAccess>(cluster: &C, job: JobId) {
+    let nodes = match cluster.read_nodes().await {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            tracing::warn!(%job, %error, "cannot list the nodes to free earlier attempts' blocks");
+            return;
+        }
+    };
+    let request = NodeRequest::FreeJob {
+        job,
+        keep: Vec::new(),
+    };
+    for node in nodes {
+        if let Err(error) = cluster.call_node(&node.rpc, &request).await {
+            tracing::warn!(%job, node = %node.id, %error, "cannot free earlier attempts' blocks");
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 use floe_core::plan::task::StageInput;
 use std::collections::BTreeMap;
 
-use floe_api::state::{CacheEntry, ClusterState};
+use floe_api::state::{CacheEntry, CacheIndex};
 use floe_core::Fingerprint;
 use floe_core::NodeId;
 use floe_core::fingerprint::FingerprintInputs;
@@ -109,10 +109,10 @@ pub(crate) enum PlanningError {
     },
 }
 
-/// Plans `spec` against the cache index in `state`.
+/// Plans `spec` against the cache index.
 pub(crate) fn plan(
     spec: &JobSpec,
-    state: &ClusterState,
+    cache: &CacheIndex,
     config: &DriverConfig,
 ) -> Result<Planned, PlanningError> {
     let optimized = Optimizer::default()
@@ -188,7 +188,7 @@ pub(crate) fn plan(
     mark_needed(
         &mut operators,
         output,
-        state,
+        cache,
         spec.options.cache == CacheMode::Reuse,
     );
     Ok(Planned { operators, output })
@@ -220,12 +220,7 @@ fn range_tasks(n: u64, batch_rows: u32) -> Vec<SourceTask> {
 
 /// Walks down from `output` marking the operators the job runs, turning cached operators
 /// into cache loads when `reuse` allows.
-fn mark_needed(
-    operators: &mut [PlannedOperator],
-    output: usize,
-    state: &ClusterState,
-    reuse: bool,
-) {
+fn mark_needed(operators: &mut [PlannedOperator], output: usize, cache: &CacheIndex, reuse: bool) {
     let mut stack = vec![output];
     while let Some(index) = stack.pop() {
         let operator = &mut operators[index];
@@ -234,8 +229,7 @@ fn mark_needed(
         }
         operator.needed = true;
         if let (Some(target), true) = (&operator.cache, reuse) {
-            let entries = state
-                .cache
+            let entries = cache
                 .get(&target.fingerprint.to_string())
                 .cloned()
                 .unwrap_or_default();

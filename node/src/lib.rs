@@ -144,6 +144,9 @@ struct Shared {
     allowed: AllowedPaths,
     transfers: Transfers,
     actors: ActorHost,
+    /// The job each task output and loaded cache shard here was made for, until it is freed,
+    /// so a job's leftovers can be freed without knowing their ids (`FreeJob`).
+    made_for: Mutex<BTreeMap<ObjectId, JobId>>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
     /// Records and forgets this node's cache shards in the index; held for the whole of an
@@ -180,7 +183,9 @@ impl Shared {
     /// Deletes objects from this node's store: outputs nobody will learn of. One a running
     /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
+            made_for.remove(object);
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
@@ -215,6 +220,7 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
+        let job = spec.job;
         let mut leases = match &spec.kind {
             TaskKind::Stage(stage) => {
                 check_paths(&self.allowed, stage)?;
@@ -293,7 +299,32 @@ impl Shared {
                 rows: output.rows,
             });
         }
+        self.made(job, refs.iter().map(|output| output.object));
         Ok(refs)
+    }
+
+    /// Records that `objects` were made for `job`.
+    fn made(&self, job: JobId, objects: impl IntoIterator<Item = ObjectId>) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        for object in objects {
+            made_for.insert(object, job);
+        }
+    }
+
+    /// Deletes every object made for `job` except `keep`.
+    fn free_job(&self, job: JobId, keep: &[ObjectId]) {
+        let leftovers: Vec<ObjectId> = self
+            .made_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(object, owner)| **owner == job && !keep.contains(object))
+            .map(|(object, _)| *object)
+            .collect();
+        if !leftovers.is_empty() {
+            tracing::info!(%job, objects = leftovers.len(), "freeing what earlier attempts of the job left");
+        }
+        self.delete_local(&leftovers);
     }
 
     /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
@@ -380,6 +411,7 @@ impl Shared {
                 &opened.block.batches,
             )?;
         }
+        self.made(load.job, [load.object]);
         let view = self.store.get(load.object)?;
         let size = view.len() as u64;
         Ok(Some(OutputRef {
@@ -546,7 +578,19 @@ impl Handler<NodeProtocol> for Service {
                 shared.transfers.keep(object);
                 Ok(NodeResponse::Pulled(pulled.output))
             }
+            NodeRequest::FreeJob { job, keep } => {
+                shared.free_job(job, &keep);
+                Ok(NodeResponse::Freed)
+            }
             NodeRequest::Free { objects } => {
+                let mut made_for = shared
+                    .made_for
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for object in &objects {
+                    made_for.remove(object);
+                }
+                drop(made_for);
                 for object in objects {
                     match shared.store.delete(object) {
                         Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
@@ -679,6 +723,7 @@ impl NodeAgent {
             pool: Arc::clone(&pool),
             processes: Arc::clone(&processes),
             allowed: config.data.allowed(),
+            made_for: Mutex::new(BTreeMap::new()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
         });

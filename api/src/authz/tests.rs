@@ -68,8 +68,13 @@ fn state() -> ClusterState {
             cancel_requested: false,
             stats: None,
             outputs: Vec::new(),
+            submitted_at_ms: 0,
+            started_at_ms: Some(0),
+            ended_at_ms: None,
+            release: None,
         }),
     );
+    state.unfinished.insert(JobId::new(1));
     state.actors.insert(
         ACTOR,
         ActorRecord {

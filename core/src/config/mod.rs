@@ -15,6 +15,7 @@
 
 mod allowed;
 mod bytesize;
+mod span;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -26,6 +27,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use crate::auth::{ClientToken, ClusterSecret, ReplicaSecret};
 pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
+pub use span::{Span, SpanError};
 
 /// The environment variable that names the config file.
 pub const CONFIG_FILE_ENV: &str = "FLOE_CONFIG";
@@ -48,6 +50,8 @@ pub struct Config {
     pub cache: CacheConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
+    pub jobs: JobsConfig,
+    pub nodes: NodesConfig,
 }
 
 /// `[cluster]`: what every member of one cluster shares.
@@ -369,6 +373,47 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             max_bytes: ByteSize::gib(20),
+        }
+    }
+}
+
+/// `[jobs]`: how long the scheduler keeps what finished jobs leave behind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// How long a succeeded job's output blocks stay in the object stores when its client
+    /// neither releases them nor deletes the job. Default 1h.
+    pub result_ttl: Span,
+    /// Finished jobs kept in the replicated state; older ones move to each replica's history
+    /// file. At least 1. Default 1000.
+    pub keep_finished: u64,
+    /// Finished jobs older than this move to the history whatever their number. Default 7d.
+    pub keep_for: Span,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            result_ttl: Span::hours(1),
+            keep_finished: 1_000,
+            keep_for: Span::days(7),
+        }
+    }
+}
+
+/// `[nodes]`: how long the scheduler remembers nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesConfig {
+    /// A node committed dead leaves the replicated state (and the dashboard) this long after
+    /// its death. Default 1h.
+    pub forget_dead_after: Span,
+}
+
+impl Default for NodesConfig {
+    fn default() -> Self {
+        Self {
+            forget_dead_after: Span::hours(1),
         }
     }
 }
@@ -897,6 +942,12 @@ impl Config {
             });
         }
         self.validate_node()?;
+        if self.jobs.keep_finished == 0 {
+            return Err(ConfigError::Invalid {
+                key: "jobs.keep_finished",
+                reason: "must be at least 1".into(),
+            });
+        }
         let scheduler = &self.scheduler;
         if scheduler.rpc_port != 0 && scheduler.rpc_port == scheduler.http_port {
             return Err(ConfigError::Invalid {

@@ -215,10 +215,10 @@ impl<C: ClusterAccess> Execution<C> {
                     }
                 }
                 _ = progress.tick() => {
-                    // Also learns of nodes committed dead, for tasks waiting on them.
-                    match self.cluster.read_state().await {
-                        Ok(_) => self.replace_dead_aggregators(),
-                        Err(error) => tracing::warn!(job = %self.job, %error, "cannot read the cluster state"),
+                    // Learns of nodes committed dead, for tasks waiting on them.
+                    match self.cluster.learn_deaths().await {
+                        Ok(()) => self.replace_dead_aggregators(),
+                        Err(error) => tracing::warn!(job = %self.job, %error, "cannot learn of node deaths"),
                     }
                     match self.cluster.report_progress(self.job, self.progress()).await {
                         Ok(true) => cancelled = true,

@@ -13,7 +13,7 @@ use floe_api::node_protocol::{
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::physical::Stage;
 use floe_core::plan::task::{StageInput, StageTask};
-use floe_core::{ActorId, NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
 use super::aggregators::ReduceRoute;
@@ -113,6 +113,7 @@ impl<C: ClusterAccess> Execution<C> {
         };
         let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
+            job: self.job,
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
             input_schemas: Arc::clone(&self.ops[index].input_schemas),
@@ -324,6 +325,7 @@ impl<C: ClusterAccess> Execution<C> {
 /// its node (or through its aggregator, or loads its cache shard) and answers what it made.
 struct TaskRun<C: ClusterAccess> {
     cluster: Arc<C>,
+    job: JobId,
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
@@ -353,6 +355,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                     }
                 };
                 let load = ShardLoad {
+                    job: self.job,
                     fingerprint: self.stage.fingerprint,
                     rank: *rank,
                     count: *count,
@@ -460,6 +463,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         }
         let spec = TaskSpec {
             task,
+            job: self.job,
             kind: TaskKind::Stage(Box::new(StageTask {
                 stage: (*self.stage).clone(),
                 input,

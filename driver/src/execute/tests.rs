@@ -485,12 +485,67 @@ async fn a_recompute_replaces_the_old_shards_instead_of_adding_to_them() {
         // Placement spreads the shards differently each time; old copies elsewhere go.
         assert_eq!(fake.cache_files(), shards);
     }
-    let state = fake.read_state().await.unwrap();
-    let entries: usize = state
-        .cache
+    let cache = fake.cache_index().await.unwrap();
+    let entries: usize = cache
         .values()
         .flat_map(|by_count| by_count.values())
         .map(|entry| entry.shards.len())
         .sum();
     assert_eq!(entries, shards);
+}
+
+#[tokio::test]
+async fn a_driver_reads_what_it_needs_however_many_jobs_the_cluster_ran() {
+    let fake = fake(3, 2);
+    fake.add_finished_jobs(20_000);
+    // Slow tasks keep the job running for many progress ticks (10 ms each).
+    fake.on_tasks(2, |_| true, Fault::Delay(Duration::from_millis(150)));
+    let plan = stored_range(u64::from(BATCH_ROWS) * 16)
+        .filter(col("id").gt(lit(3i64)))
+        .unwrap();
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    succeeded(&record);
+    let reads = fake.scheduler_reads();
+    // Each tick asks only for deaths since the last one; the job and the cache index are
+    // read once, the nodes a few times (the budget, spill counts, the outputs' holders).
+    assert!(reads.death_checks >= 5, "{reads:?}");
+    assert_eq!(reads.jobs, 1, "{reads:?}");
+    assert_eq!(reads.cache_indexes, 1, "{reads:?}");
+    assert!(reads.node_lists <= 4, "{reads:?}");
+    // No answer carried more than the three nodes: the 20,000 finished jobs were never read.
+    assert!(reads.largest_answer <= 3, "{reads:?}");
+}
+
+#[tokio::test]
+async fn a_later_attempt_frees_what_the_dead_attempt_left_on_the_other_nodes() {
+    let fake = fake(3, 2);
+    let plan = stored_range(u64::from(BATCH_ROWS) * 8);
+    let job = fake.submit(&spec(plan, CacheMode::NoCache), NodeId::new(2));
+    // Attempt 1 made blocks on nodes 1 and 3, then its driver died with node 2.
+    let orphans = [ObjectId::new(7), ObjectId::new(8)];
+    fake.store_block(job, DRIVER_NODE, orphans[0]);
+    fake.store_block(job, NodeId::new(3), orphans[1]);
+    let other_job = ObjectId::new(9);
+    fake.store_block(floe_core::JobId::new(99), NodeId::new(3), other_job);
+    fake.restart_driver(job, NodeId::new(2), DRIVER_NODE);
+    tokio::time::timeout(
+        JOB_TIMEOUT,
+        crate::drive(driver_config(), Arc::clone(&fake), job, 2),
+    )
+    .await
+    .expect("the job ended in time")
+    .expect("the driver committed the outcome");
+    let record = fake.job(job);
+    succeeded(&record);
+    let stored = fake.stored_objects();
+    assert!(
+        orphans.iter().all(|object| !stored.contains(object)),
+        "{stored:?}"
+    );
+    assert!(stored.contains(&other_job), "another job's block was freed");
+    assert!(
+        outputs(&record)
+            .iter()
+            .all(|object| stored.contains(object))
+    );
 }

@@ -19,15 +19,17 @@ use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::watch;
 
 use super::json::{
-    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, ErrorBody, EventJson, EventsJson,
-    EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson, NodeCounts,
-    NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson, SampleJson,
-    StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
+    EventsJson, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson,
+    NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson,
+    SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
 use floe_api::client::SchedulerClient;
-use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
+use floe_api::state::{
+    self as domain, ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome,
+};
 
 /// The largest request body accepted (a job spec is a few kilobytes).
 pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
@@ -54,6 +56,7 @@ pub(crate) struct Shared {
     /// one (no leader yet) never queues the others behind it.
     replicas: Vec<String>,
     wire: WireConfig,
+    job_history: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -72,6 +75,7 @@ impl Shared {
             replica_id: config.replica_id,
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
+            job_history: config.job_history.clone(),
         }
     }
 
@@ -259,6 +263,7 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/jobs", web::get().to(jobs))
         .route("/api/jobs", web::post().to(submit))
         .route("/api/jobs/{id}", web::get().to(job))
+        .route("/api/jobs/{id}", web::delete().to(delete_job))
         .route("/api/jobs/{id}/stop", web::post().to(stop))
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))
@@ -396,6 +401,11 @@ fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
 }
 
 async fn nodes(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply {
+    if query.all.is_some() {
+        return Err(ApiError::bad_request(
+            "`all` lists jobs from the history; nodes have none",
+        ));
+    }
     let wanted = match query.state.as_deref() {
         None | Some("" | "all") => None,
         Some(state @ ("alive" | "dead")) => Some(state == "alive"),
@@ -450,8 +460,10 @@ fn operator_names(job: &JobRecord, progress: Option<&JobProgress>) -> Vec<String
     }
 }
 
+/// The rows of the output the job holds; none once it was released.
 fn output_rows(job: &JobRecord) -> Option<u64> {
-    (job.status == JobStatus::Succeeded).then(|| job.outputs.iter().map(|b| b.rows).sum())
+    (job.status == JobStatus::Succeeded && job.release.is_none())
+        .then(|| job.outputs.iter().map(|b| b.rows).sum())
 }
 
 fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
@@ -465,6 +477,39 @@ fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
         operators: operator_names(job, snapshot.progress.get(&job.id)),
         wall_ms: job.stats.as_ref().map(|stats| stats.wall_ms),
         output_rows: output_rows(job),
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms,
+        ended_at_ms: job.ended_at_ms,
+        output_released: job.release.map(|release| release.to_string()),
+        removed: None,
+    }
+}
+
+/// A job listed from the history.
+fn history_summary(job: &domain::JobSummary) -> JobSummary {
+    JobSummary {
+        id: job.id.to_string(),
+        state: job.status.name(),
+        attempts: job.attempts,
+        driver_node: None,
+        error: error_text(&job.status),
+        submission_id: job.submission.to_string(),
+        operators: job
+            .stats
+            .iter()
+            .flat_map(|stats| &stats.operators)
+            .map(|op| op.name.clone())
+            .collect(),
+        wall_ms: job.stats.as_ref().map(|stats| stats.wall_ms),
+        output_rows: None,
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms,
+        ended_at_ms: job.ended_at_ms,
+        output_released: job.release.map(|release| release.to_string()),
+        removed: Some(match job.removal {
+            domain::Removal::Deleted => "deleted",
+            domain::Removal::Pruned => "pruned",
+        }),
     }
 }
 
@@ -489,17 +534,44 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .rev()
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
     };
+    let mut total = matching().count();
+    let mut jobs: Vec<JobSummary> = matching()
+        .skip(offset)
+        .take(limit)
+        .map(|job| job_summary(job, &snapshot))
+        .collect();
+    // The history follows the live jobs, newest first; only as much of it is read as the
+    // page reaches, so `total` counts the history lines read, not the whole file.
+    if query.all == Some(true)
+        && let Some(path) = shared.job_history.clone()
+    {
+        let wanted_lines = (offset + limit).saturating_sub(total);
+        let read = web::block(move || crate::history::read_newest(&path, wanted_lines))
+            .await
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        let matching: Vec<&domain::JobSummary> = read
+            .iter()
+            .filter(|job| !state.jobs.contains_key(&job.id))
+            .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .collect();
+        let skip = offset.saturating_sub(total);
+        jobs.extend(
+            matching
+                .iter()
+                .skip(skip)
+                .take(limit - jobs.len())
+                .map(|job| history_summary(job)),
+        );
+        total += matching.len();
+    }
     let body = Page {
-        total: matching().count(),
+        total,
         offset,
         limit,
         items: JobItems {
             counts: job_counts(&state),
-            jobs: matching()
-                .skip(offset)
-                .take(limit)
-                .map(|job| job_summary(job, &snapshot))
-                .collect(),
+            jobs,
         },
     };
     Ok(HttpResponse::Ok().json(body))
@@ -651,6 +723,39 @@ async fn stop(
         },
     };
     Ok(HttpResponse::Ok().json(body))
+}
+
+async fn delete_job(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    id: web::Path<String>,
+) -> Reply {
+    let job = parse_job_id(&id)?;
+    let outcome = shared
+        .leader(&caller)?
+        .propose(Command::DeleteJob { job })
+        .await
+        .map_err(ApiError::from_scheduler)?;
+    match outcome {
+        Outcome::JobsRemoved(_) => {
+            shared
+                .wait_applied(|state| !state.jobs.contains_key(&job))
+                .await;
+            Ok(HttpResponse::Ok().json(Deleted {
+                deleted: true,
+                message: format!(
+                    "job {job} is deleted; its output is being freed and its summary is in the \
+                     history"
+                ),
+            }))
+        }
+        Outcome::Rejected(_) if !shared.state().jobs.contains_key(&job) => Err(unknown_job(job)),
+        Outcome::Rejected(reason) => Err(ApiError::new(StatusCode::CONFLICT, reason)),
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected outcome {other:?}"),
+        )),
+    }
 }
 
 // ---- cache ----------------------------------------------------------------------------

@@ -60,6 +60,8 @@ pub struct HttpConfig {
     pub public_reads: bool,
     /// How often the monitor refreshes its snapshot (one history sample each time).
     pub refresh: Duration,
+    /// This replica's job history file, listed by `/api/jobs?all=true`.
+    pub job_history: Option<std::path::PathBuf>,
 }
 
 impl HttpConfig {
@@ -72,6 +74,7 @@ impl HttpConfig {
             wire: WireConfig::replica(config, replica_id),
             public_reads: config.http.public_reads,
             refresh: Duration::from_secs(1),
+            job_history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
         }
     }
 }

@@ -55,6 +55,7 @@ fn big_state() -> ClusterState {
                 liveness: if id % 10 == 0 {
                     Liveness::Dead {
                         index: id,
+                        at_ms: 0,
                         reason: "missed 5 heartbeats".into(),
                     }
                 } else {
@@ -85,6 +86,10 @@ fn big_state() -> ClusterState {
                 cancel_requested: false,
                 stats: None,
                 outputs: Vec::new(),
+                submitted_at_ms: 0,
+                started_at_ms: None,
+                ended_at_ms: None,
+                release: None,
             }),
         );
     }
@@ -163,6 +168,7 @@ fn config() -> HttpConfig {
         wire: WireConfig::replica(&cluster, 1),
         public_reads: false,
         refresh: std::time::Duration::from_secs(1),
+        job_history: None,
     }
 }
 
@@ -358,6 +364,7 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
     if let Some(record) = next.nodes.get_mut(&node(1)) {
         record.liveness = Liveness::Dead {
             index: 9,
+            at_ms: 0,
             reason: "missed 5 heartbeats".into(),
         };
     }

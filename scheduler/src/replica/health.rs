@@ -47,16 +47,16 @@ impl<S: LogStore> RaftLoop<S> {
             self.propose(Command::MarkNodeDead { node, reason }, None);
         }
         self.place_drivers(now, timeout);
+        self.tidy();
     }
 
     /// Starts a driver for every pending job on the least utilized alive node that has
     /// heartbeated to this leader (drivers are light; the work they start is placed task by
-    /// task).
+    /// task). Only unfinished jobs are looked at, through the state's index.
     pub(super) fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
         let pending: Vec<JobId> = self
             .state
-            .jobs
-            .values()
+            .unfinished_jobs()
             .filter(|job| job.status == JobStatus::Pending)
             .map(|job| job.id)
             .collect();

@@ -18,17 +18,18 @@
 //! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
 //! answers to requests; `placement` places tasks and keeps their reservations; `health`
-//! decides node deaths and places job drivers; `transport` carries Raft messages to peers;
-//! `config` is what a replica starts with; `standing` decides whether it may vote;
-//! `raft_guard` checks a peer's Raft message before protobuf parses it.
+//! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
+//! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
+//! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
+//! Raft message before protobuf parses it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floe_core::auth::Principal;
-use floe_core::config::SchedulerConfig;
+use floe_core::config::{JobsConfig, NodesConfig, SchedulerConfig};
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
 use floe_core::{JobId, NodeId};
@@ -43,16 +44,19 @@ use self::raft_guard::RaftGuard;
 use self::service::Service;
 use self::standing::Standing;
 use self::transport::spawn_peer_sender;
+use crate::history::HistoryWriter;
 use crate::storage::LogStore;
 use crate::{Error, Result};
 use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::{
     ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
 };
-use floe_api::state::{ClusterState, Command, NodeDeath, Outcome};
+use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
+use floe_core::wire::WireConfig;
 
 mod config;
 mod health;
+mod lifecycle;
 mod placement;
 mod raft_guard;
 mod service;
@@ -77,6 +81,9 @@ enum Input {
         request: SchedulerRequest,
         reply: Reply,
     },
+    /// A command of the leader's own housekeeping (a task it spawned reporting back): no peer
+    /// sent it, so there is nobody to authorize.
+    Housekeeping(Command),
     Unreachable(u64),
     SnapshotSent {
         peer: u64,
@@ -113,6 +120,7 @@ impl Replica {
             raft_guard,
             replicas: config.peers.keys().copied().collect(),
             authenticator: Arc::clone(&config.wire.authenticator),
+            history: config.history.clone(),
         });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
@@ -179,6 +187,12 @@ struct RaftLoop<S: LogStore> {
     id: u64,
     peers: BTreeMap<u64, String>,
     config: SchedulerConfig,
+    jobs_config: JobsConfig,
+    nodes_config: NodesConfig,
+    wire: WireConfig,
+    /// Where the loop's own requests (commits after freeing outputs on nodes) come back in.
+    inputs: mpsc::Sender<Input>,
+    history: Option<HistoryWriter>,
     raw: RawNode<S>,
     /// Whether this replica may vote and campaign (see the `standing` module).
     standing: Standing,
@@ -216,6 +230,9 @@ struct RaftLoop<S: LogStore> {
     drivers_proposed: BTreeMap<JobId, Instant>,
     /// What running jobs' drivers last reported (soft state, like heartbeats).
     progress: BTreeMap<JobId, JobProgress>,
+    /// Released outputs whose `Free` calls are under way, and since when; tried again after a
+    /// node timeout.
+    freeing: BTreeMap<JobId, Instant>,
     /// A job was submitted since drivers were last placed; place them without waiting for
     /// the health tick.
     jobs_submitted: bool,
@@ -274,6 +291,11 @@ impl<S: LogStore> RaftLoop<S> {
             id: config.id,
             peers: config.peers.clone(),
             config: config.scheduler.clone(),
+            jobs_config: config.jobs.clone(),
+            nodes_config: config.nodes.clone(),
+            wire: config.wire.clone(),
+            inputs: inputs.clone(),
+            history: config.history.clone().map(HistoryWriter::new),
             raw,
             standing,
             state,
@@ -297,6 +319,7 @@ impl<S: LogStore> RaftLoop<S> {
             leases: BTreeMap::new(),
             drivers_proposed: BTreeMap::new(),
             progress: BTreeMap::new(),
+            freeing: BTreeMap::new(),
             jobs_submitted: false,
             published: watch::Sender::new(Arc::new(state_copy)),
             last_published: Instant::now(),
@@ -377,6 +400,12 @@ impl<S: LogStore> RaftLoop<S> {
                     }
                 }
             }
+            Input::Housekeeping(command) => {
+                // A leader that lost its term drops it; the next leader's housekeeping redoes it.
+                if self.is_leader() {
+                    self.propose(command, None);
+                }
+            }
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
             Input::Request {
@@ -387,8 +416,13 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
+    /// Proposes `command` stamped with this leader's clock, the only time `apply` sees.
     fn propose(&mut self, command: Command, reply: Option<Reply>) {
-        let data = match codec::encode(&command) {
+        let logged = LoggedCommand {
+            at_ms: now_ms(),
+            command,
+        };
+        let data = match codec::encode(&logged) {
             Ok(data) => data,
             Err(error) => {
                 if let Some(reply) = reply {
@@ -544,8 +578,9 @@ impl<S: LogStore> RaftLoop<S> {
                 self.state.skip(entry.index);
                 continue;
             }
-            let command: Command = match codec::decode(&entry.data, "raft command") {
-                Ok(command) => command,
+            let LoggedCommand { at_ms, command } = match codec::decode(&entry.data, "raft command")
+            {
+                Ok(logged) => logged,
                 Err(error) => {
                     // Every replica decodes the same bytes the same way, so skipping is
                     // deterministic; it can only come from a release with another codec.
@@ -563,9 +598,12 @@ impl<S: LogStore> RaftLoop<S> {
                 Command::CancelJob { job } => Effect::JobCancelled(*job),
                 _ => Effect::None,
             };
-            let Some(outcome) = self.state.apply(entry.index, command) else {
+            let Some(outcome) = self.state.apply(entry.index, at_ms, command) else {
                 continue;
             };
+            if let Outcome::JobsRemoved(summaries) = &outcome {
+                self.record_history(summaries);
+            }
             match (effect, &outcome) {
                 (Effect::Registered(resources), Outcome::NodeRegistered(node)) => {
                     self.view.upsert_node(*node, resources);
@@ -655,6 +693,7 @@ impl<S: LogStore> RaftLoop<S> {
         self.leases.clear();
         self.drivers_proposed.clear();
         self.progress.clear();
+        self.freeing.clear();
         self.rebuild_view();
         if leader {
             return;
@@ -710,6 +749,15 @@ impl<S: LogStore> RaftLoop<S> {
         );
         Ok(())
     }
+}
+
+/// Milliseconds since the Unix epoch on this replica's clock.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 enum Effect {

@@ -4,6 +4,7 @@
 //! answered from the state, proposed, or redirected to the leader when this replica is not it.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,13 @@ use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
 use floe_api::authz;
 use floe_api::scheduler_protocol::{
-    LeaderHint, NodeReport, ReplicaStatus, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+    LeaderHint, NodeReport, NodeSummary, ReplicaStatus, SchedulerProtocol, SchedulerRequest,
+    SchedulerResponse,
 };
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
+
+/// Most history entries one `JobHistory` answer carries, so it fits a frame.
+const MAX_HISTORY_PAGE: u32 = 10_000;
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
@@ -33,6 +38,8 @@ pub(super) struct Service {
     pub(super) replicas: BTreeSet<u64>,
     /// Issues the tickets registered nodes present from then on.
     pub(super) authenticator: Arc<Authenticator>,
+    /// This replica's history file, read for `JobHistory`.
+    pub(super) history: Option<PathBuf>,
 }
 
 fn stopped() -> RemoteError {
@@ -209,6 +216,25 @@ impl Handler<SchedulerProtocol> for Service {
                     other => Ok(other),
                 }
             }
+            SchedulerRequest::JobHistory { limit } => {
+                // Answered here, from this replica's file, so checked here; reads depend on no
+                // state.
+                let request = SchedulerRequest::JobHistory { limit };
+                authz::authorize_scheduler(principal, &request, &ClusterState::default())
+                    .map_err(|refusal| forbidden(principal, refusal))?;
+                let Some(path) = self.history.clone() else {
+                    return Ok(SchedulerResponse::History(Vec::new()));
+                };
+                let limit = usize::try_from(limit.min(MAX_HISTORY_PAGE)).unwrap_or(usize::MAX);
+                let read =
+                    tokio::task::spawn_blocking(move || crate::history::read_newest(&path, limit))
+                        .await
+                        .map_err(|error| {
+                            RemoteError::new(RemoteErrorKind::Internal, error.to_string())
+                        })?;
+                read.map(SchedulerResponse::History)
+                    .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))
+            }
             request => self.ask(principal, request).await,
         }
     }
@@ -378,13 +404,46 @@ impl<S: LogStore> RaftLoop<S> {
                 self.retry_waiting();
                 let _ = reply.send(Ok(SchedulerResponse::Released));
             }
-            SchedulerRequest::Raft { .. } => {
+            SchedulerRequest::ActorNode { actor } => {
+                let node = self
+                    .state
+                    .actors
+                    .get(&actor)
+                    .and_then(|actor| self.node_summary(actor.node));
+                let _ = reply.send(Ok(SchedulerResponse::ActorNode(node)));
+            }
+            SchedulerRequest::AliveNodes => {
+                let nodes = self
+                    .state
+                    .alive_nodes()
+                    .filter_map(|node| self.node_summary(node.id))
+                    .collect();
+                let _ = reply.send(Ok(SchedulerResponse::AliveNodes {
+                    as_of: self.state.applied_index,
+                    nodes,
+                }));
+            }
+            SchedulerRequest::CacheIndex => {
+                let index = self.state.cache.clone();
+                let _ = reply.send(Ok(SchedulerResponse::CacheIndex(index)));
+            }
+            SchedulerRequest::Raft { .. } | SchedulerRequest::JobHistory { .. } => {
                 let _ = reply.send(Err(RemoteError::new(
                     RemoteErrorKind::BadRequest,
-                    "raft messages go through the transport",
+                    "raft messages and history reads are not the raft loop's to answer",
                 )));
             }
         }
+    }
+
+    /// An alive node's address and resources.
+    fn node_summary(&self, node: floe_core::NodeId) -> Option<NodeSummary> {
+        let record = self.state.nodes.get(&node).filter(|node| node.is_alive())?;
+        Some(NodeSummary {
+            id: record.id,
+            rpc: record.addresses.rpc.clone(),
+            resources: record.resources,
+        })
     }
 
     pub(super) fn status(&self) -> ReplicaStatus {

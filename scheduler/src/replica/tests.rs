@@ -9,7 +9,7 @@ use crate::storage::MemoryLog;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::placement::{PlacementError, Strategy};
 use floe_api::scheduler_protocol::ResourceUsage;
-use floe_api::state::{NodeAddresses, NodeMemory, Resources};
+use floe_api::state::{JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -38,12 +38,22 @@ fn test_config() -> Config {
 }
 
 async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerClient) {
+    start_cluster_with_history(config, count, None).await
+}
+
+/// Replicas that keep their history files in `history_dir` (`replica-<id>.jsonl`), or none.
+async fn start_cluster_with_history(
+    config: &Config,
+    count: u64,
+    history_dir: Option<&std::path::Path>,
+) -> (Vec<Replica>, SchedulerClient) {
     let peers: BTreeMap<u64, String> = (1..=count)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))
         .collect();
     let mut replicas = Vec::new();
     for id in 1..=count {
-        let replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        let mut replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        replica_config.history = history_dir.map(|dir| dir.join(format!("replica-{id}.jsonl")));
         let store = MemoryLog::new(peers.keys().copied().collect());
         replicas.push(Replica::start(replica_config, store).await.unwrap());
     }
@@ -62,12 +72,29 @@ async fn register_node(
     addresses: NodeAddresses,
     resources: Resources,
 ) -> (NodeId, SchedulerClient) {
-    let addrs: Vec<String> = replicas
+    let (node, wire) = register_node_wire(config, replicas, addresses, resources).await;
+    (
+        node,
+        SchedulerClient::new(addrs_of(replicas), wire).unwrap(),
+    )
+}
+
+fn addrs_of(replicas: &[Replica]) -> Vec<String> {
+    replicas
         .iter()
         .map(|replica| replica.local_addr().to_string())
-        .collect();
+        .collect()
+}
+
+/// Registers a node with `replicas` and returns its id and the wire that presents its ticket.
+async fn register_node_wire(
+    config: &Config,
+    replicas: &[Replica],
+    addresses: NodeAddresses,
+    resources: Resources,
+) -> (NodeId, WireConfig) {
     let member = WireConfig::member(config);
-    let mut client = SchedulerClient::new(addrs.clone(), member.clone()).unwrap();
+    let mut client = SchedulerClient::new(addrs_of(replicas), member.clone()).unwrap();
     let (node, ticket) = client
         .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
         .await
@@ -77,7 +104,7 @@ async fn register_node(
         id: node,
         ticket,
     });
-    (node, SchedulerClient::new(addrs, as_node).unwrap())
+    (node, as_node)
 }
 
 fn resources(cpus: u64, heap: u64) -> Resources {
@@ -616,4 +643,116 @@ async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
         message_m.contains("only accepted from replicas"),
         "{message_m}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history() {
+    let mut config = test_config();
+    config.jobs.keep_finished = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, mut client) = start_cluster_with_history(&config, 3, Some(dir.path())).await;
+    let (node, node_wire) = register_node_wire(
+        &config,
+        &replicas,
+        NodeAddresses {
+            // Nothing listens here: freeing the pruned outputs is tried and retried.
+            rpc: format!("127.0.0.1:{}", free_port()),
+        },
+        resources(4, 1 << 30),
+    )
+    .await;
+    let addrs = addrs_of(&replicas);
+    let beating = tokio::spawn({
+        let mut client = SchedulerClient::new(addrs.clone(), node_wire.clone()).unwrap();
+        async move {
+            loop {
+                let _ = client.heartbeat(node, ResourceUsage::default()).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    let mut driver = SchedulerClient::new(addrs.clone(), node_wire).unwrap();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut jobs = Vec::new();
+    for n in 0..3u8 {
+        let job = client
+            .submit_job(vec![n], floe_core::SubmissionId::random())
+            .await
+            .unwrap();
+        // The leader starts its driver on the one node.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client
+            .watch_job(job, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            != JobStatus::Running
+        {
+            assert!(Instant::now() < deadline, "job {job} never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let outcome = JobOutcome {
+            status: JobStatus::Succeeded,
+            stats: floe_core::job::JobStats::default(),
+            outputs: vec![floe_core::job::OutputBlock {
+                object: floe_core::ObjectId::new(u128::from(n) + 1),
+                node,
+                rows: 1,
+                bytes: 8,
+            }],
+        };
+        let finish = Command::FinishJob {
+            job,
+            attempt: 1,
+            outcome,
+        };
+        assert_eq!(driver.propose(finish).await.unwrap(), Outcome::Applied);
+        jobs.push(job);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = loop {
+        let state = client.read_state().await.unwrap();
+        if state.jobs.len() == 1 {
+            break state;
+        }
+        assert!(Instant::now() < deadline, "{} jobs left", state.jobs.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kept = &state.jobs[&jobs[2]];
+    assert!(
+        kept.submitted_at_ms >= before,
+        "the leader's clock stamps the submission"
+    );
+    assert!(kept.ended_at_ms >= kept.started_at_ms && kept.started_at_ms.is_some());
+    // The pruned jobs' outputs wait for their node to answer `Free`.
+    assert_eq!(
+        state.outputs_to_free.keys().copied().collect::<Vec<_>>(),
+        jobs[..2]
+    );
+    // Each replica wrote the summaries as it applied the prune, and answers from its own file.
+    for addr in &addrs {
+        let mut own =
+            SchedulerClient::new(vec![addr.clone()], WireConfig::client(&config)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let history = loop {
+            let history = own.job_history(10).await.unwrap();
+            if history.len() == 2 || Instant::now() >= deadline {
+                break history;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let ids: Vec<_> = history.iter().map(|summary| summary.id).collect();
+        assert_eq!(ids, vec![jobs[1], jobs[0]], "replica at {addr}");
+        assert!(history.iter().all(
+            |summary| summary.removal == floe_api::state::Removal::Pruned
+                && summary.release.unwrap().reason == floe_api::state::ReleaseReason::Pruned
+        ));
+        assert_eq!(own.job_history(1).await.unwrap().len(), 1);
+    }
+    beating.abort();
+    drop(replicas);
 }

@@ -716,7 +716,8 @@ pages.jobs = {
   },
   load(route) {
     const { state, offset } = this.params(route);
-    const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE });
+    // `all`: jobs moved to this replica's history follow the live ones.
+    const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE, all: 'true' });
     if (state) q.set('state', state);
     return api(`/api/jobs?${q}`);
   },
@@ -746,7 +747,7 @@ function jobRow(job) {
   const href = `#/jobs/${encodeURIComponent(job.id)}`;
   const row = el('tr', { class: 'link-row', dataset: { jobId: job.id, state: job.state } },
     num(el('a', { href }, job.id)),
-    el('td', null, badge(job.state)),
+    el('td', null, badge(job.state), job.removed ? ` (${job.removed})` : ''),
     el('td', { class: 'ops' }, (job.operators || []).join(' → ')),
     num(fmtCount(job.attempts)),
     el('td', { class: 'mono' }, textOf(job.driver_node)),
