@@ -75,7 +75,7 @@ use std::collections::BTreeMap;
 
 use arrow::datatypes::{DataType, Field, Schema};
 use floe_core::config::{AllowedPaths, ByteSize};
-use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 use floe_core::fingerprint::ArgValue;
 use floe_core::fingerprint::FileDigest;
 use floe_core::job::{CacheMode, JobOptions};
@@ -1180,6 +1180,7 @@ impl Parser {
         };
         let with_string: Option<StringFunction> = match name.as_str() {
             "cast" => Some(|value, name| Ok(value.cast(data_type(&name)?))),
+            "try_cast" => Some(|value, name| Ok(value.try_cast(data_type(&name)?))),
             "contains" => Some(|value, pattern| Ok(value.contains(pattern))),
             "starts_with" => Some(|value, prefix| Ok(value.starts_with(prefix))),
             _ => None,
@@ -1195,6 +1196,19 @@ impl Parser {
             }
         };
         let missing = || format!("{function}: missing an argument");
+        let try_arithmetic: Option<fn(Expr, Expr) -> Expr> = match name.as_str() {
+            "try_add" => Some(|a, b| a + b),
+            "try_subtract" => Some(|a, b| a - b),
+            "try_multiply" => Some(|a, b| a * b),
+            "try_divide" => Some(|a, b| a / b),
+            "try_remainder" => Some(|a, b| a % b),
+            _ => None,
+        };
+        if let Some(build) = try_arithmetic {
+            let mut args = arity(2)?;
+            let left = args.next().ok_or_else(missing)?;
+            return Ok(null_on_error(build(left, args.next().ok_or_else(missing)?)));
+        }
         if let Some(build) = unary {
             let mut args = arity(1)?;
             return Ok(build(args.next().ok_or_else(missing)?));
@@ -1213,6 +1227,10 @@ impl Parser {
                 let mut args = arity(3)?;
                 let mut next = || args.next().ok_or_else(missing);
                 Ok(when(next()?, next()?, next()?))
+            }
+            "try" => {
+                let mut args = arity(1)?;
+                Ok(null_on_error(args.next().ok_or_else(missing)?))
             }
             "coalesce" => Ok(coalesce(args)),
             "hash" => Ok(hash(args)),

@@ -71,7 +71,7 @@ pub use cluster::{
 };
 pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
 
-pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 pub use floe_core::plan::{
     AggFunction, Aggregation, Concurrency, CsvOptions, FileFormat, JoinType, ProcessUdf, SortKey,
     UdfCall,
