@@ -16,6 +16,7 @@
 pub mod cluster;
 mod execute;
 mod plan;
+mod sinks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,8 +123,15 @@ async fn plan_and_run<C: ClusterAccess>(
     let mut state = state;
     let mut replanned = false;
     loop {
-        let operators = match plan::plan(spec, &state, config) {
+        let mut operators = match plan::plan(spec, &state, config) {
             Ok(operators) => operators,
+            Err(error) => return Ok(failed(attempt, error.to_string())),
+        };
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let staged = match sinks::stage_sinks(&mut operators, job, attempt, started_ms) {
+            Ok(staged) => staged,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
         let run = execute::Execution::new(
@@ -134,8 +142,16 @@ async fn plan_and_run<C: ClusterAccess>(
             spec.options.clone(),
             operators,
         );
-        let finished = run.run().await;
-        if finished.stale_cache.is_empty() || replanned {
+        let mut finished = run.run().await;
+        let again = !finished.stale_cache.is_empty() && !replanned;
+        if finished.outcome.status != JobStatus::Succeeded || again {
+            sinks::discard(&staged);
+        } else if let Err(error) = sinks::publish(&staged) {
+            finished.outcome.status = JobStatus::Failed {
+                message: format!("cannot publish the output: {error}"),
+            };
+        }
+        if !again {
             return Ok(finished.outcome);
         }
         replanned = true;

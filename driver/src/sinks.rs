@@ -1,0 +1,63 @@
+//! A job's sinks: their tasks write into a staging directory beside each sink's directory,
+//! and the files are published by the sink's write mode only once the job has succeeded
+//! (`floe_engine::write::publish`), so a failed job leaves the directory as it was and an
+//! `overwrite` never shows a mix of old and new files.
+
+use std::path::PathBuf;
+
+use floe_core::JobId;
+use floe_core::plan::physical::StageKind;
+use floe_core::plan::{WriteMode, WriteSpec};
+
+use crate::plan::Planned;
+
+/// One sink as the user asked for it, and where its tasks write meanwhile.
+pub(crate) struct StagedSink {
+    target: WriteSpec,
+    staging: PathBuf,
+    token: String,
+}
+
+/// Points every sink of `planned` at a staging directory of its own, after checking that an
+/// `error`-mode sink's directory holds no files yet (the client checked at submission, but the
+/// directory may have filled since). `started_ms` tells one submission of a job from another.
+pub(crate) fn stage_sinks(
+    planned: &mut Planned,
+    job: JobId,
+    attempt: u32,
+    started_ms: u128,
+) -> Result<Vec<StagedSink>, floe_engine::Error> {
+    let token = format!("job{job}-{attempt}-{started_ms:x}");
+    let mut sinks = Vec::new();
+    for operator in &mut planned.operators {
+        let StageKind::Write(spec) = &mut operator.stage.kind else {
+            continue;
+        };
+        if spec.mode == WriteMode::Error {
+            floe_engine::write::check_empty(&spec.directory)?;
+        }
+        let staging = floe_engine::write::staging_directory(&spec.directory, &token);
+        sinks.push(StagedSink {
+            target: spec.clone(),
+            staging: staging.clone(),
+            token: token.clone(),
+        });
+        spec.directory = staging;
+    }
+    Ok(sinks)
+}
+
+/// Publishes every sink's files; the first failure is the job's.
+pub(crate) fn publish(sinks: &[StagedSink]) -> Result<(), floe_engine::Error> {
+    for sink in sinks {
+        floe_engine::write::publish(&sink.target, &sink.staging, &sink.token)?;
+    }
+    Ok(())
+}
+
+/// Removes what a failed or cancelled job staged.
+pub(crate) fn discard(sinks: &[StagedSink]) {
+    for sink in sinks {
+        floe_engine::write::discard(&sink.staging);
+    }
+}
