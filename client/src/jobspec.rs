@@ -25,47 +25,14 @@
 //! retries = 3
 //! ```
 //!
-//! Each `[[steps]]` table holds exactly one step and only the keys listed for it:
-//!
-//! | step | value | other keys in the table |
-//! |---|---|---|
-//! | `filter` | an expression | — |
-//! | `with_column` | `{ name = "..", expr = ".." }` | — |
-//! | `select`, `drop`, `unique` | columns | — |
-//! | `rename` | `{ old = "new", .. }` | — |
-//! | `limit` | rows | — |
-//! | `groupby` | key columns | `agg = ["function(column) [as alias]", ..]` |
-//! | `sort` | `["column [asc\|desc] [nulls first\|last]", ..]` | — |
-//! | `repartition` | partitions | `keys = [..]` to hash-partition (else equal-sized parts) |
-//! | `random_shuffle` | a seed | — |
-//! | `cache` | `true` or `false` | — |
-//! | `map_batches`, `flat_map` | `{ udf = "name", version = 1, args = { .. } }` | — |
-//!
-//! Every table refuses a key it does not know — a misspelled `aggs` is an error that suggests
-//! `agg`, never a silently different job — and so do `[source]`, `[sink]`, `[options]` and the
-//! tables inside steps. A plan is at most [`floe_core::plan::MAX_PLAN_DEPTH`] operators deep
-//! (the source, the steps and the sink together), and an expression at most
-//! [`floe_core::plan::MAX_EXPR_DEPTH`] levels; a longer job is refused at the step that passes
-//! the limit.
-//!
-//! A process UDF (a Python script using `floe_udf`, see `docs/PROCESS_UDFS.md`) is a
-//! `map_batches` step with a `command`:
-//!
-//! ```toml
-//! [[steps]]
-//! map_batches = { command = "python3", args = ["/srv/udfs/clean.py"],
-//!                 output = ["text utf8", "tokens int64"],   # default: the input's columns
-//!                 concurrency = [1, 4], memory = "2GiB", timeout_s = 60, batch_size = 4096 }
-//! ```
-//!
-//! `files` lists what the fingerprint hashes by content; by default, every argument that names
-//! an existing file.
-//!
-//! Expressions: column names (or `col('any name')`), numbers, `'strings'`, `true`, `false`,
-//! `null`; `+ - * / %`, `== != < <= > >=`, `and or not`, parentheses; functions `cast(e,
-//! 'int64')`, `is_null(e)`, `is_not_null(e)`, `lower(e)`, `upper(e)`, `length(e)`,
-//! `contains(e, 's')`, `starts_with(e, 's')`, `coalesce(a, b, ..)`, `when(cond, a, b)`,
-//! `hash(a, ..)`. Integers are Int64 and decimals Float64.
+//! The whole language — every table, step, aggregate, function, type and option, with an
+//! example each — is documented in `docs/JOBSPEC.md`, whose examples a test parses with
+//! [`check_job_file`]. Every table refuses a key it does not know — a misspelled `aggs` is an
+//! error that suggests `agg`, never a silently different job. A plan is at most
+//! [`floe_core::plan::MAX_PLAN_DEPTH`] operators deep and an expression at most
+//! [`floe_core::plan::MAX_EXPR_DEPTH`] levels. Relative paths are resolved against the working
+//! directory (that of `floe submit`) before the plan is built, and a spec that came over the
+//! network must name absolute ones ([`PathRule`]).
 //!
 //! The whole file is checked before anything is submitted: every error names the job file,
 //! the line and the field (`job.toml:7: steps[2].agg: …`), and the plan is built (so unknown
@@ -297,7 +264,10 @@ fn parse_spec<'a>(
     if let Some(name) = &raw.name {
         let here = place(name.span().start, "name".to_owned());
         if name.get_ref().trim().is_empty() {
-            return Err(locate(&here, field_error("", "a job's name cannot be empty")));
+            return Err(locate(
+                &here,
+                field_error("", "a job's name cannot be empty"),
+            ));
         }
         options.name = Some(name.get_ref().clone());
     }
@@ -667,7 +637,10 @@ const JOIN_TYPES: [(&str, JoinType); 6] = [
 /// One step, parsed: everything the file says, before any data is looked at.
 enum Step {
     Filter(Expr),
-    WithColumn { name: String, expr: Expr },
+    WithColumn {
+        name: String,
+        expr: Expr,
+    },
     Select(Vec<String>),
     Drop(Vec<String>),
     Unique(Vec<String>),
@@ -685,7 +658,10 @@ enum Step {
     RandomShuffle(u64),
     Cache(bool),
     Process(ProcessUdf),
-    Udf { call: UdfCall, kind: UdfKind },
+    Udf {
+        call: UdfCall,
+        kind: UdfKind,
+    },
     Join {
         with: String,
         left_on: Vec<String>,
@@ -792,7 +768,10 @@ impl Step {
             "repartition" => Step::Repartition {
                 partitions: u32::try_from(integer(op, value)?)
                     .map_err(|_| field_error(op, "too many partitions"))?,
-                keys: table.get("keys").map(|keys| names("keys", keys)).transpose()?,
+                keys: table
+                    .get("keys")
+                    .map(|keys| names("keys", keys))
+                    .transpose()?,
             },
             "random_shuffle" => Step::RandomShuffle(integer(op, value)?),
             "cache" => Step::Cache(
@@ -808,7 +787,10 @@ impl Step {
             }
             "join" => {
                 let spec = value.as_table().ok_or_else(|| {
-                    field_error(op, "expected { with = \"NAME\", on = [..], how = \"inner\" }")
+                    field_error(
+                        op,
+                        "expected { with = \"NAME\", on = [..], how = \"inner\" }",
+                    )
                 })?;
                 refuse_unknown_keys(spec, &JOIN_KEYS, op, "a join")?;
                 let with = spec
@@ -820,8 +802,7 @@ impl Step {
                         .map(|value| strings(&format!("join.{key}"), value))
                         .transpose()
                 };
-                let (left_on, right_on) = match (keys("on")?, keys("left_on")?, keys("right_on")?)
-                {
+                let (left_on, right_on) = match (keys("on")?, keys("left_on")?, keys("right_on")?) {
                     (Some(on), None, None) => (on.clone(), on),
                     (None, Some(left), Some(right)) => (left, right),
                     _ => {
@@ -929,7 +910,8 @@ impl Step {
             Step::Repartition { .. } => "repartition",
             Step::RandomShuffle(_) => "random_shuffle",
             Step::Cache(_) => "cache",
-            Step::Process(_) | Step::Udf {
+            Step::Process(_)
+            | Step::Udf {
                 kind: UdfKind::RowPreserving,
                 ..
             } => "map_batches",
@@ -981,12 +963,7 @@ impl Step {
                 left_on,
                 right_on,
                 how,
-            } => dataset.join_on(
-                &named[with],
-                &as_strs(left_on),
-                &as_strs(right_on),
-                *how,
-            ),
+            } => dataset.join_on(&named[with], &as_strs(left_on), &as_strs(right_on), *how),
             Step::Union(names) => names
                 .iter()
                 .try_fold(dataset, |dataset, name| dataset.union(&named[name])),
@@ -1363,7 +1340,10 @@ fn tokenize(text: &str) -> Result<Vec<(Token, usize)>, ExprError> {
                 .iter()
                 .position(|d| *d == c)
                 .ok_or_else(|| error(i, "an unterminated string".to_owned()))?;
-            tokens.push((Token::Str(chars[i + 1..i + 1 + end].iter().collect()), column));
+            tokens.push((
+                Token::Str(chars[i + 1..i + 1 + end].iter().collect()),
+                column,
+            ));
             i += end + 2;
         } else if c.is_ascii_digit() {
             let start = i;
@@ -1377,7 +1357,11 @@ fn tokenize(text: &str) -> Result<Vec<(Token, usize)>, ExprError> {
             let token = if number.contains('.') {
                 Token::Float(number.parse().map_err(bad)?)
             } else {
-                Token::Int(number.parse().map_err(|_| error(start, format!("bad number {number}")))?)
+                Token::Int(
+                    number
+                        .parse()
+                        .map_err(|_| error(start, format!("bad number {number}")))?,
+                )
             };
             tokens.push((token, column));
         } else if c.is_alphabetic() || c == '_' {
@@ -1647,6 +1631,7 @@ fn build_call(function: &str, args: Vec<Expr>) -> Result<Expr, String> {
             "try_cast" => Some(|value, name| Ok(value.try_cast(data_type(&name)?))),
             "contains" => Some(|value, pattern| Ok(value.contains(pattern))),
             "starts_with" => Some(|value, prefix| Ok(value.starts_with(prefix))),
+            "regex_match" => Some(|value, pattern| Ok(value.regex_match(pattern))),
             _ => None,
         };
         let arity = |n: usize| -> Result<std::vec::IntoIter<Expr>, String> {
@@ -1698,6 +1683,34 @@ fn build_call(function: &str, args: Vec<Expr>) -> Result<Expr, String> {
             }
             "coalesce" => Ok(coalesce(args)),
             "hash" => Ok(hash(args)),
+            "substring" => {
+                let integer = |expr: Option<Expr>| match expr {
+                    Some(Expr::Literal(floe_core::expr::Scalar::Int64(n))) => Ok(n),
+                    Some(Expr::Negate(inner)) => match *inner {
+                        Expr::Literal(floe_core::expr::Scalar::Int64(n)) => Ok(-n),
+                        other => Err(format!("substring needs integer literals, got -{other}")),
+                    },
+                    Some(other) => Err(format!("substring needs integer literals, got {other}")),
+                    None => Err(missing()),
+                };
+                if !(2..=3).contains(&args.len()) {
+                    return Err(format!(
+                        "substring takes 2 or 3 arguments (text, start[, length]), got {}",
+                        args.len()
+                    ));
+                }
+                let mut args = args.into_iter();
+                let value = args.next().ok_or_else(missing)?;
+                let start = integer(args.next())?;
+                let length = match args.next() {
+                    Some(length) => Some(
+                        u64::try_from(integer(Some(length))?)
+                            .map_err(|_| "substring: a negative length".to_owned())?,
+                    ),
+                    None => None,
+                };
+                Ok(value.substring(start, length))
+            }
             other => Err(format!("unknown function {other:?}")),
         }
     }

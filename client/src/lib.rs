@@ -461,12 +461,11 @@ impl Dataset {
         directory: impl AsRef<Path>,
         options: WriteOptions,
     ) -> Result<Self> {
-        let directory = std::path::absolute(directory.as_ref()).map_err(|source| {
-            floe_engine::Error::Io {
+        let directory =
+            std::path::absolute(directory.as_ref()).map_err(|source| floe_engine::Error::Io {
                 path: directory.as_ref().to_owned(),
                 source,
-            }
-        })?;
+            })?;
         if options.mode == WriteMode::Error {
             floe_engine::write::check_empty(&directory)?;
         }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use floe_client::jobspec::{parse_expr, parse_job_file};
-use floe_client::{CacheMode, Dataset, JoinType, Registry, WriteMode, col, lit, null_on_error, when};
+use floe_client::{
+    CacheMode, Dataset, JoinType, Registry, WriteMode, col, lit, null_on_error, when,
+};
 
 fn builtins() -> Arc<Registry> {
     Arc::new(Registry::with_builtins())
@@ -556,7 +558,13 @@ compression = "snappy"
         )
         .unwrap();
     assert_eq!(parsed.dataset.fingerprint(), built.fingerprint());
-    assert!(parsed.dataset.explain().unwrap().contains("compression=snappy"));
+    assert!(
+        parsed
+            .dataset
+            .explain()
+            .unwrap()
+            .contains("compression=snappy")
+    );
 
     // Mistakes name the field, and suggest.
     for (bad, field, problem) in [

@@ -20,7 +20,10 @@ fn visible(directory: &Path) -> Vec<String> {
 }
 
 fn rows_in(directory: &Path) -> u64 {
-    Dataset::read_parquet(&[directory]).unwrap().count().unwrap()
+    Dataset::read_parquet(&[directory])
+        .unwrap()
+        .count()
+        .unwrap()
 }
 
 fn with_mode(mode: WriteMode) -> WriteOptions {
@@ -151,7 +154,10 @@ fn a_path_named_twice_is_read_twice() {
     let file = dir.path().join("a.csv");
     std::fs::write(&file, "x\n1\n2\n3\n").unwrap();
     assert_eq!(Dataset::read_csv(&[&file]).unwrap().count().unwrap(), 3);
-    assert_eq!(Dataset::read_csv(&[&file, &file]).unwrap().count().unwrap(), 6);
+    assert_eq!(
+        Dataset::read_csv(&[&file, &file]).unwrap().count().unwrap(),
+        6
+    );
     // A directory and a file in it: the file is read through both.
     assert_eq!(
         Dataset::read_csv(&[dir.path(), file.as_path()])
@@ -174,7 +180,10 @@ fn a_cast_that_does_not_convert_fails_naming_the_value_unless_tried() {
     let error = strict.count().unwrap_err();
     assert!(matches!(error, Error::Source(_)), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains("\"north\" does not convert to Int64"), "{message}");
+    assert!(
+        message.contains("\"north\" does not convert to Int64"),
+        "{message}"
+    );
     assert!(message.contains("col(\"region\")"), "{message}");
     let tried = regions
         .with_column(

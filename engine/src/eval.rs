@@ -412,10 +412,7 @@ fn arithmetic(
     };
     if let (Some(expr), Some(row)) = (fail, unanswered) {
         let at = |operand: &Operand| if operand.scalar { 0 } else { row };
-        let operands = [
-            (&left.values, at(&left)),
-            (&right.values, at(&right)),
-        ];
+        let operands = [(&left.values, at(&left)), (&right.values, at(&right))];
         return Err(match op {
             BinaryOp::Divide | BinaryOp::Remainder => Error::NoAnswer {
                 expr: expr.to_string(),

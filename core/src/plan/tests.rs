@@ -615,12 +615,18 @@ fn a_sink_refuses_a_relative_directory_and_a_codec_its_format_lacks() {
         .write(spec("out", FileFormat::Parquet, Compression::Zstd))
         .unwrap_err()
         .to_string();
-    assert!(relative.contains("the directory out is relative"), "{relative}");
+    assert!(
+        relative.contains("the directory out is relative"),
+        "{relative}"
+    );
     let csv = plan
         .write(spec("/out", FileFormat::Json, Compression::Zstd))
         .unwrap_err()
         .to_string();
-    assert!(csv.contains("compression zstd applies to Parquet only"), "{csv}");
+    assert!(
+        csv.contains("compression zstd applies to Parquet only"),
+        "{csv}"
+    );
     plan.write(spec("/out", FileFormat::Json, Compression::Uncompressed))
         .unwrap();
 }
@@ -633,7 +639,11 @@ fn a_file_named_twice_is_read_twice() {
     let stamp = crate::fingerprint::FileStamp::of(&path).unwrap();
     let schema = Schema::new(vec![Field::new("x", DataType::Int64, true)]);
     let scan = |files: Vec<_>| {
-        FileScan::new(FileFormat::Csv(CsvOptions::default()), files, schema.clone())
+        FileScan::new(
+            FileFormat::Csv(CsvOptions::default()),
+            files,
+            schema.clone(),
+        )
     };
     let once = LogicalPlan::read(scan(vec![stamp.clone()])).unwrap();
     let twice = LogicalPlan::read(scan(vec![stamp.clone(), stamp])).unwrap();

@@ -16,8 +16,8 @@ use floe_core::expr::{col, lit};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{
-    AggFunction, Aggregation, Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan, SortKey,
-    WriteMode, WriteSpec,
+    AggFunction, Aggregation, Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan,
+    SortKey, WriteMode, WriteSpec,
 };
 use floe_core::wire::WireConfig;
 use floe_core::{NodeId, ObjectId};
@@ -86,9 +86,9 @@ async fn run_with(
 ) -> Arc<JobRecord> {
     let job = fake.submit(spec, DRIVER_NODE);
     tokio::time::timeout(JOB_TIMEOUT, crate::drive(config, Arc::clone(fake), job, 1))
-    .await
-    .expect("the job ended in time")
-    .expect("the driver committed the outcome");
+        .await
+        .expect("the job ended in time")
+        .expect("the driver committed the outcome");
     // Frees the driver spawned and did not wait for.
     tokio::time::sleep(Duration::from_millis(20)).await;
     fake.job(job)
