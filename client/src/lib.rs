@@ -453,8 +453,9 @@ impl Dataset {
 
     /// Writes files of `format` into `directory` (created if missing). A relative directory
     /// is resolved against this process's working directory now, never a node's. Under
-    /// [`WriteMode::Error`] (the default) a directory that already holds files is refused here
-    /// and again before the output is published.
+    /// [`WriteMode::Error`] (the default) a directory that already holds files is refused when
+    /// the job is submitted ([`Dataset::check_sinks`]) and again before the output is
+    /// published.
     pub fn write(
         &self,
         format: FileFormat,
@@ -466,9 +467,6 @@ impl Dataset {
                 path: directory.as_ref().to_owned(),
                 source,
             })?;
-        if options.mode == WriteMode::Error {
-            floe_engine::write::check_empty(&directory)?;
-        }
         let compression = options
             .compression
             .unwrap_or_else(|| Compression::default_for(&format));
@@ -479,6 +477,13 @@ impl Dataset {
             mode: options.mode,
             compression,
         })?))
+    }
+
+    /// Refuses the plan if a sink in [`WriteMode::Error`] would write into a directory that
+    /// already holds files, as far as this process can see it (the job checks again before it
+    /// publishes anything). [`Client::submit`] calls it.
+    pub fn check_sinks(&self) -> Result<()> {
+        check_sinks(&self.plan)
     }
 
     pub fn schema(&self) -> &Schema {
@@ -563,6 +568,20 @@ impl Dataset {
         let materialized = Self::from_batches(self.schema(), &blocks)?;
         Ok(self.then(materialized.plan))
     }
+}
+
+/// [`Dataset::check_sinks`] over any plan; a walk with a stack, so any depth is safe.
+pub(crate) fn check_sinks(plan: &LogicalPlan) -> Result<()> {
+    let mut pending = vec![plan];
+    while let Some(node) = pending.pop() {
+        if let floe_core::plan::Operator::Write(spec) = node.operator()
+            && spec.mode == WriteMode::Error
+        {
+            floe_engine::write::check_empty(&spec.directory)?;
+        }
+        pending.extend(node.inputs());
+    }
+    Ok(())
 }
 
 /// A dataset grouped by keys, waiting for its aggregations.

@@ -2,6 +2,8 @@
 //! ```` ```toml ```` block with a `[source]` table is checked whole, and each block of steps
 //! alone (a fragment showing one step) is checked after a `range` source.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 
 use floe_client::jobspec::check_job_file;

@@ -1,6 +1,8 @@
 //! Sinks and sources as a user meets them: relative paths, write modes, Parquet compression,
 //! a path named twice, and strict casts.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 use floe_client::{
@@ -64,15 +66,25 @@ fn write_modes_refuse_replace_and_append() {
         .execute_locally()
         .unwrap();
     assert_eq!(rows_in(&out), 150);
-    // `error`: refused when the job is built…
-    let refused = write(10, WriteMode::Error).unwrap_err().to_string();
+    // `error`: refused when the job is submitted…
+    let again = write(10, WriteMode::Error).unwrap();
+    let refused = again.check_sinks().unwrap_err().to_string();
     assert!(refused.contains("already holds files"), "{refused}");
-    // …and again when it runs, if the directory filled meanwhile.
+    assert!(
+        write(10, WriteMode::Overwrite)
+            .unwrap()
+            .check_sinks()
+            .is_ok()
+    );
+    // …and again when it runs, also if the directory filled after submission.
+    let error = again.execute_locally().unwrap_err().to_string();
+    assert!(error.contains("already holds files"), "{error}");
     let late = dir.path().join("late");
     let job = Dataset::range(5)
         .unwrap()
         .write_parquet(&late, WriteOptions::default())
         .unwrap();
+    job.check_sinks().unwrap();
     std::fs::create_dir_all(&late).unwrap();
     std::fs::write(late.join("someone-elses.txt"), "x").unwrap();
     let error = job.execute_locally().unwrap_err().to_string();
