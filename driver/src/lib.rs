@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
+use floe_core::config::AllowedPaths;
 use floe_core::job::{JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
@@ -59,6 +60,8 @@ pub struct DriverConfig {
     pub batch_rows: u32,
     /// How often progress goes to the scheduler (and cancellation is noticed).
     pub progress_interval: Duration,
+    /// `data.allowed_paths`: where sinks may publish their files.
+    pub allowed_paths: AllowedPaths,
 }
 
 /// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome
@@ -130,7 +133,13 @@ async fn plan_and_run<C: ClusterAccess>(
         let started_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_millis());
-        let staged = match sinks::stage_sinks(&mut operators, job, attempt, started_ms) {
+        let staged = match sinks::stage_sinks(
+            &mut operators,
+            &config.allowed_paths,
+            job,
+            attempt,
+            started_ms,
+        ) {
             Ok(staged) => staged,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };

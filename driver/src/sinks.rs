@@ -6,10 +6,22 @@
 use std::path::PathBuf;
 
 use floe_core::JobId;
+use floe_core::config::{AllowedPaths, PathNotAllowed};
 use floe_core::plan::physical::StageKind;
 use floe_core::plan::{WriteMode, WriteSpec};
 
 use crate::plan::Planned;
+
+/// Why a sink cannot be staged or published.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SinkError {
+    /// Nodes refuse such a sink's tasks, and the driver moves no file there either (a sink
+    /// with no task would otherwise be published unchecked).
+    #[error(transparent)]
+    NotAllowed(#[from] PathNotAllowed),
+    #[error(transparent)]
+    Write(#[from] floe_engine::Error),
+}
 
 /// One sink as the user asked for it, and where its tasks write meanwhile.
 pub(crate) struct StagedSink {
@@ -23,20 +35,23 @@ pub(crate) struct StagedSink {
 /// directory may have filled since). `started_ms` tells one submission of a job from another.
 pub(crate) fn stage_sinks(
     planned: &mut Planned,
+    allowed: &AllowedPaths,
     job: JobId,
     attempt: u32,
     started_ms: u128,
-) -> Result<Vec<StagedSink>, floe_engine::Error> {
+) -> Result<Vec<StagedSink>, SinkError> {
     let token = format!("job{job}-{attempt}-{started_ms:x}");
     let mut sinks = Vec::new();
     for operator in &mut planned.operators {
         let StageKind::Write(spec) = &mut operator.stage.kind else {
             continue;
         };
+        let staging = floe_engine::write::staging_directory(&spec.directory, &token);
+        allowed.check(&spec.directory)?;
+        allowed.check(&staging)?;
         if spec.mode == WriteMode::Error {
             floe_engine::write::check_empty(&spec.directory)?;
         }
-        let staging = floe_engine::write::staging_directory(&spec.directory, &token);
         sinks.push(StagedSink {
             target: spec.clone(),
             staging: staging.clone(),

@@ -54,6 +54,7 @@ fn driver_config() -> Arc<DriverConfig> {
         max_block_bytes: 1 << 20,
         batch_rows: BATCH_ROWS,
         progress_interval: Duration::from_millis(10),
+        allowed_paths: floe_core::config::AllowedPaths::any(),
     })
 }
 
@@ -569,4 +570,28 @@ async fn six_rows_sort_in_one_partition_and_write_one_file() {
     assert_eq!(reduces, 1);
     let (files, rows) = files_and_rows(&target);
     assert_eq!((files.len(), rows), (1, 6), "{files:?}");
+}
+
+#[tokio::test]
+async fn a_sink_outside_the_allowed_paths_is_refused_before_any_task() {
+    let fake = fake(1, 2);
+    let allowed = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = Arc::new(DriverConfig {
+        allowed_paths: floe_core::config::AllowedPaths::under(&[allowed.path().to_owned()]),
+        ..(*driver_config()).clone()
+    });
+    let target = elsewhere.path().join("out");
+    let plan = written(
+        LogicalPlan::range(10).unwrap(),
+        &target,
+        WriteMode::Overwrite,
+    );
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let JobStatus::Failed { message } = &record.status else {
+        panic!("not refused: {:?}", record.status);
+    };
+    assert!(message.contains("outside data.allowed_paths"), "{message}");
+    assert!(fake.tasks().is_empty());
+    assert!(!target.exists());
 }
