@@ -71,8 +71,9 @@ pub struct JobSpecError {
 /// A parsed job spec: the dataset to run, its options and its name.
 pub struct JobFile {
     pub dataset: Dataset,
-    /// The options, with `name` in [`JobOptions::name`].
     pub options: JobOptions,
+    /// The file's `name`, if it gives one.
+    pub name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -167,6 +168,7 @@ pub fn parse_job_file_with(
     Ok(JobFile {
         dataset,
         options: parsed.options,
+        name: parsed.name,
     })
 }
 
@@ -193,6 +195,7 @@ struct ParsedSpec {
     steps: Vec<(Step, Place)>,
     sink: Option<(Sink, Place)>,
     options: JobOptions,
+    name: Option<String>,
 }
 
 /// Turns a place and an error inside it into the error the user sees.
@@ -254,22 +257,21 @@ fn parse_spec<'a>(
         }
         None => None,
     };
-    let mut options = match &raw.options {
+    let options = match &raw.options {
         Some(options) => {
             let here = place(options.span().start, "options".to_owned());
             job_options(options.get_ref()).map_err(|e| locate(&here, e))?
         }
         None => JobOptions::default(),
     };
-    if let Some(name) = &raw.name {
+    if let Some(name) = &raw.name
+        && name.get_ref().trim().is_empty()
+    {
         let here = place(name.span().start, "name".to_owned());
-        if name.get_ref().trim().is_empty() {
-            return Err(locate(
-                &here,
-                field_error("", "a job's name cannot be empty"),
-            ));
-        }
-        options.name = Some(name.get_ref().clone());
+        return Err(locate(
+            &here,
+            field_error("", "a job's name cannot be empty"),
+        ));
     }
     Ok((
         ParsedSpec {
@@ -278,6 +280,7 @@ fn parse_spec<'a>(
             steps,
             sink,
             options,
+            name: raw.name.map(Spanned::into_inner),
         },
         locate,
     ))

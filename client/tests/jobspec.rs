@@ -537,7 +537,7 @@ compression = "snappy"
         out = out.display()
     );
     let parsed = parse_job_file("job.toml", &file, builtins()).unwrap();
-    assert_eq!(parsed.options.name.as_deref(), Some("orders by region"));
+    assert_eq!(parsed.name.as_deref(), Some("orders by region"));
     let built = Dataset::read_csv(&[&orders])
         .unwrap()
         .union(&Dataset::read_csv(&[&orders]).unwrap())

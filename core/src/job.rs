@@ -30,8 +30,6 @@ pub struct JobOptions {
     /// The share of the cluster's object-store memory the job may keep in flight, in
     /// thousandths (500 = half).
     pub object_store_budget_permille: u32,
-    /// What the user calls the job (a job file's `name`), shown beside its id; not hashed.
-    pub name: Option<String>,
 }
 
 impl Default for JobOptions {
@@ -40,7 +38,6 @@ impl Default for JobOptions {
             cache: CacheMode::Reuse,
             max_task_retries: 3,
             object_store_budget_permille: 500,
-            name: None,
         }
     }
 }

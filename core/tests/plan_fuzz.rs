@@ -104,7 +104,6 @@ fn encode(plan: &LogicalPlan) -> Vec<u8> {
             cache: CacheMode::Recompute,
             max_task_retries: 2,
             object_store_budget_permille: 400,
-            name: Some("fuzzed".to_owned()),
         },
     }
     .encode()
