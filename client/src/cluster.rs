@@ -260,6 +260,7 @@ impl Client {
         plan: &LogicalPlan,
         options: JobOptions,
     ) -> Result<JobHandle> {
+        crate::check_sinks(plan)?;
         let spec = JobSpec {
             plan: plan.resolve_seeds()?,
             options,

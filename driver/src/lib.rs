@@ -16,12 +16,14 @@
 pub mod cluster;
 mod execute;
 mod plan;
+mod sinks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::NodeRequest;
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
+use floe_core::config::AllowedPaths;
 use floe_core::job::{CacheMode, JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
@@ -59,6 +61,8 @@ pub struct DriverConfig {
     pub batch_rows: u32,
     /// How often progress goes to the scheduler (and cancellation is noticed).
     pub progress_interval: Duration,
+    /// `data.allowed_paths`: where sinks may publish their files.
+    pub allowed_paths: AllowedPaths,
 }
 
 /// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome
@@ -131,13 +135,26 @@ async fn plan_and_run<C: ClusterAccess>(
     loop {
         plans += 1;
         let cache = cluster.cache_index().await?;
-        let operators = match plan::plan(spec, &cache, config) {
+        let mut operators = match plan::plan(spec, &cache, config) {
             Ok(operators) => operators,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
         if plans == 1 && spec.options.cache == CacheMode::Recompute {
             execute::remove_old_shards(cluster.as_ref(), &operators).await?;
         }
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let staged = match sinks::stage_sinks(
+            &mut operators,
+            &config.allowed_paths,
+            job,
+            attempt,
+            started_ms,
+        ) {
+            Ok(staged) => staged,
+            Err(error) => return Ok(failed(attempt, error.to_string())),
+        };
         let run = execute::Execution::new(
             Arc::clone(config),
             Arc::clone(cluster),
@@ -146,8 +163,16 @@ async fn plan_and_run<C: ClusterAccess>(
             spec.options.clone(),
             operators,
         );
-        let finished = run.run().await;
-        if finished.stale_cache.is_empty() || plans == MAX_PLANS {
+        let mut finished = run.run().await;
+        let again = !finished.stale_cache.is_empty() && plans < MAX_PLANS;
+        if finished.outcome.status != JobStatus::Succeeded || again {
+            sinks::discard(&staged);
+        } else if let Err(error) = sinks::publish(&staged) {
+            finished.outcome.status = JobStatus::Failed {
+                message: format!("cannot publish the output: {error}"),
+            };
+        }
+        if !again {
             return Ok(finished.outcome);
         }
         for stale in finished.stale_cache {

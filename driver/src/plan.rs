@@ -3,8 +3,8 @@
 //!
 //! Every operator produces an ordered stream of *bundles* (the blocks of one task, or one
 //! cache shard). A cached operator stores bundle `r` of `n` as shard `r` of `n` of its
-//! fingerprint. By default the final output, `.cache()` marks and all-to-all outputs (one
-//! shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
+//! fingerprint. By default the final output (a sink's input when the output is a sink),
+//! `.cache()` marks and all-to-all outputs (one shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
 //! fingerprint). Lookups walk down from the output: an operator whose shards are all cached
 //! (in any shard count) becomes a source of cache loads and nothing below it runs; a source
 //! operator with some of its shards cached loads those and computes only the missing ones.
@@ -155,8 +155,12 @@ pub(crate) fn plan(
     }
     let output = physical.output.0;
     if spec.options.cache != CacheMode::NoCache {
+        // A sink's files are not cache shards; what it writes is, so that adding a sink to a
+        // pipeline whose result is cached loads that result instead of computing it again.
         let mut cached = Vec::new();
-        if !matches!(operators[output].work, Work::Sink) {
+        if matches!(operators[output].work, Work::Sink) {
+            cached.extend(operators[output].inputs.iter().copied());
+        } else {
             cached.push(output);
         }
         cached.extend(

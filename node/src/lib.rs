@@ -766,6 +766,7 @@ impl NodeAgent {
             max_block_bytes: config.data.max_block_size.bytes(),
             batch_rows,
             progress_interval: config.node.progress_interval(),
+            allowed_paths: config.data.allowed(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit

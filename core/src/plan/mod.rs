@@ -50,8 +50,8 @@ use crate::fingerprint::{
 
 pub use error::{FingerprintErrorText, PlanError, describe_schema};
 pub use operator::{
-    AggFunction, Aggregation, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, JoinType,
-    Operator, SeedChoice, SortKey, WriteSpec,
+    AggFunction, Aggregation, Compression, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat,
+    FileScan, JoinType, Operator, SeedChoice, SortKey, WriteMode, WriteSpec,
 };
 pub use process::{
     Concurrency, InlineCode, ProcessUdf, SCRIPT_OPTIONS, UdfCodePolicy, UdfCodeRefused,
@@ -545,10 +545,10 @@ fn owned(columns: &[&str]) -> Vec<String> {
 fn source_description(operator: &Operator) -> Option<SourceDescription> {
     match operator {
         Operator::Read(scan) => {
-            // The fields are public, so a scan built by hand may be unsorted.
+            // The fields are public, so a scan built by hand may be unsorted. A file listed
+            // twice is read twice, so it is hashed twice.
             let mut files = scan.files.clone();
             files.sort();
-            files.dedup();
             Some(SourceDescription::Files(files))
         }
         Operator::Range { n } => Some(SourceDescription::range(*n)),

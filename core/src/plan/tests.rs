@@ -591,12 +591,64 @@ fn plans_round_trip_through_the_wire_codec() {
             format: FileFormat::Csv(CsvOptions::default()),
             directory: PathBuf::from("/out"),
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            mode: WriteMode::Overwrite,
+            compression: Compression::Uncompressed,
         })
         .unwrap();
     let bytes = crate::wire::codec::encode(&plan).unwrap();
     let decoded: LogicalPlan = crate::wire::codec::decode(&bytes, "plan").unwrap();
     assert_eq!(decoded.fingerprint(), plan.fingerprint());
     assert_eq!(decoded.display_tree(), plan.display_tree());
+}
+
+#[test]
+fn a_sink_refuses_a_relative_directory_and_a_codec_its_format_lacks() {
+    let spec = |directory: &str, format: FileFormat, compression: Compression| WriteSpec {
+        format,
+        directory: PathBuf::from(directory),
+        target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        mode: WriteMode::Error,
+        compression,
+    };
+    let plan = LogicalPlan::range(3).unwrap();
+    let relative = plan
+        .write(spec("out", FileFormat::Parquet, Compression::Zstd))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        relative.contains("the directory out is relative"),
+        "{relative}"
+    );
+    let csv = plan
+        .write(spec("/out", FileFormat::Json, Compression::Zstd))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        csv.contains("compression zstd applies to Parquet only"),
+        "{csv}"
+    );
+    plan.write(spec("/out", FileFormat::Json, Compression::Uncompressed))
+        .unwrap();
+}
+
+#[test]
+fn a_file_named_twice_is_read_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.csv");
+    std::fs::write(&path, "x\n1\n").unwrap();
+    let stamp = crate::fingerprint::FileStamp::of(&path).unwrap();
+    let schema = Schema::new(vec![Field::new("x", DataType::Int64, true)]);
+    let scan = |files: Vec<_>| {
+        FileScan::new(
+            FileFormat::Csv(CsvOptions::default()),
+            files,
+            schema.clone(),
+        )
+    };
+    let once = LogicalPlan::read(scan(vec![stamp.clone()])).unwrap();
+    let twice = LogicalPlan::read(scan(vec![stamp.clone(), stamp])).unwrap();
+    assert_eq!(read_of(&twice).files.len(), 2);
+    assert_ne!(once.fingerprint(), twice.fingerprint());
 }
 
 fn read_of(plan: &LogicalPlan) -> FileScan {

@@ -15,7 +15,10 @@ use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
 use floe_core::expr::{col, lit};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
-use floe_core::plan::{AggFunction, Aggregation, LogicalPlan};
+use floe_core::plan::{
+    AggFunction, Aggregation, Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan,
+    SortKey, WriteMode, WriteSpec,
+};
 use floe_core::wire::WireConfig;
 use floe_core::{NodeId, ObjectId};
 
@@ -55,6 +58,7 @@ fn driver_config() -> Arc<DriverConfig> {
         max_block_bytes: 1 << 20,
         batch_rows: BATCH_ROWS,
         progress_interval: Duration::from_millis(10),
+        allowed_paths: floe_core::config::AllowedPaths::any(),
     })
 }
 
@@ -76,14 +80,20 @@ fn stored_range(n: u64) -> LogicalPlan {
 
 /// Runs `spec` to its end on `fake` and returns the job's record.
 async fn run(fake: &Arc<FakeCluster>, spec: &JobSpec) -> Arc<JobRecord> {
+    run_with(fake, spec, driver_config()).await
+}
+
+/// [`run`] with a driver configuration of its own.
+async fn run_with(
+    fake: &Arc<FakeCluster>,
+    spec: &JobSpec,
+    config: Arc<DriverConfig>,
+) -> Arc<JobRecord> {
     let job = fake.submit(spec, DRIVER_NODE);
-    tokio::time::timeout(
-        JOB_TIMEOUT,
-        crate::drive(driver_config(), Arc::clone(fake), job, 1),
-    )
-    .await
-    .expect("the job ended in time")
-    .expect("the driver committed the outcome");
+    tokio::time::timeout(JOB_TIMEOUT, crate::drive(config, Arc::clone(fake), job, 1))
+        .await
+        .expect("the job ended in time")
+        .expect("the driver committed the outcome");
     // Frees the driver spawned and did not wait for.
     tokio::time::sleep(Duration::from_millis(20)).await;
     fake.job(job)
@@ -287,7 +297,12 @@ async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
         .unwrap()
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
-    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    // Tiny target blocks: a partition per input bundle, so several aggregators.
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64,
+        ..(*driver_config()).clone()
+    });
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
     succeeded(&record);
     let batches = fake.batches(outputs(&record));
     let got: BTreeMap<i64, i64> = column(&batches, "k")
@@ -548,4 +563,148 @@ async fn a_later_attempt_frees_what_the_dead_attempt_left_on_the_other_nodes() {
             .iter()
             .all(|object| stored.contains(object))
     );
+}
+
+/// `plan` written as Parquet into `directory` with `mode`.
+fn written(plan: LogicalPlan, directory: &std::path::Path, mode: WriteMode) -> LogicalPlan {
+    plan.write(WriteSpec {
+        format: FileFormat::Parquet,
+        directory: directory.to_owned(),
+        target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        mode,
+        compression: Compression::Zstd,
+    })
+    .unwrap()
+}
+
+/// The visible files of `directory` and the rows in them.
+fn files_and_rows(directory: &std::path::Path) -> (Vec<String>, usize) {
+    let mut names: Vec<String> = std::fs::read_dir(directory)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let rows = names
+        .iter()
+        .map(|name| {
+            let file = std::fs::File::open(directory.join(name)).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            reader.map(|batch| batch.unwrap().num_rows()).sum::<usize>()
+        })
+        .sum();
+    (names, rows)
+}
+
+#[tokio::test]
+async fn adding_a_sink_to_a_cached_pipeline_loads_its_result() {
+    let fake = fake(2, 2);
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    succeeded(&*run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await);
+    let computed = fake.tasks().len();
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("doubled");
+    let sunk = written(plan, &target, WriteMode::Error);
+    let record = run(&fake, &spec(sunk, CacheMode::Reuse)).await;
+    succeeded(&record);
+    let ran_range = fake.tasks()[computed..]
+        .iter()
+        .filter(|task| task.stage == "range")
+        .count();
+    assert_eq!(ran_range, 0, "the range ran again under the sink");
+    assert_eq!(stats(&record, "range").cache_hits, range_task_count(200));
+    assert_eq!(files_and_rows(&target).1, 200);
+}
+
+#[tokio::test]
+async fn write_modes_refuse_replace_or_add_to_an_earlier_output() {
+    let fake = fake(2, 2);
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("out");
+    let job = |n: u64, mode: WriteMode| {
+        spec(
+            written(LogicalPlan::range(n).unwrap(), &target, mode),
+            CacheMode::NoCache,
+        )
+    };
+    succeeded(&*run(&fake, &job(200, WriteMode::Error)).await);
+    let (first_files, rows) = files_and_rows(&target);
+    assert_eq!(rows, 200);
+    assert_eq!(first_files.len() as u64, range_task_count(200));
+
+    // `error`: refused, and the directory is as it was.
+    let refused = run(&fake, &job(10, WriteMode::Error)).await;
+    let JobStatus::Failed { message } = &refused.status else {
+        panic!("not refused: {:?}", refused.status);
+    };
+    assert!(message.contains("already holds files"), "{message}");
+    assert_eq!(files_and_rows(&target), (first_files.clone(), 200));
+
+    // `overwrite` with fewer partitions: exactly the new rows, no stale file.
+    succeeded(&*run(&fake, &job(10, WriteMode::Overwrite)).await);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (1, 10), "{files:?}");
+
+    // `append`: both runs' rows, under new names.
+    succeeded(&*run(&fake, &job(20, WriteMode::Append)).await);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (2, 30), "{files:?}");
+    // Nothing staged is left beside the directory.
+    let beside: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
+    assert_eq!(beside.len(), 1);
+}
+
+#[tokio::test]
+async fn six_rows_sort_in_one_partition_and_write_one_file() {
+    let fake = fake(2, 2);
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("sorted");
+    // Six rows in three stored bundles.
+    let rows = LogicalPlan::range(6)
+        .unwrap()
+        .repartition(3, &[])
+        .unwrap()
+        .sort(vec![SortKey::desc("id")])
+        .unwrap();
+    let record = run(
+        &fake,
+        &spec(written(rows, &target, WriteMode::Error), CacheMode::NoCache),
+    )
+    .await;
+    succeeded(&record);
+    let reduces = fake
+        .tasks()
+        .iter()
+        .filter(|task| task.stage == "sort" && matches!(task.input, StageInput::Reduce { .. }))
+        .count();
+    assert_eq!(reduces, 1);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (1, 6), "{files:?}");
+}
+
+#[tokio::test]
+async fn a_sink_outside_the_allowed_paths_is_refused_before_any_task() {
+    let fake = fake(1, 2);
+    let allowed = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = Arc::new(DriverConfig {
+        allowed_paths: floe_core::config::AllowedPaths::under(&[allowed.path().to_owned()]),
+        ..(*driver_config()).clone()
+    });
+    let target = elsewhere.path().join("out");
+    let plan = written(
+        LogicalPlan::range(10).unwrap(),
+        &target,
+        WriteMode::Overwrite,
+    );
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let JobStatus::Failed { message } = &record.status else {
+        panic!("not refused: {:?}", record.status);
+    };
+    assert!(message.contains("outside data.allowed_paths"), "{message}");
+    assert!(fake.tasks().is_empty());
+    assert!(!target.exists());
 }
