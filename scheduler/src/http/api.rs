@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     /// one (no leader yet) never queues the others behind it.
     replicas: Vec<String>,
     wire: WireConfig,
+    /// How to call nodes: as a cluster member.
+    node_wire: WireConfig,
     job_history: Option<std::path::PathBuf>,
 }
 
@@ -75,6 +77,7 @@ impl Shared {
             replica_id: config.replica_id,
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
+            node_wire: config.node_wire.clone(),
             job_history: config.job_history.clone(),
         }
     }
@@ -869,7 +872,7 @@ async fn remove_shard_files(shared: &Shared, fingerprints: Vec<floe_core::Finger
     for (node, addr) in nodes {
         let removed = async {
             let mut client: RpcClient<NodeProtocol> =
-                RpcClient::connect(addr, shared.wire.clone()).await?;
+                RpcClient::connect(addr, shared.node_wire.clone()).await?;
             client.call(&request).await
         }
         .await;
