@@ -60,6 +60,9 @@ pub struct ReplicaConfig {
     pub history: Option<PathBuf>,
     /// Presents this replica's credential, and verifies replicas and node tickets.
     pub wire: WireConfig,
+    /// Presents the cluster secret to nodes (freeing released outputs): a node refuses a
+    /// replica's credential.
+    pub node_wire: WireConfig,
 }
 
 impl ReplicaConfig {
@@ -79,6 +82,7 @@ impl ReplicaConfig {
             nodes: config.nodes.clone(),
             history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
             wire: WireConfig::replica(config, id),
+            node_wire: WireConfig::member(config),
         })
     }
 }
