@@ -265,6 +265,8 @@ impl Soak {
             };
             total.used += store.used;
             total.objects_in_memory += store.objects_in_memory;
+            total.spilled_bytes += store.spilled_bytes;
+            total.spilled_objects += store.spilled_objects;
             total.fallback_bytes += store.fallback_bytes;
         }
         Ok(total)
@@ -275,7 +277,8 @@ impl Soak {
         let deadline = Instant::now() + SETTLE;
         loop {
             let usage = self.store_usage().await?;
-            if usage.objects_in_memory == 0 || Instant::now() >= deadline {
+            let held = usage.objects_in_memory + usage.spilled_objects;
+            if held == 0 || Instant::now() >= deadline {
                 return Ok(usage);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -313,6 +316,9 @@ impl Soak {
             block,
             jobs,
             shm_used_bytes: usage.used,
+            objects_in_memory: usage.objects_in_memory,
+            store_spilled_bytes: usage.spilled_bytes,
+            spilled_objects: usage.spilled_objects,
             spill_bytes,
             fallback_bytes: usage.fallback_bytes,
             raft_dir_bytes,
@@ -472,6 +478,10 @@ struct BlockFigures {
     jobs: u64,
     /// The nodes' object stores in use, summed.
     shm_used_bytes: u64,
+    objects_in_memory: u64,
+    /// What the stores count as spilled, against what is on disk (`spill_bytes`).
+    store_spilled_bytes: u64,
+    spilled_objects: u64,
     /// Files under the nodes' spill directories, summed.
     spill_bytes: u64,
     /// Objects in disk-backed fallback files, summed over the nodes.
@@ -499,6 +509,9 @@ impl BlockFigures {
             "block": self.block,
             "jobs": self.jobs,
             "shm_used_bytes": self.shm_used_bytes,
+            "objects_in_memory": self.objects_in_memory,
+            "store_spilled_bytes": self.store_spilled_bytes,
+            "spilled_objects": self.spilled_objects,
             "spill_bytes": self.spill_bytes,
             "fallback_bytes": self.fallback_bytes,
             "raft_dir_bytes": self.raft_dir_bytes,
@@ -532,10 +545,11 @@ fn summary(blocks: &[BlockFigures], plan: &Plan) -> serde_json::Value {
             .windows(2)
             .all(|pair| within_5_percent(figure(&pair[1]), figure(&pair[0])))
     };
-    // "Flat": the last block at most 1.1× the first block run with keep_finished reached.
+    // "Flat": the last block at most 1.1× the first block whose state holds keep_finished
+    // jobs (deleted jobs leave at once, so the state reaches it after more jobs than that).
     let reached = blocks
         .iter()
-        .position(|block| block.jobs >= plan.keep_finished)
+        .position(|block| block.state_jobs >= plan.keep_finished)
         .unwrap_or(blocks.len().saturating_sub(1));
     let flat = |figure: fn(&BlockFigures) -> u64| match (blocks.get(reached), blocks.last()) {
         (Some(first), Some(last)) => figure(last) as f64 <= figure(first) as f64 * 1.1,
