@@ -292,7 +292,12 @@ impl Soak {
         }
     }
 
-    async fn measure(&self, block: u64, jobs: u64, latencies: &mut [f64]) -> anyhow::Result<BlockFigures> {
+    async fn measure(
+        &self,
+        block: u64,
+        jobs: u64,
+        latencies: &mut [f64],
+    ) -> anyhow::Result<BlockFigures> {
         let usage = self.settled_usage().await?;
         // `LocalNode` keeps node `name`'s data under `dir/<name>`.
         let spill_bytes = (0..self.nodes.len())
@@ -441,7 +446,14 @@ fn rss_bytes(pid: u32) -> u64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map_or(0, |kib| kib * 1024)
 }
 
@@ -571,7 +583,11 @@ fn summary(blocks: &[BlockFigures], plan: &Plan) -> serde_json::Value {
     // means the last block sets no new high, at most 1.1× the largest seen up to `reached`.
     let raft_flat = match (blocks.get(..=reached), blocks.last()) {
         (Some(before), Some(last)) => {
-            let peak = before.iter().map(|block| block.raft_dir_bytes).max().unwrap_or(0);
+            let peak = before
+                .iter()
+                .map(|block| block.raft_dir_bytes)
+                .max()
+                .unwrap_or(0);
             last.raft_dir_bytes as f64 <= peak as f64 * 1.1
         }
         _ => false,
