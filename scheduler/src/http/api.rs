@@ -93,6 +93,14 @@ impl Shared {
             .map_err(ApiError::from_scheduler)
     }
 
+    /// Commits `command` through the leader as the caller.
+    async fn propose_as(&self, caller: &Caller, command: Command) -> Result<Outcome, ApiError> {
+        self.leader(caller)?
+            .propose(command)
+            .await
+            .map_err(ApiError::from_scheduler)
+    }
+
     pub fn monitor(&self) -> &Monitor {
         &self.monitor
     }
@@ -698,10 +706,8 @@ async fn stop(
     let job = parse_job_id(&id)?;
     // The leader decides, not the snapshot, which may lag a fresh submission.
     let outcome = shared
-        .leader(&caller)?
-        .propose(Command::CancelJob { job })
-        .await
-        .map_err(ApiError::from_scheduler)?;
+        .propose_as(&caller, Command::CancelJob { job })
+        .await?;
     if outcome == Outcome::Applied {
         shared
             .wait_applied(|state| {
@@ -735,10 +741,8 @@ async fn delete_job(
 ) -> Reply {
     let job = parse_job_id(&id)?;
     let outcome = shared
-        .leader(&caller)?
-        .propose(Command::DeleteJob { job })
-        .await
-        .map_err(ApiError::from_scheduler)?;
+        .propose_as(&caller, Command::DeleteJob { job })
+        .await?;
     match outcome {
         Outcome::JobsRemoved(_) => {
             shared
