@@ -1,9 +1,12 @@
 //! `floe cache ls | explain | clean`: the fingerprint cache directory of the node on this host
 //! (`paths.cache_dir`, from the same configuration the node runs with).
 //!
-//! The scheduler's replicated index may still name shards `clean` removed; a driver that finds
-//! an indexed shard missing drops the fingerprint from the index and plans the job again, so
-//! cleaning never makes a job fail.
+//! While a node runs on this host's data directory, `clean` asks that node to do it: the node
+//! drops the shards from the scheduler's replicated index first and only then removes their
+//! files, so no job is planned against a removed shard. With no node running, the files are
+//! removed here (a stopped node's shards are not in the index; it records what is left when it
+//! starts). A shard that goes missing anyway (deleted by hand) costs the job that finds it a
+//! recomputation, never the job.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,10 +14,12 @@ use std::time::SystemTime;
 
 use anyhow::Context;
 use clap::Subcommand;
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_core::Config;
 use floe_core::Fingerprint;
 use floe_core::config::ByteSize;
 use floe_core::plan::optimizer::Optimizer;
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_engine::udf::Registry;
 use floe_objectstore::cache::{Cache, CacheConfig};
 
@@ -95,6 +100,17 @@ pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyh
             println!("{}", cache.explain_miss(&lineage)?);
         }
         CacheCommand::Clean { max_size } => {
+            if let Some(node) = floe_node::live_holder(&config.paths.data_dir)? {
+                let keep_bytes = max_size.map(|size| size.bytes());
+                let (shards, bytes) =
+                    crate::block_on(clean_through_node(config, node, keep_bytes))?;
+                println!(
+                    "removed {shards} shards ({bytes} bytes) from {} through the node running \
+                     on it (the cache index was updated first)",
+                    dir.display()
+                );
+                return Ok(());
+            }
             let before = open(settings.clone())?.stats()?.bytes;
             let removed = match max_size {
                 Some(size) => open(CacheConfig {
@@ -114,4 +130,37 @@ pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyh
         }
     }
     Ok(())
+}
+
+/// Asks the live node `node` to clean its cache; answers the shards and bytes it removed.
+async fn clean_through_node(
+    config: &Config,
+    node: floe_node::Holder,
+    keep_bytes: Option<u64>,
+) -> anyhow::Result<(u64, u64)> {
+    let Some(addr) = node.rpc else {
+        anyhow::bail!(
+            "the node on {} (pid {}) is still starting; run the clean again once it serves",
+            config.paths.data_dir.display(),
+            node.pid
+        );
+    };
+    // Run on the node's host: with the node's own config (its cluster secret), or with an
+    // admin client token.
+    let wire = if config.client.token.is_empty() {
+        WireConfig::member(config)
+    } else {
+        WireConfig::client(config)
+    };
+    let mut client: RpcClient<NodeProtocol> = RpcClient::connect(addr.clone(), wire)
+        .await
+        .with_context(|| format!("cannot reach the node at {addr}"))?;
+    match client
+        .call(&NodeRequest::CleanCache { keep_bytes })
+        .await
+        .with_context(|| format!("the node at {addr} could not clean its cache"))?
+    {
+        NodeResponse::CacheRemoved { shards, bytes } => Ok((shards, bytes)),
+        other => anyhow::bail!("the node at {addr} answered {other:?} to a cache clean"),
+    }
 }

@@ -1,5 +1,5 @@
-//! The client subcommands: `floe status`, `floe nodes`, `floe jobs`, `floe job ID`,
-//! `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
+//! The client subcommands: `floe status`, `floe nodes`, `floe jobs [--all]`, `floe job ID`,
+//! `floe job delete ID`, `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
 //! `--wait` share.
 
 use std::collections::BTreeMap;
@@ -11,18 +11,19 @@ use std::time::Duration;
 use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use clap::Args;
+use clap::{Args, Subcommand};
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
 use floe_core::config::TlsRole;
+use floe_core::plan::UdfCodePolicy;
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 /// Where the cluster is.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// Every scheduler replica, `host:port,host:port,…` (the token comes from the
-    /// configuration: `FLOE_CLUSTER_TOKEN` or `cluster.token`).
+    /// Every scheduler replica, `host:port,host:port,…` (the client token comes from the
+    /// configuration: `FLOE_CLIENT_TOKEN` or `client.token`).
     #[arg(long = "scheduler", value_delimiter = ',', required = true)]
     pub schedulers: Vec<String>,
 }
@@ -30,7 +31,7 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// Connects with the configured token, over TLS when `tls.ca` is set.
     pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
-        let token = config.cluster.token.expose();
+        let token = config.client.token.expose();
         Ok(match config.tls.role()? {
             TlsRole::Plaintext => Client::connect(&self.schedulers, token).await?,
             TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
@@ -46,6 +47,39 @@ pub struct JobArgs {
     pub job: JobId,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Also list the jobs that left the scheduler's state (deleted, or past
+    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from a replica's history.
+    #[arg(long)]
+    pub all: bool,
+    /// With --all: how many history entries to list at most.
+    #[arg(long, requires = "all", default_value_t = 1000)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// `floe job ID`, or `floe job delete ID`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct JobCommandArgs {
+    /// The job's id (as `floe jobs` lists it).
+    #[arg(required = true)]
+    pub job: Option<JobId>,
+    #[command(subcommand)]
+    pub action: Option<JobAction>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobAction {
+    /// Delete an ended job: its result blocks are freed at once and it leaves the job list
+    /// (`floe jobs --all` still shows its summary).
+    Delete(JobArgs),
 }
 
 #[derive(Debug, Args)]
@@ -146,36 +180,70 @@ pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()>
     Ok(())
 }
 
-pub async fn jobs(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
-    let client = cluster.connect(config).await?;
+pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
+    let client = args.cluster.connect(config).await?;
     println!(
         "{:<6} {:<10} {:>8} {:>10} {:>8}",
         "JOB", "STATE", "ATTEMPTS", "WALL_MS", "TASKS"
     );
-    for job in client.jobs().await? {
-        let (wall, tasks) = job
-            .stats
-            .as_ref()
-            .map_or((String::new(), String::new()), |s| {
-                (s.wall_ms.to_string(), s.compute_tasks().to_string())
-            });
+    let row = |id: JobId, state: &str, attempts: u32, stats: Option<&JobStats>, note: &str| {
+        let (wall, tasks) = stats.map_or((String::new(), String::new()), |s| {
+            (s.wall_ms.to_string(), s.compute_tasks().to_string())
+        });
         println!(
-            "{:<6} {:<10} {:>8} {:>10} {:>8}",
-            job.id.to_string(),
-            job.state.name(),
-            job.attempts,
+            "{:<6} {:<10} {:>8} {:>10} {:>8}{note}",
+            id.to_string(),
+            state,
+            attempts,
             wall,
             tasks
+        );
+    };
+    let live = client.jobs().await?;
+    // Oldest first, as the live jobs are: the history's (older) jobs come before them.
+    if args.all {
+        for job in client.job_history(args.limit).await?.iter().rev() {
+            // A job removed after the live list was read can show in both.
+            if live.iter().any(|live| live.id == job.id) {
+                continue;
+            }
+            let note = match job.removal {
+                floe_api::state::Removal::Deleted => "  (deleted)",
+                floe_api::state::Removal::Pruned => "  (history)",
+            };
+            row(
+                job.id,
+                job.status.name(),
+                job.attempts,
+                job.stats.as_ref(),
+                note,
+            );
+        }
+    }
+    for job in &live {
+        row(
+            job.id,
+            job.state.name(),
+            job.attempts,
+            job.stats.as_ref(),
+            "",
         );
     }
     Ok(())
 }
 
-pub async fn job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
+pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
     let client = args.cluster.connect(config).await?;
-    let handle = client.job(args.job);
+    client.job(args.job).delete().await?;
+    println!("job {}: deleted; its result is being freed", args.job);
+    Ok(())
+}
+
+pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    let handle = client.job(job);
     let state = handle.state().await?;
-    println!("job {}: {}", args.job, state.name());
+    println!("job {job}: {}", state.name());
     if let JobState::Failed { message } = &state {
         println!("error: {message}");
     }
@@ -207,6 +275,12 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read the job file {name}"))?;
     let job_file = floe_client::jobspec::parse_job_file(&name, &text, udfs)?;
+    // Refused here rather than on every node: the nodes check the same rule (and their roots).
+    let code = UdfCodePolicy::for_node(&config.node);
+    for udf in job_file.dataset.plan().process_udfs() {
+        code.check_command_line(udf)
+            .with_context(|| format!("{name}: {}", udf.label()))?;
+    }
     let client = args.cluster.connect(config).await?;
     let job = client
         .submit_with(&job_file.dataset, job_file.options)
@@ -220,6 +294,9 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
         println!("job {} succeeded: {} rows", job.id(), output.rows());
         print_stats(&output.stats);
         print!("{}", format_batches(&output.take(10).await?)?);
+        // Held for a later reader (another client, the dashboard) until jobs.result_ttl or
+        // `floe job delete`; this process ends before a release on drop could be sent.
+        output.keep();
     }
     Ok(())
 }
@@ -271,18 +348,16 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 }
 
 /// Runs a local cluster in the foreground until Ctrl-C or SIGTERM.
-/// The cluster's token is the configured one (`FLOE_CLUSTER_TOKEN`), or a generated one; either
-/// way it is written to a file only this user can read, and only the file's path is printed.
+/// Its secrets and an admin client token are generated for it; the token is written to a file
+/// only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
-    let configured = &config.cluster.token;
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
     let cluster = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
-        node_settings: Vec::new(),
-        token: (!configured.is_empty()).then(|| configured.expose().to_owned()),
+        node_settings: process_udf_settings(config),
         tls: !args.plaintext,
     })
     .await?;
@@ -294,6 +369,22 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The nodes `floe up` starts take only the settings given to them: these pass on what
+/// process UDFs may run (`floe --set node.udf_roots=/srv/udfs up`).
+fn process_udf_settings(config: &Config) -> Vec<String> {
+    let roots: Vec<String> = config
+        .node
+        .udf_roots
+        .iter()
+        .map(|root| root.display().to_string())
+        .collect();
+    vec![
+        format!("node.udf_commands={}", config.node.udf_commands.join(",")),
+        format!("node.udf_roots={}", roots.join(",")),
+        format!("node.udf_allow_inline={}", config.node.udf_allow_inline),
+    ]
+}
+
 pub fn print_local_cluster(cluster: &LocalCluster) {
     let schedulers = cluster.addresses().join(",");
     println!("local cluster up:");
@@ -302,7 +393,10 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
     println!("  files:      {}", cluster.dir().display());
     println!("  dashboard:  {}", cluster.dashboard_url());
     let token_file = cluster.token_file();
-    println!("  token:      {} (mode 0600)", token_file.display());
+    println!(
+        "  token:      {} (an admin client token, mode 0600)",
+        token_file.display()
+    );
     let ca = match cluster.ca_file() {
         Some(ca) => {
             println!(
@@ -314,7 +408,7 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
         None => String::new(),
     };
     println!(
-        "  use it:     {ca}FLOE_CLUSTER_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        "  use it:     {ca}FLOE_CLIENT_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
         token_file.display()
     );
 }

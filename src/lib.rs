@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod node;
 mod scheduler;
+mod token_cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,10 +71,12 @@ enum Command {
     Status(cli::ClusterArgs),
     /// Every node, alive or dead.
     Nodes(cli::ClusterArgs),
-    /// Every job with its state.
-    Jobs(cli::ClusterArgs),
-    /// One job: state, progress, stats and error.
-    Job(cli::JobArgs),
+    /// Every job in the scheduler's state with its state; `--all` adds the jobs that moved to
+    /// the history.
+    Jobs(cli::JobsArgs),
+    /// One job: state, progress, stats and error; `floe job delete ID` deletes an ended job
+    /// and frees its result.
+    Job(cli::JobCommandArgs),
     /// Cancel a job.
     Cancel(cli::JobArgs),
     /// Validate and submit a job-spec file.
@@ -81,13 +84,16 @@ enum Command {
     /// The fingerprint cache of the node on this host.
     #[command(subcommand)]
     Cache(cache_cli::CacheCommand),
+    /// Create, list and revoke client tokens (the tokens file, auth.tokens_file).
+    #[command(subcommand)]
+    Token(token_cli::TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Print the effective configuration as TOML (the token is redacted).
+    /// Print the effective configuration as TOML (every secret is redacted).
     Show,
-    /// Check that a service could start here: settings valid, token set, directories
+    /// Check that a service could start here: settings valid, secrets set, directories
     /// writable, ports free.
     Check {
         /// The services to check (default: all).
@@ -151,6 +157,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
             | Command::Jobs(_)
             | Command::Job(_)
             | Command::Cache(_)
+            | Command::Token(_)
     );
     if prints_for_a_pipe {
         end_quietly_when_stdout_closes();
@@ -179,11 +186,16 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Up(args) => block_on(cli::up(&config, &args))?,
         Command::Status(cluster) => block_on(cli::status(&config, &cluster))?,
         Command::Nodes(cluster) => block_on(cli::nodes(&config, &cluster))?,
-        Command::Jobs(cluster) => block_on(cli::jobs(&config, &cluster))?,
-        Command::Job(args) => block_on(cli::job(&config, &args))?,
+        Command::Jobs(args) => block_on(cli::jobs(&config, &args))?,
+        Command::Job(args) => match (args.action, args.job) {
+            (Some(cli::JobAction::Delete(args)), _) => block_on(cli::delete_job(&config, &args))?,
+            (None, Some(job)) => block_on(cli::job(&config, job, &args.cluster))?,
+            (None, None) => anyhow::bail!("name a job: `floe job ID` or `floe job delete ID`"),
+        },
         Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,
         Command::Submit(args) => block_on(cli::submit(&config, &args, udfs))?,
         Command::Cache(command) => cache_cli::run(&config, &command, udfs)?,
+        Command::Token(command) => token_cli::run(&config, &command)?,
     }
     Ok(())
 }

@@ -64,10 +64,10 @@ pub fn run(config: &Config, args: NodeArgs) -> anyhow::Result<()> {
     if args.check_config {
         return check_config(config, &args);
     }
-    if config.cluster.token.is_empty() {
+    if config.cluster.secret.is_empty() {
         anyhow::bail!(
-            "cluster.token is empty, and the scheduler refuses nodes without one; set \
-             FLOE_CLUSTER_TOKEN to the cluster's secret"
+            "cluster.secret is empty, and the scheduler refuses nodes without it; set \
+             FLOE_CLUSTER_SECRET to the cluster's secret"
         );
     }
     let worker_binary =

@@ -8,6 +8,7 @@ use floe_client::jobspec::{PathPolicy, parse_job_file_with};
 use floe_core::Config;
 use floe_core::config::Service;
 use floe_core::job::JobSpec;
+use floe_core::plan::UdfCodePolicy;
 use floe_engine::udf::Registry;
 use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, RejectedSpec};
 use floe_scheduler::replica::{Replica, ReplicaConfig, parse_peers};
@@ -22,17 +23,20 @@ pub struct SchedulerArgs {
     /// This replica listens on its own entry's port, on net.bind_host.
     #[arg(long, value_name = "ID=HOST:PORT,…")]
     peers: String,
-    /// Check the configuration (token, directories, ports, --id and --peers) and exit
+    /// Check the configuration (secrets, directories, ports, --id and --peers) and exit
     /// without starting.
     #[arg(long)]
     check_config: bool,
 }
 
 /// Job specs posted to the REST API, read exactly as `floe submit` reads a file, except that
-/// paths must be absolute and under `data.allowed_paths`.
+/// paths must be absolute and under `data.allowed_paths`. A process UDF with inline code is
+/// refused here already, unless this replica's `node.udf_allow_inline` allows it (the nodes
+/// check again, and check `node.udf_roots`).
 struct SubmittedSpecs {
     udfs: Arc<Registry>,
     paths: PathPolicy,
+    code: UdfCodePolicy,
 }
 
 impl JobSpecParser for SubmittedSpecs {
@@ -40,6 +44,11 @@ impl JobSpecParser for SubmittedSpecs {
         let reject = |error: &dyn std::fmt::Display| RejectedSpec(error.to_string());
         let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), &self.paths)
             .map_err(|error| reject(&error))?;
+        for udf in job.dataset.plan().process_udfs() {
+            self.code
+                .check_command_line(udf)
+                .map_err(|error| reject(&format!("job: {}: {error}", udf.label())))?;
+        }
         let spec = JobSpec {
             plan: job
                 .dataset
@@ -86,10 +95,17 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
     if args.check_config {
         return check_config(config, &args);
     }
-    if config.cluster.token.is_empty() {
+    if config.cluster.secret.is_empty() {
         anyhow::bail!(
-            "cluster.token is empty, and replicas refuse connections without one; set \
-             FLOE_CLUSTER_TOKEN to the same long random secret on every process"
+            "cluster.secret is empty, and replicas refuse nodes without it; set \
+             FLOE_CLUSTER_SECRET to the same long random secret on every replica and node"
+        );
+    }
+    if config.scheduler.replica_secret.is_empty() {
+        anyhow::bail!(
+            "scheduler.replica_secret is empty, and replicas refuse each other without it; set \
+             FLOE_SCHEDULER_REPLICA_SECRET to the same long random secret on every replica \
+             (and on no node)"
         );
     }
     let peers = parse_peers(&args.peers)?;
@@ -116,7 +132,11 @@ pub fn run(config: &Config, args: SchedulerArgs, udfs: Arc<Registry>) -> anyhow:
         let http = HttpServer::start(
             http_config,
             replica.applied_state(),
-            Arc::new(SubmittedSpecs { udfs, paths }),
+            Arc::new(SubmittedSpecs {
+                udfs,
+                paths,
+                code: UdfCodePolicy::for_node(&config.node),
+            }),
         )?;
         tracing::info!(
             replica = args.id,

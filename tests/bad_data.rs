@@ -146,15 +146,27 @@ async fn bad_parquet_is_refused_naming_the_file_and_the_cluster_keeps_serving() 
         error.contains("cannot cast col(\"label\") from Utf8 to List"),
         "{error:?}"
     );
+    // A strict cast of text that is no number fails the job, naming the value; `try_cast`
+    // makes it null instead.
     let unparsable = Dataset::read_parquet(&[path("snappy.parquet")])
         .unwrap()
         .with_column("number", col("label").cast(DataType::Int64))
+        .unwrap();
+    let failed = client.submit(&unparsable).await.unwrap().wait().await;
+    let error = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        error.contains("cast(col(\"label\") as Int64): \"row-0\" does not convert to Int64"),
+        "{error}"
+    );
+    let tried = Dataset::read_parquet(&[path("snappy.parquet")])
+        .unwrap()
+        .with_column("number", col("label").try_cast(DataType::Int64))
         .unwrap()
         .filter(col("number").is_not_null())
         .unwrap();
     assert_eq!(
         client
-            .submit(&unparsable)
+            .submit(&tried)
             .await
             .unwrap()
             .wait()

@@ -23,7 +23,6 @@ fn options(nodes: usize) -> LocalClusterOptions {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=8MiB".into()],
-        token: None,
         tls: false,
     }
 }
@@ -149,12 +148,12 @@ async fn a_bad_job_file_is_refused_naming_the_line_and_field() {
 }
 
 /// Three scheduler replicas and two nodes of two workers each, with `node_settings` besides.
-async fn three_replicas_and_two_nodes(token: &str, node_settings: &[&str]) -> TestCluster {
+async fn three_replicas_and_two_nodes(node_settings: &[&str]) -> TestCluster {
     let config = TestClusterConfig {
         replicas: 3,
         settings: vec![FAST_ELECTIONS.into()],
         node_settings: node_settings.iter().map(|s| (*s).to_owned()).collect(),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     TestCluster::start(config, 2).await
 }
@@ -166,7 +165,7 @@ async fn output_ids(output: &floe_client::JobOutput) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_client_survives_a_scheduler_leader_kill() {
-    let mut cluster = three_replicas_and_two_nodes("leader-kill", &[]).await;
+    let mut cluster = three_replicas_and_two_nodes(&[]).await;
     let leader = cluster
         .schedulers
         .wait_for_leader(READY_TIMEOUT)
@@ -278,7 +277,7 @@ async fn a_custom_floe_binary_runs_its_own_udf_on_the_cluster() {
     let output = Command::new(&custom)
         .args(["submit", file, "--wait", "--scheduler"])
         .arg(cluster.addresses().join(","))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .env("FLOE_CLIENT_TOKEN", cluster.token())
         .output()
         .unwrap();
     let printed = stdout(&output);
@@ -318,9 +317,10 @@ fn cache_files(data_dir: &std::path::Path) -> usize {
         .count()
 }
 
-/// Runs `floe cache …` on the node data directory `data_dir`.
-fn floe_cache(data_dir: &std::path::Path, args: &[&str]) -> String {
+/// Runs `floe cache …` on the node data directory `data_dir` of `cluster`.
+fn floe_cache(cluster: &LocalCluster, data_dir: &std::path::Path, args: &[&str]) -> String {
     let output = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .env("FLOE_CLIENT_TOKEN", cluster.token())
         .args([
             "--set",
             &format!("paths.data_dir={}", data_dir.display()),
@@ -365,7 +365,7 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
     assert!(first.stats.compute_tasks() > 0);
 
     let data_dir = cluster.dir().join("node-0");
-    let listed = floe_cache(&data_dir, &["ls"]);
+    let listed = floe_cache(&cluster, &data_dir, &["ls"]);
     let shard_files = cache_files(&data_dir);
     assert!(shard_files > 0);
     assert!(
@@ -373,27 +373,43 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         "{listed}"
     );
 
-    let explained = floe_cache(&data_dir, &["explain", cached.to_str().unwrap()]);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", cached.to_str().unwrap()]);
     assert!(
         explained.contains("cached, with shard counts"),
         "{explained}"
     );
     let changed = job_file("changed.toml", 9);
-    let explained = floe_cache(&data_dir, &["explain", changed.to_str().unwrap()]);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", changed.to_str().unwrap()]);
     assert!(explained.contains("nearest cached entry"), "{explained}");
     assert!(
         explained.contains("expr"),
         "the changed argument is named: {explained}"
     );
 
-    let cleaned = floe_cache(&data_dir, &["clean"]);
+    let cleaned = floe_cache(&cluster, &data_dir, &["clean"]);
     assert!(
-        cleaned.contains(&format!("removed {shard_files} shards")),
+        cleaned.contains(&format!("removed {shard_files} shards"))
+            && cleaned.contains("through the node"),
         "{cleaned}"
     );
     assert_eq!(cache_files(&data_dir), 0);
+    // The running node took the shards out of the index before removing their files.
+    let url = cluster.dashboard_url();
+    let http = url.trim_start_matches("http://").trim_end_matches('/');
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let cache = floe_testkit::http::get(http, "/api/cache", cluster.token()).json();
+        if cache["entries"] == serde_json::json!([]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard still lists cleaned entries: {cache}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
-    // The index still names the removed shards: the job plans again and recomputes.
+    // Nothing indexed, nothing missing: the job recomputes and caches again.
     let again = client
         .submit(&parsed.dataset)
         .await
@@ -403,6 +419,7 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         .unwrap();
     assert_eq!(again.rows(), 20_000);
     assert!(again.stats.compute_tasks() > 0, "{:?}", again.stats);
+    assert_eq!(cache_files(&data_dir), shard_files);
 }
 
 /// A `floe up` that is interrupted (and so stops its cluster) when the test ends, even when
@@ -420,9 +437,11 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// `floe up` with no token configured: it generates one, stores it in a file only its owner
-/// can read, prints the file's path but never the token, and the token works, over TLS with
-/// the CA it prints; without the CA a client is told the cluster requires TLS.
+/// `floe up` generates its secrets and an admin token, stores the token in a file only its
+/// owner can read, prints the file's path but never the token, and the token works, over TLS
+/// with the CA it prints; without the CA a client is told the cluster requires TLS. Its REST
+/// API (HTTPS) refuses reads without a token (401) and serves them with a read token (200),
+/// one created with `floe token create` while the cluster runs.
 #[test]
 fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
@@ -454,7 +473,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
             .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
     };
     let token_file = field("token:")
-        .trim_end_matches("(mode 0600)")
+        .trim_end_matches("(an admin client token, mode 0600)")
         .trim()
         .to_owned();
     let schedulers = field("schedulers:");
@@ -478,7 +497,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     assert!(std::path::Path::new(&ca).is_file(), "{ca}");
     let status = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
-        .env("FLOE_CLUSTER_TOKEN", &token)
+        .env("FLOE_CLIENT_TOKEN", &token)
         .env("FLOE_TLS_CA", &ca)
         .output()
         .unwrap();
@@ -489,23 +508,56 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     );
     let refused = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
-        .env("FLOE_CLUSTER_TOKEN", "not-the-token")
+        .env("FLOE_CLIENT_TOKEN", "not-the-token")
         .env("FLOE_TLS_CA", &ca)
         .output()
         .unwrap();
     assert!(!refused.status.success());
     let plaintext = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["status", "--scheduler", &schedulers])
-        .env("FLOE_CLUSTER_TOKEN", &token)
+        .env("FLOE_CLIENT_TOKEN", &token)
         .output()
         .unwrap();
     assert!(!plaintext.status.success());
     let stderr = String::from_utf8_lossy(&plaintext.stderr);
     assert!(stderr.contains("requires TLS"), "{stderr}");
 
+    // The REST API, over HTTPS: reads need a token by default.
+    let files = field("files:");
+    let http = field("dashboard:")
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_owned();
+    let ca = std::path::Path::new(&ca);
+    let get = |token: &str| floe_testkit::http::get_tls(&http, "/api/jobs", token, ca).unwrap();
+    assert_eq!(get("").status, 401);
+    assert_eq!(get("not-the-token").status, 401);
+    let created = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["token", "create", "--name", "reader", "--scopes", "read"])
+        .arg("--set")
+        .arg(format!("auth.tokens_file={files}/tokens"))
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let read_token = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    let jobs = get(&read_token);
+    assert_eq!(jobs.status, 200, "{}", jobs.body);
+    let submitted = floe_testkit::http::post_json_tls(
+        &http,
+        "/api/jobs",
+        &read_token,
+        &serde_json::json!({"job": "[source]\nrange = 3\n"}),
+        ca,
+    )
+    .unwrap();
+    assert_eq!(submitted.status, 403, "{}", submitted.body);
+
     // SIGTERM (a service manager, `timeout`, `kill`) stops the cluster like Ctrl-C: every
     // process it started is gone, and the token file goes with it.
-    let files = field("files:");
     let started = processes_mentioning(&files);
     assert!(started.len() >= 2, "a scheduler and a node: {started:?}");
     let terminated = Command::new("kill")
@@ -524,7 +576,7 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
     let small_blocks = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
-    let mut cluster = three_replicas_and_two_nodes("full-restart", &small_blocks).await;
+    let mut cluster = three_replicas_and_two_nodes(&small_blocks).await;
     let client = cluster.connect().await;
     let n = 200_000i64;
     let slow = Dataset::range(n as u64)

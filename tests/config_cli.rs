@@ -114,13 +114,29 @@ fn json_logs_are_json_lines() {
 }
 
 #[test]
-fn the_token_is_redacted() {
-    let output = floe(&["config", "show"], &[("FLOE_CLUSTER_TOKEN", "hunter2")]);
-    assert_eq!(
-        shown(&output, "cluster", "token").as_str(),
-        Some("<redacted>")
+fn every_secret_is_redacted() {
+    let output = floe(
+        &["config", "show"],
+        &[
+            ("FLOE_CLUSTER_SECRET", "hunter2"),
+            ("FLOE_SCHEDULER_REPLICA_SECRET", "hunter3"),
+            ("FLOE_CLIENT_TOKEN", "hunter4"),
+        ],
     );
-    assert!(!stdout(&output).contains("hunter2"));
+    for (section, key) in [
+        ("cluster", "secret"),
+        ("scheduler", "replica_secret"),
+        ("client", "token"),
+    ] {
+        assert_eq!(
+            shown(&output, section, key).as_str(),
+            Some("<redacted>"),
+            "{section}.{key}"
+        );
+    }
+    for secret in ["hunter2", "hunter3", "hunter4"] {
+        assert!(!stdout(&output).contains(secret));
+    }
 }
 
 /// Arguments, environment, and the text the error must contain.
@@ -187,7 +203,8 @@ fn check_passes_on_a_usable_host() {
             "node.rpc_port=0",
         ],
         &[
-            ("FLOE_CLUSTER_TOKEN", "secret"),
+            ("FLOE_CLUSTER_SECRET", "secret"),
+            ("FLOE_SCHEDULER_REPLICA_SECRET", "replica-secret"),
             ("FLOE_PATHS_DATA_DIR", data_dir.to_str().unwrap()),
         ],
     );
@@ -209,7 +226,7 @@ fn check_reports_a_taken_port() {
     let output = floe(
         &["config", "check", "--service", "node"],
         &[
-            ("FLOE_CLUSTER_TOKEN", "secret"),
+            ("FLOE_CLUSTER_SECRET", "secret"),
             ("FLOE_PATHS_DATA_DIR", dir.path().to_str().unwrap()),
             ("FLOE_NODE_RPC_PORT", &port),
         ],
@@ -223,7 +240,7 @@ fn check_reports_a_taken_port() {
 }
 
 #[test]
-fn check_reports_a_missing_token() {
+fn check_reports_a_missing_secret() {
     let dir = tempfile::tempdir().unwrap();
     let output = floe(
         &["config", "check", "--service", "node"],
@@ -231,7 +248,7 @@ fn check_reports_a_missing_token() {
     );
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        stderr(&output).contains("cluster.token: is empty"),
+        stderr(&output).contains("cluster.secret: is empty"),
         "{}",
         stderr(&output)
     );

@@ -191,7 +191,7 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
     // The node ids the API reports alive: what the page must list. The API serves the
     // replica's applied state, republished every 250 ms, so it may trail the job by that.
     let mut alive: Vec<String> = wait_for("the API to list both nodes", WAIT, || {
-        let nodes = get(http, "/api/nodes?state=alive").json()["nodes"].clone();
+        let nodes = get(http, "/api/nodes?state=alive", cluster.token()).json()["nodes"].clone();
         let ids: Vec<String> = nodes
             .as_array()?
             .iter()
@@ -203,6 +203,12 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
 
     let driver = Driver::start();
     let session = driver.session();
+    // Reads need a token: set it in the tab as the "token" link would.
+    session.go(&url);
+    session.eval(&format!(
+        "sessionStorage.setItem('floe-token', {}); return true;",
+        json!(cluster.token())
+    ));
 
     session.go(&format!("{url}#/nodes"));
     let listed = session.wait_for(

@@ -15,9 +15,9 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Waits until `addr` shows `job` in `state`; a replica that has not applied the job yet
 /// answers 404 meanwhile.
-fn wait_for_state(addr: &str, job: &str, state: &str) -> Value {
+fn wait_for_state(addr: &str, token: &str, job: &str, state: &str) -> Value {
     wait_for(&format!("job {job} to be {state} on {addr}"), WAIT, || {
-        let response = get(addr, &format!("/api/jobs/{job}"));
+        let response = get(addr, &format!("/api/jobs/{job}"), token);
         assert!(matches!(response.status, 200 | 404), "{}", response.body);
         let detail = (response.status == 200).then(|| response.json())?;
         (detail["state"] == state).then_some(detail)
@@ -41,7 +41,7 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     let addr = http_addr(&cluster);
     let token = cluster.token();
 
-    let version = get(&addr, "/api/version").json();
+    let version = get(&addr, "/api/version", token).json();
     assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
 
     // Without the token, or with a wrong one, nothing is created.
@@ -59,13 +59,13 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     );
     assert_eq!(raw_toml.status, 401);
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(get(&addr, "/api/jobs").json()["total"], 0);
+    assert_eq!(get(&addr, "/api/jobs", token).json()["total"], 0);
 
     // With it, the job runs; the result is checked against a count made here.
     let created = submit(&addr, token, spec);
     assert_eq!(created.status, 201, "{}", created.body);
     let job = created.json()["job_id"].as_str().unwrap().to_owned();
-    let detail = wait_for_state(&addr, &job, "succeeded");
+    let detail = wait_for_state(&addr, token, &job, "succeeded");
     let expected = (0..10_000).filter(|id| id % 3 == 0).count();
     assert_eq!(detail["output"]["rows"], expected);
     assert_eq!(detail["output_rows"], expected);
@@ -130,13 +130,13 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     );
     assert_eq!(long.status, 201, "{}", long.body);
     let long = long.json()["job_id"].as_str().unwrap().to_owned();
-    wait_for_state(&addr, &long, "running");
+    wait_for_state(&addr, token, &long, "running");
     let stop_path = format!("/api/jobs/{long}/stop");
     assert_eq!(post_json(&addr, &stop_path, "", &json!({})).status, 401);
     let stopped = post_json(&addr, &stop_path, token, &json!({}));
     assert_eq!(stopped.status, 200, "{}", stopped.body);
     assert_eq!(stopped.json()["stopped"], true);
-    wait_for_state(&addr, &long, "cancelled");
+    wait_for_state(&addr, token, &long, "cancelled");
     assert_eq!(
         post_json(&addr, &stop_path, token, &json!({})).json()["stopped"],
         false
@@ -145,28 +145,28 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
         post_json(&addr, "/api/jobs/999/stop", token, &json!({})).status,
         404
     );
-    assert_eq!(get(&addr, "/api/jobs/999").status, 404);
-    assert_eq!(get(&addr, "/api/jobs/abc").status, 400);
+    assert_eq!(get(&addr, "/api/jobs/999", token).status, 404);
+    assert_eq!(get(&addr, "/api/jobs/abc", token).status, 400);
 
     // Lists, filters and pages.
-    let succeeded = get(&addr, "/api/jobs?state=succeeded").json();
+    let succeeded = get(&addr, "/api/jobs?state=succeeded", token).json();
     assert_eq!(succeeded["counts"]["succeeded"], succeeded["total"]);
     assert!(succeeded["total"].as_u64().unwrap() >= 3);
-    let page = get(&addr, "/api/jobs?limit=1&offset=1").json();
+    let page = get(&addr, "/api/jobs?limit=1&offset=1", token).json();
     assert_eq!(page["jobs"].as_array().unwrap().len(), 1);
-    assert_eq!(get(&addr, "/api/jobs?state=bogus").status, 400);
+    assert_eq!(get(&addr, "/api/jobs?state=bogus", token).status, 400);
 
-    let nodes = get(&addr, "/api/nodes?state=alive").json();
+    let nodes = get(&addr, "/api/nodes?state=alive", token).json();
     assert_eq!(nodes["total"], 2);
     for node in nodes["nodes"].as_array().unwrap() {
         assert!(node["memory"]["object_store_bytes"].as_u64().unwrap() > 0);
         assert_eq!(node["usage"]["workers"], 2);
     }
-    let overview = get(&addr, "/api/cluster").json();
+    let overview = get(&addr, "/api/cluster", token).json();
     assert_eq!(overview["health"], "ok");
     assert_eq!(overview["nodes"]["alive"], 2);
 
-    let metrics = get(&addr, "/metrics").body;
+    let metrics = get(&addr, "/metrics", token).body;
     assert!(
         metrics.contains("floe_nodes{state=\"alive\"} 2"),
         "{metrics}"
@@ -177,7 +177,7 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     );
     assert!(metrics.contains("floe_raft_is_leader 1"), "{metrics}");
 
-    let events = get(&addr, "/api/events").json();
+    let events = get(&addr, "/api/events", token).json();
     let kinds: Vec<&str> = events["events"]
         .as_array()
         .unwrap()
@@ -191,7 +191,16 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     assert!(kinds.contains(&"job_state"));
 
     // The cache: entries from the jobs above; cleaning needs the token and empties it.
-    let cache = get(&addr, "/api/cache").json();
+    let shard_files = || -> Vec<String> {
+        ["node-0", "node-1"]
+            .iter()
+            .flat_map(|node| std::fs::read_dir(cluster.dir().join(node).join("cache")).unwrap())
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("cache-"))
+            .collect()
+    };
+    assert!(!shard_files().is_empty());
+    let cache = get(&addr, "/api/cache", token).json();
     assert!(!cache["entries"].as_array().unwrap().is_empty(), "{cache}");
     assert_eq!(
         post_json(&addr, "/api/cache/clean", "", &json!({})).status,
@@ -200,15 +209,17 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
     let cleaned = post_json(&addr, "/api/cache/clean", token, &json!({})).json();
     assert!(cleaned["evicted"].as_u64().unwrap() >= 1);
     wait_for("the cache index to empty", WAIT, || {
-        let cache = get(&addr, "/api/cache").json();
+        let cache = get(&addr, "/api/cache", token).json();
         cache["entries"]
             .as_array()
             .unwrap()
             .is_empty()
             .then_some(())
     });
+    // The files went too (after the index), so a restarted node cannot index them again.
+    assert_eq!(shard_files(), Vec::<String>::new());
 
-    let missing = get(&addr, "/api/nothing");
+    let missing = get(&addr, "/api/nothing", token);
     assert_eq!(missing.status, 404);
     assert!(error_of(&missing).contains("no such endpoint"));
 }
@@ -217,11 +228,11 @@ fn rest_api_runs_jobs_with_the_token_and_refuses_without() {
 fn every_replica_serves_the_api_and_forwards_mutations() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let token = "http-replicas-token";
     let config = TestClusterConfig {
         replicas: 3,
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
+    let token = config.token();
     let mut schedulers = start_schedulers(&config, dir.path());
     let leader = runtime.block_on(schedulers.wait_for_leader(WAIT)).unwrap();
     let addrs: Vec<String> = (1..=3)
@@ -231,7 +242,7 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
 
     for id in 1..=3 {
         wait_for(&format!("replica {id} to see every replica"), WAIT, || {
-            let cluster = get(&http(id), "/api/cluster").json();
+            let cluster = get(&http(id), "/api/cluster", token).json();
             let reachable = cluster["replicas"]
                 .as_array()
                 .unwrap()
@@ -251,7 +262,7 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
     let job = created.json()["job_id"].as_str().unwrap().to_owned();
     for id in 1..=3 {
         // No node has joined, so the job waits for a driver.
-        wait_for_state(&http(id), &job, "pending");
+        wait_for_state(&http(id), token, &job, "pending");
     }
     let stopped = post_json(
         &http(followers[1]),
@@ -261,14 +272,14 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
     );
     assert_eq!(stopped.json()["stopped"], true, "{}", stopped.body);
     for id in 1..=3 {
-        wait_for_state(&http(id), &job, "cancelled");
+        wait_for_state(&http(id), token, &job, "cancelled");
     }
 
     // Kill the leader: the survivors report it unreachable, elect another and say so.
     schedulers.kill(leader).unwrap();
     let survivor = http(followers[0]);
     let new_leader = wait_for("a new leader", WAIT, || {
-        let cluster = get(&survivor, "/api/cluster").json();
+        let cluster = get(&survivor, "/api/cluster", token).json();
         let unreachable = cluster["replicas"]
             .as_array()
             .unwrap()
@@ -281,7 +292,7 @@ fn every_replica_serves_the_api_and_forwards_mutations() {
         .then(|| cluster["leader"].as_u64().unwrap())
     });
     assert!(followers.contains(&new_leader));
-    let events = get(&survivor, "/api/events").json();
+    let events = get(&survivor, "/api/events", token).json();
     let changes = events["events"]
         .as_array()
         .unwrap()

@@ -9,7 +9,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_client::local::{LocalCredentials, LocalSchedulers, LocalSchedulersConfig};
 use floe_client::{LocalCluster, LocalClusterOptions};
 use floe_core::plan::MAX_PLAN_DEPTH;
 use floe_testkit::cluster::runtime;
@@ -65,16 +65,16 @@ fn stderr_of_failure(output: &Output) -> String {
 fn a_long_job_posted_to_every_replica_is_refused_and_every_replica_stays_up() {
     let runtime = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let token = "input-limits-token";
     let schedulers = LocalSchedulers::start(LocalSchedulersConfig {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         replicas: 3,
         dir: dir.path().to_owned(),
-        token: token.into(),
+        credentials: LocalCredentials::generate(dir.path()).unwrap(),
         settings: Vec::new(),
         tls: floe_core::config::TlsConfig::default(),
     })
     .unwrap();
+    let token = schedulers.credentials().admin_token.expose();
     runtime.block_on(schedulers.wait_for_leader(WAIT)).unwrap();
     let addrs: Vec<String> = (1..=3)
         .map(|id| schedulers.http_addr(id).unwrap().to_owned())
@@ -104,14 +104,14 @@ fn a_long_job_posted_to_every_replica_is_refused_and_every_replica_stays_up() {
     for (index, addr) in addrs.iter().enumerate() {
         let id = index as u64 + 1;
         assert!(schedulers.is_running(id), "replica {id} died");
-        assert_eq!(get(addr, "/api/version").status, 200);
+        assert_eq!(get(addr, "/api/version", token).status, 200);
         let created = submit(addr, token, "[source]\nrange = 10\n");
         assert_eq!(created.status, 201, "{addr}: {}", created.body);
     }
     wait_for("the three jobs on every replica", WAIT, || {
         addrs
             .iter()
-            .all(|addr| get(addr, "/api/jobs").json()["total"] == 3)
+            .all(|addr| get(addr, "/api/jobs", token).json()["total"] == 3)
             .then_some(())
     });
 }
@@ -159,10 +159,10 @@ fn long_and_misspelled_jobs_are_refused_by_rest_and_floe_submit_and_the_next_job
     assert_eq!(created.status, 201, "{}", created.body);
     let job = created.json()["job_id"].as_str().unwrap().to_owned();
     let detail = wait_for(&format!("job {job} to succeed"), WAIT, || {
-        let detail = get(&addr, &format!("/api/jobs/{job}")).json();
+        let detail = get(&addr, &format!("/api/jobs/{job}"), token).json();
         assert_ne!(detail["state"], "failed", "{detail}");
         (detail["state"] == "succeeded").then_some(detail)
     });
     assert_eq!(detail["output"]["rows"], 4, "{detail}");
-    assert_eq!(get(&addr, "/api/jobs").json()["total"], 1);
+    assert_eq!(get(&addr, "/api/jobs", token).json()["total"], 1);
 }

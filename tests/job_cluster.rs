@@ -21,7 +21,9 @@ use floe_testkit::cluster::{JOB_TIMEOUT, TestCluster, TestClusterConfig, fast_ti
 use floe_testkit::files::read_parquet_dir;
 use floe_testkit::process;
 
-const TOKEN: &str = "job-cluster-tests";
+/// Nodes whose object store is as small as a 256 MiB node's (76 MiB), with room besides it
+/// for the debug build's processes, which the memory monitor counts against the node's memory.
+const SMALL_STORE: [&str; 2] = ["memory.total=1GiB", "memory.object_store_max=76MiB"];
 
 /// A scheduler and `nodes` nodes of two workers, with `node_settings` besides.
 async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
@@ -32,7 +34,7 @@ async fn start(nodes: usize, node_settings: &[&str]) -> TestCluster {
             "data.max_block_size=8MiB".into(),
         ],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     config
         .node_settings
@@ -295,7 +297,7 @@ fn nine_columns(n: u64) -> Dataset {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_three_times_the_object_stores_spills_and_completes() {
-    let cluster = start(2, &["memory.total=256MiB"]).await;
+    let cluster = start(2, &SMALL_STORE).await;
     let capacity: u64 =
         cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
     let n = 3 * capacity / NINE_COLUMNS_ROW_BYTES + 100_000;
@@ -508,7 +510,7 @@ async fn groupby_sort_join_unique_and_shuffle_match_independent_computations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shuffle_larger_than_the_object_stores_completes_by_spilling() {
-    let cluster = start(2, &["memory.total=256MiB"]).await;
+    let cluster = start(2, &SMALL_STORE).await;
     let capacity: u64 =
         cluster.node_status(0).await.store.capacity + cluster.node_status(1).await.store.capacity;
     // Four Int64 columns: 32 bytes a row, 1.5 × the stores.
@@ -807,7 +809,8 @@ async fn a_full_spill_disk_fails_the_job_clearly_and_the_cluster_runs_the_next()
     let cluster = start(
         1,
         &[
-            "memory.total=256MiB",
+            SMALL_STORE[0],
+            SMALL_STORE[1],
             &format!("paths.spill_dir={}", spill.display()),
             &format!("paths.fallback_dir={}", fallback.display()),
         ],

@@ -17,8 +17,6 @@ use floe_client::local::LocalNode;
 use floe_client::local::LocalSchedulers;
 use floe_client::{Client, Dataset, JobHandle, JobOutput, UdfCall, col, lit};
 use floe_core::NodeId;
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::WireConfig;
 use floe_testkit::cluster::{TestClusterConfig, start_node, start_schedulers};
 use floe_testkit::process::signal;
 
@@ -26,8 +24,8 @@ use floe_testkit::process::signal;
 const SMALL_BLOCKS: [&str; 2] = ["data.min_block_size=16KiB", "data.max_block_size=64KiB"];
 
 /// Three replicas (with a fast Raft tick) and `nodes` nodes of two workers each.
-async fn cluster(dir: &Path, token: &str, nodes: usize) -> (LocalSchedulers, Vec<LocalNode>) {
-    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), token);
+async fn cluster(dir: &Path, nodes: usize) -> (LocalSchedulers, Vec<LocalNode>) {
+    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"));
     config.replicas = 3;
     config.settings = vec!["scheduler.raft_tick_ms=30".into()];
     config.node_settings = SMALL_BLOCKS.map(str::to_owned).to_vec();
@@ -124,8 +122,9 @@ fn kill_quorum(schedulers: &mut LocalSchedulers, leader: u64) -> [u64; 2] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_gets_no_node_declared_dead_and_the_job_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let token = "leader-freeze";
-    let (schedulers, nodes) = cluster(dir.path(), token, 2).await;
+    let (schedulers, nodes) = cluster(dir.path(), 2).await;
+    let token = schedulers.credentials().admin_token.expose().to_owned();
+    let token = token.as_str();
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
 
     // A cached result, to check the cache index survives the freeze.
@@ -170,8 +169,9 @@ async fn a_frozen_leader_gets_no_node_declared_dead_and_the_job_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_declared_dead_records_its_cache_shards_again_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
-    let token = "node-return";
-    let (schedulers, nodes) = cluster(dir.path(), token, 2).await;
+    let (schedulers, nodes) = cluster(dir.path(), 2).await;
+    let token = schedulers.credentials().admin_token.expose().to_owned();
+    let token = token.as_str();
     let client = Client::connect(&schedulers.addrs(), token).await.unwrap();
     let n = 100_000u64;
     client
@@ -189,10 +189,11 @@ async fn a_node_declared_dead_records_its_cache_shards_again_when_it_returns() {
     let holder = before[0].1;
     let mut frozen = None;
     for node in &nodes {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(token);
         let status = node
-            .wait_registered(&WireConfig::from_config(&config), Duration::from_secs(5))
+            .wait_registered(
+                &schedulers.credentials().member_wire(),
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         if status.node == Some(holder) {
@@ -281,7 +282,7 @@ fn submit_and_wait(
         .args(args)
         .arg("--scheduler")
         .arg(schedulers.addrs().join(","))
-        .env("FLOE_CLUSTER_TOKEN", token)
+        .env("FLOE_CLIENT_TOKEN", token)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -308,8 +309,9 @@ fn read_until(child: &mut std::process::Child) -> impl FnMut(&str) -> Vec<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_wait_survives_quorum_loss_and_gives_up_only_on_its_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let token = "wait-quorum";
-    let (mut schedulers, nodes) = cluster(dir.path(), token, 2).await;
+    let (mut schedulers, nodes) = cluster(dir.path(), 2).await;
+    let token = schedulers.credentials().admin_token.expose().to_owned();
+    let token = token.as_str();
     let job_file = dir.path().join("slow.toml");
     // About 25 blocks of 1.5 s on 4 workers.
     std::fs::write(

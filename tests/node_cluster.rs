@@ -13,26 +13,27 @@ use floe_api::node_protocol::{
     TestTask,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_api::state::{ClusterState, Liveness};
+use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
 use floe_client::local::LocalNode;
 use floe_core::config::ByteSize;
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_testkit::cluster::{
     HEARTBEAT_MS, MISSED_HEARTBEATS, READY_TIMEOUT, TestCluster, TestClusterConfig, fast_timing,
+    register_node,
 };
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
 
-const TOKEN: &str = "node-cluster-tests";
-
-/// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
+/// One scheduler replica; nodes of two workers with 4 GiB of memory (a 1.2 GiB store) and
+/// 128 MiB frames. The memory monitor counts a 512 MiB object twice while a worker fills it (its
+/// heap and the store), so 1 GiB would see that task killed.
 fn config() -> TestClusterConfig {
     TestClusterConfig {
         settings: fast_timing(),
-        node_settings: vec!["memory.total=1GiB".into()],
+        node_settings: vec!["memory.total=4GiB".into()],
         max_frame: Some(ByteSize::mib(128)),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     }
 }
 
@@ -98,6 +99,7 @@ async fn run(
 ) -> Result<Vec<OutputRef>, TaskFailure> {
     let spec = TaskSpec {
         task: TaskId::new(task),
+        job: floe_core::JobId::new(1),
         kind,
         inputs,
     };
@@ -141,7 +143,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let status_b = cluster.wait_ready(&b).await;
     let (node_a, node_b) = (status_a.node.unwrap(), status_b.node.unwrap());
 
-    // Both registered with the token, under the ids they report.
+    // Both registered with the cluster secret, under the ids they report.
     let state = cluster.state().await;
     assert_eq!(node_with_addr(&state, a.addr()), node_a);
     assert_eq!(node_with_addr(&state, b.addr()), node_b);
@@ -155,11 +157,14 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         preferred: Vec::new(),
         requester: None,
     };
-    let placements = cluster
-        .client()
-        .place(vec![request.clone(), request])
-        .await
-        .unwrap();
+    // Placements come from nodes (a job's driver asks); this one has nothing to offer.
+    let (_, mut placer) = register_node(
+        &cluster.schedulers,
+        NodeAddresses::default(),
+        Resources::default(),
+    )
+    .await;
+    let placements = placer.place(vec![request.clone(), request]).await.unwrap();
     let placed: Vec<NodeId> = placements.into_iter().map(Result::unwrap).collect();
     let mut expected = vec![node_a, node_b];
     let mut sorted = placed.clone();
@@ -252,6 +257,48 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains(&missing.to_string()), "{error}");
+}
+
+/// The demo's sort lost its boundaries block now and then (`REBUILT 1`): every partition
+/// task reads that one block, and of two tasks on one node pulling it together, the first
+/// to finish deleted the copy before the second had pinned it. Many tasks on B read one
+/// object of A at once, round after round: every one must find it, and the last use must
+/// remove B's copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sharing_a_pulled_input_never_lose_it_to_each_other() {
+    let (_cluster, a, b) = two_nodes().await;
+    for round in 0..40u64 {
+        let input = fill(a.addr(), 10_000 + u128::from(round), 1000, round).await;
+        let expected = xxh3_64(&fill_pattern(1000, round)).to_le_bytes();
+        let tasks: Vec<_> = (0..12u128)
+            .map(|index| {
+                let addr = b.addr().to_owned();
+                let holder = a.addr().to_owned();
+                tokio::spawn(async move {
+                    let inputs = vec![InputRef {
+                        object: input.object,
+                        holder: Some(holder),
+                    }];
+                    let task = 1_000_000 + u128::from(round) * 100 + index;
+                    run(&addr, task, TaskKind::Test(TestTask::Hash), inputs).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            let outputs = task
+                .await
+                .unwrap()
+                .unwrap_or_else(|failure| panic!("round {round}: {failure:?}"));
+            assert_eq!(read_start(b.addr(), outputs[0].object, 8).await, expected);
+        }
+        let mut client_b = client(b.addr()).await;
+        let copy = client_b
+            .call(&NodeRequest::ObjectMeta {
+                object: input.object,
+            })
+            .await;
+        assert!(copy.is_err(), "round {round}: B kept its copy: {copy:?}");
+    }
 }
 
 /// A scheduler and two ready nodes, `a` and `b`.
@@ -471,10 +518,12 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason() {
     let cluster = cluster().await;
-    // Any host is past a 1% threshold, so the monitor acts on the first running task.
+    // Any node's processes are past 1% of 256 MiB, so the monitor acts on the first running
+    // task.
     let node = cluster.start_node(
         "n",
         &[
+            "memory.total=256MiB",
             "node.memory_monitor_threshold=0.01",
             "node.memory_monitor_interval_ms=50",
         ],
@@ -493,6 +542,38 @@ async fn the_memory_monitor_kills_the_newest_task_with_an_out_of_memory_reason()
     }
     assert!(failure.retryable());
     // The agent itself is unharmed and replaces the worker.
+    let after = cluster.wait_ready(&node).await;
+    assert_eq!(after.workers_respawned, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_given_less_memory_than_the_host_kills_a_growing_task_before_its_processes_pass_it()
+{
+    let cluster = cluster().await;
+    let total: u64 = 256 << 20;
+    let node = cluster.start_node(
+        "small",
+        &["memory.total=256MiB", "node.memory_monitor_interval_ms=20"],
+    );
+    cluster.wait_ready(&node).await;
+    // The task fills 512 MiB, page by page: twice what the node may use, well within the host.
+    let fill = TaskKind::Test(TestTask::Fill {
+        bytes: 512 << 20,
+        seed: 0,
+    });
+    let failure = run(node.addr(), 1, fill, vec![]).await.unwrap_err();
+    let TaskFailure::OutOfMemory { reason } = &failure else {
+        panic!("expected an out-of-memory failure, got {failure:?}");
+    };
+    // What the node's processes used when the monitor acted: past 95% of what the 10%
+    // system reserve leaves, and still below the node's memory.
+    let used: u64 = reason
+        .strip_prefix("the node's processes use ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|used| used.parse().ok())
+        .unwrap_or_else(|| panic!("no usage in {reason:?}"));
+    let limit = ((total - total / 10) as f64 * 0.95) as u64;
+    assert!(used > limit && used < total, "{used} of {total}: {reason}");
     let after = cluster.wait_ready(&node).await;
     assert_eq!(after.workers_respawned, 1);
 }
@@ -544,6 +625,7 @@ async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     tokio::spawn(async move {
         let spec = TaskSpec {
             task: TaskId::new(9),
+            job: floe_core::JobId::new(1),
             kind: TaskKind::Test(TestTask::Sleep { ms: 60_000 }),
             inputs: Vec::new(),
         };

@@ -1,6 +1,7 @@
 //! Process UDFs (Python via `floe_udf`) on real local clusters: results against a reference,
 //! state kept per process, every failure kind with its stderr tail, the command allowlist, and
-//! the cache invalidated by editing the script but not by touching it.
+//! the cache invalidated by editing the script but not by touching it; a child's environment
+//! and where its code may come from (`node.udf_roots`, no inline code).
 //!
 //! Needs `python3` with pyarrow on `PATH` (`.ci/run` installs it).
 
@@ -15,13 +16,21 @@ use arrow::record_batch::RecordBatch;
 use floe_client::jobspec::parse_job_file;
 use floe_client::{Client, Dataset, JobOptions, LocalCluster, LocalClusterOptions, Registry};
 
+/// Nodes that run UDF scripts from anywhere under the temporary directory, where the tests
+/// write theirs.
 fn options(nodes: usize) -> LocalClusterOptions {
+    options_with_roots(nodes, &std::env::temp_dir())
+}
+
+fn options_with_roots(nodes: usize, roots: &Path) -> LocalClusterOptions {
     LocalClusterOptions {
         nodes,
         binary: env!("CARGO_BIN_EXE_floe").into(),
         workers_per_node: 2,
-        node_settings: vec!["data.max_block_size=1MiB".into()],
-        token: None,
+        node_settings: vec![
+            "data.max_block_size=1MiB".into(),
+            format!("node.udf_roots={}", roots.display()),
+        ],
         tls: false,
     }
 }
@@ -68,6 +77,22 @@ async fn run(client: &Client, dataset: &Dataset, retries: u32) -> floe_client::J
         .wait()
         .await
         .unwrap()
+}
+
+/// Posts `spec` to the cluster's `POST /api/jobs` with its token.
+async fn post_job(cluster: &LocalCluster, spec: &str) -> floe_testkit::http::Response {
+    let addr = floe_testkit::http::http_addr(cluster);
+    let (token, spec) = (cluster.token().to_owned(), spec.to_owned());
+    tokio::task::spawn_blocking(move || {
+        floe_testkit::http::post_json(
+            &addr,
+            "/api/jobs",
+            &token,
+            &serde_json::json!({ "job": spec }),
+        )
+    })
+    .await
+    .unwrap()
 }
 
 async fn failure(client: &Client, dataset: &Dataset, retries: u32) -> String {
@@ -379,7 +404,6 @@ async fn a_warm_child_keeps_its_state_between_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_accepts_process_udfs() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
-    let addr = floe_testkit::http::http_addr(&cluster);
     let dir = tempfile::tempdir().unwrap();
     let markers = dir.path().join("markers");
     std::fs::create_dir(&markers).unwrap();
@@ -389,20 +413,7 @@ async fn the_rest_api_accepts_process_udfs() {
         udf.to_str().unwrap(),
         markers.to_str().unwrap()
     );
-    let token = cluster.token().to_owned();
-    let submitted = {
-        let (addr, spec) = (addr.clone(), spec.clone());
-        tokio::task::spawn_blocking(move || {
-            floe_testkit::http::post_json(
-                &addr,
-                "/api/jobs",
-                &token,
-                &serde_json::json!({ "job": spec }),
-            )
-        })
-        .await
-        .unwrap()
-    };
+    let submitted = post_job(&cluster, &spec).await;
     assert_eq!(submitted.status, 201, "{}", submitted.body);
     let job = submitted.json()["job_id"].as_str().unwrap().to_owned();
     let client = cluster.connect().await.unwrap();
@@ -419,17 +430,7 @@ async fn the_rest_api_accepts_process_udfs() {
 
     // Over the network, the files a UDF pins must be named by absolute paths.
     let relative = spec.replace("output = [", "files = [\"stateful.py\"], output = [");
-    let token = cluster.token().to_owned();
-    let refused = tokio::task::spawn_blocking(move || {
-        floe_testkit::http::post_json(
-            &addr,
-            "/api/jobs",
-            &token,
-            &serde_json::json!({ "job": relative }),
-        )
-    })
-    .await
-    .unwrap();
+    let refused = post_job(&cluster, &relative).await;
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(refused.body.contains("absolute"), "{}", refused.body);
 }
@@ -459,12 +460,13 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason
     let output = run(&client, &step(20_000, "1GiB"), 0).await;
     assert_eq!(output.rows(), 20_000);
     let addr = floe_testkit::http::http_addr(&cluster);
+    let token = cluster.token().to_owned();
     let reserved = tokio::task::spawn_blocking(move || {
         floe_testkit::http::wait_for(
             "the reservations to be given back",
             Duration::from_secs(10),
             || {
-                let nodes = floe_testkit::http::get(&addr, "/api/nodes").json();
+                let nodes = floe_testkit::http::get(&addr, "/api/nodes", &token).json();
                 let usage = &nodes["nodes"][0]["usage"];
                 (usage["heap_reserved_bytes"] == 0 && usage["cpu_reserved"] == 0.0).then_some(())
             },
@@ -482,4 +484,124 @@ async fn memory_hints_are_given_back_and_an_impossible_one_fails_with_the_reason
         "it kept waiting: {:?}",
         started.elapsed()
     );
+}
+
+const PRINT_ENV: &str = r#"
+@floe_udf.batch
+def environment(batch):
+    text = "\n".join("%s=%s" % item for item in sorted(os.environ.items()))
+    return pa.RecordBatch.from_arrays(
+        [batch.column("id"), pa.array([text] * batch.num_rows, pa.utf8())], names=["id", "env"])
+"#;
+
+/// A child sees only `PATH`, `PYTHONPATH`, its socket and what the UDF declares: never the
+/// node's token. Its code is a pinned script under `node.udf_roots`; inline code is refused
+/// by the REST API, by `floe submit` and by the nodes, and a script elsewhere by the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_udf_gets_a_clean_environment_and_runs_only_scripts_under_the_roots() {
+    let roots = tempfile::tempdir().unwrap();
+    // The interpreter itself, not a wrapper on PATH (pyenv's shim is a shell script that
+    // sets variables of its own).
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8(found.stdout).unwrap().trim().to_owned();
+    let mut options = options_with_roots(1, roots.path());
+    options
+        .node_settings
+        .push(format!("node.udf_commands=python3,{python}"));
+    let cluster = LocalCluster::start(options).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let token = cluster.token().to_owned();
+    assert!(!token.is_empty());
+
+    let printer = script(roots.path(), "print_env.py", PRINT_ENV);
+    let udf = format!(
+        "command = {python:?}, args = [{:?}], output = [\"id int64\", \"env utf8\"], env = {{ GREETING = \"hello\" }}",
+        printer.to_str().unwrap()
+    );
+    let output = run(&client, &job(3, &udf), 0)
+        .await
+        .to_arrow()
+        .await
+        .unwrap();
+    let column = output[0]
+        .column_by_name("env")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .unwrap()
+        .value(0)
+        .to_owned();
+    assert!(
+        !column.contains(&token),
+        "the token reached the UDF:\n{column}"
+    );
+    assert!(column.contains("GREETING=hello"), "{column}");
+    let names: BTreeSet<&str> = column
+        .lines()
+        .map(|line| line.split_once('=').unwrap().0)
+        // Python sets LC_CTYPE itself when the locale is C (PEP 538).
+        .filter(|name| *name != "LC_CTYPE")
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["FLOE_UDF_FD", "GREETING", "PATH", "PYTHONPATH"]),
+        "{column}"
+    );
+
+    // Inline code over REST: refused before the job exists.
+    let inline = "command = \"python3\", args = [\"-c\", \"import floe_udf\"]";
+    let inline_job = format!("[source]\nrange = 10\n[[steps]]\nmap_batches = {{ {inline} }}\n");
+    let refused = post_job(&cluster, &inline_job).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    for expected in [
+        "inline code is refused",
+        "-c\\\" comes before the script",
+        "node.udf_allow_inline",
+    ] {
+        assert!(refused.body.contains(expected), "{}", refused.body);
+    }
+
+    // The same through the CLI.
+    let job_file = roots.path().join("inline.toml");
+    std::fs::write(&job_file, &inline_job).unwrap();
+    let submitted = floe_testkit::process::run_floe_against(
+        env!("CARGO_BIN_EXE_floe"),
+        &cluster,
+        &["submit", job_file.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&submitted.stderr);
+    assert!(!submitted.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("inline code is refused") && stderr.contains("node.udf_allow_inline"),
+        "{stderr}"
+    );
+
+    // A client that skips those checks meets the node's: inline code, and a pinned script
+    // outside the roots, are refused before any process starts, and not retried.
+    let from_client = failure(&client, &job(10, inline), 2).await;
+    assert!(
+        from_client.contains("inline code is refused"),
+        "{from_client}"
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    let stray = script(elsewhere.path(), "stray.py", PRINT_ENV);
+    let outside = failure(
+        &client,
+        &job(
+            10,
+            &format!(
+                "command = \"python3\", args = [{:?}]",
+                stray.to_str().unwrap()
+            ),
+        ),
+        2,
+    )
+    .await;
+    assert!(outside.contains("is not under node.udf_roots"), "{outside}");
+
+    // Nothing of that stuck: the cluster still runs the script under the roots.
+    assert_eq!(run(&client, &job(3, &udf), 0).await.rows(), 3);
 }

@@ -17,13 +17,12 @@ use floe_core::wire::WireConfig;
 use floe_core::{SubmissionId, TaskId};
 use floe_testkit::cluster::{TestClusterConfig, start_schedulers};
 
-const TOKEN: &str = "recovery-tests";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Replicas with a fast Raft tick, and nodes whose object store is 32 MiB, spilling past 80%
 /// in files of 1 MiB.
 fn config(replicas: u64) -> TestClusterConfig {
-    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN);
+    let mut config = TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"));
     config.replicas = replicas;
     config.settings = vec!["scheduler.raft_tick_ms=30".into()];
     config.node_settings = [
@@ -54,6 +53,7 @@ fn start_node(dir: &Path, name: &str, schedulers: &LocalSchedulers) -> LocalNode
 async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
     let spec = TaskSpec {
         task: TaskId::new(task),
+        job: floe_core::JobId::new(1),
         kind: TaskKind::Test(TestTask::Fill { bytes, seed: 1 }),
         inputs: Vec::new(),
     };
@@ -187,7 +187,12 @@ async fn submit_jobs(schedulers: &LocalSchedulers, first: u8, count: u8) -> Vec<
 /// The ids of the jobs replica `id`'s own applied state lists, from its HTTP API.
 fn jobs_on(schedulers: &LocalSchedulers, id: u64) -> Vec<String> {
     let addr = schedulers.http_addr(id).unwrap().to_owned();
-    let body = floe_testkit::http::get(&addr, "/api/jobs?limit=1000").json();
+    let body = floe_testkit::http::get(
+        &addr,
+        "/api/jobs?limit=1000",
+        schedulers.credentials().admin_token.expose(),
+    )
+    .json();
     let mut ids: Vec<String> = body["jobs"]
         .as_array()
         .unwrap()

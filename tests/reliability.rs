@@ -10,18 +10,16 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use floe_client::{Client, Dataset, col, lit};
-use floe_core::config::ClusterToken;
+use floe_core::auth::{ClusterSecret, Credential};
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{TestCluster, TestClusterConfig, runtime, start_node};
 use floe_testkit::process::is_running;
-
-const TOKEN: &str = "reliability-test-token";
 
 /// One scheduler replica and `nodes` nodes of two workers, all with `settings`.
 fn cluster(runtime: &tokio::runtime::Runtime, nodes: usize, settings: &[&str]) -> TestCluster {
     let config = TestClusterConfig {
         settings: settings.iter().map(|s| (*s).to_owned()).collect(),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     runtime.block_on(TestCluster::start(config, nodes))
 }
@@ -102,7 +100,9 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
     }
     assert!(schedulers.is_running(1));
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         check_a_job(&client).await;
         let alive = client
             .cluster()
@@ -117,15 +117,13 @@ fn garbage_on_every_port_is_refused_and_the_cluster_keeps_serving() {
 }
 
 #[test]
-fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
+fn a_node_with_the_wrong_secret_is_refused_and_the_cluster_keeps_serving() {
     let runtime = runtime();
     let cluster = cluster(&runtime, 1, &[]);
     let schedulers = &cluster.schedulers;
 
-    let wrong_token = TestClusterConfig {
-        token: "not-the-token".into(),
-        ..cluster.config.clone()
-    };
+    let mut wrong_token = cluster.config.clone();
+    wrong_token.credentials.cluster_secret = ClusterSecret::new("not-the-secret");
     let dir = cluster.dir.path();
     let mut intruder = start_node(&wrong_token, dir, &schedulers.addrs(), "intruder", &[]);
     assert!(
@@ -133,10 +131,12 @@ fn a_node_with_the_wrong_token_is_refused_and_the_cluster_keeps_serving() {
         "a node with the wrong token kept running"
     );
     let log = std::fs::read_to_string(dir.join("intruder.log")).unwrap();
-    assert!(log.contains("wrong cluster token"), "{log}");
+    assert!(log.contains("wrong cluster secret"), "{log}");
 
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         let nodes = client.cluster().await.unwrap().nodes;
         assert_eq!(nodes.len(), 1, "the intruder registered: {nodes:?}");
         check_a_job(&client).await;
@@ -207,8 +207,8 @@ fn every_service_listens_on_loopback_by_default() {
 
 /// No HTTP endpoint or scheduler RPC can start a process: the scheduler crate, which serves
 /// both, never spawns one (its `local` module is the test harness that starts replicas and is
-/// not reachable from the network). Process UDFs run on nodes, behind the token and the
-/// nodes' `node.udf_commands`.
+/// not reachable from the network). Process UDFs run on nodes, behind the token, the
+/// nodes' `node.udf_commands` and `node.udf_roots` (no inline code: `tests/process_udf.rs`).
 #[test]
 fn the_scheduler_serves_no_way_to_run_a_command() {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -278,12 +278,14 @@ fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
         "[source]\nread_csv = [{:?}]\n",
         dir.path().join("outside.csv").to_str().unwrap()
     );
-    let refused = post_job(&http, &spec);
+    let refused = post_job(&http, cluster.config.token(), &spec);
     assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
     assert!(refused.contains("outside data.allowed_paths"), "{refused}");
 
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         let outside = Dataset::read_csv(&[dir.path().join("outside.csv")]).unwrap();
         let handle = client.submit(&outside).await.unwrap();
         assert!(handle.wait().await.is_err());
@@ -306,10 +308,10 @@ fn paths_outside_data_allowed_paths_are_refused_by_scheduler_and_nodes() {
 }
 
 /// POSTs a job spec as TOML with the token; the whole raw response.
-fn post_job(addr: &str, spec: &str) -> String {
+fn post_job(addr: &str, token: &str, spec: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     let request = format!(
-        "POST /api/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/toml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{spec}",
+        "POST /api/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/toml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{spec}",
         spec.len()
     );
     stream.write_all(request.as_bytes()).unwrap();
@@ -323,8 +325,8 @@ fn post_job(addr: &str, spec: &str) -> String {
 /// at a node alike; the processes keep serving.
 #[test]
 fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
+    use floe_core::wire::FramedStream;
     use floe_core::wire::handshake::{Hello, client_handshake};
-    use floe_core::wire::{FramedStream, PeerKind};
 
     let runtime = runtime();
     let cluster = cluster(&runtime, 1, &["net.max_frame=1MiB"]);
@@ -340,8 +342,9 @@ fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
             // This side allows large frames; the server does not.
             let mut stream = FramedStream::new(socket, 64 << 20, timeout, timeout);
             let hello = Hello {
-                peer: PeerKind::Client,
-                token: ClusterToken::new(TOKEN),
+                credential: Credential::Member {
+                    secret: cluster.config.credentials.cluster_secret.clone(),
+                },
             };
             client_handshake(&mut stream, &hello, timeout)
                 .await
@@ -367,7 +370,9 @@ fn an_oversize_frame_after_the_handshake_closes_only_that_connection() {
     assert!(is_running(node.pid()), "the node died");
     assert!(schedulers.is_running(1), "the scheduler died");
     runtime.block_on(async {
-        let client = Client::connect(&schedulers.addrs(), TOKEN).await.unwrap();
+        let client = Client::connect(&schedulers.addrs(), cluster.config.token())
+            .await
+            .unwrap();
         check_a_job(&client).await;
     });
 }

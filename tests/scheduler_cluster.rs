@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
-use floe_api::state::{Command, NodeAddresses, NodeMemory, Outcome, Resources};
+use floe_api::state::{Command, NodeAddresses, Outcome, Resources};
 use floe_client::local::LocalSchedulers;
 use floe_core::JobId;
-use floe_testkit::cluster::{FAST_ELECTIONS, TestClusterConfig, start_schedulers};
+use floe_testkit::cluster::{FAST_ELECTIONS, TestClusterConfig, register_node, start_schedulers};
 use floe_testkit::process::floe_command;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
@@ -22,7 +22,7 @@ fn cluster(dir: &tempfile::TempDir, settings: &[&str]) -> LocalSchedulers {
     let mut config = TestClusterConfig {
         replicas: 3,
         settings: vec![FAST_ELECTIONS.to_owned()],
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), "scheduler-cluster-tests")
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     config
         .settings
@@ -175,24 +175,12 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
         cpu_millis: 4000,
         heap_bytes: 1 << 30,
     };
-    let register = |rpc: &str| {
-        (
-            NodeAddresses { rpc: rpc.into() },
-            resources,
-            BTreeMap::<String, String>::new(),
-        )
-    };
-    let (addresses, resources, labels) = register("127.0.0.1:9");
-    let quiet = client
-        .register_node(addresses, resources, NodeMemory::default(), labels)
-        .await
-        .unwrap();
+    let register = |rpc: &str| (NodeAddresses { rpc: rpc.into() }, resources);
+    let (addresses, resources) = register("127.0.0.1:9");
+    let (quiet, mut quiet_client) = register_node(&cluster, addresses, resources).await;
     let silent_since = Instant::now();
-    let (addresses, resources, labels) = register("127.0.0.1:10");
-    let alive = client
-        .register_node(addresses, resources, NodeMemory::default(), labels)
-        .await
-        .unwrap();
+    let (addresses, resources) = register("127.0.0.1:10");
+    let (alive, mut alive_client) = register_node(&cluster, addresses, resources).await;
 
     // The configured timeout is 3 × 200 ms; the leader checks every 200 ms and the death
     // then needs one commit; allow 2 s for that on a loaded machine.
@@ -200,7 +188,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
     let mut deaths = Vec::new();
     while deaths.is_empty() {
         assert_eq!(
-            client
+            alive_client
                 .heartbeat(alive, ResourceUsage::default())
                 .await
                 .unwrap(),
@@ -229,7 +217,7 @@ async fn a_node_that_stops_heartbeating_is_committed_dead_within_the_timeout() {
     assert!(!state.nodes[&quiet].is_alive());
     assert!(state.nodes[&alive].is_alive());
     assert_eq!(
-        client
+        quiet_client
             .heartbeat(quiet, ResourceUsage::default())
             .await
             .unwrap(),
@@ -243,7 +231,9 @@ fn bad_scheduler_arguments_fail_with_the_reason() {
         let mut command = floe_command(env!("CARGO_BIN_EXE_floe"));
         command.arg("scheduler").args(args);
         if let Some(token) = token {
-            command.env("FLOE_CLUSTER_TOKEN", token);
+            command
+                .env("FLOE_CLUSTER_SECRET", token)
+                .env("FLOE_SCHEDULER_REPLICA_SECRET", token);
         }
         let output = command.output().unwrap();
         assert!(!output.status.success(), "{args:?} started");
@@ -251,7 +241,7 @@ fn bad_scheduler_arguments_fail_with_the_reason() {
     };
     let peers = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
     let stderr = run(&["--id", "1", "--peers", peers], None);
-    assert!(stderr.contains("cluster.token is empty"), "{stderr}");
+    assert!(stderr.contains("cluster.secret is empty"), "{stderr}");
     let stderr = run(
         &["--id", "1", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2"],
         Some("t"),
@@ -273,22 +263,19 @@ async fn a_reservation_is_released_once_however_often_it_is_returned() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = cluster(&dir, &["scheduler.heartbeat_interval_ms=200"]);
     cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
-    let mut client = cluster.client().unwrap();
+    let mut admin = cluster.client().unwrap();
     let resources = Resources {
         cpu_millis: 4000,
         heap_bytes: 8 << 30,
     };
-    let node = client
-        .register_node(
-            NodeAddresses {
-                rpc: "127.0.0.1:9".into(),
-            },
-            resources,
-            NodeMemory::default(),
-            BTreeMap::new(),
-        )
-        .await
-        .unwrap();
+    let (node, mut client) = register_node(
+        &cluster,
+        NodeAddresses {
+            rpc: "127.0.0.1:9".into(),
+        },
+        resources,
+    )
+    .await;
     let requester = node;
     let request = |memory_hint: u64| PlacementRequest {
         cpu_millis: 1000,
@@ -312,7 +299,7 @@ async fn a_reservation_is_released_once_however_often_it_is_returned() {
         .await
         .unwrap();
     assert_eq!(
-        reserved(client.node_reports().await.unwrap()),
+        reserved(admin.node_reports().await.unwrap()),
         (2000, 3 << 30)
     );
 
@@ -324,12 +311,12 @@ async fn a_reservation_is_released_once_however_often_it_is_returned() {
             .unwrap();
     }
     assert_eq!(
-        reserved(client.node_reports().await.unwrap()),
+        reserved(admin.node_reports().await.unwrap()),
         (1000, 2 << 30)
     );
     client
         .release(node, 1000, 2 << 30, Some(requester))
         .await
         .unwrap();
-    assert_eq!(reserved(client.node_reports().await.unwrap()), (0, 0));
+    assert_eq!(reserved(admin.node_reports().await.unwrap()), (0, 0));
 }

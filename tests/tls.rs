@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use floe_api::client::SchedulerClient;
 use floe_client::{Client, Dataset, SortKey};
 use floe_core::config::TlsConfig;
 use floe_core::job::JobOptions;
@@ -14,7 +15,6 @@ use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{FAST_ELECTIONS, TestCluster, TestClusterConfig};
 use floe_testkit::http::get_tls;
 
-const TOKEN: &str = "tls-cluster-tests";
 /// Refusals must come from the handshake, well before the client's retry window (or a
 /// connect timeout) would end the attempt.
 const PROMPT: Duration = Duration::from_secs(10);
@@ -27,9 +27,10 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
         replicas: 3,
         settings: vec![FAST_ELECTIONS.into(), "data.max_block_size=1MiB".into()],
         tls: tls.clone(),
-        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"), TOKEN)
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     };
     let cluster = TestCluster::start(config, 2).await;
+    let token = cluster.config.token().to_owned();
 
     // A sort moves every block between the two nodes: transfers go over TLS too.
     let n = 300_000i64;
@@ -45,11 +46,12 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
 
     // HTTPS, verified against the CA; the monitor reached every replica over RPC.
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
-    let ca = tls.ca.clone();
-    let response = tokio::task::spawn_blocking(move || get_tls(&http, "/api/cluster", &ca))
-        .await
-        .unwrap()
-        .unwrap();
+    let (ca, read_token) = (tls.ca.clone(), token.clone());
+    let response =
+        tokio::task::spawn_blocking(move || get_tls(&http, "/api/cluster", &read_token, &ca))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(response.status, 200, "{}", response.body);
     let status = response.json();
     assert_eq!(status["nodes"]["alive"], 2, "{status}");
@@ -58,7 +60,7 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
     // A plaintext client is told TLS is required.
     let addrs = cluster.schedulers.addrs();
     let started = Instant::now();
-    let plaintext = Client::connect(&addrs, TOKEN).await.err().unwrap();
+    let plaintext = Client::connect(&addrs, &token).await.err().unwrap();
     assert!(
         plaintext.to_string().contains("requires TLS"),
         "{plaintext}"
@@ -69,7 +71,7 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
     let strangers = tempfile::tempdir().unwrap();
     let other: TlsConfig = generate_throwaway(strangers.path(), &[]).unwrap();
     let started = Instant::now();
-    let wrong_ca = Client::connect_tls(&addrs, TOKEN, &other.ca)
+    let wrong_ca = Client::connect_tls(&addrs, &token, &other.ca)
         .await
         .err()
         .unwrap();
@@ -78,6 +80,20 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
         "{wrong_ca}"
     );
     assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+
+    // Someone who learned the cluster secret but holds no member certificate is no member:
+    // the replicas refuse the secret without the certificate.
+    let secret_alone = cluster
+        .config
+        .credentials
+        .member_wire()
+        .with_tls(&tls.client_only());
+    let mut impostor = SchedulerClient::new(addrs.clone(), secret_alone).unwrap();
+    let refused = impostor.alive_nodes().await.err().unwrap();
+    assert!(
+        refused.to_string().contains("presented no certificate"),
+        "{refused}"
+    );
 
     // Nothing of that changed the cluster: a second job is exact too.
     let again = Dataset::range(1_000).unwrap();

@@ -11,17 +11,19 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use floe_core::WireError;
+use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
-use floe_core::wire::{PeerKind, RemoteErrorKind, RpcClient, WireConfig, within};
-use floe_core::{JobId, NodeId, SubmissionId};
+use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, within};
+use floe_core::{ActorId, JobId, NodeId, SubmissionId};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::scheduler_protocol::{
-    NodeReport, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
+    NodeReport, NodeSummary, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
     SchedulerResponse,
 };
 use crate::state::{
-    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
+    Outcome, Resources,
 };
 use crate::{Error, Result};
 
@@ -40,7 +42,6 @@ pub enum HeartbeatReply {
 pub struct SchedulerClient {
     replicas: Vec<String>,
     wire: WireConfig,
-    kind: PeerKind,
     retry_for: Duration,
     /// How long one attempt at one replica may take beyond what the request itself asks the
     /// leader to hold it; `None` leaves only the connection's own timeouts (a reply may take
@@ -69,7 +70,11 @@ fn held_for(request: &SchedulerRequest) -> Option<Duration> {
         | SchedulerRequest::ReportProgress { .. }
         | SchedulerRequest::JobProgress { .. }
         | SchedulerRequest::AllProgress
-        | SchedulerRequest::Status => Some(Duration::ZERO),
+        | SchedulerRequest::Status
+        | SchedulerRequest::ActorNode { .. }
+        | SchedulerRequest::AliveNodes
+        | SchedulerRequest::CacheIndex
+        | SchedulerRequest::JobHistory { .. } => Some(Duration::ZERO),
     }
 }
 
@@ -79,7 +84,7 @@ fn unexpected(response: SchedulerResponse) -> Error {
 
 impl SchedulerClient {
     /// A client of the replicas at `replicas` (`host:port`); it connects on first use.
-    pub fn new(replicas: Vec<String>, wire: WireConfig, kind: PeerKind) -> Result<Self> {
+    pub fn new(replicas: Vec<String>, wire: WireConfig) -> Result<Self> {
         let target = replicas
             .first()
             .cloned()
@@ -87,7 +92,6 @@ impl SchedulerClient {
         Ok(Self {
             replicas,
             wire,
-            kind,
             retry_for: Duration::from_secs(10),
             attempt_timeout: None,
             target,
@@ -157,9 +161,9 @@ impl SchedulerClient {
     ) -> Result<SchedulerResponse, WireError> {
         let connection = match &mut self.connection {
             Some(connection) => connection,
-            None => self.connection.insert(
-                RpcClient::connect(self.target.clone(), self.wire.clone(), self.kind).await?,
-            ),
+            None => self
+                .connection
+                .insert(RpcClient::connect(self.target.clone(), self.wire.clone()).await?),
         };
         let result = connection.call(request).await;
         if matches!(&result, Err(error) if !matches!(error, WireError::Remote(_))) {
@@ -190,7 +194,7 @@ impl SchedulerClient {
                     self.rotate();
                 }
                 Err(WireError::Remote(error)) => return Err(Error::Wire(error.into())),
-                // Every replica has the same token, release and CA: asking another cannot help.
+                // Every replica has the same secrets, release and CA: asking another cannot help.
                 Err(error) if error.is_misconfiguration() => return Err(Error::Wire(error)),
                 Err(error) => {
                     last_problem = format!("{}: {error}", self.target);
@@ -229,7 +233,7 @@ impl SchedulerClient {
         resources: Resources,
         memory: NodeMemory,
         labels: BTreeMap<String, String>,
-    ) -> Result<NodeId> {
+    ) -> Result<(NodeId, NodeTicket)> {
         let request = SchedulerRequest::RegisterNode {
             addresses,
             resources,
@@ -237,7 +241,7 @@ impl SchedulerClient {
             labels,
         };
         match self.call(&request).await? {
-            SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => Ok(node),
+            SchedulerResponse::NodeRegistered { node, ticket } => Ok((node, ticket)),
             other => Err(unexpected(other)),
         }
     }
@@ -383,10 +387,41 @@ impl SchedulerClient {
         }
     }
 
+    /// The node hosting `actor`, if the scheduler knows the actor.
+    pub async fn actor_node(&mut self, actor: ActorId) -> Result<Option<NodeSummary>> {
+        match self.call(&SchedulerRequest::ActorNode { actor }).await? {
+            SchedulerResponse::ActorNode(node) => Ok(node),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The alive nodes, and the log index they are as of (for [`Self::watch_deaths`]).
+    pub async fn alive_nodes(&mut self) -> Result<(u64, Vec<NodeSummary>)> {
+        match self.call(&SchedulerRequest::AliveNodes).await? {
+            SchedulerResponse::AliveNodes { as_of, nodes } => Ok((as_of, nodes)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The fingerprint cache index.
+    pub async fn cache_index(&mut self) -> Result<CacheIndex> {
+        match self.call(&SchedulerRequest::CacheIndex).await? {
+            SchedulerResponse::CacheIndex(index) => Ok(index),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `limit` summaries of jobs that left the state, newest first.
+    pub async fn job_history(&mut self, limit: u32) -> Result<Vec<JobSummary>> {
+        match self.call(&SchedulerRequest::JobHistory { limit }).await? {
+            SchedulerResponse::History(summaries) => Ok(summaries),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The Raft status of the replica at `addr` itself (no redirect).
     pub async fn status_of(addr: &str, wire: WireConfig) -> Result<ReplicaStatus> {
-        let mut client =
-            RpcClient::<SchedulerProtocol>::connect(addr, wire, PeerKind::Client).await?;
+        let mut client = RpcClient::<SchedulerProtocol>::connect(addr, wire).await?;
         match client.call(&SchedulerRequest::Status).await? {
             SchedulerResponse::Status(status) => Ok(status),
             other => Err(unexpected(other)),

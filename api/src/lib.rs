@@ -8,11 +8,14 @@
 //!   [`state::Command`]s that change it. The scheduler replicates it; everyone else reads it.
 //! - [`placement`]: pure placement logic over that state (SPREAD, DEFAULT, affinity, memory
 //!   hints).
+//! - [`authz`]: who may send each request and propose each command (one exhaustive,
+//!   pure decision per message, against the verified principal and the leader's state).
 //! - [`client`]: [`client::SchedulerClient`], which knows every replica and follows the leader.
 //!
 //! **Invariant:** this crate depends on floe-core, serde and tokio only: no raft, no actix, no
 //! Arrow compute, so every program that talks to a cluster can link it cheaply.
 
+pub mod authz;
 pub mod client;
 pub mod node_protocol;
 pub mod placement;

@@ -62,7 +62,7 @@ impl<'de> Deserialize<'de> for Bytes {
 pub enum TaskKind {
     /// One task of a plan stage; its input blocks are the task's inputs, in order.
     Stage(Box<StageTask>),
-    /// A task tests and benchmarks run to exercise the task path without a plan. A binary
+    /// A task tests run to exercise the task path without a plan. A binary
     /// built without the feature has no such variant, so its node refuses one as a request
     /// it cannot decode.
     #[cfg(feature = "test-tasks")]
@@ -105,6 +105,8 @@ pub struct InputRef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskSpec {
     pub task: TaskId,
+    /// The job it works for: its outputs are the job's until freed, and `FreeJob` frees them.
+    pub job: JobId,
     pub kind: TaskKind,
     pub inputs: Vec<InputRef>,
 }
@@ -300,6 +302,8 @@ pub struct ShardWrite {
 /// A cache shard loaded into this node's store as one block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardLoad {
+    /// The job the loaded block belongs to (see [`TaskSpec::job`]).
+    pub job: JobId,
     pub fingerprint: Fingerprint,
     pub rank: u32,
     pub count: u32,
@@ -354,6 +358,22 @@ pub enum NodeRequest {
         actor: ActorId,
     },
     Status,
+    /// Removes every cache shard file of these fingerprints from this node's cache directory
+    /// (whoever asks has already dropped them from the index).
+    RemoveCacheShards {
+        fingerprints: Vec<Fingerprint>,
+    },
+    /// `floe cache clean` on this node's host: drops the shards from the index first, then
+    /// removes their files; all of them, or the least recently used beyond `keep_bytes`.
+    CleanCache {
+        keep_bytes: Option<u64>,
+    },
+    /// Deletes every local object made for `job` (task outputs, loaded cache shards) except
+    /// `keep`: what earlier driver attempts left when their node died.
+    FreeJob {
+        job: JobId,
+        keep: Vec<ObjectId>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -377,6 +397,11 @@ pub enum NodeResponse {
     Actor(Result<ActorReply, ActorFailure>),
     ActorStopped,
     Status(Box<NodeStatus>),
+    /// Cache shard files removed: how many and their bytes.
+    CacheRemoved {
+        shards: u64,
+        bytes: u64,
+    },
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

@@ -4,14 +4,16 @@
 
 use std::collections::BTreeMap;
 
+use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
 use floe_core::wire::Protocol;
-use floe_core::{JobId, NodeId};
+use floe_core::{ActorId, JobId, NodeId};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::state::{
-    ClusterState, Command, JobRecord, NodeAddresses, NodeDeath, NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
+    Outcome, Resources,
 };
 
 pub struct SchedulerProtocol;
@@ -40,7 +42,7 @@ pub struct ResourceUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SchedulerRequest {
     /// Raft messages from another replica, each protobuf-encoded (raft-rs's own format).
-    /// Only accepted from scheduler peers.
+    /// Only accepted from configured replicas that proved the replica secret.
     Raft {
         messages: Vec<Vec<u8>>,
     },
@@ -101,6 +103,28 @@ pub enum SchedulerRequest {
         wait_ms: u64,
     },
     Status,
+    /// The node hosting `actor`, if it is registered (answered by the leader).
+    ActorNode {
+        actor: ActorId,
+    },
+    /// The alive nodes, small: what drivers and clients need instead of the whole state.
+    AliveNodes,
+    /// The fingerprint cache index, for planning a job.
+    CacheIndex,
+    /// Summaries of jobs that left the replicated state, newest first, at most `limit` (and
+    /// at most 10,000), from the history file of the replica asked (any replica answers).
+    JobHistory {
+        limit: u32,
+    },
+}
+
+/// An alive node: where to reach it and what it offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub id: NodeId,
+    /// The node agent's RPC address.
+    pub rpc: String,
+    pub resources: Resources,
 }
 
 /// A node's last heartbeat as the leader saw it.
@@ -143,6 +167,11 @@ pub enum SchedulerResponse {
     },
     RaftAccepted,
     Committed(Outcome),
+    /// The answer to `RegisterNode`: the node's id and the ticket it presents from now on.
+    NodeRegistered {
+        node: NodeId,
+        ticket: NodeTicket,
+    },
     /// The heartbeat was taken (or a `WatchDrivers` answered); `drivers` are the running jobs
     /// (and attempts) whose drivers the node must be running.
     HeartbeatAccepted {
@@ -163,4 +192,12 @@ pub enum SchedulerResponse {
     NodeReports(BTreeMap<NodeId, NodeReport>),
     Deaths(Vec<NodeDeath>),
     Status(ReplicaStatus),
+    ActorNode(Option<NodeSummary>),
+    /// The alive nodes as of log index `as_of`; deaths after it come from `WatchDeaths`.
+    AliveNodes {
+        as_of: u64,
+        nodes: Vec<NodeSummary>,
+    },
+    CacheIndex(CacheIndex),
+    History(Vec<JobSummary>),
 }

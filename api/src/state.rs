@@ -3,7 +3,9 @@
 //! Every replica applies the same committed [`Command`]s in the same order to a
 //! [`ClusterState`], so `apply` must be deterministic: ordered maps only, no clocks, no
 //! randomness, and a command that does not make sense (an unknown job, say) is answered with
-//! the same [`Outcome::Rejected`] everywhere rather than failing on some replicas.
+//! the same [`Outcome::Rejected`] everywhere rather than failing on some replicas. Time comes
+//! only from the log: every entry carries the wall-clock time the leader observed when it
+//! proposed it ([`LoggedCommand::at_ms`]), and `apply` reads no other clock.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,9 +46,11 @@ pub struct NodeMemory {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Liveness {
     Alive,
-    /// Committed dead at log index `index`. A dead node never comes back under the same id.
+    /// Committed dead at log index `index`, at `at_ms` on the leader's clock. A dead node
+    /// never comes back under the same id.
     Dead {
         index: u64,
+        at_ms: u64,
         reason: String,
     },
 }
@@ -124,7 +128,15 @@ pub struct JobRecord {
     pub cancel_requested: bool,
     /// The last driver's stats, once the job has ended.
     pub stats: Option<JobStats>,
+    /// The output blocks the job holds for its client; empty once they were released.
     pub outputs: Vec<OutputBlock>,
+    /// When the job was submitted, its first driver started and it ended, in milliseconds
+    /// since the Unix epoch on the leader's clock.
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    /// Why and when the output was let go, once it was.
+    pub release: Option<OutputRelease>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +173,9 @@ pub struct CacheEntry {
     pub shards: BTreeMap<u32, CachedShard>,
 }
 
+/// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
+pub type CacheIndex = BTreeMap<String, BTreeMap<u32, CacheEntry>>;
+
 /// A committed node death, as published to subscribers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDeath {
@@ -168,6 +183,15 @@ pub struct NodeDeath {
     /// The log index that committed the death; subscribers resume after it.
     pub index: u64,
     pub reason: String,
+}
+
+/// What a Raft log entry holds: a command and the time the leader proposed it at, which is
+/// the only clock `apply` knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedCommand {
+    /// Milliseconds since the Unix epoch on the proposing leader's clock.
+    pub at_ms: u64,
+    pub command: Command,
 }
 
 /// A change to the cluster state, proposed through Raft.
@@ -221,6 +245,41 @@ pub enum Command {
     EvictCache {
         fingerprint: String,
     },
+    /// Drops one shard from the index if it is still recorded on `node` (its file is gone, or
+    /// is about to be removed): a copy recorded since on another node stays.
+    ForgetCacheShard {
+        fingerprint: String,
+        shard_count: u32,
+        rank: u32,
+        node: NodeId,
+    },
+    /// The client is done with a succeeded job's output: its blocks are freed.
+    ReleaseJobOutput {
+        job: JobId,
+    },
+    /// Removes a finished job: its output is freed and its summary goes to the history.
+    DeleteJob {
+        job: JobId,
+    },
+    /// The leader frees outputs held for longer than `ttl_ms` after their job ended.
+    ExpireJobOutputs {
+        jobs: Vec<JobId>,
+        ttl_ms: u64,
+    },
+    /// The leader freed `job`'s released output blocks on `nodes` (they answered `Free`).
+    OutputsFreed {
+        job: JobId,
+        nodes: Vec<NodeId>,
+    },
+    /// The leader moves finished jobs out of the state into the replicas' histories.
+    PruneJobs {
+        jobs: Vec<JobId>,
+    },
+    /// The leader forgets nodes dead for at least `dead_for_ms`.
+    ForgetNodes {
+        nodes: Vec<NodeId>,
+        dead_for_ms: u64,
+    },
 }
 
 /// The result of applying one command, returned to whoever proposed it.
@@ -231,6 +290,9 @@ pub enum Outcome {
     Applied,
     /// The command was valid to propose but does not apply to the current state.
     Rejected(String),
+    /// Jobs left the state (`DeleteJob`, `PruneJobs`); each replica appends these summaries
+    /// to its history.
+    JobsRemoved(Vec<JobSummary>),
 }
 
 /// Everything the replicas agree on. Cloned for snapshots and linearizable reads.
@@ -250,8 +312,13 @@ pub struct ClusterState {
     /// Which job each submission became, so a retried submission finds its job.
     pub submissions: BTreeMap<SubmissionId, JobId>,
     pub actors: BTreeMap<ActorId, ActorRecord>,
-    /// Fingerprint (32 hex digits) → shard count → shards.
-    pub cache: BTreeMap<String, BTreeMap<u32, CacheEntry>>,
+    pub cache: CacheIndex,
+    /// Jobs not yet ended (pending or running), so the leader's driver loop and heartbeats
+    /// never scan the finished ones.
+    pub unfinished: BTreeSet<JobId>,
+    /// Released output blocks that some alive node may still hold; the leader sends their
+    /// nodes `Free` and commits `OutputsFreed` when they answer.
+    pub outputs_to_free: BTreeMap<JobId, Vec<OutputBlock>>,
 }
 
 impl ClusterState {
@@ -269,9 +336,10 @@ impl ClusterState {
         self.applied_index = self.applied_index.max(index);
     }
 
-    /// Applies the command committed at `index`. Returns `None` when `index` was already
-    /// applied, which only a bug could cause and which must never change the state.
-    pub fn apply(&mut self, index: u64, command: Command) -> Option<Outcome> {
+    /// Applies the command committed at `index`, proposed at `at_ms` on the leader's clock.
+    /// Returns `None` when `index` was already applied, which only a bug could cause and which
+    /// must never change the state.
+    pub fn apply(&mut self, index: u64, at_ms: u64, command: Command) -> Option<Outcome> {
         if index <= self.applied_index {
             tracing::error!(
                 index,
@@ -282,10 +350,10 @@ impl ClusterState {
         }
         self.applied_index = index;
         self.applied_commands += 1;
-        Some(self.apply_command(index, command))
+        Some(self.apply_command(index, at_ms, command))
     }
 
-    fn apply_command(&mut self, index: u64, command: Command) -> Outcome {
+    fn apply_command(&mut self, index: u64, at_ms: u64, command: Command) -> Outcome {
         match command {
             Command::RegisterNode {
                 addresses,
@@ -308,7 +376,7 @@ impl ClusterState {
                 );
                 Outcome::NodeRegistered(id)
             }
-            Command::MarkNodeDead { node, reason } => self.mark_dead(index, node, reason),
+            Command::MarkNodeDead { node, reason } => self.mark_dead(index, at_ms, node, reason),
             Command::SubmitJob { spec, submission } => {
                 // A client that lost the reply submits again with the same id: same job.
                 if let Some(existing) = self.submissions.get(&submission) {
@@ -317,6 +385,7 @@ impl ClusterState {
                 self.next_job_id += 1;
                 let id = JobId::new(self.next_job_id);
                 self.submissions.insert(submission, id);
+                self.unfinished.insert(id);
                 self.jobs.insert(
                     id,
                     Arc::new(JobRecord {
@@ -329,6 +398,10 @@ impl ClusterState {
                         cancel_requested: false,
                         stats: None,
                         outputs: Vec::new(),
+                        submitted_at_ms: at_ms,
+                        started_at_ms: None,
+                        ended_at_ms: None,
+                        release: None,
                     }),
                 );
                 Outcome::JobSubmitted(id)
@@ -349,6 +422,7 @@ impl ClusterState {
                 record.driver = Some(node);
                 record.status = JobStatus::Running;
                 record.attempts += 1;
+                record.started_at_ms.get_or_insert(at_ms);
                 let actor = driver_actor(job, record.attempts);
                 self.actors.insert(
                     actor,
@@ -396,6 +470,8 @@ impl ClusterState {
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
                 record.driver = None;
+                record.ended_at_ms = Some(at_ms);
+                self.unfinished.remove(&job);
                 self.actors.retain(|_, actor| actor.job != job);
                 Outcome::Applied
             }
@@ -404,7 +480,11 @@ impl ClusterState {
                     return Outcome::Rejected(format!("no job {job}"));
                 };
                 match record.status {
-                    JobStatus::Pending => record.status = JobStatus::Cancelled,
+                    JobStatus::Pending => {
+                        record.status = JobStatus::Cancelled;
+                        record.ended_at_ms = Some(at_ms);
+                        self.unfinished.remove(&job);
+                    }
                     JobStatus::Running => record.cancel_requested = true,
                     _ => return Outcome::Rejected(format!("job {job} has already ended")),
                 }
@@ -472,19 +552,63 @@ impl ClusterState {
                 Some(_) => Outcome::Applied,
                 None => Outcome::Rejected(format!("no cache entry {fingerprint}")),
             },
+            Command::ForgetCacheShard {
+                fingerprint,
+                shard_count,
+                rank,
+                node,
+            } => self.forget_shard(&fingerprint, shard_count, rank, node),
+            Command::ReleaseJobOutput { job } => self.release_output(job, at_ms),
+            Command::DeleteJob { job } => self.delete_job(job, at_ms),
+            Command::ExpireJobOutputs { jobs, ttl_ms } => self.expire_outputs(&jobs, ttl_ms, at_ms),
+            Command::OutputsFreed { job, nodes } => self.outputs_freed(job, &nodes),
+            Command::PruneJobs { jobs } => self.prune_jobs(&jobs, at_ms),
+            Command::ForgetNodes { nodes, dead_for_ms } => {
+                self.forget_nodes(&nodes, dead_for_ms, at_ms)
+            }
         }
+    }
+
+    fn forget_shard(&mut self, fingerprint: &str, count: u32, rank: u32, node: NodeId) -> Outcome {
+        let Some(by_count) = self.cache.get_mut(fingerprint) else {
+            return Outcome::Rejected(format!("no cache entry {fingerprint}"));
+        };
+        let Some(entry) = by_count.get_mut(&count) else {
+            return Outcome::Rejected(format!("no {count}-shard entry of {fingerprint}"));
+        };
+        if entry
+            .shards
+            .get(&rank)
+            .is_none_or(|shard| shard.node != node)
+        {
+            return Outcome::Rejected(format!(
+                "shard {rank} of {count} of {fingerprint} is not recorded on node {node}"
+            ));
+        }
+        entry.shards.remove(&rank);
+        if entry.shards.is_empty() {
+            by_count.remove(&count);
+        }
+        if by_count.is_empty() {
+            self.cache.remove(fingerprint);
+        }
+        Outcome::Applied
     }
 
     /// A dead node's actors and cached shards are gone with it; a job whose driver ran there
     /// goes back to pending so the leader starts its driver elsewhere.
-    fn mark_dead(&mut self, index: u64, node: NodeId, reason: String) -> Outcome {
+    fn mark_dead(&mut self, index: u64, at_ms: u64, node: NodeId, reason: String) -> Outcome {
         let Some(record) = self.nodes.get_mut(&node) else {
             return Outcome::Rejected(format!("no node {node}"));
         };
         if !record.is_alive() {
             return Outcome::Rejected(format!("node {node} is already dead"));
         }
-        record.liveness = Liveness::Dead { index, reason };
+        record.liveness = Liveness::Dead {
+            index,
+            at_ms,
+            reason,
+        };
         self.actors.retain(|_, actor| actor.node != node);
         for by_count in self.cache.values_mut() {
             for entry in by_count.values_mut() {
@@ -493,8 +617,16 @@ impl ClusterState {
             by_count.retain(|_, entry| !entry.shards.is_empty());
         }
         self.cache.retain(|_, by_count| !by_count.is_empty());
+        // Its copies of released outputs went with it.
+        for blocks in self.outputs_to_free.values_mut() {
+            blocks.retain(|block| block.node != node);
+        }
+        self.outputs_to_free.retain(|_, blocks| !blocks.is_empty());
         let mut orphaned = BTreeSet::new();
-        for job in self.jobs.values_mut() {
+        for id in &self.unfinished {
+            let Some(job) = self.jobs.get_mut(id) else {
+                continue;
+            };
             if job.driver == Some(node) && job.status == JobStatus::Running {
                 let job = Arc::make_mut(job);
                 job.driver = None;
@@ -515,7 +647,7 @@ impl ClusterState {
             .nodes
             .values()
             .filter_map(|node| match &node.liveness {
-                Liveness::Dead { index, reason } if *index > after => Some(NodeDeath {
+                Liveness::Dead { index, reason, .. } if *index > after => Some(NodeDeath {
                     node: node.id,
                     index: *index,
                     reason: reason.clone(),
@@ -529,11 +661,17 @@ impl ClusterState {
 
     /// Running jobs whose driver is on `node`, with their attempt numbers.
     pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
-        self.jobs
-            .values()
+        self.unfinished_jobs()
             .filter(|job| job.driver == Some(node) && job.status == JobStatus::Running)
             .map(|job| (job.id, job.attempts))
             .collect()
+    }
+
+    /// The jobs not yet ended, through the index (never a scan of every job).
+    pub fn unfinished_jobs(&self) -> impl Iterator<Item = &JobRecord> {
+        self.unfinished
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(Arc::as_ref))
     }
 
     pub fn alive_nodes(&self) -> impl Iterator<Item = &NodeRecord> {
@@ -541,5 +679,10 @@ impl ClusterState {
     }
 }
 
+mod lifecycle;
 #[cfg(test)]
 mod tests;
+
+pub use self::lifecycle::{
+    JobSummary, MAX_PER_COMMAND, OutputRelease, ReleaseReason, Removal, utc_time,
+};

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::{SchedulerProtocol, SchedulerRequest, SchedulerResponse};
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RpcServer, WireConfig};
+use floe_core::auth::ClusterSecret;
+use floe_core::config::Config;
+use floe_core::wire::{Handler, Peer, RemoteError, RpcServer, WireConfig};
 
 /// A replica that answers every read with an empty state.
 struct Answering;
@@ -30,8 +31,8 @@ impl Handler<SchedulerProtocol> for Answering {
 
 fn wire() -> WireConfig {
     let mut config = Config::default();
-    config.cluster.token = ClusterToken::new("attempts");
-    WireConfig::from_config(&config)
+    config.cluster.secret = ClusterSecret::new("attempts");
+    WireConfig::member(&config)
 }
 
 /// A listener whose connections are accepted by the kernel and never served.
@@ -54,10 +55,9 @@ async fn answering() -> (RpcServer, String) {
 async fn a_frozen_replica_costs_one_attempt_timeout_then_the_next_replica_answers() {
     let (_frozen, frozen_addr) = frozen().await;
     let (_server, answering_addr) = answering().await;
-    let mut client =
-        SchedulerClient::new(vec![frozen_addr, answering_addr], wire(), PeerKind::Node)
-            .unwrap()
-            .with_attempt_timeout(Duration::from_millis(300));
+    let mut client = SchedulerClient::new(vec![frozen_addr, answering_addr], wire())
+        .unwrap()
+        .with_attempt_timeout(Duration::from_millis(300));
     let started = Instant::now();
     client.read_state().await.unwrap();
     // Without the bound the handshake alone waits `timeouts.handshake_ms` (5 s).
@@ -73,12 +73,11 @@ async fn without_an_attempt_timeout_a_frozen_replica_holds_the_call_for_the_hand
     let (_frozen, frozen_addr) = frozen().await;
     let (_server, answering_addr) = answering().await;
     let mut config = Config::default();
-    config.cluster.token = ClusterToken::new("attempts");
+    config.cluster.secret = ClusterSecret::new("attempts");
     config.timeouts.handshake_ms = 1_500;
     let mut client = SchedulerClient::new(
         vec![frozen_addr, answering_addr],
-        WireConfig::from_config(&config),
-        PeerKind::Node,
+        WireConfig::member(&config),
     )
     .unwrap();
     let started = Instant::now();

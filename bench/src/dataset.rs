@@ -2,7 +2,7 @@
 //!
 //! Measures, in one run:
 //! - `expr_mrows_per_s`: a fused stage `with_column("y", a * 3 + b)` then `filter(y > t)`
-//!   through the expression kernels (null-on-overflow arithmetic, comparison, filter), in
+//!   through the expression kernels (checked arithmetic, comparison, filter), in
 //!   millions of input rows per second;
 //! - `expr_reference_mrows_per_s`: the same computation as a hand-written loop over the
 //!   columns' slices (checked arithmetic, one pass), the floor the kernels are measured against;

@@ -10,20 +10,26 @@
 //! - `empty_tasks_per_s`: tasks that do nothing, sent by concurrent clients to one node and run
 //!   by its worker processes (RPC to the agent, Unix socket to a worker and back).
 //!
-//! Each figure is the median of several runs (one with `--quick`).
+//! Both send real stage tasks, as a job's driver does: the object is one block made by a
+//! range stage, and an empty task is a range stage over no ids. (The test-only task kinds
+//! stay out of the binary the benchmarks start.) Each figure is the median of several runs
+//! (one with `--quick`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use floe_api::node_protocol::{
-    NodeProtocol, NodeRequest, NodeResponse, OutputRef, TaskKind, TaskSpec, TestTask,
+    NodeProtocol, NodeRequest, NodeResponse, OutputRef, TaskKind, TaskSpec,
 };
-use floe_client::local::{LocalNode, LocalNodeConfig};
+use floe_client::local::{LocalCredentials, LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
-use floe_core::config::{ClusterToken, Config, TlsConfig};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::config::{Config, TlsConfig};
+use floe_core::plan::LogicalPlan;
+use floe_core::plan::physical::PhysicalPlan;
+use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::wire::{RpcClient, WireConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{gbps, print_figure};
@@ -45,7 +51,7 @@ enum Transport {
 /// The scheduler, the nodes and their directory, removed when dropped.
 struct Bench {
     dir: PathBuf,
-    token: String,
+    credentials: LocalCredentials,
     /// The members' TLS files; empty for plaintext.
     tls: TlsConfig,
     cluster: LocalSchedulers,
@@ -64,31 +70,30 @@ impl Bench {
             Transport::Plaintext => TlsConfig::default(),
             Transport::Tls => floe_core::wire::tls::generate_throwaway(&dir, &[])?,
         };
-        let token = format!("bench-{part}-{}", std::process::id());
+        let credentials = LocalCredentials::generate(&dir)?;
         let cluster = LocalSchedulers::start(LocalSchedulersConfig {
             binary: crate::floe_binary()?,
             replicas: 1,
             dir: dir.clone(),
-            token: token.clone(),
+            credentials: credentials.clone(),
             settings: Vec::new(),
             tls: tls.clone(),
         })?;
         cluster.wait_for_leader(READY_TIMEOUT).await?;
         Ok(Self {
             dir,
-            token,
+            credentials,
             tls,
             cluster,
             nodes: Vec::new(),
         })
     }
 
+    /// Talks to the nodes as a cluster member, with frames up to 1 GiB.
     fn wire(&self) -> WireConfig {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(self.token.clone());
+        let mut config = self.credentials.config();
         config.net.max_frame = floe_core::config::ByteSize::gib(1);
-        config.tls = self.tls.client_only();
-        WireConfig::from_config(&config)
+        WireConfig::member(&config).with_tls(&self.tls)
     }
 
     async fn add_node(&mut self, workers: u32, settings: &[&str]) -> anyhow::Result<String> {
@@ -100,7 +105,7 @@ impl Bench {
             schedulers: self.cluster.addrs(),
             dir: self.dir.clone(),
             name: format!("node-{}", self.nodes.len()),
-            token: self.token.clone(),
+            credentials: self.credentials.clone(),
             settings: all,
         })?;
         node.wait_ready(&self.wire(), workers, READY_TIMEOUT)
@@ -111,8 +116,7 @@ impl Bench {
     }
 
     async fn call(&self, addr: &str, request: &NodeRequest) -> anyhow::Result<NodeResponse> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(addr, self.wire(), PeerKind::Client).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(addr, self.wire()).await?;
         Ok(client.call(request).await?)
     }
 }
@@ -135,6 +139,31 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// A task of the range stage over `rows` ids that makes them one block (none for 0 rows):
+/// `8 × rows` bytes of Int64 ids.
+fn range_task(task: TaskId, rows: u64) -> anyhow::Result<TaskSpec> {
+    let plan = PhysicalPlan::from_logical(&LogicalPlan::range(rows)?);
+    let stage = plan.stage(plan.output).clone();
+    let bytes = rows.saturating_mul(8).max(1);
+    Ok(TaskSpec {
+        task,
+        job: floe_core::JobId::new(1),
+        kind: TaskKind::Stage(Box::new(StageTask {
+            stage,
+            input: StageInput::Range {
+                start: 0,
+                end: rows,
+            },
+            input_schemas: Vec::new(),
+            // One block: neither coalesced with nothing nor split.
+            min_block_bytes: bytes,
+            max_block_bytes: bytes,
+            batch_rows: u32::try_from(rows.max(1)).context("too many rows for one batch")?,
+        })),
+        inputs: Vec::new(),
+    })
 }
 
 pub fn run_transfer(quick: bool, config: &Config) -> anyhow::Result<()> {
@@ -162,18 +191,12 @@ impl TransferPair {
         let memory = ["memory.total=4GiB"];
         let holder = bench.add_node(1, &memory).await?;
         let puller = bench.add_node(1, &memory).await?;
-        let spec = TaskSpec {
-            task: TaskId::new(1),
-            kind: TaskKind::Test(TestTask::Fill {
-                bytes: size,
-                seed: 1,
-            }),
-            inputs: Vec::new(),
-        };
+        let spec = range_task(TaskId::new(1), size / 8)?;
         let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
-            NodeResponse::Task(Ok(outputs)) => {
-                *outputs.first().context("Fill returned no output")?
-            }
+            NodeResponse::Task(Ok(outputs)) => match outputs.as_slice() {
+                [object] => *object,
+                other => anyhow::bail!("the range task made {} blocks, not one", other.len()),
+            },
             other => anyhow::bail!("cannot create the object: {other:?}"),
         };
         Ok(Self {
@@ -185,14 +208,18 @@ impl TransferPair {
     }
 
     /// Pulls the object once and frees the copy; returns the pull's rate in GB/s.
-    async fn pull(&self, size: u64) -> anyhow::Result<f64> {
+    async fn pull(&self) -> anyhow::Result<f64> {
+        let size = self.object.size;
         let start = Instant::now();
         let pull = NodeRequest::Pull {
             object: self.object.object,
             holder: self.holder.clone(),
         };
         match self.bench.call(&self.puller, &pull).await? {
-            NodeResponse::Pulled(pulled) if pulled == self.object => {}
+            // The copy's size and checksum are the block's (a pull does not know its rows).
+            NodeResponse::Pulled(pulled)
+                if (pulled.object, pulled.size, pulled.checksum)
+                    == (self.object.object, self.object.size, self.object.checksum) => {}
             other => anyhow::bail!("the pull returned {other:?}, expected {:?}", self.object),
         }
         let rate = gbps(size, start.elapsed());
@@ -207,13 +234,15 @@ impl TransferPair {
 async fn measure_transfer(config: &Config, size: u64, runs: usize) -> anyhow::Result<()> {
     let plaintext = TransferPair::start(config, "transfer", Transport::Plaintext, size).await?;
     let tls = TransferPair::start(config, "transfer-tls", Transport::Tls, size).await?;
+    // The block's bytes: its ids and the Arrow IPC framing around them.
+    let size = plaintext.object.size;
     let mut transfer = Vec::new();
     let mut transfer_tls = Vec::new();
     let mut tcp = Vec::new();
     // Interleaved, so a noisy neighbour slows both kinds alike.
     for _ in 0..runs {
-        transfer.push(plaintext.pull(size).await?);
-        transfer_tls.push(tls.pull(size).await?);
+        transfer.push(plaintext.pull().await?);
+        transfer_tls.push(tls.pull().await?);
         tcp.push(gbps(size, tcp_copy(size).await?));
     }
     let labels = [("bytes", size.into()), ("chunk", "5MiB".into())];
@@ -293,19 +322,14 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
         let start = Instant::now();
         let mut clients = tokio::task::JoinSet::new();
         for client in 0..TASK_CLIENTS {
-            let mut connection =
-                RpcClient::<NodeProtocol>::connect(&node, bench.wire(), PeerKind::Client).await?;
+            let mut connection = RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
             let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
             clients.spawn(async move {
                 for index in 0..share {
                     let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
-                    let spec = TaskSpec {
-                        task: TaskId::new(id),
-                        kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
-                        inputs: Vec::new(),
-                    };
+                    let spec = range_task(TaskId::new(id), 0)?;
                     match connection.call(&NodeRequest::RunTask(spec)).await? {
-                        NodeResponse::Task(Ok(_)) => {}
+                        NodeResponse::Task(Ok(outputs)) if outputs.is_empty() => {}
                         other => anyhow::bail!("an empty task failed: {other:?}"),
                     }
                 }

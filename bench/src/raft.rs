@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use floe_api::client::SchedulerClient;
 use floe_api::state::{Command, Outcome};
-use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
+use floe_client::local::{LocalCredentials, LocalSchedulers, LocalSchedulersConfig};
 use floe_core::Config;
 
 use super::print_figure;
@@ -62,7 +62,7 @@ async fn measure(scale: &Scale, dir: &std::path::Path) -> anyhow::Result<()> {
         binary: crate::floe_binary()?,
         replicas: 3,
         dir: dir.to_owned(),
-        token: format!("bench-raft-{}", std::process::id()),
+        credentials: LocalCredentials::generate(dir)?,
         settings: Vec::new(),
         tls: floe_core::config::TlsConfig::default(),
     })?;

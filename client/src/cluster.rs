@@ -1,10 +1,14 @@
 //! Running datasets on a cluster.
 //!
-//! [`Client::connect`] takes every scheduler replica's address and the cluster token; calls go
+//! [`Client::connect`] takes every scheduler replica's address and a client token; calls go
 //! to the Raft leader and follow it across failovers. [`Client::submit`] commits a job and
 //! returns a [`JobHandle`]: its status, progress, stats and error, [`JobHandle::wait`] and
 //! [`JobHandle::cancel`]. A finished job's [`JobOutput`] streams its result blocks in order,
-//! straight from the nodes that hold them, each checked against the holder's checksum.
+//! straight from the nodes that hold them, each checked against the holder's checksum. The
+//! blocks stay in the cluster until the client lets them go: dropping the last copy of a
+//! `JobOutput` (and of its readers) releases them, [`JobOutput::keep`] leaves them held until
+//! `jobs.result_ttl` passes or [`JobHandle::release_output`] / [`JobHandle::delete`] is
+//! called.
 //! [`ClusterExecutor`] plugs a client into [`Dataset`]'s consuming calls (`count`, `take`,
 //! `iter_batches`), and [`LocalCluster`] starts a real scheduler and real nodes on loopback.
 //!
@@ -25,17 +29,19 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow::ipc::reader::FileReader;
 use arrow::record_batch::RecordBatch;
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
-use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
-use floe_core::config::{ClusterToken, Config, TlsConfig};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, JobSummary, Outcome};
+use floe_core::auth::ClientToken;
+use floe_core::config::{Config, TlsConfig};
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
 use floe_core::plan::LogicalPlan;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
@@ -162,6 +168,8 @@ struct Inner {
     replicas: Vec<String>,
     wire: WireConfig,
     scheduler: Mutex<SchedulerClient>,
+    /// The runtime the client was connected on, where a dropped output's release is sent.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Inner {
@@ -177,6 +185,27 @@ impl Inner {
             .await?
             .ok_or(Error::UnknownJob(job))
     }
+
+    /// Commits `command` about `job`; a rejection is [`Error::Refused`] with its reason.
+    async fn propose_for(&self, job: JobId, command: Command) -> Result<Outcome> {
+        match self.scheduler.lock().await.propose(command).await? {
+            Outcome::Rejected(reason) => Err(Error::Refused { job, reason }),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// Why `job`'s result blocks can no longer be read, when the job let them go.
+    async fn why_released(&self, job: JobId) -> Option<Error> {
+        let reason = match self.job(job).await {
+            Ok(record) => record.release?.to_string(),
+            Err(Error::UnknownJob(_)) => "the job was deleted, or moved to the history \
+                                          (jobs.keep_finished / jobs.keep_for), and its output \
+                                          freed"
+                .to_owned(),
+            Err(_) => return None,
+        };
+        Some(Error::ResultReleased { job, reason })
+    }
 }
 
 /// A connection to a cluster's schedulers. Cheap to clone.
@@ -187,7 +216,8 @@ pub struct Client {
 
 impl Client {
     /// Connects to the cluster whose scheduler replicas are at `replicas` (`host:port`) and
-    /// checks that one answers with this token.
+    /// checks that one answers to this client token (it needs at least the `read` scope;
+    /// submitting needs `submit`).
     pub async fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
         Self::connect_with(replicas, token, TlsConfig::default()).await
     }
@@ -213,14 +243,15 @@ impl Client {
     ) -> Result<Self> {
         let replicas: Vec<String> = replicas.iter().map(|r| r.as_ref().to_owned()).collect();
         let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(token);
+        config.client.token = ClientToken::new(token);
         config.tls = tls;
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
-        let wire = WireConfig::from_config(&config);
-        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone(), PeerKind::Client)?
+        let wire = WireConfig::client(&config);
+        let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone())?
             .with_attempt_timeout(ATTEMPT_TIMEOUT);
+        // A small question the leader answers, proving the address and the token.
         scheduler
-            .read_state()
+            .alive_nodes()
             .await
             .map_err(|error| Error::Connect {
                 replicas: replicas.join(","),
@@ -231,6 +262,7 @@ impl Client {
                 replicas,
                 wire,
                 scheduler: Mutex::new(scheduler),
+                runtime: tokio::runtime::Handle::current(),
             }),
         })
     }
@@ -251,6 +283,7 @@ impl Client {
         plan: &LogicalPlan,
         options: JobOptions,
     ) -> Result<JobHandle> {
+        crate::check_sinks(plan)?;
         let spec = JobSpec {
             plan: plan.resolve_seeds()?,
             options,
@@ -286,7 +319,14 @@ impl Client {
             .collect())
     }
 
-    /// Every node that ever registered, alive or dead.
+    /// Up to `limit` jobs that left the scheduler's state (deleted, or past
+    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from one replica's history.
+    pub async fn job_history(&self, limit: u32) -> Result<Vec<JobSummary>> {
+        Ok(self.inner.scheduler.lock().await.job_history(limit).await?)
+    }
+
+    /// Every node the scheduler remembers, alive or dead (dead ones are forgotten after
+    /// `nodes.forget_dead_after`).
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
         Ok(nodes_of(&self.inner.state().await?))
     }
@@ -385,6 +425,24 @@ impl JobHandle {
         }
     }
 
+    /// Lets the cluster free the job's result blocks now (what dropping its [`JobOutput`]
+    /// does in the background).
+    pub async fn release_output(&self) -> Result<()> {
+        self.inner
+            .propose_for(self.id, Command::ReleaseJobOutput { job: self.id })
+            .await
+            .map(drop)
+    }
+
+    /// Deletes the ended job: its result blocks are freed and it leaves the job list (its
+    /// summary stays in the history).
+    pub async fn delete(&self) -> Result<()> {
+        self.inner
+            .propose_for(self.id, Command::DeleteJob { job: self.id })
+            .await
+            .map(drop)
+    }
+
     /// Waits for the job to end; its output when it succeeded.
     pub async fn wait(&self) -> Result<JobOutput> {
         self.wait_with_progress(|_| {}).await
@@ -437,13 +495,10 @@ impl JobHandle {
         mut on_event: impl FnMut(WaitEvent<'_>) -> Result<()>,
     ) -> Result<JobOutput> {
         // Its own connection: a long wait must not hold up other calls on this client.
-        let mut waiter = SchedulerClient::new(
-            self.inner.replicas.clone(),
-            self.inner.wire.clone(),
-            PeerKind::Client,
-        )?
-        .with_attempt_timeout(ATTEMPT_TIMEOUT)
-        .with_retry_for(report_after);
+        let mut waiter =
+            SchedulerClient::new(self.inner.replicas.clone(), self.inner.wire.clone())?
+                .with_attempt_timeout(ATTEMPT_TIMEOUT)
+                .with_retry_for(report_after);
         loop {
             let record = match waiter.watch_job(self.id, WAIT_SLICE).await {
                 Ok(record) => record.ok_or(Error::UnknownJob(self.id))?,
@@ -455,10 +510,21 @@ impl JobHandle {
             };
             match record.status {
                 JobStatus::Succeeded => {
+                    if let Some(release) = record.release {
+                        return Err(Error::ResultReleased {
+                            job: self.id,
+                            reason: release.to_string(),
+                        });
+                    }
                     return Ok(JobOutput {
                         inner: Arc::clone(&self.inner),
                         job: self.id,
                         stats: record.stats.unwrap_or_default(),
+                        lease: Arc::new(OutputLease {
+                            inner: Arc::clone(&self.inner),
+                            job: self.id,
+                            held: AtomicBool::new(!record.outputs.is_empty()),
+                        }),
                         blocks: record.outputs,
                     });
                 }
@@ -500,16 +566,65 @@ pub enum WaitEvent<'a> {
 }
 
 /// A finished job's output: its stats and its result blocks, which stay in the nodes' object
-/// stores (and, by default, in the fingerprint cache).
+/// stores until released. Dropping the last copy of it (and of every [`BlockReader`] streamed
+/// from it) releases them in the background; [`JobOutput::release`] does so now and
+/// [`JobOutput::keep`] not at all (the cluster frees them after `jobs.result_ttl`).
 #[derive(Clone)]
 pub struct JobOutput {
     inner: Arc<Inner>,
     pub job: JobId,
     pub stats: JobStats,
     pub blocks: Vec<OutputBlock>,
+    lease: Arc<OutputLease>,
+}
+
+/// The client's hold on a job's output blocks, shared by the output and its readers.
+struct OutputLease {
+    inner: Arc<Inner>,
+    job: JobId,
+    /// Whether dropping the lease still releases the blocks.
+    held: AtomicBool,
+}
+
+impl Drop for OutputLease {
+    fn drop(&mut self) {
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        let job = self.job;
+        // A lost release (the program exits first) is caught by `jobs.result_ttl`.
+        self.inner.runtime.spawn(async move {
+            if let Err(error) = inner
+                .propose_for(job, Command::ReleaseJobOutput { job })
+                .await
+            {
+                tracing::debug!(%job, %error, "releasing the job's output failed");
+            }
+        });
+    }
 }
 
 impl JobOutput {
+    /// Releases the result blocks now: the cluster frees them, and later reads fail with
+    /// [`Error::ResultReleased`].
+    pub async fn release(self) -> Result<()> {
+        if !self.lease.held.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner
+            .propose_for(self.job, Command::ReleaseJobOutput { job: self.job })
+            .await
+            .map(drop)
+    }
+
+    /// Keeps the result blocks held after this output is dropped, for whoever reads the job
+    /// later (`floe job ID`, another process); the cluster frees them after `jobs.result_ttl`
+    /// unless released or deleted sooner.
+    pub fn keep(&self) {
+        self.lease.held.store(false, Ordering::Release);
+    }
+
     /// Rows in the output, from the blocks' metadata (nothing is fetched).
     pub fn rows(&self) -> u64 {
         self.blocks.iter().map(|block| block.rows).sum()
@@ -519,6 +634,7 @@ impl JobOutput {
     pub fn stream(&self) -> BlockReader {
         BlockReader {
             inner: Arc::clone(&self.inner),
+            lease: Arc::clone(&self.lease),
             blocks: self.blocks.clone(),
             next: 0,
             addresses: BTreeMap::new(),
@@ -557,6 +673,8 @@ impl JobOutput {
 /// Reads a job's result blocks in order from the nodes that hold them.
 pub struct BlockReader {
     inner: Arc<Inner>,
+    /// Keeps the blocks held while they are read.
+    lease: Arc<OutputLease>,
     blocks: Vec<OutputBlock>,
     next: usize,
     addresses: BTreeMap<NodeId, String>,
@@ -582,13 +700,19 @@ impl BlockReader {
     }
 
     async fn fetch(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
+        let fetched = self.fetch_from_holder(block).await;
+        if matches!(fetched, Err(Error::BlockLost { .. }))
+            && let Some(released) = self.inner.why_released(self.lease.job).await
+        {
+            return Err(released);
+        }
+        fetched
+    }
+
+    async fn fetch_from_holder(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
         if !self.addresses.contains_key(&block.node) {
-            let state = self.inner.state().await?;
-            self.addresses = state
-                .nodes
-                .values()
-                .map(|node| (node.id, node.addresses.rpc.clone()))
-                .collect();
+            let (_, nodes) = self.inner.scheduler.lock().await.alive_nodes().await?;
+            self.addresses = nodes.into_iter().map(|node| (node.id, node.rpc)).collect();
         }
         let addr = self
             .addresses
@@ -604,10 +728,9 @@ impl BlockReader {
             node: block.node,
             reason,
         };
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone(), PeerKind::Client)
-                .await
-                .map_err(|error| lost(error.to_string()))?;
+        let mut client = RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
+            .await
+            .map_err(|error| lost(error.to_string()))?;
         let request = NodeRequest::ObjectMeta {
             object: block.object,
         };
@@ -719,8 +842,6 @@ pub struct LocalClusterOptions {
     pub workers_per_node: u32,
     /// Extra `section.key=value` settings for every node.
     pub node_settings: Vec<String>,
-    /// The cluster token; `None` generates a random one.
-    pub token: Option<String>,
     /// Run every connection (RPC and HTTP) over TLS, with a throwaway CA generated in the
     /// cluster's directory. Default off: plaintext on loopback.
     pub tls: bool,
@@ -734,13 +855,12 @@ impl LocalClusterOptions {
             binary,
             workers_per_node: 0,
             node_settings: Vec::new(),
-            token: None,
             tls: false,
         }
     }
 }
 
-/// The local cluster's token file, in its directory.
+/// The file with the local cluster's admin token, in its directory.
 const TOKEN_FILE: &str = "token";
 /// Where a local cluster that runs TLS keeps its throwaway CA and member certificate.
 const TLS_DIR: &str = "tls";
@@ -766,12 +886,13 @@ fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
     file.sync_all().map_err(failed)
 }
 
-/// A real scheduler and real nodes on loopback, in a temporary directory. Dropping it kills
-/// every process and removes the directory and the nodes' shared memory.
+/// A real scheduler and real nodes on loopback, in a temporary directory, with generated
+/// secrets and an admin token. Dropping it kills every process and removes the directory and
+/// the nodes' shared memory.
 pub struct LocalCluster {
     nodes: Vec<crate::local::LocalNode>,
     scheduler: crate::local::LocalSchedulers,
-    token: String,
+    credentials: crate::local::LocalCredentials,
     /// The members' TLS files; empty when the cluster runs plaintext.
     tls: TlsConfig,
     dir: tempfile::TempDir,
@@ -785,11 +906,11 @@ impl LocalCluster {
             .map_err(|source| {
                 Error::LocalCluster(format!("cannot create a directory: {source}"))
             })?;
-        let token = options
-            .token
-            .clone()
-            .unwrap_or_else(|| format!("{}{}", SubmissionId::random(), SubmissionId::random()));
-        write_token_file(&dir.path().join(TOKEN_FILE), &token)?;
+        let credentials = crate::local::LocalCredentials::generate(dir.path())?;
+        write_token_file(
+            &dir.path().join(TOKEN_FILE),
+            credentials.admin_token.expose(),
+        )?;
         let tls = if options.tls {
             let tls_dir = dir.path().join(TLS_DIR);
             std::fs::create_dir(&tls_dir).map_err(|source| {
@@ -806,15 +927,12 @@ impl LocalCluster {
                 binary: options.binary.clone(),
                 replicas: 1,
                 dir: dir.path().to_owned(),
-                token: token.clone(),
+                credentials: credentials.clone(),
                 settings: Vec::new(),
                 tls: tls.clone(),
             })?;
         scheduler.wait_for_leader(Duration::from_secs(30)).await?;
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(token.clone());
-        config.tls = tls.client_only();
-        let wire = WireConfig::from_config(&config);
+        let wire = credentials.admin_wire().with_tls(&tls.client_only());
         let mut nodes = Vec::new();
         for index in 0..options.nodes {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
@@ -825,7 +943,7 @@ impl LocalCluster {
                 schedulers: scheduler.addrs(),
                 dir: dir.path().to_owned(),
                 name: format!("node-{index}"),
-                token: token.clone(),
+                credentials: credentials.clone(),
                 settings,
             })?;
             let status = node.wait_registered(&wire, Duration::from_secs(60)).await?;
@@ -835,7 +953,7 @@ impl LocalCluster {
         Ok(Self {
             nodes,
             scheduler,
-            token,
+            credentials,
             tls,
             dir,
         })
@@ -864,11 +982,12 @@ impl LocalCluster {
         Some(self.tls.ca.as_path()).filter(|ca| !ca.as_os_str().is_empty())
     }
 
+    /// The cluster's admin client token.
     pub fn token(&self) -> &str {
-        &self.token
+        self.credentials.admin_token.expose()
     }
 
-    /// The file holding the token (mode 0600), removed with the cluster.
+    /// The file holding the admin token (mode 0600), removed with the cluster.
     pub fn token_file(&self) -> PathBuf {
         self.dir.path().join(TOKEN_FILE)
     }
@@ -887,7 +1006,7 @@ impl LocalCluster {
     }
 
     pub async fn connect(&self) -> Result<Client> {
-        Client::connect_with(&self.addresses(), &self.token, self.tls.client_only()).await
+        Client::connect_with(&self.addresses(), self.token(), self.tls.client_only()).await
     }
 }
 

@@ -25,62 +25,31 @@
 //! retries = 3
 //! ```
 //!
-//! Each `[[steps]]` table holds exactly one step and only the keys listed for it:
-//!
-//! | step | value | other keys in the table |
-//! |---|---|---|
-//! | `filter` | an expression | — |
-//! | `with_column` | `{ name = "..", expr = ".." }` | — |
-//! | `select`, `drop`, `unique` | columns | — |
-//! | `rename` | `{ old = "new", .. }` | — |
-//! | `limit` | rows | — |
-//! | `groupby` | key columns | `agg = ["function(column) [as alias]", ..]` |
-//! | `sort` | `["column [asc\|desc] [nulls first\|last]", ..]` | — |
-//! | `repartition` | partitions | `keys = [..]` to hash-partition (else equal-sized parts) |
-//! | `random_shuffle` | a seed | — |
-//! | `cache` | `true` or `false` | — |
-//! | `map_batches`, `flat_map` | `{ udf = "name", version = 1, args = { .. } }` | — |
-//!
-//! Every table refuses a key it does not know — a misspelled `aggs` is an error that suggests
-//! `agg`, never a silently different job — and so do `[source]`, `[sink]`, `[options]` and the
-//! tables inside steps. A plan is at most [`floe_core::plan::MAX_PLAN_DEPTH`] operators deep
-//! (the source, the steps and the sink together), and an expression at most
-//! [`floe_core::plan::MAX_EXPR_DEPTH`] levels; a longer job is refused at the step that passes
-//! the limit.
-//!
-//! A process UDF (a Python script using `floe_udf`, see `docs/PROCESS_UDFS.md`) is a
-//! `map_batches` step with a `command`:
-//!
-//! ```toml
-//! [[steps]]
-//! map_batches = { command = "python3", args = ["/srv/udfs/clean.py"],
-//!                 output = ["text utf8", "tokens int64"],   # default: the input's columns
-//!                 concurrency = [1, 4], memory = "2GiB", timeout_s = 60, batch_size = 4096 }
-//! ```
-//!
-//! `files` lists what the fingerprint hashes by content; by default, every argument that names
-//! an existing file.
-//!
-//! Expressions: column names (or `col('any name')`), numbers, `'strings'`, `true`, `false`,
-//! `null`; `+ - * / %`, `== != < <= > >=`, `and or not`, parentheses; functions `cast(e,
-//! 'int64')`, `is_null(e)`, `is_not_null(e)`, `lower(e)`, `upper(e)`, `length(e)`,
-//! `contains(e, 's')`, `starts_with(e, 's')`, `coalesce(a, b, ..)`, `when(cond, a, b)`,
-//! `hash(a, ..)`. Integers are Int64 and decimals Float64.
+//! The whole language — every table, step, aggregate, function, type and option, with an
+//! example each — is documented in `docs/JOBSPEC.md`, whose examples a test parses with
+//! [`check_job_file`]. Every table refuses a key it does not know — a misspelled `aggs` is an
+//! error that suggests `agg`, never a silently different job. A plan is at most
+//! [`floe_core::plan::MAX_PLAN_DEPTH`] operators deep and an expression at most
+//! [`floe_core::plan::MAX_EXPR_DEPTH`] levels. Relative paths are resolved against the working
+//! directory (that of `floe submit`) before the plan is built, and a spec that came over the
+//! network must name absolute ones ([`PathRule`]).
 //!
 //! The whole file is checked before anything is submitted: every error names the job file,
 //! the line and the field (`job.toml:7: steps[2].agg: …`), and the plan is built (so unknown
 //! columns and type mismatches are caught too). A data file that cannot be read is named too.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use arrow::datatypes::{DataType, Field, Schema};
 use floe_core::config::{AllowedPaths, ByteSize};
-use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 use floe_core::fingerprint::ArgValue;
 use floe_core::fingerprint::FileDigest;
 use floe_core::job::{CacheMode, JobOptions};
 use floe_core::plan::{
-    AggFunction, Aggregation, Concurrency, CsvOptions, FileFormat, ProcessUdf, SortKey, UdfCall,
+    AggFunction, Aggregation, Compression, Concurrency, CsvOptions, FileFormat, JoinType,
+    ProcessUdf, SortKey, UdfCall, UdfKind, WriteMode,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -99,16 +68,22 @@ pub struct JobSpecError {
     pub message: String,
 }
 
-/// A parsed job spec: the dataset to run and its options.
+/// A parsed job spec: the dataset to run, its options and its name.
 pub struct JobFile {
     pub dataset: Dataset,
     pub options: JobOptions,
+    /// The file's `name`, if it gives one.
+    pub name: Option<String>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSpec {
+    name: Option<Spanned<String>>,
     source: Spanned<toml::Table>,
+    /// Named sources that `join` and `union` steps refer to.
+    #[serde(default)]
+    sources: BTreeMap<String, Spanned<toml::Table>>,
     #[serde(default)]
     steps: Vec<Spanned<toml::Table>>,
     sink: Option<Spanned<toml::Table>>,
@@ -168,9 +143,73 @@ pub fn parse_job_file_with(
     udfs: Arc<Registry>,
     paths: &PathPolicy,
 ) -> Result<JobFile, JobSpecError> {
-    let at = |offset: usize, field: &str, message: String| JobSpecError {
+    let (parsed, locate) = parse_spec(file, text, paths)?;
+    let at = |place: &Place, error: FieldError| locate(place, error);
+    let build_source = |source: &Source, place: &Place| {
+        source
+            .build(paths)
+            .map(|dataset| dataset.with_udfs(Arc::clone(&udfs)))
+            .map_err(|error| at(place, error))
+    };
+    let mut named = BTreeMap::new();
+    for (name, (source, place)) in &parsed.sources {
+        named.insert(name.clone(), build_source(source, place)?);
+    }
+    let (source, place) = &parsed.source;
+    let mut dataset = build_source(source, place)?;
+    for (step, place) in &parsed.steps {
+        dataset = step
+            .apply(dataset, &named)
+            .map_err(|error| at(place, error))?;
+    }
+    if let Some((sink, place)) = &parsed.sink {
+        dataset = sink.apply(dataset).map_err(|error| at(place, error))?;
+    }
+    Ok(JobFile {
+        dataset,
+        options: parsed.options,
+        name: parsed.name,
+    })
+}
+
+/// Checks everything in a job spec that does not need its data: the TOML, every table's keys,
+/// step names, expressions, aggregations, sort keys, types, sink and job options, and that
+/// `join` and `union` name sources the file defines. Files are not opened, so a spec whose
+/// data is elsewhere (an example in the docs) can still be checked; a column a step names is
+/// checked only when the job is built ([`parse_job_file`]).
+pub fn check_job_file(file: &str, text: &str) -> Result<(), JobSpecError> {
+    let policy = PathPolicy::local();
+    parse_spec(file, text, &policy).map(|_| ())
+}
+
+/// Where in the file a part of the spec was: its offset and its field path.
+struct Place {
+    offset: usize,
+    field: String,
+}
+
+/// A job spec with every table parsed, before any file is opened.
+struct ParsedSpec {
+    source: (Source, Place),
+    sources: BTreeMap<String, (Source, Place)>,
+    steps: Vec<(Step, Place)>,
+    sink: Option<(Sink, Place)>,
+    options: JobOptions,
+    name: Option<String>,
+}
+
+/// Turns a place and an error inside it into the error the user sees.
+type Locate<'a> = Box<dyn Fn(&Place, FieldError) -> JobSpecError + 'a>;
+
+fn parse_spec<'a>(
+    file: &'a str,
+    text: &'a str,
+    paths: &PathPolicy,
+) -> Result<(ParsedSpec, Locate<'a>), JobSpecError> {
+    let line_of = move |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let at = move |offset: usize, field: &str, message: String| JobSpecError {
         file: file.to_owned(),
-        line: text[..offset.min(text.len())].matches('\n').count() + 1,
+        line: line_of(offset),
         field: field.to_owned(),
         message,
     };
@@ -182,41 +221,69 @@ pub fn parse_job_file_with(
         }
     })?;
     // `field` is empty when the error is about the whole table.
-    let within = |table: &str, (field, message): FieldError| -> (String, String) {
+    let locate: Locate<'a> = Box::new(move |place: &Place, (field, message): FieldError| {
         let field = if field.is_empty() {
-            table.to_owned()
+            place.field.clone()
         } else {
-            format!("{table}.{field}")
+            format!("{}.{field}", place.field)
         };
-        (field, message)
-    };
-    let source_at = raw.source.span().start;
-    let mut dataset = source(raw.source.get_ref(), paths)
-        .map_err(|error| {
-            let (field, message) = within("source", error);
-            at(source_at, &field, message)
-        })?
-        .with_udfs(udfs);
+        at(place.offset, &field, message)
+    });
+    let place = |offset: usize, field: String| Place { offset, field };
+    let mut sources = BTreeMap::new();
+    for (name, table) in &raw.sources {
+        let here = place(table.span().start, format!("sources.{name}"));
+        let source = Source::parse(table.get_ref(), paths).map_err(|e| locate(&here, e))?;
+        sources.insert(name.clone(), (source, here));
+    }
+    let here = place(raw.source.span().start, "source".to_owned());
+    let source = (
+        Source::parse(raw.source.get_ref(), paths).map_err(|e| locate(&here, e))?,
+        here,
+    );
+    let source_names: Vec<&str> = raw.sources.keys().map(String::as_str).collect();
+    let mut steps = Vec::with_capacity(raw.steps.len());
     for (index, step) in raw.steps.iter().enumerate() {
-        dataset = apply_step(dataset, step.get_ref(), paths).map_err(|error| {
-            let (field, message) = within(&format!("steps[{index}]"), error);
-            at(step.span().start, &field, message)
-        })?;
+        let here = place(step.span().start, format!("steps[{index}]"));
+        let parsed =
+            Step::parse(step.get_ref(), paths, &source_names).map_err(|e| locate(&here, e))?;
+        steps.push((parsed, here));
     }
-    if let Some(sink) = &raw.sink {
-        dataset = apply_sink(dataset, sink.get_ref(), paths).map_err(|error| {
-            let (field, message) = within("sink", error);
-            at(sink.span().start, &field, message)
-        })?;
-    }
+    let sink = match &raw.sink {
+        Some(sink) => {
+            let here = place(sink.span().start, "sink".to_owned());
+            let parsed = Sink::parse(sink.get_ref(), paths).map_err(|e| locate(&here, e))?;
+            Some((parsed, here))
+        }
+        None => None,
+    };
     let options = match &raw.options {
-        Some(options) => job_options(options.get_ref()).map_err(|error| {
-            let (field, message) = within("options", error);
-            at(options.span().start, &field, message)
-        })?,
+        Some(options) => {
+            let here = place(options.span().start, "options".to_owned());
+            job_options(options.get_ref()).map_err(|e| locate(&here, e))?
+        }
         None => JobOptions::default(),
     };
-    Ok(JobFile { dataset, options })
+    if let Some(name) = &raw.name
+        && name.get_ref().trim().is_empty()
+    {
+        let here = place(name.span().start, "name".to_owned());
+        return Err(locate(
+            &here,
+            field_error("", "a job's name cannot be empty"),
+        ));
+    }
+    Ok((
+        ParsedSpec {
+            source,
+            sources,
+            steps,
+            sink,
+            options,
+            name: raw.name.map(Spanned::into_inner),
+        },
+        locate,
+    ))
 }
 
 /// A field name and what is wrong with it.
@@ -226,8 +293,8 @@ fn field_error(field: &str, message: impl std::fmt::Display) -> FieldError {
     (field.to_owned(), message.to_string())
 }
 
-/// The tables a job file has.
-const TABLES: [&str; 4] = ["source", "steps", "sink", "options"];
+/// The top-level keys and tables a job file has.
+const TABLES: [&str; 6] = ["name", "source", "sources", "steps", "sink", "options"];
 
 /// When `text` has a top-level table the format does not know: its name, and a message that
 /// suggests the nearest known one (TOML's own message only lists them).
@@ -467,41 +534,69 @@ const SOURCES: [Kind; 4] = [
     kind("range"),
 ];
 
-fn source(table: &toml::Table, policy: &PathPolicy) -> Result<Dataset, FieldError> {
-    let (kind, value) = kind_of(table, &SOURCES, "source")?;
-    let built = match kind {
-        "range" => Dataset::range(integer(kind, value)?),
-        _ => {
-            let mut paths = strings(kind, value)?;
-            for path in &paths {
-                check_path(kind, path, policy)?;
-            }
-            if policy.allowed.is_restricted() {
-                // Every file a pattern or directory expands to is checked before any is
-                // opened: a symlink inside an allowed directory may lead out of it.
-                let files = floe_engine::read::expand_paths(&paths)
-                    .map_err(|error| field_error(kind, error))?;
-                for file in &files {
-                    check_path(kind, &file.to_string_lossy(), policy)?;
-                }
-                paths = files
-                    .iter()
-                    .map(|file| file.to_string_lossy().into_owned())
-                    .collect();
-            }
-            let format = match kind {
-                "read_csv" => FileFormat::Csv(CsvOptions::default()),
-                "read_parquet" => FileFormat::Parquet,
-                _ => FileFormat::Json,
-            };
-            return Dataset::read(format, &paths, None).map_err(|error| field_error(kind, error));
+/// A source as the file spells it.
+enum Source {
+    Range(u64),
+    Read {
+        kind: &'static str,
+        format: FileFormat,
+        paths: Vec<String>,
+    },
+}
+
+impl Source {
+    fn parse(table: &toml::Table, policy: &PathPolicy) -> Result<Self, FieldError> {
+        let (kind, value) = kind_of(table, &SOURCES, "source")?;
+        if kind == "range" {
+            return Ok(Source::Range(integer(kind, value)?));
         }
-    };
-    built.map_err(|error| field_error(kind, error))
+        let paths = strings(kind, value)?;
+        for path in &paths {
+            check_path(kind, path, policy)?;
+        }
+        let format = match kind {
+            "read_csv" => FileFormat::Csv(CsvOptions::default()),
+            "read_parquet" => FileFormat::Parquet,
+            _ => FileFormat::Json,
+        };
+        Ok(Source::Read {
+            kind,
+            format,
+            paths,
+        })
+    }
+
+    /// The dataset: files are found and their schema read here. Relative paths are resolved
+    /// against the working directory.
+    fn build(&self, policy: &PathPolicy) -> Result<Dataset, FieldError> {
+        let (kind, format, paths) = match self {
+            Source::Range(n) => return Dataset::range(*n).map_err(|e| field_error("range", e)),
+            Source::Read {
+                kind,
+                format,
+                paths,
+            } => (*kind, format, paths),
+        };
+        let mut paths = paths.clone();
+        if policy.allowed.is_restricted() {
+            // Every file a pattern or directory expands to is checked before any is
+            // opened: a symlink inside an allowed directory may lead out of it.
+            let files = floe_engine::read::expand_paths(&paths)
+                .map_err(|error| field_error(kind, error))?;
+            for file in &files {
+                check_path(kind, &file.to_string_lossy(), policy)?;
+            }
+            paths = files
+                .iter()
+                .map(|file| file.to_string_lossy().into_owned())
+                .collect();
+        }
+        Dataset::read(format.clone(), &paths, None).map_err(|error| field_error(kind, error))
+    }
 }
 
 /// The kinds of step, and the keys each takes beside its name.
-const STEPS: [Kind; 14] = [
+const STEPS: [Kind; 16] = [
     kind("filter"),
     kind("with_column"),
     kind("select"),
@@ -522,165 +617,367 @@ const STEPS: [Kind; 14] = [
     kind("cache"),
     kind("map_batches"),
     kind("flat_map"),
+    kind("join"),
+    kind("union"),
 ];
 
 /// The keys of a `with_column` table.
 const WITH_COLUMN_KEYS: [&str; 2] = ["name", "expr"];
 /// The keys of a call of a registered UDF (`map_batches` or `flat_map`).
 const UDF_CALL_KEYS: [&str; 3] = ["udf", "version", "args"];
+/// The keys of a `join` table.
+const JOIN_KEYS: [&str; 5] = ["with", "on", "left_on", "right_on", "how"];
+/// Join types, by the name a job file gives them.
+const JOIN_TYPES: [(&str, JoinType); 6] = [
+    ("inner", JoinType::Inner),
+    ("left", JoinType::Left),
+    ("right", JoinType::Right),
+    ("full", JoinType::Full),
+    ("semi", JoinType::Semi),
+    ("anti", JoinType::Anti),
+];
 
-fn apply_step(
-    dataset: Dataset,
-    table: &toml::Table,
-    policy: &PathPolicy,
-) -> Result<Dataset, FieldError> {
-    let (op, value) = kind_of(table, &STEPS, "step")?;
-    let plan_error = |error: crate::Error| field_error(op, error);
-    let names = |field: &str, value: &toml::Value| strings(field, value);
-    match op {
-        "filter" => {
-            let text = value
-                .as_str()
-                .ok_or_else(|| field_error(op, "expected an expression string"))?;
-            dataset
-                .filter(parse_expr(text).map_err(|m| field_error(op, m))?)
-                .map_err(plan_error)
-        }
-        "with_column" => {
-            let spec = value
-                .as_table()
-                .ok_or_else(|| field_error(op, "expected { name = .., expr = .. }"))?;
-            refuse_unknown_keys(spec, &WITH_COLUMN_KEYS, op, "with_column")?;
-            let name = spec
-                .get("name")
-                .and_then(|v| v.as_str())
-                .ok_or_else(|| field_error("with_column.name", "missing"))?;
-            let text = spec
-                .get("expr")
-                .and_then(|v| v.as_str())
-                .ok_or_else(|| field_error("with_column.expr", "missing"))?;
-            let expr = parse_expr(text).map_err(|m| field_error("with_column.expr", m))?;
-            dataset.with_column(name, expr).map_err(plan_error)
-        }
-        "select" | "drop" | "unique" => {
-            let columns = names(op, value)?;
-            let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
-            match op {
-                "select" => dataset.select(&columns),
-                "drop" => dataset.drop(&columns),
-                _ => dataset.unique(&columns),
+/// One step, parsed: everything the file says, before any data is looked at.
+enum Step {
+    Filter(Expr),
+    WithColumn {
+        name: String,
+        expr: Expr,
+    },
+    Select(Vec<String>),
+    Drop(Vec<String>),
+    Unique(Vec<String>),
+    Rename(Vec<(String, String)>),
+    Limit(u64),
+    GroupBy {
+        keys: Vec<String>,
+        aggregations: Vec<Aggregation>,
+    },
+    Sort(Vec<SortKey>),
+    Repartition {
+        partitions: u32,
+        keys: Option<Vec<String>>,
+    },
+    RandomShuffle(u64),
+    Cache(bool),
+    Process(ProcessUdf),
+    Udf {
+        call: UdfCall,
+        kind: UdfKind,
+    },
+    Join {
+        with: String,
+        left_on: Vec<String>,
+        right_on: Vec<String>,
+        how: JoinType,
+    },
+    Union(Vec<String>),
+}
+
+/// A named source a `join` or `union` step refers to, or an error that lists them.
+fn source_name(field: &str, name: &str, known: &[&str]) -> Result<String, FieldError> {
+    if known.contains(&name) {
+        return Ok(name.to_owned());
+    }
+    let defined = if known.is_empty() {
+        "the file defines none (add a `[sources.NAME]` table)".to_owned()
+    } else {
+        format!("the file defines {}", quoted(known))
+    };
+    Err(field_error(
+        field,
+        format!(
+            "no source named `{name}`{}; {defined}",
+            did_you_mean(name, known)
+        ),
+    ))
+}
+
+impl Step {
+    fn parse(
+        table: &toml::Table,
+        policy: &PathPolicy,
+        sources: &[&str],
+    ) -> Result<Self, FieldError> {
+        let (op, value) = kind_of(table, &STEPS, "step")?;
+        let names = |field: &str, value: &toml::Value| strings(field, value);
+        let expression = |field: &str, text: &str| {
+            parse_expr(text).map_err(|message| field_error(field, message))
+        };
+        Ok(match op {
+            "filter" => {
+                let text = value
+                    .as_str()
+                    .ok_or_else(|| field_error(op, "expected an expression string"))?;
+                Step::Filter(expression(op, text)?)
             }
-            .map_err(plan_error)
-        }
-        "rename" => {
-            let spec = value
-                .as_table()
-                .ok_or_else(|| field_error(op, "expected { old = \"new\" }"))?;
-            let pairs = spec
-                .iter()
-                .map(|(from, to)| {
-                    to.as_str()
-                        .map(|to| (from.as_str(), to))
-                        .ok_or_else(|| field_error(&format!("rename.{from}"), "expected a string"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            dataset.rename(&pairs).map_err(plan_error)
-        }
-        "limit" => dataset.limit(integer(op, value)?).map_err(plan_error),
-        "groupby" => {
-            let keys = names(op, value)?;
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let aggregations = match table.get("agg") {
-                Some(agg) => strings("agg", agg)?
-                    .iter()
-                    .map(|text| parse_aggregation(text).map_err(|m| field_error("agg", m)))
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => Vec::new(),
-            };
-            dataset.groupby(&keys).agg(aggregations).map_err(plan_error)
-        }
-        "sort" => {
-            let keys = names(op, value)?
-                .iter()
-                .map(|text| parse_sort_key(text).map_err(|m| field_error(op, m)))
-                .collect::<Result<Vec<_>, _>>()?;
-            dataset.sort(keys).map_err(plan_error)
-        }
-        "repartition" => {
-            let n = u32::try_from(integer(op, value)?)
-                .map_err(|_| field_error(op, "too many partitions"))?;
-            match table.get("keys") {
-                Some(keys) => {
-                    let keys = names("keys", keys)?;
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    dataset.repartition_by(n, &keys)
-                }
-                None => dataset.repartition(n),
-            }
-            .map_err(plan_error)
-        }
-        "random_shuffle" => dataset
-            .random_shuffle(Some(integer(op, value)?))
-            .map_err(plan_error),
-        "cache" => match value.as_bool() {
-            Some(true) => dataset.cache().map_err(plan_error),
-            Some(false) => Ok(dataset),
-            None => Err(field_error(op, "expected true or false")),
-        },
-        "map_batches" if value.get("command").is_some() => {
-            let spec = value
-                .as_table()
-                .ok_or_else(|| field_error(op, "expected { command = .., args = [..] }"))?;
-            dataset
-                .map_batches_process(process_udf(spec, policy)?)
-                .map_err(plan_error)
-        }
-        _ => {
-            let spec = value.as_table().ok_or_else(|| {
-                field_error(op, "expected { udf = .., version = .., args = { .. } }")
-            })?;
-            if op == "map_batches" && spec.get("udf").is_none() {
-                // Neither `udf` nor `command`: one of them may be misspelled.
-                let either: Vec<&str> = UDF_CALL_KEYS
-                    .iter()
-                    .chain(&PROCESS_UDF_KEYS)
-                    .copied()
-                    .collect();
-                refuse_unknown_keys(spec, &either, op, "map_batches")?;
-            }
-            refuse_unknown_keys(spec, &UDF_CALL_KEYS, op, &format!("a {op} UDF call"))?;
-            let name = spec
-                .get("udf")
-                .and_then(|v| v.as_str())
-                .ok_or_else(|| field_error(&format!("{op}.udf"), "missing"))?;
-            let version = spec
-                .get("version")
-                .and_then(|v| v.as_integer())
-                .and_then(|v| u32::try_from(v).ok())
-                .ok_or_else(|| {
-                    field_error(&format!("{op}.version"), "missing or not a version number")
-                })?;
-            let mut call = UdfCall::new(name, version);
-            if let Some(args) = spec.get("args") {
-                let args = args
+            "with_column" => {
+                let spec = value
                     .as_table()
-                    .ok_or_else(|| field_error(&format!("{op}.args"), "expected a table"))?;
-                for (arg, value) in args {
-                    call = call.with(
-                        arg.as_str(),
-                        arg_value(value)
-                            .map_err(|m| field_error(&format!("{op}.args.{arg}"), m))?,
-                    );
+                    .ok_or_else(|| field_error(op, "expected { name = .., expr = .. }"))?;
+                refuse_unknown_keys(spec, &WITH_COLUMN_KEYS, op, "with_column")?;
+                let name = spec
+                    .get("name")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| field_error("with_column.name", "missing"))?;
+                let text = spec
+                    .get("expr")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| field_error("with_column.expr", "missing"))?;
+                Step::WithColumn {
+                    name: name.to_owned(),
+                    expr: expression("with_column.expr", text)?,
                 }
             }
-            if op == "map_batches" {
-                dataset.map_batches(call)
-            } else {
-                dataset.flat_map(call)
+            "select" => Step::Select(names(op, value)?),
+            "drop" => Step::Drop(names(op, value)?),
+            "unique" => Step::Unique(names(op, value)?),
+            "rename" => {
+                let spec = value
+                    .as_table()
+                    .ok_or_else(|| field_error(op, "expected { old = \"new\" }"))?;
+                let pairs = spec
+                    .iter()
+                    .map(|(from, to)| {
+                        to.as_str()
+                            .map(|to| (from.clone(), to.to_owned()))
+                            .ok_or_else(|| {
+                                field_error(&format!("rename.{from}"), "expected a string")
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Step::Rename(pairs)
             }
-            .map_err(plan_error)
+            "limit" => Step::Limit(integer(op, value)?),
+            "groupby" => {
+                let aggregations = match table.get("agg") {
+                    Some(agg) => strings("agg", agg)?
+                        .iter()
+                        .map(|text| parse_aggregation(text).map_err(|m| field_error("agg", m)))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None => Vec::new(),
+                };
+                Step::GroupBy {
+                    keys: names(op, value)?,
+                    aggregations,
+                }
+            }
+            "sort" => Step::Sort(
+                names(op, value)?
+                    .iter()
+                    .map(|text| parse_sort_key(text).map_err(|m| field_error(op, m)))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            "repartition" => Step::Repartition {
+                partitions: u32::try_from(integer(op, value)?)
+                    .map_err(|_| field_error(op, "too many partitions"))?,
+                keys: table
+                    .get("keys")
+                    .map(|keys| names("keys", keys))
+                    .transpose()?,
+            },
+            "random_shuffle" => Step::RandomShuffle(integer(op, value)?),
+            "cache" => Step::Cache(
+                value
+                    .as_bool()
+                    .ok_or_else(|| field_error(op, "expected true or false"))?,
+            ),
+            "map_batches" if value.get("command").is_some() => {
+                let spec = value
+                    .as_table()
+                    .ok_or_else(|| field_error(op, "expected { command = .., args = [..] }"))?;
+                Step::Process(process_udf(spec, policy)?)
+            }
+            "join" => {
+                let spec = value.as_table().ok_or_else(|| {
+                    field_error(
+                        op,
+                        "expected { with = \"NAME\", on = [..], how = \"inner\" }",
+                    )
+                })?;
+                refuse_unknown_keys(spec, &JOIN_KEYS, op, "a join")?;
+                let with = spec
+                    .get("with")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| field_error("join.with", "missing: the name of a source"))?;
+                let keys = |key: &str| {
+                    spec.get(key)
+                        .map(|value| strings(&format!("join.{key}"), value))
+                        .transpose()
+                };
+                let (left_on, right_on) = match (keys("on")?, keys("left_on")?, keys("right_on")?) {
+                    (Some(on), None, None) => (on.clone(), on),
+                    (None, Some(left), Some(right)) => (left, right),
+                    _ => {
+                        return Err(field_error(
+                            op,
+                            "give `on` (columns named alike on both sides), or both `left_on` \
+                             and `right_on`",
+                        ));
+                    }
+                };
+                let how = match spec.get("how") {
+                    None => JoinType::Inner,
+                    Some(how) => {
+                        let how = how.as_str().unwrap_or_default();
+                        let names: Vec<&str> = JOIN_TYPES.iter().map(|(name, _)| *name).collect();
+                        JOIN_TYPES
+                            .iter()
+                            .find(|(name, _)| *name == how)
+                            .map(|(_, join)| *join)
+                            .ok_or_else(|| {
+                                field_error(
+                                    "join.how",
+                                    format!(
+                                        "unknown join type {how:?}{}; it is one of {}",
+                                        did_you_mean(how, &names),
+                                        quoted(&names)
+                                    ),
+                                )
+                            })?
+                    }
+                };
+                Step::Join {
+                    with: source_name("join.with", with, sources)?,
+                    left_on,
+                    right_on,
+                    how,
+                }
+            }
+            "union" => Step::Union(
+                names(op, value)?
+                    .iter()
+                    .map(|name| source_name(op, name, sources))
+                    .collect::<Result<_, _>>()?,
+            ),
+            _ => {
+                let spec = value.as_table().ok_or_else(|| {
+                    field_error(op, "expected { udf = .., version = .., args = { .. } }")
+                })?;
+                if op == "map_batches" && spec.get("udf").is_none() {
+                    // Neither `udf` nor `command`: one of them may be misspelled.
+                    let either: Vec<&str> = UDF_CALL_KEYS
+                        .iter()
+                        .chain(&PROCESS_UDF_KEYS)
+                        .copied()
+                        .collect();
+                    refuse_unknown_keys(spec, &either, op, "map_batches")?;
+                }
+                refuse_unknown_keys(spec, &UDF_CALL_KEYS, op, &format!("a {op} UDF call"))?;
+                let name = spec
+                    .get("udf")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| field_error(&format!("{op}.udf"), "missing"))?;
+                let version = spec
+                    .get("version")
+                    .and_then(|v| v.as_integer())
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| {
+                        field_error(&format!("{op}.version"), "missing or not a version number")
+                    })?;
+                let mut call = UdfCall::new(name, version);
+                if let Some(args) = spec.get("args") {
+                    let args = args
+                        .as_table()
+                        .ok_or_else(|| field_error(&format!("{op}.args"), "expected a table"))?;
+                    for (arg, value) in args {
+                        call = call.with(
+                            arg.as_str(),
+                            arg_value(value)
+                                .map_err(|m| field_error(&format!("{op}.args.{arg}"), m))?,
+                        );
+                    }
+                }
+                let kind = if op == "map_batches" {
+                    UdfKind::RowPreserving
+                } else {
+                    UdfKind::RowChanging
+                };
+                Step::Udf { call, kind }
+            }
+        })
+    }
+
+    /// The step's name, as the file spells it (errors building it name it).
+    fn name(&self) -> &'static str {
+        match self {
+            Step::Filter(_) => "filter",
+            Step::WithColumn { .. } => "with_column",
+            Step::Select(_) => "select",
+            Step::Drop(_) => "drop",
+            Step::Unique(_) => "unique",
+            Step::Rename(_) => "rename",
+            Step::Limit(_) => "limit",
+            Step::GroupBy { .. } => "groupby",
+            Step::Sort(_) => "sort",
+            Step::Repartition { .. } => "repartition",
+            Step::RandomShuffle(_) => "random_shuffle",
+            Step::Cache(_) => "cache",
+            Step::Process(_)
+            | Step::Udf {
+                kind: UdfKind::RowPreserving,
+                ..
+            } => "map_batches",
+            Step::Udf { .. } => "flat_map",
+            Step::Join { .. } => "join",
+            Step::Union(_) => "union",
         }
     }
+
+    /// `dataset` with this step added; `named` holds the `[sources.NAME]` datasets.
+    fn apply(
+        &self,
+        dataset: Dataset,
+        named: &BTreeMap<String, Dataset>,
+    ) -> Result<Dataset, FieldError> {
+        let built = match self {
+            Step::Filter(predicate) => dataset.filter(predicate.clone()),
+            Step::WithColumn { name, expr } => dataset.with_column(name, expr.clone()),
+            Step::Select(columns) => dataset.select(&as_strs(columns)),
+            Step::Drop(columns) => dataset.drop(&as_strs(columns)),
+            Step::Unique(columns) => dataset.unique(&as_strs(columns)),
+            Step::Rename(pairs) => {
+                let pairs: Vec<(&str, &str)> = pairs
+                    .iter()
+                    .map(|(from, to)| (from.as_str(), to.as_str()))
+                    .collect();
+                dataset.rename(&pairs)
+            }
+            Step::Limit(n) => dataset.limit(*n),
+            Step::GroupBy { keys, aggregations } => {
+                dataset.groupby(&as_strs(keys)).agg(aggregations.clone())
+            }
+            Step::Sort(keys) => dataset.sort(keys.clone()),
+            Step::Repartition { partitions, keys } => match keys {
+                Some(keys) => dataset.repartition_by(*partitions, &as_strs(keys)),
+                None => dataset.repartition(*partitions),
+            },
+            Step::RandomShuffle(seed) => dataset.random_shuffle(Some(*seed)),
+            Step::Cache(true) => dataset.cache(),
+            Step::Cache(false) => Ok(dataset),
+            Step::Process(udf) => dataset.map_batches_process(udf.clone()),
+            Step::Udf {
+                call,
+                kind: UdfKind::RowPreserving,
+            } => dataset.map_batches(call.clone()),
+            Step::Udf { call, .. } => dataset.flat_map(call.clone()),
+            Step::Join {
+                with,
+                left_on,
+                right_on,
+                how,
+            } => dataset.join_on(&named[with], &as_strs(left_on), &as_strs(right_on), *how),
+            Step::Union(names) => names
+                .iter()
+                .try_fold(dataset, |dataset, name| dataset.union(&named[name])),
+        };
+        built.map_err(|error| field_error(self.name(), error))
+    }
+}
+
+/// Borrowed names, as the dataset's methods take them.
+fn as_strs(items: &[String]) -> Vec<&str> {
+    items.iter().map(String::as_str).collect()
 }
 
 /// A `map_batches = { command = .., .. }` step: a process UDF.
@@ -710,17 +1007,26 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
     };
     let mut digests = Vec::new();
     let mut resolved_args = Vec::with_capacity(args.len());
+    for file in listed.iter().flatten() {
+        digests.push(pin("files", file)?);
+    }
     for arg in &args {
-        if listed.is_none() && std::path::Path::new(arg).is_file() {
+        let path = std::path::Path::new(arg);
+        if listed.is_none() && path.is_file() {
             let digest = pin("args", arg)?;
             resolved_args.push(digest.path.to_string_lossy().into_owned());
             digests.push(digest);
-        } else {
-            resolved_args.push(arg.clone());
+            continue;
         }
-    }
-    for file in listed.unwrap_or_default() {
-        digests.push(pin("files", &file)?);
+        // An argument naming a listed file is passed as the path pinned, so the node can tell
+        // the script it runs is one the plan pins.
+        let listed_as = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|resolved| digests.iter().find(|digest| digest.path == resolved));
+        match listed_as {
+            Some(digest) => resolved_args.push(digest.path.to_string_lossy().into_owned()),
+            None => resolved_args.push(arg.clone()),
+        }
     }
     let arg_refs: Vec<&str> = resolved_args.iter().map(String::as_str).collect();
     let mut udf = digests
@@ -768,10 +1074,21 @@ fn process_udf(spec: &toml::Table, policy: &PathPolicy) -> Result<ProcessUdf, Fi
     if let Some(batch_size) = spec.get("batch_size") {
         udf = udf.batch_size(integer(&field("batch_size"), batch_size)?);
     }
+    if let Some(env) = spec.get("env") {
+        let env = env
+            .as_table()
+            .ok_or_else(|| field_error(&field("env"), "expected a table of strings"))?;
+        for (key, value) in env {
+            let value = value
+                .as_str()
+                .ok_or_else(|| field_error(&field(&format!("env.{key}")), "expected a string"))?;
+            udf = udf.env(key.as_str(), value);
+        }
+    }
     Ok(udf)
 }
 
-const PROCESS_UDF_KEYS: [&str; 8] = [
+const PROCESS_UDF_KEYS: [&str; 9] = [
     "command",
     "args",
     "files",
@@ -780,6 +1097,7 @@ const PROCESS_UDF_KEYS: [&str; 8] = [
     "memory",
     "timeout_s",
     "batch_size",
+    "env",
 ];
 
 fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
@@ -802,26 +1120,111 @@ fn arg_value(value: &toml::Value) -> Result<ArgValue, String> {
     })
 }
 
-/// The kinds of sink.
-const SINKS: [Kind; 3] = [kind("write_parquet"), kind("write_csv"), kind("write_json")];
+/// The kinds of sink; each also takes [`SINK_KEYS`].
+const SINKS: [Kind; 3] = [
+    Kind {
+        name: "write_parquet",
+        with: &SINK_KEYS,
+    },
+    Kind {
+        name: "write_csv",
+        with: &SINK_KEYS,
+    },
+    Kind {
+        name: "write_json",
+        with: &SINK_KEYS,
+    },
+];
 
-fn apply_sink(
-    dataset: Dataset,
-    table: &toml::Table,
-    policy: &PathPolicy,
-) -> Result<Dataset, FieldError> {
-    let (kind, value) = kind_of(table, &SINKS, "sink")?;
-    let directory = value
-        .as_str()
-        .ok_or_else(|| field_error(kind, "expected a directory"))?;
-    check_path(kind, directory, policy)?;
-    let options = WriteOptions::default();
-    match kind {
-        "write_parquet" => dataset.write_parquet(directory, options),
-        "write_csv" => dataset.write_csv(directory, options),
-        _ => dataset.write_json(directory, options),
+/// The keys a sink takes beside its kind.
+const SINK_KEYS: [&str; 3] = ["mode", "compression", "target_file_size"];
+
+/// A sink as the file spells it.
+struct Sink {
+    format: FileFormat,
+    directory: String,
+    options: WriteOptions,
+}
+
+impl Sink {
+    fn parse(table: &toml::Table, policy: &PathPolicy) -> Result<Self, FieldError> {
+        let (kind, value) = kind_of(table, &SINKS, "sink")?;
+        let directory = value
+            .as_str()
+            .ok_or_else(|| field_error(kind, "expected a directory"))?;
+        check_path(kind, directory, policy)?;
+        let mut options = WriteOptions::default();
+        if let Some(mode) = table.get("mode") {
+            let text = mode.as_str().unwrap_or_default();
+            let names: Vec<&str> = WriteMode::ALL.iter().map(|mode| mode.name()).collect();
+            options.mode = WriteMode::ALL
+                .into_iter()
+                .find(|mode| mode.name() == text)
+                .ok_or_else(|| {
+                    field_error(
+                        "mode",
+                        format!(
+                            "unknown write mode {mode}{}; it is one of {}",
+                            did_you_mean(text, &names),
+                            quoted(&names)
+                        ),
+                    )
+                })?;
+        }
+        if let Some(compression) = table.get("compression") {
+            let text = compression.as_str().unwrap_or_default();
+            let names: Vec<&str> = Compression::ALL.iter().map(|c| c.name()).collect();
+            options.compression = Some(
+                Compression::ALL
+                    .into_iter()
+                    .find(|codec| codec.name() == text)
+                    .ok_or_else(|| {
+                        field_error(
+                            "compression",
+                            format!(
+                                "unknown compression {compression}{}; it is one of {}",
+                                did_you_mean(text, &names),
+                                quoted(&names)
+                            ),
+                        )
+                    })?,
+            );
+        }
+        if let Some(size) = table.get("target_file_size") {
+            options.target_file_size = match size {
+                toml::Value::String(text) => text
+                    .parse::<ByteSize>()
+                    .map(|size| size.bytes())
+                    .map_err(|error| field_error("target_file_size", error))?,
+                other => integer("target_file_size", other)?,
+            };
+        }
+        let format = match kind {
+            "write_parquet" => FileFormat::Parquet,
+            "write_csv" => FileFormat::Csv(CsvOptions::default()),
+            _ => FileFormat::Json,
+        };
+        Ok(Sink {
+            format,
+            directory: directory.to_owned(),
+            options,
+        })
     }
-    .map_err(|error| field_error(kind, error))
+
+    /// `dataset` written out; a relative directory is resolved against the working directory.
+    fn apply(&self, dataset: Dataset) -> Result<Dataset, FieldError> {
+        dataset
+            .write(self.format.clone(), &self.directory, self.options)
+            .map_err(|error| field_error(sink_kind(&self.format), error))
+    }
+}
+
+fn sink_kind(format: &FileFormat) -> &'static str {
+    match format {
+        FileFormat::Parquet => "write_parquet",
+        FileFormat::Csv(_) => "write_csv",
+        FileFormat::Json => "write_json",
+    }
 }
 
 /// The keys of `[options]`.
@@ -909,6 +1312,14 @@ fn parse_aggregation(text: &str) -> Result<Aggregation, String> {
     })
 }
 
+/// An expression that cannot be read: where (1-based, in characters) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("column {column}: {message}")]
+pub struct ExprError {
+    pub column: usize,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Token {
     Ident(String),
@@ -918,7 +1329,24 @@ enum Token {
     Symbol(&'static str),
 }
 
-fn tokenize(text: &str) -> Result<Vec<Token>, String> {
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Token::Ident(word) => write!(f, "`{word}`"),
+            Token::Str(text) => write!(f, "'{text}'"),
+            Token::Int(n) => write!(f, "{n}"),
+            Token::Float(x) => write!(f, "{x}"),
+            Token::Symbol(symbol) => write!(f, "`{symbol}`"),
+        }
+    }
+}
+
+/// The tokens of `text`, each with the column it starts at.
+fn tokenize(text: &str) -> Result<Vec<(Token, usize)>, ExprError> {
+    let error = |at: usize, message: String| ExprError {
+        column: at + 1,
+        message,
+    };
     const SYMBOLS: [&str; 15] = [
         "==", "!=", "<=", ">=", "<", ">", "+", "-", "*", "/", "%", "(", ")", ",", "=",
     ];
@@ -927,14 +1355,19 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
+        let column = i + 1;
         if c.is_whitespace() {
             i += 1;
+            continue;
         } else if c == '\'' || c == '"' {
             let end = chars[i + 1..]
                 .iter()
                 .position(|d| *d == c)
-                .ok_or("an unterminated string")?;
-            tokens.push(Token::Str(chars[i + 1..i + 1 + end].iter().collect()));
+                .ok_or_else(|| error(i, "an unterminated string".to_owned()))?;
+            tokens.push((
+                Token::Str(chars[i + 1..i + 1 + end].iter().collect()),
+                column,
+            ));
             i += end + 2;
         } else if c.is_ascii_digit() {
             let start = i;
@@ -944,24 +1377,30 @@ fn tokenize(text: &str) -> Result<Vec<Token>, String> {
                 i += 1;
             }
             let number: String = chars[start..i].iter().filter(|d| **d != '_').collect();
-            tokens.push(if number.contains('.') {
-                Token::Float(number.parse().map_err(|_| format!("bad number {number}"))?)
+            let bad = |_| error(start, format!("bad number {number}"));
+            let token = if number.contains('.') {
+                Token::Float(number.parse().map_err(bad)?)
             } else {
-                Token::Int(number.parse().map_err(|_| format!("bad number {number}"))?)
-            });
+                Token::Int(
+                    number
+                        .parse()
+                        .map_err(|_| error(start, format!("bad number {number}")))?,
+                )
+            };
+            tokens.push((token, column));
         } else if c.is_alphabetic() || c == '_' {
             let start = i;
             while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
                 i += 1;
             }
-            tokens.push(Token::Ident(chars[start..i].iter().collect()));
+            tokens.push((Token::Ident(chars[start..i].iter().collect()), column));
         } else {
             let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
             let symbol = SYMBOLS
                 .iter()
                 .find(|symbol| rest.starts_with(**symbol))
-                .ok_or_else(|| format!("unexpected character {c:?}"))?;
-            tokens.push(Token::Symbol(symbol));
+                .ok_or_else(|| error(i, format!("unexpected character {c:?}")))?;
+            tokens.push((Token::Symbol(symbol), column));
             i += symbol.len();
         }
     }
@@ -975,24 +1414,33 @@ const MAX_EXPR_TOKENS: usize = 200;
 /// The deepest nesting of parentheses, calls, `not` and unary minus.
 const MAX_EXPR_NESTING: usize = 64;
 
-/// Parses one expression (see the module docs for the language).
-pub fn parse_expr(text: &str) -> Result<Expr, String> {
-    let tokens = tokenize(text)?;
+/// Parses one expression (see the module docs for the language); an error names the column
+/// where reading stopped.
+pub fn parse_expr(text: &str) -> Result<Expr, ExprError> {
+    let (tokens, columns): (Vec<Token>, Vec<usize>) = tokenize(text)?.into_iter().unzip();
     if tokens.len() > MAX_EXPR_TOKENS {
-        return Err(format!(
-            "the expression has {} tokens; at most {MAX_EXPR_TOKENS} are allowed",
-            tokens.len()
-        ));
+        return Err(ExprError {
+            column: 1,
+            message: format!(
+                "the expression has {} tokens; at most {MAX_EXPR_TOKENS} are allowed",
+                tokens.len()
+            ),
+        });
     }
     let mut parser = Parser {
         tokens,
+        columns,
+        end: text.chars().count() + 1,
         at: 0,
         depth: 0,
     };
     let expr = parser.or()?;
     match parser.tokens.get(parser.at) {
         None => Ok(expr),
-        Some(token) => Err(format!("unexpected {token:?} after a complete expression")),
+        Some(token) => Err(parser.error(
+            parser.at,
+            format!("unexpected {token} after a complete expression"),
+        )),
     }
 }
 
@@ -1001,20 +1449,33 @@ type StringFunction = fn(Expr, String) -> Result<Expr, String>;
 
 struct Parser {
     tokens: Vec<Token>,
+    /// The column each token starts at.
+    columns: Vec<usize>,
+    /// The column just past the text.
+    end: usize,
     at: usize,
     /// How deeply the parser has recursed, bounded so no input can exhaust the stack.
     depth: usize,
 }
 
 impl Parser {
+    /// An error at token `index` (the end of the text past the last token).
+    fn error(&self, index: usize, message: String) -> ExprError {
+        ExprError {
+            column: self.columns.get(index).copied().unwrap_or(self.end),
+            message,
+        }
+    }
+
     /// Runs `parse` one level deeper, refusing input nested past [`MAX_EXPR_NESTING`].
     fn nested(
         &mut self,
-        parse: impl FnOnce(&mut Self) -> Result<Expr, String>,
-    ) -> Result<Expr, String> {
+        parse: impl FnOnce(&mut Self) -> Result<Expr, ExprError>,
+    ) -> Result<Expr, ExprError> {
         if self.depth >= MAX_EXPR_NESTING {
-            return Err(format!(
-                "the expression is nested more than {MAX_EXPR_NESTING} levels deep"
+            return Err(self.error(
+                self.at,
+                format!("the expression is nested more than {MAX_EXPR_NESTING} levels deep"),
             ));
         }
         self.depth += 1;
@@ -1045,15 +1506,17 @@ impl Parser {
         }
     }
 
-    fn expect(&mut self, symbol: &'static str) -> Result<(), String> {
+    fn expect(&mut self, symbol: &'static str) -> Result<(), ExprError> {
         if self.eat_symbol(symbol) {
-            Ok(())
-        } else {
-            Err(format!("expected {symbol:?}, got {:?}", self.peek()))
+            return Ok(());
         }
+        let got = self
+            .peek()
+            .map_or_else(|| "the end".to_owned(), Token::to_string);
+        Err(self.error(self.at, format!("expected `{symbol}`, got {got}")))
     }
 
-    fn or(&mut self) -> Result<Expr, String> {
+    fn or(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.and()?;
         while self.eat_word("or") {
             left = left.or(self.and()?);
@@ -1061,7 +1524,7 @@ impl Parser {
         Ok(left)
     }
 
-    fn and(&mut self) -> Result<Expr, String> {
+    fn and(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.not()?;
         while self.eat_word("and") {
             left = left.and(self.not()?);
@@ -1069,14 +1532,14 @@ impl Parser {
         Ok(left)
     }
 
-    fn not(&mut self) -> Result<Expr, String> {
+    fn not(&mut self) -> Result<Expr, ExprError> {
         if self.eat_word("not") {
             return Ok(!self.nested(Self::not)?);
         }
         self.comparison()
     }
 
-    fn comparison(&mut self) -> Result<Expr, String> {
+    fn comparison(&mut self) -> Result<Expr, ExprError> {
         let left = self.additive()?;
         for (symbol, build) in [
             ("==", Expr::eq as fn(Expr, Expr) -> Expr),
@@ -1093,7 +1556,7 @@ impl Parser {
         Ok(left)
     }
 
-    fn additive(&mut self) -> Result<Expr, String> {
+    fn additive(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.multiplicative()?;
         loop {
             if self.eat_symbol("+") {
@@ -1106,7 +1569,7 @@ impl Parser {
         }
     }
 
-    fn multiplicative(&mut self) -> Result<Expr, String> {
+    fn multiplicative(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.unary()?;
         loop {
             if self.eat_symbol("*") {
@@ -1121,18 +1584,19 @@ impl Parser {
         }
     }
 
-    fn unary(&mut self) -> Result<Expr, String> {
+    fn unary(&mut self) -> Result<Expr, ExprError> {
         if self.eat_symbol("-") {
             return Ok(-self.nested(Self::unary)?);
         }
         self.primary()
     }
 
-    fn primary(&mut self) -> Result<Expr, String> {
+    fn primary(&mut self) -> Result<Expr, ExprError> {
         let token = self
             .peek()
             .cloned()
-            .ok_or("the expression ends too early")?;
+            .ok_or_else(|| self.error(self.at, "the expression ends too early".to_owned()))?;
+        let here = self.at;
         self.at += 1;
         match token {
             Token::Int(n) => Ok(lit(n)),
@@ -1143,18 +1607,19 @@ impl Parser {
                 self.expect(")")?;
                 Ok(inner)
             }
-            Token::Symbol(symbol) => Err(format!("unexpected {symbol:?}")),
+            Token::Symbol(symbol) => Err(self.error(here, format!("unexpected `{symbol}`"))),
             Token::Ident(word) => match word.to_ascii_lowercase().as_str() {
                 "true" => Ok(lit(true)),
                 "false" => Ok(lit(false)),
                 "null" => Ok(null()),
-                _ if self.eat_symbol("(") => self.nested(|parser| parser.call(&word)),
+                _ if self.eat_symbol("(") => self.nested(|parser| parser.call(&word, here)),
                 _ => Ok(col(word)),
             },
         }
     }
 
-    fn call(&mut self, function: &str) -> Result<Expr, String> {
+    /// The call of `function`, whose name is token `at`; its own errors point at the name.
+    fn call(&mut self, function: &str, at: usize) -> Result<Expr, ExprError> {
         let mut args = Vec::new();
         if !self.eat_symbol(")") {
             loop {
@@ -1165,6 +1630,13 @@ impl Parser {
                 self.expect(",")?;
             }
         }
+        build_call(function, args).map_err(|message| self.error(at, message))
+    }
+}
+
+/// A function applied to its parsed arguments.
+fn build_call(function: &str, args: Vec<Expr>) -> Result<Expr, String> {
+    {
         let name = function.to_ascii_lowercase();
         let string_arg = |expr: Expr| match expr {
             Expr::Literal(floe_core::expr::Scalar::Utf8(s)) => Ok(s),
@@ -1180,8 +1652,10 @@ impl Parser {
         };
         let with_string: Option<StringFunction> = match name.as_str() {
             "cast" => Some(|value, name| Ok(value.cast(data_type(&name)?))),
+            "try_cast" => Some(|value, name| Ok(value.try_cast(data_type(&name)?))),
             "contains" => Some(|value, pattern| Ok(value.contains(pattern))),
             "starts_with" => Some(|value, prefix| Ok(value.starts_with(prefix))),
+            "regex_match" => Some(|value, pattern| Ok(value.regex_match(pattern))),
             _ => None,
         };
         let arity = |n: usize| -> Result<std::vec::IntoIter<Expr>, String> {
@@ -1195,6 +1669,19 @@ impl Parser {
             }
         };
         let missing = || format!("{function}: missing an argument");
+        let try_arithmetic: Option<fn(Expr, Expr) -> Expr> = match name.as_str() {
+            "try_add" => Some(|a, b| a + b),
+            "try_subtract" => Some(|a, b| a - b),
+            "try_multiply" => Some(|a, b| a * b),
+            "try_divide" => Some(|a, b| a / b),
+            "try_remainder" => Some(|a, b| a % b),
+            _ => None,
+        };
+        if let Some(build) = try_arithmetic {
+            let mut args = arity(2)?;
+            let left = args.next().ok_or_else(missing)?;
+            return Ok(null_on_error(build(left, args.next().ok_or_else(missing)?)));
+        }
         if let Some(build) = unary {
             let mut args = arity(1)?;
             return Ok(build(args.next().ok_or_else(missing)?));
@@ -1214,8 +1701,40 @@ impl Parser {
                 let mut next = || args.next().ok_or_else(missing);
                 Ok(when(next()?, next()?, next()?))
             }
+            "try" => {
+                let mut args = arity(1)?;
+                Ok(null_on_error(args.next().ok_or_else(missing)?))
+            }
             "coalesce" => Ok(coalesce(args)),
             "hash" => Ok(hash(args)),
+            "substring" => {
+                let integer = |expr: Option<Expr>| match expr {
+                    Some(Expr::Literal(floe_core::expr::Scalar::Int64(n))) => Ok(n),
+                    Some(Expr::Negate(inner)) => match *inner {
+                        Expr::Literal(floe_core::expr::Scalar::Int64(n)) => Ok(-n),
+                        other => Err(format!("substring needs integer literals, got -{other}")),
+                    },
+                    Some(other) => Err(format!("substring needs integer literals, got {other}")),
+                    None => Err(missing()),
+                };
+                if !(2..=3).contains(&args.len()) {
+                    return Err(format!(
+                        "substring takes 2 or 3 arguments (text, start[, length]), got {}",
+                        args.len()
+                    ));
+                }
+                let mut args = args.into_iter();
+                let value = args.next().ok_or_else(missing)?;
+                let start = integer(args.next())?;
+                let length = match args.next() {
+                    Some(length) => Some(
+                        u64::try_from(integer(Some(length))?)
+                            .map_err(|_| "substring: a negative length".to_owned())?,
+                    ),
+                    None => None,
+                };
+                Ok(value.substring(start, length))
+            }
             other => Err(format!("unknown function {other:?}")),
         }
     }

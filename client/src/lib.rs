@@ -71,10 +71,10 @@ pub use cluster::{
 };
 pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
 
-pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 pub use floe_core::plan::{
-    AggFunction, Aggregation, Concurrency, CsvOptions, FileFormat, JoinType, ProcessUdf, SortKey,
-    UdfCall,
+    AggFunction, Aggregation, Compression, Concurrency, CsvOptions, FileFormat, JoinType,
+    ProcessUdf, SortKey, UdfCall, WriteMode,
 };
 
 /// Every error building a dataset or running it can return.
@@ -95,7 +95,10 @@ pub enum Error {
     Scheduler(#[from] floe_api::Error),
     #[error(transparent)]
     Wire(#[from] floe_core::WireError),
-    #[error("there is no job {0} on this cluster; `floe jobs` lists them")]
+    #[error(
+        "there is no job {0} in the scheduler's state: it never existed, or it was deleted or \
+         moved to the history (`floe jobs --all` lists those)"
+    )]
     UnknownJob(floe_core::JobId),
     #[error("job {job} failed: {message}")]
     JobFailed {
@@ -123,6 +126,19 @@ pub enum Error {
     BlockLost {
         object: floe_core::ObjectId,
         node: floe_core::NodeId,
+        reason: String,
+    },
+    #[error(
+        "job {job}'s result is no longer held: {reason}; run the job again (cached stages are \
+         reused)"
+    )]
+    ResultReleased {
+        job: floe_core::JobId,
+        reason: String,
+    },
+    #[error("job {job}: {reason}")]
+    Refused {
+        job: floe_core::JobId,
         reason: String,
     },
     #[error(
@@ -235,12 +251,20 @@ impl std::fmt::Debug for Dataset {
 pub struct WriteOptions {
     /// Files are cut near this many bytes.
     pub target_file_size: u64,
+    /// What to do with files already in the directory; by default a directory that holds any
+    /// is refused.
+    pub mode: WriteMode,
+    /// Parquet's codec; `None` is the format's default (zstd for Parquet, and the text formats
+    /// are always uncompressed).
+    pub compression: Option<Compression>,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
         Self {
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            mode: WriteMode::Error,
+            compression: None,
         }
     }
 }
@@ -443,18 +467,39 @@ impl Dataset {
         self.write(FileFormat::Json, directory, options)
     }
 
-    /// Writes files of `format` into `directory` (created if missing).
+    /// Writes files of `format` into `directory` (created if missing). A relative directory
+    /// is resolved against this process's working directory now, never a node's. Under
+    /// [`WriteMode::Error`] (the default) a directory that already holds files is refused when
+    /// the job is submitted ([`Dataset::check_sinks`]) and again before the output is
+    /// published.
     pub fn write(
         &self,
         format: FileFormat,
         directory: impl AsRef<Path>,
         options: WriteOptions,
     ) -> Result<Self> {
+        let directory =
+            std::path::absolute(directory.as_ref()).map_err(|source| floe_engine::Error::Io {
+                path: directory.as_ref().to_owned(),
+                source,
+            })?;
+        let compression = options
+            .compression
+            .unwrap_or_else(|| Compression::default_for(&format));
         Ok(self.then(self.plan.write(WriteSpec {
             format,
-            directory: directory.as_ref().to_owned(),
+            directory,
             target_file_size: options.target_file_size,
+            mode: options.mode,
+            compression,
         })?))
+    }
+
+    /// Refuses the plan if a sink in [`WriteMode::Error`] would write into a directory that
+    /// already holds files, as far as this process can see it (the job checks again before it
+    /// publishes anything). [`Client::submit`] calls it.
+    pub fn check_sinks(&self) -> Result<()> {
+        check_sinks(&self.plan)
     }
 
     pub fn schema(&self) -> &Schema {
@@ -539,6 +584,20 @@ impl Dataset {
         let materialized = Self::from_batches(self.schema(), &blocks)?;
         Ok(self.then(materialized.plan))
     }
+}
+
+/// [`Dataset::check_sinks`] over any plan; a walk with a stack, so any depth is safe.
+pub(crate) fn check_sinks(plan: &LogicalPlan) -> Result<()> {
+    let mut pending = vec![plan];
+    while let Some(node) = pending.pop() {
+        if let floe_core::plan::Operator::Write(spec) = node.operator()
+            && spec.mode == WriteMode::Error
+        {
+            floe_engine::write::check_empty(&spec.directory)?;
+        }
+        pending.extend(node.inputs());
+    }
+    Ok(())
 }
 
 /// A dataset grouped by keys, waiting for its aggregations.

@@ -125,6 +125,7 @@ fn every_operation_builds_with_the_expected_schema() {
             dir.path().join("json"),
             WriteOptions {
                 target_file_size: 1 << 20,
+                ..WriteOptions::default()
             },
         )
         .unwrap();

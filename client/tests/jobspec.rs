@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use floe_client::jobspec::{parse_expr, parse_job_file};
-use floe_client::{CacheMode, Dataset, Registry, col, lit, when};
+use floe_client::{
+    CacheMode, Dataset, JoinType, Registry, WriteMode, col, lit, null_on_error, when,
+};
 
 fn builtins() -> Arc<Registry> {
     Arc::new(Registry::with_builtins())
@@ -25,17 +27,29 @@ fn expressions_follow_the_usual_precedence() {
         col("x").cast(arrow::datatypes::DataType::Float64) % lit(3i64),
     );
     assert_eq!(parsed.to_string(), expected.to_string());
-    for (bad, problem) in [
-        ("a +", "ends too early"),
-        ("a b", "after a complete expression"),
-        ("frobnicate(a)", "unknown function"),
-        ("'open", "unterminated"),
-        ("cast(a, 'complex')", "unknown type"),
-        ("a $ b", "unexpected character"),
+    for (bad, problem, column) in [
+        ("a +", "ends too early", 4),
+        ("a b", "after a complete expression", 3),
+        ("x + frobnicate(a)", "unknown function", 5),
+        ("'open", "unterminated", 1),
+        ("cast(a, 'complex')", "unknown type", 1),
+        ("a $ b", "unexpected character", 3),
+        ("(a + 1", "expected `)`, got the end", 7),
     ] {
         let error = parse_expr(bad).unwrap_err();
-        assert!(error.contains(problem), "{bad}: {error}");
+        assert!(error.message.contains(problem), "{bad}: {error}");
+        assert_eq!(error.column, column, "{bad}: {error}");
+        assert!(error.to_string().starts_with(&format!("column {column}: ")));
     }
+    // The `try` forms: null instead of an error.
+    let tried = parse_expr("try_cast(region, 'int64') + try_divide(a, b)").unwrap();
+    let expected = col("region").try_cast(arrow::datatypes::DataType::Int64)
+        + null_on_error(col("a") / col("b"));
+    assert_eq!(tried.to_string(), expected.to_string());
+    assert_eq!(
+        parse_expr("try(a * b - 1)").unwrap().to_string(),
+        null_on_error(col("a") * col("b") - lit(1i64)).to_string()
+    );
 }
 
 #[test]
@@ -153,7 +167,7 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
     let parsed = parse_job_file(
         "job.toml",
         &spec(&format!(
-            "command = \"python3\", args = [{script_arg:?}, \"--fast\"], output = [\"id int64\", \"label utf8\"], concurrency = [1, 3], memory = \"1GiB\", timeout_s = 5"
+            "command = \"python3\", args = [{script_arg:?}, \"--fast\"], output = [\"id int64\", \"label utf8\"], concurrency = [1, 3], memory = \"1GiB\", timeout_s = 5, env = {{ MODEL = \"small\" }}"
         )),
         builtins(),
     )
@@ -170,8 +184,33 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
     assert_eq!(udf.concurrency, floe_client::Concurrency::new(1, 3));
     assert_eq!(udf.memory, 1 << 30);
     assert_eq!(udf.timeout_ms, 5000);
+    assert_eq!(udf.env.get("MODEL").map(String::as_str), Some("small"));
+    assert_eq!(udf.env.len(), 1);
     let names: Vec<&String> = plan.schema().fields().iter().map(|f| f.name()).collect();
     assert_eq!(names, ["id", "label"]);
+
+    // With `files` listed, an argument naming one of them (here through `..`) is passed as the
+    // path pinned, so a node sees that the script it runs is pinned.
+    let roundabout = dir
+        .path()
+        .join("..")
+        .join(dir.path().file_name().unwrap())
+        .join("udf.py");
+    let roundabout = roundabout.to_str().unwrap();
+    let listed = parse_job_file(
+        "job.toml",
+        &spec(&format!(
+            "command = \"python3\", args = [{roundabout:?}], files = [{roundabout:?}]"
+        )),
+        builtins(),
+    )
+    .unwrap();
+    let floe_core::plan::Operator::ProcessUdf(listed) = listed.dataset.plan().operator().clone()
+    else {
+        panic!("not a process UDF");
+    };
+    assert_eq!(listed.args, [udf.files[0].path.to_str().unwrap()]);
+    assert_eq!(listed.script().unwrap().path, udf.files[0].path);
 
     let cases = [
         ("command = \"python3\", colour = 1", "map_batches.colour"),
@@ -196,6 +235,15 @@ fn a_process_udf_step_pins_its_script_and_checks_its_fields() {
             "map_batches.memory",
         ),
         ("command = \"\"", "map_batches"),
+        ("command = \"python3\", env = [\"A\"]", "map_batches.env"),
+        (
+            "command = \"python3\", env = { A = 1 }",
+            "map_batches.env.A",
+        ),
+        (
+            "command = \"python3\", env = { FLOE_CLUSTER_TOKEN = \"x\" }",
+            "map_batches",
+        ),
     ];
     for (fields, field) in cases {
         let error = parse_job_file("job.toml", &spec(fields), builtins())
@@ -364,9 +412,9 @@ fn unknown_keys_are_refused_everywhere_with_the_nearest_known_key() {
             "unknown source `rnage` (did you mean `range`?)",
         ),
         (
-            format!("{range}[sink]\nwrite_parquet = \"/tmp/out\"\nmode = \"overwrite\"\n"),
-            "sink.mode: ",
-            "unknown key `mode` in a write_parquet sink",
+            format!("{range}[sink]\nwrite_parquet = \"/tmp/out\"\nmodes = \"overwrite\"\n"),
+            "sink.modes: ",
+            "unknown key `modes` in a write_parquet sink (did you mean `mode`?)",
         ),
         (
             format!("{range}[sink]\nwrite_parket = \"/tmp/out\"\n"),
@@ -381,7 +429,7 @@ fn unknown_keys_are_refused_everywhere_with_the_nearest_known_key() {
         (
             format!("{range}[step]\nfilter = \"id > 1\"\n"),
             "/srv/jobs/daily.toml:3: step: ",
-            "unknown table `step` (did you mean `steps`?); a job file has source, steps, sink, options",
+            "unknown table `step` (did you mean `steps`?); a job file has name, source, sources, steps, sink, options",
         ),
         // No suggestion when nothing is close.
         (
@@ -484,4 +532,111 @@ fn a_file_that_cannot_be_read_is_named() {
     let glob = out.join("*");
     let error = named(&[&glob]);
     assert!(error.contains(&parquet.display().to_string()), "{error}");
+}
+
+#[test]
+fn a_job_file_names_itself_joins_and_unions_named_sources_and_sets_sink_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = dir.path().join("orders.csv");
+    let customers = dir.path().join("customers.csv");
+    std::fs::write(&orders, "id,customer,amount\n1,7,2.5\n2,8,4.0\n").unwrap();
+    std::fs::write(&customers, "customer,region\n7,north\n").unwrap();
+    let out = dir.path().join("out");
+    let file = format!(
+        r#"
+name = "orders by region"
+
+[source]
+read_csv = ["{orders}"]
+
+[sources.customers]
+read_csv = ["{customers}"]
+
+[sources.more]
+read_csv = ["{orders}"]
+
+[[steps]]
+union = ["more"]
+
+[[steps]]
+join = {{ with = "customers", on = ["customer"], how = "left" }}
+
+[sink]
+write_parquet = "{out}"
+mode = "overwrite"
+compression = "snappy"
+"#,
+        orders = orders.display(),
+        customers = customers.display(),
+        out = out.display()
+    );
+    let parsed = parse_job_file("job.toml", &file, builtins()).unwrap();
+    assert_eq!(parsed.name.as_deref(), Some("orders by region"));
+    let built = Dataset::read_csv(&[&orders])
+        .unwrap()
+        .union(&Dataset::read_csv(&[&orders]).unwrap())
+        .unwrap()
+        .join(
+            &Dataset::read_csv(&[&customers]).unwrap(),
+            &["customer"],
+            JoinType::Left,
+        )
+        .unwrap()
+        .write_parquet(
+            &out,
+            floe_client::WriteOptions {
+                mode: WriteMode::Overwrite,
+                compression: Some(floe_client::Compression::Snappy),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(parsed.dataset.fingerprint(), built.fingerprint());
+    assert!(
+        parsed
+            .dataset
+            .explain()
+            .unwrap()
+            .contains("compression=snappy")
+    );
+
+    // Mistakes name the field, and suggest.
+    for (bad, field, problem) in [
+        (
+            "[source]\nrange = 3\n[[steps]]\njoin = { with = \"custmers\", on = [\"id\"] }\n\
+             [sources.customers]\nrange = 2\n",
+            "steps[0].join.with",
+            "no source named `custmers` (did you mean `customers`?)",
+        ),
+        (
+            "[source]\nrange = 3\n[[steps]]\nunion = [\"x\"]\n",
+            "steps[0].union",
+            "the file defines none",
+        ),
+        (
+            "[source]\nrange = 3\n[sources.b]\nrange = 2\n[[steps]]\n\
+             join = { with = \"b\", on = [\"id\"], how = \"lef\" }\n",
+            "steps[0].join.how",
+            "(did you mean `left`?)",
+        ),
+        (
+            "[source]\nrange = 3\n[sink]\nwrite_json = \"/tmp/x\"\nmode = \"overwirte\"\n",
+            "sink.mode",
+            "(did you mean `overwrite`?)",
+        ),
+        (
+            "[source]\nrange = 3\n[[steps]]\nfitler = \"id > 1\"\n",
+            "steps[0].fitler",
+            "(did you mean `filter`?)",
+        ),
+        (
+            "[source]\nrange = 3\n[[steps]]\nfilter = \"id >\"\n",
+            "steps[0].filter",
+            "column 5: the expression ends too early",
+        ),
+    ] {
+        let error = parse_job_file("job.toml", bad, builtins()).err().unwrap();
+        assert_eq!(error.field, field, "{bad}: {error}");
+        assert!(error.message.contains(problem), "{bad}: {error}");
+    }
 }

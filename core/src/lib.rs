@@ -1,6 +1,8 @@
 //! floe-core: the pieces every other floe crate agrees on.
 //!
 //! - [`ids`]: newtype identifiers for nodes, jobs, tasks, objects and actors.
+//! - [`auth`]: credentials (cluster secret, replica secret, node tickets, scoped client
+//!   tokens), how servers verify them, and the verified `Principal`.
 //! - [`config`]: the one [`Config`](config::Config) struct, loaded from a TOML file, then
 //!   `FLOE_*` environment variables, then command-line overrides.
 //! - [`expr`]: the expression language (columns, literals, arithmetic, comparison, strings,
@@ -12,6 +14,7 @@
 //! - [`wire`]: the internal RPC protocol — framing, handshake, the bincode codec and a typed
 //!   request/response helper. It is the only module that encodes bytes for the network.
 
+pub mod auth;
 pub mod config;
 pub mod expr;
 pub mod fingerprint;

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use floe_core::config::{ClusterToken, TimeoutsConfig};
+use floe_core::auth::{Authenticator, ClusterSecret, Credential, Identity};
+use floe_core::config::TimeoutsConfig;
 use floe_core::wire::handshake::{
-    self, HANDSHAKE_MAX_FRAME, HandshakeReply, Hello, MAGIC, PeerKind, Refusal,
+    self, HANDSHAKE_MAX_FRAME, HandshakeReply, Hello, MAGIC, Refusal,
 };
 use floe_core::wire::rpc::{self, Handler, Peer, Protocol, RemoteError, RemoteErrorKind};
 use floe_core::wire::{
@@ -80,9 +81,10 @@ struct EchoHandler;
 impl Handler<Echo> for EchoHandler {
     async fn handle(&self, peer: Peer, request: EchoRequest) -> Result<EchoResponse, RemoteError> {
         match request {
-            EchoRequest::Say(text) => {
-                Ok(EchoResponse::Said(format!("{:?} says {text}", peer.kind)))
-            }
+            EchoRequest::Say(text) => Ok(EchoResponse::Said(format!(
+                "{:?} says {text}",
+                peer.principal
+            ))),
             EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
             EchoRequest::Repeat { .. } | EchoRequest::FromFile { .. } => Err(RemoteError::new(
@@ -125,8 +127,16 @@ impl Handler<Echo> for EchoHandler {
 }
 
 fn wire_config(token: &str) -> WireConfig {
+    let secret = ClusterSecret::new(token);
     WireConfig {
-        token: ClusterToken::new(token),
+        identity: Identity::new(Credential::Member {
+            secret: secret.clone(),
+        }),
+        authenticator: Arc::new(Authenticator::new(
+            secret,
+            None,
+            std::path::PathBuf::from("/nonexistent/floe-tokens"),
+        )),
         max_frame: 1 << 20,
         timeouts: TimeoutsConfig {
             connect_ms: 2_000,
@@ -146,19 +156,15 @@ async fn start_server(config: WireConfig) -> RpcServer {
         .unwrap()
 }
 
-/// Connects to `server` as `peer` with `token`.
-async fn connect(
-    server: &RpcServer,
-    token: &str,
-    peer: PeerKind,
-) -> Result<RpcClient<Echo>, WireError> {
-    RpcClient::<Echo>::connect(server.local_addr().to_string(), wire_config(token), peer).await
+/// Connects to `server` as a member presenting `secret`.
+async fn connect(server: &RpcServer, secret: &str) -> Result<RpcClient<Echo>, WireError> {
+    RpcClient::<Echo>::connect(server.local_addr().to_string(), wire_config(secret)).await
 }
 
 async fn assert_serves(server: &RpcServer) {
-    let mut client = connect(server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(server, TOKEN).await.unwrap();
     let reply = client.call(&EchoRequest::Say("hi".into())).await.unwrap();
-    assert_eq!(reply, EchoResponse::Said("Client says hi".into()));
+    assert_eq!(reply, EchoResponse::Said("Member says hi".into()));
 }
 
 fn pipe(max_frame: usize) -> (FramedStream<DuplexStream>, FramedStream<DuplexStream>) {
@@ -177,8 +183,9 @@ async fn every_message_kind_round_trips_through_frames() {
     let (mut left, mut right) = pipe(1 << 20);
 
     let hello = Hello {
-        peer: PeerKind::Worker,
-        token: ClusterToken::new("secret"),
+        credential: Credential::Member {
+            secret: ClusterSecret::new("secret"),
+        },
     };
     left.send_with(|out| handshake::encode_hello(PROTOCOL_VERSION, &hello, out))
         .await
@@ -193,7 +200,7 @@ async fn every_message_kind_round_trips_through_frames() {
     let replies = [
         HandshakeReply::Welcome,
         HandshakeReply::Refused {
-            reason: Refusal::WrongToken,
+            reason: Refusal::Unauthenticated,
             message: "no".into(),
         },
         HandshakeReply::Refused {
@@ -354,10 +361,10 @@ async fn truncated_frames_and_stalls_are_errors() {
 #[tokio::test]
 async fn calls_and_remote_errors() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Node).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     assert_eq!(
         client.call(&EchoRequest::Say("a".into())).await.unwrap(),
-        EchoResponse::Said("Node says a".into())
+        EchoResponse::Said("Member says a".into())
     );
     let error = client
         .call(&EchoRequest::Fail(RemoteErrorKind::Unavailable))
@@ -383,7 +390,7 @@ async fn calls_and_remote_errors() {
 #[tokio::test]
 async fn a_request_over_the_frame_limit_fails_before_sending() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     let error = client
         .call(&EchoRequest::Blob(vec![0; 2 << 20]))
         .await
@@ -399,25 +406,19 @@ async fn a_request_over_the_frame_limit_fails_before_sending() {
 #[tokio::test]
 async fn wrong_token_is_refused_with_a_reason() {
     let server = start_server(wire_config(TOKEN)).await;
-    let result = connect(&server, "not-the-token", PeerKind::Client).await;
+    let result = connect(&server, "not-the-token").await;
     match result {
         Err(WireError::Refused {
-            reason: Refusal::WrongToken,
+            reason: Refusal::Unauthenticated,
             message,
-        }) => assert!(message.contains("FLOE_CLUSTER_TOKEN"), "{message}"),
+        }) => assert!(message.contains("FLOE_CLUSTER_SECRET"), "{message}"),
         Err(other) => panic!("expected a wrong-token refusal, got {other}"),
         Ok(_) => panic!("a wrong token was accepted"),
     }
-    let result = connect(&server, "", PeerKind::Client).await;
+    let result = connect(&server, "").await;
     assert!(
-        matches!(
-            result,
-            Err(WireError::Refused {
-                reason: Refusal::WrongToken,
-                ..
-            })
-        ),
-        "an empty token is refused too"
+        matches!(result, Err(WireError::NoCredential)),
+        "a client without a credential does not even try"
     );
     assert_serves(&server).await;
 }
@@ -426,7 +427,7 @@ async fn wrong_token_is_refused_with_a_reason() {
 async fn a_server_without_a_token_does_not_start() {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let result = RpcServer::bind::<Echo, _>(addr, Arc::new(EchoHandler), wire_config("")).await;
-    assert!(matches!(result, Err(WireError::EmptyToken)));
+    assert!(matches!(result, Err(WireError::NoCredential)));
 }
 
 /// Opens a raw TCP connection, sends `bytes` as they are, and returns whatever the server
@@ -452,8 +453,9 @@ async fn a_version_mismatch_is_refused_with_both_versions() {
     let server = start_server(wire_config(TOKEN)).await;
     let mut body = Vec::new();
     let hello = Hello {
-        peer: PeerKind::Client,
-        token: ClusterToken::new(TOKEN),
+        credential: Credential::Member {
+            secret: ClusterSecret::new(TOKEN),
+        },
     };
     handshake::encode_hello(99, &hello, &mut body).unwrap();
     let mut frame = (body.len() as u32).to_be_bytes().to_vec();
@@ -528,8 +530,9 @@ async fn a_malformed_request_gets_bad_request_and_the_connection_survives() {
     let socket = TcpStream::connect(server.local_addr()).await.unwrap();
     let mut stream = FramedStream::new(socket, 1 << 20, WAIT, WAIT);
     let hello = Hello {
-        peer: PeerKind::Client,
-        token: ClusterToken::new(TOKEN),
+        credential: Credential::Member {
+            secret: ClusterSecret::new(TOKEN),
+        },
     };
     handshake::client_handshake(&mut stream, &hello, WAIT)
         .await
@@ -560,7 +563,7 @@ async fn a_malformed_request_gets_bad_request_and_the_connection_survives() {
     let (id, reply) = rpc::decode_response::<Echo>(stream.recv(WAIT).await.unwrap()).unwrap();
     assert_eq!(
         (id, reply),
-        (8, Ok(EchoResponse::Said("Client says ok".into())))
+        (8, Ok(EchoResponse::Said("Member says ok".into())))
     );
 }
 
@@ -569,19 +572,19 @@ async fn an_idle_connection_closed_by_the_server_is_replaced_transparently() {
     let mut config = wire_config(TOKEN);
     config.timeouts.idle_ms = 100;
     let server = start_server(config).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     client.call(&EchoRequest::Say("one".into())).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         client.call(&EchoRequest::Say("two".into())).await.unwrap(),
-        EchoResponse::Said("Client says two".into())
+        EchoResponse::Said("Member says two".into())
     );
 }
 
 #[tokio::test]
 async fn shutting_down_closes_connections() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     server.shutdown();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let error = client
@@ -613,7 +616,7 @@ fn codec_rejects_trailing_bytes_and_lies_about_lengths() {
 #[tokio::test]
 async fn attachments_arrive_in_the_callers_memory_and_mismatches_are_errors() {
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
 
     // Larger than a socket buffer, so the attachment arrives in several reads.
     let mut dest = vec![0u8; 700_000];
@@ -678,7 +681,7 @@ async fn attachments_arrive_in_the_callers_memory_and_mismatches_are_errors() {
             .call(&EchoRequest::Say("again".into()))
             .await
             .unwrap(),
-        EchoResponse::Said("Client says again".into())
+        EchoResponse::Said("Member says again".into())
     );
 }
 
@@ -689,7 +692,7 @@ async fn file_attachments_go_by_sendfile_and_live_until_the_client_has_read_them
     let content: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&path, &content).unwrap();
     let server = start_server(wire_config(TOKEN)).await;
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     let from_file = |offset: u64, len: usize| EchoRequest::FromFile {
         path: path.clone(),
         offset,
@@ -728,7 +731,7 @@ async fn file_attachments_go_by_sendfile_and_live_until_the_client_has_read_them
     }
 
     // A file that ends before the attachment does breaks the call instead of hanging it.
-    let mut client = connect(&server, TOKEN, PeerKind::Client).await.unwrap();
+    let mut client = connect(&server, TOKEN).await.unwrap();
     let mut past_the_end = vec![0u8; 200_000];
     let error = client
         .call_into(&from_file(1_400_000, 200_000), &mut past_the_end)

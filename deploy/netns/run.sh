@@ -33,6 +33,7 @@ if [[ -z $BIN ]]; then
 fi
 ((EUID == 0)) || skip "needs root to create network namespaces"
 command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
+command -v openssl >/dev/null || skip "the openssl command is not installed (it makes the cluster's certificates)"
 if [[ ! -x $BIN ]]; then
     echo "FAIL: $BIN is not an executable floe binary" >&2
     exit 1
@@ -205,7 +206,13 @@ pass "7 hosts on a bridge: schedulers floe-s1..3 ($SUBNET.11-13), nodes floe-n1.
 TMP=$(mktemp -d /tmp/floe-netns.XXXXXX)
 mkdir -p "$TMP/logs" "$TMP/input" "$TMP/jobs"
 chmod 0755 "$TMP"
-TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+CLUSTER_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+REPLICA_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+# The client tokens every replica and node reads (a copy of /var/lib/floe/tokens on each host).
+TOKENS_FILE=$TMP/tokens
+CLIENT_TOKEN=$(env -i PATH="$PATH" "$BIN" token create --name ci --scopes submit \
+    --set "auth.tokens_file=$TOKENS_FILE" 2>/dev/null) ||
+    fail "floe token create could not write $TOKENS_FILE"
 SCHEDULER_PEERS=""
 SCHEDULER_ADDRS=""
 for index in "${!SCHEDULER_HOSTS[@]}"; do
@@ -214,15 +221,54 @@ for index in "${!SCHEDULER_HOSTS[@]}"; do
     SCHEDULER_ADDRS+="${SCHEDULER_ADDRS:+,}$address"
 done
 
+# TLS: servers off loopback refuse plaintext. A CA made for this run, and per host a member
+# certificate naming its address and host name (clients get the CA alone), as an operator
+# would issue them (docs/SECURITY.md, "TLS deployment").
+TLS_DIR=$TMP/tls
+mkdir -p "$TLS_DIR"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj "/CN=floe netns test CA" -keyout "$TLS_DIR/ca-key.pem" -out "$TLS_DIR/ca.pem" \
+    2>/dev/null || fail "openssl could not make the CA"
+issue_certificate() {
+    local host=$1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=floe-$host" \
+        -keyout "$TLS_DIR/$host-key.pem" -out "$TLS_DIR/$host.csr" 2>/dev/null &&
+        openssl x509 -req -in "$TLS_DIR/$host.csr" -CA "$TLS_DIR/ca.pem" \
+            -CAkey "$TLS_DIR/ca-key.pem" -days 1 -out "$TLS_DIR/$host.pem" \
+            -extfile <(printf 'subjectAltName=IP:%s,DNS:floe-%s\nextendedKeyUsage=serverAuth,clientAuth\n' \
+                "$(address_of "$host")" "$host") 2>/dev/null ||
+        fail "openssl could not issue the certificate of host $host"
+    chmod 600 "$TLS_DIR/$host-key.pem"
+}
+for host in "${SCHEDULER_HOSTS[@]}" "${NODE_HOSTS[@]}"; do
+    issue_certificate "$host"
+done
+chmod -R a+rX "$TLS_DIR"
+
 # One env file per host, like /etc/floe/floe.env: the cluster's shared lines plus the host's
-# address and data directory. Heartbeats are faster than the defaults so a cut node is
-# declared dead in 2 s rather than 5 s.
+# address and data directory, and what its role holds: replicas the cluster and replica
+# secrets, nodes the cluster secret, the client only its token. Heartbeats are faster than
+# the defaults so a cut node is declared dead in 2 s rather than 5 s.
 write_env_file() {
-    local host=$1 file="$TMP/$1.env"
+    local host=$1 file="$TMP/$1.env" role_lines
+    case $host in
+    s*) role_lines="FLOE_CLUSTER_SECRET=$CLUSTER_SECRET
+FLOE_TLS_CERT=$TLS_DIR/$host.pem
+FLOE_TLS_KEY=$TLS_DIR/$host-key.pem
+FLOE_SCHEDULER_REPLICA_SECRET=$REPLICA_SECRET
+FLOE_AUTH_TOKENS_FILE=$TOKENS_FILE
+FLOE_SCHEDULER_HTTP_BIND=$(address_of "$host")" ;;
+    n*) role_lines="FLOE_CLUSTER_SECRET=$CLUSTER_SECRET
+FLOE_TLS_CERT=$TLS_DIR/$host.pem
+FLOE_TLS_KEY=$TLS_DIR/$host-key.pem
+FLOE_AUTH_TOKENS_FILE=$TOKENS_FILE" ;;
+    *) role_lines="FLOE_CLIENT_TOKEN=$CLIENT_TOKEN" ;;
+    esac
     (
         umask 077
         cat >"$file" <<EOF
-FLOE_CLUSTER_TOKEN=$TOKEN
+$role_lines
+FLOE_TLS_CA=$TLS_DIR/ca.pem
 SCHEDULER_PEERS=$SCHEDULER_PEERS
 SCHEDULER_ADDRS=$SCHEDULER_ADDRS
 FLOE_NET_BIND_HOST=$(address_of "$host")
@@ -326,22 +372,22 @@ $nodes_out"
 done
 pass "every node registered at its host's address"
 
-# The REST API and dashboard port (admins only), on every replica's net.bind_host.
-# http_get FROM_HOST ADDRESS PATH prints the response; fails if nothing listens.
+# The REST API and dashboard port (admins only), on every replica's scheduler.http_bind.
+# http_get FROM_HOST ADDRESS PATH prints the response (with the client's token, over HTTPS
+# verified against the cluster's CA); fails if nothing listens or the certificate is wrong.
 http_get() {
     local from=$1 address=$2 path=$3
-    # The inner script takes its values as arguments, expanded by the inner bash.
-    # shellcheck disable=SC2016
-    in_host "$from" bash -c '
-        exec 3<>"/dev/tcp/$0/$1" || exit 1
-        printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$0" >&3
-        timeout 5 cat <&3' "$address" "$HTTP_PORT" "$path" 2>/dev/null
+    printf "GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n" \
+        "$path" "$address" "$CLIENT_TOKEN" |
+        in_host "$from" timeout 5 openssl s_client -quiet -verify_return_error \
+            -CAfile "$TLS_DIR/ca.pem" -verify_ip "$address" -connect "$address:$HTTP_PORT" \
+            2>/dev/null
 }
 for host in "${SCHEDULER_HOSTS[@]}"; do
     response=$(http_get "$CLIENT_HOST" "$(address_of "$host")" /api/version) ||
         fail "nothing listens on $(address_of "$host"):$HTTP_PORT (scheduler host $host's HTTP API)"
     [[ $response == *'"version"'* ]] ||
-        fail "GET http://$(address_of "$host"):$HTTP_PORT/api/version answered without a version: $response"
+        fail "GET https://$(address_of "$host"):$HTTP_PORT/api/version answered without a version: $response"
 done
 pass "every replica serves /api/version on port $HTTP_PORT"
 

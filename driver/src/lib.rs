@@ -16,12 +16,15 @@
 pub mod cluster;
 mod execute;
 mod plan;
+mod sinks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_api::node_protocol::NodeRequest;
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
-use floe_core::job::{JobSpec, JobStats};
+use floe_core::config::AllowedPaths;
+use floe_core::job::{CacheMode, JobSpec, JobStats};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 
@@ -58,6 +61,8 @@ pub struct DriverConfig {
     pub batch_rows: u32,
     /// How often progress goes to the scheduler (and cancellation is noticed).
     pub progress_interval: Duration,
+    /// `data.allowed_paths`: where sinks may publish their files.
+    pub allowed_paths: AllowedPaths,
 }
 
 /// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome
@@ -79,16 +84,18 @@ pub async fn drive<C: ClusterAccess>(
     attempt: u32,
 ) -> Result<()> {
     let started = Instant::now();
-    let state = cluster.read_state().await?;
-    let record = state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
+    let record = cluster.read_job(job).await?.ok_or(Error::UnknownJob(job))?;
     if record.status != JobStatus::Running || record.attempts != attempt {
         // Ended meanwhile, or superseded by a later attempt: nothing to run.
         return Ok(());
     }
     tracing::info!(%job, attempt, node = %config.node, "driver started");
+    if attempt > 1 {
+        free_earlier_attempts(cluster.as_ref(), job).await;
+    }
     let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
-        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec, state).await?,
+        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec).await?,
     };
     outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
@@ -108,22 +115,44 @@ pub async fn drive<C: ClusterAccess>(
     }
 }
 
-/// Plans and runs the job. If cache shards the index named turn out to be gone, their
-/// fingerprints are dropped from the index and the job is planned and run once more, so a
-/// cleaned or damaged cache costs a recomputation, never the job.
+/// How many times one attempt plans its job: each plan after the first drops at least one
+/// missing shard from the index, so this bounds a cache that keeps vanishing under the job.
+const MAX_PLANS: usize = 8;
+
+/// Plans and runs the job. If cache shards the index named turn out to be gone (and the job
+/// could not simply compute them in their place), they are dropped from the index and the job
+/// is planned and run again without them, so a cleaned or damaged cache costs a
+/// recomputation, never the job. A recompute first removes the old shards of what it
+/// recomputes, from the index and then from every node's disk.
 async fn plan_and_run<C: ClusterAccess>(
     config: &Arc<DriverConfig>,
     cluster: &Arc<C>,
     job: JobId,
     attempt: u32,
     spec: &JobSpec,
-    state: floe_api::state::ClusterState,
 ) -> Result<JobOutcome> {
-    let mut state = state;
-    let mut replanned = false;
+    let mut plans = 0;
     loop {
-        let operators = match plan::plan(spec, &state, config) {
+        plans += 1;
+        let cache = cluster.cache_index().await?;
+        let mut operators = match plan::plan(spec, &cache, config) {
             Ok(operators) => operators,
+            Err(error) => return Ok(failed(attempt, error.to_string())),
+        };
+        if plans == 1 && spec.options.cache == CacheMode::Recompute {
+            execute::remove_old_shards(cluster.as_ref(), &operators).await?;
+        }
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let staged = match sinks::stage_sinks(
+            &mut operators,
+            &config.allowed_paths,
+            job,
+            attempt,
+            started_ms,
+        ) {
+            Ok(staged) => staged,
             Err(error) => return Ok(failed(attempt, error.to_string())),
         };
         let run = execute::Execution::new(
@@ -134,20 +163,44 @@ async fn plan_and_run<C: ClusterAccess>(
             spec.options.clone(),
             operators,
         );
-        let finished = run.run().await;
-        if finished.stale_cache.is_empty() || replanned {
+        let mut finished = run.run().await;
+        let again = !finished.stale_cache.is_empty() && plans < MAX_PLANS;
+        if finished.outcome.status != JobStatus::Succeeded || again {
+            sinks::discard(&staged);
+        } else if let Err(error) = sinks::publish(&staged) {
+            finished.outcome.status = JobStatus::Failed {
+                message: format!("cannot publish the output: {error}"),
+            };
+        }
+        if !again {
             return Ok(finished.outcome);
         }
-        replanned = true;
-        for fingerprint in finished.stale_cache {
-            tracing::warn!(%job, %fingerprint, "cached shards are gone; planning again without them");
-            cluster
-                .propose(Command::EvictCache {
-                    fingerprint: fingerprint.to_string(),
-                })
-                .await?;
+        for stale in finished.stale_cache {
+            tracing::warn!(%job, fingerprint = %stale.fingerprint, rank = stale.rank, count = stale.count, node = %stale.node, "a cached shard is gone; planning again without it");
+            cluster.propose(stale.forget()).await?;
         }
-        state = cluster.read_state().await?;
+    }
+}
+
+/// Frees what earlier attempts of `job` left on the alive nodes: their driver died with its
+/// node, and nobody else knows their blocks. This attempt has made nothing yet, so nothing is
+/// kept; a node that does not answer is logged and left (its blocks stay until it restarts).
+async fn free_earlier_attempts<C: ClusterAccess>(cluster: &C, job: JobId) {
+    let nodes = match cluster.read_nodes().await {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            tracing::warn!(%job, %error, "cannot list the nodes to free earlier attempts' blocks");
+            return;
+        }
+    };
+    let request = NodeRequest::FreeJob {
+        job,
+        keep: Vec::new(),
+    };
+    for node in nodes {
+        if let Err(error) = cluster.call_node(&node.rpc, &request).await {
+            tracing::warn!(%job, node = %node.id, %error, "cannot free earlier attempts' blocks");
+        }
     }
 }
 

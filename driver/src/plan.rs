@@ -3,8 +3,8 @@
 //!
 //! Every operator produces an ordered stream of *bundles* (the blocks of one task, or one
 //! cache shard). A cached operator stores bundle `r` of `n` as shard `r` of `n` of its
-//! fingerprint. By default the final output, `.cache()` marks and all-to-all outputs (one
-//! shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
+//! fingerprint. By default the final output (a sink's input when the output is a sink),
+//! `.cache()` marks and all-to-all outputs (one shard per reduce partition) are cached; a `.cache()` mark moves onto the operator that produces its input (they share a
 //! fingerprint). Lookups walk down from the output: an operator whose shards are all cached
 //! (in any shard count) becomes a source of cache loads and nothing below it runs; a source
 //! operator with some of its shards cached loads those and computes only the missing ones.
@@ -12,7 +12,7 @@
 use floe_core::plan::task::StageInput;
 use std::collections::BTreeMap;
 
-use floe_api::state::{CacheEntry, ClusterState};
+use floe_api::state::{CacheEntry, CacheIndex};
 use floe_core::Fingerprint;
 use floe_core::NodeId;
 use floe_core::fingerprint::FingerprintInputs;
@@ -32,12 +32,18 @@ const RANGE_MAX_TASKS: u64 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SourceTask {
     Compute(StageInput),
-    /// Shard `rank` of `count` of the operator's fingerprint, cached on `node`.
-    Load {
-        node: NodeId,
-        rank: u32,
-        count: u32,
-    },
+    Load(ShardToLoad),
+}
+
+/// Shard `rank` of `count` of an operator's fingerprint, cached on `node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShardToLoad {
+    pub node: NodeId,
+    pub rank: u32,
+    pub count: u32,
+    /// The source task that computes the same rows (the shard is one of a source's own, in
+    /// its own count): a load that finds the shard gone runs it instead.
+    pub recompute: Option<StageInput>,
 }
 
 #[derive(Debug, Clone)]
@@ -103,10 +109,10 @@ pub(crate) enum PlanningError {
     },
 }
 
-/// Plans `spec` against the cache index in `state`.
+/// Plans `spec` against the cache index.
 pub(crate) fn plan(
     spec: &JobSpec,
-    state: &ClusterState,
+    cache: &CacheIndex,
     config: &DriverConfig,
 ) -> Result<Planned, PlanningError> {
     let optimized = Optimizer::default()
@@ -149,8 +155,12 @@ pub(crate) fn plan(
     }
     let output = physical.output.0;
     if spec.options.cache != CacheMode::NoCache {
+        // A sink's files are not cache shards; what it writes is, so that adding a sink to a
+        // pipeline whose result is cached loads that result instead of computing it again.
         let mut cached = Vec::new();
-        if !matches!(operators[output].work, Work::Sink) {
+        if matches!(operators[output].work, Work::Sink) {
+            cached.extend(operators[output].inputs.iter().copied());
+        } else {
             cached.push(output);
         }
         cached.extend(
@@ -182,7 +192,7 @@ pub(crate) fn plan(
     mark_needed(
         &mut operators,
         output,
-        state,
+        cache,
         spec.options.cache == CacheMode::Reuse,
     );
     Ok(Planned { operators, output })
@@ -214,12 +224,7 @@ fn range_tasks(n: u64, batch_rows: u32) -> Vec<SourceTask> {
 
 /// Walks down from `output` marking the operators the job runs, turning cached operators
 /// into cache loads when `reuse` allows.
-fn mark_needed(
-    operators: &mut [PlannedOperator],
-    output: usize,
-    state: &ClusterState,
-    reuse: bool,
-) {
+fn mark_needed(operators: &mut [PlannedOperator], output: usize, cache: &CacheIndex, reuse: bool) {
     let mut stack = vec![output];
     while let Some(index) = stack.pop() {
         let operator = &mut operators[index];
@@ -228,21 +233,31 @@ fn mark_needed(
         }
         operator.needed = true;
         if let (Some(target), true) = (&operator.cache, reuse) {
-            let entries = state
-                .cache
+            let entries = cache
                 .get(&target.fingerprint.to_string())
                 .cloned()
                 .unwrap_or_default();
             if let Some((count, entry)) = complete_entry(&entries, source_count(operator)) {
                 operator.cache_hits = u64::from(count);
+                let own = match &operator.work {
+                    Work::Source(tasks) if tasks.len() == count as usize => tasks.clone(),
+                    _ => Vec::new(),
+                };
                 operator.work = Work::Source(
                     entry
                         .shards
                         .iter()
-                        .map(|(rank, shard)| SourceTask::Load {
-                            node: shard.node,
-                            rank: *rank,
-                            count,
+                        .map(|(rank, shard)| {
+                            let recompute = match own.get(*rank as usize) {
+                                Some(SourceTask::Compute(input)) => Some(*input),
+                                _ => None,
+                            };
+                            SourceTask::Load(ShardToLoad {
+                                node: shard.node,
+                                rank: *rank,
+                                count,
+                                recompute,
+                            })
                         })
                         .collect(),
                 );
@@ -253,12 +268,15 @@ fn mark_needed(
                 let count = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
                 let present = entries.get(&count).map(|entry| &entry.shards);
                 for (rank, task) in (0..count).zip(tasks.iter_mut()) {
-                    if let Some(shard) = present.and_then(|shards| shards.get(&rank)) {
-                        *task = SourceTask::Load {
+                    if let (Some(shard), SourceTask::Compute(input)) =
+                        (present.and_then(|shards| shards.get(&rank)), *task)
+                    {
+                        *task = SourceTask::Load(ShardToLoad {
                             node: shard.node,
                             rank,
                             count,
-                        };
+                            recompute: Some(input),
+                        });
                         operator.cache_hits += 1;
                     }
                 }

@@ -1,8 +1,9 @@
 //! Expression evaluation over record batches with Arrow's compute kernels.
 //!
 //! Types follow [`floe_core::expr`]'s inference exactly (so a batch's schema is the plan's),
-//! and so does its one rule for arithmetic without an answer: integer overflow, division or
-//! remainder by zero and casts that do not fit produce null.
+//! and so do its rules for values without an answer: integer overflow, division or remainder
+//! by zero and casts that do not convert are an [`Error::NoAnswer`] naming the expression and
+//! the first such value, or null inside [`Expr::NullOnError`].
 
 use std::sync::Arc;
 
@@ -17,19 +18,36 @@ use arrow::compute::kernels::comparison::{contains, regexp_is_match_scalar, star
 use arrow::compute::kernels::substring::substring_by_char;
 use arrow::compute::kernels::zip::zip;
 use arrow::compute::{
-    CastOptions, and_kleene, cast_with_options, is_not_null, is_null, not, or_kleene,
-    prep_null_mask_filter,
+    CastOptions, and_kleene, cast_with_options, filter_record_batch, interleave, is_not_null,
+    is_null, not, or_kleene, prep_null_mask_filter,
 };
 use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
-use floe_core::expr::{BinaryOp, Expr, Scalar, StringFunction, arithmetic_type, common_type};
+use floe_core::expr::{
+    BinaryOp, Expr, Scalar, StringFunction, arithmetic_type, common_type, is_string,
+};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{Error, Result};
 
 /// Evaluates `expr` over every row of `batch`, giving an array of `batch.num_rows()` values.
 pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
+    evaluate_as(expr, batch, OnNoAnswer::Fail)
+}
+
+/// What a value without an answer (overflow, division by zero, a cast that does not convert)
+/// becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnNoAnswer {
+    /// The task fails, naming the expression and the value.
+    Fail,
+    /// Null for that row (inside `try`).
+    Null,
+}
+
+fn evaluate_as(expr: &Expr, batch: &RecordBatch, mode: OnNoAnswer) -> Result<ArrayRef> {
+    let evaluate = |expr: &Expr, batch: &RecordBatch| evaluate_as(expr, batch, mode);
     let rows = batch.num_rows();
     match expr {
         Expr::Column(name) => batch.column_by_name(name).cloned().ok_or_else(|| {
@@ -42,13 +60,14 @@ pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
         Expr::Literal(value) => Ok(literal_array(value, rows)),
         Expr::Binary { op, left, right } => {
             let both_literal = matches!((&**left, &**right), (Expr::Literal(_), Expr::Literal(_)));
+            let fail = (mode == OnNoAnswer::Fail).then_some(expr);
             if (op.is_arithmetic() || op.is_comparison()) && !both_literal {
-                let (left, right) = (operand(left, batch)?, operand(right, batch)?);
-                return binary_operands(*op, &left, &right, rows);
+                let (left, right) = (operand(left, batch, mode)?, operand(right, batch, mode)?);
+                return binary_operands(*op, &left, &right, rows, fail);
             }
             let left = evaluate(left, batch)?;
             let right = evaluate(right, batch)?;
-            binary(*op, &left, &right)
+            binary(*op, &left, &right, fail)
         }
         Expr::Not(inner) => Ok(Arc::new(not(&as_boolean(&evaluate(inner, batch)?)?)?)),
         Expr::Negate(inner) => {
@@ -60,10 +79,14 @@ pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
                 DataType::Float64 => Ok(Arc::new(
                     primitive::<Float64Type>(&value)?.unary::<_, Float64Type>(|x| -x),
                 )),
-                _ => Ok(Arc::new(checked_unary::<Int64Type>(
-                    primitive(&value)?,
-                    i64::checked_neg,
-                ))),
+                _ => {
+                    let negated = checked_unary::<Int64Type>(primitive(&value)?, i64::checked_neg);
+                    if mode == OnNoAnswer::Fail {
+                        no_answer_at(&value, &negated)
+                            .map_or(Ok(()), |row| Err(overflow(expr, &[(&value, row)])))?;
+                    }
+                    Ok(Arc::new(negated))
+                }
             }
         }
         Expr::IsNull(inner) => Ok(Arc::new(is_null(&evaluate(inner, batch)?)?)),
@@ -89,7 +112,23 @@ pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
             }
             Ok(result)
         }
-        Expr::Cast { expr, to } => safe_cast(&evaluate(expr, batch)?, to),
+        Expr::Cast { expr: inner, to } => {
+            let value = evaluate(inner, batch)?;
+            let cast = safe_cast(&value, to)?;
+            if mode == OnNoAnswer::Fail
+                && let Some(row) = no_answer_at(&value, &cast)
+            {
+                return Err(Error::NoAnswer {
+                    expr: expr.to_string(),
+                    message: format!(
+                        "{} does not convert to {to}; try_cast gives null instead",
+                        show_value(&value, row)
+                    ),
+                });
+            }
+            Ok(cast)
+        }
+        Expr::NullOnError(inner) => evaluate_as(inner, batch, OnNoAnswer::Null),
         Expr::String { function, expr } => {
             let value = safe_cast(&evaluate(expr, batch)?, &DataType::Utf8)?;
             string_function(function, &value)
@@ -106,18 +145,43 @@ pub fn evaluate(expr: &Expr, batch: &RecordBatch) -> Result<ArrayRef> {
             then,
             otherwise,
         } => {
+            // Each branch is evaluated only on the rows it answers for, so
+            // `when(b != 0, a / b, null)` never divides by zero.
             let mask = nulls_as_false(&as_boolean(&evaluate(condition, batch)?)?);
-            let then = evaluate(then, batch)?;
-            let otherwise = evaluate(otherwise, batch)?;
+            let then = evaluate(then, &rows_of(then, batch, &mask)?)?;
+            let otherwise = evaluate(otherwise, &rows_of(otherwise, batch, &not(&mask)?)?)?;
             let target =
                 common_type(then.data_type(), otherwise.data_type()).unwrap_or(DataType::Null);
-            Ok(zip(
-                &mask,
-                &safe_cast(&then, &target)?,
-                &safe_cast(&otherwise, &target)?,
-            )?)
+            let (then, otherwise) = (safe_cast(&then, &target)?, safe_cast(&otherwise, &target)?);
+            let (mut next_then, mut next_otherwise) = (0, 0);
+            let indices: Vec<(usize, usize)> = mask
+                .values()
+                .iter()
+                .map(|selected| {
+                    let (side, next) = if selected {
+                        (0, &mut next_then)
+                    } else {
+                        (1, &mut next_otherwise)
+                    };
+                    *next += 1;
+                    (side, *next - 1)
+                })
+                .collect();
+            Ok(interleave(&[then.as_ref(), otherwise.as_ref()], &indices)?)
         }
     }
+}
+
+/// The rows of `batch` that `mask` selects, with only the columns `expr` reads.
+fn rows_of(expr: &Expr, batch: &RecordBatch, mask: &BooleanArray) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    let indices: Vec<usize> = expr
+        .columns()
+        .iter()
+        .filter_map(|name| schema.index_of(name).ok())
+        .collect();
+    let projected = batch.project(&indices)?;
+    Ok(filter_record_batch(&projected, mask)?)
 }
 
 /// Evaluates a predicate to a selection mask where null counts as false.
@@ -135,7 +199,42 @@ fn nulls_as_false(mask: &BooleanArray) -> BooleanArray {
     }
 }
 
-/// A value that does not fit the target type becomes null (the documented rule).
+/// The first row where `input` has a value and `output` has none: a value without an answer.
+fn no_answer_at(input: &dyn Array, output: &dyn Array) -> Option<usize> {
+    if output.null_count() == input.null_count() {
+        return None;
+    }
+    (0..output.len()).find(|row| output.is_null(*row) && input.is_valid(*row))
+}
+
+/// One value of `array` as the error shows it (strings quoted).
+fn show_value(array: &ArrayRef, row: usize) -> String {
+    let text = arrow::util::display::array_value_to_string(array, row)
+        .unwrap_or_else(|_| "a value".to_owned());
+    if is_string(array.data_type()) {
+        format!("{text:?}")
+    } else {
+        text
+    }
+}
+
+/// The error for integer overflow in `expr`, with the operands' values at their rows.
+fn overflow(expr: &Expr, operands: &[(&ArrayRef, usize)]) -> Error {
+    let values: Vec<String> = operands
+        .iter()
+        .map(|(array, row)| show_value(array, *row))
+        .collect();
+    Error::NoAnswer {
+        expr: expr.to_string(),
+        message: format!(
+            "integer overflow at ({}); try(…) gives null instead",
+            values.join(", ")
+        ),
+    }
+}
+
+/// A value that does not fit the target type becomes null (used where the conversion cannot
+/// fail: type promotion, or inside `try`).
 pub fn safe_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
     if array.data_type() == to {
         return Ok(array.clone());
@@ -207,14 +306,14 @@ impl Operand {
     }
 }
 
-fn operand(expr: &Expr, batch: &RecordBatch) -> Result<Operand> {
+fn operand(expr: &Expr, batch: &RecordBatch, mode: OnNoAnswer) -> Result<Operand> {
     Ok(match expr {
         Expr::Literal(value) => Operand {
             values: literal_array(value, 1),
             scalar: true,
         },
         other => Operand {
-            values: evaluate(other, batch)?,
+            values: evaluate_as(other, batch, mode)?,
             scalar: false,
         },
     })
@@ -222,15 +321,15 @@ fn operand(expr: &Expr, batch: &RecordBatch) -> Result<Operand> {
 
 /// `op` on each pair of values (a scalar side repeats its one value); null where an input is
 /// null or `op` has no answer. One pass over the value slices; validity bits are packed 64 at
-/// a time.
+/// a time. Also the first row where `op` had no answer for two values, if any.
 fn checked_binary<T: ArrowPrimitiveType>(
     (left, left_scalar): (&PrimitiveArray<T>, bool),
     (right, right_scalar): (&PrimitiveArray<T>, bool),
     rows: usize,
     op: impl Fn(T::Native, T::Native) -> Option<T::Native>,
-) -> PrimitiveArray<T> {
+) -> (PrimitiveArray<T>, Option<usize>) {
     if (left_scalar && left.is_null(0)) || (right_scalar && right.is_null(0)) {
-        return PrimitiveArray::new_null(rows);
+        return (PrimitiveArray::new_null(rows), None);
     }
     let (a, b) = (left.values(), right.values());
     let at =
@@ -249,8 +348,15 @@ fn checked_binary<T: ArrowPrimitiveType>(
         row_nulls(left, left_scalar).as_ref(),
         row_nulls(right, right_scalar).as_ref(),
     );
+    let unanswered = (answered.count_set_bits() < rows)
+        .then(|| {
+            (0..rows).find(|row| {
+                !answered.value(*row) && inputs_valid.as_ref().is_none_or(|v| v.is_valid(*row))
+            })
+        })
+        .flatten();
     let valid = NullBuffer::union(Some(&NullBuffer::new(answered)), inputs_valid.as_ref());
-    PrimitiveArray::new(values.into(), valid)
+    (PrimitiveArray::new(values.into(), valid), unanswered)
 }
 
 fn checked_unary<T: ArrowPrimitiveType>(
@@ -264,38 +370,62 @@ macro_rules! integer_arithmetic {
     ($op:expr, $left:expr, $right:expr, $rows:expr, $type:ty) => {{
         let l = (primitive::<$type>(&$left.values)?, $left.scalar);
         let r = (primitive::<$type>(&$right.values)?, $right.scalar);
-        let result = match $op {
+        let (result, unanswered) = match $op {
             BinaryOp::Add => checked_binary(l, r, $rows, |a, b| a.checked_add(b)),
             BinaryOp::Subtract => checked_binary(l, r, $rows, |a, b| a.checked_sub(b)),
             BinaryOp::Multiply => checked_binary(l, r, $rows, |a, b| a.checked_mul(b)),
             BinaryOp::Divide => checked_binary(l, r, $rows, |a, b| a.checked_div(b)),
             _ => checked_binary(l, r, $rows, |a, b| a.checked_rem(b)),
         };
-        Arc::new(result) as ArrayRef
+        (Arc::new(result) as ArrayRef, unanswered)
     }};
 }
 
-fn arithmetic(op: BinaryOp, left: &Operand, right: &Operand, rows: usize) -> Result<ArrayRef> {
+/// Arithmetic; with `fail` (the expression, in strict mode) a value without an answer is an
+/// error naming it, else null.
+fn arithmetic(
+    op: BinaryOp,
+    left: &Operand,
+    right: &Operand,
+    rows: usize,
+    fail: Option<&Expr>,
+) -> Result<ArrayRef> {
     let (left_type, right_type) = (left.values.data_type(), right.values.data_type());
     let target = arithmetic_type(left_type, right_type)
         .ok_or_else(|| type_error("numeric operands", left_type))?;
     let (left, right) = (left.cast(&target)?, right.cast(&target)?);
-    Ok(match target {
+    let (result, unanswered) = match target {
         DataType::Float64 => {
             let l = (primitive::<Float64Type>(&left.values)?, left.scalar);
             let r = (primitive::<Float64Type>(&right.values)?, right.scalar);
-            let result = match op {
+            let (result, unanswered) = match op {
                 BinaryOp::Add => checked_binary(l, r, rows, |a, b| Some(a + b)),
                 BinaryOp::Subtract => checked_binary(l, r, rows, |a, b| Some(a - b)),
                 BinaryOp::Multiply => checked_binary(l, r, rows, |a, b| Some(a * b)),
                 BinaryOp::Divide => checked_binary(l, r, rows, |a, b| (b != 0.0).then(|| a / b)),
                 _ => checked_binary(l, r, rows, |a, b| (b != 0.0).then(|| a % b)),
             };
-            Arc::new(result)
+            (Arc::new(result) as ArrayRef, unanswered)
         }
         DataType::UInt64 => integer_arithmetic!(op, left, right, rows, UInt64Type),
         _ => integer_arithmetic!(op, left, right, rows, Int64Type),
-    })
+    };
+    if let (Some(expr), Some(row)) = (fail, unanswered) {
+        let at = |operand: &Operand| if operand.scalar { 0 } else { row };
+        let operands = [(&left.values, at(&left)), (&right.values, at(&right))];
+        return Err(match op {
+            BinaryOp::Divide | BinaryOp::Remainder => Error::NoAnswer {
+                expr: expr.to_string(),
+                message: format!(
+                    "division by zero ({} {} 0); try(…) gives null instead",
+                    show_value(operands[0].0, operands[0].1),
+                    op.symbol()
+                ),
+            },
+            _ => overflow(expr, &operands),
+        });
+    }
+    Ok(result)
 }
 
 fn comparison(op: BinaryOp, left: &Operand, right: &Operand) -> Result<ArrayRef> {
@@ -328,22 +458,33 @@ fn comparison(op: BinaryOp, left: &Operand, right: &Operand) -> Result<ArrayRef>
 }
 
 /// Arithmetic and comparisons, where one side may be a literal (not both).
-fn binary_operands(op: BinaryOp, left: &Operand, right: &Operand, rows: usize) -> Result<ArrayRef> {
+fn binary_operands(
+    op: BinaryOp,
+    left: &Operand,
+    right: &Operand,
+    rows: usize,
+    fail: Option<&Expr>,
+) -> Result<ArrayRef> {
     if op.is_arithmetic() {
-        arithmetic(op, left, right, rows)
+        arithmetic(op, left, right, rows, fail)
     } else {
         comparison(op, left, right)
     }
 }
 
 /// Any binary operator over two full arrays (boolean logic, or two literals).
-fn binary(op: BinaryOp, left: &ArrayRef, right: &ArrayRef) -> Result<ArrayRef> {
+fn binary(
+    op: BinaryOp,
+    left: &ArrayRef,
+    right: &ArrayRef,
+    fail: Option<&Expr>,
+) -> Result<ArrayRef> {
     if op.is_arithmetic() || op.is_comparison() {
         let operand = |values: &ArrayRef| Operand {
             values: values.clone(),
             scalar: false,
         };
-        return binary_operands(op, &operand(left), &operand(right), left.len());
+        return binary_operands(op, &operand(left), &operand(right), left.len(), fail);
     }
     let (l, r) = (as_boolean(left)?, as_boolean(right)?);
     Ok(Arc::new(match op {

@@ -55,6 +55,15 @@ pub enum Error {
     },
     #[error("{path}: {message}")]
     BadFile { path: PathBuf, message: String },
+    /// A value has no answer in strict evaluation (overflow, division by zero, a cast that does
+    /// not convert); `expr` is the expression, `message` the value and the `try` alternative.
+    #[error("{expr}: {message}")]
+    NoAnswer { expr: String, message: String },
+    #[error(
+        "{directory} already holds files ({example}, …); write with mode \"overwrite\" to \
+         replace them or \"append\" to add to them, or choose another directory"
+    )]
+    OutputExists { directory: PathBuf, example: String },
     #[error("no files match {0}")]
     NoFiles(String),
     #[error("UDF {name}: {message}")]

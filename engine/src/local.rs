@@ -17,11 +17,12 @@ use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageId, StageKind};
+use floe_core::plan::{WriteMode, WriteSpec};
 
 use floe_core::plan::task::StageInput;
 
 use crate::task::{TaskContext, run_task};
-use crate::write::write_task;
+use crate::write::{check_empty, discard, publish, staging_directory, write_task};
 use crate::{Error, Result};
 
 /// What running a plan produced.
@@ -147,8 +148,28 @@ fn open<'a>(
             let (spec, upstream, written) = (spec.clone(), input(0)?, written.clone());
             let schema = Arc::new(stage.schema.clone());
             once_task(move || {
-                let files = write_task(&spec, 0, schema, upstream)?;
-                written.borrow_mut().extend(files);
+                if spec.mode == WriteMode::Error {
+                    check_empty(&spec.directory)?;
+                }
+                // Unique to this run: the process and the time it started writing.
+                let token = format!(
+                    "local-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |since| since.as_nanos())
+                );
+                let staging = staging_directory(&spec.directory, &token);
+                let staged = WriteSpec {
+                    directory: staging.clone(),
+                    ..spec.clone()
+                };
+                let files = write_task(&staged, 0, schema, upstream)
+                    .and_then(|_| publish(&spec, &staging, &token));
+                if files.is_err() {
+                    discard(&staging);
+                }
+                written.borrow_mut().extend(files?);
                 Ok(Vec::new())
             })
         }

@@ -58,7 +58,8 @@ impl ReadStats {
 ///
 /// A directory stands for every file below it, recursively; a `*` or `?` in the last path
 /// component matches names in its directory. Names starting with `.` or `_` are skipped
-/// (temporary and marker files, such as an unfinished write's).
+/// (temporary and marker files, such as an unfinished write's). Each pattern's files are
+/// listed once, but a file two patterns name is listed (and read) twice, as Ray and pyarrow do.
 pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for pattern in patterns {
@@ -67,7 +68,7 @@ pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let before = files.len();
+        let mut matched = Vec::new();
         if name.contains(['*', '?']) {
             let parent = pattern.parent().unwrap_or(Path::new("."));
             for entry in read_dir_sorted(parent)? {
@@ -76,20 +77,22 @@ pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 if entry.is_file() && !hidden(&entry_name) && wildcard_match(&name, &entry_name) {
-                    files.push(entry);
+                    matched.push(entry);
                 }
             }
         } else if pattern.is_dir() {
-            collect_dir(pattern, &mut files)?;
+            collect_dir(pattern, &mut matched)?;
         } else if pattern.is_file() {
-            files.push(pattern.to_owned());
+            matched.push(pattern.to_owned());
         }
-        if files.len() == before {
+        if matched.is_empty() {
             return Err(Error::NoFiles(pattern.display().to_string()));
         }
+        matched.sort();
+        matched.dedup();
+        files.extend(matched);
     }
     files.sort();
-    files.dedup();
     Ok(files)
 }
 

@@ -6,6 +6,11 @@
 //! renames them all only once the whole task succeeded; on any failure the temporaries are
 //! removed, so no partial file and no partial set of files is ever visible. Files are cut when
 //! the Arrow data written to them passes the target size.
+//!
+//! A job's tasks write into a hidden *staging* directory beside the sink's directory
+//! ([`staging_directory`]); once every task has succeeded, [`publish`] moves the files in as the
+//! sink's [`WriteMode`] says, and [`discard`] removes them when the job fails. Readers skip the
+//! staging directory (its name starts with `.`), so a failed or running job is never read.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -13,8 +18,9 @@ use std::path::{Path, PathBuf};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use floe_core::plan::{FileFormat, WriteSpec};
+use floe_core::plan::{Compression, FileFormat, WriteMode, WriteSpec};
 use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
 
 use crate::{Error, Result};
 
@@ -43,7 +49,14 @@ impl FormatWriter {
             .map_err(Error::io(path))?;
         Ok(match &spec.format {
             FileFormat::Parquet => {
-                FormatWriter::Parquet(ArrowWriter::try_new(file, schema.clone(), None)?)
+                let properties = WriterProperties::builder()
+                    .set_compression(codec(spec.compression))
+                    .build();
+                FormatWriter::Parquet(ArrowWriter::try_new(
+                    file,
+                    schema.clone(),
+                    Some(properties),
+                )?)
             }
             FileFormat::Csv(options) => FormatWriter::Csv(
                 arrow::csv::WriterBuilder::new()
@@ -88,6 +101,39 @@ impl FormatWriter {
         file.flush().map_err(Error::io(path))?;
         file.sync_all().map_err(Error::io(path))
     }
+}
+
+/// Parquet's codec for `compression`, at each codec's default level.
+fn codec(compression: Compression) -> parquet::basic::Compression {
+    use parquet::basic::Compression as Codec;
+    match compression {
+        Compression::Zstd => Codec::ZSTD(Default::default()),
+        Compression::Snappy => Codec::SNAPPY,
+        Compression::Lz4 => Codec::LZ4_RAW,
+        Compression::Gzip => Codec::GZIP(Default::default()),
+        Compression::Uncompressed => Codec::UNCOMPRESSED,
+    }
+}
+
+/// Refuses a directory that holds visible files (the `error` write mode): a missing or empty
+/// one, or one with only hidden names (`.`/`_`, which readers skip), is fine.
+pub fn check_empty(directory: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(directory) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(Error::io(directory)(error)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(Error::io(directory))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(['.', '_']) {
+            return Err(Error::OutputExists {
+                directory: directory.to_owned(),
+                example: name,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn extension(format: &FileFormat) -> &'static str {
@@ -169,4 +215,126 @@ pub fn write_task(
         .iter()
         .map(|(_, visible)| visible.clone())
         .collect())
+}
+
+/// The hidden directory beside `target` where a job's files wait until it succeeds; `token`
+/// names the job (and its attempt), so concurrent jobs never share one.
+pub fn staging_directory(target: &Path, token: &str) -> PathBuf {
+    let name = target
+        .file_name()
+        .map_or_else(|| "output".to_owned(), |n| n.to_string_lossy().into_owned());
+    target
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join(format!(".{name}.floe-{token}"))
+}
+
+/// Moves the files staged in `staging` into `spec.directory` as `spec.mode` says, and returns
+/// them where they now are:
+/// - `error`: refused if the directory holds visible files by now; else the staged directory
+///   becomes the directory (one rename when there was none).
+/// - `overwrite`: the old directory is renamed aside, the staged one renamed into its place,
+///   and only then the old files are removed.
+/// - `append`: each file is linked in under a name with `token` in it (`part-<token>-…`),
+///   which fails rather than replace a file that has the name.
+pub fn publish(spec: &WriteSpec, staging: &Path, token: &str) -> Result<Vec<PathBuf>> {
+    let target = &spec.directory;
+    if !staging.exists() {
+        // No task wrote anything (an empty input): the sink is an empty directory.
+        std::fs::create_dir_all(staging).map_err(Error::io(staging))?;
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+    }
+    let staged = staged_files(staging)?;
+    let published = match spec.mode {
+        WriteMode::Error => {
+            check_empty(target)?;
+            match std::fs::remove_dir(target) {
+                // Only an empty directory can be removed: hidden files keep it, and the
+                // files are then moved in one by one.
+                Ok(()) => rename_directory(staging, target, &staged)?,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    rename_directory(staging, target, &staged)?
+                }
+                Err(_) => move_files(staging, target, &staged, None)?,
+            }
+        }
+        WriteMode::Overwrite => {
+            let old = staging_directory(target, &format!("{token}-old"));
+            let had_old = match std::fs::rename(target, &old) {
+                Ok(()) => true,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+                Err(error) => return Err(Error::io(target)(error)),
+            };
+            let published = rename_directory(staging, target, &staged)?;
+            if had_old {
+                std::fs::remove_dir_all(&old).map_err(Error::io(&old))?;
+            }
+            published
+        }
+        WriteMode::Append => {
+            std::fs::create_dir_all(target).map_err(Error::io(target))?;
+            move_files(staging, target, &staged, Some(token))?
+        }
+    };
+    discard(staging);
+    sync_directory(target)?;
+    Ok(published)
+}
+
+/// Removes a staging directory and whatever is in it; best effort, since it is hidden and a
+/// later attempt uses its own.
+pub fn discard(staging: &Path) {
+    let _ = std::fs::remove_dir_all(staging);
+}
+
+/// The visible files a job staged, sorted.
+fn staged_files(staging: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(staging).map_err(Error::io(staging))? {
+        let name = entry
+            .map_err(Error::io(staging))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if !name.starts_with(['.', '_']) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn rename_directory(staging: &Path, target: &Path, staged: &[String]) -> Result<Vec<PathBuf>> {
+    std::fs::rename(staging, target).map_err(Error::io(target))?;
+    Ok(staged.iter().map(|name| target.join(name)).collect())
+}
+
+/// Moves each staged file into `target` without replacing anything (a hard link fails when
+/// the name exists), renamed `part-<token>-…` when a token is given.
+fn move_files(
+    staging: &Path,
+    target: &Path,
+    staged: &[String],
+    token: Option<&str>,
+) -> Result<Vec<PathBuf>> {
+    let mut published = Vec::with_capacity(staged.len());
+    for name in staged {
+        let visible = match (token, name.strip_prefix("part-")) {
+            (Some(token), Some(rest)) => format!("part-{token}-{rest}"),
+            _ => name.clone(),
+        };
+        let (from, to) = (staging.join(name), target.join(visible));
+        std::fs::hard_link(&from, &to).map_err(Error::io(&to))?;
+        std::fs::remove_file(&from).map_err(Error::io(&from))?;
+        published.push(to);
+    }
+    Ok(published)
+}
+
+fn sync_directory(directory: &Path) -> Result<()> {
+    File::open(directory)
+        .and_then(|dir| dir.sync_all())
+        .map_err(Error::io(directory))
 }

@@ -9,7 +9,7 @@ use arrow::array::{
 };
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
-use floe_core::expr::{Expr, coalesce, col, hash, lit, null, when};
+use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 use floe_engine::eval::evaluate;
 use proptest::prelude::*;
 
@@ -110,7 +110,8 @@ fn kleene_or(a: Option<bool>, b: Option<bool>) -> Option<bool> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Integer arithmetic: overflow and division by zero give null, as documented.
+    /// Integer arithmetic: overflow and division by zero fail, or give null inside `try`, as
+    /// documented.
     #[test]
     fn integer_arithmetic_matches_checked_reference(rows in columns()) {
         let batch = unzip(&rows);
@@ -129,14 +130,23 @@ proptest! {
                     _ => None,
                 })
                 .collect();
-            prop_assert_eq!(ints(&evaluate(&expr, &batch).unwrap()), expected, "{}", expr);
+            let no_answer = rows.iter().any(|(a, b, _)| {
+                matches!((a, b), (Some(a), Some(b)) if reference(*a, *b).is_none())
+            });
+            let strict = evaluate(&expr, &batch);
+            prop_assert_eq!(strict.is_err(), no_answer, "{}", expr);
+            if let Ok(strict) = strict {
+                prop_assert_eq!(ints(&strict), expected.clone(), "{}", expr);
+            }
+            let lenient = null_on_error(expr.clone());
+            prop_assert_eq!(ints(&evaluate(&lenient, &batch).unwrap()), expected, "{}", expr);
         }
         // A literal on either side is kept as a scalar, not repeated: same results.
         let minus: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(|a| 7i64.checked_sub(a))).collect();
-        prop_assert_eq!(ints(&evaluate(&(lit(7i64) - col("a")), &batch).unwrap()), minus);
+        prop_assert_eq!(ints(&evaluate(&null_on_error(lit(7i64) - col("a")), &batch).unwrap()), minus);
         let times: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(|a| a.checked_mul(3))).collect();
-        prop_assert_eq!(ints(&evaluate(&(col("a") * lit(3i32)), &batch).unwrap()), times);
-        let by_zero = evaluate(&(col("a") / lit(0i64)), &batch).unwrap();
+        prop_assert_eq!(ints(&evaluate(&null_on_error(col("a") * lit(3i32)), &batch).unwrap()), times);
+        let by_zero = evaluate(&null_on_error(col("a") / lit(0i64)), &batch).unwrap();
         prop_assert_eq!(by_zero.null_count(), rows.len());
         let plus_null = evaluate(&(col("a") + floe_core::expr::null()), &batch).unwrap();
         prop_assert_eq!(plus_null.null_count(), rows.len());
@@ -144,7 +154,9 @@ proptest! {
         let above: Vec<Option<bool>> = rows.iter().map(|(a, _, _)| Some(5 > (*a)?)).collect();
         prop_assert_eq!(bools(&evaluate(&lit(5i64).gt(col("a")), &batch).unwrap()), above);
         let negated: Vec<Option<i64>> = rows.iter().map(|(a, _, _)| a.and_then(i64::checked_neg)).collect();
-        prop_assert_eq!(ints(&evaluate(&(-col("a")), &batch).unwrap()), negated);
+        prop_assert_eq!(ints(&evaluate(&null_on_error(-col("a")), &batch).unwrap()), negated);
+        let min_present = rows.iter().any(|(a, _, _)| *a == Some(i64::MIN));
+        prop_assert_eq!(evaluate(&(-col("a")), &batch).is_err(), min_present);
     }
 
     #[test]
@@ -234,7 +246,29 @@ proptest! {
 }
 
 #[test]
-fn float_division_by_zero_is_null_and_overflow_is_infinite() {
+fn when_evaluates_each_branch_only_on_its_rows() {
+    let batch = RecordBatch::try_from_iter([
+        (
+            "a",
+            Arc::new(Int64Array::from(vec![Some(6), Some(5), None, Some(9)])) as ArrayRef,
+        ),
+        (
+            "b",
+            Arc::new(Int64Array::from(vec![Some(3), Some(0), Some(1), Some(0)])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let guarded = when(col("b").not_eq(lit(0i64)), col("a") / col("b"), lit(-1i64));
+    assert_eq!(
+        ints(&evaluate(&guarded, &batch).unwrap()),
+        vec![Some(2), Some(-1), None, Some(-1)]
+    );
+    // Unguarded, the same division fails on the first zero.
+    assert!(evaluate(&(col("a") / col("b")), &batch).is_err());
+}
+
+#[test]
+fn float_division_by_zero_fails_or_is_null_and_overflow_is_infinite() {
     let batch = RecordBatch::try_from_iter([
         (
             "x",
@@ -257,21 +291,26 @@ fn float_division_by_zero_is_null_and_overflow_is_infinite() {
     ])
     .unwrap();
     assert_eq!(
-        floats(&evaluate(&(col("x") / col("y")), &batch).unwrap()),
+        floats(&evaluate(&null_on_error(col("x") / col("y")), &batch).unwrap()),
         vec![None, Some(1e307), None, Some(-1.5)]
     );
+    let error = evaluate(&(col("x") / col("y")), &batch)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("division by zero (1.0 / 0)"), "{error}");
+    assert!(error.contains("(col(\"x\") / col(\"y\"))"), "{error}");
     assert_eq!(
         floats(&evaluate(&(col("x") * col("y")), &batch).unwrap()),
         vec![Some(0.0), Some(f64::INFINITY), None, Some(-6.0)]
     );
     assert_eq!(
-        floats(&evaluate(&(col("x") % col("y")), &batch).unwrap()),
+        floats(&evaluate(&null_on_error(col("x") % col("y")), &batch).unwrap()),
         vec![None, Some(1e308 % 10.0), None, Some(-1.0)]
     );
 }
 
 #[test]
-fn casts_that_do_not_fit_are_null() {
+fn casts_that_do_not_fit_fail_or_are_null_with_try_cast() {
     let batch = RecordBatch::try_from_iter([
         (
             "s",
@@ -294,10 +333,33 @@ fn casts_that_do_not_fit_are_null() {
     ])
     .unwrap();
     assert_eq!(
-        ints(&evaluate(&col("s").cast(DataType::Int64), &batch).unwrap()),
+        ints(&evaluate(&col("s").try_cast(DataType::Int64), &batch).unwrap()),
         vec![Some(12), None, None, Some(300)]
     );
-    let small = evaluate(&col("i").cast(DataType::Int8), &batch).unwrap();
+    // Strict: the first value that does not convert is named, with its column.
+    let error = evaluate(&col("s").cast(DataType::Int64), &batch)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "cast(col(\"s\") as Int64): \"abc\" does not convert to Int64; try_cast gives null \
+         instead"
+    );
+    let error = evaluate(&col("i").cast(DataType::Int8), &batch)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("-129 does not convert to Int8"), "{error}");
+    // A null is not a failure: it converts to null.
+    let present = RecordBatch::try_from_iter([(
+        "s",
+        Arc::new(StringArray::from(vec![Some("7"), None])) as ArrayRef,
+    )])
+    .unwrap();
+    assert_eq!(
+        ints(&evaluate(&col("s").cast(DataType::Int64), &present).unwrap()),
+        vec![Some(7), None]
+    );
+    let small = evaluate(&col("i").try_cast(DataType::Int8), &batch).unwrap();
     let small: Vec<Option<i8>> = small
         .as_any()
         .downcast_ref::<arrow::array::Int8Array>()

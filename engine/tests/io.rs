@@ -10,7 +10,8 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{col, lit};
 use floe_core::plan::{
-    CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, WriteSpec, optimizer::Optimizer,
+    Compression, CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, WriteMode, WriteSpec,
+    optimizer::Optimizer,
 };
 use floe_engine::read::{discover, expand_paths, read_scan};
 use floe_engine::write::{file_name, write_task};
@@ -305,9 +306,11 @@ fn changed_files_and_mismatched_parquet_schemas_are_refused() {
 
 fn spec(format: FileFormat, dir: &Path, target: u64) -> WriteSpec {
     WriteSpec {
+        compression: Compression::default_for(&format),
         format,
         directory: dir.to_owned(),
         target_file_size: target,
+        mode: WriteMode::Error,
     }
 }
 

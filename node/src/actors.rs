@@ -25,8 +25,8 @@ use actix::{
     Message, WrapFuture,
 };
 use floe_api::client::SchedulerClient;
-use floe_api::state::{ClusterState, DRIVER_ACTOR_KIND, driver_actor};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig, within};
+use floe_api::state::{DRIVER_ACTOR_KIND, driver_actor};
+use floe_core::wire::{RpcClient, WireConfig, within};
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use tokio::runtime::Handle;
 use tokio::task::{AbortHandle, JoinHandle};
@@ -231,32 +231,35 @@ impl ActorHost {
     }
 
     /// Stops the hosted actors the scheduler no longer records: their job ended or their
-    /// driver died, and nobody will stop them otherwise. Reads the state only when something
-    /// is hosted.
+    /// driver died, and nobody will stop them otherwise. Asks about each hosted actor, never
+    /// for the whole state.
     pub async fn stop_unrecorded(&self) {
-        // Only actors hosted before the read: one created meanwhile may be missing from it.
+        // Only actors hosted before the questions: one created meanwhile may not be recorded yet.
         let hosted: Vec<ActorId> = lock(&self.hosted).keys().copied().collect();
         if hosted.is_empty() {
             return;
         }
-        let state = match self.read_state().await {
-            Ok(state) => state,
+        let mut scheduler = match self.scheduler() {
+            Ok(scheduler) => scheduler,
             Err(error) => {
-                tracing::debug!(%error, "cannot read the state to sweep actors");
+                tracing::debug!(%error, "cannot reach the scheduler to sweep actors");
                 return;
             }
         };
         for actor in hosted {
-            if !state.actors.contains_key(&actor) {
-                self.stop(actor);
+            match scheduler.actor_node(actor).await {
+                Ok(Some(_)) => {}
+                Ok(None) => self.stop(actor),
+                Err(error) => {
+                    tracing::debug!(%error, "cannot ask the scheduler to sweep actors");
+                    return;
+                }
             }
         }
     }
 
-    async fn read_state(&self) -> std::result::Result<ClusterState, floe_api::Error> {
-        SchedulerClient::new(self.schedulers.clone(), self.wire.clone(), PeerKind::Node)?
-            .read_state()
-            .await
+    fn scheduler(&self) -> std::result::Result<SchedulerClient, floe_api::Error> {
+        SchedulerClient::new(self.schedulers.clone(), self.wire.clone())
     }
 
     /// Delivers `message` to `actor`, here or (unless `forwarded`) on the node hosting it.
@@ -324,10 +327,7 @@ impl ActorHost {
         let idle = lock(&self.connections).get_mut(addr).and_then(Vec::pop);
         let mut client = match idle {
             Some(client) => client,
-            None => {
-                RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone(), PeerKind::Node)
-                    .await?
-            }
+            None => RpcClient::<NodeProtocol>::connect(addr, self.forward_wire.clone()).await?,
         };
         let reply = within(
             limit,
@@ -343,29 +343,26 @@ impl ActorHost {
         Ok(reply)
     }
 
-    /// The address of the node hosting `actor`, from the cache or the scheduler's state.
+    /// The address of the node hosting `actor`, from the cache or the scheduler.
     async fn route(&self, actor: ActorId) -> std::result::Result<String, ActorFailure> {
         if let Some(addr) = lock(&self.routes).get(&actor) {
             return Ok(addr.clone());
         }
-        let gone = |reason: String| ActorFailure::Gone { actor, reason };
-        let state = self
-            .read_state()
+        let unavailable = |error: floe_api::Error| ActorFailure::Unavailable {
+            actor,
+            reason: format!("cannot ask the scheduler where it is: {error}"),
+        };
+        let addr = self
+            .scheduler()
+            .map_err(unavailable)?
+            .actor_node(actor)
             .await
-            .map_err(|error| ActorFailure::Unavailable {
+            .map_err(unavailable)?
+            .map(|node| node.rpc)
+            .ok_or_else(|| ActorFailure::Gone {
                 actor,
-                reason: format!("cannot read the cluster state: {error}"),
+                reason: "the scheduler has no record of it on an alive node".into(),
             })?;
-        let record = state
-            .actors
-            .get(&actor)
-            .ok_or_else(|| gone("the scheduler has no record of it".into()))?;
-        let addr = state
-            .nodes
-            .get(&record.node)
-            .filter(|node| node.is_alive())
-            .map(|node| node.addresses.rpc.clone())
-            .ok_or_else(|| gone(format!("its node {} is not alive", record.node)))?;
         let mut routes = lock(&self.routes);
         if routes.len() >= MAX_ROUTES {
             routes.clear();
@@ -407,8 +404,8 @@ impl Message for Call {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     bytes: u64,
-    /// Pulled here by the aggregator (so it drops the copy); otherwise the shard was written
-    /// on this node and its owner frees it.
+    /// Pulled here by the aggregator (so it gives back its use of the copy); otherwise the
+    /// shard was written on this node and its owner frees it.
     pulled: bool,
 }
 
@@ -544,6 +541,11 @@ impl HashShuffleAggregator {
                 }
                 let entry = act.held.entry(partition).or_default();
                 let held = match entry.get(&object) {
+                    // Pushed twice: one use of the copy is enough.
+                    Some(before) if before.pulled && held.pulled => {
+                        late.push((object, held));
+                        *before
+                    }
                     Some(before) => Held {
                         pulled: before.pulled || held.pulled,
                         ..held
@@ -595,7 +597,7 @@ impl HashShuffleAggregator {
             .map(|(object, _)| object)
             .collect();
         if let Some(shared) = self.shared.upgrade() {
-            shared.delete_local(&pulled);
+            shared.transfers.release(&pulled);
         }
     }
 
@@ -626,7 +628,7 @@ async fn pull_shards(
             Some(holder) => match shared.transfers.pull(shard.object, holder).await {
                 Ok(pulled) => Held {
                     bytes: pulled.output.size,
-                    pulled: pulled.fetched,
+                    pulled: pulled.copy_in_use,
                 },
                 Err(error) => return (arrived, Some(failed(error.to_string()))),
             },
@@ -688,7 +690,7 @@ mod tests {
     use std::time::Duration;
 
     use floe_core::TaskId;
-    use floe_core::config::{ClusterToken, TimeoutsConfig};
+    use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
     use floe_core::wire::rpc::{Handler as RpcHandler, Peer, RemoteError};
     use floe_core::wire::{RpcServer, WireError};
 
@@ -710,17 +712,20 @@ mod tests {
     }
 
     fn wire(read_ms: u64) -> WireConfig {
-        WireConfig {
-            token: ClusterToken::new("actors-test"),
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig {
-                connect_ms: 2_000,
-                handshake_ms: 2_000,
-                read_ms,
-                write_ms: 2_000,
-                idle_ms: 10_000,
-            },
-            tls: floe_core::wire::WireTls::Plaintext,
+        {
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("actors-test");
+            WireConfig {
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig {
+                    connect_ms: 2_000,
+                    handshake_ms: 2_000,
+                    read_ms,
+                    write_ms: 2_000,
+                    idle_ms: 10_000,
+                },
+                ..WireConfig::member(&config)
+            }
         }
     }
 
@@ -760,6 +765,7 @@ mod tests {
             partition: 0,
             task: TaskSpec {
                 task: TaskId::new(1),
+                job: floe_core::JobId::new(1),
                 kind: TaskKind::Test(TestTask::Sleep { ms: 0 }),
                 inputs: Vec::new(),
             },

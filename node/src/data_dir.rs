@@ -7,7 +7,9 @@
 //! The lock file records what the holder leaves outside its own process when it is killed:
 //! its pid, its object store's name (which names its shared-memory segment and its spill and
 //! fallback files) and its worker socket. The next node on the directory reads that record,
-//! removes those remains, logs what it removed and writes its own record.
+//! removes those remains, logs what it removed and writes its own record. Once serving, the
+//! node adds its RPC address, so `floe cache clean` on the host can ask the live node to
+//! clean (the node tells the cache index first).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -22,7 +24,8 @@ const LOCK_FILE: &str = "node.lock";
 /// The lock on a node's data directory; released when dropped or when the process dies.
 #[derive(Debug)]
 pub struct DataDirLock {
-    _file: File,
+    file: File,
+    path: std::path::PathBuf,
 }
 
 /// What a node records about itself in its lock file.
@@ -33,12 +36,18 @@ pub struct Holder {
     pub store: String,
     /// The worker socket's file name in the data directory.
     pub socket: String,
+    /// The node's RPC address, once it serves.
+    pub rpc: Option<String>,
 }
 
 impl Holder {
     fn encode(&self) -> String {
+        let rpc = self
+            .rpc
+            .as_ref()
+            .map_or_else(String::new, |rpc| format!("rpc={rpc}\n"));
         format!(
-            "pid={}\nstore={}\nsocket={}\n",
+            "pid={}\nstore={}\nsocket={}\n{rpc}",
             self.pid, self.store, self.socket
         )
     }
@@ -48,7 +57,7 @@ impl Holder {
         if text.trim().is_empty() {
             return Ok(None);
         }
-        let (mut pid, mut store, mut socket) = (None, None, None);
+        let (mut pid, mut store, mut socket, mut rpc) = (None, None, None, None);
         for line in text.lines().filter(|line| !line.trim().is_empty()) {
             let (key, value) = line
                 .split_once('=')
@@ -57,6 +66,7 @@ impl Holder {
                 "pid" => &mut pid,
                 "store" => &mut store,
                 "socket" => &mut socket,
+                "rpc" => &mut rpc,
                 other => return Err(format!("unknown key {other:?}")),
             };
             if slot.replace(value.to_owned()).is_some() {
@@ -76,6 +86,7 @@ impl Holder {
                 .map_err(|_| format!("pid {pid:?} is not a process id"))?,
             store: store.ok_or_else(|| missing("store"))?,
             socket,
+            rpc,
         }))
     }
 }
@@ -87,14 +98,7 @@ impl DataDirLock {
     /// naming the directory and the holder's pid, if a live node holds the lock.
     pub fn claim(dir: &Path, holder: &Holder, store: &StoreConfig) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
-        let io = |action: &'static str| {
-            let path = path.clone();
-            move |source| Error::DataDirIo {
-                action,
-                path,
-                source,
-            }
-        };
+        let io = |action| io_error(action, &path);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -124,12 +128,53 @@ impl DataDirLock {
         if let Some(predecessor) = predecessor {
             remove_remains(dir, &predecessor, store)?;
         }
+        let mut lock = Self { file, path };
+        lock.record(holder)?;
+        Ok(lock)
+    }
+
+    /// Replaces the lock file's record with `holder`.
+    pub fn record(&mut self, holder: &Holder) -> Result<()> {
+        let io = |action| io_error(action, &self.path);
+        let file = &mut self.file;
         file.set_len(0).map_err(io("truncate"))?;
         file.seek(SeekFrom::Start(0)).map_err(io("rewind"))?;
         file.write_all(holder.encode().as_bytes())
             .and_then(|()| file.sync_data())
-            .map_err(io("write"))?;
-        Ok(Self { _file: file })
+            .map_err(io("write"))
+    }
+}
+
+/// The record of the live node holding `dir`, or `None` when no node holds it.
+pub fn live_holder(dir: &Path) -> Result<Option<Holder>> {
+    let path = dir.join(LOCK_FILE);
+    let io = |action| io_error(action, &path);
+    let mut file = match File::open(&path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(io("open")(source)),
+    };
+    match file.try_lock_shared() {
+        // Nobody holds it: dropping the file releases the shared lock just taken.
+        Ok(()) => return Ok(None),
+        Err(std::fs::TryLockError::WouldBlock) => {}
+        Err(std::fs::TryLockError::Error(source)) => return Err(io("lock")(source)),
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(io("read"))?;
+    Holder::decode(&text).map_err(|problem| Error::BadLockRecord {
+        path: path.clone(),
+        problem,
+    })
+}
+
+/// Turns an I/O error doing `action` on `path` into the node's error.
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_owned();
+    move |source| Error::DataDirIo {
+        action,
+        path,
+        source,
     }
 }
 
@@ -192,6 +237,7 @@ mod tests {
             pid,
             store: format!("node-{pid}"),
             socket: format!("node-{pid}.sock"),
+            rpc: None,
         }
     }
 
@@ -210,7 +256,12 @@ mod tests {
     #[test]
     fn records_round_trip_and_bad_ones_are_refused() {
         let record = holder(42);
-        assert_eq!(Holder::decode(&record.encode()), Ok(Some(record)));
+        assert_eq!(Holder::decode(&record.encode()), Ok(Some(record.clone())));
+        let serving = Holder {
+            rpc: Some("127.0.0.1:7000".into()),
+            ..record
+        };
+        assert_eq!(Holder::decode(&serving.encode()), Ok(Some(serving)));
         assert_eq!(Holder::decode(""), Ok(None));
         for (text, problem) in [
             ("pid=1\nstore=a\n", "no socket"),
@@ -244,8 +295,17 @@ mod tests {
             message.contains(&format!("pid {}", std::process::id())),
             "{message}"
         );
+        // The live holder's record, with its address once it serves, is readable meanwhile.
+        let mut first = first;
+        let serving = Holder {
+            rpc: Some("127.0.0.1:7000".into()),
+            ..holder(std::process::id())
+        };
+        first.record(&serving).unwrap();
+        assert_eq!(live_holder(dir.path()).unwrap(), Some(serving));
         // Released with its holder: the next claim reads the record and takes over.
         drop(first);
+        assert_eq!(live_holder(dir.path()).unwrap(), None);
         DataDirLock::claim(dir.path(), &holder(7), &store).unwrap();
         let record = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
         assert_eq!(record, holder(7).encode());

@@ -1,8 +1,8 @@
 //! floe-node: the node agent behind `floe node`.
 //!
 //! It owns the node's shared-memory [`ObjectStore`], registers the node with the scheduler
-//! (with the cluster token, through a [`SchedulerClient`] that follows the leader across
-//! failovers), sends heartbeats with its resource use, serves the node RPC service
+//! (with the cluster secret; every connection then presents the node's ticket), through a
+//! [`SchedulerClient`] that follows the leader across failovers, sends heartbeats with its resource use, serves the node RPC service
 //! ([`NodeProtocol`]: tasks, object transfer, actor calls, status), supervises its
 //! `floe worker` processes ([`pool`]), hosts actors ([`actors`]) and runs the memory monitor. On SIGTERM it tells the scheduler it is
 //! leaving, kills its workers and unlinks its shared memory. It holds a lock on its data
@@ -26,22 +26,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use floe_api::authz;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{CachedShard, Command, NodeAddresses, NodeMemory, Outcome, Resources};
+use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_core::wire::{
-    AttachedReply, Handler, Peer, PeerKind, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
+    AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
-use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, ShardIndex, ShardName};
+use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
-use self::data_dir::{DataDirLock, Holder};
-use self::monitor::HostMemory;
+use self::data_dir::DataDirLock;
+pub use self::data_dir::{Holder, live_holder};
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
@@ -51,7 +53,7 @@ use floe_api::node_protocol::{
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
 use floe_core::plan::task::StageTask;
-use floe_core::plan::{Operator, ProcessUdf};
+use floe_core::plan::{Operator, ProcessUdf, UdfCodePolicy};
 use floe_driver::DriverConfig;
 use floe_engine::udf::process::process_udfs;
 
@@ -99,8 +101,6 @@ pub enum Error {
         path.display()
     )]
     BadLockRecord { path: PathBuf, problem: String },
-    #[error("cannot read host memory: {0}")]
-    HostMemory(String),
     #[error("worker: {0}")]
     Worker(String),
     #[error("local node: {0}")]
@@ -144,8 +144,14 @@ struct Shared {
     allowed: AllowedPaths,
     transfers: Transfers,
     actors: ActorHost,
+    /// The job each task output and loaded cache shard here was made for, until it is freed,
+    /// so a job's leftovers can be freed without knowing their ids (`FreeJob`).
+    made_for: Mutex<BTreeMap<ObjectId, JobId>>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
+    /// Records and forgets this node's cache shards in the index; held for the whole of an
+    /// indexing or a clean, so the two never interleave.
+    cache_index: tokio::sync::Mutex<SchedulerClient>,
 }
 
 impl Shared {
@@ -168,16 +174,18 @@ impl Shared {
     async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
         let result = self.run_with_inputs(spec, &mut pulled).await;
-        // Copies pulled from other nodes were this task's inputs only (their owners free the
+        // This task's uses of copies pulled from other nodes (their owners free the
         // originals).
-        self.delete_local(&pulled);
+        self.transfers.release(&pulled);
         result
     }
 
-    /// Deletes objects from this node's store: copies pulled from others, or outputs nobody
-    /// will learn of. One a running task still reads goes when that task lets go of it.
+    /// Deletes objects from this node's store: outputs nobody will learn of. One a running
+    /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
+            made_for.remove(object);
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
@@ -202,7 +210,7 @@ impl Shared {
                     .pull(input.object, holder)
                     .await
                     .map_err(unavailable)?;
-                if copy.fetched {
+                if copy.copy_in_use {
                     pulled.push(input.object);
                 }
             }
@@ -212,6 +220,7 @@ impl Shared {
                     .map_err(|error| unavailable(error.into()))?,
             );
         }
+        let job = spec.job;
         let mut leases = match &spec.kind {
             TaskKind::Stage(stage) => {
                 check_paths(&self.allowed, stage)?;
@@ -290,7 +299,32 @@ impl Shared {
                 rows: output.rows,
             });
         }
+        self.made(job, refs.iter().map(|output| output.object));
         Ok(refs)
+    }
+
+    /// Records that `objects` were made for `job`.
+    fn made(&self, job: JobId, objects: impl IntoIterator<Item = ObjectId>) {
+        let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        for object in objects {
+            made_for.insert(object, job);
+        }
+    }
+
+    /// Deletes every object made for `job` except `keep`.
+    fn free_job(&self, job: JobId, keep: &[ObjectId]) {
+        let leftovers: Vec<ObjectId> = self
+            .made_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(object, owner)| **owner == job && !keep.contains(object))
+            .map(|(object, _)| *object)
+            .collect();
+        if !leftovers.is_empty() {
+            tracing::info!(%job, objects = leftovers.len(), "freeing what earlier attempts of the job left");
+        }
+        self.delete_local(&leftovers);
     }
 
     /// One child per process UDF the task calls, leased in pool-key order (so two tasks never
@@ -377,6 +411,7 @@ impl Shared {
                 &opened.block.batches,
             )?;
         }
+        self.made(load.job, [load.object]);
         let view = self.store.get(load.object)?;
         let size = view.len() as u64;
         Ok(Some(OutputRef {
@@ -385,6 +420,45 @@ impl Shared {
             checksum: xxh3_64(view.as_bytes()),
             rows: Some(opened.manifest.rows),
         }))
+    }
+
+    /// `floe cache clean`: drops the shards to remove from the index first (so no job is
+    /// planned against them), then removes their files, and stale temporary files with them.
+    async fn clean_cache(
+        self: &Arc<Self>,
+        keep_bytes: Option<u64>,
+    ) -> Result<Removed, RemoteError> {
+        let mut client = self.cache_index.lock().await;
+        let shared = Arc::clone(self);
+        let doomed = blocking(move || {
+            Ok(match keep_bytes {
+                Some(keep) => shared.cache.least_recently_used_beyond(keep)?,
+                None => shared.cache.shards()?,
+            })
+        })
+        .await?;
+        if let Some(node) = self.node() {
+            for shard in &doomed {
+                let command = Command::ForgetCacheShard {
+                    fingerprint: shard.name.fingerprint.to_string(),
+                    shard_count: shard.name.shard.count,
+                    rank: shard.name.shard.rank,
+                    node,
+                };
+                // Rejected: not indexed (never recorded, or forgotten already).
+                client
+                    .propose(command)
+                    .await
+                    .map_err(|error| remote(error.into()))?;
+            }
+        }
+        let shared = Arc::clone(self);
+        blocking(move || {
+            let removed = shared.cache.remove_files(&doomed)?;
+            shared.cache.remove_stale_temps()?;
+            Ok(removed)
+        })
+        .await
     }
 
     /// Runs the drivers the scheduler assigned to this node and stops the others.
@@ -463,6 +537,11 @@ impl Handler<NodeProtocol> for Service {
         peer: Peer,
         request: NodeRequest,
     ) -> AttachedReply<NodeResponse> {
+        if let Err(refusal) = authz::authorize_node(&peer.principal, &request) {
+            tracing::warn!(principal = %peer.principal, %refusal, "refused a request");
+            let refused = RemoteError::new(RemoteErrorKind::Forbidden, refusal.0);
+            return (Err(refused), None);
+        }
         match request {
             NodeRequest::ReadChunk {
                 object,
@@ -489,13 +568,29 @@ impl Handler<NodeProtocol> for Service {
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
             )),
-            NodeRequest::Pull { object, holder } => shared
-                .transfers
-                .pull(object, &holder)
-                .await
-                .map(|pulled| NodeResponse::Pulled(pulled.output))
-                .map_err(remote),
+            NodeRequest::Pull { object, holder } => {
+                let pulled = shared
+                    .transfers
+                    .pull(object, &holder)
+                    .await
+                    .map_err(remote)?;
+                // Asked for by name: it stays until a `Free`.
+                shared.transfers.keep(object);
+                Ok(NodeResponse::Pulled(pulled.output))
+            }
+            NodeRequest::FreeJob { job, keep } => {
+                shared.free_job(job, &keep);
+                Ok(NodeResponse::Freed)
+            }
             NodeRequest::Free { objects } => {
+                let mut made_for = shared
+                    .made_for
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for object in &objects {
+                    made_for.remove(object);
+                }
+                drop(made_for);
                 for object in objects {
                     match shared.store.delete(object) {
                         Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
@@ -534,6 +629,20 @@ impl Handler<NodeProtocol> for Service {
                 shared.actors.stop(actor);
                 Ok(NodeResponse::ActorStopped)
             }
+            NodeRequest::RemoveCacheShards { fingerprints } => {
+                let shared = Arc::clone(shared);
+                let removed = blocking(move || {
+                    let shards = shared
+                        .cache
+                        .shards_of(&fingerprints.into_iter().collect())?;
+                    Ok(shared.cache.remove_files(&shards)?)
+                })
+                .await?;
+                Ok(cache_removed(removed))
+            }
+            NodeRequest::CleanCache { keep_bytes } => {
+                shared.clean_cache(keep_bytes).await.map(cache_removed)
+            }
         }
     }
 }
@@ -553,7 +662,7 @@ impl NodeAgent {
     /// Opens the store, starts the workers and the RPC service, and registers with the
     /// scheduler.
     pub async fn start(config: &Config, options: AgentOptions) -> Result<Self> {
-        let wire = WireConfig::from_config(config);
+        let wire = WireConfig::member(config);
         let pools = MemoryPools::detect(&config.memory)?;
         let pid = std::process::id();
         let data_dir = &config.paths.data_dir;
@@ -567,9 +676,10 @@ impl NodeAgent {
             pid,
             store: store_config.name.clone(),
             socket: format!("node-{pid}.sock"),
+            rpc: None,
         };
         // Before anything of this node exists: a second node on the directory stops here.
-        let data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
+        let mut data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
         let store = ObjectStore::open(store_config)?;
         let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
         let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
@@ -589,13 +699,20 @@ impl NodeAgent {
             ProcessPools::new(PoolsConfig {
                 runtime_dir: data_dir.join(format!("udf-{pid}")),
                 allowed_commands: config.node.udf_commands.clone(),
+                code: UdfCodePolicy::for_node(&config.node),
                 default_max: cpus,
                 shrink_after: UDF_SHRINK_AFTER,
                 retire_after: UDF_RETIRE_AFTER,
             })
             .map_err(|error| Error::Worker(format!("preparing process UDFs: {error}")))?,
         );
+        let attempt_timeout = config.scheduler.node_timeout() / 4;
+        let scheduler_client = || {
+            SchedulerClient::new(options.schedulers.clone(), wire.clone())
+                .map(|client| client.with_attempt_timeout(attempt_timeout))
+        };
         let shared = Arc::new(Shared {
+            cache_index: tokio::sync::Mutex::new(scheduler_client()?),
             node: AtomicU64::new(0),
             transfers: Transfers::new(store.clone(), wire.clone(), &config.node),
             actors: ActorHost::start(options.schedulers.clone(), &wire)?,
@@ -606,6 +723,7 @@ impl NodeAgent {
             pool: Arc::clone(&pool),
             processes: Arc::clone(&processes),
             allowed: config.data.allowed(),
+            made_for: Mutex::new(BTreeMap::new()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
         });
@@ -616,7 +734,13 @@ impl NodeAgent {
             wire.clone(),
         )
         .await?;
+        data_dir_lock.record(&Holder {
+            rpc: Some(server.local_addr().to_string()),
+            ..holder
+        })?;
         let registration = Registration {
+            identity: wire.identity.clone(),
+            secret: config.cluster.secret.clone(),
             addresses: NodeAddresses {
                 rpc: server.local_addr().to_string(),
             },
@@ -630,11 +754,6 @@ impl NodeAgent {
                 system_reserve_bytes: pools.system_reserve,
             },
         };
-        let attempt_timeout = config.scheduler.node_timeout() / 4;
-        let scheduler_client = || {
-            SchedulerClient::new(options.schedulers.clone(), wire.clone(), PeerKind::Node)
-                .map(|client| client.with_attempt_timeout(attempt_timeout))
-        };
         let mut client = scheduler_client()?;
         let node = registration.register(&mut client).await?;
         shared.node.store(node.get(), Ordering::Relaxed);
@@ -647,6 +766,7 @@ impl NodeAgent {
             max_block_bytes: config.data.max_block_size.bytes(),
             batch_rows,
             progress_interval: config.node.progress_interval(),
+            allowed_paths: config.data.allowed(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit
@@ -655,22 +775,19 @@ impl NodeAgent {
             [] => tracing::info!("data.allowed_paths is empty: tasks may use any path"),
             roots => tracing::info!(?roots, "tasks may only use paths under data.allowed_paths"),
         }
-        let host_memory =
-            || sysinfo::System::new().map_err(|error| Error::HostMemory(error.to_string()));
         let background = vec![
             tokio::spawn(watch_drivers(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(heartbeats(
                 Arc::clone(&shared),
-                [client, scheduler_client()?],
+                client,
                 registration,
-                host_memory()?,
                 config.scheduler.heartbeat_interval(),
             )),
             tokio::spawn(reap_processes(processes)),
             tokio::spawn(sweep_actors(Arc::clone(&shared))),
             tokio::spawn(monitor::run_monitor(
                 pool,
-                host_memory()?,
+                pools,
                 config.node.memory_monitor_threshold,
                 config.node.memory_monitor_interval(),
             )),
@@ -718,8 +835,8 @@ impl NodeAgent {
         let _ = tokio::task::spawn_blocking(move || processes.shutdown()).await;
         let told = match shared.node() {
             Some(node) => {
-                let mut client = SchedulerClient::new(schedulers, wire, PeerKind::Node)?
-                    .with_retry_for(Duration::from_secs(5));
+                let mut client =
+                    SchedulerClient::new(schedulers, wire)?.with_retry_for(Duration::from_secs(5));
                 let command = Command::MarkNodeDead {
                     node,
                     reason: format!("node left: {reason}"),
@@ -743,6 +860,10 @@ impl NodeAgent {
 /// What the node registers with; kept to register again after the scheduler declared the
 /// node dead (e.g. after a network partition).
 struct Registration {
+    /// Shared by every connection of the node (its drivers' included): registering makes it
+    /// present the node's ticket from then on.
+    identity: Identity,
+    secret: ClusterSecret,
     addresses: NodeAddresses,
     resources: Resources,
     memory: NodeMemory,
@@ -750,14 +871,20 @@ struct Registration {
 
 impl Registration {
     async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
-        Ok(client
+        let (node, ticket) = client
             .register_node(
                 self.addresses.clone(),
                 self.resources,
                 self.memory,
                 BTreeMap::new(),
             )
-            .await?)
+            .await?;
+        self.identity.set(Credential::Node {
+            secret: self.secret.clone(),
+            id: node,
+            ticket,
+        });
+        Ok(node)
     }
 }
 
@@ -860,30 +987,32 @@ async fn reap_processes(processes: Arc<ProcessPools>) {
 /// Sends a heartbeat every `interval`, and registers the node again when the scheduler
 /// declared it dead. After each registration (the first included) the node records the cache
 /// shards in its directory under its id, so shards written before a restart or a declared
-/// death are found again. `clients`: one for heartbeats, one for recording shards.
+/// death are found again.
 async fn heartbeats(
     shared: Arc<Shared>,
-    clients: [SchedulerClient; 2],
+    mut client: SchedulerClient,
     registration: Registration,
-    system: sysinfo::System,
     interval: Duration,
 ) {
-    let [mut client, indexer] = clients;
-    let mut memory = HostMemory::new(system, interval);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let agent = std::process::id();
     // Dropped with this task (on shutdown), which aborts an indexing still running.
     let mut indexing = tokio::task::JoinSet::new();
-    let indexer = Arc::new(tokio::sync::Mutex::new(indexer));
     if let Some(node) = shared.node() {
-        indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), node));
+        indexing.spawn(index_cache(Arc::clone(&shared), node));
     }
     loop {
-        let (host_used, _) = memory.next().await;
+        ticks.tick().await;
+        let tree = tokio::task::spawn_blocking(move || monitor::process_tree_memory(agent))
+            .await
+            .unwrap_or_default();
         let store = shared.store.stats();
         let running = shared.pool.running().len();
         let usage = ResourceUsage {
             cpu_millis: running as u64 * 1000,
-            // What tasks use: the host's memory in use besides the object store.
-            heap_bytes: host_used.saturating_sub(store.used),
+            // What tasks use: the private memory of the agent, its workers and UDF children.
+            heap_bytes: tree.anonymous,
             object_store_bytes: store.used,
             spilled_bytes: store.spilled_bytes,
             fallback_bytes: store.fallback_bytes,
@@ -902,7 +1031,7 @@ async fn heartbeats(
                     shared.node.store(new.get(), Ordering::Relaxed);
                     // Replacing the set aborts an indexing under the old id.
                     indexing = tokio::task::JoinSet::new();
-                    indexing.spawn(index_cache(Arc::clone(&shared), Arc::clone(&indexer), new));
+                    indexing.spawn(index_cache(Arc::clone(&shared), new));
                 }
                 Err(error) => tracing::error!(%error, "cannot register again"),
             },
@@ -914,12 +1043,8 @@ async fn heartbeats(
 /// Records every valid shard in the node's cache directory as held by `node`. Each shard is
 /// opened without its columns (its structure and manifest are checked, not its data);
 /// one that fails is removed by the cache and skipped.
-async fn index_cache(
-    shared: Arc<Shared>,
-    client: Arc<tokio::sync::Mutex<SchedulerClient>>,
-    node: NodeId,
-) {
-    let mut client = client.lock().await;
+async fn index_cache(shared: Arc<Shared>, node: NodeId) {
+    let mut client = shared.cache_index.lock().await;
     let cache = Arc::clone(&shared);
     let found = blocking(move || {
         let mut found = Vec::new();
@@ -990,6 +1115,13 @@ impl Termination {
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.interrupt.recv() => "SIGINT",
         }
+    }
+}
+
+fn cache_removed(removed: Removed) -> NodeResponse {
+    NodeResponse::CacheRemoved {
+        shards: removed.shards,
+        bytes: removed.bytes,
     }
 }
 

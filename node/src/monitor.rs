@@ -1,10 +1,25 @@
-//! The memory monitor: when the host's memory in use passes `node.memory_monitor_threshold`,
-//! it kills the worker of the newest task (the one that loses least work), whose task fails
-//! with [`TaskFailure::OutOfMemory`](floe_api::node_protocol::TaskFailure::OutOfMemory) so the driver
-//! retries it.
+//! The memory monitor, and what the node's processes use.
+//!
+//! The node's memory is [`MemoryPools::detect`]'s total — the one reading of "this node's
+//! memory" the pools are sized from too: `memory.total` when set, else the host's memory or
+//! its cgroup limit when lower. Of it, the system reserve is left to the OS and everything
+//! else; the node's process tree (the agent, its workers, its UDF children) may use the rest.
+//! When the tree's memory passes `node.memory_monitor_threshold` of that rest, the monitor
+//! kills the worker of the newest task (the one that loses least work), whose task fails with
+//! [`TaskFailure::OutOfMemory`](floe_api::node_protocol::TaskFailure::OutOfMemory) so the
+//! driver retries it. So a container's OOM killer, which acts at the cgroup limit, never gets
+//! to the agent first.
+//!
+//! A process's memory is its proportional share (PSS) of anonymous and shared memory, from
+//! `/proc/<pid>/smaps_rollup`: a page of the object store's segment that the agent and a worker
+//! both map counts once, and mapped files (the binary, cache shards being read) not at all,
+//! since the kernel can drop them.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+use floe_objectstore::MemoryPools;
 
 use super::pool::WorkerPool;
 
@@ -12,60 +27,186 @@ use super::pool::WorkerPool;
 /// would kill tasks for memory that is already on its way back.
 const AFTER_KILL: Duration = Duration::from_secs(2);
 
-/// The host's memory, read once per tick of an interval.
-pub(crate) struct HostMemory {
-    system: sysinfo::System,
-    ticks: tokio::time::Interval,
+/// What a process tree holds in memory, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TreeMemory {
+    /// Private memory: the processes' heaps (what tasks and UDFs use).
+    pub anonymous: u64,
+    /// Shared memory: the object store's pages in use.
+    pub shared: u64,
 }
 
-impl HostMemory {
-    pub(crate) fn new(system: sysinfo::System, interval: Duration) -> Self {
-        let mut ticks = tokio::time::interval(interval);
-        // A late tick is not made up with a burst: one reading per interval is enough.
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Self { system, ticks }
+impl TreeMemory {
+    pub(crate) fn total(&self) -> u64 {
+        self.anonymous + self.shared
     }
+}
 
-    /// Waits for the next tick, then returns the host's memory in use and in total, in bytes.
-    pub(crate) async fn next(&mut self) -> (u64, u64) {
-        self.ticks.tick().await;
-        self.system.refresh_memory();
-        let total = self.system.total_memory();
-        (total.saturating_sub(self.system.available_memory()), total)
+/// The memory of process `root` and all its descendants. Processes that exit while they are
+/// read are left out.
+pub(crate) fn process_tree_memory(root: u32) -> TreeMemory {
+    let mut tree = TreeMemory::default();
+    for pid in descendants_and_self(root) {
+        if let Some(process) = process_memory(pid) {
+            tree.anonymous += process.anonymous;
+            tree.shared += process.shared;
+        }
     }
+    tree
+}
+
+/// `root` and every process below it, found from each process's parent in `/proc`.
+fn descendants_and_self(root: u32) -> BTreeSet<u32> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse().ok())
+            else {
+                continue;
+            };
+            if let Some(parent) = parent_of(pid) {
+                children.entry(parent).or_default().push(pid);
+            }
+        }
+    }
+    let mut tree = BTreeSet::new();
+    let mut pending = vec![root];
+    while let Some(pid) = pending.pop() {
+        if tree.insert(pid) {
+            pending.extend(children.get(&pid).into_iter().flatten());
+        }
+    }
+    tree
+}
+
+/// The parent pid in `/proc/<pid>/stat` (the field after the state, which follows the
+/// command name: in parentheses, and it may hold any byte).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn process_memory(pid: u32) -> Option<TreeMemory> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    Some(parse_rollup(&rollup))
+}
+
+/// The proportional anonymous and shared memory of a `smaps_rollup`; kernels before 5.9 have
+/// no `Pss_Anon`, and their `Anonymous` (unshared for a process that did not fork) stands in.
+fn parse_rollup(rollup: &str) -> TreeMemory {
+    let field = |name: &str| {
+        rollup.lines().find_map(|line| {
+            let value = line.strip_prefix(name)?.strip_prefix(':')?;
+            let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    };
+    TreeMemory {
+        anonymous: field("Pss_Anon")
+            .or_else(|| field("Anonymous"))
+            .unwrap_or(0),
+        shared: field("Pss_Shmem").unwrap_or(0),
+    }
+}
+
+/// The memory monitor's limit: `threshold` of what the node's memory leaves besides the
+/// system reserve.
+fn limit(pools: &MemoryPools, threshold: f64) -> u64 {
+    (pools.total.saturating_sub(pools.system_reserve) as f64 * threshold) as u64
 }
 
 pub(crate) async fn run_monitor(
     pool: Arc<WorkerPool>,
-    system: sysinfo::System,
+    pools: MemoryPools,
     threshold: f64,
     interval: Duration,
 ) {
-    let mut memory = HostMemory::new(system, interval);
+    let limit = limit(&pools, threshold);
+    let agent = std::process::id();
+    let mut ticks = tokio::time::interval(interval);
+    // A late tick is not made up with a burst: one reading per interval is enough.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let (used, total) = memory.next().await;
-        if total == 0 {
+        ticks.tick().await;
+        let Ok(used) = tokio::task::spawn_blocking(move || process_tree_memory(agent)).await else {
             continue;
-        }
-        let share = used as f64 / total as f64;
-        if share <= threshold {
+        };
+        let used = used.total();
+        if used <= limit {
             continue;
         }
         let reason = format!(
-            "host memory {:.1}% in use ({used} of {total} bytes) is past the \
-             node.memory_monitor_threshold of {:.1}%; the newest task was killed",
-            share * 100.0,
-            threshold * 100.0
+            "the node's processes use {used} bytes, past the node.memory_monitor_threshold of \
+             {:.1}% of the {} bytes its memory ({} bytes) leaves besides the system reserve; \
+             the newest task was killed",
+            threshold * 100.0,
+            pools.total.saturating_sub(pools.system_reserve),
+            pools.total,
         );
         if let Some(victim) = pool.kill_newest(reason) {
             tracing::warn!(
                 task = %victim.task,
                 pid = victim.worker_pid,
                 used,
-                total,
+                limit,
                 "memory monitor killed the newest task's worker"
             );
             tokio::time::sleep(AFTER_KILL).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_core::config::MemoryConfig;
+
+    use super::*;
+
+    #[test]
+    fn a_rollup_gives_proportional_anonymous_and_shared_memory() {
+        let rollup = "55bb-7ffe ---p 00000000 00:00 0 [rollup]\nRss: 9000 kB\nPss: 5000 kB\n\
+                      Pss_Anon: 1200 kB\nPss_File: 100 kB\nPss_Shmem: 300 kB\nAnonymous: 1500 kB\n";
+        assert_eq!(
+            parse_rollup(rollup),
+            TreeMemory {
+                anonymous: 1200 * 1024,
+                shared: 300 * 1024
+            }
+        );
+        // An older kernel's: no Pss_Anon, no Pss_Shmem.
+        let old = "Rss: 9000 kB\nPss: 5000 kB\nAnonymous: 1500 kB\n";
+        assert_eq!(parse_rollup(old).anonymous, 1500 * 1024);
+    }
+
+    #[test]
+    fn the_tree_holds_this_process_and_its_children_and_counts_their_heaps() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let tree = descendants_and_self(me);
+        assert!(tree.contains(&me) && tree.contains(&child.id()), "{tree:?}");
+        assert!(!tree.contains(&1));
+        // 64 MiB touched here shows in the tree's heap.
+        let before = process_tree_memory(me).anonymous;
+        let held = vec![1u8; 64 << 20];
+        let after = process_tree_memory(me).anonymous;
+        assert!(after >= before + (60 << 20), "{before} → {after}");
+        drop(held);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn the_limit_is_the_threshold_of_what_the_reserve_leaves() {
+        let pools = MemoryPools::split(1 << 30, &MemoryConfig::default()).unwrap();
+        let rest = (1u64 << 30) - pools.system_reserve;
+        assert_eq!(limit(&pools, 1.0), rest);
+        assert_eq!(limit(&pools, 0.5), rest / 2);
     }
 }

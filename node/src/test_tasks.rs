@@ -1,5 +1,5 @@
 //! The test-only task kinds (feature `test-tasks`): what a worker runs for a
-//! [`TestTask`], which tests and benchmarks send to exercise the task path without a plan.
+//! [`TestTask`], which tests send to exercise the task path without a plan.
 
 use std::time::Duration;
 

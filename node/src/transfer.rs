@@ -10,6 +10,11 @@
 //! knows from when the object was sealed) before it is sealed, and a mismatch abandons it.
 //! Concurrent pulls of one object share a single transfer.
 //!
+//! A copy pulled here is shared by everyone who pulled it while it was in flight or in use
+//! (tasks, aggregators): each pull counts a use, each user releases its use when done, and
+//! the copy is deleted with the last use. A use is counted before the pull returns, so one
+//! user finishing can never delete the copy from under another that has not pinned it yet.
+//!
 //! A chunk of an object in the store's shared-memory segment is sent with `sendfile(2)` from
 //! the segment's file, so the holder copies nothing: the kernel hands the segment's pages to
 //! the socket. The RPC server keeps the chunk's view, and so its pin, until the puller has
@@ -25,7 +30,7 @@ use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
-use floe_core::wire::{Attachment, FileRange, PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{Attachment, FileRange, RpcClient, WireConfig};
 use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
@@ -41,12 +46,19 @@ const REPLY_ENVELOPE: u64 = 4096;
 
 type SharedPull = Arc<OnceCell<Result<OutputRef, String>>>;
 
-/// A pulled object, and whether it had to come from elsewhere (so the node holds a copy that
-/// whoever asked may drop when done) or was sealed here already.
+/// A pulled object, and whether whoever asked holds a use of a copy pulled here (which it
+/// gives back with [`Transfers::release`]) or the object is this node's own.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pulled {
     pub output: OutputRef,
-    pub fetched: bool,
+    pub copy_in_use: bool,
+}
+
+/// Pulls in flight, and the uses of the copies pulled here; both under one lock.
+#[derive(Default)]
+struct Copies {
+    pulls: HashMap<ObjectId, SharedPull>,
+    uses: HashMap<ObjectId, usize>,
 }
 
 pub(crate) struct Transfers {
@@ -55,7 +67,7 @@ pub(crate) struct Transfers {
     chunk: u64,
     max_in_flight: u64,
     inline_max: u64,
-    pulls: Mutex<HashMap<ObjectId, SharedPull>>,
+    copies: Mutex<Copies>,
     pulls_started: AtomicU64,
     /// The store's segment opened as a file when a chunk from it is first sent (`None` if
     /// that failed: chunks are then sent from memory). A store has one segment for life.
@@ -75,7 +87,7 @@ impl Transfers {
             chunk,
             max_in_flight: config.transfer_max_in_flight.bytes().max(chunk),
             inline_max: config.transfer_inline_max.bytes().min(chunk),
-            pulls: Mutex::new(HashMap::new()),
+            copies: Mutex::new(Copies::default()),
             pulls_started: AtomicU64::new(0),
             segment_file: OnceLock::new(),
         }
@@ -143,7 +155,7 @@ impl Transfers {
             .clone()
     }
 
-    fn local(&self, object: ObjectId, fetched: bool) -> Result<Pulled> {
+    fn local(&self, object: ObjectId, copy_in_use: bool) -> Result<Pulled> {
         let meta = self.meta(object)?;
         let output = OutputRef {
             object,
@@ -151,7 +163,40 @@ impl Transfers {
             checksum: meta.checksum,
             rows: None,
         };
-        Ok(Pulled { output, fetched })
+        Ok(Pulled {
+            output,
+            copy_in_use,
+        })
+    }
+
+    fn copies(&self) -> std::sync::MutexGuard<'_, Copies> {
+        self.copies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives back one use of each of these pulled copies; a copy goes with its last use (or
+    /// when the last reader lets go of it, if one still reads it).
+    pub fn release(&self, objects: &[ObjectId]) {
+        let mut copies = self.copies();
+        for object in objects {
+            let Some(uses) = copies.uses.get_mut(object) else {
+                continue;
+            };
+            *uses -= 1;
+            if *uses > 0 {
+                continue;
+            }
+            copies.uses.remove(object);
+            // Under the lock: a pull that finds the copy here counts its use first.
+            match self.store.delete(*object) {
+                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                Err(error) => tracing::warn!(%object, %error, "cannot delete a pulled copy"),
+            }
+        }
+    }
+
+    /// Makes a copy pulled here this node's own: no release deletes it, only a `Free`.
+    pub fn keep(&self, object: ObjectId) {
+        self.copies().uses.remove(&object);
     }
 
     /// Makes `object` local, pulling it from `holder` unless it is here already. A pull of an
@@ -159,22 +204,38 @@ impl Transfers {
     /// until the transfer ends).
     pub async fn pull(&self, object: ObjectId, holder: &str) -> Result<Pulled> {
         let shared = {
-            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
-            match pulls.get(&object) {
-                Some(in_flight) => Some(Arc::clone(in_flight)),
-                // Here already (sealed, or being written by a task of this node), or deleted
-                // by a task that pulled it while another still reads it: revived, it is this
-                // caller's copy.
-                None if self.store.contains(object) => None,
-                None if self.store.revive(object) => {
-                    drop(pulls);
-                    return self.local(object, true);
+            let mut guard = self.copies();
+            let copies = &mut *guard;
+            match copies.pulls.get(&object) {
+                Some(in_flight) => {
+                    *copies.uses.entry(object).or_default() += 1;
+                    Arc::clone(in_flight)
                 }
-                None => Some(Arc::clone(pulls.entry(object).or_default())),
+                // A copy pulled here that others use: one more use.
+                None if self.store.contains(object) && copies.uses.contains_key(&object) => {
+                    *copies.uses.entry(object).or_default() += 1;
+                    drop(guard);
+                    return self.local_use(object);
+                }
+                // This node's own (sealed, or being written by a task of this node).
+                None if self.store.contains(object) => {
+                    drop(guard);
+                    return self.local(object, false);
+                }
+                // Deleted with its last use while something still reads it: revived, it is
+                // this caller's copy.
+                None if self.store.revive(object) => {
+                    *copies.uses.entry(object).or_default() += 1;
+                    drop(guard);
+                    return self.local_use(object);
+                }
+                // Added to, not set: callers of a pull that just failed may not have given
+                // their uses back yet.
+                None => {
+                    *copies.uses.entry(object).or_default() += 1;
+                    Arc::clone(copies.pulls.entry(object).or_default())
+                }
             }
-        };
-        let Some(shared) = shared else {
-            return self.local(object, false);
         };
         let outcome = shared
             .get_or_init(|| async {
@@ -186,25 +247,35 @@ impl Transfers {
             .await
             .clone();
         {
-            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
-            if pulls
+            let mut copies = self.copies();
+            if copies
+                .pulls
                 .get(&object)
                 .is_some_and(|current| Arc::ptr_eq(current, &shared))
             {
-                pulls.remove(&object);
+                copies.pulls.remove(&object);
             }
         }
-        outcome
-            .map(|output| Pulled {
+        match outcome {
+            Ok(output) => Ok(Pulled {
                 output,
-                fetched: true,
-            })
-            .map_err(|reason| Error::Transfer { object, reason })
+                copy_in_use: true,
+            }),
+            Err(reason) => {
+                self.release(&[object]);
+                Err(Error::Transfer { object, reason })
+            }
+        }
+    }
+
+    /// A use counted of a copy here; given back if the copy cannot be read.
+    fn local_use(&self, object: ObjectId) -> Result<Pulled> {
+        self.local(object, true)
+            .inspect_err(|_| self.release(&[object]))
     }
 
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
-        let mut client =
-            RpcClient::<NodeProtocol>::connect(holder, self.wire.clone(), PeerKind::Node).await?;
+        let mut client = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
         let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
             NodeResponse::ObjectMeta(meta) => meta,
             other => return Err(unexpected(object, &other)),
@@ -256,7 +327,7 @@ impl Transfers {
         let connections = (self.max_in_flight / self.chunk).clamp(1, chunks);
         let mut clients = vec![first];
         for _ in 1..connections {
-            clients.push(RpcClient::connect(holder, self.wire.clone(), PeerKind::Node).await?);
+            clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
         }
         // `chunk` is at most a frame's size, which fits in usize.
         let chunk = self.chunk as usize;
@@ -408,7 +479,7 @@ fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use floe_core::config::{ClusterToken, Config};
+    use floe_core::config::{ClusterSecret, Config};
     use floe_objectstore::{Backing, StoreConfig};
 
     use super::*;
@@ -427,9 +498,9 @@ mod tests {
         )
         .unwrap();
         let mut config = Config::default();
-        config.cluster.token = ClusterToken::new("unit");
+        config.cluster.secret = ClusterSecret::new("unit");
         config.node.transfer_inline_max = floe_core::config::ByteSize(8);
-        Transfers::new(store, WireConfig::from_config(&config), &config.node)
+        Transfers::new(store, WireConfig::member(&config), &config.node)
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! stderr go to a log file whose tail explains failures, and `PYTHONPATH` leads to
 //! `floe_udf.py`, which the agent writes next to the sockets. The worker's side of the
 //! conversation is [`floe_engine::udf::process`].
+//!
+//! A child inherits nothing of the node's environment: it gets `PATH`, `PYTHONPATH` and
+//! `FLOE_UDF_FD`, and the variables the UDF declares. It starts only if its command is in
+//! `node.udf_commands` and its code is a pinned script under `node.udf_roots`
+//! ([`UdfCodePolicy`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -30,10 +35,13 @@ use std::time::{Duration, Instant};
 
 use floe_core::Fingerprint;
 use floe_core::fingerprint::{FileDigest, FileStamp};
-use floe_core::plan::ProcessUdf;
+use floe_core::plan::{ProcessUdf, UdfCodePolicy};
 
 use floe_engine::udf::process::{FLOE_UDF_PY, LOG_MAX_BYTES, ProcessEndpoint, process_error};
 use floe_engine::{Error, Result};
+
+/// The child's `PATH` when the node has none.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.into();
@@ -47,6 +55,8 @@ pub struct PoolsConfig {
     pub runtime_dir: PathBuf,
     /// The only commands children may run (`node.udf_commands`).
     pub allowed_commands: Vec<String>,
+    /// Where their code may come from (`node.udf_roots`, `node.udf_allow_inline`).
+    pub code: UdfCodePolicy,
     /// A pool's maximum when the UDF leaves it at 0: the node's CPUs.
     pub default_max: u32,
     /// Idle children beyond a pool's minimum are stopped after this long.
@@ -191,6 +201,13 @@ impl ProcessPools {
                 ),
             });
         }
+        self.config
+            .code
+            .check(udf)
+            .map_err(|refused| Error::ProcessUdfRefused {
+                udf: udf.command_line(),
+                message: refused.to_string(),
+            })?;
         let key = udf.pool_key()?;
         let max = match udf.concurrency.max {
             0 => self.config.default_max.max(1),
@@ -442,8 +459,17 @@ impl ProcessPools {
         }
         let listen_fd = listener.as_raw_fd();
         let mut command = Command::new(&udf.command);
+        // Nothing of the node's environment (its cluster token above all) reaches the child:
+        // only what finds the program and floe_udf, and what the UDF declares (which cannot
+        // name these, `ProcessUdf::validate`).
         command
             .args(&udf.args)
+            .env_clear()
+            .envs(&udf.env)
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
+            )
             .env("FLOE_UDF_FD", "3")
             .env("PYTHONPATH", python_path)
             .stdin(Stdio::null())

@@ -1,6 +1,7 @@
 //! The node's process-UDF pools with real child processes (`sleep`, which needs no protocol to
 //! be leased and given back): growth up to the maximum, waiting when busy, shrinking to the
-//! minimum, retiring, discarding, the command allowlist and the pinned files.
+//! minimum, retiring, discarding, the command allowlist, the code policy, the pinned files and
+//! the children's environment.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,14 +9,27 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_core::plan::{Concurrency, ProcessUdf};
+use floe_core::fingerprint::FileDigest;
+use floe_core::plan::{Concurrency, ProcessUdf, UdfCodePolicy};
 use floe_node::udf_pools::{PoolsConfig, ProcessPools};
 
+/// Pools running `sleep`, which is no script: inline code allowed.
 fn pools(dir: &Path) -> Arc<ProcessPools> {
+    pools_with(
+        dir,
+        UdfCodePolicy {
+            roots: Vec::new(),
+            allow_inline: true,
+        },
+    )
+}
+
+fn pools_with(dir: &Path, code: UdfCodePolicy) -> Arc<ProcessPools> {
     Arc::new(
         ProcessPools::new(PoolsConfig {
             runtime_dir: dir.join("udf"),
             allowed_commands: vec!["sleep".into()],
+            code,
             default_max: 4,
             shrink_after: Duration::from_millis(200),
             retire_after: Duration::from_millis(1500),
@@ -154,4 +168,68 @@ fn only_allowed_commands_and_unchanged_files_run() {
             .contains("changed since the job was submitted"),
         "{changed}"
     );
+}
+
+#[test]
+fn only_a_pinned_script_under_the_roots_runs_unless_inline_code_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("udfs");
+    std::fs::create_dir(&roots).unwrap();
+    let pools = pools_with(
+        &dir.path().join("node"),
+        UdfCodePolicy {
+            roots: vec![roots.clone()],
+            allow_inline: false,
+        },
+    );
+    let script_udf = |path: &Path| {
+        std::fs::write(path, "1000").unwrap();
+        let digest = FileDigest::of(path).unwrap();
+        ProcessUdf::new("sleep", &[digest.path.to_str().unwrap()]).pinned(digest)
+    };
+    // `sleep` exits at once on a file name; a lease only needs it started.
+    drop(pools.lease(&script_udf(&roots.join("udf.py"))).unwrap());
+
+    let outside = script_udf(&dir.path().join("stray.py"));
+    let refused = pools.lease(&outside).err().unwrap();
+    assert!(!refused.is_transient());
+    assert!(
+        refused.to_string().contains("is not under node.udf_roots"),
+        "{refused}"
+    );
+    for inline in [
+        ProcessUdf::new("sleep", &["-c", "1000"]),
+        ProcessUdf::new("sleep", &["1000"]),
+    ] {
+        let refused = pools.lease(&inline).err().unwrap();
+        assert!(
+            refused.to_string().contains("inline code is refused")
+                && refused.to_string().contains("node.udf_allow_inline = true"),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
+fn a_child_gets_only_path_pythonpath_its_socket_and_what_the_udf_declares() {
+    let dir = tempfile::tempdir().unwrap();
+    let pools = pools(dir.path());
+    let udf = ProcessUdf::new("sleep", &["1000"]).env("GREETING", "hello");
+    let lease = pools.lease(&udf).unwrap();
+    let environ = std::fs::read(format!("/proc/{}/environ", lease.endpoint().pid)).unwrap();
+    let mut names: Vec<String> = environ
+        .split(|byte| *byte == 0)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| String::from_utf8_lossy(entry).into_owned())
+        .collect();
+    assert!(names.contains(&"GREETING=hello".to_owned()), "{names:?}");
+    assert!(names.contains(&"FLOE_UDF_FD=3".to_owned()), "{names:?}");
+    names = names
+        .iter()
+        .map(|entry| entry.split_once('=').unwrap().0.to_owned())
+        .collect();
+    names.sort();
+    // The test process has HOME, CARGO_* and more; none of it is passed on.
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+    assert_eq!(names, ["FLOE_UDF_FD", "GREETING", "PATH", "PYTHONPATH"]);
 }

@@ -10,6 +10,7 @@
 //! The state machine, placement and the protocol types live in floe-api, which every other
 //! process links; this crate adds what only a replica needs (raft, the log, actix-web).
 
+pub mod history;
 pub mod http;
 pub mod logging;
 pub mod replica;

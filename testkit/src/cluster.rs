@@ -1,5 +1,6 @@
 //! Real floe clusters for a test: `floe scheduler` replicas and `floe node`s started from the
-//! binary under test, on loopback, with one token, in one temporary directory.
+//! binary under test, on loopback, with generated secrets and an admin token, in one
+//! temporary directory.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,13 +10,17 @@ use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{
     ActorDescription, ActorMessage, ActorReply, NodeRequest, NodeResponse, NodeStatus,
 };
-use floe_api::state::{ClusterState, JobRecord, JobStatus};
+use floe_api::state::{ClusterState, JobRecord, JobStatus, NodeAddresses, NodeMemory, Resources};
 use floe_client::Dataset;
-use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig};
-use floe_core::config::{ByteSize, ClusterToken, Config, TlsConfig, TlsRole};
+use floe_client::local::{
+    LocalCredentials, LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig,
+};
+use floe_core::auth::Credential;
+use floe_core::config::{ByteSize, TlsConfig, TlsRole};
 use floe_core::job::{JobOptions, JobSpec};
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+use std::collections::BTreeMap;
 
 use crate::node;
 
@@ -54,7 +59,8 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub struct TestClusterConfig {
     /// The `floe` binary under test (`env!("CARGO_BIN_EXE_floe")` in the test).
     pub binary: PathBuf,
-    pub token: String,
+    /// The cluster's secrets and its admin token (generated).
+    pub credentials: LocalCredentials,
     /// Scheduler replicas.
     pub replicas: u64,
     /// `section.key=value` settings of every process, scheduler replicas and nodes alike.
@@ -71,11 +77,22 @@ pub struct TestClusterConfig {
 }
 
 impl TestClusterConfig {
-    /// One scheduler replica, nodes of two workers, default settings.
-    pub fn new(binary: impl Into<PathBuf>, token: &str) -> Self {
+    /// One scheduler replica, nodes of two workers, default settings, and the secrets every
+    /// cluster of this test process shares (so configs built twice agree).
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        static CREDENTIALS: std::sync::OnceLock<LocalCredentials> = std::sync::OnceLock::new();
+        let credentials = CREDENTIALS.get_or_init(|| {
+            // The tokens file outlives every cluster of the process.
+            let dir = tempfile::Builder::new()
+                .prefix("floe-test-credentials-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            LocalCredentials::generate(&dir).unwrap()
+        });
         Self {
             binary: binary.into(),
-            token: token.to_owned(),
+            credentials: credentials.clone(),
             replicas: 1,
             settings: Vec::new(),
             node_settings: Vec::new(),
@@ -85,17 +102,57 @@ impl TestClusterConfig {
         }
     }
 
-    /// How the test's own connections reach the processes: with the token, and frames up to
-    /// [`Self::max_frame`].
+    /// How the test talks to nodes, as a cluster member (with the cluster secret), with
+    /// frames up to [`Self::max_frame`].
     pub fn wire(&self) -> WireConfig {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(self.token.clone());
-        if let Some(max_frame) = self.max_frame {
-            config.net.max_frame = max_frame;
-        }
-        config.tls = self.tls.client_only();
-        WireConfig::from_config(&config)
+        self.sized(self.credentials.member_wire().with_tls(&self.tls))
     }
+
+    /// How the test talks to the schedulers, as a client with the admin token.
+    pub fn admin_wire(&self) -> WireConfig {
+        self.sized(
+            self.credentials
+                .admin_wire()
+                .with_tls(&self.tls.client_only()),
+        )
+    }
+
+    fn sized(&self, mut wire: WireConfig) -> WireConfig {
+        if let Some(max_frame) = self.max_frame {
+            wire.max_frame = usize::try_from(max_frame.bytes()).unwrap_or(usize::MAX);
+        }
+        wire
+    }
+
+    /// The admin client token.
+    pub fn token(&self) -> &str {
+        self.credentials.admin_token.expose()
+    }
+}
+
+/// Registers a node that is no process with `schedulers`, as a node agent would (with the
+/// cluster secret), and returns its id and a client presenting its ticket.
+pub async fn register_node(
+    schedulers: &LocalSchedulers,
+    addresses: NodeAddresses,
+    resources: Resources,
+) -> (NodeId, SchedulerClient) {
+    let credentials = schedulers.credentials();
+    let member = credentials.member_wire();
+    let mut client = SchedulerClient::new(schedulers.addrs(), member.clone()).unwrap();
+    let (node, ticket) = client
+        .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
+        .await
+        .unwrap();
+    let as_node = member.with_credential(Credential::Node {
+        secret: credentials.cluster_secret.clone(),
+        id: node,
+        ticket,
+    });
+    (
+        node,
+        SchedulerClient::new(schedulers.addrs(), as_node).unwrap(),
+    )
 }
 
 /// Starts the scheduler replicas in `dir`, without waiting for a leader.
@@ -104,7 +161,7 @@ pub fn start_schedulers(config: &TestClusterConfig, dir: &Path) -> LocalSchedule
         binary: config.binary.clone(),
         replicas: config.replicas,
         dir: dir.to_owned(),
-        token: config.token.clone(),
+        credentials: config.credentials.clone(),
         settings: config.settings.clone(),
         tls: config.tls.clone(),
     })
@@ -133,7 +190,7 @@ pub fn start_node(
         schedulers: schedulers.to_vec(),
         dir: dir.to_owned(),
         name: name.into(),
-        token: config.token.clone(),
+        credentials: config.credentials.clone(),
         settings: all,
     })
     .unwrap()
@@ -196,8 +253,14 @@ impl TestCluster {
         node.wait().unwrap();
     }
 
+    /// Talks to nodes as a cluster member.
     pub fn wire(&self) -> WireConfig {
         self.config.wire()
+    }
+
+    /// Talks to the schedulers with the admin token.
+    pub fn admin_wire(&self) -> WireConfig {
+        self.config.admin_wire()
     }
 
     pub fn client(&self) -> SchedulerClient {
@@ -294,22 +357,33 @@ impl TestCluster {
 
     /// The job's output rows, fetched from the nodes holding its blocks.
     pub async fn outputs(&self, record: &JobRecord) -> Vec<RecordBatch> {
-        self.connect()
+        self.outputs_with(self.config.token(), record).await
+    }
+
+    /// The job's output rows, fetched with client token `token`. The result stays held, so a
+    /// test may read it again and no release lands in the state while the test compares it.
+    pub async fn outputs_with(&self, token: &str, record: &JobRecord) -> Vec<RecordBatch> {
+        let output = self
+            .connect_as(token)
             .await
             .job(record.id)
             .wait()
             .await
-            .unwrap()
-            .to_arrow()
-            .await
-            .unwrap()
+            .unwrap();
+        output.keep();
+        output.to_arrow().await.unwrap()
     }
 
     /// A client library connection to the cluster.
     /// A client library connection to the cluster (over TLS, with the CA alone, when the
     /// cluster runs TLS).
     pub async fn connect(&self) -> floe_client::Client {
-        let (addrs, token) = (self.schedulers.addrs(), &self.config.token);
+        self.connect_as(self.config.token()).await
+    }
+
+    /// A client library connection presenting client token `token`.
+    pub async fn connect_as(&self, token: &str) -> floe_client::Client {
+        let addrs = self.schedulers.addrs();
         let connected = match self.config.tls.role().unwrap() {
             TlsRole::Plaintext => floe_client::Client::connect(&addrs, token).await,
             TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {

@@ -52,8 +52,42 @@ fn connect(addr: &str) -> TcpStream {
     stream
 }
 
-/// A GET over HTTPS, verifying the server against the CA certificate in `ca`.
-pub fn get_tls(addr: &str, path: &str, ca: &Path) -> Result<Response, TlsError> {
+/// A GET over HTTPS with `token` as the bearer token (none when empty), verifying the server
+/// against the CA certificate in `ca`.
+pub fn get_tls(addr: &str, path: &str, token: &str, ca: &Path) -> Result<Response, TlsError> {
+    let auth = bearer(token);
+    request_tls("GET", addr, path, &auth_header(&auth), b"", ca)
+}
+
+/// A JSON POST over HTTPS with `token` as the bearer token, verifying the server against `ca`.
+pub fn post_json_tls(
+    addr: &str,
+    path: &str,
+    token: &str,
+    body: &serde_json::Value,
+    ca: &Path,
+) -> Result<Response, TlsError> {
+    let auth = bearer(token);
+    let mut headers = auth_header(&auth);
+    headers.push(("Content-Type", "application/json"));
+    request_tls(
+        "POST",
+        addr,
+        path,
+        &headers,
+        body.to_string().as_bytes(),
+        ca,
+    )
+}
+
+fn request_tls(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    ca: &Path,
+) -> Result<Response, TlsError> {
     let role = TlsRole::Client { ca };
     let context = TlsContext::load(role)?.expect("a client role loads a context");
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
@@ -61,7 +95,20 @@ pub fn get_tls(addr: &str, path: &str, ca: &Path) -> Result<Response, TlsError> 
     let connection =
         rustls::ClientConnection::new(context.client_config(), name).expect("a client connection");
     let stream = rustls::StreamOwned::new(connection, connect(addr));
-    Ok(exchange(stream, "GET", addr, path, &[], b""))
+    Ok(exchange(stream, method, addr, path, headers, body))
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// The `Authorization` header for `auth` (from [`bearer`]), none for an empty token.
+fn auth_header(auth: &str) -> Vec<(&'static str, &str)> {
+    if auth == "Bearer " {
+        Vec::new()
+    } else {
+        vec![("Authorization", auth)]
+    }
 }
 
 fn exchange(
@@ -143,17 +190,17 @@ fn unchunk(mut body: &str) -> String {
     }
 }
 
-pub fn get(addr: &str, path: &str) -> Response {
-    request("GET", addr, path, &[], b"")
+/// A GET with `token` as the bearer token (none when empty).
+pub fn get(addr: &str, path: &str, token: &str) -> Response {
+    let auth = bearer(token);
+    request("GET", addr, path, &auth_header(&auth), b"")
 }
 
 /// A JSON POST with `token` as the bearer token (none when empty).
 pub fn post_json(addr: &str, path: &str, token: &str, body: &serde_json::Value) -> Response {
-    let auth = format!("Bearer {token}");
-    let mut headers = vec![("Content-Type", "application/json")];
-    if !token.is_empty() {
-        headers.push(("Authorization", &auth));
-    }
+    let auth = bearer(token);
+    let mut headers = auth_header(&auth);
+    headers.push(("Content-Type", "application/json"));
     request("POST", addr, path, &headers, body.to_string().as_bytes())
 }
 

@@ -1,13 +1,11 @@
 //! Calls to a node agent's RPC service, as a driver or another node makes them.
 
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 
 /// A client connection to the node at `addr`.
 pub async fn connect(addr: &str, wire: &WireConfig) -> RpcClient<NodeProtocol> {
-    RpcClient::connect(addr, wire.clone(), PeerKind::Client)
-        .await
-        .unwrap()
+    RpcClient::connect(addr, wire.clone()).await.unwrap()
 }
 
 /// One call on a fresh connection.

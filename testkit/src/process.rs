@@ -65,7 +65,8 @@ pub fn wait_until_none_mention(text: &str, what: &str, timeout: Duration) {
     }
 }
 
-/// Runs the `floe` CLI at `binary` with `args` against `cluster`'s schedulers and token.
+/// Runs the `floe` CLI at `binary` with `args` against `cluster`'s schedulers, with its admin
+/// token.
 pub fn run_floe_against(
     binary: &str,
     cluster: &floe_client::LocalCluster,
@@ -75,7 +76,7 @@ pub fn run_floe_against(
         .args(args)
         .arg("--scheduler")
         .arg(cluster.addresses().join(","))
-        .env("FLOE_CLUSTER_TOKEN", cluster.token())
+        .env("FLOE_CLIENT_TOKEN", cluster.token())
         .output()
         .unwrap()
 }

@@ -4,6 +4,7 @@ fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
     let outcome = state
         .apply(
             index,
+            0,
             Command::RegisterNode {
                 addresses: NodeAddresses { rpc: rpc.into() },
                 resources: Resources {
@@ -40,15 +41,15 @@ fn succeeded() -> JobOutcome {
 fn a_retried_submission_is_one_job() {
     let mut state = ClusterState::default();
     assert_eq!(
-        state.apply(1, submit_job(4)),
+        state.apply(1, 0, submit_job(4)),
         Some(Outcome::JobSubmitted(JobId::new(1)))
     );
     assert_eq!(
-        state.apply(2, submit_job(4)),
+        state.apply(2, 0, submit_job(4)),
         Some(Outcome::JobSubmitted(JobId::new(1)))
     );
     assert_eq!(
-        state.apply(3, submit_job(5)),
+        state.apply(3, 0, submit_job(5)),
         Some(Outcome::JobSubmitted(JobId::new(2)))
     );
     assert_eq!(state.jobs.len(), 2);
@@ -60,21 +61,22 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     let a = register(&mut state, 1, "a:1");
     let b = register(&mut state, 2, "b:1");
     let job = JobId::new(1);
-    state.apply(3, submit_job(1));
-    state.apply(4, Command::StartDriver { job, node: a });
+    state.apply(3, 0, submit_job(1));
+    state.apply(4, 0, Command::StartDriver { job, node: a });
     // A second start while the first driver runs is refused.
     assert!(matches!(
-        state.apply(5, Command::StartDriver { job, node: b }),
+        state.apply(5, 0, Command::StartDriver { job, node: b }),
         Some(Outcome::Rejected(_))
     ));
     state.apply(
         6,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "killed".into(),
         },
     );
-    state.apply(7, Command::StartDriver { job, node: b });
+    state.apply(7, 0, Command::StartDriver { job, node: b });
     assert_eq!(state.drivers_on(b), vec![(job, 2)]);
     let finish = |attempt| Command::FinishJob {
         job,
@@ -82,14 +84,14 @@ fn only_the_current_driver_attempt_finishes_a_job() {
         outcome: succeeded(),
     };
     assert!(matches!(
-        state.apply(8, finish(1)),
+        state.apply(8, 0, finish(1)),
         Some(Outcome::Rejected(_))
     ));
-    assert_eq!(state.apply(9, finish(2)), Some(Outcome::Applied));
+    assert_eq!(state.apply(9, 0, finish(2)), Some(Outcome::Applied));
     assert_eq!(state.jobs[&job].status, JobStatus::Succeeded);
     assert!(state.drivers_on(b).is_empty());
     assert!(matches!(
-        state.apply(10, finish(2)),
+        state.apply(10, 0, finish(2)),
         Some(Outcome::Rejected(_))
     ));
 }
@@ -98,23 +100,24 @@ fn only_the_current_driver_attempt_finishes_a_job() {
 fn cancelling_ends_a_pending_job_and_flags_a_running_one() {
     let mut state = ClusterState::default();
     let a = register(&mut state, 1, "a:1");
-    state.apply(2, submit_job(1));
-    state.apply(3, submit_job(2));
+    state.apply(2, 0, submit_job(1));
+    state.apply(3, 0, submit_job(2));
     let (pending, running) = (JobId::new(1), JobId::new(2));
     state.apply(
         4,
+        0,
         Command::StartDriver {
             job: running,
             node: a,
         },
     );
-    state.apply(5, Command::CancelJob { job: pending });
-    state.apply(6, Command::CancelJob { job: running });
+    state.apply(5, 0, Command::CancelJob { job: pending });
+    state.apply(6, 0, Command::CancelJob { job: running });
     assert_eq!(state.jobs[&pending].status, JobStatus::Cancelled);
     assert_eq!(state.jobs[&running].status, JobStatus::Running);
     assert!(state.jobs[&running].cancel_requested);
     assert!(matches!(
-        state.apply(7, Command::CancelJob { job: pending }),
+        state.apply(7, 0, Command::CancelJob { job: pending }),
         Some(Outcome::Rejected(_))
     ));
 }
@@ -130,16 +133,17 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     let b = register(&mut state, 2, "b:1");
     assert_eq!((a.get(), b.get()), (1, 2));
     assert_eq!(
-        state.apply(3, submit_job(7)),
+        state.apply(3, 0, submit_job(7)),
         Some(Outcome::JobSubmitted(JobId::new(1)))
     );
     let job = JobId::new(1);
-    state.apply(4, Command::StartDriver { job, node: a });
+    state.apply(4, 0, Command::StartDriver { job, node: a });
     let actor_a = ActorId::new(10);
     let actor_b = ActorId::new(11);
     for (index, actor, node) in [(5, actor_a, a), (6, actor_b, b)] {
         state.apply(
             index,
+            0,
             Command::RegisterActor {
                 actor,
                 kind: "HashShuffleAggregator".into(),
@@ -149,22 +153,11 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         );
     }
     for (index, rank, node) in [(7, 0, a), (8, 1, b)] {
-        state.apply(
-            index,
-            Command::RecordCacheShard {
-                fingerprint: fingerprint(1),
-                shard_count: 2,
-                rank,
-                shard: CachedShard {
-                    node,
-                    bytes: 100,
-                    rows: 10,
-                },
-            },
-        );
+        state.apply(index, 0, record_shard_of_two(rank, node));
     }
     state.apply(
         9,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "missed 5 heartbeats".into(),
@@ -195,6 +188,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
     assert!(matches!(
         state.apply(
             10,
+            0,
             Command::StartDriver {
                 job: JobId::new(1),
                 node: a
@@ -209,7 +203,7 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
 fn actors_belong_to_a_running_job_and_end_with_it() {
     let mut state = ClusterState::default();
     let node = register(&mut state, 1, "a:1");
-    state.apply(2, submit_job(1));
+    state.apply(2, 0, submit_job(1));
     let job = JobId::new(1);
     let actor = ActorId::new(5);
     let register_actor = Command::RegisterActor {
@@ -219,24 +213,24 @@ fn actors_belong_to_a_running_job_and_end_with_it() {
         job,
     };
     assert!(
-        matches!(state.apply(3, register_actor.clone()), Some(Outcome::Rejected(reason)) if reason.contains("not running")),
+        matches!(state.apply(3, 0, register_actor.clone()), Some(Outcome::Rejected(reason)) if reason.contains("not running")),
         "a pending job has no driver to own actors"
     );
-    state.apply(4, Command::StartDriver { job, node });
+    state.apply(4, 0, Command::StartDriver { job, node });
     // The driver is an actor too, recorded where the scheduler placed it.
     let driver = &state.actors[&driver_actor(job, 1)];
     assert_eq!(
         (driver.kind.as_str(), driver.node, driver.job),
         (DRIVER_ACTOR_KIND, node, job)
     );
-    assert_eq!(state.apply(5, register_actor), Some(Outcome::Applied));
+    assert_eq!(state.apply(5, 0, register_actor), Some(Outcome::Applied));
     assert_eq!(state.actors[&actor].job, job);
     let finish = Command::FinishJob {
         job,
         attempt: 1,
         outcome: succeeded(),
     };
-    assert_eq!(state.apply(6, finish), Some(Outcome::Applied));
+    assert_eq!(state.apply(6, 0, finish), Some(Outcome::Applied));
     assert!(state.actors.is_empty(), "the job's actors end with it");
 }
 
@@ -245,11 +239,11 @@ fn an_entry_is_never_applied_twice() {
     let mut state = ClusterState::default();
     register(&mut state, 5, "a:1");
     let before = state.clone();
-    assert_eq!(state.apply(5, submit_job(0)), None);
-    assert_eq!(state.apply(3, submit_job(0)), None);
+    assert_eq!(state.apply(5, 0, submit_job(0)), None);
+    assert_eq!(state.apply(3, 0, submit_job(0)), None);
     assert_eq!(state, before);
     state.skip(6);
-    assert_eq!(state.apply(6, submit_job(0)), None);
+    assert_eq!(state.apply(6, 0, submit_job(0)), None);
     assert_eq!(state.applied_commands, 1);
 }
 
@@ -261,6 +255,7 @@ fn the_snapshot_round_trips_and_is_deterministic() {
         for (index, n) in (2..40).zip(0u8..) {
             state.apply(
                 index,
+                0,
                 Command::RecordCacheShard {
                     fingerprint: fingerprint(n % 7),
                     shard_count: 4,
@@ -310,7 +305,7 @@ fn invalid_commands_are_rejected_without_changing_the_state() {
     ];
     for (index, command) in (2..).zip(rejected) {
         assert!(matches!(
-            state.apply(index, command),
+            state.apply(index, 0, command),
             Some(Outcome::Rejected(_))
         ));
     }
@@ -323,10 +318,11 @@ fn a_driver_declared_gone_cannot_end_its_pending_job() {
     let a = register(&mut state, 1, "a:1");
     register(&mut state, 2, "b:1");
     let job = JobId::new(1);
-    state.apply(3, submit_job(1));
-    state.apply(4, Command::StartDriver { job, node: a });
+    state.apply(3, 0, submit_job(1));
+    state.apply(4, 0, Command::StartDriver { job, node: a });
     state.apply(
         5,
+        0,
         Command::MarkNodeDead {
             node: a,
             reason: "late heartbeats".into(),
@@ -342,6 +338,54 @@ fn a_driver_declared_gone_cannot_end_its_pending_job() {
             outputs: Vec::new(),
         },
     };
-    assert!(matches!(state.apply(6, late), Some(Outcome::Rejected(_))));
+    assert!(matches!(
+        state.apply(6, 0, late),
+        Some(Outcome::Rejected(_))
+    ));
     assert_eq!(state.jobs[&job].status, JobStatus::Pending);
+}
+
+#[test]
+fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    let b = register(&mut state, 2, "b:1");
+    for (index, rank, node) in [(3, 0, a), (4, 1, b)] {
+        state.apply(index, 0, record_shard_of_two(rank, node));
+    }
+    let forget = |rank, node| Command::ForgetCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        node,
+    };
+    // Recorded on `a`, not `b`: a copy recorded elsewhere since is not dropped.
+    assert!(matches!(
+        state.apply(5, 0, forget(0, b)),
+        Some(Outcome::Rejected(_))
+    ));
+    assert_eq!(state.apply(6, 0, forget(0, a)), Some(Outcome::Applied));
+    let shards = &state.cache[&fingerprint(1)][&2].shards;
+    assert_eq!(shards.keys().copied().collect::<Vec<_>>(), vec![1]);
+    // The last shard takes its entry and its fingerprint with it.
+    assert_eq!(state.apply(7, 0, forget(1, b)), Some(Outcome::Applied));
+    assert!(state.cache.is_empty());
+    assert!(matches!(
+        state.apply(8, 0, forget(1, b)),
+        Some(Outcome::Rejected(_))
+    ));
+}
+
+/// Records shard `rank` of 2 of `fingerprint(1)` on `node`.
+fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
+    Command::RecordCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        shard: CachedShard {
+            node,
+            bytes: 100,
+            rows: 10,
+        },
+    }
 }

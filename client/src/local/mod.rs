@@ -5,6 +5,7 @@
 //! **Invariant:** every process started here is killed when its owner is dropped, even when a
 //! test fails half-way, and a node's shared-memory segment goes with it.
 
+mod credentials;
 mod node;
 mod schedulers;
 
@@ -12,6 +13,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
+pub use credentials::{ADMIN_TOKEN_NAME, LocalCredentials};
 pub use node::{LocalNode, LocalNodeConfig};
 pub use schedulers::{LocalSchedulers, LocalSchedulersConfig};
 
@@ -32,6 +34,8 @@ pub enum Error {
     Node(String),
     #[error("local schedulers: {0}")]
     Schedulers(String),
+    #[error("local credentials: {0}")]
+    Credentials(String),
     #[error("no loopback port was free after {0} tries")]
     NoFreePort(usize),
 }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
 
-use super::{Error, Result, free_port};
+use super::{Error, LocalCredentials, Result, free_port};
 
 /// How to run the node.
 #[derive(Debug, Clone)]
@@ -23,7 +23,7 @@ pub struct LocalNodeConfig {
     /// The node keeps its files in `dir/<name>` and logs to `dir/<name>.log`.
     pub dir: PathBuf,
     pub name: String,
-    pub token: String,
+    pub credentials: LocalCredentials,
     /// Extra `section.key=value` settings.
     pub settings: Vec<String>,
 }
@@ -67,8 +67,8 @@ impl LocalNode {
                 command.env_remove(name);
             }
         }
+        config.credentials.pass_to_node(&mut command);
         let child = command
-            .env("FLOE_CLUSTER_TOKEN", &config.token)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -158,7 +158,7 @@ impl LocalNode {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(mut client) =
-                RpcClient::<NodeProtocol>::connect(&self.addr, wire.clone(), PeerKind::Client).await
+                RpcClient::<NodeProtocol>::connect(&self.addr, wire.clone()).await
                 && let Ok(NodeResponse::Status(status)) = client.call(&NodeRequest::Status).await
                 && status.node.is_some()
                 && ready(&status)

@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floe_core::config::{ClusterToken, Config, TlsConfig};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::config::TlsConfig;
+use floe_core::wire::WireConfig;
 
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::ReplicaStatus;
 
-use super::{Error, Result, free_port};
+use super::{Error, LocalCredentials, Result, free_port};
 
 /// How to run the cluster.
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ pub struct LocalSchedulersConfig {
     pub replicas: u64,
     /// Each replica keeps its data in `dir/replica-<id>` and logs to `dir/replica-<id>.log`.
     pub dir: PathBuf,
-    pub token: String,
+    pub credentials: LocalCredentials,
     /// Extra `section.key=value` settings for every replica.
     pub settings: Vec<String>,
     /// The replicas' TLS files; empty runs plaintext on loopback.
@@ -118,8 +118,8 @@ impl LocalSchedulers {
                 command.env_remove(name);
             }
         }
+        self.config.credentials.pass_to_replica(&mut command);
         command
-            .env("FLOE_CLUSTER_TOKEN", &self.config.token)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -150,19 +150,20 @@ impl LocalSchedulers {
         self.children.get(&id).map(Child::id)
     }
 
+    pub fn credentials(&self) -> &LocalCredentials {
+        &self.config.credentials
+    }
+
+    /// Presents the cluster's admin token.
     pub fn wire(&self) -> WireConfig {
-        let mut config = Config::default();
-        config.cluster.token = ClusterToken::new(self.config.token.clone());
-        config.tls = self.config.tls.client_only();
-        WireConfig::from_config(&config)
+        self.config
+            .credentials
+            .admin_wire()
+            .with_tls(&self.config.tls.client_only())
     }
 
     pub fn client(&self) -> Result<SchedulerClient> {
-        Ok(SchedulerClient::new(
-            self.addrs(),
-            self.wire(),
-            PeerKind::Client,
-        )?)
+        Ok(SchedulerClient::new(self.addrs(), self.wire())?)
     }
 
     pub async fn status(&self, id: u64) -> Result<ReplicaStatus> {

@@ -71,13 +71,7 @@ impl FromStr for ByteSize {
         let error = || ByteSizeError {
             input: input.to_owned(),
         };
-        let trimmed = input.trim();
-        let digits_end = trimmed
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(trimmed.len());
-        let (number, unit) = trimmed.split_at(digits_end);
-        let number: u64 = number.parse().map_err(|_| error())?;
-        let unit = unit.trim();
+        let (number, unit) = number_and_unit(input).ok_or_else(error)?;
         let multiplier = if unit.is_empty() {
             1
         } else {
@@ -92,6 +86,17 @@ impl FromStr for ByteSize {
             .map(ByteSize)
             .ok_or_else(error)
     }
+}
+
+/// `" 512 MiB "` → `(512, "MiB")`: a whole number and what follows it, trimmed; `None`
+/// without a leading number.
+pub(super) fn number_and_unit(input: &str) -> Option<(u64, &str)> {
+    let trimmed = input.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits_end);
+    Some((number.parse().ok()?, unit.trim()))
 }
 
 impl Serialize for ByteSize {

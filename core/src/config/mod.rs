@@ -11,10 +11,11 @@
 //! Every default is in [`Config::default`] and documented on its field; `floe config show`
 //! prints the effective result. Values are checked twice: [`Config::validate`] checks what can
 //! be checked on paper (fractions, port clashes, limits), and [`Config::preflight`] checks the
-//! machine (token set, directories writable, ports free) before a service starts.
+//! machine (secrets set, directories writable, ports free) before a service starts.
 
 mod allowed;
 mod bytesize;
+mod span;
 mod tls;
 
 use std::fmt;
@@ -24,8 +25,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::auth::{ClientToken, ClusterSecret, ReplicaSecret};
 pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
+pub use span::{Span, SpanError};
 pub use tls::{TlsConfig, TlsRole};
 
 /// The environment variable that names the config file.
@@ -37,6 +40,9 @@ const ENV_PREFIX: &str = "FLOE_";
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub cluster: ClusterConfig,
+    pub client: ClientConfig,
+    pub auth: AuthConfig,
+    pub http: HttpAccess,
     pub net: NetConfig,
     pub scheduler: SchedulerConfig,
     pub node: NodeConfig,
@@ -46,6 +52,8 @@ pub struct Config {
     pub cache: CacheConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
+    pub jobs: JobsConfig,
+    pub nodes: NodesConfig,
     pub tls: TlsConfig,
 }
 
@@ -53,44 +61,44 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// The shared secret every connection presents in its handshake. Default: empty, which
-    /// servers refuse to start with; set it with `FLOE_CLUSTER_TOKEN` rather than a flag so it
-    /// stays out of process listings.
-    pub token: ClusterToken,
+    /// The secret replicas and nodes present to each other; clients never get it. Default:
+    /// empty, which servers refuse to start with; set it with `FLOE_CLUSTER_SECRET` rather
+    /// than a flag so it stays out of process listings.
+    pub secret: ClusterSecret,
 }
 
-/// The cluster's shared secret. `Debug` never prints it.
-#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ClusterToken(String);
+/// `[client]`: what a client process (the CLI, a program using floe-client) presents.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// A token from `floe token create`, usually set as `FLOE_CLIENT_TOKEN`. Default: empty.
+    pub token: ClientToken,
+}
 
-impl ClusterToken {
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
-    }
+/// `[auth]`: where servers find the client tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The tokens file (`name scopes sha256` per line), re-read when it changes; relative to
+    /// `paths.data_dir`. Default `tokens`.
+    pub tokens_file: PathBuf,
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
-    }
-
-    /// The secret itself, to hand to a client library; never log it.
-    pub fn expose(&self) -> &str {
-        &self.0
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            tokens_file: PathBuf::from("tokens"),
+        }
     }
 }
 
-impl fmt::Debug for ClusterToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "ClusterToken(<empty>)"
-        } else {
-            "ClusterToken(<redacted>)"
-        })
-    }
+/// `[http]`: who may use a replica's REST API.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpAccess {
+    /// Serve reads (jobs, nodes, cache, metrics) without a token. Default false: reads need a
+    /// token with the `read` scope.
+    pub public_reads: bool,
 }
 
 /// `[net]`: sockets and framing shared by all services.
@@ -121,6 +129,12 @@ pub struct SchedulerConfig {
     pub rpc_port: u16,
     /// REST API, dashboard and `/metrics`. Default 7780.
     pub http_port: u16,
+    /// The address the HTTP listener binds, apart from `net.bind_host` so the REST API can
+    /// stay on loopback while RPC faces the network. Default `127.0.0.1`.
+    pub http_bind: IpAddr,
+    /// The secret only replicas hold: it authenticates Raft peers and signs node tickets.
+    /// Default: empty, which replicas refuse to start with; set `FLOE_SCHEDULER_REPLICA_SECRET`.
+    pub replica_secret: ReplicaSecret,
     /// How often nodes send a heartbeat with their resource use. Default 1000.
     pub heartbeat_interval_ms: u64,
     /// Heartbeat periods a node may miss before the leader commits it dead (as Ray's
@@ -143,6 +157,8 @@ impl Default for SchedulerConfig {
         Self {
             rpc_port: 7700,
             http_port: 7780,
+            http_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            replica_secret: ReplicaSecret::default(),
             heartbeat_interval_ms: 1_000,
             missed_heartbeats: 5,
             raft_tick_ms: 100,
@@ -177,10 +193,10 @@ pub struct NodeConfig {
     pub rpc_port: u16,
     /// `floe worker` processes the agent keeps running; 0 means one per CPU. Default 0.
     pub workers: u32,
-    /// Share of host memory in use past which the memory monitor kills the newest task's
-    /// worker, in (0, 1]. Default 0.95.
+    /// Share of the node's memory less its system reserve that the node's processes may use
+    /// before the memory monitor kills the newest task's worker, in (0, 1]. Default 0.95.
     pub memory_monitor_threshold: f64,
-    /// How often the memory monitor reads host memory. Default 250.
+    /// How often the memory monitor reads the node's processes' memory. Default 250.
     pub memory_monitor_interval_ms: u64,
     /// How often a job driver on this node reports progress to the scheduler (and notices a
     /// cancellation). Default 500.
@@ -195,6 +211,12 @@ pub struct NodeConfig {
     /// The only commands a process UDF may run on this node (looked up on `PATH`); empty
     /// refuses every process UDF. Default `["python3"]`.
     pub udf_commands: Vec<String>,
+    /// Directories a process UDF's script must be under (symlinks and `..` resolved); empty
+    /// refuses every process UDF unless `udf_allow_inline`. Default `[]`.
+    pub udf_roots: Vec<PathBuf>,
+    /// Lets a process UDF run any command line (`python3 -c …`, a script anywhere) that
+    /// `udf_commands` allows: for development only. Default false.
+    pub udf_allow_inline: bool,
 }
 
 impl Default for NodeConfig {
@@ -209,6 +231,8 @@ impl Default for NodeConfig {
             transfer_max_in_flight: ByteSize::mib(20),
             transfer_inline_max: ByteSize::kib(100),
             udf_commands: vec!["python3".to_owned()],
+            udf_roots: Vec::new(),
+            udf_allow_inline: false,
         }
     }
 }
@@ -352,6 +376,47 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             max_bytes: ByteSize::gib(20),
+        }
+    }
+}
+
+/// `[jobs]`: how long the scheduler keeps what finished jobs leave behind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// How long a succeeded job's output blocks stay in the object stores when its client
+    /// neither releases them nor deletes the job. Default 1h.
+    pub result_ttl: Span,
+    /// Finished jobs kept in the replicated state; older ones move to each replica's history
+    /// file. At least 1. Default 1000.
+    pub keep_finished: u64,
+    /// Finished jobs older than this move to the history whatever their number. Default 7d.
+    pub keep_for: Span,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            result_ttl: Span::hours(1),
+            keep_finished: 1_000,
+            keep_for: Span::days(7),
+        }
+    }
+}
+
+/// `[nodes]`: how long the scheduler remembers nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesConfig {
+    /// A node committed dead leaves the replicated state (and the dashboard) this long after
+    /// its death. Default 1h.
+    pub forget_dead_after: Span,
+}
+
+impl Default for NodesConfig {
+    fn default() -> Self {
+        Self {
+            forget_dead_after: Span::hours(1),
         }
     }
 }
@@ -699,15 +764,26 @@ fn known_keys(table: &toml::Table, key: &str) -> Vec<String> {
 }
 
 impl Config {
+    /// Where the client tokens are: `auth.tokens_file` under `paths.data_dir`.
+    pub fn tokens_file(&self) -> PathBuf {
+        self.paths.data_dir.join(&self.auth.tokens_file)
+    }
+
     fn to_table(&self) -> Result<toml::Table, ConfigError> {
         toml::Table::try_from(self).map_err(|error| ConfigError::Render(error.to_string()))
     }
 
-    /// The effective configuration as TOML, with the token replaced by `<redacted>`.
+    /// The effective configuration as TOML, with every secret replaced by `<redacted>`.
     pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
         let mut shown = self.clone();
-        if !shown.cluster.token.is_empty() {
-            shown.cluster.token = ClusterToken::new("<redacted>");
+        if !shown.cluster.secret.is_empty() {
+            shown.cluster.secret = ClusterSecret::new("<redacted>");
+        }
+        if !shown.scheduler.replica_secret.is_empty() {
+            shown.scheduler.replica_secret = ReplicaSecret::new("<redacted>");
+        }
+        if !shown.client.token.is_empty() {
+            shown.client.token = ClientToken::new("<redacted>");
         }
         toml::to_string(&shown).map_err(|error| ConfigError::Render(error.to_string()))
     }
@@ -719,7 +795,7 @@ impl Config {
         if !(threshold.is_finite() && threshold > 0.0 && threshold <= 1.0) {
             return Err(ConfigError::Invalid {
                 key: "node.memory_monitor_threshold",
-                reason: format!("{threshold} is not a share of host memory in (0, 1]"),
+                reason: format!("{threshold} is not a share in (0, 1]"),
             });
         }
         if node.memory_monitor_interval_ms == 0 {
@@ -759,6 +835,12 @@ impl Config {
                     "{} is larger than node.transfer_chunk ({chunk})",
                     node.transfer_inline_max
                 ),
+            });
+        }
+        if let Some(root) = node.udf_roots.iter().find(|root| !root.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                key: "node.udf_roots",
+                reason: format!("{} is not an absolute directory", root.display()),
             });
         }
         Ok(())
@@ -865,6 +947,12 @@ impl Config {
             });
         }
         self.validate_node()?;
+        if self.jobs.keep_finished == 0 {
+            return Err(ConfigError::Invalid {
+                key: "jobs.keep_finished",
+                reason: "must be at least 1".into(),
+            });
+        }
         let scheduler = &self.scheduler;
         if scheduler.rpc_port != 0 && scheduler.rpc_port == scheduler.http_port {
             return Err(ConfigError::Invalid {
@@ -933,15 +1021,24 @@ impl Config {
         Ok(())
     }
 
-    /// Checks that `service` can start here: the cluster token is set, its directories exist
+    /// Checks that `service` can start here: its secrets are set, its directories exist
     /// (they are created) and are writable, it serves TLS unless it listens on loopback only
     /// (and the TLS files load), and its ports are free on `net.bind_host`.
     pub fn preflight(&self, service: Service) -> Result<(), ConfigError> {
-        if self.cluster.token.is_empty() {
+        if self.cluster.secret.is_empty() {
             return Err(ConfigError::Invalid {
-                key: "cluster.token",
-                reason: "is empty, and servers refuse connections without a token; set \
-                         FLOE_CLUSTER_TOKEN to a long random secret"
+                key: "cluster.secret",
+                reason: "is empty, and servers refuse members without it; set \
+                         FLOE_CLUSTER_SECRET to a long random secret"
+                    .into(),
+            });
+        }
+        if service == Service::Scheduler && self.scheduler.replica_secret.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "scheduler.replica_secret",
+                reason: "is empty, and replicas refuse each other without it; set \
+                         FLOE_SCHEDULER_REPLICA_SECRET to a long random secret (the same on \
+                         every replica, never on nodes)"
                     .into(),
             });
         }
@@ -971,7 +1068,11 @@ impl Config {
             Service::Node => vec![("node.rpc_port", self.node.rpc_port)],
         };
         for (key, port) in ports {
-            let addr = SocketAddr::new(self.net.bind_host, port);
+            let host = match key {
+                "scheduler.http_port" => self.scheduler.http_bind,
+                _ => self.net.bind_host,
+            };
+            let addr = SocketAddr::new(host, port);
             TcpListener::bind(addr).map_err(|source| ConfigError::PortUnavailable {
                 key,
                 addr,

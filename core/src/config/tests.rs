@@ -32,7 +32,7 @@ fn defaults_are_the_documented_values() {
     assert_eq!(config.paths.cache_dir(), PathBuf::from("/tmp/floe/cache"));
     assert_eq!(config.timeouts.connect(), Duration::from_secs(5));
     assert_eq!(config.log.format, LogFormat::Text);
-    assert!(config.cluster.token.is_empty());
+    assert!(config.cluster.secret.is_empty());
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn env_and_flags_are_typed_by_the_setting() {
             ("FLOE_MEMORY_TOTAL", "16GiB"),
             ("FLOE_NET_MAX_FRAME", "1048576"),
             ("FLOE_LOG_FORMAT", "json"),
-            ("FLOE_CLUSTER_TOKEN", "12345"),
+            ("FLOE_CLUSTER_SECRET", "12345"),
             ("FLOE_NET_BIND_HOST", "0.0.0.0"),
             ("FLOE_MEMORY_OBJECT_STORE_FRACTION", "0.25"),
         ]))
@@ -96,7 +96,7 @@ fn env_and_flags_are_typed_by_the_setting() {
     assert_eq!(config.memory.total, MemoryTotal::Fixed(ByteSize::gib(16)));
     assert_eq!(config.net.max_frame, ByteSize::mib(1));
     assert_eq!(config.log.format, LogFormat::Json);
-    assert_eq!(config.cluster.token, ClusterToken::new("12345"));
+    assert_eq!(config.cluster.secret, ClusterSecret::new("12345"));
     assert_eq!(config.net.bind_host.to_string(), "0.0.0.0");
     assert_eq!(config.memory.object_store_fraction, 0.25);
     assert_eq!(config.paths.spill_dir(), PathBuf::from("/srv/floe/spill"));
@@ -116,6 +116,25 @@ fn list_settings_are_written_comma_separated() {
         .load()
         .unwrap();
     assert!(emptied.node.udf_commands.is_empty());
+    let rooted = ConfigLoader::new()
+        .set("node.udf_roots=/srv/udfs,/opt/udfs")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(
+        rooted.node.udf_roots,
+        [PathBuf::from("/srv/udfs"), PathBuf::from("/opt/udfs")]
+    );
+    assert!(!rooted.node.udf_allow_inline);
+    let relative = ConfigLoader::new()
+        .set("node.udf_roots=udfs")
+        .unwrap()
+        .load()
+        .unwrap_err();
+    assert!(
+        relative.to_string().contains("node.udf_roots"),
+        "{relative}"
+    );
 }
 
 #[test]
@@ -299,7 +318,7 @@ fn host_check_creates_directories() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let config = ConfigLoader::new()
-        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .env(env(&[("FLOE_CLUSTER_SECRET", "secret")]))
         .set(&format!("paths.data_dir={}", data_dir.display()))
         .unwrap()
         .set("node.rpc_port=0")
@@ -330,7 +349,10 @@ fn host_check_reports_an_unusable_directory() {
     let blocker = dir.path().join("blocker");
     std::fs::write(&blocker, b"").unwrap();
     let config = ConfigLoader::new()
-        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .env(env(&[
+            ("FLOE_CLUSTER_SECRET", "secret"),
+            ("FLOE_SCHEDULER_REPLICA_SECRET", "replica"),
+        ]))
         .set(&format!("paths.data_dir={}", dir.path().display()))
         .unwrap()
         .set(&format!("paths.raft_dir={}/raft", blocker.display()))
@@ -358,7 +380,7 @@ fn host_check_reports_a_taken_port() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let config = ConfigLoader::new()
-        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .env(env(&[("FLOE_CLUSTER_SECRET", "secret")]))
         .set(&format!("paths.data_dir={}", dir.path().display()))
         .unwrap()
         .set(&format!("node.rpc_port={port}"))
@@ -385,14 +407,23 @@ fn host_check_reports_a_taken_port() {
 }
 
 #[test]
-fn the_token_is_never_shown() {
+fn secrets_are_never_shown() {
     let config = ConfigLoader::new()
-        .env(env(&[("FLOE_CLUSTER_TOKEN", "hunter2-secret")]))
+        .env(env(&[
+            ("FLOE_CLUSTER_SECRET", "hunter2-secret"),
+            ("FLOE_SCHEDULER_REPLICA_SECRET", "hunter3-secret"),
+            ("FLOE_CLIENT_TOKEN", "hunter4-secret"),
+        ]))
         .load()
         .unwrap();
-    assert!(!format!("{config:?}").contains("hunter2"));
+    let debug = format!("{config:?}");
     let shown = config.to_toml_redacted().unwrap();
-    assert!(!shown.contains("hunter2"));
+    for secret in ["hunter2", "hunter3", "hunter4"] {
+        assert!(!debug.contains(secret), "{debug}");
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(shown.contains("secret = \"<redacted>\""), "{shown}");
+    assert!(shown.contains("replica_secret = \"<redacted>\""), "{shown}");
     assert!(shown.contains("token = \"<redacted>\""), "{shown}");
 }
 
@@ -409,7 +440,7 @@ fn shown_config_loads_back_identically() {
 }
 
 #[test]
-fn preflight_requires_a_token() {
+fn preflight_requires_the_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let config = ConfigLoader::new()
         .set(&format!("paths.data_dir={}", dir.path().display()))
@@ -420,7 +451,21 @@ fn preflight_requires_a_token() {
     assert!(
         error
             .to_string()
-            .starts_with("invalid setting cluster.token: is empty"),
+            .starts_with("invalid setting cluster.secret: is empty"),
+        "{error}"
+    );
+    let config = ConfigLoader::new()
+        .set(&format!("paths.data_dir={}", dir.path().display()))
+        .unwrap()
+        .set("cluster.secret=s")
+        .unwrap()
+        .load()
+        .unwrap();
+    let error = config.preflight(Service::Scheduler).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("invalid setting scheduler.replica_secret: is empty"),
         "{error}"
     );
 }
@@ -622,7 +667,7 @@ fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
 
 fn service_config(dir: &tempfile::TempDir, settings: &[String]) -> Result<Config, ConfigError> {
     let mut loader = ConfigLoader::new()
-        .env(env(&[("FLOE_CLUSTER_TOKEN", "secret")]))
+        .env(env(&[("FLOE_CLUSTER_SECRET", "secret")]))
         .set(&format!("paths.data_dir={}", dir.path().display()))?
         .set("node.rpc_port=0")?;
     for setting in settings {

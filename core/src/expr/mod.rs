@@ -15,13 +15,16 @@
 //!   `false`, `true or null` is `true`).
 //! - A `null` literal fits any type.
 //!
-//! # The one rule for arithmetic that has no answer
-//! **A value that cannot be represented is null.** Integer overflow in `+`, `-`, `*`, division
-//! or remainder by zero (integer *and* float), and a cast whose value does not fit the target
-//! (`"abc"` to `Int64`, `300` to `Int8`) all produce null for that row; they never fail the job
-//! halfway and never wrap around silently. Float overflow follows IEEE 754 (`±inf`), because an
-//! infinity is a representable float. Null results mean every arithmetic expression is
-//! nullable in the inferred schema.
+//! # Values that have no answer
+//! **Strict by default:** integer overflow in `+`, `-`, `*` and unary `-`, division or
+//! remainder by zero (integer *and* float), and a cast whose value does not convert (`"abc"` to
+//! `Int64`, `300` to `Int8`) fail the task with an error that names the expression and the
+//! first value that has no answer; they never wrap around and never become null silently.
+//! [`Expr::NullOnError`] (`try(e)`, and its spellings `try_cast`, `try_divide`, … in job files;
+//! [`null_on_error`] and [`Expr::try_cast`] in Rust) is the opt-out: inside it, every such value
+//! is null for its row instead. Float overflow follows IEEE 754 (`±inf`), because an infinity is
+//! a representable float. Arithmetic and casts stay nullable in the inferred schema, so one
+//! schema holds whether or not they sit inside `try`.
 //!
 //! # Hashing
 //! [`Expr::to_arg`] turns an expression into a fingerprint [`ArgValue`] tree (each node a list
@@ -331,6 +334,9 @@ pub enum Expr {
     },
     /// A 64-bit xxh3 hash of the arguments' values, row by row (`UInt64`, never null).
     Hash(#[serde(deserialize_with = "crate::wire::nesting::nested_vec")] Vec<Expr>),
+    /// The inner expression's values, except that every value inside it that has no answer
+    /// (overflow, division by zero, a cast that does not convert) is null rather than an error.
+    NullOnError(#[serde(deserialize_with = "crate::wire::nesting::nested_box")] Box<Expr>),
     /// `then` where `condition` is true, `otherwise` where it is false or null.
     IfThenElse {
         #[serde(deserialize_with = "crate::wire::nesting::nested_box")]
@@ -365,6 +371,12 @@ pub fn coalesce(exprs: impl IntoIterator<Item = Expr>) -> Expr {
 /// A 64-bit hash of the values of `exprs` in each row.
 pub fn hash(exprs: impl IntoIterator<Item = Expr>) -> Expr {
     Expr::Hash(exprs.into_iter().collect())
+}
+
+/// `expr`, with null for every value inside it that has no answer instead of an error (SQL's
+/// `TRY_CAST` / `try_divide`, generalized): `null_on_error(col("a") / col("b"))`.
+pub fn null_on_error(expr: Expr) -> Expr {
+    Expr::NullOnError(Box::new(expr))
 }
 
 /// `then` where `condition` holds, else `otherwise`.
@@ -428,6 +440,10 @@ impl Expr {
             to,
         }
     }
+    /// A cast whose values that do not convert are null (the default [`Expr::cast`] fails).
+    pub fn try_cast(self, to: DataType) -> Expr {
+        null_on_error(self.cast(to))
+    }
     pub fn contains(self, pattern: impl Into<String>) -> Expr {
         self.string(StringFunction::Contains(pattern.into()))
     }
@@ -481,6 +497,7 @@ impl Expr {
             | Expr::IsNull(inner)
             | Expr::IsNotNull(inner)
             | Expr::Cast { expr: inner, .. }
+            | Expr::NullOnError(inner)
             | Expr::String { expr: inner, .. } => vec![&**inner],
             Expr::Coalesce(items) | Expr::Hash(items) => items.iter().collect(),
             Expr::IfThenElse {
@@ -515,6 +532,7 @@ impl Expr {
             | Expr::IsNull(inner)
             | Expr::IsNotNull(inner)
             | Expr::Cast { expr: inner, .. }
+            | Expr::NullOnError(inner)
             | Expr::String { expr: inner, .. } => inner.visit_columns(visit),
             Expr::Coalesce(items) | Expr::Hash(items) => {
                 items.iter().for_each(|item| item.visit_columns(visit))
@@ -547,6 +565,7 @@ impl Expr {
             Expr::Negate(inner) => Expr::Negate(map(inner)),
             Expr::IsNull(inner) => Expr::IsNull(map(inner)),
             Expr::IsNotNull(inner) => Expr::IsNotNull(map(inner)),
+            Expr::NullOnError(inner) => Expr::NullOnError(map(inner)),
             Expr::Coalesce(items) => {
                 Expr::Coalesce(items.iter().map(|i| i.map_columns(rename)).collect())
             }
@@ -613,8 +632,14 @@ impl Expr {
         match self {
             Expr::Column(name) => node("col", vec![ArgValue::Str(name.clone())]),
             Expr::Literal(value) => node("lit", vec![value.to_arg()]),
+            // Arithmetic, negation and casts became strict in version 2: a cached result
+            // computed under the old null-on-failure rule must not answer for them.
             Expr::Binary { op, left, right } => node(
-                "binary",
+                if op.is_arithmetic() {
+                    "binary.v2"
+                } else {
+                    "binary"
+                },
                 vec![
                     ArgValue::Str(op.symbol().to_owned()),
                     left.to_arg(),
@@ -622,12 +647,13 @@ impl Expr {
                 ],
             ),
             Expr::Not(inner) => node("not", vec![inner.to_arg()]),
-            Expr::Negate(inner) => node("negate", vec![inner.to_arg()]),
+            Expr::Negate(inner) => node("negate.v2", vec![inner.to_arg()]),
+            Expr::NullOnError(inner) => node("try", vec![inner.to_arg()]),
             Expr::IsNull(inner) => node("is_null", vec![inner.to_arg()]),
             Expr::IsNotNull(inner) => node("is_not_null", vec![inner.to_arg()]),
             Expr::Coalesce(items) => node("coalesce", items.iter().map(Expr::to_arg).collect()),
             Expr::Hash(items) => node("hash", items.iter().map(Expr::to_arg).collect()),
-            Expr::Cast { expr, to } => node("cast", vec![expr.to_arg(), type_arg(to)]),
+            Expr::Cast { expr, to } => node("cast.v2", vec![expr.to_arg(), type_arg(to)]),
             Expr::String { function, expr } => {
                 let mut args = vec![expr.to_arg()];
                 args.extend(function.args());
@@ -698,6 +724,7 @@ impl fmt::Display for Expr {
             Expr::Negate(inner) => write!(f, "-({inner})"),
             Expr::IsNull(inner) => write!(f, "is_null({inner})"),
             Expr::IsNotNull(inner) => write!(f, "is_not_null({inner})"),
+            Expr::NullOnError(inner) => write!(f, "try({inner})"),
             Expr::Coalesce(items) => {
                 f.write_str("coalesce(")?;
                 write_list(f, items)?;

@@ -113,6 +113,7 @@ impl Inference<'_> {
             }
             Expr::Coalesce(items) => self.coalesce(items),
             Expr::Cast { expr: inner, to } => self.cast(inner, to),
+            Expr::NullOnError(inner) => Ok((self.infer(inner)?.0, true)),
             Expr::String {
                 function,
                 expr: inner,

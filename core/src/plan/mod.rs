@@ -50,10 +50,12 @@ use crate::fingerprint::{
 
 pub use error::{FingerprintErrorText, PlanError, describe_schema};
 pub use operator::{
-    AggFunction, Aggregation, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, JoinType,
-    Operator, SeedChoice, SortKey, WriteSpec,
+    AggFunction, Aggregation, Compression, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat,
+    FileScan, JoinType, Operator, SeedChoice, SortKey, WriteMode, WriteSpec,
 };
-pub use process::{Concurrency, ProcessUdf};
+pub use process::{
+    Concurrency, InlineCode, ProcessUdf, SCRIPT_OPTIONS, UdfCodePolicy, UdfCodeRefused,
+};
 pub use schema::{renamed_fields, same_columns};
 pub use udf::{ParamSpec, ParamType, UdfCall, UdfCatalog, UdfKind, UdfParams, UdfSignature};
 
@@ -488,6 +490,19 @@ impl LogicalPlan {
             .try_for_each(|input| input.check_udfs(catalog))
     }
 
+    /// Every process UDF the plan calls, found without recursion.
+    pub fn process_udfs(&self) -> Vec<&ProcessUdf> {
+        let mut udfs = Vec::new();
+        let mut pending = vec![self];
+        while let Some(plan) = pending.pop() {
+            if let Operator::ProcessUdf(udf) = plan.operator() {
+                udfs.push(udf);
+            }
+            pending.extend(plan.inputs());
+        }
+        udfs
+    }
+
     /// The plan as an indented tree, one node per line with its fingerprint and schema.
     pub fn display_tree(&self) -> String {
         let mut out = String::new();
@@ -530,10 +545,10 @@ fn owned(columns: &[&str]) -> Vec<String> {
 fn source_description(operator: &Operator) -> Option<SourceDescription> {
     match operator {
         Operator::Read(scan) => {
-            // The fields are public, so a scan built by hand may be unsorted.
+            // The fields are public, so a scan built by hand may be unsorted. A file listed
+            // twice is read twice, so it is hashed twice.
             let mut files = scan.files.clone();
             files.sort();
-            files.dedup();
             Some(SourceDescription::Files(files))
         }
         Operator::Range { n } => Some(SourceDescription::range(*n)),

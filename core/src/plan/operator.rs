@@ -62,10 +62,10 @@ pub struct FileScan {
 }
 
 impl FileScan {
-    /// `files` are sorted (and deduplicated): the order they are given in does not matter.
+    /// `files` are sorted: the order they are given in does not matter. A file given twice is
+    /// read twice (as Ray and pyarrow do).
     pub fn new(format: FileFormat, mut files: Vec<FileStamp>, file_schema: Schema) -> Self {
         files.sort();
-        files.dedup();
         Self {
             format,
             files,
@@ -239,9 +239,83 @@ pub enum SeedChoice {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteSpec {
     pub format: FileFormat,
+    /// An absolute path: a relative one would mean whichever directory a node runs in, so the
+    /// client resolves it against its own working directory and the plan refuses it.
     pub directory: PathBuf,
     /// Files are cut once they pass this many bytes (of Arrow data), so sizes land near it.
     pub target_file_size: u64,
+    /// What happens to files already in `directory`.
+    pub mode: WriteMode,
+    /// The codec inside Parquet files; CSV and NDJSON are written uncompressed.
+    pub compression: Compression,
+}
+
+/// What a sink does with a directory that already holds files (Spark's and Ray's save modes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteMode {
+    /// Refuse a directory that holds visible files: when the job is built, where the client
+    /// can see it, and again before the output is published.
+    #[default]
+    Error,
+    /// Replace the directory's contents: the new files are written beside it and swapped in by
+    /// renames once all of them are complete, so the old ones vanish only then.
+    Overwrite,
+    /// Add files next to the existing ones, under names unique to the job.
+    Append,
+}
+
+impl WriteMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteMode::Error => "error",
+            WriteMode::Overwrite => "overwrite",
+            WriteMode::Append => "append",
+        }
+    }
+
+    /// Every mode, for parsers and their error messages.
+    pub const ALL: [WriteMode; 3] = [WriteMode::Error, WriteMode::Overwrite, WriteMode::Append];
+}
+
+/// A Parquet column codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Compression {
+    /// zstd at level 3 (Parquet's default for Polars and DuckDB): small files, fast reads.
+    Zstd,
+    Snappy,
+    Lz4,
+    Gzip,
+    Uncompressed,
+}
+
+impl Compression {
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Zstd => "zstd",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Gzip => "gzip",
+            Compression::Uncompressed => "none",
+        }
+    }
+
+    /// Every codec, for parsers and their error messages.
+    pub const ALL: [Compression; 5] = [
+        Compression::Zstd,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Gzip,
+        Compression::Uncompressed,
+    ];
+
+    /// The codec a sink of `format` uses unless told otherwise: zstd for Parquet, none for the
+    /// text formats.
+    pub fn default_for(format: &FileFormat) -> Self {
+        match format {
+            FileFormat::Parquet => Compression::Zstd,
+            FileFormat::Csv(_) | FileFormat::Json => Compression::Uncompressed,
+        }
+    }
 }
 
 /// The default target size of written files: 128 MiB, like the maximum block size.
@@ -533,9 +607,12 @@ impl Operator {
             Operator::Union | Operator::Cache => Args::new(),
             Operator::Unique { columns } => Args::new().arg("columns", strings(columns)),
             Operator::Write(spec) => {
+                // The codec changes the files' bytes, not the rows they hold.
                 let mut args = Args::new()
                     .arg("directory", spec.directory.to_string_lossy().into_owned())
-                    .arg("target_file_size", spec.target_file_size);
+                    .arg("target_file_size", spec.target_file_size)
+                    .arg_with_default("mode", spec.mode.name(), WriteMode::Error.name())
+                    .performance("compression", spec.compression.name());
                 if let FileFormat::Csv(options) = &spec.format {
                     args = args
                         .arg_with_default("has_header", options.has_header, true)
@@ -621,9 +698,11 @@ impl Operator {
             Operator::Unique { columns } => format!("unique [{}]", list(columns)),
             Operator::Cache => "cache".to_owned(),
             Operator::Write(spec) => format!(
-                "{} {} target_file_size={}",
+                "{} {} mode={} compression={} target_file_size={}",
                 self.name(),
                 spec.directory.display(),
+                spec.mode.name(),
+                spec.compression.name(),
                 spec.target_file_size
             ),
         }

@@ -4,7 +4,7 @@
 use arrow_schema::{DataType, Field, Schema};
 
 use super::PlanError;
-use super::operator::{AggFunction, Aggregation, JoinType, Operator};
+use super::operator::{AggFunction, Aggregation, FileFormat, JoinType, Operator};
 use crate::expr::{common_type, is_numeric as numeric, is_orderable as orderable};
 
 /// How an operator is named in error messages: its name and main argument.
@@ -200,6 +200,28 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
                 return Err(PlanError::invalid(
                     name,
                     "target_file_size must be positive",
+                ));
+            }
+            if !spec.directory.is_absolute() {
+                return Err(PlanError::invalid(
+                    name,
+                    format!(
+                        "the directory {} is relative; a node would resolve it against its own \
+                         working directory, so resolve it where the job is built",
+                        spec.directory.display()
+                    ),
+                ));
+            }
+            if spec.format != FileFormat::Parquet
+                && spec.compression != super::operator::Compression::Uncompressed
+            {
+                return Err(PlanError::invalid(
+                    name,
+                    format!(
+                        "compression {} applies to Parquet only; CSV and JSON are written \
+                         uncompressed",
+                        spec.compression.name()
+                    ),
                 ));
             }
             Ok(inputs[0].clone())

@@ -591,12 +591,64 @@ fn plans_round_trip_through_the_wire_codec() {
             format: FileFormat::Csv(CsvOptions::default()),
             directory: PathBuf::from("/out"),
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            mode: WriteMode::Overwrite,
+            compression: Compression::Uncompressed,
         })
         .unwrap();
     let bytes = crate::wire::codec::encode(&plan).unwrap();
     let decoded: LogicalPlan = crate::wire::codec::decode(&bytes, "plan").unwrap();
     assert_eq!(decoded.fingerprint(), plan.fingerprint());
     assert_eq!(decoded.display_tree(), plan.display_tree());
+}
+
+#[test]
+fn a_sink_refuses_a_relative_directory_and_a_codec_its_format_lacks() {
+    let spec = |directory: &str, format: FileFormat, compression: Compression| WriteSpec {
+        format,
+        directory: PathBuf::from(directory),
+        target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        mode: WriteMode::Error,
+        compression,
+    };
+    let plan = LogicalPlan::range(3).unwrap();
+    let relative = plan
+        .write(spec("out", FileFormat::Parquet, Compression::Zstd))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        relative.contains("the directory out is relative"),
+        "{relative}"
+    );
+    let csv = plan
+        .write(spec("/out", FileFormat::Json, Compression::Zstd))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        csv.contains("compression zstd applies to Parquet only"),
+        "{csv}"
+    );
+    plan.write(spec("/out", FileFormat::Json, Compression::Uncompressed))
+        .unwrap();
+}
+
+#[test]
+fn a_file_named_twice_is_read_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.csv");
+    std::fs::write(&path, "x\n1\n").unwrap();
+    let stamp = crate::fingerprint::FileStamp::of(&path).unwrap();
+    let schema = Schema::new(vec![Field::new("x", DataType::Int64, true)]);
+    let scan = |files: Vec<_>| {
+        FileScan::new(
+            FileFormat::Csv(CsvOptions::default()),
+            files,
+            schema.clone(),
+        )
+    };
+    let once = LogicalPlan::read(scan(vec![stamp.clone()])).unwrap();
+    let twice = LogicalPlan::read(scan(vec![stamp.clone(), stamp])).unwrap();
+    assert_eq!(read_of(&twice).files.len(), 2);
+    assert_ne!(once.fingerprint(), twice.fingerprint());
 }
 
 fn read_of(plan: &LogicalPlan) -> FileScan {
@@ -912,6 +964,30 @@ fn process_udf_settings_are_validated() {
             "batch_size must be positive",
         ),
         (ProcessUdf::new("python3", &["a\0b"]), "NUL byte"),
+        (
+            ProcessUdf::new("python3", &[]).env("FLOE_CLUSTER_TOKEN", "x"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("PATH", "/tmp"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("LD_PRELOAD", "/x.so"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("PYTHONUSERBASE", "/tmp/x"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("NODE_OPTIONS", "--require /tmp/x.js"),
+            "may not declare",
+        ),
+        (
+            ProcessUdf::new("python3", &[]).env("A=B", "x"),
+            "not a valid variable",
+        ),
     ];
     for (udf, expected) in bad {
         let error = error_text(sales().process_udf(udf));
@@ -935,4 +1011,106 @@ fn a_file_digest_streams_to_the_hash_of_its_bytes_and_refuses_devices() {
     assert_eq!(digest.content, crate::fingerprint::FileDigest::hash(&bytes));
     assert!(crate::fingerprint::FileDigest::of(std::path::Path::new("/dev/zero")).is_err());
     assert!(crate::fingerprint::FileDigest::of(dir.path()).is_err());
+}
+
+#[test]
+fn a_udf_env_is_part_of_its_fingerprint_and_pool() {
+    let plain = ProcessUdf::new("python3", &["/srv/udf.py"]);
+    let with_env = plain.clone().env("MODEL", "small");
+    // Settings of how Python runs may be declared.
+    sales()
+        .process_udf(with_env.clone().env("PYTHONUNBUFFERED", "1"))
+        .unwrap();
+    assert_ne!(
+        sales().process_udf(plain.clone()).unwrap().fingerprint(),
+        sales().process_udf(with_env.clone()).unwrap().fingerprint()
+    );
+    assert_ne!(plain.pool_key().unwrap(), with_env.pool_key().unwrap());
+}
+
+#[test]
+fn udf_code_comes_from_a_pinned_script_under_the_roots_unless_inline_is_allowed() {
+    let roots = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let script = roots.path().join("udf.py");
+    let outside = elsewhere.path().join("udf.py");
+    std::fs::write(&script, "pass\n").unwrap();
+    std::fs::write(&outside, "pass\n").unwrap();
+    let pinned = |path: &std::path::Path, options: &[&str]| {
+        let digest = crate::fingerprint::FileDigest::of(path).unwrap();
+        let mut args: Vec<&str> = options.to_vec();
+        let path = digest.path.to_str().unwrap().to_owned();
+        args.push(&path);
+        args.push("--fast");
+        ProcessUdf::new("python3", &args).pinned(digest.clone())
+    };
+    let policy = UdfCodePolicy {
+        roots: vec![roots.path().to_owned()],
+        allow_inline: false,
+    };
+    policy.check(&pinned(&script, &[])).unwrap();
+    policy.check(&pinned(&script, &["-u", "-B"])).unwrap();
+
+    let refused = [
+        (
+            ProcessUdf::new("python3", &["-c", "print(1)"]),
+            "\"-c\" comes before the script",
+        ),
+        (
+            ProcessUdf::new("python3", &["-m", "http.server"]),
+            "\"-m\" comes before",
+        ),
+        (
+            ProcessUdf::new("python3", &["-Sc", "print(1)"]),
+            "\"-Sc\" comes before",
+        ),
+        (ProcessUdf::new("python3", &["-"]), "stdin"),
+        (ProcessUdf::new("python3", &[]), "names no script"),
+        (
+            ProcessUdf::new("python3", &["/srv/udf.py"]),
+            "not a file the UDF pins",
+        ),
+    ];
+    for (udf, reason) in refused {
+        let error = policy.check_command_line(&udf).unwrap_err().to_string();
+        assert!(
+            error.contains(reason) && error.contains("node.udf_allow_inline"),
+            "{error}"
+        );
+        assert!(policy.check(&udf).is_err());
+    }
+    // A pinned script outside the roots passes the submitter's check, not the node's.
+    let stray = pinned(&outside, &[]);
+    policy.check_command_line(&stray).unwrap();
+    let error = policy.check(&stray).unwrap_err().to_string();
+    assert!(error.contains("is not under node.udf_roots"), "{error}");
+    // `..` does not leave a root.
+    let escaping = roots
+        .path()
+        .join("..")
+        .join(elsewhere.path().file_name().unwrap());
+    let mut sneaky = pinned(&outside, &[]);
+    sneaky.args[0] = escaping.join("udf.py").to_str().unwrap().to_owned();
+    sneaky.files[0].path = escaping.join("udf.py");
+    assert!(
+        policy
+            .check(&sneaky)
+            .unwrap_err()
+            .to_string()
+            .contains("node.udf_roots")
+    );
+    // No roots: nothing runs.
+    let error = UdfCodePolicy::default()
+        .check(&pinned(&script, &[]))
+        .unwrap_err();
+    assert!(error.to_string().contains("node.udf_roots ([])"), "{error}");
+
+    let inline = UdfCodePolicy {
+        roots: Vec::new(),
+        allow_inline: true,
+    };
+    inline
+        .check(&ProcessUdf::new("python3", &["-c", "print(1)"]))
+        .unwrap();
+    inline.check(&stray).unwrap();
 }

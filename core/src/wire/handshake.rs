@@ -3,47 +3,39 @@
 //! The client's hello is `FLOE` + protocol version (u32, big-endian) + a codec-encoded
 //! [`Hello`]; the server's reply is `FLOE` + its version + a status byte + a UTF-8 reason.
 //! Magic, version and status sit outside the codec so that two different floe releases can
-//! always tell each other *why* they cannot talk. Before the token is checked, frames are
+//! always tell each other *why* they cannot talk. Before the credential is checked, frames are
 //! limited to [`HANDSHAKE_MAX_FRAME`], so an unauthenticated peer cannot make a server
-//! allocate more than that.
+//! allocate more than that. The hello carries a [`Credential`]; the server's
+//! [`Authenticator`] turns it into the [`Principal`] every request is authorized against —
+//! what a peer says about itself beyond its credential counts for nothing.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::tls::ClientCertificate;
 use super::{FramedStream, WireError, codec, within};
-use crate::config::ClusterToken;
+use crate::auth::{Authenticator, Credential, Principal};
 
 /// Bumped whenever any message layout changes; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 pub const MAGIC: [u8; 4] = *b"FLOE";
-/// The frame limit until the peer has presented the right token.
+/// The frame limit until the peer has presented a valid credential.
 pub const HANDSHAKE_MAX_FRAME: usize = 4096;
 const PREFIX_LEN: usize = 8;
-
-/// What kind of process opened a connection; servers log it and may restrict requests by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PeerKind {
-    Client,
-    Node,
-    Scheduler,
-    Worker,
-}
 
 /// The codec-encoded part of the client's first frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
-    pub peer: PeerKind,
-    pub token: ClusterToken,
+    pub credential: Credential,
 }
 
 /// Why a server refused a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    WrongToken,
+    Unauthenticated,
     VersionMismatch {
         server: u32,
         client: u32,
@@ -56,7 +48,7 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::WrongToken => f.write_str("wrong cluster token"),
+            Refusal::Unauthenticated => f.write_str("unauthenticated"),
             Refusal::VersionMismatch { server, client } => write!(
                 f,
                 "protocol version mismatch (server {server}, client {client})"
@@ -99,7 +91,7 @@ pub fn encode_reply(reply: &HandshakeReply, out: &mut Vec<u8>) {
         HandshakeReply::Welcome => out.push(0),
         HandshakeReply::Refused { reason, message } => {
             out.push(match reason {
-                Refusal::WrongToken => 1,
+                Refusal::Unauthenticated => 1,
                 Refusal::VersionMismatch { .. } => 2,
                 Refusal::Malformed => 3,
                 Refusal::TlsRequired => 4,
@@ -120,7 +112,7 @@ pub fn decode_reply(body: &[u8], client_version: u32) -> Result<HandshakeReply, 
     let message = String::from_utf8_lossy(message).into_owned();
     let reason = match status {
         0 => return Ok(HandshakeReply::Welcome),
-        1 => Refusal::WrongToken,
+        1 => Refusal::Unauthenticated,
         2 => Refusal::VersionMismatch {
             server,
             client: client_version,
@@ -168,16 +160,17 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Runs the server side: reads the hello, checks version and token (in constant time), and
-/// answers. A refused peer is told why before the error is returned.
+/// Runs the server side: reads the hello, checks version and credential (secrets compared in
+/// constant time), and answers. A refused peer is told why before the error is returned.
 pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut FramedStream<S>,
-    token: &ClusterToken,
+    authenticator: &Authenticator,
+    certificate: ClientCertificate,
     timeout: Duration,
-) -> Result<PeerKind, WireError> {
+) -> Result<Principal, WireError> {
     let exchange = async {
         let verdict = match stream.recv(timeout).await {
-            Ok(body) => judge(body, token),
+            Ok(body) => judge(body, authenticator, certificate),
             Err(WireError::FrameTooLarge { len, max }) => Err((
                 Refusal::Malformed,
                 format!("handshake frame of {len} bytes exceeds the {max}-byte limit"),
@@ -206,7 +199,11 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     within(timeout, "the handshake", exchange).await?
 }
 
-fn judge(body: &[u8], token: &ClusterToken) -> Result<PeerKind, (Refusal, String)> {
+fn judge(
+    body: &[u8],
+    authenticator: &Authenticator,
+    certificate: ClientCertificate,
+) -> Result<Principal, (Refusal, String)> {
     let (version, hello) = decode_hello(body)
         .map_err(|error| (Refusal::Malformed, format!("malformed handshake: {error}")))?;
     let Some(hello) = hello else {
@@ -221,16 +218,18 @@ fn judge(body: &[u8], token: &ClusterToken) -> Result<PeerKind, (Refusal, String
             ),
         ));
     };
-    // `ct_eq` on slices of different lengths returns early, so only the token's length can
-    // leak through timing, never its content.
-    let matches: bool = hello.token.as_bytes().ct_eq(token.as_bytes()).into();
-    if !matches || token.is_empty() {
+    let principal = authenticator
+        .verify(&hello.credential)
+        .map_err(|refused| (Refusal::Unauthenticated, refused.0))?;
+    // Over TLS a stolen secret alone does not make a member: the certificate must come too.
+    if principal.is_member() && certificate == ClientCertificate::Absent {
         return Err((
-            Refusal::WrongToken,
-            "wrong cluster token: every process of a cluster must use the same cluster.token \
-             (FLOE_CLUSTER_TOKEN)"
-                .into(),
+            Refusal::Unauthenticated,
+            format!(
+                "{principal} presented no certificate: over TLS a cluster member must also \
+                 present a certificate signed by the cluster's CA (tls.cert and tls.key)"
+            ),
         ));
     }
-    Ok(hello.peer)
+    Ok(principal)
 }

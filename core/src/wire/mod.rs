@@ -2,7 +2,7 @@
 //!
 //! Layers, bottom up: [`codec`] (the only place bytes are encoded), [`frame`] (length-prefixed
 //! frames with a limit checked before allocation, and timeouts), [`handshake`] (protocol version
-//! and cluster token) and [`rpc`] (typed request/response over a handshaken connection).
+//! and credential) and [`rpc`] (typed request/response over a handshaken connection).
 
 pub mod codec;
 pub mod depth;
@@ -17,32 +17,89 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use frame::FramedStream;
-pub use handshake::{PROTOCOL_VERSION, PeerKind, Refusal};
+pub use handshake::{PROTOCOL_VERSION, Refusal};
 pub use rpc::{
     AttachedReply, Attachment, FileRange, Handler, Peer, Protocol, RemoteError, RemoteErrorKind,
     RpcClient, RpcServer,
 };
-
-use crate::config::{ClusterToken, Config, TimeoutsConfig};
 pub use tls::{TlsContext, TlsError, WireTls};
 
-/// What a connection needs to know, taken from [`Config`].
+use crate::auth::{Authenticator, Credential, Identity};
+use crate::config::{Config, TimeoutsConfig};
+
+/// What a connection needs to know, taken from [`Config`]: the credential this process
+/// presents, and how its servers verify the credentials of others.
 #[derive(Debug, Clone)]
 pub struct WireConfig {
-    pub token: ClusterToken,
+    pub identity: Identity,
+    pub authenticator: Arc<Authenticator>,
     pub max_frame: usize,
     pub timeouts: TimeoutsConfig,
     pub tls: WireTls,
 }
 
 impl WireConfig {
-    pub fn from_config(config: &Config) -> Self {
+    /// A cluster member (a node, or a replica's clients of nodes): presents the cluster secret.
+    pub fn member(config: &Config) -> Self {
+        Self::presenting(
+            config,
+            Credential::Member {
+                secret: config.cluster.secret.clone(),
+            },
+        )
+    }
+
+    /// A client: presents `client.token`.
+    pub fn client(config: &Config) -> Self {
+        Self::presenting(
+            config,
+            Credential::Client {
+                token: config.client.token.clone(),
+            },
+        )
+    }
+
+    /// Scheduler replica `id`: presents the replica secret, and verifies replicas and node
+    /// tickets.
+    pub fn replica(config: &Config, id: u64) -> Self {
+        Self::presenting(
+            config,
+            Credential::Replica {
+                id,
+                secret: config.scheduler.replica_secret.clone(),
+            },
+        )
+    }
+
+    fn presenting(config: &Config, credential: Credential) -> Self {
+        let replica_secret = Some(config.scheduler.replica_secret.clone());
         Self {
-            token: config.cluster.token.clone(),
+            identity: Identity::new(credential),
+            authenticator: Arc::new(Authenticator::new(
+                config.cluster.secret.clone(),
+                replica_secret,
+                config.tokens_file(),
+            )),
             // `Config::validate` caps the frame at 1 GiB, which fits every target's usize.
             max_frame: usize::try_from(config.net.max_frame.bytes()).unwrap_or(usize::MAX),
             timeouts: config.timeouts.clone(),
             tls: WireTls::from_config(&config.tls),
+        }
+    }
+
+    /// The same settings over the TLS files `tls` (plaintext when they are empty).
+    pub fn with_tls(self, tls: &crate::config::TlsConfig) -> Self {
+        Self {
+            tls: WireTls::from_config(tls),
+            ..self
+        }
+    }
+
+    /// The same settings presenting another credential (its own identity, not shared).
+    pub fn with_credential(&self, credential: Credential) -> Self {
+        Self {
+            identity: Identity::new(credential),
+            ..self.clone()
         }
     }
 }
@@ -65,7 +122,7 @@ impl WireError {
         matches!(
             self,
             WireError::Refused { .. }
-                | WireError::EmptyToken
+                | WireError::NoCredential
                 | WireError::Tls(_)
                 | WireError::Certificate { .. }
                 | WireError::ServerNotTls { .. }
@@ -110,8 +167,11 @@ pub enum WireError {
     Refused { reason: Refusal, message: String },
     #[error("reply to request {got} arrived while waiting for request {expected}")]
     IdMismatch { expected: u64, got: u64 },
-    #[error("the cluster token is empty: set cluster.token (FLOE_CLUSTER_TOKEN) on every process")]
-    EmptyToken,
+    #[error(
+        "this process has no credential: set cluster.secret (FLOE_CLUSTER_SECRET) on replicas \
+         and nodes, client.token (FLOE_CLIENT_TOKEN) on clients"
+    )]
+    NoCredential,
     #[error("{0}")]
     Tls(Arc<TlsError>),
     #[error("TLS handshake with {addr} failed: {source}")]

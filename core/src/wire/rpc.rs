@@ -27,9 +27,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::handshake::{self, HANDSHAKE_MAX_FRAME, Hello, PeerKind};
+use super::handshake::{self, HANDSHAKE_MAX_FRAME, Hello};
 use super::tls::{self, Connection};
 use super::{FramedStream, WireConfig, WireError, codec, within};
+use crate::auth::Principal;
 
 /// One RPC service's message types.
 pub trait Protocol: Send + Sync + 'static {
@@ -63,6 +64,8 @@ pub enum RemoteErrorKind {
     NotFound,
     /// The server cannot serve it now (e.g. not the leader); another attempt may succeed.
     Unavailable,
+    /// The caller is authenticated but lacks the right to this request.
+    Forbidden,
     Internal,
 }
 
@@ -72,16 +75,17 @@ impl std::fmt::Display for RemoteErrorKind {
             RemoteErrorKind::BadRequest => "bad request",
             RemoteErrorKind::NotFound => "not found",
             RemoteErrorKind::Unavailable => "unavailable",
+            RemoteErrorKind::Forbidden => "forbidden",
             RemoteErrorKind::Internal => "internal error",
         })
     }
 }
 
-/// Who sent a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who sent a request: the address, and who the handshake verified the peer to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub addr: SocketAddr,
-    pub kind: PeerKind,
+    pub principal: Principal,
     /// Whether the peer presented a TLS client certificate that chains to the cluster's CA,
     /// as cluster members do (user clients have none; plaintext connections never do).
     pub member_certificate: bool,
@@ -224,25 +228,21 @@ fn split_id<'a>(body: &'a [u8], what: &'static str) -> Result<(u64, &'a [u8]), W
 pub struct RpcClient<P: Protocol> {
     addr: String,
     config: WireConfig,
-    peer: PeerKind,
-    stream: Option<FramedStream<Connection>>,
+    /// The connection, and the version of the identity it was opened with: a connection
+    /// opened before the identity changed (a node that registered) is opened again.
+    stream: Option<(u64, FramedStream<Connection>)>,
     next_id: u64,
     _protocol: std::marker::PhantomData<P>,
 }
 
 impl<P: Protocol> RpcClient<P> {
-    /// Connects and handshakes now, so a wrong address or token shows up here.
-    pub async fn connect(
-        addr: impl Into<String>,
-        config: WireConfig,
-        peer: PeerKind,
-    ) -> Result<Self, WireError> {
+    /// Connects and handshakes now, so a wrong address or credential shows up here.
+    pub async fn connect(addr: impl Into<String>, config: WireConfig) -> Result<Self, WireError> {
         let addr = addr.into();
-        let stream = open(&addr, &config, peer).await?;
+        let stream = open(&addr, &config).await?;
         Ok(Self {
             addr,
             config,
-            peer,
             stream: Some(stream),
             next_id: 1,
             _protocol: std::marker::PhantomData,
@@ -253,15 +253,23 @@ impl<P: Protocol> RpcClient<P> {
         &self.addr
     }
 
+    async fn usable_stream(&mut self) -> Result<(u64, FramedStream<Connection>), WireError> {
+        match self.stream.take() {
+            Some((version, stream))
+                if !stream.peer_has_closed() && version == self.config.identity.version() =>
+            {
+                Ok((version, stream))
+            }
+            _ => open(&self.addr, &self.config).await,
+        }
+    }
+
     pub async fn call(&mut self, request: &P::Request) -> Result<P::Response, WireError> {
-        let mut stream = match self.stream.take() {
-            Some(stream) if !stream.peer_has_closed() => stream,
-            _ => open(&self.addr, &self.config, self.peer).await?,
-        };
+        let (version, mut stream) = self.usable_stream().await?;
         let id = self.next_id;
         self.next_id += 1;
         let reply = exchange::<P, _>(&mut stream, id, request, &self.config).await?;
-        self.stream = Some(stream);
+        self.stream = Some((version, stream));
         reply.map_err(WireError::Remote)
     }
 
@@ -273,17 +281,14 @@ impl<P: Protocol> RpcClient<P> {
         request: &P::Request,
         dest: &mut [u8],
     ) -> Result<P::Response, WireError> {
-        let mut stream = match self.stream.take() {
-            Some(stream) if !stream.peer_has_closed() => stream,
-            _ => open(&self.addr, &self.config, self.peer).await?,
-        };
+        let (version, mut stream) = self.usable_stream().await?;
         let id = self.next_id;
         self.next_id += 1;
         stream
             .send_with(|out| encode_request::<P>(id, request, out))
             .await?;
         let reply = receive_attached::<P, _>(&mut stream, id, dest, &self.config).await?;
-        self.stream = Some(stream);
+        self.stream = Some((version, stream));
         reply.map_err(WireError::Remote)
     }
 }
@@ -358,8 +363,11 @@ fn check_id(expected: u64, got: u64) -> Result<(), WireError> {
 async fn open(
     addr: &str,
     config: &WireConfig,
-    peer: PeerKind,
-) -> Result<FramedStream<Connection>, WireError> {
+) -> Result<(u64, FramedStream<Connection>), WireError> {
+    let (version, credential) = config.identity.current();
+    if credential.is_empty() {
+        return Err(WireError::NoCredential);
+    }
     let connect_timeout = config.timeouts.connect();
     let socket = within(connect_timeout, "connecting", TcpStream::connect(addr))
         .await?
@@ -379,12 +387,9 @@ async fn open(
         config.timeouts.read(),
         config.timeouts.write(),
     );
-    let hello = Hello {
-        peer,
-        token: config.token.clone(),
-    };
+    let hello = Hello { credential };
     handshake::client_handshake(&mut stream, &hello, config.timeouts.handshake()).await?;
-    Ok(stream)
+    Ok((version, stream))
 }
 
 async fn exchange<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
@@ -422,8 +427,8 @@ impl RpcServer {
         handler: Arc<H>,
         config: WireConfig,
     ) -> Result<Self, WireError> {
-        if config.token.is_empty() {
-            return Err(WireError::EmptyToken);
+        if config.authenticator.cluster_secret().is_empty() {
+            return Err(WireError::NoCredential);
         }
         tls::check_bind(addr, &config.tls)?;
         let listener = TcpListener::bind(addr)
@@ -502,21 +507,25 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
         config.timeouts.read(),
         config.timeouts.write(),
     );
-    let kind =
-        match handshake::server_handshake(&mut stream, &config.token, config.timeouts.handshake())
-            .await
-        {
-            Ok(kind) => kind,
-            Err(error) => {
-                tracing::warn!(protocol = P::NAME, %addr, %error, "connection refused");
-                return;
-            }
-        };
+    let principal = match handshake::server_handshake(
+        &mut stream,
+        &config.authenticator,
+        accepted.certificate,
+        config.timeouts.handshake(),
+    )
+    .await
+    {
+        Ok(principal) => principal,
+        Err(error) => {
+            tracing::warn!(protocol = P::NAME, %addr, %error, "connection refused");
+            return;
+        }
+    };
     stream.set_max_frame(config.max_frame);
     let peer = Peer {
         addr,
-        kind,
-        member_certificate: accepted.member_certificate,
+        principal,
+        member_certificate: accepted.certificate == tls::ClientCertificate::Member,
     };
     // The last reply's attachment, kept until the client has read it (see the module docs).
     let mut unread: Option<Attachment> = None;
@@ -538,7 +547,7 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
             }
         };
         let (reply, attachment) = match request {
-            Ok(request) => handler.handle_attached(peer, request).await,
+            Ok(request) => handler.handle_attached(peer.clone(), request).await,
             Err(error) => (
                 Err(RemoteError::new(
                     RemoteErrorKind::BadRequest,

@@ -368,11 +368,21 @@ fn client_handshake_error(addr: &str, source: io::Error) -> WireError {
     }
 }
 
-/// An accepted connection and whether its peer presented a client certificate that chains to
-/// the CA.
+/// What the transport proved about a peer before its handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCertificate {
+    /// A plaintext connection (served on loopback only): nothing to prove.
+    Plaintext,
+    /// TLS with a client certificate that chains to the cluster's CA, as members present.
+    Member,
+    /// TLS without a client certificate, as user clients connect.
+    Absent,
+}
+
+/// An accepted connection and what its peer proved with a certificate.
 pub struct Accepted {
     pub connection: Connection,
-    pub member_certificate: bool,
+    pub certificate: ClientCertificate,
 }
 
 /// The server side of a new connection: TLS when `tls` is set, where a peer that starts in
@@ -389,7 +399,7 @@ pub async fn accept(
     let Some(acceptor) = acceptor else {
         return Ok(Accepted {
             connection: Connection::Plain(socket),
-            member_certificate: false,
+            certificate: ClientCertificate::Plaintext,
         });
     };
     let timeout = timeouts.handshake();
@@ -412,10 +422,14 @@ pub async fn accept(
             op: "the TLS handshake",
             source,
         })?;
-    let member_certificate = stream.get_ref().1.peer_certificates().is_some();
+    // The verifier accepts only certificates chaining to the CA, so any certificate is one.
+    let certificate = match stream.get_ref().1.peer_certificates() {
+        Some(_) => ClientCertificate::Member,
+        None => ClientCertificate::Absent,
+    };
     Ok(Accepted {
         connection: Connection::Tls(Box::new(stream.into())),
-        member_certificate,
+        certificate,
     })
 }
 

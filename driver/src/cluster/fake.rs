@@ -20,8 +20,10 @@ use floe_api::node_protocol::{
     output_id,
 };
 use floe_api::placement::{Decision, PlacementRequest, ResourceView};
+use floe_api::scheduler_protocol::NodeSummary;
 use floe_api::state::{
-    ClusterState, Command, JobRecord, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
+    CacheIndex, ClusterState, Command, JobOutcome, JobRecord, JobStatus, NodeAddresses, NodeMemory,
+    Outcome, Resources,
 };
 use floe_core::job::{JobProgress, JobSpec};
 use floe_core::plan::task::{StageInput, StageTask};
@@ -111,6 +113,8 @@ pub(crate) struct CreatedActor {
 
 struct StoredBlock {
     node: NodeId,
+    /// The job it was made for.
+    job: JobId,
     batch: RecordBatch,
     bytes: u64,
 }
@@ -139,6 +143,18 @@ struct History {
     freed: Vec<ObjectId>,
     commands: Vec<(Command, Outcome)>,
     progress: Option<JobProgress>,
+    reads: SchedulerReads,
+}
+
+/// How often the driver asked the scheduler for each thing, and the most records one
+/// answer carried.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SchedulerReads {
+    pub jobs: u64,
+    pub cache_indexes: u64,
+    pub node_lists: u64,
+    pub death_checks: u64,
+    pub largest_answer: usize,
 }
 
 struct Inner {
@@ -160,7 +176,7 @@ impl Inner {
         self.log_index += 1;
         let outcome = self
             .state
-            .apply(self.log_index, command.clone())
+            .apply(self.log_index, 0, command.clone())
             .unwrap_or_else(|| Outcome::Rejected("applied twice".into()));
         self.history.commands.push((command, outcome.clone()));
         outcome
@@ -173,12 +189,25 @@ impl Inner {
             .is_some_and(|node| node.is_alive())
     }
 
-    fn store(&mut self, object: ObjectId, node: NodeId, batch: RecordBatch) -> OutputRef {
+    fn store(
+        &mut self,
+        object: ObjectId,
+        node: NodeId,
+        job: JobId,
+        batch: RecordBatch,
+    ) -> OutputRef {
         let bytes = data_bytes(&batch);
         let rows = batch.num_rows() as u64;
         self.discard(object);
-        self.blocks
-            .insert(object, StoredBlock { node, batch, bytes });
+        self.blocks.insert(
+            object,
+            StoredBlock {
+                node,
+                job,
+                batch,
+                bytes,
+            },
+        );
         self.stored_bytes += bytes;
         self.max_stored_bytes = self.max_stored_bytes.max(self.stored_bytes);
         OutputRef {
@@ -303,6 +332,55 @@ impl FakeCluster {
         job
     }
 
+    /// Adds `count` jobs that already ended, as a long-running cluster has in its state.
+    pub(crate) fn add_finished_jobs(&self, count: u64) {
+        let mut inner = self.lock();
+        for _ in 0..count {
+            let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
+                spec: vec![0; 64],
+                submission: SubmissionId::random(),
+            }) else {
+                panic!("the job was not submitted");
+            };
+            inner.commit(Command::StartDriver {
+                job,
+                node: NodeId::new(1),
+            });
+            inner.commit(Command::FinishJob {
+                job,
+                attempt: 1,
+                outcome: JobOutcome {
+                    status: JobStatus::Succeeded,
+                    stats: Default::default(),
+                    outputs: Vec::new(),
+                },
+            });
+        }
+        // Only the commands the driver sends are of interest.
+        inner.history.commands.clear();
+    }
+
+    /// Puts a block made for `job` on `node`, as an earlier attempt's task would have.
+    pub(crate) fn store_block(&self, job: JobId, node: NodeId, object: ObjectId) {
+        let batch = RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+        self.lock().store(object, node, job, batch);
+    }
+
+    /// Starts attempt 2 of `job`, whose first driver ran on `first`: that node dies (taking its
+    /// blocks), and the next driver starts on `driver`.
+    pub(crate) fn restart_driver(&self, job: JobId, first: NodeId, driver: NodeId) {
+        self.kill_node(first);
+        let outcome = self
+            .lock()
+            .commit(Command::StartDriver { job, node: driver });
+        assert_eq!(outcome, Outcome::Applied);
+    }
+
+    /// What the driver asked the scheduler.
+    pub(crate) fn scheduler_reads(&self) -> SchedulerReads {
+        self.lock().history.reads
+    }
+
     /// The job's record in the replicated state.
     pub(crate) fn job(&self, job: JobId) -> Arc<JobRecord> {
         Arc::clone(&self.lock().state.jobs[&job])
@@ -317,7 +395,7 @@ impl FakeCluster {
             inner.state.clone()
         };
         // Tasks waiting on the node learn of its death at once.
-        self.dead.learn(&state);
+        self.dead.learn(&state.deaths_after(0));
         self.released.notify_waiters();
     }
 
@@ -338,6 +416,17 @@ impl FakeCluster {
     /// Deletes every cache shard file, leaving the cache index as it is.
     pub(crate) fn delete_cache_files(&self) {
         self.lock().shards.clear();
+    }
+
+    /// Deletes the cache shard files of rank `rank` (of any count, on any node), leaving the
+    /// cache index as it is.
+    pub(crate) fn delete_cache_rank(&self, rank: u32) {
+        self.lock().shards.retain(|key, _| key.rank != rank);
+    }
+
+    /// How many cache shard files the nodes hold.
+    pub(crate) fn cache_files(&self) -> usize {
+        self.lock().shards.len()
     }
 
     /// The blocks in the object stores.
@@ -416,6 +505,22 @@ impl FakeCluster {
                 }
                 NodeResponse::Freed
             }
+            NodeRequest::FreeJob { job, keep } => {
+                let mut inner = self.lock();
+                let leftovers: Vec<ObjectId> = inner
+                    .blocks
+                    .iter()
+                    .filter(|(object, block)| {
+                        block.node == node && block.job == *job && !keep.contains(object)
+                    })
+                    .map(|(object, _)| *object)
+                    .collect();
+                for object in leftovers {
+                    inner.discard(object);
+                    inner.history.freed.push(object);
+                }
+                NodeResponse::Freed
+            }
             NodeRequest::ObjectMeta { object } => self.object_meta(node, *object)?,
             NodeRequest::CancelTask { .. } => NodeResponse::Cancelled,
             NodeRequest::WriteCacheShard(write) => self.write_shard(node, write)?,
@@ -449,7 +554,20 @@ impl FakeCluster {
             NodeRequest::CallActor { actor, message, .. } => {
                 NodeResponse::Actor(self.call_actor(*actor, message).await)
             }
-            NodeRequest::ReadChunk { .. } | NodeRequest::Pull { .. } => {
+            NodeRequest::RemoveCacheShards { fingerprints } => {
+                let mut inner = self.lock();
+                let before = inner.shards.len();
+                inner
+                    .shards
+                    .retain(|key, _| key.node != node || !fingerprints.contains(&key.fingerprint));
+                NodeResponse::CacheRemoved {
+                    shards: (before - inner.shards.len()) as u64,
+                    bytes: 0,
+                }
+            }
+            NodeRequest::ReadChunk { .. }
+            | NodeRequest::Pull { .. }
+            | NodeRequest::CleanCache { .. } => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"
                 )));
@@ -545,7 +663,7 @@ impl FakeCluster {
         let Some(shard) = inner.shards.get(&key).cloned() else {
             return NodeResponse::CacheLoaded(None);
         };
-        NodeResponse::CacheLoaded(Some(inner.store(load.object, node, shard)))
+        NodeResponse::CacheLoaded(Some(inner.store(load.object, node, load.job, shard)))
     }
 
     async fn call_actor(
@@ -679,7 +797,9 @@ impl FakeCluster {
             result.map(|batches| {
                 (0u32..)
                     .zip(batches)
-                    .map(|(index, batch)| inner.store(output_id(spec.task, index), node, batch))
+                    .map(|(index, batch)| {
+                        inner.store(output_id(spec.task, index), node, spec.job, batch)
+                    })
                     .collect()
             })
         };
@@ -720,8 +840,52 @@ fn refused(message: String) -> Error {
 }
 
 impl ClusterAccess for FakeCluster {
-    async fn read_state(&self) -> Result<ClusterState> {
-        Ok(self.lock().state.clone())
+    async fn read_job(&self, job: JobId) -> Result<Option<JobRecord>> {
+        let mut inner = self.lock();
+        let record = inner.state.jobs.get(&job).map(|record| (**record).clone());
+        let reads = &mut inner.history.reads;
+        reads.jobs += 1;
+        reads.largest_answer = reads.largest_answer.max(1);
+        Ok(record)
+    }
+
+    async fn cache_index(&self) -> Result<CacheIndex> {
+        let mut inner = self.lock();
+        let index = inner.state.cache.clone();
+        let reads = &mut inner.history.reads;
+        reads.cache_indexes += 1;
+        reads.largest_answer = reads.largest_answer.max(index.len());
+        Ok(index)
+    }
+
+    async fn read_nodes(&self) -> Result<Vec<NodeSummary>> {
+        let mut inner = self.lock();
+        let nodes: Vec<NodeSummary> = inner
+            .state
+            .alive_nodes()
+            .map(|node| NodeSummary {
+                id: node.id,
+                rpc: node.addresses.rpc.clone(),
+                resources: node.resources,
+            })
+            .collect();
+        let reads = &mut inner.history.reads;
+        reads.node_lists += 1;
+        reads.largest_answer = reads.largest_answer.max(nodes.len());
+        Ok(nodes)
+    }
+
+    async fn learn_deaths(&self) -> Result<()> {
+        let deaths = {
+            let mut inner = self.lock();
+            let deaths = inner.state.deaths_after(0);
+            let reads = &mut inner.history.reads;
+            reads.death_checks += 1;
+            reads.largest_answer = reads.largest_answer.max(deaths.len());
+            deaths
+        };
+        self.dead.learn(&deaths);
+        Ok(())
     }
 
     async fn propose(&self, command: Command) -> Result<Outcome> {

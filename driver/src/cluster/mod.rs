@@ -1,6 +1,8 @@
 //! The driver's one door to the cluster: [`ClusterAccess`], the operations a driver uses on the
-//! scheduler (state reads, commits, placement, progress) and on the node agents (tasks, actor
-//! calls, cache shards, frees). [`RpcCluster`] is the real one, over RPC; the executor's tests
+//! scheduler (its job, the cache index, the alive nodes and their deaths, commits, placement,
+//! progress) and on the node agents (tasks, actor calls, cache shards, frees). No operation
+//! reads the whole replicated state: a driver's tick costs the same however many jobs the
+//! cluster has run. [`RpcCluster`] is the real one, over RPC; the executor's tests
 //! run against an in-process fake (`fake::FakeCluster`) that runs tasks with the engine's
 //! kernels.
 
@@ -13,7 +15,8 @@ use std::future::Future;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse};
 use floe_api::placement::PlacementRequest;
-use floe_api::state::{ClusterState, Command, Outcome};
+use floe_api::scheduler_protocol::NodeSummary;
+use floe_api::state::{CacheIndex, Command, JobRecord, NodeDeath, Outcome};
 use floe_core::job::JobProgress;
 use floe_core::{JobId, NodeId, ObjectId};
 
@@ -23,13 +26,23 @@ use crate::{Error, Result};
 /// What a driver needs from the cluster. Methods return `Send` futures so the executor can
 /// run them in spawned tasks.
 pub trait ClusterAccess: Send + Sync + 'static {
-    /// A linearizable read of the replicated state; also refreshes what [`alive_nodes`],
-    /// [`address`] and [`death_of`] know.
+    /// One job's record (`None` when the scheduler does not know it).
+    fn read_job(&self, job: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
+
+    /// The fingerprint cache index, for planning.
+    fn cache_index(&self) -> impl Future<Output = Result<CacheIndex>> + Send;
+
+    /// The alive nodes; also refreshes what [`alive_nodes`], [`address`] and [`death_of`]
+    /// know.
     ///
     /// [`alive_nodes`]: ClusterAccess::alive_nodes
     /// [`address`]: ClusterAccess::address
     /// [`death_of`]: ClusterAccess::death_of
-    fn read_state(&self) -> impl Future<Output = Result<ClusterState>> + Send;
+    fn read_nodes(&self) -> impl Future<Output = Result<Vec<NodeSummary>>> + Send;
+
+    /// Learns the node deaths committed since the last look, without waiting for more, so
+    /// tasks waiting on a dead node give up.
+    fn learn_deaths(&self) -> impl Future<Output = Result<()>> + Send;
 
     /// Commits a command to the replicated state.
     fn propose(&self, command: Command) -> impl Future<Output = Result<Outcome>> + Send;
@@ -116,18 +129,12 @@ impl Deaths {
         Self(tokio::sync::watch::Sender::new(BTreeSet::new()))
     }
 
-    /// Learns the dead nodes of `state`; waiters on any of them return.
-    fn learn(&self, state: &ClusterState) {
-        let dead: BTreeSet<NodeId> = state
-            .nodes
-            .values()
-            .filter(|node| !node.is_alive())
-            .map(|node| node.id)
-            .collect();
+    /// Learns `deaths`; waiters on any of them return.
+    fn learn(&self, deaths: &[NodeDeath]) {
         self.0.send_if_modified(|known| {
-            let changed = *known != dead;
-            *known = dead;
-            changed
+            let before = known.len();
+            known.extend(deaths.iter().map(|death| death.node));
+            known.len() != before
         });
     }
 

@@ -2,15 +2,17 @@
 //! (tasks, actor calls, cache shards, frees), each behind a small pool of reused connections.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::placement::PlacementRequest;
-use floe_api::state::{ClusterState, Command, Outcome};
+use floe_api::scheduler_protocol::NodeSummary;
+use floe_api::state::{CacheIndex, Command, JobRecord, Outcome};
 use floe_core::job::JobProgress;
-use floe_core::wire::{PeerKind, RpcClient, WireConfig, WireError};
+use floe_core::wire::{RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId};
 
 use super::{ClusterAccess, Deaths};
@@ -39,11 +41,13 @@ pub struct RpcCluster {
     placement_pool: Mutex<Vec<SchedulerClient>>,
     node_pool: NodePool,
     task_pool: NodePool,
-    /// Alive nodes' RPC addresses, as of the last state read.
+    /// Alive nodes' RPC addresses, as of the last read of the nodes.
     nodes: Mutex<BTreeMap<NodeId, String>>,
-    /// Nodes committed dead, as of the last state read: a task waiting on one is given up
+    /// Nodes committed dead, as learned from the scheduler: a task waiting on one is given up
     /// even when its connection stays open (a machine that lost power sends no reset).
     dead: Deaths,
+    /// The log index up to which deaths are known.
+    deaths_known_at: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -64,6 +68,7 @@ impl RpcCluster {
             task_pool: Mutex::new(BTreeMap::new()),
             nodes: Mutex::new(BTreeMap::new()),
             dead: Deaths::new(),
+            deaths_known_at: AtomicU64::new(0),
         }
     }
 
@@ -77,16 +82,60 @@ impl RpcCluster {
 }
 
 impl ClusterAccess for RpcCluster {
-    async fn read_state(&self) -> Result<ClusterState> {
+    async fn read_job(&self, job: JobId) -> Result<Option<JobRecord>> {
         let mut client = self.scheduler_client()?;
-        let state = client.read_state().await?;
+        let record = client.watch_job(job, Duration::ZERO).await?;
         self.return_scheduler_client(client);
-        *lock(&self.nodes) = state
-            .alive_nodes()
-            .map(|node| (node.id, node.addresses.rpc.clone()))
+        Ok(record)
+    }
+
+    async fn cache_index(&self) -> Result<CacheIndex> {
+        let mut client = self.scheduler_client()?;
+        let index = client.cache_index().await?;
+        self.return_scheduler_client(client);
+        Ok(index)
+    }
+
+    async fn read_nodes(&self) -> Result<Vec<NodeSummary>> {
+        let mut client = self.scheduler_client()?;
+        let (as_of, nodes) = client.alive_nodes().await?;
+        self.return_scheduler_client(client);
+        let alive: BTreeMap<NodeId, String> = nodes
+            .iter()
+            .map(|node| (node.id, node.rpc.clone()))
             .collect();
-        self.dead.learn(&state);
-        Ok(state)
+        // A node known before and missing now died (or was forgotten, long after dying).
+        let gone: Vec<_> = lock(&self.nodes)
+            .keys()
+            .filter(|node| !alive.contains_key(node))
+            .map(|node| floe_api::state::NodeDeath {
+                node: *node,
+                index: as_of,
+                reason: "no longer alive".into(),
+            })
+            .collect();
+        self.dead.learn(&gone);
+        *lock(&self.nodes) = alive;
+        self.deaths_known_at.fetch_max(as_of, Ordering::Relaxed);
+        Ok(nodes)
+    }
+
+    async fn learn_deaths(&self) -> Result<()> {
+        let after = self.deaths_known_at.load(Ordering::Relaxed);
+        let mut client = self.scheduler_client()?;
+        let deaths = client.watch_deaths(after, Duration::ZERO).await?;
+        self.return_scheduler_client(client);
+        if let Some(last) = deaths.iter().map(|death| death.index).max() {
+            self.deaths_known_at.fetch_max(last, Ordering::Relaxed);
+        }
+        {
+            let mut nodes = lock(&self.nodes);
+            for death in &deaths {
+                nodes.remove(&death.node);
+            }
+        }
+        self.dead.learn(&deaths);
+        Ok(())
     }
 
     async fn propose(&self, command: Command) -> Result<Outcome> {
@@ -136,12 +185,12 @@ impl ClusterAccess for RpcCluster {
         Ok(stop)
     }
 
-    /// Reads the state again if the node is new to the driver.
+    /// Reads the alive nodes again if the node is new to the driver.
     async fn address(&self, node: NodeId) -> Result<String> {
         if let Some(addr) = lock(&self.nodes).get(&node) {
             return Ok(addr.clone());
         }
-        self.read_state().await?;
+        self.read_nodes().await?;
         lock(&self.nodes)
             .get(&node)
             .cloned()
@@ -176,7 +225,7 @@ async fn call_pooled(
     let pooled = lock(pool).get_mut(addr).and_then(|clients| clients.pop());
     let mut client = match pooled {
         Some(client) => client,
-        None => RpcClient::connect(addr, wire.clone(), PeerKind::Node).await?,
+        None => RpcClient::connect(addr, wire.clone()).await?,
     };
     let response = client.call(request).await?;
     let mut pool = lock(pool);
@@ -198,10 +247,8 @@ fn pooled_scheduler_client(
 ) -> Result<SchedulerClient> {
     match lock(pool).pop() {
         Some(client) => Ok(client),
-        None => Ok(
-            SchedulerClient::new(schedulers.to_vec(), wire.clone(), PeerKind::Node)?
-                .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT),
-        ),
+        None => Ok(SchedulerClient::new(schedulers.to_vec(), wire.clone())?
+            .with_attempt_timeout(SCHEDULER_ATTEMPT_TIMEOUT)),
     }
 }
 

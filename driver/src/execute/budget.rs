@@ -2,7 +2,7 @@
 //! nodes, and the bytes queued between operators that sources are throttled against.
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse, StoreUsage};
-use floe_api::state::ClusterState;
+use floe_api::scheduler_protocol::NodeSummary;
 
 use super::task::Recipe;
 use super::{Execution, TASK_CPU_MILLIS};
@@ -38,14 +38,14 @@ impl Limits {
 impl<C: ClusterAccess> Execution<C> {
     /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
     pub(super) async fn size_budget(&mut self) -> crate::Result<()> {
-        let state = self.cluster.read_state().await?;
-        let cpus: u64 = state
-            .alive_nodes()
+        let nodes = self.cluster.read_nodes().await?;
+        let cpus: u64 = nodes
+            .iter()
             .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
             .sum();
         self.limits.concurrency_cap = cpus.max(1);
         let capacity: u64 = self
-            .stores(&state)
+            .stores(&nodes)
             .await
             .iter()
             .map(|store| store.capacity)
@@ -57,23 +57,23 @@ impl<C: ClusterAccess> Execution<C> {
 
     /// Bytes the alive nodes' stores have spilled since they opened.
     pub(super) async fn spilled_bytes(&self) -> u64 {
-        let Ok(state) = self.cluster.read_state().await else {
+        let Ok(nodes) = self.cluster.read_nodes().await else {
             return 0;
         };
-        self.stores(&state)
+        self.stores(&nodes)
             .await
             .iter()
             .map(|store| store.spilled_bytes_total)
             .sum()
     }
 
-    /// The object stores of `state`'s alive nodes, as those that answer report them.
-    async fn stores(&self, state: &ClusterState) -> Vec<StoreUsage> {
+    /// The object stores of `nodes`, as those that answer report them.
+    async fn stores(&self, nodes: &[NodeSummary]) -> Vec<StoreUsage> {
         let mut stores = Vec::new();
-        for node in state.alive_nodes() {
+        for node in nodes {
             if let Ok(NodeResponse::Status(status)) = self
                 .cluster
-                .call_node(&node.addresses.rpc, &NodeRequest::Status)
+                .call_node(&node.rpc, &NodeRequest::Status)
                 .await
             {
                 stores.push(status.store);
@@ -95,7 +95,7 @@ impl<C: ClusterAccess> Execution<C> {
                 let queued = op.inputs.iter().flat_map(|input| &input.queued);
                 let unstarted = op.ready.iter().filter_map(|launch| match &launch.recipe {
                     Recipe::Compute { inputs, .. } => Some(inputs),
-                    Recipe::Load { .. } => None,
+                    Recipe::Load(_) => None,
                 });
                 queued
                     .flat_map(|bundle| &bundle.blocks)

@@ -2,15 +2,77 @@
 //! count is known up front), any other operator's all at its end, each recorded in the
 //! replicated cache index once written.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse, ShardWrite};
 use floe_api::state::{CachedShard, Command};
-use floe_core::{NodeId, ObjectId};
+use floe_core::{Fingerprint, NodeId, ObjectId};
 
+use super::task::{Launch, Recipe};
 use super::{Event, Execution};
 use crate::cluster::ClusterAccess;
-use crate::plan::CacheTarget;
+use crate::plan::{CacheTarget, Planned, ShardToLoad};
+
+/// A shard the index names on `node` whose file turned out missing or damaged there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct StaleShard {
+    pub fingerprint: Fingerprint,
+    pub count: u32,
+    pub rank: u32,
+    pub node: NodeId,
+}
+
+/// Before a recompute: drops the old shards of every cached operator the job runs from the
+/// index, then removes their files from every alive node, so copies the new shards do not
+/// overwrite (another node's, another shard count's) do not stay behind. A node that cannot
+/// be reached keeps its copies; they hold the same rows.
+pub(crate) async fn remove_old_shards<C: ClusterAccess>(
+    cluster: &C,
+    planned: &Planned,
+) -> crate::Result<()> {
+    let fingerprints: BTreeSet<Fingerprint> = planned
+        .operators
+        .iter()
+        .filter(|operator| operator.needed)
+        .filter_map(|operator| operator.cache.as_ref())
+        .map(|target| target.fingerprint)
+        .collect();
+    if fingerprints.is_empty() {
+        return Ok(());
+    }
+    for fingerprint in &fingerprints {
+        // Rejected when nothing of it is indexed.
+        cluster
+            .propose(Command::EvictCache {
+                fingerprint: fingerprint.to_string(),
+            })
+            .await?;
+    }
+    let request = NodeRequest::RemoveCacheShards {
+        fingerprints: fingerprints.into_iter().collect(),
+    };
+    // Asked of the scheduler, not the driver's view of the nodes, which is filled only once
+    // the execution starts.
+    for node in cluster.read_nodes().await? {
+        if let Err(error) = cluster.call_node(&node.rpc, &request).await {
+            tracing::warn!(node = %node.id, %error, "cannot remove the old shards of a recomputed output");
+        }
+    }
+    Ok(())
+}
+
+impl StaleShard {
+    /// Drops it from the index (unless a copy was recorded on another node since).
+    pub(crate) fn forget(&self) -> Command {
+        Command::ForgetCacheShard {
+            fingerprint: self.fingerprint.to_string(),
+            shard_count: self.count,
+            rank: self.rank,
+            node: self.node,
+        }
+    }
+}
 
 /// Why a cache shard was not written or recorded (the job goes on; the shard is computed
 /// again next time).
@@ -23,6 +85,52 @@ pub(super) enum CacheWriteError {
 }
 
 impl<C: ClusterAccess> Execution<C> {
+    /// A load of operator `index` found its shard gone. A source's own shard is dropped from
+    /// the index and computed again in its place (the index changes first, so the shard the
+    /// task then writes is not the one forgotten); any other is left for the driver to drop
+    /// before it plans the job again without it.
+    pub(super) fn shard_gone(&mut self, index: usize, launch: Launch, message: String) {
+        let Recipe::Load(ShardToLoad {
+            node,
+            rank,
+            count,
+            recompute,
+        }) = launch.recipe
+        else {
+            self.fail(index, message);
+            return;
+        };
+        let stale = StaleShard {
+            fingerprint: self.ops[index].stage.fingerprint,
+            count,
+            rank,
+            node,
+        };
+        let Some(input) = recompute else {
+            self.stale_cache.insert(stale);
+            self.fail(index, message);
+            return;
+        };
+        tracing::warn!(job = %self.job, operator = %self.ops[index].name, %message, "computing a cached shard that is gone");
+        let op = &mut self.ops[index];
+        op.stats.cache_hits = op.stats.cache_hits.saturating_sub(1);
+        let next = super::task::compute(launch.seq, input, Vec::new());
+        // Counted as running until it is queued.
+        op.running += 1;
+        self.running.insert(next.task);
+        let cluster = Arc::clone(&self.cluster);
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            if let Err(error) = cluster.propose(stale.forget()).await {
+                tracing::warn!(%error, "cannot drop a missing shard from the cache index");
+            }
+            let _ = events.send(Event::Requeue {
+                op: index,
+                launch: next,
+            });
+        });
+    }
+
     /// Writes one shard from blocks on `node` and records it in the replicated index.
     pub(super) fn write_shard(
         &mut self,

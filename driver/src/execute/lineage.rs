@@ -125,7 +125,7 @@ impl<C: ClusterAccess> Execution<C> {
     /// pointing at a dead node.
     pub(super) async fn recover_lost_outputs(&mut self) {
         loop {
-            if let Err(error) = self.cluster.read_state().await {
+            if let Err(error) = self.cluster.read_nodes().await {
                 tracing::warn!(job = %self.job, %error, "cannot check the output blocks' nodes");
                 return;
             }

@@ -42,7 +42,7 @@ use floe_api::state::{JobOutcome, JobStatus};
 use floe_core::job::{
     JobOptions, JobProgress, JobStats, OperatorProgress, OperatorStats, OutputBlock,
 };
-use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use tokio::sync::mpsc;
 
 use crate::DriverConfig;
@@ -54,6 +54,7 @@ use self::aggregators::AggregatorError;
 use self::blocks::BlockInfo;
 use self::budget::Limits;
 use self::cache::CacheWriteError;
+pub(crate) use self::cache::{StaleShard, remove_old_shards};
 use self::lineage::Lineage;
 use self::operator::{OperatorPhase, OperatorState};
 use self::task::{Launch, RunFailure};
@@ -69,9 +70,10 @@ const TASK_CPU_MILLIS: u64 = 1000;
 /// How an execution ended.
 pub(crate) struct Finished {
     pub outcome: JobOutcome,
-    /// Fingerprints whose indexed shards turned out missing: the driver drops them from the
-    /// index and plans the job again rather than failing it.
-    pub stale_cache: BTreeSet<Fingerprint>,
+    /// Indexed shards that turned out missing and that the job could not compute in their
+    /// place: the driver drops them from the index and plans the job again rather than
+    /// failing it.
+    pub stale_cache: BTreeSet<StaleShard>,
 }
 
 /// What the spawned work of an execution reports back to its loop.
@@ -126,7 +128,7 @@ pub(crate) struct Execution<C: ClusterAccess> {
     events: mpsc::UnboundedReceiver<Event>,
     outputs: Vec<ObjectId>,
     failure: Option<String>,
-    stale_cache: BTreeSet<Fingerprint>,
+    stale_cache: BTreeSet<StaleShard>,
     limits: Limits,
 }
 
@@ -213,10 +215,10 @@ impl<C: ClusterAccess> Execution<C> {
                     }
                 }
                 _ = progress.tick() => {
-                    // Also learns of nodes committed dead, for tasks waiting on them.
-                    match self.cluster.read_state().await {
-                        Ok(_) => self.replace_dead_aggregators(),
-                        Err(error) => tracing::warn!(job = %self.job, %error, "cannot read the cluster state"),
+                    // Learns of nodes committed dead, for tasks waiting on them.
+                    match self.cluster.learn_deaths().await {
+                        Ok(()) => self.replace_dead_aggregators(),
+                        Err(error) => tracing::warn!(job = %self.job, %error, "cannot learn of node deaths"),
                     }
                     match self.cluster.report_progress(self.job, self.progress()).await {
                         Ok(true) => cancelled = true,

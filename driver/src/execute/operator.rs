@@ -108,7 +108,7 @@ impl OperatorState {
                         input,
                         inputs: Vec::new(),
                     },
-                    SourceTask::Load { node, rank, count } => Recipe::Load { node, rank, count },
+                    SourceTask::Load(shard) => Recipe::Load(shard),
                 };
                 ready.push_back(Launch::first(seq, recipe));
             }

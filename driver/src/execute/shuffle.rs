@@ -111,6 +111,16 @@ pub(super) struct HotPartition {
     pub(super) times_median: u64,
 }
 
+/// Ray's rule for a shuffle the user gave no partition count: one partition per target block
+/// of input bytes (`data.max_block_size`), at least one, and at most one per input bundle
+/// (the parallelism the input already has) and [`MAX_DEFAULT_PARTITIONS`], so six rows sort
+/// in one partition however many files they came from.
+fn default_partitions(bundles: usize, bytes: u64, target_block_bytes: u64) -> u32 {
+    let by_size = usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX);
+    let most = bundles.clamp(1, MAX_DEFAULT_PARTITIONS);
+    u32::try_from(by_size.clamp(1, most)).unwrap_or(1)
+}
+
 impl<C: ClusterAccess> Execution<C> {
     /// Moves a shuffle forward: collects input bundles, and starts each phase's tasks once the
     /// previous phase is complete.
@@ -141,9 +151,19 @@ impl<C: ClusterAccess> Execution<C> {
                     return;
                 }
                 let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
-                op.shuffle.partitions = exchange.fixed_partitions().unwrap_or_else(|| {
-                    u32::try_from(bundles.clamp(1, MAX_DEFAULT_PARTITIONS)).unwrap_or(1)
-                });
+                let bytes: u64 = op
+                    .shuffle
+                    .sides
+                    .iter()
+                    .flatten()
+                    .flat_map(|bundle| &bundle.blocks)
+                    .filter_map(|block| self.blocks.get(block))
+                    .map(|info| info.bytes)
+                    .sum();
+                let target = self.config.max_block_bytes;
+                op.shuffle.partitions = exchange
+                    .fixed_partitions()
+                    .unwrap_or_else(|| default_partitions(bundles, bytes, target));
                 let partitions = op.shuffle.partitions;
                 let idle = op
                     .shuffle

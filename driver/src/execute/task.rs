@@ -13,7 +13,7 @@ use floe_api::node_protocol::{
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::physical::Stage;
 use floe_core::plan::task::{StageInput, StageTask};
-use floe_core::{ActorId, NodeId, ObjectId, TaskId};
+use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
 use super::aggregators::ReduceRoute;
@@ -23,7 +23,7 @@ use super::shuffle::SAMPLE_SEQ;
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
-use crate::plan::Work;
+use crate::plan::{ShardToLoad, Work};
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
 /// input is (Ray Data's rule).
@@ -36,11 +36,7 @@ pub(super) enum Recipe {
         input: StageInput,
         inputs: Vec<ObjectId>,
     },
-    Load {
-        node: NodeId,
-        rank: u32,
-        count: u32,
-    },
+    Load(ShardToLoad),
 }
 
 /// A first run of a task that computes `input` from `inputs`.
@@ -113,10 +109,11 @@ impl<C: ClusterAccess> Execution<C> {
                 .iter()
                 .map(|object| (*object, self.blocks.get(object).copied()))
                 .collect(),
-            Recipe::Load { .. } => Vec::new(),
+            Recipe::Load(_) => Vec::new(),
         };
         let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
+            job: self.job,
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
             input_schemas: Arc::clone(&self.ops[index].input_schemas),
@@ -230,7 +227,7 @@ impl<C: ClusterAccess> Execution<C> {
                 }
             }
             Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
-            Recipe::Load { .. } => {}
+            Recipe::Load(_) => {}
         }
         self.ops[index].finished.insert(launch.seq, bundle);
         self.emit_ready(index);
@@ -251,10 +248,7 @@ impl<C: ClusterAccess> Execution<C> {
                 self.lineage.wait_for(object, index, launch);
             }
             RunFailure::Failed(TaskFailure::Cancelled) => {}
-            RunFailure::StaleCache(message) => {
-                self.stale_cache.insert(self.ops[index].stage.fingerprint);
-                self.fail(index, message);
-            }
+            RunFailure::StaleCache(message) => self.shard_gone(index, launch, message),
             RunFailure::Failed(failure) if failure.retryable() => {
                 let retries = self.options.max_task_retries;
                 let op = &mut self.ops[index];
@@ -331,6 +325,7 @@ impl<C: ClusterAccess> Execution<C> {
 /// its node (or through its aggregator, or loads its cache shard) and answers what it made.
 struct TaskRun<C: ClusterAccess> {
     cluster: Arc<C>,
+    job: JobId,
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
@@ -349,7 +344,9 @@ impl<C: ClusterAccess> TaskRun<C> {
         let unreachable =
             |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
         match &launch.recipe {
-            Recipe::Load { node, rank, count } => {
+            Recipe::Load(ShardToLoad {
+                node, rank, count, ..
+            }) => {
                 let addr = match self.cluster.address(*node).await {
                     Ok(addr) => addr,
                     Err(error) => {
@@ -358,6 +355,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                     }
                 };
                 let load = ShardLoad {
+                    job: self.job,
                     fingerprint: self.stage.fingerprint,
                     rank: *rank,
                     count: *count,
@@ -465,6 +463,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         }
         let spec = TaskSpec {
             task,
+            job: self.job,
             kind: TaskKind::Stage(Box::new(StageTask {
                 stage: (*self.stage).clone(),
                 input,

@@ -11,11 +11,14 @@ use arrow::record_batch::RecordBatch;
 use floe_api::node_protocol::TaskFailure;
 use floe_api::placement::Strategy;
 use floe_api::state::{Command, JobRecord, JobStatus};
-use floe_core::config::{ClusterToken, TimeoutsConfig};
+use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
 use floe_core::expr::{col, lit};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
-use floe_core::plan::{AggFunction, Aggregation, LogicalPlan};
+use floe_core::plan::{
+    AggFunction, Aggregation, Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan,
+    SortKey, WriteMode, WriteSpec,
+};
 use floe_core::wire::WireConfig;
 use floe_core::{NodeId, ObjectId};
 
@@ -41,17 +44,21 @@ fn fake(nodes: u64, cpus_per_node: u64) -> Arc<FakeCluster> {
 fn driver_config() -> Arc<DriverConfig> {
     Arc::new(DriverConfig {
         schedulers: Vec::new(),
-        wire: WireConfig {
-            token: ClusterToken::new("fake"),
-            max_frame: 1 << 20,
-            timeouts: TimeoutsConfig::default(),
-            tls: floe_core::wire::WireTls::Plaintext,
+        wire: {
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("fake");
+            WireConfig {
+                max_frame: 1 << 20,
+                timeouts: TimeoutsConfig::default(),
+                ..WireConfig::member(&config)
+            }
         },
         node: DRIVER_NODE,
         min_block_bytes: 1,
         max_block_bytes: 1 << 20,
         batch_rows: BATCH_ROWS,
         progress_interval: Duration::from_millis(10),
+        allowed_paths: floe_core::config::AllowedPaths::any(),
     })
 }
 
@@ -73,14 +80,20 @@ fn stored_range(n: u64) -> LogicalPlan {
 
 /// Runs `spec` to its end on `fake` and returns the job's record.
 async fn run(fake: &Arc<FakeCluster>, spec: &JobSpec) -> Arc<JobRecord> {
+    run_with(fake, spec, driver_config()).await
+}
+
+/// [`run`] with a driver configuration of its own.
+async fn run_with(
+    fake: &Arc<FakeCluster>,
+    spec: &JobSpec,
+    config: Arc<DriverConfig>,
+) -> Arc<JobRecord> {
     let job = fake.submit(spec, DRIVER_NODE);
-    tokio::time::timeout(
-        JOB_TIMEOUT,
-        crate::drive(driver_config(), Arc::clone(fake), job, 1),
-    )
-    .await
-    .expect("the job ended in time")
-    .expect("the driver committed the outcome");
+    tokio::time::timeout(JOB_TIMEOUT, crate::drive(config, Arc::clone(fake), job, 1))
+        .await
+        .expect("the job ended in time")
+        .expect("the driver committed the outcome");
     // Frees the driver spawned and did not wait for.
     tokio::time::sleep(Duration::from_millis(20)).await;
     fake.job(job)
@@ -284,7 +297,12 @@ async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
         .unwrap()
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
-    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    // Tiny target blocks: a partition per input bundle, so several aggregators.
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64,
+        ..(*driver_config()).clone()
+    });
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
     succeeded(&record);
     let batches = fake.batches(outputs(&record));
     let got: BTreeMap<i64, i64> = column(&batches, "k")
@@ -403,37 +421,290 @@ async fn a_planned_cache_hit_loads_shards_instead_of_running_the_source() {
     assert_eq!(stats(&second, "range").tasks, 0);
 }
 
+/// The `ForgetCacheShard` commands `fake` applied, as (rank, count).
+fn forgotten(fake: &FakeCluster) -> Vec<(u32, u32)> {
+    fake.commands()
+        .iter()
+        .filter_map(|(command, outcome)| match command {
+            Command::ForgetCacheShard {
+                rank, shard_count, ..
+            } if *outcome == floe_api::state::Outcome::Applied => Some((*rank, *shard_count)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn range_runs(fake: &FakeCluster) -> usize {
+    fake.tasks()
+        .iter()
+        .filter(|task| task.stage == "range" && task.failure.is_none())
+        .count()
+}
+
 #[tokio::test]
-async fn a_stale_cache_shard_makes_the_driver_evict_it_and_plan_again() {
+async fn a_missing_source_shard_is_dropped_from_the_index_and_computed_in_its_place() {
     let fake = fake(2, 2);
     // The map fuses into the range, whose output is cached shard by shard.
     let plan = doubled(LogicalPlan::range(200).unwrap());
     let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
     succeeded(&first);
-    let computed = fake.tasks().len();
-    // The index still names the shards; their files are gone.
+    let computed = range_runs(&fake);
+    let shards = range_task_count(200);
+    // The index still names shard 1; its file is gone.
+    fake.delete_cache_rank(1);
+    let record = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&record), 200);
+    assert_eq!(forgotten(&fake), vec![(1, shards as u32)]);
+    // Only the missing shard ran, in the same plan.
+    assert_eq!(range_runs(&fake), computed + 1);
+    assert_eq!(stats(&record, "range").tasks, 1);
+    assert_eq!(stats(&record, "range").cache_hits, shards - 1);
+    // It was written and indexed again: the next run computes nothing.
+    let again = run(&fake, &spec(plan, CacheMode::Reuse)).await;
+    assert_doubled(&fake, succeeded(&again), 200);
+    assert_eq!(range_runs(&fake), computed + 1);
+}
+
+#[tokio::test]
+async fn a_missing_shuffle_shard_makes_the_driver_forget_it_and_plan_again() {
+    let fake = fake(2, 2);
+    let sorted = |source: LogicalPlan| {
+        source
+            .sort(vec![floe_core::plan::SortKey::asc("id")])
+            .unwrap()
+    };
+    let plan = sorted(doubled(LogicalPlan::range(200).unwrap()));
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    succeeded(&first);
+    let computed = range_runs(&fake);
+    // Every file is gone (a `cache clean` the index did not hear of): the sort's output is
+    // found missing, then the range's shards, which are computed in place.
     fake.delete_cache_files();
     let record = run(&fake, &spec(plan, CacheMode::Reuse)).await;
     assert_doubled(&fake, succeeded(&record), 200);
-    let fingerprint = record
-        .stats
-        .as_ref()
-        .and_then(|stats| stats.operators[0].fingerprint)
-        .expect("the range has a fingerprint")
-        .to_string();
+    assert!(!forgotten(&fake).is_empty());
+    assert_eq!(range_runs(&fake), computed + range_task_count(200) as usize);
+}
+
+#[tokio::test]
+async fn a_recompute_replaces_the_old_shards_instead_of_adding_to_them() {
+    let fake = fake(3, 1);
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    succeeded(&first);
+    let shards = range_task_count(200) as usize;
+    assert_eq!(fake.cache_files(), shards);
+    for _ in 0..3 {
+        let record = run(&fake, &spec(plan.clone(), CacheMode::Recompute)).await;
+        assert_doubled(&fake, succeeded(&record), 200);
+        // Placement spreads the shards differently each time; old copies elsewhere go.
+        assert_eq!(fake.cache_files(), shards);
+    }
+    let cache = fake.cache_index().await.unwrap();
+    let entries: usize = cache
+        .values()
+        .flat_map(|by_count| by_count.values())
+        .map(|entry| entry.shards.len())
+        .sum();
+    assert_eq!(entries, shards);
+}
+
+#[tokio::test]
+async fn a_driver_reads_what_it_needs_however_many_jobs_the_cluster_ran() {
+    let fake = fake(3, 2);
+    fake.add_finished_jobs(20_000);
+    // Slow tasks keep the job running for many progress ticks (10 ms each).
+    fake.on_tasks(2, |_| true, Fault::Delay(Duration::from_millis(150)));
+    let plan = stored_range(u64::from(BATCH_ROWS) * 16)
+        .filter(col("id").gt(lit(3i64)))
+        .unwrap();
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    succeeded(&record);
+    let reads = fake.scheduler_reads();
+    // Each tick asks only for deaths since the last one; the job and the cache index are
+    // read once, the nodes a few times (the budget, spill counts, the outputs' holders).
+    assert!(reads.death_checks >= 5, "{reads:?}");
+    assert_eq!(reads.jobs, 1, "{reads:?}");
+    assert_eq!(reads.cache_indexes, 1, "{reads:?}");
+    assert!(reads.node_lists <= 4, "{reads:?}");
+    // No answer carried more than the three nodes: the 20,000 finished jobs were never read.
+    assert!(reads.largest_answer <= 3, "{reads:?}");
+}
+
+#[tokio::test]
+async fn a_later_attempt_frees_what_the_dead_attempt_left_on_the_other_nodes() {
+    let fake = fake(3, 2);
+    let plan = stored_range(u64::from(BATCH_ROWS) * 8);
+    let job = fake.submit(&spec(plan, CacheMode::NoCache), NodeId::new(2));
+    // Attempt 1 made blocks on nodes 1 and 3, then its driver died with node 2.
+    let orphans = [ObjectId::new(7), ObjectId::new(8)];
+    fake.store_block(job, DRIVER_NODE, orphans[0]);
+    fake.store_block(job, NodeId::new(3), orphans[1]);
+    let other_job = ObjectId::new(9);
+    fake.store_block(floe_core::JobId::new(99), NodeId::new(3), other_job);
+    fake.restart_driver(job, NodeId::new(2), DRIVER_NODE);
+    tokio::time::timeout(
+        JOB_TIMEOUT,
+        crate::drive(driver_config(), Arc::clone(&fake), job, 2),
+    )
+    .await
+    .expect("the job ended in time")
+    .expect("the driver committed the outcome");
+    let record = fake.job(job);
+    succeeded(&record);
+    let stored = fake.stored_objects();
     assert!(
-        fake.commands().iter().any(|(command, _)| {
-            *command
-                == Command::EvictCache {
-                    fingerprint: fingerprint.clone(),
-                }
-        }),
-        "the stale entry was not evicted"
+        orphans.iter().all(|object| !stored.contains(object)),
+        "{stored:?}"
     );
-    // Planned again without the cache: the range computed its blocks again.
-    let recomputed = fake.tasks()[computed..]
+    assert!(stored.contains(&other_job), "another job's block was freed");
+    assert!(
+        outputs(&record)
+            .iter()
+            .all(|object| stored.contains(object))
+    );
+}
+
+/// `plan` written as Parquet into `directory` with `mode`.
+fn written(plan: LogicalPlan, directory: &std::path::Path, mode: WriteMode) -> LogicalPlan {
+    plan.write(WriteSpec {
+        format: FileFormat::Parquet,
+        directory: directory.to_owned(),
+        target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        mode,
+        compression: Compression::Zstd,
+    })
+    .unwrap()
+}
+
+/// The visible files of `directory` and the rows in them.
+fn files_and_rows(directory: &std::path::Path) -> (Vec<String>, usize) {
+    let mut names: Vec<String> = std::fs::read_dir(directory)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let rows = names
         .iter()
-        .filter(|task| task.stage == "range" && task.failure.is_none())
+        .map(|name| {
+            let file = std::fs::File::open(directory.join(name)).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            reader.map(|batch| batch.unwrap().num_rows()).sum::<usize>()
+        })
+        .sum();
+    (names, rows)
+}
+
+#[tokio::test]
+async fn adding_a_sink_to_a_cached_pipeline_loads_its_result() {
+    let fake = fake(2, 2);
+    let plan = doubled(LogicalPlan::range(200).unwrap());
+    succeeded(&*run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await);
+    let computed = fake.tasks().len();
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("doubled");
+    let sunk = written(plan, &target, WriteMode::Error);
+    let record = run(&fake, &spec(sunk, CacheMode::Reuse)).await;
+    succeeded(&record);
+    let ran_range = fake.tasks()[computed..]
+        .iter()
+        .filter(|task| task.stage == "range")
         .count();
-    assert_eq!(recomputed as u64, range_task_count(200));
+    assert_eq!(ran_range, 0, "the range ran again under the sink");
+    assert_eq!(stats(&record, "range").cache_hits, range_task_count(200));
+    assert_eq!(files_and_rows(&target).1, 200);
+}
+
+#[tokio::test]
+async fn write_modes_refuse_replace_or_add_to_an_earlier_output() {
+    let fake = fake(2, 2);
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("out");
+    let job = |n: u64, mode: WriteMode| {
+        spec(
+            written(LogicalPlan::range(n).unwrap(), &target, mode),
+            CacheMode::NoCache,
+        )
+    };
+    succeeded(&*run(&fake, &job(200, WriteMode::Error)).await);
+    let (first_files, rows) = files_and_rows(&target);
+    assert_eq!(rows, 200);
+    assert_eq!(first_files.len() as u64, range_task_count(200));
+
+    // `error`: refused, and the directory is as it was.
+    let refused = run(&fake, &job(10, WriteMode::Error)).await;
+    let JobStatus::Failed { message } = &refused.status else {
+        panic!("not refused: {:?}", refused.status);
+    };
+    assert!(message.contains("already holds files"), "{message}");
+    assert_eq!(files_and_rows(&target), (first_files.clone(), 200));
+
+    // `overwrite` with fewer partitions: exactly the new rows, no stale file.
+    succeeded(&*run(&fake, &job(10, WriteMode::Overwrite)).await);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (1, 10), "{files:?}");
+
+    // `append`: both runs' rows, under new names.
+    succeeded(&*run(&fake, &job(20, WriteMode::Append)).await);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (2, 30), "{files:?}");
+    // Nothing staged is left beside the directory.
+    let beside: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
+    assert_eq!(beside.len(), 1);
+}
+
+#[tokio::test]
+async fn six_rows_sort_in_one_partition_and_write_one_file() {
+    let fake = fake(2, 2);
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("sorted");
+    // Six rows in three stored bundles.
+    let rows = LogicalPlan::range(6)
+        .unwrap()
+        .repartition(3, &[])
+        .unwrap()
+        .sort(vec![SortKey::desc("id")])
+        .unwrap();
+    let record = run(
+        &fake,
+        &spec(written(rows, &target, WriteMode::Error), CacheMode::NoCache),
+    )
+    .await;
+    succeeded(&record);
+    let reduces = fake
+        .tasks()
+        .iter()
+        .filter(|task| task.stage == "sort" && matches!(task.input, StageInput::Reduce { .. }))
+        .count();
+    assert_eq!(reduces, 1);
+    let (files, rows) = files_and_rows(&target);
+    assert_eq!((files.len(), rows), (1, 6), "{files:?}");
+}
+
+#[tokio::test]
+async fn a_sink_outside_the_allowed_paths_is_refused_before_any_task() {
+    let fake = fake(1, 2);
+    let allowed = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = Arc::new(DriverConfig {
+        allowed_paths: floe_core::config::AllowedPaths::under(&[allowed.path().to_owned()]),
+        ..(*driver_config()).clone()
+    });
+    let target = elsewhere.path().join("out");
+    let plan = written(
+        LogicalPlan::range(10).unwrap(),
+        &target,
+        WriteMode::Overwrite,
+    );
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let JobStatus::Failed { message } = &record.status else {
+        panic!("not refused: {:?}", record.status);
+    };
+    assert!(message.contains("outside data.allowed_paths"), "{message}");
+    assert!(fake.tasks().is_empty());
+    assert!(!target.exists());
 }

@@ -496,13 +496,33 @@ impl Cache {
     /// the cap is exceeded rather than pulling data from under a reader.
     pub fn evict_to_cap(&self, writing: Option<Fingerprint>) -> Result<Removed> {
         let _one_at_a_time = self.eviction.lock().unwrap_or_else(PoisonError::into_inner);
+        let cap = self.config.max_bytes.bytes();
+        let (over, left) = self.beyond(cap, writing)?;
+        let removed = self.remove_files(&over)?;
+        bump(&self.counters.evicted_shards, removed.shards);
+        if left > cap {
+            tracing::warn!(
+                total = left,
+                cap,
+                "cache over its size cap: the remaining shards are in use"
+            );
+        }
+        Ok(removed)
+    }
+
+    /// The least recently used shards to remove so that the rest fit in `keep_bytes` (shards
+    /// open here are kept), without removing them: whoever removes them may first have to
+    /// tell the index.
+    pub fn least_recently_used_beyond(&self, keep_bytes: u64) -> Result<Vec<ShardFile>> {
+        Ok(self.beyond(keep_bytes, None)?.0)
+    }
+
+    /// The shards to remove to fit in `cap` (sparing open shards and `writing`'s), and the
+    /// bytes left after removing them.
+    fn beyond(&self, cap: u64, writing: Option<Fingerprint>) -> Result<(Vec<ShardFile>, u64)> {
         let mut shards = self.shards()?;
         let mut total: u64 = shards.iter().map(|shard| shard.bytes).sum();
-        let cap = self.config.max_bytes.bytes();
-        let mut removed = Removed::default();
-        if total <= cap {
-            return Ok(removed);
-        }
+        let mut over = Vec::new();
         shards.sort_by_key(|shard| (shard.last_used, shard.name));
         for shard in shards {
             if total <= cap {
@@ -511,19 +531,28 @@ impl Cache {
             if Some(shard.name.fingerprint) == writing || self.pins.is_pinned(&shard.name) {
                 continue;
             }
-            if self.remove(&shard)? {
-                total -= shard.bytes;
+            total -= shard.bytes;
+            over.push(shard);
+        }
+        Ok((over, total))
+    }
+
+    /// Every shard file of these fingerprints, open or not.
+    pub fn shards_of(&self, fingerprints: &BTreeSet<Fingerprint>) -> Result<Vec<ShardFile>> {
+        let mut shards = self.shards()?;
+        shards.retain(|shard| fingerprints.contains(&shard.name.fingerprint));
+        Ok(shards)
+    }
+
+    /// Removes these shard files. One open in this process stays readable through its
+    /// mapping (a shard file is never modified in place); one already gone is not counted.
+    pub fn remove_files(&self, shards: &[ShardFile]) -> Result<Removed> {
+        let mut removed = Removed::default();
+        for shard in shards {
+            if self.remove(shard)? {
                 removed.shards += 1;
                 removed.bytes += shard.bytes;
             }
-        }
-        bump(&self.counters.evicted_shards, removed.shards);
-        if total > cap {
-            tracing::warn!(
-                total,
-                cap,
-                "cache over its size cap: the remaining shards are in use"
-            );
         }
         Ok(removed)
     }
@@ -531,16 +560,18 @@ impl Cache {
     /// Removes every shard whose fingerprint is not in `keep` (and is not open here), and
     /// temporary files left by crashed writers.
     pub fn cleanup(&self, keep: &BTreeSet<Fingerprint>) -> Result<Removed> {
-        let mut removed = Removed::default();
-        for shard in self.shards()? {
-            if keep.contains(&shard.name.fingerprint) || self.pins.is_pinned(&shard.name) {
-                continue;
-            }
-            if self.remove(&shard)? {
-                removed.shards += 1;
-                removed.bytes += shard.bytes;
-            }
-        }
+        let mut doomed = self.shards()?;
+        doomed.retain(|shard| {
+            !keep.contains(&shard.name.fingerprint) && !self.pins.is_pinned(&shard.name)
+        });
+        let removed = self.remove_files(&doomed)?;
+        self.remove_stale_temps()?;
+        Ok(removed)
+    }
+
+    /// Removes temporary files left by crashed writers (old enough not to be a write in
+    /// progress).
+    pub fn remove_stale_temps(&self) -> Result<()> {
         let dir = &self.config.dir;
         let now = SystemTime::now();
         for entry in fs::read_dir(dir).map_err(io_error("list", dir))? {
@@ -564,7 +595,7 @@ impl Cache {
                 }
             }
         }
-        Ok(removed)
+        Ok(())
     }
 
     /// Removes a shard file; `false` if someone else already did.

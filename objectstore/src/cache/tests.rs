@@ -853,3 +853,39 @@ fn a_projected_open_checks_exactly_the_pieces_it_returns() {
     );
     assert!(path.exists());
 }
+
+#[test]
+fn shards_to_remove_are_picked_without_removing_them_then_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    let one = shard_bytes(&equal_sized_entry(1.0), shard(0, 1));
+    let entries: Vec<FingerprintInputs> =
+        (1..=3).map(|i| equal_sized_entry(f64::from(i))).collect();
+    for (age, inputs) in entries.iter().enumerate() {
+        write(&cache, inputs, shard(0, 1), 100);
+        set_last_used(&cache, &name(inputs, shard(0, 1)), 1_000 + age as u64);
+    }
+    // Room for two: the least recently used one is picked, and nothing is removed yet.
+    let picked = cache.least_recently_used_beyond(2 * one).unwrap();
+    let picked_names: Vec<ShardName> = picked.iter().map(|shard| shard.name).collect();
+    assert_eq!(picked_names, vec![name(&entries[0], shard(0, 1))]);
+    assert_eq!(cache.shards().unwrap().len(), 3);
+    assert!(
+        cache
+            .least_recently_used_beyond(3 * one)
+            .unwrap()
+            .is_empty()
+    );
+
+    let of_third: BTreeSet<Fingerprint> = [entries[2].fingerprint()].into();
+    let third = cache.shards_of(&of_third).unwrap();
+    assert_eq!(third.len(), 1);
+    let removed = cache
+        .remove_files(&[picked, third.clone()].concat())
+        .unwrap();
+    assert_eq!((removed.shards, removed.bytes), (2, 2 * one));
+    let left: Vec<ShardName> = cache.shards().unwrap().iter().map(|s| s.name).collect();
+    assert_eq!(left, vec![name(&entries[1], shard(0, 1))]);
+    // Gone already: not counted again.
+    assert_eq!(cache.remove_files(&third).unwrap().shards, 0);
+}

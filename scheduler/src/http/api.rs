@@ -1,29 +1,35 @@
-//! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations check the
-//! token and go to the leader. The request and response types they use are in `json`.
+//! The JSON endpoints. Reads answer from the monitor's latest snapshot; mutations go to the
+//! leader with the caller's own token. [`authenticate`] checks every call's token and scope
+//! before a handler runs. The request and response types they use are in `json`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
-use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
-use floe_core::config::ClusterToken;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage as _, HttpRequest, HttpResponse, ResponseError, web};
+use floe_api::node_protocol::{NodeProtocol, NodeRequest};
+use floe_core::auth::{Authenticator, ClientToken, Credential, Principal, Scope};
 use floe_core::job::{CacheMode, JobProgress, JobSpec};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId, SubmissionId};
-use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use super::json::{
-    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, ErrorBody, EventJson, EventsJson,
-    EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson, NodeCounts,
-    NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson, SampleJson,
-    StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+    CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
+    EventsJson, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson,
+    NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson,
+    SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
 use floe_api::client::SchedulerClient;
-use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome};
+use floe_api::state::{
+    self as domain, ClusterState, Command, JobRecord, JobStatus, Liveness, NodeRecord, Outcome,
+};
 
 /// The largest request body accepted (a job spec is a few kilobytes).
 pub(crate) const MAX_BODY_BYTES: usize = 1 << 20;
@@ -42,12 +48,17 @@ pub(crate) struct Shared {
     /// state says is read from here, the leader's soft state from the snapshot.
     applied_state: watch::Receiver<Arc<ClusterState>>,
     parser: Arc<dyn JobSpecParser>,
-    token: ClusterToken,
+    authenticator: Arc<Authenticator>,
+    /// `http.public_reads`: reads need no token.
+    public_reads: bool,
     replica_id: u64,
     /// Every replica's RPC address: each mutation gets its own client of them, so a slow
     /// one (no leader yet) never queues the others behind it.
     replicas: Vec<String>,
     wire: WireConfig,
+    /// How to call nodes: as a cluster member.
+    node_wire: WireConfig,
+    job_history: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -61,17 +72,32 @@ impl Shared {
             monitor,
             applied_state,
             parser,
-            token: config.token.clone(),
+            authenticator: Arc::clone(&config.wire.authenticator),
+            public_reads: config.public_reads,
             replica_id: config.replica_id,
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
+            node_wire: config.node_wire.clone(),
+            job_history: config.job_history.clone(),
         }
     }
 
-    /// A client for one mutation; it finds the leader itself.
-    fn leader(&self) -> Result<SchedulerClient, ApiError> {
-        SchedulerClient::new(self.replicas.clone(), self.wire.clone(), PeerKind::Client)
+    /// A client for one mutation, presenting the caller's own token (the leader checks it
+    /// again); it finds the leader itself.
+    fn leader(&self, caller: &Caller) -> Result<SchedulerClient, ApiError> {
+        let wire = self.wire.with_credential(Credential::Client {
+            token: caller.token.clone(),
+        });
+        SchedulerClient::new(self.replicas.clone(), wire)
             .map(|client| client.with_retry_for(MUTATION_RETRY))
+            .map_err(ApiError::from_scheduler)
+    }
+
+    /// Commits `command` through the leader as the caller.
+    async fn propose_as(&self, caller: &Caller, command: Command) -> Result<Outcome, ApiError> {
+        self.leader(caller)?
+            .propose(command)
+            .await
             .map_err(ApiError::from_scheduler)
     }
 
@@ -94,29 +120,90 @@ impl Shared {
             tokio::time::timeout(READ_YOUR_WRITES, state.wait_for(|state| applied(state))).await;
     }
 
-    /// Refuses the request unless it carries the cluster token.
-    fn authorize(&self, request: &HttpRequest) -> Result<(), ApiError> {
-        let presented = request
-            .headers()
+    /// The caller of a request that needs `scope`: its token must be known and grant it.
+    fn authorize(&self, headers: &HeaderMap, scope: Scope) -> Result<Caller, ApiError> {
+        let presented = headers
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim);
+            .map(str::trim)
+            .filter(|token| !token.is_empty());
         let Some(presented) = presented else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "this call changes the cluster and needs the cluster token: send \
-                 `Authorization: Bearer <token>`",
+                format!(
+                    "this call needs a token with scope {scope}: send `Authorization: Bearer \
+                     <token>` (tokens come from `floe token create`)"
+                ),
             ));
         };
-        if self.token.is_empty() || !bool::from(presented.as_bytes().ct_eq(self.token.as_bytes())) {
+        let token = ClientToken::new(presented);
+        let principal = self
+            .authenticator
+            .verify_token(&token)
+            .map_err(|refused| ApiError::new(StatusCode::UNAUTHORIZED, refused.0))?;
+        if !principal.has_scope(scope) {
+            let name = match &principal {
+                Principal::Client { name, .. } => name.as_str(),
+                _ => "?",
+            };
             return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "wrong cluster token; use the FLOE_CLUSTER_TOKEN the cluster was started with",
+                StatusCode::FORBIDDEN,
+                format!("token '{name}' lacks scope {scope}, which this call needs"),
             ));
         }
-        Ok(())
+        Ok(Caller { token })
     }
+}
+
+/// The verified caller of a request, for handlers that act in its name.
+#[derive(Clone)]
+pub(crate) struct Caller {
+    token: ClientToken,
+}
+
+/// The scope a request needs: reads `read` (none with `http.public_reads`), job changes
+/// `submit`, cache cleaning `admin`; the dashboard's own files and `/api/version` (what
+/// health checks probe; it says nothing about the cluster) none.
+fn required_scope(method: &Method, path: &str, public_reads: bool) -> Option<Scope> {
+    let api = path == "/api" || path.starts_with("/api/") || path == "/metrics";
+    if !api || (path == "/api/version" && *method == Method::GET) {
+        return None;
+    }
+    if *method == Method::GET || *method == Method::HEAD {
+        return (!public_reads).then_some(Scope::Read);
+    }
+    if path == "/api/cache/clean" {
+        Some(Scope::Admin)
+    } else {
+        Some(Scope::Submit)
+    }
+}
+
+/// Middleware: refuses a call whose token is missing or unknown (401) or lacks the scope the
+/// route needs (403) before its handler runs, and hands handlers the verified [`Caller`].
+pub(crate) async fn authenticate(
+    request: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody + 'static>>, actix_web::Error> {
+    let Some(shared) = request.app_data::<web::Data<Shared>>().cloned() else {
+        return Err(actix_web::error::ErrorInternalServerError(
+            "the API's state is missing",
+        ));
+    };
+    if let Some(scope) = required_scope(request.method(), request.path(), shared.public_reads) {
+        match shared.authorize(request.headers(), scope) {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(error) => {
+                return Ok(request.error_response(error).map_into_right_body());
+            }
+        }
+    }
+    next.call(request)
+        .await
+        .map(ServiceResponse::map_into_left_body)
 }
 
 /// An error answered as `{"error": …}` with its status.
@@ -139,9 +226,15 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    /// A scheduler error: 503 when no leader answered (worth retrying), 500 otherwise.
+    /// A scheduler error: 503 when no leader answered (worth retrying), 403 when the leader
+    /// refused the caller's rights, 500 otherwise.
     fn from_scheduler(error: floe_api::Error) -> Self {
         match error {
+            floe_api::Error::Wire(WireError::Remote(remote))
+                if remote.kind == RemoteErrorKind::Forbidden =>
+            {
+                Self::new(StatusCode::FORBIDDEN, remote.message)
+            }
             floe_api::Error::NoReplica(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no scheduler leader answered; try again shortly: {error}"),
@@ -181,6 +274,7 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/jobs", web::get().to(jobs))
         .route("/api/jobs", web::post().to(submit))
         .route("/api/jobs/{id}", web::get().to(job))
+        .route("/api/jobs/{id}", web::delete().to(delete_job))
         .route("/api/jobs/{id}/stop", web::post().to(stop))
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))
@@ -318,6 +412,11 @@ fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
 }
 
 async fn nodes(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply {
+    if query.all.is_some() {
+        return Err(ApiError::bad_request(
+            "`all` lists jobs from the history; nodes have none",
+        ));
+    }
     let wanted = match query.state.as_deref() {
         None | Some("" | "all") => None,
         Some(state @ ("alive" | "dead")) => Some(state == "alive"),
@@ -372,8 +471,10 @@ fn operator_names(job: &JobRecord, progress: Option<&JobProgress>) -> Vec<String
     }
 }
 
+/// The rows of the output the job holds; none once it was released.
 fn output_rows(job: &JobRecord) -> Option<u64> {
-    (job.status == JobStatus::Succeeded).then(|| job.outputs.iter().map(|b| b.rows).sum())
+    (job.status == JobStatus::Succeeded && job.release.is_none())
+        .then(|| job.outputs.iter().map(|b| b.rows).sum())
 }
 
 fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
@@ -387,6 +488,39 @@ fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
         operators: operator_names(job, snapshot.progress.get(&job.id)),
         wall_ms: job.stats.as_ref().map(|stats| stats.wall_ms),
         output_rows: output_rows(job),
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms,
+        ended_at_ms: job.ended_at_ms,
+        output_released: job.release.map(|release| release.to_string()),
+        removed: None,
+    }
+}
+
+/// A job listed from the history.
+fn history_summary(job: &domain::JobSummary) -> JobSummary {
+    JobSummary {
+        id: job.id.to_string(),
+        state: job.status.name(),
+        attempts: job.attempts,
+        driver_node: None,
+        error: error_text(&job.status),
+        submission_id: job.submission.to_string(),
+        operators: job
+            .stats
+            .iter()
+            .flat_map(|stats| &stats.operators)
+            .map(|op| op.name.clone())
+            .collect(),
+        wall_ms: job.stats.as_ref().map(|stats| stats.wall_ms),
+        output_rows: None,
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms,
+        ended_at_ms: job.ended_at_ms,
+        output_released: job.release.map(|release| release.to_string()),
+        removed: Some(match job.removal {
+            domain::Removal::Deleted => "deleted",
+            domain::Removal::Pruned => "pruned",
+        }),
     }
 }
 
@@ -411,17 +545,44 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .rev()
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
     };
+    let mut total = matching().count();
+    let mut jobs: Vec<JobSummary> = matching()
+        .skip(offset)
+        .take(limit)
+        .map(|job| job_summary(job, &snapshot))
+        .collect();
+    // The history follows the live jobs, newest first; only as much of it is read as the
+    // page reaches, so `total` counts the history lines read, not the whole file.
+    if query.all == Some(true)
+        && let Some(path) = shared.job_history.clone()
+    {
+        let wanted_lines = (offset + limit).saturating_sub(total);
+        let read = web::block(move || crate::history::read_newest(&path, wanted_lines))
+            .await
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        let matching: Vec<&domain::JobSummary> = read
+            .iter()
+            .filter(|job| !state.jobs.contains_key(&job.id))
+            .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .collect();
+        let skip = offset.saturating_sub(total);
+        jobs.extend(
+            matching
+                .iter()
+                .skip(skip)
+                .take(limit - jobs.len())
+                .map(|job| history_summary(job)),
+        );
+        total += matching.len();
+    }
     let body = Page {
-        total: matching().count(),
+        total,
         offset,
         limit,
         items: JobItems {
             counts: job_counts(&state),
-            jobs: matching()
-                .skip(offset)
-                .take(limit)
-                .map(|job| job_summary(job, &snapshot))
-                .collect(),
+            jobs,
         },
     };
     Ok(HttpResponse::Ok().json(body))
@@ -485,8 +646,12 @@ async fn read_body(payload: web::Payload) -> Result<web::Bytes, ApiError> {
         .map_err(|error| ApiError::bad_request(format!("reading the body: {error}")))
 }
 
-async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::Payload) -> Reply {
-    shared.authorize(&request)?;
+async fn submit(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
     let body = read_body(payload).await?;
     let content_type = request
         .headers()
@@ -520,7 +685,7 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::P
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
         .map_err(|rejected| ApiError::bad_request(rejected.0))?;
     let job = shared
-        .leader()?
+        .leader(&caller)?
         .submit_job(spec, submission)
         .await
         .map_err(ApiError::from_scheduler)?;
@@ -533,11 +698,16 @@ async fn submit(shared: web::Data<Shared>, request: HttpRequest, payload: web::P
     }))
 }
 
-async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<String>) -> Reply {
-    shared.authorize(&request)?;
+async fn stop(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    id: web::Path<String>,
+) -> Reply {
     let job = parse_job_id(&id)?;
     // The leader decides, not the snapshot, which may lag a fresh submission.
-    let outcome = propose(&shared, Command::CancelJob { job }).await?;
+    let outcome = shared
+        .propose_as(&caller, Command::CancelJob { job })
+        .await?;
     if outcome == Outcome::Applied {
         shared
             .wait_applied(|state| {
@@ -564,12 +734,35 @@ async fn stop(shared: web::Data<Shared>, request: HttpRequest, id: web::Path<Str
     Ok(HttpResponse::Ok().json(body))
 }
 
-async fn propose(shared: &Shared, command: Command) -> Result<Outcome, ApiError> {
-    shared
-        .leader()?
-        .propose(command)
-        .await
-        .map_err(ApiError::from_scheduler)
+async fn delete_job(
+    shared: web::Data<Shared>,
+    caller: web::ReqData<Caller>,
+    id: web::Path<String>,
+) -> Reply {
+    let job = parse_job_id(&id)?;
+    let outcome = shared
+        .propose_as(&caller, Command::DeleteJob { job })
+        .await?;
+    match outcome {
+        Outcome::JobsRemoved(_) => {
+            shared
+                .wait_applied(|state| !state.jobs.contains_key(&job))
+                .await;
+            Ok(HttpResponse::Ok().json(Deleted {
+                deleted: true,
+                message: format!(
+                    "job {job} is deleted; its output is being freed and its summary is in the \
+                     history"
+                ),
+            }))
+        }
+        Outcome::Rejected(_) if !shared.state().jobs.contains_key(&job) => Err(unknown_job(job)),
+        Outcome::Rejected(reason) => Err(ApiError::new(StatusCode::CONFLICT, reason)),
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected outcome {other:?}"),
+        )),
+    }
 }
 
 // ---- cache ----------------------------------------------------------------------------
@@ -603,10 +796,9 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
 
 async fn clean_cache(
     shared: web::Data<Shared>,
-    request: HttpRequest,
+    caller: web::ReqData<Caller>,
     payload: web::Payload,
 ) -> Reply {
-    shared.authorize(&request)?;
     let body = read_body(payload).await?;
     let clean: CleanBody = if body.is_empty() {
         CleanBody { fingerprint: None }
@@ -636,7 +828,7 @@ async fn clean_cache(
             .get(fingerprint)
             .map_or(0, BTreeMap::len)
     };
-    let mut client = shared.leader()?;
+    let mut client = shared.leader(&caller)?;
     let mut evicted = Vec::new();
     for fingerprint in fingerprints {
         let count = entries(&fingerprint);
@@ -658,8 +850,40 @@ async fn clean_cache(
     shared
         .wait_applied(|state| evicted.iter().all(|(fp, _)| !state.cache.contains_key(fp)))
         .await;
+    // Out of the index first, so no job is planned against them; then off the disks, so no
+    // node records them again when it restarts.
+    let fingerprints = evicted
+        .iter()
+        .filter_map(|(fingerprint, _)| fingerprint.parse().ok())
+        .collect();
+    remove_shard_files(&shared, fingerprints).await;
     let evicted = evicted.iter().map(|(_, count)| count).sum();
     Ok(HttpResponse::Ok().json(Cleaned { evicted }))
+}
+
+/// Asks every alive node to remove its shard files of `fingerprints`. A node that cannot be
+/// reached keeps them: they are out of the index, and a job never reads an unindexed shard.
+async fn remove_shard_files(shared: &Shared, fingerprints: Vec<floe_core::Fingerprint>) {
+    if fingerprints.is_empty() {
+        return;
+    }
+    let request = NodeRequest::RemoveCacheShards { fingerprints };
+    let nodes: Vec<(NodeId, String)> = shared
+        .state()
+        .alive_nodes()
+        .map(|node| (node.id, node.addresses.rpc.clone()))
+        .collect();
+    for (node, addr) in nodes {
+        let removed = async {
+            let mut client: RpcClient<NodeProtocol> =
+                RpcClient::connect(addr, shared.node_wire.clone()).await?;
+            client.call(&request).await
+        }
+        .await;
+        if let Err(error) = removed {
+            tracing::warn!(%node, %error, "cannot remove cleaned cache shards from a node");
+        }
+    }
 }
 
 // ---- events and history ---------------------------------------------------------------

@@ -24,6 +24,8 @@ pub(super) struct Version {
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
     pub(super) state: Option<String>,
+    /// Jobs only: also list the jobs that moved to this replica's history.
+    pub(super) all: Option<bool>,
     pub(super) offset: Option<usize>,
     pub(super) limit: Option<usize>,
 }
@@ -138,6 +140,14 @@ pub(super) struct JobSummary {
     pub(super) operators: Vec<String>,
     pub(super) wall_ms: Option<u64>,
     pub(super) output_rows: Option<u64>,
+    /// Milliseconds since the Unix epoch, as the leader saw them.
+    pub(super) submitted_at_ms: u64,
+    pub(super) started_at_ms: Option<u64>,
+    pub(super) ended_at_ms: Option<u64>,
+    /// Why the output is no longer held, once it is not.
+    pub(super) output_released: Option<String>,
+    /// `"deleted"` or `"pruned"` for a job listed from the history.
+    pub(super) removed: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -283,6 +293,12 @@ pub(super) struct Submitted {
 #[derive(Serialize)]
 pub(super) struct Stopped {
     pub(super) stopped: bool,
+    pub(super) message: String,
+}
+
+#[derive(Serialize)]
+pub(super) struct Deleted {
+    pub(super) deleted: bool,
     pub(super) message: String,
 }
 

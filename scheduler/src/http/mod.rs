@@ -6,8 +6,9 @@
 //! monitor task refreshes a [`monitor::Snapshot`] once per interval (this replica's applied
 //! state, the leader's soft state, every replica's Raft status) and handlers answer from
 //! the latest one, so a page costs the same at 10,000 jobs whether one admin looks or ten.
-//! Mutations (submit, stop, cache clean) go to the leader through a [`SchedulerClient`] and
-//! need the cluster token.
+//! Every call under `/api` and `/metrics` needs a client token with the route's scope
+//! (reads `read` unless `http.public_reads`, job changes `submit`, cache cleaning `admin`);
+//! mutations go to the leader through a [`SchedulerClient`] presenting the caller's own token.
 
 mod api;
 mod assets;
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, web};
-use floe_core::config::{ClusterToken, Config};
+use floe_core::config::Config;
 use floe_core::wire::WireConfig;
 use tokio::sync::watch;
 
@@ -52,23 +53,31 @@ pub struct HttpConfig {
     /// Every replica's RPC address, for their Raft status and for mutations (which go to
     /// the leader).
     pub peers: BTreeMap<u64, String>,
+    /// This replica's credential (for the leader's soft state and replicas' status) and the
+    /// authenticator that checks callers' tokens.
     pub wire: WireConfig,
-    /// Mutating calls must present it as `Authorization: Bearer <token>`.
-    pub token: ClusterToken,
+    /// How the API calls nodes (removing cleaned cache shards): as a cluster member.
+    pub node_wire: WireConfig,
+    /// `http.public_reads`: reads need no token.
+    pub public_reads: bool,
     /// How often the monitor refreshes its snapshot (one history sample each time).
     pub refresh: Duration,
+    /// This replica's job history file, listed by `/api/jobs?all=true`.
+    pub job_history: Option<std::path::PathBuf>,
 }
 
 impl HttpConfig {
     /// The configuration of replica `replica_id` from the node's `Config`.
     pub fn new(config: &Config, replica_id: u64, peers: BTreeMap<u64, String>) -> Self {
         Self {
-            bind: SocketAddr::new(config.net.bind_host, config.scheduler.http_port),
+            bind: SocketAddr::new(config.scheduler.http_bind, config.scheduler.http_port),
             replica_id,
             peers,
-            wire: WireConfig::from_config(config),
-            token: config.cluster.token.clone(),
+            wire: WireConfig::replica(config, replica_id),
+            node_wire: WireConfig::member(config),
+            public_reads: config.http.public_reads,
             refresh: Duration::from_secs(1),
+            job_history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
         }
     }
 }
@@ -175,6 +184,7 @@ fn serve(
         let server = actix_web::HttpServer::new(move || {
             App::new()
                 .app_data(shared.clone())
+                .wrap(actix_web::middleware::from_fn(api::authenticate))
                 .configure(api::routes)
                 .configure(assets::routes)
         })

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use floe_core::job::JobProgress;
-use floe_core::wire::PeerKind;
 use floe_core::{JobId, NodeId};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -344,7 +343,7 @@ pub(crate) async fn run(
     applied_state: watch::Receiver<Arc<ClusterState>>,
 ) {
     let addrs: Vec<String> = config.peers.values().cloned().collect();
-    let mut leader = match SchedulerClient::new(addrs, config.wire.clone(), PeerKind::Client) {
+    let mut leader = match SchedulerClient::new(addrs, config.wire.clone()) {
         Ok(client) => client.with_retry_for(CALL_TIMEOUT),
         Err(error) => {
             tracing::error!(%error, "the HTTP monitor has no scheduler to read from");

@@ -1,5 +1,5 @@
 //! The JSON API over a synthetic cluster of 1,000 nodes and 10,000 jobs: filters and pages
-//! are exact, and the token guards every mutation.
+//! are exact, and every call needs a token with its route's scope.
 
 #![allow(clippy::unwrap_used)]
 
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix_web::{App, test as actix_test, web};
-use floe_core::config::ClusterToken;
+use floe_core::auth::{ClientToken, Scopes, TokensFile};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId, SubmissionId};
 use serde_json::Value;
@@ -55,6 +55,7 @@ fn big_state() -> ClusterState {
                 liveness: if id % 10 == 0 {
                     Liveness::Dead {
                         index: id,
+                        at_ms: 0,
                         reason: "missed 5 heartbeats".into(),
                     }
                 } else {
@@ -85,6 +86,10 @@ fn big_state() -> ClusterState {
                 cancel_requested: false,
                 stats: None,
                 outputs: Vec::new(),
+                submitted_at_ms: 0,
+                started_at_ms: None,
+                ended_at_ms: None,
+                release: None,
             }),
         );
     }
@@ -92,9 +97,40 @@ fn big_state() -> ClusterState {
 }
 
 /// GET `path` from `app`: the status and the JSON body.
+/// The tokens of the test tokens file, one per scope.
+struct TestTokens {
+    data_dir: std::path::PathBuf,
+    read: ClientToken,
+    submit: ClientToken,
+    admin: ClientToken,
+}
+
+fn tokens() -> &'static TestTokens {
+    static TOKENS: std::sync::OnceLock<TestTokens> = std::sync::OnceLock::new();
+    TOKENS.get_or_init(|| {
+        let data_dir = tempfile::tempdir().unwrap().keep();
+        let mut file = TokensFile::default();
+        let mut create = |name, scopes| file.create(name, Scopes::parse(scopes).unwrap()).unwrap();
+        let tokens = TestTokens {
+            read: create("reader", "read"),
+            submit: create("submitter", "submit"),
+            admin: create("operator", "admin"),
+            data_dir,
+        };
+        file.save(&tokens.data_dir.join("tokens")).unwrap();
+        tokens
+    })
+}
+
+/// GETs `$path` with the read token.
 macro_rules! get {
-    ($app:expr, $path:expr) => {{
-        let request = actix_test::TestRequest::get().uri($path).to_request();
+    ($app:expr, $path:expr) => {{ get!($app, $path, Some(tokens().read.expose())) }};
+    ($app:expr, $path:expr, $token:expr) => {{
+        let mut request = actix_test::TestRequest::get().uri($path);
+        if let Some(token) = $token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        let request = request.to_request();
         let response = actix_test::call_service(&$app, request).await;
         let status = response.status().as_u16();
         let body: Value = actix_test::read_body_json(response).await;
@@ -105,8 +141,9 @@ macro_rules! get {
 /// The JSON API serving `state` (as this replica's applied state), with a parser that refuses
 /// every spec.
 macro_rules! api_over {
-    ($state:expr) => {{
-        let config = config();
+    ($state:expr) => {{ api_over!($state, config()) }};
+    ($state:expr, $config:expr) => {{
+        let config = $config;
         let state = Arc::new($state);
         let (_publisher, applied) = watch::channel(Arc::clone(&state));
         let monitor = Arc::new(Monitor::new(&config, state));
@@ -114,6 +151,7 @@ macro_rules! api_over {
         actix_test::init_service(
             App::new()
                 .app_data(web::Data::new(shared))
+                .wrap(actix_web::middleware::from_fn(api::authenticate))
                 .configure(api::routes),
         )
         .await
@@ -121,13 +159,17 @@ macro_rules! api_over {
 }
 
 fn config() -> HttpConfig {
+    let mut cluster = floe_core::Config::default();
+    cluster.paths.data_dir = tokens().data_dir.clone();
     HttpConfig {
         bind: "127.0.0.1:0".parse().unwrap(),
         replica_id: 1,
         peers: BTreeMap::from([(1, "127.0.0.1:1".to_owned())]),
-        wire: WireConfig::from_config(&floe_core::Config::default()),
-        token: ClusterToken::new("the-token"),
+        wire: WireConfig::replica(&cluster, 1),
+        node_wire: WireConfig::member(&cluster),
+        public_reads: false,
         refresh: std::time::Duration::from_secs(1),
+        job_history: None,
     }
 }
 
@@ -202,8 +244,9 @@ async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes(
 }
 
 #[actix_web::test]
-async fn mutations_need_the_token_and_bad_specs_name_their_error() {
+async fn every_call_needs_a_token_with_its_scope_and_bad_specs_name_their_error() {
     let app = api_over!(ClusterState::default());
+    let tokens = tokens();
     let post = |path: &str, token: Option<&str>| {
         let mut request = actix_test::TestRequest::post()
             .uri(path)
@@ -214,17 +257,77 @@ async fn mutations_need_the_token_and_bad_specs_name_their_error() {
         }
         request.to_request()
     };
+    let longer = format!("{}x", tokens.admin.expose());
+    let unknown = [None, Some("wrong"), Some(longer.as_str()), Some("")];
     for path in ["/api/jobs", "/api/jobs/1/stop", "/api/cache/clean"] {
-        for token in [None, Some("wrong"), Some("the-token-but-longer"), Some("")] {
+        for token in unknown {
             let response = actix_test::call_service(&app, post(path, token)).await;
             assert_eq!(response.status().as_u16(), 401, "{path} with {token:?}");
         }
+        // A read token is known but may not change anything.
+        let response = actix_test::call_service(&app, post(path, Some(tokens.read.expose()))).await;
+        assert_eq!(
+            response.status().as_u16(),
+            403,
+            "{path} with the read token"
+        );
+        let body: Value = actix_test::read_body_json(response).await;
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("token 'reader' lacks scope"),
+            "{body}"
+        );
     }
-    // With the token the request reaches the parser, whose error comes back as a 400.
-    let response = actix_test::call_service(&app, post("/api/jobs", Some("the-token"))).await;
+    let response =
+        actix_test::call_service(&app, post("/api/cache/clean", Some(tokens.submit.expose())))
+            .await;
+    assert_eq!(response.status().as_u16(), 403, "cleaning needs admin");
+    for path in [
+        "/api/jobs",
+        "/api/cluster",
+        "/api/nodes",
+        "/api/cache",
+        "/metrics",
+    ] {
+        for token in unknown {
+            let (status, _) = get!(app, path, token);
+            assert_eq!(status, 401, "GET {path} with {token:?}");
+        }
+    }
+    let (status, _) = get!(app, "/api/jobs", Some(tokens.read.expose()));
+    assert_eq!(status, 200);
+    // Health checks probe the version without a token; it says nothing about the cluster.
+    let (status, _) = get!(app, "/api/version", None::<&str>);
+    assert_eq!(status, 200);
+    // With a submit token the request reaches the parser, whose error comes back as a 400.
+    let response =
+        actix_test::call_service(&app, post("/api/jobs", Some(tokens.submit.expose()))).await;
     assert_eq!(response.status().as_u16(), 400);
     let body: Value = actix_test::read_body_json(response).await;
     assert_eq!(body["error"], "refused by the test parser");
+    // Cleaning an empty cache with the admin token asks the leader nothing.
+    let clean = actix_test::TestRequest::post()
+        .uri("/api/cache/clean")
+        .insert_header(("Authorization", format!("Bearer {}", tokens.admin.expose())))
+        .to_request();
+    let response = actix_test::call_service(&app, clean).await;
+    assert_eq!(response.status().as_u16(), 200);
+}
+
+#[actix_web::test]
+async fn public_reads_need_no_token_but_changes_still_do() {
+    let mut open = config();
+    open.public_reads = true;
+    let app = api_over!(ClusterState::default(), open);
+    let (status, _) = get!(app, "/api/jobs", None::<&str>);
+    assert_eq!(status, 200);
+    let request = actix_test::TestRequest::post()
+        .uri("/api/jobs/1/stop")
+        .to_request();
+    let response = actix_test::call_service(&app, request).await;
+    assert_eq!(response.status().as_u16(), 401);
 }
 
 fn snapshot_of(state: ClusterState, leader: Option<u64>, time_ms: u64) -> Snapshot {
@@ -262,6 +365,7 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
     if let Some(record) = next.nodes.get_mut(&node(1)) {
         record.liveness = Liveness::Dead {
             index: 9,
+            at_ms: 0,
             reason: "missed 5 heartbeats".into(),
         };
     }

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 
-use floe_core::config::{Config, SchedulerConfig};
+use floe_core::config::{Config, JobsConfig, NodesConfig, SchedulerConfig};
 use floe_core::wire::WireConfig;
 
 use crate::{Error, Result};
@@ -52,7 +53,16 @@ pub struct ReplicaConfig {
     pub peers: BTreeMap<u64, String>,
     pub bind_host: IpAddr,
     pub scheduler: SchedulerConfig,
+    /// How long finished jobs, their outputs and dead nodes are kept.
+    pub jobs: JobsConfig,
+    pub nodes: NodesConfig,
+    /// This replica's history file (`<data_dir>/history.jsonl`); `None` keeps no history.
+    pub history: Option<PathBuf>,
+    /// Presents this replica's credential, and verifies replicas and node tickets.
     pub wire: WireConfig,
+    /// How the leader calls nodes (freeing released outputs): as a cluster member, since
+    /// nodes hold no replica secret to verify a replica with.
+    pub node_wire: WireConfig,
 }
 
 impl ReplicaConfig {
@@ -68,7 +78,11 @@ impl ReplicaConfig {
             peers,
             bind_host: config.net.bind_host,
             scheduler: config.scheduler.clone(),
-            wire: WireConfig::from_config(config),
+            jobs: config.jobs.clone(),
+            nodes: config.nodes.clone(),
+            history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
+            wire: WireConfig::replica(config, id),
+            node_wire: WireConfig::member(config),
         })
     }
 }

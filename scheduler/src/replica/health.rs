@@ -47,15 +47,16 @@ impl<S: LogStore> RaftLoop<S> {
             self.propose(Command::MarkNodeDead { node, reason }, None);
         }
         self.place_drivers(now, timeout);
+        self.tidy();
     }
 
-    /// Starts a driver for every pending job on the least utilized alive node (drivers are
-    /// light; the work they start is placed task by task).
+    /// Starts a driver for every pending job on the least utilized alive node that has
+    /// heartbeated to this leader (drivers are light; the work they start is placed task by
+    /// task). Only unfinished jobs are looked at, through the state's index.
     pub(super) fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
         let pending: Vec<JobId> = self
             .state
-            .jobs
-            .values()
+            .unfinished_jobs()
             .filter(|job| job.status == JobStatus::Pending)
             .map(|job| job.id)
             .collect();
@@ -70,7 +71,7 @@ impl<S: LogStore> RaftLoop<S> {
             let Some(node) = self
                 .state
                 .alive_nodes()
-                .filter(|node| !self.dying.contains(&node.id))
+                .filter(|node| !self.dying.contains(&node.id) && self.usage.contains_key(&node.id))
                 .min_by(|a, b| {
                     let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
                     load(a.id).total_cmp(&load(b.id))

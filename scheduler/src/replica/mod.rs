@@ -18,15 +18,18 @@
 //! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
 //! answers to requests; `placement` places tasks and keeps their reservations; `health`
-//! decides node deaths and places job drivers; `transport` carries Raft messages to peers;
-//! `config` is what a replica starts with; `standing` decides whether it may vote.
+//! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
+//! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
+//! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
+//! Raft message before protobuf parses it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use floe_core::config::SchedulerConfig;
+use floe_core::auth::Principal;
+use floe_core::config::{JobsConfig, NodesConfig, SchedulerConfig};
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
 use floe_core::{JobId, NodeId};
@@ -37,20 +40,25 @@ use tokio::task::JoinHandle;
 
 use self::config::port_of;
 use self::placement::{PlaceBatch, Reservation};
+use self::raft_guard::RaftGuard;
 use self::service::Service;
 use self::standing::Standing;
 use self::transport::spawn_peer_sender;
+use crate::history::HistoryWriter;
 use crate::storage::LogStore;
 use crate::{Error, Result};
 use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::{
     ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
 };
-use floe_api::state::{ClusterState, Command, NodeDeath, Outcome};
+use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
+use floe_core::wire::WireConfig;
 
 mod config;
 mod health;
+mod lifecycle;
 mod placement;
+mod raft_guard;
 mod service;
 mod standing;
 mod transport;
@@ -68,9 +76,14 @@ type Reply = oneshot::Sender<Result<SchedulerResponse, RemoteError>>;
 enum Input {
     Raft(Vec<Message>),
     Request {
+        /// Who sent it, as the handshake verified; the loop authorizes against its state.
+        principal: Principal,
         request: SchedulerRequest,
         reply: Reply,
     },
+    /// A command of the leader's own housekeeping (a task it spawned reporting back): no peer
+    /// sent it, so there is nobody to authorize.
+    Housekeeping(Command),
     Unreachable(u64),
     SnapshotSent {
         peer: u64,
@@ -100,7 +113,15 @@ impl Replica {
         let notices = Notices::new();
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
-        let service = Arc::new(Service { inputs, notices });
+        let raft_guard = RaftGuard::new(config.wire.max_frame, config.peers.keys().copied());
+        let service = Arc::new(Service {
+            inputs,
+            notices,
+            raft_guard,
+            replicas: config.peers.keys().copied().collect(),
+            authenticator: Arc::clone(&config.wire.authenticator),
+            history: config.history.clone(),
+        });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
         Ok(Self {
@@ -166,6 +187,13 @@ struct RaftLoop<S: LogStore> {
     id: u64,
     peers: BTreeMap<u64, String>,
     config: SchedulerConfig,
+    jobs_config: JobsConfig,
+    nodes_config: NodesConfig,
+    /// How the leader calls nodes.
+    node_wire: WireConfig,
+    /// Where the loop's own requests (commits after freeing outputs on nodes) come back in.
+    inputs: mpsc::Sender<Input>,
+    history: Option<HistoryWriter>,
     raw: RawNode<S>,
     /// Whether this replica may vote and campaign (see the `standing` module).
     standing: Standing,
@@ -190,6 +218,8 @@ struct RaftLoop<S: LogStore> {
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
+    /// Each node's last reported usage; a node is in it once it has heartbeated to this
+    /// replica as leader, and only then do drivers and tasks go to it.
     usage: BTreeMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
@@ -201,6 +231,9 @@ struct RaftLoop<S: LogStore> {
     drivers_proposed: BTreeMap<JobId, Instant>,
     /// What running jobs' drivers last reported (soft state, like heartbeats).
     progress: BTreeMap<JobId, JobProgress>,
+    /// Released outputs whose `Free` calls are under way, and since when; tried again after a
+    /// node timeout.
+    freeing: BTreeMap<JobId, Instant>,
     /// A job was submitted since drivers were last placed; place them without waiting for
     /// the health tick.
     jobs_submitted: bool,
@@ -248,10 +281,8 @@ impl<S: LogStore> RaftLoop<S> {
             })
             .collect();
         let state_copy = state.clone();
-        let mut view = ResourceView::new();
-        for node in state.alive_nodes() {
-            view.upsert_node(node.id, node.resources);
-        }
+        // Empty until nodes heartbeat to this replica as leader (see `rebuild_view`).
+        let view = ResourceView::new();
         tracing::info!(
             replica = config.id,
             applied = state.applied_index,
@@ -261,6 +292,11 @@ impl<S: LogStore> RaftLoop<S> {
             id: config.id,
             peers: config.peers.clone(),
             config: config.scheduler.clone(),
+            jobs_config: config.jobs.clone(),
+            nodes_config: config.nodes.clone(),
+            node_wire: config.node_wire.clone(),
+            inputs: inputs.clone(),
+            history: config.history.clone().map(HistoryWriter::new),
             raw,
             standing,
             state,
@@ -284,6 +320,7 @@ impl<S: LogStore> RaftLoop<S> {
             leases: BTreeMap::new(),
             drivers_proposed: BTreeMap::new(),
             progress: BTreeMap::new(),
+            freeing: BTreeMap::new(),
             jobs_submitted: false,
             published: watch::Sender::new(Arc::new(state_copy)),
             last_published: Instant::now(),
@@ -364,14 +401,29 @@ impl<S: LogStore> RaftLoop<S> {
                     }
                 }
             }
+            Input::Housekeeping(command) => {
+                // A leader that lost its term drops it; the next leader's housekeeping redoes it.
+                if self.is_leader() {
+                    self.propose(command, None);
+                }
+            }
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
-            Input::Request { request, reply } => self.handle_request(request, reply),
+            Input::Request {
+                principal,
+                request,
+                reply,
+            } => self.handle_request(&principal, request, reply),
         }
     }
 
+    /// Proposes `command` stamped with this leader's clock, the only time `apply` sees.
     fn propose(&mut self, command: Command, reply: Option<Reply>) {
-        let data = match codec::encode(&command) {
+        let logged = LoggedCommand {
+            at_ms: now_ms(),
+            command,
+        };
+        let data = match codec::encode(&logged) {
             Ok(data) => data,
             Err(error) => {
                 if let Some(reply) = reply {
@@ -495,10 +547,28 @@ impl<S: LogStore> RaftLoop<S> {
         Ok(())
     }
 
+    /// The view holds the alive nodes this replica has heard from since it became leader: a
+    /// node the restored state calls alive may have died while no leader listened (a
+    /// scheduler restarted on an old data directory), and placing work there would wait out
+    /// its node timeout. A node joins the view with its first heartbeat here.
     fn rebuild_view(&mut self) {
         self.view = ResourceView::new();
         for node in self.state.alive_nodes() {
-            self.view.upsert_node(node.id, node.resources);
+            if self.usage.contains_key(&node.id) {
+                self.view.upsert_node(node.id, node.resources);
+            }
+        }
+    }
+
+    /// A heartbeat from `node`, alive in the state: the first since this replica led puts
+    /// the node in the view (and may place what waited for room).
+    fn heard_from(&mut self, node: NodeId, usage: ResourceUsage) {
+        self.last_seen.insert(node, Instant::now());
+        if self.usage.insert(node, usage).is_none()
+            && let Some(record) = self.state.nodes.get(&node)
+        {
+            self.view.upsert_node(node, record.resources);
+            self.retry_waiting();
         }
     }
 
@@ -509,8 +579,9 @@ impl<S: LogStore> RaftLoop<S> {
                 self.state.skip(entry.index);
                 continue;
             }
-            let command: Command = match codec::decode(&entry.data, "raft command") {
-                Ok(command) => command,
+            let LoggedCommand { at_ms, command } = match codec::decode(&entry.data, "raft command")
+            {
+                Ok(logged) => logged,
                 Err(error) => {
                     // Every replica decodes the same bytes the same way, so skipping is
                     // deterministic; it can only come from a release with another codec.
@@ -528,9 +599,12 @@ impl<S: LogStore> RaftLoop<S> {
                 Command::CancelJob { job } => Effect::JobCancelled(*job),
                 _ => Effect::None,
             };
-            let Some(outcome) = self.state.apply(entry.index, command) else {
+            let Some(outcome) = self.state.apply(entry.index, at_ms, command) else {
                 continue;
             };
+            if let Outcome::JobsRemoved(summaries) = &outcome {
+                self.record_history(summaries);
+            }
             match (effect, &outcome) {
                 (Effect::Registered(resources), Outcome::NodeRegistered(node)) => {
                     self.view.upsert_node(*node, resources);
@@ -620,6 +694,7 @@ impl<S: LogStore> RaftLoop<S> {
         self.leases.clear();
         self.drivers_proposed.clear();
         self.progress.clear();
+        self.freeing.clear();
         self.rebuild_view();
         if leader {
             return;
@@ -675,6 +750,15 @@ impl<S: LogStore> RaftLoop<S> {
         );
         Ok(())
     }
+}
+
+/// Milliseconds since the Unix epoch on this replica's clock.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 enum Effect {

@@ -3,20 +3,29 @@
 //! drivers) open until the loop announces a change; and the loop's side of each request —
 //! answered from the state, proposed, or redirected to the leader when this replica is not it.
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_core::wire::{Handler, Peer, PeerKind, RemoteError, RemoteErrorKind};
-use protobuf::Message as _;
+use floe_core::auth::{Authenticator, Principal};
+use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
 use raft::prelude::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::placement::Reservation;
+use super::raft_guard::RaftGuard;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
+use floe_api::authz;
 use floe_api::scheduler_protocol::{
-    LeaderHint, NodeReport, ReplicaStatus, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+    LeaderHint, NodeReport, NodeSummary, ReplicaStatus, SchedulerProtocol, SchedulerRequest,
+    SchedulerResponse,
 };
-use floe_api::state::{Command, JobRecord, JobStatus};
+use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
+
+/// Most history entries one `JobHistory` answer carries, so it fits a frame.
+const MAX_HISTORY_PAGE: u32 = 10_000;
 
 /// The longest a `WatchDeaths` request may wait, so it stays within the client's read timeout.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
@@ -24,20 +33,86 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Service {
     pub(super) inputs: mpsc::Sender<Input>,
     pub(super) notices: Notices,
+    pub(super) raft_guard: RaftGuard,
+    /// The configured replica ids: the only peers whose Raft messages are decoded.
+    pub(super) replicas: BTreeSet<u64>,
+    /// Issues the tickets registered nodes present from then on.
+    pub(super) authenticator: Arc<Authenticator>,
+    /// This replica's history file, read for `JobHistory`.
+    pub(super) history: Option<PathBuf>,
 }
 
 fn stopped() -> RemoteError {
     RemoteError::new(RemoteErrorKind::Unavailable, "the replica is shutting down")
 }
 
+fn forbidden(principal: &Principal, refusal: authz::Forbidden) -> RemoteError {
+    tracing::warn!(%principal, %refusal, "refused a request");
+    RemoteError::new(RemoteErrorKind::Forbidden, refusal.0)
+}
+
 impl Service {
-    async fn ask(&self, request: SchedulerRequest) -> Result<SchedulerResponse, RemoteError> {
+    async fn ask(
+        &self,
+        principal: &Principal,
+        request: SchedulerRequest,
+    ) -> Result<SchedulerResponse, RemoteError> {
         let (reply, answer) = oneshot::channel();
         self.inputs
-            .send(Input::Request { request, reply })
+            .send(Input::Request {
+                principal: principal.clone(),
+                request,
+                reply,
+            })
             .await
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// Refuses Raft messages from anyone but a configured replica that proved the replica
+    /// secret, before a byte of them reaches raft-rs's decoder; and messages that claim to
+    /// come from another replica than the one that sent them.
+    fn raft_messages(
+        &self,
+        principal: &Principal,
+        messages: &[Vec<u8>],
+    ) -> Result<Vec<Message>, RemoteError> {
+        let request = SchedulerRequest::Raft {
+            messages: Vec::new(),
+        };
+        authz::authorize_scheduler(principal, &request, &ClusterState::default())
+            .map_err(|refusal| forbidden(principal, refusal))?;
+        let Principal::Replica(sender) = principal else {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden("raft messages come only from replicas".into()),
+            ));
+        };
+        if !self.replicas.contains(sender) {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden(format!(
+                    "replica {sender} is not one of the configured replicas {:?}",
+                    self.replicas
+                )),
+            ));
+        }
+        // Checked before protobuf parses it (CVE-2025-53605), see `raft_guard`.
+        let messages = messages
+            .iter()
+            .map(|bytes| self.raft_guard.decode(bytes))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| RemoteError::new(RemoteErrorKind::BadRequest, error.to_string()))?;
+        if let Some(message) = messages.iter().find(|message| message.from != *sender) {
+            return Err(forbidden(
+                principal,
+                authz::Forbidden(format!(
+                    "replica {sender} sent a raft message from replica {}",
+                    message.from
+                )),
+            ));
+        }
+        Ok(messages)
     }
 }
 
@@ -47,27 +122,10 @@ impl Handler<SchedulerProtocol> for Service {
         peer: Peer,
         request: SchedulerRequest,
     ) -> Result<SchedulerResponse, RemoteError> {
+        let principal = &peer.principal;
         match request {
             SchedulerRequest::Raft { messages } => {
-                if peer.kind != PeerKind::Scheduler {
-                    return Err(RemoteError::new(
-                        RemoteErrorKind::BadRequest,
-                        format!(
-                            "raft messages are only accepted from replicas, not {:?}",
-                            peer.kind
-                        ),
-                    ));
-                }
-                let messages = messages
-                    .iter()
-                    .map(|bytes| Message::parse_from_bytes(bytes))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|error| {
-                        RemoteError::new(
-                            RemoteErrorKind::BadRequest,
-                            format!("undecodable raft message: {error}"),
-                        )
-                    })?;
+                let messages = self.raft_messages(principal, &messages)?;
                 self.inputs
                     .send(Input::Raft(messages))
                     .await
@@ -78,7 +136,7 @@ impl Handler<SchedulerProtocol> for Service {
                 // Subscribe before reading, so a death committed in between is not missed.
                 let mut published = self.notices.deaths.subscribe();
                 let known = self
-                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                    .ask(principal, SchedulerRequest::WatchDeaths { after, wait_ms })
                     .await?;
                 if !matches!(&known, SchedulerResponse::Deaths(deaths) if deaths.is_empty()) {
                     return Ok(known);
@@ -92,7 +150,10 @@ impl Handler<SchedulerProtocol> for Service {
                             // Missed some: the state has them all.
                             Err(broadcast::error::RecvError::Lagged(_)) => {
                                 return self
-                                    .ask(SchedulerRequest::WatchDeaths { after, wait_ms })
+                                    .ask(
+                                        principal,
+                                        SchedulerRequest::WatchDeaths { after, wait_ms },
+                                    )
                                     .await
                                     .map(|response| match response {
                                         SchedulerResponse::Deaths(deaths) => deaths,
@@ -113,13 +174,13 @@ impl Handler<SchedulerProtocol> for Service {
                 // Subscribe before reading, so an end committed in between is not missed.
                 let mut ended = self.notices.jobs_ended.subscribe();
                 let request = SchedulerRequest::WatchJob { job, wait_ms };
-                let current = self.ask(request.clone()).await?;
+                let current = self.ask(principal, request.clone()).await?;
                 let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
                 if !running {
                     return Ok(current);
                 }
                 until_announced(&mut ended, job, wait_ms).await;
-                self.ask(request).await
+                self.ask(principal, request).await
             }
             SchedulerRequest::WatchDrivers {
                 node,
@@ -133,15 +194,48 @@ impl Handler<SchedulerProtocol> for Service {
                     known: known.clone(),
                     wait_ms,
                 };
-                let current = self.ask(request.clone()).await?;
+                let current = self.ask(principal, request.clone()).await?;
                 if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
                 {
                     return Ok(current);
                 }
                 until_announced(&mut started, node, wait_ms).await;
-                self.ask(request).await
+                self.ask(principal, request).await
             }
-            request => self.ask(request).await,
+            request @ SchedulerRequest::RegisterNode { .. } => {
+                match self.ask(principal, request).await? {
+                    SchedulerResponse::Committed(Outcome::NodeRegistered(node)) => {
+                        let ticket = self.authenticator.issue_ticket(node).ok_or_else(|| {
+                            RemoteError::new(
+                                RemoteErrorKind::Internal,
+                                "this replica has no replica secret to issue node tickets",
+                            )
+                        })?;
+                        Ok(SchedulerResponse::NodeRegistered { node, ticket })
+                    }
+                    other => Ok(other),
+                }
+            }
+            SchedulerRequest::JobHistory { limit } => {
+                // Answered here, from this replica's file, so checked here; reads depend on no
+                // state.
+                let request = SchedulerRequest::JobHistory { limit };
+                authz::authorize_scheduler(principal, &request, &ClusterState::default())
+                    .map_err(|refusal| forbidden(principal, refusal))?;
+                let Some(path) = self.history.clone() else {
+                    return Ok(SchedulerResponse::History(Vec::new()));
+                };
+                let limit = usize::try_from(limit.min(MAX_HISTORY_PAGE)).unwrap_or(usize::MAX);
+                let read =
+                    tokio::task::spawn_blocking(move || crate::history::read_newest(&path, limit))
+                        .await
+                        .map_err(|error| {
+                            RemoteError::new(RemoteErrorKind::Internal, error.to_string())
+                        })?;
+                read.map(SchedulerResponse::History)
+                    .map_err(|error| RemoteError::new(RemoteErrorKind::Internal, error.to_string()))
+            }
+            request => self.ask(principal, request).await,
         }
     }
 }
@@ -180,7 +274,26 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
-    pub(super) fn handle_request(&mut self, request: SchedulerRequest, reply: Reply) {
+    pub(super) fn handle_request(
+        &mut self,
+        principal: &Principal,
+        request: SchedulerRequest,
+        reply: Reply,
+    ) {
+        let answered_anywhere = matches!(
+            request,
+            SchedulerRequest::Status | SchedulerRequest::WatchDeaths { .. }
+        );
+        if !answered_anywhere && !self.is_leader() {
+            let _ = reply.send(Ok(self.not_leader()));
+            return;
+        }
+        // Checked against the leader's state (what a node drives, which job an actor
+        // belongs to); the two requests any replica answers depend on no state.
+        if let Err(refusal) = authz::authorize_scheduler(principal, &request, &self.state) {
+            let _ = reply.send(Err(forbidden(principal, refusal)));
+            return;
+        }
         match request {
             SchedulerRequest::Status => {
                 let status = self.status();
@@ -189,9 +302,6 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::WatchDeaths { after, .. } => {
                 let deaths = self.state.deaths_after(after);
                 let _ = reply.send(Ok(SchedulerResponse::Deaths(deaths)));
-            }
-            _ if !self.is_leader() => {
-                let _ = reply.send(Ok(self.not_leader()));
             }
             SchedulerRequest::RegisterNode {
                 addresses,
@@ -210,8 +320,7 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::Propose(command) => self.propose(command, Some(reply)),
             SchedulerRequest::Heartbeat { node, usage } => {
                 let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    self.last_seen.insert(node, Instant::now());
-                    self.usage.insert(node, usage);
+                    self.heard_from(node, usage);
                     SchedulerResponse::HeartbeatAccepted {
                         drivers: self.state.drivers_on(node),
                     }
@@ -295,13 +404,46 @@ impl<S: LogStore> RaftLoop<S> {
                 self.retry_waiting();
                 let _ = reply.send(Ok(SchedulerResponse::Released));
             }
-            SchedulerRequest::Raft { .. } => {
+            SchedulerRequest::ActorNode { actor } => {
+                let node = self
+                    .state
+                    .actors
+                    .get(&actor)
+                    .and_then(|actor| self.node_summary(actor.node));
+                let _ = reply.send(Ok(SchedulerResponse::ActorNode(node)));
+            }
+            SchedulerRequest::AliveNodes => {
+                let nodes = self
+                    .state
+                    .alive_nodes()
+                    .filter_map(|node| self.node_summary(node.id))
+                    .collect();
+                let _ = reply.send(Ok(SchedulerResponse::AliveNodes {
+                    as_of: self.state.applied_index,
+                    nodes,
+                }));
+            }
+            SchedulerRequest::CacheIndex => {
+                let index = self.state.cache.clone();
+                let _ = reply.send(Ok(SchedulerResponse::CacheIndex(index)));
+            }
+            SchedulerRequest::Raft { .. } | SchedulerRequest::JobHistory { .. } => {
                 let _ = reply.send(Err(RemoteError::new(
                     RemoteErrorKind::BadRequest,
-                    "raft messages go through the transport",
+                    "raft messages and history reads are not the raft loop's to answer",
                 )));
             }
         }
+    }
+
+    /// An alive node's address and resources.
+    fn node_summary(&self, node: floe_core::NodeId) -> Option<NodeSummary> {
+        let record = self.state.nodes.get(&node).filter(|node| node.is_alive())?;
+        Some(NodeSummary {
+            id: record.id,
+            rpc: record.addresses.rpc.clone(),
+            resources: record.resources,
+        })
     }
 
     pub(super) fn status(&self) -> ReplicaStatus {

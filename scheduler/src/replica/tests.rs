@@ -1,14 +1,15 @@
 use std::time::Duration;
 
-use floe_core::config::{ClusterToken, Config};
-use floe_core::wire::{PeerKind, WireConfig};
+use floe_core::auth::{ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile};
+use floe_core::config::Config;
+use floe_core::wire::WireConfig;
 
 use super::*;
 use crate::storage::MemoryLog;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::placement::{PlacementError, Strategy};
 use floe_api::scheduler_protocol::ResourceUsage;
-use floe_api::state::{NodeAddresses, NodeMemory, Resources};
+use floe_api::state::{JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -18,9 +19,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A configuration whose `client.token` is an admin token in the replicas' tokens file.
 fn test_config() -> Config {
     let mut config = Config::default();
-    config.cluster.token = ClusterToken::new("replica-tests");
+    config.cluster.secret = ClusterSecret::new("replica-tests");
+    config.scheduler.replica_secret = ReplicaSecret::new("replica-tests-replicas");
+    let data_dir = tempfile::tempdir().unwrap().keep();
+    config.paths.data_dir = data_dir;
+    let mut tokens = TokensFile::default();
+    config.client.token = tokens
+        .create("admin", Scopes::parse("admin").unwrap())
+        .unwrap();
+    tokens.save(&config.tokens_file()).unwrap();
     config.scheduler.raft_tick_ms = 20;
     config.scheduler.heartbeat_interval_ms = 50;
     config.scheduler.missed_heartbeats = 4;
@@ -28,22 +38,73 @@ fn test_config() -> Config {
 }
 
 async fn start_cluster(config: &Config, count: u64) -> (Vec<Replica>, SchedulerClient) {
+    start_cluster_with_history(config, count, None).await
+}
+
+/// Replicas that keep their history files in `history_dir` (`replica-<id>.jsonl`), or none.
+async fn start_cluster_with_history(
+    config: &Config,
+    count: u64,
+    history_dir: Option<&std::path::Path>,
+) -> (Vec<Replica>, SchedulerClient) {
     let peers: BTreeMap<u64, String> = (1..=count)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))
         .collect();
     let mut replicas = Vec::new();
     for id in 1..=count {
-        let replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        let mut replica_config = ReplicaConfig::new(config, id, peers.clone()).unwrap();
+        replica_config.history = history_dir.map(|dir| dir.join(format!("replica-{id}.jsonl")));
         let store = MemoryLog::new(peers.keys().copied().collect());
         replicas.push(Replica::start(replica_config, store).await.unwrap());
     }
     let client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::from_config(config),
-        PeerKind::Client,
+        WireConfig::client(config),
     )
     .unwrap();
     (replicas, client)
+}
+
+/// Registers a node with `replicas` and returns its id and a client that presents its ticket.
+async fn register_node(
+    config: &Config,
+    replicas: &[Replica],
+    addresses: NodeAddresses,
+    resources: Resources,
+) -> (NodeId, SchedulerClient) {
+    let (node, wire) = register_node_wire(config, replicas, addresses, resources).await;
+    (
+        node,
+        SchedulerClient::new(addrs_of(replicas), wire).unwrap(),
+    )
+}
+
+fn addrs_of(replicas: &[Replica]) -> Vec<String> {
+    replicas
+        .iter()
+        .map(|replica| replica.local_addr().to_string())
+        .collect()
+}
+
+/// Registers a node with `replicas` and returns its id and the wire that presents its ticket.
+async fn register_node_wire(
+    config: &Config,
+    replicas: &[Replica],
+    addresses: NodeAddresses,
+    resources: Resources,
+) -> (NodeId, WireConfig) {
+    let member = WireConfig::member(config);
+    let mut client = SchedulerClient::new(addrs_of(replicas), member.clone()).unwrap();
+    let (node, ticket) = client
+        .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
+        .await
+        .unwrap();
+    let as_node = member.with_credential(Credential::Node {
+        secret: config.cluster.secret.clone(),
+        id: node,
+        ticket,
+    });
+    (node, as_node)
 }
 
 fn resources(cpus: u64, heap: u64) -> Resources {
@@ -77,7 +138,7 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
     assert_eq!(state.jobs[&floe_core::JobId::new(7)].spec, vec![6]);
 
     // Every replica applies the same commands exactly once.
-    let wire = WireConfig::from_config(&config);
+    let wire = WireConfig::client(&config);
     for replica in &replicas {
         let addr = replica.local_addr().to_string();
         let mut applied = 0;
@@ -98,29 +159,15 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     let config = test_config();
-    let (_replicas, mut client) = start_cluster(&config, 3).await;
+    let (replicas, mut client) = start_cluster(&config, 3).await;
     let addresses = NodeAddresses {
         rpc: "127.0.0.1:1".into(),
     };
-    let quiet = client
-        .register_node(
-            addresses.clone(),
-            resources(4, 1 << 30),
-            NodeMemory::default(),
-            BTreeMap::new(),
-        )
-        .await
-        .unwrap();
+    let (quiet, mut quiet_client) =
+        register_node(&config, &replicas, addresses.clone(), resources(4, 1 << 30)).await;
     let started = Instant::now();
-    let chatty = client
-        .register_node(
-            addresses.clone(),
-            resources(4, 1 << 30),
-            NodeMemory::default(),
-            BTreeMap::new(),
-        )
-        .await
-        .unwrap();
+    let (chatty, mut chatty_client) =
+        register_node(&config, &replicas, addresses.clone(), resources(4, 1 << 30)).await;
     let timeout = config.scheduler.node_timeout();
     let usage = ResourceUsage {
         cpu_millis: 1500,
@@ -134,7 +181,7 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     let mut deaths = Vec::new();
     while deaths.is_empty() {
         assert_eq!(
-            client.heartbeat(chatty, usage).await.unwrap(),
+            chatty_client.heartbeat(chatty, usage).await.unwrap(),
             HeartbeatReply::Accepted { drivers: vec![] }
         );
         deaths = client
@@ -159,13 +206,14 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     assert_eq!(reports[&chatty].usage, usage);
     assert!(reports[&chatty].age_ms < 2 * config.scheduler.heartbeat_interval_ms);
     assert_eq!(
-        client
+        quiet_client
             .heartbeat(quiet, ResourceUsage::default())
             .await
             .unwrap(),
         HeartbeatReply::Rejoin
     );
-    let again = client
+    // A node registers again under its old ticket.
+    let (again, _) = quiet_client
         .register_node(
             addresses,
             resources(4, 1 << 30),
@@ -185,16 +233,14 @@ async fn a_request_that_fits_later_waits_for_a_release() {
     let mut config = test_config();
     // Keep the node alive without heartbeats for the length of the test.
     config.scheduler.heartbeat_interval_ms = 10_000;
-    let (replicas, mut client) = start_cluster(&config, 1).await;
-    let node = client
-        .register_node(
-            NodeAddresses::default(),
-            resources(2, 1 << 30),
-            NodeMemory::default(),
-            BTreeMap::new(),
-        )
-        .await
-        .unwrap();
+    let (replicas, _) = start_cluster(&config, 1).await;
+    let (node, mut client) = register_node(
+        &config,
+        &replicas,
+        NodeAddresses::default(),
+        resources(2, 1 << 30),
+    )
+    .await;
     let request = PlacementRequest {
         cpu_millis: 2000,
         memory_hint: 1 << 29,
@@ -217,12 +263,13 @@ async fn a_request_that_fits_later_waits_for_a_release() {
         })]
     ));
 
-    let mut waiter = SchedulerClient::new(
-        vec![client_target(&replicas)],
-        WireConfig::from_config(&config),
-        PeerKind::Client,
+    let (_, mut waiter) = register_node(
+        &config,
+        &replicas,
+        NodeAddresses::default(),
+        resources(0, 0),
     )
-    .unwrap();
+    .await;
     let waiting = tokio::spawn(async move { waiter.place(vec![request]).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiting.is_finished(), "placed while the node was full");
@@ -243,19 +290,23 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
     let (replicas, mut client) = start_cluster(&config, 1).await;
     let register = |rpc: &str| (NodeAddresses { rpc: rpc.into() }, resources(1, 1 << 30));
     let (addresses, total) = register("a:1");
-    let worker = client
-        .register_node(addresses, total, NodeMemory::default(), BTreeMap::new())
-        .await
-        .unwrap();
+    let (worker, worker_client) = register_node(&config, &replicas, addresses, total).await;
     let (addresses, total) = register("b:1");
-    let driver = client
-        .register_node(addresses, total, NodeMemory::default(), BTreeMap::new())
-        .await
-        .unwrap();
+    let (driver, driver_client) = register_node(&config, &replicas, addresses, total).await;
+    let mut nodes = BTreeMap::from([(worker, worker_client), (driver, driver_client)]);
     let job = client
         .submit_job(vec![1], floe_core::SubmissionId::random())
         .await
         .unwrap();
+    // Registered but not heard from since: no driver goes to them (a restored state may call
+    // a node alive that died while no leader listened).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(client.read_state().await.unwrap().jobs[&job].driver, None);
+    for (node, own) in nodes.iter_mut() {
+        own.heartbeat(*node, ResourceUsage::default())
+            .await
+            .unwrap();
+    }
     // The leader places the driver on its own; the node hears of it in its heartbeat.
     let deadline = Instant::now() + Duration::from_secs(5);
     let placed_on = loop {
@@ -266,7 +317,9 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
         assert!(Instant::now() < deadline, "no driver was placed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let HeartbeatReply::Accepted { drivers } = client
+    let HeartbeatReply::Accepted { drivers } = nodes
+        .get_mut(&placed_on)
+        .unwrap()
         .heartbeat(placed_on, ResourceUsage::default())
         .await
         .unwrap()
@@ -286,11 +339,13 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
         preferred: Vec::new(),
         requester: Some(driver),
     };
+    let mut driver_client = nodes.remove(&driver).unwrap();
     assert_eq!(
-        client.place(vec![request.clone()]).await.unwrap(),
+        driver_client.place(vec![request.clone()]).await.unwrap(),
         vec![Ok(worker)]
     );
-    let outcome = client
+    // The driver's node leaves, as a node that stops declares itself gone.
+    let outcome = driver_client
         .propose(Command::MarkNodeDead {
             node: driver,
             reason: "killed".into(),
@@ -302,16 +357,13 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
         requester: None,
         ..request
     };
-    let placed = tokio::time::timeout(Duration::from_secs(5), client.place(vec![retry]))
+    let mut worker_client = nodes.remove(&worker).unwrap();
+    let placed = tokio::time::timeout(Duration::from_secs(5), worker_client.place(vec![retry]))
         .await
         .expect("the dead requester's reservation was never returned")
         .unwrap();
     assert_eq!(placed, vec![Ok(worker)]);
     drop(replicas);
-}
-
-fn client_target(replicas: &[Replica]) -> String {
-    replicas[0].local_addr().to_string()
 }
 
 #[test]
@@ -434,8 +486,7 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
     .unwrap();
     let mut client = SchedulerClient::new(
         peers.values().cloned().collect(),
-        WireConfig::from_config(&config),
-        PeerKind::Client,
+        WireConfig::client(&config),
     )
     .unwrap()
     .with_retry_for(Duration::from_secs(1));
@@ -481,8 +532,227 @@ async fn a_dropped_replica_stops_serving() {
     replicas.clear();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
-        SchedulerClient::status_of(&addr, WireConfig::from_config(&config))
+        SchedulerClient::status_of(&addr, WireConfig::client(&config))
             .await
             .is_err()
     );
+}
+
+/// CVE-2025-53605's shape (nested start groups) and a message from a peer id that is not a
+/// replica, sent as Raft traffic by a peer that passed the handshake as a scheduler: each is
+/// refused with the rule it breaks, and the replica goes on committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_raft_messages_are_refused_and_the_replica_keeps_serving() {
+    use floe_core::wire::RpcClient;
+    use protobuf::Message as _;
+
+    let config = test_config();
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let addr = replicas[0].local_addr().to_string();
+    let mut peer = RpcClient::<SchedulerProtocol>::connect(&addr, WireConfig::replica(&config, 1))
+        .await
+        .unwrap();
+    let stranger = Message {
+        from: 9,
+        to: 1,
+        ..Message::default()
+    };
+    let cases = [
+        (vec![0x0b; 100_000], "group wire type 3"),
+        (
+            stranger.write_to_bytes().unwrap(),
+            "a raft message from 9, which is not a configured replica",
+        ),
+    ];
+    for (bytes, expected) in cases {
+        let refused = peer
+            .call(&SchedulerRequest::Raft {
+                messages: vec![bytes],
+            })
+            .await
+            .unwrap_err();
+        match refused {
+            floe_core::WireError::Remote(error) => {
+                assert_eq!(error.kind, RemoteErrorKind::BadRequest, "{error}");
+                assert!(error.message.contains(expected), "{error}");
+            }
+            other => panic!("expected a refusal, got {other}"),
+        }
+    }
+    let outcome = client
+        .propose(Command::SubmitJob {
+            spec: vec![1],
+            submission: floe_core::SubmissionId::random(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::JobSubmitted(_)), "{outcome:?}");
+}
+
+/// Raft messages are decoded only from a configured replica that proved the replica secret,
+/// and only when they say they come from that replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_messages_come_only_from_configured_replicas_as_themselves() {
+    use protobuf::Message as _;
+
+    let config = test_config();
+    // Two configured replicas, so replica 2's id passes the raft guard's peer check and only
+    // the sender check can refuse replica 1 passing off its message.
+    let (replicas, _) = start_cluster(&config, 2).await;
+    let addrs = vec![replicas[0].local_addr().to_string()];
+    let message = Message {
+        from: 2,
+        to: 1,
+        ..Message::default()
+    };
+    let encoded = message.write_to_bytes().unwrap();
+    let send = |wire: WireConfig, messages: Vec<Vec<u8>>| {
+        let addrs = addrs.clone();
+        async move {
+            SchedulerClient::new(addrs, wire)
+                .unwrap()
+                .call(&SchedulerRequest::Raft { messages })
+                .await
+        }
+    };
+    let refusal = |result: floe_api::Result<SchedulerResponse>| match result {
+        Err(floe_api::Error::Wire(floe_core::WireError::Remote(error))) => {
+            assert_eq!(error.kind, RemoteErrorKind::Forbidden, "{error}");
+            error.message
+        }
+        other => panic!("not refused: {other:?}"),
+    };
+    // Replica 7 knows the secret but is not among the peers.
+    let stranger = WireConfig::replica(&config, 7);
+    let message_7 = refusal(send(stranger, vec![encoded.clone()]).await);
+    assert!(
+        message_7.contains("replica 7 is not one of the configured replicas"),
+        "{message_7}"
+    );
+    // Replica 1 passing off a message as replica 2's.
+    let impostor = WireConfig::replica(&config, 1);
+    let message_1 = refusal(send(impostor, vec![encoded]).await);
+    assert!(
+        message_1.contains("replica 1 sent a raft message from replica 2"),
+        "{message_1}"
+    );
+    // A node never reaches the decoder, even with bytes that are no message at all.
+    let member = WireConfig::member(&config);
+    let message_m = refusal(send(member, vec![vec![0xff; 32]]).await);
+    assert!(
+        message_m.contains("only accepted from replicas"),
+        "{message_m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history() {
+    let mut config = test_config();
+    config.jobs.keep_finished = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, mut client) = start_cluster_with_history(&config, 3, Some(dir.path())).await;
+    let (node, node_wire) = register_node_wire(
+        &config,
+        &replicas,
+        NodeAddresses {
+            // Nothing listens here: freeing the pruned outputs is tried and retried.
+            rpc: format!("127.0.0.1:{}", free_port()),
+        },
+        resources(4, 1 << 30),
+    )
+    .await;
+    let addrs = addrs_of(&replicas);
+    let beating = tokio::spawn({
+        let mut client = SchedulerClient::new(addrs.clone(), node_wire.clone()).unwrap();
+        async move {
+            loop {
+                let _ = client.heartbeat(node, ResourceUsage::default()).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    let mut driver = SchedulerClient::new(addrs.clone(), node_wire).unwrap();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut jobs = Vec::new();
+    for n in 0..3u8 {
+        let job = client
+            .submit_job(vec![n], floe_core::SubmissionId::random())
+            .await
+            .unwrap();
+        // The leader starts its driver on the one node.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client
+            .watch_job(job, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            != JobStatus::Running
+        {
+            assert!(Instant::now() < deadline, "job {job} never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let outcome = JobOutcome {
+            status: JobStatus::Succeeded,
+            stats: floe_core::job::JobStats::default(),
+            outputs: vec![floe_core::job::OutputBlock {
+                object: floe_core::ObjectId::new(u128::from(n) + 1),
+                node,
+                rows: 1,
+                bytes: 8,
+            }],
+        };
+        let finish = Command::FinishJob {
+            job,
+            attempt: 1,
+            outcome,
+        };
+        assert_eq!(driver.propose(finish).await.unwrap(), Outcome::Applied);
+        jobs.push(job);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = loop {
+        let state = client.read_state().await.unwrap();
+        if state.jobs.len() == 1 {
+            break state;
+        }
+        assert!(Instant::now() < deadline, "{} jobs left", state.jobs.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kept = &state.jobs[&jobs[2]];
+    assert!(
+        kept.submitted_at_ms >= before,
+        "the leader's clock stamps the submission"
+    );
+    assert!(kept.ended_at_ms >= kept.started_at_ms && kept.started_at_ms.is_some());
+    // The pruned jobs' outputs wait for their node to answer `Free`.
+    assert_eq!(
+        state.outputs_to_free.keys().copied().collect::<Vec<_>>(),
+        jobs[..2]
+    );
+    // Each replica wrote the summaries as it applied the prune, and answers from its own file.
+    for addr in &addrs {
+        let mut own =
+            SchedulerClient::new(vec![addr.clone()], WireConfig::client(&config)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let history = loop {
+            let history = own.job_history(10).await.unwrap();
+            if history.len() == 2 || Instant::now() >= deadline {
+                break history;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let ids: Vec<_> = history.iter().map(|summary| summary.id).collect();
+        assert_eq!(ids, vec![jobs[1], jobs[0]], "replica at {addr}");
+        assert!(history.iter().all(
+            |summary| summary.removal == floe_api::state::Removal::Pruned
+                && summary.release.unwrap().reason == floe_api::state::ReleaseReason::Pruned
+        ));
+        assert_eq!(own.job_history(1).await.unwrap().len(), 1);
+    }
+    beating.abort();
+    drop(replicas);
 }

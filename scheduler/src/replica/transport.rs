@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use floe_core::wire::{PeerKind, RpcClient, WireConfig};
+use floe_core::wire::{RpcClient, WireConfig};
 use protobuf::Message as _;
 use raft::SnapshotStatus;
 use raft::prelude::{Message, MessageType};
@@ -101,7 +101,7 @@ async fn send_batch(
         .collect::<Result<Vec<_>>>()?;
     let connected = match client {
         Some(client) => client,
-        None => client.insert(RpcClient::connect(addr, wire.clone(), PeerKind::Scheduler).await?),
+        None => client.insert(RpcClient::connect(addr, wire.clone()).await?),
     };
     connected.call(&SchedulerRequest::Raft { messages }).await?;
     Ok(())

@@ -5,11 +5,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::*;
-use crate::config::{ClusterToken, TimeoutsConfig};
+use crate::auth::{ClientToken, ClusterSecret, Scope, Scopes, TokensFile};
+use crate::config::{Config, TimeoutsConfig};
 use crate::wire::rpc::{AttachedReply, Attachment, FileRange, Handler, Peer, Protocol};
-use crate::wire::{PeerKind, Refusal, RemoteError, RpcClient, RpcServer, WireConfig};
-
-const TOKEN: &str = "tls-test-token";
+use crate::wire::{Refusal, RemoteError, RpcClient, RpcServer, WireConfig};
 /// Every timeout of the tests' connections: a refusal must come well before it.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -27,7 +26,8 @@ enum ProbeRequest {
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 enum ProbeResponse {
     Caller {
-        kind: PeerKind,
+        /// The verified principal, as `Display` shows it.
+        principal: String,
         member_certificate: bool,
     },
     Attached,
@@ -58,7 +58,7 @@ impl Handler<Probe> for ProbeHandler {
         match request {
             ProbeRequest::WhoAmI => (
                 Ok(ProbeResponse::Caller {
-                    kind: peer.kind,
+                    principal: peer.principal.to_string(),
                     member_certificate: peer.member_certificate,
                 }),
                 None,
@@ -76,19 +76,58 @@ impl Handler<Probe> for ProbeHandler {
     }
 }
 
-fn wire(tls: &TlsConfig) -> WireConfig {
+/// Who a test connection claims to be.
+#[derive(Debug, Clone, Copy)]
+enum As {
+    /// A client with a `read` token.
+    Client,
+    /// A cluster member with the cluster secret.
+    Member,
+}
+
+/// The secret and a tokens file every test server and client shares, made once per process.
+fn credentials() -> &'static Config {
+    static CONFIG: std::sync::OnceLock<(tempfile::TempDir, Config)> = std::sync::OnceLock::new();
+    &CONFIG
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let mut tokens = TokensFile::default();
+            let token: ClientToken = tokens
+                .create("probe", Scopes::new([Scope::Read]))
+                .expect("a token");
+            let file = dir.path().join("tokens");
+            tokens.save(&file).expect("save the tokens");
+            let mut config = Config::default();
+            config.cluster.secret = ClusterSecret::new("tls-test-secret");
+            config.auth.tokens_file = file;
+            config.client.token = token;
+            config.timeouts = TimeoutsConfig {
+                connect_ms: 3_000,
+                handshake_ms: 3_000,
+                read_ms: 3_000,
+                write_ms: 3_000,
+                idle_ms: 10_000,
+            };
+            (dir, config)
+        })
+        .1
+}
+
+fn wire_as(tls: &TlsConfig, who: As) -> WireConfig {
+    let config = credentials();
+    let wire = match who {
+        As::Client => WireConfig::client(config),
+        As::Member => WireConfig::member(config),
+    };
     WireConfig {
-        token: ClusterToken::new(TOKEN),
         max_frame: 8 << 20,
-        timeouts: TimeoutsConfig {
-            connect_ms: 3_000,
-            handshake_ms: 3_000,
-            read_ms: 3_000,
-            write_ms: 3_000,
-            idle_ms: 10_000,
-        },
-        tls: WireTls::from_config(tls),
+        ..wire.with_tls(tls)
     }
+}
+
+/// A server's settings (servers present the member credential when they call out).
+fn wire(tls: &TlsConfig) -> WireConfig {
+    wire_as(tls, As::Member)
 }
 
 fn client_of(member: &TlsConfig) -> TlsConfig {
@@ -108,13 +147,13 @@ async fn serve(tls: &TlsConfig) -> RpcServer {
 async fn connect(
     server: &RpcServer,
     tls: &TlsConfig,
-    kind: PeerKind,
+    who: As,
 ) -> Result<RpcClient<Probe>, WireError> {
-    RpcClient::<Probe>::connect(server.local_addr().to_string(), wire(tls), kind).await
+    RpcClient::<Probe>::connect(server.local_addr().to_string(), wire_as(tls, who)).await
 }
 
-async fn who_am_i(server: &RpcServer, tls: &TlsConfig, kind: PeerKind) -> ProbeResponse {
-    let mut client = connect(server, tls, kind).await.expect("connects");
+async fn who_am_i(server: &RpcServer, tls: &TlsConfig, who: As) -> ProbeResponse {
+    let mut client = connect(server, tls, who).await.expect("connects");
     client.call(&ProbeRequest::WhoAmI).await.expect("answers")
 }
 
@@ -125,20 +164,46 @@ async fn a_tls_round_trip_records_whether_the_caller_is_a_member() {
     let server = serve(&member).await;
 
     assert_eq!(
-        who_am_i(&server, &client_of(&member), PeerKind::Client).await,
+        who_am_i(&server, &client_of(&member), As::Client).await,
         ProbeResponse::Caller {
-            kind: PeerKind::Client,
+            principal: "token 'probe'".into(),
             member_certificate: false
         },
         "a client with the CA only has no certificate"
     );
     assert_eq!(
-        who_am_i(&server, &member, PeerKind::Node).await,
+        who_am_i(&server, &member, As::Member).await,
         ProbeResponse::Caller {
-            kind: PeerKind::Node,
+            principal: "an unregistered member".into(),
             member_certificate: true
         },
         "a member presents its certificate"
+    );
+}
+
+#[tokio::test]
+async fn a_member_secret_without_a_member_certificate_is_refused() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let member = generate_throwaway(dir.path(), &[]).expect("certificates");
+    let server = serve(&member).await;
+    // Someone who learned the cluster secret but holds no certificate of the CA.
+    let error = connect(&server, &client_of(&member), As::Member)
+        .await
+        .err()
+        .expect("the secret alone is refused over TLS");
+    assert!(
+        matches!(
+            error,
+            WireError::Refused {
+                reason: Refusal::Unauthenticated,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("presented no certificate"),
+        "{error}"
     );
 }
 
@@ -150,7 +215,7 @@ async fn attachments_that_lie_in_files_travel_inside_tls() {
     let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&path, &payload).expect("write the payload");
     let server = serve(&member).await;
-    let mut client = connect(&server, &client_of(&member), PeerKind::Client)
+    let mut client = connect(&server, &client_of(&member), As::Client)
         .await
         .expect("connects");
     let len = 2_500_000;
@@ -178,7 +243,7 @@ async fn a_plaintext_client_is_told_the_server_requires_tls() {
     let member = generate_throwaway(dir.path(), &[]).expect("certificates");
     let server = serve(&member).await;
     let started = Instant::now();
-    let error = connect(&server, &TlsConfig::default(), PeerKind::Client)
+    let error = connect(&server, &TlsConfig::default(), As::Client)
         .await
         .err()
         .expect("a plaintext client is refused");
@@ -207,7 +272,7 @@ async fn a_client_trusting_another_ca_refuses_the_server() {
     let other = generate_throwaway(other_dir.path(), &[]).expect("certificates");
     let server = serve(&member).await;
     let started = Instant::now();
-    let error = connect(&server, &client_of(&other), PeerKind::Client)
+    let error = connect(&server, &client_of(&other), As::Client)
         .await
         .err()
         .expect("the server's certificate is not trusted");
@@ -237,7 +302,7 @@ async fn a_member_certificate_from_another_ca_is_refused() {
         ..other
     };
     let started = Instant::now();
-    let refused = match connect(&server, &impostor, PeerKind::Node).await {
+    let refused = match connect(&server, &impostor, As::Member).await {
         Err(error) => error,
         // TLS 1.3 lets the client finish first; the server's verdict arrives as an alert.
         Ok(mut client) => client
@@ -261,7 +326,7 @@ async fn a_tls_client_is_told_a_plaintext_server_does_not_speak_tls() {
     let member = generate_throwaway(dir.path(), &[]).expect("certificates");
     let server = serve(&TlsConfig::default()).await;
     let started = Instant::now();
-    let error = connect(&server, &client_of(&member), PeerKind::Client)
+    let error = connect(&server, &client_of(&member), As::Client)
         .await
         .err()
         .expect("a plaintext server cannot speak TLS");
@@ -347,7 +412,7 @@ async fn the_server_certificate_must_name_the_host_dialled() {
     let server = RpcServer::bind::<Probe, _>(elsewhere, Arc::new(ProbeHandler), wire(&member))
         .await
         .expect("the server starts");
-    let error = connect(&server, &client_of(&member), PeerKind::Client)
+    let error = connect(&server, &client_of(&member), As::Client)
         .await
         .err()
         .expect("the certificate does not name 127.0.0.2");
@@ -366,7 +431,7 @@ async fn the_server_certificate_must_name_the_host_dialled() {
         .await
         .expect("the server starts");
     assert!(matches!(
-        who_am_i(&server, &client_of(&named), PeerKind::Client).await,
+        who_am_i(&server, &client_of(&named), As::Client).await,
         ProbeResponse::Caller { .. }
     ));
 }

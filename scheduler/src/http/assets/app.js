@@ -229,12 +229,24 @@ async function readError(res) {
   return `${res.status} ${res.statusText}`;
 }
 
+// GETs with the tab's token when one is set (reads need a `read` token unless the cluster
+// serves them publicly).
 async function api(path) {
+  const headers = { Accept: 'application/json' };
+  const bearer = token();
+  if (bearer) headers.Authorization = `Bearer ${bearer}`;
   let res;
   try {
-    res = await fetch(path, { cache: 'no-store', headers: { Accept: 'application/json' } });
+    res = await fetch(path, { cache: 'no-store', headers });
   } catch (e) {
     throw new ApiError(`cannot reach this replica (${path}): ${e.message}`, 0);
+  }
+  if (res.status === 401) {
+    throw new ApiError(
+      `${path}: this cluster needs a token with the read scope: click "token" at the top ` +
+        `to set one (${await readError(res)})`,
+      401,
+    );
   }
   if (!res.ok) throw new ApiError(`${path}: ${await readError(res)}`, res.status);
   return res.json();
@@ -245,14 +257,17 @@ function token() {
 }
 
 function askToken() {
-  const given = prompt('Cluster token (needed to cancel jobs and clean the cache):', '');
+  const given = prompt(
+    'Client token (from `floe token create`; read to browse, submit to cancel jobs, admin to clean the cache):',
+    '',
+  );
   if (given === null || given.trim() === '') return null;
   sessionStorage.setItem(TOKEN_KEY, given.trim());
   showTokenState();
   return given.trim();
 }
 
-// POSTs with the cluster token, asking for it the first time. Returns null if the user gave none.
+// POSTs with the tab's token, asking for it the first time. Returns null if the user gave none.
 async function mutate(path, body) {
   const bearer = token() || askToken();
   if (!bearer) return null;
@@ -271,7 +286,7 @@ async function mutate(path, body) {
     sessionStorage.removeItem(TOKEN_KEY);
     showTokenState();
     throw new ApiError(
-      'The cluster token was rejected (401), so nothing changed. It has been cleared: ' +
+      'The token was rejected (401), so nothing changed. It has been cleared: ' +
         'you will be asked for it again on the next try.',
       401,
     );
@@ -323,7 +338,7 @@ function showTokenState() {
 function onTokenLink(event) {
   event.preventDefault();
   if (token()) {
-    if (confirm('A cluster token is set for this tab. Clear it?')) {
+    if (confirm('A token is set for this tab. Clear it?')) {
       sessionStorage.removeItem(TOKEN_KEY);
       showTokenState();
       flash('Token cleared.', false);
@@ -701,7 +716,8 @@ pages.jobs = {
   },
   load(route) {
     const { state, offset } = this.params(route);
-    const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE });
+    // `all`: jobs moved to this replica's history follow the live ones.
+    const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE, all: 'true' });
     if (state) q.set('state', state);
     return api(`/api/jobs?${q}`);
   },
@@ -731,7 +747,7 @@ function jobRow(job) {
   const href = `#/jobs/${encodeURIComponent(job.id)}`;
   const row = el('tr', { class: 'link-row', dataset: { jobId: job.id, state: job.state } },
     num(el('a', { href }, job.id)),
-    el('td', null, badge(job.state)),
+    el('td', null, badge(job.state), job.removed ? ` (${job.removed})` : ''),
     el('td', { class: 'ops' }, (job.operators || []).join(' → ')),
     num(fmtCount(job.attempts)),
     el('td', { class: 'mono' }, textOf(job.driver_node)),

@@ -1,0 +1,328 @@
+//! Lifecycle on real processes: a job's result is freed from memory and disk when its client
+//! releases it, when `jobs.result_ttl` passes and when the job is deleted (CLI and REST), and
+//! reading it afterwards names the reason; finished jobs past `jobs.keep_finished` leave the
+//! replicated state for the history that `floe jobs --all` lists; a dead node is forgotten
+//! after `nodes.forget_dead_after`; a node frees what was made for a job on `FreeJob`, as a
+//! later attempt asks when an earlier one's driver died.
+
+// Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
+use floe_client::{Client, Dataset, Error, JobHandle, JobOutput, col, lit};
+use floe_core::config::ByteSize;
+use floe_core::job::{CacheMode, JobOptions};
+use floe_core::{JobId, TaskId};
+use floe_testkit::cluster::{TestCluster, TestClusterConfig, fast_timing};
+use floe_testkit::process::floe_command;
+
+/// Long enough for a test to fetch and release a result before it expires on a busy machine.
+const RESULT_TTL_S: u64 = 6;
+
+/// One scheduler and `nodes` nodes whose small store spills most of a result to disk.
+async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
+    let mut config = TestClusterConfig {
+        settings: fast_timing(),
+        node_settings: vec![
+            "data.min_block_size=64KiB".into(),
+            "data.max_block_size=4MiB".into(),
+            // A 77 MiB store, with room besides it for the debug build's processes, which the
+            // memory monitor counts against the node's memory.
+            "memory.total=1GiB".into(),
+            "memory.object_store_fraction=0.075".into(),
+            "memory.spill_threshold=0.1".into(),
+        ],
+        max_frame: Some(ByteSize::mib(128)),
+        ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
+    };
+    config
+        .settings
+        .extend(settings.iter().map(|setting| (*setting).to_owned()));
+    TestCluster::start(config, nodes).await
+}
+
+fn no_cache() -> JobOptions {
+    JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    }
+}
+
+/// About 24 MB of output: several blocks, most of them spilled by the small store.
+fn big_result() -> Dataset {
+    Dataset::range(3_000_000)
+        .unwrap()
+        .with_column("twice", col("id") * lit(2i64))
+        .unwrap()
+}
+
+/// What node 0 holds: store bytes in memory, spilled and in fallback files, and the files in
+/// its spill and fallback directories.
+async fn held(cluster: &TestCluster) -> (u64, u64, u64, usize) {
+    let store = cluster.node_status(0).await.store;
+    let node_dir = cluster.dir.path().join("node-0");
+    let files = ["spill", "fallback"]
+        .iter()
+        .map(|dir| files_in(&node_dir.join(dir)))
+        .sum();
+    (store.used, store.spilled_bytes, store.fallback_bytes, files)
+}
+
+fn files_in(dir: &PathBuf) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().is_file())
+            .count()
+    })
+}
+
+/// Waits until node 0 holds nothing: no object bytes and no spill or fallback file.
+async fn wait_until_freed(cluster: &TestCluster, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(RESULT_TTL_S * 4);
+    loop {
+        let now = held(cluster).await;
+        if now == (0, 0, 0, 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: node 0 still holds {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the job and checks its result is really held: spilled, on disk. The output is kept
+/// (dropping it does not release it).
+async fn run_held(client: &Client, cluster: &TestCluster) -> (JobHandle, JobOutput) {
+    let job = client.submit_with(&big_result(), no_cache()).await.unwrap();
+    let output = job.wait().await.unwrap();
+    assert_eq!(output.rows(), 3_000_000);
+    output.keep();
+    let (used, spilled, _, files) = held(cluster).await;
+    assert!(
+        used > 0 && spilled > 0 && files > 0,
+        "{:?}",
+        held(cluster).await
+    );
+    (job, output)
+}
+
+fn released_reason<T>(result: Result<T, Error>) -> String {
+    match result {
+        Err(error @ Error::ResultReleased { .. }) => error.to_string(),
+        Err(other) => panic!("expected a released result, got {other}"),
+        Ok(_) => panic!("the result is still there"),
+    }
+}
+
+fn floe(cluster: &TestCluster, args: &[&str]) -> String {
+    let output = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(args)
+        .arg("--scheduler")
+        .arg(cluster.schedulers.addrs().join(","))
+        .env("FLOE_CLIENT_TOKEN", cluster.config.token())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "floe {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_is_freed_when_released_expired_or_deleted_and_says_why() {
+    let ttl = format!("jobs.result_ttl={RESULT_TTL_S}s");
+    let cluster = start(1, &[&ttl]).await;
+    let client = cluster.connect().await;
+    assert_eq!(held(&cluster).await, (0, 0, 0, 0));
+
+    // Fetched, then released by dropping the output: the common path.
+    let job = client.submit_with(&big_result(), no_cache()).await.unwrap();
+    let output = job.wait().await.unwrap();
+    let rows: usize = output
+        .to_arrow()
+        .await
+        .unwrap()
+        .iter()
+        .map(|batch| batch.num_rows())
+        .sum();
+    assert_eq!(rows, 3_000_000);
+    drop(output);
+    wait_until_freed(&cluster, "after the client dropped the output").await;
+    let reason = released_reason(job.wait().await);
+    assert!(reason.contains("released by the client at"), "{reason}");
+
+    // Kept by the client and never released: gone after the TTL.
+    let (job, output) = run_held(&client, &cluster).await;
+    wait_until_freed(&cluster, "after jobs.result_ttl").await;
+    let reason = released_reason(job.wait().await);
+    assert!(
+        reason.contains(&format!(
+            "{RESULT_TTL_S}s after the job ended (jobs.result_ttl)"
+        )),
+        "{reason}"
+    );
+    let reason = released_reason(output.to_arrow().await);
+    assert!(reason.contains("expired at"), "{reason}");
+
+    // Deleted with the CLI: the job leaves the list, the history keeps it.
+    let (job, output) = run_held(&client, &cluster).await;
+    let id = job.id().to_string();
+    let said = floe(&cluster, &["job", "delete", &id]);
+    assert!(said.contains("deleted"), "{said}");
+    wait_until_freed(&cluster, "after floe job delete").await;
+    let reason = released_reason(output.to_arrow().await);
+    assert!(reason.contains("the job was deleted"), "{reason}");
+    assert!(matches!(job.wait().await, Err(Error::UnknownJob(_))));
+    let live = client.jobs().await.unwrap();
+    assert!(live.iter().all(|info| info.id != job.id()), "{live:?}");
+    let listed = floe(&cluster, &["jobs", "--all"]);
+    assert!(
+        listed
+            .lines()
+            .any(|line| line.starts_with(&format!("{id} ")) && line.ends_with("(deleted)")),
+        "{listed}"
+    );
+
+    // Deleted over REST, the same way.
+    let (job, _output) = run_held(&client, &cluster).await;
+    let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
+    let path = format!("/api/jobs/{}", job.id());
+    let bearer = format!("Bearer {}", cluster.config.token());
+    let response =
+        floe_testkit::http::request("DELETE", &http, &path, &[("Authorization", &bearer)], b"");
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(response.json()["deleted"], true);
+    wait_until_freed(&cluster, "after DELETE /api/jobs/ID").await;
+    let again =
+        floe_testkit::http::request("DELETE", &http, &path, &[("Authorization", &bearer)], b"");
+    assert_eq!(again.status, 404, "{}", again.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are_forgotten() {
+    let cluster = start(2, &["jobs.keep_finished=5", "nodes.forget_dead_after=2s"]).await;
+    let client = cluster.connect().await;
+    let mut jobs: Vec<JobId> = Vec::new();
+    for n in 1..=9u64 {
+        let job = client
+            .submit_with(&Dataset::range(n * 10).unwrap(), no_cache())
+            .await
+            .unwrap();
+        job.wait().await.unwrap().release().await.unwrap();
+        jobs.push(job.id());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let state = cluster.state().await;
+        if state.jobs.len() == 5 {
+            break state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} jobs still in the state",
+            state.jobs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        state.jobs.keys().copied().collect::<Vec<_>>(),
+        jobs[4..],
+        "the newest five stay"
+    );
+    assert_eq!(state.submissions.len(), 5);
+    // The newest five from the state, the four oldest from the history: nine, in order.
+    let listed = floe(&cluster, &["jobs", "--all"]);
+    let ids: Vec<String> = listed
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let expected: Vec<String> = jobs.iter().map(ToString::to_string).collect();
+    assert_eq!(ids, expected, "{listed}");
+    assert_eq!(listed.matches("(history)").count(), 4, "{listed}");
+    let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
+    let token = cluster.config.token().to_owned();
+    // The HTTP API answers from the replica's applied state, published every 250 ms: wait
+    // until it shows the prune the CLI already saw, not only the nine jobs.
+    let all =
+        floe_testkit::http::wait_for("all nine jobs over REST", Duration::from_secs(10), || {
+            let all = floe_testkit::http::get(&http, "/api/jobs?all=true", &token).json();
+            (all["total"] == 9 && all["jobs"][8]["removed"] != serde_json::Value::Null)
+                .then_some(all)
+        });
+    assert_eq!(all["jobs"][8]["removed"], "pruned", "{all}");
+
+    // A dead node leaves the state once it has been dead for nodes.forget_dead_after.
+    let mut cluster = cluster;
+    let dead = cluster.node_status(1).await.node.unwrap();
+    cluster.kill_node(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen_dead = false;
+    loop {
+        let state = cluster.state().await;
+        match state.nodes.get(&dead) {
+            Some(node) if !node.is_alive() => seen_dead = true,
+            Some(_) => {}
+            None => break,
+        }
+        assert!(Instant::now() < deadline, "node {dead} is still remembered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen_dead,
+        "node {dead} was forgotten before it was seen dead"
+    );
+    assert_eq!(cluster.state().await.nodes.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
+    let cluster = start(1, &[]).await;
+    let addr = cluster.node(0).addr().to_owned();
+    let wire = cluster.wire();
+    let mut made = Vec::new();
+    for (task, job) in [(1u128, 1u64), (2, 1), (3, 2)] {
+        let spec = TaskSpec {
+            task: TaskId::new(task),
+            job: JobId::new(job),
+            kind: TaskKind::Test(TestTask::Fill {
+                bytes: 1 << 20,
+                seed: 1,
+            }),
+            inputs: Vec::new(),
+        };
+        match floe_testkit::node::call(&addr, &wire, &NodeRequest::RunTask(spec)).await {
+            NodeResponse::Task(Ok(outputs)) => made.push(outputs[0].object),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let objects = || async {
+        let store = cluster.node_status(0).await.store;
+        store.objects_in_memory + store.spilled_objects + store.fallback_objects
+    };
+    assert_eq!(objects().await, 3);
+    let free = |job: u64, keep: Vec<floe_core::ObjectId>| NodeRequest::FreeJob {
+        job: JobId::new(job),
+        keep,
+    };
+    // Job 1's second object is kept (a later attempt's own output); its first goes.
+    let answer = floe_testkit::node::call(&addr, &wire, &free(1, vec![made[1]])).await;
+    assert_eq!(answer, NodeResponse::Freed);
+    assert_eq!(objects().await, 2);
+    let meta = floe_testkit::node::connect(&addr, &wire)
+        .await
+        .call(&NodeRequest::ObjectMeta { object: made[0] })
+        .await;
+    assert!(meta.is_err(), "job 1's first object is still there");
+    floe_testkit::node::call(&addr, &wire, &free(2, Vec::new())).await;
+    assert_eq!(objects().await, 1);
+}
