@@ -5,6 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+/// The same attacks on the wire of a TLS cluster: plaintext, strangers' CAs, a secret without
+/// a member certificate.
+#[path = "security/tls.rs"]
+mod tls;
+
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 

@@ -2,8 +2,6 @@
 //! two nodes (registration, tasks, and object transfer between them), a job with exact rows,
 //! the REST API over HTTPS, and the clients TLS refuses.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::{Duration, Instant};
 
 use floe_api::client::SchedulerClient;
