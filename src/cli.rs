@@ -21,15 +21,26 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 /// Where the cluster is.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// Every scheduler replica, `host:port,host:port,…` (the client token comes from the
-    /// configuration: `FLOE_CLIENT_TOKEN` or `client.token`).
-    #[arg(long = "scheduler", value_delimiter = ',', required = true)]
+    /// Every scheduler replica, `host:port,host:port,…`. Default: the configuration's
+    /// `client.address` (`FLOE_ADDRESS`). The client token comes from the configuration too:
+    /// `FLOE_CLIENT_TOKEN` (or `FLOE_TOKEN`), or `client.token`.
+    #[arg(long = "scheduler", value_delimiter = ',')]
     pub schedulers: Vec<String>,
 }
 
 impl ClusterArgs {
     pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
-        Ok(Client::connect(&self.schedulers, config.client.token.expose()).await?)
+        let schedulers = if self.schedulers.is_empty() {
+            &config.client.address
+        } else {
+            &self.schedulers
+        };
+        anyhow::ensure!(
+            !schedulers.is_empty(),
+            "where is the cluster? Set FLOE_ADDRESS=host:port,… (client.address) or pass \
+             --scheduler host:port,…"
+        );
+        Ok(Client::connect(schedulers, config.client.token.expose()).await?)
     }
 }
 
@@ -273,18 +284,19 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
     let job = client
         .submit_with(&job_file.dataset, job_file.options)
         .await?;
-    println!("job {} submitted", job.id());
+    emit(&format!("job {} submitted\n", job.id()))?;
     if args.wait {
         let options = WaitOptions {
             timeout: args.timeout,
         };
         let output = wait_with_bars(&job, options).await?;
-        println!("job {} succeeded: {} rows", job.id(), output.rows());
-        print_stats(&output.stats);
-        print!("{}", format_batches(&output.take(10).await?)?);
+        let mut text = format!("job {} succeeded: {} rows\n", job.id(), output.rows());
+        text.push_str(&format_stats(&output.stats));
+        text.push_str(&format_batches(&output.take(10).await?)?);
         // Held for a later reader (another client, the dashboard) until jobs.result_ttl or
         // `floe job delete`; this process ends before a release on drop could be sent.
         output.keep();
+        emit(&text)?;
     }
     Ok(())
 }
@@ -385,7 +397,7 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
         token_file.display()
     );
     println!(
-        "  use it:     FLOE_CLIENT_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        "  use it:     export FLOE_ADDRESS={schedulers} FLOE_TOKEN=$(cat {}); floe jobs",
         token_file.display()
     );
 }
@@ -435,18 +447,25 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
 
 /// The per-operator stats table.
 pub fn print_stats(stats: &JobStats) {
-    println!(
-        "driver attempt {}, {} ms, {} spilled",
+    print!("{}", format_stats(stats));
+}
+
+/// The per-operator stats table as text.
+pub fn format_stats(stats: &JobStats) -> String {
+    let mut text = format!(
+        "driver attempt {}, {} ms, {} spilled\n",
         stats.attempt,
         stats.wall_ms,
         human_bytes(stats.spilled_bytes)
     );
-    println!(
+    let _ = writeln!(
+        text,
         "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
         "OPERATOR", "TASKS", "RETRY", "REBUILT", "ROWS", "BYTES", "HITS", "MISSES", "WALL_MS"
     );
     for operator in &stats.operators {
-        println!(
+        let _ = writeln!(
+            text,
             "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
             operator.name,
             operator.tasks,
@@ -459,9 +478,31 @@ pub fn print_stats(stats: &JobStats) {
             operator.wall_ms
         );
         if let Some(hot_key) = &operator.hot_key {
-            println!("  {:<16} skew: {hot_key}", "");
+            let _ = writeln!(text, "  {:<16} skew: {hot_key}", "");
         }
     }
+    text
+}
+
+/// Writes `text` to stdout and flushes it, returning the failure rather than panicking as
+/// `print!` does: `floe submit --wait | head` ends quietly when `head` exits (see
+/// [`is_broken_pipe`]), while the job it submitted runs on.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Whether `error` is stdout's reader having gone away: the command's output was cut short
+/// on purpose (`| head`), which is a success.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1.

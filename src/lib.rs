@@ -123,6 +123,7 @@ pub fn run(udfs: Registry) -> ExitCode {
     let cli = Cli::parse();
     match run_cli(cli, Arc::new(udfs)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if cli::is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

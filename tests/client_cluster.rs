@@ -597,3 +597,83 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
     );
     assert_eq!(client.jobs().await.unwrap().len(), 1);
 }
+
+/// From a directory of its own, with only `FLOE_ADDRESS` and `FLOE_TOKEN` in the environment:
+/// the job reads `in.csv` and writes `./out` there; submitting it again is refused (mode
+/// `error`); and `--wait` piped into a reader that stops early ends quietly with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_finds_the_cluster_from_the_environment() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let rows: String = (0..20).map(|i| format!("{i},{}\n", i % 3)).collect();
+    std::fs::write(home.path().join("in.csv"), format!("id,k\n{rows}")).unwrap();
+    std::fs::write(
+        home.path().join("job.toml"),
+        "[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nfilter = \"k == 1\"\n[sink]\nwrite_csv = \"out\"\n",
+    )
+    .unwrap();
+    let submit = || {
+        floe_command(env!("CARGO_BIN_EXE_floe"))
+            .args(["submit", "job.toml", "--wait"])
+            .current_dir(home.path())
+            .env("FLOE_ADDRESS", cluster.addresses().join(","))
+            .env("FLOE_TOKEN", cluster.token())
+            .output()
+            .unwrap()
+    };
+    let first = stdout(&submit());
+    assert!(first.contains("job 1 succeeded"), "{first}");
+    let written: usize = std::fs::read_dir(home.path().join("out"))
+        .unwrap()
+        .map(|entry| {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            text.lines().skip(1).count()
+        })
+        .sum();
+    assert_eq!(written, 7, "rows in ./out");
+
+    let again = submit();
+    assert!(!again.status.success(), "the second write was not refused");
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("already holds files"), "{stderr}");
+
+    // Without an address anywhere, the command says how to give one.
+    let lost = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .arg("jobs")
+        .output()
+        .unwrap();
+    assert!(!lost.status.success());
+    assert!(
+        String::from_utf8_lossy(&lost.stderr).contains("FLOE_ADDRESS"),
+        "{}",
+        String::from_utf8_lossy(&lost.stderr)
+    );
+
+    // `floe submit --wait | head -1`: the reader exits after the first line; the rest of the
+    // output (stats, rows) meets a closed pipe, and floe ends with status 0 and no panic.
+    let piped = dir_job_without_sink(home.path());
+    let mut child = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["submit", piped.to_str().unwrap(), "--wait"])
+        .env("FLOE_ADDRESS", cluster.addresses().join(","))
+        .env("FLOE_TOKEN", cluster.token())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut first_line).unwrap();
+    assert!(first_line.contains("submitted"), "{first_line}");
+    drop(reader);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A job with no sink whose result is printed after the wait.
+fn dir_job_without_sink(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("print.toml");
+    std::fs::write(&path, "[source]\nrange = 1000\n").unwrap();
+    path
+}
