@@ -123,7 +123,8 @@ fn parse_timeout(text: &str) -> anyhow::Result<Duration> {
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Nodes to start besides the scheduler.
+    /// Nodes to start besides the scheduler; they split the host's memory (`memory.total`,
+    /// detected unless set) equally between them.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
     /// Worker processes per node (0: one per CPU).
@@ -353,11 +354,14 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
+    let host_memory = floe_objectstore::MemoryPools::host_total(&config.memory)?;
+    let mut node_settings = process_udf_settings(config);
+    node_settings.push(node_memory_setting(host_memory, args.nodes));
     let cluster = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
-        node_settings: process_udf_settings(config),
+        node_settings,
     })
     .await?;
     print_local_cluster(&cluster);
@@ -366,6 +370,13 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     println!("stopping ({signal})");
     drop(cluster);
     Ok(())
+}
+
+/// The nodes `floe up` starts share one host: each gets an equal part of its memory
+/// (`memory.total`, detected unless set), so their object stores and heaps together fit it.
+fn node_memory_setting(host_memory: u64, nodes: usize) -> String {
+    let nodes = u64::try_from(nodes.max(1)).unwrap_or(u64::MAX);
+    format!("memory.total={}", host_memory / nodes)
 }
 
 /// The nodes `floe up` starts take only the settings given to them: these pass on what
@@ -518,5 +529,23 @@ fn human_bytes(bytes: u64) -> String {
         format!("{bytes}B")
     } else {
         format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_splits_the_host_memory_between_its_nodes() {
+        let config = floe_core::config::ConfigLoader::new()
+            .set(&node_memory_setting(24 << 30, 2))
+            .unwrap()
+            .load()
+            .unwrap();
+        let share = floe_objectstore::MemoryPools::host_total(&config.memory).unwrap();
+        assert_eq!(share, 12 << 30);
+        assert_eq!(node_memory_setting(900, 1), "memory.total=900");
+        assert_eq!(node_memory_setting(900, 0), "memory.total=900");
     }
 }
