@@ -13,7 +13,9 @@ use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::{Args, Subcommand};
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
-use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
+use floe_client::{
+    JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
+};
 use floe_core::plan::UdfCodePolicy;
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -130,6 +132,10 @@ pub struct UpArgs {
     /// Worker processes per node (0: one per CPU).
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
+    /// Run in a new temporary directory, removed on exit. Without it the cluster runs in
+    /// `paths.data_dir` and keeps it (the nodes' caches included) for the next `floe up`.
+    #[arg(long)]
+    pub temp: bool,
 }
 
 pub async fn status(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()> {
@@ -352,23 +358,60 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 /// Its secrets and an admin client token are generated for it; the token is written to a file
 /// only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
+    refuse_fixed_ports(config)?;
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
     let host_memory = floe_objectstore::MemoryPools::host_total(&config.memory)?;
     let mut node_settings = process_udf_settings(config);
     node_settings.push(node_memory_setting(host_memory, args.nodes));
-    let cluster = LocalCluster::start(LocalClusterOptions {
+    let dir = if args.temp {
+        LocalClusterDir::Temporary
+    } else {
+        LocalClusterDir::Kept(config.paths.data_dir.clone())
+    };
+    let options = LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
         node_settings,
-    })
-    .await?;
+    };
+    let cluster = LocalCluster::start_in(options, &dir).await?;
     print_local_cluster(&cluster);
     println!("press Ctrl-C to stop it");
     let signal = stop.recv().await;
     println!("stopping ({signal})");
     drop(cluster);
+    Ok(())
+}
+
+/// `floe up` picks free loopback ports for its processes: a port setting it would not honour
+/// is refused rather than ignored.
+fn refuse_fixed_ports(config: &Config) -> anyhow::Result<()> {
+    let defaults = Config::default();
+    let fixed = [
+        (
+            "scheduler.rpc_port",
+            config.scheduler.rpc_port,
+            defaults.scheduler.rpc_port,
+        ),
+        (
+            "scheduler.http_port",
+            config.scheduler.http_port,
+            defaults.scheduler.http_port,
+        ),
+        (
+            "node.rpc_port",
+            config.node.rpc_port,
+            defaults.node.rpc_port,
+        ),
+    ];
+    for (key, port, default) in fixed {
+        anyhow::ensure!(
+            port == default,
+            "{key}={port}: `floe up` picks free ports for its processes and cannot use a fixed \
+             one yet; it prints the addresses it chose"
+        );
+    }
     Ok(())
 }
 
@@ -547,5 +590,17 @@ mod tests {
         assert_eq!(share, 12 << 30);
         assert_eq!(node_memory_setting(900, 1), "memory.total=900");
         assert_eq!(node_memory_setting(900, 0), "memory.total=900");
+    }
+
+    #[test]
+    fn up_refuses_the_ports_it_cannot_use() {
+        refuse_fixed_ports(&Config::default()).unwrap();
+        let config = floe_core::config::ConfigLoader::new()
+            .set("scheduler.http_port=9999")
+            .unwrap()
+            .load()
+            .unwrap();
+        let error = refuse_fixed_ports(&config).unwrap_err().to_string();
+        assert!(error.contains("scheduler.http_port=9999"), "{error}");
     }
 }

@@ -677,3 +677,40 @@ fn dir_job_without_sink(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(&path, "[source]\nrange = 1000\n").unwrap();
     path
 }
+
+/// A cluster in a kept directory leaves it behind, the nodes' caches included, and the next
+/// cluster starts in it (with new secrets: the last run's scheduler state and token go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_directory_outlives_its_cluster() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = floe_client::LocalClusterDir::Kept(home.path().join("up"));
+    let plan = || {
+        Dataset::range(1000)
+            .unwrap()
+            .filter(col("id").gt(lit(10)))
+            .unwrap()
+    };
+    let cluster = LocalCluster::start_in(options(1), &dir).await.unwrap();
+    let first_token = cluster.token().to_owned();
+    let client = cluster.connect().await.unwrap();
+    let output = client.submit(&plan()).await.unwrap().wait().await.unwrap();
+    assert_eq!(output.rows(), 989);
+    drop(client);
+    drop(cluster);
+    let node_dir = home.path().join("up/node-0");
+    assert!(
+        node_dir.is_dir(),
+        "the node's directory went with the cluster"
+    );
+
+    let cluster = LocalCluster::start_in(options(1), &dir).await.unwrap();
+    assert_ne!(cluster.token(), first_token);
+    let client = cluster.connect().await.unwrap();
+    let output = client.submit(&plan()).await.unwrap().wait().await.unwrap();
+    assert_eq!(output.rows(), 989);
+    let cached: u64 = output.stats.operators.iter().map(|op| op.cache_hits).sum();
+    assert!(
+        cached > 0,
+        "the second cluster missed the first one's cache"
+    );
+}

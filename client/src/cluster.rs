@@ -857,24 +857,81 @@ fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
     file.sync_all().map_err(failed)
 }
 
-/// A real scheduler and real nodes on loopback, in a temporary directory, with generated
-/// secrets and an admin token. Dropping it kills every process and removes the directory and
-/// the nodes' shared memory.
+/// Where a [`LocalCluster`] keeps its files and logs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalClusterDir {
+    /// A new temporary directory, removed when the cluster is dropped.
+    #[default]
+    Temporary,
+    /// This directory, created if missing and kept when the cluster is dropped, so the
+    /// nodes' caches (in `node-<i>/`) serve the next cluster started in it. The scheduler's
+    /// state, secrets and token are of one run and are made anew each time.
+    Kept(PathBuf),
+}
+
+/// A [`LocalCluster`]'s directory, as held while it runs.
+enum HeldDir {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl HeldDir {
+    fn create(dir: &LocalClusterDir) -> Result<Self> {
+        let failed = |path: &std::path::Path, action: &str, source: std::io::Error| {
+            Error::LocalCluster(format!("cannot {action} {}: {source}", path.display()))
+        };
+        match dir {
+            LocalClusterDir::Temporary => tempfile::Builder::new()
+                .prefix("floe-local-")
+                .tempdir()
+                .map(Self::Temporary)
+                .map_err(|source| failed(&std::env::temp_dir(), "create a directory in", source)),
+            LocalClusterDir::Kept(path) => {
+                std::fs::create_dir_all(path).map_err(|e| failed(path, "create", e))?;
+                // The last run's replicas and token belong to secrets that are gone.
+                for entry in std::fs::read_dir(path).map_err(|e| failed(path, "read", e))? {
+                    let entry = entry.map_err(|e| failed(path, "read", e))?;
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    let stale = entry.path();
+                    if name.starts_with("replica-") && stale.is_dir() {
+                        std::fs::remove_dir_all(&stale).map_err(|e| failed(&stale, "remove", e))?;
+                    } else if name == TOKEN_FILE {
+                        std::fs::remove_file(&stale).map_err(|e| failed(&stale, "remove", e))?;
+                    }
+                }
+                Ok(Self::Kept(path.clone()))
+            }
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Self::Temporary(dir) => dir.path(),
+            Self::Kept(path) => path,
+        }
+    }
+}
+
+/// A real scheduler and real nodes on loopback, in a directory of their own, with generated
+/// secrets and an admin token. Dropping it kills every process and removes the nodes' shared
+/// memory, and a [temporary](LocalClusterDir::Temporary) directory.
 pub struct LocalCluster {
     nodes: Vec<crate::local::LocalNode>,
     scheduler: crate::local::LocalSchedulers,
     credentials: crate::local::LocalCredentials,
-    dir: tempfile::TempDir,
+    dir: HeldDir,
 }
 
 impl LocalCluster {
+    /// Starts a cluster in a temporary directory.
     pub async fn start(options: LocalClusterOptions) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("floe-local-")
-            .tempdir()
-            .map_err(|source| {
-                Error::LocalCluster(format!("cannot create a directory: {source}"))
-            })?;
+        Self::start_in(options, &LocalClusterDir::Temporary).await
+    }
+
+    /// Starts a cluster in `dir`.
+    pub async fn start_in(options: LocalClusterOptions, dir: &LocalClusterDir) -> Result<Self> {
+        let dir = HeldDir::create(dir)?;
         let credentials = crate::local::LocalCredentials::generate(dir.path())?;
         write_token_file(
             &dir.path().join(TOKEN_FILE),
@@ -931,7 +988,7 @@ impl LocalCluster {
         self.credentials.admin_token.expose()
     }
 
-    /// The file holding the admin token (mode 0600), removed with the cluster.
+    /// The file holding the admin token (mode 0600), valid while the cluster runs.
     pub fn token_file(&self) -> PathBuf {
         self.dir.path().join(TOKEN_FILE)
     }
