@@ -12,6 +12,7 @@ use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::{Args, Subcommand};
+use floe_api::state::utc_time;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{
     JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
@@ -57,12 +58,15 @@ pub struct JobArgs {
 #[derive(Debug, Args)]
 pub struct JobsArgs {
     /// Also list the jobs that left the scheduler's state (deleted, or past
-    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from a replica's history.
+    /// `jobs.keep_finished` / `jobs.keep_for`), from a replica's history.
     #[arg(long)]
     pub all: bool,
-    /// With --all: how many history entries to list at most.
-    #[arg(long, requires = "all", default_value_t = 1000)]
+    /// How many jobs to list at most, newest first.
+    #[arg(long, default_value_t = 50)]
     pub limit: u32,
+    /// Skip this many of the newest jobs first (the next page).
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -74,6 +78,9 @@ pub struct JobCommandArgs {
     /// The job's id (as `floe jobs` lists it).
     #[arg(required = true)]
     pub job: Option<JobId>,
+    /// Also print the first N rows of the job's result (held in the cluster).
+    #[arg(long, value_name = "N")]
+    pub rows: Option<u64>,
     #[command(subcommand)]
     pub action: Option<JobAction>,
     #[command(flatten)]
@@ -186,56 +193,117 @@ pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()>
     Ok(())
 }
 
+/// One line of `floe jobs`.
+struct JobLine {
+    id: JobId,
+    state: &'static str,
+    submitted_at_ms: u64,
+    started_at_ms: Option<u64>,
+    ended_at_ms: Option<u64>,
+    attempts: u32,
+    tasks: Option<u64>,
+    sink: String,
+    note: &'static str,
+}
+
 pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
     let client = args.cluster.connect(config).await?;
-    println!(
-        "{:<6} {:<10} {:>8} {:>10} {:>8}",
-        "JOB", "STATE", "ATTEMPTS", "WALL_MS", "TASKS"
-    );
-    let row = |id: JobId, state: &str, attempts: u32, stats: Option<&JobStats>, note: &str| {
-        let (wall, tasks) = stats.map_or((String::new(), String::new()), |s| {
-            (s.wall_ms.to_string(), s.compute_tasks().to_string())
-        });
-        println!(
-            "{:<6} {:<10} {:>8} {:>10} {:>8}{note}",
-            id.to_string(),
-            state,
-            attempts,
-            wall,
-            tasks
-        );
-    };
     let live = client.jobs().await?;
-    // Oldest first, as the live jobs are: the history's (older) jobs come before them.
+    let mut lines: Vec<JobLine> = live
+        .iter()
+        .map(|job| JobLine {
+            id: job.id,
+            state: job.state.name(),
+            submitted_at_ms: job.submitted_at_ms,
+            started_at_ms: job.started_at_ms,
+            ended_at_ms: job.ended_at_ms,
+            attempts: job.attempts,
+            tasks: job.stats.as_ref().map(JobStats::compute_tasks),
+            sink: job
+                .sink()
+                .map_or_else(|| "-".to_owned(), |dir| dir.display().to_string()),
+            note: "",
+        })
+        .collect();
     if args.all {
-        for job in client.job_history(args.limit).await?.iter().rev() {
+        let wanted = args.offset.saturating_add(args.limit);
+        for job in client.job_history(wanted).await? {
             // A job removed after the live list was read can show in both.
             if live.iter().any(|live| live.id == job.id) {
                 continue;
             }
-            let note = match job.removal {
-                floe_api::state::Removal::Deleted => "  (deleted)",
-                floe_api::state::Removal::Pruned => "  (history)",
-            };
-            row(
-                job.id,
-                job.status.name(),
-                job.attempts,
-                job.stats.as_ref(),
-                note,
-            );
+            lines.push(JobLine {
+                id: job.id,
+                state: job.status.name(),
+                submitted_at_ms: job.submitted_at_ms,
+                started_at_ms: job.started_at_ms,
+                ended_at_ms: job.ended_at_ms,
+                attempts: job.attempts,
+                tasks: job.stats.as_ref().map(JobStats::compute_tasks),
+                // The history keeps no plan.
+                sink: "?".to_owned(),
+                note: match job.removal {
+                    floe_api::state::Removal::Deleted => "  (deleted)",
+                    floe_api::state::Removal::Pruned => "  (history)",
+                },
+            });
         }
     }
-    for job in &live {
-        row(
-            job.id,
-            job.state.name(),
-            job.attempts,
-            job.stats.as_ref(),
-            "",
+    // Newest first: ids are handed out in submission order.
+    lines.sort_by(|a, b| b.id.cmp(&a.id));
+    let now_ms = now_ms();
+    println!(
+        "{:<6} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  SINK",
+        "JOB", "STATE", "SUBMITTED", "ENDED", "DURATION", "ATTEMPTS", "TASKS"
+    );
+    let offset = usize::try_from(args.offset).unwrap_or(usize::MAX);
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    for line in lines.iter().skip(offset).take(limit) {
+        let duration = line
+            .started_at_ms
+            .map(|started| line.ended_at_ms.unwrap_or(now_ms).saturating_sub(started));
+        println!(
+            "{:<6} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  {}{}",
+            line.id.to_string(),
+            line.state,
+            utc_time(line.submitted_at_ms),
+            line.ended_at_ms.map_or_else(|| "-".to_owned(), utc_time),
+            duration.map_or_else(|| "-".to_owned(), human_duration),
+            line.attempts,
+            line.tasks
+                .map_or_else(|| "-".to_owned(), |tasks| tasks.to_string()),
+            line.sink,
+            line.note
+        );
+    }
+    let shown = lines.len().saturating_sub(offset).min(limit);
+    if offset.saturating_add(shown) < lines.len() {
+        println!(
+            "({} more: --offset {})",
+            lines.len() - offset - shown,
+            offset + shown
         );
     }
     Ok(())
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// `950ms`, `12.3s`, `4m05s`, `2h03m`.
+fn human_duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
 }
 
 pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
@@ -245,13 +313,55 @@ pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::Result<()> {
+pub async fn job(
+    config: &Config,
+    job: JobId,
+    rows: Option<u64>,
+    cluster: &ClusterArgs,
+) -> anyhow::Result<()> {
     let client = cluster.connect(config).await?;
     let handle = client.job(job);
     let state = handle.state().await?;
     println!("job {job}: {}", state.name());
+    let info = client.jobs().await?.into_iter().find(|info| info.id == job);
+    if let Some(info) = &info {
+        let at = |ms: Option<u64>| ms.map_or_else(|| "-".to_owned(), utc_time);
+        println!("  submitted: {}", utc_time(info.submitted_at_ms));
+        println!("  started:   {}", at(info.started_at_ms));
+        println!("  ended:     {}", at(info.ended_at_ms));
+        if let Some(duration) = info.duration_ms(now_ms()) {
+            println!("  duration:  {}", human_duration(duration));
+        }
+        if let Some(plan) = &info.plan {
+            println!("  plan:");
+            for line in plan.display_tree().lines() {
+                println!("    {line}");
+            }
+        }
+    }
     if let JobState::Failed { message } = &state {
         println!("error: {message}");
+        println!(
+            "hint: the failing task's node log has the details (`floe nodes` lists the nodes); \
+             fix the job file and submit it again"
+        );
+    }
+    let sink = info.as_ref().and_then(|info| info.sink());
+    let mut output = None;
+    match (&state, sink) {
+        (_, Some(directory)) => println!("output: written to {}", directory.display()),
+        (JobState::Succeeded, None) => match handle.wait().await {
+            Ok(held) => {
+                println!(
+                    "output: {} rows, {} held in the cluster",
+                    held.rows(),
+                    human_bytes(held.bytes())
+                );
+                output = Some(held);
+            }
+            Err(error) => println!("output: not available ({error})"),
+        },
+        _ => {}
     }
     if let Some(progress) = handle.progress().await? {
         for operator in &progress.operators {
@@ -271,6 +381,15 @@ pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::
     }
     if let Some(stats) = handle.stats().await? {
         print_stats(&stats);
+    }
+    if let Some(output) = output {
+        if let Some(rows) = rows {
+            print!("{}", format_batches(&output.take(rows).await?)?);
+        }
+        // Another reader may still want it: it stays until jobs.result_ttl or a delete.
+        output.keep();
+    } else if rows.is_some() {
+        println!("(no rows held: the job has no result in the cluster)");
     }
     Ok(())
 }
@@ -538,25 +657,32 @@ pub fn format_stats(stats: &JobStats) -> String {
     text
 }
 
-/// Writes `text` to stdout and flushes it, returning the failure rather than panicking as
-/// `print!` does: `floe submit --wait | head` ends quietly when `head` exits (see
-/// [`is_broken_pipe`]), while the job it submitted runs on.
+/// Stdout's reader went away: the command's output was cut short on purpose (`| head`),
+/// which is a success.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes `text` to stdout and flushes it, returning [`StdoutClosed`] rather than panicking
+/// as `print!` does: `floe submit --wait | head` ends quietly when `head` exits, while the
+/// job it submitted runs on.
 fn emit(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
-    Ok(())
-}
-
-/// Whether `error` is stdout's reader having gone away: the command's output was cut short
-/// on purpose (`| head`), which is a success.
-pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        written => Ok(written?),
+    }
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1.

@@ -669,6 +669,59 @@ async fn the_cli_finds_the_cluster_from_the_environment() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{:?}: {stderr}", output.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // `floe jobs`: newest first, a page at a time, with times and the sink.
+    let run = |args: &[&str]| {
+        stdout(
+            &floe_command(env!("CARGO_BIN_EXE_floe"))
+                .args(args)
+                .env("FLOE_ADDRESS", cluster.addresses().join(","))
+                .env("FLOE_TOKEN", cluster.token())
+                .output()
+                .unwrap(),
+        )
+    };
+    let jobs = run(&["jobs"]);
+    let ids: Vec<&str> = jobs
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    // The refused second submission never became a job.
+    assert_eq!(ids, ["2", "1"], "{jobs}");
+    let out = home.path().join("out");
+    let first = jobs.lines().find(|line| line.starts_with("1 ")).unwrap();
+    assert!(
+        first.contains("succeeded")
+            && first.contains(" UTC")
+            && first.contains(out.to_str().unwrap()),
+        "{jobs}"
+    );
+    let page = run(&["jobs", "--limit", "1"]);
+    assert!(page.lines().nth(1).unwrap().starts_with("2 "), "{page}");
+    assert!(page.contains("(1 more: --offset 1)"), "{page}");
+    let page = run(&["jobs", "--limit", "1", "--offset", "1"]);
+    assert!(page.lines().nth(1).unwrap().starts_with("1 "), "{page}");
+    assert!(!page.contains("more"), "{page}");
+
+    // `floe job ID`: times, plan, where the output is; `--rows N` prints N rows.
+    let written = run(&["job", "1"]);
+    assert!(
+        written.contains("submitted: ") && written.contains("plan:"),
+        "{written}"
+    );
+    assert!(
+        written.contains(&format!("output: written to {}", out.display())),
+        "{written}"
+    );
+    let held = run(&["job", "2", "--rows", "3"]);
+    assert!(held.contains("output: 1000 rows"), "{held}");
+    let printed_rows = held
+        .lines()
+        .skip_while(|line| line.trim() != "id")
+        .skip(1)
+        .count();
+    assert_eq!(printed_rows, 3, "{held}");
 }
 
 /// A job with no sink whose result is printed after the wait.

@@ -112,7 +112,7 @@ impl From<&JobStatus> for JobState {
 }
 
 /// One job, as listed by [`Client::jobs`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobInfo {
     pub id: JobId,
     pub state: JobState,
@@ -121,6 +121,29 @@ pub struct JobInfo {
     /// The node running its driver, while one does.
     pub driver: Option<NodeId>,
     pub stats: Option<JobStats>,
+    /// When it was submitted, its first driver started and it ended, in milliseconds since
+    /// the Unix epoch on the scheduler leader's clock.
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    /// Its plan, when the record's spec decodes (a spec from a newer client may not).
+    pub plan: Option<LogicalPlan>,
+}
+
+impl JobInfo {
+    /// The directory the job writes, when its plan ends in a sink.
+    pub fn sink(&self) -> Option<&std::path::Path> {
+        match self.plan.as_ref()?.operator() {
+            floe_core::plan::Operator::Write(spec) => Some(&spec.directory),
+            _ => None,
+        }
+    }
+
+    /// How long it ran (or has run, until `now_ms`) since its first driver started.
+    pub fn duration_ms(&self, now_ms: u64) -> Option<u64> {
+        let started = self.started_at_ms?;
+        Some(self.ended_at_ms.unwrap_or(now_ms).saturating_sub(started))
+    }
 }
 
 impl From<&JobRecord> for JobInfo {
@@ -131,6 +154,10 @@ impl From<&JobRecord> for JobInfo {
             attempts: record.attempts,
             driver: record.driver,
             stats: record.stats.clone(),
+            submitted_at_ms: record.submitted_at_ms,
+            started_at_ms: record.started_at_ms,
+            ended_at_ms: record.ended_at_ms,
+            plan: JobSpec::decode(&record.spec).ok().map(|spec| spec.plan),
         }
     }
 }
@@ -605,6 +632,11 @@ impl JobOutput {
     /// Rows in the output, from the blocks' metadata (nothing is fetched).
     pub fn rows(&self) -> u64 {
         self.blocks.iter().map(|block| block.rows).sum()
+    }
+
+    /// Bytes of Arrow data in the output, from the blocks' metadata.
+    pub fn bytes(&self) -> u64 {
+        self.blocks.iter().map(|block| block.bytes).sum()
     }
 
     /// The result blocks in order, fetched one at a time as the stream is pulled.
