@@ -250,7 +250,7 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
         }
     }
     // Newest first: ids are handed out in submission order.
-    lines.sort_by(|a, b| b.id.cmp(&a.id));
+    lines.sort_by_key(|line| std::cmp::Reverse(line.id));
     let now_ms = now_ms();
     println!(
         "{:<6} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  SINK",
