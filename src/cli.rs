@@ -585,18 +585,18 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
     let mut by_operator: BTreeMap<usize, ProgressBar> = BTreeMap::new();
     let mut draw = |progress: &JobProgress| {
         for (index, operator) in progress.operators.iter().enumerate() {
+            let Some(shown) = BarState::of(operator) else {
+                continue;
+            };
             let bar = by_operator.entry(index).or_insert_with(|| {
                 let bar = bars.add(ProgressBar::new(0));
                 bar.set_style(style.clone());
                 bar.set_prefix(operator.name.clone());
                 bar
             });
-            let total = operator
-                .tasks_total
-                .unwrap_or(operator.tasks_done + operator.tasks_running + operator.tasks_queued);
-            bar.set_length(total.max(operator.tasks_done));
-            bar.set_position(operator.tasks_done);
-            bar.set_message(format!("{} rows", operator.rows_done));
+            bar.set_length(shown.length);
+            bar.set_position(shown.done);
+            bar.set_message(format!("{} rows", shown.rows));
         }
     };
     let id = job.id();
@@ -613,9 +613,52 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
     };
     let output = job.wait_with(options, on_event).await;
     for bar in by_operator.values() {
+        // The last report can predate the last tasks: the bars end on the final stats, so
+        // they show what the stats table below them says.
+        let done = output.as_ref().ok().and_then(|output| {
+            output
+                .stats
+                .operators
+                .iter()
+                .find(|operator| operator.name == bar.prefix())
+        });
+        if let Some(operator) = done {
+            bar.set_length(operator.tasks);
+            bar.set_position(operator.tasks);
+            bar.set_message(format!("{} rows", operator.rows));
+        }
         bar.finish();
     }
     Ok(output?)
+}
+
+/// What one operator's progress bar shows.
+#[derive(Debug, PartialEq, Eq)]
+struct BarState {
+    length: u64,
+    done: u64,
+    rows: u64,
+}
+
+impl BarState {
+    /// `None` until the operator has started: a bar for work not begun (`0/0`, drawn full)
+    /// would claim progress that was not made.
+    fn of(operator: &floe_core::job::OperatorProgress) -> Option<Self> {
+        let started = operator.tasks_done + operator.tasks_running > 0 || operator.rows_done > 0;
+        if !started {
+            return None;
+        }
+        let known = operator.tasks_done + operator.tasks_running + operator.tasks_queued;
+        let length = operator
+            .tasks_total
+            .unwrap_or(known)
+            .max(operator.tasks_done);
+        Some(Self {
+            length,
+            done: operator.tasks_done,
+            rows: operator.rows_done,
+        })
+    }
 }
 
 /// The per-operator stats table.
@@ -716,6 +759,37 @@ mod tests {
         assert_eq!(share, 12 << 30);
         assert_eq!(node_memory_setting(900, 1), "memory.total=900");
         assert_eq!(node_memory_setting(900, 0), "memory.total=900");
+    }
+
+    #[test]
+    fn an_operator_gets_a_bar_once_it_starts() {
+        let mut operator = floe_core::job::OperatorProgress {
+            name: "aggregate".into(),
+            tasks_queued: 4,
+            ..Default::default()
+        };
+        assert_eq!(BarState::of(&operator), None, "queued only: not started");
+        operator.tasks_running = 1;
+        operator.tasks_queued = 3;
+        assert_eq!(
+            BarState::of(&operator),
+            Some(BarState {
+                length: 4,
+                done: 0,
+                rows: 0
+            })
+        );
+        operator.tasks_total = Some(8);
+        operator.tasks_done = 2;
+        operator.rows_done = 500;
+        assert_eq!(
+            BarState::of(&operator),
+            Some(BarState {
+                length: 8,
+                done: 2,
+                rows: 500
+            })
+        );
     }
 
     #[test]
