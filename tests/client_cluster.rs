@@ -445,9 +445,12 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
+    // `--set paths.data_dir` places the cluster, which keeps the directory when it stops.
+    let data_dir = tempfile::tempdir().unwrap();
     let mut up = StopOnDrop(
         floe_command(env!("CARGO_BIN_EXE_floe"))
-            .args(["up", "--nodes", "1", "--workers", "1"])
+            .args(["up", "--nodes", "1", "--workers", "1", "--set"])
+            .arg(format!("paths.data_dir={}", data_dir.path().display()))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -549,6 +552,11 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     assert!(terminated.success());
     assert!(up.0.wait().unwrap().success());
     assert!(!std::path::Path::new(&token_file).exists());
+    assert_eq!(std::path::Path::new(&files), data_dir.path());
+    assert!(
+        data_dir.path().join("node-0").is_dir(),
+        "the kept directory"
+    );
     wait_until_none_mention(&files, "left running", Duration::from_secs(10));
 }
 

@@ -945,6 +945,18 @@ impl HeldDir {
     }
 }
 
+impl Drop for HeldDir {
+    fn drop(&mut self) {
+        // The admin token dies with the cluster; a kept directory must not keep it readable.
+        if let Self::Kept(path) = self {
+            let token = path.join(TOKEN_FILE);
+            if let Err(error) = std::fs::remove_file(&token) {
+                tracing::warn!(path = %token.display(), %error, "cannot remove the token file");
+            }
+        }
+    }
+}
+
 /// A real scheduler and real nodes on loopback, in a directory of their own, with generated
 /// secrets and an admin token. Dropping it kills every process and removes the nodes' shared
 /// memory, and a [temporary](LocalClusterDir::Temporary) directory.
