@@ -25,11 +25,13 @@ use floe_testkit::cluster::{
 use floe_testkit::{node, process};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// One scheduler replica; nodes of two workers with a 1 GiB store and 128 MiB frames.
+/// One scheduler replica; nodes of two workers with 4 GiB of memory (a 1.2 GiB store) and
+/// 128 MiB frames. The memory monitor counts a 512 MiB object twice while a worker fills it (its
+/// heap and the store), so 1 GiB would see that task killed.
 fn config() -> TestClusterConfig {
     TestClusterConfig {
         settings: fast_timing(),
-        node_settings: vec!["memory.total=1GiB".into()],
+        node_settings: vec!["memory.total=4GiB".into()],
         max_frame: Some(ByteSize::mib(128)),
         ..TestClusterConfig::new(env!("CARGO_BIN_EXE_floe"))
     }

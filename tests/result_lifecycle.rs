@@ -251,11 +251,13 @@ async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are
     assert_eq!(listed.matches("(history)").count(), 4, "{listed}");
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
     let token = cluster.config.token().to_owned();
-    // The HTTP API answers from the replica's applied state, published every 250 ms.
+    // The HTTP API answers from the replica's applied state, published every 250 ms: wait
+    // until it shows the prune the CLI already saw, not only the nine jobs.
     let all =
         floe_testkit::http::wait_for("all nine jobs over REST", Duration::from_secs(10), || {
             let all = floe_testkit::http::get(&http, "/api/jobs?all=true", &token).json();
-            (all["total"] == 9).then_some(all)
+            (all["total"] == 9 && all["jobs"][8]["removed"] != serde_json::Value::Null)
+                .then_some(all)
         });
     assert_eq!(all["jobs"][8]["removed"], "pruned", "{all}");
 

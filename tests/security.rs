@@ -12,7 +12,8 @@ use floe_api::client::SchedulerClient;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::scheduler_protocol::{ResourceUsage, SchedulerRequest};
 use floe_api::state::{
-    CachedShard, ClusterState, Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources,
+    CachedShard, ClusterState, Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Outcome,
+    Resources,
 };
 use floe_client::{Dataset, col, lit};
 use floe_core::auth::{ClientToken, ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile};
@@ -258,7 +259,11 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
                 .await,
             &format!("node {a} proposed the death of node {b}"),
         );
-        forbidden(node_a.propose(finish(job, 1)).await, "FinishJob");
+        // The job has ended, so node A's FinishJob is a stale driver's: it passes authorization
+        // and `apply` rejects it, changing nothing (checked below). A job another node drives
+        // is refused outright: `api/src/authz/tests.rs`.
+        let stale = node_a.propose(finish(job, 1)).await.unwrap();
+        assert!(matches!(stale, Outcome::Rejected(_)), "{stale:?}");
         forbidden(
             node_a
                 .propose(Command::RecordCacheShard {

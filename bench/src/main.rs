@@ -19,6 +19,7 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
+mod soak;
 mod workloads;
 
 use std::time::Duration;
@@ -142,6 +143,13 @@ enum Bench {
     /// End-to-end: the map pipeline through an identity Python UDF (`python3` with pyarrow)
     /// and natively, in the same run.
     Pyudf(WorkloadArgs),
+    /// Lifecycle: thousands of mixed jobs on 3 replicas and 2 nodes; after each block, what
+    /// the cluster still holds (memory, spill, raft log, state, RSS) and the job latencies.
+    Soak {
+        /// 300 jobs in blocks of 50 instead of 3,000 in blocks of 500.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Every end-to-end workload, one after the other.
     All(WorkloadArgs),
 }
@@ -187,6 +195,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Rerun(args) => workloads(&[Workload::Rerun], args, config),
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
         Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
+        Bench::Soak { quick } => soak::run(quick, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }

@@ -15,9 +15,12 @@
 //! `peak_rss_mb` (the cluster's processes' peak resident memory, summed), `verified`, and
 //! from the same run the floors: `parquet_read_s` (reading the same files with the plain
 //! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
-//! print `baseline_s`: the same work done by one process with plain Arrow kernels.
+//! print `baseline_s`: the same work done by one process on one thread with the fastest plain
+//! code (Arrow's sort indices and `take`; a hash map over the column slices), reading only the
+//! columns the job reads. Spill reads every row back, checks it, and prints the read-back
+//! rate. A workload whose result is wrong makes the bench fail (exit non-zero).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -330,15 +333,22 @@ fn parquet_read(files: &[PathBuf]) -> anyhow::Result<(Duration, Vec<RecordBatch>
 /// whose plan reads only those columns), on one thread.
 fn parquet_read_columns(files: &[PathBuf], columns: &[&str]) -> anyhow::Result<Duration> {
     let started = Instant::now();
+    std::hint::black_box(read_columns(files, columns)?);
+    Ok(started.elapsed())
+}
+
+/// `columns` of every file, read with the plain parquet reader on one thread.
+fn read_columns(files: &[PathBuf], columns: &[&str]) -> anyhow::Result<Vec<RecordBatch>> {
+    let mut batches = Vec::new();
     for path in files {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
         let mask = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
         for batch in builder.with_projection(mask).build()? {
-            std::hint::black_box(batch?);
+            batches.push(batch?);
         }
     }
-    Ok(started.elapsed())
+    Ok(batches)
 }
 
 /// memcpy bandwidth over 256 MiB, the median of three copies.
@@ -564,12 +574,26 @@ pub fn run(workloads: &[Workload], config: &RunConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
+    let mut unverified = Vec::new();
     for workload in workloads {
         let report = runtime
             .block_on(run_one(*workload, config))
             .with_context(|| format!("bench {}", workload.name()))?;
+        if !report.verified {
+            unverified.push(workload.name());
+        }
         report.print();
     }
+    ensure_verified(&unverified)
+}
+
+/// Fails (so the bench exits non-zero) when any workload's result was wrong.
+fn ensure_verified(unverified: &[&str]) -> anyhow::Result<()> {
+    ensure!(
+        unverified.is_empty(),
+        "wrong results from: {}",
+        unverified.join(", ")
+    );
     Ok(())
 }
 
@@ -635,10 +659,10 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                     ];
                     let dataset = Dataset::read_parquet(&data.files)?
                         .groupby(&["group"])
-                        .agg(aggregations.clone())?;
+                        .agg(aggregations)?;
                     let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
                     let verified = verify_groups(&measured.output.to_arrow().await?, truth)?;
-                    let baseline = groupby_baseline(&data.files, &aggregations, &dataset)?;
+                    let baseline = groupby_baseline(&data.files, truth)?;
                     extra.push(("baseline_s", baseline.as_secs_f64().into()));
                     extra.push((
                         "vs_baseline",
@@ -824,7 +848,25 @@ async fn spill(config: &RunConfig, memcpy: f64) -> anyhow::Result<Report> {
         Dataset::read_parquet(&data.files)?.with_column("key2", col("key") + lit(1i64))?;
     let measured = run_job(&target.client, &dataset, &no_cache(), 1).await?;
     let spilled = measured.output.stats.spilled_bytes;
-    let verified = measured.output.rows() == data.truth.rows && spilled > 0;
+    // Every row back, the spilled ones restored from disk, and checked.
+    let started = Instant::now();
+    let batches = measured.output.to_arrow().await?;
+    let restore = started.elapsed();
+    let read_back: u64 = batches.iter().map(floe_engine::blocks::data_bytes).sum();
+    let mut shifted = true;
+    for batch in &batches {
+        let (keys, keys2) = (int64s(batch, "key")?, int64s(batch, "key2")?);
+        shifted &= keys
+            .values()
+            .iter()
+            .zip(keys2.values())
+            .all(|(key, key2)| key.wrapping_add(1) == *key2);
+    }
+    let truth = &data.truth;
+    let verified = measured.output.rows() == truth.rows
+        && spilled > 0
+        && shifted
+        && key_checksums(&batches)? == (truth.rows, truth.key_sum, truth.key_xor);
     Ok(Report {
         workload: Workload::Spill,
         rows: data.truth.rows,
@@ -836,6 +878,9 @@ async fn spill(config: &RunConfig, memcpy: f64) -> anyhow::Result<Report> {
         peak_rss_mb: target.local.as_ref().and_then(|c| peak_rss_mb(c.dir())),
         extra: vec![
             ("spilled_bytes", spilled.into()),
+            ("read_back_bytes", read_back.into()),
+            ("restore_s", restore.as_secs_f64().into()),
+            ("restore_gb_per_s", super::gbps(read_back, restore).into()),
             ("object_store_bytes", (nodes * (store_mib << 20)).into()),
         ],
     })
@@ -886,7 +931,8 @@ fn verify_sorted_files(dir: &Path, truth: &RecordsTruth) -> anyhow::Result<bool>
     Ok(key_checksums(&batches)? == (truth.rows, truth.key_sum, truth.key_xor))
 }
 
-/// One process: read the files, sort everything with Arrow's lexsort, and write it back.
+/// One process, one thread: read the files (all columns, as the job does), sort everything
+/// with Arrow's sort indices and one `take`, and write it as Parquet like the job.
 fn sort_baseline(files: &[PathBuf]) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let (_, batches) = parquet_read(files)?;
@@ -901,32 +947,61 @@ fn sort_baseline(files: &[PathBuf]) -> anyhow::Result<Duration> {
         None,
     )?;
     let sorted = take_record_batch(&all, &indices)?;
+    // The job's writer has default properties too.
     let out = tempfile::tempfile()?;
     let mut writer = ArrowWriter::try_new(out, schema, None)?;
     writer.write(&sorted)?;
     writer.close()?;
-    Ok(started.elapsed())
+    let elapsed = started.elapsed();
+    ensure!(
+        int64s(&sorted, "key")?.values().is_sorted(),
+        "the sort baseline's output is not sorted"
+    );
+    Ok(elapsed)
 }
 
-/// One process: read the files and aggregate them with the shuffle module's kernel.
-fn groupby_baseline(
-    files: &[PathBuf],
-    aggregations: &[Aggregation],
-    dataset: &Dataset,
-) -> anyhow::Result<Duration> {
+/// One process, one thread: read only the columns the job reads (`group`, `value`) and
+/// aggregate them with a plain hash map over the column slices, checked against the truth.
+fn groupby_baseline(files: &[PathBuf], truth: &EventsTruth) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let (_, batches) = parquet_read(files)?;
-    let output = Arc::new(dataset.schema().clone());
-    let groups = floe_engine::exchange::aggregate::aggregate(
-        &batches,
-        &events_schema(),
-        &["group".to_owned()],
-        aggregations,
-        &output,
-    )?;
+    let mut groups: HashMap<i32, (i64, f64)> = HashMap::with_capacity(GROUPS as usize);
+    for batch in read_columns(files, &["group", "value"])? {
+        let keys = batch
+            .column_by_name("group")
+            .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+            .context("no Int32 group column")?;
+        let values = batch
+            .column_by_name("value")
+            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+            .context("no Float64 value column")?;
+        for (key, value) in keys.values().iter().zip(values.values()) {
+            let tally = groups.entry(*key).or_default();
+            tally.0 += 1;
+            tally.1 += value;
+        }
+    }
+    // The job computes the mean too.
+    let means: Vec<f64> = groups.values().map(|(n, sum)| sum / *n as f64).collect();
+    let elapsed = started.elapsed();
+    std::hint::black_box(means);
     ensure!(
-        groups.num_rows() == GROUPS as usize,
-        "the baseline found the wrong number of groups"
+        groups.len() == truth.groups.len()
+            && truth.groups.iter().all(|(key, (n, sum))| groups
+                .get(key)
+                .is_some_and(|(count, total)| count == n && close(*total, *sum))),
+        "the groupby baseline disagrees with the truth"
     );
-    Ok(started.elapsed())
+    Ok(elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_result_fails_the_bench() {
+        assert!(ensure_verified(&[]).is_ok());
+        let error = ensure_verified(&["sort", "groupby"]).unwrap_err();
+        assert_eq!(error.to_string(), "wrong results from: sort, groupby");
+    }
 }

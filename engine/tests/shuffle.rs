@@ -14,6 +14,7 @@ use arrow::array::{
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use floe_core::plan::task::StageInput;
 use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
 use floe_engine::exchange::aggregate::aggregate;
 use floe_engine::exchange::join::{JoinSide, join};
@@ -517,6 +518,116 @@ proptest! {
         });
         let actual: Vec<SortRow> = parts.iter().flat_map(sort_rows_of).collect();
         prop_assert_eq!(actual, expected);
+    }
+}
+
+/// A row of the three-key sort: (a, b, c, id).
+type ThreeKeyRow = (Option<i64>, Option<String>, Option<i32>, i64);
+
+fn three_key_batch(rows: &[ThreeKeyRow]) -> RecordBatch {
+    batch(vec![
+        ("a", int64s(rows.iter().map(|r| r.0))),
+        ("b", strings(rows.iter().map(|r| r.1.clone()))),
+        ("c", int32s(rows.iter().map(|r| r.2))),
+        ("id", int64s(rows.iter().map(|r| Some(r.3)))),
+    ])
+}
+
+/// The whole sort through `exchange::run`, phase by phase as the executor runs it: a sample
+/// and the boundaries, a range-partitioning map task per group of blocks, and a reduce task
+/// per partition over every map task's piece.
+fn sort_through_the_exchange(
+    map_tasks: &[Vec<RecordBatch>],
+    keys: &[SortKey],
+    partitions: u32,
+) -> Vec<RecordBatch> {
+    let operator = floe_core::plan::Operator::Sort {
+        keys: keys.to_vec(),
+    };
+    let schema = map_tasks[0][0].schema();
+    let schemas = [schema.clone()];
+    let samples: Vec<RecordBatch> = map_tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, blocks)| {
+            let input = StageInput::Sample {
+                rows: 7,
+                seed: i as u64,
+            };
+            floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![blocks.clone()])
+                .unwrap()
+        })
+        .collect();
+    let input = StageInput::Boundaries { partitions };
+    let boundaries =
+        floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![samples]).unwrap();
+    let pieces: Vec<Vec<RecordBatch>> = map_tasks
+        .iter()
+        .map(|blocks| {
+            let input = StageInput::RangePartition { partitions };
+            let inputs = vec![blocks.clone(), boundaries.clone()];
+            let pieces =
+                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap();
+            assert_eq!(pieces.len(), partitions as usize);
+            pieces
+        })
+        .collect();
+    (0..partitions as usize)
+        .flat_map(|partition| {
+            let input = StageInput::Reduce {
+                partition: partition as u32,
+                left: 0,
+                seed: 0,
+            };
+            let inputs = pieces.iter().map(|p| vec![p[partition].clone()]).collect();
+            floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// The sort exchange, map and reduce sides, against an independent stable sort of the same
+    /// rows by three keys (with nulls, each ascending or descending, nulls first or last), with
+    /// map tasks of several blocks each.
+    #[test]
+    fn sort_exchange_matches_an_independent_stable_sort(
+        values in proptest::collection::vec((
+            proptest::option::weighted(0.8, -3_i64..3),
+            proptest::option::weighted(0.8, proptest::sample::select(vec!["p", "q", "qq", ""])),
+            proptest::option::weighted(0.8, -20_i32..20),
+        ), 1..200),
+        first in sort_key_strategy("a"),
+        second in sort_key_strategy("b"),
+        third in sort_key_strategy("c"),
+        map_tasks in 1_usize..4,
+        blocks in 1_usize..4,
+        partitions in 1_u32..6,
+    ) {
+        let rows: Vec<ThreeKeyRow> = values
+            .into_iter()
+            .enumerate()
+            .map(|(id, (a, b, c))| (a, b.map(str::to_owned), c, id as i64))
+            .collect();
+        let input = three_key_batch(&rows);
+        let map_tasks: Vec<Vec<RecordBatch>> = split(&input, map_tasks)
+            .iter()
+            .map(|task| split(task, blocks))
+            .filter(|blocks| blocks.iter().any(|b| b.num_rows() > 0))
+            .collect();
+        let keys = vec![first.clone(), second.clone(), third.clone()];
+        let output = sort_through_the_exchange(&map_tasks, &keys, partitions);
+
+        let mut expected = rows.clone();
+        expected.sort_by(|x, y| {
+            compare_nullable(&x.0, &y.0, &first)
+                .then_with(|| compare_nullable(&x.1, &y.1, &second))
+                .then_with(|| compare_nullable(&x.2, &y.2, &third))
+        });
+        let expected_ids: Vec<Option<i64>> = expected.iter().map(|r| Some(r.3)).collect();
+        let actual_ids: Vec<Option<i64>> = output.iter().flat_map(|b| ints(b, "id")).collect();
+        prop_assert_eq!(actual_ids, expected_ids);
     }
 }
 

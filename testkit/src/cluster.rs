@@ -350,18 +350,18 @@ impl TestCluster {
         self.outputs_with(self.config.token(), record).await
     }
 
-    /// The job's output rows, fetched with client token `token`.
+    /// The job's output rows, fetched with client token `token`. The result stays held, so a
+    /// test may read it again and no release lands in the state while the test compares it.
     pub async fn outputs_with(&self, token: &str, record: &JobRecord) -> Vec<RecordBatch> {
-        floe_client::Client::connect(&self.schedulers.addrs(), token)
+        let output = floe_client::Client::connect(&self.schedulers.addrs(), token)
             .await
             .unwrap()
             .job(record.id)
             .wait()
             .await
-            .unwrap()
-            .to_arrow()
-            .await
-            .unwrap()
+            .unwrap();
+        output.keep();
+        output.to_arrow().await.unwrap()
     }
 
     /// A client library connection to the cluster.

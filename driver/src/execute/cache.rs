@@ -52,14 +52,11 @@ pub(crate) async fn remove_old_shards<C: ClusterAccess>(
     let request = NodeRequest::RemoveCacheShards {
         fingerprints: fingerprints.into_iter().collect(),
     };
-    for node in cluster.alive_nodes() {
-        let removed = async {
-            let addr = cluster.address(node).await?;
-            cluster.call_node(&addr, &request).await
-        }
-        .await;
-        if let Err(error) = removed {
-            tracing::warn!(%node, %error, "cannot remove the old shards of a recomputed output");
+    // Asked of the scheduler, not the driver's view of the nodes, which is filled only once
+    // the execution starts.
+    for node in cluster.read_nodes().await? {
+        if let Err(error) = cluster.call_node(&node.rpc, &request).await {
+            tracing::warn!(node = %node.id, %error, "cannot remove the old shards of a recomputed output");
         }
     }
     Ok(())

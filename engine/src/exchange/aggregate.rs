@@ -18,9 +18,8 @@ use floe_core::plan::{AggFunction, Aggregation};
 use super::columns::{
     interleave_or_null, interleave_picks, is_null, named_columns, primitive, with_row_count,
 };
-use super::keys::hash_partition;
-use super::keys::{Grouping, key_converter, normalize_key};
-use super::{Exchange, MapTask, ReduceTask, Routing, split_each};
+use super::keys::{Grouping, hash_partition, hash_partitions, key_converter, normalize_key};
+use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
 
@@ -255,8 +254,8 @@ impl Exchange for Aggregate<'_> {
                 partial::partial_aggregate(&batches, task.schema, self.keys, self.aggregations)?;
             return hash_partition(&partial, self.keys, task.partitions);
         }
-        split_each(task, batches, |batch, _| {
-            hash_partition(batch, self.keys, task.partitions)
+        route_each(task, &batches, |batch, _| {
+            hash_partitions(batch, self.keys, task.partitions as usize)
         })
     }
 

@@ -14,9 +14,8 @@ use floe_core::plan::JoinType;
 use super::columns::{
     column, interleave_or_null, interleave_picks, invalid, is_null, named_columns, with_row_count,
 };
-use super::keys::hash_partition;
-use super::keys::{key_converter, normalize_key};
-use super::{Exchange, MapTask, ReduceTask, Routing, split_each};
+use super::keys::{hash_partitions, key_converter, normalize_key};
+use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
 
@@ -254,8 +253,8 @@ impl Exchange for Join<'_> {
         } else {
             self.right_keys
         };
-        split_each(task, batches, |batch, _| {
-            hash_partition(batch, keys, task.partitions)
+        route_each(task, &batches, |batch, _| {
+            hash_partitions(batch, keys, task.partitions as usize)
         })
     }
 

@@ -28,17 +28,25 @@ use crate::eval::safe_cast;
 /// goes to partition 0. Always returns exactly `n` batches with `batch`'s schema.
 pub fn hash_partition(batch: &RecordBatch, keys: &[String], n: u32) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(n)?;
+    split_rows(batch, &hash_partitions(batch, keys, parts)?, parts)
+}
+
+/// The partition (below `parts`) of each row of `batch`, as [`hash_partition`] routes it.
+pub(crate) fn hash_partitions(
+    batch: &RecordBatch,
+    keys: &[String],
+    parts: usize,
+) -> Result<Vec<usize>> {
     if keys.is_empty() {
-        return split_rows(batch, &vec![0; batch.num_rows()], parts);
+        return Ok(vec![0; batch.num_rows()]);
     }
     let normalized = normalized_columns(batch, keys)?;
     let converter = key_converter(normalized.iter().map(|c| c.data_type()))?;
     let rows = converter.convert_columns(&normalized)?;
-    let partitions: Vec<usize> = rows
+    Ok(rows
         .iter()
         .map(|row| scale(xxh3_64(row.as_ref()), parts))
-        .collect();
-    split_rows(batch, &partitions, parts)
+        .collect())
 }
 
 /// The type a key column is hashed and compared in.

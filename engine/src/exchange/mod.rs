@@ -14,7 +14,7 @@
 //! - [`aggregate`] (groupby, with partial aggregation), [`join`], [`unique`]: hash routing.
 //! - [`repartition`]: hash routing with keys, by position without.
 //! - [`random`]: random routing and a seeded permutation.
-//! - [`sort`]: range routing and a merge of sorted runs.
+//! - [`sort`]: range routing and a stable sort of each partition's rows.
 //! - [`keys`]: hashing, grouping and ordering by key columns, shared by all of them;
 //!   [`columns`]: gathering and splitting rows.
 
@@ -144,7 +144,7 @@ pub fn exchange_for(operator: &Operator) -> Option<Box<dyn Exchange + '_>> {
 }
 
 /// Splits every block with `split(block, offset of its first row)` and concatenates each
-/// partition's pieces: the usual map side, one block per partition.
+/// partition's pieces: the map side of splits into slices, which copy nothing themselves.
 pub(crate) fn split_each(
     task: &MapTask<'_>,
     batches: Vec<RecordBatch>,
@@ -162,6 +162,36 @@ pub(crate) fn split_each(
     parts
         .into_iter()
         .map(|pieces| Ok(arrow::compute::concat_batches(task.schema, &pieces)?))
+        .collect()
+}
+
+/// Sends every row of `batches` to the partition `assign(block, offset of its first row)` names
+/// for it (one partition per row, each below `task.partitions`) and gathers each partition's
+/// rows in input order: the usual map side, one block per partition, every row copied once.
+pub(crate) fn route_each(
+    task: &MapTask<'_>,
+    batches: &[RecordBatch],
+    mut assign: impl FnMut(&RecordBatch, u64) -> Result<Vec<usize>>,
+) -> Result<Vec<RecordBatch>> {
+    let parts = columns::partition_count(task.partitions)?;
+    let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); parts];
+    let mut offset = task.offset;
+    for (index, batch) in batches.iter().enumerate() {
+        for (row, partition) in assign(batch, offset)?.into_iter().enumerate() {
+            picks
+                .get_mut(partition)
+                .ok_or_else(|| columns::invalid(format!("no partition {partition} of {parts}")))?
+                .push((index, row));
+        }
+        offset += batch.num_rows() as u64;
+    }
+    picks
+        .iter()
+        .map(|picks| match batches {
+            // One block going whole to one partition: no copy.
+            [batch] if picks.len() == batch.num_rows() => Ok(batch.clone()),
+            _ => columns::gather(batches, task.schema, picks),
+        })
         .collect()
 }
 

@@ -5,8 +5,8 @@ use arrow::datatypes::Schema;
 use arrow::record_batch::RecordBatch;
 
 use super::columns::{invalid, partition_count};
-use super::keys::hash_partition;
-use super::{Exchange, MapTask, ReduceTask, Routing, split_each};
+use super::keys::hash_partitions;
+use super::{Exchange, MapTask, ReduceTask, Routing, route_each, split_each};
 use crate::Result;
 
 /// Equal-sized split without keys: `batch` holds the global rows `offset..offset+rows` of a
@@ -63,12 +63,13 @@ impl Exchange for Repartition<'_> {
     }
 
     fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
-        split_each(task, batches, |batch, offset| {
-            if self.keys.is_empty() {
+        if self.keys.is_empty() {
+            return split_each(task, batches, |batch, offset| {
                 split_by_position(batch, offset, task.total, task.partitions)
-            } else {
-                hash_partition(batch, self.keys, task.partitions)
-            }
+            });
+        }
+        route_each(task, &batches, |batch, _| {
+            hash_partitions(batch, self.keys, task.partitions as usize)
         })
     }
 

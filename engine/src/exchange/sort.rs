@@ -1,15 +1,15 @@
 //! Sort: a range-partitioned exchange. The map side samples sort keys, picks `n - 1` range
-//! boundaries from the samples, and splits its sorted blocks at them; each reduce task merges
-//! its partition's sorted runs, so partition `i`'s rows all sort before partition `i + 1`'s.
+//! boundaries from the samples, sorts its blocks and splits them at the boundaries; each reduce
+//! task merges its partition's sorted runs, so partition `i`'s rows all sort before partition
+//! `i + 1`'s. Both sides sort the keys in Arrow's row format and gather every row once.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BTreeSet;
 
 use arrow::array::UInt64Array;
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use arrow::row::Rows;
+use arrow::row::{Row, Rows};
 use floe_core::plan::SortKey;
 
 use super::columns::{SplitMix64, concat_batches, gather, partition_count, scale};
@@ -92,58 +92,66 @@ pub fn range_partition(
     boundaries: &RecordBatch,
     n: u32,
 ) -> Result<Vec<RecordBatch>> {
-    let parts = partition_count(n)?;
-    let converter = sort_converter(batch.schema_ref(), keys)?;
-    let rows = converter.convert_columns(&sort_columns(batch, keys)?)?;
-    let bounds = converter.convert_columns(boundaries.columns())?;
-    let order = sorted_order(&rows);
-    let sorted = take_record_batch(
-        batch,
-        &UInt64Array::from_iter_values(order.iter().map(|&i| i as u64)),
-    )?;
-    let mut cuts = vec![0];
-    for bound in bounds.iter().take(parts - 1) {
-        let previous = cuts.last().copied().unwrap_or(0);
-        let end = order.partition_point(|&i| rows.row(i) <= bound);
-        cuts.push(end.max(previous));
-    }
-    let last_cut = cuts.last().copied().unwrap_or(0);
-    cuts.resize(parts, last_cut);
-    cuts.push(order.len());
-    Ok(cuts
-        .windows(2)
-        .map(|cut| sorted.slice(cut[0], cut[1] - cut[0]))
-        .collect())
+    partition_by_range(
+        std::slice::from_ref(batch),
+        batch.schema_ref(),
+        keys,
+        boundaries,
+        n,
+    )
 }
 
-/// Merges batches that are each sorted by `keys` into one sorted batch of `schema` (a k-way
-/// merge; equal keys keep the input order, batch by batch).
+/// Merges batches that are each sorted by `keys` into one sorted batch of `schema`; equal keys
+/// keep the input order, batch by batch. (Any batches will do: this is a stable sort of their
+/// concatenation, which finds the sorted runs and merges them.)
 pub fn merge_sorted(
     batches: &[RecordBatch],
     schema: &SchemaRef,
     keys: &[SortKey],
 ) -> Result<RecordBatch> {
-    let converter = sort_converter(schema, keys)?;
-    let runs = batches
-        .iter()
-        .map(|batch| Ok(converter.convert_columns(&sort_columns(batch, keys)?)?))
-        .collect::<Result<Vec<Rows>>>()?;
-    // Ties are broken by (run, row), which makes the merge stable.
-    let mut heads = BinaryHeap::new();
-    for (run, rows) in runs.iter().enumerate() {
-        if rows.num_rows() > 0 {
-            heads.push(Reverse((rows.row(0), run, 0)));
+    let sorted = SortedRows::of(batches, schema, keys)?;
+    gather(batches, schema, &sorted.order)
+}
+
+/// The rows of a set of batches in the order of a set of sort keys.
+struct SortedRows {
+    /// Every row's key in Arrow's row format (whose byte order is the sort order), batch
+    /// after batch.
+    keys: Rows,
+    /// Where each batch's rows start in `keys`.
+    starts: Vec<usize>,
+    /// Every row as (batch, row), stably sorted: equal keys keep the input order.
+    order: Vec<(usize, usize)>,
+}
+
+impl SortedRows {
+    /// Encodes the key columns of all `batches` into one row buffer and sorts the row
+    /// positions by it. The sort is a stable merge sort that finds runs, so batches that are
+    /// already sorted cost a merge, not a sort.
+    fn of(batches: &[RecordBatch], schema: &Schema, keys: &[SortKey]) -> Result<Self> {
+        let converter = sort_converter(schema, keys)?;
+        let total = batches.iter().map(RecordBatch::num_rows).sum();
+        let mut encoded = converter.empty_rows(total, 0);
+        let mut starts = Vec::with_capacity(batches.len());
+        let mut order = Vec::with_capacity(total);
+        for (index, batch) in batches.iter().enumerate() {
+            starts.push(encoded.num_rows());
+            converter.append(&mut encoded, &sort_columns(batch, keys)?)?;
+            order.extend((0..batch.num_rows()).map(|row| (index, row)));
         }
+        order.sort_by(|&(a, i), &(b, j)| {
+            encoded.row(starts[a] + i).cmp(&encoded.row(starts[b] + j))
+        });
+        Ok(Self {
+            keys: encoded,
+            starts,
+            order,
+        })
     }
-    let mut picks = Vec::with_capacity(runs.iter().map(Rows::num_rows).sum());
-    while let Some(Reverse((_, run, row))) = heads.pop() {
-        picks.push((run, row));
-        let next = row + 1;
-        if next < runs[run].num_rows() {
-            heads.push(Reverse((runs[run].row(next), run, next)));
-        }
+
+    fn key(&self, (batch, row): (usize, usize)) -> Row<'_> {
+        self.keys.row(self.starts[batch] + row)
     }
-    gather(batches, schema, &picks)
 }
 
 /// `Operator::Sort`.
@@ -195,8 +203,8 @@ pub fn sample(
     sample_keys(&all, keys, rows as usize, seed)
 }
 
-/// Sorts `batches` (of `schema`) and splits them at `boundaries` into `partitions` sorted
-/// blocks.
+/// Sorts `batches` (of `schema`) stably by `keys` and splits them at `boundaries` into
+/// `partitions` sorted blocks, as [`range_partition`] splits one batch.
 pub fn partition_by_range(
     batches: &[RecordBatch],
     schema: &SchemaRef,
@@ -204,15 +212,21 @@ pub fn partition_by_range(
     boundaries: &RecordBatch,
     partitions: u32,
 ) -> Result<Vec<RecordBatch>> {
-    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions as usize];
-    for batch in batches {
-        let split = range_partition(batch, keys, boundaries, partitions)?;
-        for (part, piece) in parts.iter_mut().zip(split) {
-            part.push(piece);
-        }
+    let parts = partition_count(partitions)?;
+    let sorted = SortedRows::of(batches, schema, keys)?;
+    let bounds = sort_converter(schema, keys)?.convert_columns(boundaries.columns())?;
+    let mut cuts = vec![0];
+    for bound in bounds.iter().take(parts - 1) {
+        let previous = cuts.last().copied().unwrap_or(0);
+        let end = sorted
+            .order
+            .partition_point(|&pick| sorted.key(pick) <= bound);
+        cuts.push(end.max(previous));
     }
-    parts
-        .iter()
-        .map(|pieces| merge_sorted(pieces, schema, keys))
+    let last_cut = cuts.last().copied().unwrap_or(0);
+    cuts.resize(parts, last_cut);
+    cuts.push(sorted.order.len());
+    cuts.windows(2)
+        .map(|cut| gather(batches, schema, &sorted.order[cut[0]..cut[1]]))
         .collect()
 }

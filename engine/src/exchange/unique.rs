@@ -5,9 +5,8 @@ use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::columns::gather;
-use super::keys::Grouping;
-use super::keys::hash_partition;
-use super::{Exchange, MapTask, ReduceTask, Routing, all_columns, split_each};
+use super::keys::{Grouping, hash_partitions};
+use super::{Exchange, MapTask, ReduceTask, Routing, all_columns, route_each};
 use crate::Result;
 
 /// Distinct rows over `columns` (all columns when empty) of `batches` (of schema `input`),
@@ -52,8 +51,8 @@ impl Exchange for Unique<'_> {
 
     fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
         let columns = self.distinct_columns(task.schema);
-        split_each(task, batches, |batch, _| {
-            hash_partition(batch, &columns, task.partitions)
+        route_each(task, &batches, |batch, _| {
+            hash_partitions(batch, &columns, task.partitions as usize)
         })
     }
 

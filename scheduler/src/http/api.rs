@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     /// one (no leader yet) never queues the others behind it.
     replicas: Vec<String>,
     wire: WireConfig,
+    /// How to call nodes: as a cluster member.
+    node_wire: WireConfig,
     job_history: Option<std::path::PathBuf>,
 }
 
@@ -75,6 +77,7 @@ impl Shared {
             replica_id: config.replica_id,
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
+            node_wire: config.node_wire.clone(),
             job_history: config.job_history.clone(),
         }
     }
@@ -87,6 +90,14 @@ impl Shared {
         });
         SchedulerClient::new(self.replicas.clone(), wire)
             .map(|client| client.with_retry_for(MUTATION_RETRY))
+            .map_err(ApiError::from_scheduler)
+    }
+
+    /// Commits `command` through the leader as the caller.
+    async fn propose_as(&self, caller: &Caller, command: Command) -> Result<Outcome, ApiError> {
+        self.leader(caller)?
+            .propose(command)
+            .await
             .map_err(ApiError::from_scheduler)
     }
 
@@ -695,10 +706,8 @@ async fn stop(
     let job = parse_job_id(&id)?;
     // The leader decides, not the snapshot, which may lag a fresh submission.
     let outcome = shared
-        .leader(&caller)?
-        .propose(Command::CancelJob { job })
-        .await
-        .map_err(ApiError::from_scheduler)?;
+        .propose_as(&caller, Command::CancelJob { job })
+        .await?;
     if outcome == Outcome::Applied {
         shared
             .wait_applied(|state| {
@@ -732,10 +741,8 @@ async fn delete_job(
 ) -> Reply {
     let job = parse_job_id(&id)?;
     let outcome = shared
-        .leader(&caller)?
-        .propose(Command::DeleteJob { job })
-        .await
-        .map_err(ApiError::from_scheduler)?;
+        .propose_as(&caller, Command::DeleteJob { job })
+        .await?;
     match outcome {
         Outcome::JobsRemoved(_) => {
             shared
@@ -869,7 +876,7 @@ async fn remove_shard_files(shared: &Shared, fingerprints: Vec<floe_core::Finger
     for (node, addr) in nodes {
         let removed = async {
             let mut client: RpcClient<NodeProtocol> =
-                RpcClient::connect(addr, shared.wire.clone()).await?;
+                RpcClient::connect(addr, shared.node_wire.clone()).await?;
             client.call(&request).await
         }
         .await;

@@ -56,6 +56,8 @@ pub struct HttpConfig {
     /// This replica's credential (for the leader's soft state and replicas' status) and the
     /// authenticator that checks callers' tokens.
     pub wire: WireConfig,
+    /// How the API calls nodes (removing cleaned cache shards): as a cluster member.
+    pub node_wire: WireConfig,
     /// `http.public_reads`: reads need no token.
     pub public_reads: bool,
     /// How often the monitor refreshes its snapshot (one history sample each time).
@@ -72,6 +74,7 @@ impl HttpConfig {
             replica_id,
             peers,
             wire: WireConfig::replica(config, replica_id),
+            node_wire: WireConfig::member(config),
             public_reads: config.http.public_reads,
             refresh: Duration::from_secs(1),
             job_history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),

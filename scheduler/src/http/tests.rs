@@ -166,6 +166,7 @@ fn config() -> HttpConfig {
         replica_id: 1,
         peers: BTreeMap::from([(1, "127.0.0.1:1".to_owned())]),
         wire: WireConfig::replica(&cluster, 1),
+        node_wire: WireConfig::member(&cluster),
         public_reads: false,
         refresh: std::time::Duration::from_secs(1),
         job_history: None,

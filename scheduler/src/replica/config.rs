@@ -60,6 +60,9 @@ pub struct ReplicaConfig {
     pub history: Option<PathBuf>,
     /// Presents this replica's credential, and verifies replicas and node tickets.
     pub wire: WireConfig,
+    /// How the leader calls nodes (freeing released outputs): as a cluster member, since
+    /// nodes hold no replica secret to verify a replica with.
+    pub node_wire: WireConfig,
 }
 
 impl ReplicaConfig {
@@ -79,6 +82,7 @@ impl ReplicaConfig {
             nodes: config.nodes.clone(),
             history: Some(config.paths.data_dir.join(crate::history::HISTORY_FILE)),
             wire: WireConfig::replica(config, id),
+            node_wire: WireConfig::member(config),
         })
     }
 }

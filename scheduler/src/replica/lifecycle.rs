@@ -84,7 +84,7 @@ impl<S: LogStore> RaftLoop<S> {
             tokio::spawn(free_on_nodes(
                 *job,
                 by_node,
-                self.wire.clone(),
+                self.node_wire.clone(),
                 self.inputs.clone(),
             ));
         }

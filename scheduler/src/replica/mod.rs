@@ -189,7 +189,8 @@ struct RaftLoop<S: LogStore> {
     config: SchedulerConfig,
     jobs_config: JobsConfig,
     nodes_config: NodesConfig,
-    wire: WireConfig,
+    /// How the leader calls nodes.
+    node_wire: WireConfig,
     /// Where the loop's own requests (commits after freeing outputs on nodes) come back in.
     inputs: mpsc::Sender<Input>,
     history: Option<HistoryWriter>,
@@ -293,7 +294,7 @@ impl<S: LogStore> RaftLoop<S> {
             config: config.scheduler.clone(),
             jobs_config: config.jobs.clone(),
             nodes_config: config.nodes.clone(),
-            wire: config.wire.clone(),
+            node_wire: config.node_wire.clone(),
             inputs: inputs.clone(),
             history: config.history.clone().map(HistoryWriter::new),
             raw,
