@@ -67,6 +67,9 @@ pub struct JobsArgs {
     /// Skip this many of the newest jobs first (the next page).
     #[arg(long, default_value_t = 0)]
     pub offset: u32,
+    /// Only the jobs whose name (a job file's `name`) contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -196,6 +199,7 @@ pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()>
 /// One line of `floe jobs`.
 struct JobLine {
     id: JobId,
+    name: Option<String>,
     state: &'static str,
     submitted_at_ms: u64,
     started_at_ms: Option<u64>,
@@ -213,6 +217,7 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
         .iter()
         .map(|job| JobLine {
             id: job.id,
+            name: job.name.clone(),
             state: job.state.name(),
             submitted_at_ms: job.submitted_at_ms,
             started_at_ms: job.started_at_ms,
@@ -234,6 +239,7 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
             }
             lines.push(JobLine {
                 id: job.id,
+                name: job.name.clone(),
                 state: job.status.name(),
                 submitted_at_ms: job.submitted_at_ms,
                 started_at_ms: job.started_at_ms,
@@ -249,12 +255,15 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
             });
         }
     }
+    if let Some(wanted) = &args.name {
+        lines.retain(|line| line.name.as_ref().is_some_and(|name| name.contains(wanted)));
+    }
     // Newest first: ids are handed out in submission order.
     lines.sort_by_key(|line| std::cmp::Reverse(line.id));
     let now_ms = now_ms();
     println!(
-        "{:<6} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  SINK",
-        "JOB", "STATE", "SUBMITTED", "ENDED", "DURATION", "ATTEMPTS", "TASKS"
+        "{:<6} {:<16} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  SINK",
+        "JOB", "NAME", "STATE", "SUBMITTED", "ENDED", "DURATION", "ATTEMPTS", "TASKS"
     );
     let offset = usize::try_from(args.offset).unwrap_or(usize::MAX);
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
@@ -263,8 +272,9 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
             .started_at_ms
             .map(|started| line.ended_at_ms.unwrap_or(now_ms).saturating_sub(started));
         println!(
-            "{:<6} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  {}{}",
+            "{:<6} {:<16} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  {}{}",
             line.id.to_string(),
+            line.name.as_deref().unwrap_or("-"),
             line.state,
             utc_time(line.submitted_at_ms),
             line.ended_at_ms.map_or_else(|| "-".to_owned(), utc_time),
@@ -325,6 +335,9 @@ pub async fn job(
     println!("job {job}: {}", state.name());
     let info = client.jobs().await?.into_iter().find(|info| info.id == job);
     if let Some(info) = &info {
+        if let Some(name) = &info.name {
+            println!("  name:      {name}");
+        }
         let at = |ms: Option<u64>| ms.map_or_else(|| "-".to_owned(), utc_time);
         println!("  submitted: {}", utc_time(info.submitted_at_ms));
         println!("  started:   {}", at(info.started_at_ms));
@@ -407,9 +420,18 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
             .with_context(|| format!("{name}: {}", udf.label()))?;
     }
     let client = args.cluster.connect(config).await?;
-    let job = client
-        .submit_with(&job_file.dataset, job_file.options)
-        .await?;
+    let job = match &job_file.name {
+        Some(job_name) => {
+            client
+                .submit_named(job_name, &job_file.dataset, job_file.options)
+                .await?
+        }
+        None => {
+            client
+                .submit_with(&job_file.dataset, job_file.options)
+                .await?
+        }
+    };
     emit(&format!("job {} submitted\n", job.id()))?;
     if args.wait {
         let options = WaitOptions {

@@ -608,16 +608,20 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
 
 /// From a directory of its own, with only `FLOE_ADDRESS` and `FLOE_TOKEN` in the environment:
 /// the job reads `in.csv` and writes `./out` there; submitting it again is refused (mode
-/// `error`); and `--wait` piped into a reader that stops early ends quietly with status 0.
+/// `error`); `--wait` piped into a reader that stops early ends quietly with status 0; the
+/// job's name is listed and filtered on; and a strict cast of text to int64 fails the job,
+/// naming the value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_finds_the_cluster_from_the_environment() {
     let cluster = LocalCluster::start(options(1)).await.unwrap();
     let home = tempfile::tempdir().unwrap();
-    let rows: String = (0..20).map(|i| format!("{i},{}\n", i % 3)).collect();
-    std::fs::write(home.path().join("in.csv"), format!("id,k\n{rows}")).unwrap();
+    let rows: String = (0..20)
+        .map(|i| format!("{i},{},{}\n", i % 3, ["north", "south"][i % 2]))
+        .collect();
+    std::fs::write(home.path().join("in.csv"), format!("id,k,region\n{rows}")).unwrap();
     std::fs::write(
         home.path().join("job.toml"),
-        "[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nfilter = \"k == 1\"\n[sink]\nwrite_csv = \"out\"\n",
+        "name = \"ones to out\"\n[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nfilter = \"k == 1\"\n[sink]\nwrite_csv = \"out\"\n",
     )
     .unwrap();
     let submit = || {
@@ -730,6 +734,37 @@ async fn the_cli_finds_the_cluster_from_the_environment() {
         .skip(1)
         .count();
     assert_eq!(printed_rows, 3, "{held}");
+
+    // The job file's name: in the list, in `floe job`, and the list filtered on it.
+    assert!(first.contains("ones to out"), "{jobs}");
+    assert!(written.contains("name:      ones to out"), "{written}");
+    let named = run(&["jobs", "--name", "to o"]);
+    let ids: Vec<&str> = named
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(ids, ["1"], "{named}");
+
+    // A strict cast of text to int64 fails the job and names the first value.
+    std::fs::write(
+        home.path().join("cast.toml"),
+        "[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nwith_column = { name = \"r\", expr = \"cast(region, 'int64')\" }\n",
+    )
+    .unwrap();
+    let cast = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["submit", "cast.toml", "--wait"])
+        .current_dir(home.path())
+        .env("FLOE_ADDRESS", cluster.addresses().join(","))
+        .env("FLOE_TOKEN", cluster.token())
+        .output()
+        .unwrap();
+    assert!(!cast.status.success(), "the strict cast did not fail");
+    let stderr = String::from_utf8_lossy(&cast.stderr);
+    assert!(
+        stderr.contains("\"north\" does not convert to Int64"),
+        "{stderr}"
+    );
 }
 
 /// A job with no sink whose result is printed after the wait.

@@ -397,7 +397,7 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
     let cluster = start(1, &[]).await;
     let job = cluster
         .client()
-        .submit_job(vec![1, 2, 3], SubmissionId::random())
+        .submit_job(vec![1, 2, 3], SubmissionId::random(), None)
         .await
         .unwrap();
     let record = cluster.wait_for_job(job).await;

@@ -117,6 +117,9 @@ pub struct JobOutcome {
 pub struct JobRecord {
     pub id: JobId,
     pub submission: SubmissionId,
+    /// What the submitter called the job (a job file's `name`); kept out of the spec so
+    /// renaming a job changes no fingerprint.
+    pub name: Option<String>,
     /// The encoded job spec (`floe_core::job::JobSpec`), opaque to the scheduler.
     pub spec: Vec<u8>,
     pub status: JobStatus,
@@ -210,6 +213,8 @@ pub enum Command {
     SubmitJob {
         spec: Vec<u8>,
         submission: SubmissionId,
+        /// The job's name, if the submitter gave one.
+        name: Option<String>,
     },
     /// Starts a driver for `job` on `node` (counting an attempt).
     StartDriver {
@@ -377,7 +382,11 @@ impl ClusterState {
                 Outcome::NodeRegistered(id)
             }
             Command::MarkNodeDead { node, reason } => self.mark_dead(index, at_ms, node, reason),
-            Command::SubmitJob { spec, submission } => {
+            Command::SubmitJob {
+                spec,
+                submission,
+                name,
+            } => {
                 // A client that lost the reply submits again with the same id: same job.
                 if let Some(existing) = self.submissions.get(&submission) {
                     return Outcome::JobSubmitted(*existing);
@@ -391,6 +400,7 @@ impl ClusterState {
                     Arc::new(JobRecord {
                         id,
                         submission,
+                        name,
                         spec,
                         status: JobStatus::Pending,
                         driver: None,

@@ -115,6 +115,8 @@ impl From<&JobStatus> for JobState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobInfo {
     pub id: JobId,
+    /// What its submitter called it, if anything.
+    pub name: Option<String>,
     pub state: JobState,
     /// How many drivers were started for it.
     pub attempts: u32,
@@ -150,6 +152,7 @@ impl From<&JobRecord> for JobInfo {
     fn from(record: &JobRecord) -> Self {
         Self {
             id: record.id,
+            name: record.name.clone(),
             state: JobState::from(&record.status),
             attempts: record.attempts,
             driver: record.driver,
@@ -279,13 +282,27 @@ impl Client {
     /// Submits `dataset`; its random seeds are drawn now, so a resubmitted handle reruns the
     /// same plan. A submission retried after a lost reply is committed once.
     pub async fn submit_with(&self, dataset: &Dataset, options: JobOptions) -> Result<JobHandle> {
-        self.submit_plan(dataset.plan(), options).await
+        self.submit_plan(dataset.plan(), options, None).await
+    }
+
+    /// Submits `dataset` as [`Client::submit_with`] does, under `name`: `floe jobs`, the REST
+    /// API and the dashboard show it, and `floe jobs --name` finds the job by it. The name is
+    /// not part of the plan, so it changes no fingerprint.
+    pub async fn submit_named(
+        &self,
+        name: &str,
+        dataset: &Dataset,
+        options: JobOptions,
+    ) -> Result<JobHandle> {
+        self.submit_plan(dataset.plan(), options, Some(name.to_owned()))
+            .await
     }
 
     pub(crate) async fn submit_plan(
         &self,
         plan: &LogicalPlan,
         options: JobOptions,
+        name: Option<String>,
     ) -> Result<JobHandle> {
         crate::check_sinks(plan)?;
         let spec = JobSpec {
@@ -298,7 +315,7 @@ impl Client {
             .scheduler
             .lock()
             .await
-            .submit_job(bytes, SubmissionId::random())
+            .submit_job(bytes, SubmissionId::random(), name)
             .await?;
         Ok(self.job(job))
     }
@@ -824,7 +841,7 @@ impl ClusterExecutor {
 impl Executor for ClusterExecutor {
     fn execute<'a>(&'a self, plan: &LogicalPlan, _udfs: &'a Registry) -> Result<BatchStream<'a>> {
         let output = self.runtime.block_on(async {
-            let job = self.client.submit_plan(plan, self.options.clone()).await?;
+            let job = self.client.submit_plan(plan, self.options.clone(), None).await?;
             job.wait().await
         })?;
         let mut reader = output.stream();

@@ -61,6 +61,7 @@ fn state() -> ClusterState {
         Arc::new(JobRecord {
             id: JobId::new(1),
             submission: SubmissionId::new(1),
+            name: None,
             spec: Vec::new(),
             status: JobStatus::Running,
             driver: Some(NodeId::new(1)),
@@ -148,6 +149,7 @@ fn every_command_lists_who_may_propose_it() {
             Command::SubmitJob {
                 spec: Vec::new(),
                 submission: SubmissionId::new(9),
+                name: None,
             },
             &[SUBMIT, ADMIN],
         ),
@@ -369,6 +371,7 @@ fn refusals_name_the_missing_right() {
     let submit = SchedulerRequest::Propose(Command::SubmitJob {
         spec: Vec::new(),
         submission: SubmissionId::new(1),
+        name: None,
     });
     assert_eq!(
         authorize_scheduler(&reader, &submit, &state).unwrap_err().0,

@@ -26,6 +26,7 @@ fn submit_job(n: u8) -> Command {
     Command::SubmitJob {
         spec: vec![n],
         submission: SubmissionId::new(u128::from(n)),
+        name: None,
     }
 }
 

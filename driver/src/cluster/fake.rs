@@ -322,6 +322,7 @@ impl FakeCluster {
         let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
             spec,
             submission: SubmissionId::random(),
+            name: None,
         }) else {
             panic!("the job was not submitted");
         };
@@ -339,6 +340,7 @@ impl FakeCluster {
             let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
                 spec: vec![0; 64],
                 submission: SubmissionId::random(),
+                name: None,
             }) else {
                 panic!("the job was not submitted");
             };

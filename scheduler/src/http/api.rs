@@ -480,6 +480,7 @@ fn output_rows(job: &JobRecord) -> Option<u64> {
 fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
     JobSummary {
         id: job.id.to_string(),
+        name: job.name.clone(),
         state: job.status.name(),
         attempts: job.attempts,
         driver_node: job.driver.map(|node| node.to_string()),
@@ -500,6 +501,7 @@ fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
 fn history_summary(job: &domain::JobSummary) -> JobSummary {
     JobSummary {
         id: job.id.to_string(),
+        name: job.name.clone(),
         state: job.status.name(),
         attempts: job.attempts,
         driver_node: None,
@@ -544,6 +546,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .values()
             .rev()
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .filter(|job| query.names(job.name.as_deref()))
     };
     let mut total = matching().count();
     let mut jobs: Vec<JobSummary> = matching()
@@ -565,6 +568,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .iter()
             .filter(|job| !state.jobs.contains_key(&job.id))
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .filter(|job| query.names(job.name.as_deref()))
             .collect();
         let skip = offset.saturating_sub(total);
         jobs.extend(
@@ -680,13 +684,13 @@ async fn submit(
     // Parsing lists and opens the input files (their fingerprints need sizes, times and
     // schemas), which can take a while; it runs off the server's one worker thread.
     let parser = Arc::clone(&shared.parser);
-    let spec = web::block(move || parser.parse(&spec_text))
+    let parsed = web::block(move || parser.parse(&spec_text))
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
         .map_err(|rejected| ApiError::bad_request(rejected.0))?;
     let job = shared
         .leader(&caller)?
-        .submit_job(spec, submission)
+        .submit_job(parsed.spec, submission, parsed.name)
         .await
         .map_err(ApiError::from_scheduler)?;
     shared
