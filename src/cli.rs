@@ -2,7 +2,7 @@
 //! `floe job delete ID`, `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
 //! `--wait` share.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -605,20 +605,21 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         .context("progress bar style")?
         .progress_chars("=> ");
     let mut by_operator: BTreeMap<usize, ProgressBar> = BTreeMap::new();
+    let new_bar = |name: &str| {
+        let bar = bars.add(ProgressBar::new(0));
+        bar.set_style(style.clone());
+        bar.set_prefix(name.to_owned());
+        bar
+    };
     let mut draw = |progress: &JobProgress| {
         for (index, operator) in progress.operators.iter().enumerate() {
             let Some(shown) = BarState::of(operator) else {
                 continue;
             };
-            let bar = by_operator.entry(index).or_insert_with(|| {
-                let bar = bars.add(ProgressBar::new(0));
-                bar.set_style(style.clone());
-                bar.set_prefix(operator.name.clone());
-                bar
-            });
-            bar.set_length(shown.length);
-            bar.set_position(shown.done);
-            bar.set_message(format!("{} rows", shown.rows));
+            let bar = by_operator
+                .entry(index)
+                .or_insert_with(|| new_bar(&operator.name));
+            shown.show(bar);
         }
     };
     let id = job.id();
@@ -634,24 +635,41 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         Ok(())
     };
     let output = job.wait_with(options, on_event).await;
-    for bar in by_operator.values() {
+    if let Ok(output) = &output {
         // The last report can predate the last tasks: the bars end on the final stats, so
         // they show what the stats table below them says.
-        let done = output.as_ref().ok().and_then(|output| {
-            output
-                .stats
-                .operators
-                .iter()
-                .find(|operator| operator.name == bar.prefix())
-        });
-        if let Some(operator) = done {
-            bar.set_length(operator.tasks);
-            bar.set_position(operator.tasks);
-            bar.set_message(format!("{} rows", operator.rows));
+        let started: BTreeSet<usize> = by_operator.keys().copied().collect();
+        for (index, (name, shown)) in final_bars(&started, &output.stats) {
+            let bar = by_operator.entry(index).or_insert_with(|| new_bar(&name));
+            shown.show(bar);
         }
+    }
+    for bar in by_operator.values() {
         bar.finish();
     }
     Ok(output?)
+}
+
+/// The bars a finished job ends on, by operator index: each operator that had a bar or did
+/// work, with its totals from `stats` (operators are in the same order in progress reports and
+/// stats; names can repeat, as the two reads of a join do).
+fn final_bars(started: &BTreeSet<usize>, stats: &JobStats) -> BTreeMap<usize, (String, BarState)> {
+    stats
+        .operators
+        .iter()
+        .enumerate()
+        .filter(|(index, operator)| {
+            started.contains(index) || operator.tasks > 0 || operator.rows > 0
+        })
+        .map(|(index, operator)| {
+            let shown = BarState {
+                length: operator.tasks,
+                done: operator.tasks,
+                rows: operator.rows,
+            };
+            (index, (operator.name.clone(), shown))
+        })
+        .collect()
 }
 
 /// What one operator's progress bar shows.
@@ -680,6 +698,12 @@ impl BarState {
             done: operator.tasks_done,
             rows: operator.rows_done,
         })
+    }
+
+    fn show(&self, bar: &ProgressBar) {
+        bar.set_length(self.length);
+        bar.set_position(self.done);
+        bar.set_message(format!("{} rows", self.rows));
     }
 }
 
@@ -812,6 +836,40 @@ mod tests {
                 rows: 500
             })
         );
+    }
+
+    #[test]
+    fn the_bars_end_on_each_operators_own_stats() {
+        let operator = |name: &str, tasks: u64, rows: u64| floe_core::job::OperatorStats {
+            name: name.to_owned(),
+            tasks,
+            rows,
+            ..Default::default()
+        };
+        // A join reads twice: two operators with one name, each with its own totals.
+        let stats = JobStats {
+            operators: vec![
+                operator("read→filter", 4, 400),
+                operator("read→filter", 2, 20),
+                operator("join", 0, 0),
+                operator("limit", 0, 0),
+            ],
+            ..Default::default()
+        };
+        let started = BTreeSet::from([0, 2]);
+        let bars = final_bars(&started, &stats);
+        let shown: Vec<(usize, u64, u64)> = bars
+            .iter()
+            .map(|(index, (_, bar))| (*index, bar.done, bar.rows))
+            .collect();
+        // The second read finished between two reports: it gets its bar at the end. The
+        // limit never ran and gets none.
+        assert_eq!(shown, [(0, 4, 400), (1, 2, 20), (2, 0, 0)]);
+        for (index, (name, bar)) in &bars {
+            let stats = &stats.operators[*index];
+            assert_eq!(name, &stats.name);
+            assert_eq!((bar.length, bar.done, bar.rows), (stats.tasks, stats.tasks, stats.rows));
+        }
     }
 
     #[test]

@@ -51,7 +51,7 @@ fn operator<'a>(stats: &'a JobStats, name: &str) -> &'a floe_core::job::Operator
     stats
         .operators
         .iter()
-        .find(|operator| operator.name == name)
+        .find(|operator| floe_core::job::stage_kind(&operator.name) == name)
         .unwrap_or_else(|| panic!("no {name} operator in {stats:?}"))
 }
 
@@ -229,7 +229,7 @@ async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str
                 progress
                     .operators
                     .iter()
-                    .filter(|op| operator.is_none_or(|name| op.name == name))
+                    .filter(|op| operator.is_none_or(|name| floe_core::job::stage_kind(&op.name) == name))
                     .map(|op| op.tasks_done)
                     .sum()
             });
