@@ -298,7 +298,7 @@ pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
 }
 
 /// Milliseconds since the Unix epoch on this machine's clock.
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| {
@@ -307,7 +307,7 @@ fn now_ms() -> u64 {
 }
 
 /// `950ms`, `12.3s`, `4m05s`, `2h03m`.
-fn human_duration(ms: u64) -> String {
+pub(crate) fn human_duration(ms: u64) -> String {
     match ms {
         0..1_000 => format!("{ms}ms"),
         1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
@@ -775,7 +775,7 @@ fn emit(text: &str) -> anyhow::Result<()> {
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1.
-fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;

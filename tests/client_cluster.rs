@@ -384,6 +384,54 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         explained.contains("expr"),
         "the changed argument is named: {explained}"
     );
+    // With a sink, the explanation is about what the sink writes: cached for the cached
+    // pipeline; for the changed one, the operator whose result is missing and why.
+    let with_sink = |name: &str, job: &std::path::Path| {
+        let path = dir.path().join(name);
+        let text = std::fs::read_to_string(job).unwrap();
+        let out = dir.path().join("out");
+        std::fs::write(&path, format!("{text}[sink]\nwrite_csv = \"{}\"\n", out.display())).unwrap();
+        path
+    };
+    let sunk = with_sink("cached_sink.toml", &cached);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", sunk.to_str().unwrap()]);
+    assert!(
+        explained.contains("(files, not cached)") && explained.contains("cached, with shard counts"),
+        "{explained}"
+    );
+    let sunk = with_sink("changed_sink.toml", &changed);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", sunk.to_str().unwrap()]);
+    assert!(
+        explained.contains("nearest cached entry") && explained.contains("expr"),
+        "{explained}"
+    );
+    assert!(
+        explained.contains("  with_column ") && explained.contains("not cached"),
+        "{explained}"
+    );
+    assert!(!explained.contains("write_csv"), "{explained}");
+
+    // Against the cluster: the index says which job and operator made each entry.
+    let listed = stdout(
+        &floe_command(env!("CARGO_BIN_EXE_floe"))
+            .args(["cache", "ls"])
+            .env("FLOE_ADDRESS", cluster.addresses().join(","))
+            .env("FLOE_CLIENT_TOKEN", cluster.token())
+            .output()
+            .unwrap(),
+    );
+    let entry = listed
+        .lines()
+        .find(|line| line.contains("range→with_column"))
+        .unwrap_or_else(|| panic!("no entry made by range→with_column: {listed}"));
+    let columns: Vec<&str> = entry.split_whitespace().collect();
+    assert_eq!(
+        columns[1],
+        format!("{shard_files}/{shard_files}"),
+        "{listed}"
+    );
+    assert_eq!(columns[3], format!("1:{shard_files}"), "node 1 holds every shard: {listed}");
+    assert_eq!(columns[5], "1", "made by job 1: {listed}");
 
     let cleaned = floe_cache(&cluster, &data_dir, &["clean"]);
     assert!(

@@ -161,6 +161,7 @@ fn a_client_token_cannot_propose_internal_commands() {
                     bytes: 1,
                     rows: 1,
                 },
+                origin: None,
             },
             Command::RegisterNode {
                 addresses: NodeAddresses {
@@ -275,6 +276,7 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
                         bytes: 1,
                         rows: 1,
                     },
+                    origin: None,
                 })
                 .await,
             "may only record shards it holds",

@@ -174,6 +174,24 @@ pub struct CachedShard {
 pub struct CacheEntry {
     /// Shard rank → where it is.
     pub shards: BTreeMap<u32, CachedShard>,
+    /// Which job made the entry; unknown for shards a node found on disk when it joined.
+    pub made_by: Option<CacheProvenance>,
+}
+
+/// Which job and operator wrote a cached output, as a driver records its shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheOrigin {
+    pub job: JobId,
+    /// The operator's name in the job's stats (`read→filter`).
+    pub operator: String,
+}
+
+/// A [`CacheOrigin`] and when its first shard was recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheProvenance {
+    pub origin: CacheOrigin,
+    /// Milliseconds since the Unix epoch, on the clock of the leader that logged the record.
+    pub created_at_ms: u64,
 }
 
 /// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
@@ -246,6 +264,8 @@ pub enum Command {
         shard_count: u32,
         rank: u32,
         shard: CachedShard,
+        /// The job and operator that wrote it; `None` for a shard a node found on disk.
+        origin: Option<CacheOrigin>,
     },
     EvictCache {
         fingerprint: String,
@@ -536,6 +556,7 @@ impl ClusterState {
                 shard_count,
                 rank,
                 shard,
+                origin,
             } => {
                 if rank >= shard_count {
                     return Outcome::Rejected(format!(
@@ -549,13 +570,26 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("node {} is not alive", shard.node));
                 }
-                self.cache
+                let entry = self
+                    .cache
                     .entry(fingerprint)
                     .or_default()
                     .entry(shard_count)
-                    .or_default()
-                    .shards
-                    .insert(rank, shard);
+                    .or_default();
+                entry.shards.insert(rank, shard);
+                // A job's first shard dates the entry; a later job writing it again (a
+                // recompute) makes it anew.
+                if let Some(origin) = origin
+                    && entry
+                        .made_by
+                        .as_ref()
+                        .is_none_or(|made| made.origin.job != origin.job)
+                {
+                    entry.made_by = Some(CacheProvenance {
+                        origin,
+                        created_at_ms: at_ms,
+                    });
+                }
                 Outcome::Applied
             }
             Command::EvictCache { fingerprint } => match self.cache.remove(&fingerprint) {

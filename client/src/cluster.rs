@@ -346,6 +346,12 @@ impl Client {
         Ok(self.inner.scheduler.lock().await.job_history(limit).await?)
     }
 
+    /// The replicated fingerprint-cache index: every cached output, its shards and which job
+    /// made it.
+    pub async fn cache_index(&self) -> Result<floe_api::state::CacheIndex> {
+        Ok(self.inner.state().await?.cache)
+    }
+
     /// Every node the scheduler remembers, alive or dead (dead ones are forgotten after
     /// `nodes.forget_dead_after`).
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {

@@ -777,9 +777,11 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
     let mut entries = Vec::new();
     for (fingerprint, by_count) in &state.cache {
         for (shard_count, entry) in by_count {
-            let mut nodes: Vec<NodeId> = entry.shards.values().map(|s| s.node).collect();
-            nodes.sort();
-            nodes.dedup();
+            let mut shards_per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
+            for shard in entry.shards.values() {
+                *shards_per_node.entry(shard.node).or_default() += 1;
+            }
+            let made_by = entry.made_by.as_ref();
             entries.push(CacheEntryJson {
                 fingerprint: fingerprint.clone(),
                 shard_count: *shard_count,
@@ -787,8 +789,15 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
                 complete: entry.shards.len() == *shard_count as usize,
                 rows: entry.shards.values().map(|s| s.rows).sum(),
                 bytes: entry.shards.values().map(|s| s.bytes).sum(),
-                nodes: nodes.iter().map(ToString::to_string).collect(),
+                nodes: shards_per_node.keys().map(ToString::to_string).collect(),
+                shards_per_node: shards_per_node
+                    .iter()
+                    .map(|(node, shards)| (node.to_string(), *shards))
+                    .collect(),
                 last_used_ms: snapshot.cache_last_used.get(fingerprint).copied(),
+                job: made_by.map(|made| made.origin.job.to_string()),
+                operator: made_by.map(|made| made.origin.operator.clone()),
+                created_at_ms: made_by.map(|made| made.created_at_ms),
             });
         }
     }

@@ -327,7 +327,14 @@ pub(super) struct CacheEntryJson {
     pub(super) rows: u64,
     pub(super) bytes: u64,
     pub(super) nodes: Vec<String>,
+    /// Node id → how many of the entry's shards it holds.
+    pub(super) shards_per_node: BTreeMap<String, u64>,
     pub(super) last_used_ms: Option<u64>,
+    /// The job and operator that made the entry, and when (ms since the Unix epoch); null
+    /// for shards a node found on disk when it joined.
+    pub(super) job: Option<String>,
+    pub(super) operator: Option<String>,
+    pub(super) created_at_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
