@@ -226,7 +226,7 @@ async fn a_task_failing_past_the_retry_limit_fails_the_job_with_its_message() {
     };
     assert_eq!(
         message,
-        "map: a task failed 3 times; the last time: task error: the disk is on fire"
+        "map→with_column: a task failed 3 times; the last time: task error: the disk is on fire"
     );
     assert!(record.outputs.is_empty());
     // A failed job keeps nothing.
