@@ -14,6 +14,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::{Args, Subcommand};
 use floe_api::state::utc_time;
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
+use floe_client::local::{LocalPort, LocalPorts};
 use floe_client::{
     JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
 };
@@ -499,7 +500,6 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 /// Its secrets and an admin client token are generated for it; the token is written to a file
 /// only this user can read, and only the file's path is printed.
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
-    refuse_fixed_ports(config)?;
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
     let host_memory = floe_objectstore::MemoryPools::host_total(&config.memory)?;
@@ -515,6 +515,7 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
         node_settings,
+        ports: local_ports(config),
     };
     let cluster = LocalCluster::start_in(options, &dir).await?;
     print_local_cluster(&cluster);
@@ -525,35 +526,35 @@ pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `floe up` picks free loopback ports for its processes: a port setting it would not honour
-/// is refused rather than ignored.
-fn refuse_fixed_ports(config: &Config) -> anyhow::Result<()> {
+/// The ports `floe up` gives its processes: a port set away from its default is used as
+/// given (node `i` on `node.rpc_port + i`); an unset one is picked free, since the defaults
+/// would collide between the nodes of one host.
+fn local_ports(config: &Config) -> LocalPorts {
     let defaults = Config::default();
-    let fixed = [
-        (
+    let port = |setting: &'static str, port: u16, default: u16| {
+        if port == default {
+            LocalPort::Free
+        } else {
+            LocalPort::Fixed { setting, port }
+        }
+    };
+    LocalPorts {
+        scheduler_rpc: port(
             "scheduler.rpc_port",
             config.scheduler.rpc_port,
             defaults.scheduler.rpc_port,
         ),
-        (
+        scheduler_http: port(
             "scheduler.http_port",
             config.scheduler.http_port,
             defaults.scheduler.http_port,
         ),
-        (
+        node_rpc: port(
             "node.rpc_port",
             config.node.rpc_port,
             defaults.node.rpc_port,
         ),
-    ];
-    for (key, port, default) in fixed {
-        anyhow::ensure!(
-            port == default,
-            "{key}={port}: `floe up` picks free ports for its processes and cannot use a fixed \
-             one yet; it prints the addresses it chose"
-        );
     }
-    Ok(())
 }
 
 /// The nodes `floe up` starts share one host: each gets an equal part of its memory
@@ -873,14 +874,22 @@ mod tests {
     }
 
     #[test]
-    fn up_refuses_the_ports_it_cannot_use() {
-        refuse_fixed_ports(&Config::default()).unwrap();
+    fn up_uses_the_ports_that_are_set() {
+        assert_eq!(local_ports(&Config::default()), LocalPorts::default());
         let config = floe_core::config::ConfigLoader::new()
             .set("scheduler.http_port=9999")
             .unwrap()
             .load()
             .unwrap();
-        let error = refuse_fixed_ports(&config).unwrap_err().to_string();
-        assert!(error.contains("scheduler.http_port=9999"), "{error}");
+        assert_eq!(
+            local_ports(&config),
+            LocalPorts {
+                scheduler_http: LocalPort::Fixed {
+                    setting: "scheduler.http_port",
+                    port: 9999
+                },
+                ..LocalPorts::default()
+            }
+        );
     }
 }

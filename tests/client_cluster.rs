@@ -23,6 +23,7 @@ fn options(nodes: usize) -> LocalClusterOptions {
         binary: env!("CARGO_BIN_EXE_floe").into(),
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=8MiB".into()],
+        ports: floe_client::local::LocalPorts::default(),
     }
 }
 
@@ -493,12 +494,25 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
-    // `--set paths.data_dir` places the cluster, which keeps the directory when it stops.
+    // `--set paths.data_dir` places the cluster, which keeps the directory when it stops;
+    // the ports set are the ones it listens on.
     let data_dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3)
+        .map(|_| {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        })
+        .collect();
+    let port_settings = [
+        format!("scheduler.rpc_port={}", ports[0]),
+        format!("scheduler.http_port={}", ports[1]),
+        format!("node.rpc_port={}", ports[2]),
+    ];
     let mut up = StopOnDrop(
         floe_command(env!("CARGO_BIN_EXE_floe"))
             .args(["up", "--nodes", "1", "--workers", "1", "--set"])
             .arg(format!("paths.data_dir={}", data_dir.path().display()))
+            .args(port_settings.iter().flat_map(|setting| ["--set", setting]))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -521,6 +535,20 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
             .map(|rest| rest.trim().to_owned())
             .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
     };
+    assert_eq!(field("schedulers:"), format!("127.0.0.1:{}", ports[0]));
+    assert_eq!(field("dashboard:"), format!("http://127.0.0.1:{}/", ports[1]));
+    assert_eq!(field("nodes:"), format!("127.0.0.1:{}", ports[2]));
+    // A second cluster on the same scheduler port is refused, naming the setting.
+    let second = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["up", "--temp", "--nodes", "1", "--set", &port_settings[0]])
+        .output()
+        .unwrap();
+    assert!(!second.status.success(), "a second cluster started on a taken port");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!("scheduler.rpc_port={}: the port is taken", ports[0])),
+        "{stderr}"
+    );
     let token_file = field("token:")
         .trim_end_matches("(an admin client token, mode 0600)")
         .trim()

@@ -874,6 +874,8 @@ pub struct LocalClusterOptions {
     pub workers_per_node: u32,
     /// Extra `section.key=value` settings for every node.
     pub node_settings: Vec<String>,
+    /// The ports the scheduler and the nodes listen on.
+    pub ports: crate::local::LocalPorts,
 }
 
 impl LocalClusterOptions {
@@ -884,6 +886,7 @@ impl LocalClusterOptions {
             binary,
             workers_per_node: 0,
             node_settings: Vec::new(),
+            ports: crate::local::LocalPorts::default(),
         }
     }
 }
@@ -1004,28 +1007,35 @@ impl LocalCluster {
             &dir.path().join(TOKEN_FILE),
             credentials.admin_token.expose(),
         )?;
-        let scheduler =
-            crate::local::LocalSchedulers::start(crate::local::LocalSchedulersConfig {
+        let scheduler = crate::local::LocalSchedulers::start_on(
+            crate::local::LocalSchedulersConfig {
                 binary: options.binary.clone(),
                 replicas: 1,
                 dir: dir.path().to_owned(),
                 credentials: credentials.clone(),
                 settings: Vec::new(),
-            })?;
+            },
+            options.ports.scheduler_rpc,
+            options.ports.scheduler_http,
+        )?;
         scheduler.wait_for_leader(Duration::from_secs(30)).await?;
         let wire = credentials.admin_wire();
         let mut nodes = Vec::new();
         for index in 0..options.nodes {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
             settings.extend(options.node_settings.iter().cloned());
-            let node = crate::local::LocalNode::start(&crate::local::LocalNodeConfig {
-                binary: options.binary.clone(),
-                schedulers: scheduler.addrs(),
-                dir: dir.path().to_owned(),
-                name: format!("node-{index}"),
-                credentials: credentials.clone(),
-                settings,
-            })?;
+            let port = options.ports.node_rpc.pick(index, options.nodes)?;
+            let node = crate::local::LocalNode::start_on(
+                &crate::local::LocalNodeConfig {
+                    binary: options.binary.clone(),
+                    schedulers: scheduler.addrs(),
+                    dir: dir.path().to_owned(),
+                    name: format!("node-{index}"),
+                    credentials: credentials.clone(),
+                    settings,
+                },
+                port,
+            )?;
             let status = node.wait_registered(&wire, Duration::from_secs(60)).await?;
             tracing::debug!(?status.node, "local node ready");
             nodes.push(node);
