@@ -721,15 +721,23 @@ pub fn format_stats(stats: &JobStats) -> String {
         stats.wall_ms,
         human_bytes(stats.spilled_bytes)
     );
+    // Fused names (`read→filter→with_column`) can be long: the column fits the longest.
+    let width = stats
+        .operators
+        .iter()
+        .map(|operator| operator.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     let _ = writeln!(
         text,
-        "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+        "  {:<width$} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
         "OPERATOR", "TASKS", "RETRY", "REBUILT", "ROWS", "BYTES", "HITS", "MISSES", "WALL_MS"
     );
     for operator in &stats.operators {
         let _ = writeln!(
             text,
-            "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+            "  {:<width$} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
             operator.name,
             operator.tasks,
             operator.retries,
@@ -741,7 +749,7 @@ pub fn format_stats(stats: &JobStats) -> String {
             operator.wall_ms
         );
         if let Some(hot_key) = &operator.hot_key {
-            let _ = writeln!(text, "  {:<16} skew: {hot_key}", "");
+            let _ = writeln!(text, "  {:<width$} skew: {hot_key}", "");
         }
     }
     text
