@@ -9,6 +9,7 @@
 //! recomputation, never the job.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -19,9 +20,11 @@ use floe_core::Config;
 use floe_core::Fingerprint;
 use floe_core::config::ByteSize;
 use floe_core::plan::optimizer::Optimizer;
+use floe_core::plan::{LogicalPlan, Operator};
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_engine::udf::Registry;
-use floe_core::plan::{LogicalPlan, Operator};
+
+use crate::cli::{human_bytes, human_duration, now_ms};
 use floe_objectstore::cache::{Cache, CacheConfig, MissExplanation};
 
 #[derive(Debug, Subcommand)]
@@ -175,13 +178,18 @@ fn upstream_misses(cache: &Cache, output: &LogicalPlan) -> anyhow::Result<String
     while let Some((depth, plan)) = pending.pop() {
         let fingerprint = plan.fingerprint();
         let found = cached.contains(&fingerprint);
-        text.push_str(&format!(
-            "{:indent$}{} {fingerprint}: {}\n",
+        writeln!(
+            text,
+            "{:indent$}{} {fingerprint}: {}",
             "",
             plan.operator().name(),
-            if found { "cached: a run starts from here" } else { "not cached" },
+            if found {
+                "cached: a run starts from here"
+            } else {
+                "not cached"
+            },
             indent = depth * 2
-        ));
+        )?;
         if !found {
             pending.extend(plan.inputs().iter().rev().map(|input| (depth + 1, input)));
         }
@@ -190,7 +198,10 @@ fn upstream_misses(cache: &Cache, output: &LogicalPlan) -> anyhow::Result<String
 }
 
 /// `floe cache ls` against the cluster: one line per cached output, newest first.
-async fn list_cluster_cache(config: &Config, cluster: &crate::cli::ClusterArgs) -> anyhow::Result<()> {
+async fn list_cluster_cache(
+    config: &Config,
+    cluster: &crate::cli::ClusterArgs,
+) -> anyhow::Result<()> {
     let client = cluster.connect(config).await?;
     let index = client.cache_index().await?;
     let mut lines = Vec::new();
@@ -204,18 +215,20 @@ async fn list_cluster_cache(config: &Config, cluster: &crate::cli::ClusterArgs) 
                 .iter()
                 .map(|(node, shards)| format!("{node}:{shards}"))
                 .collect();
-            lines.push((entry.made_by.as_ref().map(|made| made.created_at_ms), format!(
-                "{fingerprint:<34} {:>9} {:>10} {:<12} {:>8} {:<5} {}",
+            let made = entry.made_by.as_ref();
+            let age = made.map_or_else(
+                || "-".to_owned(),
+                |made| human_duration(now_ms().saturating_sub(made.created_at_ms)),
+            );
+            let job = made.map_or_else(|| "-".to_owned(), |made| made.origin.job.to_string());
+            let operator = made.map_or("(found on disk)", |made| made.origin.operator.as_str());
+            let line = format!(
+                "{fingerprint:<34} {:>9} {:>10} {:<12} {age:>8} {job:<5} {operator}",
                 format!("{}/{count}", entry.shards.len()),
-                crate::cli::human_bytes(entry.shards.values().map(|shard| shard.bytes).sum()),
+                human_bytes(entry.shards.values().map(|shard| shard.bytes).sum()),
                 nodes.join(","),
-                entry.made_by.as_ref().map_or_else(
-                    || "-".to_owned(),
-                    |made| crate::cli::human_duration(crate::cli::now_ms().saturating_sub(made.created_at_ms))
-                ),
-                entry.made_by.as_ref().map_or_else(|| "-".to_owned(), |made| made.origin.job.to_string()),
-                entry.made_by.as_ref().map_or("(found on disk)", |made| made.origin.operator.as_str()),
-            )));
+            );
+            lines.push((made.map(|made| made.created_at_ms), line));
         }
     }
     lines.sort_by_key(|(created, _)| std::cmp::Reverse(*created));

@@ -13,8 +13,8 @@ use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::{Args, Subcommand};
 use floe_api::state::utc_time;
-use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::local::{LocalPort, LocalPorts};
+use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
 use floe_client::{
     JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
 };
@@ -877,7 +877,10 @@ mod tests {
         for (index, (name, bar)) in &bars {
             let stats = &stats.operators[*index];
             assert_eq!(name, &stats.name);
-            assert_eq!((bar.length, bar.done, bar.rows), (stats.tasks, stats.tasks, stats.rows));
+            assert_eq!(
+                (bar.length, bar.done, bar.rows),
+                (stats.tasks, stats.tasks, stats.rows)
+            );
         }
     }
 

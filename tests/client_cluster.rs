@@ -391,13 +391,18 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         let path = dir.path().join(name);
         let text = std::fs::read_to_string(job).unwrap();
         let out = dir.path().join("out");
-        std::fs::write(&path, format!("{text}[sink]\nwrite_csv = \"{}\"\n", out.display())).unwrap();
+        std::fs::write(
+            &path,
+            format!("{text}[sink]\nwrite_csv = \"{}\"\n", out.display()),
+        )
+        .unwrap();
         path
     };
     let sunk = with_sink("cached_sink.toml", &cached);
     let explained = floe_cache(&cluster, &data_dir, &["explain", sunk.to_str().unwrap()]);
     assert!(
-        explained.contains("(files, not cached)") && explained.contains("cached, with shard counts"),
+        explained.contains("(files, not cached)")
+            && explained.contains("cached, with shard counts"),
         "{explained}"
     );
     let sunk = with_sink("changed_sink.toml", &changed);
@@ -431,7 +436,11 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         format!("{shard_files}/{shard_files}"),
         "{listed}"
     );
-    assert_eq!(columns[3], format!("1:{shard_files}"), "node 1 holds every shard: {listed}");
+    assert_eq!(
+        columns[3],
+        format!("1:{shard_files}"),
+        "node 1 holds every shard: {listed}"
+    );
     assert_eq!(columns[5], "1", "made by job 1: {listed}");
 
     let cleaned = floe_cache(&cluster, &data_dir, &["clean"]);
@@ -536,17 +545,26 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
             .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
     };
     assert_eq!(field("schedulers:"), format!("127.0.0.1:{}", ports[0]));
-    assert_eq!(field("dashboard:"), format!("http://127.0.0.1:{}/", ports[1]));
+    assert_eq!(
+        field("dashboard:"),
+        format!("http://127.0.0.1:{}/", ports[1])
+    );
     assert_eq!(field("nodes:"), format!("127.0.0.1:{}", ports[2]));
     // A second cluster on the same scheduler port is refused, naming the setting.
     let second = floe_command(env!("CARGO_BIN_EXE_floe"))
         .args(["up", "--temp", "--nodes", "1", "--set", &port_settings[0]])
         .output()
         .unwrap();
-    assert!(!second.status.success(), "a second cluster started on a taken port");
+    assert!(
+        !second.status.success(),
+        "a second cluster started on a taken port"
+    );
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(
-        stderr.contains(&format!("scheduler.rpc_port={}: the port is taken", ports[0])),
+        stderr.contains(&format!(
+            "scheduler.rpc_port={}: the port is taken",
+            ports[0]
+        )),
         "{stderr}"
     );
     let token_file = field("token:")

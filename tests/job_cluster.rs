@@ -229,7 +229,9 @@ async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str
                 progress
                     .operators
                     .iter()
-                    .filter(|op| operator.is_none_or(|name| floe_core::job::stage_kind(&op.name) == name))
+                    .filter(|op| {
+                        operator.is_none_or(|name| floe_core::job::stage_kind(&op.name) == name)
+                    })
                     .map(|op| op.tasks_done)
                     .sum()
             });

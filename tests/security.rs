@@ -192,7 +192,9 @@ fn a_client_token_cannot_propose_internal_commands() {
         // Scopes: a read token may not submit or cancel; a submit token may not evict.
         let mut reader = client_with(&cluster, &scoped.read);
         forbidden(
-            reader.submit_job(vec![1], SubmissionId::random(), None).await,
+            reader
+                .submit_job(vec![1], SubmissionId::random(), None)
+                .await,
             "token 'reader' lacks scope submit",
         );
         forbidden(

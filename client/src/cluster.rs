@@ -847,7 +847,10 @@ impl ClusterExecutor {
 impl Executor for ClusterExecutor {
     fn execute<'a>(&'a self, plan: &LogicalPlan, _udfs: &'a Registry) -> Result<BatchStream<'a>> {
         let output = self.runtime.block_on(async {
-            let job = self.client.submit_plan(plan, self.options.clone(), None).await?;
+            let job = self
+                .client
+                .submit_plan(plan, self.options.clone(), None)
+                .await?;
             job.wait().await
         })?;
         let mut reader = output.stream();

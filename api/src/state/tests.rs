@@ -381,6 +381,11 @@ fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
 
 /// Records shard `rank` of 2 of `fingerprint(1)` on `node`.
 fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
+    record_shard_made_by(rank, node, None)
+}
+
+/// [`record_shard_of_two`], written by `origin`.
+fn record_shard_made_by(rank: u32, node: NodeId, origin: Option<CacheOrigin>) -> Command {
     Command::RecordCacheShard {
         fingerprint: fingerprint(1),
         shard_count: 2,
@@ -390,7 +395,7 @@ fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
             bytes: 100,
             rows: 10,
         },
-        origin: None,
+        origin,
     }
 }
 
@@ -402,17 +407,7 @@ fn a_cache_entry_records_the_job_and_operator_that_made_it_at_the_log_time() {
         job: JobId::new(job),
         operator: "read→filter".to_owned(),
     };
-    let record = |rank: u32, origin: Option<CacheOrigin>| Command::RecordCacheShard {
-        fingerprint: fingerprint(1),
-        shard_count: 2,
-        rank,
-        shard: CachedShard {
-            node,
-            bytes: 100,
-            rows: 10,
-        },
-        origin,
-    };
+    let record = |rank: u32, origin: Option<CacheOrigin>| record_shard_made_by(rank, node, origin);
     let provenance = |state: &ClusterState| state.cache[&fingerprint(1)][&2].made_by.clone();
     state.apply(2, 1_000, record(0, Some(made_by(7))));
     let first = Some(CacheProvenance {

@@ -38,7 +38,9 @@ pub enum Error {
     Credentials(String),
     #[error("no loopback port was free after {0} tries")]
     NoFreePort(usize),
-    #[error("{setting}={port}: the port is taken on 127.0.0.1 ({source}); pick another or leave it unset")]
+    #[error(
+        "{setting}={port}: the port is taken on 127.0.0.1 ({source}); pick another or leave it unset"
+    )]
     PortTaken {
         setting: &'static str,
         port: u16,

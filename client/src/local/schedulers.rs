@@ -43,13 +43,20 @@ impl LocalSchedulers {
     }
 
     /// Starts every replica on the RPC and HTTP ports given (replica `id` on `port + id - 1`).
-    pub fn start_on(config: LocalSchedulersConfig, rpc: LocalPort, http_port: LocalPort) -> Result<Self> {
+    pub fn start_on(
+        config: LocalSchedulersConfig,
+        rpc: LocalPort,
+        http_port: LocalPort,
+    ) -> Result<Self> {
         let mut peers = BTreeMap::new();
         let mut http = BTreeMap::new();
         let replicas = usize::try_from(config.replicas).unwrap_or(usize::MAX);
         for (index, id) in (1..=config.replicas).enumerate() {
             peers.insert(id, format!("127.0.0.1:{}", rpc.pick(index, replicas)?));
-            http.insert(id, format!("127.0.0.1:{}", http_port.pick(index, replicas)?));
+            http.insert(
+                id,
+                format!("127.0.0.1:{}", http_port.pick(index, replicas)?),
+            );
         }
         let mut cluster = Self {
             config,

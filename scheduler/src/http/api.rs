@@ -546,7 +546,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .values()
             .rev()
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
-            .filter(|job| query.names(job.name.as_deref()))
+            .filter(|job| query.name_matches(job.name.as_deref()))
     };
     let mut total = matching().count();
     let mut jobs: Vec<JobSummary> = matching()
@@ -568,7 +568,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .iter()
             .filter(|job| !state.jobs.contains_key(&job.id))
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
-            .filter(|job| query.names(job.name.as_deref()))
+            .filter(|job| query.name_matches(job.name.as_deref()))
             .collect();
         let skip = offset.saturating_sub(total);
         jobs.extend(

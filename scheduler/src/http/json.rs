@@ -35,7 +35,7 @@ pub(super) struct ListQuery {
 impl ListQuery {
     /// Whether a job called `name` passes the `name` filter (a substring match; a job with
     /// no name passes only when no filter is given).
-    pub(super) fn names(&self, name: Option<&str>) -> bool {
+    pub(super) fn name_matches(&self, name: Option<&str>) -> bool {
         match (&self.name, name) {
             (None, _) => true,
             (Some(wanted), Some(name)) => name.contains(wanted.as_str()),
