@@ -9,6 +9,7 @@
 //! recomputation, never the job.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -19,14 +20,22 @@ use floe_core::Config;
 use floe_core::Fingerprint;
 use floe_core::config::ByteSize;
 use floe_core::plan::optimizer::Optimizer;
+use floe_core::plan::{LogicalPlan, Operator};
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_engine::udf::Registry;
-use floe_objectstore::cache::{Cache, CacheConfig};
+
+use crate::cli::{human_bytes, human_duration, now_ms};
+use floe_objectstore::cache::{Cache, CacheConfig, MissExplanation};
 
 #[derive(Debug, Subcommand)]
 pub enum CacheCommand {
-    /// Every cached output on this host: fingerprint, shards, bytes, last use.
-    Ls,
+    /// Every cached output: with a cluster address (`FLOE_ADDRESS` or `--scheduler`), the
+    /// cluster's index with the job and operator that made each entry, its size, shards per
+    /// node and age; without one, this host's cache directory.
+    Ls {
+        #[command(flatten)]
+        cluster: crate::cli::ClusterArgs,
+    },
     /// Whether a fingerprint, or a job file's output, is cached here; if not, what differs
     /// from the nearest cached entry.
     Explain {
@@ -48,7 +57,12 @@ pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyh
         Cache::open(settings).with_context(|| format!("cannot open the cache in {}", dir.display()))
     };
     match command {
-        CacheCommand::Ls => {
+        CacheCommand::Ls { cluster }
+            if !cluster.schedulers.is_empty() || !config.client.address.is_empty() =>
+        {
+            crate::block_on(list_cluster_cache(config, cluster))?;
+        }
+        CacheCommand::Ls { .. } => {
             let cache = open(settings)?;
             let mut outputs: BTreeMap<(Fingerprint, u32), (u32, u64, SystemTime)> = BTreeMap::new();
             for shard in cache.shards()? {
@@ -95,9 +109,28 @@ pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyh
             let job = floe_client::jobspec::parse_job_file(target, &text, udfs)?;
             // Jobs cache under the optimized plan's fingerprints.
             let optimized = Optimizer::default().optimize(&job.dataset.plan().resolve_seeds()?)?;
-            let lineage = optimized.lineage()?;
-            println!("{target}: output {}", lineage.fingerprint());
-            println!("{}", cache.explain_miss(&lineage)?);
+            let output = match (optimized.operator(), optimized.inputs()) {
+                // A sink's files are no cache entry: what a run reuses is the sink's input.
+                (Operator::Write(spec), [input]) => {
+                    println!(
+                        "{target}: writes {} (files, not cached); a run reuses what it writes                          from the cache",
+                        spec.directory.display()
+                    );
+                    input
+                }
+                _ => &optimized,
+            };
+            let lineage = output.lineage()?;
+            println!(
+                "{target}: output {} ({})",
+                lineage.fingerprint(),
+                output.operator().name()
+            );
+            let explanation = cache.explain_miss(&lineage)?;
+            println!("{explanation}");
+            if !matches!(explanation, MissExplanation::Cached { .. }) {
+                print!("{}", upstream_misses(&cache, output)?);
+            }
         }
         CacheCommand::Clean { max_size } => {
             if let Some(node) = floe_node::live_holder(&config.paths.data_dir)? {
@@ -128,6 +161,83 @@ pub fn run(config: &Config, command: &CacheCommand, udfs: Arc<Registry>) -> anyh
                 dir.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// Each operator below `output` whose result is not cached here, down to the first cached
+/// one on every path: where a run starts computing.
+fn upstream_misses(cache: &Cache, output: &LogicalPlan) -> anyhow::Result<String> {
+    let cached: BTreeSet<Fingerprint> = cache
+        .shards()?
+        .into_iter()
+        .map(|shard| shard.name.fingerprint)
+        .collect();
+    let mut text = String::from("upstream:\n");
+    let mut pending: Vec<(usize, &LogicalPlan)> = vec![(1, output)];
+    while let Some((depth, plan)) = pending.pop() {
+        let fingerprint = plan.fingerprint();
+        let found = cached.contains(&fingerprint);
+        writeln!(
+            text,
+            "{:indent$}{} {fingerprint}: {}",
+            "",
+            plan.operator().name(),
+            if found {
+                "cached: a run starts from here"
+            } else {
+                "not cached"
+            },
+            indent = depth * 2
+        )?;
+        if !found {
+            pending.extend(plan.inputs().iter().rev().map(|input| (depth + 1, input)));
+        }
+    }
+    Ok(text)
+}
+
+/// `floe cache ls` against the cluster: one line per cached output, newest first.
+async fn list_cluster_cache(
+    config: &Config,
+    cluster: &crate::cli::ClusterArgs,
+) -> anyhow::Result<()> {
+    let client = cluster.connect(config).await?;
+    let index = client.cache_index().await?;
+    let mut lines = Vec::new();
+    for (fingerprint, by_count) in &index {
+        for (count, entry) in by_count {
+            let mut per_node: BTreeMap<floe_core::NodeId, u32> = BTreeMap::new();
+            for shard in entry.shards.values() {
+                *per_node.entry(shard.node).or_default() += 1;
+            }
+            let nodes: Vec<String> = per_node
+                .iter()
+                .map(|(node, shards)| format!("{node}:{shards}"))
+                .collect();
+            let made = entry.made_by.as_ref();
+            let age = made.map_or_else(
+                || "-".to_owned(),
+                |made| human_duration(now_ms().saturating_sub(made.created_at_ms)),
+            );
+            let job = made.map_or_else(|| "-".to_owned(), |made| made.origin.job.to_string());
+            let operator = made.map_or("(found on disk)", |made| made.origin.operator.as_str());
+            let line = format!(
+                "{fingerprint:<34} {:>9} {:>10} {:<12} {age:>8} {job:<5} {operator}",
+                format!("{}/{count}", entry.shards.len()),
+                human_bytes(entry.shards.values().map(|shard| shard.bytes).sum()),
+                nodes.join(","),
+            );
+            lines.push((made.map(|made| made.created_at_ms), line));
+        }
+    }
+    lines.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
+    println!(
+        "{:<34} {:>9} {:>10} {:<12} {:>8} {:<5} OPERATOR",
+        "FINGERPRINT", "SHARDS", "BYTES", "NODE:SHARDS", "AGE", "JOB"
+    );
+    for (_, line) in lines {
+        println!("{line}");
     }
     Ok(())
 }

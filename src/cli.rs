@@ -2,7 +2,7 @@
 //! `floe job delete ID`, `floe cancel ID`, `floe up`, plus the progress bars and stats table `floe demo` and
 //! `--wait` share.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -12,8 +12,12 @@ use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::{Args, Subcommand};
+use floe_api::state::utc_time;
+use floe_client::local::{LocalPort, LocalPorts};
 use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalCluster};
-use floe_client::{JobOutput, LocalClusterOptions, Registry, WaitEvent, WaitOptions};
+use floe_client::{
+    JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
+};
 use floe_core::config::TlsRole;
 use floe_core::plan::UdfCodePolicy;
 use floe_core::{Config, JobId};
@@ -22,20 +26,31 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 /// Where the cluster is.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
-    /// Every scheduler replica, `host:port,host:port,…` (the client token comes from the
-    /// configuration: `FLOE_CLIENT_TOKEN` or `client.token`).
-    #[arg(long = "scheduler", value_delimiter = ',', required = true)]
+    /// Every scheduler replica, `host:port,host:port,…`. Default: the configuration's
+    /// `client.address` (`FLOE_ADDRESS`). The client token comes from the configuration too:
+    /// `FLOE_CLIENT_TOKEN` (or `FLOE_TOKEN`), or `client.token`.
+    #[arg(long = "scheduler", value_delimiter = ',')]
     pub schedulers: Vec<String>,
 }
 
 impl ClusterArgs {
     /// Connects with the configured token, over TLS when `tls.ca` is set.
     pub async fn connect(&self, config: &Config) -> anyhow::Result<Client> {
+        let schedulers = if self.schedulers.is_empty() {
+            &config.client.address
+        } else {
+            &self.schedulers
+        };
+        anyhow::ensure!(
+            !schedulers.is_empty(),
+            "where is the cluster? Set FLOE_ADDRESS=host:port,… (client.address) or pass \
+             --scheduler host:port,…"
+        );
         let token = config.client.token.expose();
         Ok(match config.tls.role()? {
-            TlsRole::Plaintext => Client::connect(&self.schedulers, token).await?,
+            TlsRole::Plaintext => Client::connect(schedulers, token).await?,
             TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
-                Client::connect_tls(&self.schedulers, token, ca).await?
+                Client::connect_tls(schedulers, token, ca).await?
             }
         })
     }
@@ -52,12 +67,18 @@ pub struct JobArgs {
 #[derive(Debug, Args)]
 pub struct JobsArgs {
     /// Also list the jobs that left the scheduler's state (deleted, or past
-    /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from a replica's history.
+    /// `jobs.keep_finished` / `jobs.keep_for`), from a replica's history.
     #[arg(long)]
     pub all: bool,
-    /// With --all: how many history entries to list at most.
-    #[arg(long, requires = "all", default_value_t = 1000)]
+    /// How many jobs to list at most, newest first.
+    #[arg(long, default_value_t = 50)]
     pub limit: u32,
+    /// Skip this many of the newest jobs first (the next page).
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
+    /// Only the jobs whose name (a job file's `name`) contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -69,6 +90,9 @@ pub struct JobCommandArgs {
     /// The job's id (as `floe jobs` lists it).
     #[arg(required = true)]
     pub job: Option<JobId>,
+    /// Also print the first N rows of the job's result (held in the cluster).
+    #[arg(long, value_name = "N")]
+    pub rows: Option<u64>,
     #[command(subcommand)]
     pub action: Option<JobAction>,
     #[command(flatten)]
@@ -120,12 +144,17 @@ fn parse_timeout(text: &str) -> anyhow::Result<Duration> {
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Nodes to start besides the scheduler.
+    /// Nodes to start besides the scheduler; they split the host's memory (`memory.total`,
+    /// detected unless set) equally between them.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
     /// Worker processes per node (0: one per CPU).
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
+    /// Run in a new temporary directory, removed on exit. Without it the cluster runs in
+    /// `paths.data_dir` and keeps it (the nodes' caches included) for the next `floe up`.
+    #[arg(long)]
+    pub temp: bool,
     /// Run without TLS. By default every connection uses TLS with a throwaway CA made for
     /// this cluster in its directory.
     #[arg(long)]
@@ -180,56 +209,124 @@ pub async fn nodes(config: &Config, cluster: &ClusterArgs) -> anyhow::Result<()>
     Ok(())
 }
 
+/// One line of `floe jobs`.
+struct JobLine {
+    id: JobId,
+    name: Option<String>,
+    state: &'static str,
+    submitted_at_ms: u64,
+    started_at_ms: Option<u64>,
+    ended_at_ms: Option<u64>,
+    attempts: u32,
+    tasks: Option<u64>,
+    sink: String,
+    note: &'static str,
+}
+
 pub async fn jobs(config: &Config, args: &JobsArgs) -> anyhow::Result<()> {
     let client = args.cluster.connect(config).await?;
-    println!(
-        "{:<6} {:<10} {:>8} {:>10} {:>8}",
-        "JOB", "STATE", "ATTEMPTS", "WALL_MS", "TASKS"
-    );
-    let row = |id: JobId, state: &str, attempts: u32, stats: Option<&JobStats>, note: &str| {
-        let (wall, tasks) = stats.map_or((String::new(), String::new()), |s| {
-            (s.wall_ms.to_string(), s.compute_tasks().to_string())
-        });
-        println!(
-            "{:<6} {:<10} {:>8} {:>10} {:>8}{note}",
-            id.to_string(),
-            state,
-            attempts,
-            wall,
-            tasks
-        );
-    };
     let live = client.jobs().await?;
-    // Oldest first, as the live jobs are: the history's (older) jobs come before them.
+    let mut lines: Vec<JobLine> = live
+        .iter()
+        .map(|job| JobLine {
+            id: job.id,
+            name: job.name.clone(),
+            state: job.state.name(),
+            submitted_at_ms: job.submitted_at_ms,
+            started_at_ms: job.started_at_ms,
+            ended_at_ms: job.ended_at_ms,
+            attempts: job.attempts,
+            tasks: job.stats.as_ref().map(JobStats::compute_tasks),
+            sink: job
+                .sink()
+                .map_or_else(|| "-".to_owned(), |dir| dir.display().to_string()),
+            note: "",
+        })
+        .collect();
     if args.all {
-        for job in client.job_history(args.limit).await?.iter().rev() {
+        let wanted = args.offset.saturating_add(args.limit);
+        for job in client.job_history(wanted).await? {
             // A job removed after the live list was read can show in both.
             if live.iter().any(|live| live.id == job.id) {
                 continue;
             }
-            let note = match job.removal {
-                floe_api::state::Removal::Deleted => "  (deleted)",
-                floe_api::state::Removal::Pruned => "  (history)",
-            };
-            row(
-                job.id,
-                job.status.name(),
-                job.attempts,
-                job.stats.as_ref(),
-                note,
-            );
+            lines.push(JobLine {
+                id: job.id,
+                name: job.name.clone(),
+                state: job.status.name(),
+                submitted_at_ms: job.submitted_at_ms,
+                started_at_ms: job.started_at_ms,
+                ended_at_ms: job.ended_at_ms,
+                attempts: job.attempts,
+                tasks: job.stats.as_ref().map(JobStats::compute_tasks),
+                // The history keeps no plan.
+                sink: "?".to_owned(),
+                note: match job.removal {
+                    floe_api::state::Removal::Deleted => "  (deleted)",
+                    floe_api::state::Removal::Pruned => "  (history)",
+                },
+            });
         }
     }
-    for job in &live {
-        row(
-            job.id,
-            job.state.name(),
-            job.attempts,
-            job.stats.as_ref(),
-            "",
+    if let Some(wanted) = &args.name {
+        lines.retain(|line| line.name.as_ref().is_some_and(|name| name.contains(wanted)));
+    }
+    // Newest first: ids are handed out in submission order.
+    lines.sort_by_key(|line| std::cmp::Reverse(line.id));
+    let now_ms = now_ms();
+    println!(
+        "{:<6} {:<16} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  SINK",
+        "JOB", "NAME", "STATE", "SUBMITTED", "ENDED", "DURATION", "ATTEMPTS", "TASKS"
+    );
+    let offset = usize::try_from(args.offset).unwrap_or(usize::MAX);
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    for line in lines.iter().skip(offset).take(limit) {
+        let duration = line
+            .started_at_ms
+            .map(|started| line.ended_at_ms.unwrap_or(now_ms).saturating_sub(started));
+        println!(
+            "{:<6} {:<16} {:<10} {:<23} {:<23} {:>10} {:>8} {:>6}  {}{}",
+            line.id.to_string(),
+            line.name.as_deref().unwrap_or("-"),
+            line.state,
+            utc_time(line.submitted_at_ms),
+            line.ended_at_ms.map_or_else(|| "-".to_owned(), utc_time),
+            duration.map_or_else(|| "-".to_owned(), human_duration),
+            line.attempts,
+            line.tasks
+                .map_or_else(|| "-".to_owned(), |tasks| tasks.to_string()),
+            line.sink,
+            line.note
+        );
+    }
+    let shown = lines.len().saturating_sub(offset).min(limit);
+    if offset.saturating_add(shown) < lines.len() {
+        println!(
+            "({} more: --offset {})",
+            lines.len() - offset - shown,
+            offset + shown
         );
     }
     Ok(())
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// `950ms`, `12.3s`, `4m05s`, `2h03m`.
+pub(crate) fn human_duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
 }
 
 pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
@@ -239,13 +336,58 @@ pub async fn delete_job(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::Result<()> {
+pub async fn job(
+    config: &Config,
+    job: JobId,
+    rows: Option<u64>,
+    cluster: &ClusterArgs,
+) -> anyhow::Result<()> {
     let client = cluster.connect(config).await?;
     let handle = client.job(job);
     let state = handle.state().await?;
     println!("job {job}: {}", state.name());
+    let info = client.jobs().await?.into_iter().find(|info| info.id == job);
+    if let Some(info) = &info {
+        if let Some(name) = &info.name {
+            println!("  name:      {name}");
+        }
+        let at = |ms: Option<u64>| ms.map_or_else(|| "-".to_owned(), utc_time);
+        println!("  submitted: {}", utc_time(info.submitted_at_ms));
+        println!("  started:   {}", at(info.started_at_ms));
+        println!("  ended:     {}", at(info.ended_at_ms));
+        if let Some(duration) = info.duration_ms(now_ms()) {
+            println!("  duration:  {}", human_duration(duration));
+        }
+        if let Some(plan) = &info.plan {
+            println!("  plan:");
+            for line in plan.display_tree().lines() {
+                println!("    {line}");
+            }
+        }
+    }
     if let JobState::Failed { message } = &state {
         println!("error: {message}");
+        println!(
+            "hint: the failing task's node log has the details (`floe nodes` lists the nodes); \
+             fix the job file and submit it again"
+        );
+    }
+    let sink = info.as_ref().and_then(|info| info.sink());
+    let mut output = None;
+    match (&state, sink) {
+        (_, Some(directory)) => println!("output: written to {}", directory.display()),
+        (JobState::Succeeded, None) => match handle.wait().await {
+            Ok(held) => {
+                println!(
+                    "output: {} rows, {} held in the cluster",
+                    held.rows(),
+                    human_bytes(held.bytes())
+                );
+                output = Some(held);
+            }
+            Err(error) => println!("output: not available ({error})"),
+        },
+        _ => {}
     }
     if let Some(progress) = handle.progress().await? {
         for operator in &progress.operators {
@@ -266,6 +408,15 @@ pub async fn job(config: &Config, job: JobId, cluster: &ClusterArgs) -> anyhow::
     if let Some(stats) = handle.stats().await? {
         print_stats(&stats);
     }
+    if let Some(output) = output {
+        if let Some(rows) = rows {
+            print!("{}", format_batches(&output.take(rows).await?)?);
+        }
+        // Another reader may still want it: it stays until jobs.result_ttl or a delete.
+        output.keep();
+    } else if rows.is_some() {
+        println!("(no rows held: the job has no result in the cluster)");
+    }
     Ok(())
 }
 
@@ -282,21 +433,31 @@ pub async fn submit(config: &Config, args: &SubmitArgs, udfs: Arc<Registry>) -> 
             .with_context(|| format!("{name}: {}", udf.label()))?;
     }
     let client = args.cluster.connect(config).await?;
-    let job = client
-        .submit_with(&job_file.dataset, job_file.options)
-        .await?;
-    println!("job {} submitted", job.id());
+    let job = match &job_file.name {
+        Some(job_name) => {
+            client
+                .submit_named(job_name, &job_file.dataset, job_file.options)
+                .await?
+        }
+        None => {
+            client
+                .submit_with(&job_file.dataset, job_file.options)
+                .await?
+        }
+    };
+    emit(&format!("job {} submitted\n", job.id()))?;
     if args.wait {
         let options = WaitOptions {
             timeout: args.timeout,
         };
         let output = wait_with_bars(&job, options).await?;
-        println!("job {} succeeded: {} rows", job.id(), output.rows());
-        print_stats(&output.stats);
-        print!("{}", format_batches(&output.take(10).await?)?);
+        let mut text = format!("job {} succeeded: {} rows\n", job.id(), output.rows());
+        text.push_str(&format_stats(&output.stats));
+        text.push_str(&format_batches(&output.take(10).await?)?);
         // Held for a later reader (another client, the dashboard) until jobs.result_ttl or
         // `floe job delete`; this process ends before a release on drop could be sent.
         output.keep();
+        emit(&text)?;
     }
     Ok(())
 }
@@ -353,20 +514,67 @@ pub async fn cancel(config: &Config, args: &JobArgs) -> anyhow::Result<()> {
 pub async fn up(config: &Config, args: &UpArgs) -> anyhow::Result<()> {
     // Installed before the cluster starts, so a stop during start-up still tears it down.
     let mut stop = floe_node::Termination::install()?;
-    let cluster = LocalCluster::start(LocalClusterOptions {
+    let host_memory = floe_objectstore::MemoryPools::host_total(&config.memory)?;
+    let mut node_settings = process_udf_settings(config);
+    node_settings.push(node_memory_setting(host_memory, args.nodes));
+    let dir = if args.temp {
+        LocalClusterDir::Temporary
+    } else {
+        LocalClusterDir::Kept(config.paths.data_dir.clone())
+    };
+    let options = LocalClusterOptions {
         nodes: args.nodes,
         binary: std::env::current_exe().context("cannot find the floe binary")?,
         workers_per_node: args.workers,
-        node_settings: process_udf_settings(config),
+        node_settings,
+        ports: local_ports(config),
         tls: !args.plaintext,
-    })
-    .await?;
+    };
+    let cluster = LocalCluster::start_in(options, &dir).await?;
     print_local_cluster(&cluster);
     println!("press Ctrl-C to stop it");
     let signal = stop.recv().await;
     println!("stopping ({signal})");
     drop(cluster);
     Ok(())
+}
+
+/// The ports `floe up` gives its processes: a port set away from its default is used as
+/// given (node `i` on `node.rpc_port + i`); an unset one is picked free, since the defaults
+/// would collide between the nodes of one host.
+fn local_ports(config: &Config) -> LocalPorts {
+    let defaults = Config::default();
+    let port = |setting: &'static str, port: u16, default: u16| {
+        if port == default {
+            LocalPort::Free
+        } else {
+            LocalPort::Fixed { setting, port }
+        }
+    };
+    LocalPorts {
+        scheduler_rpc: port(
+            "scheduler.rpc_port",
+            config.scheduler.rpc_port,
+            defaults.scheduler.rpc_port,
+        ),
+        scheduler_http: port(
+            "scheduler.http_port",
+            config.scheduler.http_port,
+            defaults.scheduler.http_port,
+        ),
+        node_rpc: port(
+            "node.rpc_port",
+            config.node.rpc_port,
+            defaults.node.rpc_port,
+        ),
+    }
+}
+
+/// The nodes `floe up` starts share one host: each gets an equal part of its memory
+/// (`memory.total`, detected unless set), so their object stores and heaps together fit it.
+fn node_memory_setting(host_memory: u64, nodes: usize) -> String {
+    let nodes = u64::try_from(nodes.max(1)).unwrap_or(u64::MAX);
+    format!("memory.total={}", host_memory / nodes)
 }
 
 /// The nodes `floe up` starts take only the settings given to them: these pass on what
@@ -408,7 +616,7 @@ pub fn print_local_cluster(cluster: &LocalCluster) {
         None => String::new(),
     };
     println!(
-        "  use it:     {ca}FLOE_CLIENT_TOKEN=$(cat {}) floe jobs --scheduler {schedulers}",
+        "  use it:     export {ca}FLOE_ADDRESS={schedulers} FLOE_TOKEN=$(cat {}); floe jobs",
         token_file.display()
     );
 }
@@ -421,20 +629,21 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         .context("progress bar style")?
         .progress_chars("=> ");
     let mut by_operator: BTreeMap<usize, ProgressBar> = BTreeMap::new();
+    let new_bar = |name: &str| {
+        let bar = bars.add(ProgressBar::new(0));
+        bar.set_style(style.clone());
+        bar.set_prefix(name.to_owned());
+        bar
+    };
     let mut draw = |progress: &JobProgress| {
         for (index, operator) in progress.operators.iter().enumerate() {
-            let bar = by_operator.entry(index).or_insert_with(|| {
-                let bar = bars.add(ProgressBar::new(0));
-                bar.set_style(style.clone());
-                bar.set_prefix(operator.name.clone());
-                bar
-            });
-            let total = operator
-                .tasks_total
-                .unwrap_or(operator.tasks_done + operator.tasks_running + operator.tasks_queued);
-            bar.set_length(total.max(operator.tasks_done));
-            bar.set_position(operator.tasks_done);
-            bar.set_message(format!("{} rows", operator.rows_done));
+            let Some(shown) = BarState::of(operator) else {
+                continue;
+            };
+            let bar = by_operator
+                .entry(index)
+                .or_insert_with(|| new_bar(&operator.name));
+            shown.show(bar);
         }
     };
     let id = job.id();
@@ -450,27 +659,108 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         Ok(())
     };
     let output = job.wait_with(options, on_event).await;
+    if let Ok(output) = &output {
+        // The last report can predate the last tasks: the bars end on the final stats, so
+        // they show what the stats table below them says.
+        let started: BTreeSet<usize> = by_operator.keys().copied().collect();
+        for (index, (name, shown)) in final_bars(&started, &output.stats) {
+            let bar = by_operator.entry(index).or_insert_with(|| new_bar(&name));
+            shown.show(bar);
+        }
+    }
     for bar in by_operator.values() {
         bar.finish();
     }
     Ok(output?)
 }
 
+/// The bars a finished job ends on, by operator index: each operator that had a bar or did
+/// work, with its totals from `stats` (operators are in the same order in progress reports and
+/// stats; names can repeat, as the two reads of a join do).
+fn final_bars(started: &BTreeSet<usize>, stats: &JobStats) -> BTreeMap<usize, (String, BarState)> {
+    stats
+        .operators
+        .iter()
+        .enumerate()
+        .filter(|(index, operator)| {
+            started.contains(index) || operator.tasks > 0 || operator.rows > 0
+        })
+        .map(|(index, operator)| {
+            let shown = BarState {
+                length: operator.tasks,
+                done: operator.tasks,
+                rows: operator.rows,
+            };
+            (index, (operator.name.clone(), shown))
+        })
+        .collect()
+}
+
+/// What one operator's progress bar shows.
+#[derive(Debug, PartialEq, Eq)]
+struct BarState {
+    length: u64,
+    done: u64,
+    rows: u64,
+}
+
+impl BarState {
+    /// `None` until the operator has started: a bar for work not begun (`0/0`, drawn full)
+    /// would claim progress that was not made.
+    fn of(operator: &floe_core::job::OperatorProgress) -> Option<Self> {
+        let started = operator.tasks_done + operator.tasks_running > 0 || operator.rows_done > 0;
+        if !started {
+            return None;
+        }
+        let known = operator.tasks_done + operator.tasks_running + operator.tasks_queued;
+        let length = operator
+            .tasks_total
+            .unwrap_or(known)
+            .max(operator.tasks_done);
+        Some(Self {
+            length,
+            done: operator.tasks_done,
+            rows: operator.rows_done,
+        })
+    }
+
+    fn show(&self, bar: &ProgressBar) {
+        bar.set_length(self.length);
+        bar.set_position(self.done);
+        bar.set_message(format!("{} rows", self.rows));
+    }
+}
+
 /// The per-operator stats table.
 pub fn print_stats(stats: &JobStats) {
-    println!(
-        "driver attempt {}, {} ms, {} spilled",
+    print!("{}", format_stats(stats));
+}
+
+/// The per-operator stats table as text.
+pub fn format_stats(stats: &JobStats) -> String {
+    let mut text = format!(
+        "driver attempt {}, {} ms, {} spilled\n",
         stats.attempt,
         stats.wall_ms,
         human_bytes(stats.spilled_bytes)
     );
-    println!(
-        "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+    // Fused names (`read→filter→with_column`) can be long: the column fits the longest.
+    let width = stats
+        .operators
+        .iter()
+        .map(|operator| operator.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(16);
+    let _ = writeln!(
+        text,
+        "  {:<width$} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
         "OPERATOR", "TASKS", "RETRY", "REBUILT", "ROWS", "BYTES", "HITS", "MISSES", "WALL_MS"
     );
     for operator in &stats.operators {
-        println!(
-            "  {:<16} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
+        let _ = writeln!(
+            text,
+            "  {:<width$} {:>8} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>8}",
             operator.name,
             operator.tasks,
             operator.retries,
@@ -482,13 +772,42 @@ pub fn print_stats(stats: &JobStats) {
             operator.wall_ms
         );
         if let Some(hot_key) = &operator.hot_key {
-            println!("  {:<16} skew: {hot_key}", "");
+            let _ = writeln!(text, "  {:<width$} skew: {hot_key}", "");
         }
+    }
+    text
+}
+
+/// Stdout's reader went away: the command's output was cut short on purpose (`| head`),
+/// which is a success.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes `text` to stdout and flushes it, returning [`StdoutClosed`] rather than panicking
+/// as `print!` does: `floe submit --wait | head` ends quietly when `head` exits, while the
+/// job it submitted runs on.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        written => Ok(written?),
     }
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1.
-fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -500,5 +819,111 @@ fn human_bytes(bytes: u64) -> String {
         format!("{bytes}B")
     } else {
         format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_splits_the_host_memory_between_its_nodes() {
+        let config = floe_core::config::ConfigLoader::new()
+            .set(&node_memory_setting(24 << 30, 2))
+            .unwrap()
+            .load()
+            .unwrap();
+        let share = floe_objectstore::MemoryPools::host_total(&config.memory).unwrap();
+        assert_eq!(share, 12 << 30);
+        assert_eq!(node_memory_setting(900, 1), "memory.total=900");
+        assert_eq!(node_memory_setting(900, 0), "memory.total=900");
+    }
+
+    #[test]
+    fn an_operator_gets_a_bar_once_it_starts() {
+        let mut operator = floe_core::job::OperatorProgress {
+            name: "aggregate".into(),
+            tasks_queued: 4,
+            ..Default::default()
+        };
+        assert_eq!(BarState::of(&operator), None, "queued only: not started");
+        operator.tasks_running = 1;
+        operator.tasks_queued = 3;
+        assert_eq!(
+            BarState::of(&operator),
+            Some(BarState {
+                length: 4,
+                done: 0,
+                rows: 0
+            })
+        );
+        operator.tasks_total = Some(8);
+        operator.tasks_done = 2;
+        operator.rows_done = 500;
+        assert_eq!(
+            BarState::of(&operator),
+            Some(BarState {
+                length: 8,
+                done: 2,
+                rows: 500
+            })
+        );
+    }
+
+    #[test]
+    fn the_bars_end_on_each_operators_own_stats() {
+        let operator = |name: &str, tasks: u64, rows: u64| floe_core::job::OperatorStats {
+            name: name.to_owned(),
+            tasks,
+            rows,
+            ..Default::default()
+        };
+        // A join reads twice: two operators with one name, each with its own totals.
+        let stats = JobStats {
+            operators: vec![
+                operator("read→filter", 4, 400),
+                operator("read→filter", 2, 20),
+                operator("join", 0, 0),
+                operator("limit", 0, 0),
+            ],
+            ..Default::default()
+        };
+        let started = BTreeSet::from([0, 2]);
+        let bars = final_bars(&started, &stats);
+        let shown: Vec<(usize, u64, u64)> = bars
+            .iter()
+            .map(|(index, (_, bar))| (*index, bar.done, bar.rows))
+            .collect();
+        // The second read finished between two reports: it gets its bar at the end. The
+        // limit never ran and gets none.
+        assert_eq!(shown, [(0, 4, 400), (1, 2, 20), (2, 0, 0)]);
+        for (index, (name, bar)) in &bars {
+            let stats = &stats.operators[*index];
+            assert_eq!(name, &stats.name);
+            assert_eq!(
+                (bar.length, bar.done, bar.rows),
+                (stats.tasks, stats.tasks, stats.rows)
+            );
+        }
+    }
+
+    #[test]
+    fn up_uses_the_ports_that_are_set() {
+        assert_eq!(local_ports(&Config::default()), LocalPorts::default());
+        let config = floe_core::config::ConfigLoader::new()
+            .set("scheduler.http_port=9999")
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(
+            local_ports(&config),
+            LocalPorts {
+                scheduler_http: LocalPort::Fixed {
+                    setting: "scheduler.http_port",
+                    port: 9999
+                },
+                ..LocalPorts::default()
+            }
+        );
     }
 }

@@ -123,6 +123,7 @@ pub fn run(udfs: Registry) -> ExitCode {
     let cli = Cli::parse();
     match run_cli(cli, Arc::new(udfs)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<cli::StdoutClosed>() => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -189,7 +190,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Jobs(args) => block_on(cli::jobs(&config, &args))?,
         Command::Job(args) => match (args.action, args.job) {
             (Some(cli::JobAction::Delete(args)), _) => block_on(cli::delete_job(&config, &args))?,
-            (None, Some(job)) => block_on(cli::job(&config, job, &args.cluster))?,
+            (None, Some(job)) => block_on(cli::job(&config, job, args.rows, &args.cluster))?,
             (None, None) => anyhow::bail!("name a job: `floe job ID` or `floe job delete ID`"),
         },
         Command::Cancel(args) => block_on(cli::cancel(&config, &args))?,

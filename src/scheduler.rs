@@ -10,7 +10,7 @@ use floe_core::config::Service;
 use floe_core::job::JobSpec;
 use floe_core::plan::UdfCodePolicy;
 use floe_engine::udf::Registry;
-use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, RejectedSpec};
+use floe_scheduler::http::{HttpConfig, HttpServer, JobSpecParser, ParsedJob, RejectedSpec};
 use floe_scheduler::replica::{Replica, ReplicaConfig, parse_peers};
 use floe_scheduler::storage::DiskLog;
 
@@ -40,7 +40,7 @@ struct SubmittedSpecs {
 }
 
 impl JobSpecParser for SubmittedSpecs {
-    fn parse(&self, text: &str) -> Result<Vec<u8>, RejectedSpec> {
+    fn parse(&self, text: &str) -> Result<ParsedJob, RejectedSpec> {
         let reject = |error: &dyn std::fmt::Display| RejectedSpec(error.to_string());
         let job = parse_job_file_with("job", text, Arc::clone(&self.udfs), &self.paths)
             .map_err(|error| reject(&error))?;
@@ -57,7 +57,10 @@ impl JobSpecParser for SubmittedSpecs {
                 .map_err(|error| reject(&error))?,
             options: job.options,
         };
-        spec.encode().map_err(|error| reject(&error))
+        Ok(ParsedJob {
+            spec: spec.encode().map_err(|error| reject(&error))?,
+            name: job.name,
+        })
     }
 }
 

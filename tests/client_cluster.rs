@@ -24,6 +24,7 @@ fn options(nodes: usize) -> LocalClusterOptions {
         workers_per_node: 2,
         node_settings: vec!["data.max_block_size=8MiB".into()],
         tls: false,
+        ports: floe_client::local::LocalPorts::default(),
     }
 }
 
@@ -385,6 +386,63 @@ async fn the_cache_cli_lists_explains_and_cleans_and_jobs_survive_the_clean() {
         explained.contains("expr"),
         "the changed argument is named: {explained}"
     );
+    // With a sink, the explanation is about what the sink writes: cached for the cached
+    // pipeline; for the changed one, the operator whose result is missing and why.
+    let with_sink = |name: &str, job: &std::path::Path| {
+        let path = dir.path().join(name);
+        let text = std::fs::read_to_string(job).unwrap();
+        let out = dir.path().join("out");
+        std::fs::write(
+            &path,
+            format!("{text}[sink]\nwrite_csv = \"{}\"\n", out.display()),
+        )
+        .unwrap();
+        path
+    };
+    let sunk = with_sink("cached_sink.toml", &cached);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", sunk.to_str().unwrap()]);
+    assert!(
+        explained.contains("(files, not cached)")
+            && explained.contains("cached, with shard counts"),
+        "{explained}"
+    );
+    let sunk = with_sink("changed_sink.toml", &changed);
+    let explained = floe_cache(&cluster, &data_dir, &["explain", sunk.to_str().unwrap()]);
+    assert!(
+        explained.contains("nearest cached entry") && explained.contains("expr"),
+        "{explained}"
+    );
+    assert!(
+        explained.contains("  with_column ") && explained.contains("not cached"),
+        "{explained}"
+    );
+    assert!(!explained.contains("write_csv"), "{explained}");
+
+    // Against the cluster: the index says which job and operator made each entry.
+    let listed = stdout(
+        &floe_command(env!("CARGO_BIN_EXE_floe"))
+            .args(["cache", "ls"])
+            .env("FLOE_ADDRESS", cluster.addresses().join(","))
+            .env("FLOE_CLIENT_TOKEN", cluster.token())
+            .output()
+            .unwrap(),
+    );
+    let entry = listed
+        .lines()
+        .find(|line| line.contains("range→with_column"))
+        .unwrap_or_else(|| panic!("no entry made by range→with_column: {listed}"));
+    let columns: Vec<&str> = entry.split_whitespace().collect();
+    assert_eq!(
+        columns[1],
+        format!("{shard_files}/{shard_files}"),
+        "{listed}"
+    );
+    assert_eq!(
+        columns[3],
+        format!("1:{shard_files}"),
+        "node 1 holds every shard: {listed}"
+    );
+    assert_eq!(columns[5], "1", "made by job 1: {listed}");
 
     let cleaned = floe_cache(&cluster, &data_dir, &["clean"]);
     assert!(
@@ -447,9 +505,25 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
+    // `--set paths.data_dir` places the cluster, which keeps the directory when it stops;
+    // the ports set are the ones it listens on.
+    let data_dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3)
+        .map(|_| {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        })
+        .collect();
+    let port_settings = [
+        format!("scheduler.rpc_port={}", ports[0]),
+        format!("scheduler.http_port={}", ports[1]),
+        format!("node.rpc_port={}", ports[2]),
+    ];
     let mut up = StopOnDrop(
         floe_command(env!("CARGO_BIN_EXE_floe"))
-            .args(["up", "--nodes", "1", "--workers", "1"])
+            .args(["up", "--nodes", "1", "--workers", "1", "--set"])
+            .arg(format!("paths.data_dir={}", data_dir.path().display()))
+            .args(port_settings.iter().flat_map(|setting| ["--set", setting]))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -472,6 +546,29 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
             .map(|rest| rest.trim().to_owned())
             .unwrap_or_else(|| panic!("no {name} line in:\n{printed}"))
     };
+    assert_eq!(field("schedulers:"), format!("127.0.0.1:{}", ports[0]));
+    assert_eq!(
+        field("dashboard:"),
+        format!("https://127.0.0.1:{}/", ports[1])
+    );
+    assert_eq!(field("nodes:"), format!("127.0.0.1:{}", ports[2]));
+    // A second cluster on the same scheduler port is refused, naming the setting.
+    let second = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["up", "--temp", "--nodes", "1", "--set", &port_settings[0]])
+        .output()
+        .unwrap();
+    assert!(
+        !second.status.success(),
+        "a second cluster started on a taken port"
+    );
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "scheduler.rpc_port={}: the port is taken",
+            ports[0]
+        )),
+        "{stderr}"
+    );
     let token_file = field("token:")
         .trim_end_matches("(an admin client token, mode 0600)")
         .trim()
@@ -567,6 +664,11 @@ fn floe_up_keeps_a_generated_token_in_a_private_file() {
     assert!(terminated.success());
     assert!(up.0.wait().unwrap().success());
     assert!(!std::path::Path::new(&token_file).exists());
+    assert_eq!(std::path::Path::new(&files), data_dir.path());
+    assert!(
+        data_dir.path().join("node-0").is_dir(),
+        "the kept directory"
+    );
     wait_until_none_mention(&files, "left running", Duration::from_secs(10));
 }
 
@@ -614,4 +716,209 @@ async fn a_job_survives_every_scheduler_replica_stopping_and_restarting() {
         info.nodes
     );
     assert_eq!(client.jobs().await.unwrap().len(), 1);
+}
+
+/// From a directory of its own, with only `FLOE_ADDRESS` and `FLOE_TOKEN` in the environment:
+/// the job reads `in.csv` and writes `./out` there; submitting it again is refused (mode
+/// `error`); `--wait` piped into a reader that stops early ends quietly with status 0; the
+/// job's name is listed and filtered on; and a strict cast of text to int64 fails the job,
+/// naming the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_finds_the_cluster_from_the_environment() {
+    let cluster = LocalCluster::start(options(1)).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let rows: String = (0..20)
+        .map(|i| format!("{i},{},{}\n", i % 3, ["north", "south"][i % 2]))
+        .collect();
+    std::fs::write(home.path().join("in.csv"), format!("id,k,region\n{rows}")).unwrap();
+    std::fs::write(
+        home.path().join("job.toml"),
+        "name = \"ones to out\"\n[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nfilter = \"k == 1\"\n[sink]\nwrite_csv = \"out\"\n",
+    )
+    .unwrap();
+    let submit = || {
+        floe_command(env!("CARGO_BIN_EXE_floe"))
+            .args(["submit", "job.toml", "--wait"])
+            .current_dir(home.path())
+            .env("FLOE_ADDRESS", cluster.addresses().join(","))
+            .env("FLOE_TOKEN", cluster.token())
+            .output()
+            .unwrap()
+    };
+    let first = stdout(&submit());
+    assert!(first.contains("job 1 succeeded"), "{first}");
+    let written: usize = std::fs::read_dir(home.path().join("out"))
+        .unwrap()
+        .map(|entry| {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            text.lines().skip(1).count()
+        })
+        .sum();
+    assert_eq!(written, 7, "rows in ./out");
+
+    let again = submit();
+    assert!(!again.status.success(), "the second write was not refused");
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("already holds files"), "{stderr}");
+
+    // Without an address anywhere, the command says how to give one.
+    let lost = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .arg("jobs")
+        .output()
+        .unwrap();
+    assert!(!lost.status.success());
+    assert!(
+        String::from_utf8_lossy(&lost.stderr).contains("FLOE_ADDRESS"),
+        "{}",
+        String::from_utf8_lossy(&lost.stderr)
+    );
+
+    // `floe submit --wait | head -1`: the reader exits after the first line; the rest of the
+    // output (stats, rows) meets a closed pipe, and floe ends with status 0 and no panic.
+    let piped = dir_job_without_sink(home.path());
+    let mut child = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["submit", piped.to_str().unwrap(), "--wait"])
+        .env("FLOE_ADDRESS", cluster.addresses().join(","))
+        .env("FLOE_TOKEN", cluster.token())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut first_line).unwrap();
+    assert!(first_line.contains("submitted"), "{first_line}");
+    drop(reader);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // `floe jobs`: newest first, a page at a time, with times and the sink.
+    let run = |args: &[&str]| {
+        stdout(
+            &floe_command(env!("CARGO_BIN_EXE_floe"))
+                .args(args)
+                .env("FLOE_ADDRESS", cluster.addresses().join(","))
+                .env("FLOE_TOKEN", cluster.token())
+                .output()
+                .unwrap(),
+        )
+    };
+    let jobs = run(&["jobs"]);
+    let ids: Vec<&str> = jobs
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    // The refused second submission never became a job.
+    assert_eq!(ids, ["2", "1"], "{jobs}");
+    let out = home.path().join("out");
+    let first = jobs.lines().find(|line| line.starts_with("1 ")).unwrap();
+    assert!(
+        first.contains("succeeded")
+            && first.contains(" UTC")
+            && first.contains(out.to_str().unwrap()),
+        "{jobs}"
+    );
+    let page = run(&["jobs", "--limit", "1"]);
+    assert!(page.lines().nth(1).unwrap().starts_with("2 "), "{page}");
+    assert!(page.contains("(1 more: --offset 1)"), "{page}");
+    let page = run(&["jobs", "--limit", "1", "--offset", "1"]);
+    assert!(page.lines().nth(1).unwrap().starts_with("1 "), "{page}");
+    assert!(!page.contains("more"), "{page}");
+
+    // `floe job ID`: times, plan, where the output is; `--rows N` prints N rows.
+    let written = run(&["job", "1"]);
+    assert!(
+        written.contains("submitted: ") && written.contains("plan:"),
+        "{written}"
+    );
+    assert!(
+        written.contains(&format!("output: written to {}", out.display())),
+        "{written}"
+    );
+    let held = run(&["job", "2", "--rows", "3"]);
+    assert!(held.contains("output: 1000 rows"), "{held}");
+    let printed_rows = held
+        .lines()
+        .skip_while(|line| line.trim() != "id")
+        .skip(1)
+        .count();
+    assert_eq!(printed_rows, 3, "{held}");
+
+    // The job file's name: in the list, in `floe job`, and the list filtered on it.
+    assert!(first.contains("ones to out"), "{jobs}");
+    assert!(written.contains("name:      ones to out"), "{written}");
+    let named = run(&["jobs", "--name", "to o"]);
+    let ids: Vec<&str> = named
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(ids, ["1"], "{named}");
+
+    // A strict cast of text to int64 fails the job and names the first value.
+    std::fs::write(
+        home.path().join("cast.toml"),
+        "[source]\nread_csv = [\"in.csv\"]\n[[steps]]\nwith_column = { name = \"r\", expr = \"cast(region, 'int64')\" }\n",
+    )
+    .unwrap();
+    let cast = floe_command(env!("CARGO_BIN_EXE_floe"))
+        .args(["submit", "cast.toml", "--wait"])
+        .current_dir(home.path())
+        .env("FLOE_ADDRESS", cluster.addresses().join(","))
+        .env("FLOE_TOKEN", cluster.token())
+        .output()
+        .unwrap();
+    assert!(!cast.status.success(), "the strict cast did not fail");
+    let stderr = String::from_utf8_lossy(&cast.stderr);
+    assert!(
+        stderr.contains("\"north\" does not convert to Int64"),
+        "{stderr}"
+    );
+}
+
+/// A job with no sink whose result is printed after the wait.
+fn dir_job_without_sink(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("print.toml");
+    std::fs::write(&path, "[source]\nrange = 1000\n").unwrap();
+    path
+}
+
+/// A cluster in a kept directory leaves it behind, the nodes' caches included, and the next
+/// cluster starts in it (with new secrets: the last run's scheduler state and token go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_directory_outlives_its_cluster() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = floe_client::LocalClusterDir::Kept(home.path().join("up"));
+    let plan = || {
+        Dataset::range(1000)
+            .unwrap()
+            .filter(col("id").gt(lit(10)))
+            .unwrap()
+    };
+    let cluster = LocalCluster::start_in(options(1), &dir).await.unwrap();
+    let first_token = cluster.token().to_owned();
+    let client = cluster.connect().await.unwrap();
+    let output = client.submit(&plan()).await.unwrap().wait().await.unwrap();
+    assert_eq!(output.rows(), 989);
+    drop(client);
+    drop(cluster);
+    let node_dir = home.path().join("up/node-0");
+    assert!(
+        node_dir.is_dir(),
+        "the node's directory went with the cluster"
+    );
+
+    let cluster = LocalCluster::start_in(options(1), &dir).await.unwrap();
+    assert_ne!(cluster.token(), first_token);
+    let client = cluster.connect().await.unwrap();
+    let output = client.submit(&plan()).await.unwrap().wait().await.unwrap();
+    assert_eq!(output.rows(), 989);
+    let cached: u64 = output.stats.operators.iter().map(|op| op.cache_hits).sum();
+    assert!(
+        cached > 0,
+        "the second cluster missed the first one's cache"
+    );
 }

@@ -51,7 +51,7 @@ fn operator<'a>(stats: &'a JobStats, name: &str) -> &'a floe_core::job::Operator
     stats
         .operators
         .iter()
-        .find(|operator| operator.name == name)
+        .find(|operator| floe_core::job::stage_kind(&operator.name) == name)
         .unwrap_or_else(|| panic!("no {name} operator in {stats:?}"))
 }
 
@@ -229,7 +229,9 @@ async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str
                 progress
                     .operators
                     .iter()
-                    .filter(|op| operator.is_none_or(|name| op.name == name))
+                    .filter(|op| {
+                        operator.is_none_or(|name| floe_core::job::stage_kind(&op.name) == name)
+                    })
                     .map(|op| op.tasks_done)
                     .sum()
             });
@@ -397,7 +399,7 @@ async fn a_job_with_a_bad_plan_fails_with_the_reason_and_the_cluster_keeps_servi
     let cluster = start(1, &[]).await;
     let job = cluster
         .client()
-        .submit_job(vec![1, 2, 3], SubmissionId::random())
+        .submit_job(vec![1, 2, 3], SubmissionId::random(), None)
         .await
         .unwrap();
     let record = cluster.wait_for_job(job).await;

@@ -56,7 +56,7 @@ fn operator<'a>(stats: &'a JobStats, name: &str) -> &'a OperatorStats {
     stats
         .operators
         .iter()
-        .find(|operator| operator.name == name)
+        .find(|operator| floe_core::job::stage_kind(&operator.name) == name)
         .unwrap_or_else(|| panic!("no {name} operator in {stats:?}"))
 }
 

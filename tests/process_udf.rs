@@ -31,6 +31,7 @@ fn options_with_roots(nodes: usize, roots: &Path) -> LocalClusterOptions {
             "data.max_block_size=1MiB".into(),
             format!("node.udf_roots={}", roots.display()),
         ],
+        ports: floe_client::local::LocalPorts::default(),
         tls: false,
     }
 }

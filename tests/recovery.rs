@@ -175,6 +175,7 @@ async fn submit_jobs(schedulers: &LocalSchedulers, first: u8, count: u8) -> Vec<
         let command = Command::SubmitJob {
             spec: vec![n; 300],
             submission: SubmissionId::random(),
+            name: None,
         };
         match client.propose(command).await.unwrap() {
             Outcome::JobSubmitted(job) => ids.push(job.get()),

@@ -34,6 +34,7 @@ async fn submit(client: &mut SchedulerClient, plan: u32) -> JobId {
     let command = Command::SubmitJob {
         spec: plan.to_be_bytes().to_vec(),
         submission: floe_core::SubmissionId::random(),
+        name: None,
     };
     match client.propose(command).await.unwrap() {
         Outcome::JobSubmitted(job) => job,

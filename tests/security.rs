@@ -166,6 +166,7 @@ fn a_client_token_cannot_propose_internal_commands() {
                     bytes: 1,
                     rows: 1,
                 },
+                origin: None,
             },
             Command::RegisterNode {
                 addresses: NodeAddresses {
@@ -196,7 +197,9 @@ fn a_client_token_cannot_propose_internal_commands() {
         // Scopes: a read token may not submit or cancel; a submit token may not evict.
         let mut reader = client_with(&cluster, &scoped.read);
         forbidden(
-            reader.submit_job(vec![1], SubmissionId::random()).await,
+            reader
+                .submit_job(vec![1], SubmissionId::random(), None)
+                .await,
             "token 'reader' lacks scope submit",
         );
         forbidden(
@@ -280,6 +283,7 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
                         bytes: 1,
                         rows: 1,
                     },
+                    origin: None,
                 })
                 .await,
             "may only record shards it holds",

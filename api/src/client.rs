@@ -297,10 +297,20 @@ impl SchedulerClient {
         }
     }
 
-    /// Commits a job; a retried submission with the same id returns the same job.
-    pub async fn submit_job(&mut self, spec: Vec<u8>, submission: SubmissionId) -> Result<JobId> {
+    /// Commits a job, called `name` if given; a retried submission with the same id returns
+    /// the same job.
+    pub async fn submit_job(
+        &mut self,
+        spec: Vec<u8>,
+        submission: SubmissionId,
+        name: Option<String>,
+    ) -> Result<JobId> {
         match self
-            .propose(Command::SubmitJob { spec, submission })
+            .propose(Command::SubmitJob {
+                spec,
+                submission,
+                name,
+            })
             .await?
         {
             Outcome::JobSubmitted(job) => Ok(job),

@@ -117,6 +117,9 @@ pub struct JobOutcome {
 pub struct JobRecord {
     pub id: JobId,
     pub submission: SubmissionId,
+    /// What the submitter called the job (a job file's `name`); kept out of the spec so
+    /// renaming a job changes no fingerprint.
+    pub name: Option<String>,
     /// The encoded job spec (`floe_core::job::JobSpec`), opaque to the scheduler.
     pub spec: Vec<u8>,
     pub status: JobStatus,
@@ -171,6 +174,24 @@ pub struct CachedShard {
 pub struct CacheEntry {
     /// Shard rank → where it is.
     pub shards: BTreeMap<u32, CachedShard>,
+    /// Which job made the entry; unknown for shards a node found on disk when it joined.
+    pub made_by: Option<CacheProvenance>,
+}
+
+/// Which job and operator wrote a cached output, as a driver records its shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheOrigin {
+    pub job: JobId,
+    /// The operator's name in the job's stats (`read→filter`).
+    pub operator: String,
+}
+
+/// A [`CacheOrigin`] and when its first shard was recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheProvenance {
+    pub origin: CacheOrigin,
+    /// Milliseconds since the Unix epoch, on the clock of the leader that logged the record.
+    pub created_at_ms: u64,
 }
 
 /// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
@@ -210,6 +231,8 @@ pub enum Command {
     SubmitJob {
         spec: Vec<u8>,
         submission: SubmissionId,
+        /// The job's name, if the submitter gave one.
+        name: Option<String>,
     },
     /// Starts a driver for `job` on `node` (counting an attempt).
     StartDriver {
@@ -241,6 +264,8 @@ pub enum Command {
         shard_count: u32,
         rank: u32,
         shard: CachedShard,
+        /// The job and operator that wrote it; `None` for a shard a node found on disk.
+        origin: Option<CacheOrigin>,
     },
     EvictCache {
         fingerprint: String,
@@ -377,7 +402,11 @@ impl ClusterState {
                 Outcome::NodeRegistered(id)
             }
             Command::MarkNodeDead { node, reason } => self.mark_dead(index, at_ms, node, reason),
-            Command::SubmitJob { spec, submission } => {
+            Command::SubmitJob {
+                spec,
+                submission,
+                name,
+            } => {
                 // A client that lost the reply submits again with the same id: same job.
                 if let Some(existing) = self.submissions.get(&submission) {
                     return Outcome::JobSubmitted(*existing);
@@ -391,6 +420,7 @@ impl ClusterState {
                     Arc::new(JobRecord {
                         id,
                         submission,
+                        name,
                         spec,
                         status: JobStatus::Pending,
                         driver: None,
@@ -526,6 +556,7 @@ impl ClusterState {
                 shard_count,
                 rank,
                 shard,
+                origin,
             } => {
                 if rank >= shard_count {
                     return Outcome::Rejected(format!(
@@ -539,13 +570,26 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("node {} is not alive", shard.node));
                 }
-                self.cache
+                let entry = self
+                    .cache
                     .entry(fingerprint)
                     .or_default()
                     .entry(shard_count)
-                    .or_default()
-                    .shards
-                    .insert(rank, shard);
+                    .or_default();
+                entry.shards.insert(rank, shard);
+                // A job's first shard dates the entry; a later job writing it again (a
+                // recompute) makes it anew.
+                if let Some(origin) = origin
+                    && entry
+                        .made_by
+                        .as_ref()
+                        .is_none_or(|made| made.origin.job != origin.job)
+                {
+                    entry.made_by = Some(CacheProvenance {
+                        origin,
+                        created_at_ms: at_ms,
+                    });
+                }
                 Outcome::Applied
             }
             Command::EvictCache { fingerprint } => match self.cache.remove(&fingerprint) {

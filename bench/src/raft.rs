@@ -101,6 +101,7 @@ async fn propose_job(client: &mut SchedulerClient) -> anyhow::Result<()> {
     let command = Command::SubmitJob {
         spec: vec![0xab; 64],
         submission: floe_core::SubmissionId::random(),
+        name: None,
     };
     match client.propose(command).await? {
         Outcome::JobSubmitted(_) => Ok(()),

@@ -112,25 +112,55 @@ impl From<&JobStatus> for JobState {
 }
 
 /// One job, as listed by [`Client::jobs`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobInfo {
     pub id: JobId,
+    /// What its submitter called it, if anything.
+    pub name: Option<String>,
     pub state: JobState,
     /// How many drivers were started for it.
     pub attempts: u32,
     /// The node running its driver, while one does.
     pub driver: Option<NodeId>,
     pub stats: Option<JobStats>,
+    /// When it was submitted, its first driver started and it ended, in milliseconds since
+    /// the Unix epoch on the scheduler leader's clock.
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    /// Its plan, when the record's spec decodes (a spec from a newer client may not).
+    pub plan: Option<LogicalPlan>,
+}
+
+impl JobInfo {
+    /// The directory the job writes, when its plan ends in a sink.
+    pub fn sink(&self) -> Option<&std::path::Path> {
+        match self.plan.as_ref()?.operator() {
+            floe_core::plan::Operator::Write(spec) => Some(&spec.directory),
+            _ => None,
+        }
+    }
+
+    /// How long it ran (or has run, until `now_ms`) since its first driver started.
+    pub fn duration_ms(&self, now_ms: u64) -> Option<u64> {
+        let started = self.started_at_ms?;
+        Some(self.ended_at_ms.unwrap_or(now_ms).saturating_sub(started))
+    }
 }
 
 impl From<&JobRecord> for JobInfo {
     fn from(record: &JobRecord) -> Self {
         Self {
             id: record.id,
+            name: record.name.clone(),
             state: JobState::from(&record.status),
             attempts: record.attempts,
             driver: record.driver,
             stats: record.stats.clone(),
+            submitted_at_ms: record.submitted_at_ms,
+            started_at_ms: record.started_at_ms,
+            ended_at_ms: record.ended_at_ms,
+            plan: JobSpec::decode(&record.spec).ok().map(|spec| spec.plan),
         }
     }
 }
@@ -275,13 +305,27 @@ impl Client {
     /// Submits `dataset`; its random seeds are drawn now, so a resubmitted handle reruns the
     /// same plan. A submission retried after a lost reply is committed once.
     pub async fn submit_with(&self, dataset: &Dataset, options: JobOptions) -> Result<JobHandle> {
-        self.submit_plan(dataset.plan(), options).await
+        self.submit_plan(dataset.plan(), options, None).await
+    }
+
+    /// Submits `dataset` as [`Client::submit_with`] does, under `name`: `floe jobs`, the REST
+    /// API and the dashboard show it, and `floe jobs --name` finds the job by it. The name is
+    /// not part of the plan, so it changes no fingerprint.
+    pub async fn submit_named(
+        &self,
+        name: &str,
+        dataset: &Dataset,
+        options: JobOptions,
+    ) -> Result<JobHandle> {
+        self.submit_plan(dataset.plan(), options, Some(name.to_owned()))
+            .await
     }
 
     pub(crate) async fn submit_plan(
         &self,
         plan: &LogicalPlan,
         options: JobOptions,
+        name: Option<String>,
     ) -> Result<JobHandle> {
         crate::check_sinks(plan)?;
         let spec = JobSpec {
@@ -294,7 +338,7 @@ impl Client {
             .scheduler
             .lock()
             .await
-            .submit_job(bytes, SubmissionId::random())
+            .submit_job(bytes, SubmissionId::random(), name)
             .await?;
         Ok(self.job(job))
     }
@@ -323,6 +367,12 @@ impl Client {
     /// `jobs.keep_finished` / `jobs.keep_for`), newest first, from one replica's history.
     pub async fn job_history(&self, limit: u32) -> Result<Vec<JobSummary>> {
         Ok(self.inner.scheduler.lock().await.job_history(limit).await?)
+    }
+
+    /// The replicated fingerprint-cache index: every cached output, its shards and which job
+    /// made it.
+    pub async fn cache_index(&self) -> Result<floe_api::state::CacheIndex> {
+        Ok(self.inner.state().await?.cache)
     }
 
     /// Every node the scheduler remembers, alive or dead (dead ones are forgotten after
@@ -630,6 +680,11 @@ impl JobOutput {
         self.blocks.iter().map(|block| block.rows).sum()
     }
 
+    /// Bytes of Arrow data in the output, from the blocks' metadata.
+    pub fn bytes(&self) -> u64 {
+        self.blocks.iter().map(|block| block.bytes).sum()
+    }
+
     /// The result blocks in order, fetched one at a time as the stream is pulled.
     pub fn stream(&self) -> BlockReader {
         BlockReader {
@@ -815,7 +870,10 @@ impl ClusterExecutor {
 impl Executor for ClusterExecutor {
     fn execute<'a>(&'a self, plan: &LogicalPlan, _udfs: &'a Registry) -> Result<BatchStream<'a>> {
         let output = self.runtime.block_on(async {
-            let job = self.client.submit_plan(plan, self.options.clone()).await?;
+            let job = self
+                .client
+                .submit_plan(plan, self.options.clone(), None)
+                .await?;
             job.wait().await
         })?;
         let mut reader = output.stream();
@@ -845,6 +903,8 @@ pub struct LocalClusterOptions {
     /// Run every connection (RPC and HTTP) over TLS, with a throwaway CA generated in the
     /// cluster's directory. Default off: plaintext on loopback.
     pub tls: bool,
+    /// The ports the scheduler and the nodes listen on.
+    pub ports: crate::local::LocalPorts,
 }
 
 impl LocalClusterOptions {
@@ -856,6 +916,7 @@ impl LocalClusterOptions {
             workers_per_node: 0,
             node_settings: Vec::new(),
             tls: false,
+            ports: crate::local::LocalPorts::default(),
         }
     }
 }
@@ -886,34 +947,104 @@ fn write_token_file(path: &std::path::Path, token: &str) -> Result<()> {
     file.sync_all().map_err(failed)
 }
 
-/// A real scheduler and real nodes on loopback, in a temporary directory, with generated
-/// secrets and an admin token. Dropping it kills every process and removes the directory and
-/// the nodes' shared memory.
+/// Where a [`LocalCluster`] keeps its files and logs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalClusterDir {
+    /// A new temporary directory, removed when the cluster is dropped.
+    #[default]
+    Temporary,
+    /// This directory, created if missing and kept when the cluster is dropped, so the
+    /// nodes' caches (in `node-<i>/`) serve the next cluster started in it. The scheduler's
+    /// state, secrets and token are of one run and are made anew each time.
+    Kept(PathBuf),
+}
+
+/// A [`LocalCluster`]'s directory, as held while it runs.
+enum HeldDir {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl HeldDir {
+    fn create(dir: &LocalClusterDir) -> Result<Self> {
+        let failed = |path: &std::path::Path, action: &str, source: std::io::Error| {
+            Error::LocalCluster(format!("cannot {action} {}: {source}", path.display()))
+        };
+        match dir {
+            LocalClusterDir::Temporary => tempfile::Builder::new()
+                .prefix("floe-local-")
+                .tempdir()
+                .map(Self::Temporary)
+                .map_err(|source| failed(&std::env::temp_dir(), "create a directory in", source)),
+            LocalClusterDir::Kept(path) => {
+                std::fs::create_dir_all(path).map_err(|e| failed(path, "create", e))?;
+                // The last run's replicas and token belong to secrets that are gone.
+                for entry in std::fs::read_dir(path).map_err(|e| failed(path, "read", e))? {
+                    let entry = entry.map_err(|e| failed(path, "read", e))?;
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    let stale = entry.path();
+                    if name.starts_with("replica-") && stale.is_dir() {
+                        std::fs::remove_dir_all(&stale).map_err(|e| failed(&stale, "remove", e))?;
+                    } else if name == TOKEN_FILE {
+                        std::fs::remove_file(&stale).map_err(|e| failed(&stale, "remove", e))?;
+                    }
+                }
+                Ok(Self::Kept(path.clone()))
+            }
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Self::Temporary(dir) => dir.path(),
+            Self::Kept(path) => path,
+        }
+    }
+}
+
+impl Drop for HeldDir {
+    fn drop(&mut self) {
+        // The admin token dies with the cluster; a kept directory must not keep it readable.
+        if let Self::Kept(path) = self {
+            let token = path.join(TOKEN_FILE);
+            if let Err(error) = std::fs::remove_file(&token) {
+                tracing::warn!(path = %token.display(), %error, "cannot remove the token file");
+            }
+        }
+    }
+}
+
+/// A real scheduler and real nodes on loopback, in a directory of their own, with generated
+/// secrets and an admin token. Dropping it kills every process and removes the nodes' shared
+/// memory, and a [temporary](LocalClusterDir::Temporary) directory.
 pub struct LocalCluster {
     nodes: Vec<crate::local::LocalNode>,
     scheduler: crate::local::LocalSchedulers,
     credentials: crate::local::LocalCredentials,
     /// The members' TLS files; empty when the cluster runs plaintext.
     tls: TlsConfig,
-    dir: tempfile::TempDir,
+    dir: HeldDir,
 }
 
 impl LocalCluster {
+    /// Starts a cluster in a temporary directory.
     pub async fn start(options: LocalClusterOptions) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("floe-local-")
-            .tempdir()
-            .map_err(|source| {
-                Error::LocalCluster(format!("cannot create a directory: {source}"))
-            })?;
+        Self::start_in(options, &LocalClusterDir::Temporary).await
+    }
+
+    /// Starts a cluster in `dir`.
+    pub async fn start_in(options: LocalClusterOptions, dir: &LocalClusterDir) -> Result<Self> {
+        let dir = HeldDir::create(dir)?;
         let credentials = crate::local::LocalCredentials::generate(dir.path())?;
         write_token_file(
             &dir.path().join(TOKEN_FILE),
             credentials.admin_token.expose(),
         )?;
+        // A new throwaway CA on every start, also in a kept directory: its key was never saved.
         let tls = if options.tls {
             let tls_dir = dir.path().join(TLS_DIR);
-            std::fs::create_dir(&tls_dir).map_err(|source| {
+            std::fs::create_dir_all(&tls_dir).map_err(|source| {
                 Error::LocalCluster(format!("cannot create {}: {source}", tls_dir.display()))
             })?;
             floe_core::wire::tls::generate_throwaway(&tls_dir, &[]).map_err(|error| {
@@ -922,15 +1053,18 @@ impl LocalCluster {
         } else {
             TlsConfig::default()
         };
-        let scheduler =
-            crate::local::LocalSchedulers::start(crate::local::LocalSchedulersConfig {
+        let scheduler = crate::local::LocalSchedulers::start_on(
+            crate::local::LocalSchedulersConfig {
                 binary: options.binary.clone(),
                 replicas: 1,
                 dir: dir.path().to_owned(),
                 credentials: credentials.clone(),
                 settings: Vec::new(),
                 tls: tls.clone(),
-            })?;
+            },
+            options.ports.scheduler_rpc,
+            options.ports.scheduler_http,
+        )?;
         scheduler.wait_for_leader(Duration::from_secs(30)).await?;
         let wire = credentials.admin_wire().with_tls(&tls.client_only());
         let mut nodes = Vec::new();
@@ -938,14 +1072,18 @@ impl LocalCluster {
             let mut settings = vec![format!("node.workers={}", options.workers_per_node)];
             settings.extend(tls.settings());
             settings.extend(options.node_settings.iter().cloned());
-            let node = crate::local::LocalNode::start(&crate::local::LocalNodeConfig {
-                binary: options.binary.clone(),
-                schedulers: scheduler.addrs(),
-                dir: dir.path().to_owned(),
-                name: format!("node-{index}"),
-                credentials: credentials.clone(),
-                settings,
-            })?;
+            let port = options.ports.node_rpc.pick(index, options.nodes)?;
+            let node = crate::local::LocalNode::start_on(
+                &crate::local::LocalNodeConfig {
+                    binary: options.binary.clone(),
+                    schedulers: scheduler.addrs(),
+                    dir: dir.path().to_owned(),
+                    name: format!("node-{index}"),
+                    credentials: credentials.clone(),
+                    settings,
+                },
+                port,
+            )?;
             let status = node.wait_registered(&wire, Duration::from_secs(60)).await?;
             tracing::debug!(?status.node, "local node ready");
             nodes.push(node);
@@ -987,7 +1125,7 @@ impl LocalCluster {
         self.credentials.admin_token.expose()
     }
 
-    /// The file holding the admin token (mode 0600), removed with the cluster.
+    /// The file holding the admin token (mode 0600), valid while the cluster runs.
     pub fn token_file(&self) -> PathBuf {
         self.dir.path().join(TOKEN_FILE)
     }

@@ -66,8 +66,8 @@ pub mod jobspec;
 pub mod local;
 pub use cluster::{
     BlockReader, Client, ClusterExecutor, ClusterInfo, JobHandle, JobInfo, JobOutput, JobState,
-    LocalCluster, LocalClusterOptions, NodeInfo, ReplicaInfo, WaitEvent, WaitOptions,
-    find_floe_binary,
+    LocalCluster, LocalClusterDir, LocalClusterOptions, NodeInfo, ReplicaInfo, WaitEvent,
+    WaitOptions, find_floe_binary,
 };
 pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
 

@@ -60,6 +60,15 @@ impl JobSpec {
     }
 }
 
+/// What separates a stage's kind from the row-wise operators fused into it in an operator's
+/// name: `read→filter→with_column`.
+pub const FUSED_SEPARATOR: char = '→';
+
+/// The stage kind an operator's name starts with: `read` for `read→filter`.
+pub fn stage_kind(name: &str) -> &str {
+    name.split(FUSED_SEPARATOR).next().unwrap_or(name)
+}
+
 /// One operator's progress while a job runs, reported by its driver as soft state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorProgress {

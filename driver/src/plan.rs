@@ -109,6 +109,16 @@ pub(crate) enum PlanningError {
     },
 }
 
+/// What progress and stats call `stage`: its kind, then each row-wise operator fused into it
+/// (`read→filter→with_column`, `map→map_batches`), so the time a fused UDF takes shows under
+/// a name that says so.
+fn stage_name(stage: &Stage) -> String {
+    std::iter::once(stage.kind.name())
+        .chain(stage.row_ops.iter().map(|operator| operator.name()))
+        .collect::<Vec<_>>()
+        .join(&floe_core::job::FUSED_SEPARATOR.to_string())
+}
+
 /// Plans `spec` against the cache index.
 pub(crate) fn plan(
     spec: &JobSpec,
@@ -144,7 +154,7 @@ pub(crate) fn plan(
             StageKind::AllToAll(_) => Work::AllToAll,
         };
         operators.push(PlannedOperator {
-            name: stage.kind.name().to_owned(),
+            name: stage_name(stage),
             stage: stage.clone(),
             work,
             inputs: stage.inputs.iter().map(|input| input.0).collect(),

@@ -1070,6 +1070,7 @@ async fn index_cache(shared: Arc<Shared>, node: NodeId) {
             shard_count: name.shard.count,
             rank: name.shard.rank,
             shard: CachedShard { node, bytes, rows },
+            origin: None,
         };
         match client.propose(command).await {
             Ok(Outcome::Applied) => recorded += 1,

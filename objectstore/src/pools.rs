@@ -28,11 +28,16 @@ pub struct MemoryPools {
 impl MemoryPools {
     /// The pools of this host: `memory.total`, or the detected memory when it is `"auto"`.
     pub fn detect(config: &MemoryConfig) -> Result<Self> {
-        let total = match config.total {
-            MemoryTotal::Fixed(size) => size.bytes(),
-            MemoryTotal::Auto => detected_total_memory()?,
-        };
-        Self::split(total, config)
+        Self::split(Self::host_total(config)?, config)
+    }
+
+    /// `memory.total`, or the detected memory (the cgroup's limit when lower) when it is
+    /// `"auto"`.
+    pub fn host_total(config: &MemoryConfig) -> Result<u64> {
+        match config.total {
+            MemoryTotal::Fixed(size) => Ok(size.bytes()),
+            MemoryTotal::Auto => detected_total_memory(),
+        }
     }
 
     /// The pools of a node with `total` bytes of memory.

@@ -149,6 +149,7 @@ mod tests {
         JobSummary {
             id: JobId::new(id),
             submission: SubmissionId::new(u128::from(id)),
+            name: None,
             status: JobStatus::Failed {
                 message: "x".repeat(500),
             },

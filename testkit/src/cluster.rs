@@ -326,7 +326,7 @@ impl TestCluster {
             options,
         };
         self.client()
-            .submit_job(spec.encode().unwrap(), SubmissionId::random())
+            .submit_job(spec.encode().unwrap(), SubmissionId::random(), None)
             .await
             .unwrap()
     }

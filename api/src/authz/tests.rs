@@ -61,6 +61,7 @@ fn state() -> ClusterState {
         Arc::new(JobRecord {
             id: JobId::new(1),
             submission: SubmissionId::new(1),
+            name: None,
             spec: Vec::new(),
             status: JobStatus::Running,
             driver: Some(NodeId::new(1)),
@@ -148,6 +149,7 @@ fn every_command_lists_who_may_propose_it() {
             Command::SubmitJob {
                 spec: Vec::new(),
                 submission: SubmissionId::new(9),
+                name: None,
             },
             &[SUBMIT, ADMIN],
         ),
@@ -198,6 +200,7 @@ fn every_command_lists_who_may_propose_it() {
                 shard_count: 1,
                 rank: 0,
                 shard: shard(2),
+                origin: None,
             },
             &[DRIVER, OTHER_NODE],
         ),
@@ -207,6 +210,7 @@ fn every_command_lists_who_may_propose_it() {
                 shard_count: 1,
                 rank: 0,
                 shard: shard(1),
+                origin: None,
             },
             &[DRIVER],
         ),
@@ -369,6 +373,7 @@ fn refusals_name_the_missing_right() {
     let submit = SchedulerRequest::Propose(Command::SubmitJob {
         spec: Vec::new(),
         submission: SubmissionId::new(1),
+        name: None,
     });
     assert_eq!(
         authorize_scheduler(&reader, &submit, &state).unwrap_err().0,

@@ -69,6 +69,9 @@ pub enum Removal {
 pub struct JobSummary {
     pub id: JobId,
     pub submission: SubmissionId,
+    /// Absent from the lines written before jobs had names.
+    #[serde(default)]
+    pub name: Option<String>,
     pub status: JobStatus,
     pub attempts: u32,
     pub submitted_at_ms: u64,
@@ -85,6 +88,7 @@ impl JobSummary {
         Self {
             id: record.id,
             submission: record.submission,
+            name: record.name.clone(),
             status: record.status.clone(),
             attempts: record.attempts,
             submitted_at_ms: record.submitted_at_ms,

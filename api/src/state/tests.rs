@@ -26,6 +26,7 @@ fn submit_job(n: u8) -> Command {
     Command::SubmitJob {
         spec: vec![n],
         submission: SubmissionId::new(u128::from(n)),
+        name: None,
     }
 }
 
@@ -265,6 +266,7 @@ fn the_snapshot_round_trips_and_is_deterministic() {
                         bytes: u64::from(n),
                         rows: 1,
                     },
+                    origin: None,
                 },
             );
         }
@@ -297,6 +299,7 @@ fn invalid_commands_are_rejected_without_changing_the_state() {
                 bytes: 1,
                 rows: 1,
             },
+            origin: None,
         },
         Command::MarkNodeDead {
             node: NodeId::new(42),
@@ -378,6 +381,11 @@ fn forgetting_a_shard_drops_only_that_shard_and_only_where_it_is_recorded() {
 
 /// Records shard `rank` of 2 of `fingerprint(1)` on `node`.
 fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
+    record_shard_made_by(rank, node, None)
+}
+
+/// [`record_shard_of_two`], written by `origin`.
+fn record_shard_made_by(rank: u32, node: NodeId, origin: Option<CacheOrigin>) -> Command {
     Command::RecordCacheShard {
         fingerprint: fingerprint(1),
         shard_count: 2,
@@ -387,5 +395,37 @@ fn record_shard_of_two(rank: u32, node: NodeId) -> Command {
             bytes: 100,
             rows: 10,
         },
+        origin,
     }
+}
+
+#[test]
+fn a_cache_entry_records_the_job_and_operator_that_made_it_at_the_log_time() {
+    let mut state = ClusterState::default();
+    let node = register(&mut state, 1, "a:1");
+    let made_by = |job: u64| CacheOrigin {
+        job: JobId::new(job),
+        operator: "read→filter".to_owned(),
+    };
+    let record = |rank: u32, origin: Option<CacheOrigin>| record_shard_made_by(rank, node, origin);
+    let provenance = |state: &ClusterState| state.cache[&fingerprint(1)][&2].made_by.clone();
+    state.apply(2, 1_000, record(0, Some(made_by(7))));
+    let first = Some(CacheProvenance {
+        origin: made_by(7),
+        created_at_ms: 1_000,
+    });
+    assert_eq!(provenance(&state), first);
+    // The same job's next shard, and a node re-indexing what it found on disk, keep it.
+    state.apply(3, 2_000, record(1, Some(made_by(7))));
+    state.apply(4, 3_000, record(1, None));
+    assert_eq!(provenance(&state), first);
+    // Another job writing the entry again makes it anew.
+    state.apply(5, 4_000, record(0, Some(made_by(9))));
+    assert_eq!(
+        provenance(&state),
+        Some(CacheProvenance {
+            origin: made_by(9),
+            created_at_ms: 4_000,
+        })
+    );
 }

@@ -38,6 +38,20 @@ pub enum Error {
     Credentials(String),
     #[error("no loopback port was free after {0} tries")]
     NoFreePort(usize),
+    #[error(
+        "{setting}={port}: the port is taken on 127.0.0.1 ({source}); pick another or leave it unset"
+    )]
+    PortTaken {
+        setting: &'static str,
+        port: u16,
+        source: std::io::Error,
+    },
+    #[error("{setting}={port}: {processes} processes need ports counting up from it, past 65535")]
+    PortRange {
+        setting: &'static str,
+        port: u16,
+        processes: usize,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -47,6 +61,50 @@ impl Error {
         let path = path.into();
         move |source| Error::Io { op, path, source }
     }
+}
+
+/// Which loopback port a local process listens on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LocalPort {
+    /// One nothing listens on, picked at start.
+    #[default]
+    Free,
+    /// This one, named by a setting; the `i`-th process of a kind gets `port + i`.
+    Fixed { setting: &'static str, port: u16 },
+}
+
+impl LocalPort {
+    /// The port of the `index`-th of `processes` processes that take ports from `self`: a
+    /// fixed one must be free now, or starting is refused naming the setting.
+    pub(crate) fn pick(self, index: usize, processes: usize) -> Result<u16> {
+        let (setting, first) = match self {
+            LocalPort::Free => return free_port(),
+            LocalPort::Fixed { setting, port } => (setting, port),
+        };
+        let port = u16::try_from(index)
+            .ok()
+            .and_then(|index| first.checked_add(index))
+            .ok_or(Error::PortRange {
+                setting,
+                port: first,
+                processes,
+            })?;
+        std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|source| Error::PortTaken {
+            setting,
+            port,
+            source,
+        })?;
+        Ok(port)
+    }
+}
+
+/// The ports of a local cluster's processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocalPorts {
+    pub scheduler_rpc: LocalPort,
+    pub scheduler_http: LocalPort,
+    /// The first node's; the others count up from it.
+    pub node_rpc: LocalPort,
 }
 
 /// How many probes [`free_port`] makes before it gives up.

@@ -39,7 +39,11 @@ pub struct LocalNode {
 impl LocalNode {
     /// Starts `floe node` on a free loopback port.
     pub fn start(config: &LocalNodeConfig) -> Result<Self> {
-        let port = free_port()?;
+        Self::start_on(config, free_port()?)
+    }
+
+    /// Starts `floe node` on loopback port `port`.
+    pub fn start_on(config: &LocalNodeConfig, port: u16) -> Result<Self> {
         let data_dir = config.dir.join(&config.name);
         std::fs::create_dir_all(&data_dir)
             .map_err(Error::io("creating the node's directory", &data_dir))?;

@@ -14,7 +14,7 @@ use floe_core::wire::WireConfig;
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::ReplicaStatus;
 
-use super::{Error, LocalCredentials, Result, free_port};
+use super::{Error, LocalCredentials, LocalPort, Result};
 
 /// How to run the cluster.
 #[derive(Debug, Clone)]
@@ -42,11 +42,24 @@ pub struct LocalSchedulers {
 impl LocalSchedulers {
     /// Picks free ports and starts every replica.
     pub fn start(config: LocalSchedulersConfig) -> Result<Self> {
+        Self::start_on(config, LocalPort::Free, LocalPort::Free)
+    }
+
+    /// Starts every replica on the RPC and HTTP ports given (replica `id` on `port + id - 1`).
+    pub fn start_on(
+        config: LocalSchedulersConfig,
+        rpc: LocalPort,
+        http_port: LocalPort,
+    ) -> Result<Self> {
         let mut peers = BTreeMap::new();
         let mut http = BTreeMap::new();
-        for id in 1..=config.replicas {
-            peers.insert(id, format!("127.0.0.1:{}", free_port()?));
-            http.insert(id, format!("127.0.0.1:{}", free_port()?));
+        let replicas = usize::try_from(config.replicas).unwrap_or(usize::MAX);
+        for (index, id) in (1..=config.replicas).enumerate() {
+            peers.insert(id, format!("127.0.0.1:{}", rpc.pick(index, replicas)?));
+            http.insert(
+                id,
+                format!("127.0.0.1:{}", http_port.pick(index, replicas)?),
+            );
         }
         let mut cluster = Self {
             config,

@@ -5,7 +5,8 @@
 //! 1. a TOML file (`--config FILE`, or the `FLOE_CONFIG` environment variable);
 //! 2. `FLOE_<SECTION>_<KEY>` environment variables, e.g. `FLOE_SCHEDULER_RPC_PORT=7701`
 //!    sets `scheduler.rpc_port` (every `FLOE_*` variable except `FLOE_CONFIG` must name a
-//!    setting, so a typo is an error instead of a silently ignored value);
+//!    setting, so a typo is an error instead of a silently ignored value); the client's
+//!    two settings also have short names, `FLOE_ADDRESS` and `FLOE_TOKEN`;
 //! 3. command-line flags: `--set section.key=value`, and the dedicated flags of each command.
 //!
 //! Every default is in [`Config::default`] and documented on its field; `floe config show`
@@ -71,8 +72,12 @@ pub struct ClusterConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientConfig {
-    /// A token from `floe token create`, usually set as `FLOE_CLIENT_TOKEN`. Default: empty.
+    /// A token from `floe token create`, usually set as `FLOE_CLIENT_TOKEN` (or its alias
+    /// `FLOE_TOKEN`). Default: empty.
     pub token: ClientToken,
+    /// Where the cluster is: every scheduler replica, `host:port,host:port,…`, usually set as
+    /// `FLOE_ADDRESS` (like `RAY_ADDRESS`); a `--scheduler` flag overrides it. Default: empty.
+    pub address: Vec<String>,
 }
 
 /// `[auth]`: where servers find the client tokens.
@@ -626,8 +631,11 @@ impl ConfigLoader {
             .into_iter()
             .filter(|(name, _)| name.starts_with(ENV_PREFIX) && name != CONFIG_FILE_ENV)
             .collect();
-        // The environment has no order of its own; sort so errors are reproducible.
-        settings.sort();
+        // The environment has no order of its own; sort so errors are reproducible, aliases
+        // first so the full names override them.
+        settings.sort_by(|(a, _), (b, _)| {
+            (env_alias(a).is_none(), a).cmp(&(env_alias(b).is_none(), b))
+        });
         for (name, value) in settings {
             let key = env_name_to_key(&name);
             self.env.push(Assignment {
@@ -682,9 +690,27 @@ fn read_file(path: &Path) -> Result<Config, ConfigError> {
     })
 }
 
+/// Short environment names for the client's settings, as other tools spell them
+/// (`RAY_ADDRESS`): each is applied before the variables that spell the key in full, so
+/// `FLOE_CLIENT_TOKEN` wins over `FLOE_TOKEN` when both are set.
+const ENV_ALIASES: [(&str, &str); 2] = [
+    ("FLOE_ADDRESS", "client.address"),
+    ("FLOE_TOKEN", "client.token"),
+];
+
+fn env_alias(name: &str) -> Option<&'static str> {
+    ENV_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map(|(_, key)| *key)
+}
+
 /// `FLOE_SCHEDULER_RPC_PORT` → `scheduler.rpc_port`. Section names are single words, so the
 /// first underscore after the prefix separates section from key.
 fn env_name_to_key(name: &str) -> String {
+    if let Some(key) = env_alias(name) {
+        return key.to_owned();
+    }
     let rest = name.trim_start_matches(ENV_PREFIX).to_ascii_lowercase();
     match rest.split_once('_') {
         Some((section, key)) => format!("{section}.{key}"),

@@ -103,6 +103,32 @@ fn env_and_flags_are_typed_by_the_setting() {
 }
 
 #[test]
+fn the_client_reads_its_address_and_token_from_short_names() {
+    let config = ConfigLoader::new()
+        .env(env(&[
+            ("FLOE_ADDRESS", "10.0.0.1:7700, 10.0.0.2:7700"),
+            ("FLOE_TOKEN", "short"),
+        ]))
+        .load()
+        .unwrap();
+    assert_eq!(config.client.address, ["10.0.0.1:7700", "10.0.0.2:7700"]);
+    assert_eq!(config.client.token.expose(), "short");
+
+    // The full name wins over its alias, whichever the environment lists first.
+    let config = ConfigLoader::new()
+        .env(env(&[
+            ("FLOE_CLIENT_TOKEN", "full"),
+            ("FLOE_TOKEN", "short"),
+            ("FLOE_CLIENT_ADDRESS", "b:1"),
+            ("FLOE_ADDRESS", "a:1"),
+        ]))
+        .load()
+        .unwrap();
+    assert_eq!(config.client.token.expose(), "full");
+    assert_eq!(config.client.address, ["b:1"]);
+}
+
+#[test]
 fn list_settings_are_written_comma_separated() {
     assert_eq!(Config::default().node.udf_commands, ["python3"]);
     let listed = ConfigLoader::new()

@@ -142,7 +142,7 @@ struct History {
     actors: Vec<CreatedActor>,
     freed: Vec<ObjectId>,
     commands: Vec<(Command, Outcome)>,
-    progress: Option<JobProgress>,
+    progress: Vec<JobProgress>,
     reads: SchedulerReads,
 }
 
@@ -322,6 +322,7 @@ impl FakeCluster {
         let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
             spec,
             submission: SubmissionId::random(),
+            name: None,
         }) else {
             panic!("the job was not submitted");
         };
@@ -339,6 +340,7 @@ impl FakeCluster {
             let Outcome::JobSubmitted(job) = inner.commit(Command::SubmitJob {
                 spec: vec![0; 64],
                 submission: SubmissionId::random(),
+                name: None,
             }) else {
                 panic!("the job was not submitted");
             };
@@ -466,6 +468,11 @@ impl FakeCluster {
 
     pub(crate) fn freed(&self) -> Vec<ObjectId> {
         self.lock().history.freed.clone()
+    }
+
+    /// The progress the driver reported, in order.
+    pub(crate) fn progress_reports(&self) -> Vec<JobProgress> {
+        self.lock().history.progress.clone()
     }
 
     /// The commands committed, with their outcomes, in order.
@@ -933,7 +940,7 @@ impl ClusterAccess for FakeCluster {
 
     async fn report_progress(&self, job: JobId, progress: JobProgress) -> Result<bool> {
         let mut inner = self.lock();
-        inner.history.progress = Some(progress);
+        inner.history.progress.push(progress);
         let record = inner.state.jobs.get(&job).ok_or(Error::UnknownJob(job))?;
         Ok(record.cancel_requested || record.status != JobStatus::Running)
     }

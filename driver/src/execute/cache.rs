@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse, ShardWrite};
-use floe_api::state::{CachedShard, Command};
+use floe_api::state::{CacheOrigin, CachedShard, Command};
 use floe_core::{Fingerprint, NodeId, ObjectId};
 
 use super::task::{Launch, Recipe};
@@ -145,6 +145,10 @@ impl<C: ClusterAccess> Execution<C> {
         let cluster = Arc::clone(&self.cluster);
         let events = self.events_tx.clone();
         let schema = self.ops[index].stage.schema.clone();
+        let origin = CacheOrigin {
+            job: self.job,
+            operator: self.ops[index].name.clone(),
+        };
         tokio::spawn(async move {
             let write = ShardWrite {
                 lineage: target.lineage,
@@ -169,6 +173,7 @@ impl<C: ClusterAccess> Execution<C> {
                         shard_count: count,
                         rank,
                         shard: CachedShard { node, bytes, rows },
+                        origin: Some(origin),
                     })
                     .await?;
                 Ok(())

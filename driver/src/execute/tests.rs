@@ -129,7 +129,7 @@ fn stats<'a>(record: &'a JobRecord, operator: &str) -> &'a OperatorStats {
     stats
         .operators
         .iter()
-        .find(|stats| stats.name == operator)
+        .find(|stats| floe_core::job::stage_kind(&stats.name) == operator)
         .unwrap_or_else(|| panic!("no operator {operator} in {stats:?}"))
 }
 
@@ -226,7 +226,7 @@ async fn a_task_failing_past_the_retry_limit_fails_the_job_with_its_message() {
     };
     assert_eq!(
         message,
-        "map: a task failed 3 times; the last time: task error: the disk is on fire"
+        "map→with_column: a task failed 3 times; the last time: task error: the disk is on fire"
     );
     assert!(record.outputs.is_empty());
     // A failed job keeps nothing.
@@ -707,4 +707,43 @@ async fn a_sink_outside_the_allowed_paths_is_refused_before_any_task() {
     assert!(message.contains("outside data.allowed_paths"), "{message}");
     assert!(fake.tasks().is_empty());
     assert!(!target.exists());
+}
+
+#[tokio::test]
+async fn progress_counts_rows_as_tasks_finish_under_the_fused_name() {
+    let fake = fake(1, 1);
+    // Slow tasks, one at a time: several progress ticks (10 ms each) fall between two ends.
+    fake.on_tasks(u32::MAX, |_| true, Fault::Delay(Duration::from_millis(15)));
+    let n = 16 * 4 * u64::from(BATCH_ROWS);
+    let plan = LogicalPlan::range(n)
+        .unwrap()
+        .filter(col("id").gt_eq(lit(0i64)))
+        .unwrap();
+    let record = run(&fake, &spec(doubled(plan), CacheMode::NoCache)).await;
+    let stats = succeeded(&record).stats.as_ref().unwrap();
+    assert_eq!(stats.operators.len(), 1, "{stats:?}");
+    let name = &stats.operators[0].name;
+    assert_eq!(name, "range→filter→with_column", "fused steps are named");
+    assert_eq!(stats.operators[0].rows, n);
+
+    let reports: Vec<_> = fake
+        .progress_reports()
+        .into_iter()
+        .map(|progress| progress.operators[0].clone())
+        .collect();
+    assert!(reports.iter().all(|operator| &operator.name == name));
+    // Each finished range task made 4 × BATCH_ROWS rows; a report counts them as they finish.
+    for operator in &reports {
+        assert_eq!(
+            operator.rows_done,
+            operator.tasks_done * 4 * u64::from(BATCH_ROWS),
+            "{operator:?}"
+        );
+    }
+    assert!(
+        reports
+            .iter()
+            .any(|operator| operator.rows_done > 0 && operator.rows_done < n),
+        "no report while the job ran: {reports:?}"
+    );
 }

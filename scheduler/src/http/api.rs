@@ -480,6 +480,7 @@ fn output_rows(job: &JobRecord) -> Option<u64> {
 fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
     JobSummary {
         id: job.id.to_string(),
+        name: job.name.clone(),
         state: job.status.name(),
         attempts: job.attempts,
         driver_node: job.driver.map(|node| node.to_string()),
@@ -500,6 +501,7 @@ fn job_summary(job: &JobRecord, snapshot: &Snapshot) -> JobSummary {
 fn history_summary(job: &domain::JobSummary) -> JobSummary {
     JobSummary {
         id: job.id.to_string(),
+        name: job.name.clone(),
         state: job.status.name(),
         attempts: job.attempts,
         driver_node: None,
@@ -544,6 +546,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .values()
             .rev()
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .filter(|job| query.name_matches(job.name.as_deref()))
     };
     let mut total = matching().count();
     let mut jobs: Vec<JobSummary> = matching()
@@ -565,6 +568,7 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .iter()
             .filter(|job| !state.jobs.contains_key(&job.id))
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
+            .filter(|job| query.name_matches(job.name.as_deref()))
             .collect();
         let skip = offset.saturating_sub(total);
         jobs.extend(
@@ -680,13 +684,13 @@ async fn submit(
     // Parsing lists and opens the input files (their fingerprints need sizes, times and
     // schemas), which can take a while; it runs off the server's one worker thread.
     let parser = Arc::clone(&shared.parser);
-    let spec = web::block(move || parser.parse(&spec_text))
+    let parsed = web::block(move || parser.parse(&spec_text))
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
         .map_err(|rejected| ApiError::bad_request(rejected.0))?;
     let job = shared
         .leader(&caller)?
-        .submit_job(spec, submission)
+        .submit_job(parsed.spec, submission, parsed.name)
         .await
         .map_err(ApiError::from_scheduler)?;
     shared
@@ -773,9 +777,11 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
     let mut entries = Vec::new();
     for (fingerprint, by_count) in &state.cache {
         for (shard_count, entry) in by_count {
-            let mut nodes: Vec<NodeId> = entry.shards.values().map(|s| s.node).collect();
-            nodes.sort();
-            nodes.dedup();
+            let mut shards_per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
+            for shard in entry.shards.values() {
+                *shards_per_node.entry(shard.node).or_default() += 1;
+            }
+            let made_by = entry.made_by.as_ref();
             entries.push(CacheEntryJson {
                 fingerprint: fingerprint.clone(),
                 shard_count: *shard_count,
@@ -783,8 +789,15 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
                 complete: entry.shards.len() == *shard_count as usize,
                 rows: entry.shards.values().map(|s| s.rows).sum(),
                 bytes: entry.shards.values().map(|s| s.bytes).sum(),
-                nodes: nodes.iter().map(ToString::to_string).collect(),
+                nodes: shards_per_node.keys().map(ToString::to_string).collect(),
+                shards_per_node: shards_per_node
+                    .iter()
+                    .map(|(node, shards)| (node.to_string(), *shards))
+                    .collect(),
                 last_used_ms: snapshot.cache_last_used.get(fingerprint).copied(),
+                job: made_by.map(|made| made.origin.job.to_string()),
+                operator: made_by.map(|made| made.origin.operator.clone()),
+                created_at_ms: made_by.map(|made| made.created_at_ms),
             });
         }
     }

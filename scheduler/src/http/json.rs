@@ -28,9 +28,21 @@ pub(super) struct ListQuery {
     pub(super) all: Option<bool>,
     pub(super) offset: Option<usize>,
     pub(super) limit: Option<usize>,
+    /// Jobs only: those whose name contains this text.
+    pub(super) name: Option<String>,
 }
 
 impl ListQuery {
+    /// Whether a job called `name` passes the `name` filter (a substring match; a job with
+    /// no name passes only when no filter is given).
+    pub(super) fn name_matches(&self, name: Option<&str>) -> bool {
+        match (&self.name, name) {
+            (None, _) => true,
+            (Some(wanted), Some(name)) => name.contains(wanted.as_str()),
+            (Some(_), None) => false,
+        }
+    }
+
     pub(super) fn page(&self, default: usize) -> (usize, usize) {
         (
             self.offset.unwrap_or(0),
@@ -132,6 +144,8 @@ pub(super) struct NodeItems {
 #[derive(Serialize)]
 pub(super) struct JobSummary {
     pub(super) id: String,
+    /// What the submitter called the job (a job file's `name`).
+    pub(super) name: Option<String>,
     pub(super) state: &'static str,
     pub(super) attempts: u32,
     pub(super) driver_node: Option<String>,
@@ -313,7 +327,14 @@ pub(super) struct CacheEntryJson {
     pub(super) rows: u64,
     pub(super) bytes: u64,
     pub(super) nodes: Vec<String>,
+    /// Node id → how many of the entry's shards it holds.
+    pub(super) shards_per_node: BTreeMap<String, u64>,
     pub(super) last_used_ms: Option<u64>,
+    /// The job and operator that made the entry, and when (ms since the Unix epoch); null
+    /// for shards a node found on disk when it joined.
+    pub(super) job: Option<String>,
+    pub(super) operator: Option<String>,
+    pub(super) created_at_ms: Option<u64>,
 }
 
 #[derive(Serialize)]

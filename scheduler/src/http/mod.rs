@@ -36,7 +36,16 @@ use floe_api::state::ClusterState;
 /// supplies it, because parsing a spec needs the UDF catalog and the client's spec format,
 /// which this crate does not depend on.
 pub trait JobSpecParser: Send + Sync + 'static {
-    fn parse(&self, text: &str) -> std::result::Result<Vec<u8>, RejectedSpec>;
+    fn parse(&self, text: &str) -> std::result::Result<ParsedJob, RejectedSpec>;
+}
+
+/// A job file, ready to submit.
+#[derive(Debug, Clone)]
+pub struct ParsedJob {
+    /// The encoded `floe_core::job::JobSpec`.
+    pub spec: Vec<u8>,
+    /// The file's `name`, if it gives one.
+    pub name: Option<String>,
 }
 
 /// Why a submitted job spec was refused: the message names the line and field.

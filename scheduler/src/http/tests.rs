@@ -25,7 +25,7 @@ const JOBS: u64 = 10_000;
 struct RefuseAll;
 
 impl JobSpecParser for RefuseAll {
-    fn parse(&self, _: &str) -> Result<Vec<u8>, RejectedSpec> {
+    fn parse(&self, _: &str) -> Result<super::ParsedJob, RejectedSpec> {
         Err(RejectedSpec("refused by the test parser".into()))
     }
 }
@@ -79,6 +79,7 @@ fn big_state() -> ClusterState {
             Arc::new(JobRecord {
                 id: job,
                 submission: SubmissionId::random(),
+                name: (id % 100 == 0).then(|| format!("nightly-{id}")),
                 spec: Vec::new(),
                 status,
                 driver: None,
@@ -212,6 +213,24 @@ async fn pages_and_filters_stay_exact_at_ten_thousand_jobs_and_a_thousand_nodes(
         jobs[0]["error"],
         format!("job {} <b>failed</b>", expected[0])
     );
+
+    // `name` filters by substring; jobs without a name never match.
+    let (_, named) = get!(app, "/api/jobs?name=ly-1&limit=1000");
+    let expected: Vec<String> = (1..=JOBS)
+        .rev()
+        .filter(|id| id % 100 == 0 && format!("nightly-{id}").contains("ly-1"))
+        .map(|id| format!("nightly-{id}"))
+        .collect();
+    assert_eq!(named["total"], expected.len());
+    let names: Vec<&str> = named["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, expected);
+    assert_eq!(all["jobs"][0]["name"], "nightly-10000");
+    assert!(all["jobs"][1]["name"].is_null(), "{}", all["jobs"][1]);
 
     let (_, page) = get!(app, "/api/jobs?limit=5000");
     assert_eq!(

@@ -124,6 +124,7 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
             .propose(Command::SubmitJob {
                 spec: vec![n],
                 submission: floe_core::SubmissionId::random(),
+                name: None,
             })
             .await
             .unwrap()
@@ -295,7 +296,7 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
     let (driver, driver_client) = register_node(&config, &replicas, addresses, total).await;
     let mut nodes = BTreeMap::from([(worker, worker_client), (driver, driver_client)]);
     let job = client
-        .submit_job(vec![1], floe_core::SubmissionId::random())
+        .submit_job(vec![1], floe_core::SubmissionId::random(), None)
         .await
         .unwrap();
     // Registered but not heard from since: no driver goes to them (a restored state may call
@@ -494,6 +495,7 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
         .propose(Command::SubmitJob {
             spec: vec![1],
             submission: floe_core::SubmissionId::random(),
+            name: None,
         })
         .await
         .unwrap();
@@ -504,6 +506,7 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
             .propose(Command::SubmitJob {
                 spec: vec![2],
                 submission: floe_core::SubmissionId::random(),
+                name: None,
             })
             .await
             .is_err()
@@ -525,6 +528,7 @@ async fn a_dropped_replica_stops_serving() {
         .propose(Command::SubmitJob {
             spec: vec![],
             submission: floe_core::SubmissionId::random(),
+            name: None,
         })
         .await
         .unwrap();
@@ -583,6 +587,7 @@ async fn malformed_raft_messages_are_refused_and_the_replica_keeps_serving() {
         .propose(Command::SubmitJob {
             spec: vec![1],
             submission: floe_core::SubmissionId::random(),
+            name: None,
         })
         .await
         .unwrap();
@@ -679,7 +684,7 @@ async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history()
     let mut jobs = Vec::new();
     for n in 0..3u8 {
         let job = client
-            .submit_job(vec![n], floe_core::SubmissionId::random())
+            .submit_job(vec![n], floe_core::SubmissionId::random(), None)
             .await
             .unwrap();
         // The leader starts its driver on the one node.

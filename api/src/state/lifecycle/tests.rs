@@ -59,6 +59,7 @@ impl Log {
             Command::SubmitJob {
                 spec: vec![n],
                 submission: SubmissionId::new(u128::from(n)),
+                name: Some(format!("job {n}")),
             },
         ) {
             Outcome::JobSubmitted(job) => job,
@@ -254,6 +255,11 @@ fn deleting_a_job_frees_its_output_and_summarizes_it() {
     };
     assert_eq!(summaries.len(), 1);
     assert_eq!(summaries[0].id, job);
+    assert_eq!(
+        summaries[0].name.as_deref(),
+        Some("job 1"),
+        "the history keeps the job's name"
+    );
     assert_eq!(summaries[0].removal, Removal::Deleted);
     assert_eq!(summaries[0].release.unwrap().reason, ReleaseReason::Deleted);
     assert!(log.state.jobs.is_empty());
@@ -271,6 +277,7 @@ fn a_running_job_cannot_be_deleted_or_pruned() {
         Command::SubmitJob {
             spec: vec![1],
             submission: SubmissionId::new(1),
+            name: None,
         },
     );
     let job = JobId::new(1);
