@@ -374,6 +374,71 @@ pub enum NodeRequest {
         job: JobId,
         keep: Vec<ObjectId>,
     },
+    /// The newest lines of this node's log files (agent, workers, process UDFs) that match.
+    ReadLogs(LogQuery),
+}
+
+/// Which log lines a [`NodeRequest::ReadLogs`] wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogQuery {
+    /// Only lines about this job (its driver's and its tasks' lines, which carry `job=ID`).
+    pub job: Option<JobId>,
+    /// At most this many lines, the newest.
+    pub tail: u32,
+    /// Only lines containing this text (case-insensitive).
+    pub text: Option<String>,
+    /// Only lines at this level or more severe.
+    pub level: Option<LogLevel>,
+}
+
+/// A log line's severity, least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 5] = [
+        LogLevel::Trace,
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Warn,
+        LogLevel::Error,
+    ];
+
+    /// The name logs print (`INFO`) and queries use in lower case (`info`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "TRACE",
+            LogLevel::Debug => "DEBUG",
+            LogLevel::Info => "INFO",
+            LogLevel::Warn => "WARN",
+            LogLevel::Error => "ERROR",
+        }
+    }
+
+    /// Parses a level name in any case.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.name().eq_ignore_ascii_case(text))
+    }
+}
+
+/// One line of a node's log file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// The file's name without rotation suffix: `agent.log`, `worker-0.log`, `udf-child-3.log`.
+    pub source: String,
+    /// When it was logged (RFC 3339, as the line says; a line without a time has its
+    /// predecessor's, or none), which orders lines from several sources.
+    pub time: Option<String>,
+    pub level: Option<LogLevel>,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -402,6 +467,8 @@ pub enum NodeResponse {
         shards: u64,
         bytes: u64,
     },
+    /// The log lines asked for, oldest first.
+    Logs(Vec<LogLine>),
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

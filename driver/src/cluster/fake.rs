@@ -567,7 +567,8 @@ impl FakeCluster {
             }
             NodeRequest::ReadChunk { .. }
             | NodeRequest::Pull { .. }
-            | NodeRequest::CleanCache { .. } => {
+            | NodeRequest::CleanCache { .. }
+            | NodeRequest::ReadLogs(_) => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"
                 )));

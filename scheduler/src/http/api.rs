@@ -101,6 +101,11 @@ impl Shared {
             .map_err(ApiError::from_scheduler)
     }
 
+    /// How to call nodes: as a cluster member.
+    pub fn node_wire(&self) -> &WireConfig {
+        &self.node_wire
+    }
+
     pub fn monitor(&self) -> &Monitor {
         &self.monitor
     }
@@ -215,14 +220,14 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
         }
     }
 
-    fn bad_request(message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
@@ -271,11 +276,16 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/version", web::get().to(version))
         .route("/api/cluster", web::get().to(cluster))
         .route("/api/nodes", web::get().to(nodes))
+        .route(
+            "/api/nodes/{id}/logs",
+            web::get().to(super::logs::node_logs),
+        )
         .route("/api/jobs", web::get().to(jobs))
         .route("/api/jobs", web::post().to(submit))
         .route("/api/jobs/{id}", web::get().to(job))
         .route("/api/jobs/{id}", web::delete().to(delete_job))
         .route("/api/jobs/{id}/stop", web::post().to(stop))
+        .route("/api/jobs/{id}/logs", web::get().to(super::logs::job_logs))
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))
         .route("/api/events", web::get().to(events))
@@ -588,12 +598,12 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
     Ok(HttpResponse::Ok().json(body))
 }
 
-fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
+pub(super) fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
     text.parse()
         .map_err(|_| ApiError::bad_request(format!("{text:?} is not a job id (a number)")))
 }
 
-fn unknown_job(job: JobId) -> ApiError {
+pub(super) fn unknown_job(job: JobId) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("there is no job {job}"))
 }
 

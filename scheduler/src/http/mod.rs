@@ -13,6 +13,7 @@
 mod api;
 mod assets;
 mod json;
+mod logs;
 mod metrics;
 mod monitor;
 #[cfg(test)]

@@ -1,0 +1,192 @@
+//! `GET /api/nodes/ID/logs` and `GET /api/jobs/ID/logs`: log lines fetched on demand from
+//! the nodes' log files (`NodeRequest::ReadLogs`), calling them as a cluster member. The
+//! caller's `read` token was checked before the handler runs; the nodes never see it.
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, web};
+use floe_api::node_protocol::{
+    LogLevel, LogLine, LogQuery, NodeProtocol, NodeRequest, NodeResponse,
+};
+use floe_core::wire::{RpcClient, WireConfig};
+use floe_core::{JobId, NodeId};
+use serde::{Deserialize, Serialize};
+
+use super::api::{ApiError, Shared, parse_job_id, unknown_job};
+
+/// Lines answered when `tail` is not given, and the most `tail` may ask for.
+const DEFAULT_TAIL: u32 = 200;
+const MAX_TAIL: u32 = 5_000;
+/// How long one node may take to answer; a slow node is reported, not waited for.
+const NODE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LogsQuery {
+    tail: Option<u32>,
+    /// Only lines containing this text (case-insensitive).
+    q: Option<String>,
+    /// Only lines at this level or more severe: trace, debug, info, warn, error.
+    level: Option<String>,
+}
+
+#[derive(Serialize)]
+struct LineJson {
+    node: String,
+    source: String,
+    time: Option<String>,
+    level: Option<&'static str>,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct Unreachable {
+    node: String,
+    error: String,
+}
+
+#[derive(Serialize)]
+struct LogsJson {
+    /// Oldest first.
+    lines: Vec<LineJson>,
+    /// Nodes asked that did not answer.
+    unreachable: Vec<Unreachable>,
+}
+
+impl LogsQuery {
+    fn to_query(&self, job: Option<JobId>) -> Result<LogQuery, ApiError> {
+        let tail = self.tail.unwrap_or(DEFAULT_TAIL);
+        if tail == 0 || tail > MAX_TAIL {
+            return Err(ApiError::bad_request(format!(
+                "tail must be 1 to {MAX_TAIL}, not {tail}"
+            )));
+        }
+        let level = match self.level.as_deref() {
+            None | Some("") => None,
+            Some(text) => Some(LogLevel::parse(text).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "unknown level {text:?}; use trace, debug, info, warn or error"
+                ))
+            })?),
+        };
+        Ok(LogQuery {
+            job,
+            tail,
+            text: self.q.clone().filter(|text| !text.is_empty()),
+            level,
+        })
+    }
+}
+
+pub(super) async fn node_logs(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+    query: web::Query<LogsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let node: NodeId = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("{id:?} is not a node id (a number)")))?;
+    let query = query.to_query(None)?;
+    let state = shared.state();
+    let record = state
+        .nodes
+        .get(&node)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("there is no node {node}")))?;
+    if !record.is_alive() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("node {node} is dead: its logs are on its host's disk only"),
+        ));
+    }
+    let addr = record.addresses.rpc.clone();
+    let tail = query.tail;
+    let answer = read_from(vec![(node, addr)], shared.node_wire(), query, tail).await;
+    if let Some(failure) = answer.unreachable.first() {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("node {node} did not answer: {}", failure.error),
+        ));
+    }
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+pub(super) async fn job_logs(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+    query: web::Query<LogsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let job = parse_job_id(&id)?;
+    let query = query.to_query(Some(job))?;
+    let state = shared.state();
+    if !state.jobs.contains_key(&job) {
+        return Err(unknown_job(job));
+    }
+    // A job's driver and tasks may have run on any node, so every alive one is asked.
+    let nodes = state
+        .alive_nodes()
+        .map(|node| (node.id, node.addresses.rpc.clone()))
+        .collect();
+    let tail = query.tail;
+    Ok(HttpResponse::Ok().json(read_from(nodes, shared.node_wire(), query, tail).await))
+}
+
+/// Asks `nodes` at once for their lines matching `query`, and merges the answers by time.
+async fn read_from(
+    nodes: Vec<(NodeId, String)>,
+    wire: &WireConfig,
+    query: LogQuery,
+    tail: u32,
+) -> LogsJson {
+    let mut calls = tokio::task::JoinSet::new();
+    for (node, addr) in nodes {
+        let wire = wire.clone();
+        let request = NodeRequest::ReadLogs(query.clone());
+        calls.spawn(async move {
+            let answer = tokio::time::timeout(NODE_TIMEOUT, async {
+                let mut client: RpcClient<NodeProtocol> = RpcClient::connect(addr, wire).await?;
+                client.call(&request).await
+            })
+            .await;
+            let lines = match answer {
+                Ok(Ok(NodeResponse::Logs(lines))) => Ok(lines),
+                Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(_) => Err(format!("no answer within {NODE_TIMEOUT:?}")),
+            };
+            (node, lines)
+        });
+    }
+    let mut lines: Vec<(NodeId, LogLine)> = Vec::new();
+    let mut unreachable = Vec::new();
+    while let Some(joined) = calls.join_next().await {
+        match joined {
+            Ok((node, Ok(answer))) => lines.extend(answer.into_iter().map(|line| (node, line))),
+            Ok((node, Err(error))) => unreachable.push(Unreachable {
+                node: node.to_string(),
+                error,
+            }),
+            Err(error) => tracing::warn!(%error, "a log read ended early"),
+        }
+    }
+    // Stable, and by node first, so each node's lines without a time keep their order.
+    lines.sort_by(|a, b| a.0.cmp(&b.0));
+    lines.sort_by(|a, b| a.1.time.cmp(&b.1.time));
+    if lines.len() > tail as usize {
+        lines.drain(..lines.len() - tail as usize);
+    }
+    unreachable.sort_by(|a, b| a.node.cmp(&b.node));
+    LogsJson {
+        lines: lines
+            .into_iter()
+            .map(|(node, line)| LineJson {
+                node: node.to_string(),
+                source: line.source,
+                time: line.time,
+                level: line.level.map(LogLevel::name),
+                text: line.text,
+            })
+            .collect(),
+        unreachable,
+    }
+}
