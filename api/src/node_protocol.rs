@@ -376,6 +376,58 @@ pub enum NodeRequest {
     },
     /// The newest lines of this node's log files (agent, workers, process UDFs) that match.
     ReadLogs(LogQuery),
+    /// The task table of `job`'s driver, if it ran (or runs) on this node.
+    JobTasks {
+        job: JobId,
+    },
+}
+
+/// The runs of a job's tasks, as the driver saw them: kept by the node that hosts the driver.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTable {
+    /// The driver attempt that made it (a new attempt starts a new table).
+    pub attempt: u32,
+    /// Oldest first.
+    pub tasks: Vec<TaskRecord>,
+    /// Finished runs left out (the oldest) to keep the table bounded.
+    pub dropped: u64,
+}
+
+/// One run of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub task: TaskId,
+    pub operator: String,
+    /// The task's index within its operator.
+    pub seq: u64,
+    /// 1 for the first run of the task, 2 for its first retry, …
+    pub attempt: u32,
+    pub state: TaskRunState,
+    /// Where it ran; known once it has ended.
+    pub node: Option<NodeId>,
+    pub rows: u64,
+    pub bytes: u64,
+    /// Unix milliseconds on the driver's node.
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskRunState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl TaskRunState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskRunState::Running => "running",
+            TaskRunState::Succeeded => "succeeded",
+            TaskRunState::Failed => "failed",
+        }
+    }
 }
 
 /// Which log lines a [`NodeRequest::ReadLogs`] wants.
@@ -469,6 +521,8 @@ pub enum NodeResponse {
     },
     /// The log lines asked for, oldest first.
     Logs(Vec<LogLine>),
+    /// The job's task table; none when its driver never ran here (or it was let go).
+    Tasks(Option<TaskTable>),
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

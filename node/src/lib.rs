@@ -36,6 +36,7 @@ use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
+use floe_driver::tasks::TaskBoard;
 use floe_objectstore::block;
 use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
@@ -153,6 +154,8 @@ struct Shared {
     tasks_failed: AtomicU64,
     /// The data directory, whose log files `ReadLogs` reads.
     data_dir: PathBuf,
+    /// The task tables of the drivers run here, which `JobTasks` answers from.
+    task_board: TaskBoard,
     /// Records and forgets this node's cache shards in the index; held for the whole of an
     /// indexing or a clean, so the two never interleave.
     cache_index: tokio::sync::Mutex<SchedulerClient>,
@@ -649,6 +652,7 @@ impl Handler<NodeProtocol> for Service {
             NodeRequest::CleanCache { keep_bytes } => {
                 shared.clean_cache(keep_bytes).await.map(cache_removed)
             }
+            NodeRequest::JobTasks { job } => Ok(NodeResponse::Tasks(shared.task_board.table(job))),
             NodeRequest::ReadLogs(query) => {
                 let data_dir = shared.data_dir.clone();
                 let lines = blocking(move || logs::read_logs(&data_dir, &query)).await?;
@@ -739,6 +743,7 @@ impl NodeAgent {
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
             data_dir: data_dir.clone(),
+            task_board: TaskBoard::default(),
         });
         let bind = SocketAddr::new(config.net.bind_host, config.node.rpc_port);
         let server = RpcServer::bind::<NodeProtocol, _>(
@@ -780,6 +785,7 @@ impl NodeAgent {
             batch_rows,
             progress_interval: config.node.progress_interval(),
             allowed_paths: config.data.allowed(),
+            tasks: shared.task_board.clone(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit

@@ -568,7 +568,8 @@ impl FakeCluster {
             NodeRequest::ReadChunk { .. }
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }
-            | NodeRequest::ReadLogs(_) => {
+            | NodeRequest::ReadLogs(_)
+            | NodeRequest::JobTasks { .. } => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"
                 )));

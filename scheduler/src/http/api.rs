@@ -286,6 +286,10 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/jobs/{id}", web::delete().to(delete_job))
         .route("/api/jobs/{id}/stop", web::post().to(stop))
         .route("/api/jobs/{id}/logs", web::get().to(super::logs::job_logs))
+        .route(
+            "/api/jobs/{id}/tasks",
+            web::get().to(super::tasks::job_tasks),
+        )
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))
         .route("/api/events", web::get().to(events))

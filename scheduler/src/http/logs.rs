@@ -2,24 +2,19 @@
 //! the nodes' log files (`NodeRequest::ReadLogs`), calling them as a cluster member. The
 //! caller's `read` token was checked before the handler runs; the nodes never see it.
 
-use std::time::Duration;
-
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
-use floe_api::node_protocol::{
-    LogLevel, LogLine, LogQuery, NodeProtocol, NodeRequest, NodeResponse,
-};
-use floe_core::wire::{RpcClient, WireConfig};
+use floe_api::node_protocol::{LogLevel, LogLine, LogQuery, NodeRequest, NodeResponse};
+use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 
 use super::api::{ApiError, Shared, parse_job_id, unknown_job};
+use super::node_calls::call_all;
 
 /// Lines answered when `tail` is not given, and the most `tail` may ask for.
 const DEFAULT_TAIL: u32 = 200;
 const MAX_TAIL: u32 = 5_000;
-/// How long one node may take to answer; a slow node is reported, not waited for.
-const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,35 +133,22 @@ async fn read_from(
     query: LogQuery,
     tail: u32,
 ) -> LogsJson {
-    let mut calls = tokio::task::JoinSet::new();
-    for (node, addr) in nodes {
-        let wire = wire.clone();
-        let request = NodeRequest::ReadLogs(query.clone());
-        calls.spawn(async move {
-            let answer = tokio::time::timeout(NODE_TIMEOUT, async {
-                let mut client: RpcClient<NodeProtocol> = RpcClient::connect(addr, wire).await?;
-                client.call(&request).await
-            })
-            .await;
-            let lines = match answer {
-                Ok(Ok(NodeResponse::Logs(lines))) => Ok(lines),
-                Ok(Ok(other)) => Err(format!("unexpected answer {other:?}")),
-                Ok(Err(error)) => Err(error.to_string()),
-                Err(_) => Err(format!("no answer within {NODE_TIMEOUT:?}")),
-            };
-            (node, lines)
-        });
-    }
+    let request = NodeRequest::ReadLogs(query);
     let mut lines: Vec<(NodeId, LogLine)> = Vec::new();
     let mut unreachable = Vec::new();
-    while let Some(joined) = calls.join_next().await {
-        match joined {
-            Ok((node, Ok(answer))) => lines.extend(answer.into_iter().map(|line| (node, line))),
-            Ok((node, Err(error))) => unreachable.push(Unreachable {
+    for (node, answer) in call_all(nodes, wire, &request).await {
+        match answer {
+            Ok(NodeResponse::Logs(answer)) => {
+                lines.extend(answer.into_iter().map(|line| (node, line)));
+            }
+            Ok(other) => unreachable.push(Unreachable {
+                node: node.to_string(),
+                error: format!("unexpected answer {other:?}"),
+            }),
+            Err(error) => unreachable.push(Unreachable {
                 node: node.to_string(),
                 error,
             }),
-            Err(error) => tracing::warn!(%error, "a log read ended early"),
         }
     }
     // Stable, and by node first, so each node's lines without a time keep their order.

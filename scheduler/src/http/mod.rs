@@ -16,6 +16,8 @@ mod json;
 mod logs;
 mod metrics;
 mod monitor;
+mod node_calls;
+mod tasks;
 #[cfg(test)]
 mod tests;
 

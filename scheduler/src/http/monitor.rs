@@ -263,6 +263,27 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
         if before == Some(&job.status) {
             continue;
         }
+        // A refresh can span several transitions (a short job is submitted, runs and ends
+        // within one): the ones it skipped are told first, in order.
+        if before.is_none() && job.status != JobStatus::Pending {
+            found.push((
+                EventKind::JobState,
+                None,
+                Some(*id),
+                format!("job {id} pending"),
+            ));
+        }
+        if job.started_at_ms.is_some()
+            && job.status != JobStatus::Running
+            && matches!(before, None | Some(JobStatus::Pending))
+        {
+            found.push((
+                EventKind::JobState,
+                None,
+                Some(*id),
+                format!("job {id} running"),
+            ));
+        }
         let message = match &job.status {
             JobStatus::Failed { message } => format!("job {id} failed: {message}"),
             status => format!("job {id} {}", status.name()),

@@ -399,3 +399,47 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
     assert_eq!(events, expected);
     assert_eq!(monitor.history().len(), 3);
 }
+
+#[test]
+fn a_job_that_passes_several_states_between_refreshes_gets_an_event_for_each() {
+    let config = config();
+    let mut state = big_state();
+    state.jobs.retain(|id, _| id.get() <= 1);
+    let monitor = Monitor::new(&config, Arc::new(state.clone()));
+    monitor.advance(snapshot_of(state.clone(), Some(1), 1_000));
+    let after = monitor.events_after(0).last().map_or(0, |event| event.seq);
+
+    // Job 20 appears already succeeded; job 21 already running; job 22 was cancelled while
+    // pending (it never started).
+    let template = state.jobs.values().next().unwrap().as_ref().clone();
+    let mut next = state.clone();
+    for (id, status, started) in [
+        (20, JobStatus::Succeeded, Some(5)),
+        (21, JobStatus::Running, Some(5)),
+        (22, JobStatus::Cancelled, None),
+    ] {
+        let mut job = template.clone();
+        job.id = JobId::new(id);
+        job.status = status;
+        job.started_at_ms = started;
+        next.jobs.insert(job.id, Arc::new(job));
+    }
+    monitor.advance(snapshot_of(next, Some(1), 2_000));
+    let messages: Vec<String> = monitor
+        .events_after(after)
+        .into_iter()
+        .map(|event| event.message)
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "job 20 pending",
+            "job 20 running",
+            "job 20 succeeded",
+            "job 21 pending",
+            "job 21 running",
+            "job 22 pending",
+            "job 22 cancelled",
+        ]
+    );
+}
