@@ -91,6 +91,7 @@ impl Driver {
         let chromium = executable("FLOE_CHROMIUM", "/usr/lib/chromium/chromium");
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
@@ -142,6 +143,22 @@ impl Session<'_> {
             let value = self.eval(script);
             (!value.is_null() && value != false).then_some(value)
         })
+    }
+
+    /// The console's error entries since the last call (reading the log empties it).
+    fn console_errors(&self) -> Vec<String> {
+        let entries = self.driver.call(
+            "POST",
+            &format!("/session/{}/se/log", self.id),
+            &json!({ "type": "browser" }),
+        );
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .map(|entry| entry["message"].as_str().unwrap_or_default().to_owned())
+            .collect()
     }
 
     fn screenshot(&self, name: &str) -> PathBuf {
@@ -209,6 +226,8 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         "sessionStorage.setItem('floe-token', {}); return true;",
         json!(cluster.token())
     ));
+    // The first load, before the token, was refused: not the pages' fault.
+    let _ = session.console_errors();
 
     session.go(&format!("{url}#/nodes"));
     let listed = session.wait_for(
@@ -248,7 +267,60 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         operators.as_u64().unwrap() >= 1,
         "no operator boxes: {operators}"
     );
+    // The task table shows what the REST API says: the same runs, the same rows.
+    let tasks = get(http, &format!("/api/jobs/{job}/tasks"), cluster.token()).json();
+    let runs = tasks["tasks"].as_array().unwrap();
+    assert!(!runs.is_empty(), "{tasks}");
+    let shown = session.wait_for(
+        "the job page to show its task table",
+        "const rows = [...document.querySelectorAll('#tasks-table tbody tr')];
+         if (rows.length === 0 || !document.getElementById('task-timeline')) return null;
+         return rows.map(row => [row.dataset.task, row.dataset.state,
+             row.children[5].textContent]);",
+    );
+    let mut shown: Vec<(String, String)> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| (row[0].as_str().unwrap().to_owned(), row[1].as_str().unwrap().to_owned()))
+        .collect();
+    shown.sort();
+    let mut expected_runs: Vec<(String, String)> = runs
+        .iter()
+        .map(|run| {
+            (
+                run["task"].as_str().unwrap().to_owned(),
+                run["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    expected_runs.sort();
+    assert_eq!(shown, expected_runs);
     let job_png = session.screenshot("job.png");
+
+    // The job's log lines: the page shows what the REST API answers (the lines of a finished
+    // job can still grow by a clean-up line, so both are read until they agree).
+    session.go(&format!("{url}#/logs?job={job}"));
+    wait_for("the log page to show the job's lines", WAIT, || {
+        let rest = get(http, &format!("/api/jobs/{job}/logs"), cluster.token()).json();
+        let rest: Vec<String> = rest["lines"]
+            .as_array()?
+            .iter()
+            .filter_map(|line| Some(line["text"].as_str()?.to_owned()))
+            .collect();
+        let page = session.eval(
+            "if (document.body.dataset.loaded !== 'true') return null;
+             return [...document.querySelectorAll('#logs-table tbody tr')]
+                 .map(row => row.lastChild.textContent);",
+        );
+        let page: Vec<String> = page
+            .as_array()?
+            .iter()
+            .filter_map(|text| Some(text.as_str()?.to_owned()))
+            .collect();
+        (!rest.is_empty() && page == rest).then_some(())
+    });
+    let logs_png = session.screenshot("logs.png");
 
     session.go(&format!("{url}#/overview"));
     session.wait_for(
@@ -258,7 +330,16 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
              && health.textContent.trim() === 'ok' ? true : null;",
     );
     let overview_png = session.screenshot("overview.png");
-    for png in [nodes_png, job_png, overview_png] {
+    for page in ["jobs", "cache", "events"] {
+        session.go(&format!("{url}#/{page}"));
+        session.wait_for(
+            &format!("the {page} page to load"),
+            "return document.body.dataset.loaded === 'true' ? true : null;",
+        );
+    }
+    let errors = session.console_errors();
+    assert!(errors.is_empty(), "the console has errors: {errors:?}");
+    for png in [nodes_png, job_png, logs_png, overview_png] {
         assert!(
             std::fs::metadata(&png).unwrap().len() > 10_000,
             "{png:?} is blank"
