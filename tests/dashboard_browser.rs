@@ -282,7 +282,12 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|row| (row[0].as_str().unwrap().to_owned(), row[1].as_str().unwrap().to_owned()))
+        .map(|row| {
+            (
+                row[0].as_str().unwrap().to_owned(),
+                row[1].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
     shown.sort();
     let mut expected_runs: Vec<(String, String)> = runs

@@ -390,7 +390,7 @@ async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
 
 // ---- nodes ----------------------------------------------------------------------------
 
-fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
+pub(super) fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
     let report = node
         .is_alive()
         .then(|| snapshot.reports.get(&node.id))

@@ -12,6 +12,7 @@
 
 mod api;
 mod assets;
+mod inspect;
 mod json;
 mod logs;
 mod metrics;

@@ -382,14 +382,17 @@ function parseRoute() {
   const query = new URLSearchParams(queryText || '');
   if (parts.length === 0 || parts[0] === 'overview') return { page: 'overview', query };
   if (parts[0] === 'jobs' && parts.length === 2) return { page: 'job', id: parts[1], query };
-  if (parts.length === 1 && ['nodes', 'jobs', 'cache', 'events', 'logs'].includes(parts[0])) {
+  if (parts[0] === 'nodes' && parts.length === 2) return { page: 'node', id: parts[1], query };
+  if (parts.length === 1 && ['nodes', 'jobs', 'actors', 'cache', 'events', 'logs'].includes(parts[0])) {
     return { page: parts[0], query };
   }
   return { page: 'notfound', query };
 }
 
 function navPage(route) {
-  return route.page === 'job' ? 'jobs' : route.page;
+  if (route.page === 'job') return 'jobs';
+  if (route.page === 'node') return 'nodes';
+  return route.page;
 }
 
 // A list page's hash with its filter and offset, leaving out the defaults.
@@ -684,7 +687,7 @@ function nodeRow(node) {
   const labels = Object.entries(node.labels || {});
   const age = node.heartbeat_age_ms;
   return el('tr', { dataset: { nodeId: node.id, state: node.state } },
-    el('td', { class: 'mono' }, node.id),
+    el('td', { class: 'mono' }, el('a', { href: `#/nodes/${encodeURIComponent(node.id)}` }, node.id)),
     el('td', null, el('span', { class: 'mono' }, textOf(node.addr)),
       labels.length ? el('div', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'chip' }, `${k}=${v}`))) : null),
     el('td', null, badge(node.state),
@@ -1164,6 +1167,96 @@ function eventRow(event) {
     el('td', null, textOf(event.message)));
 }
 
+// ---------- one node ----------
+
+pages.node = {
+  mount(main, route) {
+    this.id = route.id;
+    this.head = el('div');
+    this.memory = el('div');
+    this.store = el('div');
+    this.work = el('div');
+    setChildren(main,
+      el('p', { class: 'crumbs' }, el('a', { href: '#/nodes' }, '‹ nodes')),
+      this.head, this.memory, this.store, this.work);
+  },
+  load(route) {
+    return api(`/api/nodes/${encodeURIComponent(route.id)}`).catch((e) => {
+      if (e.status === 404) return { notFound: true };
+      throw e;
+    });
+  },
+  render(node) {
+    if (node.notFound) {
+      patch(this.head, 'missing', () => section(`Node ${this.id}`, el('p', { class: 'empty' }, `No node with id ${this.id} on this cluster.`)));
+      for (const part of [this.memory, this.store, this.work]) patch(part, null, () => []);
+      return;
+    }
+    const live = node.live;
+    patch(this.head, [node.state, node.addr, node.dead_reason, node.cpus, node.live_error], () => section(null,
+      el('div', { class: 'job-title' },
+        el('h2', null, `Node ${node.id}`),
+        el('span', { id: 'node-state', class: `badge big st-${node.state}` }, node.state),
+        el('span', { class: 'mono' }, textOf(node.addr)),
+        el('span', { class: 'spacer' }),
+        node.state === 'alive' ? el('a', { href: `#/logs?node=${encodeURIComponent(node.id)}` }, 'logs') : null),
+      node.dead_reason ? el('p', { class: 'reason' }, String(node.dead_reason)) : null,
+      node.live_error && node.state === 'alive' ? el('p', { class: 'error-text' }, `the node did not answer: ${node.live_error}`) : null));
+    patch(this.memory, [node.memory, node.usage, node.cpus], () => {
+      const pools = el('table', { class: 'grid', id: 'node-memory' },
+        el('tbody', null, el('tr', null, memoryCell(node.memory, node.usage))));
+      const cpu = `cpus ${textOf(node.cpus)}`
+        + (node.usage ? `, reserved by running tasks ${textOf(node.usage.cpu_reserved)}` : '')
+        + (node.memory ? `; this node's configured total memory ${fmtBytes(node.memory.total_bytes)}` : '');
+      return section('Memory and CPU', pools, el('p', { class: 'muted' }, cpu));
+    });
+    patch(this.store, live && live.store, () => (live ? section('Object store', el('dl', { class: 'facts', id: 'node-store' },
+      [['used', `${fmtBytes(live.store.used_bytes)} of ${fmtBytes(live.store.capacity_bytes)}`],
+        ['objects in memory', fmtCount(live.store.objects_in_memory)],
+        ['spilled now', `${fmtBytes(live.store.spilled_bytes)} (${fmtCount(live.store.spilled_objects)} objects)`],
+        ['spilled in total', fmtBytes(live.store.spilled_bytes_total)],
+        ['restored in total', fmtBytes(live.store.restored_bytes_total)],
+        ['fallback', `${fmtBytes(live.store.fallback_bytes)} (${fmtCount(live.store.fallback_objects)} objects)`]]
+        .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', null, v))))) : []));
+    patch(this.work, live && [live.workers, live.running, live.tasks_finished, live.tasks_failed, live.actors], () => {
+      if (!live) return [];
+      const { table: t, tbody } = table('node-running', ['task', ['worker pid', 'num']]);
+      for (const task of live.running) tbody.append(el('tr', null, el('td', { class: 'mono' }, task.task), num(String(task.worker_pid))));
+      return section('Workers and tasks',
+        el('p', { id: 'node-workers' }, `${fmtCount(live.workers)} workers ready, ${fmtCount(live.running.length)} running a task; `
+          + `${fmtCount(live.tasks_finished)} tasks finished, ${fmtCount(live.tasks_failed)} failed, `
+          + `${fmtCount(live.workers_respawned)} workers restarted, ${fmtCount(live.pulls_started)} pulls; `
+          + `${fmtCount(live.actors.length)} actors hosted (`, el('a', { href: '#/actors' }, 'actors'), ')'),
+        live.running.length ? t : null);
+    });
+  },
+};
+
+// ---------- actors ----------
+
+pages.actors = {
+  mount(main) {
+    const { table: t, tbody } = table('actors-table', ['actor', 'kind', 'job', 'node', 'state', ['restarts', 'num']]);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no actors: drivers and shuffle aggregators live while their job runs');
+    setChildren(main, section('Actors', t, this.empty));
+  },
+  load() {
+    return api('/api/actors');
+  },
+  render(data) {
+    const actors = data.actors || [];
+    this.empty.hidden = actors.length > 0;
+    syncRows(this.tbody, actors, (a) => a.id, (actor) => el('tr', { dataset: { actor: actor.id } },
+      el('td', { class: 'mono' }, actor.id),
+      el('td', null, actor.kind),
+      el('td', { class: 'mono' }, el('a', { href: `#/jobs/${encodeURIComponent(actor.job)}` }, actor.job)),
+      el('td', { class: 'mono' }, el('a', { href: `#/nodes/${encodeURIComponent(actor.node)}` }, actor.node)),
+      el('td', null, badge(actor.state === 'alive' ? 'alive' : 'dead', actor.state)),
+      num(actor.restarts === null || actor.restarts === undefined ? DASH : fmtCount(actor.restarts))));
+  },
+};
+
 // ---------- logs ----------
 // One node's log lines, or one job's from every node, fetched on demand from the nodes.
 
@@ -1274,6 +1367,7 @@ let mounted = null;
 
 function mountKey(route) {
   if (route.page === 'job') return `job/${route.id}`;
+  if (route.page === 'node') return `node/${route.id}`;
   // A logs page is mounted with its inputs filled from the hash.
   if (route.page === 'logs') return `logs?${route.query}`;
   return route.page;
