@@ -20,9 +20,10 @@ use tokio::sync::watch;
 
 use super::json::{
     CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
-    EventsJson, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson,
-    NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson,
-    SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+    EventsJson, EventsQuery, HistoryJson, HistoryQuery, JobDetail, JobItems, JobSummary, ListQuery,
+    MemoryJson, NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson,
+    ReplicaJson, SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson,
+    Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
@@ -276,6 +277,8 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/version", web::get().to(version))
         .route("/api/cluster", web::get().to(cluster))
         .route("/api/nodes", web::get().to(nodes))
+        .route("/api/nodes/{id}", web::get().to(super::inspect::node))
+        .route("/api/actors", web::get().to(super::inspect::actors))
         .route(
             "/api/nodes/{id}/logs",
             web::get().to(super::logs::node_logs),
@@ -919,22 +922,43 @@ async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> Ht
     HttpResponse::Ok().json(EventsJson { events })
 }
 
-async fn history(shared: web::Data<Shared>) -> HttpResponse {
-    let samples = shared
+/// Points a history answer holds at most: a longer span is thinned to every k-th sample.
+const MAX_HISTORY_POINTS: usize = 600;
+
+async fn history(shared: web::Data<Shared>, query: web::Query<HistoryQuery>) -> Reply {
+    let minutes = query.minutes.unwrap_or(10);
+    if !(1..=60).contains(&minutes) {
+        return Err(ApiError::bad_request(format!(
+            "minutes must be 1 to 60, not {minutes}"
+        )));
+    }
+    let now = now_ms();
+    let since = now.saturating_sub(minutes * 60_000);
+    let recent: Vec<_> = shared
         .monitor
         .history()
         .into_iter()
+        .filter(|sample| sample.time_ms >= since)
+        .collect();
+    let step = recent.len().div_ceil(MAX_HISTORY_POINTS).max(1);
+    // Thinned from the newest back, so the latest sample is always in.
+    let mut samples: Vec<SampleJson> = recent
+        .iter()
+        .rev()
+        .step_by(step)
         .map(|sample| SampleJson {
             time_ms: sample.time_ms,
             object_store_used_bytes: sample.object_store_used_bytes,
             spilled_bytes: sample.spilled_bytes,
             rows_per_s: sample.rows_per_s,
             running_jobs: sample.running_jobs,
+            tasks_running: sample.tasks_running,
         })
         .collect();
-    HttpResponse::Ok().json(HistoryJson {
-        interval_ms: shared.monitor.refresh_ms(),
-        now_ms: now_ms(),
+    samples.reverse();
+    Ok(HttpResponse::Ok().json(HistoryJson {
+        interval_ms: shared.monitor.refresh_ms() * step as u64,
+        now_ms: now,
         samples,
-    })
+    }))
 }

@@ -534,15 +534,25 @@ pages.overview = {
     this.raft = el('div');
     this.storeChart = chartCard('Object store used');
     this.rateChart = chartCard('Output rows/s');
-    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card);
-    setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.charts);
+    this.tasksChart = chartCard('Tasks running');
+    this.spillChart = chartCard('Spilled');
+    this.span = el('div');
+    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card,
+      this.tasksChart.card, this.spillChart.card);
+    setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.span, this.charts);
     this.chartWidth = 0;
     this.lastSample = undefined;
   },
-  load() {
-    return api('/api/history');
+  minutes(route) {
+    return route.query.get('minutes') === '60' ? 60 : 10;
   },
-  render(history, cluster) {
+  load(route) {
+    return api(`/api/history?minutes=${this.minutes(route)}`);
+  },
+  render(history, cluster, route) {
+    const minutes = this.minutes(route);
+    patch(this.span, minutes, () => filterButtons([[10, 'last 10 minutes'], [60, 'last hour']], minutes,
+      (value) => { location.hash = hashFor('overview', { minutes: value === 10 ? '' : value }); }));
     patch(this.top, [cluster.health, cluster.leader, cluster.as_of_index, cluster.replica_id], () =>
       el('div', { class: 'overview-head' },
         el('span', { class: `badge big st-${cluster.health}` }, cluster.health),
@@ -595,6 +605,8 @@ pages.overview = {
       this.sampleCount = samples.length;
       drawChart(this.storeChart, samples, (s) => s.object_store_used_bytes, fmtBytes, 1024);
       drawChart(this.rateChart, samples, (s) => s.rows_per_s, fmtRate, 10);
+      drawChart(this.tasksChart, samples, (s) => s.tasks_running, fmtCount, 10);
+      drawChart(this.spillChart, samples, (s) => s.spilled_bytes, fmtBytes, 1024);
     }
   },
 };
