@@ -1,6 +1,9 @@
 //! The dashboard in a real browser: a local cluster runs a job, then headless Chromium, driven
-//! through chromedriver's WebDriver API, loads the Nodes page and the job's page and reads
-//! what they show. A screenshot of each page is saved under `target/dashboard-screenshots/`.
+//! through chromedriver's WebDriver API, visits every page after it (nodes, one node, the
+//! job with its task table, its logs, the overview, jobs, actors, cache, events) and, during a
+//! second, long job, its page and the actors page; what a page shows is checked against the
+//! REST API, and the browser console must stay free of errors. A screenshot of each page is
+//! saved under `target/dashboard-screenshots/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Set
 //! `FLOE_CHROMEDRIVER` / `FLOE_CHROMIUM` to use other paths.
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use floe_client::{Dataset, LocalCluster, LocalClusterOptions, col, lit};
-use floe_testkit::http::{get, request, wait_for};
+use floe_testkit::http::{get, post_json, request, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -335,16 +338,75 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
              && health.textContent.trim() === 'ok' ? true : null;",
     );
     let overview_png = session.screenshot("overview.png");
-    for page in ["jobs", "cache", "events"] {
+    for page in ["jobs", "cache", "events", "actors", "logs"] {
         session.go(&format!("{url}#/{page}"));
         session.wait_for(
             &format!("the {page} page to load"),
             "return document.body.dataset.loaded === 'true' ? true : null;",
         );
     }
+    // One node's page: its live store and workers, as `GET /api/nodes/ID` says.
+    let node = &alive[0];
+    let detail = get(http, &format!("/api/nodes/{node}"), cluster.token()).json();
+    let workers = detail["live"]["workers"].as_u64().unwrap();
+    session.go(&format!("{url}#/nodes/{node}"));
+    let shown = session.wait_for(
+        "the node page to show its workers and store",
+        "const workers = document.getElementById('node-workers');
+         const store = document.getElementById('node-store');
+         return workers && store ? workers.textContent : null;",
+    );
+    assert!(
+        shown
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{workers} workers ready")),
+        "{shown}"
+    );
+    let node_png = session.screenshot("node.png");
+
+    // During a running job: its page shows running runs, and the actors page its driver.
+    let spec = "[source]\nrange = 4000000000\n[[steps]]\nfilter = \"id % 7 == 0\"\n";
+    let created = post_json(http, "/api/jobs", cluster.token(), &json!({ "job": spec }));
+    assert_eq!(created.status, 201, "{}", created.body);
+    let long_job = created.json()["job_id"].as_str().unwrap().to_owned();
+    session.go(&format!("{url}#/jobs/{long_job}"));
+    session.wait_for(
+        "the running job's page to show a running task",
+        "return document.querySelector('#tasks-table tr[data-state=\"running\"]') ? true : null;",
+    );
+    let running_png = session.screenshot("job-running.png");
+    session.go(&format!("{url}#/actors"));
+    let drivers = session.wait_for(
+        "the actors page to list the running job's driver",
+        &format!(
+            "const rows = [...document.querySelectorAll('#actors-table tbody tr')]
+                 .filter(row => row.children[2].textContent === '{long_job}'
+                     && row.children[1].textContent === 'JobDriver');
+             return rows.length ? rows.length : null;"
+        ),
+    );
+    assert_eq!(drivers, 1);
+    let actors_png = session.screenshot("actors.png");
+    let stopped = post_json(
+        http,
+        &format!("/api/jobs/{long_job}/stop"),
+        cluster.token(),
+        &json!({}),
+    );
+    assert_eq!(stopped.status, 200, "{}", stopped.body);
+
     let errors = session.console_errors();
     assert!(errors.is_empty(), "the console has errors: {errors:?}");
-    for png in [nodes_png, job_png, logs_png, overview_png] {
+    for png in [
+        nodes_png,
+        job_png,
+        logs_png,
+        overview_png,
+        node_png,
+        running_png,
+        actors_png,
+    ] {
         assert!(
             std::fs::metadata(&png).unwrap().len() > 10_000,
             "{png:?} is blank"

@@ -255,7 +255,7 @@ fn log_sources(data_dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>> {
         .into_iter()
         .map(|(source, mut files)| {
             // The highest generation is the oldest.
-            files.sort_by(|a, b| b.0.cmp(&a.0));
+            files.sort_by_key(|file| std::cmp::Reverse(file.0));
             (source, files.into_iter().map(|(_, path)| path).collect())
         })
         .collect())

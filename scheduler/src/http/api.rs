@@ -18,6 +18,7 @@ use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::watch;
 
+use super::history_index::HistoryIndex;
 use super::json::{
     CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
     EventsJson, EventsQuery, HistoryJson, HistoryQuery, JobDetail, JobItems, JobSummary, ListQuery,
@@ -59,7 +60,8 @@ pub(crate) struct Shared {
     wire: WireConfig,
     /// How to call nodes: as a cluster member.
     node_wire: WireConfig,
-    job_history: Option<std::path::PathBuf>,
+    /// The index of this replica's job history file, listed by `/api/jobs?all=true`.
+    job_history: Option<Arc<HistoryIndex>>,
 }
 
 impl Shared {
@@ -79,7 +81,10 @@ impl Shared {
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
             node_wire: config.node_wire.clone(),
-            job_history: config.job_history.clone(),
+            job_history: config
+                .job_history
+                .clone()
+                .map(|path| Arc::new(HistoryIndex::new(path))),
         }
     }
 
@@ -568,30 +573,28 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
         .take(limit)
         .map(|job| job_summary(job, &snapshot))
         .collect();
-    // The history follows the live jobs, newest first; only as much of it is read as the
-    // page reaches, so `total` counts the history lines read, not the whole file.
+    // The history follows the live jobs, newest first, each job once; its index counts and
+    // picks the page, and only the lines shown are read.
     if query.all == Some(true)
-        && let Some(path) = shared.job_history.clone()
+        && let Some(history) = shared.job_history.clone()
     {
-        let wanted_lines = (offset + limit).saturating_sub(total);
-        let read = web::block(move || crate::history::read_newest(&path, wanted_lines))
-            .await
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-        let matching: Vec<&domain::JobSummary> = read
-            .iter()
-            .filter(|job| !state.jobs.contains_key(&job.id))
-            .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
-            .collect();
         let skip = offset.saturating_sub(total);
-        jobs.extend(
-            matching
-                .iter()
-                .skip(skip)
-                .take(limit - jobs.len())
-                .map(|job| history_summary(job)),
-        );
-        total += matching.len();
+        let take = limit - jobs.len();
+        let live = Arc::clone(&state);
+        let wanted = wanted.map(str::to_owned);
+        let page = web::block(move || {
+            history.page(
+                wanted.as_deref(),
+                |job| live.jobs.contains_key(&job),
+                skip,
+                take,
+            )
+        })
+        .await
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        jobs.extend(page.jobs.iter().map(history_summary));
+        total += page.total;
     }
     let body = Page {
         total,

@@ -152,7 +152,7 @@ async fn read_from(
         }
     }
     // Stable, and by node first, so each node's lines without a time keep their order.
-    lines.sort_by(|a, b| a.0.cmp(&b.0));
+    lines.sort_by_key(|(node, _)| *node);
     lines.sort_by(|a, b| a.1.time.cmp(&b.1.time));
     if lines.len() > tail as usize {
         lines.drain(..lines.len() - tail as usize);

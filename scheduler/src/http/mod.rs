@@ -12,6 +12,7 @@
 
 mod api;
 mod assets;
+mod history_index;
 mod inspect;
 mod json;
 mod logs;
