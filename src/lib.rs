@@ -244,6 +244,14 @@ fn init_tracing(format: LogFormat, log_file: Option<node::LogFile>) -> anyhow::R
         .transpose()?;
     // Colours only for a person at a terminal: log files and journald get plain text.
     let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if file.is_some() {
+        // A panic's message reaches the log file too, where the dashboard reads it.
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            tracing::error!("panicked: {info}");
+            default_hook(info);
+        }));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)

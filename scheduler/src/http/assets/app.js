@@ -633,7 +633,8 @@ pages.nodes = {
       ['store used', 'num'], ['spilled', 'num'], ['workers', 'num'], ['heartbeat', 'num'], 'dead reason']);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'no nodes');
-    setChildren(main, section('Nodes', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
+    this.shared = el('div');
+    setChildren(main, section('Nodes', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), this.shared, t, this.empty, this.pagerBottom));
   },
   params(route) {
     const state = route.query.get('state');
@@ -665,17 +666,38 @@ pages.nodes = {
         pager(offset, NODES_PER_PAGE, nodes.length, data.total, (o) => go({ offset: o })));
     }
     this.empty.hidden = nodes.length > 0;
+    const hosts = sharedHosts(nodes);
+    patch(this.shared, hosts, () => hosts.map(([host, ids, total]) =>
+      el('p', { class: 'banner error shared-host' },
+        `Nodes ${ids.join(', ')} run on host ${host} and each takes its whole memory (${fmtBytes(total)}) as its own: `
+        + 'set memory.total on each so that together they fit the host.')));
     syncRows(this.tbody, nodes, (n) => n.id, nodeRow);
   },
 };
 
-function poolBar(label, used, size, kind) {
+// Alive nodes of one host that each claim the same total memory: sized from the whole host
+// (no memory.total), so together they claim it several times. [[host, ids, total]].
+function sharedHosts(nodes) {
+  const byHost = new Map();
+  for (const node of nodes) {
+    if (node.state !== 'alive' || !node.memory || typeof node.addr !== 'string') continue;
+    const host = node.addr.replace(/:\d+$/, '');
+    const key = `${host}/${node.memory.total_bytes}`;
+    if (!byHost.has(key)) byHost.set(key, [host, [], node.memory.total_bytes]);
+    byHost.get(key)[1].push(node.id);
+  }
+  return [...byHost.values()].filter(([, ids]) => ids.length > 1);
+}
+
+function poolBar(label, used, size, kind, note) {
   // A pool's bar shows how much of the pool is in use; its text gives both sizes.
-  const fraction = isNum(used) && size > 0 ? used / size : 0;
+  const fraction = isNum(used) && size > 0 ? Math.min(1, used / size) : 0;
   const text = isNum(used) ? `${fmtBytes(used)} / ${fmtBytes(size)}` : fmtBytes(size);
+  const title = (isNum(used) ? `${label}: ${text} (${fmtPercent(used, size)})` : `${label}: ${text}`)
+    + (note ? `; ${note}` : '');
   return el('div', { class: 'pool' },
     el('span', { class: 'pool-label' }, label),
-    bar(fraction, kind, isNum(used) ? `${label}: ${text} (${fmtPercent(used, size)})` : `${label}: ${text}`),
+    bar(fraction, kind, title),
     el('span', { class: 'pool-text' }, text));
 }
 
@@ -686,7 +708,10 @@ function memoryCell(memory, usage) {
   const reserveShare = total > 0 ? m.system_reserve_bytes / total : 0;
   return el('td', { class: 'memory' },
     poolBar('store', usage ? u.object_store_used_bytes : null, m.object_store_bytes, 'store'),
-    poolBar('heap', usage ? u.heap_reserved_bytes : null, m.heap_bytes, 'heap'),
+    // Heap used is the node's process tree's private memory, as its heartbeat says; what
+    // placements reserved (tasks' memory hints, often none) is only in the tooltip.
+    poolBar('heap', usage ? u.heap_used_bytes : null, m.heap_bytes, 'heap',
+      usage ? `reserved by placements ${fmtBytes(u.heap_reserved_bytes)}` : null),
     el('div', { class: 'pool' },
       el('span', { class: 'pool-label' }, 'reserve'),
       bar(reserveShare, 'reserve', `system reserve: ${fmtBytes(m.system_reserve_bytes)} (${fmtPercent(m.system_reserve_bytes, total)} of total)`),
