@@ -1023,7 +1023,7 @@ function taskSection(data) {
 }
 
 // One lane per node worker: a node's runs are packed into as many lanes as ran at once (the
-// node's busy workers); runs not placed yet share a lane.
+// node's busy workers); running runs, whose node is told when they end, have lanes of their own.
 function timeline(tasks) {
   if (tasks.length === 0) return el('p', { class: 'empty' }, 'no task has started');
   const now = Date.now();
@@ -1031,7 +1031,8 @@ function timeline(tasks) {
   const t1 = Math.max(t0 + 1, ...tasks.map((t) => t.ended_ms || now));
   const byNode = new Map();
   for (const task of [...tasks].sort((a, b) => a.started_ms - b.started_ms)) {
-    const key = task.node === null || task.node === undefined ? 'not placed' : `node ${task.node}`;
+    // A run's node is known once it has ended; the running ones share the 'running' lanes.
+    const key = task.node === null || task.node === undefined ? 'running' : `node ${task.node}`;
     if (!byNode.has(key)) byNode.set(key, []);
     const lanes = byNode.get(key);
     const end = task.ended_ms || now;
@@ -1048,8 +1049,8 @@ function timeline(tasks) {
     lanes.forEach((lane, i) => rows.push({ label: `${node} · ${i + 1}`, tasks: lane.tasks }));
   }
   const laneH = 16;
-  const pad = { left: 90, right: 10, top: 4, bottom: 20 };
-  const width = 900;
+  const pad = { left: 80, right: 10, top: 4, bottom: 16 };
+  const width = 1000;
   const height = pad.top + rows.length * laneH + pad.bottom;
   const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * (width - pad.left - pad.right);
   const chart = svg('svg', { viewBox: `0 0 ${width} ${height}`, width: '100%', class: 'timeline', id: 'task-timeline', role: 'img' });
