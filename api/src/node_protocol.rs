@@ -403,7 +403,7 @@ pub struct TaskRecord {
     /// 1 for the first run of the task, 2 for its first retry, …
     pub attempt: u32,
     pub state: TaskRunState,
-    /// Where it ran; known once it has ended.
+    /// Where it runs, once placed (a cache load's, once it has ended).
     pub node: Option<NodeId>,
     pub rows: u64,
     pub bytes: u64,

@@ -46,6 +46,18 @@ pub struct RunEnd {
     pub error: Option<String>,
 }
 
+impl Board {
+    /// The record of run `task` of `job` while it runs.
+    fn running(&mut self, job: JobId, task: TaskId) -> Option<&mut TaskRecord> {
+        self.tables
+            .get_mut(&job)?
+            .tasks
+            .iter_mut()
+            .rev()
+            .find(|record| record.task == task && record.state == TaskRunState::Running)
+    }
+}
+
 impl TaskBoard {
     fn lock(&self) -> MutexGuard<'_, Board> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
@@ -96,16 +108,17 @@ impl TaskBoard {
         table.tasks.push_back(record);
     }
 
+    /// Records where run `task` was placed, before it ends.
+    pub fn placed(&self, job: JobId, task: TaskId, node: NodeId) {
+        if let Some(record) = self.lock().running(job, task) {
+            record.node = Some(node);
+        }
+    }
+
     /// Records how run `task` ended.
     pub fn ended(&self, job: JobId, task: TaskId, end: RunEnd) {
         let mut board = self.lock();
-        let Some(record) = board.tables.get_mut(&job).and_then(|table| {
-            table
-                .tasks
-                .iter_mut()
-                .rev()
-                .find(|record| record.task == task && record.state == TaskRunState::Running)
-        }) else {
+        let Some(record) = board.running(job, task) else {
             return;
         };
         record.state = if end.error.is_none() {
@@ -113,7 +126,7 @@ impl TaskBoard {
         } else {
             TaskRunState::Failed
         };
-        record.node = end.node;
+        record.node = end.node.or(record.node);
         record.rows = end.rows;
         record.bytes = end.bytes;
         record.ended_ms = Some(end.ended_ms);
@@ -159,6 +172,11 @@ mod tests {
         board.start_job(job, 2);
         board.started(job, run(1, 100));
         board.started(job, run(2, 110));
+        board.placed(job, TaskId::new(2), NodeId::new(4));
+        assert_eq!(
+            board.table(job).unwrap().tasks[1].node,
+            Some(NodeId::new(4))
+        );
         board.ended(
             job,
             TaskId::new(1),
@@ -174,7 +192,7 @@ mod tests {
             job,
             TaskId::new(2),
             RunEnd {
-                node: Some(NodeId::new(4)),
+                node: None,
                 rows: 0,
                 bytes: 0,
                 ended_ms: 160,
@@ -187,6 +205,11 @@ mod tests {
         assert_eq!(table.tasks[0].node, Some(NodeId::new(3)));
         assert_eq!(table.tasks[0].rows, 10);
         assert_eq!(table.tasks[1].state, TaskRunState::Failed);
+        assert_eq!(
+            table.tasks[1].node,
+            Some(NodeId::new(4)),
+            "where it was placed"
+        );
         assert_eq!(table.tasks[1].error.as_deref(), Some("boom"));
         assert!(board.table(JobId::new(2)).is_none());
     }

@@ -484,6 +484,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                     Ok(node) => node,
                     Err(error) => return (None, Err(unreachable(&error))),
                 };
+                self.config.tasks.placed(self.job, launch.task, node);
                 let result = self
                     .run_on(node, launch.task, *input, objects, inputs)
                     .await;

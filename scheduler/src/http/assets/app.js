@@ -1023,7 +1023,7 @@ function taskSection(data) {
 }
 
 // One lane per node worker: a node's runs are packed into as many lanes as ran at once (the
-// node's busy workers); running runs, whose node is told when they end, have lanes of their own.
+// node's busy workers); runs not placed yet have lanes of their own.
 function timeline(tasks) {
   if (tasks.length === 0) return el('p', { class: 'empty' }, 'no task has started');
   const now = Date.now();
@@ -1031,8 +1031,8 @@ function timeline(tasks) {
   const t1 = Math.max(t0 + 1, ...tasks.map((t) => t.ended_ms || now));
   const byNode = new Map();
   for (const task of [...tasks].sort((a, b) => a.started_ms - b.started_ms)) {
-    // A run's node is known once it has ended; the running ones share the 'running' lanes.
-    const key = task.node === null || task.node === undefined ? 'running' : `node ${task.node}`;
+    // A run's node is known once it is placed; those still being placed share lanes.
+    const key = task.node === null || task.node === undefined ? 'placing' : `node ${task.node}`;
     if (!byNode.has(key)) byNode.set(key, []);
     const lanes = byNode.get(key);
     const end = task.ended_ms || now;
