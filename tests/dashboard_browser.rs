@@ -185,6 +185,24 @@ impl Session<'_> {
     }
 }
 
+/// A page's table rows, read as arrays of strings, sorted.
+fn sorted_rows(rows: &Value) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|cell| cell.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
 #[test]
 fn dashboard_shows_every_alive_node_and_the_finished_job() {
     let runtime = floe_testkit::cluster::runtime();
@@ -239,21 +257,10 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
          if (document.body.dataset.loaded !== 'true' || rows.length < 2) return null;
          return rows.map(row => [row.dataset.nodeId, row.dataset.state]);",
     );
-    let mut listed: Vec<(String, String)> = listed
-        .as_array()
-        .unwrap()
+    let listed = sorted_rows(&listed);
+    let expected: Vec<Vec<String>> = alive
         .iter()
-        .map(|row| {
-            (
-                row[0].as_str().unwrap().to_owned(),
-                row[1].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    listed.sort();
-    let expected: Vec<(String, String)> = alive
-        .iter()
-        .map(|id| (id.clone(), "alive".to_owned()))
+        .map(|id| vec![id.clone(), "alive".to_owned()])
         .collect();
     assert_eq!(listed, expected);
     let nodes_png = session.screenshot("nodes.png");
@@ -279,27 +286,17 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         "const rows = [...document.querySelectorAll('#tasks-table tbody tr')];
          if (rows.length === 0 || !document.getElementById('task-timeline')) return null;
          return rows.map(row => [row.dataset.task, row.dataset.state,
-             row.children[5].textContent]);",
+             row.children[5].textContent.replaceAll(',', '')]);",
     );
-    let mut shown: Vec<(String, String)> = shown
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            (
-                row[0].as_str().unwrap().to_owned(),
-                row[1].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    shown.sort();
-    let mut expected_runs: Vec<(String, String)> = runs
+    let shown = sorted_rows(&shown);
+    let mut expected_runs: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            (
+            vec![
                 run["task"].as_str().unwrap().to_owned(),
                 run["state"].as_str().unwrap().to_owned(),
-            )
+                run["rows"].to_string(),
+            ]
         })
         .collect();
     expected_runs.sort();

@@ -613,6 +613,15 @@ pub(super) fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{text:?} is not a job id (a number)")))
 }
 
+pub(super) fn parse_node_id(text: &str) -> Result<NodeId, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{text:?} is not a node id (a number)")))
+}
+
+pub(super) fn unknown_node(node: NodeId) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("there is no node {node}"))
+}
+
 pub(super) fn unknown_job(job: JobId) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("there is no job {job}"))
 }

@@ -2,14 +2,13 @@
 //! node's record with what the node itself says now: workers, running tasks, its object
 //! store and the actors it hosts, asked of the node on demand).
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use floe_api::node_protocol::{NodeRequest, NodeResponse, NodeStatus};
 use floe_api::state::DRIVER_ACTOR_KIND;
-use floe_core::{JobId, NodeId};
+use floe_core::JobId;
 use serde::{Deserialize, Serialize};
 
-use super::api::{ApiError, Shared, node_json, parse_job_id};
+use super::api::{ApiError, Shared, node_json, parse_job_id, parse_node_id, unknown_node};
 use super::json::NodeJson;
 use super::node_calls::call_all;
 
@@ -146,15 +145,10 @@ pub(super) async fn node(
     shared: web::Data<Shared>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let node: NodeId = id
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("{id:?} is not a node id (a number)")))?;
+    let node = parse_node_id(&id)?;
     let snapshot = shared.monitor().snapshot();
     let state = shared.state();
-    let record = state
-        .nodes
-        .get(&node)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("there is no node {node}")))?;
+    let record = state.nodes.get(&node).ok_or_else(|| unknown_node(node))?;
     let (live, live_error) = if record.is_alive() {
         let asked = vec![(node, record.addresses.rpc.clone())];
         match call_all(asked, shared.node_wire(), &NodeRequest::Status)

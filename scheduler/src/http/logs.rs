@@ -9,7 +9,7 @@ use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 use serde::{Deserialize, Serialize};
 
-use super::api::{ApiError, Shared, parse_job_id, unknown_job};
+use super::api::{ApiError, Shared, parse_job_id, parse_node_id, unknown_job, unknown_node};
 use super::node_calls::call_all;
 
 /// Lines answered when `tail` is not given, and the most `tail` may ask for.
@@ -79,15 +79,10 @@ pub(super) async fn node_logs(
     id: web::Path<String>,
     query: web::Query<LogsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let node: NodeId = id
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("{id:?} is not a node id (a number)")))?;
+    let node = parse_node_id(&id)?;
     let query = query.to_query(None)?;
     let state = shared.state();
-    let record = state
-        .nodes
-        .get(&node)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("there is no node {node}")))?;
+    let record = state.nodes.get(&node).ok_or_else(|| unknown_node(node))?;
     if !record.is_alive() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
