@@ -2,7 +2,7 @@
 //! job's newest line (its offset, length and state), read forward as the file grows. A page
 //! counts and picks its jobs from the index and reads only the lines it shows, so listing
 //! stays fast at 100,000 jobs in history, at any offset and with any state filter, and its
-//! `total` is exact. The index costs about 24 bytes a job.
+//! `total` is exact. The index costs about 64 bytes a job.
 
 use std::collections::HashMap;
 use std::fs::File;
