@@ -20,6 +20,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use floe_core::config::{ConfigLoader, LogFormat, Service};
 pub use floe_engine::udf::Registry;
+use floe_node::logs::{LogFiles, RotatingLog};
 use tracing_subscriber::EnvFilter;
 
 /// floe: a distributed data-processing cluster.
@@ -27,7 +28,8 @@ use tracing_subscriber::EnvFilter;
 /// Settings come from a TOML file (--config or FLOE_CONFIG), then FLOE_<SECTION>_<KEY>
 /// environment variables, then --set flags, each layer overriding the one before.
 /// `floe config show` prints the result. Logs go to stderr, filtered by RUST_LOG
-/// (default: info).
+/// (default: info); a node and its workers also write them to rotated files under
+/// DATA_DIR/logs.
 #[derive(Debug, Parser)]
 #[command(name = "floe", version)]
 struct Cli {
@@ -147,7 +149,12 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         loader = loader.set(&format!("log.format={name}"))?;
     }
     let config = loader.load()?;
-    init_tracing(config.log.format)?;
+    let log_file = match &cli.command {
+        Command::Node(args) => args.log_file(&config),
+        Command::Worker(args) => Some(args.log_file()),
+        _ => None,
+    };
+    init_tracing(config.log.format, log_file)?;
     tracing::debug!(?config, "configuration loaded");
 
     let prints_for_a_pipe = matches!(
@@ -222,7 +229,7 @@ fn end_quietly_when_stdout_closes() {
     }
 }
 
-fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
+fn init_tracing(format: LogFormat, log_file: Option<node::LogFile>) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env().or_else(|error| {
         if std::env::var_os(EnvFilter::DEFAULT_ENV).is_some() {
             Err(error).context("RUST_LOG is not a valid filter")
@@ -230,14 +237,49 @@ fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
             Ok(EnvFilter::new("info"))
         }
     })?;
+    let file = log_file
+        .map(|file| {
+            RotatingLog::open(&file.dir, &file.name, LogFiles::default())
+                .with_context(|| format!("cannot open the log file {}", file.dir.display()))
+        })
+        .transpose()?;
     // Colours only for a person at a terminal: log files and journald get plain text.
+    let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if file.is_some() {
+        // A panic's message reaches the log file too, where the dashboard reads it.
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            tracing::error!("panicked: {info}");
+            default_hook(info);
+        }));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(move || StderrAndFile(file.clone()));
     let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
     installed.map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
+}
+
+/// Writes each log line to stderr and, for nodes and workers, to their rotated log file,
+/// which the dashboard reads.
+struct StderrAndFile(Option<RotatingLog>);
+
+impl std::io::Write for StderrAndFile {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        // A closed stderr (a detached agent) must not stop the file from getting the line.
+        let _ = std::io::stderr().write_all(bytes);
+        match &mut self.0 {
+            Some(file) => file.write_all(bytes).map(|()| bytes.len()),
+            None => Ok(bytes.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        self.0.as_mut().map_or(Ok(()), std::io::Write::flush)
+    }
 }

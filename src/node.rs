@@ -37,6 +37,34 @@ pub struct WorkerArgs {
     /// The largest frame on the socket, in bytes.
     #[arg(long)]
     max_frame: usize,
+    /// The agent's log directory, where this worker writes `worker-<slot>.log`.
+    #[arg(long)]
+    log_dir: PathBuf,
+}
+
+/// Where a process logs besides stderr: a rotated file under the node's data directory.
+pub struct LogFile {
+    pub dir: PathBuf,
+    pub name: String,
+}
+
+impl NodeArgs {
+    /// The agent's log file; none for `--check-config`, which only checks.
+    pub fn log_file(&self, config: &Config) -> Option<LogFile> {
+        (!self.check_config).then(|| LogFile {
+            dir: config.paths.data_dir.join(floe_node::logs::LOG_DIR),
+            name: floe_node::logs::AGENT_LOG.to_owned(),
+        })
+    }
+}
+
+impl WorkerArgs {
+    pub fn log_file(&self) -> LogFile {
+        LogFile {
+            dir: self.log_dir.clone(),
+            name: floe_node::logs::worker_log(self.slot),
+        }
+    }
 }
 
 /// What `--check-config` checks, besides the preflight: every scheduler address is host:port.

@@ -1,6 +1,9 @@
 //! The dashboard in a real browser: a local cluster runs a job, then headless Chromium, driven
-//! through chromedriver's WebDriver API, loads the Nodes page and the job's page and reads
-//! what they show. A screenshot of each page is saved under `target/dashboard-screenshots/`.
+//! through chromedriver's WebDriver API, visits every page after it (nodes, one node, the
+//! job with its task table, its logs, the overview, jobs, actors, cache, events) and, during a
+//! second, long job, its page and the actors page; what a page shows is checked against the
+//! REST API, and the browser console must stay free of errors. A screenshot of each page is
+//! saved under `target/dashboard-screenshots/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Set
 //! `FLOE_CHROMEDRIVER` / `FLOE_CHROMIUM` to use other paths.
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use floe_client::{Dataset, LocalCluster, LocalClusterOptions, col, lit};
-use floe_testkit::http::{get, request, wait_for};
+use floe_testkit::http::{get, post_json, request, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -91,6 +94,7 @@ impl Driver {
         let chromium = executable("FLOE_CHROMIUM", "/usr/lib/chromium/chromium");
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
@@ -144,6 +148,22 @@ impl Session<'_> {
         })
     }
 
+    /// The console's error entries since the last call (reading the log empties it).
+    fn console_errors(&self) -> Vec<String> {
+        let entries = self.driver.call(
+            "POST",
+            &format!("/session/{}/se/log", self.id),
+            &json!({ "type": "browser" }),
+        );
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .map(|entry| entry["message"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
     fn screenshot(&self, name: &str) -> PathBuf {
         let encoded = self.driver.call(
             "GET",
@@ -163,6 +183,24 @@ impl Session<'_> {
         std::fs::write(&path, png).unwrap();
         path
     }
+}
+
+/// A page's table rows, read as arrays of strings, sorted.
+fn sorted_rows(rows: &Value) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|cell| cell.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
 }
 
 #[test]
@@ -209,6 +247,8 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         "sessionStorage.setItem('floe-token', {}); return true;",
         json!(cluster.token())
     ));
+    // The first load, before the token, was refused: not the pages' fault.
+    let _ = session.console_errors();
 
     session.go(&format!("{url}#/nodes"));
     let listed = session.wait_for(
@@ -217,21 +257,10 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
          if (document.body.dataset.loaded !== 'true' || rows.length < 2) return null;
          return rows.map(row => [row.dataset.nodeId, row.dataset.state]);",
     );
-    let mut listed: Vec<(String, String)> = listed
-        .as_array()
-        .unwrap()
+    let listed = sorted_rows(&listed);
+    let expected: Vec<Vec<String>> = alive
         .iter()
-        .map(|row| {
-            (
-                row[0].as_str().unwrap().to_owned(),
-                row[1].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    listed.sort();
-    let expected: Vec<(String, String)> = alive
-        .iter()
-        .map(|id| (id.clone(), "alive".to_owned()))
+        .map(|id| vec![id.clone(), "alive".to_owned()])
         .collect();
     assert_eq!(listed, expected);
     let nodes_png = session.screenshot("nodes.png");
@@ -248,7 +277,55 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         operators.as_u64().unwrap() >= 1,
         "no operator boxes: {operators}"
     );
+    // The task table shows what the REST API says: the same runs, the same rows.
+    let tasks = get(http, &format!("/api/jobs/{job}/tasks"), cluster.token()).json();
+    let runs = tasks["tasks"].as_array().unwrap();
+    assert!(!runs.is_empty(), "{tasks}");
+    let shown = session.wait_for(
+        "the job page to show its task table",
+        "const rows = [...document.querySelectorAll('#tasks-table tbody tr')];
+         if (rows.length === 0 || !document.getElementById('task-timeline')) return null;
+         return rows.map(row => [row.dataset.task, row.dataset.state,
+             row.children[5].textContent.replaceAll(',', '')]);",
+    );
+    let shown = sorted_rows(&shown);
+    let mut expected_runs: Vec<Vec<String>> = runs
+        .iter()
+        .map(|run| {
+            vec![
+                run["task"].as_str().unwrap().to_owned(),
+                run["state"].as_str().unwrap().to_owned(),
+                run["rows"].to_string(),
+            ]
+        })
+        .collect();
+    expected_runs.sort();
+    assert_eq!(shown, expected_runs);
     let job_png = session.screenshot("job.png");
+
+    // The job's log lines: the page shows what the REST API answers (the lines of a finished
+    // job can still grow by a clean-up line, so both are read until they agree).
+    session.go(&format!("{url}#/logs?job={job}"));
+    wait_for("the log page to show the job's lines", WAIT, || {
+        let rest = get(http, &format!("/api/jobs/{job}/logs"), cluster.token()).json();
+        let rest: Vec<String> = rest["lines"]
+            .as_array()?
+            .iter()
+            .filter_map(|line| Some(line["text"].as_str()?.to_owned()))
+            .collect();
+        let page = session.eval(
+            "if (document.body.dataset.loaded !== 'true') return null;
+             return [...document.querySelectorAll('#logs-table tbody tr')]
+                 .map(row => row.lastChild.textContent);",
+        );
+        let page: Vec<String> = page
+            .as_array()?
+            .iter()
+            .filter_map(|text| Some(text.as_str()?.to_owned()))
+            .collect();
+        (!rest.is_empty() && page == rest).then_some(())
+    });
+    let logs_png = session.screenshot("logs.png");
 
     session.go(&format!("{url}#/overview"));
     session.wait_for(
@@ -258,7 +335,75 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
              && health.textContent.trim() === 'ok' ? true : null;",
     );
     let overview_png = session.screenshot("overview.png");
-    for png in [nodes_png, job_png, overview_png] {
+    for page in ["jobs", "cache", "events", "actors", "logs"] {
+        session.go(&format!("{url}#/{page}"));
+        session.wait_for(
+            &format!("the {page} page to load"),
+            "return document.body.dataset.loaded === 'true' ? true : null;",
+        );
+    }
+    // One node's page: its live store and workers, as `GET /api/nodes/ID` says.
+    let node = &alive[0];
+    let detail = get(http, &format!("/api/nodes/{node}"), cluster.token()).json();
+    let workers = detail["live"]["workers"].as_u64().unwrap();
+    session.go(&format!("{url}#/nodes/{node}"));
+    let shown = session.wait_for(
+        "the node page to show its workers and store",
+        "const workers = document.getElementById('node-workers');
+         const store = document.getElementById('node-store');
+         return workers && store ? workers.textContent : null;",
+    );
+    assert!(
+        shown
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{workers} workers ready")),
+        "{shown}"
+    );
+    let node_png = session.screenshot("node.png");
+
+    // During a running job: its page shows running runs, and the actors page its driver.
+    let spec = "[source]\nrange = 4000000000\n[[steps]]\nfilter = \"id % 7 == 0\"\n";
+    let created = post_json(http, "/api/jobs", cluster.token(), &json!({ "job": spec }));
+    assert_eq!(created.status, 201, "{}", created.body);
+    let long_job = created.json()["job_id"].as_str().unwrap().to_owned();
+    session.go(&format!("{url}#/jobs/{long_job}"));
+    session.wait_for(
+        "the running job's page to show a running task",
+        "return document.querySelector('#tasks-table tr[data-state=\"running\"]') ? true : null;",
+    );
+    let running_png = session.screenshot("job-running.png");
+    session.go(&format!("{url}#/actors"));
+    let drivers = session.wait_for(
+        "the actors page to list the running job's driver",
+        &format!(
+            "const rows = [...document.querySelectorAll('#actors-table tbody tr')]
+                 .filter(row => row.children[2].textContent === '{long_job}'
+                     && row.children[1].textContent === 'JobDriver');
+             return rows.length ? rows.length : null;"
+        ),
+    );
+    assert_eq!(drivers, 1);
+    let actors_png = session.screenshot("actors.png");
+    let stopped = post_json(
+        http,
+        &format!("/api/jobs/{long_job}/stop"),
+        cluster.token(),
+        &json!({}),
+    );
+    assert_eq!(stopped.status, 200, "{}", stopped.body);
+
+    let errors = session.console_errors();
+    assert!(errors.is_empty(), "the console has errors: {errors:?}");
+    for png in [
+        nodes_png,
+        job_png,
+        logs_png,
+        overview_png,
+        node_png,
+        running_png,
+        actors_png,
+    ] {
         assert!(
             std::fs::metadata(&png).unwrap().len() > 10_000,
             "{png:?} is blank"

@@ -261,7 +261,11 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         | NodeRequest::CallActor { .. }
         | NodeRequest::StopActor { .. }
         | NodeRequest::RemoveCacheShards { .. }
-        | NodeRequest::FreeJob { .. } => forbid(format!(
+        | NodeRequest::FreeJob { .. }
+        // Logs are read through the HTTP API, which calls as a member and checks the
+        // caller's `read` token itself.
+        | NodeRequest::ReadLogs(_)
+        | NodeRequest::JobTasks { .. } => forbid(format!(
             "only cluster members may send this request to a node, not {principal}"
         )),
     }

@@ -374,6 +374,123 @@ pub enum NodeRequest {
         job: JobId,
         keep: Vec<ObjectId>,
     },
+    /// The newest lines of this node's log files (agent, workers, process UDFs) that match.
+    ReadLogs(LogQuery),
+    /// The task table of `job`'s driver, if it ran (or runs) on this node.
+    JobTasks {
+        job: JobId,
+    },
+}
+
+/// The runs of a job's tasks, as the driver saw them: kept by the node that hosts the driver.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTable {
+    /// The driver attempt that made it (a new attempt starts a new table).
+    pub attempt: u32,
+    /// Oldest first.
+    pub tasks: Vec<TaskRecord>,
+    /// Finished runs left out (the oldest) to keep the table bounded.
+    pub dropped: u64,
+}
+
+/// One run of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub task: TaskId,
+    pub operator: String,
+    /// The task's index within its operator.
+    pub seq: u64,
+    /// 1 for the first run of the task, 2 for its first retry, …
+    pub attempt: u32,
+    pub state: TaskRunState,
+    /// Where it runs, once placed (a cache load's, once it has ended).
+    pub node: Option<NodeId>,
+    pub rows: u64,
+    pub bytes: u64,
+    /// Unix milliseconds on the driver's node.
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskRunState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl TaskRunState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskRunState::Running => "running",
+            TaskRunState::Succeeded => "succeeded",
+            TaskRunState::Failed => "failed",
+        }
+    }
+}
+
+/// Which log lines a [`NodeRequest::ReadLogs`] wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogQuery {
+    /// Only lines about this job (its driver's and its tasks' lines, which carry `job=ID`).
+    pub job: Option<JobId>,
+    /// At most this many lines, the newest.
+    pub tail: u32,
+    /// Only lines containing this text (case-insensitive).
+    pub text: Option<String>,
+    /// Only lines at this level or more severe.
+    pub level: Option<LogLevel>,
+}
+
+/// A log line's severity, least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 5] = [
+        LogLevel::Trace,
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Warn,
+        LogLevel::Error,
+    ];
+
+    /// The name logs print (`INFO`) and queries use in lower case (`info`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "TRACE",
+            LogLevel::Debug => "DEBUG",
+            LogLevel::Info => "INFO",
+            LogLevel::Warn => "WARN",
+            LogLevel::Error => "ERROR",
+        }
+    }
+
+    /// Parses a level name in any case.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.name().eq_ignore_ascii_case(text))
+    }
+}
+
+/// One line of a node's log file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// The file's name without rotation suffix: `agent.log`, `worker-0.log`, `udf-child-3.log`.
+    pub source: String,
+    /// When it was logged (RFC 3339, as the line says; a line without a time has its
+    /// predecessor's, or none), which orders lines from several sources.
+    pub time: Option<String>,
+    pub level: Option<LogLevel>,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -402,6 +519,10 @@ pub enum NodeResponse {
         shards: u64,
         bytes: u64,
     },
+    /// The log lines asked for, oldest first.
+    Logs(Vec<LogLine>),
+    /// The job's task table; none when its driver never ran here (or it was let go).
+    Tasks(Option<TaskTable>),
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

@@ -17,6 +17,7 @@ pub mod cluster;
 mod execute;
 mod plan;
 mod sinks;
+pub mod tasks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ pub struct DriverConfig {
     pub progress_interval: Duration,
     /// `data.allowed_paths`: where sinks may publish their files.
     pub allowed_paths: AllowedPaths,
+    /// Where the driver records its task runs, which its node serves to the dashboard.
+    pub tasks: tasks::TaskBoard,
 }
 
 /// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome

@@ -30,6 +30,7 @@ use floe_core::wire::{RpcClient, WireConfig, within};
 use floe_core::{ActorId, JobId, NodeId, ObjectId};
 use tokio::runtime::Handle;
 use tokio::task::{AbortHandle, JoinHandle};
+use tracing::Instrument as _;
 
 use super::{Error, Result, Shared};
 use floe_api::node_protocol::{
@@ -184,11 +185,17 @@ impl ActorHost {
     pub fn start_driver(&self, job: JobId, attempt: u32, config: Arc<DriverConfig>) -> ActorId {
         let actor = driver_actor(job, attempt);
         let node = config.node;
-        let task = Handle::current().spawn(async move {
-            if let Err(error) = floe_driver::run_driver(config, job, attempt).await {
-                tracing::error!(%job, attempt, %error, "the job driver stopped");
+        // Every line the driver logs carries `job=ID`, which is how `/api/jobs/ID/logs`
+        // finds it in the agent's log.
+        let span = tracing::info_span!("driver", job = %job, attempt);
+        let task = Handle::current().spawn(
+            async move {
+                if let Err(error) = floe_driver::run_driver(config, job, attempt).await {
+                    tracing::error!(%error, "the job driver stopped");
+                }
             }
-        });
+            .instrument(span),
+        );
         let abort = task.abort_handle();
         let state = JobDriver {
             actor,

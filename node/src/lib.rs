@@ -11,6 +11,7 @@
 
 mod actors;
 mod data_dir;
+pub mod logs;
 mod monitor;
 mod pool;
 #[cfg(feature = "test-tasks")]
@@ -35,10 +36,12 @@ use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
+use floe_driver::tasks::TaskBoard;
 use floe_objectstore::block;
 use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
@@ -149,6 +152,10 @@ struct Shared {
     made_for: Mutex<BTreeMap<ObjectId, JobId>>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
+    /// The data directory, whose log files `ReadLogs` reads.
+    data_dir: PathBuf,
+    /// The task tables of the drivers run here, which `JobTasks` answers from.
+    task_board: TaskBoard,
     /// Records and forgets this node's cache shards in the index; held for the whole of an
     /// indexing or a clean, so the two never interleave.
     cache_index: tokio::sync::Mutex<SchedulerClient>,
@@ -162,7 +169,9 @@ impl Shared {
     }
 
     async fn run_task(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
-        let result = self.run_task_inner(spec).await;
+        // Its lines carry `job=ID` for `/api/jobs/ID/logs`.
+        let span = tracing::info_span!("task", job = %spec.job, task = %spec.task);
+        let result = self.run_task_inner(spec).instrument(span).await;
         let counter = match &result {
             Ok(_) => &self.tasks_finished,
             Err(_) => &self.tasks_failed,
@@ -643,6 +652,12 @@ impl Handler<NodeProtocol> for Service {
             NodeRequest::CleanCache { keep_bytes } => {
                 shared.clean_cache(keep_bytes).await.map(cache_removed)
             }
+            NodeRequest::JobTasks { job } => Ok(NodeResponse::Tasks(shared.task_board.table(job))),
+            NodeRequest::ReadLogs(query) => {
+                let data_dir = shared.data_dir.clone();
+                let lines = blocking(move || logs::read_logs(&data_dir, &query)).await?;
+                Ok(NodeResponse::Logs(lines))
+            }
         }
     }
 }
@@ -692,6 +707,7 @@ impl NodeAgent {
             socket: data_dir.join(&holder.socket),
             workers,
             max_frame: wire.max_frame,
+            log_dir: data_dir.join(logs::LOG_DIR),
         })?);
         let cache = Cache::open(CacheConfig::for_node(config))?;
         remove_stale_udf_dirs(data_dir);
@@ -726,6 +742,8 @@ impl NodeAgent {
             made_for: Mutex::new(BTreeMap::new()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
+            data_dir: data_dir.clone(),
+            task_board: TaskBoard::default(),
         });
         let bind = SocketAddr::new(config.net.bind_host, config.node.rpc_port);
         let server = RpcServer::bind::<NodeProtocol, _>(
@@ -767,6 +785,7 @@ impl NodeAgent {
             batch_rows,
             progress_interval: config.node.progress_interval(),
             allowed_paths: config.data.allowed(),
+            tasks: shared.task_board.clone(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit

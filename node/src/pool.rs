@@ -45,6 +45,8 @@ pub(crate) struct PoolOptions {
     pub socket: PathBuf,
     pub workers: u32,
     pub max_frame: usize,
+    /// Where each worker writes its rotated log (`worker-<slot>.log`).
+    pub log_dir: PathBuf,
 }
 
 pub(crate) type JobResult = Result<Vec<WorkerOutput>, TaskFailure>;
@@ -346,6 +348,8 @@ async fn spawn(inner: &PoolInner, slot: u32) -> Result<Worker> {
         .arg(slot.to_string())
         .arg("--max-frame")
         .arg(options.max_frame.to_string())
+        .arg("--log-dir")
+        .arg(&options.log_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         // Dropping the slot (shutdown, or the agent's runtime ending) must not orphan it.

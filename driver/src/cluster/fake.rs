@@ -574,7 +574,9 @@ impl FakeCluster {
             }
             NodeRequest::ReadChunk { .. }
             | NodeRequest::Pull { .. }
-            | NodeRequest::CleanCache { .. } => {
+            | NodeRequest::CleanCache { .. }
+            | NodeRequest::ReadLogs(_)
+            | NodeRequest::JobTasks { .. } => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"
                 )));

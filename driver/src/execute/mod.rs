@@ -165,6 +165,7 @@ impl<C: ClusterAccess> Execution<C> {
             }
         }
         let (events_tx, events) = mpsc::unbounded_channel();
+        config.tasks.start_job(job, attempt);
         Self {
             config,
             cluster,
@@ -310,6 +311,7 @@ impl<C: ClusterAccess> Execution<C> {
             } => {
                 self.running.remove(&launch.task);
                 self.ops[op].running -= 1;
+                self.record_end(&launch, node, &result);
                 match result {
                     Ok(outputs) => match node {
                         Some(node) => self.task_succeeded(op, launch, node, outputs),

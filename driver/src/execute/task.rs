@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use floe_api::node_protocol::{
     ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, OutputRef,
-    ShardLoad, TaskFailure, TaskKind, TaskSpec, output_id,
+    ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::physical::Stage;
@@ -24,6 +24,7 @@ use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHA
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
 use crate::plan::{ShardToLoad, Work};
+use crate::tasks::RunEnd;
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
 /// input is (Ray Data's rule).
@@ -81,6 +82,28 @@ pub(super) enum RunFailure {
     ActorGone { actor: ActorId, message: String },
 }
 
+impl std::fmt::Display for RunFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunFailure::Failed(failure) => write!(f, "{failure}"),
+            RunFailure::Unreachable(message) => write!(f, "unreachable: {message}"),
+            RunFailure::StaleCache(message) => write!(f, "cache shard gone: {message}"),
+            RunFailure::ActorGone { actor, message } => {
+                write!(f, "aggregator {actor} gone: {message}")
+            }
+        }
+    }
+}
+
+/// Now, in Unix milliseconds.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
 impl<C: ClusterAccess> Execution<C> {
     pub(super) fn start(&mut self, index: usize, launch: Launch) {
         let aggregator = match self.reduce_route(index, &launch) {
@@ -102,7 +125,25 @@ impl<C: ClusterAccess> Execution<C> {
         let op = &mut self.ops[index];
         op.running += 1;
         op.started.get_or_insert_with(Instant::now);
-        op.history_of(launch.seq).recipe = Some(launch.recipe.clone());
+        let history = op.history_of(launch.seq);
+        history.recipe = Some(launch.recipe.clone());
+        let attempt = history.failures + history.unreachable + 1;
+        self.config.tasks.started(
+            self.job,
+            TaskRecord {
+                task: launch.task,
+                operator: self.ops[index].name.clone(),
+                seq: launch.seq,
+                attempt,
+                state: TaskRunState::Running,
+                node: None,
+                rows: 0,
+                bytes: 0,
+                started_ms: unix_ms(),
+                ended_ms: None,
+                error: None,
+            },
+        );
         self.running.insert(launch.task);
         let inputs: Vec<(ObjectId, Option<BlockInfo>)> = match &launch.recipe {
             Recipe::Compute { inputs, .. } => inputs
@@ -162,6 +203,34 @@ impl<C: ClusterAccess> Execution<C> {
             Work::Map if input_bytes < SPREAD_MAX_INPUT_BYTES => Strategy::Spread,
             _ => Strategy::Default,
         }
+    }
+
+    /// Records how a run ended in the driver's task table.
+    pub(super) fn record_end(
+        &self,
+        launch: &Launch,
+        node: Option<NodeId>,
+        result: &Result<Vec<OutputRef>, RunFailure>,
+    ) {
+        let (rows, bytes, error) = match result {
+            Ok(outputs) => (
+                outputs.iter().filter_map(|output| output.rows).sum(),
+                outputs.iter().map(|output| output.size).sum(),
+                None,
+            ),
+            Err(failure) => (0, 0, Some(failure.to_string())),
+        };
+        self.config.tasks.ended(
+            self.job,
+            launch.task,
+            RunEnd {
+                node,
+                rows,
+                bytes,
+                ended_ms: unix_ms(),
+                error,
+            },
+        );
     }
 
     pub(super) fn task_succeeded(
@@ -415,6 +484,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                     Ok(node) => node,
                     Err(error) => return (None, Err(unreachable(&error))),
                 };
+                self.config.tasks.placed(self.job, launch.task, node);
                 let result = self
                     .run_on(node, launch.task, *input, objects, inputs)
                     .await;

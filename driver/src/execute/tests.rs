@@ -59,6 +59,7 @@ fn driver_config() -> Arc<DriverConfig> {
         batch_rows: BATCH_ROWS,
         progress_interval: Duration::from_millis(10),
         allowed_paths: floe_core::config::AllowedPaths::any(),
+        tasks: Default::default(),
     })
 }
 

@@ -18,11 +18,13 @@ use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, WireError};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::watch;
 
+use super::history_index::{HistoryFilter, HistoryIndex};
 use super::json::{
     CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
-    EventsJson, EventsQuery, HistoryJson, JobDetail, JobItems, JobSummary, ListQuery, MemoryJson,
-    NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson, ReplicaJson,
-    SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson, Version,
+    EventsJson, EventsQuery, HistoryJson, HistoryQuery, JobDetail, JobItems, JobSummary, ListQuery,
+    MemoryJson, NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson,
+    ReplicaJson, SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson,
+    Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
@@ -58,7 +60,8 @@ pub(crate) struct Shared {
     wire: WireConfig,
     /// How to call nodes: as a cluster member.
     node_wire: WireConfig,
-    job_history: Option<std::path::PathBuf>,
+    /// The index of this replica's job history file, listed by `/api/jobs?all=true`.
+    job_history: Option<Arc<HistoryIndex>>,
 }
 
 impl Shared {
@@ -78,7 +81,10 @@ impl Shared {
             replicas: config.peers.values().cloned().collect(),
             wire: config.wire.clone(),
             node_wire: config.node_wire.clone(),
-            job_history: config.job_history.clone(),
+            job_history: config
+                .job_history
+                .clone()
+                .map(|path| Arc::new(HistoryIndex::new(path))),
         }
     }
 
@@ -99,6 +105,11 @@ impl Shared {
             .propose(command)
             .await
             .map_err(ApiError::from_scheduler)
+    }
+
+    /// How to call nodes: as a cluster member.
+    pub fn node_wire(&self) -> &WireConfig {
+        &self.node_wire
     }
 
     pub fn monitor(&self) -> &Monitor {
@@ -215,14 +226,14 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
         }
     }
 
-    fn bad_request(message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
@@ -271,11 +282,22 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route("/api/version", web::get().to(version))
         .route("/api/cluster", web::get().to(cluster))
         .route("/api/nodes", web::get().to(nodes))
+        .route("/api/nodes/{id}", web::get().to(super::inspect::node))
+        .route("/api/actors", web::get().to(super::inspect::actors))
+        .route(
+            "/api/nodes/{id}/logs",
+            web::get().to(super::logs::node_logs),
+        )
         .route("/api/jobs", web::get().to(jobs))
         .route("/api/jobs", web::post().to(submit))
         .route("/api/jobs/{id}", web::get().to(job))
         .route("/api/jobs/{id}", web::delete().to(delete_job))
         .route("/api/jobs/{id}/stop", web::post().to(stop))
+        .route("/api/jobs/{id}/logs", web::get().to(super::logs::job_logs))
+        .route(
+            "/api/jobs/{id}/tasks",
+            web::get().to(super::tasks::job_tasks),
+        )
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))
         .route("/api/events", web::get().to(events))
@@ -376,7 +398,7 @@ async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
 
 // ---- nodes ----------------------------------------------------------------------------
 
-fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
+pub(super) fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
     let report = node
         .is_alive()
         .then(|| snapshot.reports.get(&node.id))
@@ -554,31 +576,28 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
         .take(limit)
         .map(|job| job_summary(job, &snapshot))
         .collect();
-    // The history follows the live jobs, newest first; only as much of it is read as the
-    // page reaches, so `total` counts the history lines read, not the whole file.
+    // The history follows the live jobs, newest first, each job once; its index counts and
+    // picks the page, and only the lines shown are read.
     if query.all == Some(true)
-        && let Some(path) = shared.job_history.clone()
+        && let Some(history) = shared.job_history.clone()
     {
-        let wanted_lines = (offset + limit).saturating_sub(total);
-        let read = web::block(move || crate::history::read_newest(&path, wanted_lines))
-            .await
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-        let matching: Vec<&domain::JobSummary> = read
-            .iter()
-            .filter(|job| !state.jobs.contains_key(&job.id))
-            .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
-            .filter(|job| query.name_matches(job.name.as_deref()))
-            .collect();
         let skip = offset.saturating_sub(total);
-        jobs.extend(
-            matching
-                .iter()
-                .skip(skip)
-                .take(limit - jobs.len())
-                .map(|job| history_summary(job)),
-        );
-        total += matching.len();
+        let take = limit - jobs.len();
+        let live = Arc::clone(&state);
+        let wanted = wanted.map(str::to_owned);
+        let name = query.name.clone();
+        let page = web::block(move || {
+            let filter = HistoryFilter {
+                state: wanted.as_deref(),
+                name: name.as_deref(),
+            };
+            history.page(filter, |job| live.jobs.contains_key(&job), skip, take)
+        })
+        .await
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        jobs.extend(page.jobs.iter().map(history_summary));
+        total += page.total;
     }
     let body = Page {
         total,
@@ -592,12 +611,21 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
     Ok(HttpResponse::Ok().json(body))
 }
 
-fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
+pub(super) fn parse_job_id(text: &str) -> Result<JobId, ApiError> {
     text.parse()
         .map_err(|_| ApiError::bad_request(format!("{text:?} is not a job id (a number)")))
 }
 
-fn unknown_job(job: JobId) -> ApiError {
+pub(super) fn parse_node_id(text: &str) -> Result<NodeId, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{text:?} is not a node id (a number)")))
+}
+
+pub(super) fn unknown_node(node: NodeId) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("there is no node {node}"))
+}
+
+pub(super) fn unknown_job(job: JobId) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("there is no job {job}"))
 }
 
@@ -918,22 +946,43 @@ async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> Ht
     HttpResponse::Ok().json(EventsJson { events })
 }
 
-async fn history(shared: web::Data<Shared>) -> HttpResponse {
-    let samples = shared
+/// Points a history answer holds at most: a longer span is thinned to every k-th sample.
+const MAX_HISTORY_POINTS: usize = 600;
+
+async fn history(shared: web::Data<Shared>, query: web::Query<HistoryQuery>) -> Reply {
+    let minutes = query.minutes.unwrap_or(10);
+    if !(1..=60).contains(&minutes) {
+        return Err(ApiError::bad_request(format!(
+            "minutes must be 1 to 60, not {minutes}"
+        )));
+    }
+    let now = now_ms();
+    let since = now.saturating_sub(minutes * 60_000);
+    let recent: Vec<_> = shared
         .monitor
         .history()
         .into_iter()
+        .filter(|sample| sample.time_ms >= since)
+        .collect();
+    let step = recent.len().div_ceil(MAX_HISTORY_POINTS).max(1);
+    // Thinned from the newest back, so the latest sample is always in.
+    let mut samples: Vec<SampleJson> = recent
+        .iter()
+        .rev()
+        .step_by(step)
         .map(|sample| SampleJson {
             time_ms: sample.time_ms,
             object_store_used_bytes: sample.object_store_used_bytes,
             spilled_bytes: sample.spilled_bytes,
             rows_per_s: sample.rows_per_s,
             running_jobs: sample.running_jobs,
+            tasks_running: sample.tasks_running,
         })
         .collect();
-    HttpResponse::Ok().json(HistoryJson {
-        interval_ms: shared.monitor.refresh_ms(),
-        now_ms: now_ms(),
+    samples.reverse();
+    Ok(HttpResponse::Ok().json(HistoryJson {
+        interval_ms: shared.monitor.refresh_ms() * step as u64,
+        now_ms: now,
         samples,
-    })
+    }))
 }

@@ -383,6 +383,14 @@ pub(super) struct SampleJson {
     pub(super) spilled_bytes: u64,
     pub(super) rows_per_s: f64,
     pub(super) running_jobs: u64,
+    pub(super) tasks_running: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HistoryQuery {
+    /// How far back, 1 to 60 minutes (default 10).
+    pub(super) minutes: Option<u64>,
 }
 
 #[derive(Serialize)]

@@ -12,9 +12,14 @@
 
 mod api;
 mod assets;
+mod history_index;
+mod inspect;
 mod json;
+mod logs;
 mod metrics;
 mod monitor;
+mod node_calls;
+mod tasks;
 #[cfg(test)]
 mod tests;
 

@@ -22,8 +22,8 @@ use floe_api::state::{ClusterState, JobStatus, Liveness};
 
 /// Events kept for `/api/events`; older ones are dropped.
 const MAX_EVENTS: usize = 1000;
-/// History samples kept for the charts (10 minutes at one per second).
-const MAX_SAMPLES: usize = 600;
+/// History samples kept for the charts (an hour at one per second).
+const MAX_SAMPLES: usize = 3600;
 /// How long one replica's status or one call to the leader may take before the snapshot is
 /// taken without it.
 const CALL_TIMEOUT: Duration = Duration::from_millis(800);
@@ -94,6 +94,8 @@ pub(crate) struct Sample {
     pub spilled_bytes: u64,
     pub rows_per_s: f64,
     pub running_jobs: u64,
+    /// Tasks the running jobs' drivers last reported running.
+    pub tasks_running: u64,
 }
 
 struct Log {
@@ -263,6 +265,27 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
         if before == Some(&job.status) {
             continue;
         }
+        // A refresh can span several transitions (a short job is submitted, runs and ends
+        // within one): the ones it skipped are told first, in order.
+        if before.is_none() && job.status != JobStatus::Pending {
+            found.push((
+                EventKind::JobState,
+                None,
+                Some(*id),
+                format!("job {id} pending"),
+            ));
+        }
+        if job.started_at_ms.is_some()
+            && job.status != JobStatus::Running
+            && matches!(before, None | Some(JobStatus::Pending))
+        {
+            found.push((
+                EventKind::JobState,
+                None,
+                Some(*id),
+                format!("job {id} running"),
+            ));
+        }
         let message = match &job.status {
             JobStatus::Failed { message } => format!("job {id} failed: {message}"),
             status => format!("job {id} {}", status.name()),
@@ -333,6 +356,12 @@ fn sample(snapshot: &Snapshot) -> Sample {
             .values()
             .filter(|job| job.status == JobStatus::Running)
             .count() as u64,
+        tasks_running: snapshot
+            .progress
+            .values()
+            .flat_map(|progress| &progress.operators)
+            .map(|operator| operator.tasks_running)
+            .sum(),
     }
 }
 

@@ -418,3 +418,142 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
     assert_eq!(events, expected);
     assert_eq!(monitor.history().len(), 3);
 }
+
+#[test]
+fn a_job_that_passes_several_states_between_refreshes_gets_an_event_for_each() {
+    let config = config();
+    let mut state = big_state();
+    state.jobs.retain(|id, _| id.get() <= 1);
+    let monitor = Monitor::new(&config, Arc::new(state.clone()));
+    monitor.advance(snapshot_of(state.clone(), Some(1), 1_000));
+    let after = monitor.events_after(0).last().map_or(0, |event| event.seq);
+
+    // Job 20 appears already succeeded; job 21 already running; job 22 was cancelled while
+    // pending (it never started).
+    let template = state.jobs.values().next().unwrap().as_ref().clone();
+    let mut next = state.clone();
+    for (id, status, started) in [
+        (20, JobStatus::Succeeded, Some(5)),
+        (21, JobStatus::Running, Some(5)),
+        (22, JobStatus::Cancelled, None),
+    ] {
+        let mut job = template.clone();
+        job.id = JobId::new(id);
+        job.status = status;
+        job.started_at_ms = started;
+        next.jobs.insert(job.id, Arc::new(job));
+    }
+    monitor.advance(snapshot_of(next, Some(1), 2_000));
+    let messages: Vec<String> = monitor
+        .events_after(after)
+        .into_iter()
+        .map(|event| event.message)
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "job 20 pending",
+            "job 20 running",
+            "job 20 succeeded",
+            "job 21 pending",
+            "job 21 running",
+            "job 22 pending",
+            "job 22 cancelled",
+        ]
+    );
+}
+
+#[actix_web::test]
+async fn the_history_keeps_an_hour_and_thins_long_spans_to_six_hundred_points() {
+    let config = config();
+    let state = Arc::new(ClusterState::default());
+    let (_publisher, applied) = watch::channel(Arc::clone(&state));
+    let monitor = Arc::new(Monitor::new(&config, Arc::clone(&state)));
+    let now = super::monitor::now_ms();
+    // An hour and a bit of samples, one a second; the oldest fall out of the ring.
+    for second in (0..3700u64).rev() {
+        monitor.advance(snapshot_of(
+            ClusterState::default(),
+            Some(1),
+            now - second * 1000,
+        ));
+    }
+    assert_eq!(monitor.history().len(), 3600);
+    let shared = api::Shared::new(&config, monitor, applied, Arc::new(RefuseAll));
+    let app = actix_test::init_service(
+        App::new()
+            .app_data(web::Data::new(shared))
+            .wrap(actix_web::middleware::from_fn(api::authenticate))
+            .configure(api::routes),
+    )
+    .await;
+
+    let (status, hour) = get!(app, "/api/history?minutes=60");
+    assert_eq!(status, 200);
+    let samples = hour["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 600);
+    assert_eq!(hour["interval_ms"], 6000);
+    assert_eq!(
+        samples.last().unwrap()["time_ms"],
+        now,
+        "the newest is kept"
+    );
+    let (_, recent) = get!(app, "/api/history");
+    let samples = recent["samples"].as_array().unwrap();
+    assert!((590..=601).contains(&samples.len()), "{}", samples.len());
+    assert_eq!(recent["interval_ms"], 1000);
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["time_ms"].as_u64().unwrap() + 600_000 >= now)
+    );
+    for bad in ["minutes=0", "minutes=61", "span=1"] {
+        let (status, _) = get!(app, &format!("/api/history?{bad}"));
+        assert_eq!(status, 400, "{bad}");
+    }
+}
+
+#[actix_web::test]
+async fn actors_list_what_the_state_records_with_a_drivers_restarts() {
+    let mut state = big_state();
+    state.nodes.retain(|id, _| id.get() <= 2);
+    state.jobs.retain(|id, _| id.get() <= 3);
+    if let Some(job) = state.jobs.get_mut(&JobId::new(3)).map(Arc::make_mut) {
+        job.attempts = 3;
+    }
+    for (actor, kind, job, node) in [
+        (10, floe_api::state::DRIVER_ACTOR_KIND, 3, 1),
+        (11, "HashShuffleAggregator", 3, 2),
+        (12, "HashShuffleAggregator", 2, 1),
+    ] {
+        let id = floe_core::ActorId::new(actor);
+        state.actors.insert(
+            id,
+            floe_api::state::ActorRecord {
+                id,
+                kind: kind.into(),
+                node: NodeId::new(node),
+                job: JobId::new(job),
+            },
+        );
+    }
+    let app = api_over!(state);
+    let (status, all) = get!(app, "/api/actors");
+    assert_eq!(status, 200);
+    let actors = all["actors"].as_array().unwrap();
+    assert_eq!(actors.len(), 3);
+    let (_, of_job) = get!(app, "/api/actors?job=3");
+    let actors = of_job["actors"].as_array().unwrap();
+    assert_eq!(actors.len(), 2);
+    let driver = actors.iter().find(|a| a["kind"] == "JobDriver").unwrap();
+    assert_eq!(driver["restarts"], 2);
+    assert_eq!(driver["node"], "1");
+    let aggregator = actors.iter().find(|a| a["kind"] != "JobDriver").unwrap();
+    assert!(aggregator["restarts"].is_null());
+    for bad in ["/api/actors?job=x", "/api/actors?node=1"] {
+        let (status, _) = get!(app, bad);
+        assert_eq!(status, 400, "{bad}");
+    }
+    let (status, _) = get!(app, "/api/nodes/77");
+    assert_eq!(status, 404);
+}

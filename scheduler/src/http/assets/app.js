@@ -117,7 +117,7 @@ function el(tag, attrs, ...children) {
   if (attrs) {
     for (const [key, value] of Object.entries(attrs)) {
       if (value === null || value === undefined || value === false) continue;
-      if (key === 'onclick') node.addEventListener('click', value);
+      if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
       else if (key === 'dataset') Object.assign(node.dataset, value);
       else if (key === 'style') node.style.cssText = value;
       else node.setAttribute(key, value === true ? '' : String(value));
@@ -382,14 +382,17 @@ function parseRoute() {
   const query = new URLSearchParams(queryText || '');
   if (parts.length === 0 || parts[0] === 'overview') return { page: 'overview', query };
   if (parts[0] === 'jobs' && parts.length === 2) return { page: 'job', id: parts[1], query };
-  if (parts.length === 1 && ['nodes', 'jobs', 'cache', 'events'].includes(parts[0])) {
+  if (parts[0] === 'nodes' && parts.length === 2) return { page: 'node', id: parts[1], query };
+  if (parts.length === 1 && ['nodes', 'jobs', 'actors', 'cache', 'events', 'logs'].includes(parts[0])) {
     return { page: parts[0], query };
   }
   return { page: 'notfound', query };
 }
 
 function navPage(route) {
-  return route.page === 'job' ? 'jobs' : route.page;
+  if (route.page === 'job') return 'jobs';
+  if (route.page === 'node') return 'nodes';
+  return route.page;
 }
 
 // A list page's hash with its filter and offset, leaving out the defaults.
@@ -531,15 +534,25 @@ pages.overview = {
     this.raft = el('div');
     this.storeChart = chartCard('Object store used');
     this.rateChart = chartCard('Output rows/s');
-    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card);
-    setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.charts);
+    this.tasksChart = chartCard('Tasks running');
+    this.spillChart = chartCard('Spilled');
+    this.span = el('div');
+    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card,
+      this.tasksChart.card, this.spillChart.card);
+    setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.span, this.charts);
     this.chartWidth = 0;
     this.lastSample = undefined;
   },
-  load() {
-    return api('/api/history');
+  minutes(route) {
+    return route.query.get('minutes') === '60' ? 60 : 10;
   },
-  render(history, cluster) {
+  load(route) {
+    return api(`/api/history?minutes=${this.minutes(route)}`);
+  },
+  render(history, cluster, route) {
+    const minutes = this.minutes(route);
+    patch(this.span, minutes, () => filterButtons([[10, 'last 10 minutes'], [60, 'last hour']], minutes,
+      (value) => { location.hash = hashFor('overview', { minutes: value === 10 ? '' : value }); }));
     patch(this.top, [cluster.health, cluster.leader, cluster.as_of_index, cluster.replica_id], () =>
       el('div', { class: 'overview-head' },
         el('span', { class: `badge big st-${cluster.health}` }, cluster.health),
@@ -592,6 +605,8 @@ pages.overview = {
       this.sampleCount = samples.length;
       drawChart(this.storeChart, samples, (s) => s.object_store_used_bytes, fmtBytes, 1024);
       drawChart(this.rateChart, samples, (s) => s.rows_per_s, fmtRate, 10);
+      drawChart(this.tasksChart, samples, (s) => s.tasks_running, fmtCount, 10);
+      drawChart(this.spillChart, samples, (s) => s.spilled_bytes, fmtBytes, 1024);
     }
   },
 };
@@ -618,7 +633,8 @@ pages.nodes = {
       ['store used', 'num'], ['spilled', 'num'], ['workers', 'num'], ['heartbeat', 'num'], 'dead reason']);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'no nodes');
-    setChildren(main, section('Nodes', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
+    this.shared = el('div');
+    setChildren(main, section('Nodes', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), this.shared, t, this.empty, this.pagerBottom));
   },
   params(route) {
     const state = route.query.get('state');
@@ -650,17 +666,38 @@ pages.nodes = {
         pager(offset, NODES_PER_PAGE, nodes.length, data.total, (o) => go({ offset: o })));
     }
     this.empty.hidden = nodes.length > 0;
+    const hosts = sharedHosts(nodes);
+    patch(this.shared, hosts, () => hosts.map(([host, ids, total]) =>
+      el('p', { class: 'banner error shared-host' },
+        `Nodes ${ids.join(', ')} run on host ${host} and each takes its whole memory (${fmtBytes(total)}) as its own: `
+        + 'set memory.total on each so that together they fit the host.')));
     syncRows(this.tbody, nodes, (n) => n.id, nodeRow);
   },
 };
 
-function poolBar(label, used, size, kind) {
+// Alive nodes of one host that each claim the same total memory: sized from the whole host
+// (no memory.total), so together they claim it several times. [[host, ids, total]].
+function sharedHosts(nodes) {
+  const byHost = new Map();
+  for (const node of nodes) {
+    if (node.state !== 'alive' || !node.memory || typeof node.addr !== 'string') continue;
+    const host = node.addr.replace(/:\d+$/, '');
+    const key = `${host}/${node.memory.total_bytes}`;
+    if (!byHost.has(key)) byHost.set(key, [host, [], node.memory.total_bytes]);
+    byHost.get(key)[1].push(node.id);
+  }
+  return [...byHost.values()].filter(([, ids]) => ids.length > 1);
+}
+
+function poolBar(label, used, size, kind, note) {
   // A pool's bar shows how much of the pool is in use; its text gives both sizes.
-  const fraction = isNum(used) && size > 0 ? used / size : 0;
+  const fraction = isNum(used) && size > 0 ? Math.min(1, used / size) : 0;
   const text = isNum(used) ? `${fmtBytes(used)} / ${fmtBytes(size)}` : fmtBytes(size);
+  const title = (isNum(used) ? `${label}: ${text} (${fmtPercent(used, size)})` : `${label}: ${text}`)
+    + (note ? `; ${note}` : '');
   return el('div', { class: 'pool' },
     el('span', { class: 'pool-label' }, label),
-    bar(fraction, kind, isNum(used) ? `${label}: ${text} (${fmtPercent(used, size)})` : `${label}: ${text}`),
+    bar(fraction, kind, title),
     el('span', { class: 'pool-text' }, text));
 }
 
@@ -671,7 +708,10 @@ function memoryCell(memory, usage) {
   const reserveShare = total > 0 ? m.system_reserve_bytes / total : 0;
   return el('td', { class: 'memory' },
     poolBar('store', usage ? u.object_store_used_bytes : null, m.object_store_bytes, 'store'),
-    poolBar('heap', usage ? u.heap_reserved_bytes : null, m.heap_bytes, 'heap'),
+    // Heap used is the node's process tree's private memory, as its heartbeat says; what
+    // placements reserved (tasks' memory hints, often none) is only in the tooltip.
+    poolBar('heap', usage ? u.heap_used_bytes : null, m.heap_bytes, 'heap',
+      usage ? `reserved by placements ${fmtBytes(u.heap_reserved_bytes)}` : null),
     el('div', { class: 'pool' },
       el('span', { class: 'pool-label' }, 'reserve'),
       bar(reserveShare, 'reserve', `system reserve: ${fmtBytes(m.system_reserve_bytes)} (${fmtPercent(m.system_reserve_bytes, total)} of total)`),
@@ -684,10 +724,11 @@ function nodeRow(node) {
   const labels = Object.entries(node.labels || {});
   const age = node.heartbeat_age_ms;
   return el('tr', { dataset: { nodeId: node.id, state: node.state } },
-    el('td', { class: 'mono' }, node.id),
+    el('td', { class: 'mono' }, el('a', { href: `#/nodes/${encodeURIComponent(node.id)}` }, node.id)),
     el('td', null, el('span', { class: 'mono' }, textOf(node.addr)),
       labels.length ? el('div', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'chip' }, `${k}=${v}`))) : null),
-    el('td', null, badge(node.state)),
+    el('td', null, badge(node.state),
+      node.state === 'alive' ? el('div', null, el('a', { href: `#/logs?node=${encodeURIComponent(node.id)}` }, 'logs')) : null),
     num(usage ? `${usage.cpu_reserved} / ${node.cpus}` : textOf(node.cpus),
       { title: usage ? 'reserved / total cpus' : 'total cpus' }),
     memoryCell(node.memory, usage),
@@ -705,7 +746,7 @@ pages.jobs = {
     this.pagerTop = el('div');
     this.pagerBottom = el('div');
     const { table: t, tbody } = table('jobs-table', [['id', 'num'], 'state', 'operators', ['attempts', 'num'],
-      'driver', ['wall', 'num'], ['output rows', 'num'], 'error']);
+      'driver', 'submitted', ['duration', 'num'], ['output rows', 'num'], 'error']);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'no jobs');
     setChildren(main, section('Jobs', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
@@ -740,8 +781,35 @@ pages.jobs = {
     }
     this.empty.hidden = jobs.length > 0;
     syncRows(this.tbody, jobs, (j) => j.id, jobRow);
+    tickElapsed(this.tbody);
   },
 };
+
+// A job's duration: end − start once ended; while it runs, time since its start, and while
+// it waits, time since its submission, both counted on in the page (`live-elapsed` cells).
+function jobDuration(job) {
+  if (isNum(job.ended_at_ms)) {
+    return { ms: job.ended_at_ms - (isNum(job.started_at_ms) ? job.started_at_ms : job.submitted_at_ms), since: null };
+  }
+  const since = isNum(job.started_at_ms) ? job.started_at_ms : job.submitted_at_ms;
+  return isNum(since) ? { ms: Date.now() - since, since } : { ms: null, since: null };
+}
+
+function durationCell(job) {
+  const { ms, since } = jobDuration(job);
+  const waiting = since !== null && !isNum(job.started_at_ms);
+  return num(fmtDuration(ms), {
+    class: since === null ? 'num' : 'num live-elapsed',
+    dataset: since === null ? null : { since },
+    title: since === null ? 'from start to end' : (waiting ? 'waiting since submitted' : 'running since started'),
+  });
+}
+
+function tickElapsed(root) {
+  for (const cell of root.querySelectorAll('.live-elapsed')) {
+    cell.textContent = fmtDuration(Date.now() - Number(cell.dataset.since));
+  }
+}
 
 function jobRow(job) {
   const href = `#/jobs/${encodeURIComponent(job.id)}`;
@@ -751,7 +819,9 @@ function jobRow(job) {
     el('td', { class: 'ops' }, (job.operators || []).join(' → ')),
     num(fmtCount(job.attempts)),
     el('td', { class: 'mono' }, textOf(job.driver_node)),
-    num(fmtDuration(job.wall_ms)),
+    el('td', { class: 'nowrap', title: isNum(job.submitted_at_ms) ? new Date(job.submitted_at_ms).toString() : null },
+      isNum(job.submitted_at_ms) ? fmtTime(job.submitted_at_ms) : DASH),
+    durationCell(job),
     num(fmtCount(job.output_rows)),
     el('td', { class: 'error-cell', title: job.error || null }, job.error ? truncate(job.error, 90) : ''));
   row.addEventListener('click', (event) => {
@@ -769,25 +839,33 @@ pages.job = {
     this.error = el('div');
     this.graph = el('div');
     this.stats = el('div');
+    this.tasks = el('div');
     this.plan = el('div');
     setChildren(main,
       el('p', { class: 'crumbs' }, el('a', { href: document.querySelector('#nav a[data-page="jobs"]').getAttribute('href') }, '‹ jobs')),
-      this.head, this.error, this.graph, this.stats, this.plan);
+      this.head, this.error, this.graph, this.stats, this.tasks, this.plan);
   },
   load(route) {
-    return api(`/api/jobs/${encodeURIComponent(route.id)}`).catch((e) => {
-      if (e.status === 404) return { notFound: true };
-      throw e;
-    });
+    const id = encodeURIComponent(route.id);
+    return Promise.all([api(`/api/jobs/${id}`), api(`/api/jobs/${id}/tasks`)])
+      .then(([job, tasks]) => Object.assign(job, { taskTable: tasks }))
+      .catch((e) => {
+        if (e.status === 404) return { notFound: true };
+        throw e;
+      });
   },
   render(job) {
     if (job.notFound) {
       patch(this.head, 'missing', () => section(`Job ${this.id}`, el('p', { class: 'empty' }, `No job with id ${this.id} on this cluster.`)));
-      for (const part of [this.error, this.graph, this.stats, this.plan]) patch(part, null, () => []);
+      for (const part of [this.error, this.graph, this.stats, this.tasks, this.plan]) patch(part, null, () => []);
       return;
     }
+    patch(this.tasks, job.taskTable, () => taskSection(job.taskTable));
     patch(this.head, [job.state, job.attempts, job.driver_node, job.cancel_requested, job.rows_per_s,
-      job.submission_id, job.options, job.output, job.stats && job.stats.wall_ms, job.stats && job.stats.spilled_bytes], () => jobHead(job));
+      job.submission_id, job.options, job.output, job.stats && job.stats.wall_ms, job.stats && job.stats.spilled_bytes,
+      job.started_at_ms, job.ended_at_ms], () => jobHead(job));
+    const duration = this.head.querySelector('#job-duration');
+    if (duration) duration.textContent = fmtDuration(jobDuration(job).ms);
     patch(this.error, job.error, () => (job.error === null || job.error === undefined
       ? []
       : section('Error', el('pre', { class: 'error-text' }, String(job.error)))));
@@ -824,6 +902,10 @@ function jobHead(job) {
     ['attempts', fmtCount(job.attempts)],
     ['driver node', textOf(job.driver_node)],
     ['rows/s', job.rows_per_s === null || job.rows_per_s === undefined ? DASH : fmtRate(job.rows_per_s)],
+    ['submitted', isNum(job.submitted_at_ms) ? fmtTime(job.submitted_at_ms) : DASH],
+    ['started', isNum(job.started_at_ms) ? fmtTime(job.started_at_ms) : DASH],
+    ['ended', isNum(job.ended_at_ms) ? fmtTime(job.ended_at_ms) : DASH],
+    ['duration', el('span', { id: 'job-duration' }, fmtDuration(jobDuration(job).ms))],
     ['wall', stats ? fmtDuration(stats.wall_ms) : DASH],
     ['spilled', stats ? fmtBytes(stats.spilled_bytes) : DASH],
     ['output', output ? `${fmtCount(output.rows)} rows · ${fmtCount(output.blocks)} blocks · ${fmtBytes(output.bytes)}` : DASH],
@@ -838,6 +920,7 @@ function jobHead(job) {
       el('span', { id: 'job-state', class: `badge big st-${job.state}` }, job.state),
       job.cancel_requested && active ? el('span', { class: 'muted' }, 'cancel requested') : null,
       el('span', { class: 'spacer' }),
+      el('a', { id: 'job-logs-link', href: `#/logs?job=${encodeURIComponent(job.id)}` }, 'logs'),
       cancel),
     el('dl', { class: 'facts' }, facts.map(([k, v]) =>
       el('div', null, el('dt', null, k), el('dd', { class: k === 'submission id' ? 'mono' : null }, v)))));
@@ -899,6 +982,93 @@ function operatorBox(op, state) {
       el('dt', null, 'blocks'), el('dd', null, fmtCount(blocks)),
       el('dt', null, 'bytes'), el('dd', null, fmtBytes(bytes)),
       s ? [el('dt', null, 'wall'), el('dd', null, fmtDuration(s.wall_ms))] : null));
+}
+
+// The table shows the newest runs; the timeline draws up to this many.
+const TASK_ROWS = 300;
+const TIMELINE_TASKS = 3000;
+
+function taskSection(data) {
+  const tasks = data.tasks || [];
+  if (!data.available) {
+    return section('Tasks', el('p', { class: 'empty', id: 'tasks-unavailable' },
+      'No task table: the node that ran this job\'s driver is gone, or newer jobs pushed the table out.'));
+  }
+  const running = tasks.filter((t) => t.state === 'running').length;
+  const failed = tasks.filter((t) => t.state === 'failed').length;
+  const summary = `${fmtCount(tasks.length)} runs (${fmtCount(running)} running, ${fmtCount(failed)} failed)`
+    + `, driver attempt ${textOf(data.attempt)} on node ${textOf(data.driver_node)}`
+    + (data.dropped ? `, ${fmtCount(data.dropped)} older runs left out` : '');
+  const { table: t, tbody } = table('tasks-table', ['operator', ['task', 'num'], 'node', ['attempt', 'num'], 'state',
+    ['rows', 'num'], ['bytes', 'num'], 'start', ['duration', 'num'], 'error']);
+  const shown = tasks.slice(-TASK_ROWS).reverse();
+  for (const task of shown) {
+    tbody.append(el('tr', { dataset: { task: task.task, state: task.state } },
+      el('td', null, textOf(task.operator)),
+      num(String(task.seq), { title: `task id ${task.task}` }),
+      el('td', { class: 'mono' }, task.node === null || task.node === undefined ? DASH : String(task.node)),
+      num(String(task.attempt), { class: task.attempt > 1 ? 'num warn' : 'num' }),
+      el('td', null, badge(task.state)),
+      num(fmtCount(task.rows)),
+      num(fmtBytes(task.bytes)),
+      el('td', { class: 'nowrap', title: new Date(task.started_ms).toString() }, fmtClock(task.started_ms)),
+      num(fmtDuration(task.duration_ms)),
+      el('td', { class: 'reason' }, textOf(task.error === null ? '' : task.error))));
+  }
+  return section('Tasks',
+    el('p', { class: 'muted', id: 'tasks-summary' }, summary
+      + (tasks.length > TASK_ROWS ? `; the table shows the newest ${TASK_ROWS}` : '')),
+    timeline(tasks.slice(-TIMELINE_TASKS)),
+    t);
+}
+
+// One lane per node worker: a node's runs are packed into as many lanes as ran at once (the
+// node's busy workers); runs not placed yet have lanes of their own.
+function timeline(tasks) {
+  if (tasks.length === 0) return el('p', { class: 'empty' }, 'no task has started');
+  const now = Date.now();
+  const t0 = Math.min(...tasks.map((t) => t.started_ms));
+  const t1 = Math.max(t0 + 1, ...tasks.map((t) => t.ended_ms || now));
+  const byNode = new Map();
+  for (const task of [...tasks].sort((a, b) => a.started_ms - b.started_ms)) {
+    // A run's node is known once it is placed; those still being placed share lanes.
+    const key = task.node === null || task.node === undefined ? 'placing' : `node ${task.node}`;
+    if (!byNode.has(key)) byNode.set(key, []);
+    const lanes = byNode.get(key);
+    const end = task.ended_ms || now;
+    let lane = lanes.find((l) => l.end <= task.started_ms);
+    if (!lane) {
+      lane = { end: 0, tasks: [] };
+      lanes.push(lane);
+    }
+    lane.end = end;
+    lane.tasks.push(task);
+  }
+  const rows = [];
+  for (const [node, lanes] of [...byNode.entries()].sort()) {
+    lanes.forEach((lane, i) => rows.push({ label: `${node} · ${i + 1}`, tasks: lane.tasks }));
+  }
+  const laneH = 16;
+  const pad = { left: 80, right: 10, top: 4, bottom: 16 };
+  const width = 1000;
+  const height = pad.top + rows.length * laneH + pad.bottom;
+  const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * (width - pad.left - pad.right);
+  const chart = svg('svg', { viewBox: `0 0 ${width} ${height}`, width: '100%', class: 'timeline', id: 'task-timeline', role: 'img' });
+  rows.forEach((row, i) => {
+    const y = pad.top + i * laneH;
+    chart.append(svg('text', { x: pad.left - 6, y: y + laneH - 4, 'text-anchor': 'end', class: 'axis' }, row.label));
+    for (const task of row.tasks) {
+      const x0 = x(task.started_ms);
+      const w = Math.max(1.5, x(task.ended_ms || now) - x0);
+      const rect = svg('rect', { x: x0, y: y + 2, width: w, height: laneH - 4, class: `span st-${task.state}` });
+      rect.append(svg('title', {}, `${task.operator} #${task.seq} attempt ${task.attempt}: ${task.state}, ${fmtDuration(task.duration_ms)}, ${fmtCount(task.rows)} rows`));
+      chart.append(rect);
+    }
+  });
+  for (const [t, anchor] of [[t0, 'start'], [t1, 'end']]) {
+    chart.append(svg('text', { x: x(t), y: height - 6, 'text-anchor': anchor, class: 'axis' }, fmtClock(t)));
+  }
+  return el('div', { class: 'timeline-holder' }, chart);
 }
 
 function statsTable(stats) {
@@ -1035,6 +1205,188 @@ function eventRow(event) {
     el('td', null, textOf(event.message)));
 }
 
+// ---------- one node ----------
+
+pages.node = {
+  mount(main, route) {
+    this.id = route.id;
+    this.head = el('div');
+    this.memory = el('div');
+    this.store = el('div');
+    this.work = el('div');
+    setChildren(main,
+      el('p', { class: 'crumbs' }, el('a', { href: '#/nodes' }, '‹ nodes')),
+      this.head, this.memory, this.store, this.work);
+  },
+  load(route) {
+    return api(`/api/nodes/${encodeURIComponent(route.id)}`).catch((e) => {
+      if (e.status === 404) return { notFound: true };
+      throw e;
+    });
+  },
+  render(node) {
+    if (node.notFound) {
+      patch(this.head, 'missing', () => section(`Node ${this.id}`, el('p', { class: 'empty' }, `No node with id ${this.id} on this cluster.`)));
+      for (const part of [this.memory, this.store, this.work]) patch(part, null, () => []);
+      return;
+    }
+    const live = node.live;
+    patch(this.head, [node.state, node.addr, node.dead_reason, node.cpus, node.live_error], () => section(null,
+      el('div', { class: 'job-title' },
+        el('h2', null, `Node ${node.id}`),
+        el('span', { id: 'node-state', class: `badge big st-${node.state}` }, node.state),
+        el('span', { class: 'mono' }, textOf(node.addr)),
+        el('span', { class: 'spacer' }),
+        node.state === 'alive' ? el('a', { href: `#/logs?node=${encodeURIComponent(node.id)}` }, 'logs') : null),
+      node.dead_reason ? el('p', { class: 'reason' }, String(node.dead_reason)) : null,
+      node.live_error && node.state === 'alive' ? el('p', { class: 'error-text' }, `the node did not answer: ${node.live_error}`) : null));
+    patch(this.memory, [node.memory, node.usage, node.cpus], () => {
+      const pools = el('table', { class: 'grid', id: 'node-memory' },
+        el('tbody', null, el('tr', null, memoryCell(node.memory, node.usage))));
+      const cpu = `cpus ${textOf(node.cpus)}`
+        + (node.usage ? `, reserved by running tasks ${textOf(node.usage.cpu_reserved)}` : '')
+        + (node.memory ? `; this node's configured total memory ${fmtBytes(node.memory.total_bytes)}` : '');
+      return section('Memory and CPU', pools, el('p', { class: 'muted' }, cpu));
+    });
+    patch(this.store, live && live.store, () => (live ? section('Object store', el('dl', { class: 'facts', id: 'node-store' },
+      [['used', `${fmtBytes(live.store.used_bytes)} of ${fmtBytes(live.store.capacity_bytes)}`],
+        ['objects in memory', fmtCount(live.store.objects_in_memory)],
+        ['spilled now', `${fmtBytes(live.store.spilled_bytes)} (${fmtCount(live.store.spilled_objects)} objects)`],
+        ['spilled in total', fmtBytes(live.store.spilled_bytes_total)],
+        ['restored in total', fmtBytes(live.store.restored_bytes_total)],
+        ['fallback', `${fmtBytes(live.store.fallback_bytes)} (${fmtCount(live.store.fallback_objects)} objects)`]]
+        .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', null, v))))) : []));
+    patch(this.work, live && [live.workers, live.running, live.tasks_finished, live.tasks_failed, live.actors], () => {
+      if (!live) return [];
+      const { table: t, tbody } = table('node-running', ['task', ['worker pid', 'num']]);
+      for (const task of live.running) tbody.append(el('tr', null, el('td', { class: 'mono' }, task.task), num(String(task.worker_pid))));
+      return section('Workers and tasks',
+        el('p', { id: 'node-workers' }, `${fmtCount(live.workers)} workers ready, ${fmtCount(live.running.length)} running a task; `
+          + `${fmtCount(live.tasks_finished)} tasks finished, ${fmtCount(live.tasks_failed)} failed, `
+          + `${fmtCount(live.workers_respawned)} workers restarted, ${fmtCount(live.pulls_started)} pulls; `
+          + `${fmtCount(live.actors.length)} actors hosted (`, el('a', { href: '#/actors' }, 'actors'), ')'),
+        live.running.length ? t : null);
+    });
+  },
+};
+
+// ---------- actors ----------
+
+pages.actors = {
+  mount(main) {
+    const { table: t, tbody } = table('actors-table', ['actor', 'kind', 'job', 'node', 'state', ['restarts', 'num']]);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no actors: drivers and shuffle aggregators live while their job runs');
+    setChildren(main, section('Actors', t, this.empty));
+  },
+  load() {
+    return api('/api/actors');
+  },
+  render(data) {
+    const actors = data.actors || [];
+    this.empty.hidden = actors.length > 0;
+    syncRows(this.tbody, actors, (a) => a.id, (actor) => el('tr', { dataset: { actor: actor.id } },
+      el('td', { class: 'mono' }, actor.id),
+      el('td', null, actor.kind),
+      el('td', { class: 'mono' }, el('a', { href: `#/jobs/${encodeURIComponent(actor.job)}` }, actor.job)),
+      el('td', { class: 'mono' }, el('a', { href: `#/nodes/${encodeURIComponent(actor.node)}` }, actor.node)),
+      el('td', null, badge(actor.state === 'alive' ? 'alive' : 'dead', actor.state)),
+      num(actor.restarts === null || actor.restarts === undefined ? DASH : fmtCount(actor.restarts))));
+  },
+};
+
+// ---------- logs ----------
+// One node's log lines, or one job's from every node, fetched on demand from the nodes.
+
+const LOG_LEVELS = ['', 'trace', 'debug', 'info', 'warn', 'error'];
+const LOG_TAILS = [100, 200, 1000, 5000];
+
+pages.logs = {
+  mount(main, route) {
+    const p = this.params(route);
+    this.target = el('input', { type: 'text', id: 'logs-target', size: 10, placeholder: 'node or job id', value: p.node || p.job || '' });
+    this.kind = el('select', { id: 'logs-kind' },
+      el('option', { value: 'node', selected: !p.job }, 'node'),
+      el('option', { value: 'job', selected: Boolean(p.job) }, 'job'));
+    this.q = el('input', { type: 'search', id: 'logs-q', size: 24, placeholder: 'search text', value: p.q });
+    this.level = el('select', { id: 'logs-level' },
+      LOG_LEVELS.map((l) => el('option', { value: l, selected: l === p.level }, l || 'any level')));
+    this.tail = el('select', { id: 'logs-tail' },
+      LOG_TAILS.map((n) => el('option', { value: String(n), selected: n === p.tail }, `last ${n}`)));
+    const form = el('form', { class: 'toolbar log-form', onsubmit: (event) => { event.preventDefault(); this.go(); } },
+      this.kind, this.target, this.q, this.level, this.tail, el('button', { type: 'submit' }, 'show'));
+    this.follow = el('input', { type: 'checkbox', id: 'logs-follow', checked: true });
+    this.status = el('span', { class: 'muted', id: 'logs-status' });
+    const { table: t, tbody } = table('logs-table', ['time', 'node', 'source', 'level', 'line']);
+    this.tbody = tbody;
+    this.empty = el('p', { class: 'empty', hidden: true }, 'no matching lines');
+    this.hint = el('p', { class: 'empty', hidden: true }, 'Name a node or a job to read its logs (nodes page: "logs"; job page: "logs").');
+    setChildren(main, section('Logs', form,
+      el('div', { class: 'toolbar' }, el('label', null, this.follow, ' follow'), this.status),
+      this.hint, t, this.empty));
+    this.shown = null;
+  },
+  params(route) {
+    const tail = parseInt(route.query.get('tail') || '200', 10);
+    const level = route.query.get('level') || '';
+    return {
+      node: route.query.get('node') || '',
+      job: route.query.get('job') || '',
+      q: route.query.get('q') || '',
+      level: LOG_LEVELS.includes(level) ? level : '',
+      tail: LOG_TAILS.includes(tail) ? tail : 200,
+    };
+  },
+  go() {
+    const id = this.target.value.trim();
+    const params = { q: this.q.value, level: this.level.value, tail: this.tail.value === '200' ? '' : this.tail.value };
+    params[this.kind.value] = id;
+    // Another hash remounts the page with these inputs; the same one just reloads.
+    const hash = hashFor('logs', params);
+    if (location.hash === hash) refresh(); else location.hash = hash;
+  },
+  path(p) {
+    const q = new URLSearchParams({ tail: p.tail });
+    if (p.q) q.set('q', p.q);
+    if (p.level) q.set('level', p.level);
+    if (p.job) return `/api/jobs/${encodeURIComponent(p.job)}/logs?${q}`;
+    if (p.node) return `/api/nodes/${encodeURIComponent(p.node)}/logs?${q}`;
+    return null;
+  },
+  load(route) {
+    const path = this.path(this.params(route));
+    // Without follow, the lines stay as first fetched.
+    if (path === null || (this.shown !== null && !this.follow.checked)) return Promise.resolve(null);
+    return api(path);
+  },
+  render(data, cluster, route) {
+    const p = this.params(route);
+    this.hint.hidden = this.path(p) !== null;
+    if (data === null) return;
+    this.shown = data;
+    const lines = data.lines || [];
+    const unreachable = data.unreachable || [];
+    this.status.textContent = `${fmtCount(lines.length)} line${lines.length === 1 ? '' : 's'}`
+      + (p.job ? ` of job ${p.job} from every node` : ` of node ${p.node}`)
+      + (unreachable.length ? `; no answer from node ${unreachable.map((u) => u.node).join(', ')}` : '');
+    this.empty.hidden = lines.length > 0;
+    const key = JSON.stringify(lines.length ? [lines.length, lines[lines.length - 1]] : []);
+    if (this.tbody.dataset.key === key) return;
+    this.tbody.dataset.key = key;
+    this.tbody.replaceChildren(...lines.map(logRow));
+  },
+};
+
+function logRow(line) {
+  const level = line.level ? line.level.toLowerCase() : '';
+  return el('tr', { class: level ? `log-${level}` : null },
+    el('td', { class: 'nowrap mono' }, line.time ? line.time.replace('T', ' ').replace(/\.\d+Z$/, 'Z') : ''),
+    el('td', { class: 'mono' }, el('a', { href: `#/logs?node=${encodeURIComponent(line.node)}` }, String(line.node))),
+    el('td', { class: 'mono' }, textOf(line.source)),
+    el('td', null, level),
+    el('td', { class: 'log-line mono' }, textOf(line.text)));
+}
+
 pages.notfound = {
   mount(main) {
     setChildren(main, section('Not found', el('p', null, 'No such page. ', el('a', { href: '#/overview' }, 'Go to the overview.'))));
@@ -1052,7 +1404,11 @@ let timer = null;
 let mounted = null;
 
 function mountKey(route) {
-  return route.page === 'job' ? `job/${route.id}` : route.page;
+  if (route.page === 'job') return `job/${route.id}`;
+  if (route.page === 'node') return `node/${route.id}`;
+  // A logs page is mounted with its inputs filled from the hash.
+  if (route.page === 'logs') return `logs?${route.query}`;
+  return route.page;
 }
 
 async function refresh() {
