@@ -11,7 +11,7 @@ use floe_core::job::JobOptions;
 use floe_core::wire::tls::generate_throwaway;
 use floe_testkit::batches::int_column;
 use floe_testkit::cluster::{FAST_ELECTIONS, TestCluster, TestClusterConfig};
-use floe_testkit::http::get_tls;
+use floe_testkit::http::{get_tls, wait_for};
 
 /// Refusals must come from the handshake, well before the client's retry window (or a
 /// connect timeout) would end the attempt.
@@ -45,15 +45,18 @@ async fn a_tls_cluster_runs_a_job_serves_https_and_refuses_plaintext_and_strange
     // HTTPS, verified against the CA; the monitor reached every replica over RPC.
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
     let (ca, read_token) = (tls.ca.clone(), token.clone());
-    let response =
-        tokio::task::spawn_blocking(move || get_tls(&http, "/api/cluster", &read_token, &ca))
-            .await
-            .unwrap()
-            .unwrap();
-    assert_eq!(response.status, 200, "{}", response.body);
-    let status = response.json();
+    // The HTTP server's view refreshes once a second: wait until it has seen the job end.
+    let status = tokio::task::spawn_blocking(move || {
+        wait_for("the job's end over HTTPS", Duration::from_secs(30), || {
+            let response = get_tls(&http, "/api/cluster", &read_token, &ca).unwrap();
+            assert_eq!(response.status, 200, "{}", response.body);
+            let status = response.json();
+            (status["jobs"]["succeeded"] == 1).then_some(status)
+        })
+    })
+    .await
+    .unwrap();
     assert_eq!(status["nodes"]["alive"], 2, "{status}");
-    assert_eq!(status["jobs"]["succeeded"], 1, "{status}");
 
     // A plaintext client is told TLS is required.
     let addrs = cluster.schedulers.addrs();
