@@ -611,7 +611,13 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
             let Some(shown) = BarState::of(operator) else {
                 continue;
             };
-            shown.show(bar_at(&bars, &style, &mut by_operator, index, &operator.name));
+            shown.show(bar_at(
+                &bars,
+                &style,
+                &mut by_operator,
+                index,
+                &operator.name,
+            ));
         }
     };
     let id = job.id();
