@@ -629,21 +629,18 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         .context("progress bar style")?
         .progress_chars("=> ");
     let mut by_operator: BTreeMap<usize, ProgressBar> = BTreeMap::new();
-    let new_bar = |name: &str| {
-        let bar = bars.add(ProgressBar::new(0));
-        bar.set_style(style.clone());
-        bar.set_prefix(name.to_owned());
-        bar
-    };
     let mut draw = |progress: &JobProgress| {
         for (index, operator) in progress.operators.iter().enumerate() {
             let Some(shown) = BarState::of(operator) else {
                 continue;
             };
-            let bar = by_operator
-                .entry(index)
-                .or_insert_with(|| new_bar(&operator.name));
-            shown.show(bar);
+            shown.show(bar_at(
+                &bars,
+                &style,
+                &mut by_operator,
+                index,
+                &operator.name,
+            ));
         }
     };
     let id = job.id();
@@ -664,14 +661,31 @@ pub async fn wait_with_bars(job: &JobHandle, options: WaitOptions) -> anyhow::Re
         // they show what the stats table below them says.
         let started: BTreeSet<usize> = by_operator.keys().copied().collect();
         for (index, (name, shown)) in final_bars(&started, &output.stats) {
-            let bar = by_operator.entry(index).or_insert_with(|| new_bar(&name));
-            shown.show(bar);
+            shown.show(bar_at(&bars, &style, &mut by_operator, index, &name));
         }
     }
     for bar in by_operator.values() {
         bar.finish();
     }
     Ok(output?)
+}
+
+/// Operator `index`'s bar, added in plan order (also after the bars of later operators) the
+/// first time it is asked for.
+fn bar_at<'a>(
+    bars: &MultiProgress,
+    style: &ProgressStyle,
+    by_operator: &'a mut BTreeMap<usize, ProgressBar>,
+    index: usize,
+    name: &str,
+) -> &'a ProgressBar {
+    let position = by_operator.range(..index).count();
+    by_operator.entry(index).or_insert_with(|| {
+        let bar = bars.insert(position, ProgressBar::new(0));
+        bar.set_style(style.clone());
+        bar.set_prefix(name.to_owned());
+        bar
+    })
 }
 
 /// The bars a finished job ends on, by operator index: each operator that had a bar or did
