@@ -9,12 +9,18 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use arrow::record_batch::RecordBatch;
+
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
-use floe_client::{Client, Dataset, Error, JobHandle, JobOutput, col, lit};
+use floe_client::{Client, ClusterExecutor, Dataset, Error, JobHandle, JobOutput, col, lit};
 use floe_core::config::ByteSize;
 use floe_core::job::{CacheMode, JobOptions};
+use floe_core::plan::Operator;
 use floe_core::{JobId, TaskId};
 use floe_testkit::cluster::{TestCluster, TestClusterConfig, fast_timing};
 use floe_testkit::process::floe_command;
@@ -24,6 +30,11 @@ const RESULT_TTL_S: u64 = 6;
 
 /// One scheduler and `nodes` nodes whose small store spills most of a result to disk.
 async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
+    start_with(nodes, settings, &[]).await
+}
+
+/// [`start`], with more settings for the nodes.
+async fn start_with(nodes: usize, settings: &[&str], node_settings: &[&str]) -> TestCluster {
     let mut config = TestClusterConfig {
         settings: fast_timing(),
         node_settings: vec![
@@ -41,6 +52,9 @@ async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
     config
         .settings
         .extend(settings.iter().map(|setting| (*setting).to_owned()));
+    config
+        .node_settings
+        .extend(node_settings.iter().map(|setting| (*setting).to_owned()));
     TestCluster::start(config, nodes).await
 }
 
@@ -325,4 +339,149 @@ async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
     assert!(meta.is_err(), "job 1's first object is still there");
     floe_testkit::node::call(&addr, &wire, &free(2, Vec::new())).await;
     assert_eq!(objects().await, 1);
+}
+
+/// Made by reading a file, so that no plan carries it: only the rows do.
+const NEEDLE: &str = "floe-materialized-needle-5e0c";
+
+/// The names of the files under `dir` (recursively).
+fn files_named(dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().filter_map(Result::ok) {
+            if entry.path().is_dir() {
+                pending.push(entry.path());
+            } else {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Files under `dir` (recursively) whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().filter_map(Result::ok) {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path)
+                && bytes.windows(needle.len()).any(|window| window == needle)
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn materialize_keeps_its_rows_in_the_object_store_owned_by_the_dataset() {
+    let runtime = floe_testkit::cluster::runtime();
+    // Snapshots every few entries, so the check below covers snapshots as well as the log.
+    let cluster = runtime.block_on(start(1, &["scheduler.snapshot_entries=3"]));
+    let executor = Arc::new(
+        ClusterExecutor::connect(&cluster.schedulers.addrs(), cluster.config.token())
+            .unwrap()
+            .with_options(no_cache()),
+    );
+    let input = tempfile::tempdir().unwrap();
+    let csv = input.path().join("input.csv");
+    let rows = 200_000u64;
+    let mut text = String::from("id,tag\n");
+    for id in 0..rows {
+        let tag = if id % 3 == 0 { NEEDLE } else { "plain" };
+        text.push_str(&format!("{id},{tag}\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let dataset = Dataset::read_csv(&[&csv])
+        .unwrap()
+        .with_executor(executor.clone());
+    let materialized = dataset.materialize().unwrap();
+    let Operator::Materialized(source) = materialized.plan().operator() else {
+        panic!("not a materialized source: {materialized:?}");
+    };
+    let owner = source.job;
+    assert_eq!(source.rows(), rows);
+    // The materializing job's output fingerprint, not the rows'.
+    assert_eq!(materialized.fingerprint(), dataset.fingerprint());
+
+    // Two jobs read it from its holder; their results are exact.
+    let sevens = materialized
+        .filter((col("id") % lit(7i64)).eq(lit(0i64)))
+        .unwrap();
+    assert_eq!(sevens.count().unwrap(), rows.div_ceil(7));
+    let batches: Vec<RecordBatch> = materialized
+        .iter_batches()
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut seen = 0u64;
+    for batch in &batches {
+        let ids = batch.column(0).as_primitive::<Int64Type>();
+        let tags = batch.column(1).as_string::<i32>();
+        for row in 0..batch.num_rows() {
+            let id = u64::try_from(ids.value(row)).unwrap();
+            assert_eq!(id, seen, "rows out of order");
+            let expected = if id % 3 == 0 { NEEDLE } else { "plain" };
+            assert_eq!(tags.value(row), expected);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, rows);
+
+    // The rows are in the node's store, and in no file of the replica: not in its log, not
+    // in its snapshots.
+    let (used, spilled, _, _) = runtime.block_on(held(&cluster));
+    assert!(used + spilled > 0, "the materialized rows are not held");
+    let replica = cluster.dir.path().join("replica-1");
+    let names = files_named(&replica);
+    assert!(
+        names.iter().any(|name| name == "wal") && names.iter().any(|name| name == "snapshot"),
+        "no log and snapshot in {}: {names:?}",
+        replica.display()
+    );
+    let leaked = files_containing(&replica, NEEDLE.as_bytes());
+    assert!(leaked.is_empty(), "the rows reached {leaked:?}");
+
+    // Dropping the last dataset that reads it releases the output: freed on the node.
+    drop(sevens);
+    drop(materialized);
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after the materialized dataset was dropped",
+    ));
+    let client = runtime.block_on(cluster.connect());
+    let reason = released_reason(runtime.block_on(client.job(owner).wait()));
+    assert!(reason.contains("released by the client"), "{reason}");
+
+    // A result let go while a dataset still reads it: jobs on it say so.
+    let again = dataset.materialize().unwrap();
+    let Operator::Materialized(source) = again.plan().operator() else {
+        panic!("not a materialized source: {again:?}");
+    };
+    runtime
+        .block_on(client.job(source.job).release_output())
+        .unwrap();
+    let reason = released_reason(again.count());
+    assert!(reason.contains("released by the client"), "{reason}");
+
+    // The old way, rows inline in the plan, does put them in the replica's files: the check
+    // above can see them.
+    let inline = Dataset::from_batches(dataset.schema(), &batches[..1]).unwrap();
+    runtime.block_on(async {
+        let job = client.submit_with(&inline, no_cache()).await.unwrap();
+        job.wait().await.unwrap().release().await.unwrap();
+    });
+    let leaked = files_containing(&replica, NEEDLE.as_bytes());
+    assert!(
+        !leaked.is_empty(),
+        "inline rows not found in the replica's files"
+    );
+    drop(again);
+    drop(executor);
 }

@@ -47,7 +47,7 @@ use tokio::sync::mpsc;
 
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
-use crate::plan::{Planned, Work};
+use crate::plan::{Planned, SourceTask, Work};
 use floe_api::node_protocol::{NodeRequest, OutputRef};
 
 use self::aggregators::AggregatorError;
@@ -116,6 +116,9 @@ pub(crate) struct Execution<C: ClusterAccess> {
     ops: Vec<OperatorState>,
     output: usize,
     blocks: BTreeMap<ObjectId, BlockInfo>,
+    /// Blocks of earlier jobs' held outputs that materialized sources read: never freed by
+    /// this job, and never rebuilt (their lineage is another job's).
+    borrowed: BTreeMap<ObjectId, BlockInfo>,
     lineage: Lineage,
     /// Consumers yet to take each emitted block; it is freed when none is left.
     refs: BTreeMap<ObjectId, usize>,
@@ -164,6 +167,26 @@ impl<C: ClusterAccess> Execution<C> {
                 ops[producer].consumers.push((index, slot));
             }
         }
+        let borrowed = ops
+            .iter()
+            .filter(|op| op.phase != OperatorPhase::Skipped)
+            .filter_map(|op| match &op.work {
+                Work::Source(tasks) => Some(tasks),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|task| match task {
+                SourceTask::Borrow(block) => Some((
+                    block.object,
+                    BlockInfo {
+                        node: block.node,
+                        rows: block.rows,
+                        bytes: block.bytes,
+                    },
+                )),
+                _ => None,
+            })
+            .collect();
         let (events_tx, events) = mpsc::unbounded_channel();
         Self {
             config,
@@ -174,6 +197,7 @@ impl<C: ClusterAccess> Execution<C> {
             ops,
             output: planned.output,
             blocks: BTreeMap::new(),
+            borrowed,
             lineage: Lineage::default(),
             refs: BTreeMap::new(),
             pinned: BTreeSet::new(),
