@@ -17,7 +17,9 @@ use arrow::datatypes::Int64Type;
 use arrow::record_batch::RecordBatch;
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
-use floe_client::{Client, ClusterExecutor, Dataset, Error, JobHandle, JobOutput, col, lit};
+use floe_client::{
+    Client, ClusterExecutor, Dataset, Error, JobHandle, JobOutput, WriteOptions, col, lit,
+};
 use floe_core::config::ByteSize;
 use floe_core::job::{CacheMode, JobOptions};
 use floe_core::plan::Operator;
@@ -484,4 +486,53 @@ fn materialize_keeps_its_rows_in_the_object_store_owned_by_the_dataset() {
     );
     drop(again);
     drop(executor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_and_cache_served_results_are_not_held_after_their_job() {
+    let cluster = start(1, &[]).await;
+    let client = cluster.connect().await;
+    assert_eq!(held(&cluster).await, (0, 0, 0, 0));
+
+    // A sink job's result is its files: nothing stays in the store, released or not.
+    let out = tempfile::tempdir().unwrap();
+    let sink = big_result()
+        .write_parquet(out.path().join("written"), WriteOptions::default())
+        .unwrap();
+    let job = client.submit(&sink).await.unwrap();
+    let output = job.wait().await.unwrap();
+    output.keep();
+    wait_until_freed(&cluster, "after a sink job ended").await;
+    let written = files_in(&out.path().join("written"));
+    assert!(written > 0, "the sink wrote no file");
+
+    // Computed once (its result cached, then released)…
+    let first = client.submit(&big_result()).await.unwrap();
+    first.wait().await.unwrap().release().await.unwrap();
+    wait_until_freed(&cluster, "after the computed result was released").await;
+    // …then served from the cache: held by nobody's memory once the job ends, yet fetched
+    // exactly, and let go again after the fetch.
+    let again = client.submit(&big_result()).await.unwrap();
+    let output = again.wait().await.unwrap();
+    output.keep();
+    let stats = &output.stats.operators;
+    assert!(
+        stats.iter().all(|op| op.tasks == 0) && stats.iter().any(|op| op.cache_hits > 0),
+        "not served from the cache: {stats:?}"
+    );
+    wait_until_freed(&cluster, "after a cache-served job ended").await;
+    let mut rows = 0u64;
+    let mut sum = 0i64;
+    for batch in output.to_arrow().await.unwrap() {
+        let twice = batch.column(1).as_primitive::<Int64Type>();
+        sum += twice.values().iter().sum::<i64>();
+        rows += batch.num_rows() as u64;
+    }
+    assert_eq!(rows, 3_000_000);
+    assert_eq!(sum, 2 * (0..3_000_000i64).sum::<i64>());
+    wait_until_freed(&cluster, "after the cache-served result was fetched").await;
+    // Kept, so released through the handle.
+    again.release_output().await.unwrap();
+    let reason = released_reason(again.wait().await);
+    assert!(reason.contains("released by the client"), "{reason}");
 }

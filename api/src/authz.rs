@@ -261,7 +261,8 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         | NodeRequest::CallActor { .. }
         | NodeRequest::StopActor { .. }
         | NodeRequest::RemoveCacheShards { .. }
-        | NodeRequest::FreeJob { .. } => forbid(format!(
+        | NodeRequest::FreeJob { .. }
+        | NodeRequest::UnloadCachedOutputs { .. } => forbid(format!(
             "only cluster members may send this request to a node, not {principal}"
         )),
     }

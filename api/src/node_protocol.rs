@@ -374,6 +374,13 @@ pub enum NodeRequest {
         job: JobId,
         keep: Vec<ObjectId>,
     },
+    /// Drops the bytes of a finished job's output blocks that were loaded from cache shards,
+    /// remembering each one's shard: reading one (a client's fetch, a pull, a local task)
+    /// loads it again, so the output is not held in memory between fetches. A `Free` (or
+    /// `FreeJob`) of the block forgets it.
+    UnloadCachedOutputs {
+        loads: Vec<ShardLoad>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
