@@ -536,3 +536,77 @@ async fn sink_and_cache_served_results_are_not_held_after_their_job() {
     let reason = released_reason(again.wait().await);
     assert!(reason.contains("released by the client"), "{reason}");
 }
+
+/// `range(n)` with `id * factor`: cached outputs of a few MB, one per factor.
+fn scaled(n: u64, factor: i64) -> Dataset {
+    Dataset::range(n)
+        .unwrap()
+        .with_column("scaled", col("id") * lit(factor))
+        .unwrap()
+}
+
+/// Shards the replicated index lists, and shard files in node 0's cache directory.
+async fn indexed_and_on_disk(cluster: &TestCluster) -> (usize, usize) {
+    let indexed = cluster
+        .state()
+        .await
+        .cache
+        .values()
+        .flat_map(|counts| counts.values())
+        .map(|entry| entry.shards.len())
+        .sum();
+    let on_disk = std::fs::read_dir(cluster.dir.path().join("node-0").join("cache"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.starts_with("cache-") && name.ends_with(".arrow")
+        })
+        .count();
+    (indexed, on_disk)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_eviction_updates_the_index_before_it_removes_files() {
+    // Room for about one of the outputs below, not two.
+    let cluster = start_with(1, &[], &["cache.max_bytes=5MiB"]).await;
+    let client = cluster.connect().await;
+    let rows = 200_000u64;
+    let expected = |factor: i64| factor * (0..rows as i64).sum::<i64>();
+    let sum = |batches: Vec<RecordBatch>| -> i64 {
+        batches
+            .iter()
+            .map(|batch| {
+                let scaled = batch.column(1).as_primitive::<Int64Type>();
+                scaled.values().iter().sum::<i64>()
+            })
+            .sum()
+    };
+    for factor in 2..=5 {
+        let job = client.submit(&scaled(rows, factor)).await.unwrap();
+        let output = job.wait().await.unwrap();
+        assert_eq!(sum(output.to_arrow().await.unwrap()), expected(factor));
+        output.release().await.unwrap();
+        // Every shard the index lists is on disk: none was removed behind its back.
+        let (indexed, on_disk) = indexed_and_on_disk(&cluster).await;
+        assert_eq!(indexed, on_disk, "after factor {factor}");
+        assert!(indexed > 0, "nothing cached after factor {factor}");
+    }
+    let first = scaled(rows, 2).fingerprint().to_string();
+    let state = cluster.state().await;
+    assert!(
+        !state.cache.contains_key(&first),
+        "the first output is still indexed: {:?}",
+        state.cache.get(&first)
+    );
+    // The first output was evicted: run again, it is computed (not planned against missing
+    // shards) and exact.
+    let job = client.submit(&scaled(rows, 2)).await.unwrap();
+    let output = job.wait().await.unwrap();
+    assert_eq!(sum(output.to_arrow().await.unwrap()), expected(2));
+    assert!(
+        output.stats.operators.iter().all(|op| op.cache_hits == 0),
+        "{:?}",
+        output.stats.operators
+    );
+}

@@ -34,9 +34,11 @@ use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
-use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
+use floe_core::{ActorId, Config, Fingerprint, JobId, NodeId, ObjectId, WireError};
 use floe_objectstore::block;
-use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
+use floe_objectstore::cache::{
+    Cache, CacheConfig, CachePolicy, Removed, ShardFile, ShardIndex, ShardName,
+};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
@@ -449,8 +451,9 @@ impl Shared {
             CachePolicy::Reuse
         };
         let schema = Arc::new(write.schema.clone());
+        // Evicted by the caller, which tells the index first.
         self.cache
-            .write_shard(policy, &write.lineage, shard, &schema, &batches)?;
+            .store_shard(policy, &write.lineage, shard, &schema, &batches)?;
         let name = ShardName {
             fingerprint: write.lineage.fingerprint(),
             shard,
@@ -510,21 +513,7 @@ impl Shared {
             })
         })
         .await?;
-        if let Some(node) = self.node() {
-            for shard in &doomed {
-                let command = Command::ForgetCacheShard {
-                    fingerprint: shard.name.fingerprint.to_string(),
-                    shard_count: shard.name.shard.count,
-                    rank: shard.name.shard.rank,
-                    node,
-                };
-                // Rejected: not indexed (never recorded, or forgotten already).
-                client
-                    .propose(command)
-                    .await
-                    .map_err(|error| remote(error.into()))?;
-            }
-        }
+        self.forget_shards(&mut client, &doomed).await?;
         let shared = Arc::clone(self);
         blocking(move || {
             let removed = shared.cache.remove_files(&doomed)?;
@@ -532,6 +521,48 @@ impl Shared {
             Ok(removed)
         })
         .await
+    }
+
+    /// Evicts least recently used shards down to `cache.max_bytes` after `writing` stored a
+    /// shard, sparing `writing`'s: drops them from the index first, then removes their files,
+    /// so no job is planned against an evicted shard.
+    async fn evict_over_cap(self: &Arc<Self>, writing: Fingerprint) -> Result<(), RemoteError> {
+        let mut client = self.cache_index.lock().await;
+        let shared = Arc::clone(self);
+        let doomed = blocking(move || Ok(shared.cache.over_cap(Some(writing))?)).await?;
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        self.forget_shards(&mut client, &doomed).await?;
+        let shared = Arc::clone(self);
+        blocking(move || Ok(shared.cache.remove_evicted(&doomed)?))
+            .await
+            .map(drop)
+    }
+
+    /// Drops `shards` of this node from the cache index (before their files go).
+    async fn forget_shards(
+        &self,
+        client: &mut SchedulerClient,
+        shards: &[ShardFile],
+    ) -> Result<(), RemoteError> {
+        let Some(node) = self.node() else {
+            return Ok(());
+        };
+        for shard in shards {
+            let command = Command::ForgetCacheShard {
+                fingerprint: shard.name.fingerprint.to_string(),
+                shard_count: shard.name.shard.count,
+                rank: shard.name.shard.rank,
+                node,
+            };
+            // Rejected: not indexed (never recorded, or forgotten already).
+            client
+                .propose(command)
+                .await
+                .map_err(|error| remote(error.into()))?;
+        }
+        Ok(())
     }
 
     /// Runs the drivers the scheduler assigned to this node and stops the others.
@@ -714,8 +745,13 @@ impl Handler<NodeProtocol> for Service {
                 Ok(NodeResponse::Cancelled)
             }
             NodeRequest::WriteCacheShard(write) => {
-                let shared = Arc::clone(shared);
-                let (rows, bytes) = blocking(move || shared.write_cache_shard(&write)).await?;
+                let writer = Arc::clone(shared);
+                let writing = write.lineage.fingerprint();
+                let (rows, bytes) = blocking(move || writer.write_cache_shard(&write)).await?;
+                // The shard is written whether or not eviction works out.
+                if let Err(error) = shared.evict_over_cap(writing).await {
+                    tracing::warn!(%error, "cannot evict cache shards over the cap");
+                }
                 Ok(NodeResponse::CacheWritten { rows, bytes })
             }
             NodeRequest::LoadCacheShard(load) => {

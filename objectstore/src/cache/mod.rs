@@ -466,6 +466,23 @@ impl Cache {
         schema: &SchemaRef,
         batches: &[RecordBatch],
     ) -> Result<WriteOutcome> {
+        let outcome = self.store_shard(policy, inputs, shard, schema, batches)?;
+        if matches!(outcome, WriteOutcome::Written { .. }) {
+            self.evict_to_cap(Some(inputs.fingerprint()))?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`Cache::write_shard`] without the eviction, for a writer that must tell an index
+    /// which shards go before it removes them ([`Cache::over_cap`], [`Cache::remove_evicted`]).
+    pub fn store_shard(
+        &self,
+        policy: CachePolicy,
+        inputs: &FingerprintInputs,
+        shard: ShardIndex,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<WriteOutcome> {
         if !policy.writes() {
             return Ok(WriteOutcome::Disabled);
         }
@@ -486,7 +503,6 @@ impl Cache {
             },
         )?;
         bump(&self.counters.bytes_written, bytes);
-        self.evict_to_cap(Some(name.fingerprint))?;
         Ok(WriteOutcome::Written { bytes })
     }
 
@@ -507,6 +523,20 @@ impl Cache {
                 "cache over its size cap: the remaining shards are in use"
             );
         }
+        Ok(removed)
+    }
+
+    /// The least recently used shards eviction would remove to bring the directory within
+    /// the cap (sparing open shards and `writing`'s), without removing them.
+    pub fn over_cap(&self, writing: Option<Fingerprint>) -> Result<Vec<ShardFile>> {
+        Ok(self.beyond(self.config.max_bytes.bytes(), writing)?.0)
+    }
+
+    /// Removes shards [`Cache::over_cap`] chose, counted as evicted.
+    pub fn remove_evicted(&self, shards: &[ShardFile]) -> Result<Removed> {
+        let _one_at_a_time = self.eviction.lock().unwrap_or_else(PoisonError::into_inner);
+        let removed = self.remove_files(shards)?;
+        bump(&self.counters.evicted_shards, removed.shards);
         Ok(removed)
     }
 
