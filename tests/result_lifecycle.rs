@@ -547,14 +547,7 @@ fn scaled(n: u64, factor: i64) -> Dataset {
 
 /// Shards the replicated index lists, and shard files in node 0's cache directory.
 async fn indexed_and_on_disk(cluster: &TestCluster) -> (usize, usize) {
-    let indexed = cluster
-        .state()
-        .await
-        .cache
-        .values()
-        .flat_map(|counts| counts.values())
-        .map(|entry| entry.shards.len())
-        .sum();
+    let indexed = cluster.indexed_shards().await;
     let on_disk = std::fs::read_dir(cluster.dir.path().join("node-0").join("cache"))
         .unwrap()
         .filter_map(Result::ok)
