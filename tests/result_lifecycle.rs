@@ -603,3 +603,52 @@ async fn cache_eviction_updates_the_index_before_it_removes_files() {
         output.stats.operators
     );
 }
+
+#[test]
+fn a_materialized_result_served_from_the_cache_is_read_from_its_shards() {
+    let runtime = floe_testkit::cluster::runtime();
+    let cluster = runtime.block_on(start(1, &[]));
+    // The default options: the materializing job's output is cached.
+    let executor = Arc::new(
+        ClusterExecutor::connect(&cluster.schedulers.addrs(), cluster.config.token()).unwrap(),
+    );
+    let dataset = big_result().with_executor(executor.clone());
+    // Computed and cached, then let go.
+    drop(dataset.materialize().unwrap());
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after the first materialization",
+    ));
+    // Served from the cache: its blocks are unloaded as the job ends, yet a job on the node
+    // that holds them reads every row (loading them again for its tasks, then unloading).
+    let materialized = dataset.materialize().unwrap();
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after a cache-served materialization",
+    ));
+    let odd = materialized
+        .filter((col("id") % lit(2i64)).eq(lit(1i64)))
+        .unwrap();
+    let mut rows = 0u64;
+    let mut sum = 0i64;
+    for batch in odd.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        rows += batch.num_rows() as u64;
+        sum += batch
+            .column(1)
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .sum::<i64>();
+    }
+    assert_eq!(rows, 1_500_000);
+    let odd_ids: i64 = (0..3_000_000i64).filter(|id| id % 2 == 1).sum();
+    assert_eq!(sum, 2 * odd_ids);
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after reading the materialized result",
+    ));
+    drop(odd);
+    drop(materialized);
+    drop(executor);
+}
