@@ -453,7 +453,7 @@ impl Shared {
         let schema = Arc::new(write.schema.clone());
         // Evicted by the caller, which tells the index first.
         self.cache
-            .store_shard(policy, &write.lineage, shard, &schema, &batches)?;
+            .write_shard(policy, &write.lineage, shard, &schema, &batches)?;
         let name = ShardName {
             fingerprint: write.lineage.fingerprint(),
             shard,

@@ -455,27 +455,12 @@ impl Cache {
         }
     }
 
-    /// Stores one computed shard of the output described by `inputs`, then evicts down to
-    /// the cap. Two writers of the same shard (in any processes) both succeed; the last
-    /// rename wins and both files were complete, so the survivor is valid.
+    /// Stores one computed shard of the output described by `inputs`. Two writers of the same
+    /// shard (in any processes) both succeed; the last rename wins and both files were
+    /// complete, so the survivor is valid. It does not evict: the caller brings the directory
+    /// back under the cap, with [`Cache::evict_to_cap`], or with [`Cache::over_cap`] then
+    /// [`Cache::remove_evicted`] when an index must hear of the removals first.
     pub fn write_shard(
-        &self,
-        policy: CachePolicy,
-        inputs: &FingerprintInputs,
-        shard: ShardIndex,
-        schema: &SchemaRef,
-        batches: &[RecordBatch],
-    ) -> Result<WriteOutcome> {
-        let outcome = self.store_shard(policy, inputs, shard, schema, batches)?;
-        if matches!(outcome, WriteOutcome::Written { .. }) {
-            self.evict_to_cap(Some(inputs.fingerprint()))?;
-        }
-        Ok(outcome)
-    }
-
-    /// [`Cache::write_shard`] without the eviction, for a writer that must tell an index
-    /// which shards go before it removes them ([`Cache::over_cap`], [`Cache::remove_evicted`]).
-    pub fn store_shard(
         &self,
         policy: CachePolicy,
         inputs: &FingerprintInputs,
