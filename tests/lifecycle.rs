@@ -233,13 +233,5 @@ async fn a_recompute_leaves_one_file_per_shard_across_the_nodes() {
         // Placement spreads the shards differently each time: the old copies go.
         assert_eq!(files(), shards);
     }
-    let indexed: usize = cluster
-        .state()
-        .await
-        .cache
-        .values()
-        .flat_map(|by_count| by_count.values())
-        .map(|entry| entry.shards.len())
-        .sum();
-    assert_eq!(indexed, shards);
+    assert_eq!(cluster.indexed_shards().await, shards);
 }

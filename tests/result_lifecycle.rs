@@ -9,12 +9,20 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use arrow::record_batch::RecordBatch;
+
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
-use floe_client::{Client, Dataset, Error, JobHandle, JobOutput, col, lit};
+use floe_client::{
+    Client, ClusterExecutor, Dataset, Error, JobHandle, JobOutput, WriteOptions, col, lit,
+};
 use floe_core::config::ByteSize;
 use floe_core::job::{CacheMode, JobOptions};
+use floe_core::plan::Operator;
 use floe_core::{JobId, TaskId};
 use floe_testkit::cluster::{TestCluster, TestClusterConfig, fast_timing};
 use floe_testkit::process::floe_command;
@@ -24,6 +32,11 @@ const RESULT_TTL_S: u64 = 6;
 
 /// One scheduler and `nodes` nodes whose small store spills most of a result to disk.
 async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
+    start_with(nodes, settings, &[]).await
+}
+
+/// [`start`], with more settings for the nodes.
+async fn start_with(nodes: usize, settings: &[&str], node_settings: &[&str]) -> TestCluster {
     let mut config = TestClusterConfig {
         settings: fast_timing(),
         node_settings: vec![
@@ -41,6 +54,9 @@ async fn start(nodes: usize, settings: &[&str]) -> TestCluster {
     config
         .settings
         .extend(settings.iter().map(|setting| (*setting).to_owned()));
+    config
+        .node_settings
+        .extend(node_settings.iter().map(|setting| (*setting).to_owned()));
     TestCluster::start(config, nodes).await
 }
 
@@ -325,4 +341,314 @@ async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
     assert!(meta.is_err(), "job 1's first object is still there");
     floe_testkit::node::call(&addr, &wire, &free(2, Vec::new())).await;
     assert_eq!(objects().await, 1);
+}
+
+/// Made by reading a file, so that no plan carries it: only the rows do.
+const NEEDLE: &str = "floe-materialized-needle-5e0c";
+
+/// The names of the files under `dir` (recursively).
+fn files_named(dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().filter_map(Result::ok) {
+            if entry.path().is_dir() {
+                pending.push(entry.path());
+            } else {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Files under `dir` (recursively) whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().filter_map(Result::ok) {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path)
+                && bytes.windows(needle.len()).any(|window| window == needle)
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn materialize_keeps_its_rows_in_the_object_store_owned_by_the_dataset() {
+    let runtime = floe_testkit::cluster::runtime();
+    // Snapshots every few entries, so the check below covers snapshots as well as the log.
+    let cluster = runtime.block_on(start(1, &["scheduler.snapshot_entries=3"]));
+    let executor = Arc::new(
+        ClusterExecutor::connect(&cluster.schedulers.addrs(), cluster.config.token())
+            .unwrap()
+            .with_options(no_cache()),
+    );
+    let input = tempfile::tempdir().unwrap();
+    let csv = input.path().join("input.csv");
+    let rows = 200_000u64;
+    let mut text = String::from("id,tag\n");
+    for id in 0..rows {
+        let tag = if id % 3 == 0 { NEEDLE } else { "plain" };
+        text.push_str(&format!("{id},{tag}\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let dataset = Dataset::read_csv(&[&csv])
+        .unwrap()
+        .with_executor(executor.clone());
+    let materialized = dataset.materialize().unwrap();
+    let Operator::Materialized(source) = materialized.plan().operator() else {
+        panic!("not a materialized source: {materialized:?}");
+    };
+    let owner = source.job;
+    assert_eq!(source.rows(), rows);
+    // The materializing job's output fingerprint, not the rows'.
+    assert_eq!(materialized.fingerprint(), dataset.fingerprint());
+
+    // Two jobs read it from its holder; their results are exact.
+    let sevens = materialized
+        .filter((col("id") % lit(7i64)).eq(lit(0i64)))
+        .unwrap();
+    assert_eq!(sevens.count().unwrap(), rows.div_ceil(7));
+    let batches: Vec<RecordBatch> = materialized
+        .iter_batches()
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut seen = 0u64;
+    for batch in &batches {
+        let ids = batch.column(0).as_primitive::<Int64Type>();
+        let tags = batch.column(1).as_string::<i32>();
+        for row in 0..batch.num_rows() {
+            let id = u64::try_from(ids.value(row)).unwrap();
+            assert_eq!(id, seen, "rows out of order");
+            let expected = if id % 3 == 0 { NEEDLE } else { "plain" };
+            assert_eq!(tags.value(row), expected);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, rows);
+
+    // The rows are in the node's store, and in no file of the replica: not in its log, not
+    // in its snapshots.
+    let (used, spilled, _, _) = runtime.block_on(held(&cluster));
+    assert!(used + spilled > 0, "the materialized rows are not held");
+    let replica = cluster.dir.path().join("replica-1");
+    let names = files_named(&replica);
+    assert!(
+        names.iter().any(|name| name == "wal") && names.iter().any(|name| name == "snapshot"),
+        "no log and snapshot in {}: {names:?}",
+        replica.display()
+    );
+    let leaked = files_containing(&replica, NEEDLE.as_bytes());
+    assert!(leaked.is_empty(), "the rows reached {leaked:?}");
+
+    // Dropping the last dataset that reads it releases the output: freed on the node.
+    drop(sevens);
+    drop(materialized);
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after the materialized dataset was dropped",
+    ));
+    let client = runtime.block_on(cluster.connect());
+    let reason = released_reason(runtime.block_on(client.job(owner).wait()));
+    assert!(reason.contains("released by the client"), "{reason}");
+
+    // A result let go while a dataset still reads it: jobs on it say so.
+    let again = dataset.materialize().unwrap();
+    let Operator::Materialized(source) = again.plan().operator() else {
+        panic!("not a materialized source: {again:?}");
+    };
+    runtime
+        .block_on(client.job(source.job).release_output())
+        .unwrap();
+    let reason = released_reason(again.count());
+    assert!(reason.contains("released by the client"), "{reason}");
+
+    // The old way, rows inline in the plan, does put them in the replica's files: the check
+    // above can see them.
+    let inline = Dataset::from_batches(dataset.schema(), &batches[..1]).unwrap();
+    runtime.block_on(async {
+        let job = client.submit_with(&inline, no_cache()).await.unwrap();
+        job.wait().await.unwrap().release().await.unwrap();
+    });
+    let leaked = files_containing(&replica, NEEDLE.as_bytes());
+    assert!(
+        !leaked.is_empty(),
+        "inline rows not found in the replica's files"
+    );
+    drop(again);
+    drop(executor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_and_cache_served_results_are_not_held_after_their_job() {
+    let cluster = start(1, &[]).await;
+    let client = cluster.connect().await;
+    assert_eq!(held(&cluster).await, (0, 0, 0, 0));
+
+    // A sink job's result is its files: nothing stays in the store, released or not.
+    let out = tempfile::tempdir().unwrap();
+    let sink = big_result()
+        .write_parquet(out.path().join("written"), WriteOptions::default())
+        .unwrap();
+    let job = client.submit(&sink).await.unwrap();
+    let output = job.wait().await.unwrap();
+    output.keep();
+    wait_until_freed(&cluster, "after a sink job ended").await;
+    let written = files_in(&out.path().join("written"));
+    assert!(written > 0, "the sink wrote no file");
+
+    // Computed once (its result cached, then released)…
+    let first = client.submit(&big_result()).await.unwrap();
+    first.wait().await.unwrap().release().await.unwrap();
+    wait_until_freed(&cluster, "after the computed result was released").await;
+    // …then served from the cache: held by nobody's memory once the job ends, yet fetched
+    // exactly, and let go again after the fetch.
+    let again = client.submit(&big_result()).await.unwrap();
+    let output = again.wait().await.unwrap();
+    output.keep();
+    let stats = &output.stats.operators;
+    assert!(
+        stats.iter().all(|op| op.tasks == 0) && stats.iter().any(|op| op.cache_hits > 0),
+        "not served from the cache: {stats:?}"
+    );
+    wait_until_freed(&cluster, "after a cache-served job ended").await;
+    let mut rows = 0u64;
+    let mut sum = 0i64;
+    for batch in output.to_arrow().await.unwrap() {
+        let twice = batch.column(1).as_primitive::<Int64Type>();
+        sum += twice.values().iter().sum::<i64>();
+        rows += batch.num_rows() as u64;
+    }
+    assert_eq!(rows, 3_000_000);
+    assert_eq!(sum, 2 * (0..3_000_000i64).sum::<i64>());
+    wait_until_freed(&cluster, "after the cache-served result was fetched").await;
+    // Kept, so released through the handle.
+    again.release_output().await.unwrap();
+    let reason = released_reason(again.wait().await);
+    assert!(reason.contains("released by the client"), "{reason}");
+}
+
+/// `range(n)` with `id * factor`: cached outputs of a few MB, one per factor.
+fn scaled(n: u64, factor: i64) -> Dataset {
+    Dataset::range(n)
+        .unwrap()
+        .with_column("scaled", col("id") * lit(factor))
+        .unwrap()
+}
+
+/// Shards the replicated index lists, and shard files in node 0's cache directory.
+async fn indexed_and_on_disk(cluster: &TestCluster) -> (usize, usize) {
+    let indexed = cluster.indexed_shards().await;
+    let on_disk = std::fs::read_dir(cluster.dir.path().join("node-0").join("cache"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.starts_with("cache-") && name.ends_with(".arrow")
+        })
+        .count();
+    (indexed, on_disk)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_eviction_updates_the_index_before_it_removes_files() {
+    // Room for about one of the outputs below, not two.
+    let cluster = start_with(1, &[], &["cache.max_bytes=5MiB"]).await;
+    let client = cluster.connect().await;
+    let rows = 200_000u64;
+    let expected = |factor: i64| factor * (0..rows as i64).sum::<i64>();
+    let sum = |batches: Vec<RecordBatch>| -> i64 {
+        batches
+            .iter()
+            .map(|batch| {
+                let scaled = batch.column(1).as_primitive::<Int64Type>();
+                scaled.values().iter().sum::<i64>()
+            })
+            .sum()
+    };
+    for factor in 2..=5 {
+        let job = client.submit(&scaled(rows, factor)).await.unwrap();
+        let output = job.wait().await.unwrap();
+        assert_eq!(sum(output.to_arrow().await.unwrap()), expected(factor));
+        output.release().await.unwrap();
+        // Every shard the index lists is on disk: none was removed behind its back.
+        let (indexed, on_disk) = indexed_and_on_disk(&cluster).await;
+        assert_eq!(indexed, on_disk, "after factor {factor}");
+        assert!(indexed > 0, "nothing cached after factor {factor}");
+    }
+    let first = scaled(rows, 2).fingerprint().to_string();
+    let state = cluster.state().await;
+    assert!(
+        !state.cache.contains_key(&first),
+        "the first output is still indexed: {:?}",
+        state.cache.get(&first)
+    );
+    // The first output was evicted: run again, it is computed (not planned against missing
+    // shards) and exact.
+    let job = client.submit(&scaled(rows, 2)).await.unwrap();
+    let output = job.wait().await.unwrap();
+    assert_eq!(sum(output.to_arrow().await.unwrap()), expected(2));
+    assert!(
+        output.stats.operators.iter().all(|op| op.cache_hits == 0),
+        "{:?}",
+        output.stats.operators
+    );
+}
+
+#[test]
+fn a_materialized_result_served_from_the_cache_is_read_from_its_shards() {
+    let runtime = floe_testkit::cluster::runtime();
+    let cluster = runtime.block_on(start(1, &[]));
+    // The default options: the materializing job's output is cached.
+    let executor = Arc::new(
+        ClusterExecutor::connect(&cluster.schedulers.addrs(), cluster.config.token()).unwrap(),
+    );
+    let dataset = big_result().with_executor(executor.clone());
+    // Computed and cached, then let go.
+    drop(dataset.materialize().unwrap());
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after the first materialization",
+    ));
+    // Served from the cache: its blocks are unloaded as the job ends, yet a job on the node
+    // that holds them reads every row (loading them again for its tasks, then unloading).
+    let materialized = dataset.materialize().unwrap();
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after a cache-served materialization",
+    ));
+    let odd = materialized
+        .filter((col("id") % lit(2i64)).eq(lit(1i64)))
+        .unwrap();
+    let mut rows = 0u64;
+    let mut sum = 0i64;
+    for batch in odd.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        rows += batch.num_rows() as u64;
+        sum += batch
+            .column(1)
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .sum::<i64>();
+    }
+    assert_eq!(rows, 1_500_000);
+    let odd_ids: i64 = (0..3_000_000i64).filter(|id| id % 2 == 1).sum();
+    assert_eq!(sum, 2 * odd_ids);
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after reading the materialized result",
+    ));
+    drop(odd);
+    drop(materialized);
+    drop(executor);
 }

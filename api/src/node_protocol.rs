@@ -380,6 +380,13 @@ pub enum NodeRequest {
     JobTasks {
         job: JobId,
     },
+    /// Drops the bytes of a finished job's output blocks that were loaded from cache shards,
+    /// remembering each one's shard: reading one (a client's fetch, a pull, a local task)
+    /// loads it again, so the output is not held in memory between fetches. A `Free` (or
+    /// `FreeJob`) of the block forgets it.
+    UnloadCachedOutputs {
+        loads: Vec<ShardLoad>,
+    },
 }
 
 /// The runs of a job's tasks, as the driver saw them: kept by the node that hosts the driver.

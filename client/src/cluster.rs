@@ -25,7 +25,7 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, JobSummary, O
 use floe_core::auth::ClientToken;
 use floe_core::config::{Config, TlsConfig};
 use floe_core::job::{JobOptions, JobProgress, JobSpec, JobStats, OutputBlock};
-use floe_core::plan::LogicalPlan;
+use floe_core::plan::{LogicalPlan, MaterializedSource, Operator};
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::Mutex;
@@ -328,6 +328,11 @@ impl Client {
         name: Option<String>,
     ) -> Result<JobHandle> {
         crate::check_sinks(plan)?;
+        for job in materialized_jobs(plan) {
+            if let Some(released) = self.inner.why_released(job).await {
+                return Err(released);
+            }
+        }
         let spec = JobSpec {
             plan: plan.resolve_seeds()?,
             options,
@@ -419,6 +424,20 @@ fn nodes_of(state: &ClusterState) -> Vec<NodeInfo> {
             heap_bytes: node.resources.heap_bytes,
         })
         .collect()
+}
+
+/// The jobs whose held outputs `plan` reads through materialized sources; a walk with a
+/// stack, so any depth is safe.
+fn materialized_jobs(plan: &LogicalPlan) -> BTreeSet<JobId> {
+    let mut jobs = BTreeSet::new();
+    let mut pending = vec![plan];
+    while let Some(node) = pending.pop() {
+        if let Operator::Materialized(source) = node.operator() {
+            jobs.insert(source.job);
+        }
+        pending.extend(node.inputs());
+    }
+    jobs
 }
 
 /// A submitted job.
@@ -886,6 +905,30 @@ impl Executor for ClusterExecutor {
             failed = matches!(next, Some(Err(_)));
             next
         })))
+    }
+
+    /// Runs the dataset as a job and keeps its output where it is, owned by the returned
+    /// dataset; an empty output travels inline (there is nothing to hold).
+    fn materialize(&self, dataset: &Dataset) -> Result<Dataset> {
+        let plan = dataset.plan().resolve_seeds()?;
+        let output = self.runtime.block_on(async {
+            let job = self
+                .client
+                .submit_plan(&plan, self.options.clone(), None)
+                .await?;
+            job.wait().await
+        })?;
+        if output.blocks.is_empty() {
+            let empty = Dataset::from_batches(dataset.schema(), &[])?;
+            return Ok(dataset.then(empty.plan().clone()));
+        }
+        let source = MaterializedSource {
+            job: output.job,
+            fingerprint: plan.fingerprint(),
+            schema: dataset.schema().clone(),
+            blocks: output.blocks.clone(),
+        };
+        Ok(dataset.owned_by(LogicalPlan::materialized(source)?, Arc::new(output)))
     }
 }
 

@@ -168,8 +168,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Dataset {
     plan: LogicalPlan,
     udfs: Arc<Registry>,
+    /// The holds on the materialized results the plan reads (see [`Executor::materialize`]);
+    /// declared before the executor so they are let go while its runtime still runs.
+    owners: Vec<ResultOwner>,
     executor: Arc<dyn Executor>,
 }
+
+/// A hold on rows an executor keeps outside the plan (a cluster job's output): they stay
+/// while any clone of it lives.
+pub type ResultOwner = Arc<dyn std::any::Any + Send + Sync>;
 
 /// The blocks of a running plan, in order; an error ends the stream.
 pub type BatchStream<'a> = Box<dyn Iterator<Item = Result<RecordBatch>> + 'a>;
@@ -185,6 +192,16 @@ pub trait Executor: Send + Sync {
     /// Starts running `plan`, whose UDF calls were checked against `udfs`, and streams its
     /// output blocks.
     fn execute<'a>(&'a self, plan: &LogicalPlan, udfs: &'a Registry) -> Result<BatchStream<'a>>;
+
+    /// Computes `dataset` and returns a source over its rows (see [`Dataset::materialize`]).
+    /// By default the rows are collected here and travel inline with the plans built on them;
+    /// an executor that can keep them where they were computed returns a source naming them,
+    /// with its hold on them ([`Dataset::owned_by`]).
+    fn materialize(&self, dataset: &Dataset) -> Result<Dataset> {
+        let blocks: Vec<RecordBatch> = dataset.iter_batches()?.collect::<Result<_>>()?;
+        let materialized = Dataset::from_batches(dataset.schema(), &blocks)?;
+        Ok(dataset.then(materialized.plan))
+    }
 }
 
 /// Runs plans in this process with the node's kernels ([`floe_engine::local`]): one task at a
@@ -274,6 +291,7 @@ impl Dataset {
         Self {
             plan,
             udfs: Arc::new(Registry::with_builtins()),
+            owners: Vec::new(),
             executor: Arc::new(LocalExecutor::default()),
         }
     }
@@ -282,8 +300,25 @@ impl Dataset {
         Self {
             plan,
             udfs: self.udfs.clone(),
+            owners: self.owners.clone(),
             executor: self.executor.clone(),
         }
+    }
+
+    /// [`Dataset::then`] for a plan that reads `other` too: it holds what both read.
+    fn then_with(&self, other: &Dataset, plan: LogicalPlan) -> Self {
+        let mut next = self.then(plan);
+        next.owners.extend(other.owners.iter().cloned());
+        next
+    }
+
+    /// This dataset with `plan` as its plan, holding `owner` besides what it held: how an
+    /// [`Executor::materialize`] hands back a source over rows it keeps elsewhere. Dropping
+    /// the last dataset built from it lets `owner` go.
+    pub fn owned_by(&self, plan: LogicalPlan, owner: ResultOwner) -> Self {
+        let mut next = self.then(plan);
+        next.owners.push(owner);
+        next
     }
 
     /// Reads files of `format`: each path may be a file, a directory (all files below it)
@@ -433,11 +468,12 @@ impl Dataset {
         right_keys: &[&str],
         how: JoinType,
     ) -> Result<Self> {
-        Ok(self.then(self.plan.join(&other.plan, left_keys, right_keys, how)?))
+        let plan = self.plan.join(&other.plan, left_keys, right_keys, how)?;
+        Ok(self.then_with(other, plan))
     }
 
     pub fn union(&self, other: &Dataset) -> Result<Self> {
-        Ok(self.then(self.plan.union(&other.plan)?))
+        Ok(self.then_with(other, self.plan.union(&other.plan)?))
     }
 
     /// Distinct rows of `columns` (all columns when empty).
@@ -570,19 +606,24 @@ impl Dataset {
     /// Computes the dataset and returns a dataset over the computed rows, with this
     /// dataset's UDF registry and executor.
     ///
-    /// The result is a new source, exactly as if its rows had been given to
-    /// [`Dataset::from_batches`]: its fingerprint is that of its content, not this dataset's
-    /// lineage. Content is what the rows are: a plan whose output is not a function of its
-    /// fingerprint (a file rewritten with the same size and time, a nondeterministic UDF)
-    /// cannot give a materialized copy a wrong identity, and two materializations with equal
-    /// rows in equal blocks share a fingerprint. The cost is that a cached result of
-    /// `dataset.filter(..)` is not found for `dataset.materialize().filter(..)`; `cache()`
-    /// keeps lineage for that. With the [`LocalExecutor`] the rows are held in this process
-    /// and travel inline with any plan built on them, so keep them small.
+    /// On a cluster ([`ClusterExecutor`]) the rows stay where the materializing job left
+    /// them: the new dataset is a source naming that job's held output blocks (their ids,
+    /// holders, schema and row counts, never their rows, so no plan and no replicated log
+    /// carries them), read from their holders by every job built on it. The dataset and its
+    /// clones own that output: dropping the last of them releases it, and a job submitted
+    /// after the output was let go anyway (`jobs.result_ttl`, `floe job delete`) fails with
+    /// [`Error::ResultReleased`]. Its fingerprint is the materializing job's output
+    /// fingerprint, so cached results computed from it are found again.
+    ///
+    /// With the [`LocalExecutor`] the result is a new source exactly as if its rows had been
+    /// given to [`Dataset::from_batches`]: held in this process, travelling inline with any
+    /// plan built on them (keep them small), fingerprinted by their content. Content is what
+    /// the rows are: a plan whose output is not a function of its fingerprint (a file
+    /// rewritten with the same size and time, a nondeterministic UDF) cannot give the copy a
+    /// wrong identity. The cost is that a cached result of `dataset.filter(..)` is not found
+    /// for `dataset.materialize().filter(..)`; `cache()` keeps lineage for that.
     pub fn materialize(&self) -> Result<Self> {
-        let blocks: Vec<RecordBatch> = self.iter_batches()?.collect::<Result<_>>()?;
-        let materialized = Self::from_batches(self.schema(), &blocks)?;
-        Ok(self.then(materialized.plan))
+        self.executor.materialize(self)
     }
 }
 

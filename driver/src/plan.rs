@@ -16,7 +16,7 @@ use floe_api::state::{CacheEntry, CacheIndex};
 use floe_core::Fingerprint;
 use floe_core::NodeId;
 use floe_core::fingerprint::FingerprintInputs;
-use floe_core::job::{CacheMode, JobSpec};
+use floe_core::job::{CacheMode, JobSpec, OutputBlock};
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
 use floe_core::plan::{LogicalPlan, PlanError};
@@ -33,6 +33,9 @@ const RANGE_MAX_TASKS: u64 = 256;
 pub(crate) enum SourceTask {
     Compute(StageInput),
     Load(ShardToLoad),
+    /// One block of an earlier job's held output, taken as the task's input where it is (the
+    /// job reading it never frees it: it belongs to that output).
+    Borrow(OutputBlock),
 }
 
 /// Shard `rank` of `count` of an operator's fingerprint, cached on `node`.
@@ -146,6 +149,13 @@ pub(crate) fn plan(
             StageKind::FromBatches { .. } => {
                 Work::Source(vec![SourceTask::Compute(StageInput::Inline)])
             }
+            StageKind::Materialized(source) => Work::Source(
+                source
+                    .blocks
+                    .iter()
+                    .map(|block| SourceTask::Borrow(*block))
+                    .collect(),
+            ),
             StageKind::Map => Work::Map,
             StageKind::Limit { n } => Work::Limit(*n),
             StageKind::Union => Work::Union,

@@ -78,6 +78,11 @@ pub enum Error {
     RangeOverflow(u64),
     #[error("{operator} is not a row-wise operator; the shuffle executor runs it")]
     NotRowWise { operator: &'static str },
+    #[error(
+        "job {job}'s materialized result lives in its cluster's object stores; run plans that \
+         read it on that cluster"
+    )]
+    MaterializedElsewhere { job: floe_core::JobId },
     /// A process UDF's child failed, hung or could not start; running the task again may work.
     #[error("process UDF `{udf}`: {message}")]
     ProcessUdf { udf: String, message: String },

@@ -173,6 +173,9 @@ fn open<'a>(
                 Ok(Vec::new())
             })
         }
+        StageKind::Materialized(source) => {
+            return Err(Error::MaterializedElsewhere { job: source.job });
+        }
         StageKind::AllToAll(operator) => {
             return Err(Error::NotRowWise {
                 operator: operator.name(),

@@ -96,7 +96,7 @@ pub fn run_task(
             range_batches(start, end.min(*n), context.batch_rows)?
         }
         (StageKind::FromBatches { ipc, .. }, StageInput::Inline) => decode_ipc(ipc)?,
-        (StageKind::Map, StageInput::Blocks) => blocks,
+        (StageKind::Map | StageKind::Materialized(_), StageInput::Blocks) => blocks,
         (StageKind::Limit { n }, StageInput::Blocks) => {
             let mut limiter = Limiter::new(*n);
             blocks

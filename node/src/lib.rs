@@ -35,10 +35,12 @@ use floe_core::auth::{ClusterSecret, Credential, Identity};
 use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
-use floe_core::{ActorId, Config, JobId, NodeId, ObjectId, WireError};
+use floe_core::{ActorId, Config, Fingerprint, JobId, NodeId, ObjectId, WireError};
 use floe_driver::tasks::TaskBoard;
 use floe_objectstore::block;
-use floe_objectstore::cache::{Cache, CacheConfig, CachePolicy, Removed, ShardIndex, ShardName};
+use floe_objectstore::cache::{
+    Cache, CacheConfig, CachePolicy, Removed, ShardFile, ShardIndex, ShardName,
+};
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -108,6 +110,11 @@ pub enum Error {
     Worker(String),
     #[error("local node: {0}")]
     LocalNode(String),
+    #[error(
+        "object {object} was unloaded at its job's end and its cache shard is gone since \
+         (evicted or cleaned); run the job again"
+    )]
+    ShardGone { object: ObjectId },
     #[error("transferring object {object}: {reason}")]
     Transfer { object: ObjectId, reason: String },
     #[error(
@@ -150,6 +157,12 @@ struct Shared {
     /// The job each task output and loaded cache shard here was made for, until it is freed,
     /// so a job's leftovers can be freed without knowing their ids (`FreeJob`).
     made_for: Mutex<BTreeMap<ObjectId, JobId>>,
+    /// Output blocks loaded from cache shards whose bytes were dropped at their job's end
+    /// (`UnloadCachedOutputs`), with the shard each is loaded again from when read, until the
+    /// block is freed.
+    unloaded: Mutex<BTreeMap<ObjectId, ShardLoad>>,
+    /// One reload at a time, so two readers of an unloaded block do not both write it.
+    reloading: Mutex<()>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
     /// The data directory, whose log files `ReadLogs` reads.
@@ -193,8 +206,10 @@ impl Shared {
     /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
         let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
             made_for.remove(object);
+            unloaded.remove(object);
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
@@ -208,6 +223,8 @@ impl Shared {
         pulled: &mut Vec<ObjectId>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pins = Vec::with_capacity(spec.inputs.len());
+        // Unloaded cached outputs loaded again for this task, unloaded again after it.
+        let mut reloaded = Vec::new();
         for input in &spec.inputs {
             let unavailable = |error: Error| TaskFailure::InputUnavailable {
                 object: input.object,
@@ -222,6 +239,8 @@ impl Shared {
                 if copy.copy_in_use {
                     pulled.push(input.object);
                 }
+            } else if self.reload(input.object).map_err(unavailable)? {
+                reloaded.push(input.object);
             }
             pins.push(
                 self.store
@@ -248,6 +267,9 @@ impl Shared {
                 .collect(),
         };
         let outputs = self.pool.run(task, pins).await;
+        for object in reloaded {
+            self.unload_again(object);
+        }
         if let Err(
             TaskFailure::Cancelled
             | TaskFailure::OutOfMemory { .. }
@@ -320,6 +342,59 @@ impl Shared {
         }
     }
 
+    /// Drops the bytes of these cache-loaded output blocks, remembering their shards (one
+    /// freed meanwhile is left alone).
+    fn unload_cached_outputs(&self, loads: Vec<ShardLoad>) {
+        let made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
+        for load in loads {
+            if !made_for.contains_key(&load.object) {
+                continue;
+            }
+            match self.store.delete(load.object) {
+                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(object = %load.object, %error, "cannot unload a cached output");
+                    continue;
+                }
+            }
+            unloaded.insert(load.object, load);
+        }
+    }
+
+    /// Loads `object` again from its cache shard if it was unloaded and is not here; whether
+    /// it is one of the unloaded blocks.
+    fn reload(&self, object: ObjectId) -> Result<bool> {
+        let load = self
+            .unloaded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&object)
+            .cloned();
+        let Some(load) = load else {
+            return Ok(false);
+        };
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !self.store.contains(object) && self.load_cache_shard(&load)?.is_none() {
+            return Err(Error::ShardGone { object });
+        }
+        Ok(true)
+    }
+
+    /// Drops an unloaded block's bytes again once it has been read.
+    fn unload_again(&self, object: ObjectId) {
+        let unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
+        if unloaded.contains_key(&object)
+            && let Err(error) = self.store.delete(object)
+            && !matches!(error, floe_objectstore::Error::NotFound { .. })
+        {
+            tracing::warn!(%object, %error, "cannot unload a cached output again");
+        }
+    }
+
     /// Deletes every object made for `job` except `keep`.
     fn free_job(&self, job: JobId, keep: &[ObjectId]) {
         let leftovers: Vec<ObjectId> = self
@@ -385,6 +460,7 @@ impl Shared {
             CachePolicy::Reuse
         };
         let schema = Arc::new(write.schema.clone());
+        // Evicted by the caller, which tells the index first.
         self.cache
             .write_shard(policy, &write.lineage, shard, &schema, &batches)?;
         let name = ShardName {
@@ -446,21 +522,7 @@ impl Shared {
             })
         })
         .await?;
-        if let Some(node) = self.node() {
-            for shard in &doomed {
-                let command = Command::ForgetCacheShard {
-                    fingerprint: shard.name.fingerprint.to_string(),
-                    shard_count: shard.name.shard.count,
-                    rank: shard.name.shard.rank,
-                    node,
-                };
-                // Rejected: not indexed (never recorded, or forgotten already).
-                client
-                    .propose(command)
-                    .await
-                    .map_err(|error| remote(error.into()))?;
-            }
-        }
+        self.forget_shards(&mut client, &doomed).await?;
         let shared = Arc::clone(self);
         blocking(move || {
             let removed = shared.cache.remove_files(&doomed)?;
@@ -468,6 +530,48 @@ impl Shared {
             Ok(removed)
         })
         .await
+    }
+
+    /// Evicts least recently used shards down to `cache.max_bytes` after `writing` stored a
+    /// shard, sparing `writing`'s: drops them from the index first, then removes their files,
+    /// so no job is planned against an evicted shard.
+    async fn evict_over_cap(self: &Arc<Self>, writing: Fingerprint) -> Result<(), RemoteError> {
+        let mut client = self.cache_index.lock().await;
+        let shared = Arc::clone(self);
+        let doomed = blocking(move || Ok(shared.cache.over_cap(Some(writing))?)).await?;
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        self.forget_shards(&mut client, &doomed).await?;
+        let shared = Arc::clone(self);
+        blocking(move || Ok(shared.cache.remove_evicted(&doomed)?))
+            .await
+            .map(drop)
+    }
+
+    /// Drops `shards` of this node from the cache index (before their files go).
+    async fn forget_shards(
+        &self,
+        client: &mut SchedulerClient,
+        shards: &[ShardFile],
+    ) -> Result<(), RemoteError> {
+        let Some(node) = self.node() else {
+            return Ok(());
+        };
+        for shard in shards {
+            let command = Command::ForgetCacheShard {
+                fingerprint: shard.name.fingerprint.to_string(),
+                shard_count: shard.name.shard.count,
+                rank: shard.name.shard.rank,
+                node,
+            };
+            // Rejected: not indexed (never recorded, or forgotten already).
+            client
+                .propose(command)
+                .await
+                .map_err(|error| remote(error.into()))?;
+        }
+        Ok(())
     }
 
     /// Runs the drivers the scheduler assigned to this node and stops the others.
@@ -520,6 +624,14 @@ impl Shared {
 struct Service(Arc<Shared>);
 
 /// Runs file work (cache shards: reads, writes, fsyncs) off the async threads.
+/// Whether a chunk read at `offset..offset + len` of `object` reaches its end.
+fn chunk_reaches_end(shared: &Shared, object: ObjectId, offset: u64, len: u64) -> bool {
+    shared
+        .store
+        .get(object)
+        .is_ok_and(|view| offset.saturating_add(len) >= view.len() as u64)
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T, RemoteError> {
@@ -556,10 +668,23 @@ impl Handler<NodeProtocol> for Service {
                 object,
                 offset,
                 len,
-            } => match self.0.transfers.read_chunk(object, offset, len) {
-                Ok(chunk) => (Ok(NodeResponse::Chunk), Some(chunk)),
-                Err(error) => (Err(remote(error)), None),
-            },
+            } => {
+                let shared = Arc::clone(&self.0);
+                let reloaded = match blocking(move || shared.reload(object)).await {
+                    Ok(reloaded) => reloaded,
+                    Err(error) => return (Err(error), None),
+                };
+                match self.0.transfers.read_chunk(object, offset, len) {
+                    Ok(chunk) => {
+                        // The chunk holds the bytes it sends; the last one lets the block go.
+                        if reloaded && chunk_reaches_end(&self.0, object, offset, len) {
+                            self.0.unload_again(object);
+                        }
+                        (Ok(NodeResponse::Chunk), Some(chunk))
+                    }
+                    Err(error) => (Err(remote(error)), None),
+                }
+            }
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -568,11 +693,16 @@ impl Handler<NodeProtocol> for Service {
         let shared = &self.0;
         match request {
             NodeRequest::RunTask(spec) => Ok(NodeResponse::Task(shared.run_task(spec).await)),
-            NodeRequest::ObjectMeta { object } => shared
-                .transfers
-                .meta(object)
-                .map(NodeResponse::ObjectMeta)
-                .map_err(remote),
+            NodeRequest::ObjectMeta { object } => {
+                let reloading = Arc::clone(shared);
+                let reloaded = blocking(move || reloading.reload(object)).await?;
+                let meta = shared.transfers.meta(object).map_err(remote)?;
+                // Sent whole: nothing more will be read.
+                if reloaded && meta.inline.is_some() {
+                    shared.unload_again(object);
+                }
+                Ok(NodeResponse::ObjectMeta(meta))
+            }
             NodeRequest::ReadChunk { object, .. } => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
@@ -591,14 +721,24 @@ impl Handler<NodeProtocol> for Service {
                 shared.free_job(job, &keep);
                 Ok(NodeResponse::Freed)
             }
+            NodeRequest::UnloadCachedOutputs { loads } => {
+                shared.unload_cached_outputs(loads);
+                Ok(NodeResponse::Freed)
+            }
             NodeRequest::Free { objects } => {
                 let mut made_for = shared
                     .made_for
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
+                let mut unloaded = shared
+                    .unloaded
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 for object in &objects {
                     made_for.remove(object);
+                    unloaded.remove(object);
                 }
+                drop(unloaded);
                 drop(made_for);
                 for object in objects {
                     match shared.store.delete(object) {
@@ -614,8 +754,13 @@ impl Handler<NodeProtocol> for Service {
                 Ok(NodeResponse::Cancelled)
             }
             NodeRequest::WriteCacheShard(write) => {
-                let shared = Arc::clone(shared);
-                let (rows, bytes) = blocking(move || shared.write_cache_shard(&write)).await?;
+                let writer = Arc::clone(shared);
+                let writing = write.lineage.fingerprint();
+                let (rows, bytes) = blocking(move || writer.write_cache_shard(&write)).await?;
+                // The shard is written whether or not eviction works out.
+                if let Err(error) = shared.evict_over_cap(writing).await {
+                    tracing::warn!(%error, "cannot evict cache shards over the cap");
+                }
                 Ok(NodeResponse::CacheWritten { rows, bytes })
             }
             NodeRequest::LoadCacheShard(load) => {
@@ -740,6 +885,8 @@ impl NodeAgent {
             processes: Arc::clone(&processes),
             allowed: config.data.allowed(),
             made_for: Mutex::new(BTreeMap::new()),
+            unloaded: Mutex::new(BTreeMap::new()),
+            reloading: Mutex::new(()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
             data_dir: data_dir.clone(),

@@ -271,6 +271,17 @@ impl TestCluster {
         self.client().read_state().await.unwrap()
     }
 
+    /// Cache shards the replicated index lists, over every fingerprint and shard count.
+    pub async fn indexed_shards(&self) -> usize {
+        self.state()
+            .await
+            .cache
+            .values()
+            .flat_map(|by_count| by_count.values())
+            .map(|entry| entry.shards.len())
+            .sum()
+    }
+
     pub async fn node_status(&self, index: usize) -> NodeStatus {
         node::status(self.node(index).addr(), &self.wire()).await
     }

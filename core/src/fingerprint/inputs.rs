@@ -388,6 +388,13 @@ fn source_differences(
             requested: *mine,
             stored: *theirs,
         }],
+        (
+            SourceDescription::Materialized { job: mine, .. },
+            SourceDescription::Materialized { job: theirs, .. },
+        ) => vec![Difference::Operation {
+            requested: format!("job {mine}'s materialized result"),
+            stored: format!("job {theirs}'s materialized result"),
+        }],
         _ => vec![Difference::Operation {
             requested: format!("{} source", requested.kind()),
             stored: format!("{} source", stored.kind()),

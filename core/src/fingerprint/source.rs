@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::canonical::CanonicalHasher;
 use super::{Fingerprint, FingerprintError};
+use crate::JobId;
 
 const FILE_CONTENT_DOMAIN: &str = "floe.fingerprint.udf-file-content.v1";
 
@@ -86,6 +87,11 @@ pub enum SourceDescription {
     Range { n: u64 },
     /// Data the client supplied inline, identified by the hash of its bytes.
     InMemory { content: Fingerprint, len: u64 },
+    /// The held output of job `job`, identified by that output's fingerprint.
+    Materialized {
+        job: JobId,
+        fingerprint: Fingerprint,
+    },
 }
 
 /// One source file as it was when the plan was fingerprinted.
@@ -183,6 +189,8 @@ impl SourceDescription {
                 hasher.u64(*len);
                 hasher.finish()
             }
+            // The rows are the materializing job's output: they share its identity.
+            SourceDescription::Materialized { fingerprint, .. } => *fingerprint,
         }
     }
 
@@ -191,6 +199,7 @@ impl SourceDescription {
             SourceDescription::Files(_) => "files",
             SourceDescription::Range { .. } => "range",
             SourceDescription::InMemory { .. } => "in-memory data",
+            SourceDescription::Materialized { .. } => "materialized result",
         }
     }
 }

@@ -51,7 +51,7 @@ use crate::fingerprint::{
 pub use error::{FingerprintErrorText, PlanError, describe_schema};
 pub use operator::{
     AggFunction, Aggregation, Compression, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat,
-    FileScan, JoinType, Operator, SeedChoice, SortKey, WriteMode, WriteSpec,
+    FileScan, JoinType, MaterializedSource, Operator, SeedChoice, SortKey, WriteMode, WriteSpec,
 };
 pub use process::{
     Concurrency, InlineCode, ProcessUdf, SCRIPT_OPTIONS, UdfCodePolicy, UdfCodeRefused,
@@ -198,6 +198,11 @@ impl LogicalPlan {
     /// Rows given inline as Arrow IPC stream bytes with this schema.
     pub fn from_ipc(schema: Schema, ipc: Vec<u8>, rows: u64) -> Result<Self, PlanError> {
         Self::new(Operator::FromBatches { schema, ipc, rows }, Vec::new())
+    }
+
+    /// The held output of an earlier job, read from the nodes that hold it.
+    pub fn materialized(source: MaterializedSource) -> Result<Self, PlanError> {
+        Self::new(Operator::Materialized(source), Vec::new())
     }
 
     fn then(&self, operator: Operator) -> Result<Self, PlanError> {
@@ -553,6 +558,10 @@ fn source_description(operator: &Operator) -> Option<SourceDescription> {
         }
         Operator::Range { n } => Some(SourceDescription::range(*n)),
         Operator::FromBatches { ipc, .. } => Some(SourceDescription::in_memory(ipc)),
+        Operator::Materialized(source) => Some(SourceDescription::Materialized {
+            job: source.job,
+            fingerprint: source.fingerprint,
+        }),
         _ => None,
     }
 }

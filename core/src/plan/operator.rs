@@ -10,6 +10,37 @@ use super::process::ProcessUdf;
 use super::udf::{UdfCall, UdfKind, UdfParams};
 use crate::expr::Expr;
 use crate::fingerprint::{ArgValue, Args, FileStamp, Seed};
+use crate::job::OutputBlock;
+use crate::{Fingerprint, JobId};
+
+/// The held output of the job that materialized a dataset: the blocks it left in the nodes'
+/// object stores, which a job reading it pulls from their holders. The plan names them and
+/// never carries their rows, so the rows stay out of the replicated log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaterializedSource {
+    /// The job whose output this is; it owns the blocks.
+    pub job: JobId,
+    /// That job's output fingerprint, which this source takes as its own.
+    pub fingerprint: Fingerprint,
+    pub schema: Schema,
+    /// The blocks in output order.
+    pub blocks: Vec<OutputBlock>,
+}
+
+impl MaterializedSource {
+    pub fn rows(&self) -> u64 {
+        self.blocks.iter().map(|block| block.rows).sum()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "materialized job={} blocks={} rows={}",
+            self.job,
+            self.blocks.len(),
+            self.rows()
+        )
+    }
+}
 
 /// How a text file is laid out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,6 +366,9 @@ pub enum Operator {
         ipc: Vec<u8>,
         rows: u64,
     },
+    /// The output of an earlier job, held in the nodes' object stores (what
+    /// `Dataset::materialize` makes on a cluster).
+    Materialized(MaterializedSource),
     WithColumn {
         name: String,
         expr: Expr,
@@ -409,6 +443,7 @@ impl Operator {
             },
             Operator::Range { .. } => "range",
             Operator::FromBatches { .. } => "from_batches",
+            Operator::Materialized(_) => "materialized",
             Operator::WithColumn { .. } => "with_column",
             Operator::Select { .. } => "select",
             Operator::Drop { .. } => "drop",
@@ -452,6 +487,7 @@ impl Operator {
             Operator::Filter { predicate } => vec![predicate],
             Operator::Range { .. }
             | Operator::FromBatches { .. }
+            | Operator::Materialized(_)
             | Operator::Select { .. }
             | Operator::Drop { .. }
             | Operator::Rename { .. }
@@ -540,7 +576,9 @@ impl Operator {
                 }
                 args
             }
-            Operator::Range { .. } | Operator::FromBatches { .. } => Args::new(),
+            Operator::Range { .. } | Operator::FromBatches { .. } | Operator::Materialized(_) => {
+                Args::new()
+            }
             Operator::WithColumn { name, expr } => Args::new()
                 .arg("name", name.as_str())
                 .arg("expr", expr.to_arg()),
@@ -648,6 +686,7 @@ impl Operator {
             Operator::FromBatches { rows, ipc, .. } => {
                 format!("from_batches rows={rows} bytes={}", ipc.len())
             }
+            Operator::Materialized(source) => source.describe(),
             Operator::WithColumn { name, expr } => format!("with_column {name}={expr}"),
             Operator::Select { columns } => format!("select [{}]", list(columns)),
             Operator::Drop { columns } => format!("drop [{}]", list(columns)),

@@ -10,7 +10,7 @@ use std::fmt;
 use arrow_schema::Schema;
 use serde::{Deserialize, Serialize};
 
-use super::operator::{FileScan, Operator, WriteSpec};
+use super::operator::{FileScan, MaterializedSource, Operator, WriteSpec};
 use super::{LogicalPlan, describe_schema};
 use crate::Fingerprint;
 
@@ -29,6 +29,9 @@ pub enum StageKind {
         schema: Schema,
         ipc: Vec<u8>,
     },
+    /// An earlier job's held output: each task takes one of its blocks as its input (pulled
+    /// from the holder) and applies the row-wise operators.
+    Materialized(MaterializedSource),
     /// Only the row-wise operators, over each input block.
     Map,
     /// Passes the first `n` rows of its input stream (manipulates block references only).
@@ -49,6 +52,7 @@ impl StageKind {
             StageKind::Read(_) => "read",
             StageKind::Range { .. } => "range",
             StageKind::FromBatches { .. } => "from_batches",
+            StageKind::Materialized(_) => "materialized",
             StageKind::Map => "map",
             StageKind::Limit { .. } => "limit",
             StageKind::AllToAll(operator) => operator.name(),
@@ -63,6 +67,7 @@ impl StageKind {
             StageKind::Read(scan) => Operator::Read(scan.clone()).describe(),
             StageKind::Range { n } => format!("range n={n}"),
             StageKind::FromBatches { ipc, .. } => format!("from_batches bytes={}", ipc.len()),
+            StageKind::Materialized(source) => Operator::Materialized(source.clone()).describe(),
             StageKind::Map => "map".to_owned(),
             StageKind::Limit { n } => format!("limit {n}"),
             StageKind::AllToAll(operator) => format!("all_to_all {}", operator.describe()),
@@ -80,6 +85,7 @@ impl StageKind {
             StageKind::Read(_)
                 | StageKind::Range { .. }
                 | StageKind::FromBatches { .. }
+                | StageKind::Materialized(_)
                 | StageKind::Map
         )
     }
@@ -175,6 +181,7 @@ impl Builder {
                 },
                 Vec::new(),
             ),
+            Operator::Materialized(source) => (StageKind::Materialized(source.clone()), Vec::new()),
             Operator::Limit { n } => (StageKind::Limit { n: *n }, Vec::new()),
             Operator::Union => (StageKind::Union, Vec::new()),
             Operator::Cache => (StageKind::Cache, Vec::new()),

@@ -86,7 +86,10 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
     let name = label(operator);
     let name = name.as_str();
     let expected_inputs = match operator {
-        Operator::Read(_) | Operator::Range { .. } | Operator::FromBatches { .. } => 0,
+        Operator::Read(_)
+        | Operator::Range { .. }
+        | Operator::FromBatches { .. }
+        | Operator::Materialized(_) => 0,
         Operator::Join { .. } | Operator::Union => 2,
         _ => 1,
     };
@@ -135,6 +138,7 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
             Ok(Schema::new(vec![Field::new("id", DataType::Int64, false)]))
         }
         Operator::FromBatches { schema, .. } => Ok(Schema::new(schema.fields().clone())),
+        Operator::Materialized(source) => Ok(Schema::new(source.schema.fields().clone())),
         Operator::WithColumn { name: column, expr } => {
             let input = inputs[0];
             let new_field = expr.to_field(input, name, column)?;

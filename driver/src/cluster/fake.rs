@@ -572,6 +572,8 @@ impl FakeCluster {
                     bytes: 0,
                 }
             }
+            // The fake keeps the bytes: it serves no fetch that would load them again.
+            NodeRequest::UnloadCachedOutputs { .. } => NodeResponse::Freed,
             NodeRequest::ReadChunk { .. }
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }

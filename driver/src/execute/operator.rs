@@ -109,6 +109,10 @@ impl OperatorState {
                         inputs: Vec::new(),
                     },
                     SourceTask::Load(shard) => Recipe::Load(shard),
+                    SourceTask::Borrow(block) => Recipe::Compute {
+                        input: StageInput::Blocks,
+                        inputs: vec![block.object],
+                    },
                 };
                 ready.push_back(Launch::first(seq, recipe));
             }

@@ -148,7 +148,10 @@ impl<C: ClusterAccess> Execution<C> {
         let inputs: Vec<(ObjectId, Option<BlockInfo>)> = match &launch.recipe {
             Recipe::Compute { inputs, .. } => inputs
                 .iter()
-                .map(|object| (*object, self.blocks.get(object).copied()))
+                .map(|object| {
+                    let info = self.blocks.get(object).or(self.borrowed.get(object));
+                    (*object, info.copied())
+                })
                 .collect(),
             Recipe::Load(_) => Vec::new(),
         };
@@ -296,7 +299,18 @@ impl<C: ClusterAccess> Execution<C> {
                 }
             }
             Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
-            Recipe::Load(_) => {}
+            Recipe::Load(shard) => {
+                for object in &bundle.blocks {
+                    let load = ShardLoad {
+                        job: self.job,
+                        fingerprint: self.ops[index].stage.fingerprint,
+                        rank: shard.rank,
+                        count: shard.count,
+                        object: *object,
+                    };
+                    self.loaded.insert(*object, load);
+                }
+            }
         }
         self.ops[index].finished.insert(launch.seq, bundle);
         self.emit_ready(index);
@@ -311,6 +325,15 @@ impl<C: ClusterAccess> Execution<C> {
     ) {
         let name = self.ops[index].name.clone();
         match failure {
+            RunFailure::Failed(TaskFailure::InputUnavailable { object, reason })
+                if self.borrowed.contains_key(&object) =>
+            {
+                let message = format!(
+                    "block {object} of the materialized result it reads is gone ({reason}); \
+                     materialize the dataset again"
+                );
+                self.fail(index, message);
+            }
             RunFailure::Failed(TaskFailure::InputUnavailable { object, reason }) => {
                 tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
                 self.rebuild(object);

@@ -455,9 +455,11 @@ impl Cache {
         }
     }
 
-    /// Stores one computed shard of the output described by `inputs`, then evicts down to
-    /// the cap. Two writers of the same shard (in any processes) both succeed; the last
-    /// rename wins and both files were complete, so the survivor is valid.
+    /// Stores one computed shard of the output described by `inputs`. Two writers of the same
+    /// shard (in any processes) both succeed; the last rename wins and both files were
+    /// complete, so the survivor is valid. It does not evict: the caller brings the directory
+    /// back under the cap, with [`Cache::evict_to_cap`], or with [`Cache::over_cap`] then
+    /// [`Cache::remove_evicted`] when an index must hear of the removals first.
     pub fn write_shard(
         &self,
         policy: CachePolicy,
@@ -486,7 +488,6 @@ impl Cache {
             },
         )?;
         bump(&self.counters.bytes_written, bytes);
-        self.evict_to_cap(Some(name.fingerprint))?;
         Ok(WriteOutcome::Written { bytes })
     }
 
@@ -507,6 +508,20 @@ impl Cache {
                 "cache over its size cap: the remaining shards are in use"
             );
         }
+        Ok(removed)
+    }
+
+    /// The least recently used shards eviction would remove to bring the directory within
+    /// the cap (sparing open shards and `writing`'s), without removing them.
+    pub fn over_cap(&self, writing: Option<Fingerprint>) -> Result<Vec<ShardFile>> {
+        Ok(self.beyond(self.config.max_bytes.bytes(), writing)?.0)
+    }
+
+    /// Removes shards [`Cache::over_cap`] chose, counted as evicted.
+    pub fn remove_evicted(&self, shards: &[ShardFile]) -> Result<Removed> {
+        let _one_at_a_time = self.eviction.lock().unwrap_or_else(PoisonError::into_inner);
+        let removed = self.remove_files(shards)?;
+        bump(&self.counters.evicted_shards, removed.shards);
         Ok(removed)
     }
 

@@ -84,7 +84,10 @@ fn write(cache: &Cache, inputs: &FingerprintInputs, index: ShardIndex, rows: i64
         )
         .unwrap();
     match outcome {
-        WriteOutcome::Written { bytes } => bytes,
+        WriteOutcome::Written { bytes } => {
+            cache.evict_to_cap(Some(inputs.fingerprint())).unwrap();
+            bytes
+        }
         other => panic!("expected a write, got {other:?}"),
     }
 }
