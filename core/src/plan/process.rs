@@ -284,7 +284,9 @@ impl ProcessUdf {
                 )
             });
         let code = match &self.code_identity {
-            Some(identity) => ArgValue::List(vec!["code_identity".into(), identity.as_str().into()]),
+            Some(identity) => {
+                ArgValue::List(vec!["code_identity".into(), identity.as_str().into()])
+            }
             None => strings(&self.args),
         };
         let mut args = Args::new()

@@ -964,8 +964,14 @@ fn inline_code_with_an_identity_is_fingerprinted_by_it_not_by_its_bytes() {
     );
     // Without an identity the arguments are the code.
     assert_ne!(
-        fingerprint(ProcessUdf::new("python3", &["-c", "import floe_udf", "pickle-a"])),
-        fingerprint(ProcessUdf::new("python3", &["-c", "import floe_udf", "pickle-b"]))
+        fingerprint(ProcessUdf::new(
+            "python3",
+            &["-c", "import floe_udf", "pickle-a"]
+        )),
+        fingerprint(ProcessUdf::new(
+            "python3",
+            &["-c", "import floe_udf", "pickle-b"]
+        ))
     );
     // A pinned script is identified by its content: an identity beside it is refused.
     let dir = tempfile::tempdir().unwrap();
