@@ -260,24 +260,6 @@ fn named<T: Copy>(
         })
 }
 
-const AGG_FUNCTIONS: [AggFunction; 7] = [
-    AggFunction::Count,
-    AggFunction::Sum,
-    AggFunction::Mean,
-    AggFunction::Min,
-    AggFunction::Max,
-    AggFunction::Std,
-    AggFunction::CountDistinct,
-];
-const JOIN_TYPES: [JoinType; 6] = [
-    JoinType::Inner,
-    JoinType::Left,
-    JoinType::Right,
-    JoinType::Full,
-    JoinType::Semi,
-    JoinType::Anti,
-];
-
 #[pymethods]
 impl PyDataset {
     #[staticmethod]
@@ -369,10 +351,15 @@ impl PyDataset {
     ) -> PyResult<Self> {
         let mut built = Vec::new();
         for (function, column, alias) in aggregations {
-            let function = named("aggregation", &function, &AGG_FUNCTIONS, AggFunction::name)?;
+            let function = named(
+                "aggregation",
+                &function,
+                &AggFunction::ALL,
+                AggFunction::name,
+            )?;
             let aggregation = match column {
                 Some(column) => Aggregation::of(function, column),
-                None if function == AggFunction::Count => Aggregation::count_rows("count()"),
+                None if function == AggFunction::Count => Aggregation::count_rows("count"),
                 None => {
                     return Err(PyValueError::new_err(format!(
                         "{} needs a column",
@@ -426,7 +413,7 @@ impl PyDataset {
         right_keys: Vec<String>,
         how: &str,
     ) -> PyResult<Self> {
-        let how = named("join type", how, &JOIN_TYPES, JoinType::name)?;
+        let how = named("join type", how, &JoinType::ALL, JoinType::name)?;
         self.0
             .join_on(&other.0, &strs(&left_keys), &strs(&right_keys), how)
             .map(Self)

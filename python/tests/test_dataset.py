@@ -77,7 +77,7 @@ def test_groupby_aggregate_matches_pandas(cluster):
     grouped = df.groupby("k")["v"]
     assert got["k"].tolist() == sorted(df["k"].unique().tolist())
     assert got[got.columns[1]].tolist() == grouped.sum().tolist()
-    assert got["count()"].tolist() == grouped.count().tolist()
+    assert got["count"].tolist() == grouped.count().tolist()
     assert got["avg"].tolist() == pytest.approx(grouped.mean().tolist())
     assert got[got.columns[4]].tolist() == grouped.max().tolist()
 
