@@ -144,3 +144,13 @@ def test_plan_errors_raise_with_the_clis_message(cluster):
         floe.range(10).filter(floe.col("nope") > 1)
     with pytest.raises(ValueError, match="join type"):
         floe.range(3).join(floe.range(3), "id", how="sideways")
+
+
+def test_connect_needs_an_address_and_a_token(monkeypatch):
+    for name in ("FLOE_ADDRESS", "FLOE_TOKEN", "FLOE_CLIENT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(floe.FloeError, match="FLOE_ADDRESS"):
+        floe.connect()
+    monkeypatch.setenv("FLOE_ADDRESS", "127.0.0.1:7700")
+    with pytest.raises(floe.FloeError, match="FLOE_TOKEN"):
+        floe.connect()
