@@ -35,3 +35,14 @@ if ! python3 -c "import pyarrow" 2>/dev/null; then
 fi
 
 cargo test --workspace "$@"
+
+# The Python client (python/), installed with pip as a user installs it (maturin, from PyPI,
+# builds the native module; `--profile dev` reuses what the tests above compiled), then its
+# pytest suite against local clusters of the `floe` binary those tests built.
+pip_install() {
+    python3 -m pip install --quiet --user "$@" 2>/dev/null \
+        || python3 -m pip install --quiet --user --break-system-packages "$@" 2>/dev/null \
+        || as_root python3 -m pip install --quiet --break-system-packages "$@"
+}
+MATURIN_PEP517_ARGS="--profile dev" pip_install './python[test]'
+python3 -m pytest -q python/tests

@@ -132,15 +132,7 @@ fn names(columns: &[&str]) -> Vec<String> {
 fn measures() -> Vec<Aggregation> {
     let mut aggregations = vec![Aggregation::count_rows("rows")];
     for column in ["v", "f"] {
-        for function in [
-            AggFunction::Count,
-            AggFunction::Sum,
-            AggFunction::Mean,
-            AggFunction::Min,
-            AggFunction::Max,
-            AggFunction::Std,
-            AggFunction::CountDistinct,
-        ] {
+        for function in AggFunction::ALL {
             aggregations.push(Aggregation::of(function, column));
         }
     }

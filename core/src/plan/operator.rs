@@ -179,6 +179,17 @@ impl AggFunction {
             AggFunction::CountDistinct => "count_distinct",
         }
     }
+
+    /// Every function, for parsers and their error messages.
+    pub const ALL: [AggFunction; 7] = [
+        AggFunction::Count,
+        AggFunction::Sum,
+        AggFunction::Mean,
+        AggFunction::Min,
+        AggFunction::Max,
+        AggFunction::Std,
+        AggFunction::CountDistinct,
+    ];
 }
 
 /// One aggregate output column: `function(column) as alias`.
@@ -256,6 +267,16 @@ impl JoinType {
             JoinType::Anti => "anti",
         }
     }
+
+    /// Every join type, for parsers and their error messages.
+    pub const ALL: [JoinType; 6] = [
+        JoinType::Inner,
+        JoinType::Left,
+        JoinType::Right,
+        JoinType::Full,
+        JoinType::Semi,
+        JoinType::Anti,
+    ];
 }
 
 /// A random shuffle's seed: chosen by the user, or drawn once at submission.

@@ -96,6 +96,11 @@ pub struct ProcessUdf {
     /// The child's environment besides `PATH`, `PYTHONPATH` and `FLOE_UDF_FD`: it inherits
     /// nothing from the node.
     pub env: BTreeMap<String, String>,
+    /// For inline code only (`-c` and its serialized function in `args`): what the code is,
+    /// hashed into the fingerprint instead of `args`, whose serialized bytes differ between
+    /// runs of the same code (the Python client's function hash).
+    #[serde(default)]
+    pub code_identity: Option<String>,
 }
 
 impl ProcessUdf {
@@ -111,7 +116,14 @@ impl ProcessUdf {
             batch_size: None,
             timeout_ms: DEFAULT_PROCESS_TIMEOUT_MS,
             env: BTreeMap::new(),
+            code_identity: None,
         }
+    }
+
+    /// Fingerprints this inline code by `identity` rather than by its command line.
+    pub fn code_identity(mut self, identity: impl Into<String>) -> Self {
+        self.code_identity = Some(identity.into());
+        self
     }
 
     /// Sets a variable in the child's environment.
@@ -192,6 +204,12 @@ impl ProcessUdf {
         if self.batch_size == Some(0) {
             return invalid("batch_size must be positive");
         }
+        if self.code_identity.is_some() && self.script().is_ok() {
+            return invalid(
+                "a code identity replaces the arguments in the fingerprint of inline code only; \
+                 a script is identified by its content",
+            );
+        }
         for (key, value) in &self.env {
             if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
                 return invalid(&format!("env: {key:?} is not a valid variable"));
@@ -265,9 +283,15 @@ impl ProcessUdf {
                         .collect(),
                 )
             });
+        let code = match &self.code_identity {
+            Some(identity) => {
+                ArgValue::List(vec!["code_identity".into(), identity.as_str().into()])
+            }
+            None => strings(&self.args),
+        };
         let mut args = Args::new()
             .arg("command", self.command.as_str())
-            .arg("args", strings(&self.args))
+            .arg("args", code)
             .arg("files", ArgValue::List(files))
             .arg_with_default("output_schema", schema, ArgValue::Null)
             .arg_with_default("env", self.env_arg(), ArgValue::Map(BTreeMap::new()))

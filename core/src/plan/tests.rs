@@ -948,6 +948,44 @@ fn process_udfs_hash_file_contents_and_command_but_not_pool_settings() {
 }
 
 #[test]
+fn inline_code_with_an_identity_is_fingerprinted_by_it_not_by_its_bytes() {
+    let inline = |payload: &str, identity: &str| {
+        ProcessUdf::new("python3", &["-c", "import floe_udf", payload]).code_identity(identity)
+    };
+    let fingerprint = |udf| sales().process_udf(udf).unwrap().fingerprint();
+    // Two serializations of the same code share a fingerprint; other code does not.
+    assert_eq!(
+        fingerprint(inline("pickle-a", "code-1")),
+        fingerprint(inline("pickle-b", "code-1"))
+    );
+    assert_ne!(
+        fingerprint(inline("pickle-a", "code-1")),
+        fingerprint(inline("pickle-a", "code-2"))
+    );
+    // Without an identity the arguments are the code.
+    assert_ne!(
+        fingerprint(ProcessUdf::new(
+            "python3",
+            &["-c", "import floe_udf", "pickle-a"]
+        )),
+        fingerprint(ProcessUdf::new(
+            "python3",
+            &["-c", "import floe_udf", "pickle-b"]
+        ))
+    );
+    // A pinned script is identified by its content: an identity beside it is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("udf.py");
+    std::fs::write(&script, "pass\n").unwrap();
+    let scripted = ProcessUdf::new("python3", &[script.to_str().unwrap()])
+        .file(&script)
+        .unwrap()
+        .code_identity("code-1");
+    let error = sales().process_udf(scripted).unwrap_err().to_string();
+    assert!(error.contains("inline code only"), "{error}");
+}
+
+#[test]
 fn process_udf_settings_are_validated() {
     let bad = [
         (ProcessUdf::new(" ", &[]), "the command is empty"),

@@ -8,7 +8,7 @@
 //! stderr go to a log file whose tail explains failures, and `PYTHONPATH` leads to
 //! `floe_udf.py`, which the agent writes next to the sockets. The worker connects for the
 //! length of one task ([`ProcessSessions`]) and exchanges the messages of the `floe_udf/1`
-//! protocol (`python/floe_udf.py` and `docs/PROCESS_UDFS.md` describe it).
+//! protocol (`python/floe/floe_udf.py` and `docs/PROCESS_UDFS.md` describe it).
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Error, Result};
 
 /// The Python helper every child can import (`import floe_udf`).
-pub const FLOE_UDF_PY: &str = include_str!("../../../python/floe_udf.py");
+pub const FLOE_UDF_PY: &str = include_str!("../../../python/floe/floe_udf.py");
 
 const PROTOCOL: &[u8] = b"floe_udf/1";
 const HELLO: u32 = 1;

@@ -32,6 +32,11 @@ lease. Every message is a little-endian header (u32 kind, u64 length) and `lengt
   RESULT (3): process -> worker, an Arrow IPC stream holding the result;
   ERROR  (4): process -> worker, UTF-8 text (the traceback).
 The worker closes the connection when its task is done; the process then accepts the next.
+
+`serve_pickled()` serves a Python function that the `floe` package's `map_batches` serialized
+(cloudpickle, base64) into the command line, `python3 -c "import floe_udf;
+floe_udf.serve_pickled()" CHUNK…`: inline code, which a node runs only with
+`node.udf_allow_inline` (see docs/SECURITY_UDF.md).
 """
 
 import os
@@ -124,6 +129,60 @@ def _serve_connection(conn):
             _send(conn, ERROR, traceback.format_exc().encode("utf-8", "replace"))
             continue
         _send(conn, RESULT, encoded)
+
+
+def _to_format(batch, batch_format):
+    if batch_format == "pyarrow":
+        return batch
+    if batch_format == "pandas":
+        return batch.to_pandas()
+    if batch_format == "numpy":
+        return {name: column.to_numpy(zero_copy_only=False)
+                for name, column in zip(batch.schema.names, batch.columns)}
+    raise ValueError("unknown batch_format %r: pyarrow, pandas or numpy" % batch_format)
+
+
+def _from_format(result, schema):
+    """A function's result as a Table with the plan's output `schema` (when it has the same
+    columns: pandas and numpy results come back with their own types and nullability)."""
+    if isinstance(result, pa.RecordBatch):
+        result = pa.Table.from_batches([result])
+    elif isinstance(result, dict):
+        result = pa.table(result)
+    elif not isinstance(result, pa.Table):
+        if type(result).__module__.split(".")[0] != "pandas":
+            raise TypeError(
+                "map_batches functions return a pyarrow Table or RecordBatch, a pandas "
+                "DataFrame or a dict of columns, got " + type(result).__name__)
+        result = pa.Table.from_pandas(result, preserve_index=False)
+    if schema is not None and result.schema != schema and set(result.schema.names) == set(schema.names):
+        result = result.select(schema.names).cast(schema)
+    return result
+
+
+def serve_pickled():
+    """Serves the function serialized into this process's arguments (see the module doc)."""
+    import base64
+
+    import cloudpickle
+
+    spec = cloudpickle.loads(base64.b64decode("".join(sys.argv[1:])))
+    function = spec["function"]
+    batch_format = spec["batch_format"]
+    schema = spec["schema"]
+
+    @init
+    def construct():
+        # A callable class is constructed once per process, like Ray's actor-pool map.
+        if spec["is_class"]:
+            return function(*spec["args"], **spec["kwargs"])
+        return function
+
+    @batch
+    def call(record_batch):
+        return _from_format(state(_to_format(record_batch, batch_format)), schema)
+
+    serve()
 
 
 def serve():
