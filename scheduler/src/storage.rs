@@ -15,6 +15,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
@@ -31,8 +32,15 @@ pub trait LogStore: Storage + Send + 'static {
     /// Replaces the whole log by a snapshot received from the leader.
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()>;
 
-    /// Keeps `snapshot` of the local state machine and drops the entries it covers.
+    /// Keeps `snapshot` of the local state machine and drops the entries it covers. A
+    /// snapshot [`LogStore::snapshot_writer`] already wrote is not written again.
     fn compact(&mut self, snapshot: Snapshot) -> Result<()>;
+
+    /// Writes snapshots durably off the Raft task, so a large state's encoding and fsync
+    /// never hold up commits; [`LogStore::compact`] then only drops the covered entries.
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        SnapshotWriter::InMemory
+    }
 
     /// The latest snapshot (index 0 when there is none yet).
     fn latest_snapshot(&self) -> &Snapshot;
@@ -250,6 +258,43 @@ impl LogStore for MemoryLog {
     }
 }
 
+/// Where a log keeps its snapshots durably; cloned to a background task that writes one.
+#[derive(Debug, Clone)]
+pub enum SnapshotWriter {
+    /// The log keeps its snapshot in memory only.
+    InMemory,
+    /// The snapshot file of a [`DiskLog`]. `written` is the index of the snapshot in it, held
+    /// while writing, so a slow background write never replaces a newer snapshot (one
+    /// installed from the leader meanwhile) with an older one.
+    File {
+        dir: PathBuf,
+        written: Arc<Mutex<u64>>,
+    },
+}
+
+impl SnapshotWriter {
+    /// Writes `snapshot` unless the file already holds it or a newer one.
+    pub fn write(&self, snapshot: &Snapshot) -> Result<()> {
+        let SnapshotWriter::File { dir, written } = self else {
+            return Ok(());
+        };
+        let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = snapshot.get_metadata().index;
+        if index <= *written {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        encode_record(
+            TAG_SNAPSHOT,
+            &encode_message(snapshot, "snapshot")?,
+            &mut bytes,
+        )?;
+        write_atomically(dir, SNAPSHOT_FILE, &bytes)?;
+        *written = index;
+        Ok(())
+    }
+}
+
 const HEADER_LEN: usize = 16;
 const TAG_ENTRY: u8 = 1;
 const TAG_HARD_STATE: u8 = 2;
@@ -368,6 +413,7 @@ pub struct DiskLog {
     wal: File,
     buffer: Vec<u8>,
     lost_tail: Option<LostTail>,
+    snapshot_file: SnapshotWriter,
     /// Held while the log is open: two replicas writing one log would corrupt it. The OS
     /// releases it when the process dies, however it dies.
     _lock: File,
@@ -485,12 +531,17 @@ impl DiskLog {
             // again); what it may have acknowledged is the replica's concern (see LostTail).
             memory.hard_state.commit = last_index;
         }
+        let snapshot_file = SnapshotWriter::File {
+            dir: dir.to_owned(),
+            written: Arc::new(Mutex::new(memory.snapshot_index())),
+        };
         Ok(Self {
             memory,
             dir: dir.to_owned(),
             wal,
             buffer: Vec::new(),
             lost_tail,
+            snapshot_file,
             _lock: lock,
         })
     }
@@ -517,15 +568,6 @@ impl DiskLog {
         Ok(())
     }
 
-    fn write_snapshot_file(&self, snapshot: &Snapshot) -> Result<()> {
-        let mut bytes = Vec::new();
-        encode_record(
-            TAG_SNAPSHOT,
-            &encode_message(snapshot, "snapshot")?,
-            &mut bytes,
-        )?;
-        write_atomically(&self.dir, SNAPSHOT_FILE, &bytes)
-    }
 }
 
 impl Storage for DiskLog {
@@ -586,7 +628,7 @@ impl LogStore for DiskLog {
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
-        self.write_snapshot_file(&snapshot)?;
+        self.snapshot_file.write(&snapshot)?;
         self.memory
             .install_snapshot(snapshot)
             .map_err(Error::LogInvariant)?;
@@ -597,11 +639,15 @@ impl LogStore for DiskLog {
         if snapshot.get_metadata().index <= self.memory.snapshot_index() {
             return Ok(());
         }
-        self.write_snapshot_file(&snapshot)?;
+        self.snapshot_file.write(&snapshot)?;
         self.memory
             .compact_to(snapshot)
             .map_err(Error::LogInvariant)?;
         self.rewrite_wal()
+    }
+
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        self.snapshot_file.clone()
     }
 
     fn latest_snapshot(&self) -> &Snapshot {
