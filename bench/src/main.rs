@@ -19,6 +19,7 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
+mod scale;
 mod soak;
 mod workloads;
 
@@ -150,6 +151,13 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Control plane: 3 replicas, 1,000 simulated nodes heartbeating and 100,000 jobs
+    /// committed; leader CPU, heartbeat and commit latency, snapshots, failover.
+    Scale {
+        /// 200 nodes and 5,000 jobs instead of 1,000 and 100,000.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Every end-to-end workload, one after the other.
     All(WorkloadArgs),
 }
@@ -196,6 +204,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
         Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
         Bench::Soak { quick } => soak::run(quick, config),
+        Bench::Scale { quick } => scale::run(quick, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }
