@@ -34,7 +34,7 @@ use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
 use floe_core::{JobId, NodeId};
 use raft::prelude::{Entry, EntryType, Message, Snapshot};
-use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
+use raft::{GetEntriesContext, RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -794,7 +794,16 @@ impl<S: LogStore> RaftLoop<S> {
         meta.index = applied;
         meta.term = self.raw.raft.raft_log.term(applied)?;
         meta.set_conf_state(self.raw.store().initial_state()?.conf_state);
-        let writer = self.raw.store().snapshot_writer();
+        // The committed entries after the snapshot start the next WAL (see `SnapshotWriter`).
+        let store = self.raw.store();
+        let committed = self.raw.raft.raft_log.committed.min(store.last_index()?);
+        let entries = store.entries(
+            applied + 1,
+            committed.max(applied) + 1,
+            None,
+            GetEntriesContext::empty(false),
+        )?;
+        let writer = store.snapshot_writer();
         let inputs = self.inputs.clone();
         self.snapshot_build = SnapshotBuild::Running;
         tokio::task::spawn_blocking(move || {
@@ -802,7 +811,7 @@ impl<S: LogStore> RaftLoop<S> {
             let built = state.encode().map_err(Error::from).and_then(|data| {
                 let bytes = data.len() as u64;
                 snapshot.data = data.into();
-                writer.write(&snapshot)?;
+                writer.prepare(&snapshot, &entries)?;
                 Ok(BuiltSnapshot {
                     snapshot,
                     timing: SnapshotTiming {
