@@ -120,7 +120,9 @@ struct Observed {
 
 impl Observed {
     fn record(list: &Mutex<Vec<f64>>, value: f64) {
-        list.lock().unwrap_or_else(PoisonError::into_inner).push(value);
+        list.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(value);
     }
 
     fn record_commit(&self, began: Instant, sent: Instant) {
@@ -627,7 +629,10 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         .map(|(_, latency)| *latency)
         .collect();
     let snapshot_stall_ms = stalls.into_iter().reduce(f64::max);
-    let largest = snapshots.values().max_by_key(|timing| timing.index).copied();
+    let largest = snapshots
+        .values()
+        .max_by_key(|timing| timing.index)
+        .copied();
 
     // The whole state, and the REST job list, at this size.
     let state = admin.read_state().await?;
@@ -670,13 +675,19 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let finish_rejected = observed.finish_rejected.load(Ordering::Relaxed);
     let mut failures = Vec::new();
     if rejoins > 0 {
-        failures.push(format!("{rejoins} nodes were declared dead and told to rejoin"));
+        failures.push(format!(
+            "{rejoins} nodes were declared dead and told to rejoin"
+        ));
     }
     if heartbeat_errors > 0 {
-        failures.push(format!("{heartbeat_errors} heartbeats failed outside the failover"));
+        failures.push(format!(
+            "{heartbeat_errors} heartbeats failed outside the failover"
+        ));
     }
     if finish_rejected > 0 {
-        failures.push(format!("{finish_rejected} FinishJob commands were rejected"));
+        failures.push(format!(
+            "{finish_rejected} FinishJob commands were rejected"
+        ));
     }
     for (what, count) in [
         ("alive before the failover", alive_before),

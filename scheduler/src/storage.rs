@@ -659,8 +659,7 @@ impl DiskLog {
         encode_record(TAG_HARD_STATE, &hard_state, &mut self.buffer)?;
         next.write_all(&self.buffer)
             .map_err(Error::io("appending to", &next_path))?;
-        next.sync_data()
-            .map_err(Error::io("syncing", &next_path))?;
+        next.sync_data().map_err(Error::io("syncing", &next_path))?;
         let wal_path = self.dir.join(WAL_FILE);
         std::fs::rename(&next_path, &wal_path).map_err(Error::io("renaming", &next_path))?;
         self.wal = next;
@@ -684,7 +683,6 @@ impl DiskLog {
             .map_err(Error::io("opening", &wal_path))?;
         Ok(())
     }
-
 }
 
 impl Storage for DiskLog {

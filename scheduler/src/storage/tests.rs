@@ -368,7 +368,10 @@ fn a_next_wal_left_by_an_unfinished_compaction_loses_nothing() {
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(all_entries(&log), expected(51..=100, 1));
-    assert_eq!(log.initial_state().unwrap().hard_state, hard_state(1, 2, 100));
+    assert_eq!(
+        log.initial_state().unwrap().hard_state,
+        hard_state(1, 2, 100)
+    );
     assert!(!dir.path().join(WAL_NEXT_FILE).exists());
 }
 
@@ -397,7 +400,10 @@ fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
         let mut want = expected(91..=100, 1);
         want.extend(expected(101..=104, 2));
         assert_eq!(all_entries(&log), want);
-        assert_eq!(log.initial_state().unwrap().hard_state, hard_state(2, 3, 104));
+        assert_eq!(
+            log.initial_state().unwrap().hard_state,
+            hard_state(2, 3, 104)
+        );
     }
     // Merged into one `wal` at that open: a second open reads the same.
     assert!(!dir.path().join(WAL_NEXT_FILE).exists());
