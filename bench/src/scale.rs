@@ -462,34 +462,35 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         .map(|server| server.local_addr().to_string())
         .collect();
 
-    // Register every node, CONCURRENCY at a time.
+    // Register every node, CONCURRENCY at a time; each heartbeats as soon as it has
+    // registered, as an agent does (a node silent for a node timeout is committed dead).
+    let observed = Arc::new(Observed::default());
+    let stop = Arc::new(AtomicBool::new(false));
     let registering = Instant::now();
-    let mut registered = Vec::new();
+    let mut nodes = Vec::new();
     let mut pending = JoinSet::new();
     for index in 0..plan.nodes {
         if pending.len() >= CONCURRENCY
             && let Some(joined) = pending.join_next().await
         {
-            registered.push(joined??);
+            nodes.push(joined??);
         }
         let addrs = addrs.clone();
         let credentials = credentials.clone();
         let rpc = server_addrs[index % NODE_SERVERS].clone();
+        let observed = Arc::clone(&observed);
+        let stop = Arc::clone(&stop);
         pending.spawn(async move {
-            SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc).await
+            let node =
+                SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
+                    .await?;
+            anyhow::Ok(tokio::spawn(node.run(observed, began, stop)))
         });
     }
     while let Some(joined) = pending.join_next().await {
-        registered.push(joined??);
+        nodes.push(joined??);
     }
     let register_ms = millis(registering.elapsed());
-
-    let observed = Arc::new(Observed::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut nodes = JoinSet::new();
-    for node in registered {
-        nodes.spawn(node.run(Arc::clone(&observed), began, Arc::clone(&stop)));
-    }
     let mut admin = cluster.client()?.with_retry_for(READY_TIMEOUT);
     let deadline = Instant::now() + READY_TIMEOUT;
     while admin.node_reports().await?.len() < plan.nodes {
@@ -667,7 +668,9 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let reports_after = probe.node_reports().await?.len();
 
     stop.store(true, Ordering::Relaxed);
-    nodes.shutdown().await;
+    for node in nodes {
+        node.abort();
+    }
     drop(servers);
 
     let rejoins = observed.rejoins.load(Ordering::Relaxed);
