@@ -157,6 +157,12 @@ enum Bench {
         /// 200 nodes and 5,000 jobs instead of 1,000 and 100,000.
         #[arg(long)]
         quick: bool,
+        /// Simulate this many nodes instead.
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// Pre-fill this many jobs instead.
+        #[arg(long)]
+        jobs: Option<u64>,
     },
     /// Every end-to-end workload, one after the other.
     All(WorkloadArgs),
@@ -204,7 +210,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
         Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
         Bench::Soak { quick } => soak::run(quick, config),
-        Bench::Scale { quick } => scale::run(quick, config),
+        Bench::Scale { quick, nodes, jobs } => scale::run(quick, nodes, jobs, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }

@@ -406,8 +406,15 @@ async fn until_finished(observed: &Observed, timeout: Duration) -> anyhow::Resul
     }
 }
 
-pub fn run(quick: bool, config: &Config) -> anyhow::Result<()> {
-    let plan = Plan::new(quick);
+pub fn run(
+    quick: bool,
+    nodes: Option<usize>,
+    jobs: Option<u64>,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let mut plan = Plan::new(quick);
+    plan.nodes = nodes.unwrap_or(plan.nodes);
+    plan.history_jobs = jobs.unwrap_or(plan.history_jobs);
     let dir = config
         .paths
         .data_dir
