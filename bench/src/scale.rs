@@ -488,9 +488,8 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         let observed = Arc::clone(&observed);
         let stop = Arc::clone(&stop);
         pending.spawn(async move {
-            let node =
-                SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
-                    .await?;
+            let node = SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
+                .await?;
             anyhow::Ok(tokio::spawn(node.run(observed, began, stop)))
         });
     }
