@@ -107,7 +107,7 @@ fn driver_of(
 
 /// Whether `node` drives some running job (drivers record and evict cache shards anywhere).
 fn drives_a_job(state: &ClusterState, node: NodeId) -> bool {
-    !state.drivers_on(node).is_empty()
+    state.drives_a_job(node)
 }
 
 /// May `principal` send `request` to a scheduler replica, given the leader's `state`?

@@ -157,6 +157,27 @@ pub struct ReplicaStatus {
     /// The first log index still in the log (everything before is in the snapshot).
     pub first_index: u64,
     pub snapshot_index: u64,
+    /// The last snapshot this replica built of its own state since it started.
+    pub last_snapshot: Option<SnapshotTiming>,
+}
+
+/// How a replica built a snapshot of its state: a copy on the Raft task, the encoding and
+/// the fsynced file off it, then dropping the covered log entries on it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotTiming {
+    pub index: u64,
+    /// The encoded state.
+    pub bytes: u64,
+    /// Copying the state, on the Raft task.
+    pub copy_us: u64,
+    /// Encoding the copy and writing the snapshot file, off the Raft task.
+    pub build_ms: u64,
+    /// Dropping the covered entries and rewriting the log file, on the Raft task.
+    pub keep_us: u64,
+    /// When the copy was taken and when the snapshot was kept, in milliseconds since the
+    /// Unix epoch on the replica's clock.
+    pub started_at_ms: u64,
+    pub finished_at_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

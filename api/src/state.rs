@@ -341,6 +341,9 @@ pub struct ClusterState {
     /// Jobs not yet ended (pending or running), so the leader's driver loop and heartbeats
     /// never scan the finished ones.
     pub unfinished: BTreeSet<JobId>,
+    /// Running jobs by the node running their driver, so a heartbeat finds its node's
+    /// drivers without scanning the unfinished jobs.
+    pub drivers: BTreeMap<NodeId, BTreeSet<JobId>>,
     /// Released output blocks that some alive node may still hold; the leader sends their
     /// nodes `Free` and commits `OutputsFreed` when they answer.
     pub outputs_to_free: BTreeMap<JobId, Vec<OutputBlock>>,
@@ -450,6 +453,7 @@ impl ClusterState {
                     ));
                 }
                 record.driver = Some(node);
+                self.drivers.entry(node).or_default().insert(job);
                 record.status = JobStatus::Running;
                 record.attempts += 1;
                 record.started_at_ms.get_or_insert(at_ms);
@@ -499,7 +503,9 @@ impl ClusterState {
                 record.status = outcome.status;
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
-                record.driver = None;
+                if let Some(node) = record.driver.take() {
+                    remove_driver(&mut self.drivers, node, job);
+                }
                 record.ended_at_ms = Some(at_ms);
                 self.unfinished.remove(&job);
                 self.actors.retain(|_, actor| actor.job != job);
@@ -666,16 +672,12 @@ impl ClusterState {
             blocks.retain(|block| block.node != node);
         }
         self.outputs_to_free.retain(|_, blocks| !blocks.is_empty());
-        let mut orphaned = BTreeSet::new();
-        for id in &self.unfinished {
-            let Some(job) = self.jobs.get_mut(id) else {
-                continue;
-            };
-            if job.driver == Some(node) && job.status == JobStatus::Running {
+        let orphaned = self.drivers.remove(&node).unwrap_or_default();
+        for id in &orphaned {
+            if let Some(job) = self.jobs.get_mut(id) {
                 let job = Arc::make_mut(job);
                 job.driver = None;
                 job.status = JobStatus::Pending;
-                orphaned.insert(job.id);
             }
         }
         // A dead driver's actors had nobody left to talk to them; the next attempt makes its
@@ -705,10 +707,18 @@ impl ClusterState {
 
     /// Running jobs whose driver is on `node`, with their attempt numbers.
     pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
-        self.unfinished_jobs()
-            .filter(|job| job.driver == Some(node) && job.status == JobStatus::Running)
+        self.drivers
+            .get(&node)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id))
             .map(|job| (job.id, job.attempts))
             .collect()
+    }
+
+    /// Whether `node` runs any job's driver.
+    pub fn drives_a_job(&self, node: NodeId) -> bool {
+        self.drivers.contains_key(&node)
     }
 
     /// The jobs not yet ended, through the index (never a scan of every job).
@@ -720,6 +730,16 @@ impl ClusterState {
 
     pub fn alive_nodes(&self) -> impl Iterator<Item = &NodeRecord> {
         self.nodes.values().filter(|node| node.is_alive())
+    }
+}
+
+/// Forgets that `node` runs `job`'s driver; a node running none leaves the index.
+fn remove_driver(drivers: &mut BTreeMap<NodeId, BTreeSet<JobId>>, node: NodeId, job: JobId) {
+    if let Some(jobs) = drivers.get_mut(&node) {
+        jobs.remove(&job);
+        if jobs.is_empty() {
+            drivers.remove(&node);
+        }
     }
 }
 

@@ -19,6 +19,7 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
+mod scale;
 mod soak;
 mod workloads;
 
@@ -150,6 +151,19 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Control plane: 3 replicas, 1,000 simulated nodes heartbeating and 100,000 jobs
+    /// committed; leader CPU, heartbeat and commit latency, snapshots, failover.
+    Scale {
+        /// 200 nodes and 5,000 jobs instead of 1,000 and 100,000.
+        #[arg(long)]
+        quick: bool,
+        /// Simulate this many nodes instead.
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// Pre-fill this many jobs instead.
+        #[arg(long)]
+        jobs: Option<u64>,
+    },
     /// Every end-to-end workload, one after the other.
     All(WorkloadArgs),
 }
@@ -196,6 +210,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
         Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
         Bench::Soak { quick } => soak::run(quick, config),
+        Bench::Scale { quick, nodes, jobs } => scale::run(quick, nodes, jobs, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),
     }
 }

@@ -440,7 +440,7 @@ fn file_bytes(path: &Path) -> u64 {
 }
 
 /// A process's resident memory, from `/proc/<pid>/status` (0 where it cannot be read).
-fn rss_bytes(pid: u32) -> u64 {
+pub(crate) fn rss_bytes(pid: u32) -> u64 {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return 0;
     };
@@ -459,7 +459,7 @@ fn rss_bytes(pid: u32) -> u64 {
 }
 
 /// One `GET /api/jobs` on `addr` with `token`; its time in milliseconds.
-async fn get_api_jobs(addr: &str, token: &str) -> anyhow::Result<f64> {
+pub(crate) async fn get_api_jobs(addr: &str, token: &str) -> anyhow::Result<f64> {
     let started = Instant::now();
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!(
@@ -478,12 +478,12 @@ async fn get_api_jobs(addr: &str, token: &str) -> anyhow::Result<f64> {
     Ok(millis(elapsed))
 }
 
-fn millis(time: Duration) -> f64 {
+pub(crate) fn millis(time: Duration) -> f64 {
     time.as_secs_f64() * 1000.0
 }
 
 /// The `fraction` percentile of `values` (nearest rank); 0 for none.
-fn percentile(values: &mut [f64], fraction: f64) -> f64 {
+pub(crate) fn percentile(values: &mut [f64], fraction: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

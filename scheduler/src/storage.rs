@@ -15,6 +15,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
@@ -31,8 +32,15 @@ pub trait LogStore: Storage + Send + 'static {
     /// Replaces the whole log by a snapshot received from the leader.
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()>;
 
-    /// Keeps `snapshot` of the local state machine and drops the entries it covers.
+    /// Keeps `snapshot` of the local state machine and drops the entries it covers. A
+    /// snapshot [`LogStore::snapshot_writer`] already wrote is not written again.
     fn compact(&mut self, snapshot: Snapshot) -> Result<()>;
+
+    /// Writes snapshots durably off the Raft task, so a large state's encoding and fsync
+    /// never hold up commits; [`LogStore::compact`] then only drops the covered entries.
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        SnapshotWriter::InMemory
+    }
 
     /// The latest snapshot (index 0 when there is none yet).
     fn latest_snapshot(&self) -> &Snapshot;
@@ -250,11 +258,149 @@ impl LogStore for MemoryLog {
     }
 }
 
+/// Where a log keeps its snapshots durably; cloned to a background task that writes one.
+#[derive(Debug, Clone)]
+pub enum SnapshotWriter {
+    /// The log keeps its snapshot in memory only.
+    InMemory,
+    /// The files of a [`DiskLog`], guarded by what they hold, so a slow background write
+    /// never replaces a newer snapshot (one installed from the leader meanwhile).
+    File {
+        dir: PathBuf,
+        written: Arc<Mutex<Written>>,
+    },
+}
+
+/// What a [`DiskLog`]'s snapshot files hold.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The index of the snapshot in the snapshot file.
+    snapshot: u64,
+    /// A next WAL prepared for the snapshot at `.0`, holding its entries up to `.1`.
+    next_wal: Option<(u64, u64)>,
+}
+
+impl SnapshotWriter {
+    /// Writes `snapshot` unless the file already holds it or a newer one.
+    pub fn write(&self, snapshot: &Snapshot) -> Result<()> {
+        let SnapshotWriter::File { dir, written } = self else {
+            return Ok(());
+        };
+        let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+        write_snapshot_file(dir, &mut written, snapshot)
+    }
+
+    /// Writes `snapshot`, then the start of the WAL that follows it: `entries`, the committed
+    /// ones after the snapshot, so that [`LogStore::compact`] only appends what came since
+    /// and swaps the files, one fsync instead of rewriting the WAL on the Raft task.
+    pub fn prepare(&self, snapshot: &Snapshot, entries: &[Entry]) -> Result<()> {
+        let SnapshotWriter::File { dir, written } = self else {
+            return Ok(());
+        };
+        let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+        write_snapshot_file(dir, &mut written, snapshot)?;
+        let index = snapshot.get_metadata().index;
+        if written.snapshot != index {
+            return Ok(()); // A newer snapshot was installed meanwhile.
+        }
+        let mut bytes = Vec::new();
+        for entry in entries {
+            encode_record(TAG_ENTRY, &encode_message(entry, "log entry")?, &mut bytes)?;
+        }
+        let path = dir.join(WAL_NEXT_FILE);
+        let mut file = File::create(&path).map_err(Error::io("creating", &path))?;
+        file.write_all(&bytes)
+            .map_err(Error::io("writing", &path))?;
+        file.sync_all().map_err(Error::io("syncing", &path))?;
+        sync_dir(dir)?;
+        let last = entries.last().map_or(index, |entry| entry.index);
+        written.next_wal = Some((index, last));
+        Ok(())
+    }
+
+    /// The last entry of the next WAL prepared for the snapshot at `index`, if one is.
+    fn take_prepared(&self, index: u64) -> Option<u64> {
+        let SnapshotWriter::File { written, .. } = self else {
+            return None;
+        };
+        let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+        match written.next_wal.take() {
+            Some((prepared, last)) if prepared == index => Some(last),
+            _ => None,
+        }
+    }
+}
+
+fn write_snapshot_file(dir: &Path, written: &mut Written, snapshot: &Snapshot) -> Result<()> {
+    let index = snapshot.get_metadata().index;
+    if index <= written.snapshot {
+        return Ok(());
+    }
+    let mut bytes = Vec::new();
+    encode_record(
+        TAG_SNAPSHOT,
+        &encode_message(snapshot, "snapshot")?,
+        &mut bytes,
+    )?;
+    write_atomically(dir, SNAPSHOT_FILE, &bytes)?;
+    written.snapshot = index;
+    written.next_wal = None;
+    Ok(())
+}
+
+/// Replays the records of the WAL file at `path` (none when it does not exist) into
+/// `memory`; returns the file's length and where its valid records end. An entry the log
+/// already holds with the same term is skipped, so a next WAL that repeats entries of `wal`
+/// never cuts off what follows them.
+fn replay_wal(path: &Path, memory: &mut MemoryLog) -> Result<(usize, usize)> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(Error::io("reading", path)(error)),
+    };
+    let records = read_records(path, &bytes)?;
+    for (tag, body) in &records.records {
+        match *tag {
+            TAG_ENTRY => {
+                let entry: Entry = decode_message(body, "log entry")?;
+                // Entries the snapshot covers were written before a compaction finished.
+                let held = entry.index <= memory.last()
+                    && memory.term(entry.index).ok() == Some(entry.term);
+                if entry.index > memory.snapshot_index() && !held {
+                    memory.append(&[entry]).map_err(|reason| Error::Corrupt {
+                        path: path.to_owned(),
+                        offset: 0,
+                        reason,
+                    })?;
+                }
+            }
+            TAG_HARD_STATE => {
+                let hard_state: HardState = decode_message(body, "hard state")?;
+                // The snapshot may be newer than the last hard state written before it.
+                memory.hard_state.term = hard_state.term.max(memory.hard_state.term);
+                memory.hard_state.commit = hard_state.commit.max(memory.hard_state.commit);
+                memory.hard_state.vote = hard_state.vote;
+            }
+            other => {
+                return Err(Error::Corrupt {
+                    path: path.to_owned(),
+                    offset: 0,
+                    reason: format!("unknown record tag {other}"),
+                });
+            }
+        }
+    }
+    Ok((bytes.len(), records.valid_len))
+}
+
 const HEADER_LEN: usize = 16;
 const TAG_ENTRY: u8 = 1;
 const TAG_HARD_STATE: u8 = 2;
 const TAG_SNAPSHOT: u8 = 3;
 const WAL_FILE: &str = "wal";
+/// The WAL being started after a snapshot; renamed over [`WAL_FILE`] once complete. Recovery
+/// reads it after `wal` when the rename did not last (it is not fsynced on the Raft task).
+const WAL_NEXT_FILE: &str = "wal.next";
 const SNAPSHOT_FILE: &str = "snapshot";
 const LOCK_FILE: &str = "lock";
 
@@ -368,6 +514,7 @@ pub struct DiskLog {
     wal: File,
     buffer: Vec<u8>,
     lost_tail: Option<LostTail>,
+    snapshot_file: SnapshotWriter,
     /// Held while the log is open: two replicas writing one log would corrupt it. The OS
     /// releases it when the process dies, however it dies.
     _lock: File,
@@ -414,55 +561,32 @@ impl DiskLog {
             Err(error) => return Err(Error::io("reading", &snapshot_path)(error)),
         }
         let wal_path = dir.join(WAL_FILE);
-        let bytes = match std::fs::read(&wal_path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(error) => return Err(Error::io("reading", &wal_path)(error)),
+        let (len, valid_len) = replay_wal(&wal_path, &mut memory)?;
+        let next_path = dir.join(WAL_NEXT_FILE);
+        // A compaction's rename of the next WAL over `wal` that did not last, or a next WAL
+        // prepared by a compaction that never finished: either way its entries are read after
+        // `wal`'s, and the two are merged into one `wal` below.
+        let next_wal = next_path.exists();
+        let next_dropped = if next_wal {
+            let (next_len, next_valid) = replay_wal(&next_path, &mut memory)?;
+            next_len - next_valid
+        } else {
+            0
         };
-        let records = read_records(&wal_path, &bytes)?;
-        for (tag, body) in &records.records {
-            match *tag {
-                TAG_ENTRY => {
-                    let entry: Entry = decode_message(body, "log entry")?;
-                    // Entries the snapshot covers were written before a compaction finished.
-                    if entry.index > memory.snapshot_index() {
-                        memory.append(&[entry]).map_err(|reason| Error::Corrupt {
-                            path: wal_path.clone(),
-                            offset: 0,
-                            reason,
-                        })?;
-                    }
-                }
-                TAG_HARD_STATE => {
-                    let hard_state: HardState = decode_message(body, "hard state")?;
-                    // The snapshot may be newer than the last hard state written before it.
-                    memory.hard_state.term = hard_state.term.max(memory.hard_state.term);
-                    memory.hard_state.commit = hard_state.commit.max(memory.hard_state.commit);
-                    memory.hard_state.vote = hard_state.vote;
-                }
-                other => {
-                    return Err(Error::Corrupt {
-                        path: wal_path,
-                        offset: 0,
-                        reason: format!("unknown record tag {other}"),
-                    });
-                }
-            }
-        }
         let wal = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&wal_path)
             .map_err(Error::io("opening", &wal_path))?;
-        let dropped_bytes = (bytes.len() - records.valid_len) as u64;
-        if dropped_bytes > 0 {
+        let dropped_bytes = (len - valid_len + next_dropped) as u64;
+        if dropped_bytes > 0 && !next_wal {
             tracing::warn!(
                 path = %wal_path.display(),
-                kept = records.valid_len,
+                kept = valid_len,
                 dropped = dropped_bytes,
                 "cutting off a torn record at the end of the raft log"
             );
-            wal.set_len(records.valid_len as u64)
+            wal.set_len(valid_len as u64)
                 .and_then(|()| wal.sync_all())
                 .map_err(Error::io("truncating", &wal_path))?;
         }
@@ -485,18 +609,61 @@ impl DiskLog {
             // again); what it may have acknowledged is the replica's concern (see LostTail).
             memory.hard_state.commit = last_index;
         }
-        Ok(Self {
+        let snapshot_file = SnapshotWriter::File {
+            dir: dir.to_owned(),
+            written: Arc::new(Mutex::new(Written {
+                snapshot: memory.snapshot_index(),
+                next_wal: None,
+            })),
+        };
+        let mut log = Self {
             memory,
             dir: dir.to_owned(),
             wal,
             buffer: Vec::new(),
             lost_tail,
+            snapshot_file,
             _lock: lock,
-        })
+        };
+        if next_wal {
+            log.rewrite_wal()?;
+            std::fs::remove_file(&next_path).map_err(Error::io("removing", &next_path))?;
+            sync_dir(dir)?;
+        }
+        Ok(log)
     }
 
     pub fn memory(&self) -> &MemoryLog {
         &self.memory
+    }
+
+    /// Completes the next WAL, which holds the entries up to `last`: appends the entries
+    /// after it and the hard state, fsyncs, and renames it over the WAL. The rename is not
+    /// fsynced here; until it lasts, recovery reads `wal.next` after `wal`.
+    fn swap_in_next_wal(&mut self, last: u64) -> Result<()> {
+        let next_path = self.dir.join(WAL_NEXT_FILE);
+        let mut next = OpenOptions::new()
+            .append(true)
+            .open(&next_path)
+            .map_err(Error::io("opening", &next_path))?;
+        self.buffer.clear();
+        let after = (last - self.memory.snapshot_index()) as usize;
+        for entry in &self.memory.entries[after..] {
+            encode_record(
+                TAG_ENTRY,
+                &encode_message(entry, "log entry")?,
+                &mut self.buffer,
+            )?;
+        }
+        let hard_state = encode_message(&self.memory.hard_state, "hard state")?;
+        encode_record(TAG_HARD_STATE, &hard_state, &mut self.buffer)?;
+        next.write_all(&self.buffer)
+            .map_err(Error::io("appending to", &next_path))?;
+        next.sync_data().map_err(Error::io("syncing", &next_path))?;
+        let wal_path = self.dir.join(WAL_FILE);
+        std::fs::rename(&next_path, &wal_path).map_err(Error::io("renaming", &next_path))?;
+        self.wal = next;
+        Ok(())
     }
 
     /// Rewrites the WAL to hold only the current hard state and the entries after the
@@ -515,16 +682,6 @@ impl DiskLog {
             .open(&wal_path)
             .map_err(Error::io("opening", &wal_path))?;
         Ok(())
-    }
-
-    fn write_snapshot_file(&self, snapshot: &Snapshot) -> Result<()> {
-        let mut bytes = Vec::new();
-        encode_record(
-            TAG_SNAPSHOT,
-            &encode_message(snapshot, "snapshot")?,
-            &mut bytes,
-        )?;
-        write_atomically(&self.dir, SNAPSHOT_FILE, &bytes)
     }
 }
 
@@ -586,7 +743,7 @@ impl LogStore for DiskLog {
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
-        self.write_snapshot_file(&snapshot)?;
+        self.snapshot_file.write(&snapshot)?;
         self.memory
             .install_snapshot(snapshot)
             .map_err(Error::LogInvariant)?;
@@ -594,14 +751,29 @@ impl LogStore for DiskLog {
     }
 
     fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
-        if snapshot.get_metadata().index <= self.memory.snapshot_index() {
+        let index = snapshot.get_metadata().index;
+        if index <= self.memory.snapshot_index() {
             return Ok(());
         }
-        self.write_snapshot_file(&snapshot)?;
-        self.memory
-            .compact_to(snapshot)
-            .map_err(Error::LogInvariant)?;
-        self.rewrite_wal()
+        match self.snapshot_file.take_prepared(index) {
+            Some(last) if (index..=self.memory.last()).contains(&last) => {
+                self.swap_in_next_wal(last)?;
+                self.memory
+                    .compact_to(snapshot)
+                    .map_err(Error::LogInvariant)
+            }
+            _ => {
+                self.snapshot_file.write(&snapshot)?;
+                self.memory
+                    .compact_to(snapshot)
+                    .map_err(Error::LogInvariant)?;
+                self.rewrite_wal()
+            }
+        }
+    }
+
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        self.snapshot_file.clone()
     }
 
     fn latest_snapshot(&self) -> &Snapshot {

@@ -76,6 +76,7 @@ fn state() -> ClusterState {
         }),
     );
     state.unfinished.insert(JobId::new(1));
+    state.drivers.insert(NodeId::new(1), [JobId::new(1)].into());
     state.actors.insert(
         ACTOR,
         ActorRecord {

@@ -77,8 +77,11 @@ fn only_the_current_driver_attempt_finishes_a_job() {
             reason: "killed".into(),
         },
     );
+    // The dead node's drivers left the index with it.
+    assert!(state.drivers_on(a).is_empty());
     state.apply(7, 0, Command::StartDriver { job, node: b });
     assert_eq!(state.drivers_on(b), vec![(job, 2)]);
+    assert!(state.drives_a_job(b) && !state.drives_a_job(a));
     let finish = |attempt| Command::FinishJob {
         job,
         attempt,
@@ -91,6 +94,7 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     assert_eq!(state.apply(9, 0, finish(2)), Some(Outcome::Applied));
     assert_eq!(state.jobs[&job].status, JobStatus::Succeeded);
     assert!(state.drivers_on(b).is_empty());
+    assert!(state.drivers.is_empty(), "{:?}", state.drivers);
     assert!(matches!(
         state.apply(10, 0, finish(2)),
         Some(Outcome::Rejected(_))

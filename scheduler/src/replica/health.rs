@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::RaftLoop;
 use crate::storage::LogStore;
 use floe_api::state::{Command, JobStatus};
-use floe_core::JobId;
+use floe_core::{JobId, NodeId};
 
 impl<S: LogStore> RaftLoop<S> {
     /// The leader commits the death of every node silent for longer than the node timeout.
@@ -60,6 +60,8 @@ impl<S: LogStore> RaftLoop<S> {
             .filter(|job| job.status == JobStatus::Pending)
             .map(|job| job.id)
             .collect();
+        let mut placed = 0usize;
+        let mut candidates: Vec<(f64, NodeId)> = Vec::new();
         for job in pending {
             if self
                 .drivers_proposed
@@ -68,18 +70,27 @@ impl<S: LogStore> RaftLoop<S> {
             {
                 continue;
             }
-            let Some(node) = self
-                .state
-                .alive_nodes()
-                .filter(|node| !self.dying.contains(&node.id) && self.usage.contains_key(&node.id))
-                .min_by(|a, b| {
-                    let load = |id| self.view.utilization(id).unwrap_or(f64::MAX);
-                    load(a.id).total_cmp(&load(b.id))
-                })
-                .map(|node| node.id)
-            else {
-                return;
-            };
+            // Ranked once per call rather than once per job, so a burst of submissions costs
+            // one pass over the nodes; the jobs go round the nodes least utilized first.
+            if candidates.is_empty() {
+                candidates = self
+                    .state
+                    .alive_nodes()
+                    .filter(|node| {
+                        !self.dying.contains(&node.id) && self.usage.contains_key(&node.id)
+                    })
+                    .map(|node| {
+                        let load = self.view.utilization(node.id).unwrap_or(f64::MAX);
+                        (load, node.id)
+                    })
+                    .collect();
+                if candidates.is_empty() {
+                    return;
+                }
+                candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+            let node = candidates[placed % candidates.len()].1;
+            placed += 1;
             tracing::info!(%job, %node, "placing a job driver");
             self.drivers_proposed.insert(job, now);
             self.propose(Command::StartDriver { job, node }, None);

@@ -34,7 +34,7 @@ use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteError, RemoteErrorKind, RpcServer, codec};
 use floe_core::{JobId, NodeId};
 use raft::prelude::{Entry, EntryType, Message, Snapshot};
-use raft::{RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
+use raft::{GetEntriesContext, RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -49,7 +49,7 @@ use crate::storage::LogStore;
 use crate::{Error, Result};
 use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::{
-    ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse,
+    ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
 use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
 use floe_core::wire::WireConfig;
@@ -89,6 +89,21 @@ enum Input {
         peer: u64,
         status: SnapshotStatus,
     },
+    /// A snapshot built off the Raft task (see [`RaftLoop::maybe_compact`]).
+    SnapshotBuilt(Box<Result<BuiltSnapshot>>),
+}
+
+/// A snapshot whose file is written, ready for the log to drop the entries it covers.
+struct BuiltSnapshot {
+    snapshot: Snapshot,
+    timing: SnapshotTiming,
+}
+
+/// Whether a snapshot is being built off the Raft task; one at a time.
+enum SnapshotBuild {
+    Idle,
+    Running,
+    Built(Box<Result<BuiltSnapshot>>),
 }
 
 /// A running replica: its RPC server and its Raft loop. Dropping it stops both.
@@ -239,6 +254,8 @@ struct RaftLoop<S: LogStore> {
     jobs_submitted: bool,
     published: watch::Sender<Arc<ClusterState>>,
     last_published: Instant,
+    snapshot_build: SnapshotBuild,
+    last_snapshot: Option<SnapshotTiming>,
 }
 
 impl<S: LogStore> RaftLoop<S> {
@@ -324,6 +341,8 @@ impl<S: LogStore> RaftLoop<S> {
             jobs_submitted: false,
             published: watch::Sender::new(Arc::new(state_copy)),
             last_published: Instant::now(),
+            snapshot_build: SnapshotBuild::Idle,
+            last_snapshot: None,
         })
     }
 
@@ -409,6 +428,7 @@ impl<S: LogStore> RaftLoop<S> {
             }
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
+            Input::SnapshotBuilt(built) => self.snapshot_build = SnapshotBuild::Built(built),
             Input::Request {
                 principal,
                 request,
@@ -492,7 +512,7 @@ impl<S: LogStore> RaftLoop<S> {
     fn on_ready(&mut self) -> Result<()> {
         if !self.raw.has_ready() {
             self.serve_reads();
-            return Ok(());
+            return self.maybe_compact();
         }
         let mut ready = self.raw.ready();
         // A leader may send before persisting (Raft thesis 10.2.1); these are those messages.
@@ -728,28 +748,93 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
+    /// Keeps a snapshot built off the Raft task, and starts the next one once
+    /// `snapshot_entries` entries were applied since the last. Only the copy of the state
+    /// (records are shared, so a pointer per job) and dropping the covered entries run here;
+    /// the encoding and the fsynced file, which grow with the state, run on a blocking thread.
     fn maybe_compact(&mut self) -> Result<()> {
+        match std::mem::replace(&mut self.snapshot_build, SnapshotBuild::Idle) {
+            SnapshotBuild::Running => {
+                self.snapshot_build = SnapshotBuild::Running;
+                return Ok(());
+            }
+            SnapshotBuild::Built(built) => {
+                let BuiltSnapshot {
+                    snapshot,
+                    mut timing,
+                } = (*built)?;
+                let keep_started = Instant::now();
+                self.raw.mut_store().compact(snapshot)?;
+                timing.keep_us = micros(keep_started.elapsed());
+                timing.finished_at_ms = now_ms();
+                tracing::info!(
+                    replica = self.id,
+                    index = timing.index,
+                    bytes = timing.bytes,
+                    copy_us = timing.copy_us,
+                    build_ms = timing.build_ms,
+                    keep_us = timing.keep_us,
+                    "snapshot taken, log compacted"
+                );
+                self.last_snapshot = Some(timing);
+            }
+            SnapshotBuild::Idle => {}
+        }
         let applied = self.state.applied_index;
         let snapshot_index = self.raw.store().latest_snapshot().get_metadata().index;
         if applied < snapshot_index + self.config.snapshot_entries {
             return Ok(());
         }
-        let mut snapshot = Snapshot {
-            data: self.state.encode()?.into(),
-            ..Snapshot::default()
-        };
+        let started_at_ms = now_ms();
+        let copy_started = Instant::now();
+        let state = self.state.clone();
+        let copy_us = micros(copy_started.elapsed());
+        let mut snapshot = Snapshot::default();
         let meta = snapshot.mut_metadata();
         meta.index = applied;
         meta.term = self.raw.raft.raft_log.term(applied)?;
         meta.set_conf_state(self.raw.store().initial_state()?.conf_state);
-        self.raw.mut_store().compact(snapshot)?;
-        tracing::info!(
-            replica = self.id,
-            index = applied,
-            "snapshot taken, log compacted"
-        );
+        // The committed entries after the snapshot start the next WAL (see `SnapshotWriter`).
+        let store = self.raw.store();
+        let committed = self.raw.raft.raft_log.committed.min(store.last_index()?);
+        let entries = store.entries(
+            applied + 1,
+            committed.max(applied) + 1,
+            None,
+            GetEntriesContext::empty(false),
+        )?;
+        let writer = store.snapshot_writer();
+        let inputs = self.inputs.clone();
+        self.snapshot_build = SnapshotBuild::Running;
+        tokio::task::spawn_blocking(move || {
+            let build_started = Instant::now();
+            let built = state.encode().map_err(Error::from).and_then(|data| {
+                let bytes = data.len() as u64;
+                snapshot.data = data.into();
+                writer.prepare(&snapshot, &entries)?;
+                Ok(BuiltSnapshot {
+                    snapshot,
+                    timing: SnapshotTiming {
+                        index: applied,
+                        bytes,
+                        copy_us,
+                        build_ms: u64::try_from(build_started.elapsed().as_millis())
+                            .unwrap_or(u64::MAX),
+                        keep_us: 0,
+                        started_at_ms,
+                        finished_at_ms: 0,
+                    },
+                })
+            });
+            // The loop is gone only when the replica stops; the snapshot goes with it.
+            let _ = inputs.blocking_send(Input::SnapshotBuilt(Box::new(built)));
+        });
         Ok(())
     }
+}
+
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds since the Unix epoch on this replica's clock.

@@ -458,6 +458,7 @@ impl<S: LogStore> RaftLoop<S> {
             applied_commands: self.state.applied_commands,
             first_index: store.first_index().unwrap_or(0),
             snapshot_index: store.latest_snapshot().get_metadata().index,
+            last_snapshot: self.last_snapshot,
         }
     }
 }

@@ -323,3 +323,90 @@ fn a_cut_tail_under_a_recorded_commit_is_reported_and_the_log_still_starts() {
         })
     );
 }
+
+/// A snapshot written off the Raft task with the start of the next WAL, then kept: the log
+/// swaps WAL files rather than rewriting one, and reopens with every entry.
+#[test]
+fn a_prepared_compaction_swaps_in_the_next_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 95)))
+            .unwrap();
+        let before = wal_len(dir.path());
+        let writer = log.snapshot_writer();
+        writer
+            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=95, 1))
+            .unwrap();
+        // Appended while the snapshot was being written.
+        log.persist(&entries(101..=103, 1), None).unwrap();
+        log.compact(snapshot(90, 1, "state@90")).unwrap();
+        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+        assert!(wal_len(dir.path()) < before / 5);
+        log.persist(&entries(104..=105, 1), Some(&hard_state(1, 1, 105)))
+            .unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.first_index().unwrap(), 91);
+    assert_eq!(all_entries(&log), expected(91..=105, 1));
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"state@90");
+    assert_eq!(log.initial_state().unwrap().hard_state.commit, 105);
+}
+
+/// A crash after the next WAL was prepared but before the compaction kept it: its entries
+/// repeat `wal`'s, and must not cut off the entries `wal` holds after them.
+#[test]
+fn a_next_wal_left_by_an_unfinished_compaction_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 2, 100)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=60, 1))
+            .unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(all_entries(&log), expected(51..=100, 1));
+    assert_eq!(
+        log.initial_state().unwrap().hard_state,
+        hard_state(1, 2, 100)
+    );
+    assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+}
+
+/// A crash after the swap's rename, which is not fsynced, did not last: the old `wal` is
+/// back beside `wal.next`, which alone holds what was appended since the swap.
+#[test]
+fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_wal = dir.path().join("wal.old");
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=100, 1))
+            .unwrap();
+        std::fs::copy(dir.path().join(WAL_FILE), &old_wal).unwrap();
+        log.compact(snapshot(90, 1, "state@90")).unwrap();
+        log.persist(&entries(101..=104, 2), Some(&hard_state(2, 3, 104)))
+            .unwrap();
+    }
+    std::fs::rename(dir.path().join(WAL_FILE), dir.path().join(WAL_NEXT_FILE)).unwrap();
+    std::fs::rename(&old_wal, dir.path().join(WAL_FILE)).unwrap();
+    {
+        let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        let mut want = expected(91..=100, 1);
+        want.extend(expected(101..=104, 2));
+        assert_eq!(all_entries(&log), want);
+        assert_eq!(
+            log.initial_state().unwrap().hard_state,
+            hard_state(2, 3, 104)
+        );
+    }
+    // Merged into one `wal` at that open: a second open reads the same.
+    assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.last_index().unwrap(), 104);
+}

@@ -1,0 +1,784 @@
+//! `floe-bench scale`: the control plane at 1,000 nodes and 100,000 jobs.
+//!
+//! Starts 3 scheduler replicas (real `floe scheduler` processes, Raft on disk, loopback
+//! sockets) and simulates N node agents in this process. Each simulated node is a task with
+//! its own connection and credential: it registers with the cluster secret like a real agent,
+//! presents the node ticket it gets back from then on, and heartbeats every second with its
+//! usage. A few node RPC servers answer what the leader sends nodes (`Free`, `FreeJob`,
+//! `Status`); every simulated node gives one of them as its address.
+//!
+//! Jobs are small and complete through the node protocol rather than a real driver: the leader
+//! commits a job's `StartDriver` on a node, the node learns it from its next heartbeat, asks
+//! the leader to place one task for it (`Place`, then `Release`: the lease path) and commits
+//! `FinishJob` as the driver of that attempt. No worker runs, so what is measured is the
+//! control plane alone.
+//!
+//! Phases: heartbeats alone (the leader's CPU share at N nodes), a pre-fill of
+//! `jobs_in_history` jobs through real commits (at most `window` unfinished at a time), a
+//! measured window with a steady stream of jobs (commit latency, heartbeat latency, snapshots
+//! taken meanwhile), reads of the full state (`state_bytes`, `GET /api/jobs`), and a failover
+//! (the leader killed, timed until the new leader commits). It prints one JSON line with every
+//! figure. A lost heartbeat (a node told to register again, or a heartbeat failing outside
+//! the failover), a job that never finishes or a node missing after the failover fails the
+//! run; a missed target is only reported.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use floe_api::client::{HeartbeatReply, SchedulerClient};
+use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
+use floe_api::placement::{PlacementRequest, Strategy};
+use floe_api::scheduler_protocol::{ResourceUsage, SnapshotTiming};
+use floe_api::state::{
+    Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
+};
+use floe_client::local::{LocalCredentials, LocalSchedulers, LocalSchedulersConfig};
+use floe_core::auth::Credential;
+use floe_core::config::Config;
+use floe_core::job::{JobOptions, JobSpec, JobStats};
+use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig};
+use floe_core::{JobId, NodeId, SubmissionId};
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use crate::soak::{get_api_jobs, millis, percentile, rss_bytes};
+
+const REPLICAS: u64 = 3;
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Node RPC servers the simulated nodes share.
+const NODE_SERVERS: usize = 4;
+/// Registrations and submissions in flight at once.
+const CONCURRENCY: usize = 32;
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// `GET /api/jobs` calls; their median is reported.
+const API_CALLS: usize = 5;
+/// Linux reports process CPU time in ticks of 1/100 s (USER_HZ) on every architecture.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// The run's size.
+struct Plan {
+    nodes: usize,
+    history_jobs: u64,
+    /// Most jobs submitted and not yet finished during the pre-fill.
+    window: u64,
+    heartbeat_only: Duration,
+    measure: Duration,
+    /// Jobs submitted per second during the measured window.
+    stream_rate: u64,
+    snapshot_entries: u64,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                nodes: 200,
+                history_jobs: 5_000,
+                window: 1_000,
+                heartbeat_only: Duration::from_secs(5),
+                measure: Duration::from_secs(10),
+                stream_rate: 50,
+                snapshot_entries: 1_000,
+            }
+        } else {
+            Self {
+                nodes: 1_000,
+                history_jobs: 100_000,
+                window: 5_000,
+                heartbeat_only: Duration::from_secs(10),
+                measure: Duration::from_secs(30),
+                stream_rate: 100,
+                snapshot_entries: 5_000,
+            }
+        }
+    }
+}
+
+/// What the simulated nodes and submitters observed, shared by their tasks.
+#[derive(Default)]
+struct Observed {
+    /// Latencies are kept only while this is set.
+    measuring: AtomicBool,
+    /// Heartbeat failures are expected only while this is set.
+    failing_over: AtomicBool,
+    heartbeat_ms: Mutex<Vec<f64>>,
+    /// Commits (submissions and finishes) while measuring: when sent (ms since the run
+    /// began) and how long they took.
+    commits: Mutex<Vec<(f64, f64)>>,
+    heartbeats: AtomicU64,
+    heartbeat_errors: AtomicU64,
+    rejoins: AtomicU64,
+    submitted: AtomicU64,
+    finished: AtomicU64,
+    finish_rejected: AtomicU64,
+    grants: AtomicU64,
+}
+
+impl Observed {
+    fn record(list: &Mutex<Vec<f64>>, value: f64) {
+        list.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(value);
+    }
+
+    fn record_commit(&self, began: Instant, sent: Instant) {
+        if self.measuring.load(Ordering::Relaxed) {
+            let at = millis(sent.duration_since(began));
+            self.commits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((at, millis(sent.elapsed())));
+        }
+    }
+}
+
+/// Answers what a leader sends a node; a simulated node holds no objects and runs no tasks.
+struct SimulatedNodes;
+
+impl Handler<NodeProtocol> for SimulatedNodes {
+    async fn handle(&self, _peer: Peer, request: NodeRequest) -> Result<NodeResponse, RemoteError> {
+        match request {
+            NodeRequest::Free { .. } | NodeRequest::FreeJob { .. } => Ok(NodeResponse::Freed),
+            NodeRequest::CancelTask { .. } => Ok(NodeResponse::Cancelled),
+            NodeRequest::Status => Ok(NodeResponse::Status(Box::new(NodeStatus {
+                node: None,
+                workers: 0,
+                running: Vec::new(),
+                tasks_finished: 0,
+                tasks_failed: 0,
+                workers_respawned: 0,
+                pulls_started: 0,
+                store: Default::default(),
+                actors: Vec::new(),
+            }))),
+            other => Err(RemoteError::new(
+                RemoteErrorKind::BadRequest,
+                format!("a simulated node runs no tasks or actors: {other:?}"),
+            )),
+        }
+    }
+}
+
+/// One simulated node agent: its heartbeat connection, and its drivers' connection (as a
+/// real agent's drivers have their own), both presenting the node's ticket.
+struct SimulatedNode {
+    id: NodeId,
+    client: SchedulerClient,
+    drivers: SchedulerClient,
+}
+
+impl SimulatedNode {
+    async fn register(
+        addrs: Vec<String>,
+        wire: WireConfig,
+        credentials: &LocalCredentials,
+        rpc: String,
+    ) -> anyhow::Result<Self> {
+        let mut client = SchedulerClient::new(addrs.clone(), wire.clone())?;
+        let (id, ticket) = client
+            .register_node(
+                NodeAddresses { rpc },
+                Resources {
+                    cpu_millis: 8_000,
+                    heap_bytes: 16 << 30,
+                },
+                NodeMemory {
+                    total_bytes: 32 << 30,
+                    object_store_bytes: 8 << 30,
+                    system_reserve_bytes: 2 << 30,
+                },
+                BTreeMap::new(),
+            )
+            .await?;
+        // From now on every connection of this node presents its ticket, as an agent's does.
+        wire.identity.set(Credential::Node {
+            secret: credentials.cluster_secret.clone(),
+            id,
+            ticket,
+        });
+        let drivers = SchedulerClient::new(addrs, wire)?;
+        Ok(Self {
+            id,
+            client,
+            drivers,
+        })
+    }
+
+    /// Heartbeats every second until `stop`, handing the drivers each heartbeat names to the
+    /// node's driver task, so a burst of jobs never delays a heartbeat.
+    async fn run(self, observed: Arc<Observed>, began: Instant, stop: Arc<AtomicBool>) {
+        let Self {
+            id,
+            mut client,
+            drivers,
+        } = self;
+        let (assign, assigned) = tokio::sync::mpsc::unbounded_channel();
+        let driving = tokio::spawn(drive(id, drivers, assigned, Arc::clone(&observed), began));
+        // Spread the nodes over the second, as independently started agents are.
+        let offset = Duration::from_millis(id.get() * 7919 % 1000);
+        tokio::time::sleep(offset).await;
+        let mut ticks = tokio::time::interval(HEARTBEAT);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let usage = ResourceUsage {
+            cpu_millis: 0,
+            heap_bytes: 64 << 20,
+            object_store_bytes: 0,
+            spilled_bytes: 0,
+            fallback_bytes: 0,
+            workers: 4,
+            workers_busy: 0,
+        };
+        while !stop.load(Ordering::Relaxed) {
+            ticks.tick().await;
+            let sent = Instant::now();
+            match client.heartbeat(id, usage).await {
+                Ok(HeartbeatReply::Accepted { drivers }) => {
+                    observed.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    if observed.measuring.load(Ordering::Relaxed) {
+                        Observed::record(&observed.heartbeat_ms, millis(sent.elapsed()));
+                    }
+                    if assign.send(drivers).is_err() {
+                        break;
+                    }
+                }
+                Ok(HeartbeatReply::Rejoin) => {
+                    observed.rejoins.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(error) => {
+                    if !observed.failing_over.load(Ordering::Relaxed) {
+                        observed.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
+                        warn(&format!("node {id} heartbeat: {error}"));
+                    }
+                }
+            }
+        }
+        driving.abort();
+    }
+}
+
+/// A node's driver task: runs each (job, attempt) a heartbeat names once.
+async fn drive(
+    node: NodeId,
+    mut client: SchedulerClient,
+    mut assigned: tokio::sync::mpsc::UnboundedReceiver<Vec<(JobId, u32)>>,
+    observed: Arc<Observed>,
+    began: Instant,
+) {
+    // Drivers already run; a heartbeat that raced the last FinishJob names one again.
+    let mut done = std::collections::BTreeSet::new();
+    while let Some(drivers) = assigned.recv().await {
+        for (job, attempt) in drivers {
+            if !done.insert((job, attempt)) {
+                continue;
+            }
+            if let Err(error) = run_driver(node, &mut client, job, attempt, &observed, began).await
+            {
+                warn(&format!("node {node}: job {job}: {error:#}"));
+            }
+        }
+    }
+}
+
+/// What a driver of a one-task job asks of the leader: one placement, its release, and the
+/// job's end.
+async fn run_driver(
+    node: NodeId,
+    client: &mut SchedulerClient,
+    job: JobId,
+    attempt: u32,
+    observed: &Observed,
+    began: Instant,
+) -> anyhow::Result<()> {
+    const CPU: u64 = 100;
+    let request = PlacementRequest {
+        cpu_millis: CPU,
+        memory_hint: 0,
+        strategy: Strategy::Default,
+        preferred: Vec::new(),
+        requester: Some(node),
+    };
+    for placed in client.place(vec![request]).await? {
+        let placed = placed?;
+        observed.grants.fetch_add(1, Ordering::Relaxed);
+        client.release(placed, CPU, 0, Some(node)).await?;
+    }
+    let outcome = JobOutcome {
+        status: JobStatus::Succeeded,
+        stats: JobStats {
+            attempt,
+            ..JobStats::default()
+        },
+        outputs: Vec::new(),
+    };
+    let sent = Instant::now();
+    let answer = client
+        .propose(Command::FinishJob {
+            job,
+            attempt,
+            outcome,
+        })
+        .await?;
+    observed.record_commit(began, sent);
+    match answer {
+        Outcome::Applied => observed.finished.fetch_add(1, Ordering::Relaxed),
+        _ => observed.finish_rejected.fetch_add(1, Ordering::Relaxed),
+    };
+    Ok(())
+}
+
+/// The bench prints JSON on stdout; its own diagnostics go to stderr.
+fn warn(message: &str) {
+    eprintln!("scale: {message}");
+}
+
+/// A process's user + system CPU time, in seconds, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at field 3 (state);
+    // utime and stime are fields 14 and 15.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no command name in /proc/<pid>/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |index: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(index)
+            .context("/proc/<pid>/stat is short")?
+            .parse::<f64>()?)
+    };
+    Ok((ticks(11)? + ticks(12)?) / TICKS_PER_SECOND)
+}
+
+/// The leader's CPU share (of one core) over `window`.
+async fn leader_cpu_share(pid: u32, window: Duration) -> anyhow::Result<f64> {
+    let before = cpu_seconds(pid)?;
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    Ok((cpu_seconds(pid)? - before) / started.elapsed().as_secs_f64())
+}
+
+fn small_job_spec() -> anyhow::Result<Vec<u8>> {
+    let plan = floe_client::Dataset::range(10)?.plan().resolve_seeds()?;
+    Ok(JobSpec {
+        plan,
+        options: JobOptions::default(),
+    }
+    .encode()?)
+}
+
+async fn submit(
+    client: &mut SchedulerClient,
+    spec: &[u8],
+    observed: &Observed,
+    began: Instant,
+) -> anyhow::Result<()> {
+    let sent = Instant::now();
+    client
+        .submit_job(spec.to_vec(), SubmissionId::random())
+        .await?;
+    observed.record_commit(began, sent);
+    observed.submitted.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Waits until every submitted job has finished (or `timeout` passes).
+async fn until_finished(observed: &Observed, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let submitted = observed.submitted.load(Ordering::Relaxed);
+        let finished = observed.finished.load(Ordering::Relaxed);
+        if finished >= submitted {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {submitted} jobs unfinished after {timeout:?}",
+            submitted - finished
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn run(
+    quick: bool,
+    nodes: Option<usize>,
+    jobs: Option<u64>,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let mut plan = Plan::new(quick);
+    plan.nodes = nodes.unwrap_or(plan.nodes);
+    plan.history_jobs = jobs.unwrap_or(plan.history_jobs);
+    let dir = config
+        .paths
+        .data_dir
+        .join(format!("bench-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(scale(&plan, &dir));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    // Best effort: a leftover directory is visible and harmless.
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = result?;
+    println!("{line}");
+    let correct = line["correct"].as_bool().unwrap_or(false);
+    ensure!(correct, "the run was not correct: {}", line["correctness"]);
+    Ok(())
+}
+
+async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    let began = Instant::now();
+    let credentials = LocalCredentials::generate(dir)?;
+    let mut cluster = LocalSchedulers::start(LocalSchedulersConfig {
+        binary: crate::floe_binary()?,
+        replicas: REPLICAS,
+        dir: dir.to_owned(),
+        credentials: credentials.clone(),
+        settings: vec![
+            // Every job of the run stays in the replicated state: that is the state measured.
+            format!("jobs.keep_finished={}", plan.history_jobs * 2),
+            format!("scheduler.snapshot_entries={}", plan.snapshot_entries),
+        ],
+    })?;
+    cluster.wait_for_leader(READY_TIMEOUT).await?;
+    let addrs = cluster.addrs();
+
+    let mut servers = Vec::new();
+    for _ in 0..NODE_SERVERS {
+        let bind: SocketAddr = "127.0.0.1:0".parse()?;
+        servers.push(
+            RpcServer::bind::<NodeProtocol, _>(
+                bind,
+                Arc::new(SimulatedNodes),
+                credentials.member_wire(),
+            )
+            .await?,
+        );
+    }
+    let server_addrs: Vec<String> = servers
+        .iter()
+        .map(|server| server.local_addr().to_string())
+        .collect();
+
+    // Register every node, CONCURRENCY at a time; each heartbeats as soon as it has
+    // registered, as an agent does (a node silent for a node timeout is committed dead).
+    let observed = Arc::new(Observed::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let registering = Instant::now();
+    let mut nodes = Vec::new();
+    let mut pending = JoinSet::new();
+    for index in 0..plan.nodes {
+        if pending.len() >= CONCURRENCY
+            && let Some(joined) = pending.join_next().await
+        {
+            nodes.push(joined??);
+        }
+        let addrs = addrs.clone();
+        let credentials = credentials.clone();
+        let rpc = server_addrs[index % NODE_SERVERS].clone();
+        let observed = Arc::clone(&observed);
+        let stop = Arc::clone(&stop);
+        pending.spawn(async move {
+            let node = SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
+                .await?;
+            anyhow::Ok(tokio::spawn(node.run(observed, began, stop)))
+        });
+    }
+    while let Some(joined) = pending.join_next().await {
+        nodes.push(joined??);
+    }
+    let register_ms = millis(registering.elapsed());
+    let mut admin = cluster.client()?.with_retry_for(READY_TIMEOUT);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while admin.node_reports().await?.len() < plan.nodes {
+        ensure!(
+            Instant::now() < deadline,
+            "not every node heartbeated to the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let leader = cluster.wait_for_leader(READY_TIMEOUT).await?;
+    let leader_pid = cluster.pid(leader).context("the leader has no process")?;
+
+    // Heartbeats alone.
+    observed.measuring.store(true, Ordering::Relaxed);
+    let heartbeat_cpu_share = leader_cpu_share(leader_pid, plan.heartbeat_only).await?;
+    observed.measuring.store(false, Ordering::Relaxed);
+    let heartbeat_only_p99 = percentile(
+        &mut observed
+            .heartbeat_ms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect::<Vec<_>>(),
+        0.99,
+    );
+
+    // Pre-fill the history through real commits.
+    let spec: Arc<[u8]> = small_job_spec()?.into();
+    let prefilling = Instant::now();
+    let per_submitter = plan.history_jobs.div_ceil(CONCURRENCY as u64);
+    let mut submitters = JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let mut client = cluster.client()?.with_retry_for(READY_TIMEOUT);
+        let observed = Arc::clone(&observed);
+        let spec = Arc::clone(&spec);
+        let window = plan.window;
+        submitters.spawn(async move {
+            for _ in 0..per_submitter {
+                while observed.submitted.load(Ordering::Relaxed)
+                    >= observed.finished.load(Ordering::Relaxed) + window
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                submit(&mut client, &spec, &observed, began).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(joined) = submitters.join_next().await {
+        joined??;
+    }
+    until_finished(&observed, READY_TIMEOUT).await?;
+    let prefill = prefilling.elapsed();
+    let prefilled = observed.finished.load(Ordering::Relaxed);
+
+    // The measured window: a steady stream of jobs.
+    observed.measuring.store(true, Ordering::Relaxed);
+    let grants_before = observed.grants.load(Ordering::Relaxed);
+    let finished_before = observed.finished.load(Ordering::Relaxed);
+    let stream_stop = Arc::new(AtomicBool::new(false));
+    let mut stream = JoinSet::new();
+    let submitters_in_stream = 8u64;
+    for _ in 0..submitters_in_stream {
+        let mut client = cluster.client()?.with_retry_for(READY_TIMEOUT);
+        let observed = Arc::clone(&observed);
+        let spec = Arc::clone(&spec);
+        let stream_stop = Arc::clone(&stream_stop);
+        let every = Duration::from_secs_f64(submitters_in_stream as f64 / plan.stream_rate as f64);
+        stream.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            while !stream_stop.load(Ordering::Relaxed) {
+                ticks.tick().await;
+                submit(&mut client, &spec, &observed, began).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    let mut snapshots: BTreeMap<u64, SnapshotTiming> = BTreeMap::new();
+    let measuring = Instant::now();
+    let cpu_before = cpu_seconds(leader_pid)?;
+    while measuring.elapsed() < plan.measure {
+        if let Some(timing) = cluster.status(leader).await?.last_snapshot {
+            snapshots.insert(timing.index, timing);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let measured = measuring.elapsed();
+    let stream_cpu_share = (cpu_seconds(leader_pid)? - cpu_before) / measured.as_secs_f64();
+    stream_stop.store(true, Ordering::Relaxed);
+    while let Some(joined) = stream.join_next().await {
+        joined??;
+    }
+    observed.measuring.store(false, Ordering::Relaxed);
+    let grants_per_s =
+        (observed.grants.load(Ordering::Relaxed) - grants_before) as f64 / measured.as_secs_f64();
+    let jobs_per_s = (observed.finished.load(Ordering::Relaxed) - finished_before) as f64
+        / measured.as_secs_f64();
+    until_finished(&observed, READY_TIMEOUT).await?;
+    if let Some(timing) = cluster.status(leader).await?.last_snapshot {
+        snapshots.insert(timing.index, timing);
+    }
+
+    let mut heartbeat_ms: Vec<f64> = observed
+        .heartbeat_ms
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let commits: Vec<(f64, f64)> = observed
+        .commits
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let mut commit_ms: Vec<f64> = commits.iter().map(|(_, latency)| *latency).collect();
+    // Snapshots built within the window, on the bench's clock (same host, same wall clock).
+    let since_epoch = |at_ms: u64| {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64() * 1e3);
+        millis(began.elapsed()) - (now_ms - at_ms as f64)
+    };
+    let windows: Vec<(f64, f64)> = snapshots
+        .values()
+        .map(|timing| {
+            (
+                since_epoch(timing.started_at_ms),
+                since_epoch(timing.finished_at_ms),
+            )
+        })
+        .collect();
+    let stalls: Vec<f64> = commits
+        .iter()
+        .filter(|(sent, latency)| {
+            windows
+                .iter()
+                .any(|(start, end)| *sent <= *end && sent + latency >= *start)
+        })
+        .map(|(_, latency)| *latency)
+        .collect();
+    let snapshot_stall_ms = stalls.into_iter().reduce(f64::max);
+    let largest = snapshots
+        .values()
+        .max_by_key(|timing| timing.index)
+        .copied();
+
+    // The whole state, and the REST job list, at this size.
+    let state = admin.read_state().await?;
+    let state_bytes = state.encode()?.len();
+    let jobs_in_state = state.jobs.len();
+    let alive_before = state.alive_nodes().count();
+    let http = cluster
+        .http_addr(leader)
+        .context("the leader has no HTTP address")?
+        .to_owned();
+    let mut api = Vec::new();
+    for _ in 0..API_CALLS {
+        api.push(get_api_jobs(&http, credentials.admin_token.expose()).await?);
+    }
+    let api_jobs_ms = percentile(&mut api, 0.5);
+    let leader_rss = rss_bytes(leader_pid);
+
+    // Failover at this size.
+    observed.failing_over.store(true, Ordering::Relaxed);
+    let mut probe = cluster.client()?.with_retry_for(READY_TIMEOUT);
+    submit(&mut probe, &spec, &observed, began).await?;
+    cluster.kill(leader)?;
+    let killed = Instant::now();
+    submit(&mut probe, &spec, &observed, began).await?;
+    let failover_ms = millis(killed.elapsed());
+    // Every node must reach the new leader before it would declare it dead.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    observed.failing_over.store(false, Ordering::Relaxed);
+    until_finished(&observed, READY_TIMEOUT).await?;
+    let after = probe.read_state().await?;
+    let alive_after = after.alive_nodes().count();
+    let reports_after = probe.node_reports().await?.len();
+
+    stop.store(true, Ordering::Relaxed);
+    for node in nodes {
+        node.abort();
+    }
+    drop(servers);
+
+    let rejoins = observed.rejoins.load(Ordering::Relaxed);
+    let heartbeat_errors = observed.heartbeat_errors.load(Ordering::Relaxed);
+    let finish_rejected = observed.finish_rejected.load(Ordering::Relaxed);
+    let mut failures = Vec::new();
+    if rejoins > 0 {
+        failures.push(format!(
+            "{rejoins} nodes were declared dead and told to rejoin"
+        ));
+    }
+    if heartbeat_errors > 0 {
+        failures.push(format!(
+            "{heartbeat_errors} heartbeats failed outside the failover"
+        ));
+    }
+    if finish_rejected > 0 {
+        failures.push(format!(
+            "{finish_rejected} FinishJob commands were rejected"
+        ));
+    }
+    for (what, count) in [
+        ("alive before the failover", alive_before),
+        ("alive after the failover", alive_after),
+        ("heartbeating to the new leader", reports_after),
+    ] {
+        if count != plan.nodes {
+            failures.push(format!("{count} of {} nodes {what}", plan.nodes));
+        }
+    }
+    let heartbeat_p99_ms = percentile(&mut heartbeat_ms, 0.99);
+    let commit_p99_ms = percentile(&mut commit_ms, 0.99);
+    let snapshot_build_ms = largest.map(|timing| timing.build_ms);
+    let on_loop_ms = |micros: fn(&SnapshotTiming) -> u64| {
+        snapshots
+            .values()
+            .map(|timing| micros(timing) as f64 / 1e3)
+            .reduce(f64::max)
+    };
+    let targets = json!({
+        "heartbeat_cpu_share_le_0_25": heartbeat_cpu_share <= 0.25,
+        "commit_p99_le_20ms": commit_p99_ms <= 20.0,
+        "failover_le_3s": failover_ms <= 3_000.0,
+        "snapshot_build_le_1s": snapshot_build_ms.map(|ms| ms <= 1_000),
+        "snapshot_stall_le_5ms": snapshot_stall_ms.map(|ms| ms <= 5.0),
+    });
+    Ok(json!({
+        "bench": "scale",
+        "nodes": plan.nodes,
+        "jobs_in_history": prefilled,
+        "jobs_in_state": jobs_in_state,
+        "register_ms": round(register_ms),
+        "prefill_s": round(prefill.as_secs_f64()),
+        "prefill_jobs_per_s": round(prefilled as f64 / prefill.as_secs_f64()),
+        "leader_cpu_share": round3(heartbeat_cpu_share),
+        "leader_cpu_share_with_jobs": round3(stream_cpu_share),
+        "heartbeat_only_p99_ms": round(heartbeat_only_p99),
+        "heartbeat_p99_ms": round(heartbeat_p99_ms),
+        "heartbeats": observed.heartbeats.load(Ordering::Relaxed),
+        "commit_p50_ms": round(percentile(&mut commit_ms, 0.5)),
+        "commit_p99_ms": round(commit_p99_ms),
+        "commit_max_ms": round(percentile(&mut commit_ms, 1.0)),
+        "commits_measured": commit_ms.len(),
+        "jobs_per_s": round(jobs_per_s),
+        "grants_per_s": round(grants_per_s),
+        "snapshots_in_window": snapshots.len(),
+        "snapshot_index": largest.map(|timing| timing.index),
+        "snapshot_bytes": largest.map(|timing| timing.bytes),
+        "snapshot_build_ms": snapshot_build_ms,
+        "snapshot_copy_max_ms": on_loop_ms(|timing| timing.copy_us),
+        "snapshot_keep_max_ms": on_loop_ms(|timing| timing.keep_us),
+        "snapshot_stall_ms": snapshot_stall_ms.map(round),
+        "state_bytes": state_bytes,
+        "leader_rss_bytes": leader_rss,
+        "api_jobs_ms": round(api_jobs_ms),
+        "failover_ms": round(failover_ms),
+        "targets_met": targets,
+        "correct": failures.is_empty(),
+        "correctness": failures,
+    }))
+}
+
+fn round(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_used_some_cpu() {
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        assert!(cpu_seconds(std::process::id()).unwrap() > 0.0);
+    }
+}
