@@ -381,7 +381,7 @@ async fn submit(
 ) -> anyhow::Result<()> {
     let sent = Instant::now();
     client
-        .submit_job(spec.to_vec(), SubmissionId::random())
+        .submit_job(spec.to_vec(), SubmissionId::random(), None)
         .await?;
     observed.record_commit(began, sent);
     observed.submitted.fetch_add(1, Ordering::Relaxed);
@@ -448,6 +448,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             format!("jobs.keep_finished={}", plan.history_jobs * 2),
             format!("scheduler.snapshot_entries={}", plan.snapshot_entries),
         ],
+        tls: floe_core::config::TlsConfig::default(),
     })?;
     cluster.wait_for_leader(READY_TIMEOUT).await?;
     let addrs = cluster.addrs();
