@@ -187,7 +187,13 @@ fn a_cluster_reads_and_writes_s3_and_never_shows_the_keys() {
         }
     }
     for text in &texts {
-        assert!(!text.contains(SECRET_KEY), "the secret key leaked: {text:.2000}");
-        assert!(!text.contains(ACCESS_KEY), "the access key leaked: {text:.2000}");
+        assert!(
+            !text.contains(SECRET_KEY),
+            "the secret key leaked: {text:.2000}"
+        );
+        assert!(
+            !text.contains(ACCESS_KEY),
+            "the access key leaked: {text:.2000}"
+        );
     }
 }

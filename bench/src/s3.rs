@@ -150,9 +150,8 @@ fn timed(scan: &FileScan) -> anyhow::Result<(Duration, Vec<RecordBatch>, ReadSta
 /// The compressed bytes of column `name` in Parquet file `path`.
 fn column_bytes(path: &Path, name: &str) -> anyhow::Result<u64> {
     use parquet::file::reader::FileReader;
-    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
-        std::fs::File::open(path)?,
-    )?;
+    let reader =
+        parquet::file::serialized_reader::SerializedFileReader::new(std::fs::File::open(path)?)?;
     Ok(reader
         .metadata()
         .row_groups()
@@ -179,7 +178,10 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
 
     let local_scan = discover(FileFormat::Parquet, &[&local_file])?;
     let s3_scan = discover(FileFormat::Parquet, &["s3://bench/events.parquet"])?;
-    ensure!(local_scan.file_schema == s3_scan.file_schema, "schemas differ");
+    ensure!(
+        local_scan.file_schema == s3_scan.file_schema,
+        "schemas differ"
+    );
 
     for (workload, columns) in [
         ("map", &["value"][..]),
@@ -217,7 +219,10 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
             "verified": verified,
         });
         println!("{line}");
-        ensure!(verified, "{workload}: a result differs from the expected one");
+        ensure!(
+            verified,
+            "{workload}: a result differs from the expected one"
+        );
     }
     Ok(())
 }

@@ -26,10 +26,10 @@ use floe_core::expr::{BinaryOp, Expr, common_type};
 use floe_core::fingerprint::FileStamp;
 use floe_core::plan::{FileFormat, FileScan};
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
-use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::file::metadata::RowGroupMetaData;
 
 use crate::eval::{evaluate_predicate, literal_array, safe_cast};
@@ -77,7 +77,11 @@ pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
     for pattern in patterns {
         let pattern = pattern.as_ref();
         if let Some(url) = floe_core::location::remote_url(pattern) {
-            files.extend(crate::remote::expand(url)?.into_iter().map(|stamp| stamp.path));
+            files.extend(
+                crate::remote::expand(url)?
+                    .into_iter()
+                    .map(|stamp| stamp.path),
+            );
             continue;
         }
         let name = pattern
@@ -278,13 +282,11 @@ fn open_text(path: &Path) -> Result<Box<dyn BufRead + Send>> {
 }
 
 fn json_schema(path: &Path) -> Result<Schema> {
-    let (schema, _) =
-        arrow::json::reader::infer_json_schema(open_text(path)?, Some(INFER_ROWS)).map_err(
-            |e| Error::BadFile {
-                path: path.to_owned(),
-                message: e.to_string(),
-            },
-        )?;
+    let (schema, _) = arrow::json::reader::infer_json_schema(open_text(path)?, Some(INFER_ROWS))
+        .map_err(|e| Error::BadFile {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
     Ok(schema)
 }
 
@@ -390,10 +392,8 @@ fn remote_row_groups(
                     bytes.iter().map(|b| b.len() as u64).sum(),
                     Ordering::Relaxed,
                 );
-                let held = FetchedRanges::new(
-                    size,
-                    ranges.iter().map(|r| r.start).zip(bytes).collect(),
-                );
+                let held =
+                    FetchedRanges::new(size, ranges.iter().map(|r| r.start).zip(bytes).collect());
                 Ok(
                     ParquetRecordBatchReaderBuilder::new_with_metadata(held, metadata.clone())
                         .with_row_groups(vec![row_group])
@@ -404,9 +404,9 @@ fn remote_row_groups(
             })();
             match opened {
                 Ok(reader) => Box::new(reader),
-                Err(error) => Box::new(std::iter::once(Err(ArrowError::ExternalError(
-                    Box::new(error),
-                )))),
+                Err(error) => Box::new(std::iter::once(Err(ArrowError::ExternalError(Box::new(
+                    error,
+                ))))),
             }
         },
     )
@@ -481,72 +481,72 @@ pub fn read_file(
     let fetched = Arc::new(AtomicU64::new(0));
     // Batches are decoded as the loop below pulls them, so once the limit is reached the rest
     // of the file (its later Parquet row groups) is never decoded.
-    let raw: Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>> =
-        match &scan.format {
-            FileFormat::Parquet => {
-                let (metadata, footer_bytes) = parquet_metadata(stamp)?;
-                fetched.fetch_add(footer_bytes, Ordering::Relaxed);
-                let file_schema = metadata.schema().clone();
-                let row_groups = metadata.metadata().row_groups();
-                stats.row_groups = row_groups.len();
-                let keep = match &scan.predicate {
-                    Some(predicate) => prune_row_groups(
-                        predicate,
-                        &file_schema,
-                        metadata.parquet_schema(),
-                        row_groups,
-                    )?,
-                    None => (0..row_groups.len()).collect(),
-                };
-                stats.row_groups_pruned = row_groups.len() - keep.len();
-                let mask = ProjectionMask::roots(
+    let raw: Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>> = match &scan
+        .format
+    {
+        FileFormat::Parquet => {
+            let (metadata, footer_bytes) = parquet_metadata(stamp)?;
+            fetched.fetch_add(footer_bytes, Ordering::Relaxed);
+            let file_schema = metadata.schema().clone();
+            let row_groups = metadata.metadata().row_groups();
+            stats.row_groups = row_groups.len();
+            let keep = match &scan.predicate {
+                Some(predicate) => prune_row_groups(
+                    predicate,
+                    &file_schema,
                     metadata.parquet_schema(),
-                    projection_indices(scan, &file_schema)?,
-                );
-                match Object::of(path)? {
-                    Some(object) => Box::new(remote_row_groups(
-                        object,
-                        stamp.size,
-                        metadata,
-                        keep,
-                        mask,
-                        batch_rows,
-                        fetched.clone(),
-                    )),
-                    None => {
-                        let file = File::open(path).map_err(Error::io(path))?;
-                        let reader =
-                            ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
-                                .with_row_groups(keep)
-                                .with_projection(mask)
-                                .with_batch_size(batch_rows)
-                                .build()
-                                .map_err(|e| bad_file(e.to_string()))?;
-                        Box::new(reader)
-                    }
+                    row_groups,
+                )?,
+                None => (0..row_groups.len()).collect(),
+            };
+            stats.row_groups_pruned = row_groups.len() - keep.len();
+            let mask = ProjectionMask::roots(
+                metadata.parquet_schema(),
+                projection_indices(scan, &file_schema)?,
+            );
+            match Object::of(path)? {
+                Some(object) => Box::new(remote_row_groups(
+                    object,
+                    stamp.size,
+                    metadata,
+                    keep,
+                    mask,
+                    batch_rows,
+                    fetched.clone(),
+                )),
+                None => {
+                    let file = File::open(path).map_err(Error::io(path))?;
+                    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
+                        .with_row_groups(keep)
+                        .with_projection(mask)
+                        .with_batch_size(batch_rows)
+                        .build()
+                        .map_err(|e| bad_file(e.to_string()))?;
+                    Box::new(reader)
                 }
             }
-            FileFormat::Csv(options) => {
-                let file = counted_text(path, &fetched)?;
-                let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
-                    .with_header(options.has_header)
-                    .with_delimiter(options.delimiter)
-                    .with_projection(projection_indices(scan, &scan.file_schema)?)
-                    .with_batch_size(batch_rows)
-                    .build(file)
-                    .map_err(|e| bad_file(e.to_string()))?;
-                Box::new(reader)
-            }
-            FileFormat::Json => {
-                let file = counted_text(path, &fetched)?;
-                // Fields outside the projected schema are ignored by the JSON reader.
-                let reader = arrow::json::ReaderBuilder::new(output.clone())
-                    .with_batch_size(batch_rows)
-                    .build(file)
-                    .map_err(|e| bad_file(e.to_string()))?;
-                Box::new(reader)
-            }
-        };
+        }
+        FileFormat::Csv(options) => {
+            let file = counted_text(path, &fetched)?;
+            let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
+                .with_header(options.has_header)
+                .with_delimiter(options.delimiter)
+                .with_projection(projection_indices(scan, &scan.file_schema)?)
+                .with_batch_size(batch_rows)
+                .build(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            Box::new(reader)
+        }
+        FileFormat::Json => {
+            let file = counted_text(path, &fetched)?;
+            // Fields outside the projected schema are ignored by the JSON reader.
+            let reader = arrow::json::ReaderBuilder::new(output.clone())
+                .with_batch_size(batch_rows)
+                .build(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            Box::new(reader)
+        }
+    };
     let mut limiter = scan.limit.map(Limiter::new);
     let mut batches = Vec::new();
     for batch in raw {

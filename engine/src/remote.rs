@@ -70,8 +70,7 @@ impl Object {
             // Never echo the URL back: it holds the secret.
             return Err(Error::Remote {
                 url: format!("{}://…", url.scheme()),
-                message: "credentials in a URL are refused; set them in the environment"
-                    .to_owned(),
+                message: "credentials in a URL are refused; set them in the environment".to_owned(),
             });
         }
         if url.query().is_some() || url.fragment().is_some() {
@@ -266,12 +265,18 @@ pub fn expand(url: &str) -> Result<Vec<FileStamp>> {
     let name = object.name().to_owned();
     let stamps = if name.contains(['*', '?']) {
         object.parent().list_matching(&name)?
-    } else if object.key.as_ref().is_empty() {
+    } else if object.key.as_ref().is_empty() || url.ends_with('/') {
         object.list_below()?
     } else {
-        match object.stamp()? {
-            Some(stamp) => vec![stamp],
-            None => object.list_below()?,
+        match object.stamp() {
+            Ok(Some(stamp)) => vec![stamp],
+            Ok(None) => object.list_below()?,
+            // Some S3-compatible servers answer a HEAD of a "directory" with an error other
+            // than 404; it is one only if nothing is below it.
+            Err(error) => match object.list_below()? {
+                below if below.is_empty() => return Err(error),
+                below => below,
+            },
         }
     };
     if stamps.is_empty() {
@@ -486,9 +491,9 @@ pub fn parquet_footer(object: &Object, size: u64) -> Result<(FetchedRanges, u64)
     let mut fetched = tail.len() as u64;
     let footer = tail.len().checked_sub(8).map(|at| &tail[at..]);
     let metadata_len = match footer {
-        Some(footer) if &footer[4..] == b"PAR1" => {
-            u64::from(u32::from_le_bytes([footer[0], footer[1], footer[2], footer[3]]))
-        }
+        Some(footer) if &footer[4..] == b"PAR1" => u64::from(u32::from_le_bytes([
+            footer[0], footer[1], footer[2], footer[3],
+        ])),
         _ => return Err(bad("no Parquet footer (PAR1) at its end".to_owned())),
     };
     let needed = metadata_len + 8;

@@ -428,8 +428,10 @@ fn gzip_and_zstd_csv_and_json_read_as_the_plain_files() {
         }
         std::fs::write(&plain, &bytes).unwrap();
         let gzip = dir.path().join(format!("{plain_name}.gz"));
-        let mut encoder =
-            flate2::write::GzEncoder::new(std::fs::File::create(&gzip).unwrap(), Default::default());
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gzip).unwrap(),
+            Default::default(),
+        );
         encoder.write_all(&bytes).unwrap();
         encoder.finish().unwrap();
         let zstd = dir.path().join(format!("{plain_name}.zst"));

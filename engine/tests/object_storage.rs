@@ -12,9 +12,7 @@ use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{col, lit};
 use floe_core::fingerprint::SourceDescription;
-use floe_core::plan::{
-    Compression, CsvOptions, FileFormat, FileScan, WriteMode, WriteSpec,
-};
+use floe_core::plan::{Compression, CsvOptions, FileFormat, FileScan, WriteMode, WriteSpec};
 use floe_engine::read::{discover, expand_paths, read_scan};
 use floe_engine::write::{check_empty, publish, staging_directory, write_task};
 use floe_testkit::batches::int_column;
@@ -130,7 +128,10 @@ fn object_storage_reads_and_writes_match_local_files() {
     assert!(stamp.version.is_some(), "an object's stamp has its ETag");
     let (remote_rows, remote_stats) = read_scan(&with_projection(&remote, &["id"]), 4096).unwrap();
     let (local_rows, local_stats) = read_scan(&with_projection(&local, &["id"]), 4096).unwrap();
-    assert_eq!(int_column(&remote_rows, "id"), int_column(&local_rows, "id"));
+    assert_eq!(
+        int_column(&remote_rows, "id"),
+        int_column(&local_rows, "id")
+    );
     assert_eq!(local_stats.bytes_fetched, 0);
     let file_size = std::fs::metadata(&local_a).unwrap().len();
     let id_bytes: u64 = parquet_column_bytes(&local_a, "id");
@@ -151,7 +152,10 @@ fn object_storage_reads_and_writes_match_local_files() {
     assert_eq!(int_column(&rows, "id"), (0..4_000).collect::<Vec<_>>());
     assert_eq!((stats.row_groups, stats.row_groups_pruned), (4, 3));
     let (_, everything) = read_scan(&with_projection(&remote, &["id", "note"]), 4096).unwrap();
-    assert!(stats.bytes_fetched * 3 < everything.bytes_fetched, "{stats:?} {everything:?}");
+    assert!(
+        stats.bytes_fetched * 3 < everything.bytes_fetched,
+        "{stats:?} {everything:?}"
+    );
 
     // The whole directory reads as both files, in order.
     let both = discover(FileFormat::Parquet, &[url("data/")]).unwrap();
@@ -175,9 +179,15 @@ fn object_storage_reads_and_writes_match_local_files() {
     });
     let after = discover(FileFormat::Parquet, &[url("data/a.parquet")]).unwrap();
     assert_ne!(after.files, remote.files);
-    assert_ne!(SourceDescription::Files(after.files.clone()).fingerprint(), before);
+    assert_ne!(
+        SourceDescription::Files(after.files.clone()).fingerprint(),
+        before
+    );
     let error = read_scan(&remote, 4096).unwrap_err().to_string();
-    assert!(error.contains("changed after the plan was built"), "{error}");
+    assert!(
+        error.contains("changed after the plan was built"),
+        "{error}"
+    );
 
     // Writes: staged under a hidden prefix, published by the write mode.
     let out = url("out");
@@ -197,7 +207,10 @@ fn object_storage_reads_and_writes_match_local_files() {
     );
     // `error` refuses a prefix that holds objects; nothing is written.
     let refused = write_job(&parquet, "job2", &[sample(500, 10)]).unwrap_err();
-    assert!(matches!(refused, floe_engine::Error::OutputExists { .. }), "{refused}");
+    assert!(
+        matches!(refused, floe_engine::Error::OutputExists { .. }),
+        "{refused}"
+    );
     assert!(check_empty(&out).is_err());
     // `append` adds objects under new names.
     let append = spec(FileFormat::Parquet, out.clone(), WriteMode::Append);
@@ -217,8 +230,12 @@ fn object_storage_reads_and_writes_match_local_files() {
     // NDJSON and CSV sinks read back as written; the uploaded bytes are a valid local file.
     for format in [FileFormat::Json, csv] {
         let out = url(&format!("out-{}", format.name()));
-        write_job(&spec(format.clone(), out.clone(), WriteMode::Error), "job5", &[sample(0, 40)])
-            .unwrap();
+        write_job(
+            &spec(format.clone(), out.clone(), WriteMode::Error),
+            "job5",
+            &[sample(0, 40)],
+        )
+        .unwrap();
         let (rows, _) = read_scan(&discover(format.clone(), &[&out]).unwrap(), 4096).unwrap();
         assert_eq!(int_column(&rows, "id"), (0..40).collect::<Vec<_>>());
     }
@@ -230,15 +247,19 @@ fn object_storage_reads_and_writes_match_local_files() {
     )
     .unwrap_err()
     .to_string();
-    assert!(!error.contains("hunter2") && error.contains("credentials"), "{error}");
+    assert!(
+        !error.contains("hunter2") && error.contains("credentials"),
+        "{error}"
+    );
 }
 
 /// The compressed bytes of column `name` over all row groups of Parquet file `path`.
 fn parquet_column_bytes(path: &Path, name: &str) -> u64 {
     use parquet::file::reader::FileReader;
-    let reader =
-        parquet::file::serialized_reader::SerializedFileReader::new(std::fs::File::open(path).unwrap())
-            .unwrap();
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+        std::fs::File::open(path).unwrap(),
+    )
+    .unwrap();
     reader
         .metadata()
         .row_groups()

@@ -98,7 +98,10 @@ impl AllowedPaths {
         let Some((_, rest)) = url.split_once("://") else {
             return false;
         };
-        if rest.split('/').any(|segment| segment == "." || segment == "..") {
+        if rest
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
+        {
             return false;
         }
         self.roots.iter().any(|root| {

@@ -668,7 +668,11 @@ fn allowed_paths_hold_paths_under_their_roots_after_resolving_them() {
 fn allowed_paths_hold_object_urls_under_remote_prefixes() {
     let allowed = AllowedPaths::under(&[PathBuf::from("s3://lake/raw")]);
     assert!(allowed.check(Path::new("s3://lake/raw")).is_ok());
-    assert!(allowed.check(Path::new("s3://lake/raw/2026/a.parquet")).is_ok());
+    assert!(
+        allowed
+            .check(Path::new("s3://lake/raw/2026/a.parquet"))
+            .is_ok()
+    );
     for refused in [
         "s3://lake/rawer/a.parquet",
         "s3://lake/other/a.parquet",
@@ -687,5 +691,11 @@ fn allowed_paths_hold_object_urls_under_remote_prefixes() {
         .unwrap()
         .load()
         .unwrap();
-    assert!(listed.data.allowed().check(Path::new("s3://lake/raw/x")).is_ok());
+    assert!(
+        listed
+            .data
+            .allowed()
+            .check(Path::new("s3://lake/raw/x"))
+            .is_ok()
+    );
 }
