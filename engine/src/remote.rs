@@ -136,13 +136,17 @@ impl Object {
             let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
             store.list(prefix.as_ref()).try_collect::<Vec<_>>().await
         })?;
-        let mut stamps: Vec<FileStamp> = listed
-            .iter()
+        let visible = listed
+            .into_iter()
             .filter(|meta| {
                 relative(&self.key, &meta.location)
                     .split('/')
                     .all(|segment| !hidden(segment))
             })
+            .collect();
+        let mut stamps: Vec<FileStamp> = self
+            .with_etags(visible)?
+            .iter()
             .map(|meta| stamp(&self.base, meta))
             .collect();
         stamps.sort();
@@ -156,17 +160,44 @@ impl Object {
             let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
             store.list_with_delimiter(prefix.as_ref()).await
         })?;
-        let mut stamps: Vec<FileStamp> = listed
+        let matching = listed
             .objects
-            .iter()
+            .into_iter()
             .filter(|meta| {
                 let name = meta.location.filename().unwrap_or_default();
                 !hidden(name) && crate::read::wildcard_match(pattern, name)
             })
+            .collect();
+        let mut stamps: Vec<FileStamp> = self
+            .with_etags(matching)?
+            .iter()
             .map(|meta| stamp(&self.base, meta))
             .collect();
         stamps.sort();
         Ok(stamps)
+    }
+
+    /// `listed` with each object's ETag: a listing that lacks one (some S3-compatible servers
+    /// leave it out) is completed by a HEAD, so a stamp always pins the object's content.
+    fn with_etags(&self, listed: Vec<ObjectMeta>) -> Result<Vec<ObjectMeta>> {
+        if listed
+            .iter()
+            .all(|meta| meta.e_tag.is_some() || meta.version.is_some())
+        {
+            return Ok(listed);
+        }
+        let store = self.store.clone();
+        self.run(async move {
+            let mut completed = Vec::with_capacity(listed.len());
+            for meta in listed {
+                if meta.e_tag.is_none() && meta.version.is_none() {
+                    completed.push(store.head(&meta.location).await?);
+                } else {
+                    completed.push(meta);
+                }
+            }
+            Ok(completed)
+        })
     }
 
     /// The whole object.
@@ -308,7 +339,9 @@ fn stamp(base: &str, meta: &ObjectMeta) -> FileStamp {
         path: PathBuf::from(url_of(base, &meta.location)),
         size: meta.size,
         modified_secs: meta.last_modified.timestamp(),
-        modified_nanos: meta.last_modified.timestamp_subsec_nanos(),
+        // Whole seconds: a listing gives milliseconds, a HEAD's Last-Modified only seconds,
+        // and both must stamp the object alike. The ETag tells rewrites apart.
+        modified_nanos: 0,
         // Listings carry the ETag but not the version id, and a stamp from a listing must
         // equal one from a HEAD of the same object.
         version: meta.e_tag.clone().or_else(|| meta.version.clone()),

@@ -20,7 +20,23 @@ use floe_testkit::s3::S3Server;
 
 const ROWS: i64 = 20_000;
 
-/// id = i, group = "g{i % 7}", value = i * 0.25, note = a long string (most of the bytes).
+/// 64 hex digits that depend on `i` only and compress poorly, so the `note` column holds most
+/// of a file's bytes.
+fn noise(i: i64) -> String {
+    let mut state = i as u64;
+    (0..4)
+        .map(|_| {
+            // SplitMix64.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            format!("{:016x}", z ^ (z >> 31))
+        })
+        .collect()
+}
+
+/// id = i, group = "g{i % 7}", value = i * 0.25, note = [`noise`] (most of the bytes).
 fn sample(start: i64, rows: i64) -> RecordBatch {
     let ids: Vec<i64> = (start..start + rows).collect();
     RecordBatch::try_from_iter([
@@ -39,10 +55,7 @@ fn sample(start: i64, rows: i64) -> RecordBatch {
         ),
         (
             "note",
-            Arc::new(StringArray::from_iter_values(
-                ids.iter()
-                    .map(|i| format!("{i:08}-{}", "padding-".repeat(8))),
-            )) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| noise(*i)))) as ArrayRef,
         ),
     ])
     .unwrap()
