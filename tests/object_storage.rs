@@ -13,7 +13,7 @@ use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use floe_client::{AggFunction, Aggregation, Client, Dataset, SortKey, WriteOptions};
 use floe_testkit::batches::int_column;
-use floe_testkit::cluster::{TestCluster, TestClusterConfig, runtime};
+use floe_testkit::cluster::{READY_TIMEOUT, TestCluster, TestClusterConfig, runtime};
 use floe_testkit::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 
 const FILES: i64 = 3;
@@ -174,12 +174,19 @@ fn a_cluster_reads_and_writes_s3_and_never_shows_the_keys() {
 
     // The keys are in no REST answer, no job record and no log.
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
-    let jobs = floe_testkit::http::get(&http, "/api/jobs", &token);
-    assert_eq!(jobs.status, 200, "{}", jobs.body);
-    assert!(jobs.body.contains("s3://lake/allowed"), "{}", jobs.body);
+    // The REST view follows the replicated state; wait until it shows the three jobs ended.
+    let jobs = floe_testkit::http::wait_for("the jobs in REST", READY_TIMEOUT, || {
+        let jobs = floe_testkit::http::get(&http, "/api/jobs", &token);
+        let ended = jobs.json()["jobs"].as_array().is_some_and(|jobs| {
+            jobs.len() == 3 && jobs.iter().all(|j| j["ended_at_ms"].is_number())
+        });
+        ended.then_some(jobs)
+    });
     let mut texts = vec![jobs.body];
     for id in 1..=3 {
-        texts.push(floe_testkit::http::get(&http, &format!("/api/jobs/{id}"), &token).body);
+        let job = floe_testkit::http::get(&http, &format!("/api/jobs/{id}"), &token);
+        assert_eq!(job.status, 200, "{}", job.body);
+        texts.push(job.body);
     }
     for file in files_below(cluster.dir.path()) {
         if let Ok(bytes) = std::fs::read(&file) {
