@@ -206,6 +206,12 @@ impl Object {
         self.run(async move { store.get(&key).await?.bytes().await })
     }
 
+    /// Bytes `range` of the object.
+    pub fn get_range(&self, range: Range<u64>) -> Result<Bytes> {
+        let (store, key) = (self.store.clone(), self.key.clone());
+        self.run(async move { store.get_range(&key, range).await })
+    }
+
     /// The byte ranges `ranges` of the object, fetched concurrently.
     pub fn get_ranges(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
         let (store, key) = (self.store.clone(), self.key.clone());
@@ -517,10 +523,7 @@ pub fn parquet_footer(object: &Object, size: u64) -> Result<(FetchedRanges, u64)
         return Err(bad(format!("{size} bytes is too short for Parquet")));
     }
     let guess = FOOTER_GUESS_BYTES.min(size);
-    let mut tail = object
-        .get_ranges(vec![size - guess..size])?
-        .pop()
-        .unwrap_or_default();
+    let mut tail = object.get_range(size - guess..size)?;
     let mut fetched = tail.len() as u64;
     let footer = tail.len().checked_sub(8).map(|at| &tail[at..]);
     let metadata_len = match footer {
@@ -534,10 +537,7 @@ pub fn parquet_footer(object: &Object, size: u64) -> Result<(FetchedRanges, u64)
         return Err(bad(format!("its footer claims {needed} bytes of {size}")));
     }
     if needed > guess {
-        tail = object
-            .get_ranges(vec![size - needed..size])?
-            .pop()
-            .unwrap_or_default();
+        tail = object.get_range(size - needed..size)?;
         fetched += tail.len() as u64;
     }
     let start = size - tail.len() as u64;
