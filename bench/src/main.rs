@@ -19,6 +19,7 @@ mod node;
 mod objectstore;
 mod placement;
 mod raft;
+mod s3;
 mod scale;
 mod soak;
 mod workloads;
@@ -119,6 +120,13 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Object storage: map and groupby reads of one Parquet file from a local S3 server
+    /// against the local file, and the bytes a one-column read fetches.
+    S3 {
+        /// A smaller run that finishes in seconds.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Empty tasks per second run by one `floe node`'s worker processes.
     Tasks {
         /// A smaller run that finishes in seconds.
@@ -200,6 +208,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Cache { quick } => cache::run(quick, config),
         Bench::Dataset { quick } => dataset::run(quick),
         Bench::Objectstore { quick } => objectstore::run(quick, config),
+        Bench::S3 { quick } => s3::run(quick),
         Bench::Map(args) => workloads(&[Workload::Map], args, config),
         Bench::Filter(args) => workloads(&[Workload::Filter], args, config),
         Bench::Sort(args) => workloads(&[Workload::Sort], args, config),

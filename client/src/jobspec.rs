@@ -509,6 +509,13 @@ fn integer(field: &str, value: &toml::Value) -> Result<u64, FieldError> {
 /// allowed roots.
 fn check_path(field: &str, path: &str, policy: &PathPolicy) -> Result<(), FieldError> {
     let given = std::path::Path::new(path);
+    if floe_core::location::is_remote(given) {
+        // An object URL is absolute by nature; only the allowlist applies.
+        return policy
+            .allowed
+            .check(given)
+            .map_err(|error| field_error(field, error));
+    }
     if policy.rule == PathRule::AbsoluteOnly && !given.is_absolute() {
         return Err(field_error(
             field,

@@ -514,11 +514,14 @@ impl Dataset {
         directory: impl AsRef<Path>,
         options: WriteOptions,
     ) -> Result<Self> {
-        let directory =
+        let directory = if floe_core::location::is_remote(directory.as_ref()) {
+            directory.as_ref().to_owned()
+        } else {
             std::path::absolute(directory.as_ref()).map_err(|source| floe_engine::Error::Io {
                 path: directory.as_ref().to_owned(),
                 source,
-            })?;
+            })?
+        };
         let compression = options
             .compression
             .unwrap_or_else(|| Compression::default_for(&format));

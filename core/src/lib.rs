@@ -20,6 +20,7 @@ pub mod expr;
 pub mod fingerprint;
 pub mod ids;
 pub mod job;
+pub mod location;
 pub mod plan;
 pub mod wire;
 

@@ -52,6 +52,7 @@ fn parquet_read(predicate: Option<Expr>) -> LogicalPlan {
         size: 100,
         modified_secs: 1_700_000_000,
         modified_nanos: 0,
+        version: None,
     };
     let mut scan = FileScan::new(FileFormat::Parquet, vec![stamp], schema);
     scan.predicate = predicate;

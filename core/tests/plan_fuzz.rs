@@ -30,6 +30,7 @@ fn source(kind: u8, n: u64) -> LogicalPlan {
         size: n,
         modified_secs: 1_700_000_000,
         modified_nanos: 0,
+        version: None,
     };
     LogicalPlan::read(FileScan::new(
         FileFormat::Csv(CsvOptions::default()),

@@ -19,8 +19,13 @@
 //! - [`exchange`]: the all-to-all operators — partitioning, sort, aggregate (with partial
 //!   aggregation), join, unique, repartition and random shuffle.
 //!
-//! **Invariant:** no async runtime, no RPC, no shared memory: a kernel is a function from
-//! blocks to blocks, so it runs the same in a worker, in a test and in the client.
+//! - [`remote`]: object storage (`s3://`, `gs://`, `az://`, `http(s)://`) for the readers and
+//!   writers: listing, ranged reads, multipart uploads.
+//!
+//! **Invariant:** no RPC, no shared memory, and no async runtime in a kernel's signature: a
+//! kernel is a function from blocks to blocks, so it runs the same in a worker, in a test and
+//! in the client. (Object-storage calls run on [`remote`]'s private runtime and the kernel
+//! waits for them.)
 
 pub mod blocks;
 pub mod eval;
@@ -28,6 +33,7 @@ pub mod exchange;
 pub mod local;
 pub mod ops;
 pub mod read;
+pub mod remote;
 pub mod task;
 pub mod udf;
 pub mod write;
@@ -66,6 +72,15 @@ pub enum Error {
     OutputExists { directory: PathBuf, example: String },
     #[error("no files match {0}")]
     NoFiles(String),
+    /// An object-storage URL that cannot be used (bad syntax, unsupported scheme).
+    #[error("{url}: {message}")]
+    Remote { url: String, message: String },
+    /// An object-storage request failed. Boxed: the store's errors are large.
+    #[error("{url}: {source}")]
+    RemoteStore {
+        url: String,
+        source: Box<object_store::Error>,
+    },
     #[error("UDF {name}: {message}")]
     Udf { name: String, message: String },
     #[error("an exchange task is missing {missing}")]

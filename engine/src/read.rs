@@ -4,11 +4,17 @@
 //! Parquet reads skip whole row groups whose min/max statistics prove that a conjunct of the
 //! predicate (`column op literal`, op one of `== < <= > >=`) is false for every row; the rows of
 //! the remaining groups are then filtered exactly. [`ReadStats`] counts what was skipped.
+//!
+//! Every path may also be an object URL (`s3://bucket/key`, see [`crate::remote`]). A remote
+//! Parquet file is read by ranges: its footer, then per row group kept only the column chunks
+//! of the projected columns; a remote CSV or NDJSON file is fetched whole. CSV and NDJSON files
+//! named `*.gz` or `*.zst` are decompressed as they are read.
 
 use std::fs::File;
-use std::io::{BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::{Array, ArrayRef, BooleanArray};
 use arrow::compute::kernels::cmp;
@@ -20,12 +26,15 @@ use floe_core::expr::{BinaryOp, Expr, common_type};
 use floe_core::fingerprint::FileStamp;
 use floe_core::plan::{FileFormat, FileScan};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::file::metadata::RowGroupMetaData;
 
 use crate::eval::{evaluate_predicate, literal_array, safe_cast};
 use crate::ops::Limiter;
+use crate::remote::{FetchedRanges, Object};
 use crate::{Error, Result};
 
 /// Rows per batch a reader emits before block sizing regroups them; performance only.
@@ -42,6 +51,8 @@ pub struct ReadStats {
     pub row_groups_pruned: usize,
     pub rows_read: u64,
     pub rows_out: u64,
+    /// Bytes fetched from object storage (0 for local files).
+    pub bytes_fetched: u64,
 }
 
 impl ReadStats {
@@ -51,6 +62,7 @@ impl ReadStats {
         self.row_groups_pruned += other.row_groups_pruned;
         self.rows_read += other.rows_read;
         self.rows_out += other.rows_out;
+        self.bytes_fetched += other.bytes_fetched;
     }
 }
 
@@ -64,6 +76,14 @@ pub fn expand_paths<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for pattern in patterns {
         let pattern = pattern.as_ref();
+        if let Some(url) = floe_core::location::remote_url(pattern) {
+            files.extend(
+                crate::remote::expand(url)?
+                    .into_iter()
+                    .map(|stamp| stamp.path),
+            );
+            continue;
+        }
         let name = pattern
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -128,7 +148,7 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 /// `*` matches any run of characters, `?` exactly one.
-fn wildcard_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn wildcard_match(pattern: &str, name: &str) -> bool {
     let (pattern, name): (Vec<char>, Vec<char>) =
         (pattern.chars().collect(), name.chars().collect());
     // Classic two-pointer match with backtracking to the last `*`.
@@ -158,21 +178,14 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
 /// every other file's inferred types must agree with them (a key missing or all null in a
 /// later file is fine: it reads as null).
 pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<FileScan> {
-    let paths = expand_paths(patterns)?;
-    let stamps = paths
-        .iter()
-        .map(|path| {
-            FileStamp::of(path).map_err(|e| Error::BadFile {
-                path: path.clone(),
-                message: e.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let stamps = stamp_files(patterns)?;
+    let paths: Vec<PathBuf> = stamps.iter().map(|stamp| stamp.path.clone()).collect();
     let schema = match &format {
         FileFormat::Parquet => {
             let mut schema: Option<Schema> = None;
-            for path in &paths {
-                let file_schema = parquet_schema(path)?;
+            for stamp in &stamps {
+                let path = &stamp.path;
+                let file_schema = parquet_schema(stamp)?;
                 match &schema {
                     None => schema = Some(file_schema),
                     Some(first) if first.fields() != file_schema.fields() => {
@@ -195,14 +208,14 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
                 .with_header(options.has_header)
                 .with_delimiter(options.delimiter);
             let path = first(&paths)?;
-            let mut file = File::open(path).map_err(Error::io(path))?;
+            let mut file = open_text(path)?;
             let (schema, _) = format
                 .infer_schema(&mut file, Some(INFER_ROWS))
                 .map_err(unreadable_csv(path))?;
             // Types come from the first file, but every header must name the same columns,
             // so a mismatched file fails now rather than halfway through the job.
             for other in &paths[1..] {
-                let mut file = File::open(other).map_err(Error::io(other))?;
+                let mut file = open_text(other)?;
                 let (header, _) = format
                     .infer_schema(&mut file, Some(1))
                     .map_err(unreadable_csv(other))?;
@@ -243,15 +256,37 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
     ))
 }
 
-fn json_schema(path: &Path) -> Result<Schema> {
-    let file = File::open(path).map_err(Error::io(path))?;
-    let (schema, _) =
-        arrow::json::reader::infer_json_schema(BufReader::new(file), Some(INFER_ROWS)).map_err(
-            |e| Error::BadFile {
-                path: path.to_owned(),
+/// Every file the patterns name, stamped (their fingerprint): local files are stat'ed, objects
+/// stamped from their listing.
+fn stamp_files<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<FileStamp>> {
+    let mut stamps = Vec::new();
+    for pattern in patterns {
+        let pattern = pattern.as_ref();
+        if let Some(url) = floe_core::location::remote_url(pattern) {
+            stamps.extend(crate::remote::expand(url)?);
+            continue;
+        }
+        for path in expand_paths(&[pattern])? {
+            stamps.push(FileStamp::of(&path).map_err(|e| Error::BadFile {
+                path: path.clone(),
                 message: e.to_string(),
-            },
-        )?;
+            })?);
+        }
+    }
+    Ok(stamps)
+}
+
+/// A text file's bytes, local or remote (fetched whole).
+fn open_text(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    counted_text(path, &AtomicU64::new(0))
+}
+
+fn json_schema(path: &Path) -> Result<Schema> {
+    let (schema, _) = arrow::json::reader::infer_json_schema(open_text(path)?, Some(INFER_ROWS))
+        .map_err(|e| Error::BadFile {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
     Ok(schema)
 }
 
@@ -299,13 +334,82 @@ fn first(paths: &[PathBuf]) -> Result<&PathBuf> {
         .ok_or_else(|| Error::NoFiles("(no paths)".to_owned()))
 }
 
-fn parquet_schema(path: &Path) -> Result<Schema> {
-    let file = File::open(path).map_err(Error::io(path))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::BadFile {
-        path: path.to_owned(),
+fn parquet_schema(stamp: &FileStamp) -> Result<Schema> {
+    let (metadata, _) = parquet_metadata(stamp)?;
+    Ok(Schema::new(metadata.schema().fields().clone()))
+}
+
+/// A Parquet file's footer, and what reading it fetched from object storage.
+fn parquet_metadata(stamp: &FileStamp) -> Result<(ArrowReaderMetadata, u64)> {
+    let path = &stamp.path;
+    let bad_file = |e: parquet::errors::ParquetError| Error::BadFile {
+        path: path.clone(),
         message: e.to_string(),
-    })?;
-    Ok(Schema::new(builder.schema().fields().clone()))
+    };
+    match Object::of(path)? {
+        Some(object) => {
+            let (tail, fetched) = crate::remote::parquet_footer(&object, stamp.size)?;
+            let metadata =
+                ArrowReaderMetadata::load(&tail, ArrowReaderOptions::new()).map_err(bad_file)?;
+            Ok((metadata, fetched))
+        }
+        None => {
+            let file = File::open(path).map_err(Error::io(path))?;
+            let metadata =
+                ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(bad_file)?;
+            Ok((metadata, 0))
+        }
+    }
+}
+
+/// Reads row groups `keep` of remote Parquet object `object`: per row group, one concurrent
+/// fetch of the column chunks `mask` selects, then decoding from memory. `fetched` counts the
+/// bytes.
+fn remote_row_groups(
+    object: Object,
+    size: u64,
+    metadata: ArrowReaderMetadata,
+    keep: Vec<usize>,
+    mask: ProjectionMask,
+    batch_rows: usize,
+    fetched: Arc<AtomicU64>,
+) -> impl Iterator<Item = Result<RecordBatch, ArrowError>> {
+    keep.into_iter().flat_map(
+        move |row_group| -> Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>> {
+            let opened = (|| -> Result<_> {
+                let chunks = metadata.metadata().row_group(row_group).columns();
+                let ranges: Vec<_> = chunks
+                    .iter()
+                    .enumerate()
+                    .filter(|(leaf, _)| mask.leaf_included(*leaf))
+                    .map(|(_, chunk)| {
+                        let (start, length) = chunk.byte_range();
+                        start..start + length
+                    })
+                    .collect();
+                let bytes = object.get_ranges(ranges.clone())?;
+                fetched.fetch_add(
+                    bytes.iter().map(|b| b.len() as u64).sum(),
+                    Ordering::Relaxed,
+                );
+                let held =
+                    FetchedRanges::new(size, ranges.iter().map(|r| r.start).zip(bytes).collect());
+                Ok(
+                    ParquetRecordBatchReaderBuilder::new_with_metadata(held, metadata.clone())
+                        .with_row_groups(vec![row_group])
+                        .with_projection(mask.clone())
+                        .with_batch_size(batch_rows)
+                        .build()?,
+                )
+            })();
+            match opened {
+                Ok(reader) => Box::new(reader),
+                Err(error) => Box::new(std::iter::once(Err(ArrowError::ExternalError(Box::new(
+                    error,
+                ))))),
+            }
+        },
+    )
 }
 
 /// The columns a scan outputs (its projection, or all), in file order.
@@ -374,62 +478,75 @@ pub fn read_file(
         ..ReadStats::default()
     };
     let output = Arc::new(output_schema(scan));
+    let fetched = Arc::new(AtomicU64::new(0));
     // Batches are decoded as the loop below pulls them, so once the limit is reached the rest
     // of the file (its later Parquet row groups) is never decoded.
-    let raw: Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>> =
-        match &scan.format {
-            FileFormat::Parquet => {
-                let file = File::open(path).map_err(Error::io(path))?;
-                let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-                    .map_err(|e| bad_file(e.to_string()))?;
-                let file_schema = builder.schema().clone();
-                let metadata = builder.metadata().clone();
-                let row_groups = metadata.row_groups();
-                stats.row_groups = row_groups.len();
-                let keep = match &scan.predicate {
-                    Some(predicate) => prune_row_groups(
-                        predicate,
-                        &file_schema,
-                        builder.parquet_schema(),
-                        row_groups,
-                    )?,
-                    None => (0..row_groups.len()).collect(),
-                };
-                stats.row_groups_pruned = row_groups.len() - keep.len();
-                let mask = ProjectionMask::roots(
-                    builder.parquet_schema(),
-                    projection_indices(scan, &file_schema)?,
-                );
-                let reader = builder
-                    .with_row_groups(keep)
-                    .with_projection(mask)
-                    .with_batch_size(batch_rows)
-                    .build()
-                    .map_err(|e| bad_file(e.to_string()))?;
-                Box::new(reader)
+    let raw: Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>> = match &scan
+        .format
+    {
+        FileFormat::Parquet => {
+            let (metadata, footer_bytes) = parquet_metadata(stamp)?;
+            fetched.fetch_add(footer_bytes, Ordering::Relaxed);
+            let file_schema = metadata.schema().clone();
+            let row_groups = metadata.metadata().row_groups();
+            stats.row_groups = row_groups.len();
+            let keep = match &scan.predicate {
+                Some(predicate) => prune_row_groups(
+                    predicate,
+                    &file_schema,
+                    metadata.parquet_schema(),
+                    row_groups,
+                )?,
+                None => (0..row_groups.len()).collect(),
+            };
+            stats.row_groups_pruned = row_groups.len() - keep.len();
+            let mask = ProjectionMask::roots(
+                metadata.parquet_schema(),
+                projection_indices(scan, &file_schema)?,
+            );
+            match Object::of(path)? {
+                Some(object) => Box::new(remote_row_groups(
+                    object,
+                    stamp.size,
+                    metadata,
+                    keep,
+                    mask,
+                    batch_rows,
+                    fetched.clone(),
+                )),
+                None => {
+                    let file = File::open(path).map_err(Error::io(path))?;
+                    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata)
+                        .with_row_groups(keep)
+                        .with_projection(mask)
+                        .with_batch_size(batch_rows)
+                        .build()
+                        .map_err(|e| bad_file(e.to_string()))?;
+                    Box::new(reader)
+                }
             }
-            FileFormat::Csv(options) => {
-                let file = File::open(path).map_err(Error::io(path))?;
-                let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
-                    .with_header(options.has_header)
-                    .with_delimiter(options.delimiter)
-                    .with_projection(projection_indices(scan, &scan.file_schema)?)
-                    .with_batch_size(batch_rows)
-                    .build(file)
-                    .map_err(|e| bad_file(e.to_string()))?;
-                Box::new(reader)
-            }
-            FileFormat::Json => {
-                let mut file = File::open(path).map_err(Error::io(path))?;
-                file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
-                // Fields outside the projected schema are ignored by the JSON reader.
-                let reader = arrow::json::ReaderBuilder::new(output.clone())
-                    .with_batch_size(batch_rows)
-                    .build(BufReader::new(file))
-                    .map_err(|e| bad_file(e.to_string()))?;
-                Box::new(reader)
-            }
-        };
+        }
+        FileFormat::Csv(options) => {
+            let file = counted_text(path, &fetched)?;
+            let reader = arrow::csv::ReaderBuilder::new(Arc::new(scan.file_schema.clone()))
+                .with_header(options.has_header)
+                .with_delimiter(options.delimiter)
+                .with_projection(projection_indices(scan, &scan.file_schema)?)
+                .with_batch_size(batch_rows)
+                .build(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            Box::new(reader)
+        }
+        FileFormat::Json => {
+            let file = counted_text(path, &fetched)?;
+            // Fields outside the projected schema are ignored by the JSON reader.
+            let reader = arrow::json::ReaderBuilder::new(output.clone())
+                .with_batch_size(batch_rows)
+                .build(file)
+                .map_err(|e| bad_file(e.to_string()))?;
+            Box::new(reader)
+        }
+    };
     let mut limiter = scan.limit.map(Limiter::new);
     let mut batches = Vec::new();
     for batch in raw {
@@ -459,16 +576,49 @@ pub fn read_file(
         }
     }
     stats.rows_out = batches.iter().map(|b| b.num_rows() as u64).sum();
+    stats.bytes_fetched = fetched.load(Ordering::Relaxed);
     Ok((batches, stats))
+}
+
+/// [`open_text`], counting a remote file's bytes into `fetched`.
+fn counted_text(path: &Path, fetched: &AtomicU64) -> Result<Box<dyn BufRead + Send>> {
+    use bytes::Buf;
+    let raw: Box<dyn BufRead + Send> = match Object::of(path)? {
+        Some(object) => {
+            let bytes = object.get()?;
+            fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            Box::new(bytes.reader())
+        }
+        None => Box::new(BufReader::new(File::open(path).map_err(Error::io(path))?)),
+    };
+    decompressed(path, raw)
+}
+
+/// A text file compressed as its name says — `.gz` (gzip, several members allowed) or `.zst`
+/// (zstd) — read decompressed; any other name is read as it is.
+fn decompressed(path: &Path, raw: Box<dyn BufRead + Send>) -> Result<Box<dyn BufRead + Send>> {
+    Ok(match path.extension().and_then(|e| e.to_str()) {
+        Some("gz") => Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(raw))),
+        Some("zst") => Box::new(BufReader::new(
+            zstd::stream::read::Decoder::with_buffer(raw).map_err(Error::io(path))?,
+        )),
+        _ => raw,
+    })
 }
 
 /// A file that changed since the plan was built would silently break the fingerprint's
 /// promise ("same stamp, same data"), so a task refuses it.
 fn check_unchanged(stamp: &FileStamp) -> Result<()> {
-    let now = FileStamp::of(&stamp.path).map_err(|e| Error::BadFile {
-        path: stamp.path.clone(),
-        message: e.to_string(),
-    })?;
+    let now = match Object::of(&stamp.path)? {
+        Some(object) => object.stamp()?.ok_or_else(|| Error::BadFile {
+            path: stamp.path.clone(),
+            message: "the object is gone; submit the pipeline again".to_owned(),
+        })?,
+        None => FileStamp::of(&stamp.path).map_err(|e| Error::BadFile {
+            path: stamp.path.clone(),
+            message: e.to_string(),
+        })?,
+    };
     if now != *stamp {
         return Err(Error::BadFile {
             path: stamp.path.clone(),

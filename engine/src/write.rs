@@ -11,6 +11,14 @@
 //! ([`staging_directory`]); once every task has succeeded, [`publish`] moves the files in as the
 //! sink's [`WriteMode`] says, and [`discard`] removes them when the job fails. Readers skip the
 //! staging directory (its name starts with `.`), so a failed or running job is never read.
+//!
+//! A sink directory may be an object-storage prefix (`s3://bucket/out`, see [`crate::remote`]).
+//! A task then writes each file to a local scratch directory and uploads it with a multipart
+//! upload, which makes the object appear whole or not at all, under the hidden staging prefix
+//! `.out.floe-<token>/` beside the sink's. Publishing copies the staged objects in (object
+//! stores have no rename, let alone of a directory): each object appears atomically, but
+//! a reader listing the prefix while an `overwrite` publishes may see some new objects beside
+//! old ones not yet deleted.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -22,6 +30,7 @@ use floe_core::plan::{Compression, FileFormat, WriteMode, WriteSpec};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 
+use crate::remote::Object;
 use crate::{Error, Result};
 
 /// One format's open file.
@@ -118,6 +127,15 @@ fn codec(compression: Compression) -> parquet::basic::Compression {
 /// Refuses a directory that holds visible files (the `error` write mode): a missing or empty
 /// one, or one with only hidden names (`.`/`_`, which readers skip), is fine.
 pub fn check_empty(directory: &Path) -> Result<()> {
+    if let Some(prefix) = Object::of(directory)? {
+        return match prefix.list_below()?.first() {
+            Some(found) => Err(Error::OutputExists {
+                directory: directory.to_owned(),
+                example: prefix.relative_name(found)?,
+            }),
+            None => Ok(()),
+        };
+    }
     let entries = match std::fs::read_dir(directory) {
         Ok(entries) => entries,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -173,7 +191,21 @@ pub fn write_task(
     schema: SchemaRef,
     batches: impl IntoIterator<Item = Result<RecordBatch>>,
 ) -> Result<Vec<PathBuf>> {
-    let directory = &spec.directory;
+    let remote = Object::of(&spec.directory)?;
+    // A remote sink's files are written here first, then uploaded.
+    let scratch = match &remote {
+        Some(_) => Some(
+            tempfile::Builder::new()
+                .prefix(".floe-upload-")
+                .tempdir()
+                .map_err(Error::io(std::env::temp_dir()))?,
+        ),
+        None => None,
+    };
+    let directory = match &scratch {
+        Some(scratch) => scratch.path(),
+        None => &spec.directory,
+    };
     std::fs::create_dir_all(directory).map_err(Error::io(directory))?;
     let mut pending = Pending {
         files: Vec::new(),
@@ -203,6 +235,19 @@ pub fn write_task(
     if let (Some((writer, _)), Some((temporary, _))) = (current.take(), pending.files.last()) {
         writer.finish(temporary)?;
     }
+    if let Some(prefix) = remote {
+        let mut uploaded = Vec::with_capacity(pending.files.len());
+        for (temporary, visible) in &pending.files {
+            let name = visible
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let object = prefix.join(&name);
+            object.upload(temporary)?;
+            uploaded.push(object.path());
+        }
+        return Ok(uploaded);
+    }
     for (temporary, visible) in &pending.files {
         std::fs::rename(temporary, visible).map_err(Error::io(visible))?;
     }
@@ -220,6 +265,16 @@ pub fn write_task(
 /// The hidden directory beside `target` where a job's files wait until it succeeds; `token`
 /// names the job (and its attempt), so concurrent jobs never share one.
 pub fn staging_directory(target: &Path, token: &str) -> PathBuf {
+    if let Some(url) = floe_core::location::remote_url(target) {
+        let url = url.trim_end_matches('/');
+        return PathBuf::from(match url.rsplit_once('/') {
+            Some((parent, name)) if !parent.ends_with(":/") => {
+                format!("{parent}/.{name}.floe-{token}")
+            }
+            // A whole bucket: the (hidden) staging prefix goes inside it.
+            _ => format!("{url}/.output.floe-{token}"),
+        });
+    }
     let name = target
         .file_name()
         .map_or_else(|| "output".to_owned(), |n| n.to_string_lossy().into_owned());
@@ -238,6 +293,9 @@ pub fn staging_directory(target: &Path, token: &str) -> PathBuf {
 /// - `append`: each file is linked in under a name with `token` in it (`part-<token>-…`),
 ///   which fails rather than replace a file that has the name.
 pub fn publish(spec: &WriteSpec, staging: &Path, token: &str) -> Result<Vec<PathBuf>> {
+    if let (Some(target), Some(staged)) = (Object::of(&spec.directory)?, Object::of(staging)?) {
+        return publish_remote(spec, &target, &staged, token);
+    }
     let target = &spec.directory;
     if !staging.exists() {
         // No task wrote anything (an empty input): the sink is an empty directory.
@@ -286,7 +344,74 @@ pub fn publish(spec: &WriteSpec, staging: &Path, token: &str) -> Result<Vec<Path
 /// Removes a staging directory and whatever is in it; best effort, since it is hidden and a
 /// later attempt uses its own.
 pub fn discard(staging: &Path) {
-    let _ = std::fs::remove_dir_all(staging);
+    match Object::of(staging) {
+        Ok(Some(prefix)) => {
+            let _ = prefix.delete_below();
+        }
+        Ok(None) => {
+            let _ = std::fs::remove_dir_all(staging);
+        }
+        Err(_) => {}
+    }
+}
+
+/// [`publish`] for an object-storage sink: the staged objects are copied in (each appears
+/// whole), then the staging prefix is deleted.
+fn publish_remote(
+    spec: &WriteSpec,
+    target: &Object,
+    staging: &Object,
+    token: &str,
+) -> Result<Vec<PathBuf>> {
+    let staged = staging
+        .list_below()?
+        .iter()
+        .map(|stamp| staging.relative_name(stamp))
+        .collect::<Result<Vec<_>>>()?;
+    let old = match spec.mode {
+        WriteMode::Error => {
+            check_empty(&spec.directory)?;
+            Vec::new()
+        }
+        WriteMode::Overwrite => target
+            .list_below()?
+            .iter()
+            .map(|stamp| target.relative_name(stamp))
+            .collect::<Result<Vec<_>>>()?,
+        WriteMode::Append => Vec::new(),
+    };
+    let mut published = Vec::with_capacity(staged.len());
+    for name in &staged {
+        let visible = match spec.mode {
+            WriteMode::Append => appended_name(name, token),
+            WriteMode::Error | WriteMode::Overwrite => name.clone(),
+        };
+        let to = target.join(&visible);
+        staging.join(name).copy_to(&to)?;
+        published.push(to.path());
+    }
+    // Old objects go only once every new one is in, and not those just replaced.
+    for name in old.iter().filter(|name| !staged.contains(name)) {
+        target.join(name).delete()?;
+    }
+    staging.delete_below()?;
+    Ok(published)
+}
+
+/// `part-…` becomes `part-<token>-…` (in the last segment), as local appends name files.
+fn appended_name(name: &str, token: &str) -> String {
+    let (directory, file) = match name.rsplit_once('/') {
+        Some((directory, file)) => (Some(directory), file),
+        None => (None, name),
+    };
+    let file = match file.strip_prefix("part-") {
+        Some(rest) => format!("part-{token}-{rest}"),
+        None => file.to_owned(),
+    };
+    match directory {
+        Some(directory) => format!("{directory}/{file}"),
+        None => file,
+    }
 }
 
 /// The visible files a job staged, sorted.

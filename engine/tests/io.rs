@@ -406,3 +406,42 @@ fn a_symlink_planted_at_a_temporary_name_is_replaced_not_followed() {
             .is_symlink()
     );
 }
+
+#[test]
+fn gzip_and_zstd_csv_and_json_read_as_the_plain_files() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let batch = sample(0, 300);
+    for (format, plain_name) in [
+        (FileFormat::Csv(CsvOptions::default()), "data.csv"),
+        (FileFormat::Json, "data.json"),
+    ] {
+        let plain = dir.path().join(plain_name);
+        let mut bytes = Vec::new();
+        match &format {
+            FileFormat::Json => {
+                let mut writer = arrow::json::LineDelimitedWriter::new(&mut bytes);
+                writer.write(&batch).unwrap();
+                writer.finish().unwrap();
+            }
+            _ => arrow::csv::Writer::new(&mut bytes).write(&batch).unwrap(),
+        }
+        std::fs::write(&plain, &bytes).unwrap();
+        let gzip = dir.path().join(format!("{plain_name}.gz"));
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gzip).unwrap(),
+            Default::default(),
+        );
+        encoder.write_all(&bytes).unwrap();
+        encoder.finish().unwrap();
+        let zstd = dir.path().join(format!("{plain_name}.zst"));
+        std::fs::write(&zstd, zstd::encode_all(bytes.as_slice(), 3).unwrap()).unwrap();
+
+        let (expected, _) = read_scan(&discover(format.clone(), &[&plain]).unwrap(), 64).unwrap();
+        for compressed in [&gzip, &zstd] {
+            let scan = discover(format.clone(), &[compressed]).unwrap();
+            let (rows, _) = read_scan(&scan, 64).unwrap();
+            assert_eq!(rows, expected, "{}", compressed.display());
+        }
+    }
+}

@@ -21,3 +21,4 @@ pub mod files;
 pub mod http;
 pub mod node;
 pub mod process;
+pub mod s3;

@@ -6,6 +6,10 @@
 //! *after* resolving it: symlinks and `..` are followed for the part that exists, so neither
 //! can step outside, and a path that does not exist yet (a sink directory) may not contain `..`
 //! at all in its missing part.
+//!
+//! A root may also be an object-storage prefix (`s3://bucket/prefix`): an object URL is
+//! allowed when it lies under such a root segment by segment and has no `.` or `..` segment
+//! (object stores resolve neither, but a later local join or a proxy might).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -35,7 +39,13 @@ impl AllowedPaths {
         Self {
             roots: roots
                 .iter()
-                .map(|root| resolve(root).unwrap_or_else(|| root.clone()))
+                .map(|root| {
+                    if crate::location::is_remote(root) {
+                        root.clone()
+                    } else {
+                        resolve(root).unwrap_or_else(|| root.clone())
+                    }
+                })
                 .collect(),
         }
     }
@@ -58,6 +68,13 @@ impl AllowedPaths {
                 .collect::<Vec<_>>()
                 .join(", "),
         };
+        if let Some(url) = crate::location::remote_url(path) {
+            return if self.allows_url(url) {
+                Ok(())
+            } else {
+                Err(refused())
+            };
+        }
         if !path.is_absolute() {
             return Err(refused());
         }
@@ -71,6 +88,32 @@ impl AllowedPaths {
             return Err(refused());
         }
         Ok(())
+    }
+}
+
+impl AllowedPaths {
+    /// Whether object `url` lies under a remote root: the same scheme and bucket, then the
+    /// root's segments as a prefix of the URL's.
+    fn allows_url(&self, url: &str) -> bool {
+        let Some((_, rest)) = url.split_once("://") else {
+            return false;
+        };
+        if rest
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
+        {
+            return false;
+        }
+        self.roots.iter().any(|root| {
+            let Some(root) = crate::location::remote_url(root) else {
+                return false;
+            };
+            let root = root.trim_end_matches('/');
+            url == root
+                || url
+                    .strip_prefix(root)
+                    .is_some_and(|below| below.starts_with('/'))
+        })
     }
 }
 

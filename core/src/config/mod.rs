@@ -874,7 +874,7 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(root) = self.data.allowed_paths.iter().find(|root| {
-            !root.is_absolute()
+            (!root.is_absolute() && !crate::location::is_remote(root))
                 || root
                     .components()
                     .any(|c| c == std::path::Component::ParentDir)

@@ -804,3 +804,38 @@ fn a_server_whose_tls_files_do_not_load_does_not_start() {
     assert!(matches!(error, ConfigError::Tls(_)), "{error}");
     assert!(error.to_string().contains("nowhere.pem"), "{error}");
 }
+#[test]
+fn allowed_paths_hold_object_urls_under_remote_prefixes() {
+    let allowed = AllowedPaths::under(&[PathBuf::from("s3://lake/raw")]);
+    assert!(allowed.check(Path::new("s3://lake/raw")).is_ok());
+    assert!(
+        allowed
+            .check(Path::new("s3://lake/raw/2026/a.parquet"))
+            .is_ok()
+    );
+    for refused in [
+        "s3://lake/rawer/a.parquet",
+        "s3://lake/other/a.parquet",
+        "s3://other/raw/a.parquet",
+        "gs://lake/raw/a.parquet",
+        "s3://lake/raw/../secret/a.parquet",
+        "/lake/raw/a.parquet",
+    ] {
+        assert!(allowed.check(Path::new(refused)).is_err(), "{refused}");
+    }
+    // A local root does not admit object URLs.
+    let local = AllowedPaths::under(&[PathBuf::from("/data")]);
+    assert!(local.check(Path::new("s3://data/a.parquet")).is_err());
+    let listed = ConfigLoader::new()
+        .set("data.allowed_paths=s3://lake/raw")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert!(
+        listed
+            .data
+            .allowed()
+            .check(Path::new("s3://lake/raw/x"))
+            .is_ok()
+    );
+}

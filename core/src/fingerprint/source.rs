@@ -102,6 +102,9 @@ pub struct FileStamp {
     /// Modification time as seconds and nanoseconds since the Unix epoch (negative before it).
     pub modified_secs: i64,
     pub modified_nanos: u32,
+    /// An object's version id, else its ETag: what object storage changes on every write
+    /// (a rewrite within the same second keeps the modification time). `None` for local files.
+    pub version: Option<String>,
 }
 
 impl FileStamp {
@@ -134,6 +137,7 @@ impl FileStamp {
             size: metadata.len(),
             modified_secs,
             modified_nanos,
+            version: None,
         })
     }
 }
@@ -175,6 +179,10 @@ impl SourceDescription {
                     hasher.u64(stamp.size);
                     hasher.i64(stamp.modified_secs);
                     hasher.u32(stamp.modified_nanos);
+                    // Only remote stamps have one, so local files keep their fingerprints.
+                    if let Some(version) = &stamp.version {
+                        hasher.bytes(version.as_bytes());
+                    }
                 }
                 hasher.finish()
             }

@@ -206,7 +206,7 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
                     "target_file_size must be positive",
                 ));
             }
-            if !spec.directory.is_absolute() {
+            if !spec.directory.is_absolute() && !crate::location::is_remote(&spec.directory) {
                 return Err(PlanError::invalid(
                     name,
                     format!(

@@ -62,6 +62,7 @@ fn stamp(name: &str, size: u64) -> FileStamp {
         size,
         modified_secs: 1_700_000_000,
         modified_nanos: 0,
+        version: None,
     }
 }
 

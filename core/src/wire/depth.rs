@@ -373,6 +373,7 @@ mod tests {
             size: 100,
             modified_secs: 1_700_000_000,
             modified_nanos: 0,
+            version: None,
         };
         let mut scan = FileScan::new(FileFormat::Parquet, vec![stamp], schema);
         scan.predicate = Some(predicate(MAX_EXPR_DEPTH));

@@ -1,0 +1,284 @@
+//! Readers and writers against a real S3-compatible server (`s3s-fs` on 127.0.0.1, reached
+//! over HTTP with SigV4 through `object_store`), compared with the same files read locally.
+//!
+//! One test: the server's address and keys reach the client through the process environment,
+//! which is set once, before anything else runs.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
+use arrow::record_batch::RecordBatch;
+use floe_core::expr::{col, lit};
+use floe_core::fingerprint::SourceDescription;
+use floe_core::plan::{Compression, CsvOptions, FileFormat, FileScan, WriteMode, WriteSpec};
+use floe_engine::read::{discover, expand_paths, read_scan};
+use floe_engine::write::{check_empty, publish, staging_directory, write_task};
+use floe_testkit::batches::int_column;
+use floe_testkit::s3::S3Server;
+
+const ROWS: i64 = 20_000;
+
+/// 64 hex digits that depend on `i` only and compress poorly, so the `note` column holds most
+/// of a file's bytes.
+fn noise(i: i64) -> String {
+    let mut state = i as u64;
+    (0..4)
+        .map(|_| {
+            // SplitMix64.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            format!("{:016x}", z ^ (z >> 31))
+        })
+        .collect()
+}
+
+/// id = i, group = "g{i % 7}", value = i * 0.25, note = [`noise`] (most of the bytes).
+fn sample(start: i64, rows: i64) -> RecordBatch {
+    let ids: Vec<i64> = (start..start + rows).collect();
+    RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(ids.clone())) as ArrayRef),
+        (
+            "group",
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("g{}", i % 7)),
+            )) as ArrayRef,
+        ),
+        (
+            "value",
+            Arc::new(Float64Array::from_iter_values(
+                ids.iter().map(|i| *i as f64 * 0.25),
+            )) as ArrayRef,
+        ),
+        (
+            "note",
+            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| noise(*i)))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+fn url(path: &str) -> PathBuf {
+    PathBuf::from(format!("s3://lake/{path}"))
+}
+
+/// Puts a file straight into the server's storage, as another writer would have.
+fn put(server: &S3Server, key: &str, write: impl FnOnce(&Path)) -> PathBuf {
+    let path = server.object_path("lake", key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    write(&path);
+    path
+}
+
+fn with_projection(scan: &FileScan, columns: &[&str]) -> FileScan {
+    FileScan {
+        projection: Some(columns.iter().map(|c| (*c).to_owned()).collect()),
+        ..scan.clone()
+    }
+}
+
+fn spec(format: FileFormat, directory: PathBuf, mode: WriteMode) -> WriteSpec {
+    WriteSpec {
+        compression: Compression::default_for(&format),
+        format,
+        directory,
+        target_file_size: 1 << 30,
+        mode,
+    }
+}
+
+/// Runs one sink as a job does: tasks write into the staging prefix, then it is published.
+fn write_job(spec: &WriteSpec, token: &str, tasks: &[RecordBatch]) -> floe_engine::Result<()> {
+    let staging = staging_directory(&spec.directory, token);
+    let staged = WriteSpec {
+        directory: staging.clone(),
+        ..spec.clone()
+    };
+    for (index, batch) in tasks.iter().enumerate() {
+        write_task(&staged, index, batch.schema(), [Ok(batch.clone())])?;
+    }
+    publish(spec, &staging, token).map(|_| ())
+}
+
+#[test]
+fn object_storage_reads_and_writes_match_local_files() {
+    let server = S3Server::start(&["lake"]);
+    // SAFETY: the only test of this binary, before it starts any thread of its own.
+    unsafe { server.export_env() };
+
+    // Two Parquet files of four row groups each, a CSV file, and hidden files to skip.
+    let local_a = put(&server, "data/a.parquet", |p| {
+        floe_testkit::files::write_parquet(p, &sample(0, ROWS), Some(5_000))
+    });
+    put(&server, "data/b.parquet", |p| {
+        floe_testkit::files::write_parquet(p, &sample(ROWS, ROWS), Some(5_000))
+    });
+    put(&server, "data/_SUCCESS", |p| std::fs::write(p, "").unwrap());
+    put(&server, "data/.staging/c.parquet", |p| {
+        std::fs::write(p, "not parquet").unwrap()
+    });
+    let local_csv = put(&server, "csv/x.csv", |p| {
+        let mut writer = arrow::csv::Writer::new(std::fs::File::create(p).unwrap());
+        writer.write(&sample(0, 500)).unwrap();
+    });
+
+    // Listing, directories and globs.
+    assert_eq!(expand_paths(&[url("data")]).unwrap().len(), 2);
+    assert_eq!(expand_paths(&[url("data/*.parquet")]).unwrap().len(), 2);
+    assert_eq!(expand_paths(&[url("data/a.parquet")]).unwrap().len(), 1);
+    assert!(expand_paths(&[url("data/*.csv")]).is_err());
+    assert!(discover(FileFormat::Parquet, &[url("missing/")]).is_err());
+
+    // Parquet: same schema and rows as the local file; a one-column read fetches about that
+    // column's bytes, not the file.
+    let remote = discover(FileFormat::Parquet, &[url("data/a.parquet")]).unwrap();
+    let local = discover(FileFormat::Parquet, &[&local_a]).unwrap();
+    assert_eq!(remote.file_schema, local.file_schema);
+    let stamp = &remote.files[0];
+    assert!(stamp.version.is_some(), "an object's stamp has its ETag");
+    let (remote_rows, remote_stats) = read_scan(&with_projection(&remote, &["id"]), 4096).unwrap();
+    let (local_rows, local_stats) = read_scan(&with_projection(&local, &["id"]), 4096).unwrap();
+    assert_eq!(
+        int_column(&remote_rows, "id"),
+        int_column(&local_rows, "id")
+    );
+    assert_eq!(local_stats.bytes_fetched, 0);
+    let file_size = std::fs::metadata(&local_a).unwrap().len();
+    let id_bytes: u64 = parquet_column_bytes(&local_a, "id");
+    assert!(
+        remote_stats.bytes_fetched >= id_bytes
+            && remote_stats.bytes_fetched < id_bytes + 70_000
+            && remote_stats.bytes_fetched < file_size / 2,
+        "fetched {} for a column of {id_bytes} in a file of {file_size}",
+        remote_stats.bytes_fetched
+    );
+
+    // Row groups pruned by statistics are never fetched.
+    let filtered = FileScan {
+        predicate: Some(col("id").lt(lit(4_000i64))),
+        ..with_projection(&remote, &["id", "note"])
+    };
+    let (rows, stats) = read_scan(&filtered, 4096).unwrap();
+    assert_eq!(int_column(&rows, "id"), (0..4_000).collect::<Vec<_>>());
+    assert_eq!((stats.row_groups, stats.row_groups_pruned), (4, 3));
+    let (_, everything) = read_scan(&with_projection(&remote, &["id", "note"]), 4096).unwrap();
+    assert!(
+        stats.bytes_fetched * 3 < everything.bytes_fetched,
+        "{stats:?} {everything:?}"
+    );
+
+    // The whole directory reads as both files, in order.
+    let both = discover(FileFormat::Parquet, &[url("data/")]).unwrap();
+    let (rows, _) = read_scan(&with_projection(&both, &["id"]), 4096).unwrap();
+    assert_eq!(int_column(&rows, "id"), (0..2 * ROWS).collect::<Vec<_>>());
+
+    // CSV: the same rows as the local file.
+    let csv = FileFormat::Csv(CsvOptions::default());
+    let remote_csv = discover(csv.clone(), &[url("csv/x.csv")]).unwrap();
+    let local_csv = discover(csv.clone(), &[&local_csv]).unwrap();
+    assert_eq!(remote_csv.file_schema, local_csv.file_schema);
+    let (remote_rows, _) = read_scan(&remote_csv, 128).unwrap();
+    let (local_rows, _) = read_scan(&local_csv, 128).unwrap();
+    assert_eq!(remote_rows, local_rows);
+
+    // Overwriting an object changes its stamp, so the fingerprint; a plan made before
+    // refuses to read it.
+    let before = SourceDescription::Files(remote.files.clone()).fingerprint();
+    put(&server, "data/a.parquet", |p| {
+        floe_testkit::files::write_parquet(p, &sample(7, ROWS), Some(5_000))
+    });
+    let after = discover(FileFormat::Parquet, &[url("data/a.parquet")]).unwrap();
+    assert_ne!(after.files, remote.files);
+    assert_ne!(
+        SourceDescription::Files(after.files.clone()).fingerprint(),
+        before
+    );
+    let error = read_scan(&remote, 4096).unwrap_err().to_string();
+    assert!(
+        error.contains("changed after the plan was built"),
+        "{error}"
+    );
+
+    // Writes: staged under a hidden prefix, published by the write mode.
+    let out = url("out");
+    let parquet = spec(FileFormat::Parquet, out.clone(), WriteMode::Error);
+    write_job(&parquet, "job1", &[sample(0, 100), sample(100, 100)]).unwrap();
+    let written = discover(FileFormat::Parquet, &[&out]).unwrap();
+    assert_eq!(written.files.len(), 2);
+    let (rows, _) = read_scan(&written, 4096).unwrap();
+    assert_eq!(int_column(&rows, "id"), (0..200).collect::<Vec<_>>());
+    assert!(
+        !server.root().join("lake/.out.floe-job1").exists()
+            || std::fs::read_dir(server.root().join("lake/.out.floe-job1"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "the staging prefix is gone"
+    );
+    // `error` refuses a prefix that holds objects; nothing is written.
+    let refused = write_job(&parquet, "job2", &[sample(500, 10)]).unwrap_err();
+    assert!(
+        matches!(refused, floe_engine::Error::OutputExists { .. }),
+        "{refused}"
+    );
+    assert!(check_empty(&out).is_err());
+    // `append` adds objects under new names.
+    let append = spec(FileFormat::Parquet, out.clone(), WriteMode::Append);
+    write_job(&append, "job3", &[sample(200, 50)]).unwrap();
+    let (rows, _) = read_scan(&discover(FileFormat::Parquet, &[&out]).unwrap(), 4096).unwrap();
+    let mut ids = int_column(&rows, "id");
+    ids.sort();
+    assert_eq!(ids, (0..250).collect::<Vec<_>>());
+    // `overwrite` replaces everything that was there.
+    let overwrite = spec(FileFormat::Parquet, out.clone(), WriteMode::Overwrite);
+    write_job(&overwrite, "job4", &[sample(1_000, 30)]).unwrap();
+    let replaced = discover(FileFormat::Parquet, &[&out]).unwrap();
+    assert_eq!(replaced.files.len(), 1);
+    let (rows, _) = read_scan(&replaced, 4096).unwrap();
+    assert_eq!(int_column(&rows, "id"), (1_000..1_030).collect::<Vec<_>>());
+
+    // NDJSON and CSV sinks read back as written; the uploaded bytes are a valid local file.
+    for format in [FileFormat::Json, csv] {
+        let out = url(&format!("out-{}", format.name()));
+        write_job(
+            &spec(format.clone(), out.clone(), WriteMode::Error),
+            "job5",
+            &[sample(0, 40)],
+        )
+        .unwrap();
+        let (rows, _) = read_scan(&discover(format.clone(), &[&out]).unwrap(), 4096).unwrap();
+        assert_eq!(int_column(&rows, "id"), (0..40).collect::<Vec<_>>());
+    }
+
+    // A URL carrying credentials is refused without echoing them.
+    let error = discover(
+        FileFormat::Parquet,
+        &[PathBuf::from("s3://user:hunter2@lake/data/a.parquet")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        !error.contains("hunter2") && error.contains("credentials"),
+        "{error}"
+    );
+}
+
+/// The compressed bytes of column `name` over all row groups of Parquet file `path`.
+fn parquet_column_bytes(path: &Path, name: &str) -> u64 {
+    use parquet::file::reader::FileReader;
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+        std::fs::File::open(path).unwrap(),
+    )
+    .unwrap();
+    reader
+        .metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|group| group.columns())
+        .filter(|column| column.column_path().string() == name)
+        .map(|column| column.byte_range().1)
+        .sum()
+}
