@@ -255,14 +255,14 @@ async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are
         "the newest five stay"
     );
     assert_eq!(state.submissions.len(), 5);
-    // The newest five from the state, the four oldest from the history: nine, in order.
+    // The newest five from the state, the four oldest from the history: nine, newest first.
     let listed = floe(&cluster, &["jobs", "--all"]);
     let ids: Vec<String> = listed
         .lines()
         .skip(1)
         .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
         .collect();
-    let expected: Vec<String> = jobs.iter().map(ToString::to_string).collect();
+    let expected: Vec<String> = jobs.iter().rev().map(ToString::to_string).collect();
     assert_eq!(ids, expected, "{listed}");
     assert_eq!(listed.matches("(history)").count(), 4, "{listed}");
     let http = cluster.schedulers.http_addr(1).unwrap().to_owned();
