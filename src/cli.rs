@@ -18,7 +18,6 @@ use floe_client::{Client, JobHandle, JobProgress, JobState, JobStats, LocalClust
 use floe_client::{
     JobOutput, LocalClusterDir, LocalClusterOptions, Registry, WaitEvent, WaitOptions,
 };
-use floe_core::config::TlsRole;
 use floe_core::plan::UdfCodePolicy;
 use floe_core::{Config, JobId};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -46,13 +45,7 @@ impl ClusterArgs {
             "where is the cluster? Set FLOE_ADDRESS=host:port,… (client.address) or pass \
              --scheduler host:port,…"
         );
-        let token = config.client.token.expose();
-        Ok(match config.tls.role()? {
-            TlsRole::Plaintext => Client::connect(schedulers, token).await?,
-            TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
-                Client::connect_tls(schedulers, token, ca).await?
-            }
-        })
+        Ok(Client::connect_with(schedulers, config.client.token.expose(), &config.tls).await?)
     }
 }
 

@@ -249,7 +249,7 @@ impl Client {
     /// checks that one answers to this client token (it needs at least the `read` scope;
     /// submitting needs `submit`).
     pub async fn connect(replicas: &[impl AsRef<str>], token: &str) -> Result<Self> {
-        Self::connect_with(replicas, token, TlsConfig::default()).await
+        Self::connect_with(replicas, token, &TlsConfig::default()).await
     }
 
     /// Connects like [`Client::connect`] over TLS, verifying every scheduler's and node's
@@ -263,18 +263,20 @@ impl Client {
             ca: ca.to_owned(),
             ..TlsConfig::default()
         };
-        Self::connect_with(replicas, token, tls).await
+        Self::connect_with(replicas, token, &tls).await
     }
 
-    async fn connect_with(
+    /// Connects as [`Client::connect`] does, over TLS when `tls` names a CA (only the CA is
+    /// used: a client presents no certificate), in plaintext when it is empty.
+    pub async fn connect_with(
         replicas: &[impl AsRef<str>],
         token: &str,
-        tls: TlsConfig,
+        tls: &TlsConfig,
     ) -> Result<Self> {
         let replicas: Vec<String> = replicas.iter().map(|r| r.as_ref().to_owned()).collect();
         let mut config = Config::default();
         config.client.token = ClientToken::new(token);
-        config.tls = tls;
+        config.tls = tls.client_only();
         config.net.max_frame = floe_core::config::ByteSize::mib(MAX_FRAME_MIB);
         let wire = WireConfig::client(&config);
         let mut scheduler = SchedulerClient::new(replicas.clone(), wire.clone())?
@@ -1187,7 +1189,7 @@ impl LocalCluster {
     }
 
     pub async fn connect(&self) -> Result<Client> {
-        Client::connect_with(&self.addresses(), self.token(), self.tls.client_only()).await
+        Client::connect_with(&self.addresses(), self.token(), &self.tls).await
     }
 }
 

@@ -16,7 +16,7 @@ use floe_client::local::{
     LocalCredentials, LocalNode, LocalNodeConfig, LocalSchedulers, LocalSchedulersConfig,
 };
 use floe_core::auth::Credential;
-use floe_core::config::{ByteSize, TlsConfig, TlsRole};
+use floe_core::config::{ByteSize, TlsConfig};
 use floe_core::job::{JobOptions, JobSpec};
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
@@ -394,13 +394,8 @@ impl TestCluster {
 
     /// A client library connection presenting client token `token`.
     pub async fn connect_as(&self, token: &str) -> floe_client::Client {
-        let addrs = self.schedulers.addrs();
-        let connected = match self.config.tls.role().unwrap() {
-            TlsRole::Plaintext => floe_client::Client::connect(&addrs, token).await,
-            TlsRole::Client { ca } | TlsRole::Member { ca, .. } => {
-                floe_client::Client::connect_tls(&addrs, token, ca).await
-            }
-        };
-        connected.unwrap()
+        floe_client::Client::connect_with(&self.schedulers.addrs(), token, &self.config.tls)
+            .await
+            .unwrap()
     }
 }
