@@ -6,7 +6,7 @@
 //! - `map`: `value * 2 + 1` over every row, summed (reads one column);
 //! - `groupby`: the sum of `value` per `key` (1,000 keys; reads two columns);
 //! - `one_column`: the `id` column alone — `bytes_fetched` must be about that column's
-//!   compressed bytes (`column_bytes`), far below `bytes_in_files`.
+//!   compressed bytes (`floe_testkit::files::parquet_column_bytes`), far below `bytes_in_files`.
 //!
 //! One JSON line per workload: `local_ms`, `s3_ms`, `s3_over_local`, `bytes_fetched`,
 //! `bytes_in_files`, `verified`.
@@ -147,21 +147,6 @@ fn timed(scan: &FileScan) -> anyhow::Result<(Duration, Vec<RecordBatch>, ReadSta
     Ok((start.elapsed(), batches, stats))
 }
 
-/// The compressed bytes of column `name` in Parquet file `path`.
-fn column_bytes(path: &Path, name: &str) -> anyhow::Result<u64> {
-    use parquet::file::reader::FileReader;
-    let reader =
-        parquet::file::serialized_reader::SerializedFileReader::new(std::fs::File::open(path)?)?;
-    Ok(reader
-        .metadata()
-        .row_groups()
-        .iter()
-        .flat_map(|group| group.columns())
-        .filter(|column| column.column_path().string() == name)
-        .map(|column| column.byte_range().1)
-        .sum())
-}
-
 pub fn run(quick: bool) -> anyhow::Result<()> {
     let rows: i64 = if quick { 500_000 } else { 5_000_000 };
     let runs = if quick { 3 } else { 5 };
@@ -204,8 +189,8 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         })?;
         let columns_bytes = columns
             .iter()
-            .map(|c| column_bytes(&local_file, c))
-            .sum::<anyhow::Result<u64>>()?;
+            .map(|c| floe_testkit::files::parquet_column_bytes(&local_file, c))
+            .sum::<u64>();
         let line = serde_json::json!({
             "bench": "s3",
             "workload": workload,

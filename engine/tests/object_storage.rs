@@ -147,7 +147,7 @@ fn object_storage_reads_and_writes_match_local_files() {
     );
     assert_eq!(local_stats.bytes_fetched, 0);
     let file_size = std::fs::metadata(&local_a).unwrap().len();
-    let id_bytes: u64 = parquet_column_bytes(&local_a, "id");
+    let id_bytes: u64 = floe_testkit::files::parquet_column_bytes(&local_a, "id");
     assert!(
         remote_stats.bytes_fetched >= id_bytes
             && remote_stats.bytes_fetched < id_bytes + 70_000
@@ -264,21 +264,4 @@ fn object_storage_reads_and_writes_match_local_files() {
         !error.contains("hunter2") && error.contains("credentials"),
         "{error}"
     );
-}
-
-/// The compressed bytes of column `name` over all row groups of Parquet file `path`.
-fn parquet_column_bytes(path: &Path, name: &str) -> u64 {
-    use parquet::file::reader::FileReader;
-    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
-        std::fs::File::open(path).unwrap(),
-    )
-    .unwrap();
-    reader
-        .metadata()
-        .row_groups()
-        .iter()
-        .flat_map(|group| group.columns())
-        .filter(|column| column.column_path().string() == name)
-        .map(|column| column.byte_range().1)
-        .sum()
 }

@@ -54,3 +54,20 @@ pub fn read_parquet_dir(dir: &Path) -> Vec<RecordBatch> {
         })
         .collect()
 }
+
+/// The compressed bytes of column `name` over every row group of the Parquet file at `path`:
+/// what a reader fetching only that column transfers.
+pub fn parquet_column_bytes(path: &Path, name: &str) -> u64 {
+    use parquet::file::reader::FileReader;
+    let reader =
+        parquet::file::serialized_reader::SerializedFileReader::new(File::open(path).unwrap())
+            .unwrap();
+    reader
+        .metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|group| group.columns())
+        .filter(|column| column.column_path().string() == name)
+        .map(|column| column.byte_range().1)
+        .sum()
+}
