@@ -7,12 +7,13 @@
 //! only from the log: every entry carries the wall-clock time the leader observed when it
 //! proposed it ([`LoggedCommand::at_ms`]), and `apply` reads no other clock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use floe_core::job::{JobStats, OutputBlock};
 use floe_core::wire::codec;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+pub use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -100,6 +101,66 @@ impl JobStatus {
             JobStatus::Failed { .. } => "failed",
             JobStatus::Cancelled => "cancelled",
         }
+    }
+}
+
+/// How many jobs of the state are in each status; kept by `apply`, so a reader's totals cost
+/// no scan of the jobs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCounts {
+    pub pending: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+impl JobCounts {
+    /// Every status's name ([`JobStatus::name`]) with its count.
+    pub fn by_name(&self) -> [(&'static str, u64); 5] {
+        [
+            ("pending", self.pending),
+            ("running", self.running),
+            ("succeeded", self.succeeded),
+            ("failed", self.failed),
+            ("cancelled", self.cancelled),
+        ]
+    }
+
+    /// The count of the status named `name`, if it names one.
+    pub fn named(&self, name: &str) -> Option<u64> {
+        self.by_name()
+            .into_iter()
+            .find(|(status, _)| *status == name)
+            .map(|(_, count)| count)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_name().iter().map(|(_, count)| count).sum()
+    }
+
+    fn of(&mut self, status: &JobStatus) -> &mut u64 {
+        match status {
+            JobStatus::Pending => &mut self.pending,
+            JobStatus::Running => &mut self.running,
+            JobStatus::Succeeded => &mut self.succeeded,
+            JobStatus::Failed { .. } => &mut self.failed,
+            JobStatus::Cancelled => &mut self.cancelled,
+        }
+    }
+
+    fn add(&mut self, status: &JobStatus) {
+        *self.of(status) += 1;
+    }
+
+    fn remove(&mut self, status: &JobStatus) {
+        let count = self.of(status);
+        *count = count.saturating_sub(1);
+    }
+
+    fn moved(&mut self, from: &JobStatus, to: &JobStatus) {
+        self.remove(from);
+        self.add(to);
     }
 }
 
@@ -320,7 +381,13 @@ pub enum Outcome {
     JobsRemoved(Vec<JobSummary>),
 }
 
-/// Everything the replicas agree on. Cloned for snapshots and linearizable reads.
+/// Everything the replicas agree on. Cloned for snapshots, linearizable reads and the copy
+/// the HTTP API reads: the maps that grow with jobs and nodes are persistent B-trees
+/// ([`OrdMap`], [`OrdSet`]), so a clone is O(1) and a later write copies one path of the
+/// tree, never the whole map. They iterate in key order like `BTreeMap`, and encode the same.
+///
+/// `unfinished`, `drivers`, `job_counts`, `ended` and `holding_outputs` are indexes derived
+/// from `jobs`, kept by `apply` (and by [`ClusterState::reindex`] for a state built by hand).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
     /// The last log index applied; saved with the state so a restart never applies an entry
@@ -330,23 +397,33 @@ pub struct ClusterState {
     pub applied_commands: u64,
     pub next_node_id: u64,
     pub next_job_id: u64,
-    pub nodes: BTreeMap<NodeId, NodeRecord>,
-    /// Shared records, so a copy of the state for readers (the HTTP API) costs a pointer per
-    /// job rather than every job's spec and outputs; `apply` copies a record on write.
-    pub jobs: BTreeMap<JobId, Arc<JobRecord>>,
+    pub nodes: OrdMap<NodeId, NodeRecord>,
+    /// Shared records, so the path a write copies holds pointers rather than specs and
+    /// outputs; `apply` copies a record on write.
+    pub jobs: OrdMap<JobId, Arc<JobRecord>>,
     /// Which job each submission became, so a retried submission finds its job.
-    pub submissions: BTreeMap<SubmissionId, JobId>,
-    pub actors: BTreeMap<ActorId, ActorRecord>,
+    pub submissions: OrdMap<SubmissionId, JobId>,
+    pub actors: OrdMap<ActorId, ActorRecord>,
+    /// Bounded by the cached fingerprints, not by jobs; a plain map.
     pub cache: CacheIndex,
     /// Jobs not yet ended (pending or running), so the leader's driver loop and heartbeats
     /// never scan the finished ones.
-    pub unfinished: BTreeSet<JobId>,
+    pub unfinished: OrdSet<JobId>,
     /// Running jobs by the node running their driver, so a heartbeat finds its node's
     /// drivers without scanning the unfinished jobs.
-    pub drivers: BTreeMap<NodeId, BTreeSet<JobId>>,
+    pub drivers: OrdMap<NodeId, OrdSet<JobId>>,
     /// Released output blocks that some alive node may still hold; the leader sends their
-    /// nodes `Free` and commits `OutputsFreed` when they answer.
+    /// nodes `Free` and commits `OutputsFreed` when they answer. Bounded by the outputs
+    /// awaiting `Free`, not by jobs; a plain map.
     pub outputs_to_free: BTreeMap<JobId, Vec<OutputBlock>>,
+    /// The jobs in each status.
+    pub job_counts: JobCounts,
+    /// Finished jobs by (when they ended, id), so the jobs due for the history are a prefix
+    /// rather than a scan.
+    pub ended: OrdSet<(u64, JobId)>,
+    /// Succeeded jobs still holding output blocks nobody let go, by (when they ended, id), so
+    /// the outputs due to expire are a prefix rather than a scan.
+    pub holding_outputs: OrdSet<(u64, JobId)>,
 }
 
 impl ClusterState {
@@ -418,6 +495,7 @@ impl ClusterState {
                 let id = JobId::new(self.next_job_id);
                 self.submissions.insert(submission, id);
                 self.unfinished.insert(id);
+                self.job_counts.add(&JobStatus::Pending);
                 self.jobs.insert(
                     id,
                     Arc::new(JobRecord {
@@ -454,6 +532,8 @@ impl ClusterState {
                 }
                 record.driver = Some(node);
                 self.drivers.entry(node).or_default().insert(job);
+                self.job_counts
+                    .moved(&JobStatus::Pending, &JobStatus::Running);
                 record.status = JobStatus::Running;
                 record.attempts += 1;
                 record.started_at_ms.get_or_insert(at_ms);
@@ -500,6 +580,7 @@ impl ClusterState {
                         outcome.status.name()
                     ));
                 }
+                self.job_counts.moved(&record.status, &outcome.status);
                 record.status = outcome.status;
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
@@ -507,8 +588,12 @@ impl ClusterState {
                     remove_driver(&mut self.drivers, node, job);
                 }
                 record.ended_at_ms = Some(at_ms);
+                if record.status == JobStatus::Succeeded && !record.outputs.is_empty() {
+                    self.holding_outputs.insert((at_ms, job));
+                }
+                self.ended.insert((at_ms, job));
                 self.unfinished.remove(&job);
-                self.actors.retain(|_, actor| actor.job != job);
+                remove_actors(&mut self.actors, |actor| actor.job == job);
                 Outcome::Applied
             }
             Command::CancelJob { job } => {
@@ -517,8 +602,11 @@ impl ClusterState {
                 };
                 match record.status {
                     JobStatus::Pending => {
+                        self.job_counts
+                            .moved(&JobStatus::Pending, &JobStatus::Cancelled);
                         record.status = JobStatus::Cancelled;
                         record.ended_at_ms = Some(at_ms);
+                        self.ended.insert((at_ms, job));
                         self.unfinished.remove(&job);
                     }
                     JobStatus::Running => record.cancel_requested = true,
@@ -659,7 +747,7 @@ impl ClusterState {
             at_ms,
             reason,
         };
-        self.actors.retain(|_, actor| actor.node != node);
+        remove_actors(&mut self.actors, |actor| actor.node == node);
         for by_count in self.cache.values_mut() {
             for entry in by_count.values_mut() {
                 entry.shards.retain(|_, shard| shard.node != node);
@@ -677,13 +765,13 @@ impl ClusterState {
             if let Some(job) = self.jobs.get_mut(id) {
                 let job = Arc::make_mut(job);
                 job.driver = None;
+                self.job_counts.moved(&job.status, &JobStatus::Pending);
                 job.status = JobStatus::Pending;
             }
         }
         // A dead driver's actors had nobody left to talk to them; the next attempt makes its
         // own.
-        self.actors
-            .retain(|_, actor| !orphaned.contains(&actor.job));
+        remove_actors(&mut self.actors, |actor| orphaned.contains(&actor.job));
         Outcome::Applied
     }
 
@@ -731,10 +819,51 @@ impl ClusterState {
     pub fn alive_nodes(&self) -> impl Iterator<Item = &NodeRecord> {
         self.nodes.values().filter(|node| node.is_alive())
     }
+
+    /// Recomputes the indexes derived from `jobs` (`unfinished`, `drivers`, `job_counts`,
+    /// `ended`, `holding_outputs`), for a state whose jobs were set field by field rather
+    /// than applied (test fixtures); `apply` keeps them without it.
+    pub fn reindex(&mut self) {
+        self.unfinished = OrdSet::new();
+        self.drivers = OrdMap::new();
+        self.job_counts = JobCounts::default();
+        self.ended = OrdSet::new();
+        self.holding_outputs = OrdSet::new();
+        for job in self.jobs.values() {
+            self.job_counts.add(&job.status);
+            if !job.status.is_finished() {
+                self.unfinished.insert(job.id);
+            }
+            if let Some(node) = job.driver {
+                self.drivers.entry(node).or_default().insert(job.id);
+            }
+            if let (true, Some(ended)) = (job.status.is_finished(), job.ended_at_ms) {
+                self.ended.insert((ended, job.id));
+                if job.status == JobStatus::Succeeded
+                    && job.release.is_none()
+                    && !job.outputs.is_empty()
+                {
+                    self.holding_outputs.insert((ended, job.id));
+                }
+            }
+        }
+    }
+}
+
+/// Removes the actors `gone` picks (`OrdMap` has no `retain`).
+fn remove_actors(actors: &mut OrdMap<ActorId, ActorRecord>, gone: impl Fn(&ActorRecord) -> bool) {
+    let picked: Vec<ActorId> = actors
+        .values()
+        .filter(|actor| gone(actor))
+        .map(|actor| actor.id)
+        .collect();
+    for actor in picked {
+        actors.remove(&actor);
+    }
 }
 
 /// Forgets that `node` runs `job`'s driver; a node running none leaves the index.
-fn remove_driver(drivers: &mut BTreeMap<NodeId, BTreeSet<JobId>>, node: NodeId, job: JobId) {
+fn remove_driver(drivers: &mut OrdMap<NodeId, OrdSet<JobId>>, node: NodeId, job: JobId) {
     if let Some(jobs) = drivers.get_mut(&node) {
         jobs.remove(&job);
         if jobs.is_empty() {

@@ -75,8 +75,7 @@ fn state() -> ClusterState {
             release: None,
         }),
     );
-    state.unfinished.insert(JobId::new(1));
-    state.drivers.insert(NodeId::new(1), [JobId::new(1)].into());
+    state.reindex();
     state.actors.insert(
         ACTOR,
         ActorRecord {

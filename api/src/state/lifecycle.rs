@@ -134,6 +134,9 @@ impl ClusterState {
             return;
         }
         record.release = Some(OutputRelease { reason, at_ms });
+        if let Some(ended) = record.ended_at_ms {
+            self.holding_outputs.remove(&(ended, job));
+        }
         let blocks = std::mem::take(&mut record.outputs);
         if !blocks.is_empty() {
             self.outputs_to_free.entry(job).or_default().extend(blocks);
@@ -237,6 +240,11 @@ impl ClusterState {
     fn remove_job(&mut self, job: JobId, removal: Removal, at_ms: u64) -> JobSummary {
         let record = self.jobs.remove(&job).expect("checked by the caller");
         self.submissions.remove(&record.submission);
+        self.job_counts.remove(&record.status);
+        if let Some(ended) = record.ended_at_ms {
+            self.ended.remove(&(ended, job));
+            self.holding_outputs.remove(&(ended, job));
+        }
         JobSummary::of(&record, removal, at_ms)
     }
 
@@ -271,44 +279,37 @@ impl ClusterState {
     }
 
     /// Succeeded jobs whose output blocks have been held for `ttl_ms` after they ended, at
-    /// `now_ms` (a job without blocks holds nothing to expire).
+    /// `now_ms` (a job without blocks holds nothing to expire), those that ended first first.
+    /// Read from the `holding_outputs` index: the due ones are a prefix of it.
     pub fn outputs_due_to_expire(&self, ttl_ms: u64, now_ms: u64) -> Vec<JobId> {
-        self.jobs
-            .values()
-            .filter(|job| job.status == JobStatus::Succeeded && job.release.is_none())
-            .filter(|job| !job.outputs.is_empty())
-            .filter(|job| {
-                job.ended_at_ms
-                    .is_some_and(|ended| ended.saturating_add(ttl_ms) <= now_ms)
-            })
-            .map(|job| job.id)
+        self.holding_outputs
+            .iter()
+            .take_while(|(ended, _)| ended.saturating_add(ttl_ms) <= now_ms)
+            .map(|(_, job)| *job)
             .take(MAX_PER_COMMAND)
             .collect()
     }
 
-    /// Finished jobs to move to the history at `now_ms`: the oldest beyond `keep_finished`,
-    /// and those that ended `keep_for_ms` ago or earlier.
+    /// Finished jobs to move to the history at `now_ms`: the earliest ended beyond
+    /// `keep_finished`, and those that ended `keep_for_ms` ago or earlier. Read from the
+    /// `ended` index, ordered by end: both kinds are a prefix of it, so the cost is the
+    /// number of jobs due, not the number of jobs.
     pub fn jobs_due_for_history(
         &self,
         keep_finished: u64,
         keep_for_ms: u64,
         now_ms: u64,
     ) -> Vec<JobId> {
-        let finished = self.jobs.len().saturating_sub(self.unfinished.len()) as u64;
-        let mut excess = finished.saturating_sub(keep_finished);
-        self.jobs
-            .values()
-            .filter(|job| job.status.is_finished())
-            .filter(|job| {
-                let old = job
-                    .ended_at_ms
-                    .is_some_and(|ended| ended.saturating_add(keep_for_ms) <= now_ms);
-                // Job ids grow with submission, so the first finished ones are the oldest.
+        let mut excess = (self.ended.len() as u64).saturating_sub(keep_finished);
+        self.ended
+            .iter()
+            .take_while(|(ended, _)| {
+                let old = ended.saturating_add(keep_for_ms) <= now_ms;
                 let beyond = excess > 0;
                 excess = excess.saturating_sub(1);
                 beyond || old
             })
-            .map(|job| job.id)
+            .map(|(_, job)| *job)
             .take(MAX_PER_COMMAND)
             .collect()
     }

@@ -433,3 +433,186 @@ fn a_cache_entry_records_the_job_and_operator_that_made_it_at_the_log_time() {
         })
     );
 }
+
+/// One step of a random history: which command, with small ids so that most of them hit
+/// something (and some are rejected, which must change nothing).
+#[derive(Debug, Clone)]
+enum Step {
+    Register,
+    Submit(u8),
+    Start { job: u64, node: u64 },
+    Finish { job: u64, status: u8, blocks: bool },
+    Cancel(u64),
+    Die(u64),
+    Release(u64),
+    Delete(u64),
+    Prune { keep: u64, keep_for_ms: u64 },
+    Expire { ttl_ms: u64 },
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        1 => Just(Step::Register),
+        4 => any::<u8>().prop_map(Step::Submit),
+        4 => (1..40u64, 1..6u64).prop_map(|(job, node)| Step::Start { job, node }),
+        4 => (1..40u64, 0..3u8, any::<bool>())
+            .prop_map(|(job, status, blocks)| Step::Finish { job, status, blocks }),
+        1 => (1..40u64).prop_map(Step::Cancel),
+        1 => (1..6u64).prop_map(Step::Die),
+        1 => (1..40u64).prop_map(Step::Release),
+        1 => (1..40u64).prop_map(Step::Delete),
+        1 => (0..10u64, 0..200u64).prop_map(|(keep, keep_for_ms)| Step::Prune { keep, keep_for_ms }),
+        1 => (0..200u64).prop_map(|ttl_ms| Step::Expire { ttl_ms }),
+    ]
+}
+
+/// The command `step` stands for in `state` at `at_ms`: the leader's own housekeeping asks
+/// the state what is due, as the replica does.
+fn command_of(step: &Step, state: &ClusterState, at_ms: u64) -> Command {
+    match *step {
+        Step::Register => Command::RegisterNode {
+            addresses: NodeAddresses {
+                rpc: format!("n:{at_ms}"),
+            },
+            resources: Resources::default(),
+            memory: NodeMemory::default(),
+            labels: BTreeMap::new(),
+        },
+        Step::Submit(n) => submit_job(n),
+        Step::Start { job, node } => Command::StartDriver {
+            job: JobId::new(job),
+            node: NodeId::new(node),
+        },
+        Step::Finish {
+            job,
+            status,
+            blocks,
+        } => {
+            let id = JobId::new(job);
+            let attempt = state.jobs.get(&id).map_or(1, |record| record.attempts);
+            let node = state
+                .jobs
+                .get(&id)
+                .and_then(|record| record.driver)
+                .unwrap_or(NodeId::new(1));
+            let outputs = if blocks {
+                vec![OutputBlock {
+                    object: floe_core::ObjectId::new(u128::from(job)),
+                    node,
+                    rows: 1,
+                    bytes: 8,
+                }]
+            } else {
+                Vec::new()
+            };
+            Command::FinishJob {
+                job: id,
+                attempt,
+                outcome: JobOutcome {
+                    status: match status {
+                        0 => JobStatus::Succeeded,
+                        1 => JobStatus::Failed {
+                            message: "boom".into(),
+                        },
+                        _ => JobStatus::Cancelled,
+                    },
+                    stats: JobStats::default(),
+                    outputs,
+                },
+            }
+        }
+        Step::Cancel(job) => Command::CancelJob {
+            job: JobId::new(job),
+        },
+        Step::Die(node) => Command::MarkNodeDead {
+            node: NodeId::new(node),
+            reason: "test".into(),
+        },
+        Step::Release(job) => Command::ReleaseJobOutput {
+            job: JobId::new(job),
+        },
+        Step::Delete(job) => Command::DeleteJob {
+            job: JobId::new(job),
+        },
+        Step::Prune { keep, keep_for_ms } => Command::PruneJobs {
+            jobs: state.jobs_due_for_history(keep, keep_for_ms, at_ms),
+        },
+        Step::Expire { ttl_ms } => Command::ExpireJobOutputs {
+            jobs: state.outputs_due_to_expire(ttl_ms, at_ms),
+            ttl_ms,
+        },
+    }
+}
+
+/// What the housekeeping indexes are for, computed by scanning every job: the jobs due for
+/// the history and the outputs due to expire, in the order the old scans gave (by end).
+fn due_by_scan(state: &ClusterState, at_ms: u64) -> (Vec<JobId>, Vec<JobId>) {
+    let mut finished: Vec<(u64, JobId)> = state
+        .jobs
+        .values()
+        .filter(|job| job.status.is_finished())
+        .map(|job| (job.ended_at_ms.unwrap(), job.id))
+        .collect();
+    finished.sort();
+    let old: Vec<JobId> = finished
+        .iter()
+        .take_while(|(ended, _)| ended + 50 <= at_ms)
+        .map(|(_, job)| *job)
+        .collect();
+    let mut holding: Vec<(u64, JobId)> = state
+        .jobs
+        .values()
+        .filter(|job| job.status == JobStatus::Succeeded && job.release.is_none())
+        .filter(|job| !job.outputs.is_empty())
+        .map(|job| (job.ended_at_ms.unwrap(), job.id))
+        .collect();
+    holding.sort();
+    let expiring = holding
+        .iter()
+        .take_while(|(ended, _)| ended + 50 <= at_ms)
+        .map(|(_, job)| *job)
+        .collect();
+    (old, expiring)
+}
+
+proptest::proptest! {
+    /// After any history of commands, the indexes `apply` keeps (counts, unfinished,
+    /// drivers, ended, holding outputs) equal the ones computed from the jobs alone; a copy
+    /// taken earlier is untouched by the later writes (the maps share structure); and the
+    /// snapshot round-trips.
+    #[test]
+    fn the_indexes_apply_keeps_equal_a_scan_of_the_jobs(
+        steps in proptest::collection::vec(step(), 1..120)
+    ) {
+        let mut state = ClusterState::default();
+        let mut copies = Vec::new();
+        for (index, step) in steps.iter().enumerate() {
+            let at_ms = index as u64 * 10;
+            let command = command_of(step, &state, at_ms);
+            if index % 16 == 0 {
+                copies.push((state.clone(), state.encode().unwrap()));
+            }
+            state.apply(index as u64 + 1, at_ms, command).unwrap();
+            let mut scanned = state.clone();
+            scanned.reindex();
+            proptest::prop_assert_eq!(&scanned, &state);
+            let mut counted = BTreeMap::new();
+            for job in state.jobs.values() {
+                *counted.entry(job.status.name()).or_insert(0u64) += 1;
+            }
+            for (name, count) in state.job_counts.by_name() {
+                proptest::prop_assert_eq!(counted.get(name).copied().unwrap_or(0), count);
+            }
+            proptest::prop_assert_eq!(state.job_counts.total(), state.jobs.len() as u64);
+            let (old, expiring) = due_by_scan(&state, at_ms);
+            proptest::prop_assert_eq!(state.jobs_due_for_history(u64::MAX, 50, at_ms), old);
+            proptest::prop_assert_eq!(state.outputs_due_to_expire(50, at_ms), expiring);
+        }
+        for (copy, encoded) in copies {
+            proptest::prop_assert_eq!(copy.encode().unwrap(), encoded);
+        }
+        let decoded = ClusterState::decode(&state.encode().unwrap()).unwrap();
+        proptest::prop_assert_eq!(decoded, state);
+    }
+}

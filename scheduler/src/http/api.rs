@@ -345,13 +345,9 @@ pub(crate) fn health(snapshot: &Snapshot, state: &ClusterState) -> &'static str 
     }
 }
 
+/// The jobs in each status, from the counts `apply` keeps (no scan).
 pub(crate) fn job_counts(state: &ClusterState) -> BTreeMap<&'static str, u64> {
-    let mut counts: BTreeMap<&'static str, u64> =
-        JOB_STATES.iter().map(|state| (*state, 0)).collect();
-    for job in state.jobs.values() {
-        *counts.entry(job.status.name()).or_default() += 1;
-    }
-    counts
+    state.job_counts.by_name().into_iter().collect()
 }
 
 async fn cluster(shared: web::Data<Shared>) -> HttpResponse {
@@ -570,7 +566,12 @@ async fn jobs(shared: web::Data<Shared>, query: web::Query<ListQuery>) -> Reply 
             .filter(|job| wanted.is_none_or(|state| job.status.name() == state))
             .filter(|job| query.name_matches(job.name.as_deref()))
     };
-    let mut total = matching().count();
+    // The counts `apply` keeps give the total; only a name filter needs a scan.
+    let mut total = match (&query.name, wanted) {
+        (None, None) => state.job_counts.total() as usize,
+        (None, Some(wanted)) => state.job_counts.named(wanted).unwrap_or(0) as usize,
+        (Some(_), _) => matching().count(),
+    };
     let mut jobs: Vec<JobSummary> = matching()
         .skip(offset)
         .take(limit)

@@ -94,6 +94,8 @@ fn big_state() -> ClusterState {
             }),
         );
     }
+    // The jobs were set field by field, not applied: derive the counts and indexes.
+    state.reindex();
     state
 }
 
@@ -368,8 +370,10 @@ fn snapshot_of(state: ClusterState, leader: Option<u64>, time_ms: u64) -> Snapsh
 fn events_are_the_differences_between_snapshots_after_the_baseline() {
     let config = config();
     let mut state = big_state();
-    state.nodes.retain(|id, _| id.get() <= 2);
-    state.jobs.retain(|id, _| id.get() <= 3);
+    // Ids start at 1, so these keep nodes 1–2 and jobs 1–3.
+    state.nodes = state.nodes.take(2);
+    state.jobs = state.jobs.take(3);
+    state.reindex();
     let monitor = Monitor::new(&config, Arc::new(state.clone()));
 
     // What was already there at start-up is not news; a leader appearing is.
@@ -423,7 +427,8 @@ fn events_are_the_differences_between_snapshots_after_the_baseline() {
 fn a_job_that_passes_several_states_between_refreshes_gets_an_event_for_each() {
     let config = config();
     let mut state = big_state();
-    state.jobs.retain(|id, _| id.get() <= 1);
+    state.jobs = state.jobs.take(1);
+    state.reindex();
     let monitor = Monitor::new(&config, Arc::new(state.clone()));
     monitor.advance(snapshot_of(state.clone(), Some(1), 1_000));
     let after = monitor.events_after(0).last().map_or(0, |event| event.seq);
@@ -516,8 +521,10 @@ async fn the_history_keeps_an_hour_and_thins_long_spans_to_six_hundred_points() 
 #[actix_web::test]
 async fn actors_list_what_the_state_records_with_a_drivers_restarts() {
     let mut state = big_state();
-    state.nodes.retain(|id, _| id.get() <= 2);
-    state.jobs.retain(|id, _| id.get() <= 3);
+    // Ids start at 1, so these keep nodes 1–2 and jobs 1–3.
+    state.nodes = state.nodes.take(2);
+    state.jobs = state.jobs.take(3);
+    state.reindex();
     if let Some(job) = state.jobs.get_mut(&JobId::new(3)).map(Arc::make_mut) {
         job.attempts = 3;
     }
