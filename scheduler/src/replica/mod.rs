@@ -23,7 +23,7 @@
 //! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
 //! Raft message before protobuf parses it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -230,13 +230,14 @@ struct RaftLoop<S: LogStore> {
     queue: PlacementQueue<(u64, usize, PlacementRequest)>,
     batches: BTreeMap<u64, PlaceBatch>,
     next_batch: u64,
-    last_seen: BTreeMap<NodeId, Instant>,
+    /// When each node last heartbeated (soft state; hashed, so a heartbeat costs O(1) here).
+    last_seen: HashMap<NodeId, Instant>,
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
     /// Each node's last reported usage; a node is in it once it has heartbeated to this
     /// replica as leader, and only then do drivers and tasks go to it.
-    usage: BTreeMap<NodeId, ResourceUsage>,
+    usage: HashMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
     /// Reservations not yet released, by the node that asked for them: a requester that dies
@@ -331,9 +332,9 @@ impl<S: LogStore> RaftLoop<S> {
             queue: PlacementQueue::default(),
             batches: BTreeMap::new(),
             next_batch: 0,
-            last_seen: BTreeMap::new(),
+            last_seen: HashMap::new(),
             last_health_check: Instant::now(),
-            usage: BTreeMap::new(),
+            usage: HashMap::new(),
             dying: BTreeSet::new(),
             leases: BTreeMap::new(),
             drivers_proposed: BTreeMap::new(),
@@ -751,8 +752,8 @@ impl<S: LogStore> RaftLoop<S> {
 
     /// Keeps a snapshot built off the Raft task, and starts the next one once
     /// `snapshot_entries` entries were applied since the last. Only the copy of the state
-    /// (records are shared, so a pointer per job) and dropping the covered entries run here;
-    /// the encoding and the fsynced file, which grow with the state, run on a blocking thread.
+    /// (O(1): its maps are persistent) and dropping the covered entries run here; the
+    /// encoding and the fsynced file, which grow with the state, run on a blocking thread.
     fn maybe_compact(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.snapshot_build, SnapshotBuild::Idle) {
             SnapshotBuild::Running => {
