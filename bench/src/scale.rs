@@ -17,10 +17,12 @@
 //! `jobs_in_history` jobs through real commits (at most `window` unfinished at a time), a
 //! measured window with a steady stream of jobs (commit latency, heartbeat latency, snapshots
 //! taken meanwhile), reads of the full state (`state_bytes`, `GET /api/jobs`), and a failover
-//! (the leader killed, timed until the new leader commits). It prints one JSON line with every
-//! figure. A lost heartbeat (a node told to register again, or a heartbeat failing outside
-//! the failover), a job that never finishes or a node missing after the failover fails the
-//! run; a missed target is only reported.
+//! (the leader killed, timed until the new leader commits). Before the failover every GET
+//! endpoint of the HTTP API and the dashboard's files are timed on the leader ([`ENDPOINTS`]).
+//! It prints one JSON line with every figure. A lost heartbeat (a node told to register
+//! again, or a heartbeat failing outside the failover), a job that never finishes, an
+//! endpoint that does not answer 200, job totals that differ from a count of the state, or a
+//! node missing after the failover fails the run; a missed target is only reported.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,17 +47,86 @@ use floe_core::{JobId, NodeId, SubmissionId};
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use crate::soak::{get_api_jobs, millis, percentile, rss_bytes};
+use crate::soak::{http_get, millis, percentile, rss_bytes};
 
 const REPLICAS: u64 = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Node RPC servers the simulated nodes share.
 const NODE_SERVERS: usize = 4;
-/// Registrations and submissions in flight at once.
+/// Registrations in flight at once.
 const CONCURRENCY: usize = 32;
+/// Submitters during the pre-fill: enough submissions in flight that the leader batches
+/// many into each Ready and fsync.
+const PREFILL_SUBMITTERS: u64 = 64;
+/// Every this many pre-filled jobs is named, so the name filter of `GET /api/jobs` has
+/// something to find.
+const NAMED_EVERY: u64 = 100;
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// `GET /api/jobs` calls; their median is reported.
+/// Calls per HTTP endpoint; their median is reported.
 const API_CALLS: usize = 5;
+/// The dashboard's and the API's target: every page and endpoint answers within this.
+const API_TARGET_MS: f64 = 300.0;
+
+/// Whom an endpoint's answer needs besides the leader's state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asks {
+    /// The leader answers from its own state and soft state.
+    Leader,
+    /// The leader calls nodes (the simulated ones answer): one, or every alive one.
+    Nodes,
+}
+
+/// Every GET endpoint of docs/HTTP_API.md and the dashboard's files, as timed on the leader:
+/// (name in the report, path, whom it asks). The dashboard is one page (`GET /`) whose views
+/// (`#/jobs`, `#/nodes/{id}`...) read the JSON endpoints below. In paths, `{job}` is a
+/// finished job half-way through the history, `{node}` an alive node, `{far}` an offset near
+/// the end of the job list and `{far_node}` one near the end of the node list. A new
+/// endpoint is one more row.
+const ENDPOINTS: &[(&str, &str, Asks)] = &[
+    ("version", "/api/version", Asks::Leader),
+    ("cluster", "/api/cluster", Asks::Leader),
+    ("jobs", "/api/jobs", Asks::Leader),
+    (
+        "jobs_far_page",
+        "/api/jobs?offset={far}&limit=50",
+        Asks::Leader,
+    ),
+    (
+        "jobs_succeeded_far_page",
+        "/api/jobs?state=succeeded&offset={far}&limit=50",
+        Asks::Leader,
+    ),
+    ("jobs_pending", "/api/jobs?state=pending", Asks::Leader),
+    (
+        "jobs_by_name",
+        "/api/jobs?name=nightly&limit=100",
+        Asks::Leader,
+    ),
+    (
+        "jobs_all_far_page",
+        "/api/jobs?all=true&offset={far}&limit=50",
+        Asks::Leader,
+    ),
+    ("job", "/api/jobs/{job}", Asks::Leader),
+    ("job_tasks", "/api/jobs/{job}/tasks", Asks::Nodes),
+    ("job_logs", "/api/jobs/{job}/logs?tail=100", Asks::Nodes),
+    ("nodes", "/api/nodes", Asks::Leader),
+    (
+        "nodes_far_page",
+        "/api/nodes?state=alive&offset={far_node}&limit=50",
+        Asks::Leader,
+    ),
+    ("node", "/api/nodes/{node}", Asks::Nodes),
+    ("node_logs", "/api/nodes/{node}/logs?tail=100", Asks::Nodes),
+    ("actors", "/api/actors", Asks::Leader),
+    ("cache", "/api/cache", Asks::Leader),
+    ("events", "/api/events", Asks::Leader),
+    ("history", "/api/history?minutes=60", Asks::Leader),
+    ("metrics", "/metrics", Asks::Leader),
+    ("dashboard", "/", Asks::Leader),
+    ("dashboard_js", "/assets/app.js", Asks::Leader),
+    ("dashboard_css", "/assets/style.css", Asks::Leader),
+];
 /// Linux reports process CPU time in ticks of 1/100 s (USER_HZ) on every architecture.
 const TICKS_PER_SECOND: f64 = 100.0;
 
@@ -144,6 +215,9 @@ impl Handler<NodeProtocol> for SimulatedNodes {
         match request {
             NodeRequest::Free { .. } | NodeRequest::FreeJob { .. } => Ok(NodeResponse::Freed),
             NodeRequest::CancelTask { .. } => Ok(NodeResponse::Cancelled),
+            // No log files, and no driver's task table: real round trips with empty answers.
+            NodeRequest::ReadLogs(_) => Ok(NodeResponse::Logs(Vec::new())),
+            NodeRequest::JobTasks { .. } => Ok(NodeResponse::Tasks(None)),
             NodeRequest::Status => Ok(NodeResponse::Status(Box::new(NodeStatus {
                 node: None,
                 workers: 0,
@@ -376,12 +450,13 @@ fn small_job_spec() -> anyhow::Result<Vec<u8>> {
 async fn submit(
     client: &mut SchedulerClient,
     spec: &[u8],
+    name: Option<String>,
     observed: &Observed,
     began: Instant,
 ) -> anyhow::Result<()> {
     let sent = Instant::now();
     client
-        .submit_job(spec.to_vec(), SubmissionId::random(), None)
+        .submit_job(spec.to_vec(), SubmissionId::random(), name)
         .await?;
     observed.record_commit(began, sent);
     observed.submitted.fetch_add(1, Ordering::Relaxed);
@@ -527,21 +602,25 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     // Pre-fill the history through real commits.
     let spec: Arc<[u8]> = small_job_spec()?.into();
     let prefilling = Instant::now();
-    let per_submitter = plan.history_jobs.div_ceil(CONCURRENCY as u64);
+    let per_submitter = plan.history_jobs.div_ceil(PREFILL_SUBMITTERS);
     let mut submitters = JoinSet::new();
-    for _ in 0..CONCURRENCY {
+    for submitter in 0..PREFILL_SUBMITTERS {
         let mut client = cluster.client()?.with_retry_for(READY_TIMEOUT);
         let observed = Arc::clone(&observed);
         let spec = Arc::clone(&spec);
         let window = plan.window;
         submitters.spawn(async move {
-            for _ in 0..per_submitter {
+            for n in 0..per_submitter {
                 while observed.submitted.load(Ordering::Relaxed)
                     >= observed.finished.load(Ordering::Relaxed) + window
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                submit(&mut client, &spec, &observed, began).await?;
+                let index = n * PREFILL_SUBMITTERS + submitter;
+                let name = index
+                    .is_multiple_of(NAMED_EVERY)
+                    .then(|| format!("nightly-{index}"));
+                submit(&mut client, &spec, name, &observed, began).await?;
             }
             anyhow::Ok(())
         });
@@ -570,7 +649,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             let mut ticks = tokio::time::interval(every);
             while !stream_stop.load(Ordering::Relaxed) {
                 ticks.tick().await;
-                submit(&mut client, &spec, &observed, began).await?;
+                submit(&mut client, &spec, None, &observed, began).await?;
             }
             anyhow::Ok(())
         });
@@ -651,20 +730,61 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         .http_addr(leader)
         .context("the leader has no HTTP address")?
         .to_owned();
-    let mut api = Vec::new();
-    for _ in 0..API_CALLS {
-        api.push(get_api_jobs(&http, credentials.admin_token.expose()).await?);
+    let mut failures = Vec::new();
+    let token = credentials.admin_token.expose();
+    failures.extend(check_job_totals(&http, token, &state).await?);
+    let middle_job = state
+        .ended
+        .iter()
+        .nth(state.ended.len() / 2)
+        .map(|(_, job)| *job)
+        .context("no finished job in the state")?;
+    let alive_node = state
+        .alive_nodes()
+        .next()
+        .map(|node| node.id)
+        .context("no alive node in the state")?;
+    let fill = |path: &str| {
+        path.replace("{job}", &middle_job.to_string())
+            .replace("{node}", &alive_node.to_string())
+            .replace("{far}", &jobs_in_state.saturating_sub(50).to_string())
+            .replace("{far_node}", &alive_before.saturating_sub(50).to_string())
+    };
+    let mut endpoints = serde_json::Map::new();
+    let mut slowest: BTreeMap<bool, (f64, &str)> = BTreeMap::new();
+    for (name, path, asks) in ENDPOINTS {
+        let path = fill(path);
+        let mut times = Vec::new();
+        for _ in 0..API_CALLS {
+            let answer = http_get(&http, &path, token).await?;
+            if answer.status != 200 {
+                failures.push(format!(
+                    "GET {path} answered {}: {}",
+                    answer.status,
+                    answer.body_start()
+                ));
+            }
+            times.push(answer.ms);
+        }
+        let median = percentile(&mut times, 0.5);
+        endpoints.insert((*name).to_owned(), json!(round(median)));
+        let worst = slowest.entry(*asks == Asks::Nodes).or_insert((0.0, name));
+        if median >= worst.0 {
+            *worst = (median, name);
+        }
     }
-    let api_jobs_ms = percentile(&mut api, 0.5);
+    let api_jobs_ms = endpoints["jobs"].as_f64().unwrap_or(f64::NAN);
+    let (api_max_ms, api_slowest) = slowest.get(&false).copied().unwrap_or((0.0, ""));
+    let (api_nodes_max_ms, api_nodes_slowest) = slowest.get(&true).copied().unwrap_or((0.0, ""));
     let leader_rss = rss_bytes(leader_pid);
 
     // Failover at this size.
     observed.failing_over.store(true, Ordering::Relaxed);
     let mut probe = cluster.client()?.with_retry_for(READY_TIMEOUT);
-    submit(&mut probe, &spec, &observed, began).await?;
+    submit(&mut probe, &spec, None, &observed, began).await?;
     cluster.kill(leader)?;
     let killed = Instant::now();
-    submit(&mut probe, &spec, &observed, began).await?;
+    submit(&mut probe, &spec, None, &observed, began).await?;
     let failover_ms = millis(killed.elapsed());
     // Every node must reach the new leader before it would declare it dead.
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -683,7 +803,6 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let rejoins = observed.rejoins.load(Ordering::Relaxed);
     let heartbeat_errors = observed.heartbeat_errors.load(Ordering::Relaxed);
     let finish_rejected = observed.finish_rejected.load(Ordering::Relaxed);
-    let mut failures = Vec::new();
     if rejoins > 0 {
         failures.push(format!(
             "{rejoins} nodes were declared dead and told to rejoin"
@@ -723,6 +842,8 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         "failover_le_3s": failover_ms <= 3_000.0,
         "snapshot_build_le_1s": snapshot_build_ms.map(|ms| ms <= 1_000),
         "snapshot_stall_le_5ms": snapshot_stall_ms.map(|ms| ms <= 5.0),
+        "api_max_le_300ms": api_max_ms <= API_TARGET_MS,
+        "api_nodes_max_le_300ms": api_nodes_max_ms <= API_TARGET_MS,
     });
     Ok(json!({
         "bench": "scale",
@@ -753,11 +874,56 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),
+        "api_max_ms": round(api_max_ms),
+        "api_slowest": api_slowest,
+        "api_nodes_max_ms": round(api_nodes_max_ms),
+        "api_nodes_slowest": api_nodes_slowest,
+        "api_ms": endpoints,
         "failover_ms": round(failover_ms),
         "targets_met": targets,
         "correct": failures.is_empty(),
         "correctness": failures,
     }))
+}
+
+/// `GET /api/jobs` totals and per-status counts (kept by `apply`) against a count of the
+/// jobs in `state` (read through `ReadState`): what differs, if anything.
+async fn check_job_totals(
+    http: &str,
+    token: &str,
+    state: &floe_api::state::ClusterState,
+) -> anyhow::Result<Vec<String>> {
+    let answer = http_get(http, "/api/jobs?limit=1", token).await?;
+    ensure!(
+        answer.status == 200,
+        "GET /api/jobs answered {}: {}",
+        answer.status,
+        answer.body_start()
+    );
+    let body: serde_json::Value =
+        serde_json::from_slice(&answer.body).context("GET /api/jobs: not JSON")?;
+    let mut counted: BTreeMap<&str, u64> = BTreeMap::new();
+    for job in state.jobs.values() {
+        *counted.entry(job.status.name()).or_default() += 1;
+    }
+    let mut wrong = Vec::new();
+    if body["total"].as_u64() != Some(state.jobs.len() as u64) {
+        wrong.push(format!(
+            "GET /api/jobs total {} for {} jobs in the state",
+            body["total"],
+            state.jobs.len()
+        ));
+    }
+    for status in ["pending", "running", "succeeded", "failed", "cancelled"] {
+        let expected = counted.get(status).copied().unwrap_or(0);
+        if body["counts"][status].as_u64() != Some(expected) {
+            wrong.push(format!(
+                "GET /api/jobs counts {status} as {}, the state holds {expected}",
+                body["counts"][status]
+            ));
+        }
+    }
+    Ok(wrong)
 }
 
 fn round(value: f64) -> f64 {

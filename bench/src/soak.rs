@@ -460,22 +460,58 @@ pub(crate) fn rss_bytes(pid: u32) -> u64 {
 
 /// One `GET /api/jobs` on `addr` with `token`; its time in milliseconds.
 pub(crate) async fn get_api_jobs(addr: &str, token: &str) -> anyhow::Result<f64> {
+    let answer = http_get(addr, "/api/jobs", token).await?;
+    ensure!(
+        answer.status == 200,
+        "GET /api/jobs answered {}: {}",
+        answer.status,
+        answer.body_start()
+    );
+    Ok(answer.ms)
+}
+
+/// What one HTTP GET answered, and how long the whole exchange took.
+pub(crate) struct HttpAnswer {
+    pub ms: f64,
+    pub status: u16,
+    /// Everything after the headers (the server closes the connection after one answer).
+    pub body: Vec<u8>,
+}
+
+impl HttpAnswer {
+    /// The start of the body, for an error message.
+    pub fn body_start(&self) -> String {
+        String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned()
+    }
+}
+
+/// One `GET path` on `addr` with `token`, over a fresh connection (`Connection: close`), timed
+/// from the connect to the last byte.
+pub(crate) async fn http_get(addr: &str, path: &str, token: &str) -> anyhow::Result<HttpAnswer> {
     let started = Instant::now();
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!(
-        "GET /api/jobs HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
          Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
-    let elapsed = started.elapsed();
-    ensure!(
-        response.starts_with(b"HTTP/1.1 200"),
-        "GET /api/jobs answered {}",
-        String::from_utf8_lossy(&response[..response.len().min(200)])
-    );
-    Ok(millis(elapsed))
+    let ms = millis(started.elapsed());
+    let status = response
+        .get(9..12)
+        .and_then(|code| std::str::from_utf8(code).ok())
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("GET {path}: no HTTP status line"))?;
+    let body_at = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .map_or(response.len(), |at| at + 4);
+    Ok(HttpAnswer {
+        ms,
+        status,
+        body: response.split_off(body_at),
+    })
 }
 
 pub(crate) fn millis(time: Duration) -> f64 {
