@@ -887,12 +887,29 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
 }
 
 /// `GET /api/jobs` totals and per-status counts (kept by `apply`) against a count of the
-/// jobs in `state` (read through `ReadState`): what differs, if anything.
+/// jobs in `state` (read through `ReadState`): what differs, if anything. The HTTP API reads
+/// the copy its replica publishes every 250 ms, so it is first awaited at `state`'s index.
 async fn check_job_totals(
     http: &str,
     token: &str,
     state: &floe_api::state::ClusterState,
 ) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = http_get(http, "/api/cluster", token).await?;
+        let cluster: serde_json::Value =
+            serde_json::from_slice(&answer.body).context("GET /api/cluster: not JSON")?;
+        let as_of = cluster["as_of_index"].as_u64().unwrap_or(0);
+        if as_of >= state.applied_index {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the HTTP API's state stayed at index {as_of}, behind {}",
+            state.applied_index
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let answer = http_get(http, "/api/jobs?limit=1", token).await?;
     ensure!(
         answer.status == 200,
