@@ -245,9 +245,10 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         return Ok(());
     }
     match request {
-        NodeRequest::ObjectMeta { .. } | NodeRequest::ReadChunk { .. } | NodeRequest::Status => {
-            client_with(principal, Scope::Read, "fetching results")
-        }
+        NodeRequest::ObjectMeta { .. }
+        | NodeRequest::ReadChunk { .. }
+        | NodeRequest::NextOutputs { .. }
+        | NodeRequest::Status => client_with(principal, Scope::Read, "fetching results"),
         NodeRequest::CleanCache { .. } => {
             client_with(principal, Scope::Admin, "cleaning a node's cache")
         }
@@ -315,7 +316,10 @@ pub const RIGHTS: &[(&str, &str)] = &[
         "the node holding the shard, or a node driving a job",
     ),
     ("Propose(EvictCache)", "admin, or a node driving a job"),
-    ("node: ObjectMeta, ReadChunk, Status", "members, read"),
+    (
+        "node: ObjectMeta, ReadChunk, NextOutputs, Status",
+        "members, read",
+    ),
     ("node: CleanCache", "members, admin"),
     ("node: every other request", "members"),
 ];

@@ -11,12 +11,14 @@
 //! - [`authz`]: who may send each request and propose each command (one exhaustive,
 //!   pure decision per message, against the verified principal and the leader's state).
 //! - [`client`]: [`client::SchedulerClient`], which knows every replica and follows the leader.
+//! - [`fetch`]: reading an object's bytes from its holder, checksum verified.
 //!
 //! **Invariant:** this crate depends on floe-core, serde and tokio only: no raft, no actix, no
 //! Arrow compute, so every program that talks to a cluster can link it cheaply.
 
 pub mod authz;
 pub mod client;
+pub mod fetch;
 pub mod node_protocol;
 pub mod placement;
 pub mod scheduler_protocol;

@@ -3,6 +3,7 @@
 
 use arrow_schema::Schema;
 use floe_core::fingerprint::FingerprintInputs;
+use floe_core::job::OutputBlock;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::Protocol;
 use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
@@ -387,6 +388,33 @@ pub enum NodeRequest {
     UnloadCachedOutputs {
         loads: Vec<ShardLoad>,
     },
+    /// A long-poll on a streamed job's output, sent to the node running its driver: the
+    /// client has read (and so acknowledges) the first `from` output blocks, and asks for
+    /// the next ones, waiting up to `wait_ms` for one or for the stream's end.
+    NextOutputs {
+        job: JobId,
+        attempt: u32,
+        from: u64,
+        wait_ms: u64,
+    },
+}
+
+/// The next blocks of a streamed job's output, in output order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamedOutputs {
+    /// The index of `blocks[0]` in the job's output (the `from` asked for).
+    pub from: u64,
+    pub blocks: Vec<OutputBlock>,
+    /// How the stream ended, once it has: a complete output after its last block, a failure
+    /// at once (blocks not yet read are freed).
+    pub end: Option<StreamEnd>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StreamEnd {
+    Complete,
+    Failed { message: String },
+    Cancelled,
 }
 
 /// The runs of a job's tasks, as the driver saw them: kept by the node that hosts the driver.
@@ -530,6 +558,9 @@ pub enum NodeResponse {
     Logs(Vec<LogLine>),
     /// The job's task table; none when its driver never ran here (or it was let go).
     Tasks(Option<TaskTable>),
+    /// The next blocks of a streamed output; none when this node runs no driver streaming
+    /// that attempt of the job (it ended, or never ran here).
+    Outputs(Option<StreamedOutputs>),
 }
 
 /// A snapshot of a node's object store use, as the node reports it.

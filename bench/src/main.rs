@@ -18,6 +18,7 @@ mod dataset;
 mod node;
 mod objectstore;
 mod placement;
+mod python;
 mod raft;
 mod s3;
 mod scale;
@@ -152,6 +153,13 @@ enum Bench {
     /// End-to-end: the map pipeline through an identity Python UDF (`python3` with pyarrow)
     /// and natively, in the same run.
     Pyudf(WorkloadArgs),
+    /// Python client: `iter_batches` against the Rust client, `map_batches(lambda b: b)`
+    /// against the native expression and `to_pandas()` against pyarrow, on the map data.
+    Python {
+        /// 1M rows instead of 10M, one run each.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Lifecycle: thousands of mixed jobs on 3 replicas and 2 nodes; after each block, what
     /// the cluster still holds (memory, spill, raft log, state, RSS) and the job latencies.
     Soak {
@@ -218,6 +226,7 @@ fn run(which: Bench, config: &Config) -> anyhow::Result<()> {
         Bench::Rerun(args) => workloads(&[Workload::Rerun], args, config),
         Bench::Spill(args) => workloads(&[Workload::Spill], args, config),
         Bench::Pyudf(args) => workloads(&[Workload::Pyudf], args, config),
+        Bench::Python { quick } => python::run(quick, config),
         Bench::Soak { quick } => soak::run(quick, config),
         Bench::Scale { quick, nodes, jobs } => scale::run(quick, nodes, jobs, config),
         Bench::All(args) => workloads(&Workload::ALL, args, config),

@@ -117,11 +117,11 @@ impl RunConfig {
         }
     }
 
-    fn runs(&self) -> usize {
+    pub(crate) fn runs(&self) -> usize {
         if self.quick { 1 } else { 3 }
     }
 
-    fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         if self.quick { 1_000_000 } else { 10_000_000 }
     }
 }
@@ -144,11 +144,11 @@ fn random_text(
 
 /// What the events data must produce, tallied while it is generated.
 #[derive(Debug, Clone, Default)]
-struct EventsTruth {
-    rows: u64,
+pub(crate) struct EventsTruth {
+    pub(crate) rows: u64,
     bytes: u64,
     /// Σ (value × 2 + 1).
-    map_sum: f64,
+    pub(crate) map_sum: f64,
     /// Rows with value > 0.5.
     filter_count: u64,
     user_id_sum: i64,
@@ -164,9 +164,9 @@ struct RecordsTruth {
     key_xor: i64,
 }
 
-struct Generated<T> {
-    files: Vec<PathBuf>,
-    truth: T,
+pub(crate) struct Generated<T> {
+    pub(crate) files: Vec<PathBuf>,
+    pub(crate) truth: T,
 }
 
 fn events_schema() -> Arc<Schema> {
@@ -243,7 +243,7 @@ fn write_files(
     Ok(files)
 }
 
-fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth>> {
+pub(crate) fn events(config: &RunConfig, rows: u64) -> anyhow::Result<Generated<EventsTruth>> {
     let dir = config.data_dir.join(format!("events-{rows}-{SEED:x}"));
     let schema = events_schema();
     let mut random = SplitMix64(SEED);
@@ -398,12 +398,15 @@ fn peak_rss_mb(dir: &Path) -> Option<f64> {
 // ---- running --------------------------------------------------------------------------
 
 /// Where a workload runs: a local cluster started for it, or the given one.
-struct Target {
-    local: Option<LocalCluster>,
-    client: Client,
+pub(crate) struct Target {
+    pub(crate) local: Option<LocalCluster>,
+    pub(crate) client: Client,
 }
 
-async fn target(config: &RunConfig, node_settings: Vec<String>) -> anyhow::Result<Target> {
+pub(crate) async fn target(
+    config: &RunConfig,
+    node_settings: Vec<String>,
+) -> anyhow::Result<Target> {
     if let Some(address) = &config.address {
         let client = Client::connect(address, &config.token).await?;
         return Ok(Target {
@@ -453,7 +456,7 @@ async fn run_job(
     })
 }
 
-fn no_cache() -> JobOptions {
+pub(crate) fn no_cache() -> JobOptions {
     JobOptions {
         cache: CacheMode::NoCache,
         ..JobOptions::default()
@@ -476,7 +479,7 @@ fn first_value<T: ArrowPrimitiveType>(
     Ok(values.value(0))
 }
 
-fn close(actual: f64, expected: f64) -> bool {
+pub(crate) fn close(actual: f64, expected: f64) -> bool {
     (actual - expected).abs() <= 1e-9 * expected.abs().max(1.0)
 }
 

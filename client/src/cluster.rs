@@ -35,7 +35,8 @@ use std::time::Duration;
 use arrow::ipc::reader::FileReader;
 use arrow::record_batch::RecordBatch;
 use floe_api::client::SchedulerClient;
-use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
+use floe_api::fetch::FetchError;
+use floe_api::node_protocol::NodeProtocol;
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, JobSummary, Outcome};
 use floe_core::auth::ClientToken;
 use floe_core::config::{Config, TlsConfig};
@@ -44,8 +45,8 @@ use floe_core::plan::{LogicalPlan, MaterializedSource, Operator};
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{JobId, NodeId, SubmissionId};
 use tokio::sync::Mutex;
-use xxhash_rust::xxh3::xxh3_64;
 
+use crate::stream::ResultStream;
 use crate::{BatchStream, Dataset, Error, Executor, Registry, Result};
 
 /// How long a waiting handle lets the leader hold its request before it reads the job's
@@ -60,8 +61,6 @@ const REPORT_UNAVAILABLE_AFTER: Duration = Duration::from_secs(3);
 /// How long [`JobHandle::wait`] tries replicas before it gives up: two election timeouts,
 /// with margin.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
-/// Result blocks are read from their node in chunks of this size.
-const READ_CHUNK: u64 = 5 << 20;
 /// The largest frame the client accepts (a chunk plus its envelope).
 const MAX_FRAME_MIB: u64 = 64;
 
@@ -194,12 +193,13 @@ pub struct ReplicaInfo {
     pub commit: u64,
 }
 
-struct Inner {
-    replicas: Vec<String>,
-    wire: WireConfig,
-    scheduler: Mutex<SchedulerClient>,
-    /// The runtime the client was connected on, where a dropped output's release is sent.
-    runtime: tokio::runtime::Handle,
+pub(crate) struct Inner {
+    pub(crate) replicas: Vec<String>,
+    pub(crate) wire: WireConfig,
+    pub(crate) scheduler: Mutex<SchedulerClient>,
+    /// The runtime the client was connected on, where a dropped output's release (or a
+    /// dropped stream's cancel) is sent.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl Inner {
@@ -207,7 +207,7 @@ impl Inner {
         Ok(self.scheduler.lock().await.read_state().await?)
     }
 
-    async fn job(&self, job: JobId) -> Result<JobRecord> {
+    pub(crate) async fn job(&self, job: JobId) -> Result<JobRecord> {
         self.scheduler
             .lock()
             .await
@@ -217,7 +217,7 @@ impl Inner {
     }
 
     /// Commits `command` about `job`; a rejection is [`Error::Refused`] with its reason.
-    async fn propose_for(&self, job: JobId, command: Command) -> Result<Outcome> {
+    pub(crate) async fn propose_for(&self, job: JobId, command: Command) -> Result<Outcome> {
         match self.scheduler.lock().await.propose(command).await? {
             Outcome::Rejected(reason) => Err(Error::Refused { job, reason }),
             outcome => Ok(outcome),
@@ -348,6 +348,28 @@ impl Client {
             .submit_job(bytes, SubmissionId::random(), name)
             .await?;
         Ok(self.job(job))
+    }
+
+    /// Submits `dataset` with `options`, its output streamed to the returned reader as the
+    /// job produces it (with the default buffer unless `options.result` names one). The job
+    /// ends once every block is read; dropping the stream before that cancels it.
+    pub async fn stream_with(
+        &self,
+        dataset: &Dataset,
+        options: JobOptions,
+    ) -> Result<ResultStream> {
+        self.submit_streamed(dataset.plan(), &options).await
+    }
+
+    pub(crate) async fn submit_streamed(
+        &self,
+        plan: &LogicalPlan,
+        options: &JobOptions,
+    ) -> Result<ResultStream> {
+        let job = self
+            .submit_plan(plan, crate::stream::streamed(options), None)
+            .await?;
+        Ok(ResultStream::new(Arc::clone(&self.inner), job.id))
     }
 
     /// A handle on a job submitted earlier (by anyone).
@@ -713,7 +735,7 @@ impl JobOutput {
             lease: Arc::clone(&self.lease),
             blocks: self.blocks.clone(),
             next: 0,
-            addresses: BTreeMap::new(),
+            holders: Holders::default(),
             pending: Vec::new(),
         }
     }
@@ -753,7 +775,7 @@ pub struct BlockReader {
     lease: Arc<OutputLease>,
     blocks: Vec<OutputBlock>,
     next: usize,
-    addresses: BTreeMap<NodeId, String>,
+    holders: Holders,
     /// Batches of the current block not yet returned, last first.
     pending: Vec<RecordBatch>,
 }
@@ -766,6 +788,7 @@ impl BlockReader {
                 return Ok(Some(batch));
             }
             let Some(block) = self.blocks.get(self.next).copied() else {
+                self.holders.close();
                 return Ok(None);
             };
             self.next += 1;
@@ -776,7 +799,7 @@ impl BlockReader {
     }
 
     async fn fetch(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
-        let fetched = self.fetch_from_holder(block).await;
+        let fetched = self.holders.fetch(&self.inner, block).await;
         if matches!(fetched, Err(Error::BlockLost { .. }))
             && let Some(released) = self.inner.why_released(self.lease.job).await
         {
@@ -784,66 +807,77 @@ impl BlockReader {
         }
         fetched
     }
+}
 
-    async fn fetch_from_holder(&mut self, block: &OutputBlock) -> Result<Vec<RecordBatch>> {
-        if !self.addresses.contains_key(&block.node) {
-            let (_, nodes) = self.inner.scheduler.lock().await.alive_nodes().await?;
+/// Reads result blocks from the nodes holding them, with one connection per node kept
+/// between blocks.
+#[derive(Default)]
+pub(crate) struct Holders {
+    addresses: BTreeMap<NodeId, String>,
+    connections: BTreeMap<NodeId, RpcClient<NodeProtocol>>,
+}
+
+impl Holders {
+    /// The node at which `node`'s RPC server listens, asking the scheduler for nodes it does
+    /// not know yet.
+    pub(crate) async fn address(&mut self, inner: &Inner, node: NodeId) -> Result<Option<String>> {
+        if !self.addresses.contains_key(&node) {
+            let (_, nodes) = inner.scheduler.lock().await.alive_nodes().await?;
             self.addresses = nodes.into_iter().map(|node| (node.id, node.rpc)).collect();
         }
-        let addr = self
-            .addresses
-            .get(&block.node)
-            .cloned()
-            .ok_or(Error::BlockLost {
-                object: block.object,
-                node: block.node,
-                reason: "the node is unknown to the scheduler".into(),
-            })?;
+        Ok(self.addresses.get(&node).cloned())
+    }
+
+    /// Closes the connections kept: a node keeps the last chunk it sent on a connection
+    /// pinned until the next request on it, which would delay freeing that block.
+    pub(crate) fn close(&mut self) {
+        self.connections.clear();
+    }
+
+    /// Fetches `block`, checks it against the holder's checksum and decodes it.
+    pub(crate) async fn fetch(
+        &mut self,
+        inner: &Inner,
+        block: &OutputBlock,
+    ) -> Result<Vec<RecordBatch>> {
         let lost = |reason: String| Error::BlockLost {
             object: block.object,
             node: block.node,
             reason,
         };
-        let mut client = RpcClient::<NodeProtocol>::connect(&addr, self.inner.wire.clone())
-            .await
-            .map_err(|error| lost(error.to_string()))?;
-        let request = NodeRequest::ObjectMeta {
-            object: block.object,
-        };
-        let meta = match client.call(&request).await {
-            Ok(NodeResponse::ObjectMeta(meta)) => meta,
-            Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
-            Err(error) => return Err(lost(error.to_string())),
-        };
-        let bytes = match meta.inline {
-            Some(bytes) => bytes.0,
+        let mut client = match self.connections.remove(&block.node) {
+            Some(client) => client,
             None => {
-                // The node's word on the size only guides the first allocation, up to a chunk.
-                let mut bytes =
-                    Vec::with_capacity(usize::try_from(meta.size.min(READ_CHUNK)).unwrap_or(0));
-                while (bytes.len() as u64) < meta.size {
-                    let offset = bytes.len() as u64;
-                    let len = READ_CHUNK.min(meta.size - offset);
-                    // `len` is at most a chunk.
-                    bytes.resize(bytes.len() + len as usize, 0);
-                    let request = NodeRequest::ReadChunk {
-                        object: block.object,
-                        offset,
-                        len,
-                    };
-                    let piece = &mut bytes[offset as usize..];
-                    match client.call_into(&request, piece).await {
-                        Ok(NodeResponse::Chunk) => {}
-                        Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
-                        Err(error) => return Err(lost(error.to_string())),
-                    }
-                }
-                bytes
+                let addr = self
+                    .address(inner, block.node)
+                    .await?
+                    .ok_or_else(|| lost("the node is unknown to the scheduler".into()))?;
+                RpcClient::<NodeProtocol>::connect(&addr, inner.wire.clone())
+                    .await
+                    .map_err(|error| lost(error.to_string()))?
             }
         };
-        if xxh3_64(&bytes) != meta.checksum {
-            return Err(lost("its bytes arrived damaged (checksum mismatch)".into()));
-        }
+        let batches = Self::read(&mut client, block).await?;
+        // Kept only after a clean read: a failed one may have left the connection mid-reply.
+        self.connections.insert(block.node, client);
+        Ok(batches)
+    }
+
+    async fn read(
+        client: &mut RpcClient<NodeProtocol>,
+        block: &OutputBlock,
+    ) -> Result<Vec<RecordBatch>> {
+        let lost = |reason: String| Error::BlockLost {
+            object: block.object,
+            node: block.node,
+            reason,
+        };
+        let bytes = floe_api::fetch::fetch_object(client, block.object)
+            .await
+            .map_err(|error| match error {
+                FetchError::Unexpected(answer) => Error::Unexpected(answer),
+                error => lost(error.to_string()),
+            })?;
         let reader = FileReader::try_new(Cursor::new(bytes), None)
             .map_err(|error| lost(format!("not an Arrow block: {error}")))?;
         reader
@@ -890,20 +924,15 @@ impl ClusterExecutor {
 
 impl Executor for ClusterExecutor {
     fn execute<'a>(&'a self, plan: &LogicalPlan, _udfs: &'a Registry) -> Result<BatchStream<'a>> {
-        let output = self.runtime.block_on(async {
-            let job = self
-                .client
-                .submit_plan(plan, self.options.clone(), None)
-                .await?;
-            job.wait().await
-        })?;
-        let mut reader = output.stream();
+        let mut stream = self
+            .runtime
+            .block_on(self.client.submit_streamed(plan, &self.options))?;
         let mut failed = false;
         Ok(Box::new(std::iter::from_fn(move || {
             if failed {
                 return None;
             }
-            let next = self.runtime.block_on(reader.next_batch()).transpose();
+            let next = self.runtime.block_on(stream.next_batch()).transpose();
             failed = matches!(next, Some(Err(_)));
             next
         })))

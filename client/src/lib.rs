@@ -64,12 +64,16 @@ pub use floe_engine::local::LocalOutput;
 mod cluster;
 pub mod jobspec;
 pub mod local;
+mod stream;
 pub use cluster::{
     BlockReader, Client, ClusterExecutor, ClusterInfo, JobHandle, JobInfo, JobOutput, JobState,
     LocalCluster, LocalClusterDir, LocalClusterOptions, NodeInfo, ReplicaInfo, WaitEvent,
     WaitOptions, find_floe_binary,
 };
-pub use floe_core::job::{CacheMode, JobOptions, JobProgress, JobStats, OperatorStats};
+pub use floe_core::job::{
+    CacheMode, JobOptions, JobProgress, JobStats, OperatorStats, ResultDelivery,
+};
+pub use stream::{DEFAULT_STREAM_BUFFER_BYTES, ResultStream};
 
 pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 pub use floe_core::plan::{
@@ -111,6 +115,13 @@ pub enum Error {
     WaitTimedOut {
         job: floe_core::JobId,
         after: std::time::Duration,
+    },
+    #[error(
+        "job {job}'s result stream broke off: {reason}; run the job again (cached stages are reused)"
+    )]
+    StreamInterrupted {
+        job: floe_core::JobId,
+        reason: String,
     },
     #[error("job {0} was cancelled")]
     JobCancelled(floe_core::JobId),

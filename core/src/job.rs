@@ -21,10 +21,27 @@ pub enum CacheMode {
     NoCache,
 }
 
+/// How a job hands its output blocks to the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResultDelivery {
+    /// The job ends when its output is complete; the blocks stay held for the client until
+    /// it releases them (or `jobs.result_ttl` passes), and `FinishJob` lists them.
+    #[default]
+    Held,
+    /// The driver's node hands each output block to the client as the job produces it
+    /// (`NextOutputs`, a long-poll that also acknowledges what the client has read), and
+    /// the driver frees each block once acknowledged. Production of the final operator
+    /// pauses while more than `buffer_bytes` of output wait unacknowledged; the job ends
+    /// only when the client has acknowledged every block, so it holds nothing afterwards.
+    Streamed { buffer_bytes: u64 },
+}
+
 /// Per-job settings besides the plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobOptions {
     pub cache: CacheMode,
+    /// Held for the client, or streamed to it.
+    pub result: ResultDelivery,
     /// How many times a failed task is run again before the job fails.
     pub max_task_retries: u32,
     /// The share of the cluster's object-store memory the job may keep in flight, in
@@ -36,6 +53,7 @@ impl Default for JobOptions {
     fn default() -> Self {
         Self {
             cache: CacheMode::Reuse,
+            result: ResultDelivery::Held,
             max_task_retries: 3,
             object_store_budget_permille: 500,
         }

@@ -103,6 +103,7 @@ fn encode(plan: &LogicalPlan) -> Vec<u8> {
         plan: plan.clone(),
         options: JobOptions {
             cache: CacheMode::Recompute,
+            result: floe_core::job::ResultDelivery::Held,
             max_task_retries: 2,
             object_store_budget_permille: 400,
         },

@@ -17,15 +17,16 @@ pub mod cluster;
 mod execute;
 mod plan;
 mod sinks;
+pub mod stream;
 pub mod tasks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floe_api::node_protocol::NodeRequest;
+use floe_api::node_protocol::{NodeRequest, StreamEnd};
 use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
 use floe_core::config::AllowedPaths;
-use floe_core::job::{CacheMode, JobSpec, JobStats};
+use floe_core::job::{CacheMode, JobSpec, JobStats, ResultDelivery};
 use floe_core::wire::WireConfig;
 use floe_core::{JobId, NodeId};
 
@@ -66,6 +67,8 @@ pub struct DriverConfig {
     pub allowed_paths: AllowedPaths,
     /// Where the driver records its task runs, which its node serves to the dashboard.
     pub tasks: tasks::TaskBoard,
+    /// Where a driver streaming its result publishes it, which its node serves to clients.
+    pub streams: stream::ResultStreams,
 }
 
 /// Runs attempt `attempt` of `job` to its end and commits the outcome. Errors mean the outcome
@@ -96,10 +99,27 @@ pub async fn drive<C: ClusterAccess>(
     if attempt > 1 {
         free_earlier_attempts(cluster.as_ref(), job).await;
     }
+    // Owned here, so the stream ends (and leaves the node) when the driver does.
+    let mut publisher = None;
     let mut outcome = match JobSpec::decode(&record.spec) {
         Err(error) => failed(attempt, format!("the job spec is invalid: {error}")),
-        Ok(spec) => plan_and_run(&config, &cluster, job, attempt, &spec).await?,
+        Ok(spec) => {
+            if let ResultDelivery::Streamed { .. } = spec.options.result {
+                publisher = Some(config.streams.open(job, attempt));
+            }
+            let stream = publisher.as_ref().map(stream::StreamPublisher::handle);
+            plan_and_run(&config, &cluster, job, attempt, &spec, stream).await?
+        }
     };
+    if let Some(publisher) = &publisher {
+        publisher.end(match &outcome.status {
+            JobStatus::Failed { message } => StreamEnd::Failed {
+                message: message.clone(),
+            },
+            JobStatus::Cancelled => StreamEnd::Cancelled,
+            JobStatus::Succeeded | JobStatus::Pending | JobStatus::Running => StreamEnd::Complete,
+        });
+    }
     outcome.stats.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(%job, attempt, status = outcome.status.name(), "driver finished");
     match cluster
@@ -133,6 +153,7 @@ async fn plan_and_run<C: ClusterAccess>(
     job: JobId,
     attempt: u32,
     spec: &JobSpec,
+    stream: Option<stream::StreamHandle>,
 ) -> Result<JobOutcome> {
     let mut plans = 0;
     loop {
@@ -165,9 +186,19 @@ async fn plan_and_run<C: ClusterAccess>(
             attempt,
             spec.options.clone(),
             operators,
+            stream.clone(),
         );
         let mut finished = run.run().await;
         let again = !finished.stale_cache.is_empty() && plans < MAX_PLANS;
+        // A second plan would stream its output again from the start.
+        if again && stream.as_ref().is_some_and(|stream| stream.published() > 0) {
+            sinks::discard(&staged);
+            return Ok(failed(
+                attempt,
+                "cached shards vanished after part of the result was streamed; run the job again"
+                    .into(),
+            ));
+        }
         if finished.outcome.status != JobStatus::Succeeded || again {
             sinks::discard(&staged);
         } else if let Err(error) = sinks::publish(&staged) {

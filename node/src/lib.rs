@@ -36,6 +36,7 @@ use floe_core::wire::{
     AttachedReply, Handler, Peer, RemoteError, RemoteErrorKind, RpcServer, WireConfig,
 };
 use floe_core::{ActorId, Config, Fingerprint, JobId, NodeId, ObjectId, WireError};
+use floe_driver::stream::ResultStreams;
 use floe_driver::tasks::TaskBoard;
 use floe_objectstore::block;
 use floe_objectstore::cache::{
@@ -68,6 +69,9 @@ const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
 const UDF_RETIRE_AFTER: Duration = Duration::from_secs(120);
 /// How often hosted actors are checked against the scheduler's records.
 const ACTOR_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+/// The longest a `NextOutputs` long-poll is held: well under the 30 s read timeout a client
+/// waits for an answer with.
+const MAX_OUTPUTS_WAIT: Duration = Duration::from_secs(10);
 
 use self::transfer::Transfers;
 use self::worker::WorkerTask;
@@ -169,6 +173,8 @@ struct Shared {
     data_dir: PathBuf,
     /// The task tables of the drivers run here, which `JobTasks` answers from.
     task_board: TaskBoard,
+    /// The streamed results of the drivers run here, which `NextOutputs` answers from.
+    result_streams: ResultStreams,
     /// Records and forgets this node's cache shards in the index; held for the whole of an
     /// indexing or a clean, so the two never interleave.
     cache_index: tokio::sync::Mutex<SchedulerClient>,
@@ -798,6 +804,18 @@ impl Handler<NodeProtocol> for Service {
                 shared.clean_cache(keep_bytes).await.map(cache_removed)
             }
             NodeRequest::JobTasks { job } => Ok(NodeResponse::Tasks(shared.task_board.table(job))),
+            NodeRequest::NextOutputs {
+                job,
+                attempt,
+                from,
+                wait_ms,
+            } => {
+                // Bounded below the client's read timeout, so a poll never times out there.
+                let wait = Duration::from_millis(wait_ms).min(MAX_OUTPUTS_WAIT);
+                let next = shared.result_streams.next(job, attempt, from, wait).await;
+                next.map(NodeResponse::Outputs)
+                    .map_err(|message| RemoteError::new(RemoteErrorKind::BadRequest, message))
+            }
             NodeRequest::ReadLogs(query) => {
                 let data_dir = shared.data_dir.clone();
                 let lines = blocking(move || logs::read_logs(&data_dir, &query)).await?;
@@ -891,6 +909,7 @@ impl NodeAgent {
             tasks_failed: AtomicU64::new(0),
             data_dir: data_dir.clone(),
             task_board: TaskBoard::default(),
+            result_streams: ResultStreams::default(),
         });
         let bind = SocketAddr::new(config.net.bind_host, config.node.rpc_port);
         let server = RpcServer::bind::<NodeProtocol, _>(
@@ -933,6 +952,7 @@ impl NodeAgent {
             progress_interval: config.node.progress_interval(),
             allowed_paths: config.data.allowed(),
             tasks: shared.task_board.clone(),
+            streams: shared.result_streams.clone(),
         }));
         tracing::info!(%node, addr = %server.local_addr(), workers, "node registered");
         // Said at start-up, so a roots list emptied by mistake (an unset variable in a unit

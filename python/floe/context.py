@@ -10,6 +10,8 @@ from . import _floe
 
 _lock = threading.Lock()
 _session = None
+# Whether the session's jobs read and write the fingerprint cache.
+_cache = True
 
 
 def _find_binary():
@@ -22,16 +24,17 @@ def _find_binary():
     return binary
 
 
-def init(num_nodes=1, workers_per_node=0, node_settings=()):
+def init(num_nodes=1, workers_per_node=0, node_settings=(), *, cache=True):
     """Starts a local cluster (a scheduler and `num_nodes` nodes of the `floe` binary on
     loopback, in a temporary directory) and makes it this process's session; it is stopped
     when the process exits, or by `floe.shutdown()`.
 
     Its nodes run Python functions (`map_batches(fn)`) with this interpreter, as inline code:
     the local cluster sets `node.udf_allow_inline = true` and `node.udf_commands` to
-    `sys.executable` for that (docs/SECURITY_UDF.md).
+    `sys.executable` for that (docs/SECURITY_UDF.md). `cache=False` runs every job of the
+    session without the fingerprint cache (neither reused nor written), as benchmarks need.
     """
-    global _session
+    global _session, _cache
     with _lock:
         if _session is not None:
             raise _floe.FloeError("floe is already initialized; call floe.shutdown() first")
@@ -43,13 +46,15 @@ def init(num_nodes=1, workers_per_node=0, node_settings=()):
         _session = _floe.Session.start_local(
             _find_binary(), num_nodes, workers_per_node, list(settings)
         )
+        _cache = cache
         return _session
 
 
-def connect(address=None, token=None):
+def connect(address=None, token=None, *, cache=True):
     """Connects to a running cluster: `address` is `"h1:7700,h2:7700"` (default
-    `FLOE_ADDRESS`), `token` a client token (default `FLOE_TOKEN`, then `FLOE_CLIENT_TOKEN`)."""
-    global _session
+    `FLOE_ADDRESS`), `token` a client token (default `FLOE_TOKEN`, then `FLOE_CLIENT_TOKEN`).
+    `cache=False` runs the session's jobs without the fingerprint cache."""
+    global _session, _cache
     address = address or os.environ.get("FLOE_ADDRESS")
     token = token or os.environ.get("FLOE_TOKEN") or os.environ.get("FLOE_CLIENT_TOKEN")
     if not address:
@@ -61,7 +66,13 @@ def connect(address=None, token=None):
         if _session is not None:
             raise _floe.FloeError("floe is already initialized; call floe.shutdown() first")
         _session = _floe.Session.connect(addresses, token)
+        _cache = cache
         return _session
+
+
+def cache_enabled():
+    """Whether the session's jobs use the fingerprint cache (`init`/`connect`'s `cache`)."""
+    return _cache
 
 
 def is_initialized():

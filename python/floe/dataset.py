@@ -222,12 +222,16 @@ class Dataset:
     # ---- consumers --------------------------------------------------------------------
 
     def _run(self, plan=None):
-        job = context.session().run(plan or self._plan)
+        job = context.session().run(plan or self._plan, context.cache_enabled())
         self._last_job = job
         return job
 
-    def _reader(self):
-        return self._run().reader()
+    def _stream(self):
+        """The result's schema and its batches, which arrive as the job produces them."""
+        job = context.session().stream(self._plan, context.cache_enabled())
+        self._last_job = job
+        reader = job.reader()
+        return reader.schema, _raising(job, reader)
 
     def count(self):
         return self._run().rows
@@ -242,7 +246,8 @@ class Dataset:
         return self._plan.fingerprint()
 
     def to_arrow(self):
-        return self._reader().read_all()
+        schema, batches = self._stream()
+        return pa.Table.from_batches(list(batches), schema=schema)
 
     def to_pandas(self):
         return self.to_arrow().to_pandas()
@@ -260,11 +265,12 @@ class Dataset:
 
     def iter_batches(self, *, batch_size=None, batch_format="pyarrow"):
         """Batches of `batch_size` rows (the result blocks as they are when None), as pyarrow
-        RecordBatches, pandas DataFrames or dicts of numpy arrays; blocks are fetched from the
-        nodes as the iteration reaches them."""
+        RecordBatches, pandas DataFrames or dicts of numpy arrays. The result streams: the
+        first batch comes as soon as the job has made it, the cluster pauses the job while
+        this loop lags, and leaving the loop early cancels the job."""
         if batch_format not in BATCH_FORMATS:
             raise ValueError("batch_format must be one of %s, got %r" % (", ".join(BATCH_FORMATS), batch_format))
-        for batch in _rebatch(self._reader(), batch_size):
+        for batch in _rebatch(self._stream()[1], batch_size):
             yield floe_udf._to_format(batch, batch_format)
 
     def materialize(self):
@@ -352,6 +358,16 @@ def _installed(module_name):
     path = getattr(module, "__file__", None) or ""
     roots = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib")}
     return module is None or not path or any(path.startswith(root) for root in roots)
+
+
+def _raising(job, reader):
+    """The reader's batches; an error that ends the stream is raised as floe raises it
+    (`JobError` for a failed job), not as pyarrow's text of it."""
+    try:
+        yield from reader
+    except Exception:
+        job.raise_failure()
+        raise
 
 
 def _rebatch(reader, batch_size):

@@ -14,8 +14,8 @@ use arrow::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use floe_client::{
     AggFunction, Aggregation, BlockReader, CacheMode, Client, Concurrency, Dataset, Expr,
-    FileFormat, JobOptions, JobOutput, JoinType, LocalCluster, LocalClusterOptions, ProcessUdf,
-    SortKey, WriteMode, WriteOptions,
+    FileFormat, JobHandle, JobOptions, JobOutput, JoinType, LocalCluster, LocalClusterOptions,
+    ProcessUdf, ResultStream, SortKey, WriteMode, WriteOptions,
 };
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -560,14 +560,7 @@ impl PySession {
     /// Submits `dataset` and waits for the job to end.
     #[pyo3(signature = (dataset, cache=true))]
     fn run(&self, py: Python<'_>, dataset: &PyDataset, cache: bool) -> PyResult<PyJob> {
-        let options = JobOptions {
-            cache: if cache {
-                CacheMode::Reuse
-            } else {
-                CacheMode::NoCache
-            },
-            ..JobOptions::default()
-        };
+        let options = job_options(cache);
         let output = py
             .allow_threads(|| {
                 self.runtime.block_on(async {
@@ -581,6 +574,36 @@ impl PySession {
             runtime: Arc::clone(&self.runtime),
             schema: Arc::new(dataset.0.schema().clone()),
         })
+    }
+
+    /// Submits `dataset` with its result streamed to this session as the job produces it.
+    #[pyo3(signature = (dataset, cache=true))]
+    fn stream(&self, py: Python<'_>, dataset: &PyDataset, cache: bool) -> PyResult<PyStream> {
+        let options = job_options(cache);
+        let stream = py
+            .allow_threads(|| {
+                self.runtime
+                    .block_on(self.client.stream_with(&dataset.0, options))
+            })
+            .map_err(raise)?;
+        Ok(PyStream {
+            job: self.client.job(stream.job()),
+            stream: Mutex::new(Some(stream)),
+            failure: Arc::new(Mutex::new(None)),
+            runtime: Arc::clone(&self.runtime),
+            schema: Arc::new(dataset.0.schema().clone()),
+        })
+    }
+}
+
+fn job_options(cache: bool) -> JobOptions {
+    JobOptions {
+        cache: if cache {
+            CacheMode::Reuse
+        } else {
+            CacheMode::NoCache
+        },
+        ..JobOptions::default()
     }
 }
 
@@ -622,21 +645,106 @@ impl PyJob {
     /// The result blocks as a `pyarrow.RecordBatchReader`, fetched from the nodes as it is read.
     fn reader<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let reader = ResultReader {
-            blocks: self.output.stream(),
+            blocks: Blocks::Held(self.output.stream()),
             runtime: Arc::clone(&self.runtime),
             schema: Arc::clone(&self.schema),
             ended: false,
+            failure: None,
         };
         export_reader(py, Box::new(reader))
     }
 }
 
+/// A job whose result streams to the session: read once, as the job produces it. Dropping
+/// its reader before the end cancels the job.
+#[pyclass(module = "floe._floe", name = "Stream", frozen)]
+struct PyStream {
+    job: JobHandle,
+    /// Until `reader` takes it.
+    stream: Mutex<Option<ResultStream>>,
+    /// The error that ended the stream, kept for `raise_failure`: pyarrow sees only its text.
+    failure: Arc<Mutex<Option<floe_client::Error>>>,
+    runtime: Arc<tokio::runtime::Runtime>,
+    schema: SchemaRef,
+}
+
+#[pymethods]
+impl PyStream {
+    #[getter]
+    fn id(&self) -> String {
+        self.job.id().to_string()
+    }
+
+    /// The result as a `pyarrow.RecordBatchReader` whose batches arrive as the job makes them.
+    fn reader<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stream = self
+            .stream
+            .lock()
+            .map_err(|_| FloeError::new_err("the stream's lock is poisoned"))?
+            .take()
+            .ok_or_else(|| FloeError::new_err("a streamed result can be read only once"))?;
+        let reader = ResultReader {
+            blocks: Blocks::Streamed(stream),
+            runtime: Arc::clone(&self.runtime),
+            schema: Arc::clone(&self.schema),
+            ended: false,
+            failure: Some(Arc::clone(&self.failure)),
+        };
+        export_reader(py, Box::new(reader))
+    }
+
+    /// Raises the error that ended the stream as its own exception (`JobError` for a failed
+    /// or cancelled job), if one did; pyarrow's reader raised only its text.
+    fn raise_failure(&self) -> PyResult<()> {
+        let failure = self
+            .failure
+            .lock()
+            .map_err(|_| FloeError::new_err("the stream's lock is poisoned"))?
+            .take();
+        failure.map_or(Ok(()), |error| Err(raise(error)))
+    }
+
+    /// The job's stats as JSON, once it has ended (a streamed job ends when its result has
+    /// been read to the end).
+    fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
+        let stats = py
+            .allow_threads(|| self.runtime.block_on(self.job.stats()))
+            .map_err(raise)?
+            .ok_or_else(|| {
+                FloeError::new_err(format!(
+                    "job {} has not ended: a streamed job ends once its result is read to the end",
+                    self.job.id()
+                ))
+            })?;
+        serde_json::to_string(&stats).map_err(|error| FloeError::new_err(error.to_string()))
+    }
+}
+
+/// Where a reader's batches come from.
+enum Blocks {
+    /// A finished job's held output.
+    Held(BlockReader),
+    /// A running job's streamed output.
+    Streamed(ResultStream),
+}
+
+impl Blocks {
+    async fn next_batch(&mut self) -> floe_client::Result<Option<RecordBatch>> {
+        match self {
+            Blocks::Held(reader) => reader.next_batch().await,
+            Blocks::Streamed(stream) => stream.next_batch().await,
+        }
+    }
+}
+
 /// A job's result blocks as an Arrow reader, each block with the plan's schema.
 struct ResultReader {
-    blocks: BlockReader,
+    blocks: Blocks,
     runtime: Arc<tokio::runtime::Runtime>,
     schema: SchemaRef,
     ended: bool,
+    /// Where the error that ends the stream is kept, when someone asks for it.
+    failure: Option<Arc<Mutex<Option<floe_client::Error>>>>,
 }
 
 impl Iterator for ResultReader {
@@ -652,7 +760,13 @@ impl Iterator for ResultReader {
                 self.ended = true;
                 return None;
             }
-            Err(error) => Err(ArrowError::ExternalError(Box::new(error))),
+            Err(error) => {
+                let text = ArrowError::ExternalError(error.to_string().into());
+                if let Some(Ok(mut slot)) = self.failure.as_ref().map(|slot| slot.lock()) {
+                    *slot = Some(error);
+                }
+                Err(text)
+            }
         };
         self.ended = next.is_err();
         Some(next)
@@ -671,6 +785,7 @@ fn _floe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDataset>()?;
     m.add_class::<PySession>()?;
     m.add_class::<PyJob>()?;
+    m.add_class::<PyStream>()?;
     m.add_function(wrap_pyfunction!(col, m)?)?;
     m.add_function(wrap_pyfunction!(lit, m)?)?;
     m.add("FloeError", m.py().get_type::<FloeError>())?;

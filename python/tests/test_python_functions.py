@@ -137,3 +137,45 @@ def test_a_rerun_in_a_new_process_hits_the_cache_and_an_edit_misses_it(cluster):
     edited = _run_script(cluster, 4)
     assert edited["total"] == 4 * sum(range(300))
     assert edited["cache_hits"] == 0, edited
+
+
+def test_iter_batches_streams_the_first_batch_while_the_rest_of_the_job_waits(cluster, tmp_path):
+    # Every task after the first waits for `go`, which only this loop creates once it holds
+    # a batch: the first batch can only arrive while the job is still running.
+    go = tmp_path / "go"
+    rows_per_task = 4 * 8192
+    total = 4 * rows_per_task
+
+    def held_back(batch):
+        import pathlib
+        import time
+
+        if batch.num_rows and batch.column("id")[0].as_py() >= rows_per_task:
+            deadline = time.monotonic() + 120
+            while not pathlib.Path(go).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return batch
+
+    ds = floe.range(total).map_batches(held_back).with_column("twice", floe.col("id") * 2)
+    batches = ds.iter_batches(batch_format="pyarrow")
+    first = next(batches)
+    assert not go.exists()
+    assert first.column("id")[0].as_py() == 0
+    go.touch()
+    rest = list(batches)
+    table = pa.Table.from_batches([first, *rest])
+    assert table.column("id").to_pylist() == list(range(total))
+    assert table.column("twice").to_pylist() == [i * 2 for i in range(total)]
+
+
+def test_a_job_failing_mid_stream_raises_its_error_from_the_loop(cluster):
+    def fail_late(batch):
+        if batch.num_rows and batch.column("id")[0].as_py() >= 3 * 8192:
+            raise RuntimeError("late failure at %d" % batch.column("id")[0].as_py())
+        return batch
+
+    ds = floe.range(8 * 8192).map_batches(fail_late)
+    with pytest.raises(floe.JobError) as raised:
+        for _ in ds.iter_batches():
+            pass
+    assert "late failure at" in str(raised.value)

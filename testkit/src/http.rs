@@ -17,6 +17,14 @@ pub struct Response {
     pub body: String,
 }
 
+/// A response whose body is bytes (an Arrow stream), with its content type.
+#[derive(Debug)]
+pub struct BinaryResponse {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+}
+
 impl Response {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body)
@@ -112,13 +120,28 @@ fn auth_header(auth: &str) -> Vec<(&'static str, &str)> {
 }
 
 fn exchange(
-    mut stream: impl Read + Write,
+    stream: impl Read + Write,
     method: &str,
     addr: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
+    let response = exchange_bytes(stream, method, addr, path, headers, body);
+    Response {
+        status: response.status,
+        body: String::from_utf8_lossy(&response.body).into_owned(),
+    }
+}
+
+fn exchange_bytes(
+    mut stream: impl Read + Write,
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> BinaryResponse {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -144,15 +167,26 @@ fn exchange(
             break;
         }
     }
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let body = &raw[end + 4..];
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if header(head, "transfer-encoding").is_some_and(|v| v == "chunked") {
+    let body = if header(&head, "transfer-encoding").is_some_and(|v| v == "chunked") {
+        assert!(
+            response_complete(&raw),
+            "GET {path}: the server ended the response before its last chunk \
+             ({} bytes of body)",
+            body.len()
+        );
         unchunk(body)
     } else {
         body.to_owned()
     };
-    Response { status, body }
+    BinaryResponse {
+        status,
+        content_type: header(&head, "content-type").map(str::to_owned),
+        body,
+    }
 }
 
 fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
@@ -177,15 +211,17 @@ fn response_complete(raw: &[u8]) -> bool {
     false
 }
 
-fn unchunk(mut body: &str) -> String {
-    let mut out = String::new();
+fn unchunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
     loop {
-        let (size, rest) = body.split_once("\r\n").unwrap();
+        let line = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = std::str::from_utf8(&body[..line]).unwrap();
         let size = usize::from_str_radix(size.trim(), 16).unwrap();
         if size == 0 {
             return out;
         }
-        out.push_str(&rest[..size]);
+        let rest = &body[line + 2..];
+        out.extend_from_slice(&rest[..size]);
         body = &rest[size + 2..];
     }
 }
@@ -194,6 +230,12 @@ fn unchunk(mut body: &str) -> String {
 pub fn get(addr: &str, path: &str, token: &str) -> Response {
     let auth = bearer(token);
     request("GET", addr, path, &auth_header(&auth), b"")
+}
+
+/// A GET with `token` as the bearer token whose body is kept as bytes.
+pub fn get_bytes(addr: &str, path: &str, token: &str) -> BinaryResponse {
+    let auth = bearer(token);
+    exchange_bytes(connect(addr), "GET", addr, path, &auth_header(&auth), b"")
 }
 
 /// A JSON POST with `token` as the bearer token (none when empty).

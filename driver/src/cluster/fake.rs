@@ -578,6 +578,7 @@ impl FakeCluster {
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }
             | NodeRequest::ReadLogs(_)
+            | NodeRequest::NextOutputs { .. }
             | NodeRequest::JobTasks { .. } => {
                 return Err(refused(format!(
                     "the fake cluster does not serve {request:?}"

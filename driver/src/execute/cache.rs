@@ -154,7 +154,7 @@ impl<C: ClusterAccess> Execution<C> {
                 lineage: target.lineage,
                 rank,
                 count,
-                blocks,
+                blocks: blocks.clone(),
                 schema,
                 overwrite: target.overwrite,
             };
@@ -179,7 +179,11 @@ impl<C: ClusterAccess> Execution<C> {
                 Ok(())
             }
             .await;
-            let _ = events.send(Event::CacheWritten { op: index, result });
+            let _ = events.send(Event::CacheWritten {
+                op: index,
+                blocks,
+                result,
+            });
         });
     }
 

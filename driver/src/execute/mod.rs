@@ -30,6 +30,7 @@ mod cache;
 mod lineage;
 mod operator;
 mod shuffle;
+mod streaming;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use floe_api::state::{JobOutcome, JobStatus};
 use floe_core::job::{
-    JobOptions, JobProgress, JobStats, OperatorProgress, OperatorStats, OutputBlock,
+    JobOptions, JobProgress, JobStats, OperatorProgress, OperatorStats, OutputBlock, ResultDelivery,
 };
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use tokio::sync::mpsc;
@@ -48,6 +49,7 @@ use tokio::sync::mpsc;
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
 use crate::plan::{Planned, SourceTask, Work};
+use crate::stream::StreamHandle;
 use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad};
 
 use self::aggregators::AggregatorError;
@@ -57,6 +59,7 @@ use self::cache::CacheWriteError;
 pub(crate) use self::cache::{StaleShard, remove_old_shards};
 use self::lineage::Lineage;
 use self::operator::{OperatorPhase, OperatorState};
+use self::streaming::OutputStream;
 use self::task::{Launch, RunFailure};
 
 /// Failures to reach a node or the scheduler (not the task's own failures) are retried this
@@ -85,9 +88,10 @@ enum Event {
         node: Option<NodeId>,
         result: Result<Vec<OutputRef>, RunFailure>,
     },
-    /// A cache shard of operator `op` was written and recorded, or not.
+    /// A cache shard of operator `op` was written from `blocks` and recorded, or not.
     CacheWritten {
         op: usize,
+        blocks: Vec<ObjectId>,
         result: Result<(), CacheWriteError>,
     },
     /// A task to run again after a pause.
@@ -136,6 +140,8 @@ pub(crate) struct Execution<C: ClusterAccess> {
     failure: Option<String>,
     stale_cache: BTreeSet<StaleShard>,
     limits: Limits,
+    /// The client's stream of the output, when the job streams it.
+    stream: Option<OutputStream>,
 }
 
 impl<C: ClusterAccess> Execution<C> {
@@ -146,6 +152,7 @@ impl<C: ClusterAccess> Execution<C> {
         attempt: u32,
         options: JobOptions,
         planned: Planned,
+        stream: Option<StreamHandle>,
     ) -> Self {
         let mut ops: Vec<OperatorState> = planned
             .operators
@@ -192,6 +199,12 @@ impl<C: ClusterAccess> Execution<C> {
             .collect();
         let (events_tx, events) = mpsc::unbounded_channel();
         config.tasks.start_job(job, attempt);
+        let stream = match (stream, options.result) {
+            (Some(handle), ResultDelivery::Streamed { buffer_bytes }) => {
+                Some(OutputStream::new(handle, buffer_bytes))
+            }
+            _ => None,
+        };
         Self {
             config,
             cluster,
@@ -214,6 +227,7 @@ impl<C: ClusterAccess> Execution<C> {
             failure: None,
             stale_cache: BTreeSet::new(),
             limits: Limits::default(),
+            stream,
         }
     }
 
@@ -243,7 +257,9 @@ impl<C: ClusterAccess> Execution<C> {
                         self.apply(event);
                     }
                 }
+                () = streaming::next_ack(&mut self.stream) => self.stream_acked(),
                 _ = progress.tick() => {
+                    self.check_stream_abandoned();
                     // Learns of nodes committed dead, for tasks waiting on them.
                     match self.cluster.learn_deaths().await {
                         Ok(()) => self.replace_dead_aggregators(),
@@ -257,9 +273,11 @@ impl<C: ClusterAccess> Execution<C> {
                 }
             }
         }
+        // A streamed output was read and freed as it went: there is nothing to recover.
+        let held = self.stream.is_none();
         if self.failure.is_some() || cancelled {
             self.cancel_running().await;
-        } else {
+        } else if held {
             self.recover_lost_outputs().await;
         }
         for index in 0..self.ops.len() {
@@ -273,7 +291,7 @@ impl<C: ClusterAccess> Execution<C> {
             (None, true) => JobStatus::Cancelled,
             (None, false) => JobStatus::Succeeded,
         };
-        let keep: BTreeSet<ObjectId> = if status == JobStatus::Succeeded {
+        let keep: BTreeSet<ObjectId> = if status == JobStatus::Succeeded && held {
             self.outputs.iter().copied().collect()
         } else {
             BTreeSet::new()
@@ -282,7 +300,7 @@ impl<C: ClusterAccess> Execution<C> {
         self.free_all_except(&keep).await;
         self.unload_cached_outputs(&keep).await;
         let spilled_after = self.spilled_bytes().await;
-        let outputs = if status == JobStatus::Succeeded {
+        let outputs = if status == JobStatus::Succeeded && held {
             self.output_blocks()
         } else {
             Vec::new()
@@ -305,6 +323,7 @@ impl<C: ClusterAccess> Execution<C> {
 
     fn finished(&self) -> bool {
         self.cache_writes == 0
+            && self.stream_drained()
             && self.running.is_empty()
             && self
                 .ops
@@ -319,8 +338,9 @@ impl<C: ClusterAccess> Execution<C> {
                 self.running.remove(&launch.task);
                 self.requeue(op, launch);
             }
-            Event::CacheWritten { op, result } => {
+            Event::CacheWritten { op, blocks, result } => {
                 self.cache_writes -= 1;
+                self.stream_cache_written(&blocks);
                 if let Err(error) = result {
                     tracing::warn!(job = %self.job, operator = %self.ops[op].name, %error, "a cache shard was not written");
                 }

@@ -331,11 +331,15 @@ impl<C: ClusterAccess> Execution<C> {
     pub(super) fn launch_eligible(&mut self) {
         loop {
             let over_budget = self.limits.over_budget(self.queued_bytes());
+            // The client lags: the final operator waits (rebuilds still run).
+            let stream_full = self.stream_full();
             let chosen = (0..self.ops.len())
                 .filter(|&index| {
                     let op = &self.ops[index];
-                    op.ready.front().is_some_and(|launch| op.starts(launch))
-                        && op.running < self.limits.concurrency_cap
+                    op.ready.front().is_some_and(|launch| {
+                        op.starts(launch)
+                            && !(index == self.output && stream_full && !launch.rebuild)
+                    }) && op.running < self.limits.concurrency_cap
                         && !(op.is_source() && over_budget)
                 })
                 .min_by_key(|&index| self.out_queue(index));
@@ -370,9 +374,12 @@ impl<C: ClusterAccess> Execution<C> {
             }
             if index == self.output {
                 self.outputs.extend(bundle.blocks.iter().copied());
+                self.publish_outputs(&bundle.blocks);
             }
             let consumers = self.ops[index].consumers.clone();
-            let pin = index == self.output || self.ops[index].cache.is_some();
+            // A streamed output is the client's to acknowledge, not the job's to keep.
+            let held_output = index == self.output && self.stream.is_none();
+            let pin = held_output || self.ops[index].cache.is_some();
             for block in &bundle.blocks {
                 // Added, not set: a union re-emits blocks it took from its input.
                 *self.refs.entry(*block).or_insert(0) += consumers.len();

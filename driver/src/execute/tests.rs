@@ -58,6 +58,7 @@ fn driver_config() -> Arc<DriverConfig> {
         max_block_bytes: 1 << 20,
         batch_rows: BATCH_ROWS,
         progress_interval: Duration::from_millis(10),
+        streams: crate::stream::ResultStreams::default(),
         allowed_paths: floe_core::config::AllowedPaths::any(),
         tasks: Default::default(),
     })
@@ -747,4 +748,74 @@ async fn progress_counts_rows_as_tasks_finish_under_the_fused_name() {
             .any(|operator| operator.rows_done > 0 && operator.rows_done < n),
         "no report while the job ran: {reports:?}"
     );
+}
+
+#[tokio::test]
+async fn a_streamed_output_is_held_back_while_unread_and_freed_as_it_is_acknowledged() {
+    let fake = fake(2, 2);
+    let config = driver_config();
+    let n = 40 * 4 * u64::from(BATCH_ROWS);
+    let spec = JobSpec {
+        plan: LogicalPlan::range(n).unwrap(),
+        options: JobOptions {
+            cache: CacheMode::NoCache,
+            // One unacknowledged block stops the output operator.
+            result: floe_core::job::ResultDelivery::Streamed { buffer_bytes: 1 },
+            ..JobOptions::default()
+        },
+    };
+    let job = fake.submit(&spec, DRIVER_NODE);
+    let driver = tokio::spawn(crate::drive(Arc::clone(&config), Arc::clone(&fake), job, 1));
+    let wait = Duration::from_millis(200);
+    let mut ids = Vec::new();
+    let mut from = 0u64;
+    let mut most_unread = 0usize;
+    loop {
+        let Some(answer) = config.streams.next(job, 1, from, wait).await.unwrap() else {
+            // The driver has not opened its stream yet.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        // Unread outputs still stored: bounded by what was running when the buffer filled.
+        let stored = fake.stored_objects();
+        most_unread = most_unread.max(
+            answer
+                .blocks
+                .iter()
+                .filter(|b| stored.contains(&b.object))
+                .count(),
+        );
+        for block in &answer.blocks {
+            ids.extend(column(&fake.batches([block.object]), "id"));
+        }
+        from += answer.blocks.len() as u64;
+        if answer.end.is_some() {
+            assert_eq!(
+                answer.end,
+                Some(floe_api::node_protocol::StreamEnd::Complete)
+            );
+            break;
+        }
+    }
+    tokio::time::timeout(JOB_TIMEOUT, driver)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(ids, (0..i64::try_from(n).unwrap()).collect::<Vec<_>>());
+    // Four CPUs: at most the tasks running when the buffer filled, and the one that filled
+    // it, each of 4 blocks (one per reader batch), out of 160.
+    assert!(
+        most_unread <= 5 * 4,
+        "{most_unread} blocks waited unread at once"
+    );
+    let record = succeeded(&fake.job(job)).clone();
+    assert!(record.outputs.is_empty(), "{:?}", record.outputs);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        fake.stored_objects().is_empty(),
+        "{:?}",
+        fake.stored_objects()
+    );
+    assert!(config.streams.is_empty());
 }

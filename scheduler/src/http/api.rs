@@ -233,6 +233,10 @@ impl ApiError {
         }
     }
 
+    pub(super) fn status(&self) -> StatusCode {
+        self.status
+    }
+
     pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
@@ -297,6 +301,10 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route(
             "/api/jobs/{id}/tasks",
             web::get().to(super::tasks::job_tasks),
+        )
+        .route(
+            "/api/jobs/{id}/result",
+            web::get().to(super::result::job_result),
         )
         .route("/api/cache", web::get().to(cache))
         .route("/api/cache/clean", web::post().to(clean_cache))

@@ -19,6 +19,7 @@ mod logs;
 mod metrics;
 mod monitor;
 mod node_calls;
+mod result;
 mod tasks;
 #[cfg(test)]
 mod tests;
