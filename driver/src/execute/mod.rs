@@ -48,7 +48,7 @@ use tokio::sync::mpsc;
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
 use crate::plan::{Planned, SourceTask, Work};
-use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad};
+use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad, WorkerRef};
 
 use self::aggregators::AggregatorError;
 use self::blocks::BlockInfo;
@@ -83,6 +83,7 @@ enum Event {
         op: usize,
         launch: Launch,
         node: Option<NodeId>,
+        worker: Option<WorkerRef>,
         result: Result<Vec<OutputRef>, RunFailure>,
     },
     /// A cache shard of operator `op` was written and recorded, or not.
@@ -336,11 +337,12 @@ impl<C: ClusterAccess> Execution<C> {
                 op,
                 launch,
                 node,
+                worker,
                 result,
             } => {
                 self.running.remove(&launch.task);
                 self.ops[op].running -= 1;
-                self.record_end(&launch, node, &result);
+                self.record_end(&launch, node, worker, &result);
                 match result {
                     Ok(outputs) => match node {
                         Some(node) => self.task_succeeded(op, launch, node, outputs),
@@ -386,6 +388,7 @@ impl<C: ClusterAccess> Execution<C> {
                     launch,
                     node,
                     result,
+                    ..
                 })) => {
                     self.running.remove(&launch.task);
                     self.ops[op].running = self.ops[op].running.saturating_sub(1);
@@ -475,6 +478,7 @@ impl<C: ClusterAccess> Execution<C> {
                     tasks_queued: op.ready.len() as u64,
                 })
                 .collect(),
+            actors: self.actor_progress(),
         }
     }
 
