@@ -1,9 +1,12 @@
 //! The dashboard in a real browser: a local cluster runs a job, then headless Chromium, driven
 //! through chromedriver's WebDriver API, visits every page after it (nodes, one node, the
-//! job with its task table, its logs, the overview, jobs, actors, cache, events) and, during a
-//! second, long job, its page and the actors page; what a page shows is checked against the
-//! REST API, and the browser console must stay free of errors. A screenshot of each page is
-//! saved under `target/dashboard-screenshots/`.
+//! job with its task table, its logs, the overview, jobs, actors, cache, events) and again
+//! during a second, long job (a groupby); what a page shows is checked against the REST API
+//! (task runs with their rows and workers, log lines, cache entries and their cleaning, a
+//! node's workers, objects and charts, the running job's actors with their calls and
+//! restarts), and the browser console must stay free of errors. A screenshot of each page
+//! is saved under `target/dashboard-screenshots/`; README's picture (`docs/dashboard.png`) is
+//! `job-running.png`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Set
 //! `FLOE_CHROMEDRIVER` / `FLOE_CHROMIUM` to use other paths.
@@ -185,6 +188,36 @@ impl Session<'_> {
     }
 }
 
+/// Every page of the dashboard's navigation.
+const PAGES: [&str; 7] = [
+    "overview", "nodes", "jobs", "actors", "cache", "events", "logs",
+];
+
+/// Reads `rest` and the page's `script` until they agree (both change while a job runs).
+fn until_page_matches_rest(
+    what: &str,
+    session: &Session<'_>,
+    script: &str,
+    rest: impl Fn() -> Option<Vec<Vec<String>>>,
+) -> Vec<Vec<String>> {
+    wait_for(what, WAIT, || {
+        let expected = rest()?;
+        let page = session.eval(script);
+        if page.is_null() {
+            return None;
+        }
+        (sorted_rows(&page) == expected).then_some(expected)
+    })
+}
+
+/// A count as the dashboard prints it (`fmtCount`), without its thousands separators.
+fn count_text(value: &Value) -> String {
+    match value.as_u64() {
+        Some(count) => count.to_string(),
+        None => "—".to_owned(),
+    }
+}
+
 /// A page's table rows, read as arrays of strings, sorted.
 fn sorted_rows(rows: &Value) -> Vec<Vec<String>> {
     let mut rows: Vec<Vec<String>> = rows
@@ -286,21 +319,46 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         "const rows = [...document.querySelectorAll('#tasks-table tbody tr')];
          if (rows.length === 0 || !document.getElementById('task-timeline')) return null;
          return rows.map(row => [row.dataset.task, row.dataset.state,
-             row.children[5].textContent.replaceAll(',', '')]);",
+             row.children[6].textContent.replaceAll(',', ''), row.children[3].textContent]);",
     );
     let shown = sorted_rows(&shown);
     let mut expected_runs: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
+            // Every run of this job computed in a worker process, which REST names.
+            let worker = &run["worker"];
+            assert!(worker["pid"].as_u64().unwrap() > 0, "{run}");
             vec![
                 run["task"].as_str().unwrap().to_owned(),
                 run["state"].as_str().unwrap().to_owned(),
                 run["rows"].to_string(),
+                format!("w{} (pid {})", worker["slot"], worker["pid"]),
             ]
         })
         .collect();
     expected_runs.sort();
     assert_eq!(shown, expected_runs);
+    // The runs' rows add up to the job's output, computed independently above.
+    let run_rows: u64 = runs.iter().map(|run| run["rows"].as_u64().unwrap()).sum();
+    assert_eq!(
+        run_rows,
+        (0..50_000).filter(|id| id % 7 == 0).count() as u64
+    );
+    // The timeline has a lane per worker slot that ran a run.
+    let lanes = session.eval(
+        "return [...document.querySelectorAll('#task-timeline text')]
+             .map(t => t.textContent).filter(t => t.includes(' · w')).length;",
+    );
+    let slots: std::collections::BTreeSet<(String, u64)> = runs
+        .iter()
+        .map(|run| {
+            (
+                run["node"].as_str().unwrap().to_owned(),
+                run["worker"]["slot"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(lanes.as_u64().unwrap(), slots.len() as u64);
     let job_png = session.screenshot("job.png");
 
     // The job's log lines: the page shows what the REST API answers (the lines of a finished
@@ -335,35 +393,125 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
              && health.textContent.trim() === 'ok' ? true : null;",
     );
     let overview_png = session.screenshot("overview.png");
-    for page in ["jobs", "cache", "events", "actors", "logs"] {
-        session.go(&format!("{url}#/{page}"));
-        session.wait_for(
-            &format!("the {page} page to load"),
-            "return document.body.dataset.loaded === 'true' ? true : null;",
-        );
-    }
-    // One node's page: its live store and workers, as `GET /api/nodes/ID` says.
-    let node = &alive[0];
-    let detail = get(http, &format!("/api/nodes/{node}"), cluster.token()).json();
-    let workers = detail["live"]["workers"].as_u64().unwrap();
-    session.go(&format!("{url}#/nodes/{node}"));
-    let shown = session.wait_for(
-        "the node page to show its workers and store",
-        "const workers = document.getElementById('node-workers');
-         const store = document.getElementById('node-store');
-         return workers && store ? workers.textContent : null;",
+    let charts = session.eval("return document.querySelectorAll('.charts svg.chart').length;");
+    assert_eq!(
+        charts, 5,
+        "tasks, rows/s, spilled, network and store charts"
+    );
+    visit_every_page(&session, &url, "after");
+
+    // The cache page lists what REST lists, with the job that made each entry; its clean
+    // button empties the index, and the entries leave the page.
+    let cache_rows = || {
+        let cache = get(http, "/api/cache", cluster.token()).json();
+        let mut rows: Vec<Vec<String>> = cache["entries"]
+            .as_array()?
+            .iter()
+            .map(|entry| {
+                vec![
+                    entry["fingerprint"].as_str().unwrap_or_default().to_owned(),
+                    entry["job"].as_str().unwrap_or_default().to_owned(),
+                ]
+            })
+            .collect();
+        rows.sort();
+        Some(rows)
+    };
+    let page_cache_rows = "if (document.body.dataset.loaded !== 'true') return null;
+         return [...document.querySelectorAll('#cache-table tbody tr')]
+             .map(row => [row.dataset.fingerprint, row.dataset.job]);";
+    session.go(&format!("{url}#/cache"));
+    let entries = until_page_matches_rest(
+        "the cache page to list REST's entries",
+        &session,
+        page_cache_rows,
+        cache_rows,
     );
     assert!(
-        shown
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{workers} workers ready")),
-        "{shown}"
+        entries.iter().any(|entry| entry[1] == job),
+        "the job's output is cached, made by it: {entries:?}"
+    );
+    let cache_png = session.screenshot("cache.png");
+    session.eval(
+        "window.confirm = () => true;
+         [...document.querySelectorAll('button')].find(b => b.textContent === 'Clean all').click();
+         return true;",
+    );
+    wait_for(
+        "the cleaned entries to leave REST and the page",
+        WAIT,
+        || {
+            let rest = cache_rows()?;
+            let page = session.eval(page_cache_rows);
+            (rest.is_empty() && page.as_array().is_some_and(Vec::is_empty)).then_some(())
+        },
+    );
+
+    // One node's page: its workers, store, largest objects and charts, as REST says.
+    let node = &alive[0];
+    session.go(&format!("{url}#/nodes/{node}"));
+    let node_rest = |field: &'static str| {
+        let detail = get(http, &format!("/api/nodes/{node}"), cluster.token()).json();
+        detail["live"][field].as_array().cloned()
+    };
+    until_page_matches_rest(
+        "the node page to show REST's worker slots",
+        &session,
+        "if (!document.getElementById('node-workers-table')) return null;
+         return [...document.querySelectorAll('#node-workers-table tbody tr')]
+             .map(row => [row.dataset.slot, row.children[1].textContent]);",
+        || {
+            let mut rows: Vec<Vec<String>> = node_rest("worker_slots")?
+                .iter()
+                .map(|slot| vec![slot["slot"].to_string(), slot["pid"].to_string()])
+                .collect();
+            rows.sort();
+            Some(rows)
+        },
+    );
+    let slots = node_rest("worker_slots").unwrap();
+    assert_eq!(slots.len(), 2, "two workers a node: {slots:?}");
+    until_page_matches_rest(
+        "the node page to show REST's largest objects",
+        &session,
+        "if (document.body.dataset.loaded !== 'true') return null;
+         return [...document.querySelectorAll('#node-objects tbody tr')]
+             .map(row => [row.dataset.object, row.children[2].textContent]);",
+        || {
+            let mut rows: Vec<Vec<String>> = node_rest("largest_objects")?
+                .iter()
+                .map(|object| {
+                    vec![
+                        object["object"].as_str().unwrap_or_default().to_owned(),
+                        object["residence"].as_str().unwrap_or_default().to_owned(),
+                    ]
+                })
+                .collect();
+            rows.sort();
+            Some(rows)
+        },
+    );
+    let facts = session.wait_for(
+        "the node page to show its CPU and pinned memory",
+        "const cpu = document.querySelector('#node-cpu dd[data-fact=\"CPU used\"]');
+         const pinned = document.querySelector('#node-store dd[data-fact=\"pinned\"]');
+         return cpu && pinned ? [cpu.textContent, pinned.textContent] : null;",
+    );
+    assert!(facts[0].as_str().unwrap().ends_with('%'), "{facts}");
+    let node_charts =
+        session.eval("return document.querySelectorAll('#node-charts svg.chart').length;");
+    assert_eq!(node_charts, 5);
+    let history = get(http, &format!("/api/nodes/{node}/history"), cluster.token()).json();
+    assert!(
+        !history["samples"].as_array().unwrap().is_empty(),
+        "{history}"
     );
     let node_png = session.screenshot("node.png");
 
-    // During a running job: its page shows running runs, and the actors page its driver.
-    let spec = "[source]\nrange = 4000000000\n[[steps]]\nfilter = \"id % 7 == 0\"\n";
+    // During a running job (a groupby, whose aggregators are actors): every page loads, its
+    // page shows running runs, and the actors page its driver and aggregators as REST does.
+    let spec = "[source]\nrange = 4000000000\n[[steps]]\nwith_column = { name = \"key\", \
+                expr = \"id % 100\" }\n[[steps]]\ngroupby = [\"key\"]\nagg = [\"count(*) as n\"]\n";
     let created = post_json(http, "/api/jobs", cluster.token(), &json!({ "job": spec }));
     assert_eq!(created.status, 201, "{}", created.body);
     let long_job = created.json()["job_id"].as_str().unwrap().to_owned();
@@ -373,17 +521,50 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         "return document.querySelector('#tasks-table tr[data-state=\"running\"]') ? true : null;",
     );
     let running_png = session.screenshot("job-running.png");
+    visit_every_page(&session, &url, "during");
     session.go(&format!("{url}#/actors"));
-    let drivers = session.wait_for(
-        "the actors page to list the running job's driver",
+    let actors_rest = || {
+        let actors = get(
+            http,
+            &format!("/api/actors?job={long_job}"),
+            cluster.token(),
+        )
+        .json();
+        let mut rows: Vec<Vec<String>> = actors["actors"]
+            .as_array()?
+            .iter()
+            .map(|actor| {
+                vec![
+                    actor["id"].as_str().unwrap_or_default().to_owned(),
+                    actor["kind"].as_str().unwrap_or_default().to_owned(),
+                    count_text(&actor["calls"]),
+                    count_text(&actor["restarts"]),
+                ]
+            })
+            .collect();
+        rows.sort();
+        (!rows.is_empty()).then_some(rows)
+    };
+    let actors = until_page_matches_rest(
+        "the actors page to show the running job's actors and calls as REST does",
+        &session,
         &format!(
-            "const rows = [...document.querySelectorAll('#actors-table tbody tr')]
-                 .filter(row => row.children[2].textContent === '{long_job}'
-                     && row.children[1].textContent === 'JobDriver');
-             return rows.length ? rows.length : null;"
+            "if (document.body.dataset.loaded !== 'true') return null;
+             return [...document.querySelectorAll('#actors-table tbody tr')]
+                 .filter(row => row.children[2].textContent === '{long_job}')
+                 .map(row => [row.dataset.actor, row.children[1].textContent,
+                     row.children[5].textContent.replaceAll(',', ''),
+                     row.children[6].textContent.replaceAll(',', '')]);"
         ),
+        actors_rest,
     );
-    assert_eq!(drivers, 1);
+    let drivers: Vec<&Vec<String>> = actors.iter().filter(|row| row[1] == "JobDriver").collect();
+    assert_eq!(drivers.len(), 1, "{actors:?}");
+    assert_eq!(
+        drivers[0][2..],
+        ["—".to_owned(), "0".to_owned()],
+        "no calls, first attempt"
+    );
     let actors_png = session.screenshot("actors.png");
     let stopped = post_json(
         http,
@@ -400,6 +581,7 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         job_png,
         logs_png,
         overview_png,
+        cache_png,
         node_png,
         running_png,
         actors_png,
@@ -408,5 +590,18 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
             std::fs::metadata(&png).unwrap().len() > 10_000,
             "{png:?} is blank"
         );
+    }
+}
+
+/// Visits every page of the navigation, each until it has loaded, and saves its screenshot
+/// as `<page>-<moment>.png` (`moment`: `after` or `during` a job).
+fn visit_every_page(session: &Session<'_>, url: &str, moment: &str) {
+    for page in PAGES {
+        session.go(&format!("{url}#/{page}"));
+        session.wait_for(
+            &format!("the {page} page to load ({moment} a job)"),
+            "return document.body.dataset.loaded === 'true' ? true : null;",
+        );
+        session.screenshot(&format!("{page}-{moment}.png"));
     }
 }

@@ -104,7 +104,14 @@ async fn run(
         inputs,
     };
     match call(addr, NodeRequest::RunTask(spec)).await {
-        NodeResponse::Task(result) => result,
+        NodeResponse::Task { result, worker } => {
+            // A task that produced outputs ran in a worker process, which the reply names.
+            if result.is_ok() {
+                let worker = worker.expect("a successful task names its worker");
+                assert!(worker.pid > 0, "{worker:?}");
+            }
+            result
+        }
         other => panic!("unexpected {other:?}"),
     }
 }

@@ -58,7 +58,10 @@ async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
         inputs: Vec::new(),
     };
     match floe_testkit::node::call(addr, &wire(), &NodeRequest::RunTask(spec)).await {
-        NodeResponse::Task(Ok(outputs)) => outputs[0],
+        NodeResponse::Task {
+            result: Ok(outputs),
+            ..
+        } => outputs[0],
         other => panic!("unexpected {other:?}"),
     }
 }

@@ -2,8 +2,9 @@
 //! releases it, when `jobs.result_ttl` passes and when the job is deleted (CLI and REST), and
 //! reading it afterwards names the reason; finished jobs past `jobs.keep_finished` leave the
 //! replicated state for the history that `floe jobs --all` lists; a dead node is forgotten
-//! after `nodes.forget_dead_after`; a node frees what was made for a job on `FreeJob`, as a
-//! later attempt asks when an earlier one's driver died.
+//! after `nodes.forget_dead_after`; a driver's node lets the job's task table go once the job
+//! left the state; a node frees what was made for a job on `FreeJob`, as a later attempt asks
+//! when an earlier one's driver died.
 
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
@@ -16,7 +17,7 @@ use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use arrow::record_batch::RecordBatch;
 
-use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TestTask};
+use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind, TaskSpec, TaskTable, TestTask};
 use floe_client::{
     Client, ClusterExecutor, Dataset, Error, JobHandle, JobOutput, WriteOptions, col, lit,
 };
@@ -300,6 +301,61 @@ async fn finished_jobs_past_keep_finished_move_to_the_history_and_dead_nodes_are
     assert_eq!(cluster.state().await.nodes.len(), 1);
 }
 
+/// The task table the node keeps for `job`'s driver, if any.
+async fn task_table(cluster: &TestCluster, job: JobId) -> Option<TaskTable> {
+    let addr = cluster.node(0).addr().to_owned();
+    match floe_testkit::node::call(&addr, &cluster.wire(), &NodeRequest::JobTasks { job }).await {
+        NodeResponse::Tasks(table) => table,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Waits (up to two of the node's 10-second sweeps and then some) until `job`'s table is gone.
+async fn wait_until_table_gone(cluster: &TestCluster, job: JobId, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while task_table(cluster, job).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "job {job}'s task table is still on its driver's node after {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drivers_task_table_is_freed_when_its_job_is_pruned_or_deleted() {
+    let cluster = start(1, &["jobs.keep_finished=2"]).await;
+    let client = cluster.connect().await;
+    let mut jobs = Vec::new();
+    for n in 1..=3u64 {
+        let job = client
+            .submit_with(&Dataset::range(n * 1000).unwrap(), no_cache())
+            .await
+            .unwrap();
+        let output = job.wait().await.unwrap();
+        assert_eq!(output.rows(), n * 1000);
+        output.release().await.unwrap();
+        jobs.push(job);
+    }
+    // The newest two stay in the state, and so do their tables, with every row they made.
+    for (n, job) in jobs.iter().enumerate().skip(1) {
+        let table = task_table(&cluster, job.id())
+            .await
+            .unwrap_or_else(|| panic!("job {} has no table", job.id()));
+        let rows: u64 = table.tasks.iter().map(|task| task.rows).sum();
+        assert_eq!(rows, (n as u64 + 1) * 1000);
+    }
+    // The oldest was pruned: the node lets its table go.
+    wait_until_table_gone(&cluster, jobs[0].id(), "its job was pruned").await;
+    assert!(!cluster.state().await.jobs.contains_key(&jobs[0].id()));
+    jobs[2].delete().await.unwrap();
+    wait_until_table_gone(&cluster, jobs[2].id(), "its job was deleted").await;
+    assert!(
+        task_table(&cluster, jobs[1].id()).await.is_some(),
+        "a job still in the state keeps its table"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
     let cluster = start(1, &[]).await;
@@ -317,7 +373,10 @@ async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
             inputs: Vec::new(),
         };
         match floe_testkit::node::call(&addr, &wire, &NodeRequest::RunTask(spec)).await {
-            NodeResponse::Task(Ok(outputs)) => made.push(outputs[0].object),
+            NodeResponse::Task {
+                result: Ok(outputs),
+                ..
+            } => made.push(outputs[0].object),
             other => panic!("unexpected {other:?}"),
         }
     }

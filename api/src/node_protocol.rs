@@ -209,7 +209,11 @@ pub enum ActorReply {
     Pushed {
         held_bytes: u64,
     },
-    Reduced(Vec<OutputRef>),
+    /// The partition's outputs, and the worker process that ran its reduce.
+    Reduced {
+        outputs: Vec<OutputRef>,
+        worker: Option<WorkerRef>,
+    },
     Described(ActorDescription),
 }
 
@@ -265,6 +269,76 @@ pub struct ObjectMeta {
 pub struct RunningTask {
     pub task: TaskId,
     pub worker_pid: u32,
+    pub worker_slot: u32,
+}
+
+/// The worker process that ran a task: its slot in its node's pool (a lane of the job
+/// page's timeline) and its pid (a slot's process changes when one dies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRef {
+    pub slot: u32,
+    pub pid: u32,
+}
+
+/// One worker slot of a node's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub slot: u32,
+    /// Its process, once connected; `None` while one starts.
+    pub pid: Option<u32>,
+    /// The task it runs now.
+    pub task: Option<TaskId>,
+}
+
+/// Where an object's bytes are now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectResidence {
+    Memory,
+    Spilled,
+    Fallback,
+}
+
+impl ObjectResidence {
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectResidence::Memory => "memory",
+            ObjectResidence::Spilled => "spilled",
+            ObjectResidence::Fallback => "fallback",
+        }
+    }
+}
+
+/// One object of a node's store, for the largest-objects list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectSummary {
+    pub object: ObjectId,
+    pub size: u64,
+    pub residence: ObjectResidence,
+    /// Views reading it now (a pinned object is neither spilled nor freed).
+    pub pins: u64,
+    /// The job it was made for, when the node knows.
+    pub job: Option<JobId>,
+}
+
+/// One process-UDF pool of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdfPoolStatus {
+    /// The UDF's command line.
+    pub command: String,
+    /// Children it keeps warm, and at most.
+    pub min: u32,
+    pub max: u32,
+    /// Children being started now.
+    pub starting: u32,
+    pub processes: Vec<UdfProcessStatus>,
+}
+
+/// One live child of a process-UDF pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdfProcessStatus {
+    pub pid: u32,
+    /// Leased to a task now, else idle.
+    pub leased: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,7 +357,20 @@ pub struct NodeStatus {
     pub store: StoreUsage,
     /// The actors this node hosts.
     pub actors: Vec<ActorId>,
+    /// Every worker slot of the pool.
+    pub worker_slots: Vec<WorkerStatus>,
+    /// The largest objects in the store, largest first (at most [`LARGEST_OBJECTS`]).
+    pub largest_objects: Vec<ObjectSummary>,
+    /// The node's process tree's CPU use over the last heartbeat interval, in thousandths
+    /// of the node's CPUs (1000 = all of them busy).
+    pub cpu_used_permille: u32,
+    /// Private memory of the node's process tree (agent, workers, UDF children).
+    pub heap_used_bytes: u64,
+    pub udf_pools: Vec<UdfPoolStatus>,
 }
+
+/// How many of a store's largest objects a `Status` answer lists.
+pub const LARGEST_OBJECTS: usize = 20;
 
 /// One cache shard to write from objects in this node's store.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -440,6 +527,8 @@ pub struct TaskRecord {
     pub state: TaskRunState,
     /// Where it runs, once placed (a cache load's, once it has ended).
     pub node: Option<NodeId>,
+    /// The worker process that ran it, once it has ended (cache loads run in none).
+    pub worker: Option<WorkerRef>,
     pub rows: u64,
     pub bytes: u64,
     /// Unix milliseconds on the driver's node.
@@ -538,7 +627,12 @@ pub enum NodeResponse {
         bytes: u64,
     },
     CacheLoaded(Option<OutputRef>),
-    Task(Result<Vec<OutputRef>, TaskFailure>),
+    /// A task's outcome, and the worker process that ran it (none when it never reached
+    /// one: cancelled while queued, an input that could not be pulled).
+    Task {
+        result: Result<Vec<OutputRef>, TaskFailure>,
+        worker: Option<WorkerRef>,
+    },
     ObjectMeta(ObjectMeta),
     /// The chunk asked for follows as the reply's attachment.
     Chunk,
@@ -570,6 +664,9 @@ pub struct StoreUsage {
     /// Memory allocated to objects, headers included.
     pub used: u64,
     pub objects_in_memory: u64,
+    /// Objects some view reads now, which can be neither spilled nor freed.
+    pub pinned_bytes: u64,
+    pub pinned_objects: u64,
     /// Bytes and objects whose copy is in a spill file now.
     pub spilled_bytes: u64,
     pub spilled_objects: u64,

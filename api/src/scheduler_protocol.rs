@@ -37,6 +37,13 @@ pub struct ResourceUsage {
     /// Worker processes, and how many of them are running a task.
     pub workers: u32,
     pub workers_busy: u32,
+    /// The node's process tree's CPU use over the last interval, in thousandths of its CPUs.
+    pub cpu_used_permille: u32,
+    /// Counters since the node started, which the dashboard turns into rates: rows its
+    /// tasks produced, and object bytes it pulled from other nodes and sent to them.
+    pub rows_produced: u64,
+    pub network_received_bytes: u64,
+    pub network_sent_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

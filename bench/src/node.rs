@@ -193,7 +193,10 @@ impl TransferPair {
         let puller = bench.add_node(1, &memory).await?;
         let spec = range_task(TaskId::new(1), size / 8)?;
         let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
-            NodeResponse::Task(Ok(outputs)) => match outputs.as_slice() {
+            NodeResponse::Task {
+                result: Ok(outputs),
+                ..
+            } => match outputs.as_slice() {
                 [object] => *object,
                 other => anyhow::bail!("the range task made {} blocks, not one", other.len()),
             },
@@ -329,7 +332,10 @@ async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Re
                     let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
                     let spec = range_task(TaskId::new(id), 0)?;
                     match connection.call(&NodeRequest::RunTask(spec)).await? {
-                        NodeResponse::Task(Ok(outputs)) if outputs.is_empty() => {}
+                        NodeResponse::Task {
+                            result: Ok(outputs),
+                            ..
+                        } if outputs.is_empty() => {}
                         other => anyhow::bail!("an empty task failed: {other:?}"),
                     }
                 }

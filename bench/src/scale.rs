@@ -305,6 +305,7 @@ impl SimulatedNode {
             fallback_bytes: 0,
             workers: 4,
             workers_busy: 0,
+            ..ResourceUsage::default()
         };
         while !stop.load(Ordering::Relaxed) {
             ticks.tick().await;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::LogicalPlan;
 use crate::wire::codec;
-use crate::{Fingerprint, NodeId, ObjectId, WireError};
+use crate::{ActorId, Fingerprint, NodeId, ObjectId, WireError};
 
 /// How a job uses the fingerprint cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +107,18 @@ pub struct JobProgress {
     /// Which driver attempt reported it (1 for the first driver).
     pub attempt: u32,
     pub operators: Vec<OperatorProgress>,
+    /// The job's actors other than its driver (hash shuffles' aggregators) that run now.
+    pub actors: Vec<ActorProgress>,
+}
+
+/// What the driver has asked of one of its actors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorProgress {
+    pub actor: ActorId,
+    /// Calls sent to it (pushes of shards and reduces).
+    pub calls: u64,
+    /// Times its slot's actor was created again after one was gone.
+    pub restarts: u32,
 }
 
 /// What one operator did, once the job has ended.

@@ -3,13 +3,15 @@
 //!
 //! They live in the memory of the node that runs the driver, never in the scheduler's
 //! replicated state: a table holds at most [`MAX_TASKS`] runs (the oldest finished ones go
-//! first), and a board at most [`MAX_JOBS`] jobs' tables (a finished job's table is kept
-//! until newer jobs push it out; a node's restart loses them all).
+//! first), and a board at most [`MAX_JOBS`] jobs' tables. A finished job's table is kept
+//! while the job is in the scheduler's state, so its page can show it: the node hosting the
+//! board [`forget`](TaskBoard::forget)s it once the job was pruned or deleted (its sweep asks
+//! the scheduler every 10 s), or newer jobs push it out first; a node's restart loses them all.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use floe_api::node_protocol::{TaskRecord, TaskRunState, TaskTable};
+use floe_api::node_protocol::{TaskRecord, TaskRunState, TaskTable, WorkerRef};
 use floe_core::{JobId, NodeId, TaskId};
 
 /// The most task runs one job's table keeps.
@@ -40,6 +42,7 @@ struct Table {
 /// How one run ended.
 pub struct RunEnd {
     pub node: Option<NodeId>,
+    pub worker: Option<WorkerRef>,
     pub rows: u64,
     pub bytes: u64,
     pub ended_ms: u64,
@@ -127,10 +130,23 @@ impl TaskBoard {
             TaskRunState::Failed
         };
         record.node = end.node.or(record.node);
+        record.worker = end.worker;
         record.rows = end.rows;
         record.bytes = end.bytes;
         record.ended_ms = Some(end.ended_ms);
         record.error = end.error;
+    }
+
+    /// The jobs that have a table here, oldest first.
+    pub fn jobs(&self) -> Vec<JobId> {
+        self.lock().order.iter().copied().collect()
+    }
+
+    /// Drops `job`'s table: the job has left the scheduler's state.
+    pub fn forget(&self, job: JobId) {
+        let mut board = self.lock();
+        board.tables.remove(&job);
+        board.order.retain(|known| *known != job);
     }
 
     /// `job`'s table, if a driver of it ran here and it was not pushed out.
@@ -157,6 +173,7 @@ mod tests {
             attempt: 1,
             state: TaskRunState::Running,
             node: None,
+            worker: None,
             rows: 0,
             bytes: 0,
             started_ms,
@@ -182,6 +199,7 @@ mod tests {
             TaskId::new(1),
             RunEnd {
                 node: Some(NodeId::new(3)),
+                worker: Some(WorkerRef { slot: 1, pid: 77 }),
                 rows: 10,
                 bytes: 80,
                 ended_ms: 150,
@@ -193,6 +211,7 @@ mod tests {
             TaskId::new(2),
             RunEnd {
                 node: None,
+                worker: None,
                 rows: 0,
                 bytes: 0,
                 ended_ms: 160,
@@ -203,6 +222,7 @@ mod tests {
         assert_eq!(table.attempt, 2);
         assert_eq!(table.tasks[0].state, TaskRunState::Succeeded);
         assert_eq!(table.tasks[0].node, Some(NodeId::new(3)));
+        assert_eq!(table.tasks[0].worker, Some(WorkerRef { slot: 1, pid: 77 }));
         assert_eq!(table.tasks[0].rows, 10);
         assert_eq!(table.tasks[1].state, TaskRunState::Failed);
         assert_eq!(
@@ -212,6 +232,23 @@ mod tests {
         );
         assert_eq!(table.tasks[1].error.as_deref(), Some("boom"));
         assert!(board.table(JobId::new(2)).is_none());
+    }
+
+    #[test]
+    fn a_forgotten_table_is_gone_and_makes_room() {
+        let board = TaskBoard::default();
+        for job in 1..=3 {
+            board.start_job(JobId::new(job), 1);
+        }
+        board.forget(JobId::new(2));
+        assert!(board.table(JobId::new(2)).is_none());
+        assert_eq!(board.jobs(), vec![JobId::new(1), JobId::new(3)]);
+        // A forgotten job no longer counts against the bound.
+        for job in 4..=(MAX_JOBS as u64 + 1) {
+            board.start_job(JobId::new(job), 1);
+        }
+        assert!(board.table(JobId::new(1)).is_some());
+        assert_eq!(board.jobs().len(), MAX_JOBS);
     }
 
     #[test]
@@ -227,6 +264,7 @@ mod tests {
                     TaskId::new(u128::from(task)),
                     RunEnd {
                         node: None,
+                        worker: None,
                         rows: 1,
                         bytes: 1,
                         ended_ms: task,

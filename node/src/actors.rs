@@ -581,17 +581,18 @@ impl HashShuffleAggregator {
         };
         let work = async move {
             run.await.unwrap_or_else(|error| {
-                Err(floe_api::node_protocol::TaskFailure::WorkerDied {
+                let failure = floe_api::node_protocol::TaskFailure::WorkerDied {
                     reason: format!("actor {actor}'s reduce task failed: {error}"),
-                })
+                };
+                (Err(failure), None)
             })
         };
-        Box::pin(work.into_actor(self).map(move |result, act, _| {
+        Box::pin(work.into_actor(self).map(move |(result, worker), act, _| {
             let outputs = result.map_err(ActorFailure::Task)?;
             act.reduced.insert(partition);
             let held = act.held.remove(&partition).unwrap_or_default();
             act.drop_pulled(held);
-            Ok(ActorReply::Reduced(outputs))
+            Ok(ActorReply::Reduced { outputs, worker })
         }))
     }
 

@@ -20,10 +20,10 @@ mod transfer;
 pub mod udf_pools;
 pub mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -53,8 +53,8 @@ pub use self::data_dir::{Holder, live_holder};
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
-    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, ShardLoad, ShardWrite,
-    TaskFailure, TaskKind, TaskSpec,
+    LARGEST_OBJECTS, NodeProtocol, NodeRequest, NodeResponse, NodeStatus, ObjectResidence,
+    ObjectSummary, OutputRef, ShardLoad, ShardWrite, TaskFailure, TaskKind, TaskSpec, WorkerRef,
 };
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
@@ -62,6 +62,7 @@ use floe_core::plan::task::StageTask;
 use floe_core::plan::{Operator, ProcessUdf, UdfCodePolicy};
 use floe_driver::DriverConfig;
 use floe_engine::udf::process::process_udfs;
+use floe_objectstore::Residence;
 
 /// Idle process-UDF children beyond their pool's minimum are stopped after this long.
 const UDF_SHRINK_AFTER: Duration = Duration::from_secs(10);
@@ -169,6 +170,12 @@ struct Shared {
     reloading: Mutex<()>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
+    /// Rows the tasks run here produced, since the node started.
+    rows_produced: AtomicU64,
+    /// The process tree's CPU use (thousandths of the node's CPUs) and private memory, as the
+    /// last heartbeat measured them.
+    cpu_used_permille: AtomicU32,
+    heap_used_bytes: AtomicU64,
     /// The data directory, whose log files `ReadLogs` reads.
     data_dir: PathBuf,
     /// The task tables of the drivers run here, which `JobTasks` answers from.
@@ -187,21 +194,38 @@ impl Shared {
             .map(NodeId::new)
     }
 
-    async fn run_task(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+    /// Runs a task; its outcome, and the worker that ran it if it reached one.
+    async fn run_task(
+        &self,
+        spec: TaskSpec,
+    ) -> (Result<Vec<OutputRef>, TaskFailure>, Option<WorkerRef>) {
         // Its lines carry `job=ID` for `/api/jobs/ID/logs`.
         let span = tracing::info_span!("task", job = %spec.job, task = %spec.task);
-        let result = self.run_task_inner(spec).instrument(span).await;
-        let counter = match &result {
-            Ok(_) => &self.tasks_finished,
-            Err(_) => &self.tasks_failed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        result
+        let mut worker = None;
+        let result = self
+            .run_task_inner(spec, &mut worker)
+            .instrument(span)
+            .await;
+        match &result {
+            Ok(outputs) => {
+                self.tasks_finished.fetch_add(1, Ordering::Relaxed);
+                let rows: u64 = outputs.iter().filter_map(|output| output.rows).sum();
+                self.rows_produced.fetch_add(rows, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.tasks_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        (result, worker)
     }
 
-    async fn run_task_inner(&self, spec: TaskSpec) -> Result<Vec<OutputRef>, TaskFailure> {
+    async fn run_task_inner(
+        &self,
+        spec: TaskSpec,
+        worker: &mut Option<WorkerRef>,
+    ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
-        let result = self.run_with_inputs(spec, &mut pulled).await;
+        let result = self.run_with_inputs(spec, &mut pulled, worker).await;
         // This task's uses of copies pulled from other nodes (their owners free the
         // originals).
         self.transfers.release(&pulled);
@@ -227,6 +251,7 @@ impl Shared {
         &self,
         spec: TaskSpec,
         pulled: &mut Vec<ObjectId>,
+        worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pins = Vec::with_capacity(spec.inputs.len());
         // Unloaded cached outputs loaded again for this task, unloaded again after it.
@@ -272,7 +297,9 @@ impl Shared {
                 .map(|lease| lease.endpoint().clone())
                 .collect(),
         };
-        let outputs = self.pool.run(task, pins).await;
+        let ran = self.pool.run(task, pins).await;
+        *worker = ran.worker;
+        let outputs = ran.result;
         for object in reloaded {
             self.unload_again(object);
         }
@@ -623,7 +650,32 @@ impl Shared {
             pulls_started: self.transfers.pulls_started(),
             store: store_usage(self.store.stats()),
             actors: self.actors.hosted(),
+            worker_slots: self.pool.slots(),
+            largest_objects: self.largest_objects(),
+            cpu_used_permille: self.cpu_used_permille.load(Ordering::Relaxed),
+            heap_used_bytes: self.heap_used_bytes.load(Ordering::Relaxed),
+            udf_pools: self.processes.status(),
         }
+    }
+
+    /// The store's largest objects, with the job each was made for.
+    fn largest_objects(&self) -> Vec<ObjectSummary> {
+        let largest = self.store.largest(LARGEST_OBJECTS);
+        let made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
+        largest
+            .into_iter()
+            .map(|info| ObjectSummary {
+                object: info.object,
+                size: info.size,
+                residence: match info.residence {
+                    Residence::Memory => ObjectResidence::Memory,
+                    Residence::Spilled => ObjectResidence::Spilled,
+                    Residence::Fallback => ObjectResidence::Fallback,
+                },
+                pins: info.pins,
+                job: made_for.get(&info.object).copied(),
+            })
+            .collect()
     }
 }
 
@@ -698,7 +750,10 @@ impl Handler<NodeProtocol> for Service {
     async fn handle(&self, _peer: Peer, request: NodeRequest) -> Result<NodeResponse, RemoteError> {
         let shared = &self.0;
         match request {
-            NodeRequest::RunTask(spec) => Ok(NodeResponse::Task(shared.run_task(spec).await)),
+            NodeRequest::RunTask(spec) => {
+                let (result, worker) = shared.run_task(spec).await;
+                Ok(NodeResponse::Task { result, worker })
+            }
             NodeRequest::ObjectMeta { object } => {
                 let reloading = Arc::clone(shared);
                 let reloaded = blocking(move || reloading.reload(object)).await?;
@@ -907,6 +962,9 @@ impl NodeAgent {
             reloading: Mutex::new(()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
+            rows_produced: AtomicU64::new(0),
+            cpu_used_permille: AtomicU32::new(0),
+            heap_used_bytes: AtomicU64::new(0),
             data_dir: data_dir.clone(),
             task_board: TaskBoard::default(),
             result_streams: ResultStreams::default(),
@@ -970,7 +1028,7 @@ impl NodeAgent {
                 config.scheduler.heartbeat_interval(),
             )),
             tokio::spawn(reap_processes(processes)),
-            tokio::spawn(sweep_actors(Arc::clone(&shared))),
+            tokio::spawn(sweep_actors(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(monitor::run_monitor(
                 pool,
                 pools,
@@ -1150,13 +1208,43 @@ fn remove_stale_udf_dirs(data_dir: &std::path::Path) {
     }
 }
 
-/// Stops, now and then, hosted actors whose job ended or whose driver died.
-async fn sweep_actors(shared: Arc<Shared>) {
+/// Stops, now and then, hosted actors whose job ended or whose driver died, and drops the
+/// task tables of jobs that left the scheduler's state (pruned or deleted).
+async fn sweep_actors(shared: Arc<Shared>, mut client: SchedulerClient) {
     let mut ticks = tokio::time::interval(ACTOR_SWEEP_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         shared.actors.stop_unrecorded().await;
+        forget_removed_task_tables(&shared, &mut client).await;
+    }
+}
+
+/// Drops the task table of every job whose driver no longer runs here and that the
+/// scheduler no longer records: one small read per such table (at most `MAX_JOBS`).
+async fn forget_removed_task_tables(shared: &Shared, client: &mut SchedulerClient) {
+    let driving: BTreeSet<JobId> = shared
+        .drivers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .keys()
+        .copied()
+        .collect();
+    for job in shared.task_board.jobs() {
+        if driving.contains(&job) {
+            continue;
+        }
+        match client.watch_job(job, Duration::ZERO).await {
+            Ok(None) => {
+                tracing::debug!(%job, "the job left the state; its task table goes");
+                shared.task_board.forget(job);
+            }
+            Ok(Some(_)) => {}
+            Err(error) => {
+                tracing::debug!(%job, %error, "cannot ask whether a job is still recorded");
+                return;
+            }
+        }
     }
 }
 
@@ -1183,6 +1271,10 @@ async fn heartbeats(
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let agent = std::process::id();
+    let ticks_per_second = monitor::clock_ticks_per_second();
+    // Utilization is of the CPUs the node offers (`node.cpus`, else the host's).
+    let cpus = (registration.resources.cpu_millis as f64 / 1000.0).max(1.0);
+    let mut last_cpu: Option<(std::time::Instant, u64)> = None;
     // Dropped with this task (on shutdown), which aborts an indexing still running.
     let mut indexing = tokio::task::JoinSet::new();
     if let Some(node) = shared.node() {
@@ -1190,11 +1282,38 @@ async fn heartbeats(
     }
     loop {
         ticks.tick().await;
-        let tree = tokio::task::spawn_blocking(move || monitor::process_tree_memory(agent))
-            .await
-            .unwrap_or_default();
+        let (tree, cpu_ticks) = tokio::task::spawn_blocking(move || {
+            (
+                monitor::process_tree_memory(agent),
+                monitor::process_tree_cpu_ticks(agent),
+            )
+        })
+        .await
+        .unwrap_or_default();
+        let now = std::time::Instant::now();
+        // Busy CPU time since the last tick over the wall time all the node's CPUs had.
+        let cpu_used_permille = match last_cpu {
+            Some((then, ticks)) => {
+                let busy_s = cpu_ticks.saturating_sub(ticks) as f64 / ticks_per_second as f64;
+                let offered_s = now.duration_since(then).as_secs_f64() * cpus;
+                if offered_s > 0.0 {
+                    ((busy_s / offered_s) * 1000.0).clamp(0.0, 1000.0) as u32
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        };
+        last_cpu = Some((now, cpu_ticks));
+        shared
+            .cpu_used_permille
+            .store(cpu_used_permille, Ordering::Relaxed);
+        shared
+            .heap_used_bytes
+            .store(tree.anonymous, Ordering::Relaxed);
         let store = shared.store.stats();
         let running = shared.pool.running().len();
+        let (network_received_bytes, network_sent_bytes) = shared.transfers.network_bytes();
         let usage = ResourceUsage {
             cpu_millis: running as u64 * 1000,
             // What tasks use: the private memory of the agent, its workers and UDF children.
@@ -1204,6 +1323,10 @@ async fn heartbeats(
             fallback_bytes: store.fallback_bytes,
             workers: shared.pool.workers(),
             workers_busy: u32::try_from(running).unwrap_or(u32::MAX),
+            cpu_used_permille,
+            rows_produced: shared.rows_produced.load(Ordering::Relaxed),
+            network_received_bytes,
+            network_sent_bytes,
         };
         tracing::debug!(?usage, "heartbeat");
         let Some(node) = shared.node() else {
@@ -1318,6 +1441,8 @@ fn store_usage(stats: floe_objectstore::StoreStats) -> floe_api::node_protocol::
         capacity: stats.capacity,
         used: stats.used,
         objects_in_memory: stats.objects_in_memory,
+        pinned_bytes: stats.pinned_bytes,
+        pinned_objects: stats.pinned_objects,
         spilled_bytes: stats.spilled_bytes,
         spilled_objects: stats.spilled_objects,
         spilled_bytes_total: stats.spilled_bytes_total,

@@ -55,6 +55,37 @@ pub(crate) fn process_tree_memory(root: u32) -> TreeMemory {
     tree
 }
 
+/// CPU time the process tree of `root` has used, in clock ticks (`utime + stime` of each
+/// live process; what exited processes used is gone with them, so a rate from two readings
+/// can dip when a worker is replaced).
+pub(crate) fn process_tree_cpu_ticks(root: u32) -> u64 {
+    descendants_and_self(root)
+        .into_iter()
+        .filter_map(cpu_ticks_of)
+        .sum()
+}
+
+/// Clock ticks per second, the unit of `/proc/<pid>/stat`'s CPU times.
+pub(crate) fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf reads a constant of the system and has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks)
+        .ok()
+        .filter(|ticks| *ticks > 0)
+        .unwrap_or(100)
+}
+
+/// `utime + stime` of `/proc/<pid>/stat`: fields 14 and 15, the 12th and 13th after the
+/// command name's closing parenthesis.
+fn cpu_ticks_of(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
 /// `root` and every process below it, found from each process's parent in `/proc`.
 fn descendants_and_self(root: u32) -> BTreeSet<u32> {
     let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -200,6 +231,32 @@ mod tests {
         drop(held);
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_busy_child_adds_its_cpu_time_to_the_tree() {
+        let me = std::process::id();
+        let before = process_tree_cpu_ticks(me);
+        let mut busy = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        // A fifth of a second of CPU, however long a loaded machine takes to give it.
+        let wanted = clock_ticks_per_second() / 5;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let child = loop {
+            let child = cpu_ticks_of(busy.id()).unwrap();
+            if child >= wanted || std::time::Instant::now() > deadline {
+                break child;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Read after the child: the tree holds at least what the child had used then.
+        let during = process_tree_cpu_ticks(me);
+        busy.kill().unwrap();
+        busy.wait().unwrap();
+        assert!(child >= wanted, "the child used {child} ticks");
+        assert!(during >= before + child, "{before} + {child} > {during}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use super::worker::{SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerOutput, WorkerTask, send};
 use super::{Error, Result};
 use floe_api::node_protocol::Bytes;
-use floe_api::node_protocol::{RunningTask, TaskFailure};
+use floe_api::node_protocol::{RunningTask, TaskFailure, WorkerRef, WorkerStatus};
 
 /// How long a new worker process has to connect and say hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -51,11 +51,17 @@ pub(crate) struct PoolOptions {
 
 pub(crate) type JobResult = Result<Vec<WorkerOutput>, TaskFailure>;
 
+/// A task's result and the worker that ran it (none when it never reached one).
+pub(crate) struct Ran {
+    pub result: JobResult,
+    pub worker: Option<WorkerRef>,
+}
+
 struct Job {
     task: WorkerTask,
     /// Views of the inputs: they keep the objects pinned while the worker reads them.
     pins: Vec<ObjectView>,
-    reply: oneshot::Sender<JobResult>,
+    reply: oneshot::Sender<Ran>,
 }
 
 /// Why the agent kills a worker in the middle of a task.
@@ -69,7 +75,7 @@ enum Kill {
 
 struct Running {
     task: TaskId,
-    pid: u32,
+    worker: WorkerRef,
     kill: Option<oneshot::Sender<Kill>>,
 }
 
@@ -85,6 +91,8 @@ struct PoolInner {
     cancelled: Mutex<BTreeSet<TaskId>>,
     ready: AtomicU32,
     respawned: AtomicU64,
+    /// Each slot's connected process, by slot.
+    processes: Mutex<BTreeMap<u32, u32>>,
 }
 
 impl PoolInner {
@@ -102,6 +110,7 @@ pub(crate) struct WorkerPool {
 
 struct Worker {
     child: Child,
+    slot: u32,
     pid: u32,
     stream: FramedStream<UnixStream>,
 }
@@ -140,6 +149,7 @@ impl WorkerPool {
             cancelled: Mutex::new(BTreeSet::new()),
             ready: AtomicU32::new(0),
             respawned: AtomicU64::new(0),
+            processes: Mutex::new(BTreeMap::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&inner)));
         let slots = (0..inner.options.workers)
@@ -154,20 +164,25 @@ impl WorkerPool {
     }
 
     /// Runs a task on the next idle worker and returns its outputs.
-    pub async fn run(&self, task: WorkerTask, pins: Vec<ObjectView>) -> JobResult {
+    pub async fn run(&self, task: WorkerTask, pins: Vec<ObjectView>) -> Ran {
+        let shutting_down = || Ran {
+            result: Err(TaskFailure::ShuttingDown),
+            worker: None,
+        };
         let sender = self
             .jobs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or(TaskFailure::ShuttingDown)?;
+            .clone();
+        let Some(sender) = sender else {
+            return shutting_down();
+        };
         let (reply, answer) = oneshot::channel();
         let job = Job { task, pins, reply };
-        sender
-            .send(job)
-            .await
-            .map_err(|_| TaskFailure::ShuttingDown)?;
-        answer.await.unwrap_or(Err(TaskFailure::ShuttingDown))
+        if sender.send(job).await.is_err() {
+            return shutting_down();
+        }
+        answer.await.unwrap_or_else(|_| shutting_down())
     }
 
     /// How many worker processes the pool keeps.
@@ -181,7 +196,29 @@ impl WorkerPool {
             .values()
             .map(|running| RunningTask {
                 task: running.task,
-                worker_pid: running.pid,
+                worker_pid: running.worker.pid,
+                worker_slot: running.worker.slot,
+            })
+            .collect()
+    }
+
+    /// Every slot: its process and the task it runs.
+    pub fn slots(&self) -> Vec<WorkerStatus> {
+        let processes = self
+            .inner
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let running = self.inner.running();
+        (0..self.inner.options.workers)
+            .map(|slot| WorkerStatus {
+                slot,
+                pid: processes.get(&slot).copied(),
+                task: running
+                    .values()
+                    .find(|running| running.worker.slot == slot)
+                    .map(|running| running.task),
             })
             .collect()
     }
@@ -207,7 +244,8 @@ impl WorkerPool {
         kill.send(Kill::OutOfMemory(reason)).ok()?;
         Some(RunningTask {
             task: victim.task,
-            worker_pid: victim.pid,
+            worker_pid: victim.worker.pid,
+            worker_slot: victim.worker.slot,
         })
     }
 
@@ -318,7 +356,17 @@ async fn run_slot(inner: Arc<PoolInner>, slot: u32) {
         };
         tracing::debug!(slot, pid = worker.pid, "worker ready");
         inner.ready.fetch_add(1, Ordering::Relaxed);
+        inner
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(slot, worker.pid);
         let end = serve_jobs(&inner, &mut worker).await;
+        inner
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&slot);
         inner.ready.fetch_sub(1, Ordering::Relaxed);
         match end {
             SlotEnd::Shutdown => {
@@ -362,7 +410,12 @@ async fn spawn(inner: &PoolInner, slot: u32) -> Result<Worker> {
     let pid = child.id().unwrap_or_default();
     tokio::select! {
         stream = connection => match stream {
-            Ok(stream) => Ok(Worker { child, pid, stream }),
+            Ok(stream) => Ok(Worker {
+                child,
+                slot,
+                pid,
+                stream,
+            }),
             Err(_) => Err(Error::Worker(format!("worker {pid} lost its connection slot"))),
         },
         status = child.wait() => Err(Error::Worker(format!(
@@ -397,7 +450,10 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&job.task.task);
         if cancelled {
-            let _ = job.reply.send(Err(TaskFailure::Cancelled));
+            let _ = job.reply.send(Ran {
+                result: Err(TaskFailure::Cancelled),
+                worker: None,
+            });
             continue;
         }
         let start = inner.next_start.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +462,10 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
             start,
             Running {
                 task: job.task.task,
-                pid: worker.pid,
+                worker: WorkerRef {
+                    slot: worker.slot,
+                    pid: worker.pid,
+                },
                 kill: Some(kill),
             },
         );
@@ -417,7 +476,13 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
             tracing::warn!(task = %job.task.task, pid = worker.pid, %failure, "task failed");
         }
         // The requester may have gone away; the task's outcome no longer matters then.
-        let _ = job.reply.send(result);
+        let _ = job.reply.send(Ran {
+            result,
+            worker: Some(WorkerRef {
+                slot: worker.slot,
+                pid: worker.pid,
+            }),
+        });
         if let Some(end) = end {
             return end;
         }

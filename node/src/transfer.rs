@@ -69,6 +69,9 @@ pub(crate) struct Transfers {
     inline_max: u64,
     copies: Mutex<Copies>,
     pulls_started: AtomicU64,
+    /// Object bytes pulled from other nodes and served to them since the node started.
+    received_bytes: AtomicU64,
+    sent_bytes: AtomicU64,
     /// The store's segment opened as a file when a chunk from it is first sent (`None` if
     /// that failed: chunks are then sent from memory). A store has one segment for life.
     segment_file: OnceLock<Option<Arc<std::fs::File>>>,
@@ -89,6 +92,8 @@ impl Transfers {
             inline_max: config.transfer_inline_max.bytes().min(chunk),
             copies: Mutex::new(Copies::default()),
             pulls_started: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
             segment_file: OnceLock::new(),
         }
     }
@@ -97,17 +102,30 @@ impl Transfers {
         self.pulls_started.load(Ordering::Relaxed)
     }
 
+    /// Object bytes received from other nodes and sent to them (clients' reads included).
+    pub fn network_bytes(&self) -> (u64, u64) {
+        (
+            self.received_bytes.load(Ordering::Relaxed),
+            self.sent_bytes.load(Ordering::Relaxed),
+        )
+    }
+
     /// The size and checksum of a local object, with its bytes when small.
     pub fn meta(&self, object: ObjectId) -> Result<ObjectMeta> {
         let view = self.store.get(object)?;
         let bytes = view.as_bytes();
+        let inline = bytes.len() as u64 <= self.inline_max;
+        if inline {
+            self.sent_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
         Ok(ObjectMeta {
             size: bytes.len() as u64,
             checksum: self
                 .store
                 .checksum(object)
                 .unwrap_or_else(|| xxh3_64(bytes)),
-            inline: (bytes.len() as u64 <= self.inline_max).then(|| Bytes(bytes.to_vec())),
+            inline: inline.then(|| Bytes(bytes.to_vec())),
         })
     }
 
@@ -126,6 +144,8 @@ impl Transfers {
             object,
             reason: format!("offset {offset} lies past the object's {size} bytes"),
         })?;
+        self.sent_bytes
+            .fetch_add(range.len() as u64, Ordering::Relaxed);
         let location = view.location();
         let file = self.segment_file(&location.source).map(|file| FileRange {
             file,
@@ -240,9 +260,12 @@ impl Transfers {
         let outcome = shared
             .get_or_init(|| async {
                 self.pulls_started.fetch_add(1, Ordering::Relaxed);
-                self.fetch(object, holder)
-                    .await
-                    .map_err(|error| error.to_string())
+                let fetched = self.fetch(object, holder).await;
+                if let Ok(output) = &fetched {
+                    self.received_bytes
+                        .fetch_add(output.size, Ordering::Relaxed);
+                }
+                fetched.map_err(|error| error.to_string())
             })
             .await
             .clone();

@@ -21,7 +21,7 @@
 //! `node.udf_commands` and its code is a pinned script under `node.udf_roots`
 //! ([`UdfCodePolicy`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
+use floe_api::node_protocol::{UdfPoolStatus, UdfProcessStatus};
 use floe_core::Fingerprint;
 use floe_core::fingerprint::{FileDigest, FileStamp};
 use floe_core::plan::{ProcessUdf, UdfCodePolicy};
@@ -71,6 +72,10 @@ struct ChildProcess {
 }
 
 impl ChildProcess {
+    fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     fn has_exited(&mut self) -> bool {
         !matches!(self.process.try_wait(), Ok(None))
     }
@@ -98,9 +103,13 @@ impl ChildProcess {
 
 struct Pool {
     idle: Vec<(ChildProcess, Instant)>,
-    leased: u32,
+    /// The pids of the children on lease.
+    leased: BTreeSet<u32>,
     starting: u32,
     min: u32,
+    max: u32,
+    /// The UDF's command line, for status.
+    command: String,
     last_lease: Instant,
 }
 
@@ -220,12 +229,15 @@ impl ProcessPools {
             }
             let pool = state.pools.entry(key).or_insert_with(|| Pool {
                 idle: Vec::new(),
-                leased: 0,
+                leased: BTreeSet::new(),
                 starting: 0,
                 min: 0,
+                max,
+                command: udf.command_line(),
                 last_lease: Instant::now(),
             });
             pool.min = udf.concurrency.min.min(max);
+            pool.max = max;
             pool.last_lease = Instant::now();
             let mut exited = Vec::new();
             let mut found = None;
@@ -238,12 +250,12 @@ impl ProcessPools {
                 }
             }
             if let Some(child) = found {
-                pool.leased += 1;
+                pool.leased.insert(child.pid());
                 drop(state);
                 exited.into_iter().for_each(ChildProcess::stop);
                 return Ok(self.lease_of(key, child));
             }
-            let live = pool.leased + pool.starting;
+            let live = pool.leased.len() as u32 + pool.starting;
             if live < max {
                 // A new pool starts the children it keeps warm along with the one leased now.
                 let extra = pool.min.saturating_sub(live + 1);
@@ -262,8 +274,8 @@ impl ProcessPools {
                         pool.starting -= 1 + extra;
                         pool.idle
                             .extend(warm.into_iter().map(|child| (child, Instant::now())));
-                        if leased.is_ok() {
-                            pool.leased += 1;
+                        if let Ok(child) = &leased {
+                            pool.leased.insert(child.pid());
                         }
                     }
                     _ => stopped.extend(warm),
@@ -283,10 +295,9 @@ impl ProcessPools {
             exited.into_iter().for_each(ChildProcess::stop);
             state = self.state();
             // Re-checked before waiting: a child given back meanwhile has already notified.
-            let busy = state
-                .pools
-                .get(&key)
-                .is_some_and(|pool| pool.idle.is_empty() && pool.leased + pool.starting >= max);
+            let busy = state.pools.get(&key).is_some_and(|pool| {
+                pool.idle.is_empty() && pool.leased.len() as u32 + pool.starting >= max
+            });
             if busy && !state.closed {
                 state = self
                     .returned
@@ -311,7 +322,7 @@ impl ProcessPools {
         let closed = state.closed;
         let stop = match state.pools.get_mut(&key) {
             Some(pool) => {
-                pool.leased = pool.leased.saturating_sub(1);
+                pool.leased.remove(&child.pid());
                 if closed || discard || child.has_exited() {
                     Some(child)
                 } else {
@@ -347,10 +358,10 @@ impl ProcessPools {
                 }
                 // Oldest-idle first, so the children stopped are the ones used least lately.
                 kept.sort_by_key(|(_, since)| *since);
-                let retire = pool.leased == 0
+                let retire = pool.leased.is_empty()
                     && pool.starting == 0
                     && now.duration_since(pool.last_lease) >= self.config.retire_after;
-                let mut live = pool.leased + pool.starting + kept.len() as u32;
+                let mut live = pool.leased.len() as u32 + pool.starting + kept.len() as u32;
                 for (child, since) in kept {
                     let expired = now.duration_since(since) >= self.config.shrink_after;
                     if retire || (expired && live > pool.min) {
@@ -361,7 +372,7 @@ impl ProcessPools {
                         pool.idle.push((child, since));
                     }
                 }
-                !(retire || (pool.idle.is_empty() && pool.leased == 0 && pool.starting == 0))
+                !(retire || (pool.idle.is_empty() && pool.leased.is_empty() && pool.starting == 0))
             });
         }
         for child in stopped {
@@ -374,7 +385,33 @@ impl ProcessPools {
         self.state()
             .pools
             .iter()
-            .map(|(key, pool)| (*key, pool.leased + pool.idle.len() as u32))
+            .map(|(key, pool)| (*key, (pool.leased.len() + pool.idle.len()) as u32))
+            .collect()
+    }
+
+    /// Every pool with its live children, for the node's status.
+    pub fn status(&self) -> Vec<UdfPoolStatus> {
+        self.state()
+            .pools
+            .values()
+            .map(|pool| UdfPoolStatus {
+                command: pool.command.clone(),
+                min: pool.min,
+                max: pool.max,
+                starting: pool.starting,
+                processes: pool
+                    .leased
+                    .iter()
+                    .map(|pid| UdfProcessStatus {
+                        pid: *pid,
+                        leased: true,
+                    })
+                    .chain(pool.idle.iter().map(|(child, _)| UdfProcessStatus {
+                        pid: child.pid(),
+                        leased: false,
+                    }))
+                    .collect(),
+            })
             .collect()
     }
 

@@ -32,7 +32,9 @@ use floe_core::ObjectId;
 
 pub use pools::MemoryPools;
 pub use region::Backing;
-pub use store::{FileAudit, ObjectStore, ObjectWriter, StoreConfig, StoreStats};
+pub use store::{
+    FileAudit, ObjectInfo, ObjectStore, ObjectWriter, Residence, StoreConfig, StoreStats,
+};
 pub use view::{ObjectLocation, ObjectSource, ObjectView, StoreClient};
 
 /// Everything the object store can fail with. Messages name the object and the sizes involved.

@@ -76,6 +76,9 @@ pub struct StoreStats {
     /// Memory allocated to objects, headers included.
     pub used: u64,
     pub objects_in_memory: u64,
+    /// Objects some view reads now: they can be neither spilled nor freed.
+    pub pinned_bytes: u64,
+    pub pinned_objects: u64,
     /// Bytes and objects whose copy is in a spill file now (an object restored to memory keeps
     /// its spilled copy until freed, so evicting it again costs no write).
     pub spilled_bytes: u64,
@@ -86,6 +89,24 @@ pub struct StoreStats {
     /// Objects held in disk-backed fallback files now.
     pub fallback_bytes: u64,
     pub fallback_objects: u64,
+}
+
+/// Where an object's bytes are now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    Memory,
+    Spilled,
+    Fallback,
+}
+
+/// One object as [`ObjectStore::largest`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub object: ObjectId,
+    pub size: u64,
+    pub residence: Residence,
+    /// Views reading it now.
+    pub pins: u64,
 }
 
 /// A node's object store, in shared memory (or heap memory, for tests). Cheap to clone; all
@@ -446,6 +467,10 @@ impl ObjectStore {
             if entry.memory.is_some() {
                 stats.objects_in_memory += 1;
             }
+            if entry.pins > 0 {
+                stats.pinned_bytes += entry.size;
+                stats.pinned_objects += 1;
+            }
             if let Some(slot) = &entry.spilled {
                 stats.spilled_bytes += slot.len();
                 stats.spilled_objects += 1;
@@ -456,6 +481,43 @@ impl ObjectStore {
             }
         }
         stats
+    }
+
+    /// The `count` largest live objects, largest first (ties by id), for operators.
+    pub fn largest(&self, count: usize) -> Vec<ObjectInfo> {
+        let state = self.inner.lock();
+        // A bounded heap of the largest seen so far: one pass, `count` entries held.
+        let mut largest: std::collections::BinaryHeap<std::cmp::Reverse<(u64, ObjectId)>> =
+            std::collections::BinaryHeap::with_capacity(count + 1);
+        for (object, entry) in &state.objects {
+            if entry.deleted || !entry.sealed {
+                continue;
+            }
+            largest.push(std::cmp::Reverse((entry.size, *object)));
+            if largest.len() > count {
+                largest.pop();
+            }
+        }
+        let mut found: Vec<ObjectInfo> = largest
+            .into_iter()
+            .filter_map(|std::cmp::Reverse((_, object))| {
+                let entry = state.objects.get(&object)?;
+                Some(ObjectInfo {
+                    object,
+                    size: entry.size,
+                    residence: if entry.memory.is_some() {
+                        Residence::Memory
+                    } else if entry.fallback.is_some() {
+                        Residence::Fallback
+                    } else {
+                        Residence::Spilled
+                    },
+                    pins: entry.pins,
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| b.size.cmp(&a.size).then(a.object.cmp(&b.object)));
+        found
     }
 
     /// The spill file holding an object's spilled copy, if it has one.

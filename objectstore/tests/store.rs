@@ -36,6 +36,7 @@ on_every_backing!(
     a_store_reopened_under_a_dead_stores_name_clears_its_leftovers,
     a_recorded_checksum_lasts_as_long_as_its_object,
     the_files_on_disk_are_exactly_those_of_live_objects,
+    the_largest_objects_and_the_pinned_ones_are_listed_where_they_lie,
 );
 
 /// As the parent: seal objects (one in shared memory, one in a fallback file, one in a heap
@@ -176,6 +177,46 @@ fn references_and_pins_decide_when_an_object_is_freed(backing: Backing) {
     drop(view);
     assert_eq!(store.stats().used, 0);
     assert!(!store.revive(other), "nothing pins it: it is gone for good");
+}
+
+fn the_largest_objects_and_the_pinned_ones_are_listed_where_they_lie(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
+    let sizes: BTreeMap<ObjectId, u64> = (1..=6).map(|n| (id(n), n as u64 * 100 * KIB)).collect();
+    for (object, size) in &sizes {
+        store.put(*object, &contents(*object, *size)).unwrap();
+    }
+    let pinned = store.get(id(2)).unwrap();
+    // Spilled: everything unpinned goes to disk; the pinned one stays in memory.
+    assert!(store.spill(4 * MIB).unwrap() > 0);
+    let largest = store.largest(3);
+    let mut expected: Vec<(ObjectId, u64)> = sizes.iter().map(|(o, s)| (*o, *s)).collect();
+    expected.sort_by_key(|&(_, size)| std::cmp::Reverse(size));
+    let listed: Vec<(ObjectId, u64)> = largest.iter().map(|o| (o.object, o.size)).collect();
+    assert_eq!(listed, expected[..3]);
+    assert!(
+        largest
+            .iter()
+            .all(|o| o.residence == floe_objectstore::Residence::Spilled && o.pins == 0),
+        "{largest:?}"
+    );
+    let all = store.largest(100);
+    assert_eq!(all.len(), sizes.len());
+    let two = all.iter().find(|o| o.object == id(2)).unwrap();
+    assert_eq!(
+        (two.residence, two.pins),
+        (floe_objectstore::Residence::Memory, 1)
+    );
+    let stats = store.stats();
+    assert_eq!((stats.pinned_objects, stats.pinned_bytes), (1, 200 * KIB));
+    drop(pinned);
+    assert_eq!(store.stats().pinned_objects, 0);
+    store.delete(id(6)).unwrap();
+    assert_eq!(
+        store.largest(1)[0].object,
+        id(5),
+        "a deleted object is not listed"
+    );
 }
 
 fn a_recorded_checksum_lasts_as_long_as_its_object(backing: Backing) {

@@ -555,7 +555,11 @@ impl FakeCluster {
                 NodeResponse::ActorStopped
             }
             NodeRequest::RunTask(spec) => match self.run(node, spec, None).await {
-                Ran::Finished(result) => NodeResponse::Task(result),
+                // In-process: no worker process runs it.
+                Ran::Finished(result) => NodeResponse::Task {
+                    result,
+                    worker: None,
+                },
                 Ran::NodeDied => return Err(Error::Wire(WireError::Closed)),
             },
             NodeRequest::CallActor { actor, message, .. } => {
@@ -610,6 +614,11 @@ impl FakeCluster {
                 ..StoreUsage::default()
             },
             actors: Vec::new(),
+            worker_slots: Vec::new(),
+            largest_objects: Vec::new(),
+            cpu_used_permille: 0,
+            heap_used_bytes: 0,
+            udf_pools: Vec::new(),
         }))
     }
 
@@ -714,7 +723,10 @@ impl FakeCluster {
                     .map(|hosted| hosted.node)
                     .ok_or_else(gone)?;
                 match self.run(node, task, Some(actor)).await {
-                    Ran::Finished(Ok(outputs)) => Ok(ActorReply::Reduced(outputs)),
+                    Ran::Finished(Ok(outputs)) => Ok(ActorReply::Reduced {
+                        outputs,
+                        worker: None,
+                    }),
                     Ran::Finished(Err(failure)) => Err(ActorFailure::Task(failure)),
                     Ran::NodeDied => Err(gone()),
                 }

@@ -18,6 +18,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use floe_core::job::ActorProgress;
 use floe_core::plan::task::StageInput;
 
 use floe_api::placement::{PlacementRequest, Strategy};
@@ -48,6 +49,10 @@ pub struct Slot {
     pub failed_creations: u32,
     /// No partition is its (the partition count turned out smaller than the slots).
     pub idle: bool,
+    /// Calls sent to the current actor (pushes and reduces), for the dashboard.
+    pub calls: u64,
+    /// Times the slot's actor was created again after one was gone.
+    pub restarts: u32,
 }
 
 impl Slot {
@@ -58,13 +63,16 @@ impl Slot {
             pushed: BTreeSet::new(),
             failed_creations: 0,
             idle: false,
+            calls: 0,
+            restarts: 0,
         }
     }
 
-    /// A new actor for this slot, replacing one that is gone.
+    /// A new actor for this slot, replacing one that is gone or was never created.
     pub fn replace(&mut self) {
         *self = Self {
             failed_creations: self.failed_creations,
+            restarts: self.restarts,
             ..Self::new()
         };
     }
@@ -444,6 +452,7 @@ impl<C: ClusterAccess> Execution<C> {
         tracing::warn!(job = %self.job, operator = %op.name, slot, actor = %entry.actor, ?avoid, "an aggregator is gone; creating it again");
         let old_node = entry.node;
         entry.replace();
+        entry.restarts += 1;
         let actor = entry.actor;
         op.stats.aggregators += 1;
         op.stats.aggregators_recreated += 1;
@@ -530,6 +539,33 @@ impl<C: ClusterAccess> Execution<C> {
         self.create_aggregator(index, slot, actor, count, None);
     }
 
+    /// Counts a call (a reduce) sent to `actor`, one of operator `index`'s aggregators.
+    pub(super) fn count_call(&mut self, index: usize, actor: ActorId) {
+        let slot = self.ops[index]
+            .shuffle
+            .aggregators
+            .as_mut()
+            .and_then(|pool| pool.slots.iter_mut().find(|slot| slot.actor == actor));
+        if let Some(slot) = slot {
+            slot.calls += 1;
+        }
+    }
+
+    /// Every running aggregator of the job, for its progress report.
+    pub(super) fn actor_progress(&self) -> Vec<ActorProgress> {
+        self.ops
+            .iter()
+            .filter_map(|op| op.shuffle.aggregators.as_ref())
+            .flat_map(|pool| &pool.slots)
+            .filter(|slot| !slot.idle && slot.node.is_some())
+            .map(|slot| ActorProgress {
+                actor: slot.actor,
+                calls: slot.calls,
+                restarts: slot.restarts,
+            })
+            .collect()
+    }
+
     fn slot_mut(&mut self, index: usize, slot: usize) -> Option<&mut Slot> {
         self.ops[index]
             .shuffle
@@ -571,10 +607,12 @@ impl<C: ClusterAccess> Execution<C> {
             }
         }
         let actor = entry.actor;
+        let sends = !shards.is_empty();
         if let Some(entry) = self.slot_mut(index, slot) {
             entry.pushed.extend(pushed);
+            entry.calls += u64::from(sends);
         }
-        if shards.is_empty() {
+        if !sends {
             return;
         }
         let cluster = Arc::clone(&self.cluster);

@@ -50,7 +50,7 @@ use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
 use crate::plan::{Planned, SourceTask, Work};
 use crate::stream::StreamHandle;
-use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad};
+use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad, WorkerRef};
 
 use self::aggregators::AggregatorError;
 use self::blocks::BlockInfo;
@@ -86,6 +86,7 @@ enum Event {
         op: usize,
         launch: Launch,
         node: Option<NodeId>,
+        worker: Option<WorkerRef>,
         result: Result<Vec<OutputRef>, RunFailure>,
     },
     /// A cache shard of operator `op` was written from `blocks` and recorded, or not.
@@ -356,11 +357,12 @@ impl<C: ClusterAccess> Execution<C> {
                 op,
                 launch,
                 node,
+                worker,
                 result,
             } => {
                 self.running.remove(&launch.task);
                 self.ops[op].running -= 1;
-                self.record_end(&launch, node, &result);
+                self.record_end(&launch, node, worker, &result);
                 match result {
                     Ok(outputs) => match node {
                         Some(node) => self.task_succeeded(op, launch, node, outputs),
@@ -406,6 +408,7 @@ impl<C: ClusterAccess> Execution<C> {
                     launch,
                     node,
                     result,
+                    ..
                 })) => {
                     self.running.remove(&launch.task);
                     self.ops[op].running = self.ops[op].running.saturating_sub(1);
@@ -495,6 +498,7 @@ impl<C: ClusterAccess> Execution<C> {
                     tasks_queued: op.ready.len() as u64,
                 })
                 .collect(),
+            actors: self.actor_progress(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use floe_api::node_protocol::{
     ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, OutputRef,
-    ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, output_id,
+    ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::physical::Stage;
@@ -108,7 +108,10 @@ impl<C: ClusterAccess> Execution<C> {
     pub(super) fn start(&mut self, index: usize, launch: Launch) {
         let aggregator = match self.reduce_route(index, &launch) {
             ReduceRoute::Direct => None,
-            ReduceRoute::Aggregator { actor, node } => Some((actor, node)),
+            ReduceRoute::Aggregator { actor, node } => {
+                self.count_call(index, actor);
+                Some((actor, node))
+            }
             ReduceRoute::AggregatorStarting => {
                 // Its aggregator is being created: ask again after a pause, the task counted
                 // as running meanwhile.
@@ -137,6 +140,7 @@ impl<C: ClusterAccess> Execution<C> {
                 attempt,
                 state: TaskRunState::Running,
                 node: None,
+                worker: None,
                 rows: 0,
                 bytes: 0,
                 started_ms: unix_ms(),
@@ -166,11 +170,13 @@ impl<C: ClusterAccess> Execution<C> {
         };
         let events = self.events_tx.clone();
         tokio::spawn(async move {
-            let (node, result) = run.run(&launch, &inputs).await;
+            let mut worker = None;
+            let (node, result) = run.run(&launch, &inputs, &mut worker).await;
             let _ = events.send(Event::Task {
                 op: index,
                 launch,
                 node,
+                worker,
                 result,
             });
         });
@@ -213,6 +219,7 @@ impl<C: ClusterAccess> Execution<C> {
         &self,
         launch: &Launch,
         node: Option<NodeId>,
+        worker: Option<WorkerRef>,
         result: &Result<Vec<OutputRef>, RunFailure>,
     ) {
         let (rows, bytes, error) = match result {
@@ -228,6 +235,7 @@ impl<C: ClusterAccess> Execution<C> {
             launch.task,
             RunEnd {
                 node,
+                worker,
                 rows,
                 bytes,
                 ended_ms: unix_ms(),
@@ -427,11 +435,13 @@ struct TaskRun<C: ClusterAccess> {
 }
 
 impl<C: ClusterAccess> TaskRun<C> {
-    /// Runs one task where the scheduler places it (or loads a shard where it is cached).
+    /// Runs one task where the scheduler places it (or loads a shard where it is cached);
+    /// `worker` is set to the worker process that ran it, once one did.
     async fn run(
         &self,
         launch: &Launch,
         inputs: &[(ObjectId, Option<BlockInfo>)],
+        worker: &mut Option<WorkerRef>,
     ) -> (Option<NodeId>, Result<Vec<OutputRef>, RunFailure>) {
         let unreachable =
             |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
@@ -509,7 +519,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                 };
                 self.config.tasks.placed(self.job, launch.task, node);
                 let result = self
-                    .run_on(node, launch.task, *input, objects, inputs)
+                    .run_on(node, launch.task, *input, objects, inputs, worker)
                     .await;
                 if let Err(error) = self
                     .cluster
@@ -530,6 +540,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         input: StageInput,
         objects: &[ObjectId],
         inputs: &[(ObjectId, Option<BlockInfo>)],
+        worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, RunFailure> {
         let addr = self
             .cluster
@@ -595,14 +606,23 @@ impl<C: ClusterAccess> TaskRun<C> {
             }
         };
         match reply {
-            Ok(
-                NodeResponse::Task(Ok(outputs))
-                | NodeResponse::Actor(Ok(ActorReply::Reduced(outputs))),
-            ) => Ok(outputs),
-            Ok(
-                NodeResponse::Task(Err(failure))
-                | NodeResponse::Actor(Err(ActorFailure::Task(failure))),
-            ) => Err(RunFailure::Failed(failure)),
+            Ok(NodeResponse::Task {
+                result,
+                worker: ran,
+            }) => {
+                *worker = ran;
+                result.map_err(RunFailure::Failed)
+            }
+            Ok(NodeResponse::Actor(Ok(ActorReply::Reduced {
+                outputs,
+                worker: ran,
+            }))) => {
+                *worker = ran;
+                Ok(outputs)
+            }
+            Ok(NodeResponse::Actor(Err(ActorFailure::Task(failure)))) => {
+                Err(RunFailure::Failed(failure))
+            }
             Ok(NodeResponse::Actor(Err(ActorFailure::Gone { actor, reason }))) => {
                 Err(RunFailure::ActorGone {
                     actor,

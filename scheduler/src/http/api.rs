@@ -292,6 +292,10 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
             "/api/nodes/{id}/logs",
             web::get().to(super::logs::node_logs),
         )
+        .route(
+            "/api/nodes/{id}/history",
+            web::get().to(super::inspect::node_history),
+        )
         .route("/api/jobs", web::get().to(jobs))
         .route("/api/jobs", web::post().to(submit))
         .route("/api/jobs/{id}", web::get().to(job))
@@ -832,6 +836,7 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
                     .map(|(node, shards)| (node.to_string(), *shards))
                     .collect(),
                 last_used_ms: snapshot.cache_last_used.get(fingerprint).copied(),
+                hits: snapshot.cache_hits.get(fingerprint).copied().unwrap_or(0),
                 job: made_by.map(|made| made.origin.job.to_string()),
                 operator: made_by.map(|made| made.origin.operator.clone()),
                 created_at_ms: made_by.map(|made| made.created_at_ms),
@@ -958,13 +963,19 @@ async fn events(shared: web::Data<Shared>, query: web::Query<EventsQuery>) -> Ht
 /// Points a history answer holds at most: a longer span is thinned to every k-th sample.
 const MAX_HISTORY_POINTS: usize = 600;
 
-async fn history(shared: web::Data<Shared>, query: web::Query<HistoryQuery>) -> Reply {
-    let minutes = query.minutes.unwrap_or(10);
-    if !(1..=60).contains(&minutes) {
-        return Err(ApiError::bad_request(format!(
+/// Checks a chart span: 1 to 60 minutes (the monitor keeps an hour).
+pub(super) fn history_minutes(minutes: u64) -> Result<u64, ApiError> {
+    if (1..=60).contains(&minutes) {
+        Ok(minutes)
+    } else {
+        Err(ApiError::bad_request(format!(
             "minutes must be 1 to 60, not {minutes}"
-        )));
+        )))
     }
+}
+
+async fn history(shared: web::Data<Shared>, query: web::Query<HistoryQuery>) -> Reply {
+    let minutes = history_minutes(query.minutes.unwrap_or(10))?;
     let now = now_ms();
     let since = now.saturating_sub(minutes * 60_000);
     let recent: Vec<_> = shared
@@ -986,6 +997,8 @@ async fn history(shared: web::Data<Shared>, query: web::Query<HistoryQuery>) -> 
             rows_per_s: sample.rows_per_s,
             running_jobs: sample.running_jobs,
             tasks_running: sample.tasks_running,
+            task_rows_per_s: sample.task_rows_per_s,
+            network_bytes_per_s: sample.network_bytes_per_s,
         })
         .collect();
     samples.reverse();

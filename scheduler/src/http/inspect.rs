@@ -1,6 +1,8 @@
-//! `GET /api/actors` (the actors the cluster state records) and `GET /api/nodes/ID` (one
-//! node's record with what the node itself says now: workers, running tasks, its object
-//! store and the actors it hosts, asked of the node on demand).
+//! `GET /api/actors` (the actors the cluster state records, with the calls and restarts
+//! their drivers last reported), `GET /api/nodes/ID` (one node's record with what the node
+//! itself says now: workers, running tasks, CPU and heap, its object store and largest
+//! objects, UDF pools and the actors it hosts, asked of the node on demand) and
+//! `GET /api/nodes/ID/history` (its chart points of the last hour, from the monitor).
 
 use actix_web::{HttpResponse, web};
 use floe_api::node_protocol::{NodeRequest, NodeResponse, NodeStatus};
@@ -8,9 +10,12 @@ use floe_api::state::DRIVER_ACTOR_KIND;
 use floe_core::JobId;
 use serde::{Deserialize, Serialize};
 
-use super::api::{ApiError, Shared, node_json, parse_job_id, parse_node_id, unknown_node};
-use super::json::NodeJson;
+use super::api::{
+    ApiError, Shared, history_minutes, node_json, parse_job_id, parse_node_id, unknown_node,
+};
+use super::json::{HistoryQuery, NodeJson};
 use super::node_calls::call_all;
+use floe_api::state as domain;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,8 +32,12 @@ struct ActorJson {
     /// `alive` while its node is, else `lost` (it goes from the state with its job, or is
     /// created again elsewhere).
     state: &'static str,
-    /// For a job driver, the drivers started before this one; not known for other kinds.
+    /// For a job driver, the drivers started before this one; for an aggregator, the times
+    /// its slot's actor was created again after one was gone (as its driver last reported).
     restarts: Option<u32>,
+    /// Calls its driver sent it (an aggregator's pushes and reduces); null for drivers, which
+    /// take none, and before the first progress report.
+    calls: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -42,6 +51,13 @@ pub(super) async fn actors(
 ) -> Result<HttpResponse, ApiError> {
     let job: Option<JobId> = query.job.as_deref().map(parse_job_id).transpose()?;
     let state = shared.state();
+    let snapshot = shared.monitor().snapshot();
+    let reported = |actor: &domain::ActorRecord| {
+        snapshot
+            .progress
+            .get(&actor.job)
+            .and_then(|progress| progress.actors.iter().find(|a| a.actor == actor.id))
+    };
     let mut actors: Vec<ActorJson> = state
         .actors
         .values()
@@ -60,10 +76,15 @@ pub(super) async fn actors(
             } else {
                 "lost"
             },
-            restarts: (actor.kind == DRIVER_ACTOR_KIND)
-                .then(|| state.jobs.get(&actor.job))
-                .flatten()
-                .map(|job| job.attempts.saturating_sub(1)),
+            restarts: if actor.kind == DRIVER_ACTOR_KIND {
+                state
+                    .jobs
+                    .get(&actor.job)
+                    .map(|job| job.attempts.saturating_sub(1))
+            } else {
+                reported(actor).map(|progress| progress.restarts)
+            },
+            calls: reported(actor).map(|progress| progress.calls),
         })
         .collect();
     actors.sort_by(|a, b| (a.job.len(), &a.job, &a.kind).cmp(&(b.job.len(), &b.job, &b.kind)));
@@ -74,6 +95,41 @@ pub(super) async fn actors(
 struct RunningJson {
     task: String,
     worker_pid: u32,
+    worker_slot: u32,
+}
+
+#[derive(Serialize)]
+struct WorkerSlotJson {
+    slot: u32,
+    pid: Option<u32>,
+    /// The task it runs now; null when idle.
+    task: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ObjectJson {
+    object: String,
+    size_bytes: u64,
+    /// `memory`, `spilled` or `fallback`.
+    residence: &'static str,
+    pins: u64,
+    job: Option<String>,
+}
+
+#[derive(Serialize)]
+struct UdfProcessJson {
+    pid: u32,
+    /// `leased` (to a task) or `idle`.
+    state: &'static str,
+}
+
+#[derive(Serialize)]
+struct UdfPoolJson {
+    command: String,
+    min: u32,
+    max: u32,
+    starting: u32,
+    processes: Vec<UdfProcessJson>,
 }
 
 #[derive(Serialize)]
@@ -81,6 +137,8 @@ struct StoreJson {
     capacity_bytes: u64,
     used_bytes: u64,
     objects_in_memory: u64,
+    pinned_bytes: u64,
+    pinned_objects: u64,
     spilled_bytes: u64,
     spilled_objects: u64,
     spilled_bytes_total: u64,
@@ -97,7 +155,14 @@ struct LiveJson {
     tasks_failed: u64,
     workers_respawned: u64,
     pulls_started: u64,
+    /// The node's process tree's CPU use, as a share of its CPUs (0 to 1).
+    cpu_utilization: f64,
+    heap_used_bytes: u64,
     store: StoreJson,
+    /// Largest first.
+    largest_objects: Vec<ObjectJson>,
+    worker_slots: Vec<WorkerSlotJson>,
+    udf_pools: Vec<UdfPoolJson>,
     actors: Vec<String>,
 }
 
@@ -120,6 +185,47 @@ fn live_json(status: NodeStatus) -> LiveJson {
             .map(|task| RunningJson {
                 task: task.task.to_string(),
                 worker_pid: task.worker_pid,
+                worker_slot: task.worker_slot,
+            })
+            .collect(),
+        cpu_utilization: f64::from(status.cpu_used_permille) / 1000.0,
+        heap_used_bytes: status.heap_used_bytes,
+        largest_objects: status
+            .largest_objects
+            .iter()
+            .map(|object| ObjectJson {
+                object: object.object.to_string(),
+                size_bytes: object.size,
+                residence: object.residence.name(),
+                pins: object.pins,
+                job: object.job.map(|job| job.to_string()),
+            })
+            .collect(),
+        worker_slots: status
+            .worker_slots
+            .iter()
+            .map(|slot| WorkerSlotJson {
+                slot: slot.slot,
+                pid: slot.pid,
+                task: slot.task.map(|task| task.to_string()),
+            })
+            .collect(),
+        udf_pools: status
+            .udf_pools
+            .into_iter()
+            .map(|pool| UdfPoolJson {
+                command: pool.command,
+                min: pool.min,
+                max: pool.max,
+                starting: pool.starting,
+                processes: pool
+                    .processes
+                    .iter()
+                    .map(|process| UdfProcessJson {
+                        pid: process.pid,
+                        state: if process.leased { "leased" } else { "idle" },
+                    })
+                    .collect(),
             })
             .collect(),
         tasks_finished: status.tasks_finished,
@@ -130,6 +236,8 @@ fn live_json(status: NodeStatus) -> LiveJson {
             capacity_bytes: store.capacity,
             used_bytes: store.used,
             objects_in_memory: store.objects_in_memory,
+            pinned_bytes: store.pinned_bytes,
+            pinned_objects: store.pinned_objects,
             spilled_bytes: store.spilled_bytes,
             spilled_objects: store.spilled_objects,
             spilled_bytes_total: store.spilled_bytes_total,
@@ -167,5 +275,57 @@ pub(super) async fn node(
         node: node_json(record, &snapshot),
         live,
         live_error,
+    }))
+}
+
+#[derive(Serialize)]
+struct NodeSampleJson {
+    time_ms: u64,
+    tasks_running: u32,
+    rows_per_s: f64,
+    spilled_bytes: u64,
+    network_bytes_per_s: f64,
+    cpu_utilization: f64,
+}
+
+#[derive(Serialize)]
+struct NodeHistoryJson {
+    node: String,
+    /// One point per this many milliseconds.
+    interval_ms: u64,
+    samples: Vec<NodeSampleJson>,
+}
+
+/// `GET /api/nodes/ID/history?minutes=N`: the node's chart points of the last `minutes`
+/// (1 to 60, default 60), oldest first.
+pub(super) async fn node_history(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+    query: web::Query<HistoryQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let node = parse_node_id(&id)?;
+    let minutes = history_minutes(query.minutes.unwrap_or(60))?;
+    if !shared.state().nodes.contains_key(&node) {
+        return Err(unknown_node(node));
+    }
+    let since = super::monitor::now_ms().saturating_sub(minutes * 60_000);
+    let samples = shared
+        .monitor()
+        .node_history(node)
+        .into_iter()
+        .filter(|sample| sample.time_ms >= since)
+        .map(|sample| NodeSampleJson {
+            time_ms: sample.time_ms,
+            tasks_running: sample.tasks_running,
+            rows_per_s: f64::from(sample.rows_per_s),
+            spilled_bytes: sample.spilled_bytes,
+            network_bytes_per_s: f64::from(sample.network_bytes_per_s),
+            cpu_utilization: f64::from(sample.cpu_used_permille) / 1000.0,
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(NodeHistoryJson {
+        node: node.to_string(),
+        interval_ms: super::monitor::NODE_SAMPLE_MS,
+        samples,
     }))
 }

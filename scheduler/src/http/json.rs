@@ -22,6 +22,7 @@ pub(super) struct Version {
 // ---- paging ---------------------------------------------------------------------------
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     pub(super) state: Option<String>,
     /// Jobs only: also list the jobs that moved to this replica's history.
@@ -330,6 +331,8 @@ pub(super) struct CacheEntryJson {
     /// Node id → how many of the entry's shards it holds.
     pub(super) shards_per_node: BTreeMap<String, u64>,
     pub(super) last_used_ms: Option<u64>,
+    /// Shards served from the entry by jobs that succeeded while this replica watched.
+    pub(super) hits: u64,
     /// The job and operator that made the entry, and when (ms since the Unix epoch); null
     /// for shards a node found on disk when it joined.
     pub(super) job: Option<String>,
@@ -357,6 +360,7 @@ pub(super) struct Cleaned {
 // ---- events and history ---------------------------------------------------------------
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct EventsQuery {
     pub(super) after: Option<u64>,
 }
@@ -384,6 +388,8 @@ pub(super) struct SampleJson {
     pub(super) rows_per_s: f64,
     pub(super) running_jobs: u64,
     pub(super) tasks_running: u64,
+    pub(super) task_rows_per_s: f64,
+    pub(super) network_bytes_per_s: f64,
 }
 
 #[derive(Deserialize)]

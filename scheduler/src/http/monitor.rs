@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use super::HttpConfig;
 use floe_api::client::SchedulerClient;
-use floe_api::scheduler_protocol::{NodeReport, ReplicaStatus};
+use floe_api::scheduler_protocol::{NodeReport, ReplicaStatus, ResourceUsage};
 use floe_api::state::{ClusterState, JobStatus, Liveness};
 
 /// Events kept for `/api/events`; older ones are dropped.
@@ -27,6 +27,13 @@ const MAX_SAMPLES: usize = 3600;
 /// How long one replica's status or one call to the leader may take before the snapshot is
 /// taken without it.
 const CALL_TIMEOUT: Duration = Duration::from_millis(800);
+/// One node chart point per this long: an hour of them for 1,000 nodes is 360,000 small
+/// samples (about 12 MB), where one a second would be ten times that.
+pub(crate) const NODE_SAMPLE_MS: u64 = 10_000;
+/// Node chart points kept per node (an hour).
+const MAX_NODE_SAMPLES: usize = 360;
+/// A job whose output rows have not grown for this long shows 0 rows/s.
+const ROWS_STALE_MS: u64 = 5_000;
 
 /// One replica as this replica sees it; `status` is None when it did not answer.
 #[derive(Debug, Clone)]
@@ -52,10 +59,18 @@ pub(crate) struct Snapshot {
     pub leader_answered: bool,
     pub reports: BTreeMap<NodeId, NodeReport>,
     pub progress: BTreeMap<JobId, JobProgress>,
-    /// Running jobs' output rows per second since the previous snapshot.
+    /// Running jobs' output rows per second, between the last two reports that changed them.
     pub rows_per_s: BTreeMap<JobId, f64>,
+    /// Each running job's output rows and when they last changed, for `rows_per_s`.
+    pub row_marks: BTreeMap<JobId, (u64, u64)>,
     /// When a job last wrote or hit each cache fingerprint, as seen by this replica.
     pub cache_last_used: BTreeMap<String, u64>,
+    /// Shards served from each cache fingerprint by the jobs that succeeded while this
+    /// replica watched.
+    pub cache_hits: BTreeMap<String, u64>,
+    /// The last node seen running each job's driver, which keeps its task table after the
+    /// job ends; for jobs still in the state.
+    pub driver_seen: BTreeMap<JobId, NodeId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,12 +111,41 @@ pub(crate) struct Sample {
     pub running_jobs: u64,
     /// Tasks the running jobs' drivers last reported running.
     pub tasks_running: u64,
+    /// Rows all tasks produced per second, and object bytes the nodes received from each
+    /// other per second, as the nodes count them.
+    pub task_rows_per_s: f64,
+    pub network_bytes_per_s: f64,
 }
+
+/// One node's chart point: what it did over the [`NODE_SAMPLE_MS`] before `time_ms`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeSample {
+    pub time_ms: u64,
+    pub tasks_running: u32,
+    pub rows_per_s: f32,
+    pub spilled_bytes: u64,
+    pub network_bytes_per_s: f32,
+    pub cpu_used_permille: u32,
+}
+
+/// A node's chart points, the counters the next point's rates start from, and its last few
+/// reports, over which the cluster's chart takes its rates (heartbeats and snapshots both
+/// come once a second, so two consecutive snapshots often hold the same report).
+struct NodeHistory {
+    samples: VecDeque<NodeSample>,
+    mark: (u64, ResourceUsage),
+    recent: VecDeque<(u64, ResourceUsage)>,
+}
+
+/// Reports a node's cluster-chart rates are taken over.
+const RECENT_REPORTS: usize = 5;
 
 struct Log {
     events: VecDeque<Event>,
     next_seq: u64,
     samples: VecDeque<Sample>,
+    /// Alive nodes' chart points; a node's go when it leaves the state.
+    nodes: BTreeMap<NodeId, NodeHistory>,
 }
 
 pub(crate) struct Monitor {
@@ -139,7 +183,10 @@ impl Monitor {
             reports: BTreeMap::new(),
             progress: BTreeMap::new(),
             rows_per_s: BTreeMap::new(),
+            row_marks: BTreeMap::new(),
             cache_last_used: BTreeMap::new(),
+            cache_hits: BTreeMap::new(),
+            driver_seen: BTreeMap::new(),
         };
         Self {
             refresh: config.refresh,
@@ -148,6 +195,7 @@ impl Monitor {
                 events: VecDeque::new(),
                 next_seq: 1,
                 samples: VecDeque::new(),
+                nodes: BTreeMap::new(),
             }),
         }
     }
@@ -183,13 +231,24 @@ impl Monitor {
         self.log().samples.iter().copied().collect()
     }
 
+    /// `node`'s chart points, oldest first; none for a node this replica never heard of.
+    pub fn node_history(&self, node: NodeId) -> Vec<NodeSample> {
+        self.log()
+            .nodes
+            .get(&node)
+            .map(|history| history.samples.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// Installs `next`, recording the events between the current snapshot and it.
     pub(super) fn advance(&self, mut next: Snapshot) {
         let previous = self.snapshot();
         let changes = changes(&previous, &mut next);
-        let sample = sample(&next);
+        let mut sample = sample(&next);
         {
             let mut log = self.log();
+            (sample.task_rows_per_s, sample.network_bytes_per_s) =
+                record_node_samples(&mut log.nodes, &next);
             for (kind, node, job, message) in changes {
                 let seq = log.next_seq;
                 log.next_seq += 1;
@@ -219,6 +278,80 @@ impl Monitor {
 }
 
 type Change = (EventKind, Option<NodeId>, Option<JobId>, String);
+
+/// Adds a chart point for every alive node whose last one is [`NODE_SAMPLE_MS`] old (a node
+/// first heard of gets one at once), and drops the points of nodes gone from the state.
+/// Returns the alive nodes' rows produced and network bytes received per second, summed.
+fn record_node_samples(nodes: &mut BTreeMap<NodeId, NodeHistory>, next: &Snapshot) -> (f64, f64) {
+    nodes.retain(|node, _| next.state.nodes.get(node).is_some_and(|n| n.is_alive()));
+    let mut cluster = (0.0, 0.0);
+    for (node, report) in &next.reports {
+        if !next.state.nodes.get(node).is_some_and(|n| n.is_alive()) {
+            continue;
+        }
+        let usage = report.usage;
+        if let Some(history) = nodes.get_mut(node) {
+            history.recent.push_back((next.time_ms, usage));
+            if history.recent.len() > RECENT_REPORTS {
+                history.recent.pop_front();
+            }
+            if let (Some((from_ms, from)), Some((to_ms, to))) =
+                (history.recent.front(), history.recent.back())
+            {
+                let (rows, bytes) = rates(from, to, to_ms - from_ms);
+                cluster.0 += rows;
+                cluster.1 += bytes;
+            }
+        }
+        let point = |rows_per_s: f64, network_bytes_per_s: f64| NodeSample {
+            time_ms: next.time_ms,
+            tasks_running: usage.workers_busy,
+            rows_per_s: rows_per_s as f32,
+            spilled_bytes: usage.spilled_bytes,
+            network_bytes_per_s: network_bytes_per_s as f32,
+            cpu_used_permille: usage.cpu_used_permille,
+        };
+        match nodes.get_mut(node) {
+            None => {
+                nodes.insert(
+                    *node,
+                    NodeHistory {
+                        samples: VecDeque::from([point(0.0, 0.0)]),
+                        mark: (next.time_ms, usage),
+                        recent: VecDeque::from([(next.time_ms, usage)]),
+                    },
+                );
+            }
+            Some(history) if next.time_ms >= history.mark.0 + NODE_SAMPLE_MS => {
+                let (rows, bytes) = rates(&history.mark.1, &usage, next.time_ms - history.mark.0);
+                history.samples.push_back(point(rows, bytes));
+                if history.samples.len() > MAX_NODE_SAMPLES {
+                    history.samples.pop_front();
+                }
+                history.mark = (next.time_ms, usage);
+            }
+            Some(_) => {}
+        }
+    }
+    cluster
+}
+
+/// Rows produced and network bytes received per second between two reports of a node
+/// `elapsed_ms` apart (a node restarted under the same id counts from zero again: 0).
+fn rates(before: &ResourceUsage, after: &ResourceUsage, elapsed_ms: u64) -> (f64, f64) {
+    if elapsed_ms == 0 {
+        return (0.0, 0.0);
+    }
+    let per_s = |delta: u64| delta as f64 * 1000.0 / elapsed_ms as f64;
+    (
+        per_s(after.rows_produced.saturating_sub(before.rows_produced)),
+        per_s(
+            after
+                .network_received_bytes
+                .saturating_sub(before.network_received_bytes),
+        ),
+    )
+}
 
 /// The events between two snapshots; also carries forward what `next` derives from the
 /// previous one (rates and cache use).
@@ -260,7 +393,12 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
             _ => {}
         }
     }
+    next.driver_seen
+        .retain(|job, _| next.state.jobs.contains_key(job));
     for (id, job) in &next.state.jobs {
+        if let Some(driver) = job.driver {
+            next.driver_seen.insert(*id, driver);
+        }
         let before = previous.state.jobs.get(id).map(|job| &job.status);
         if before == Some(&job.status) {
             continue;
@@ -298,8 +436,9 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
                 if let Some(fingerprint) = operator.fingerprint
                     && operator.cache_hits > 0
                 {
-                    next.cache_last_used
-                        .insert(fingerprint.to_string(), next.time_ms);
+                    let fingerprint = fingerprint.to_string();
+                    *next.cache_hits.entry(fingerprint.clone()).or_default() += operator.cache_hits;
+                    next.cache_last_used.insert(fingerprint, next.time_ms);
                 }
             }
         }
@@ -312,17 +451,31 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
     }
     next.cache_last_used
         .retain(|fingerprint, _| next.state.cache.contains_key(fingerprint));
-    let elapsed_s = next.time_ms.saturating_sub(previous.time_ms) as f64 / 1000.0;
+    next.cache_hits
+        .retain(|fingerprint, _| next.state.cache.contains_key(fingerprint));
+    // Drivers report every `node.progress_interval_ms`, not once per snapshot: a rate is
+    // taken between two reports that changed the rows, and held until the next one, so it
+    // does not read 0 between reports.
     for (job, progress) in &next.progress {
-        let Some(before) = previous.progress.get(job) else {
-            continue;
+        let rows = progress.operators.last().map_or(0, |op| op.rows_done);
+        let mark =
+            previous.row_marks.get(job).copied().filter(|_| {
+                previous.progress.get(job).map(|p| p.attempt) == Some(progress.attempt)
+            });
+        let (rate, mark) = match mark {
+            Some((since_ms, before)) if rows > before && next.time_ms > since_ms => {
+                let elapsed_s = (next.time_ms - since_ms) as f64 / 1000.0;
+                ((rows - before) as f64 / elapsed_s, (next.time_ms, rows))
+            }
+            Some((since_ms, before)) if next.time_ms.saturating_sub(since_ms) < ROWS_STALE_MS => {
+                let held = previous.rows_per_s.get(job).copied().unwrap_or(0.0);
+                (held, (since_ms, before))
+            }
+            Some((_, before)) => (0.0, (next.time_ms, before)),
+            None => (0.0, (next.time_ms, rows)),
         };
-        if before.attempt != progress.attempt || elapsed_s <= 0.0 {
-            continue;
-        }
-        let rows = |progress: &JobProgress| progress.operators.last().map_or(0, |op| op.rows_done);
-        let rate = rows(progress).saturating_sub(rows(before)) as f64 / elapsed_s;
         next.rows_per_s.insert(*job, rate);
+        next.row_marks.insert(*job, mark);
     }
     found
 }
@@ -362,6 +515,9 @@ fn sample(snapshot: &Snapshot) -> Sample {
             .flat_map(|progress| &progress.operators)
             .map(|operator| operator.tasks_running)
             .sum(),
+        // Set by `record_node_samples`, which keeps the nodes' recent reports.
+        task_rows_per_s: 0.0,
+        network_bytes_per_s: 0.0,
     }
 }
 
@@ -406,7 +562,10 @@ pub(crate) async fn run(
             reports: BTreeMap::new(),
             progress: BTreeMap::new(),
             rows_per_s: BTreeMap::new(),
+            row_marks: BTreeMap::new(),
             cache_last_used: previous.cache_last_used.clone(),
+            cache_hits: previous.cache_hits.clone(),
+            driver_seen: previous.driver_seen.clone(),
         };
         if leader_id.is_some() {
             read_leader(&mut leader, &mut next).await;

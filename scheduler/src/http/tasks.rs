@@ -1,7 +1,8 @@
 //! `GET /api/jobs/ID/tasks`: the runs of a job's tasks, from the task table its driver keeps
 //! on the node that runs it (`NodeRequest::JobTasks`). A running job's driver node is in the
-//! cluster state; a finished job's table is looked for on every alive node (it stays on the
-//! driver's node until newer jobs push it out, see `floe_driver::tasks`).
+//! cluster state; a finished job's on the node this replica last saw running its driver, or
+//! on every alive node when it never saw one (it stays on the driver's node while the job is
+//! in the state, unless newer jobs push it out, see `floe_driver::tasks`).
 
 use actix_web::{HttpResponse, web};
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskTable};
@@ -19,6 +20,8 @@ struct TaskJson {
     attempt: u32,
     state: &'static str,
     node: Option<String>,
+    /// The worker process that ran it (its slot on the node, and its pid), once it ended.
+    worker: Option<WorkerJson>,
     rows: u64,
     bytes: u64,
     started_ms: u64,
@@ -26,6 +29,12 @@ struct TaskJson {
     /// To its end, or to now while it runs.
     duration_ms: u64,
     error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct WorkerJson {
+    slot: u32,
+    pid: u32,
 }
 
 #[derive(Serialize)]
@@ -51,11 +60,21 @@ pub(super) async fn job_tasks(
     let job = parse_job_id(&id)?;
     let state = shared.state();
     let record = state.jobs.get(&job).ok_or_else(|| unknown_job(job))?;
-    let nodes: Vec<(NodeId, String)> = state
-        .alive_nodes()
-        .filter(|node| record.driver.is_none_or(|driver| driver == node.id))
-        .map(|node| (node.id, node.addresses.rpc.clone()))
-        .collect();
+    let driver = record
+        .driver
+        .or_else(|| shared.monitor().snapshot().driver_seen.get(&job).copied());
+    let nodes: Vec<(NodeId, String)> = match driver {
+        Some(driver) => state
+            .nodes
+            .get(&driver)
+            .filter(|node| node.is_alive())
+            .map(|node| vec![(node.id, node.addresses.rpc.clone())])
+            .unwrap_or_default(),
+        None => state
+            .alive_nodes()
+            .map(|node| (node.id, node.addresses.rpc.clone()))
+            .collect(),
+    };
     let request = NodeRequest::JobTasks { job };
     // The newest attempt's table, where several nodes ran one.
     let found: Option<(NodeId, TaskTable)> = call_all(nodes, shared.node_wire(), &request)
@@ -88,6 +107,10 @@ pub(super) async fn job_tasks(
                     attempt: task.attempt,
                     state: task.state.name(),
                     node: task.node.map(|node| node.to_string()),
+                    worker: task.worker.map(|worker| WorkerJson {
+                        slot: worker.slot,
+                        pid: worker.pid,
+                    }),
                     rows: task.rows,
                     bytes: task.bytes,
                     started_ms: task.started_ms,

@@ -362,8 +362,90 @@ fn snapshot_of(state: ClusterState, leader: Option<u64>, time_ms: u64) -> Snapsh
         reports: BTreeMap::new(),
         progress: BTreeMap::new(),
         rows_per_s: BTreeMap::new(),
+        row_marks: BTreeMap::new(),
         cache_last_used: BTreeMap::new(),
+        cache_hits: BTreeMap::new(),
+        driver_seen: BTreeMap::new(),
     }
+}
+
+#[test]
+fn rates_hold_between_reports_and_each_node_gets_a_point_every_ten_seconds() {
+    use floe_api::scheduler_protocol::{NodeReport, ResourceUsage};
+    use floe_core::job::{JobProgress, OperatorProgress};
+    let config = config();
+    let mut state = big_state();
+    state.nodes.retain(|id, _| id.get() <= 2);
+    state.jobs.retain(|id, _| id.get() <= 3);
+    let monitor = Monitor::new(&config, Arc::new(state.clone()));
+    let job = JobId::new(3);
+    let node = NodeId::new(1);
+    // The driver reports 1,000 more output rows every 2 s; the node has made 500 rows and
+    // received 4 KiB more every second.
+    for second in 0..=30u64 {
+        let mut next = snapshot_of(state.clone(), Some(1), 1_000_000 + second * 1000);
+        let rows_done = 1000 * (second / 2);
+        next.progress.insert(
+            job,
+            JobProgress {
+                attempt: 1,
+                operators: vec![OperatorProgress {
+                    rows_done,
+                    ..OperatorProgress::default()
+                }],
+                actors: Vec::new(),
+            },
+        );
+        let usage = ResourceUsage {
+            rows_produced: 500 * second,
+            network_received_bytes: 4096 * second,
+            workers_busy: 2,
+            spilled_bytes: 7,
+            cpu_used_permille: 250,
+            ..ResourceUsage::default()
+        };
+        next.reports.insert(
+            node,
+            NodeReport {
+                usage,
+                reserved: Resources::default(),
+                age_ms: 0,
+            },
+        );
+        monitor.advance(next);
+        // The first rate is taken from when the job was first seen (the first snapshot is the
+        // baseline), so it runs from the second change on.
+        if second >= 5 {
+            // 1,000 rows per 2 s, even in the seconds no new report came.
+            let rate = monitor.snapshot().rows_per_s[&job];
+            assert!((rate - 500.0).abs() < 1e-6, "second {second}: {rate}");
+        }
+    }
+    let last = *monitor.history().last().unwrap();
+    assert!((last.task_rows_per_s - 500.0).abs() < 1e-6, "{last:?}");
+    assert!((last.network_bytes_per_s - 4096.0).abs() < 1e-6, "{last:?}");
+    // A point when the node is first heard of, then one per 10 s: at 0, 10, 20 and 30 s.
+    let points = monitor.node_history(node);
+    let times: Vec<u64> = points.iter().map(|p| p.time_ms - 1_000_000).collect();
+    assert_eq!(times, [0, 10_000, 20_000, 30_000]);
+    let point = points[3];
+    assert_eq!((point.tasks_running, point.spilled_bytes), (2, 7));
+    assert_eq!(point.cpu_used_permille, 250);
+    assert!((f64::from(point.rows_per_s) - 500.0).abs() < 1e-3);
+    assert!((f64::from(point.network_bytes_per_s) - 4096.0).abs() < 1e-3);
+    // A job whose rows stop growing falls to 0 after a while.
+    for second in 31..=40u64 {
+        let mut next = snapshot_of(state.clone(), Some(1), 1_000_000 + second * 1000);
+        next.progress
+            .insert(job, monitor.snapshot().progress[&job].clone());
+        monitor.advance(next);
+    }
+    assert_eq!(monitor.snapshot().rows_per_s[&job], 0.0);
+    // A node that leaves the state takes its points with it.
+    let mut gone = state.clone();
+    gone.nodes.remove(&node);
+    monitor.advance(snapshot_of(gone, Some(1), 1_100_000));
+    assert!(monitor.node_history(node).is_empty());
 }
 
 #[test]

@@ -178,6 +178,7 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
         fallback_bytes: 1,
         workers: 4,
         workers_busy: 2,
+        ..ResourceUsage::default()
     };
     let mut deaths = Vec::new();
     while deaths.is_empty() {

@@ -49,6 +49,10 @@ function fmtRate(n) {
   return `${(n / 1e9).toFixed(2)} G/s`;
 }
 
+function fmtBytesRate(n) {
+  return isNum(n) ? `${fmtBytes(Math.round(n))}/s` : DASH;
+}
+
 // Axis labels read better without trailing zeros: "7.50 GiB" -> "7.5 GiB", "10.0 k/s" -> "10 k/s".
 function trimZeros(text) {
   return text.replace(/(\.\d*?)0+(?=\D|$)/, '$1').replace(/\.(?=\D|$)/, '');
@@ -536,9 +540,10 @@ pages.overview = {
     this.rateChart = chartCard('Output rows/s');
     this.tasksChart = chartCard('Tasks running');
     this.spillChart = chartCard('Spilled');
+    this.networkChart = chartCard('Network (bytes received/s)');
     this.span = el('div');
-    this.charts = el('div', { class: 'charts' }, this.storeChart.card, this.rateChart.card,
-      this.tasksChart.card, this.spillChart.card);
+    this.charts = el('div', { class: 'charts' }, this.tasksChart.card, this.rateChart.card,
+      this.spillChart.card, this.networkChart.card, this.storeChart.card);
     setChildren(main, this.top, this.tiles, section('Raft replicas', this.raft), this.span, this.charts);
     this.chartWidth = 0;
     this.lastSample = undefined;
@@ -607,6 +612,7 @@ pages.overview = {
       drawChart(this.rateChart, samples, (s) => s.rows_per_s, fmtRate, 10);
       drawChart(this.tasksChart, samples, (s) => s.tasks_running, fmtCount, 10);
       drawChart(this.spillChart, samples, (s) => s.spilled_bytes, fmtBytes, 1024);
+      drawChart(this.networkChart, samples, (s) => s.network_bytes_per_s, fmtBytesRate, 1024);
     }
   },
 };
@@ -999,14 +1005,16 @@ function taskSection(data) {
   const summary = `${fmtCount(tasks.length)} runs (${fmtCount(running)} running, ${fmtCount(failed)} failed)`
     + `, driver attempt ${textOf(data.attempt)} on node ${textOf(data.driver_node)}`
     + (data.dropped ? `, ${fmtCount(data.dropped)} older runs left out` : '');
-  const { table: t, tbody } = table('tasks-table', ['operator', ['task', 'num'], 'node', ['attempt', 'num'], 'state',
-    ['rows', 'num'], ['bytes', 'num'], 'start', ['duration', 'num'], 'error']);
+  const { table: t, tbody } = table('tasks-table', ['operator', ['task', 'num'], 'node', 'worker', ['attempt', 'num'],
+    'state', ['rows', 'num'], ['bytes', 'num'], 'start', ['duration', 'num'], 'error']);
   const shown = tasks.slice(-TASK_ROWS).reverse();
   for (const task of shown) {
     tbody.append(el('tr', { dataset: { task: task.task, state: task.state } },
       el('td', null, textOf(task.operator)),
       num(String(task.seq), { title: `task id ${task.task}` }),
       el('td', { class: 'mono' }, task.node === null || task.node === undefined ? DASH : String(task.node)),
+      el('td', { class: 'mono', title: task.worker ? `worker process ${task.worker.pid}` : 'known once the run ends' },
+        workerText(task.worker)),
       num(String(task.attempt), { class: task.attempt > 1 ? 'num warn' : 'num' }),
       el('td', null, badge(task.state)),
       num(fmtCount(task.rows)),
@@ -1022,8 +1030,14 @@ function taskSection(data) {
     t);
 }
 
-// One lane per node worker: a node's runs are packed into as many lanes as ran at once (the
-// node's busy workers); runs not placed yet have lanes of their own.
+// A worker as the task table shows it: its slot on the node and its process.
+function workerText(worker) {
+  return worker ? `w${worker.slot} (pid ${worker.pid})` : DASH;
+}
+
+// One lane per node worker: a finished run sits in its worker slot's lane; runs whose worker
+// is not known yet (running, or never reached one) are packed into as few extra lanes of
+// their node as ran at once; runs not placed yet have lanes of their own.
 function timeline(tasks) {
   if (tasks.length === 0) return el('p', { class: 'empty' }, 'no task has started');
   const now = Date.now();
@@ -1033,20 +1047,29 @@ function timeline(tasks) {
   for (const task of [...tasks].sort((a, b) => a.started_ms - b.started_ms)) {
     // A run's node is known once it is placed; those still being placed share lanes.
     const key = task.node === null || task.node === undefined ? 'placing' : `node ${task.node}`;
-    if (!byNode.has(key)) byNode.set(key, []);
-    const lanes = byNode.get(key);
+    if (!byNode.has(key)) byNode.set(key, { workers: new Map(), lanes: [] });
+    const node = byNode.get(key);
+    if (task.worker) {
+      const slot = task.worker.slot;
+      if (!node.workers.has(slot)) node.workers.set(slot, []);
+      node.workers.get(slot).push(task);
+      continue;
+    }
     const end = task.ended_ms || now;
-    let lane = lanes.find((l) => l.end <= task.started_ms);
+    let lane = node.lanes.find((l) => l.end <= task.started_ms);
     if (!lane) {
       lane = { end: 0, tasks: [] };
-      lanes.push(lane);
+      node.lanes.push(lane);
     }
     lane.end = end;
     lane.tasks.push(task);
   }
   const rows = [];
-  for (const [node, lanes] of [...byNode.entries()].sort()) {
-    lanes.forEach((lane, i) => rows.push({ label: `${node} · ${i + 1}`, tasks: lane.tasks }));
+  for (const [name, node] of [...byNode.entries()].sort()) {
+    for (const [slot, runs] of [...node.workers.entries()].sort((a, b) => a[0] - b[0])) {
+      rows.push({ label: `${name} · w${slot}`, tasks: runs });
+    }
+    node.lanes.forEach((lane, i) => rows.push({ label: `${name} · ${node.workers.size ? 'running' : i + 1}${node.workers.size && node.lanes.length > 1 ? ` ${i + 1}` : ''}`, tasks: lane.tasks }));
   }
   const laneH = 16;
   const pad = { left: 80, right: 10, top: 4, bottom: 16 };
@@ -1061,7 +1084,7 @@ function timeline(tasks) {
       const x0 = x(task.started_ms);
       const w = Math.max(1.5, x(task.ended_ms || now) - x0);
       const rect = svg('rect', { x: x0, y: y + 2, width: w, height: laneH - 4, class: `span st-${task.state}` });
-      rect.append(svg('title', {}, `${task.operator} #${task.seq} attempt ${task.attempt}: ${task.state}, ${fmtDuration(task.duration_ms)}, ${fmtCount(task.rows)} rows`));
+      rect.append(svg('title', {}, `${task.operator} #${task.seq} attempt ${task.attempt}: ${task.state}, ${fmtDuration(task.duration_ms)}, ${fmtCount(task.rows)} rows${task.worker ? `, worker pid ${task.worker.pid}` : ''}`));
       chart.append(rect);
     }
   });
@@ -1095,8 +1118,8 @@ function statsTable(stats) {
 pages.cache = {
   mount(main) {
     this.summary = el('div', { class: 'toolbar' });
-    const { table: t, tbody } = table('cache-table', ['fingerprint', ['shards', 'num'], 'complete', ['rows', 'num'],
-      ['bytes', 'num'], 'nodes', 'last used', '']);
+    const { table: t, tbody } = table('cache-table', ['fingerprint', 'made by', ['shards', 'num'], 'complete',
+      ['rows', 'num'], ['size', 'num'], 'shards per node', ['age', 'num'], ['hits', 'num'], 'last used', '']);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'the cache is empty');
     setChildren(main, section('Cache', this.summary, t, this.empty));
@@ -1112,20 +1135,32 @@ pages.cache = {
       el('button', { type: 'button', class: 'danger', disabled: entries.length === 0, onclick: cleanAll }, 'Clean all'),
     ]);
     this.empty.hidden = entries.length > 0;
-    syncRows(this.tbody, entries, (e) => e.fingerprint, cacheRow);
+    // One row per fingerprint and shard count, as the API lists them.
+    syncRows(this.tbody, entries, (e) => `${e.fingerprint}/${e.shard_count}`, cacheRow);
+    tickElapsed(this.tbody);
   },
 };
 
 function cacheRow(entry) {
-  const nodes = entry.nodes || [];
-  const nodeText = nodes.length > 8 ? `${nodes.slice(0, 8).join(', ')} … (+${nodes.length - 8})` : nodes.join(', ');
-  return el('tr', { dataset: { fingerprint: entry.fingerprint } },
+  const perNode = Object.entries(entry.shards_per_node || {}).map(([node, shards]) => `${node}: ${shards}`);
+  const nodeText = perNode.length > 8 ? `${perNode.slice(0, 8).join(', ')} … (+${perNode.length - 8})` : perNode.join(', ');
+  const madeBy = entry.job === null || entry.job === undefined
+    ? el('span', { class: 'muted', title: 'shards a node found on disk when it joined' }, 'found on disk')
+    : el('span', null, el('a', { href: `#/jobs/${encodeURIComponent(entry.job)}` }, `job ${entry.job}`),
+      ` · ${textOf(entry.operator)}`);
+  return el('tr', { dataset: { fingerprint: entry.fingerprint, job: entry.job || '' } },
     el('td', { class: 'mono' }, entry.fingerprint),
+    el('td', { class: 'made-by' }, madeBy),
     num(`${fmtCount(entry.shards_present)} / ${fmtCount(entry.shard_count)}`),
     el('td', null, entry.complete ? badge('ok', 'complete') : badge('degraded', 'partial')),
     num(fmtCount(entry.rows)),
     num(fmtBytes(entry.bytes)),
-    el('td', { class: 'mono', title: nodes.join(', ') }, nodeText),
+    el('td', { class: 'mono', title: perNode.join(', ') }, nodeText),
+    num(isNum(entry.created_at_ms) ? fmtDuration(Math.max(0, Date.now() - entry.created_at_ms)) : DASH,
+      isNum(entry.created_at_ms)
+        ? { class: 'num live-elapsed', dataset: { since: entry.created_at_ms }, title: new Date(entry.created_at_ms).toString() }
+        : { title: 'not known for shards found on disk' }),
+    num(fmtCount(entry.hits), { title: 'shards served to jobs that succeeded while this replica watched' }),
     el('td', { title: isNum(entry.last_used_ms) ? fmtAgo(entry.last_used_ms) : 'not seen by this replica since it started' },
       fmtTime(entry.last_used_ms)),
     el('td', null, el('button', { type: 'button', class: 'small', onclick: () => cleanEntry(entry.fingerprint) }, 'clean')));
@@ -1213,21 +1248,35 @@ pages.node = {
     this.head = el('div');
     this.memory = el('div');
     this.store = el('div');
+    this.objects = el('div');
     this.work = el('div');
+    this.udfs = el('div');
+    this.tasksChart = chartCard('Tasks running');
+    this.rowsChart = chartCard('Rows produced/s');
+    this.spillChart = chartCard('Spilled');
+    this.networkChart = chartCard('Network (bytes received/s)');
+    this.cpuChart = chartCard('CPU used');
+    this.charts = el('div', { class: 'charts', id: 'node-charts' }, this.tasksChart.card, this.rowsChart.card,
+      this.spillChart.card, this.networkChart.card, this.cpuChart.card);
+    this.chartsKey = null;
     setChildren(main,
       el('p', { class: 'crumbs' }, el('a', { href: '#/nodes' }, '‹ nodes')),
-      this.head, this.memory, this.store, this.work);
+      this.head, this.memory, this.store, this.objects, this.work, this.udfs,
+      section('The last hour (one point per 10 s)'), this.charts);
   },
   load(route) {
-    return api(`/api/nodes/${encodeURIComponent(route.id)}`).catch((e) => {
+    const id = encodeURIComponent(route.id);
+    const notFound = (e) => {
       if (e.status === 404) return { notFound: true };
       throw e;
-    });
+    };
+    return Promise.all([api(`/api/nodes/${id}`).catch(notFound), api(`/api/nodes/${id}/history`).catch(notFound)])
+      .then(([node, history]) => (node.notFound ? node : Object.assign(node, { history })));
   },
   render(node) {
     if (node.notFound) {
       patch(this.head, 'missing', () => section(`Node ${this.id}`, el('p', { class: 'empty' }, `No node with id ${this.id} on this cluster.`)));
-      for (const part of [this.memory, this.store, this.work]) patch(part, null, () => []);
+      for (const part of [this.memory, this.store, this.objects, this.work, this.udfs]) patch(part, null, () => []);
       return;
     }
     const live = node.live;
@@ -1240,33 +1289,80 @@ pages.node = {
         node.state === 'alive' ? el('a', { href: `#/logs?node=${encodeURIComponent(node.id)}` }, 'logs') : null),
       node.dead_reason ? el('p', { class: 'reason' }, String(node.dead_reason)) : null,
       node.live_error && node.state === 'alive' ? el('p', { class: 'error-text' }, `the node did not answer: ${node.live_error}`) : null));
-    patch(this.memory, [node.memory, node.usage, node.cpus], () => {
+    patch(this.memory, [node.memory, node.usage, node.cpus, live && live.cpu_utilization, live && live.heap_used_bytes], () => {
       const pools = el('table', { class: 'grid', id: 'node-memory' },
         el('tbody', null, el('tr', null, memoryCell(node.memory, node.usage))));
-      const cpu = `cpus ${textOf(node.cpus)}`
-        + (node.usage ? `, reserved by running tasks ${textOf(node.usage.cpu_reserved)}` : '')
-        + (node.memory ? `; this node's configured total memory ${fmtBytes(node.memory.total_bytes)}` : '');
-      return section('Memory and CPU', pools, el('p', { class: 'muted' }, cpu));
+      const facts = el('dl', { class: 'facts', id: 'node-cpu' },
+        [['cpus', textOf(node.cpus)],
+          ['CPU used', live ? fmtPercent(live.cpu_utilization, 1) : DASH],
+          ['reserved by running tasks', node.usage ? `${textOf(node.usage.cpu_reserved)} cpus` : DASH],
+          ['heap used', live ? fmtBytes(live.heap_used_bytes) : DASH],
+          ['total memory', node.memory ? fmtBytes(node.memory.total_bytes) : DASH]]
+          .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', { dataset: { fact: k } }, v))));
+      return section('Memory and CPU', pools, facts);
     });
     patch(this.store, live && live.store, () => (live ? section('Object store', el('dl', { class: 'facts', id: 'node-store' },
       [['used', `${fmtBytes(live.store.used_bytes)} of ${fmtBytes(live.store.capacity_bytes)}`],
         ['objects in memory', fmtCount(live.store.objects_in_memory)],
+        ['pinned', `${fmtBytes(live.store.pinned_bytes)} (${fmtCount(live.store.pinned_objects)} objects)`],
         ['spilled now', `${fmtBytes(live.store.spilled_bytes)} (${fmtCount(live.store.spilled_objects)} objects)`],
         ['spilled in total', fmtBytes(live.store.spilled_bytes_total)],
         ['restored in total', fmtBytes(live.store.restored_bytes_total)],
         ['fallback', `${fmtBytes(live.store.fallback_bytes)} (${fmtCount(live.store.fallback_objects)} objects)`]]
-        .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', null, v))))) : []));
-    patch(this.work, live && [live.workers, live.running, live.tasks_finished, live.tasks_failed, live.actors], () => {
+        .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', { dataset: { fact: k } }, v))))) : []));
+    patch(this.objects, live && live.largest_objects, () => {
       if (!live) return [];
-      const { table: t, tbody } = table('node-running', ['task', ['worker pid', 'num']]);
-      for (const task of live.running) tbody.append(el('tr', null, el('td', { class: 'mono' }, task.task), num(String(task.worker_pid))));
+      const { table: t, tbody } = table('node-objects', ['object', ['size', 'num'], 'where', ['pins', 'num'], 'job']);
+      for (const object of live.largest_objects) {
+        tbody.append(el('tr', { dataset: { object: object.object } },
+          el('td', { class: 'mono' }, object.object),
+          num(fmtBytes(object.size_bytes)),
+          el('td', null, badge(object.residence === 'memory' ? 'ok' : 'degraded', object.residence)),
+          num(fmtCount(object.pins)),
+          el('td', { class: 'mono' }, object.job ? el('a', { href: `#/jobs/${encodeURIComponent(object.job)}` }, object.job) : DASH)));
+      }
+      return section('Largest objects', live.largest_objects.length ? t : el('p', { class: 'empty' }, 'the store holds no objects'));
+    });
+    patch(this.work, live && [live.workers, live.worker_slots, live.tasks_finished, live.tasks_failed, live.actors], () => {
+      if (!live) return [];
+      const { table: t, tbody } = table('node-workers-table', [['slot', 'num'], ['pid', 'num'], 'task']);
+      for (const slot of live.worker_slots) {
+        tbody.append(el('tr', { dataset: { slot: slot.slot, state: slot.task ? 'busy' : 'idle' } },
+          num(String(slot.slot)),
+          num(isNum(slot.pid) ? String(slot.pid) : DASH),
+          el('td', { class: 'mono' }, slot.task ? slot.task : el('span', { class: 'muted' }, 'idle'))));
+      }
       return section('Workers and tasks',
         el('p', { id: 'node-workers' }, `${fmtCount(live.workers)} workers ready, ${fmtCount(live.running.length)} running a task; `
           + `${fmtCount(live.tasks_finished)} tasks finished, ${fmtCount(live.tasks_failed)} failed, `
           + `${fmtCount(live.workers_respawned)} workers restarted, ${fmtCount(live.pulls_started)} pulls; `
           + `${fmtCount(live.actors.length)} actors hosted (`, el('a', { href: '#/actors' }, 'actors'), ')'),
-        live.running.length ? t : null);
+        t);
     });
+    patch(this.udfs, live && live.udf_pools, () => {
+      if (!live) return [];
+      const { table: t, tbody } = table('node-udf-pools', ['command', ['min', 'num'], ['max', 'num'], ['starting', 'num'], 'processes']);
+      for (const pool of live.udf_pools) {
+        tbody.append(el('tr', null,
+          el('td', { class: 'mono' }, pool.command),
+          num(String(pool.min)), num(String(pool.max)), num(String(pool.starting)),
+          el('td', { class: 'mono' }, pool.processes.length
+            ? pool.processes.map((p) => `${p.pid} (${p.state})`).join(', ')
+            : el('span', { class: 'muted' }, 'none'))));
+      }
+      return section('Process-UDF pools', live.udf_pools.length ? t
+        : el('p', { class: 'empty' }, 'no process UDF ran here lately'));
+    });
+    const samples = (node.history && node.history.samples) || [];
+    const key = [samples.length, samples.length ? samples[samples.length - 1].time_ms : null, this.charts.clientWidth];
+    if (JSON.stringify(key) !== this.chartsKey) {
+      this.chartsKey = JSON.stringify(key);
+      drawChart(this.tasksChart, samples, (x) => x.tasks_running, fmtCount, 10);
+      drawChart(this.rowsChart, samples, (x) => x.rows_per_s, fmtRate, 10);
+      drawChart(this.spillChart, samples, (x) => x.spilled_bytes, fmtBytes, 1024);
+      drawChart(this.networkChart, samples, (x) => x.network_bytes_per_s, fmtBytesRate, 1024);
+      drawChart(this.cpuChart, samples, (x) => x.cpu_utilization, (v) => fmtPercent(v, 1), 10);
+    }
   },
 };
 
@@ -1274,7 +1370,8 @@ pages.node = {
 
 pages.actors = {
   mount(main) {
-    const { table: t, tbody } = table('actors-table', ['actor', 'kind', 'job', 'node', 'state', ['restarts', 'num']]);
+    const { table: t, tbody } = table('actors-table', ['actor', 'kind', 'job', 'node', 'state', ['calls', 'num'],
+      ['restarts', 'num']]);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'no actors: drivers and shuffle aggregators live while their job runs');
     setChildren(main, section('Actors', t, this.empty));
@@ -1291,7 +1388,9 @@ pages.actors = {
       el('td', { class: 'mono' }, el('a', { href: `#/jobs/${encodeURIComponent(actor.job)}` }, actor.job)),
       el('td', { class: 'mono' }, el('a', { href: `#/nodes/${encodeURIComponent(actor.node)}` }, actor.node)),
       el('td', null, badge(actor.state === 'alive' ? 'alive' : 'dead', actor.state)),
-      num(actor.restarts === null || actor.restarts === undefined ? DASH : fmtCount(actor.restarts))));
+      num(isNum(actor.calls) ? fmtCount(actor.calls) : DASH,
+        { title: actor.kind === 'JobDriver' ? 'a driver takes no calls' : 'pushes and reduces its driver sent' }),
+      num(isNum(actor.restarts) ? fmtCount(actor.restarts) : DASH)));
   },
 };
 
@@ -1420,6 +1519,8 @@ async function refresh() {
   const main = document.getElementById('main');
   if (mounted !== mountKey(route)) {
     mounted = mountKey(route);
+    // Until the new page has rendered its first answer (tests wait for this).
+    document.body.dataset.loaded = 'false';
     page.mount(main, route);
   }
   rememberNav(route);
