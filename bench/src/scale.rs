@@ -228,6 +228,11 @@ impl Handler<NodeProtocol> for SimulatedNodes {
                 pulls_started: 0,
                 store: Default::default(),
                 actors: Vec::new(),
+                worker_slots: Vec::new(),
+                largest_objects: Vec::new(),
+                cpu_used_permille: 0,
+                heap_used_bytes: 0,
+                udf_pools: Vec::new(),
             }))),
             other => Err(RemoteError::new(
                 RemoteErrorKind::BadRequest,

@@ -375,8 +375,9 @@ fn rates_hold_between_reports_and_each_node_gets_a_point_every_ten_seconds() {
     use floe_core::job::{JobProgress, OperatorProgress};
     let config = config();
     let mut state = big_state();
-    state.nodes.retain(|id, _| id.get() <= 2);
-    state.jobs.retain(|id, _| id.get() <= 3);
+    state.nodes = state.nodes.take(2);
+    state.jobs = state.jobs.take(3);
+    state.reindex();
     let monitor = Monitor::new(&config, Arc::new(state.clone()));
     let job = JobId::new(3);
     let node = NodeId::new(1);
