@@ -1,5 +1,6 @@
-//! Read kernels: file discovery, schema discovery, and Parquet/CSV/NDJSON readers that apply a
-//! scan's projection, predicate and limit.
+//! Read kernels: file discovery (with Hive `key=value` partition directories), schema
+//! discovery, and Parquet/CSV/NDJSON/text/binary readers that apply a scan's projection,
+//! predicate and limit and add each file's partition values as columns.
 //!
 //! Parquet reads skip whole row groups whose min/max statistics prove that a conjunct of the
 //! predicate (`column op literal`, op one of `== < <= > >=`) is false for every row; the rows of

@@ -7,6 +7,11 @@
 //! removed, so no partial file and no partial set of files is ever visible. Files are cut when
 //! the Arrow data written to them passes the target size.
 //!
+//! With `partition_by`, a task splits each block's rows by those columns' values and writes
+//! each partition's rows, without those columns, under its Hive directory
+//! (`date=2026-11-30/part-…`, escaped by [`floe_core::plan::partition`]), one open file per
+//! partition it has seen.
+//!
 //! A job's tasks write into a hidden *staging* directory beside the sink's directory
 //! ([`staging_directory`]); once every task has succeeded, [`publish`] moves the files in as the
 //! sink's [`WriteMode`] says, and [`discard`] removes them when the job fails. Readers skip the
