@@ -149,6 +149,8 @@ pub fn values_of(path: &Path, columns: &[PartitionColumn]) -> Result<Vec<Scalar>
 enum Known {
     /// The value, the same for every row of the file (`Scalar::Null` for null).
     Value(Scalar),
+    /// False or null, whichever: true for no row (`unknown and null`).
+    NotTrue,
     /// Depends on a column the file holds, or on something the pruner does not evaluate.
     Unknown,
 }
@@ -158,7 +160,7 @@ enum Known {
 pub fn may_match(predicate: &Expr, columns: &[PartitionColumn], values: &[Scalar]) -> bool {
     !matches!(
         evaluate(predicate, columns, values),
-        Known::Value(Scalar::Boolean(false) | Scalar::Null)
+        Known::Value(Scalar::Boolean(false) | Scalar::Null) | Known::NotTrue
     )
 }
 
@@ -188,11 +190,11 @@ fn evaluate(expr: &Expr, columns: &[PartitionColumn], values: &[Scalar]) -> Know
         Expr::Not(inner) => kleene_not(evaluate(inner, columns, values)),
         Expr::IsNull(inner) => match evaluate(inner, columns, values) {
             Known::Value(value) => Known::Value(Scalar::Boolean(value == Scalar::Null)),
-            Known::Unknown => Known::Unknown,
+            Known::NotTrue | Known::Unknown => Known::Unknown,
         },
         Expr::IsNotNull(inner) => match evaluate(inner, columns, values) {
             Known::Value(value) => Known::Value(Scalar::Boolean(value != Scalar::Null)),
-            Known::Unknown => Known::Unknown,
+            Known::NotTrue | Known::Unknown => Known::Unknown,
         },
         _ => Known::Unknown,
     }
@@ -212,10 +214,14 @@ fn kleene_and(left: Known, right: Known) -> Known {
         Known::Value(Scalar::Null) => Some(None),
         _ => None,
     };
+    let not_true = |known: &Known| matches!(known, Known::NotTrue);
     match (boolean(&left), boolean(&right)) {
         (Some(Some(false)), _) | (_, Some(Some(false))) => Known::Value(Scalar::Boolean(false)),
         (Some(Some(true)), Some(Some(true))) => Known::Value(Scalar::Boolean(true)),
         (Some(_), Some(_)) => Known::Value(Scalar::Null),
+        // A null or not-true side leaves the whole false or null, whatever the other is.
+        (Some(None), _) | (_, Some(None)) => Known::NotTrue,
+        _ if not_true(&left) || not_true(&right) => Known::NotTrue,
         _ => Known::Unknown,
     }
 }
