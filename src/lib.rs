@@ -156,6 +156,9 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
     };
     init_tracing(config.log.format, log_file)?;
     tracing::debug!(?config, "configuration loaded");
+    // Every process that may touch object storage (clients list and read footers, drivers
+    // publish sinks, workers read and write) builds its stores with these settings.
+    floe_engine::remote::configure(&config.storage);
 
     let prints_for_a_pipe = matches!(
         cli.command,

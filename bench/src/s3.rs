@@ -30,6 +30,9 @@ use super::median_time;
 const KEYS: i64 = 1_000;
 const ROW_GROUP_ROWS: usize = 1 << 16;
 const BATCH_ROWS: usize = 1 << 16;
+/// What one footer read may fetch beyond the column chunks: the engine's first tail read is
+/// 64 KiB (`remote::FOOTER_GUESS_BYTES`); this file's footer fits in it.
+const FOOTER_ALLOWANCE_BYTES: u64 = 64 << 10;
 
 /// id, key = id % 1000, value = (id % 997) / 4 (exact in f64), and a 40-byte payload.
 fn batch(start: i64, rows: i64) -> anyhow::Result<RecordBatch> {
@@ -191,6 +194,11 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
             .iter()
             .map(|c| floe_testkit::files::parquet_column_bytes(&local_file, c))
             .sum::<u64>();
+        // Projection must show: the columns' chunks, plus the footer (one tail read, a
+        // second when the footer is longer), and nothing else of the file.
+        verified &= fetched >= columns_bytes
+            && fetched <= columns_bytes + 2 * FOOTER_ALLOWANCE_BYTES
+            && fetched < bytes_in_files;
         let line = serde_json::json!({
             "bench": "s3",
             "workload": workload,
@@ -206,7 +214,8 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
         println!("{line}");
         ensure!(
             verified,
-            "{workload}: a result differs from the expected one"
+            "{workload}: a result differs from the expected one, or {fetched} bytes fetched \
+             is not the {columns_bytes} bytes of its columns plus the footer"
         );
     }
     Ok(())

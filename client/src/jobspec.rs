@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [source]
-//! read_csv = ["data/*.csv"]          # or read_parquet / read_json = [paths], or range = 1000
+//! read_csv = ["data/*.csv"]          # or read_parquet / read_json / read_text /
+//!                                    # read_binary_files = [paths], or range = 1000
 //!
 //! [[steps]]
 //! filter = "quantity > 2 and region != 'north'"
@@ -49,14 +50,14 @@ use floe_core::fingerprint::FileDigest;
 use floe_core::job::{CacheMode, JobOptions};
 use floe_core::plan::{
     AggFunction, Aggregation, Compression, Concurrency, CsvOptions, FileFormat, JoinType,
-    ProcessUdf, SortKey, UdfCall, UdfKind, WriteMode,
+    PartitionColumn, PartitionType, ProcessUdf, SortKey, UdfCall, UdfKind, WriteMode,
 };
 use serde::Deserialize;
 use toml::Spanned;
 
 use std::sync::Arc;
 
-use crate::{Dataset, Registry, WriteOptions};
+use crate::{Dataset, Partitioning, ReadOptions, Registry, WriteOptions};
 
 /// A job-spec error: where, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -533,11 +534,28 @@ fn check_path(field: &str, path: &str, policy: &PathPolicy) -> Result<(), FieldE
     Ok(())
 }
 
-/// The kinds of source.
-const SOURCES: [Kind; 4] = [
-    kind("read_csv"),
-    kind("read_parquet"),
-    kind("read_json"),
+/// The kinds of source; file sources also take `partitioning`.
+const SOURCES: [Kind; 6] = [
+    Kind {
+        name: "read_csv",
+        with: &["partitioning"],
+    },
+    Kind {
+        name: "read_parquet",
+        with: &["partitioning"],
+    },
+    Kind {
+        name: "read_json",
+        with: &["partitioning"],
+    },
+    Kind {
+        name: "read_text",
+        with: &["partitioning"],
+    },
+    Kind {
+        name: "read_binary_files",
+        with: &["partitioning"],
+    },
     kind("range"),
 ];
 
@@ -548,7 +566,46 @@ enum Source {
         kind: &'static str,
         format: FileFormat,
         paths: Vec<String>,
+        partitioning: Partitioning,
     },
+}
+
+/// `partitioning = "hive"` (discover, the default), `"none"`, or a table of declared
+/// columns and their types (`{ date = "string", year = "int64" }`).
+fn partitioning(value: Option<&toml::Value>) -> Result<Partitioning, FieldError> {
+    let types: Vec<&str> = PartitionType::ALL.iter().map(|t| t.name()).collect();
+    match value {
+        None => Ok(Partitioning::Hive),
+        Some(toml::Value::String(text)) if text == "hive" => Ok(Partitioning::Hive),
+        Some(toml::Value::String(text)) if text == "none" => Ok(Partitioning::Ignore),
+        Some(toml::Value::Table(columns)) => columns
+            .iter()
+            .map(|(name, data_type)| {
+                let text = data_type.as_str().unwrap_or_default();
+                PartitionType::ALL
+                    .into_iter()
+                    .find(|t| t.name() == text)
+                    .map(|t| PartitionColumn::new(name.clone(), t))
+                    .ok_or_else(|| {
+                        field_error(
+                            "partitioning",
+                            format!(
+                                "unknown partition type {data_type} for `{name}`{}; it is one of {}",
+                                did_you_mean(text, &types),
+                                quoted(&types)
+                            ),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Partitioning::Declared),
+        Some(other) => Err(field_error(
+            "partitioning",
+            format!(
+                "expected \"hive\", \"none\" or a table of column types, got {other}"
+            ),
+        )),
+    }
 }
 
 impl Source {
@@ -564,41 +621,62 @@ impl Source {
         let format = match kind {
             "read_csv" => FileFormat::Csv(CsvOptions::default()),
             "read_parquet" => FileFormat::Parquet,
+            "read_text" => FileFormat::Text,
+            "read_binary_files" => FileFormat::Binary,
             _ => FileFormat::Json,
         };
         Ok(Source::Read {
             kind,
             format,
             paths,
+            partitioning: partitioning(table.get("partitioning"))?,
         })
     }
 
     /// The dataset: files are found and their schema read here. Relative paths are resolved
     /// against the working directory.
     fn build(&self, policy: &PathPolicy) -> Result<Dataset, FieldError> {
-        let (kind, format, paths) = match self {
+        let (kind, format, paths, partitioning) = match self {
             Source::Range(n) => return Dataset::range(*n).map_err(|e| field_error("range", e)),
             Source::Read {
                 kind,
                 format,
                 paths,
-            } => (*kind, format, paths),
+                partitioning,
+            } => (*kind, format, paths, partitioning),
         };
-        let mut paths = paths.clone();
+        let check_files = |files: &[&std::path::Path]| {
+            files
+                .iter()
+                .try_for_each(|file| check_path(kind, &file.to_string_lossy(), policy))
+        };
         if policy.allowed.is_restricted() {
             // Every file a pattern or directory expands to is checked before any is
             // opened: a symlink inside an allowed directory may lead out of it.
-            let files = floe_engine::read::expand_paths(&paths)
-                .map_err(|error| field_error(kind, error))?;
-            for file in &files {
-                check_path(kind, &file.to_string_lossy(), policy)?;
-            }
-            paths = files
-                .iter()
-                .map(|file| file.to_string_lossy().into_owned())
-                .collect();
+            let files =
+                floe_engine::read::expand_paths(paths).map_err(|error| field_error(kind, error))?;
+            check_files(&files.iter().map(|file| file.as_path()).collect::<Vec<_>>())?;
         }
-        Dataset::read(format.clone(), &paths, None).map_err(|error| field_error(kind, error))
+        let options = ReadOptions {
+            columns: None,
+            partitioning: partitioning.clone(),
+        };
+        let dataset = Dataset::read_with(format.clone(), paths, &options)
+            .map_err(|error| field_error(kind, error))?;
+        if policy.allowed.is_restricted()
+            && let floe_core::plan::Operator::Read(scan) = dataset.plan().operator()
+        {
+            // The directories are listed again to find partitions: what they hold now is
+            // what the job reads, so it is checked too.
+            check_files(
+                &scan
+                    .files
+                    .iter()
+                    .map(|stamp| stamp.path.as_path())
+                    .collect::<Vec<_>>(),
+            )?;
+        }
+        Ok(dataset)
     }
 }
 
@@ -1144,7 +1222,7 @@ const SINKS: [Kind; 3] = [
 ];
 
 /// The keys a sink takes beside its kind.
-const SINK_KEYS: [&str; 3] = ["mode", "compression", "target_file_size"];
+const SINK_KEYS: [&str; 4] = ["mode", "compression", "target_file_size", "partition_by"];
 
 /// A sink as the file spells it.
 struct Sink {
@@ -1206,6 +1284,9 @@ impl Sink {
                 other => integer("target_file_size", other)?,
             };
         }
+        if let Some(columns) = table.get("partition_by") {
+            options.partition_by = strings("partition_by", columns)?;
+        }
         let format = match kind {
             "write_parquet" => FileFormat::Parquet,
             "write_csv" => FileFormat::Csv(CsvOptions::default()),
@@ -1221,7 +1302,7 @@ impl Sink {
     /// `dataset` written out; a relative directory is resolved against the working directory.
     fn apply(&self, dataset: Dataset) -> Result<Dataset, FieldError> {
         dataset
-            .write(self.format.clone(), &self.directory, self.options)
+            .write(self.format.clone(), &self.directory, self.options.clone())
             .map_err(|error| field_error(sink_kind(&self.format), error))
     }
 }
@@ -1231,6 +1312,9 @@ fn sink_kind(format: &FileFormat) -> &'static str {
         FileFormat::Parquet => "write_parquet",
         FileFormat::Csv(_) => "write_csv",
         FileFormat::Json => "write_json",
+        // Sinks of these formats are refused when the plan is built.
+        FileFormat::Text => "write_text",
+        FileFormat::Binary => "write_binary_files",
     }
 }
 

@@ -78,8 +78,9 @@ pub use stream::{DEFAULT_STREAM_BUFFER_BYTES, ResultStream};
 pub use floe_core::expr::{Expr, coalesce, col, hash, lit, null, null_on_error, when};
 pub use floe_core::plan::{
     AggFunction, Aggregation, Compression, Concurrency, CsvOptions, FileFormat, JoinType,
-    ProcessUdf, SortKey, UdfCall, WriteMode,
+    PartitionColumn, PartitionType, ProcessUdf, SortKey, UdfCall, WriteMode,
 };
+pub use floe_engine::read::Partitioning;
 
 /// Every error building a dataset or running it can return.
 #[derive(Debug, thiserror::Error)]
@@ -275,7 +276,7 @@ impl std::fmt::Debug for Dataset {
 }
 
 /// Options of a file sink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Files are cut near this many bytes.
     pub target_file_size: u64,
@@ -285,6 +286,9 @@ pub struct WriteOptions {
     /// Parquet's codec; `None` is the format's default (zstd for Parquet, and the text formats
     /// are always uncompressed).
     pub compression: Option<Compression>,
+    /// Hive partitioning: rows go to `col=value/…` directories by these columns' values (in
+    /// this order), and the files hold the other columns. Empty: no directories.
+    pub partition_by: Vec<String>,
 }
 
 impl Default for WriteOptions {
@@ -293,8 +297,19 @@ impl Default for WriteOptions {
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
             mode: WriteMode::Error,
             compression: None,
+            partition_by: Vec::new(),
         }
     }
+}
+
+/// Options of a file source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// The columns to read; `None` reads all.
+    pub columns: Option<Vec<String>>,
+    /// How Hive partition directories (`key=value`) below a directory read become columns;
+    /// by default they are discovered.
+    pub partitioning: Partitioning,
 }
 
 impl Dataset {
@@ -339,9 +354,27 @@ impl Dataset {
         paths: &[P],
         columns: Option<&[&str]>,
     ) -> Result<Self> {
-        let scan = floe_engine::read::discover(format, paths)?;
+        let options = ReadOptions {
+            columns: columns.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
+            ..ReadOptions::default()
+        };
+        Self::read_with(format, paths, &options)
+    }
+
+    /// [`Dataset::read`] with every option: the columns, and how Hive partition directories
+    /// below a directory (`date=2026-11-30/…`) become columns. A filter on partition columns
+    /// drops whole directories before any of their files is opened.
+    pub fn read_with<P: AsRef<Path>>(
+        format: FileFormat,
+        paths: &[P],
+        options: &ReadOptions,
+    ) -> Result<Self> {
+        let discovery = floe_engine::read::DiscoverOptions {
+            partitioning: options.partitioning.clone(),
+        };
+        let scan = floe_engine::read::discover_with(format, paths, &discovery)?;
         let scan = FileScan {
-            projection: columns.map(|c| c.iter().map(|s| (*s).to_owned()).collect()),
+            projection: options.columns.clone(),
             ..scan
         };
         Ok(Self::source(LogicalPlan::read(scan)?))
@@ -359,6 +392,18 @@ impl Dataset {
     /// Newline-delimited JSON.
     pub fn read_json<P: AsRef<Path>>(paths: &[P]) -> Result<Self> {
         Self::read(FileFormat::Json, paths, None)
+    }
+
+    /// UTF-8 text files, one row per line (without its `\n` or `\r\n`) in a column `text`;
+    /// `*.gz` and `*.zst` files are decompressed.
+    pub fn read_text<P: AsRef<Path>>(paths: &[P]) -> Result<Self> {
+        Self::read(FileFormat::Text, paths, None)
+    }
+
+    /// Whole files, one row each: `path` (as the plan names the file: absolute, or its URL)
+    /// and `bytes`.
+    pub fn read_binary_files<P: AsRef<Path>>(paths: &[P]) -> Result<Self> {
+        Self::read(FileFormat::Binary, paths, None)
     }
 
     /// The integers `0..n` in an `Int64` column `id`.
@@ -542,6 +587,7 @@ impl Dataset {
             target_file_size: options.target_file_size,
             mode: options.mode,
             compression,
+            partition_by: options.partition_by,
         })?))
     }
 

@@ -640,3 +640,89 @@ compression = "snappy"
         assert!(error.message.contains(problem), "{bad}: {error}");
     }
 }
+
+#[test]
+fn file_sources_take_partitioning_and_sinks_partition_by_as_the_builder_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for (day, hour) in [("2026-11-29", 1), ("2026-11-30", 2)] {
+        let path = dir
+            .path()
+            .join(format!("events/day={day}/hour={hour}/part-0.txt"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("a line of {day}\n")).unwrap();
+    }
+    let events = dir.path().join("events");
+    let out = dir.path().join("out");
+    let file = format!(
+        r#"
+[source]
+read_text = "{}"
+partitioning = {{ day = "string", hour = "int64" }}
+
+[[steps]]
+filter = "hour >= 2"
+
+[sink]
+write_parquet = "{}"
+partition_by = ["day"]
+"#,
+        events.display(),
+        out.display()
+    );
+    let parsed = parse_job_file("job.toml", &file, builtins()).unwrap();
+    let options = floe_client::ReadOptions {
+        columns: None,
+        partitioning: floe_client::Partitioning::Declared(vec![
+            floe_client::PartitionColumn::new("day", floe_client::PartitionType::Utf8),
+            floe_client::PartitionColumn::new("hour", floe_client::PartitionType::Int64),
+        ]),
+    };
+    let built = Dataset::read_with(floe_client::FileFormat::Text, &[&events], &options)
+        .unwrap()
+        .filter(col("hour").gt_eq(lit(2i64)))
+        .unwrap()
+        .write_parquet(
+            &out,
+            floe_client::WriteOptions {
+                partition_by: vec!["day".to_owned()],
+                ..floe_client::WriteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(parsed.dataset.fingerprint(), built.fingerprint());
+    assert_eq!(
+        parsed.dataset.column_names(),
+        ["text", "day", "hour"],
+        "the partition columns follow the file's"
+    );
+
+    // `"none"` reads the directories as plain ones; a binary source takes it too.
+    let plain = format!(
+        "[source]\nread_binary_files = \"{}\"\npartitioning = \"none\"\n",
+        events.display()
+    );
+    let parsed = parse_job_file("job.toml", &plain, builtins()).unwrap();
+    assert_eq!(parsed.dataset.column_names(), ["path", "bytes"]);
+
+    for (bad, problem) in [
+        (
+            "[source]\nread_text = \"x\"\npartitioning = { day = \"date\" }\n",
+            "unknown partition type",
+        ),
+        (
+            "[source]\nread_text = \"x\"\npartitioning = \"spark\"\n",
+            "expected \"hive\", \"none\"",
+        ),
+        (
+            "[source]\nrange = 3\npartitioning = \"hive\"\n",
+            "partitioning",
+        ),
+        (
+            "[source]\nrange = 3\n[sink]\nwrite_parquet = \"/tmp/x\"\npartition_by = [\"id\"]\n",
+            "partition_by names every column",
+        ),
+    ] {
+        let error = refusal("bad.toml", bad);
+        assert!(error.contains(problem), "{bad}: {error}");
+    }
+}

@@ -107,6 +107,11 @@ secret_type!(
     /// `client.token`: a client's bearer token; the servers know only its SHA-256.
     ClientToken
 );
+secret_type!(
+    /// A `[storage]` credential (an object store's secret key, session token or account
+    /// key): handed to the object-store client only.
+    StorageSecret
+);
 
 /// Proof that the leader registered a node under an id: HMAC-SHA256 of the id keyed with the
 /// replica secret, in hex.

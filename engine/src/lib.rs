@@ -3,13 +3,15 @@
 //!
 //! - [`eval`]: evaluates [`floe_core::expr::Expr`] over a record batch with Arrow's compute
 //!   kernels, following the expression module's null-on-unrepresentable rule.
-//! - [`read`]: finds files (paths, directories, globs), discovers their schema, and reads
-//!   Parquet (projection, row-group pruning by statistics, predicate, limit), CSV and NDJSON.
+//! - [`read`]: finds files (paths, directories, globs) and their Hive partitions, discovers
+//!   their schema, and reads Parquet (projection, row-group pruning by statistics, predicate,
+//!   limit), CSV, NDJSON, text and binary files.
 //! - [`ops`]: the row-wise operators (`with_column`, `select`, `drop`, `rename`, `filter`,
 //!   UDFs) and the streaming limit.
 //! - [`udf`]: the registry of named UDFs compiled into this binary, the built-ins, and the
 //!   worker's side of process UDFs.
-//! - [`write`]: Parquet/CSV/NDJSON sinks with deterministic file names, cut at a target size,
+//! - [`write`]: Parquet/CSV/NDJSON sinks (Hive-partitioned with `partition_by`) with
+//!   deterministic file names, cut at a target size,
 //!   written to temporary files and renamed only when the whole task succeeded.
 //! - [`task`]: one task of a stage — its source or input blocks, its fused row-wise
 //!   operators, then block sizing — plus `range` batches and the IPC bytes of `from_batches`.

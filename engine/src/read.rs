@@ -1,5 +1,6 @@
-//! Read kernels: file discovery, schema discovery, and Parquet/CSV/NDJSON readers that apply a
-//! scan's projection, predicate and limit.
+//! Read kernels: file discovery (with Hive `key=value` partition directories), schema
+//! discovery, and Parquet/CSV/NDJSON/text/binary readers that apply a scan's projection,
+//! predicate and limit and add each file's partition values as columns.
 //!
 //! Parquet reads skip whole row groups whose min/max statistics prove that a conjunct of the
 //! predicate (`column op literal`, op one of `== < <= > >=`) is false for every row; the rows of
@@ -24,7 +25,7 @@ use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{BinaryOp, Expr, common_type};
 use floe_core::fingerprint::FileStamp;
-use floe_core::plan::{FileFormat, FileScan};
+use floe_core::plan::{FileFormat, FileScan, PartitionColumn, PartitionType};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
@@ -172,15 +173,49 @@ pub(crate) fn wildcard_match(pattern: &str, name: &str) -> bool {
     pattern[p..].iter().all(|c| *c == '*')
 }
 
-/// Finds the files, stamps them (their fingerprint) and discovers their schema: every Parquet
-/// file's footer must agree; CSV column types are inferred from the first file and every
-/// file's header must name the same columns; NDJSON types are inferred from the first file and
-/// every other file's inferred types must agree with them (a key missing or all null in a
-/// later file is fine: it reads as null).
+/// How a read finds Hive partition columns (`key=value` directories below a directory it
+/// is given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Partitioning {
+    /// Discover them: a column is `int64` when every value parses as one, else `string`.
+    #[default]
+    Hive,
+    /// These columns, with these types; the directories must name exactly them.
+    Declared(Vec<PartitionColumn>),
+    /// `key=value` directories are plain directories.
+    Ignore,
+}
+
+/// How [`discover_with`] reads the paths it is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiscoverOptions {
+    pub partitioning: Partitioning,
+}
+
+/// [`discover_with`] with the default options (Hive partitions discovered).
 pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<FileScan> {
-    let stamps = stamp_files(patterns)?;
+    discover_with(format, patterns, &DiscoverOptions::default())
+}
+
+/// Finds the files, stamps them (their fingerprint), finds their Hive partition columns and
+/// discovers their schema: every Parquet file's footer must agree; CSV column types are
+/// inferred from the first file and every file's header must name the same columns; NDJSON
+/// types are inferred from the first file and every other file's inferred types must agree
+/// with them (a key missing or all null in a later file is fine: it reads as null). Text and
+/// binary files have a fixed schema and are not opened.
+pub fn discover_with<P: AsRef<Path>>(
+    format: FileFormat,
+    patterns: &[P],
+    options: &DiscoverOptions,
+) -> Result<FileScan> {
+    let found = find_files(patterns)?;
+    let partitioning = partition_columns(&found, &options.partitioning)?;
+    let stamps: Vec<FileStamp> = found.into_iter().map(|found| found.stamp).collect();
     let paths: Vec<PathBuf> = stamps.iter().map(|stamp| stamp.path.clone()).collect();
     let schema = match &format {
+        FileFormat::Text | FileFormat::Binary => format
+            .fixed_schema()
+            .ok_or_else(|| Error::NoFiles(format.name().to_owned()))?,
         FileFormat::Parquet => {
             let mut schema: Option<Schema> = None;
             for stamp in &stamps {
@@ -249,31 +284,157 @@ pub fn discover<P: AsRef<Path>>(format: FileFormat, patterns: &[P]) -> Result<Fi
     // Metadata is dropped: plans compare and hash schemas by their fields.
     let mut stamps = stamps;
     stamps.sort();
-    Ok(FileScan::new(
-        format,
-        stamps,
-        Schema::new(schema.fields().clone()),
-    ))
+    Ok(FileScan {
+        partitioning,
+        ..FileScan::new(format, stamps, Schema::new(schema.fields().clone()))
+    })
+}
+
+/// One file a read was given, and the `key=value` directories between the directory (or
+/// prefix) named and the file.
+struct Found {
+    stamp: FileStamp,
+    partitions: Vec<(String, Option<String>)>,
 }
 
 /// Every file the patterns name, stamped (their fingerprint): local files are stat'ed, objects
 /// stamped from their listing.
-fn stamp_files<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<FileStamp>> {
-    let mut stamps = Vec::new();
+fn find_files<P: AsRef<Path>>(patterns: &[P]) -> Result<Vec<Found>> {
+    let mut found = Vec::new();
     for pattern in patterns {
         let pattern = pattern.as_ref();
-        if let Some(url) = floe_core::location::remote_url(pattern) {
-            stamps.extend(crate::remote::expand(url)?);
-            continue;
-        }
-        for path in expand_paths(&[pattern])? {
-            stamps.push(FileStamp::of(&path).map_err(|e| Error::BadFile {
-                path: path.clone(),
-                message: e.to_string(),
-            })?);
+        // Partition directories are those below a directory or prefix the read names.
+        let (stamps, root) = match floe_core::location::remote_url(pattern) {
+            Some(url) => (
+                crate::remote::expand(url)?,
+                // A glob or an object is no prefix of what it expands to.
+                Some(format!("{}/", url.trim_end_matches('/'))),
+            ),
+            None => {
+                let stamps = expand_paths(&[pattern])?
+                    .iter()
+                    .map(|path| {
+                        FileStamp::of(path).map_err(|e| Error::BadFile {
+                            path: path.clone(),
+                            message: e.to_string(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                // Stamps hold canonical paths, so the directory is made canonical too.
+                let root = match pattern.is_dir() {
+                    true => Some(format!(
+                        "{}/",
+                        std::fs::canonicalize(pattern)
+                            .map_err(Error::io(pattern))?
+                            .to_string_lossy()
+                            .trim_end_matches('/')
+                    )),
+                    false => None,
+                };
+                (stamps, root)
+            }
+        };
+        for stamp in stamps {
+            let path = stamp.path.to_string_lossy().into_owned();
+            let relative = root.as_deref().and_then(|root| path.strip_prefix(root));
+            let partitions = match relative {
+                Some(relative) => floe_core::plan::partition::segments_of(Path::new(relative))
+                    .map_err(|message| Error::BadFile {
+                        path: stamp.path.clone(),
+                        message,
+                    })?,
+                None => Vec::new(),
+            };
+            found.push(Found { stamp, partitions });
         }
     }
-    Ok(stamps)
+    Ok(found)
+}
+
+/// The partition columns of `found` as `partitioning` says: every file must sit in
+/// directories naming the same keys in the same order.
+fn partition_columns(found: &[Found], partitioning: &Partitioning) -> Result<Vec<PartitionColumn>> {
+    if *partitioning == Partitioning::Ignore {
+        return Ok(Vec::new());
+    }
+    let keys = |file: &Found| -> Vec<String> {
+        file.partitions.iter().map(|(key, _)| key.clone()).collect()
+    };
+    let Some(first) = found.first() else {
+        return Ok(Vec::new());
+    };
+    let names = keys(first);
+    for file in found {
+        if keys(file) != names {
+            return Err(Error::BadFile {
+                path: file.stamp.path.clone(),
+                message: format!(
+                    "its partition directories name [{}], but {}'s name [{}]",
+                    keys(file).join(", "),
+                    first.stamp.path.display(),
+                    names.join(", ")
+                ),
+            });
+        }
+    }
+    let columns = match partitioning {
+        Partitioning::Declared(columns) => {
+            let mut declared: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+            let mut named: Vec<&str> = names.iter().map(String::as_str).collect();
+            declared.sort_unstable();
+            named.sort_unstable();
+            if declared != named {
+                return Err(Error::BadFile {
+                    path: first.stamp.path.clone(),
+                    message: format!(
+                        "its partition directories name [{}], not the declared [{}]",
+                        names.join(", "),
+                        columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            columns.clone()
+        }
+        _ => names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| {
+                let integers = found.iter().all(|file| {
+                    file.partitions[index]
+                        .1
+                        .as_deref()
+                        .is_none_or(|value| value.parse::<i64>().is_ok())
+                });
+                let any_value = found.iter().any(|file| file.partitions[index].1.is_some());
+                let data_type = match integers && any_value {
+                    true => PartitionType::Int64,
+                    false => PartitionType::Utf8,
+                };
+                PartitionColumn::new(name.clone(), data_type)
+            })
+            .collect(),
+    };
+    // Every value must read as its column's type, so a bad one fails now, not mid-job.
+    for file in found {
+        for column in &columns {
+            let value = file
+                .partitions
+                .iter()
+                .rev()
+                .find(|(key, _)| *key == column.name)
+                .and_then(|(_, value)| value.as_deref());
+            floe_core::plan::partition::typed_value(&column.name, value, column.data_type)
+                .map_err(|message| Error::BadFile {
+                    path: file.stamp.path.clone(),
+                    message,
+                })?;
+        }
+    }
+    Ok(columns)
 }
 
 /// A text file's bytes, local or remote (fetched whole).
@@ -412,13 +573,14 @@ fn remote_row_groups(
     )
 }
 
-/// The columns a scan outputs (its projection, or all), in file order.
+/// The columns a scan outputs (its projection, or all), in schema order: the files'
+/// columns, then the partition columns.
 fn output_schema(scan: &FileScan) -> Schema {
+    let full = scan.full_schema();
     match &scan.projection {
-        None => scan.file_schema.clone(),
+        None => full,
         Some(columns) => Schema::new(
-            scan.file_schema
-                .fields()
+            full.fields()
                 .iter()
                 .filter(|f| columns.contains(f.name()))
                 .cloned()
@@ -427,8 +589,20 @@ fn output_schema(scan: &FileScan) -> Schema {
     }
 }
 
+/// The output columns the files hold (the others are partition columns).
+fn file_output_schema(scan: &FileScan) -> Schema {
+    Schema::new(
+        output_schema(scan)
+            .fields()
+            .iter()
+            .filter(|f| scan.file_schema.field_with_name(f.name()).is_ok())
+            .cloned()
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn projection_indices(scan: &FileScan, file_schema: &Schema) -> Result<Vec<usize>> {
-    output_schema(scan)
+    file_output_schema(scan)
         .fields()
         .iter()
         .map(|f| Ok(file_schema.index_of(f.name())?))
@@ -478,6 +652,8 @@ pub fn read_file(
         ..ReadStats::default()
     };
     let output = Arc::new(output_schema(scan));
+    let from_file = Arc::new(file_output_schema(scan));
+    let partition_values = floe_core::plan::partition::values_of(path, &scan.partitioning)?;
     let fetched = Arc::new(AtomicU64::new(0));
     // Batches are decoded as the loop below pulls them, so once the limit is reached the rest
     // of the file (its later Parquet row groups) is never decoded.
@@ -540,12 +716,18 @@ pub fn read_file(
         FileFormat::Json => {
             let file = counted_text(path, &fetched)?;
             // Fields outside the projected schema are ignored by the JSON reader.
-            let reader = arrow::json::ReaderBuilder::new(output.clone())
+            let reader = arrow::json::ReaderBuilder::new(from_file.clone())
                 .with_batch_size(batch_rows)
                 .build(file)
                 .map_err(|e| bad_file(e.to_string()))?;
             Box::new(reader)
         }
+        FileFormat::Text => Box::new(text_lines(
+            counted_text(path, &fetched)?,
+            from_file.clone(),
+            batch_rows,
+        )),
+        FileFormat::Binary => Box::new(std::iter::once(whole_file(stamp, &from_file, &fetched))),
     };
     let mut limiter = scan.limit.map(Limiter::new);
     let mut batches = Vec::new();
@@ -553,7 +735,7 @@ pub fn read_file(
         let batch = batch.map_err(|e| bad_file(e.to_string()))?;
         stats.rows_read += batch.num_rows() as u64;
         // Readers may return the file's own field metadata; the plan's schema is canonical.
-        let batch = RecordBatch::try_new(output.clone(), batch.columns().to_vec())
+        let batch = with_partition_columns(&batch, &output, scan, &partition_values)
             .map_err(|e| bad_file(e.to_string()))?;
         let batch = match &scan.predicate {
             Some(predicate) => {
@@ -578,6 +760,120 @@ pub fn read_file(
     stats.rows_out = batches.iter().map(|b| b.num_rows() as u64).sum();
     stats.bytes_fetched = fetched.load(Ordering::Relaxed);
     Ok((batches, stats))
+}
+
+/// `batch` (the output columns a file holds) with the partition columns added: one value
+/// per file, repeated, in the output's order.
+fn with_partition_columns(
+    batch: &RecordBatch,
+    output: &SchemaRef,
+    scan: &FileScan,
+    values: &[floe_core::expr::Scalar],
+) -> Result<RecordBatch, ArrowError> {
+    let rows = batch.num_rows();
+    let mut from_file = batch.columns().iter();
+    let columns = output
+        .fields()
+        .iter()
+        .map(|field| {
+            match scan
+                .partitioning
+                .iter()
+                .position(|c| c.name == *field.name())
+            {
+                Some(index) => safe_cast(&literal_array(&values[index], rows), field.data_type())
+                    .map_err(|e| ArrowError::ExternalError(Box::new(e))),
+                None => from_file.next().cloned().ok_or_else(|| {
+                    ArrowError::SchemaError(format!("the file gave no column `{}`", field.name()))
+                }),
+            }
+        })
+        .collect::<Result<Vec<ArrayRef>, ArrowError>>()?;
+    RecordBatch::try_new_with_options(
+        output.clone(),
+        columns,
+        &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )
+}
+
+/// A text file's lines, `batch_rows` at a time, as the `text` column (or, when it is not
+/// projected, rows without columns). A line ends at `\n` or `\r\n`, which are dropped; a
+/// last line without one is a line too.
+fn text_lines(
+    reader: Box<dyn BufRead + Send>,
+    schema: SchemaRef,
+    batch_rows: usize,
+) -> impl Iterator<Item = Result<RecordBatch, ArrowError>> {
+    let mut lines = reader.lines().enumerate();
+    std::iter::from_fn(move || {
+        let mut batch = arrow::array::StringBuilder::new();
+        let mut rows = 0;
+        for (number, line) in lines.by_ref() {
+            match line {
+                Ok(line) => batch.append_value(line),
+                Err(error) => {
+                    return Some(Err(ArrowError::ParseError(format!(
+                        "line {}: {error}",
+                        number + 1
+                    ))));
+                }
+            }
+            rows += 1;
+            if rows == batch_rows {
+                break;
+            }
+        }
+        if rows == 0 {
+            return None;
+        }
+        let columns: Vec<ArrayRef> = match schema.fields().is_empty() {
+            true => Vec::new(),
+            false => vec![Arc::new(batch.finish())],
+        };
+        Some(RecordBatch::try_new_with_options(
+            schema.clone(),
+            columns,
+            &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows)),
+        ))
+    })
+}
+
+/// A binary file as one row: its path, and its bytes unless they are not projected (then
+/// the file is not read).
+fn whole_file(
+    stamp: &FileStamp,
+    schema: &SchemaRef,
+    fetched: &AtomicU64,
+) -> Result<RecordBatch, ArrowError> {
+    let path = &stamp.path;
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| -> Result<ArrayRef> {
+            Ok(match field.name().as_str() {
+                "path" => Arc::new(arrow::array::StringArray::from(vec![
+                    path.to_string_lossy().into_owned(),
+                ])),
+                _ => {
+                    let bytes = match Object::of(path)? {
+                        Some(object) => {
+                            let bytes = object.get()?;
+                            fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                            bytes.to_vec()
+                        }
+                        None => std::fs::read(path).map_err(Error::io(path))?,
+                    };
+                    Arc::new(arrow::array::BinaryArray::from(vec![bytes.as_slice()]))
+                }
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| ArrowError::ExternalError(Box::new(e)))?;
+    RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(1)),
+    )
 }
 
 /// [`open_text`], counting a remote file's bytes into `fetched`.

@@ -4,8 +4,10 @@
 //! Credentials and endpoints come from the process's environment, as each cloud's tools
 //! read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
 //! `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`,
-//! `AZURE_STORAGE_ACCOUNT_NAME`, …): a URL that carries a user or password is refused, so
-//! secrets never travel in a plan, a stamp or a job record.
+//! `AZURE_STORAGE_ACCOUNT_NAME`, …), overridden by the `[storage]` section of floe's
+//! configuration, which the process hands to [`configure`] once it has loaded it. A URL that
+//! carries a user or password is refused, so secrets never travel in a plan, a stamp or a job
+//! record.
 //!
 //! `object_store` is async; the kernels are not. Every call here runs on one private runtime
 //! and the calling thread waits for it, so callers stay plain functions whether they run in a
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, Bytes};
+use floe_core::config::StorageConfig;
 use floe_core::fingerprint::FileStamp;
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
@@ -354,10 +357,51 @@ fn stamp(base: &str, meta: &ObjectMeta) -> FileStamp {
     }
 }
 
-/// The store for `base`, built once per process from the environment.
+/// The stores built so far, by `scheme://bucket`.
+type Stores = Mutex<HashMap<String, Arc<dyn ObjectStore>>>;
+
+fn stores() -> &'static Stores {
+    static STORES: OnceLock<Stores> = OnceLock::new();
+    STORES.get_or_init(Mutex::default)
+}
+
+/// The `[storage]` settings stores are built with, over the environment's.
+fn settings() -> &'static Mutex<StorageConfig> {
+    static SETTINGS: OnceLock<Mutex<StorageConfig>> = OnceLock::new();
+    SETTINGS.get_or_init(Mutex::default)
+}
+
+/// Builds every store from now on with `storage` over the environment's settings (the stores
+/// built before are dropped). A process calls it once, when it has loaded its configuration.
+pub fn configure(storage: &StorageConfig) {
+    *settings()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = storage.clone();
+    stores()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+}
+
+/// `builder` with every `[storage]` option that `parse` knows (each cloud's builder takes
+/// its own keys).
+fn with_settings<B, K: std::str::FromStr>(mut builder: B, with: impl Fn(B, K, &str) -> B) -> B {
+    let storage = settings()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    for (key, value) in storage.options() {
+        if let Ok(key) = key.parse::<K>() {
+            builder = with(builder, key, value);
+        }
+    }
+    builder
+}
+
+/// The store for `base`, built once per process from the environment and [`configure`]'s
+/// settings.
 fn store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>> {
-    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
-    let stores = STORES.get_or_init(Mutex::default);
+    let stores = stores();
     if let Some(store) = stores
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -373,22 +417,34 @@ fn store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>> {
     };
     let built: Arc<dyn ObjectStore> = match scheme {
         "s3" | "s3a" => Arc::new(
-            object_store::aws::AmazonS3Builder::from_env()
-                .with_url(base)
-                .build()
-                .map_err(failed)?,
+            with_settings(
+                object_store::aws::AmazonS3Builder::from_env().with_url(base),
+                |builder, key: object_store::aws::AmazonS3ConfigKey, value| {
+                    builder.with_config(key, value)
+                },
+            )
+            .build()
+            .map_err(failed)?,
         ),
         "gs" => Arc::new(
-            object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                .with_url(base)
-                .build()
-                .map_err(failed)?,
+            with_settings(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(base),
+                |builder, key: object_store::gcp::GoogleConfigKey, value| {
+                    builder.with_config(key, value)
+                },
+            )
+            .build()
+            .map_err(failed)?,
         ),
         "az" | "azure" | "abfs" | "abfss" | "adl" => Arc::new(
-            object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_url(base)
-                .build()
-                .map_err(failed)?,
+            with_settings(
+                object_store::azure::MicrosoftAzureBuilder::from_env().with_url(base),
+                |builder, key: object_store::azure::AzureConfigKey, value| {
+                    builder.with_config(key, value)
+                },
+            )
+            .build()
+            .map_err(failed)?,
         ),
         "http" | "https" => Arc::new(
             object_store::http::HttpBuilder::new()

@@ -7,6 +7,11 @@
 //! removed, so no partial file and no partial set of files is ever visible. Files are cut when
 //! the Arrow data written to them passes the target size.
 //!
+//! With `partition_by`, a task splits each block's rows by those columns' values and writes
+//! each partition's rows, without those columns, under its Hive directory
+//! (`date=2026-11-30/part-…`, escaped by [`floe_core::plan::partition`]), one open file per
+//! partition it has seen.
+//!
 //! A job's tasks write into a hidden *staging* directory beside the sink's directory
 //! ([`staging_directory`]); once every task has succeeded, [`publish`] moves the files in as the
 //! sink's [`WriteMode`] says, and [`discard`] removes them when the job fails. Readers skip the
@@ -20,12 +25,17 @@
 //! a reader listing the prefix while an `overwrite` publishes may see some new objects beside
 //! old ones not yet deleted.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, AsArray, StringArray, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use floe_core::plan::partition::segment;
 use floe_core::plan::{Compression, FileFormat, WriteMode, WriteSpec};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
@@ -75,6 +85,13 @@ impl FormatWriter {
             ),
             FileFormat::Json => {
                 FormatWriter::Json(arrow::json::LineDelimitedWriter::new(BufWriter::new(file)))
+            }
+            // The plan refuses such a sink; a hand-made spec is refused here.
+            FileFormat::Text | FileFormat::Binary => {
+                return Err(Error::BadFile {
+                    path: path.to_owned(),
+                    message: format!("{} files can be read, not written", spec.format.name()),
+                });
             }
         })
     }
@@ -159,6 +176,8 @@ fn extension(format: &FileFormat) -> &'static str {
         FileFormat::Parquet => "parquet",
         FileFormat::Csv(_) => "csv",
         FileFormat::Json => "json",
+        FileFormat::Text => "txt",
+        FileFormat::Binary => "bin",
     }
 }
 
@@ -184,7 +203,17 @@ impl Drop for Pending {
     }
 }
 
-/// Writes the blocks of task `task` to `spec.directory`; returns the published files.
+/// The file a partition directory of one task is writing, and how many it has begun.
+#[derive(Default)]
+struct Slot {
+    /// The open writer, the Arrow bytes written to it, and its entry in [`Pending`].
+    current: Option<(FormatWriter, u64, usize)>,
+    files: usize,
+}
+
+/// Writes the blocks of task `task` to `spec.directory`; returns the published files. With
+/// `spec.partition_by`, each block's rows are split by those columns' values into Hive
+/// directories (`col=value/…`), each with its own files, which leave those columns out.
 pub fn write_task(
     spec: &WriteSpec,
     task: usize,
@@ -211,36 +240,44 @@ pub fn write_task(
         files: Vec::new(),
         published: false,
     };
-    let mut current: Option<(FormatWriter, u64)> = None;
+    let partitions = Partitions::new(spec, &schema)?;
+    // Ordered by directory, so files are closed in the same order every run.
+    let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
     for batch in batches {
-        let batch = batch?;
-        if current.is_none() {
-            let name = file_name(&spec.format, task, pending.files.len());
-            let temporary = directory.join(format!(".tmp-{name}"));
-            let writer = FormatWriter::create(spec, &temporary, &schema)?;
-            pending.files.push((temporary, directory.join(name)));
-            current = Some((writer, 0));
-        }
-        if let Some((writer, written)) = &mut current {
-            writer.write(&batch)?;
-            *written += batch.get_array_memory_size() as u64;
-            if *written >= spec.target_file_size
-                && let Some((writer, _)) = current.take()
-                && let Some((temporary, _)) = pending.files.last()
-            {
-                writer.finish(temporary)?;
+        for (relative, rows) in partitions.split(&batch?)? {
+            let slot = slots.entry(relative.clone()).or_default();
+            if slot.current.is_none() {
+                let within = directory.join(&relative);
+                std::fs::create_dir_all(&within).map_err(Error::io(&within))?;
+                let name = file_name(&spec.format, task, slot.files);
+                let temporary = within.join(format!(".tmp-{name}"));
+                let writer = FormatWriter::create(spec, &temporary, &partitions.file_schema)?;
+                pending.files.push((temporary, within.join(name)));
+                slot.files += 1;
+                slot.current = Some((writer, 0, pending.files.len() - 1));
+            }
+            if let Some((writer, written, _)) = &mut slot.current {
+                writer.write(&rows)?;
+                *written += rows.get_array_memory_size() as u64;
+                if *written >= spec.target_file_size
+                    && let Some((writer, _, entry)) = slot.current.take()
+                {
+                    writer.finish(&pending.files[entry].0)?;
+                }
             }
         }
     }
-    if let (Some((writer, _)), Some((temporary, _))) = (current.take(), pending.files.last()) {
-        writer.finish(temporary)?;
+    for slot in slots.into_values() {
+        if let Some((writer, _, entry)) = slot.current {
+            writer.finish(&pending.files[entry].0)?;
+        }
     }
     if let Some(prefix) = remote {
         let mut uploaded = Vec::with_capacity(pending.files.len());
         for (temporary, visible) in &pending.files {
             let name = visible
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
+                .strip_prefix(directory)
+                .map(|name| name.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let object = prefix.join(&name);
             object.upload(temporary)?;
@@ -252,14 +289,89 @@ pub fn write_task(
         std::fs::rename(temporary, visible).map_err(Error::io(visible))?;
     }
     pending.published = true;
-    File::open(directory)
-        .and_then(|dir| dir.sync_all())
-        .map_err(Error::io(directory))?;
+    let mut synced: Vec<&Path> = pending
+        .files
+        .iter()
+        .filter_map(|(_, visible)| visible.parent())
+        .collect();
+    synced.push(directory);
+    synced.sort();
+    synced.dedup();
+    for within in synced {
+        sync_directory(within)?;
+    }
     Ok(pending
         .files
         .iter()
         .map(|(_, visible)| visible.clone())
         .collect())
+}
+
+/// How a sink's rows are split into Hive partition directories.
+struct Partitions {
+    /// The indices of the partition columns in the input, in `partition_by` order.
+    keys: Vec<(usize, String)>,
+    /// The indices of the columns the files hold.
+    kept: Vec<usize>,
+    file_schema: SchemaRef,
+}
+
+impl Partitions {
+    fn new(spec: &WriteSpec, schema: &SchemaRef) -> Result<Self> {
+        let keys = spec
+            .partition_by
+            .iter()
+            .map(|name| Ok((schema.index_of(name)?, name.clone())))
+            .collect::<Result<Vec<_>>>()?;
+        let kept: Vec<usize> = (0..schema.fields().len())
+            .filter(|index| !keys.iter().any(|(key, _)| key == index))
+            .collect();
+        Ok(Self {
+            file_schema: Arc::new(schema.project(&kept)?),
+            keys,
+            kept,
+        })
+    }
+
+    /// `batch`'s rows by partition directory (`""` without partitioning), without the
+    /// partition columns.
+    fn split(&self, batch: &RecordBatch) -> Result<Vec<(String, RecordBatch)>> {
+        if self.keys.is_empty() {
+            return Ok(vec![(String::new(), batch.clone())]);
+        }
+        let values = self
+            .keys
+            .iter()
+            .map(|(index, _)| {
+                let text = arrow::compute::cast(batch.column(*index), &DataType::Utf8)?;
+                Ok(text.as_string::<i32>().clone())
+            })
+            .collect::<Result<Vec<StringArray>>>()?;
+        let mut rows: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for row in 0..batch.num_rows() {
+            let directory = self
+                .keys
+                .iter()
+                .zip(&values)
+                .map(|((_, name), values)| {
+                    segment(name, values.is_valid(row).then(|| values.value(row)))
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            let row = u32::try_from(row).map_err(|_| Error::BadFile {
+                path: PathBuf::from(&directory),
+                message: "a block of more than 2^32 rows cannot be partitioned".to_owned(),
+            })?;
+            rows.entry(directory).or_default().push(row);
+        }
+        let kept = batch.project(&self.kept)?;
+        rows.into_iter()
+            .map(|(directory, indices)| {
+                let taken = take_record_batch(&kept, &UInt32Array::from(indices))?;
+                Ok((directory, taken))
+            })
+            .collect()
+    }
 }
 
 /// The hidden directory beside `target` where a job's files wait until it succeeds; `token`
@@ -414,17 +526,28 @@ fn appended_name(name: &str, token: &str) -> String {
     }
 }
 
-/// The visible files a job staged, sorted.
+/// The visible files a job staged, as paths relative to `staging` (inside Hive partition
+/// directories too), sorted.
 fn staged_files(staging: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(staging).map_err(Error::io(staging))? {
-        let name = entry
-            .map_err(Error::io(staging))?
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        if !name.starts_with(['.', '_']) {
-            names.push(name);
+    // Partition directories nest as deep as `partition_by` is long; a stack, not recursion.
+    let mut directories = vec![(staging.to_owned(), String::new())];
+    while let Some((directory, relative)) = directories.pop() {
+        for entry in std::fs::read_dir(&directory).map_err(Error::io(&directory))? {
+            let entry = entry.map_err(Error::io(&directory))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(['.', '_']) {
+                continue;
+            }
+            let name = match relative.is_empty() {
+                true => name,
+                false => format!("{relative}/{name}"),
+            };
+            if entry.file_type().map_err(Error::io(entry.path()))?.is_dir() {
+                directories.push((entry.path(), name));
+            } else {
+                names.push(name);
+            }
         }
     }
     names.sort();
@@ -446,14 +569,23 @@ fn move_files(
 ) -> Result<Vec<PathBuf>> {
     let mut published = Vec::with_capacity(staged.len());
     for name in staged {
-        let visible = match (token, name.strip_prefix("part-")) {
-            (Some(token), Some(rest)) => format!("part-{token}-{rest}"),
-            _ => name.clone(),
+        let visible = match token {
+            Some(token) => appended_name(name, token),
+            None => name.clone(),
         };
         let (from, to) = (staging.join(name), target.join(visible));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+        }
         std::fs::hard_link(&from, &to).map_err(Error::io(&to))?;
         std::fs::remove_file(&from).map_err(Error::io(&from))?;
         published.push(to);
+    }
+    let mut directories: Vec<&Path> = published.iter().filter_map(|to| to.parent()).collect();
+    directories.sort();
+    directories.dedup();
+    for directory in directories {
+        sync_directory(directory)?;
     }
     Ok(published)
 }

@@ -307,6 +307,7 @@ fn changed_files_and_mismatched_parquet_schemas_are_refused() {
 fn spec(format: FileFormat, dir: &Path, target: u64) -> WriteSpec {
     WriteSpec {
         compression: Compression::default_for(&format),
+        partition_by: Vec::new(),
         format,
         directory: dir.to_owned(),
         target_file_size: target,

@@ -926,6 +926,7 @@ impl NodeAgent {
             workers,
             max_frame: wire.max_frame,
             log_dir: data_dir.join(logs::LOG_DIR),
+            storage: config.storage.clone(),
         })?);
         let cache = Cache::open(CacheConfig::for_node(config))?;
         remove_stale_udf_dirs(data_dir);

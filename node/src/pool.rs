@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use floe_core::TaskId;
+use floe_core::config::StorageConfig;
 use floe_core::wire::{FramedStream, codec};
 use floe_objectstore::ObjectView;
 use tokio::net::{UnixListener, UnixStream};
@@ -47,6 +48,9 @@ pub(crate) struct PoolOptions {
     pub max_frame: usize,
     /// Where each worker writes its rotated log (`worker-<slot>.log`).
     pub log_dir: PathBuf,
+    /// The node's `[storage]` settings; workers get them as `FLOE_STORAGE_*` variables,
+    /// never as arguments another user could list.
+    pub storage: StorageConfig,
 }
 
 pub(crate) type JobResult = Result<Vec<WorkerOutput>, TaskFailure>;
@@ -388,25 +392,31 @@ async fn spawn(inner: &PoolInner, slot: u32) -> Result<Worker> {
         .unwrap_or_else(PoisonError::into_inner)
         .insert(slot, connected);
     let options = &inner.options;
-    let mut child = Command::new(&options.binary)
-        .arg("worker")
-        .arg("--socket")
-        .arg(&options.socket)
-        .arg("--slot")
-        .arg(slot.to_string())
-        .arg("--max-frame")
-        .arg(options.max_frame.to_string())
-        .arg("--log-dir")
-        .arg(&options.log_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        // Dropping the slot (shutdown, or the agent's runtime ending) must not orphan it.
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| Error::Io {
-            op: "starting a worker process",
-            source,
-        })?;
+    let mut child =
+        Command::new(&options.binary)
+            .arg("worker")
+            .arg("--socket")
+            .arg(&options.socket)
+            .arg("--slot")
+            .arg(slot.to_string())
+            .arg("--max-frame")
+            .arg(options.max_frame.to_string())
+            .arg("--log-dir")
+            .arg(&options.log_dir)
+            .envs(
+                options.storage.options().into_iter().map(|(key, value)| {
+                    (format!("FLOE_STORAGE_{}", key.to_ascii_uppercase()), value)
+                }),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            // Dropping the slot (shutdown, or the agent's runtime ending) must not orphan it.
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| Error::Io {
+                op: "starting a worker process",
+                source,
+            })?;
     let pid = child.id().unwrap_or_default();
     tokio::select! {
         stream = connection => match stream {

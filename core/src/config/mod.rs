@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use crate::auth::{ClientToken, ClusterSecret, ReplicaSecret};
+pub use crate::auth::{ClientToken, ClusterSecret, ReplicaSecret, StorageSecret};
 pub use allowed::{AllowedPaths, PathNotAllowed};
 pub use bytesize::{ByteSize, ByteSizeError};
 pub use span::{Span, SpanError};
@@ -50,6 +50,7 @@ pub struct Config {
     pub paths: PathsConfig,
     pub memory: MemoryConfig,
     pub data: DataConfig,
+    pub storage: StorageConfig,
     pub cache: CacheConfig,
     pub timeouts: TimeoutsConfig,
     pub log: LogConfig,
@@ -331,6 +332,80 @@ impl Default for MemoryConfig {
             object_store_max: ByteSize(200_000_000_000),
             spill_threshold: 0.8,
             min_spilling_size: ByteSize::mib(100),
+        }
+    }
+}
+
+/// `[storage]`: credentials and endpoints for object-storage URLs (`s3://`, `gs://`,
+/// `az://`), over what each cloud's own environment variables say. An empty string (the
+/// default) leaves a setting to the environment. The keys are `object_store`'s own names.
+/// Secrets never show in `Debug` or `floe config show`, and never enter a plan.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// S3's access key id (`AWS_ACCESS_KEY_ID`).
+    pub aws_access_key_id: String,
+    /// S3's secret access key (`AWS_SECRET_ACCESS_KEY`).
+    pub aws_secret_access_key: StorageSecret,
+    /// A temporary credential's session token (`AWS_SESSION_TOKEN`).
+    pub aws_session_token: StorageSecret,
+    /// The region (`AWS_REGION`).
+    pub aws_region: String,
+    /// An S3-compatible server's URL, e.g. `http://minio:9000` (`AWS_ENDPOINT_URL`).
+    pub aws_endpoint: String,
+    /// Allow plain HTTP to the endpoint (`AWS_ALLOW_HTTP`). Default false: only `true`
+    /// changes anything.
+    pub aws_allow_http: bool,
+    /// A Google service account's JSON key, inline (`GOOGLE_SERVICE_ACCOUNT_KEY`).
+    pub google_service_account_key: StorageSecret,
+    /// Azure's storage account (`AZURE_STORAGE_ACCOUNT_NAME`).
+    pub azure_storage_account_name: String,
+    /// Azure's account key (`AZURE_STORAGE_ACCOUNT_KEY`).
+    pub azure_storage_account_key: StorageSecret,
+}
+
+impl StorageConfig {
+    /// The settings that are set, as `(object_store key, value)` pairs: what a store builder
+    /// takes, and what a node passes on to its workers (`FLOE_STORAGE_<KEY>`).
+    pub fn options(&self) -> Vec<(&'static str, &str)> {
+        let allow_http = if self.aws_allow_http { "true" } else { "" };
+        [
+            ("aws_access_key_id", self.aws_access_key_id.as_str()),
+            ("aws_secret_access_key", self.aws_secret_access_key.expose()),
+            ("aws_session_token", self.aws_session_token.expose()),
+            ("aws_region", self.aws_region.as_str()),
+            ("aws_endpoint", self.aws_endpoint.as_str()),
+            ("aws_allow_http", allow_http),
+            (
+                "google_service_account_key",
+                self.google_service_account_key.expose(),
+            ),
+            (
+                "azure_storage_account_name",
+                self.azure_storage_account_name.as_str(),
+            ),
+            (
+                "azure_storage_account_key",
+                self.azure_storage_account_key.expose(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .collect()
+    }
+
+    /// The secrets shown as `<redacted>`, for `floe config show`.
+    fn redacted(&self) -> Self {
+        let hide = |secret: &StorageSecret| match secret.is_empty() {
+            true => StorageSecret::default(),
+            false => StorageSecret::new("<redacted>"),
+        };
+        Self {
+            aws_secret_access_key: hide(&self.aws_secret_access_key),
+            aws_session_token: hide(&self.aws_session_token),
+            google_service_account_key: hide(&self.google_service_account_key),
+            azure_storage_account_key: hide(&self.azure_storage_account_key),
+            ..self.clone()
         }
     }
 }
@@ -811,6 +886,7 @@ impl Config {
         if !shown.client.token.is_empty() {
             shown.client.token = ClientToken::new("<redacted>");
         }
+        shown.storage = shown.storage.redacted();
         toml::to_string(&shown).map_err(|error| ConfigError::Render(error.to_string()))
     }
 

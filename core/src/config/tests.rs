@@ -839,3 +839,54 @@ fn allowed_paths_hold_object_urls_under_remote_prefixes() {
             .is_ok()
     );
 }
+
+#[test]
+fn storage_credentials_load_from_the_file_and_env_and_never_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(
+        &dir,
+        "[storage]\naws_access_key_id = \"AKIDEXAMPLE\"\naws_secret_access_key = \"hunter5\"\n\
+         aws_endpoint = \"http://127.0.0.1:9000\"\naws_allow_http = true\n",
+    );
+    let config = ConfigLoader::new()
+        .file(&path)
+        .env(env(&[("FLOE_STORAGE_AWS_SESSION_TOKEN", "hunter6")]))
+        .load()
+        .unwrap();
+    assert_eq!(
+        config.storage.options(),
+        [
+            ("aws_access_key_id", "AKIDEXAMPLE"),
+            ("aws_secret_access_key", "hunter5"),
+            ("aws_session_token", "hunter6"),
+            ("aws_endpoint", "http://127.0.0.1:9000"),
+            ("aws_allow_http", "true"),
+        ]
+    );
+    let debug = format!("{config:?}");
+    let shown = config.to_toml_redacted().unwrap();
+    for secret in ["hunter5", "hunter6"] {
+        assert!(!debug.contains(secret), "{debug}");
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(
+        shown.contains("aws_secret_access_key = \"<redacted>\""),
+        "{shown}"
+    );
+
+    // A misspelled key is an error naming it, in the file and in the environment.
+    let typo = write_file(&dir, "[storage]\naws_secret_key = \"hunter5\"\n");
+    let error = ConfigLoader::new()
+        .file(&typo)
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("aws_secret_key"), "{error}");
+    let error = ConfigLoader::new()
+        .env(env(&[("FLOE_STORAGE_AWS_SECRET", "hunter5")]))
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("storage.aws_secret"), "{error}");
+    assert!(!error.contains("hunter5"), "{error}");
+}

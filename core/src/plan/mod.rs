@@ -27,6 +27,7 @@
 mod error;
 pub mod operator;
 pub mod optimizer;
+pub mod partition;
 pub mod physical;
 pub mod process;
 mod schema;
@@ -51,7 +52,8 @@ use crate::fingerprint::{
 pub use error::{FingerprintErrorText, PlanError, describe_schema};
 pub use operator::{
     AggFunction, Aggregation, Compression, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat,
-    FileScan, JoinType, MaterializedSource, Operator, SeedChoice, SortKey, WriteMode, WriteSpec,
+    FileScan, JoinType, MaterializedSource, Operator, PartitionColumn, PartitionType, SeedChoice,
+    SortKey, WriteMode, WriteSpec,
 };
 pub use process::{
     Concurrency, InlineCode, ProcessUdf, SCRIPT_OPTIONS, UdfCodePolicy, UdfCodeRefused,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use arrow_schema::Schema;
 use serde::{Deserialize, Serialize};
 
+use super::PlanError;
 use super::process::ProcessUdf;
 use super::udf::{UdfCall, UdfKind, UdfParams};
 use crate::expr::Expr;
@@ -42,13 +43,17 @@ impl MaterializedSource {
     }
 }
 
-/// How a text file is laid out.
+/// How a file is laid out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileFormat {
     Parquet,
     Csv(CsvOptions),
     /// Newline-delimited JSON: one object per line.
     Json,
+    /// UTF-8 text, one row per line in one column `text` (read only).
+    Text,
+    /// Whole files, one row each: columns `path` and `bytes` (read only).
+    Binary,
 }
 
 impl FileFormat {
@@ -57,6 +62,30 @@ impl FileFormat {
             FileFormat::Parquet => "parquet",
             FileFormat::Csv(_) => "csv",
             FileFormat::Json => "json",
+            FileFormat::Text => "text",
+            FileFormat::Binary => "binary",
+        }
+    }
+
+    /// Whether a sink can write this format (text and binary files are sources only).
+    pub fn is_writable(&self) -> bool {
+        matches!(
+            self,
+            FileFormat::Parquet | FileFormat::Csv(_) | FileFormat::Json
+        )
+    }
+
+    /// The schema every file of a fixed-schema format has (`text`, `binary`), or `None` when
+    /// the files say.
+    pub fn fixed_schema(&self) -> Option<Schema> {
+        use arrow_schema::{DataType, Field};
+        match self {
+            FileFormat::Text => Some(Schema::new(vec![Field::new("text", DataType::Utf8, false)])),
+            FileFormat::Binary => Some(Schema::new(vec![
+                Field::new("path", DataType::Utf8, false),
+                Field::new("bytes", DataType::Binary, false),
+            ])),
+            FileFormat::Parquet | FileFormat::Csv(_) | FileFormat::Json => None,
         }
     }
 }
@@ -78,7 +107,9 @@ impl Default for CsvOptions {
 
 /// A read of files. `projection`, `predicate` and `limit` start empty and are filled by the
 /// optimizer's pushdown rules; the read kernel applies them (the predicate first by skipping
-/// Parquet row groups whose statistics exclude it, then row by row).
+/// Parquet row groups whose statistics exclude it, then row by row). A predicate on partition
+/// columns also drops the files of partitions it rules out from `files`
+/// ([`FileScan::prune_partitions`]), so they are never opened and never fingerprinted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FileScan {
     pub format: FileFormat,
@@ -86,7 +117,10 @@ pub struct FileScan {
     pub files: Vec<FileStamp>,
     /// The schema of the files (all of them share it; the reader checks).
     pub file_schema: Schema,
-    /// Columns to read, in file order; `None` reads all.
+    /// Hive partition columns (`key=value` directories in every file's path), after the
+    /// files' columns in the scan's schema.
+    pub partitioning: Vec<PartitionColumn>,
+    /// Columns to read, in schema order; `None` reads all.
     pub projection: Option<Vec<String>>,
     pub predicate: Option<Expr>,
     pub limit: Option<u64>,
@@ -101,15 +135,105 @@ impl FileScan {
             format,
             files,
             file_schema,
+            partitioning: Vec::new(),
             projection: None,
             predicate: None,
             limit: None,
         }
     }
 
-    /// Whether this reader can skip data for a predicate itself (Parquet row-group statistics).
+    /// Whether this reader can skip data for a predicate itself: Parquet row-group
+    /// statistics, and the partitions of any partitioned format.
     pub fn supports_predicate(&self) -> bool {
-        self.format == FileFormat::Parquet
+        self.format == FileFormat::Parquet || !self.partitioning.is_empty()
+    }
+
+    /// The files' columns, then the partition columns: every column the scan can output.
+    pub fn full_schema(&self) -> Schema {
+        let mut fields: Vec<arrow_schema::Field> = self
+            .file_schema
+            .fields()
+            .iter()
+            .map(|field| field.as_ref().clone())
+            .collect();
+        fields.extend(self.partitioning.iter().map(PartitionColumn::field));
+        Schema::new(fields)
+    }
+
+    /// This scan without the files whose partition values make its predicate false or null
+    /// (see [`super::partition::may_match`]).
+    pub fn prune_partitions(&self) -> Result<Self, PlanError> {
+        let Some(predicate) = &self.predicate else {
+            return Ok(self.clone());
+        };
+        if self.partitioning.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut files = Vec::with_capacity(self.files.len());
+        for file in &self.files {
+            let values = super::partition::values_of(&file.path, &self.partitioning)?;
+            if super::partition::may_match(predicate, &self.partitioning, &values) {
+                files.push(file.clone());
+            }
+        }
+        Ok(Self {
+            files,
+            ..self.clone()
+        })
+    }
+}
+
+/// The type of a Hive partition column's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionType {
+    Int64,
+    Utf8,
+}
+
+impl PartitionType {
+    pub fn name(self) -> &'static str {
+        match self {
+            PartitionType::Int64 => "int64",
+            PartitionType::Utf8 => "string",
+        }
+    }
+
+    /// Every type, for parsers and their error messages.
+    pub const ALL: [PartitionType; 2] = [PartitionType::Int64, PartitionType::Utf8];
+
+    pub fn data_type(self) -> arrow_schema::DataType {
+        match self {
+            PartitionType::Int64 => arrow_schema::DataType::Int64,
+            PartitionType::Utf8 => arrow_schema::DataType::Utf8,
+        }
+    }
+}
+
+/// One Hive partition column: the `name` of `name=value` directories, and its values' type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionColumn {
+    pub name: String,
+    pub data_type: PartitionType,
+}
+
+impl PartitionColumn {
+    pub fn new(name: impl Into<String>, data_type: PartitionType) -> Self {
+        Self {
+            name: name.into(),
+            data_type,
+        }
+    }
+
+    /// Nullable: `__HIVE_DEFAULT_PARTITION__` holds the rows whose value is null.
+    pub fn field(&self) -> arrow_schema::Field {
+        arrow_schema::Field::new(&self.name, self.data_type.data_type(), true)
+    }
+
+    fn to_arg(&self) -> ArgValue {
+        ArgValue::List(vec![
+            self.name.as_str().into(),
+            self.data_type.name().into(),
+        ])
     }
 }
 
@@ -300,6 +424,9 @@ pub struct WriteSpec {
     pub mode: WriteMode,
     /// The codec inside Parquet files; CSV and NDJSON are written uncompressed.
     pub compression: Compression,
+    /// Hive partitioning: rows go to `col=value/…` directories by these columns' values, in
+    /// this order, and the files hold the other columns only. Empty: no directories.
+    pub partition_by: Vec<String>,
 }
 
 /// What a sink does with a directory that already holds files (Spark's and Ray's save modes).
@@ -365,7 +492,9 @@ impl Compression {
     pub fn default_for(format: &FileFormat) -> Self {
         match format {
             FileFormat::Parquet => Compression::Zstd,
-            FileFormat::Csv(_) | FileFormat::Json => Compression::Uncompressed,
+            FileFormat::Csv(_) | FileFormat::Json | FileFormat::Text | FileFormat::Binary => {
+                Compression::Uncompressed
+            }
         }
     }
 }
@@ -461,6 +590,8 @@ impl Operator {
                 FileFormat::Parquet => "read_parquet",
                 FileFormat::Csv(_) => "read_csv",
                 FileFormat::Json => "read_json",
+                FileFormat::Text => "read_text",
+                FileFormat::Binary => "read_binary_files",
             },
             Operator::Range { .. } => "range",
             Operator::FromBatches { .. } => "from_batches",
@@ -488,6 +619,9 @@ impl Operator {
                 FileFormat::Parquet => "write_parquet",
                 FileFormat::Csv(_) => "write_csv",
                 FileFormat::Json => "write_json",
+                // Refused when the plan is built (`FileFormat::is_writable`).
+                FileFormat::Text => "write_text",
+                FileFormat::Binary => "write_binary_files",
             },
         }
     }
@@ -585,6 +719,16 @@ impl Operator {
                         "limit",
                         option(scan.limit.map(ArgValue::from)),
                         ArgValue::Null,
+                    )
+                    .arg_with_default(
+                        "partitioning",
+                        ArgValue::List(
+                            scan.partitioning
+                                .iter()
+                                .map(PartitionColumn::to_arg)
+                                .collect(),
+                        ),
+                        ArgValue::List(Vec::new()),
                     );
                 if let FileFormat::Csv(options) = &scan.format {
                     args = args
@@ -671,6 +815,11 @@ impl Operator {
                     .arg("directory", spec.directory.to_string_lossy().into_owned())
                     .arg("target_file_size", spec.target_file_size)
                     .arg_with_default("mode", spec.mode.name(), WriteMode::Error.name())
+                    .arg_with_default(
+                        "partition_by",
+                        strings(&spec.partition_by),
+                        ArgValue::List(Vec::new()),
+                    )
                     .performance("compression", spec.compression.name());
                 if let FileFormat::Csv(options) = &spec.format {
                     args = args
@@ -700,6 +849,14 @@ impl Operator {
                 }
                 if let Some(limit) = scan.limit {
                     text.push_str(&format!(" limit={limit}"));
+                }
+                if !scan.partitioning.is_empty() {
+                    let columns: Vec<String> = scan
+                        .partitioning
+                        .iter()
+                        .map(|column| format!("{}: {}", column.name, column.data_type.name()))
+                        .collect();
+                    text.push_str(&format!(" partitioning=[{}]", columns.join(", ")));
                 }
                 text
             }
@@ -757,14 +914,20 @@ impl Operator {
             Operator::Union => "union".to_owned(),
             Operator::Unique { columns } => format!("unique [{}]", list(columns)),
             Operator::Cache => "cache".to_owned(),
-            Operator::Write(spec) => format!(
-                "{} {} mode={} compression={} target_file_size={}",
-                self.name(),
-                spec.directory.display(),
-                spec.mode.name(),
-                spec.compression.name(),
-                spec.target_file_size
-            ),
+            Operator::Write(spec) => {
+                let mut text = format!(
+                    "{} {} mode={} compression={} target_file_size={}",
+                    self.name(),
+                    spec.directory.display(),
+                    spec.mode.name(),
+                    spec.compression.name(),
+                    spec.target_file_size
+                );
+                if !spec.partition_by.is_empty() {
+                    text.push_str(&format!(" partition_by=[{}]", list(&spec.partition_by)));
+                }
+                text
+            }
         }
     }
 }

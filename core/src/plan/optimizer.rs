@@ -97,10 +97,15 @@ impl Rule for PushFilters {
                         Some(pushed) => conjunction(pushed, predicate),
                     };
                     match merged {
-                        Some(merged) => LogicalPlan::read(FileScan {
-                            predicate: Some(merged),
-                            ..scan.clone()
-                        }),
+                        // Partitions the predicate rules out leave the scan here, before any
+                        // file is opened, and so leave its fingerprint too.
+                        Some(merged) => LogicalPlan::read(
+                            FileScan {
+                                predicate: Some(merged),
+                                ..scan.clone()
+                            }
+                            .prune_partitions()?,
+                        ),
                         None => Ok(node),
                     }
                 }

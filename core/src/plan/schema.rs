@@ -3,8 +3,8 @@
 
 use arrow_schema::{DataType, Field, Schema};
 
-use super::PlanError;
 use super::operator::{AggFunction, Aggregation, FileFormat, JoinType, Operator};
+use super::{PlanError, describe_schema};
 use crate::expr::{common_type, is_numeric as numeric, is_orderable as orderable};
 
 /// How an operator is named in error messages: its name and main argument.
@@ -101,19 +101,45 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
     }
     match operator {
         Operator::Read(scan) => {
-            if scan.files.is_empty() {
+            // A partitioned scan may have had every file pruned; it then reads nothing.
+            if scan.files.is_empty() && scan.partitioning.is_empty() {
                 return Err(PlanError::invalid(name, "no input files"));
             }
+            if let Some(fixed) = scan.format.fixed_schema()
+                && fixed.fields() != scan.file_schema.fields()
+            {
+                return Err(PlanError::invalid(
+                    name,
+                    format!(
+                        "{} files have the schema ({}), not ({})",
+                        scan.format.name(),
+                        describe_schema(&fixed),
+                        describe_schema(&scan.file_schema)
+                    ),
+                ));
+            }
+            for column in &scan.partitioning {
+                if scan.file_schema.field_with_name(&column.name).is_ok() {
+                    return Err(PlanError::invalid(
+                        name,
+                        format!(
+                            "partition column `{}` is also a column of the files; Hive                              partitioning keeps it out of them",
+                            column.name
+                        ),
+                    ));
+                }
+            }
+            check_unique_names(scan.partitioning.iter().map(|c| c.name.as_str()), name)?;
+            let full = scan.full_schema();
             let schema = match &scan.projection {
-                None => scan.file_schema.clone(),
+                None => full,
                 Some(columns) => {
                     for column in columns {
-                        field(&scan.file_schema, column, name)?;
+                        field(&full, column, name)?;
                     }
                     check_unique_names(columns.iter().map(String::as_str), name)?;
-                    // File order, whatever order the projection lists.
-                    let fields: Vec<Field> = scan
-                        .file_schema
+                    // Schema order, whatever order the projection lists.
+                    let fields: Vec<Field> = full
                         .fields()
                         .iter()
                         .filter(|f| columns.contains(f.name()))
@@ -228,6 +254,13 @@ pub(crate) fn output_schema(operator: &Operator, inputs: &[&Schema]) -> Result<S
                     ),
                 ));
             }
+            if !spec.format.is_writable() {
+                return Err(PlanError::invalid(
+                    name,
+                    format!("{} files can be read, not written", spec.format.name()),
+                ));
+            }
+            check_partition_by(&spec.partition_by, inputs[0], name)?;
             Ok(inputs[0].clone())
         }
         Operator::Sort { keys } => {
@@ -484,4 +517,35 @@ fn join_schema(
     }
     check_unique_names(fields.iter().map(|f| f.name().as_str()), name)?;
     Ok(Schema::new(fields))
+}
+
+/// Partition columns must exist, be named once, have a type whose values make directory
+/// names (integers, strings, booleans, dates), and leave at least one column for the files.
+fn check_partition_by(columns: &[String], input: &Schema, name: &str) -> Result<(), PlanError> {
+    check_unique_names(columns.iter().map(String::as_str), name)?;
+    for column in columns {
+        let f = field(input, column, name)?;
+        expect_type(
+            f.data_type().is_integer()
+                || matches!(
+                    f.data_type(),
+                    DataType::Utf8
+                        | DataType::LargeUtf8
+                        | DataType::Utf8View
+                        | DataType::Boolean
+                        | DataType::Date32
+                ),
+            name,
+            column,
+            "an integer, string, boolean or date32 partition column",
+            f.data_type(),
+        )?;
+    }
+    if !columns.is_empty() && columns.len() == input.fields().len() {
+        return Err(PlanError::invalid(
+            name,
+            "partition_by names every column; the files would hold none",
+        ));
+    }
+    Ok(())
 }

@@ -594,6 +594,7 @@ fn plans_round_trip_through_the_wire_codec() {
             target_file_size: DEFAULT_TARGET_FILE_SIZE,
             mode: WriteMode::Overwrite,
             compression: Compression::Uncompressed,
+            partition_by: Vec::new(),
         })
         .unwrap();
     let bytes = crate::wire::codec::encode(&plan).unwrap();
@@ -610,6 +611,7 @@ fn a_sink_refuses_a_relative_directory_and_a_codec_its_format_lacks() {
         target_file_size: DEFAULT_TARGET_FILE_SIZE,
         mode: WriteMode::Error,
         compression,
+        partition_by: Vec::new(),
     };
     let plan = LogicalPlan::range(3).unwrap();
     let relative = plan

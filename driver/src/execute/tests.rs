@@ -575,6 +575,7 @@ fn written(plan: LogicalPlan, directory: &std::path::Path, mode: WriteMode) -> L
         target_file_size: DEFAULT_TARGET_FILE_SIZE,
         mode,
         compression: Compression::Zstd,
+        partition_by: Vec::new(),
     })
     .unwrap()
 }
