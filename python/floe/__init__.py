@@ -20,14 +20,16 @@ from .dataset import (
     from_items,
     from_pandas,
     range,
+    read_binary_files,
     read_csv,
     read_json,
     read_parquet,
+    read_text,
 )
 
 __all__ = [
     "AggregateFn", "Count", "Dataset", "Expr", "FloeError", "JobError", "Max", "Mean", "Min",
     "PlanError", "Std", "Sum", "col", "connect", "from_arrow", "from_items", "from_pandas",
-    "init", "is_initialized", "lit", "range", "read_csv", "read_json", "read_parquet",
-    "shutdown",
+    "init", "is_initialized", "lit", "range", "read_binary_files", "read_csv", "read_json",
+    "read_parquet", "read_text", "shutdown",
 ]

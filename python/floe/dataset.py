@@ -24,19 +24,43 @@ _CHUNK = 100_000
 _SAMPLE_ROWS = 16
 
 
-def read_parquet(paths, *, columns=None):
-    """Parquet files: each path a file, a directory or a glob in its last component."""
-    return Dataset(_floe.Dataset.read("parquet", _paths(paths), columns))
+def read_parquet(paths, *, columns=None, partitioning="hive"):
+    """Parquet files: each path a file, a directory or a glob in its last component.
+
+    `partitioning`: "hive" finds `key=value` directories below a directory and adds their
+    columns (int64 when every value is an integer, else string), "none" does not, or a dict
+    {column: "int64" | "string"} declares them. A filter on them skips whole directories."""
+    return Dataset(_floe.Dataset.read("parquet", _paths(paths), columns,
+                                      _partitioning(partitioning)))
 
 
-def read_csv(paths, *, columns=None):
+def read_csv(paths, *, columns=None, partitioning="hive"):
     """CSV files with a header row."""
-    return Dataset(_floe.Dataset.read("csv", _paths(paths), columns))
+    return Dataset(_floe.Dataset.read("csv", _paths(paths), columns,
+                                      _partitioning(partitioning)))
 
 
-def read_json(paths, *, columns=None):
+def read_json(paths, *, columns=None, partitioning="hive"):
     """Newline-delimited JSON files."""
-    return Dataset(_floe.Dataset.read("json", _paths(paths), columns))
+    return Dataset(_floe.Dataset.read("json", _paths(paths), columns,
+                                      _partitioning(partitioning)))
+
+
+def read_text(paths, *, partitioning="hive"):
+    """UTF-8 text files, one row per line in a column `text`."""
+    return Dataset(_floe.Dataset.read("text", _paths(paths), None, _partitioning(partitioning)))
+
+
+def read_binary_files(paths, *, partitioning="hive"):
+    """Whole files, one row each: `path` and `bytes`."""
+    return Dataset(_floe.Dataset.read("binary", _paths(paths), None,
+                                      _partitioning(partitioning)))
+
+
+def _partitioning(partitioning):
+    if isinstance(partitioning, dict):
+        return list(partitioning.items())
+    return partitioning
 
 
 def range(n):
@@ -298,16 +322,17 @@ class Dataset:
                      "served from the cache: %s" % (step, reason))
         return text
 
-    def write_parquet(self, path, *, mode="error"):
+    def write_parquet(self, path, *, mode="error", partition_by=None):
         """Writes files into directory `path`; `mode` is error (refuse a directory with files),
-        overwrite or append."""
-        self._run(self._plan.write("parquet", str(path), mode))
+        overwrite or append. `partition_by` columns become Hive directories
+        (`date=2026-11-30/part-….parquet`) and leave the files."""
+        self._run(self._plan.write("parquet", str(path), mode, partition_by))
 
-    def write_csv(self, path, *, mode="error"):
-        self._run(self._plan.write("csv", str(path), mode))
+    def write_csv(self, path, *, mode="error", partition_by=None):
+        self._run(self._plan.write("csv", str(path), mode, partition_by))
 
-    def write_json(self, path, *, mode="error"):
-        self._run(self._plan.write("json", str(path), mode))
+    def write_json(self, path, *, mode="error", partition_by=None):
+        self._run(self._plan.write("json", str(path), mode, partition_by))
 
 
 class GroupedData:

@@ -15,7 +15,8 @@ use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use floe_client::{
     AggFunction, Aggregation, BlockReader, CacheMode, Client, Concurrency, Dataset, Expr,
     FileFormat, JobHandle, JobOptions, JobOutput, JoinType, LocalCluster, LocalClusterOptions,
-    ProcessUdf, ResultStream, SortKey, WriteMode, WriteOptions,
+    PartitionColumn, PartitionType, Partitioning, ProcessUdf, ReadOptions, ResultStream, SortKey,
+    WriteMode, WriteOptions,
 };
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -236,8 +237,10 @@ fn file_format(name: &str) -> PyResult<FileFormat> {
         "parquet" => Ok(FileFormat::Parquet),
         "csv" => Ok(FileFormat::Csv(floe_client::CsvOptions::default())),
         "json" => Ok(FileFormat::Json),
+        "text" => Ok(FileFormat::Text),
+        "binary" => Ok(FileFormat::Binary),
         other => Err(PyValueError::new_err(format!(
-            "unknown file format {other:?}: parquet, csv or json"
+            "unknown file format {other:?}: parquet, csv, json, text or binary"
         ))),
     }
 }
@@ -262,11 +265,48 @@ fn named<T: Copy>(
 
 #[pymethods]
 impl PyDataset {
+    /// `partitioning`: `"hive"` (discover `key=value` directories), `"none"`, or a list of
+    /// `(column, type)` pairs, the type `"int64"` or `"string"`.
     #[staticmethod]
-    #[pyo3(signature = (format, paths, columns=None))]
-    fn read(format: &str, paths: Vec<String>, columns: Option<Vec<String>>) -> PyResult<Self> {
-        let columns = columns.as_deref().map(strs);
-        Dataset::read(file_format(format)?, &paths, columns.as_deref())
+    #[pyo3(signature = (format, paths, columns=None, partitioning=None))]
+    fn read(
+        format: &str,
+        paths: Vec<String>,
+        columns: Option<Vec<String>>,
+        partitioning: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let partitioning = match partitioning {
+            None => Partitioning::Hive,
+            Some(given) => match given.extract::<String>() {
+                Ok(text) if text == "hive" => Partitioning::Hive,
+                Ok(text) if text == "none" => Partitioning::Ignore,
+                Ok(text) => {
+                    return Err(PyValueError::new_err(format!(
+                        "unknown partitioning {text:?}: \"hive\", \"none\" or (column, type) pairs"
+                    )));
+                }
+                Err(_) => Partitioning::Declared(
+                    given
+                        .extract::<Vec<(String, String)>>()?
+                        .into_iter()
+                        .map(|(name, data_type)| {
+                            let data_type = named(
+                                "partition type",
+                                &data_type,
+                                &PartitionType::ALL,
+                                PartitionType::name,
+                            )?;
+                            Ok(PartitionColumn::new(name, data_type))
+                        })
+                        .collect::<PyResult<Vec<_>>>()?,
+                ),
+            },
+        };
+        let options = ReadOptions {
+            columns,
+            partitioning,
+        };
+        Dataset::read_with(file_format(format)?, &paths, &options)
             .map(Self)
             .map_err(raise)
     }
@@ -436,9 +476,17 @@ impl PyDataset {
         self.0.cache().map(Self).map_err(raise)
     }
 
-    fn write(&self, format: &str, path: String, mode: &str) -> PyResult<Self> {
+    #[pyo3(signature = (format, path, mode, partition_by=None))]
+    fn write(
+        &self,
+        format: &str,
+        path: String,
+        mode: &str,
+        partition_by: Option<Vec<String>>,
+    ) -> PyResult<Self> {
         let options = WriteOptions {
             mode: named("write mode", mode, &WriteMode::ALL, WriteMode::name)?,
+            partition_by: partition_by.unwrap_or_default(),
             ..WriteOptions::default()
         };
         self.0
