@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use floe_core::job::OutputBlock;
 use floe_core::{NodeId, ObjectId};
 
 use super::Execution;
@@ -20,6 +21,18 @@ pub(super) struct BlockInfo {
     pub(super) node: NodeId,
     pub(super) rows: u64,
     pub(super) bytes: u64,
+}
+
+impl BlockInfo {
+    /// The block as a job's output names it.
+    pub(super) fn output_block(&self, object: ObjectId) -> OutputBlock {
+        OutputBlock {
+            object,
+            node: self.node,
+            rows: self.rows,
+            bytes: self.bytes,
+        }
+    }
 }
 
 impl<C: ClusterAccess> Execution<C> {

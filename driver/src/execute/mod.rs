@@ -465,15 +465,7 @@ impl<C: ClusterAccess> Execution<C> {
     fn output_blocks(&self) -> Vec<OutputBlock> {
         self.outputs
             .iter()
-            .filter_map(|object| {
-                let info = self.blocks.get(object)?;
-                Some(OutputBlock {
-                    object: *object,
-                    node: info.node,
-                    rows: info.rows,
-                    bytes: info.bytes,
-                })
-            })
+            .filter_map(|object| Some(self.blocks.get(object)?.output_block(*object)))
             .collect()
     }
 

@@ -64,15 +64,7 @@ impl<C: ClusterAccess> Execution<C> {
         };
         let published: Vec<OutputBlock> = blocks
             .iter()
-            .filter_map(|object| {
-                let info = self.blocks.get(object)?;
-                Some(OutputBlock {
-                    object: *object,
-                    node: info.node,
-                    rows: info.rows,
-                    bytes: info.bytes,
-                })
-            })
+            .filter_map(|object| Some(self.blocks.get(object)?.output_block(*object)))
             .collect();
         stream.unacked_bytes += published.iter().map(|block| block.bytes).sum::<u64>();
         stream.handle.publish(published);
