@@ -840,11 +840,7 @@ impl Holders {
         inner: &Inner,
         block: &OutputBlock,
     ) -> Result<Vec<RecordBatch>> {
-        let lost = |reason: String| Error::BlockLost {
-            object: block.object,
-            node: block.node,
-            reason,
-        };
+        let lost = |reason: String| block_lost(block, reason);
         let mut client = match self.connections.remove(&block.node) {
             Some(client) => client,
             None => {
@@ -867,11 +863,7 @@ impl Holders {
         client: &mut RpcClient<NodeProtocol>,
         block: &OutputBlock,
     ) -> Result<Vec<RecordBatch>> {
-        let lost = |reason: String| Error::BlockLost {
-            object: block.object,
-            node: block.node,
-            reason,
-        };
+        let lost = |reason: String| block_lost(block, reason);
         let bytes = floe_api::fetch::fetch_object(client, block.object)
             .await
             .map_err(|error| match error {
@@ -1243,4 +1235,13 @@ pub fn find_floe_binary() -> Result<PathBuf> {
                 exe.display()
             ))
         })
+}
+
+/// `block` could not be read from its holder, for `reason`.
+fn block_lost(block: &OutputBlock, reason: String) -> Error {
+    Error::BlockLost {
+        object: block.object,
+        node: block.node,
+        reason,
+    }
 }
