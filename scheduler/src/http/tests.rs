@@ -99,7 +99,15 @@ fn big_state() -> ClusterState {
     state
 }
 
-/// GET `path` from `app`: the status and the JSON body.
+/// [`big_state`] cut to nodes 1–2 and jobs 1–3 (ids start at 1), its indexes rebuilt.
+fn small_state() -> ClusterState {
+    let mut state = big_state();
+    state.nodes = state.nodes.take(2);
+    state.jobs = state.jobs.take(3);
+    state.reindex();
+    state
+}
+
 /// The tokens of the test tokens file, one per scope.
 struct TestTokens {
     data_dir: std::path::PathBuf,
@@ -374,10 +382,7 @@ fn rates_hold_between_reports_and_each_node_gets_a_point_every_ten_seconds() {
     use floe_api::scheduler_protocol::{NodeReport, ResourceUsage};
     use floe_core::job::{JobProgress, OperatorProgress};
     let config = config();
-    let mut state = big_state();
-    state.nodes = state.nodes.take(2);
-    state.jobs = state.jobs.take(3);
-    state.reindex();
+    let state = small_state();
     let monitor = Monitor::new(&config, Arc::new(state.clone()));
     let job = JobId::new(3);
     let node = NodeId::new(1);
@@ -452,11 +457,7 @@ fn rates_hold_between_reports_and_each_node_gets_a_point_every_ten_seconds() {
 #[test]
 fn events_are_the_differences_between_snapshots_after_the_baseline() {
     let config = config();
-    let mut state = big_state();
-    // Ids start at 1, so these keep nodes 1–2 and jobs 1–3.
-    state.nodes = state.nodes.take(2);
-    state.jobs = state.jobs.take(3);
-    state.reindex();
+    let state = small_state();
     let monitor = Monitor::new(&config, Arc::new(state.clone()));
 
     // What was already there at start-up is not news; a leader appearing is.
@@ -603,11 +604,7 @@ async fn the_history_keeps_an_hour_and_thins_long_spans_to_six_hundred_points() 
 
 #[actix_web::test]
 async fn actors_list_what_the_state_records_with_a_drivers_restarts() {
-    let mut state = big_state();
-    // Ids start at 1, so these keep nodes 1–2 and jobs 1–3.
-    state.nodes = state.nodes.take(2);
-    state.jobs = state.jobs.take(3);
-    state.reindex();
+    let mut state = small_state();
     if let Some(job) = state.jobs.get_mut(&JobId::new(3)).map(Arc::make_mut) {
         job.attempts = 3;
     }
