@@ -255,10 +255,11 @@ fn bad_scheduler_arguments_fail_with_the_reason() {
     );
 }
 
-/// A placement's reservation is given back once: a second release of it (a retried call, or
-/// one that arrives after the lease is gone) must not subtract what other tasks reserved.
+/// A lease is given back once: a second return of it (a retried call, or one that arrives
+/// after the lease is gone) must not subtract what other leases reserve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_is_released_once_however_often_it_is_returned() {
+async fn a_lease_is_returned_once_however_often_it_is_returned() {
+    use floe_api::lease::LeaseDecision;
     use floe_api::placement::{PlacementRequest, Strategy};
 
     let dir = tempfile::tempdir().unwrap();
@@ -277,47 +278,61 @@ async fn a_reservation_is_released_once_however_often_it_is_returned() {
         resources,
     )
     .await;
-    let requester = node;
+    // The node drives a job, as leases are only for a job's driver.
+    let job = submit(&mut admin, 1).await;
+    let deadline = Instant::now() + LEADER_TIMEOUT;
+    loop {
+        client
+            .heartbeat(node, ResourceUsage::default())
+            .await
+            .unwrap();
+        if admin.read_state().await.unwrap().jobs[&job].driver == Some(node) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the node never drove the job");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let request = |memory_hint: u64| PlacementRequest {
         cpu_millis: 1000,
         memory_hint,
         strategy: Strategy::Default,
         preferred: Vec::new(),
-        requester: Some(requester),
+        requester: Some(node),
     };
-    let placed = client
-        .place(vec![request(1 << 30), request(2 << 30)])
+    let grants = client
+        .acquire_leases(
+            job,
+            vec![request(1 << 30), request(2 << 30)],
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
-    assert!(placed.iter().all(|p| *p == Ok(node)), "{placed:?}");
+    let leases: Vec<_> = grants
+        .decisions
+        .iter()
+        .map(|decision| match decision {
+            LeaseDecision::Granted(lease) if lease.node == node => *lease,
+            other => panic!("{other:?}"),
+        })
+        .collect();
     let reserved =
         |reports: BTreeMap<floe_core::NodeId, floe_api::scheduler_protocol::NodeReport>| {
             let report = &reports[&node];
             (report.reserved.cpu_millis, report.reserved.heap_bytes)
         };
-    client
-        .heartbeat(node, ResourceUsage::default())
-        .await
-        .unwrap();
     assert_eq!(
         reserved(admin.node_reports().await.unwrap()),
         (2000, 3 << 30)
     );
 
-    // The first task's reservation, returned twice: only once counts.
+    // The first lease, returned twice: only once counts.
     for _ in 0..2 {
-        client
-            .release(node, 1000, 1 << 30, Some(requester))
-            .await
-            .unwrap();
+        client.return_leases(job, vec![leases[0].id]).await.unwrap();
     }
     assert_eq!(
         reserved(admin.node_reports().await.unwrap()),
         (1000, 2 << 30)
     );
-    client
-        .release(node, 1000, 2 << 30, Some(requester))
-        .await
-        .unwrap();
+    client.return_leases(job, vec![leases[1].id]).await.unwrap();
     assert_eq!(reserved(admin.node_reports().await.unwrap()), (0, 0));
 }

@@ -105,6 +105,47 @@ fn driver_of(
     }
 }
 
+/// The node running `job`'s driver, the job running: what new leases need. (A late driver
+/// may still renew and return what it holds through [`driver_of`]; the leader answers
+/// that those are revoked.)
+fn running_driver_of(
+    principal: &Principal,
+    state: &ClusterState,
+    job: floe_core::JobId,
+    what: &str,
+) -> Decision {
+    let running = state
+        .jobs
+        .get(&job)
+        .is_some_and(|record| record.status == JobStatus::Running);
+    if !running {
+        return forbid(format!(
+            "job {job} is not running, so {principal} may not send {what} for it"
+        ));
+    }
+    driver_of(principal, state, job, what)
+}
+
+/// The node driving `job` while it runs; any node once it does not (a driver whose job ended
+/// or went back to pending is answered "stop" or "revoked", which changes nothing), so only a
+/// running job another node drives is refused.
+fn late_driver_of(
+    principal: &Principal,
+    state: &ClusterState,
+    job: floe_core::JobId,
+    what: &str,
+) -> Decision {
+    let running = state
+        .jobs
+        .get(&job)
+        .is_some_and(|record| record.status == JobStatus::Running);
+    if running {
+        driver_of(principal, state, job, what)
+    } else {
+        a_node(principal, what)
+    }
+}
+
 /// Whether `node` drives some running job (drivers record and evict cache shards anywhere).
 fn drives_a_job(state: &ClusterState, node: NodeId) -> bool {
     state.drives_a_job(node)
@@ -133,19 +174,17 @@ pub fn authorize_scheduler(
         SchedulerRequest::WatchDrivers { node, .. } => the_node(principal, *node, "a driver watch"),
         SchedulerRequest::Propose(command) => authorize_command(principal, command, state),
         SchedulerRequest::Place { .. } => a_node(principal, "a placement"),
-        SchedulerRequest::Release { .. } => a_node(principal, "a release"),
+        SchedulerRequest::AcquireLeases { job, .. } => {
+            running_driver_of(principal, state, *job, "a lease request")
+        }
+        SchedulerRequest::RenewLeases { job, .. } => {
+            late_driver_of(principal, state, *job, "a lease renewal")
+        }
+        SchedulerRequest::ReturnLeases { job, .. } => {
+            late_driver_of(principal, state, *job, "a lease return")
+        }
         SchedulerRequest::ReportProgress { job, .. } => {
-            // A driver whose job ended or went back to pending is answered "stop", which
-            // records nothing; only a job another node drives is refused.
-            let running = state
-                .jobs
-                .get(job)
-                .is_some_and(|record| record.status == JobStatus::Running);
-            if running {
-                driver_of(principal, state, *job, "a progress report")
-            } else {
-                a_node(principal, "a progress report")
-            }
+            late_driver_of(principal, state, *job, "a progress report")
         }
         SchedulerRequest::Status => match principal {
             Principal::Member => Ok(()),
@@ -280,7 +319,12 @@ pub const RIGHTS: &[(&str, &str)] = &[
     ("RegisterNode (request)", "members"),
     ("Heartbeat", "the node itself"),
     ("WatchDrivers", "the node itself"),
-    ("Place, Release", "registered nodes"),
+    ("Place", "registered nodes"),
+    ("AcquireLeases", "the node driving the job, while it runs"),
+    (
+        "RenewLeases, ReturnLeases",
+        "the node driving the job (any node, for a job that is not running: told they are revoked)",
+    ),
     (
         "ReportProgress",
         "the node driving the job (any node, for a job that is not running: told to stop)",

@@ -14,8 +14,9 @@ use floe_core::WireError;
 use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
 use floe_core::wire::{RemoteErrorKind, RpcClient, WireConfig, within};
-use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+use floe_core::{ActorId, JobId, LeaseId, NodeId, SubmissionId};
 
+use crate::lease::{Lease, LeaseGrants, LeaseStanding};
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::scheduler_protocol::{
     NodeReport, NodeSummary, ReplicaStatus, ResourceUsage, SchedulerProtocol, SchedulerRequest,
@@ -58,14 +59,16 @@ fn held_for(request: &SchedulerRequest) -> Option<Duration> {
     match request {
         SchedulerRequest::WatchDrivers { wait_ms, .. }
         | SchedulerRequest::WatchJob { wait_ms, .. }
-        | SchedulerRequest::WatchDeaths { wait_ms, .. } => Some(Duration::from_millis(*wait_ms)),
+        | SchedulerRequest::WatchDeaths { wait_ms, .. }
+        | SchedulerRequest::AcquireLeases { wait_ms, .. } => Some(Duration::from_millis(*wait_ms)),
         SchedulerRequest::Place { .. } => None,
         SchedulerRequest::Raft { .. }
         | SchedulerRequest::RegisterNode { .. }
         | SchedulerRequest::Heartbeat { .. }
         | SchedulerRequest::Propose(_)
         | SchedulerRequest::ReadState
-        | SchedulerRequest::Release { .. }
+        | SchedulerRequest::RenewLeases { .. }
+        | SchedulerRequest::ReturnLeases { .. }
         | SchedulerRequest::NodeReports
         | SchedulerRequest::ReportProgress { .. }
         | SchedulerRequest::JobProgress { .. }
@@ -365,22 +368,48 @@ impl SchedulerClient {
         }
     }
 
-    /// Returns a placement's reservation; `requester` must be the one the placement named.
-    pub async fn release(
+    /// Asks for a lease per request for `job` (as its driver), waiting up to `wait` for the
+    /// first to be granted.
+    pub async fn acquire_leases(
         &mut self,
-        node: NodeId,
-        cpu_millis: u64,
-        memory_hint: u64,
-        requester: Option<NodeId>,
-    ) -> Result<()> {
-        let request = SchedulerRequest::Release {
-            node,
-            cpu_millis,
-            memory_hint,
-            requester,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        wait: Duration,
+    ) -> Result<LeaseGrants> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let request = SchedulerRequest::AcquireLeases {
+            job,
+            requests,
+            wait_ms,
         };
         match self.call(&request).await? {
-            SchedulerResponse::Released => Ok(()),
+            SchedulerResponse::Leases(grants) => Ok(grants),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Renews `job`'s leases (as its driver); one standing per lease, in order.
+    pub async fn renew_leases(
+        &mut self,
+        job: JobId,
+        leases: Vec<Lease>,
+    ) -> Result<Vec<LeaseStanding>> {
+        match self
+            .call(&SchedulerRequest::RenewLeases { job, leases })
+            .await?
+        {
+            SchedulerResponse::LeasesRenewed(standings) => Ok(standings),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Gives `job`'s leases back (as its driver).
+    pub async fn return_leases(&mut self, job: JobId, leases: Vec<LeaseId>) -> Result<()> {
+        match self
+            .call(&SchedulerRequest::ReturnLeases { job, leases })
+            .await?
+        {
+            SchedulerResponse::LeasesReturned => Ok(()),
             other => Err(unexpected(other)),
         }
     }

@@ -8,6 +8,8 @@
 //!   [`state::Command`]s that change it. The scheduler replicates it; everyone else reads it.
 //! - [`placement`]: pure placement logic over that state (SPREAD, DEFAULT, affinity, memory
 //!   hints).
+//! - [`lease`]: placement leases, resources the leader grants a job's driver to place its
+//!   tasks in, and the leader's table of them.
 //! - [`authz`]: who may send each request and propose each command (one exhaustive,
 //!   pure decision per message, against the verified principal and the leader's state).
 //! - [`client`]: [`client::SchedulerClient`], which knows every replica and follows the leader.
@@ -19,6 +21,7 @@
 pub mod authz;
 pub mod client;
 pub mod fetch;
+pub mod lease;
 pub mod node_protocol;
 pub mod placement;
 pub mod scheduler_protocol;

@@ -47,7 +47,8 @@ pub struct PlacementRequest {
 }
 
 impl PlacementRequest {
-    fn need(&self) -> Resources {
+    /// What the request reserves where it is placed.
+    pub fn need(&self) -> Resources {
         Resources {
             cpu_millis: self.cpu_millis,
             heap_bytes: self.memory_hint,
@@ -168,6 +169,20 @@ impl ResourceView {
 
     pub fn contains(&self, node: NodeId) -> bool {
         self.nodes.contains_key(&node)
+    }
+
+    /// Reserves `need` on `node` whether or not it fits: for what already runs there (a
+    /// lease its driver holds from an earlier leader), which the view must count.
+    pub fn reserve(&mut self, node: NodeId, need: Resources) {
+        self.update(node, |load| {
+            load.used.cpu_millis = load.used.cpu_millis.saturating_add(need.cpu_millis);
+            load.used.heap_bytes = load.used.heap_bytes.saturating_add(need.heap_bytes);
+        });
+    }
+
+    /// What `node` offers in all.
+    pub fn total(&self, node: NodeId) -> Option<Resources> {
+        self.nodes.get(&node).map(|load| load.total)
     }
 
     /// Returns what a finished task reserved on `node`.
@@ -350,12 +365,15 @@ impl<T> PlacementQueue<T> {
         self.waiting.is_empty()
     }
 
-    /// Retries every waiting request in order. Returns the ones that were placed or became
-    /// infeasible (e.g. their only big node died); the rest keep waiting, in order.
-    pub fn retry(&mut self, view: &mut ResourceView) -> Vec<(T, Result<NodeId, PlacementError>)> {
+    /// Retries every waiting request in order with `place`. Returns the ones that were placed
+    /// or became infeasible (e.g. their only big node died); the rest keep waiting, in order.
+    pub fn retry(
+        &mut self,
+        mut place: impl FnMut(&PlacementRequest) -> Result<Decision, PlacementError>,
+    ) -> Vec<(T, Result<NodeId, PlacementError>)> {
         let mut settled = Vec::new();
         for (request, waiter) in std::mem::take(&mut self.waiting) {
-            match view.place_one(&request) {
+            match place(&request) {
                 Ok(Decision::Placed(node)) => settled.push((waiter, Ok(node))),
                 Ok(Decision::Wait) => self.waiting.push_back((request, waiter)),
                 Err(error) => settled.push((waiter, Err(error))),

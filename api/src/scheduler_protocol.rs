@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use floe_core::auth::NodeTicket;
 use floe_core::job::JobProgress;
 use floe_core::wire::Protocol;
-use floe_core::{ActorId, JobId, NodeId};
+use floe_core::{ActorId, JobId, LeaseId, NodeId};
 use serde::{Deserialize, Serialize};
 
+use crate::lease::{Lease, LeaseGrants, LeaseStanding, LeaseSummary};
 use crate::placement::{PlacementError, PlacementRequest};
 use crate::state::{
     CacheIndex, ClusterState, Command, JobRecord, JobSummary, NodeAddresses, NodeDeath, NodeMemory,
@@ -67,15 +68,28 @@ pub enum SchedulerRequest {
     Propose(Command),
     /// A linearizable read of the whole cluster state (ReadIndex).
     ReadState,
+    /// Chooses a node for each request (actors), as a batch so SPREAD spreads within it;
+    /// nothing stays reserved. Requests that fit nowhere yet are answered once they fit.
     Place {
         requests: Vec<PlacementRequest>,
     },
-    /// Returns what a finished task reserved; `requester` is the one its placement named.
-    Release {
-        node: NodeId,
-        cpu_millis: u64,
-        memory_hint: u64,
-        requester: Option<NodeId>,
+    /// `job`'s driver asks for a lease per request, each placed by the placement policy.
+    /// Answered once at least one is granted, or after `wait_ms` with what was.
+    AcquireLeases {
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        wait_ms: u64,
+    },
+    /// `job`'s driver renews the leases it holds (whole, so a new leader can take in those an
+    /// earlier one granted); each is answered with its standing.
+    RenewLeases {
+        job: JobId,
+        leases: Vec<Lease>,
+    },
+    /// `job`'s driver gives leases back.
+    ReturnLeases {
+        job: JobId,
+        leases: Vec<LeaseId>,
     },
     /// The leader's latest heartbeat report from every alive node.
     NodeReports,
@@ -135,11 +149,13 @@ pub struct NodeSummary {
 }
 
 /// A node's last heartbeat as the leader saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReport {
     pub usage: ResourceUsage,
-    /// What the leader's placements have reserved on the node now.
+    /// What the leases on the node reserve now.
     pub reserved: Resources,
+    /// Each job's leases on the node.
+    pub leases: Vec<LeaseSummary>,
     /// Milliseconds since that heartbeat arrived.
     pub age_ms: u64,
 }
@@ -216,7 +232,10 @@ pub enum SchedulerResponse {
     Rejoin,
     State(Box<ClusterState>),
     Placements(Vec<Result<NodeId, PlacementError>>),
-    Released,
+    Leases(LeaseGrants),
+    /// Each renewed lease's standing, in the order asked.
+    LeasesRenewed(Vec<LeaseStanding>),
+    LeasesReturned,
     NodeReports(BTreeMap<NodeId, NodeReport>),
     Deaths(Vec<NodeDeath>),
     Status(ReplicaStatus),

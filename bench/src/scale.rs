@@ -9,8 +9,8 @@
 //!
 //! Jobs are small and complete through the node protocol rather than a real driver: the leader
 //! commits a job's `StartDriver` on a node, the node learns it from its next heartbeat, asks
-//! the leader to place one task for it (`Place`, then `Release`: the lease path) and commits
-//! `FinishJob` as the driver of that attempt. No worker runs, so what is measured is the
+//! the leader for one lease for its one task (`AcquireLeases`, then `ReturnLeases`) and
+//! commits `FinishJob` as the driver of that attempt. No worker runs, so what is measured is the
 //! control plane alone.
 //!
 //! Phases: heartbeats alone (the leader's CPU share at N nodes), a pre-fill of
@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use floe_api::client::{HeartbeatReply, SchedulerClient};
+use floe_api::lease::LeaseDecision;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::scheduler_protocol::{ResourceUsage, SnapshotTiming};
@@ -62,6 +63,9 @@ const PREFILL_SUBMITTERS: u64 = 64;
 /// something to find.
 const NAMED_EVERY: u64 = 100;
 const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long a simulated driver waits for its lease: the simulated nodes have room for many
+/// jobs' tasks at once, so waiting at all means the leader is behind.
+const LEASE_WAIT: Duration = Duration::from_secs(10);
 /// Calls per HTTP endpoint; their median is reported.
 const API_CALLS: usize = 5;
 /// The dashboard's and the API's target: every page and endpoint answers within this.
@@ -364,8 +368,8 @@ async fn drive(
     }
 }
 
-/// What a driver of a one-task job asks of the leader: one placement, its release, and the
-/// job's end.
+/// What a driver of a one-task job asks of the leader: one lease, its return, and the job's
+/// end.
 async fn run_driver(
     node: NodeId,
     client: &mut SchedulerClient,
@@ -382,10 +386,20 @@ async fn run_driver(
         preferred: Vec::new(),
         requester: Some(node),
     };
-    for placed in client.place(vec![request]).await? {
-        let placed = placed?;
-        observed.grants.fetch_add(1, Ordering::Relaxed);
-        client.release(placed, CPU, 0, Some(node)).await?;
+    let grants = client
+        .acquire_leases(job, vec![request], LEASE_WAIT)
+        .await?;
+    for decision in grants.decisions {
+        match decision {
+            LeaseDecision::Granted(lease) => {
+                observed.grants.fetch_add(1, Ordering::Relaxed);
+                client.return_leases(job, vec![lease.id]).await?;
+            }
+            LeaseDecision::NotNow => {
+                anyhow::bail!("no room for one task's lease within {LEASE_WAIT:?}")
+            }
+            LeaseDecision::Refused(error) => return Err(error.into()),
+        }
     }
     let outcome = JobOutcome {
         status: JobStatus::Succeeded,

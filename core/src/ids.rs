@@ -159,6 +159,12 @@ unique_id!(
     ActorId,
     "actor id"
 );
+unique_id!(
+    /// A resource lease the scheduler's leader granted a job's driver on one node. Random, so
+    /// a lease keeps its id across a leader change (its driver names it to the new leader).
+    LeaseId,
+    "lease id"
+);
 
 #[cfg(test)]
 mod tests {

@@ -26,7 +26,7 @@ pub mod wire;
 
 pub use config::{Config, ConfigError};
 pub use fingerprint::{Fingerprint, FingerprintError};
-pub use ids::{ActorId, IdError, JobId, NodeId, ObjectId, SubmissionId, TaskId};
+pub use ids::{ActorId, IdError, JobId, LeaseId, NodeId, ObjectId, SubmissionId, TaskId};
 pub use plan::PlanError;
 pub use wire::WireError;
 

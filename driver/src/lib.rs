@@ -15,6 +15,7 @@
 
 pub mod cluster;
 mod execute;
+pub mod leases;
 mod plan;
 mod sinks;
 pub mod stream;
@@ -47,6 +48,12 @@ pub enum Error {
     NodeGone(NodeId),
     #[error("job {0} is not in the scheduler's job table")]
     UnknownJob(JobId),
+    #[error("the scheduler answered for {answered} of the {asked} leases asked about")]
+    LeaseCount { asked: usize, answered: usize },
+    #[error("cannot place a task: asking the scheduler for leases: {0}")]
+    LeaseAsk(Arc<Error>),
+    #[error("cannot place a task: the job's leases were closed as it ends")]
+    LeasesClosed,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

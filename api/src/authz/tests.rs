@@ -268,11 +268,48 @@ fn every_request_lists_who_may_send_it() {
             &[DRIVER, OTHER_NODE],
         ),
         (
-            SchedulerRequest::Release {
-                node: NodeId::new(1),
-                cpu_millis: 1,
-                memory_hint: 0,
-                requester: None,
+            SchedulerRequest::AcquireLeases {
+                job: JobId::new(1),
+                requests: vec![],
+                wait_ms: 0,
+            },
+            &[DRIVER],
+        ),
+        // No new leases for a job that is not running, not even for its last driver.
+        (
+            SchedulerRequest::AcquireLeases {
+                job: JobId::new(99),
+                requests: vec![],
+                wait_ms: 0,
+            },
+            &[],
+        ),
+        (
+            SchedulerRequest::RenewLeases {
+                job: JobId::new(1),
+                leases: vec![],
+            },
+            &[DRIVER],
+        ),
+        (
+            SchedulerRequest::ReturnLeases {
+                job: JobId::new(1),
+                leases: vec![],
+            },
+            &[DRIVER],
+        ),
+        // A job that is not running: its late driver is told its leases are revoked.
+        (
+            SchedulerRequest::RenewLeases {
+                job: JobId::new(99),
+                leases: vec![],
+            },
+            &[DRIVER, OTHER_NODE],
+        ),
+        (
+            SchedulerRequest::ReturnLeases {
+                job: JobId::new(99),
+                leases: vec![],
             },
             &[DRIVER, OTHER_NODE],
         ),

@@ -153,9 +153,12 @@ fn memory_hints_are_reserved_and_never_oversubscribed() {
     assert_eq!(view.place_one(&hinted), Ok(Decision::Wait));
     let mut queue = PlacementQueue::default();
     queue.push(hinted.clone(), "waiter");
-    assert!(queue.retry(&mut view).is_empty());
+    assert!(queue.retry(|request| view.place_one(request)).is_empty());
     view.release(node(2), 1000, 3 * GIB);
-    assert_eq!(queue.retry(&mut view), vec![("waiter", Ok(node(2)))]);
+    assert_eq!(
+        queue.retry(|request| view.place_one(request)),
+        vec![("waiter", Ok(node(2)))]
+    );
     assert!(queue.is_empty());
 }
 
@@ -183,10 +186,10 @@ fn a_waiting_request_fails_when_the_only_node_that_could_hold_it_dies() {
     assert_eq!(view.place_one(&big), Ok(Decision::Placed(node(2))));
     let mut queue = PlacementQueue::default();
     queue.push(big, 1);
-    assert!(queue.retry(&mut view).is_empty());
+    assert!(queue.retry(|request| view.place_one(request)).is_empty());
     view.remove_node(node(2));
     assert!(matches!(
-        queue.retry(&mut view).as_slice(),
+        queue.retry(|request| view.place_one(request)).as_slice(),
         [(1, Err(PlacementError::Infeasible { .. }))]
     ));
 }

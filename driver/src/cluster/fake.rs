@@ -1,25 +1,26 @@
 //! An in-process cluster for the executor's tests.
 //!
 //! The scheduler is the real replicated state machine ([`ClusterState::apply`]) and the real
-//! placement logic ([`ResourceView`]) without Raft; the nodes are an in-memory object table
+//! placement and lease logic ([`LeaseTable`]) without Raft; the nodes are an in-memory object table
 //! (one copy of each block, on the node that made it), cache shard "files" and hosted
 //! aggregators. Stage tasks run with the engine's kernels ([`floe_engine::task::run_task`],
 //! [`floe_engine::exchange::run`]) as a node's worker would. A test can kill a node (its
 //! blocks, shards and actors go with it, and its death commits at once), make tasks fail,
-//! lose their inputs' node, or finish late, and read back what was placed, run, pushed,
-//! freed and committed.
+//! lose their inputs' node, or finish late, and read back what was placed, leased, run,
+//! pushed, freed and committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::record_batch::RecordBatch;
+use floe_api::lease::{Lease, LeaseDecision, LeaseGrants, LeaseStanding, LeaseTable};
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, Bytes, NodeRequest, NodeResponse,
     NodeStatus, ObjectMeta, OutputRef, ShardLoad, ShardWrite, StoreUsage, TaskFailure, TaskSpec,
     output_id,
 };
-use floe_api::placement::{Decision, PlacementRequest, ResourceView};
+use floe_api::placement::{Decision, PlacementRequest};
 use floe_api::scheduler_protocol::NodeSummary;
 use floe_api::state::{
     CacheIndex, ClusterState, Command, JobOutcome, JobRecord, JobStatus, NodeAddresses, NodeMemory,
@@ -28,16 +29,19 @@ use floe_api::state::{
 use floe_core::job::{JobProgress, JobSpec};
 use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
-use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, SubmissionId, TaskId};
+use floe_core::{ActorId, Fingerprint, JobId, LeaseId, NodeId, ObjectId, SubmissionId, TaskId};
 use floe_engine::blocks::data_bytes;
 use floe_engine::task::run_stage_task;
 use floe_engine::udf::Registry;
 use tokio::sync::Notify;
 
 use super::{ClusterAccess, Deaths};
+use crate::leases::LeaseService;
 use crate::{Error, Result};
 
 const ADDRESS_PREFIX: &str = "fake-node-";
+/// Leases live this long unrenewed; drivers renew every tenth of it.
+const LEASE_TTL: Duration = Duration::from_secs(1);
 
 /// The cluster's shape.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +68,7 @@ pub(crate) enum Fault {
 
 /// A task about to run, as fault rules see it.
 pub(crate) struct TaskView<'a> {
+    pub id: TaskId,
     /// The node it runs on.
     pub node: NodeId,
     pub task: &'a StageTask,
@@ -137,7 +142,13 @@ struct ShardKey {
 #[derive(Debug, Default)]
 struct History {
     tasks: Vec<RanTask>,
+    /// Actors' placements.
     placements: Vec<(PlacementRequest, NodeId)>,
+    /// `AcquireLeases` calls, with the request each lease was granted for.
+    lease_asks: u64,
+    lease_grants: Vec<(PlacementRequest, Lease)>,
+    lease_renewals: u64,
+    leases_returned: u64,
     pushes: Vec<Push>,
     actors: Vec<CreatedActor>,
     freed: Vec<ObjectId>,
@@ -160,7 +171,7 @@ pub(crate) struct SchedulerReads {
 struct Inner {
     state: ClusterState,
     log_index: u64,
-    view: ResourceView,
+    leases: LeaseTable,
     config: FakeConfig,
     blocks: BTreeMap<ObjectId, StoredBlock>,
     stored_bytes: u64,
@@ -178,6 +189,10 @@ impl Inner {
             .state
             .apply(self.log_index, 0, command.clone())
             .unwrap_or_else(|| Outcome::Rejected("applied twice".into()));
+        // As on the leader: a job's end revokes its leases.
+        if let (Command::FinishJob { job, .. }, Outcome::Applied) = (&command, &outcome) {
+            self.leases.revoke_job(*job);
+        }
         self.history.commands.push((command, outcome.clone()));
         outcome
     }
@@ -232,7 +247,9 @@ impl Inner {
             node,
             reason: "killed by the test".into(),
         });
-        self.view.remove_node(node);
+        // As on the leader: the leases on it, and those its drivers held, are revoked.
+        self.leases.remove_node(node);
+        self.leases.revoke_driver(node);
         let lost: Vec<ObjectId> = self
             .blocks
             .iter()
@@ -267,7 +284,7 @@ enum Ran {
 pub(crate) struct FakeCluster {
     inner: Mutex<Inner>,
     registry: Registry,
-    /// Woken when a reservation is given back, for placements waiting on a full cluster.
+    /// Woken when a lease is given back or revoked, for asks waiting on a full cluster.
     released: Notify,
     dead: Deaths,
 }
@@ -277,7 +294,7 @@ impl FakeCluster {
         let mut inner = Inner {
             state: ClusterState::default(),
             log_index: 0,
-            view: ResourceView::new(),
+            leases: LeaseTable::new(LEASE_TTL, Instant::now()),
             config,
             blocks: BTreeMap::new(),
             stored_bytes: 0,
@@ -301,7 +318,7 @@ impl FakeCluster {
                 labels: BTreeMap::new(),
             });
             assert_eq!(registered, Outcome::NodeRegistered(NodeId::new(number)));
-            inner.view.upsert_node(NodeId::new(number), resources);
+            inner.leases.upsert_node(NodeId::new(number), resources);
         }
         Self {
             inner: Mutex::new(inner),
@@ -454,8 +471,34 @@ impl FakeCluster {
         self.lock().history.tasks.clone()
     }
 
+    /// Actors' placements.
     pub(crate) fn placements(&self) -> Vec<(PlacementRequest, NodeId)> {
         self.lock().history.placements.clone()
+    }
+
+    /// The leases granted, with the request each was granted for.
+    pub(crate) fn lease_grants(&self) -> Vec<(PlacementRequest, Lease)> {
+        self.lock().history.lease_grants.clone()
+    }
+
+    /// `AcquireLeases` calls, `RenewLeases` calls and leases returned by drivers.
+    pub(crate) fn lease_calls(&self) -> (u64, u64, u64) {
+        let history = &self.lock().history;
+        (
+            history.lease_asks,
+            history.lease_renewals,
+            history.leases_returned,
+        )
+    }
+
+    /// The leases the scheduler holds now.
+    pub(crate) fn leases_held(&self) -> usize {
+        self.lock().leases.len()
+    }
+
+    /// What the leases on `node` reserve now (`None` for a dead node).
+    pub(crate) fn reserved(&self, node: NodeId) -> Option<Resources> {
+        self.lock().leases.view().used(node)
     }
 
     pub(crate) fn pushes(&self) -> Vec<Push> {
@@ -749,6 +792,7 @@ impl FakeCluster {
         let fault = {
             let mut inner = self.lock();
             let view = TaskView {
+                id: spec.task,
                 node,
                 task,
                 input_nodes: objects
@@ -913,7 +957,9 @@ impl ClusterAccess for FakeCluster {
     }
 
     async fn propose(&self, command: Command) -> Result<Outcome> {
-        Ok(self.lock().commit(command))
+        let outcome = self.lock().commit(command);
+        self.released.notify_waiters();
+        Ok(outcome)
     }
 
     async fn place_all(&self, requests: Vec<PlacementRequest>) -> Result<Vec<NodeId>> {
@@ -925,7 +971,7 @@ impl ClusterAccess for FakeCluster {
                 released.as_mut().enable();
                 let decision = {
                     let mut inner = self.lock();
-                    let decision = inner.view.place_one(&request)?;
+                    let decision = inner.leases.choose_one(&request)?;
                     if let Decision::Placed(node) = decision {
                         inner.history.placements.push((request.clone(), node));
                     }
@@ -941,18 +987,6 @@ impl ClusterAccess for FakeCluster {
             }
         }
         Ok(placed)
-    }
-
-    async fn release(
-        &self,
-        node: NodeId,
-        cpu_millis: u64,
-        memory_hint: u64,
-        _requester: NodeId,
-    ) -> Result<()> {
-        self.lock().view.release(node, cpu_millis, memory_hint);
-        self.released.notify_waiters();
-        Ok(())
     }
 
     async fn report_progress(&self, job: JobId, progress: JobProgress) -> Result<bool> {
@@ -990,5 +1024,113 @@ impl ClusterAccess for FakeCluster {
     async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
         let node = self.alive_node_at(addr)?;
         self.handle(node, request).await
+    }
+}
+
+/// The leader's side of leases, with the replica's rules: only the job's running driver is
+/// granted any; an ask that fits nothing waits for a return or a revocation (recalling leases
+/// from a job holding more), up to its wait.
+impl LeaseService for FakeCluster {
+    async fn acquire_leases(
+        &self,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        wait: Duration,
+    ) -> Result<LeaseGrants> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut recalled: Vec<Option<LeaseId>> = vec![None; requests.len()];
+        self.lock().history.lease_asks += 1;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let decisions = {
+                let mut inner = self.lock();
+                let driver = match inner.state.jobs.get(&job) {
+                    Some(record) if record.status == JobStatus::Running => record.driver,
+                    _ => None,
+                };
+                let Some(driver) = driver else {
+                    return Err(refused(format!("job {job} is not running")));
+                };
+                let now = Instant::now();
+                inner.leases.expire(now);
+                let mut decisions = Vec::with_capacity(requests.len());
+                for request in &requests {
+                    decisions.push(match inner.leases.grant(job, driver, request, now) {
+                        Ok(Some(lease)) => {
+                            inner.history.lease_grants.push((request.clone(), lease));
+                            LeaseDecision::Granted(lease)
+                        }
+                        Ok(None) => LeaseDecision::NotNow,
+                        Err(error) => LeaseDecision::Refused(error),
+                    });
+                }
+                let granted = decisions
+                    .iter()
+                    .any(|decision| matches!(decision, LeaseDecision::Granted(_)));
+                if !granted {
+                    for (slot, request) in requests.iter().enumerate() {
+                        let waiting = decisions[slot] == LeaseDecision::NotNow;
+                        let live = recalled[slot].is_some_and(|id| inner.leases.holds(id));
+                        if waiting && !live {
+                            recalled[slot] = inner.leases.recall_for(job, request, now);
+                        }
+                    }
+                }
+                decisions
+            };
+            let settled = decisions
+                .iter()
+                .all(|decision| *decision != LeaseDecision::NotNow);
+            let granted = decisions
+                .iter()
+                .any(|decision| matches!(decision, LeaseDecision::Granted(_)));
+            if granted || settled || tokio::time::Instant::now() >= deadline {
+                return Ok(LeaseGrants {
+                    decisions,
+                    renew_ms: u64::try_from(
+                        (LEASE_TTL / floe_api::lease::RENEWALS_PER_TTL).as_millis(),
+                    )
+                    .unwrap_or(u64::MAX),
+                });
+            }
+            tokio::select! {
+                () = released => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    async fn renew_leases(&self, job: JobId, leases: Vec<Lease>) -> Result<Vec<LeaseStanding>> {
+        let mut inner = self.lock();
+        inner.history.lease_renewals += 1;
+        let driver = inner.state.jobs.get(&job).and_then(|record| record.driver);
+        let now = Instant::now();
+        Ok(leases
+            .iter()
+            .map(|lease| match driver {
+                Some(driver) if inner.is_alive(lease.node) && lease.job == job => {
+                    inner.leases.renew(job, driver, lease, now)
+                }
+                _ => LeaseStanding::Revoked,
+            })
+            .collect())
+    }
+
+    async fn return_leases(&self, job: JobId, leases: Vec<LeaseId>) -> Result<()> {
+        {
+            let mut inner = self.lock();
+            let driver = inner.state.jobs.get(&job).and_then(|record| record.driver);
+            for id in leases {
+                if let Some(driver) = driver
+                    && inner.leases.give_back(job, driver, id)
+                {
+                    inner.history.leases_returned += 1;
+                }
+            }
+        }
+        self.released.notify_waiters();
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! The driver's one door to the cluster: [`ClusterAccess`], the operations a driver uses on the
-//! scheduler (its job, the cache index, the alive nodes and their deaths, commits, placement,
-//! progress) and on the node agents (tasks, actor calls, cache shards, frees). No operation
+//! scheduler (its job, the cache index, the alive nodes and their deaths, commits, actors'
+//! placement, its leases through [`LeaseService`], progress) and on the node agents (tasks,
+//! actor calls, cache shards, frees). No operation
 //! reads the whole replicated state: a driver's tick costs the same however many jobs the
 //! cluster has run. [`RpcCluster`] is the real one, over RPC; the executor's tests
 //! run against an in-process fake (`fake::FakeCluster`) that runs tasks with the engine's
@@ -21,11 +22,12 @@ use floe_core::job::JobProgress;
 use floe_core::{JobId, NodeId, ObjectId};
 
 pub use self::rpc::RpcCluster;
+use crate::leases::LeaseService;
 use crate::{Error, Result};
 
 /// What a driver needs from the cluster. Methods return `Send` futures so the executor can
-/// run them in spawned tasks.
-pub trait ClusterAccess: Send + Sync + 'static {
+/// run them in spawned tasks. Tasks are placed in the job's leases ([`LeaseService`]).
+pub trait ClusterAccess: LeaseService + Send + Sync + 'static {
     /// One job's record (`None` when the scheduler does not know it).
     fn read_job(&self, job: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
 
@@ -47,21 +49,13 @@ pub trait ClusterAccess: Send + Sync + 'static {
     /// Commits a command to the replicated state.
     fn propose(&self, command: Command) -> impl Future<Output = Result<Outcome>> + Send;
 
-    /// Places a batch at once (so SPREAD spreads within it), one node per request, in order;
-    /// waits while the cluster is busy.
+    /// Chooses nodes for a batch of actors at once (so SPREAD spreads within it), one node
+    /// per request, in order; nothing stays reserved (an actor's work runs as tasks, in the
+    /// job's leases).
     fn place_all(
         &self,
         requests: Vec<PlacementRequest>,
     ) -> impl Future<Output = Result<Vec<NodeId>>> + Send;
-
-    /// Gives back what a placement reserved on `node` for one task.
-    fn release(
-        &self,
-        node: NodeId,
-        cpu_millis: u64,
-        memory_hint: u64,
-        requester: NodeId,
-    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Reports a running job's progress; `true` means the job is to stop (it was cancelled).
     fn report_progress(
@@ -94,7 +88,7 @@ pub trait ClusterAccess: Send + Sync + 'static {
         request: &NodeRequest,
     ) -> impl Future<Output = Result<NodeResponse>> + Send;
 
-    /// Places one task; waits while the cluster is busy.
+    /// Chooses a node for one actor.
     fn place(&self, request: PlacementRequest) -> impl Future<Output = Result<NodeId>> + Send {
         async move {
             let placed = self.place_all(vec![request]).await?;

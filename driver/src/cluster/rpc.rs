@@ -1,5 +1,6 @@
-//! The cluster over RPC: the scheduler (placement, commits, progress) and the node agents
-//! (tasks, actor calls, cache shards, frees), each behind a small pool of reused connections.
+//! The cluster over RPC: the scheduler (leases, actors' placement, commits, progress) and the
+//! node agents (tasks, actor calls, cache shards, frees), each behind a small pool of reused
+//! connections.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,15 +8,17 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use floe_api::client::SchedulerClient;
+use floe_api::lease::{Lease, LeaseGrants, LeaseStanding};
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 use floe_api::placement::PlacementRequest;
 use floe_api::scheduler_protocol::NodeSummary;
 use floe_api::state::{CacheIndex, Command, JobRecord, Outcome};
 use floe_core::job::JobProgress;
 use floe_core::wire::{RpcClient, WireConfig, WireError};
-use floe_core::{JobId, NodeId};
+use floe_core::{JobId, LeaseId, NodeId};
 
 use super::{ClusterAccess, Deaths};
+use crate::leases::LeaseService;
 use crate::{Error, Result};
 
 /// Connections kept per destination; more concurrent calls than this open extra ones.
@@ -35,9 +38,8 @@ pub struct RpcCluster {
     /// `wire` with the read timeout of [`TASK_REPLY_TIMEOUT_MS`], for `RunTask`.
     task_wire: WireConfig,
     scheduler_pool: Mutex<Vec<SchedulerClient>>,
-    /// Scheduler clients for `Place`, which waits while the cluster is full: on `task_wire`,
-    /// so a long wait is not taken for a dead scheduler (a retried placement would leave the
-    /// first one's reservation granted to nobody).
+    /// Scheduler clients for `Place` and `AcquireLeases`, which wait while the cluster is
+    /// full: on `task_wire`, so a long wait is not taken for a dead scheduler.
     placement_pool: Mutex<Vec<SchedulerClient>>,
     node_pool: NodePool,
     task_pool: NodePool,
@@ -163,21 +165,6 @@ impl ClusterAccess for RpcCluster {
             .collect()
     }
 
-    async fn release(
-        &self,
-        node: NodeId,
-        cpu_millis: u64,
-        memory_hint: u64,
-        requester: NodeId,
-    ) -> Result<()> {
-        let mut client = self.scheduler_client()?;
-        client
-            .release(node, cpu_millis, memory_hint, Some(requester))
-            .await?;
-        self.return_scheduler_client(client);
-        Ok(())
-    }
-
     async fn report_progress(&self, job: JobId, progress: JobProgress) -> Result<bool> {
         let mut client = self.scheduler_client()?;
         let stop = client.report_progress(job, progress).await?;
@@ -211,6 +198,49 @@ impl ClusterAccess for RpcCluster {
 
     async fn run_task(&self, addr: &str, request: &NodeRequest) -> Result<NodeResponse> {
         Ok(call_pooled(&self.task_pool, &self.task_wire, addr, request).await?)
+    }
+}
+
+impl LeaseService for RpcCluster {
+    async fn acquire_leases(
+        &self,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        wait: Duration,
+    ) -> Result<LeaseGrants> {
+        let count = requests.len();
+        let mut client =
+            pooled_scheduler_client(&self.placement_pool, &self.schedulers, &self.task_wire)?;
+        let grants = client.acquire_leases(job, requests, wait).await?;
+        return_pooled(&self.placement_pool, client);
+        if grants.decisions.len() != count {
+            return Err(Error::LeaseCount {
+                asked: count,
+                answered: grants.decisions.len(),
+            });
+        }
+        Ok(grants)
+    }
+
+    async fn renew_leases(&self, job: JobId, leases: Vec<Lease>) -> Result<Vec<LeaseStanding>> {
+        let count = leases.len();
+        let mut client = self.scheduler_client()?;
+        let standings = client.renew_leases(job, leases).await?;
+        self.return_scheduler_client(client);
+        if standings.len() != count {
+            return Err(Error::LeaseCount {
+                asked: count,
+                answered: standings.len(),
+            });
+        }
+        Ok(standings)
+    }
+
+    async fn return_leases(&self, job: JobId, leases: Vec<LeaseId>) -> Result<()> {
+        let mut client = self.scheduler_client()?;
+        client.return_leases(job, leases).await?;
+        self.return_scheduler_client(client);
+        Ok(())
     }
 }
 

@@ -16,6 +16,9 @@ pub(super) struct Limits {
     pub(super) budget_bytes: u64,
     /// Tasks one operator runs at once: the cluster's CPUs.
     pub(super) concurrency_cap: u64,
+    /// The largest heap pool of one node: a task's memory hint is capped to it, so a task
+    /// with a huge input takes a whole node rather than fitting none.
+    pub(super) memory_hint_cap: u64,
 }
 
 impl Default for Limits {
@@ -24,6 +27,7 @@ impl Default for Limits {
         Self {
             budget_bytes: 0,
             concurrency_cap: 1,
+            memory_hint_cap: 0,
         }
     }
 }
@@ -44,6 +48,11 @@ impl<C: ClusterAccess> Execution<C> {
             .map(|node| node.resources.cpu_millis / TASK_CPU_MILLIS)
             .sum();
         self.limits.concurrency_cap = cpus.max(1);
+        self.limits.memory_hint_cap = nodes
+            .iter()
+            .map(|node| node.resources.heap_bytes)
+            .max()
+            .unwrap_or(0);
         let capacity: u64 = self
             .stores(&nodes)
             .await

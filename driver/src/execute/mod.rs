@@ -10,9 +10,10 @@
 //! only operators that add data, so throttling them bounds what is in flight, and the stores
 //! spill what is queued rather than running out.
 //!
-//! Tasks are placed through the scheduler (SPREAD for reads and small-input maps, DEFAULT with
-//! the input holder preferred otherwise), run on the chosen node's workers, and report back on
-//! a channel. A failed task is run again (on another node where possible) up to the job's
+//! Tasks are placed by the driver itself inside the job's leases ([`crate::leases`]: SPREAD
+//! for reads and small-input maps, DEFAULT with the input holder preferred otherwise, each
+//! with a memory hint from its input's size), run on the chosen node's workers, and report
+//! back on a channel. A failed task is run again (on another node where possible) up to the job's
 //! retry limit; a task whose input was lost with its node first rebuilds that input by running
 //! the task that produced it again under the same task id, so the rebuilt block keeps its
 //! object id (lineage reconstruction).
@@ -48,6 +49,7 @@ use tokio::sync::mpsc;
 
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
+use crate::leases::JobLeases;
 use crate::plan::{Planned, SourceTask, Work};
 use crate::stream::StreamHandle;
 use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad, WorkerRef};
@@ -115,6 +117,8 @@ enum Event {
 pub(crate) struct Execution<C: ClusterAccess> {
     config: Arc<DriverConfig>,
     cluster: Arc<C>,
+    /// Where the job's tasks are placed; returned at the job's end.
+    leases: Arc<JobLeases<C>>,
     job: JobId,
     attempt: u32,
     options: JobOptions,
@@ -208,6 +212,7 @@ impl<C: ClusterAccess> Execution<C> {
         };
         Self {
             config,
+            leases: Arc::new(JobLeases::new(Arc::clone(&cluster), job)),
             cluster,
             job,
             attempt,
@@ -285,6 +290,7 @@ impl<C: ClusterAccess> Execution<C> {
             self.stop_aggregators(index);
         }
         self.drain().await;
+        self.leases.close().await;
         let status = match (&self.failure, cancelled) {
             (Some(message), _) => JobStatus::Failed {
                 message: message.clone(),

@@ -1,6 +1,7 @@
-//! One task: how it is (re)made, where it is placed, running it on a node (or through a hash
-//! shuffle's aggregator, or loading a cache shard), and what its result does to its operator:
-//! the bundle it made, a retry, or a rebuild of an input lost with its node.
+//! One task: how it is (re)made, where it is placed (in the job's leases, with a memory hint
+//! from its input's size), running it on a node (or through a hash shuffle's aggregator, or
+//! loading a cache shard), and what its result does to its operator: the bundle it made, a
+//! retry, or a rebuild of an input lost with its node.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use floe_api::node_protocol::{
     ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_core::plan::physical::Stage;
+use floe_core::plan::physical::{Stage, StageKind};
 use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
@@ -23,6 +24,7 @@ use super::shuffle::SAMPLE_SEQ;
 use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHABLE_PAUSE};
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
+use crate::leases::JobLeases;
 use crate::plan::{ShardToLoad, Work};
 use crate::tasks::RunEnd;
 
@@ -159,8 +161,15 @@ impl<C: ClusterAccess> Execution<C> {
                 .collect(),
             Recipe::Load(_) => Vec::new(),
         };
+        let input_bytes = match &launch.recipe {
+            Recipe::Compute { input, .. } => input_bytes(&self.ops[index].stage, input, &inputs),
+            Recipe::Load(_) => 0,
+        };
         let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
+            leases: Arc::clone(&self.leases),
+            input_bytes,
+            memory_hint_cap: self.limits.memory_hint_cap,
             job: self.job,
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
@@ -421,10 +430,38 @@ impl<C: ClusterAccess> Execution<C> {
     }
 }
 
-/// One run of a task, spawned off the execution with what it needs: places it, runs it on
-/// its node (or through its aggregator, or loads its cache shard) and answers what it made.
+/// The bytes a task reads: its input blocks, else the file, ids or rows its source stage
+/// reads. Its memory hint, since the task's working set grows with what it reads (decoded
+/// batches, the output it builds, a reduce's concatenated partition).
+fn input_bytes(stage: &Stage, input: &StageInput, inputs: &[(ObjectId, Option<BlockInfo>)]) -> u64 {
+    /// One `Int64` id of a range stage.
+    const ID_BYTES: u64 = 8;
+    let blocks: u64 = inputs
+        .iter()
+        .filter_map(|(_, info)| info.map(|info| info.bytes))
+        .sum();
+    let source = match (&stage.kind, input) {
+        (StageKind::Read(scan), StageInput::File(index)) => {
+            scan.files.get(*index as usize).map_or(0, |file| file.size)
+        }
+        (_, StageInput::Range { start, end }) => {
+            end.saturating_sub(*start).saturating_mul(ID_BYTES)
+        }
+        (StageKind::FromBatches { ipc, .. }, StageInput::Inline) => ipc.len() as u64,
+        _ => 0,
+    };
+    blocks.saturating_add(source)
+}
+
+/// One run of a task, spawned off the execution with what it needs: places it in the job's
+/// leases, runs it on its node (or through its aggregator, or loads its cache shard) and
+/// answers what it made.
 struct TaskRun<C: ClusterAccess> {
     cluster: Arc<C>,
+    leases: Arc<JobLeases<C>>,
+    /// What the task reads, and the most heap a hint may ask of one node.
+    input_bytes: u64,
+    memory_hint_cap: u64,
     job: JobId,
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
@@ -488,9 +525,15 @@ impl<C: ClusterAccess> TaskRun<C> {
                         *preferred.entry(info.node).or_default() += info.bytes;
                     }
                 }
-                // A process UDF's children need their memory on the node that runs them.
+                // A process UDF's children need their memory on the node that runs them, and
+                // the task's working set grows with its input (capped so that some node can
+                // always hold it).
                 let memory_hint = match process_udfs(&self.stage.row_ops) {
-                    Ok(udfs) => udfs.iter().map(|udf| udf.memory).sum(),
+                    Ok(udfs) => {
+                        let children: u64 = udfs.iter().map(|udf| udf.memory).sum();
+                        let room = self.memory_hint_cap.saturating_sub(children);
+                        children.saturating_add(self.input_bytes.min(room))
+                    }
                     Err(error) => {
                         let message = error.to_string();
                         return (
@@ -513,21 +556,17 @@ impl<C: ClusterAccess> TaskRun<C> {
                 // A request no alive node can hold is asked again for a while, like an
                 // unreachable node (the one big enough may be restarting), then fails the job
                 // with the placement's reason.
-                let node = match self.cluster.place(request).await {
-                    Ok(node) => node,
+                let slot = match self.leases.place(request).await {
+                    Ok(slot) => slot,
                     Err(error) => return (None, Err(unreachable(&error))),
                 };
+                let node = slot.node();
                 self.config.tasks.placed(self.job, launch.task, node);
                 let result = self
                     .run_on(node, launch.task, *input, objects, inputs, worker)
                     .await;
-                if let Err(error) = self
-                    .cluster
-                    .release(node, TASK_CPU_MILLIS, memory_hint, self.config.node)
-                    .await
-                {
-                    tracing::debug!(%node, %error, "releasing a task's reservation failed");
-                }
+                // The room goes to the next task at once.
+                drop(slot);
                 (Some(node), result)
             }
         }
@@ -602,6 +641,8 @@ impl<C: ClusterAccess> TaskRun<C> {
         let reply = tokio::select! {
             reply = self.cluster.run_task(&addr, &request) => reply,
             () = self.cluster.death_of(node) => {
+                // Its leases went with it.
+                self.leases.forget_node(node);
                 return Err(RunFailure::Unreachable(format!("node {node} was declared dead")));
             }
         };

@@ -10,7 +10,7 @@ use arrow::array::{Array, Int64Array};
 use arrow::record_batch::RecordBatch;
 use floe_api::node_protocol::TaskFailure;
 use floe_api::placement::Strategy;
-use floe_api::state::{Command, JobRecord, JobStatus};
+use floe_api::state::{Command, JobRecord, JobStatus, Resources};
 use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
 use floe_core::expr::{col, lit};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
@@ -174,16 +174,165 @@ async fn a_job_yields_exactly_its_rows_and_frees_every_intermediate_block() {
         assert!(task.outputs.iter().all(|object| freed.contains(object)));
     }
     assert!(freed.is_disjoint(&outputs));
-    // Sources and maps of small blocks spread over the nodes.
-    let placements = fake.placements();
-    assert_eq!(placements.len(), tasks.len());
+    // Sources and maps of small blocks spread over the nodes, in leases the tasks reuse.
+    let grants = fake.lease_grants();
     assert!(
-        placements
+        grants.len() < tasks.len(),
+        "{} leases for {} tasks",
+        grants.len(),
+        tasks.len()
+    );
+    assert!(
+        grants
             .iter()
             .all(|(request, _)| request.strategy == Strategy::Spread)
     );
-    let nodes: BTreeSet<NodeId> = placements.iter().map(|(_, node)| *node).collect();
+    let nodes: BTreeSet<NodeId> = tasks.iter().map(|task| task.node).collect();
     assert_eq!(nodes.len(), 2);
+    assert_no_leases_left(&fake, 2);
+}
+
+/// Every lease of the job was returned: the scheduler holds none and reserves nothing.
+fn assert_no_leases_left(fake: &FakeCluster, nodes: u64) {
+    assert_eq!(fake.leases_held(), 0);
+    for node in 1..=nodes {
+        if let Some(reserved) = fake.reserved(NodeId::new(node)) {
+            assert_eq!(reserved, Resources::default(), "node {node}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn tasks_run_in_leases_that_are_reused_and_all_returned_when_the_job_ends() {
+    let fake = fake(2, 2);
+    let n = 64 * 4 * u64::from(BATCH_ROWS);
+    let record = run(&fake, &spec(doubled(stored_range(n)), CacheMode::NoCache)).await;
+    assert_doubled(&fake, succeeded(&record), i64::try_from(n).unwrap());
+    let tasks = fake.tasks().len();
+    let grants = fake.lease_grants();
+    let (asks, _, returned) = fake.lease_calls();
+    // 128 tasks ran in a handful of leases (4 CPUs), asked for in a handful of calls: the
+    // scheduler was not asked per task.
+    assert_eq!(tasks, 128);
+    assert!(
+        grants.len() <= 16,
+        "{} leases for {tasks} tasks",
+        grants.len()
+    );
+    assert!(asks <= 16, "{asks} asks for {tasks} tasks");
+    // At most the 4 CPUs were leased at once, and every lease was given back by the driver
+    // (idle, or at the job's end) rather than revoked by it.
+    assert!(
+        grants
+            .iter()
+            .all(|(_, lease)| lease.resources.cpu_millis == 1000)
+    );
+    assert_eq!(returned, grants.len() as u64);
+    assert_no_leases_left(&fake, 2);
+    // Every task's memory hint is the size of what it reads, and its lease holds that much.
+    assert!(grants.iter().all(|(request, lease)| request.memory_hint > 0
+        && lease.resources.heap_bytes == request.memory_hint));
+}
+
+#[tokio::test]
+async fn a_lease_revoked_with_its_node_moves_its_tasks_to_the_other_nodes() {
+    let fake = fake(3, 2);
+    let doomed = NodeId::new(2);
+    // The first map on node 2 finds its node dying under it (the rule matches once, so the
+    // first task it matches is the one that died).
+    let killed = Arc::new(std::sync::Mutex::new(None));
+    let seen = Arc::clone(&killed);
+    fake.on_tasks(
+        1,
+        move |task| {
+            let hit = is_map(task) && task.node == doomed;
+            if hit {
+                seen.lock().unwrap().get_or_insert(task.id);
+            }
+            hit
+        },
+        Fault::KillNode,
+    );
+    let n = 32 * 4 * u64::from(BATCH_ROWS);
+    let record = run(&fake, &spec(doubled(stored_range(n)), CacheMode::NoCache)).await;
+    assert_doubled(&fake, succeeded(&record), i64::try_from(n).unwrap());
+    let killed = killed.lock().unwrap().expect("a map ran on node 2");
+    // The task that died with the node's lease ran again, on another node.
+    let reruns: Vec<_> = fake
+        .tasks()
+        .into_iter()
+        .filter(|task| task.task == killed)
+        .collect();
+    assert_eq!(reruns.len(), 1);
+    assert_ne!(reruns[0].node, doomed);
+    assert!(reruns[0].failure.is_none());
+    // The job had leases there; they went with the node, and the rest went back at the end.
+    assert!(
+        fake.lease_grants()
+            .iter()
+            .any(|(_, lease)| lease.node == doomed)
+    );
+    assert_eq!(fake.reserved(doomed), None);
+    assert_no_leases_left(&fake, 3);
+}
+
+#[tokio::test]
+async fn two_jobs_at_once_share_the_cluster_and_the_later_one_is_not_starved() {
+    let fake = fake(1, 2);
+    // Every map takes a while, so the first job keeps both CPUs busy for over a second.
+    fake.on_tasks(u32::MAX, is_map, Fault::Delay(Duration::from_millis(40)));
+    let long = spec(
+        doubled(stored_range(48 * 4 * u64::from(BATCH_ROWS))),
+        CacheMode::NoCache,
+    );
+    let short = spec(
+        doubled(stored_range(2 * 4 * u64::from(BATCH_ROWS))),
+        CacheMode::NoCache,
+    );
+    let first = fake.submit(&long, DRIVER_NODE);
+    let first_run = tokio::spawn(crate::drive(driver_config(), Arc::clone(&fake), first, 1));
+    // The first job holds both CPUs before the second arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held: Vec<_> = fake
+        .lease_grants()
+        .iter()
+        .map(|(_, lease)| lease.job)
+        .collect();
+    assert!(held.iter().all(|job| *job == first) && !held.is_empty());
+    let second = fake.submit(&short, DRIVER_NODE);
+    tokio::time::timeout(
+        JOB_TIMEOUT,
+        crate::drive(driver_config(), Arc::clone(&fake), second, 1),
+    )
+    .await
+    .expect("the second job ended in time")
+    .expect("the second driver committed its outcome");
+    // The second job got a lease recalled from the first, and finished while the first runs.
+    assert!(
+        !first_run.is_finished(),
+        "the second job waited for the first to end"
+    );
+    assert_doubled(
+        &fake,
+        succeeded(&fake.job(second)),
+        2 * 4 * i64::from(BATCH_ROWS),
+    );
+    assert!(
+        fake.lease_grants()
+            .iter()
+            .any(|(_, lease)| lease.job == second)
+    );
+    tokio::time::timeout(JOB_TIMEOUT, first_run)
+        .await
+        .expect("the first job ended in time")
+        .unwrap()
+        .unwrap();
+    assert_doubled(
+        &fake,
+        succeeded(&fake.job(first)),
+        48 * 4 * i64::from(BATCH_ROWS),
+    );
+    assert_no_leases_left(&fake, 1);
 }
 
 #[tokio::test]
@@ -320,6 +469,15 @@ async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
     assert!(aggregate.aggregators_recreated >= 1, "{aggregate:?}");
     // Every replacement was pushed only the partitions its slot owns.
     let created = fake.created_actors();
+    // Aggregators were placed (first and replacements) reserving nothing: their reduces run
+    // as tasks, in the job's leases.
+    let placed = fake.placements();
+    assert_eq!(placed.len(), created.len());
+    assert!(
+        placed
+            .iter()
+            .all(|(request, _)| request.cpu_millis == 0 && request.memory_hint == 0)
+    );
     let slots = created[0].slots;
     let replacements: Vec<_> = created.iter().skip(slots as usize).collect();
     assert!(!replacements.is_empty());

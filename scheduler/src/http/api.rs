@@ -21,10 +21,10 @@ use tokio::sync::watch;
 use super::history_index::{HistoryFilter, HistoryIndex};
 use super::json::{
     CacheEntryJson, CacheJson, CleanBody, Cleaned, ClusterJson, Deleted, ErrorBody, EventJson,
-    EventsJson, EventsQuery, HistoryJson, HistoryQuery, JobDetail, JobItems, JobSummary, ListQuery,
-    MemoryJson, NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page, ProgressJson,
-    ReplicaJson, SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted, UsageJson,
-    Version,
+    EventsJson, EventsQuery, HistoryJson, HistoryQuery, JobDetail, JobItems, JobSummary, LeaseJson,
+    ListQuery, MemoryJson, NodeCounts, NodeItems, NodeJson, OptionsJson, OutputJson, Page,
+    ProgressJson, ReplicaJson, SampleJson, StatsJson, Stopped, StoreTotals, SubmitBody, Submitted,
+    UsageJson, Version,
 };
 use super::monitor::{Monitor, Snapshot, now_ms};
 use super::{HttpConfig, JobSpecParser};
@@ -430,6 +430,18 @@ pub(super) fn node_json(node: &NodeRecord, snapshot: &Snapshot) -> NodeJson {
         usage: report.map(|report| UsageJson {
             cpu_reserved: report.reserved.cpu_millis as f64 / 1000.0,
             heap_reserved_bytes: report.reserved.heap_bytes,
+            leases: report
+                .leases
+                .iter()
+                .map(|summary| LeaseJson {
+                    job: Some(summary.job.to_string()),
+                    node: None,
+                    leases: summary.leases,
+                    recalled: summary.recalled,
+                    cpus: summary.resources.cpu_millis as f64 / 1000.0,
+                    heap_bytes: summary.resources.heap_bytes,
+                })
+                .collect(),
             heap_used_bytes: report.usage.heap_bytes,
             object_store_used_bytes: report.usage.object_store_bytes,
             spilled_bytes: report.usage.spilled_bytes,
@@ -673,6 +685,24 @@ async fn job(shared: web::Data<Shared>, id: web::Path<String>) -> Reply {
                 bytes: record.outputs.iter().map(|b| b.bytes).sum(),
             }
         }),
+        leases: snapshot
+            .reports
+            .iter()
+            .flat_map(|(node, report)| {
+                report
+                    .leases
+                    .iter()
+                    .filter(|summary| summary.job == job_id)
+                    .map(|summary| LeaseJson {
+                        job: None,
+                        node: Some(node.to_string()),
+                        leases: summary.leases,
+                        recalled: summary.recalled,
+                        cpus: summary.resources.cpu_millis as f64 / 1000.0,
+                        heap_bytes: summary.resources.heap_bytes,
+                    })
+            })
+            .collect(),
     };
     Ok(HttpResponse::Ok().json(body))
 }

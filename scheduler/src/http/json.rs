@@ -101,10 +101,26 @@ pub(super) struct MemoryJson {
     pub(super) heap_bytes: u64,
 }
 
+/// One job's leases on one node.
+#[derive(Serialize)]
+pub(super) struct LeaseJson {
+    /// The job's id on a node's entry, the node's on a job's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) job: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) node: Option<String>,
+    pub(super) leases: u32,
+    pub(super) recalled: u32,
+    pub(super) cpus: f64,
+    pub(super) heap_bytes: u64,
+}
+
 #[derive(Serialize)]
 pub(super) struct UsageJson {
     pub(super) cpu_reserved: f64,
     pub(super) heap_reserved_bytes: u64,
+    /// The jobs' leases that make up the reservation.
+    pub(super) leases: Vec<LeaseJson>,
     pub(super) heap_used_bytes: u64,
     pub(super) object_store_used_bytes: u64,
     pub(super) spilled_bytes: u64,
@@ -196,6 +212,8 @@ pub(super) struct JobDetail {
     pub(super) progress: Option<ProgressJson>,
     pub(super) stats: Option<StatsJson>,
     pub(super) output: Option<OutputJson>,
+    /// The job's leases, per node (as of the leader's last report).
+    pub(super) leases: Vec<LeaseJson>,
 }
 
 #[derive(Serialize)]

@@ -127,12 +127,12 @@ pub(crate) async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         ),
         (
             "floe_node_heap_reserved_bytes",
-            "Heap bytes reserved by placed tasks' memory hints.",
+            "Heap bytes reserved by jobs' leases (their tasks' memory hints).",
             |_, r| r.reserved.heap_bytes as f64,
         ),
         (
             "floe_node_cpu_reserved",
-            "CPUs reserved by placed tasks.",
+            "CPUs reserved by jobs' leases.",
             |_, r| r.reserved.cpu_millis as f64 / 1000.0,
         ),
         (

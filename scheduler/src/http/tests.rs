@@ -415,6 +415,7 @@ fn rates_hold_between_reports_and_each_node_gets_a_point_every_ten_seconds() {
             NodeReport {
                 usage,
                 reserved: Resources::default(),
+                leases: Vec::new(),
                 age_ms: 0,
             },
         );

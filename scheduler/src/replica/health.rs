@@ -46,13 +46,14 @@ impl<S: LogStore> RaftLoop<S> {
             tracing::warn!(%node, %reason, "proposing node death");
             self.propose(Command::MarkNodeDead { node, reason }, None);
         }
+        self.expire_leases(now);
         self.place_drivers(now, timeout);
         self.tidy();
     }
 
     /// Starts a driver for every pending job on the least utilized alive node that has
-    /// heartbeated to this leader (drivers are light; the work they start is placed task by
-    /// task). Only unfinished jobs are looked at, through the state's index.
+    /// heartbeated to this leader (drivers are light; the work they start runs in the leases
+    /// they are granted). Only unfinished jobs are looked at, through the state's index.
     pub(super) fn place_drivers(&mut self, now: Instant, retry_after: Duration) {
         let pending: Vec<JobId> = self
             .state
@@ -80,7 +81,7 @@ impl<S: LogStore> RaftLoop<S> {
                         !self.dying.contains(&node.id) && self.usage.contains_key(&node.id)
                     })
                     .map(|node| {
-                        let load = self.view.utilization(node.id).unwrap_or(f64::MAX);
+                        let load = self.leases.view().utilization(node.id).unwrap_or(f64::MAX);
                         (load, node.id)
                     })
                     .collect();

@@ -12,12 +12,12 @@
 //! them again (the `standing` module says why, and how it tells).
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
-//! once the state machine has applied up to it. Heartbeats, resource reservations and the
+//! once the state machine has applied up to it. Heartbeats, jobs' placement leases and the
 //! placement queue are the leader's soft state; a node's death is committed.
 //!
 //! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
-//! answers to requests; `placement` places tasks and keeps their reservations; `health`
+//! answers to requests; `placement` places actors and grants jobs' leases; `health`
 //! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
 //! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
 //! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
@@ -39,7 +39,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use self::config::port_of;
-use self::placement::{PlaceBatch, Reservation};
+use self::placement::{LeaseAsks, PlaceBatch};
 use self::raft_guard::RaftGuard;
 use self::service::Service;
 use self::standing::Standing;
@@ -47,7 +47,8 @@ use self::transport::spawn_peer_sender;
 use crate::history::HistoryWriter;
 use crate::storage::LogStore;
 use crate::{Error, Result};
-use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
+use floe_api::lease::LeaseTable;
+use floe_api::placement::PlacementQueue;
 use floe_api::scheduler_protocol::{
     ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
@@ -226,8 +227,12 @@ struct RaftLoop<S: LogStore> {
     /// Reads whose read index is known, waiting for the state machine to catch up to it.
     reads_ready: Vec<(u64, Vec<Reply>)>,
     next_read: u64,
-    view: ResourceView,
-    queue: PlacementQueue<(u64, usize, PlacementRequest)>,
+    /// Jobs' leases and the resource view they reserve in (soft state, see `floe_api::lease`).
+    leases: LeaseTable,
+    /// `AcquireLeases` asks waiting for room.
+    lease_asks: LeaseAsks,
+    /// `Place` requests waiting for room, by (batch, slot).
+    queue: PlacementQueue<(u64, usize)>,
     batches: BTreeMap<u64, PlaceBatch>,
     next_batch: u64,
     /// When each node last heartbeated (soft state; hashed, so a heartbeat costs O(1) here).
@@ -240,9 +245,6 @@ struct RaftLoop<S: LogStore> {
     usage: HashMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
-    /// Reservations not yet released, by the node that asked for them: a requester that dies
-    /// (a job driver's node) never releases its own, so its death does.
-    leases: BTreeMap<NodeId, Vec<Reservation>>,
     /// Pending jobs whose `StartDriver` was proposed, and when; proposed again if it has not
     /// applied after a node timeout (the proposal can be lost with a leader change).
     drivers_proposed: BTreeMap<JobId, Instant>,
@@ -301,7 +303,7 @@ impl<S: LogStore> RaftLoop<S> {
             .collect();
         let state_copy = state.clone();
         // Empty until nodes heartbeat to this replica as leader (see `rebuild_view`).
-        let view = ResourceView::new();
+        let leases = LeaseTable::new(config.scheduler.node_timeout(), Instant::now());
         tracing::info!(
             replica = config.id,
             applied = state.applied_index,
@@ -328,7 +330,8 @@ impl<S: LogStore> RaftLoop<S> {
             reads_issued: BTreeMap::new(),
             reads_ready: Vec::new(),
             next_read: 0,
-            view,
+            leases,
+            lease_asks: LeaseAsks::new(),
             queue: PlacementQueue::default(),
             batches: BTreeMap::new(),
             next_batch: 0,
@@ -336,7 +339,6 @@ impl<S: LogStore> RaftLoop<S> {
             last_health_check: Instant::now(),
             usage: HashMap::new(),
             dying: BTreeSet::new(),
-            leases: BTreeMap::new(),
             drivers_proposed: BTreeMap::new(),
             progress: BTreeMap::new(),
             freeing: BTreeMap::new(),
@@ -572,12 +574,18 @@ impl<S: LogStore> RaftLoop<S> {
     /// The view holds the alive nodes this replica has heard from since it became leader: a
     /// node the restored state calls alive may have died while no leader listened (a
     /// scheduler restarted on an old data directory), and placing work there would wait out
-    /// its node timeout. A node joins the view with its first heartbeat here.
+    /// its node timeout. A node joins the view with its first heartbeat here. Leases start
+    /// afresh: a new leader takes in those its drivers re-assert (see `floe_api::lease`).
     fn rebuild_view(&mut self) {
-        self.view = ResourceView::new();
+        let ttl = self.config.node_timeout();
+        self.leases = if self.is_leader() {
+            LeaseTable::new_leader(ttl, Instant::now())
+        } else {
+            LeaseTable::new(ttl, Instant::now())
+        };
         for node in self.state.alive_nodes() {
             if self.usage.contains_key(&node.id) {
-                self.view.upsert_node(node.id, node.resources);
+                self.leases.upsert_node(node.id, node.resources);
             }
         }
     }
@@ -589,7 +597,7 @@ impl<S: LogStore> RaftLoop<S> {
         if self.usage.insert(node, usage).is_none()
             && let Some(record) = self.state.nodes.get(&node)
         {
-            self.view.upsert_node(node, record.resources);
+            self.leases.upsert_node(node, record.resources);
             self.retry_waiting();
         }
     }
@@ -629,18 +637,16 @@ impl<S: LogStore> RaftLoop<S> {
             }
             match (effect, &outcome) {
                 (Effect::Registered(resources), Outcome::NodeRegistered(node)) => {
-                    self.view.upsert_node(*node, resources);
+                    self.leases.upsert_node(*node, resources);
                     self.retry_waiting();
                 }
                 (Effect::Died(node), Outcome::Applied) => {
                     self.dying.remove(&node);
-                    for lease in self.leases.remove(&node).unwrap_or_default() {
-                        self.view
-                            .release(lease.node, lease.cpu_millis, lease.memory_hint);
-                    }
+                    // Its leases, and those of the drivers it ran, go with it.
+                    self.leases.remove_node(node);
+                    self.leases.revoke_driver(node);
                     self.last_seen.remove(&node);
                     self.usage.remove(&node);
-                    self.view.remove_node(node);
                     self.retry_waiting();
                     if let Some(death) = self.state.deaths_after(entry.index - 1).pop() {
                         tracing::warn!(node = %death.node, reason = %death.reason, "node committed dead");
@@ -660,6 +666,7 @@ impl<S: LogStore> RaftLoop<S> {
                 }
                 (Effect::JobEnded(job), Outcome::Applied) => {
                     self.progress.remove(&job);
+                    self.job_ended(job);
                     let _ = self.notices.jobs_ended.send(job);
                 }
                 // A pending job ends at once; a running one when its driver finishes it.
@@ -670,6 +677,7 @@ impl<S: LogStore> RaftLoop<S> {
                         .get(&job)
                         .is_some_and(|j| j.status.is_finished()) =>
                 {
+                    self.job_ended(job);
                     let _ = self.notices.jobs_ended.send(job);
                 }
                 _ => {}
@@ -713,7 +721,6 @@ impl<S: LogStore> RaftLoop<S> {
         self.last_seen.clear();
         self.usage.clear();
         self.dying.clear();
-        self.leases.clear();
         self.drivers_proposed.clear();
         self.progress.clear();
         self.freeing.clear();
@@ -748,6 +755,7 @@ impl<S: LogStore> RaftLoop<S> {
         for (_, batch) in std::mem::take(&mut self.batches) {
             let _ = batch.reply.send(Ok(hint.clone()));
         }
+        self.drop_lease_asks(&hint);
     }
 
     /// Keeps a snapshot built off the Raft task, and starts the next one once

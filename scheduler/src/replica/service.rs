@@ -13,7 +13,6 @@ use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
 use raft::prelude::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::placement::Reservation;
 use super::raft_guard::RaftGuard;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
@@ -259,6 +258,13 @@ async fn until_announced<T: Clone + PartialEq>(
     .await;
 }
 
+fn refuse_not_a_node(reply: Reply) {
+    let _ = reply.send(Err(RemoteError::new(
+        RemoteErrorKind::Forbidden,
+        "leases are for the node driving the job",
+    )));
+}
+
 impl<S: LogStore> RaftLoop<S> {
     pub(super) fn leader_hint(&self) -> Option<LeaderHint> {
         let leader = self.raw.raft.leader_id;
@@ -360,7 +366,8 @@ impl<S: LogStore> RaftLoop<S> {
                             *node,
                             NodeReport {
                                 usage: *usage,
-                                reserved: self.view.used(*node).unwrap_or_default(),
+                                reserved: self.leases.view().used(*node).unwrap_or_default(),
+                                leases: self.leases.on_node(*node),
                                 age_ms: u64::try_from(age).unwrap_or(u64::MAX),
                             },
                         ))
@@ -389,21 +396,25 @@ impl<S: LogStore> RaftLoop<S> {
                 let _ = reply.send(Ok(SchedulerResponse::AllProgress(progress)));
             }
             SchedulerRequest::Place { requests } => self.place(requests, reply),
-            SchedulerRequest::Release {
-                node,
-                cpu_millis,
-                memory_hint,
-                requester,
-            } => {
-                self.release(Reservation {
-                    node,
-                    cpu_millis,
-                    memory_hint,
-                    requester,
-                });
-                self.retry_waiting();
-                let _ = reply.send(Ok(SchedulerResponse::Released));
-            }
+            // Authorization let only registered nodes through; the node is the driver.
+            SchedulerRequest::AcquireLeases {
+                job,
+                requests,
+                wait_ms,
+            } => match principal {
+                Principal::Node(driver) => {
+                    self.acquire_leases(*driver, job, requests, wait_ms, reply);
+                }
+                _ => refuse_not_a_node(reply),
+            },
+            SchedulerRequest::RenewLeases { job, leases } => match principal {
+                Principal::Node(driver) => self.renew_leases(*driver, job, leases, reply),
+                _ => refuse_not_a_node(reply),
+            },
+            SchedulerRequest::ReturnLeases { job, leases } => match principal {
+                Principal::Node(driver) => self.return_leases(*driver, job, leases, reply),
+                _ => refuse_not_a_node(reply),
+            },
             SchedulerRequest::ActorNode { actor } => {
                 let node = self
                     .state

@@ -7,7 +7,7 @@ use floe_core::wire::WireConfig;
 use super::*;
 use crate::storage::MemoryLog;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
-use floe_api::placement::{PlacementError, Strategy};
+use floe_api::placement::{PlacementError, PlacementRequest, Strategy};
 use floe_api::scheduler_protocol::ResourceUsage;
 use floe_api::state::{JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources};
 
@@ -231,7 +231,7 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_that_fits_later_waits_for_a_release() {
+async fn a_placement_chooses_a_node_and_holds_nothing() {
     let mut config = test_config();
     // Keep the node alive without heartbeats for the length of the test.
     config.scheduler.heartbeat_interval_ms = 10_000;
@@ -250,9 +250,20 @@ async fn a_request_that_fits_later_waits_for_a_release() {
         preferred: Vec::new(),
         requester: None,
     };
+    client
+        .heartbeat(node, ResourceUsage::default())
+        .await
+        .unwrap();
+    // Actors' placements reserve nothing: the same whole-node request is placed again.
+    for _ in 0..3 {
+        assert_eq!(
+            client.place(vec![request.clone()]).await.unwrap(),
+            vec![Ok(node)]
+        );
+    }
     assert_eq!(
-        client.place(vec![request.clone()]).await.unwrap(),
-        vec![Ok(node)]
+        client.node_reports().await.unwrap()[&node].reserved,
+        Resources::default()
     );
     let mut too_big = request.clone();
     too_big.cpu_millis = 3000;
@@ -264,28 +275,10 @@ async fn a_request_that_fits_later_waits_for_a_release() {
             ..
         })]
     ));
-
-    let (_, mut waiter) = register_node(
-        &config,
-        &replicas,
-        NodeAddresses::default(),
-        resources(0, 0),
-    )
-    .await;
-    let waiting = tokio::spawn(async move { waiter.place(vec![request]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "placed while the node was full");
-    client.release(node, 2000, 1 << 29, None).await.unwrap();
-    let placed = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(placed, vec![Ok(node)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_returned() {
+async fn drivers_are_placed_on_live_nodes_and_a_dead_drivers_leases_are_revoked() {
     let mut config = test_config();
     // The nodes here send no heartbeats; only the explicit death below may kill one.
     config.scheduler.missed_heartbeats = 200;
@@ -330,41 +323,48 @@ async fn drivers_are_placed_on_live_nodes_and_a_dead_requesters_leases_are_retur
     };
     assert_eq!(drivers, vec![(job, 1)]);
 
-    // `driver` takes the only CPU of `worker`, then dies without releasing it.
+    // The driver leases the only CPU of the other node, then its node dies without
+    // returning it.
+    let other = if placed_on == worker { driver } else { worker };
     let request = PlacementRequest {
         cpu_millis: 1000,
         memory_hint: 0,
         strategy: Strategy::NodeAffinity {
-            node: worker,
+            node: other,
             soft: false,
         },
         preferred: Vec::new(),
-        requester: Some(driver),
+        requester: Some(placed_on),
     };
-    let mut driver_client = nodes.remove(&driver).unwrap();
+    let mut driver_client = nodes.remove(&placed_on).unwrap();
+    let grants = driver_client
+        .acquire_leases(job, vec![request], Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        grants.decisions.as_slice(),
+        [floe_api::lease::LeaseDecision::Granted(lease)] if lease.node == other
+    ));
     assert_eq!(
-        driver_client.place(vec![request.clone()]).await.unwrap(),
-        vec![Ok(worker)]
+        client.node_reports().await.unwrap()[&other].reserved,
+        resources(1, 0)
     );
     // The driver's node leaves, as a node that stops declares itself gone.
     let outcome = driver_client
         .propose(Command::MarkNodeDead {
-            node: driver,
+            node: placed_on,
             reason: "killed".into(),
         })
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Applied);
-    let retry = PlacementRequest {
-        requester: None,
-        ..request
-    };
-    let mut worker_client = nodes.remove(&worker).unwrap();
-    let placed = tokio::time::timeout(Duration::from_secs(5), worker_client.place(vec![retry]))
-        .await
-        .expect("the dead requester's reservation was never returned")
-        .unwrap();
-    assert_eq!(placed, vec![Ok(worker)]);
+    let report = &client.node_reports().await.unwrap()[&other];
+    assert_eq!(
+        report.reserved,
+        Resources::default(),
+        "the dead driver's lease stayed"
+    );
+    assert!(report.leases.is_empty());
     drop(replicas);
 }
 
@@ -762,3 +762,5 @@ async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history()
     beating.abort();
     drop(replicas);
 }
+
+mod leases;

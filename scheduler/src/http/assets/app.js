@@ -214,6 +214,22 @@ function section(title, ...children) {
   return el('section', { class: 'card' }, title ? el('h2', null, title) : null, children);
 }
 
+// What the leader leases jobs' drivers: a job's leases per node (`by` 'node') or a node's per
+// job (`by` 'job'), from the leader's last report.
+function leaseSection(leases, by) {
+  if (!leases || leases.length === 0) {
+    return section('Leases', el('p', { class: 'empty', id: 'leases-none' },
+      by === 'node' ? 'The job holds no leases.' : 'No job holds a lease on this node.'));
+  }
+  const link = (id) => el('a', { href: by === 'node' ? `#/nodes/${encodeURIComponent(id)}` : `#/jobs/${encodeURIComponent(id)}` }, id);
+  return section('Leases', el('table', { class: 'grid', id: 'leases' },
+    el('thead', null, el('tr', null, el('th', null, by), el('th', { class: 'num' }, 'leases'),
+      el('th', { class: 'num' }, 'recalled'), el('th', { class: 'num' }, 'cpus'), el('th', { class: 'num' }, 'heap'))),
+    el('tbody', null, leases.map((lease) => el('tr', { dataset: { lease: lease[by] } },
+      el('td', { class: 'mono' }, link(lease[by])), num(textOf(lease.leases)), num(textOf(lease.recalled)),
+      num(textOf(lease.cpus)), num(fmtBytes(lease.heap_bytes)))))));
+}
+
 // ---------- API ----------
 
 class ApiError extends Error {
@@ -715,9 +731,9 @@ function memoryCell(memory, usage) {
   return el('td', { class: 'memory' },
     poolBar('store', usage ? u.object_store_used_bytes : null, m.object_store_bytes, 'store'),
     // Heap used is the node's process tree's private memory, as its heartbeat says; what
-    // placements reserved (tasks' memory hints, often none) is only in the tooltip.
+    // jobs' leases reserve (their tasks' memory hints) is only in the tooltip.
     poolBar('heap', usage ? u.heap_used_bytes : null, m.heap_bytes, 'heap',
-      usage ? `reserved by placements ${fmtBytes(u.heap_reserved_bytes)}` : null),
+      usage ? `reserved by leases ${fmtBytes(u.heap_reserved_bytes)}` : null),
     el('div', { class: 'pool' },
       el('span', { class: 'pool-label' }, 'reserve'),
       bar(reserveShare, 'reserve', `system reserve: ${fmtBytes(m.system_reserve_bytes)} (${fmtPercent(m.system_reserve_bytes, total)} of total)`),
@@ -844,12 +860,13 @@ pages.job = {
     this.head = el('div');
     this.error = el('div');
     this.graph = el('div');
+    this.leases = el('div');
     this.stats = el('div');
     this.tasks = el('div');
     this.plan = el('div');
     setChildren(main,
       el('p', { class: 'crumbs' }, el('a', { href: document.querySelector('#nav a[data-page="jobs"]').getAttribute('href') }, '‹ jobs')),
-      this.head, this.error, this.graph, this.stats, this.tasks, this.plan);
+      this.head, this.error, this.graph, this.leases, this.stats, this.tasks, this.plan);
   },
   load(route) {
     const id = encodeURIComponent(route.id);
@@ -863,10 +880,11 @@ pages.job = {
   render(job) {
     if (job.notFound) {
       patch(this.head, 'missing', () => section(`Job ${this.id}`, el('p', { class: 'empty' }, `No job with id ${this.id} on this cluster.`)));
-      for (const part of [this.error, this.graph, this.stats, this.tasks, this.plan]) patch(part, null, () => []);
+      for (const part of [this.error, this.graph, this.leases, this.stats, this.tasks, this.plan]) patch(part, null, () => []);
       return;
     }
     patch(this.tasks, job.taskTable, () => taskSection(job.taskTable));
+    patch(this.leases, job.leases, () => leaseSection(job.leases, 'node'));
     patch(this.head, [job.state, job.attempts, job.driver_node, job.cancel_requested, job.rows_per_s,
       job.submission_id, job.options, job.output, job.stats && job.stats.wall_ms, job.stats && job.stats.spilled_bytes,
       job.started_at_ms, job.ended_at_ms], () => jobHead(job));
@@ -1247,6 +1265,7 @@ pages.node = {
     this.id = route.id;
     this.head = el('div');
     this.memory = el('div');
+    this.leases = el('div');
     this.store = el('div');
     this.objects = el('div');
     this.work = el('div');
@@ -1261,7 +1280,7 @@ pages.node = {
     this.chartsKey = null;
     setChildren(main,
       el('p', { class: 'crumbs' }, el('a', { href: '#/nodes' }, '‹ nodes')),
-      this.head, this.memory, this.store, this.objects, this.work, this.udfs,
+      this.head, this.memory, this.leases, this.store, this.objects, this.work, this.udfs,
       section('The last hour (one point per 10 s)'), this.charts);
   },
   load(route) {
@@ -1276,10 +1295,12 @@ pages.node = {
   render(node) {
     if (node.notFound) {
       patch(this.head, 'missing', () => section(`Node ${this.id}`, el('p', { class: 'empty' }, `No node with id ${this.id} on this cluster.`)));
-      for (const part of [this.memory, this.store, this.objects, this.work, this.udfs]) patch(part, null, () => []);
+      for (const part of [this.memory, this.leases, this.store, this.objects, this.work, this.udfs]) patch(part, null, () => []);
       return;
     }
     const live = node.live;
+    const leases = node.usage ? node.usage.leases : [];
+    patch(this.leases, leases, () => leaseSection(leases, 'job'));
     patch(this.head, [node.state, node.addr, node.dead_reason, node.cpus, node.live_error], () => section(null,
       el('div', { class: 'job-title' },
         el('h2', null, `Node ${node.id}`),
@@ -1295,7 +1316,7 @@ pages.node = {
       const facts = el('dl', { class: 'facts', id: 'node-cpu' },
         [['cpus', textOf(node.cpus)],
           ['CPU used', live ? fmtPercent(live.cpu_utilization, 1) : DASH],
-          ['reserved by running tasks', node.usage ? `${textOf(node.usage.cpu_reserved)} cpus` : DASH],
+          ['reserved by leases', node.usage ? `${textOf(node.usage.cpu_reserved)} cpus` : DASH],
           ['heap used', live ? fmtBytes(live.heap_used_bytes) : DASH],
           ['total memory', node.memory ? fmtBytes(node.memory.total_bytes) : DASH]]
           .map(([k, v]) => el('div', null, el('dt', null, k), el('dd', { dataset: { fact: k } }, v))));

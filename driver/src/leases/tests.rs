@@ -1,0 +1,157 @@
+//! The driver's local view of its leases, without a cluster: placing inside leases by the
+//! leader's policy, and which leases go back when.
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn node(id: u64) -> NodeId {
+    NodeId::new(id)
+}
+
+fn lease(id: u128, on: u64, cpus: u64, heap: u64) -> Lease {
+    Lease {
+        id: LeaseId::new(id),
+        job: JobId::new(1),
+        node: node(on),
+        resources: Resources {
+            cpu_millis: cpus * 1000,
+            heap_bytes: heap,
+        },
+    }
+}
+
+fn task(strategy: Strategy) -> PlacementRequest {
+    PlacementRequest {
+        cpu_millis: 1000,
+        memory_hint: 0,
+        strategy,
+        preferred: Vec::new(),
+        requester: None,
+    }
+}
+
+fn one_cpu(heap: u64) -> Resources {
+    Resources {
+        cpu_millis: 1000,
+        heap_bytes: heap,
+    }
+}
+
+#[test]
+fn tasks_spread_over_the_leases_and_wait_when_every_one_is_full() {
+    let mut book = LeaseBook::new();
+    book.add(lease(1, 1, 1, 0));
+    book.add(lease(2, 2, 1, 0));
+    book.add(lease(3, 2, 1, 0));
+    let spread = task(Strategy::Spread);
+    let mut placed: Vec<u64> = (0..3)
+        .map(|_| book.place(&spread, Reach::FirstChoice).unwrap().get())
+        .collect();
+    placed.sort_unstable();
+    assert_eq!(placed, [1, 2, 2]);
+    assert_eq!(book.place(&spread, Reach::FirstChoice), None);
+    book.free(node(2), one_cpu(0));
+    assert_eq!(book.place(&spread, Reach::FirstChoice), Some(node(2)));
+    // A memory hint fits only where the leases hold that much heap.
+    book.add(lease(4, 1, 1, GIB));
+    let mut hinted = task(Strategy::Spread);
+    hinted.memory_hint = 2 * GIB;
+    assert_eq!(book.place(&hinted, Reach::FirstChoice), None);
+    hinted.memory_hint = GIB;
+    assert_eq!(book.place(&hinted, Reach::FirstChoice), Some(node(1)));
+}
+
+#[test]
+fn a_task_the_policy_wants_elsewhere_asks_the_leader_instead_of_using_a_lease() {
+    let mut book = LeaseBook::new();
+    book.add(lease(1, 1, 4, 0));
+    // Its input lies on node 2, which the job holds no lease on.
+    let mut local = task(Strategy::Default);
+    local.preferred = vec![(node(2), 100), (node(1), 10)];
+    assert_eq!(book.place(&local, Reach::FirstChoice), None);
+    // Once the leader had no room on node 2, any lease will do.
+    assert_eq!(book.place(&local, Reach::Anywhere), Some(node(1)));
+    local.preferred = vec![(node(1), 100), (node(2), 10)];
+    assert_eq!(book.place(&local, Reach::FirstChoice), Some(node(1)));
+    // Affinity, soft or hard, is to that node only here.
+    for soft in [true, false] {
+        let pinned = task(Strategy::NodeAffinity {
+            node: node(2),
+            soft,
+        });
+        assert_eq!(book.place(&pinned, Reach::FirstChoice), None);
+    }
+    let soft = task(Strategy::NodeAffinity {
+        node: node(2),
+        soft: true,
+    });
+    assert_eq!(book.place(&soft, Reach::Anywhere), Some(node(1)));
+    let hard = task(Strategy::NodeAffinity {
+        node: node(2),
+        soft: false,
+    });
+    assert_eq!(book.place(&hard, Reach::Anywhere), None);
+}
+
+#[test]
+fn a_recalled_lease_takes_no_new_task_and_goes_back_once_the_node_use_fits_the_rest() {
+    let mut book = LeaseBook::new();
+    book.add(lease(1, 1, 1, 0));
+    book.add(lease(2, 1, 1, 0));
+    let spread = task(Strategy::Spread);
+    assert_eq!(book.place(&spread, Reach::FirstChoice), Some(node(1)));
+    assert_eq!(book.place(&spread, Reach::FirstChoice), Some(node(1)));
+    book.recall(LeaseId::new(1));
+    // Two tasks run in what is now one lease's capacity: nothing new goes in, nothing goes back.
+    assert_eq!(book.capacity(node(1)), one_cpu(0));
+    assert!(book.returnable().is_empty());
+    book.free(node(1), one_cpu(0));
+    assert_eq!(book.place(&spread, Reach::FirstChoice), None);
+    assert_eq!(book.returnable(), vec![LeaseId::new(1)]);
+    assert_eq!(book.len(), 1);
+    // The other lease still holds the running task.
+    assert!(book.idle().is_empty());
+}
+
+#[test]
+fn leases_beyond_the_last_intervals_peak_go_back_and_the_peak_starts_again() {
+    let mut book = LeaseBook::new();
+    for id in 1..=4 {
+        book.add(lease(id, 1, 1, 0));
+    }
+    let spread = task(Strategy::Spread);
+    for _ in 0..3 {
+        book.place(&spread, Reach::FirstChoice).unwrap();
+    }
+    book.free(node(1), one_cpu(0));
+    book.free(node(1), one_cpu(0));
+    // Three ran at once this interval: the fourth lease goes back.
+    assert_eq!(book.idle().len(), 1);
+    assert_eq!(book.len(), 3);
+    // The next interval's peak is the one task still running: two more go back.
+    assert_eq!(book.idle().len(), 2);
+    // It ran during the next interval too, so its lease stays for one more.
+    book.free(node(1), one_cpu(0));
+    assert!(book.idle().is_empty());
+    assert_eq!(book.idle().len(), 1);
+    assert!(book.is_empty());
+    assert_eq!(book.used(node(1)), Resources::default());
+}
+
+#[test]
+fn a_dead_nodes_leases_are_forgotten_and_its_tasks_freeing_late_change_nothing() {
+    let mut book = LeaseBook::new();
+    book.add(lease(1, 1, 1, 0));
+    book.add(lease(2, 2, 1, 0));
+    let spread = task(Strategy::Spread);
+    let first = book.place(&spread, Reach::FirstChoice).unwrap();
+    assert_eq!(book.forget_node(first), 1);
+    book.free(first, one_cpu(0));
+    assert_eq!(book.len(), 1);
+    let others: Vec<NodeId> = book.all().iter().map(|lease| lease.node).collect();
+    assert!(!others.contains(&first));
+    assert_ne!(book.place(&spread, Reach::FirstChoice), Some(first));
+    assert_eq!(book.drain().len(), 1);
+    assert!(book.is_empty());
+}
