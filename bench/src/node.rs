@@ -8,28 +8,47 @@
 //!   (a throwaway CA, mutual TLS between the nodes), its runs interleaved with the plaintext
 //!   ones, and `tls_to_plaintext`, the ratio of the two;
 //! - `empty_tasks_per_s`: tasks that do nothing, sent by concurrent clients to one node and run
-//!   by its worker processes (RPC to the agent, Unix socket to a worker and back).
+//!   by its worker processes (RPC to the agent, Unix socket to a worker and back);
+//! - `leased_tasks_per_s_per_node`: the same tasks placed as a job's driver places them, in
+//!   leases the scheduler's leader granted the bench's job (`floe_driver::leases`, the driver's
+//!   own code), each asking a sixteenth of a CPU so 32 run at once; and
+//!   `leased_cpu_tasks_per_s_per_node` with a whole CPU each, as the driver's tasks ask (two at
+//!   once on two CPUs). The leader must reserve nothing on the node after each run, or the
+//!   bench fails.
 //!
 //! Both send real stage tasks, as a job's driver does: the object is one block made by a
 //! range stage, and an empty task is a range stage over no ids. (The test-only task kinds
 //! stay out of the binary the benchmarks start.) Each figure is the median of several runs
 //! (one with `--quick`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use floe_api::client::SchedulerClient;
+use floe_api::lease::{Lease, LeaseGrants, LeaseStanding};
 use floe_api::node_protocol::{
     NodeProtocol, NodeRequest, NodeResponse, OutputRef, TaskKind, TaskSpec,
+};
+use floe_api::placement::{PlacementRequest, Strategy};
+use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::state::{
+    Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
 };
 use floe_client::local::{LocalCredentials, LocalNode, LocalNodeConfig};
 use floe_client::local::{LocalSchedulers, LocalSchedulersConfig};
 use floe_core::TaskId;
+use floe_core::auth::Credential;
 use floe_core::config::{Config, TlsConfig};
+use floe_core::job::{JobOptions, JobSpec, JobStats};
 use floe_core::plan::LogicalPlan;
 use floe_core::plan::physical::PhysicalPlan;
 use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RpcClient, WireConfig};
+use floe_core::{JobId, LeaseId, NodeId, SubmissionId};
+use floe_driver::leases::{JobLeases, LeaseService, LeaseStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{gbps, print_figure};
@@ -315,47 +334,382 @@ pub fn run_tasks(quick: bool, config: &Config) -> anyhow::Result<()> {
     runtime()?.block_on(measure_tasks(config, tasks, runs))
 }
 
+/// What each leased empty task asks for: a sixteenth of a CPU, so that 32 run at once on the
+/// node's two, as the direct figure's 32 clients do. A real driver's task asks a whole CPU
+/// ([`WHOLE_TASK_CPU_MILLIS`]), which the second leased figure uses.
+const LIGHT_TASK_CPU_MILLIS: u64 = 1000 / 16;
+const WHOLE_TASK_CPU_MILLIS: u64 = 1000;
+/// The target for tasks placed in leases, per node (issue #26).
+const LEASED_TASKS_TARGET_PER_S: f64 = 20_000.0;
+
 async fn measure_tasks(config: &Config, tasks: usize, runs: usize) -> anyhow::Result<()> {
     let mut bench = Bench::start(config, "tasks", Transport::Plaintext).await?;
+    // The bench drives a job before the node joins, so the leader picks it as the driver (it
+    // offers nothing to lease, so every lease is on the node).
+    let driver = Arc::new(BenchDriver::start(&bench).await?);
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
     let workers = u32::try_from(cpus).unwrap_or(1);
-    let node = bench.add_node(workers, &[]).await?;
-    let mut rates = Vec::new();
+    let node_addr = bench.add_node(workers, &[]).await?;
+    let node = driver.node_at(&node_addr).await?;
+    let mut direct = Vec::new();
+    let mut light = Vec::new();
+    let mut whole = Vec::new();
+    let mut stats = Vec::new();
     for run in 0..runs {
-        let start = Instant::now();
-        let mut clients = tokio::task::JoinSet::new();
-        for client in 0..TASK_CLIENTS {
-            let mut connection = RpcClient::<NodeProtocol>::connect(&node, bench.wire()).await?;
-            let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
-            clients.spawn(async move {
-                for index in 0..share {
-                    let id = ((run as u128) << 64) | ((client as u128) << 32) | index as u128;
-                    let spec = range_task(TaskId::new(id), 0)?;
-                    match connection.call(&NodeRequest::RunTask(spec)).await? {
-                        NodeResponse::Task {
-                            result: Ok(outputs),
-                            ..
-                        } if outputs.is_empty() => {}
-                        other => anyhow::bail!("an empty task failed: {other:?}"),
-                    }
-                }
-                anyhow::Ok(())
-            });
+        direct.push(direct_run(&bench, &node_addr, tasks, run).await?);
+        for (cpu_millis, rates) in [
+            (LIGHT_TASK_CPU_MILLIS, &mut light),
+            (WHOLE_TASK_CPU_MILLIS, &mut whole),
+        ] {
+            let (rate, run_stats) =
+                leased_run(&bench, &driver, node, &node_addr, tasks, cpu_millis, run).await?;
+            rates.push(rate);
+            stats.push(run_stats);
         }
-        while let Some(joined) = clients.join_next().await {
-            joined??;
-        }
-        rates.push(tasks as f64 / start.elapsed().as_secs_f64());
+        driver.nothing_left_on(node).await?;
     }
+    driver.finish().await?;
+    let direct = median(&mut direct);
+    let light = median(&mut light);
+    let granted: u64 = stats.iter().map(|stats| stats.granted).sum();
+    let asks: u64 = stats.iter().map(|stats| stats.asks).sum();
+    let placed: u64 = stats.iter().map(|stats| stats.placed).sum();
+    let renewals: u64 = stats.iter().map(|stats| stats.renewals).sum();
+    let returned: u64 = stats.iter().map(|stats| stats.returned).sum();
     print_figure(
         "tasks",
         "empty_tasks_per_s",
-        median(&mut rates),
+        direct,
         "1/s",
         &[
             ("workers", workers.into()),
             ("clients", TASK_CLIENTS.into()),
         ],
     );
+    print_figure(
+        "tasks",
+        "leased_tasks_per_s_per_node",
+        light,
+        "1/s",
+        &[
+            ("nodes", 1.into()),
+            ("workers", workers.into()),
+            ("task_cpu_millis", LIGHT_TASK_CPU_MILLIS.into()),
+            ("target", LEASED_TASKS_TARGET_PER_S.into()),
+            ("met", (light >= LEASED_TASKS_TARGET_PER_S).into()),
+        ],
+    );
+    print_figure(
+        "tasks",
+        "leased_cpu_tasks_per_s_per_node",
+        median(&mut whole),
+        "1/s",
+        &[
+            ("nodes", 1.into()),
+            ("workers", workers.into()),
+            ("task_cpu_millis", WHOLE_TASK_CPU_MILLIS.into()),
+        ],
+    );
+    print_figure("tasks", "leased_to_direct", light / direct, "ratio", &[]);
+    // What the leader was asked, over every leased run: a handful of calls, not one per task.
+    print_figure(
+        "tasks",
+        "leader_calls_per_task",
+        asks as f64 / placed.max(1) as f64,
+        "ratio",
+        &[
+            ("tasks", placed.into()),
+            ("lease_asks", asks.into()),
+            ("leases_granted", granted.into()),
+            ("renewals", renewals.into()),
+            ("leases_returned", returned.into()),
+        ],
+    );
     Ok(())
+}
+
+/// Empty tasks sent straight to the node by `TASK_CLIENTS` clients; tasks per second.
+async fn direct_run(bench: &Bench, node: &str, tasks: usize, run: usize) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for client in 0..TASK_CLIENTS {
+        let mut connection = RpcClient::<NodeProtocol>::connect(node, bench.wire()).await?;
+        let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
+        clients.spawn(async move {
+            for index in 0..share {
+                let spec = range_task(task_id(0, run, client, index), 0)?;
+                run_empty(&mut connection, spec).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(joined) = clients.join_next().await {
+        joined??;
+    }
+    Ok(tasks as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Empty tasks placed as a job's driver places them, in leases the leader grants the bench's
+/// job (asking `cpu_millis` each), each sent to the node its slot is on; tasks per second and
+/// what the leases cost.
+async fn leased_run(
+    bench: &Bench,
+    driver: &Arc<BenchDriver>,
+    node: NodeId,
+    node_addr: &str,
+    tasks: usize,
+    cpu_millis: u64,
+    run: usize,
+) -> anyhow::Result<(f64, LeaseStats)> {
+    let leases = Arc::new(JobLeases::new(Arc::clone(driver), driver.job));
+    let start = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for client in 0..TASK_CLIENTS {
+        let mut connection = RpcClient::<NodeProtocol>::connect(node_addr, bench.wire()).await?;
+        let share = tasks / TASK_CLIENTS + usize::from(client < tasks % TASK_CLIENTS);
+        let leases = Arc::clone(&leases);
+        let requester = driver.node;
+        clients.spawn(async move {
+            for index in 0..share {
+                let request = PlacementRequest {
+                    cpu_millis,
+                    memory_hint: 0,
+                    strategy: Strategy::Spread,
+                    preferred: Vec::new(),
+                    requester: Some(requester),
+                };
+                let slot = leases.place(request).await?;
+                anyhow::ensure!(
+                    slot.node() == node,
+                    "a task was placed on node {}, which offers nothing",
+                    slot.node()
+                );
+                let kind = 1 + usize::from(cpu_millis == WHOLE_TASK_CPU_MILLIS);
+                let spec = range_task(task_id(kind, run, client, index), 0)?;
+                run_empty(&mut connection, spec).await?;
+                drop(slot);
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(joined) = clients.join_next().await {
+        joined??;
+    }
+    let rate = tasks as f64 / start.elapsed().as_secs_f64();
+    let stats = leases.stats();
+    anyhow::ensure!(
+        stats.placed == tasks as u64,
+        "{} of {tasks} tasks were placed",
+        stats.placed
+    );
+    leases.close().await;
+    Ok((rate, stats))
+}
+
+/// A task id unique to (figure, run, client, index).
+fn task_id(kind: usize, run: usize, client: usize, index: usize) -> TaskId {
+    TaskId::new(
+        ((kind as u128) << 96) | ((run as u128) << 64) | ((client as u128) << 32) | index as u128,
+    )
+}
+
+async fn run_empty(connection: &mut RpcClient<NodeProtocol>, spec: TaskSpec) -> anyhow::Result<()> {
+    match connection.call(&NodeRequest::RunTask(spec)).await? {
+        NodeResponse::Task {
+            result: Ok(outputs),
+            ..
+        } if outputs.is_empty() => Ok(()),
+        other => anyhow::bail!("an empty task failed: {other:?}"),
+    }
+}
+
+/// The bench acting as one job's driver: a node registered with nothing to lease, kept alive
+/// by its heartbeats, which the leader chose to drive the job. It asks for, renews and
+/// returns leases with that node's ticket, as a driver's node does.
+struct BenchDriver {
+    node: NodeId,
+    job: JobId,
+    addrs: Vec<String>,
+    /// Presents the driver node's ticket.
+    wire: WireConfig,
+    pool: std::sync::Mutex<Vec<SchedulerClient>>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl BenchDriver {
+    async fn start(bench: &Bench) -> anyhow::Result<Self> {
+        let addrs = bench.cluster.addrs();
+        let config = bench.credentials.config();
+        let wire = WireConfig::member(&config).with_tls(&bench.tls);
+        let mut member = SchedulerClient::new(addrs.clone(), wire.clone())?;
+        let (node, ticket) = member
+            .register_node(
+                NodeAddresses::default(),
+                Resources::default(),
+                NodeMemory::default(),
+                BTreeMap::new(),
+            )
+            .await?;
+        wire.identity.set(Credential::Node {
+            secret: bench.credentials.cluster_secret.clone(),
+            id: node,
+            ticket,
+        });
+        let mut beat = SchedulerClient::new(addrs.clone(), wire.clone())?;
+        let heartbeat = tokio::spawn(async move {
+            loop {
+                // A missed one is made up by the next; the node timeout is five of them.
+                let _ = beat.heartbeat(node, ResourceUsage::default()).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let mut client = SchedulerClient::new(addrs.clone(), WireConfig::client(&config))?;
+        let spec = JobSpec {
+            plan: floe_client::Dataset::range(1)?.plan().resolve_seeds()?,
+            options: JobOptions::default(),
+        }
+        .encode()?;
+        let job = client
+            .submit_job(spec, SubmissionId::random(), Some("bench-tasks".into()))
+            .await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let record = client.watch_job(job, Duration::ZERO).await?;
+            match record {
+                Some(record) if record.driver == Some(node) => break,
+                Some(record) if record.driver.is_some() => {
+                    anyhow::bail!(
+                        "job {job} is driven by node {:?}, not the bench",
+                        record.driver
+                    )
+                }
+                _ => {}
+            }
+            anyhow::ensure!(Instant::now() < deadline, "job {job} got no driver");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            node,
+            job,
+            addrs,
+            wire,
+            pool: std::sync::Mutex::new(Vec::new()),
+            heartbeat,
+        })
+    }
+
+    fn client(&self) -> floe_driver::Result<SchedulerClient> {
+        let pooled = self
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        match pooled {
+            Some(client) => Ok(client),
+            None => Ok(SchedulerClient::new(self.addrs.clone(), self.wire.clone())?),
+        }
+    }
+
+    fn give_back(&self, client: SchedulerClient) {
+        self.pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(client);
+    }
+
+    /// The id of the node at `addr`, once the leader has heard from it (only then does it
+    /// lease anything there).
+    async fn node_at(&self, addr: &str) -> anyhow::Result<NodeId> {
+        let mut client = self.client()?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let (_, nodes) = client.alive_nodes().await?;
+            if let Some(node) = nodes.iter().find(|node| node.rpc == addr) {
+                let reports = client.node_reports().await?;
+                if reports.contains_key(&node.id) {
+                    return Ok(node.id);
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the node at {addr} never joined");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Checks that the leader reserves nothing on `node` once the job's leases are returned.
+    async fn nothing_left_on(&self, node: NodeId) -> anyhow::Result<()> {
+        let mut client = self.client()?;
+        let report = client
+            .node_reports()
+            .await?
+            .remove(&node)
+            .context("the node has no report")?;
+        anyhow::ensure!(
+            report.reserved == Resources::default() && report.leases.is_empty(),
+            "the leader still reserves {:?} on node {node} ({:?})",
+            report.reserved,
+            report.leases
+        );
+        self.give_back(client);
+        Ok(())
+    }
+
+    /// Ends the job as its driver would.
+    async fn finish(&self) -> anyhow::Result<()> {
+        let mut client = self.client()?;
+        let outcome = JobOutcome {
+            status: JobStatus::Succeeded,
+            stats: JobStats {
+                attempt: 1,
+                ..JobStats::default()
+            },
+            outputs: Vec::new(),
+        };
+        let finish = Command::FinishJob {
+            job: self.job,
+            attempt: 1,
+            outcome,
+        };
+        match client.propose(finish).await? {
+            Outcome::Applied => Ok(()),
+            other => anyhow::bail!("the bench's job did not finish: {other:?}"),
+        }
+    }
+}
+
+impl Drop for BenchDriver {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+impl LeaseService for BenchDriver {
+    async fn acquire_leases(
+        &self,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        wait: Duration,
+    ) -> floe_driver::Result<LeaseGrants> {
+        let mut client = self.client()?;
+        let grants = client.acquire_leases(job, requests, wait).await?;
+        self.give_back(client);
+        Ok(grants)
+    }
+
+    async fn renew_leases(
+        &self,
+        job: JobId,
+        leases: Vec<Lease>,
+    ) -> floe_driver::Result<Vec<LeaseStanding>> {
+        let mut client = self.client()?;
+        let standings = client.renew_leases(job, leases).await?;
+        self.give_back(client);
+        Ok(standings)
+    }
+
+    async fn return_leases(&self, job: JobId, leases: Vec<LeaseId>) -> floe_driver::Result<()> {
+        let mut client = self.client()?;
+        client.return_leases(job, leases).await?;
+        self.give_back(client);
+        Ok(())
+    }
 }

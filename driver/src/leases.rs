@@ -541,11 +541,6 @@ impl<S: LeaseService> JobLeases<S> {
         self.shared.lock().stats
     }
 
-    /// How many leases the job holds now.
-    pub fn held(&self) -> usize {
-        self.shared.lock().book.len()
-    }
-
     /// Ends the job's leases: waiting tasks are refused, background work stops and every
     /// lease is returned.
     pub async fn close(&self) {

@@ -303,14 +303,11 @@ impl Shared {
         for object in reloaded {
             self.unload_again(object);
         }
-        if let Err(
-            TaskFailure::Cancelled
-            | TaskFailure::OutOfMemory { .. }
-            | TaskFailure::WorkerDied { .. },
-        ) = &outputs
-        {
-            // The worker was killed mid-task: its children may still be busy with the batch
-            // (or be what used the memory).
+        if outputs.is_err() {
+            // No child of a failed task is leased again: a killed worker's children may still
+            // be busy with the batch (or be what used the memory), and a child that crashed
+            // may not be reaped yet when a retry, placed at once in the job's lease, asks for
+            // one. Each attempt gets a new process.
             leases.iter_mut().for_each(Lease::discard);
         }
         if !leases.is_empty() {
