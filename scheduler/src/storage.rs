@@ -278,6 +278,9 @@ pub struct Written {
     snapshot: u64,
     /// A next WAL prepared for the snapshot at `.0`, holding its entries up to `.1`.
     next_wal: Option<(u64, u64)>,
+    /// The log kept a prepared next WAL and has not moved to it yet: its file must not be
+    /// touched until it has (see [`DiskLog::persist`]).
+    switching: bool,
 }
 
 impl SnapshotWriter {
@@ -291,8 +294,9 @@ impl SnapshotWriter {
     }
 
     /// Writes `snapshot`, then the start of the WAL that follows it: `entries`, the committed
-    /// ones after the snapshot, so that [`LogStore::compact`] only appends what came since
-    /// and swaps the files, one fsync instead of rewriting the WAL on the Raft task.
+    /// ones after the snapshot. Keeping the snapshot ([`LogStore::compact`]) then writes
+    /// nothing: the log's next write appends what came since to this file instead of the
+    /// WAL, with the one fsync that write makes anyway, and renames it over the WAL.
     pub fn prepare(&self, snapshot: &Snapshot, entries: &[Entry]) -> Result<()> {
         let SnapshotWriter::File { dir, written } = self else {
             return Ok(());
@@ -300,8 +304,10 @@ impl SnapshotWriter {
         let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
         write_snapshot_file(dir, &mut written, snapshot)?;
         let index = snapshot.get_metadata().index;
-        if written.snapshot != index {
-            return Ok(()); // A newer snapshot was installed meanwhile.
+        if written.snapshot != index || written.switching {
+            // A newer snapshot was installed meanwhile, or the log has yet to move to the last
+            // next WAL: keeping this snapshot rewrites the WAL instead.
+            return Ok(());
         }
         let mut bytes = Vec::new();
         for entry in entries {
@@ -318,16 +324,48 @@ impl SnapshotWriter {
         Ok(())
     }
 
-    /// The last entry of the next WAL prepared for the snapshot at `index`, if one is.
+    /// The last entry of the next WAL prepared for the snapshot at `index`, if one is; the
+    /// log is then switching to it until [`SnapshotWriter::switched`].
     fn take_prepared(&self, index: u64) -> Option<u64> {
         let SnapshotWriter::File { written, .. } = self else {
             return None;
         };
         let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
         match written.next_wal.take() {
-            Some((prepared, last)) if prepared == index => Some(last),
+            Some((prepared, last)) if prepared == index => {
+                written.switching = true;
+                Some(last)
+            }
             _ => None,
         }
+    }
+
+    /// The log has moved to the next WAL it kept: a later snapshot may prepare another.
+    fn switched(&self) {
+        if let SnapshotWriter::File { written, .. } = self {
+            written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .switching = false;
+        }
+    }
+
+    /// Removes a next WAL the log will not move to, so recovery never reads it; under the
+    /// lock, so that no snapshot being prepared is writing it meanwhile.
+    fn discard_next_wal(&self) -> Result<()> {
+        let SnapshotWriter::File { dir, written } = self else {
+            return Ok(());
+        };
+        let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = dir.join(WAL_NEXT_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(Error::io("removing", &path)(error)),
+        }
+        written.next_wal = None;
+        written.switching = false;
+        Ok(())
     }
 }
 
@@ -399,7 +437,8 @@ const TAG_HARD_STATE: u8 = 2;
 const TAG_SNAPSHOT: u8 = 3;
 const WAL_FILE: &str = "wal";
 /// The WAL being started after a snapshot; renamed over [`WAL_FILE`] once complete. Recovery
-/// reads it after `wal` when the rename did not last (it is not fsynced on the Raft task).
+/// reads it after `wal` when the rename did not last (the directory is not fsynced on the
+/// Raft task).
 const WAL_NEXT_FILE: &str = "wal.next";
 const SNAPSHOT_FILE: &str = "snapshot";
 const LOCK_FILE: &str = "lock";
@@ -506,6 +545,14 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io("syncing directory", dir))
 }
 
+/// A next WAL prepared by the snapshot writer and kept with its snapshot: it holds the
+/// committed entries after the snapshot up to `last`, durably, and nothing else yet.
+#[derive(Debug)]
+struct NextWal {
+    file: File,
+    last: u64,
+}
+
 /// The durable log: a [`MemoryLog`] for reads, mirrored by a WAL and a snapshot file.
 #[derive(Debug)]
 pub struct DiskLog {
@@ -515,6 +562,8 @@ pub struct DiskLog {
     buffer: Vec<u8>,
     lost_tail: Option<LostTail>,
     snapshot_file: SnapshotWriter,
+    /// The next WAL of a kept snapshot, which the next write moves to.
+    next_wal: Option<NextWal>,
     /// Held while the log is open: two replicas writing one log would corrupt it. The OS
     /// releases it when the process dies, however it dies.
     _lock: File,
@@ -613,7 +662,7 @@ impl DiskLog {
             dir: dir.to_owned(),
             written: Arc::new(Mutex::new(Written {
                 snapshot: memory.snapshot_index(),
-                next_wal: None,
+                ..Written::default()
             })),
         };
         let mut log = Self {
@@ -623,6 +672,7 @@ impl DiskLog {
             buffer: Vec::new(),
             lost_tail,
             snapshot_file,
+            next_wal: None,
             _lock: lock,
         };
         if next_wal {
@@ -637,17 +687,15 @@ impl DiskLog {
         &self.memory
     }
 
-    /// Completes the next WAL, which holds the entries up to `last`: appends the entries
-    /// after it and the hard state, fsyncs, and renames it over the WAL. The rename is not
-    /// fsynced here; until it lasts, recovery reads `wal.next` after `wal`.
-    fn swap_in_next_wal(&mut self, last: u64) -> Result<()> {
+    /// Moves to the next WAL with this write: appends to it every entry after its `last`
+    /// (those written to the old WAL since the snapshot was copied, then this write's) and
+    /// the hard state, fsyncs once (the fsync this write makes anyway), and renames it over
+    /// the WAL. `memory` already holds this write. The rename is not fsynced; until it lasts,
+    /// recovery reads `wal.next` after `wal`.
+    fn switch_to_next_wal(&mut self, mut next: NextWal) -> Result<()> {
         let next_path = self.dir.join(WAL_NEXT_FILE);
-        let mut next = OpenOptions::new()
-            .append(true)
-            .open(&next_path)
-            .map_err(Error::io("opening", &next_path))?;
         self.buffer.clear();
-        let after = (last - self.memory.snapshot_index()) as usize;
+        let after = (next.last - self.memory.snapshot_index()) as usize;
         for entry in &self.memory.entries[after..] {
             encode_record(
                 TAG_ENTRY,
@@ -657,12 +705,16 @@ impl DiskLog {
         }
         let hard_state = encode_message(&self.memory.hard_state, "hard state")?;
         encode_record(TAG_HARD_STATE, &hard_state, &mut self.buffer)?;
-        next.write_all(&self.buffer)
+        next.file
+            .write_all(&self.buffer)
             .map_err(Error::io("appending to", &next_path))?;
-        next.sync_data().map_err(Error::io("syncing", &next_path))?;
+        next.file
+            .sync_data()
+            .map_err(Error::io("syncing", &next_path))?;
         let wal_path = self.dir.join(WAL_FILE);
         std::fs::rename(&next_path, &wal_path).map_err(Error::io("renaming", &next_path))?;
-        self.wal = next;
+        self.wal = next.file;
+        self.snapshot_file.switched();
         Ok(())
     }
 
@@ -722,6 +774,17 @@ impl LogStore for DiskLog {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
+        if let Some(next) = self.next_wal.take() {
+            self.memory.persist(entries, hard_state)?;
+            if entries.first().is_some_and(|first| first.index <= next.last) {
+                // Only a new leader's entries replace a suffix, and the next WAL holds
+                // committed entries only; should it happen anyway, start afresh.
+                drop(next);
+                self.snapshot_file.discard_next_wal()?;
+                return self.rewrite_wal();
+            }
+            return self.switch_to_next_wal(next);
+        }
         self.buffer.clear();
         for entry in entries {
             let body = encode_message(entry, "log entry")?;
@@ -743,6 +806,8 @@ impl LogStore for DiskLog {
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.next_wal = None;
+        self.snapshot_file.discard_next_wal()?;
         self.snapshot_file.write(&snapshot)?;
         self.memory
             .install_snapshot(snapshot)
@@ -750,6 +815,8 @@ impl LogStore for DiskLog {
         self.rewrite_wal()
     }
 
+    /// With a next WAL prepared for this snapshot, keeping it writes nothing: the next write
+    /// moves to that WAL. Without one, the snapshot file and the WAL are rewritten here.
     fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
         let index = snapshot.get_metadata().index;
         if index <= self.memory.snapshot_index() {
@@ -757,12 +824,22 @@ impl LogStore for DiskLog {
         }
         match self.snapshot_file.take_prepared(index) {
             Some(last) if (index..=self.memory.last()).contains(&last) => {
-                self.swap_in_next_wal(last)?;
+                let next_path = self.dir.join(WAL_NEXT_FILE);
+                let file = OpenOptions::new()
+                    .append(true)
+                    .open(&next_path)
+                    .map_err(Error::io("opening", &next_path))?;
                 self.memory
                     .compact_to(snapshot)
-                    .map_err(Error::LogInvariant)
+                    .map_err(Error::LogInvariant)?;
+                self.next_wal = Some(NextWal { file, last });
+                Ok(())
             }
             _ => {
+                // A next WAL prepared for this snapshot that does not fit the log, or one the
+                // log has yet to move to: the rewritten WAL replaces both.
+                self.next_wal = None;
+                self.snapshot_file.discard_next_wal()?;
                 self.snapshot_file.write(&snapshot)?;
                 self.memory
                     .compact_to(snapshot)

@@ -752,8 +752,11 @@ impl<S: LogStore> RaftLoop<S> {
 
     /// Keeps a snapshot built off the Raft task, and starts the next one once
     /// `snapshot_entries` entries were applied since the last. Only the copy of the state
-    /// (O(1): its maps are persistent) and dropping the covered entries run here; the
-    /// encoding and the fsynced file, which grow with the state, run on a blocking thread.
+    /// (O(1): its maps are persistent) and dropping the covered entries from memory run
+    /// here; the encoding, the snapshot file and the start of the next WAL, which grow with
+    /// the state, are written and fsynced on a blocking thread, and the log moves to that WAL
+    /// with its next write's own fsync (`DiskLog::persist`), so keeping a snapshot makes no
+    /// fsync on this task.
     fn maybe_compact(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.snapshot_build, SnapshotBuild::Idle) {
             SnapshotBuild::Running => {
