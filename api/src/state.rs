@@ -795,13 +795,17 @@ impl ClusterState {
 
     /// Running jobs whose driver is on `node`, with their attempt numbers.
     pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
-        self.drivers
-            .get(&node)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.jobs.get(id))
-            .map(|job| (job.id, job.attempts))
-            .collect()
+        drivers_on(&self.drivers, &self.jobs, node)
+    }
+
+    /// The nodes and who drives what, for answering heartbeats off the Raft task; O(1).
+    pub fn node_directory(&self) -> NodeDirectory {
+        NodeDirectory {
+            applied_index: self.applied_index,
+            nodes: self.nodes.clone(),
+            drivers: self.drivers.clone(),
+            jobs: self.jobs.clone(),
+        }
     }
 
     /// Whether `node` runs any job's driver.
@@ -848,6 +852,42 @@ impl ClusterState {
             }
         }
     }
+}
+
+/// The part of a [`ClusterState`] a node's heartbeat is answered from: which nodes are alive
+/// and which drivers each runs. Its maps share structure with the state's, so taking one is
+/// O(1) however many jobs and nodes there are.
+#[derive(Debug, Clone, Default)]
+pub struct NodeDirectory {
+    pub applied_index: u64,
+    nodes: OrdMap<NodeId, NodeRecord>,
+    drivers: OrdMap<NodeId, OrdSet<JobId>>,
+    jobs: OrdMap<JobId, Arc<JobRecord>>,
+}
+
+impl NodeDirectory {
+    pub fn is_alive(&self, node: NodeId) -> bool {
+        self.nodes.get(&node).is_some_and(NodeRecord::is_alive)
+    }
+
+    /// Running jobs whose driver is on `node`, with their attempt numbers.
+    pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
+        drivers_on(&self.drivers, &self.jobs, node)
+    }
+}
+
+fn drivers_on(
+    drivers: &OrdMap<NodeId, OrdSet<JobId>>,
+    jobs: &OrdMap<JobId, Arc<JobRecord>>,
+    node: NodeId,
+) -> Vec<(JobId, u32)> {
+    drivers
+        .get(&node)
+        .into_iter()
+        .flatten()
+        .filter_map(|id| jobs.get(id))
+        .map(|job| (job.id, job.attempts))
+        .collect()
 }
 
 /// Removes the actors `gone` picks (`OrdMap` has no `retain`).

@@ -82,6 +82,10 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     state.apply(7, 0, Command::StartDriver { job, node: b });
     assert_eq!(state.drivers_on(b), vec![(job, 2)]);
     assert!(state.drives_a_job(b) && !state.drives_a_job(a));
+    // What heartbeats are answered from, taken now: later commands leave it as it was.
+    let directory = state.node_directory();
+    assert_eq!(directory.applied_index, 7);
+    assert!(directory.is_alive(b) && !directory.is_alive(a));
     let finish = |attempt| Command::FinishJob {
         job,
         attempt,
@@ -95,6 +99,8 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     assert_eq!(state.jobs[&job].status, JobStatus::Succeeded);
     assert!(state.drivers_on(b).is_empty());
     assert!(state.drivers.is_empty(), "{:?}", state.drivers);
+    assert_eq!(directory.drivers_on(b), vec![(job, 2)]);
+    assert!(state.node_directory().drivers_on(b).is_empty());
     assert!(matches!(
         state.apply(10, 0, finish(2)),
         Some(Outcome::Rejected(_))

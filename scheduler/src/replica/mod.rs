@@ -13,17 +13,19 @@
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, resource reservations and the
-//! placement queue are the leader's soft state; a node's death is committed.
+//! placement queue are the leader's soft state; a node's death is committed. Heartbeats do
+//! not enter the loop at all: the RPC front answers them (the `heartbeats` module says how).
 //!
 //! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
-//! answers to requests; `placement` places tasks and keeps their reservations; `health`
+//! answers to requests; `heartbeats` the soft state heartbeats are recorded in and answered
+//! from; `placement` places tasks and keeps their reservations; `health`
 //! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
 //! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
 //! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
 //! Raft message before protobuf parses it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +41,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use self::config::port_of;
+use self::heartbeats::{Beats, Directory};
 use self::placement::{PlaceBatch, Reservation};
 use self::raft_guard::RaftGuard;
 use self::service::Service;
@@ -49,13 +52,14 @@ use crate::storage::LogStore;
 use crate::{Error, Result};
 use floe_api::placement::{PlacementQueue, PlacementRequest, ResourceView};
 use floe_api::scheduler_protocol::{
-    ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
+    SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
 use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
 use floe_core::wire::WireConfig;
 
 mod config;
 mod health;
+mod heartbeats;
 mod lifecycle;
 mod placement;
 mod raft_guard;
@@ -85,6 +89,8 @@ enum Input {
     /// A command of the leader's own housekeeping (a task it spawned reporting back): no peer
     /// sent it, so there is nobody to authorize.
     Housekeeping(Command),
+    /// A node's first heartbeat to this leader, recorded by the RPC front.
+    Heard(NodeId),
     Unreachable(u64),
     SnapshotSent {
         peer: u64,
@@ -129,6 +135,8 @@ impl Replica {
         let notices = Notices::new();
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
+        let directory = raft_loop.directory.subscribe();
+        let beats = Arc::clone(&raft_loop.beats);
         let raft_guard = RaftGuard::new(config.wire.max_frame, config.peers.keys().copied());
         let service = Arc::new(Service {
             inputs,
@@ -137,6 +145,8 @@ impl Replica {
             replicas: config.peers.keys().copied().collect(),
             authenticator: Arc::clone(&config.wire.authenticator),
             history: config.history.clone(),
+            directory,
+            beats,
         });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
@@ -230,14 +240,17 @@ struct RaftLoop<S: LogStore> {
     queue: PlacementQueue<(u64, usize, PlacementRequest)>,
     batches: BTreeMap<u64, PlaceBatch>,
     next_batch: u64,
-    /// When each node last heartbeated (soft state; hashed, so a heartbeat costs O(1) here).
-    last_seen: HashMap<NodeId, Instant>,
+    /// Heartbeats, recorded by the RPC front (see the `heartbeats` module).
+    beats: Arc<Beats>,
+    /// What the RPC front answers heartbeats from, republished after every turn that
+    /// changed it.
+    directory: watch::Sender<Arc<Directory>>,
+    /// Nodes named by `StartDriver`s applied this turn, announced once the directory that
+    /// holds them is published.
+    unannounced_drivers: Vec<NodeId>,
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
-    /// Each node's last reported usage; a node is in it once it has heartbeated to this
-    /// replica as leader, and only then do drivers and tasks go to it.
-    usage: HashMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
     /// Reservations not yet released, by the node that asked for them: a requester that dies
@@ -332,9 +345,10 @@ impl<S: LogStore> RaftLoop<S> {
             queue: PlacementQueue::default(),
             batches: BTreeMap::new(),
             next_batch: 0,
-            last_seen: HashMap::new(),
+            beats: Arc::new(Beats::default()),
+            directory: watch::Sender::new(Arc::new(Directory::default())),
+            unannounced_drivers: Vec::new(),
             last_health_check: Instant::now(),
-            usage: HashMap::new(),
             dying: BTreeSet::new(),
             leases: BTreeMap::new(),
             drivers_proposed: BTreeMap::new(),
@@ -383,6 +397,7 @@ impl<S: LogStore> RaftLoop<S> {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
             self.publish_state();
+            self.publish_directory();
         }
     }
 
@@ -428,6 +443,7 @@ impl<S: LogStore> RaftLoop<S> {
                     self.propose(command, None);
                 }
             }
+            Input::Heard(node) => self.first_heard(node),
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
             Input::SnapshotBuilt(built) => self.snapshot_build = SnapshotBuild::Built(built),
@@ -575,22 +591,11 @@ impl<S: LogStore> RaftLoop<S> {
     /// its node timeout. A node joins the view with its first heartbeat here.
     fn rebuild_view(&mut self) {
         self.view = ResourceView::new();
+        let beats = self.beats.lock();
         for node in self.state.alive_nodes() {
-            if self.usage.contains_key(&node.id) {
+            if beats.heard_from(node.id) {
                 self.view.upsert_node(node.id, node.resources);
             }
-        }
-    }
-
-    /// A heartbeat from `node`, alive in the state: the first since this replica led puts
-    /// the node in the view (and may place what waited for room).
-    fn heard_from(&mut self, node: NodeId, usage: ResourceUsage) {
-        self.last_seen.insert(node, Instant::now());
-        if self.usage.insert(node, usage).is_none()
-            && let Some(record) = self.state.nodes.get(&node)
-        {
-            self.view.upsert_node(node, record.resources);
-            self.retry_waiting();
         }
     }
 
@@ -638,8 +643,7 @@ impl<S: LogStore> RaftLoop<S> {
                         self.view
                             .release(lease.node, lease.cpu_millis, lease.memory_hint);
                     }
-                    self.last_seen.remove(&node);
-                    self.usage.remove(&node);
+                    self.beats.lock().forget(node);
                     self.view.remove_node(node);
                     self.retry_waiting();
                     if let Some(death) = self.state.deaths_after(entry.index - 1).pop() {
@@ -654,8 +658,7 @@ impl<S: LogStore> RaftLoop<S> {
                 (Effect::DriverStarted(job, node), outcome) => {
                     self.drivers_proposed.remove(&job);
                     if *outcome == Outcome::Applied {
-                        // No one listening is fine: the node's heartbeat carries it too.
-                        let _ = self.notices.drivers_started.send(node);
+                        self.unannounced_drivers.push(node);
                     }
                 }
                 (Effect::JobEnded(job), Outcome::Applied) => {
@@ -710,8 +713,9 @@ impl<S: LogStore> RaftLoop<S> {
             term = self.raw.raft.term,
             "raft role changed"
         );
-        self.last_seen.clear();
-        self.usage.clear();
+        self.beats
+            .lock()
+            .restart(leader.then_some(self.raw.raft.term));
         self.dying.clear();
         self.leases.clear();
         self.drivers_proposed.clear();
