@@ -387,7 +387,8 @@ pub enum Outcome {
 /// tree, never the whole map. They iterate in key order like `BTreeMap`, and encode the same.
 ///
 /// `unfinished`, `drivers`, `job_counts`, `ended` and `holding_outputs` are indexes derived
-/// from `jobs`, kept by `apply` (and by [`ClusterState::reindex`] for a state built by hand).
+/// from `jobs`, and `actors_by_job` from `actors`, kept by `apply` (and by
+/// [`ClusterState::reindex`] for a state built by hand).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
     /// The last log index applied; saved with the state so a restart never applies an entry
@@ -424,6 +425,8 @@ pub struct ClusterState {
     /// Succeeded jobs still holding output blocks nobody let go, by (when they ended, id), so
     /// the outputs due to expire are a prefix rather than a scan.
     pub holding_outputs: OrdSet<(u64, JobId)>,
+    /// Each job's actors, so a job's end removes its own without a scan of every actor.
+    pub actors_by_job: OrdMap<JobId, OrdSet<ActorId>>,
 }
 
 impl ClusterState {
@@ -538,15 +541,12 @@ impl ClusterState {
                 record.attempts += 1;
                 record.started_at_ms.get_or_insert(at_ms);
                 let actor = driver_actor(job, record.attempts);
-                self.actors.insert(
-                    actor,
-                    ActorRecord {
-                        id: actor,
-                        kind: DRIVER_ACTOR_KIND.to_owned(),
-                        node,
-                        job,
-                    },
-                );
+                self.add_actor(ActorRecord {
+                    id: actor,
+                    kind: DRIVER_ACTOR_KIND.to_owned(),
+                    node,
+                    job,
+                });
                 Outcome::Applied
             }
             Command::FinishJob {
@@ -593,7 +593,7 @@ impl ClusterState {
                 }
                 self.ended.insert((at_ms, job));
                 self.unfinished.remove(&job);
-                remove_actors(&mut self.actors, |actor| actor.job == job);
+                self.remove_job_actors(job);
                 Outcome::Applied
             }
             Command::CancelJob { job } => {
@@ -630,18 +630,15 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("job {job} is not running"));
                 }
-                self.actors.insert(
-                    actor,
-                    ActorRecord {
-                        id: actor,
-                        kind,
-                        node,
-                        job,
-                    },
-                );
+                self.add_actor(ActorRecord {
+                    id: actor,
+                    kind,
+                    node,
+                    job,
+                });
                 Outcome::Applied
             }
-            Command::RemoveActor { actor } => match self.actors.remove(&actor) {
+            Command::RemoveActor { actor } => match self.remove_actor(actor) {
                 Some(_) => Outcome::Applied,
                 None => Outcome::Rejected(format!("no actor {actor}")),
             },
@@ -747,7 +744,16 @@ impl ClusterState {
             at_ms,
             reason,
         };
-        remove_actors(&mut self.actors, |actor| actor.node == node);
+        // A node's death is rare; its actors are found by a scan.
+        let hosted: Vec<ActorId> = self
+            .actors
+            .values()
+            .filter(|actor| actor.node == node)
+            .map(|actor| actor.id)
+            .collect();
+        for actor in hosted {
+            self.remove_actor(actor);
+        }
         for by_count in self.cache.values_mut() {
             for entry in by_count.values_mut() {
                 entry.shards.retain(|_, shard| shard.node != node);
@@ -771,7 +777,9 @@ impl ClusterState {
         }
         // A dead driver's actors had nobody left to talk to them; the next attempt makes its
         // own.
-        remove_actors(&mut self.actors, |actor| orphaned.contains(&actor.job));
+        for job in &orphaned {
+            self.remove_job_actors(*job);
+        }
         Outcome::Applied
     }
 
@@ -824,15 +832,56 @@ impl ClusterState {
         self.nodes.values().filter(|node| node.is_alive())
     }
 
+    /// Records `actor` and indexes it under its job.
+    fn add_actor(&mut self, actor: ActorRecord) {
+        let (id, job) = (actor.id, actor.job);
+        if let Some(replaced) = self.actors.insert(id, actor)
+            && replaced.job != job
+        {
+            self.unindex_actor(&replaced);
+        }
+        self.actors_by_job.entry(job).or_default().insert(id);
+    }
+
+    fn remove_actor(&mut self, actor: ActorId) -> Option<ActorRecord> {
+        let removed = self.actors.remove(&actor)?;
+        self.unindex_actor(&removed);
+        Some(removed)
+    }
+
+    fn unindex_actor(&mut self, actor: &ActorRecord) {
+        if let Some(actors) = self.actors_by_job.get_mut(&actor.job) {
+            actors.remove(&actor.id);
+            if actors.is_empty() {
+                self.actors_by_job.remove(&actor.job);
+            }
+        }
+    }
+
+    /// Removes `job`'s actors, through the index.
+    fn remove_job_actors(&mut self, job: JobId) {
+        for actor in self.actors_by_job.remove(&job).unwrap_or_default() {
+            self.actors.remove(&actor);
+        }
+    }
+
     /// Recomputes the indexes derived from `jobs` (`unfinished`, `drivers`, `job_counts`,
-    /// `ended`, `holding_outputs`), for a state whose jobs were set field by field rather
-    /// than applied (test fixtures); `apply` keeps them without it.
+    /// `ended`, `holding_outputs`) and from `actors` (`actors_by_job`), for a state whose
+    /// jobs and actors were set field by field rather than applied (test fixtures); `apply`
+    /// keeps them without it.
     pub fn reindex(&mut self) {
         self.unfinished = OrdSet::new();
         self.drivers = OrdMap::new();
         self.job_counts = JobCounts::default();
         self.ended = OrdSet::new();
         self.holding_outputs = OrdSet::new();
+        self.actors_by_job = OrdMap::new();
+        for actor in self.actors.values() {
+            self.actors_by_job
+                .entry(actor.job)
+                .or_default()
+                .insert(actor.id);
+        }
         for job in self.jobs.values() {
             self.job_counts.add(&job.status);
             if !job.status.is_finished() {
@@ -890,17 +939,6 @@ fn drivers_on(
         .collect()
 }
 
-/// Removes the actors `gone` picks (`OrdMap` has no `retain`).
-fn remove_actors(actors: &mut OrdMap<ActorId, ActorRecord>, gone: impl Fn(&ActorRecord) -> bool) {
-    let picked: Vec<ActorId> = actors
-        .values()
-        .filter(|actor| gone(actor))
-        .map(|actor| actor.id)
-        .collect();
-    for actor in picked {
-        actors.remove(&actor);
-    }
-}
 
 /// Forgets that `node` runs `job`'s driver; a node running none leaves the index.
 fn remove_driver(drivers: &mut OrdMap<NodeId, OrdSet<JobId>>, node: NodeId, job: JobId) {

@@ -454,6 +454,8 @@ enum Step {
     Delete(u64),
     Prune { keep: u64, keep_for_ms: u64 },
     Expire { ttl_ms: u64 },
+    Actor { actor: u8, job: u64, node: u64 },
+    RemoveActor(u8),
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -470,6 +472,9 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         1 => (1..40u64).prop_map(Step::Delete),
         1 => (0..10u64, 0..200u64).prop_map(|(keep, keep_for_ms)| Step::Prune { keep, keep_for_ms }),
         1 => (0..200u64).prop_map(|ttl_ms| Step::Expire { ttl_ms }),
+        2 => (0..8u8, 1..40u64, 1..6u64)
+            .prop_map(|(actor, job, node)| Step::Actor { actor, job, node }),
+        1 => (0..8u8).prop_map(Step::RemoveActor),
     ]
 }
 
@@ -548,6 +553,16 @@ fn command_of(step: &Step, state: &ClusterState, at_ms: u64) -> Command {
             jobs: state.outputs_due_to_expire(ttl_ms, at_ms),
             ttl_ms,
         },
+        // Few actor ids, so that one is registered again, for another job too.
+        Step::Actor { actor, job, node } => Command::RegisterActor {
+            actor: ActorId::new(u128::from(actor)),
+            kind: "HashShuffleAggregator".into(),
+            node: NodeId::new(node),
+            job: JobId::new(job),
+        },
+        Step::RemoveActor(actor) => Command::RemoveActor {
+            actor: ActorId::new(u128::from(actor)),
+        },
     }
 }
 
@@ -584,7 +599,8 @@ fn due_by_scan(state: &ClusterState, at_ms: u64) -> (Vec<JobId>, Vec<JobId>) {
 
 proptest::proptest! {
     /// After any history of commands, the indexes `apply` keeps (counts, unfinished,
-    /// drivers, ended, holding outputs) equal the ones computed from the jobs alone; a copy
+    /// drivers, ended, holding outputs, actors by job) equal the ones computed from the jobs
+    /// and actors alone; no actor outlives its job's run; a copy
     /// taken earlier is untouched by the later writes (the maps share structure); and the
     /// snapshot round-trips.
     #[test]
@@ -603,6 +619,9 @@ proptest::proptest! {
             let mut scanned = state.clone();
             scanned.reindex();
             proptest::prop_assert_eq!(&scanned, &state);
+            for actor in state.actors.values() {
+                proptest::prop_assert!(state.jobs[&actor.job].status == JobStatus::Running);
+            }
             let mut counted = BTreeMap::new();
             for job in state.jobs.values() {
                 *counted.entry(job.status.name()).or_insert(0u64) += 1;
