@@ -13,6 +13,7 @@ use std::sync::Arc;
 use floe_core::job::{JobStats, OutputBlock};
 use floe_core::wire::codec;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+pub use imbl::ordmap::DiffItem;
 pub use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
@@ -258,6 +259,18 @@ pub struct CacheProvenance {
 /// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
 pub type CacheIndex = BTreeMap<String, BTreeMap<u32, CacheEntry>>;
 
+/// How a fingerprint's cached shards were used, replicated so it survives a replica's
+/// restart: counted when a job's end is applied (its stats name the shards each operator
+/// loaded), so it costs no command of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheUse {
+    /// Shards served to jobs, over every job that ended while the fingerprint was indexed.
+    pub hits: u64,
+    /// When a shard was last written or served, in milliseconds since the Unix epoch on the
+    /// clock of the leader that logged it.
+    pub last_used_ms: u64,
+}
+
 /// A committed node death, as published to subscribers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDeath {
@@ -427,6 +440,9 @@ pub struct ClusterState {
     pub holding_outputs: OrdSet<(u64, JobId)>,
     /// Each job's actors, so a job's end removes its own without a scan of every actor.
     pub actors_by_job: OrdMap<JobId, OrdSet<ActorId>>,
+    /// How each indexed fingerprint was used; an entry goes with the fingerprint's last shard.
+    /// Bounded by the cache index; a plain map.
+    pub cache_use: BTreeMap<String, CacheUse>,
 }
 
 impl ClusterState {
@@ -582,6 +598,15 @@ impl ClusterState {
                 }
                 self.job_counts.moved(&record.status, &outcome.status);
                 record.status = outcome.status;
+                for operator in &outcome.stats.operators {
+                    if let Some(fingerprint) = operator.fingerprint
+                        && operator.cache_hits > 0
+                        && let Some(used) = self.cache_use.get_mut(&fingerprint.to_string())
+                    {
+                        used.hits += operator.cache_hits;
+                        used.last_used_ms = at_ms;
+                    }
+                }
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
                 if let Some(node) = record.driver.take() {
@@ -661,6 +686,10 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("node {} is not alive", shard.node));
                 }
+                self.cache_use
+                    .entry(fingerprint.clone())
+                    .or_default()
+                    .last_used_ms = at_ms;
                 let entry = self
                     .cache
                     .entry(fingerprint)
@@ -684,7 +713,10 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::EvictCache { fingerprint } => match self.cache.remove(&fingerprint) {
-                Some(_) => Outcome::Applied,
+                Some(_) => {
+                    self.cache_use.remove(&fingerprint);
+                    Outcome::Applied
+                }
                 None => Outcome::Rejected(format!("no cache entry {fingerprint}")),
             },
             Command::ForgetCacheShard {
@@ -726,6 +758,7 @@ impl ClusterState {
         }
         if by_count.is_empty() {
             self.cache.remove(fingerprint);
+            self.cache_use.remove(fingerprint);
         }
         Outcome::Applied
     }
@@ -761,6 +794,9 @@ impl ClusterState {
             by_count.retain(|_, entry| !entry.shards.is_empty());
         }
         self.cache.retain(|_, by_count| !by_count.is_empty());
+        let cache = &self.cache;
+        self.cache_use
+            .retain(|fingerprint, _| cache.contains_key(fingerprint));
         // Its copies of released outputs went with it.
         for blocks in self.outputs_to_free.values_mut() {
             blocks.retain(|block| block.node != node);

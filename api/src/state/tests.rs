@@ -1,4 +1,5 @@
 use super::*;
+use floe_core::job::OperatorStats;
 
 fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
     let outcome = state
@@ -243,6 +244,69 @@ fn actors_belong_to_a_running_job_and_end_with_it() {
     };
     assert_eq!(state.apply(6, 0, finish), Some(Outcome::Applied));
     assert!(state.actors.is_empty(), "the job's actors end with it");
+}
+
+/// Cache hits are counted as a job's end is applied, from the shards its stats say each
+/// operator loaded, so every replica (and a restarted one, from its snapshot and log) shows
+/// the same counts; they go with the fingerprint's last shard.
+#[test]
+fn cache_hits_are_replicated_with_the_jobs_that_made_them_and_go_with_the_entry() {
+    let mut state = ClusterState::default();
+    let node = register(&mut state, 1, "a:1");
+    state.apply(2, 1_000, record_shard_of_two(0, node));
+    state.apply(3, 1_500, record_shard_of_two(1, node));
+    assert_eq!(
+        state.cache_use[&fingerprint(1)],
+        CacheUse {
+            hits: 0,
+            last_used_ms: 1_500
+        }
+    );
+    let loaded = |hits, fingerprint: &str| OperatorStats {
+        name: "range".into(),
+        fingerprint: Some(fingerprint.parse().unwrap()),
+        cache_hits: hits,
+        ..OperatorStats::default()
+    };
+    for (job, index, at_ms) in [(1u8, 4, 2_000), (2, 7, 3_000)] {
+        state.apply(index, at_ms, submit_job(job));
+        let id = JobId::new(u64::from(job));
+        state.apply(index + 1, at_ms, Command::StartDriver { job: id, node });
+        let outcome = JobOutcome {
+            stats: JobStats {
+                // A fingerprint the index does not hold counts nothing.
+                operators: vec![loaded(2, &fingerprint(1)), loaded(5, &fingerprint(9))],
+                ..JobStats::default()
+            },
+            ..succeeded()
+        };
+        let finish = Command::FinishJob {
+            job: id,
+            attempt: 1,
+            outcome,
+        };
+        assert_eq!(state.apply(index + 2, at_ms, finish), Some(Outcome::Applied));
+    }
+    assert_eq!(
+        state.cache_use[&fingerprint(1)],
+        CacheUse {
+            hits: 4,
+            last_used_ms: 3_000
+        }
+    );
+    assert!(!state.cache_use.contains_key(&fingerprint(9)));
+    let decoded = ClusterState::decode(&state.encode().unwrap()).unwrap();
+    assert_eq!(decoded.cache_use, state.cache_use);
+    let forget = |rank| Command::ForgetCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        node,
+    };
+    state.apply(10, 4_000, forget(0));
+    assert!(state.cache_use.contains_key(&fingerprint(1)));
+    state.apply(11, 4_000, forget(1));
+    assert!(state.cache_use.is_empty(), "{:?}", state.cache_use);
 }
 
 #[test]
