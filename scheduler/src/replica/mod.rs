@@ -104,6 +104,9 @@ enum Input {
 struct BuiltSnapshot {
     snapshot: Snapshot,
     timing: SnapshotTiming,
+    /// The jobs in the snapshot, and how many of them had finished.
+    jobs: u64,
+    finished_jobs: u64,
 }
 
 /// Whether a snapshot is being built off the Raft task; one at a time.
@@ -271,6 +274,12 @@ struct RaftLoop<S: LogStore> {
     last_published: Instant,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
+    /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
+    /// frame, so the state is held to half of it (see `lifecycle::finished_that_fit`).
+    max_frame: u64,
+    /// How many finished jobs the state can hold within that budget, as the last snapshot
+    /// measured it; the housekeeping keeps no more, whatever `jobs.keep_finished` says.
+    finished_that_fit: Option<u64>,
 }
 
 impl<S: LogStore> RaftLoop<S> {
@@ -359,6 +368,8 @@ impl<S: LogStore> RaftLoop<S> {
             last_published: Instant::now(),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
+            max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
+            finished_that_fit: None,
         })
     }
 
@@ -771,6 +782,8 @@ impl<S: LogStore> RaftLoop<S> {
                 let BuiltSnapshot {
                     snapshot,
                     mut timing,
+                    jobs,
+                    finished_jobs,
                 } = (*built)?;
                 let keep_started = Instant::now();
                 self.raw.mut_store().compact(snapshot)?;
@@ -786,6 +799,7 @@ impl<S: LogStore> RaftLoop<S> {
                     "snapshot taken, log compacted"
                 );
                 self.last_snapshot = Some(timing);
+                self.bound_finished_jobs(timing.bytes, jobs, finished_jobs);
             }
             SnapshotBuild::Idle => {}
         }
@@ -798,6 +812,9 @@ impl<S: LogStore> RaftLoop<S> {
         let copy_started = Instant::now();
         let state = self.state.clone();
         let copy_us = micros(copy_started.elapsed());
+        let counts = &state.job_counts;
+        let jobs = counts.total();
+        let finished_jobs = jobs - counts.pending - counts.running;
         let mut snapshot = Snapshot::default();
         let meta = snapshot.mut_metadata();
         meta.index = applied;
@@ -833,6 +850,8 @@ impl<S: LogStore> RaftLoop<S> {
                         started_at_ms,
                         finished_at_ms: 0,
                     },
+                    jobs,
+                    finished_jobs,
                 })
             });
             // The loop is gone only when the replica stops; the snapshot goes with it.

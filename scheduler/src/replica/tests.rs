@@ -861,3 +861,53 @@ async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history()
     beating.abort();
     drop(replicas);
 }
+
+/// A state past half of `net.max_frame` could no longer be sent to a follower that fell
+/// behind (one Raft message), nor read through `ReadState`: once a snapshot measures it past
+/// that budget, the leader moves the oldest finished jobs to the history, whatever
+/// `jobs.keep_finished` says, and the state fits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_nearing_the_frame_limit_sends_its_oldest_finished_jobs_to_the_history() {
+    let mut config = test_config();
+    config.net.max_frame = floe_core::config::ByteSize::mib(1);
+    config.jobs.keep_finished = 100_000;
+    config.scheduler.snapshot_entries = 20;
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let budget = config.net.max_frame.bytes() / 2;
+    // 120 cancelled jobs of 16 KiB each: about 1.9 MiB of state, with no node needed.
+    let mut jobs = Vec::new();
+    for n in 0..120u32 {
+        let spec = n.to_le_bytes().repeat(4096);
+        let job = client
+            .submit_job(spec, floe_core::SubmissionId::random(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            client.propose(Command::CancelJob { job }).await.unwrap(),
+            Outcome::Applied
+        );
+        jobs.push(job);
+    }
+    let mut applied = replicas[0].applied_state();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let state = Arc::clone(&applied.borrow_and_update());
+        let bytes = state.encode().unwrap().len() as u64;
+        if bytes <= budget {
+            break state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{bytes} bytes of state, {} jobs",
+            state.jobs.len()
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), applied.changed()).await;
+    };
+    // The newest stay, the oldest went, and what stays is most of what fits.
+    let kept: Vec<JobId> = state.jobs.keys().copied().collect();
+    assert!(kept.len() >= 16 && kept.len() < jobs.len(), "{}", kept.len());
+    assert_eq!(kept, jobs[jobs.len() - kept.len()..]);
+    // Small enough to be read in one frame again.
+    let read = client.read_state().await.unwrap();
+    assert!(read.jobs.len() <= kept.len());
+}
