@@ -508,3 +508,25 @@ fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.last_index().unwrap(), 104);
 }
+
+/// A snapshot larger than a sync step is written in steps, and reads back whole.
+#[test]
+fn a_snapshot_written_in_sync_steps_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: String = (0..(2 * SYNC_STEP_BYTES + 12_345) / 8)
+        .map(|n| format!("{:08x}", n % 0xffff_ffff))
+        .collect();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=10, 1), Some(&hard_state(1, 1, 10)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(8, 1, &data), &entries(9..=10, 1))
+            .unwrap();
+        log.compact(snapshot(8, 1, &data)).unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert!(log.latest_snapshot().data.len() > 2 * SYNC_STEP_BYTES);
+    assert_eq!(log.latest_snapshot().data.to_vec(), data.into_bytes());
+    assert_eq!(all_entries(&log), expected(9..=10, 1));
+}
