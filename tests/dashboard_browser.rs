@@ -515,7 +515,7 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
     // Its input is 6 range tasks of 4 batches of 8,192 rows, each batch held 3 s: two nodes
     // of two workers run 4 of them, whose shards create and feed the aggregators after about
     // 12 s; the last 2 keep the reduce waiting, and the aggregators' calls still, for 12 s more.
-    let spec = "[source]\nrange = 196608\n[[steps]]\nmap_batches = { udf = \"delay\", \
+    let spec = "name = \"browser groupby\"\n[source]\nrange = 196608\n[[steps]]\nmap_batches = { udf = \"delay\", \
                 version = 1, args = { ms = 3000 } }\n[[steps]]\nwith_column = { name = \"key\", \
                 expr = \"id % 100\" }\n[[steps]]\ngroupby = [\"key\"]\nagg = [\"count(*) as n\"]\n";
     let created = post_json(http, "/api/jobs", cluster.token(), &json!({ "job": spec }));
@@ -585,6 +585,48 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         assert_eq!(row[3], "0", "{row:?}");
     }
     let actors_png = session.screenshot("actors.png");
+
+    // The jobs page filtered by name, typed into its box: the jobs REST finds by that name.
+    session.go(&format!("{url}#/jobs"));
+    session.wait_for(
+        "the jobs page to load",
+        "return document.body.dataset.loaded === 'true' && document.getElementById('jobs-name')
+             ? true : null;",
+    );
+    session.eval(
+        "const input = document.getElementById('jobs-name');
+         input.value = 'groupby';
+         input.form.requestSubmit();
+         return true;",
+    );
+    let named = until_page_matches_rest(
+        "the jobs page to list the jobs named like 'groupby' as REST does",
+        &session,
+        "if (document.body.dataset.loaded !== 'true' || !location.hash.includes('name=groupby'))
+             return null;
+         return [...document.querySelectorAll('#jobs-table tbody tr')]
+             .map(row => [row.dataset.jobId, row.children[1].textContent]);",
+        || {
+            let jobs = get(http, "/api/jobs?all=true&name=groupby", cluster.token()).json();
+            let mut rows: Vec<Vec<String>> = jobs["jobs"]
+                .as_array()?
+                .iter()
+                .map(|job| {
+                    vec![
+                        job["id"].as_str().unwrap_or_default().to_owned(),
+                        job["name"].as_str().unwrap_or_default().to_owned(),
+                    ]
+                })
+                .collect();
+            rows.sort();
+            Some(rows)
+        },
+    );
+    assert_eq!(
+        named,
+        [vec![long_job.clone(), "browser groupby".to_owned()]],
+        "only the named job, not the first one"
+    );
     let stopped = post_json(
         http,
         &format!("/api/jobs/{long_job}/stop"),
