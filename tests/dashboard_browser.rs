@@ -1,10 +1,12 @@
 //! The dashboard in a real browser: a local cluster runs a job, then headless Chromium, driven
 //! through chromedriver's WebDriver API, visits every page after it (nodes, one node, the
 //! job with its task table, its logs, the overview, jobs, actors, cache, events) and again
-//! during a second, long job (a groupby); what a page shows is checked against the REST API
-//! (task runs with their rows and workers, log lines, cache entries and their cleaning, a
-//! node's workers, objects and charts, the running job's actors with their calls and
-//! restarts), and the browser console must stay free of errors. A screenshot of each page
+//! during a second, long job (a groupby whose input arrives in two waves, so its aggregator
+//! actors live, fed, for a while before the reduce); what a page shows is checked against the
+//! REST API (task runs with their rows and workers, log lines, cache entries and their
+//! cleaning, a node's workers, objects and charts, the running job's driver and aggregators
+//! with their calls and restarts), and the browser console must stay free of errors. A
+//! screenshot of each page
 //! is saved under `target/dashboard-screenshots/`; README's picture (`docs/dashboard.png`) is
 //! `job-running.png`.
 //!
@@ -510,7 +512,11 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
 
     // During a running job (a groupby, whose aggregators are actors): every page loads, its
     // page shows running runs, and the actors page its driver and aggregators as REST does.
-    let spec = "[source]\nrange = 4000000000\n[[steps]]\nwith_column = { name = \"key\", \
+    // Its input is 6 range tasks of 4 batches of 8,192 rows, each batch held 3 s: two nodes
+    // of two workers run 4 of them, whose shards create and feed the aggregators after about
+    // 12 s; the last 2 keep the reduce waiting, and the aggregators' calls still, for 12 s more.
+    let spec = "name = \"browser groupby\"\n[source]\nrange = 196608\n[[steps]]\nmap_batches = { udf = \"delay\", \
+                version = 1, args = { ms = 3000 } }\n[[steps]]\nwith_column = { name = \"key\", \
                 expr = \"id % 100\" }\n[[steps]]\ngroupby = [\"key\"]\nagg = [\"count(*) as n\"]\n";
     let created = post_json(http, "/api/jobs", cluster.token(), &json!({ "job": spec }));
     assert_eq!(created.status, 201, "{}", created.body);
@@ -543,7 +549,9 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
             })
             .collect();
         rows.sort();
-        (!rows.is_empty()).then_some(rows)
+        rows.iter()
+            .any(|row| row[1] == "HashShuffleAggregator")
+            .then_some(rows)
     };
     let actors = until_page_matches_rest(
         "the actors page to show the running job's actors and calls as REST does",
@@ -565,7 +573,60 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         ["—".to_owned(), "0".to_owned()],
         "no calls, first attempt"
     );
+    // Every aggregator the page shows was pushed shards (its calls as REST counts them, which
+    // the page matched above), and none had to be created again.
+    let aggregators: Vec<&Vec<String>> = actors
+        .iter()
+        .filter(|row| row[1] == "HashShuffleAggregator")
+        .collect();
+    assert!(!aggregators.is_empty(), "{actors:?}");
+    for row in &aggregators {
+        assert!(row[2].parse::<u64>().unwrap() >= 1, "{row:?}");
+        assert_eq!(row[3], "0", "{row:?}");
+    }
     let actors_png = session.screenshot("actors.png");
+
+    // The jobs page filtered by name, typed into its box: the jobs REST finds by that name.
+    session.go(&format!("{url}#/jobs"));
+    session.wait_for(
+        "the jobs page to load",
+        "return document.body.dataset.loaded === 'true' && document.getElementById('jobs-name')
+             ? true : null;",
+    );
+    session.eval(
+        "const input = document.getElementById('jobs-name');
+         input.value = 'groupby';
+         input.form.requestSubmit();
+         return true;",
+    );
+    let named = until_page_matches_rest(
+        "the jobs page to list the jobs named like 'groupby' as REST does",
+        &session,
+        "if (document.body.dataset.loaded !== 'true' || !location.hash.includes('name=groupby'))
+             return null;
+         return [...document.querySelectorAll('#jobs-table tbody tr')]
+             .map(row => [row.dataset.jobId, row.children[1].textContent]);",
+        || {
+            let jobs = get(http, "/api/jobs?all=true&name=groupby", cluster.token()).json();
+            let mut rows: Vec<Vec<String>> = jobs["jobs"]
+                .as_array()?
+                .iter()
+                .map(|job| {
+                    vec![
+                        job["id"].as_str().unwrap_or_default().to_owned(),
+                        job["name"].as_str().unwrap_or_default().to_owned(),
+                    ]
+                })
+                .collect();
+            rows.sort();
+            Some(rows)
+        },
+    );
+    assert_eq!(
+        named,
+        [vec![long_job.clone(), "browser groupby".to_owned()]],
+        "only the named job, not the first one"
+    );
     let stopped = post_json(
         http,
         &format!("/api/jobs/{long_job}/stop"),

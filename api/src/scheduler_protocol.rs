@@ -195,7 +195,7 @@ pub struct SnapshotTiming {
     pub copy_us: u64,
     /// Encoding the copy and writing the snapshot file, off the Raft task.
     pub build_ms: u64,
-    /// Dropping the covered entries and rewriting the log file, on the Raft task.
+    /// Dropping the covered entries, on the Raft task (the log files are written off it).
     pub keep_us: u64,
     /// When the copy was taken and when the snapshot was kept, in milliseconds since the
     /// Unix epoch on the replica's clock.

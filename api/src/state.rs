@@ -13,6 +13,7 @@ use std::sync::Arc;
 use floe_core::job::{JobStats, OutputBlock};
 use floe_core::wire::codec;
 use floe_core::{ActorId, JobId, NodeId, SubmissionId};
+pub use imbl::ordmap::DiffItem;
 pub use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
@@ -258,6 +259,18 @@ pub struct CacheProvenance {
 /// The fingerprint cache index: fingerprint (32 hex digits) → shard count → shards.
 pub type CacheIndex = BTreeMap<String, BTreeMap<u32, CacheEntry>>;
 
+/// How a fingerprint's cached shards were used, replicated so it survives a replica's
+/// restart: counted when a job's end is applied (its stats name the shards each operator
+/// loaded), so it costs no command of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheUse {
+    /// Shards served to jobs, over every job that ended while the fingerprint was indexed.
+    pub hits: u64,
+    /// When a shard was last written or served, in milliseconds since the Unix epoch on the
+    /// clock of the leader that logged it.
+    pub last_used_ms: u64,
+}
+
 /// A committed node death, as published to subscribers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDeath {
@@ -387,7 +400,8 @@ pub enum Outcome {
 /// tree, never the whole map. They iterate in key order like `BTreeMap`, and encode the same.
 ///
 /// `unfinished`, `drivers`, `job_counts`, `ended` and `holding_outputs` are indexes derived
-/// from `jobs`, kept by `apply` (and by [`ClusterState::reindex`] for a state built by hand).
+/// from `jobs`, and `actors_by_job` from `actors`, kept by `apply` (and by
+/// [`ClusterState::reindex`] for a state built by hand).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
     /// The last log index applied; saved with the state so a restart never applies an entry
@@ -424,6 +438,11 @@ pub struct ClusterState {
     /// Succeeded jobs still holding output blocks nobody let go, by (when they ended, id), so
     /// the outputs due to expire are a prefix rather than a scan.
     pub holding_outputs: OrdSet<(u64, JobId)>,
+    /// Each job's actors, so a job's end removes its own without a scan of every actor.
+    pub actors_by_job: OrdMap<JobId, OrdSet<ActorId>>,
+    /// How each indexed fingerprint was used; an entry goes with the fingerprint's last shard.
+    /// Bounded by the cache index; a plain map.
+    pub cache_use: BTreeMap<String, CacheUse>,
 }
 
 impl ClusterState {
@@ -538,15 +557,12 @@ impl ClusterState {
                 record.attempts += 1;
                 record.started_at_ms.get_or_insert(at_ms);
                 let actor = driver_actor(job, record.attempts);
-                self.actors.insert(
-                    actor,
-                    ActorRecord {
-                        id: actor,
-                        kind: DRIVER_ACTOR_KIND.to_owned(),
-                        node,
-                        job,
-                    },
-                );
+                self.add_actor(ActorRecord {
+                    id: actor,
+                    kind: DRIVER_ACTOR_KIND.to_owned(),
+                    node,
+                    job,
+                });
                 Outcome::Applied
             }
             Command::FinishJob {
@@ -582,6 +598,15 @@ impl ClusterState {
                 }
                 self.job_counts.moved(&record.status, &outcome.status);
                 record.status = outcome.status;
+                for operator in &outcome.stats.operators {
+                    if let Some(fingerprint) = operator.fingerprint
+                        && operator.cache_hits > 0
+                        && let Some(used) = self.cache_use.get_mut(&fingerprint.to_string())
+                    {
+                        used.hits += operator.cache_hits;
+                        used.last_used_ms = at_ms;
+                    }
+                }
                 record.stats = Some(outcome.stats);
                 record.outputs = outcome.outputs;
                 if let Some(node) = record.driver.take() {
@@ -593,7 +618,7 @@ impl ClusterState {
                 }
                 self.ended.insert((at_ms, job));
                 self.unfinished.remove(&job);
-                remove_actors(&mut self.actors, |actor| actor.job == job);
+                self.remove_job_actors(job);
                 Outcome::Applied
             }
             Command::CancelJob { job } => {
@@ -630,18 +655,15 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("job {job} is not running"));
                 }
-                self.actors.insert(
-                    actor,
-                    ActorRecord {
-                        id: actor,
-                        kind,
-                        node,
-                        job,
-                    },
-                );
+                self.add_actor(ActorRecord {
+                    id: actor,
+                    kind,
+                    node,
+                    job,
+                });
                 Outcome::Applied
             }
-            Command::RemoveActor { actor } => match self.actors.remove(&actor) {
+            Command::RemoveActor { actor } => match self.remove_actor(actor) {
                 Some(_) => Outcome::Applied,
                 None => Outcome::Rejected(format!("no actor {actor}")),
             },
@@ -664,6 +686,10 @@ impl ClusterState {
                 {
                     return Outcome::Rejected(format!("node {} is not alive", shard.node));
                 }
+                self.cache_use
+                    .entry(fingerprint.clone())
+                    .or_default()
+                    .last_used_ms = at_ms;
                 let entry = self
                     .cache
                     .entry(fingerprint)
@@ -687,7 +713,10 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::EvictCache { fingerprint } => match self.cache.remove(&fingerprint) {
-                Some(_) => Outcome::Applied,
+                Some(_) => {
+                    self.cache_use.remove(&fingerprint);
+                    Outcome::Applied
+                }
                 None => Outcome::Rejected(format!("no cache entry {fingerprint}")),
             },
             Command::ForgetCacheShard {
@@ -729,6 +758,7 @@ impl ClusterState {
         }
         if by_count.is_empty() {
             self.cache.remove(fingerprint);
+            self.cache_use.remove(fingerprint);
         }
         Outcome::Applied
     }
@@ -747,7 +777,16 @@ impl ClusterState {
             at_ms,
             reason,
         };
-        remove_actors(&mut self.actors, |actor| actor.node == node);
+        // A node's death is rare; its actors are found by a scan.
+        let hosted: Vec<ActorId> = self
+            .actors
+            .values()
+            .filter(|actor| actor.node == node)
+            .map(|actor| actor.id)
+            .collect();
+        for actor in hosted {
+            self.remove_actor(actor);
+        }
         for by_count in self.cache.values_mut() {
             for entry in by_count.values_mut() {
                 entry.shards.retain(|_, shard| shard.node != node);
@@ -755,6 +794,9 @@ impl ClusterState {
             by_count.retain(|_, entry| !entry.shards.is_empty());
         }
         self.cache.retain(|_, by_count| !by_count.is_empty());
+        let cache = &self.cache;
+        self.cache_use
+            .retain(|fingerprint, _| cache.contains_key(fingerprint));
         // Its copies of released outputs went with it.
         for blocks in self.outputs_to_free.values_mut() {
             blocks.retain(|block| block.node != node);
@@ -771,7 +813,9 @@ impl ClusterState {
         }
         // A dead driver's actors had nobody left to talk to them; the next attempt makes its
         // own.
-        remove_actors(&mut self.actors, |actor| orphaned.contains(&actor.job));
+        for job in &orphaned {
+            self.remove_job_actors(*job);
+        }
         Outcome::Applied
     }
 
@@ -795,13 +839,17 @@ impl ClusterState {
 
     /// Running jobs whose driver is on `node`, with their attempt numbers.
     pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
-        self.drivers
-            .get(&node)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.jobs.get(id))
-            .map(|job| (job.id, job.attempts))
-            .collect()
+        drivers_on(&self.drivers, &self.jobs, node)
+    }
+
+    /// The nodes and who drives what, for answering heartbeats off the Raft task; O(1).
+    pub fn node_directory(&self) -> NodeDirectory {
+        NodeDirectory {
+            applied_index: self.applied_index,
+            nodes: self.nodes.clone(),
+            drivers: self.drivers.clone(),
+            jobs: self.jobs.clone(),
+        }
     }
 
     /// Whether `node` runs any job's driver.
@@ -820,15 +868,56 @@ impl ClusterState {
         self.nodes.values().filter(|node| node.is_alive())
     }
 
+    /// Records `actor` and indexes it under its job.
+    fn add_actor(&mut self, actor: ActorRecord) {
+        let (id, job) = (actor.id, actor.job);
+        if let Some(replaced) = self.actors.insert(id, actor)
+            && replaced.job != job
+        {
+            self.unindex_actor(&replaced);
+        }
+        self.actors_by_job.entry(job).or_default().insert(id);
+    }
+
+    fn remove_actor(&mut self, actor: ActorId) -> Option<ActorRecord> {
+        let removed = self.actors.remove(&actor)?;
+        self.unindex_actor(&removed);
+        Some(removed)
+    }
+
+    fn unindex_actor(&mut self, actor: &ActorRecord) {
+        if let Some(actors) = self.actors_by_job.get_mut(&actor.job) {
+            actors.remove(&actor.id);
+            if actors.is_empty() {
+                self.actors_by_job.remove(&actor.job);
+            }
+        }
+    }
+
+    /// Removes `job`'s actors, through the index.
+    fn remove_job_actors(&mut self, job: JobId) {
+        for actor in self.actors_by_job.remove(&job).unwrap_or_default() {
+            self.actors.remove(&actor);
+        }
+    }
+
     /// Recomputes the indexes derived from `jobs` (`unfinished`, `drivers`, `job_counts`,
-    /// `ended`, `holding_outputs`), for a state whose jobs were set field by field rather
-    /// than applied (test fixtures); `apply` keeps them without it.
+    /// `ended`, `holding_outputs`) and from `actors` (`actors_by_job`), for a state whose
+    /// jobs and actors were set field by field rather than applied (test fixtures); `apply`
+    /// keeps them without it.
     pub fn reindex(&mut self) {
         self.unfinished = OrdSet::new();
         self.drivers = OrdMap::new();
         self.job_counts = JobCounts::default();
         self.ended = OrdSet::new();
         self.holding_outputs = OrdSet::new();
+        self.actors_by_job = OrdMap::new();
+        for actor in self.actors.values() {
+            self.actors_by_job
+                .entry(actor.job)
+                .or_default()
+                .insert(actor.id);
+        }
         for job in self.jobs.values() {
             self.job_counts.add(&job.status);
             if !job.status.is_finished() {
@@ -850,17 +939,42 @@ impl ClusterState {
     }
 }
 
-/// Removes the actors `gone` picks (`OrdMap` has no `retain`).
-fn remove_actors(actors: &mut OrdMap<ActorId, ActorRecord>, gone: impl Fn(&ActorRecord) -> bool) {
-    let picked: Vec<ActorId> = actors
-        .values()
-        .filter(|actor| gone(actor))
-        .map(|actor| actor.id)
-        .collect();
-    for actor in picked {
-        actors.remove(&actor);
+/// The part of a [`ClusterState`] a node's heartbeat is answered from: which nodes are alive
+/// and which drivers each runs. Its maps share structure with the state's, so taking one is
+/// O(1) however many jobs and nodes there are.
+#[derive(Debug, Clone, Default)]
+pub struct NodeDirectory {
+    pub applied_index: u64,
+    nodes: OrdMap<NodeId, NodeRecord>,
+    drivers: OrdMap<NodeId, OrdSet<JobId>>,
+    jobs: OrdMap<JobId, Arc<JobRecord>>,
+}
+
+impl NodeDirectory {
+    pub fn is_alive(&self, node: NodeId) -> bool {
+        self.nodes.get(&node).is_some_and(NodeRecord::is_alive)
+    }
+
+    /// Running jobs whose driver is on `node`, with their attempt numbers.
+    pub fn drivers_on(&self, node: NodeId) -> Vec<(JobId, u32)> {
+        drivers_on(&self.drivers, &self.jobs, node)
     }
 }
+
+fn drivers_on(
+    drivers: &OrdMap<NodeId, OrdSet<JobId>>,
+    jobs: &OrdMap<JobId, Arc<JobRecord>>,
+    node: NodeId,
+) -> Vec<(JobId, u32)> {
+    drivers
+        .get(&node)
+        .into_iter()
+        .flatten()
+        .filter_map(|id| jobs.get(id))
+        .map(|job| (job.id, job.attempts))
+        .collect()
+}
+
 
 /// Forgets that `node` runs `job`'s driver; a node running none leaves the index.
 fn remove_driver(drivers: &mut OrdMap<NodeId, OrdSet<JobId>>, node: NodeId, job: JobId) {

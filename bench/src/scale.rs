@@ -122,6 +122,11 @@ const ENDPOINTS: &[(&str, &str, Asks)] = &[
     ),
     ("node", "/api/nodes/{node}", Asks::Nodes),
     ("node_logs", "/api/nodes/{node}/logs?tail=100", Asks::Nodes),
+    (
+        "node_history",
+        "/api/nodes/{node}/history?minutes=60",
+        Asks::Leader,
+    ),
     ("actors", "/api/actors", Asks::Leader),
     ("cache", "/api/cache", Asks::Leader),
     ("events", "/api/events", Asks::Leader),
@@ -726,16 +731,21 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             )
         })
         .collect();
-    let stalls: Vec<f64> = commits
-        .iter()
-        .filter(|(sent, latency)| {
+    let (mut during, mut outside): (Vec<(f64, f64)>, Vec<(f64, f64)>) =
+        commits.iter().partition(|(sent, latency)| {
             windows
                 .iter()
                 .any(|(start, end)| *sent <= *end && sent + latency >= *start)
-        })
-        .map(|(_, latency)| *latency)
-        .collect();
-    let snapshot_stall_ms = stalls.into_iter().reduce(f64::max);
+        });
+    let snapshot_stall_ms = during.iter().map(|(_, latency)| *latency).reduce(f64::max);
+    // Whether a snapshot adds latency, as against the disk's own tail: the commits that
+    // overlapped a build against those that did not.
+    let p99_of = |commits: &mut Vec<(f64, f64)>| {
+        let mut latencies: Vec<f64> = commits.drain(..).map(|(_, latency)| latency).collect();
+        (!latencies.is_empty()).then(|| round(percentile(&mut latencies, 0.99)))
+    };
+    let commit_p99_during_snapshots_ms = p99_of(&mut during);
+    let commit_p99_outside_snapshots_ms = p99_of(&mut outside);
     let largest = snapshots
         .values()
         .max_by_key(|timing| timing.index)
@@ -891,6 +901,8 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         "snapshot_copy_max_ms": on_loop_ms(|timing| timing.copy_us),
         "snapshot_keep_max_ms": on_loop_ms(|timing| timing.keep_us),
         "snapshot_stall_ms": snapshot_stall_ms.map(round),
+        "commit_p99_during_snapshots_ms": commit_p99_during_snapshots_ms,
+        "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),

@@ -1,4 +1,5 @@
 use super::*;
+use floe_core::job::OperatorStats;
 
 fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
     let outcome = state
@@ -82,6 +83,10 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     state.apply(7, 0, Command::StartDriver { job, node: b });
     assert_eq!(state.drivers_on(b), vec![(job, 2)]);
     assert!(state.drives_a_job(b) && !state.drives_a_job(a));
+    // What heartbeats are answered from, taken now: later commands leave it as it was.
+    let directory = state.node_directory();
+    assert_eq!(directory.applied_index, 7);
+    assert!(directory.is_alive(b) && !directory.is_alive(a));
     let finish = |attempt| Command::FinishJob {
         job,
         attempt,
@@ -95,6 +100,8 @@ fn only_the_current_driver_attempt_finishes_a_job() {
     assert_eq!(state.jobs[&job].status, JobStatus::Succeeded);
     assert!(state.drivers_on(b).is_empty());
     assert!(state.drivers.is_empty(), "{:?}", state.drivers);
+    assert_eq!(directory.drivers_on(b), vec![(job, 2)]);
+    assert!(state.node_directory().drivers_on(b).is_empty());
     assert!(matches!(
         state.apply(10, 0, finish(2)),
         Some(Outcome::Rejected(_))
@@ -237,6 +244,69 @@ fn actors_belong_to_a_running_job_and_end_with_it() {
     };
     assert_eq!(state.apply(6, 0, finish), Some(Outcome::Applied));
     assert!(state.actors.is_empty(), "the job's actors end with it");
+}
+
+/// Cache hits are counted as a job's end is applied, from the shards its stats say each
+/// operator loaded, so every replica (and a restarted one, from its snapshot and log) shows
+/// the same counts; they go with the fingerprint's last shard.
+#[test]
+fn cache_hits_are_replicated_with_the_jobs_that_made_them_and_go_with_the_entry() {
+    let mut state = ClusterState::default();
+    let node = register(&mut state, 1, "a:1");
+    state.apply(2, 1_000, record_shard_of_two(0, node));
+    state.apply(3, 1_500, record_shard_of_two(1, node));
+    assert_eq!(
+        state.cache_use[&fingerprint(1)],
+        CacheUse {
+            hits: 0,
+            last_used_ms: 1_500
+        }
+    );
+    let loaded = |hits, fingerprint: &str| OperatorStats {
+        name: "range".into(),
+        fingerprint: Some(fingerprint.parse().unwrap()),
+        cache_hits: hits,
+        ..OperatorStats::default()
+    };
+    for (job, index, at_ms) in [(1u8, 4, 2_000), (2, 7, 3_000)] {
+        state.apply(index, at_ms, submit_job(job));
+        let id = JobId::new(u64::from(job));
+        state.apply(index + 1, at_ms, Command::StartDriver { job: id, node });
+        let outcome = JobOutcome {
+            stats: JobStats {
+                // A fingerprint the index does not hold counts nothing.
+                operators: vec![loaded(2, &fingerprint(1)), loaded(5, &fingerprint(9))],
+                ..JobStats::default()
+            },
+            ..succeeded()
+        };
+        let finish = Command::FinishJob {
+            job: id,
+            attempt: 1,
+            outcome,
+        };
+        assert_eq!(state.apply(index + 2, at_ms, finish), Some(Outcome::Applied));
+    }
+    assert_eq!(
+        state.cache_use[&fingerprint(1)],
+        CacheUse {
+            hits: 4,
+            last_used_ms: 3_000
+        }
+    );
+    assert!(!state.cache_use.contains_key(&fingerprint(9)));
+    let decoded = ClusterState::decode(&state.encode().unwrap()).unwrap();
+    assert_eq!(decoded.cache_use, state.cache_use);
+    let forget = |rank| Command::ForgetCacheShard {
+        fingerprint: fingerprint(1),
+        shard_count: 2,
+        rank,
+        node,
+    };
+    state.apply(10, 4_000, forget(0));
+    assert!(state.cache_use.contains_key(&fingerprint(1)));
+    state.apply(11, 4_000, forget(1));
+    assert!(state.cache_use.is_empty(), "{:?}", state.cache_use);
 }
 
 #[test]
@@ -448,6 +518,8 @@ enum Step {
     Delete(u64),
     Prune { keep: u64, keep_for_ms: u64 },
     Expire { ttl_ms: u64 },
+    Actor { actor: u8, job: u64, node: u64 },
+    RemoveActor(u8),
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -464,6 +536,9 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         1 => (1..40u64).prop_map(Step::Delete),
         1 => (0..10u64, 0..200u64).prop_map(|(keep, keep_for_ms)| Step::Prune { keep, keep_for_ms }),
         1 => (0..200u64).prop_map(|ttl_ms| Step::Expire { ttl_ms }),
+        2 => (0..8u8, 1..40u64, 1..6u64)
+            .prop_map(|(actor, job, node)| Step::Actor { actor, job, node }),
+        1 => (0..8u8).prop_map(Step::RemoveActor),
     ]
 }
 
@@ -542,6 +617,16 @@ fn command_of(step: &Step, state: &ClusterState, at_ms: u64) -> Command {
             jobs: state.outputs_due_to_expire(ttl_ms, at_ms),
             ttl_ms,
         },
+        // Few actor ids, so that one is registered again, for another job too.
+        Step::Actor { actor, job, node } => Command::RegisterActor {
+            actor: ActorId::new(u128::from(actor)),
+            kind: "HashShuffleAggregator".into(),
+            node: NodeId::new(node),
+            job: JobId::new(job),
+        },
+        Step::RemoveActor(actor) => Command::RemoveActor {
+            actor: ActorId::new(u128::from(actor)),
+        },
     }
 }
 
@@ -578,7 +663,8 @@ fn due_by_scan(state: &ClusterState, at_ms: u64) -> (Vec<JobId>, Vec<JobId>) {
 
 proptest::proptest! {
     /// After any history of commands, the indexes `apply` keeps (counts, unfinished,
-    /// drivers, ended, holding outputs) equal the ones computed from the jobs alone; a copy
+    /// drivers, ended, holding outputs, actors by job) equal the ones computed from the jobs
+    /// and actors alone; no actor outlives its job's run; a copy
     /// taken earlier is untouched by the later writes (the maps share structure); and the
     /// snapshot round-trips.
     #[test]
@@ -597,6 +683,9 @@ proptest::proptest! {
             let mut scanned = state.clone();
             scanned.reindex();
             proptest::prop_assert_eq!(&scanned, &state);
+            for actor in state.actors.values() {
+                proptest::prop_assert!(state.jobs[&actor.job].status == JobStatus::Running);
+            }
             let mut counted = BTreeMap::new();
             for job in state.jobs.values() {
                 *counted.entry(job.status.name()).or_insert(0u64) += 1;

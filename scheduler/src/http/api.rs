@@ -843,7 +843,6 @@ async fn delete_job(
 // ---- cache ----------------------------------------------------------------------------
 
 async fn cache(shared: web::Data<Shared>) -> HttpResponse {
-    let snapshot = shared.monitor.snapshot();
     let state = shared.state();
     let mut entries = Vec::new();
     for (fingerprint, by_count) in &state.cache {
@@ -865,8 +864,8 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
                     .iter()
                     .map(|(node, shards)| (node.to_string(), *shards))
                     .collect(),
-                last_used_ms: snapshot.cache_last_used.get(fingerprint).copied(),
-                hits: snapshot.cache_hits.get(fingerprint).copied().unwrap_or(0),
+                last_used_ms: state.cache_use.get(fingerprint).map(|used| used.last_used_ms),
+                hits: state.cache_use.get(fingerprint).map_or(0, |used| used.hits),
                 job: made_by.map(|made| made.origin.job.to_string()),
                 operator: made_by.map(|made| made.origin.operator.clone()),
                 created_at_ms: made_by.map(|made| made.created_at_ms),

@@ -5,6 +5,9 @@
 //! Raft loop, so it is available even when there is no leader), the leader's soft state
 //! (heartbeat reports, drivers' progress) and every replica's Raft status. Events are found
 //! by comparing consecutive snapshots, so they are what this replica saw since it started.
+//! The comparison walks only what changed: two copies of the state share every subtree of
+//! their maps that no command touched in between, and `OrdMap::diff` skips those, so a
+//! refresh costs the jobs and nodes that changed, not the 100,000 in the history.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
@@ -18,7 +21,7 @@ use tokio::task::JoinSet;
 use super::HttpConfig;
 use floe_api::client::SchedulerClient;
 use floe_api::scheduler_protocol::{NodeReport, ReplicaStatus, ResourceUsage};
-use floe_api::state::{ClusterState, JobStatus, Liveness};
+use floe_api::state::{ClusterState, DiffItem, JobStatus, Liveness, OrdMap};
 
 /// Events kept for `/api/events`; older ones are dropped.
 const MAX_EVENTS: usize = 1000;
@@ -63,14 +66,10 @@ pub(crate) struct Snapshot {
     pub rows_per_s: BTreeMap<JobId, f64>,
     /// Each running job's output rows and when they last changed, for `rows_per_s`.
     pub row_marks: BTreeMap<JobId, (u64, u64)>,
-    /// When a job last wrote or hit each cache fingerprint, as seen by this replica.
-    pub cache_last_used: BTreeMap<String, u64>,
-    /// Shards served from each cache fingerprint by the jobs that succeeded while this
-    /// replica watched.
-    pub cache_hits: BTreeMap<String, u64>,
     /// The last node seen running each job's driver, which keeps its task table after the
-    /// job ends; for jobs still in the state.
-    pub driver_seen: BTreeMap<JobId, NodeId>,
+    /// job ends; for jobs still in the state. Persistent, so carrying it to the next
+    /// snapshot is O(1).
+    pub driver_seen: OrdMap<JobId, NodeId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,9 +183,7 @@ impl Monitor {
             progress: BTreeMap::new(),
             rows_per_s: BTreeMap::new(),
             row_marks: BTreeMap::new(),
-            cache_last_used: BTreeMap::new(),
-            cache_hits: BTreeMap::new(),
-            driver_seen: BTreeMap::new(),
+            driver_seen: OrdMap::new(),
         };
         Self {
             refresh: config.refresh,
@@ -353,8 +350,8 @@ fn rates(before: &ResourceUsage, after: &ResourceUsage, elapsed_ms: u64) -> (f64
     )
 }
 
-/// The events between two snapshots; also carries forward what `next` derives from the
-/// previous one (rates and cache use).
+/// The events between two snapshots, from the nodes and jobs that differ between them; also
+/// carries forward what `next` derives from the previous one (rates, drivers seen).
 fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
     let mut found = Vec::new();
     if previous.leader != next.leader {
@@ -375,8 +372,20 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
     if previous.baseline {
         return found;
     }
-    for (id, node) in &next.state.nodes {
-        let before = previous.state.nodes.get(id);
+    for (id, node, before) in previous
+        .state
+        .nodes
+        .diff(&next.state.nodes)
+        .filter_map(|item| match item {
+            DiffItem::Add(id, node) => Some((id, node, None)),
+            DiffItem::Update {
+                old: (_, before),
+                new: (id, node),
+            } => Some((id, node, Some(before))),
+            // Forgotten dead nodes say nothing new.
+            DiffItem::Remove(..) => None,
+        })
+    {
         match (&node.liveness, before.map(|node| &node.liveness)) {
             (Liveness::Alive, None) => found.push((
                 EventKind::NodeJoined,
@@ -393,13 +402,21 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
             _ => {}
         }
     }
-    next.driver_seen
-        .retain(|job, _| next.state.jobs.contains_key(job));
-    for (id, job) in &next.state.jobs {
+    for item in previous.state.jobs.diff(&next.state.jobs) {
+        let (id, job, before) = match item {
+            DiffItem::Add(id, job) => (id, job, None),
+            DiffItem::Update {
+                old: (_, before),
+                new: (id, job),
+            } => (id, job, Some(&before.status)),
+            DiffItem::Remove(id, _) => {
+                next.driver_seen.remove(id);
+                continue;
+            }
+        };
         if let Some(driver) = job.driver {
             next.driver_seen.insert(*id, driver);
         }
-        let before = previous.state.jobs.get(id).map(|job| &job.status);
         if before == Some(&job.status) {
             continue;
         }
@@ -429,30 +446,7 @@ fn changes(previous: &Snapshot, next: &mut Snapshot) -> Vec<Change> {
             status => format!("job {id} {}", status.name()),
         };
         found.push((EventKind::JobState, None, Some(*id), message));
-        if job.status == JobStatus::Succeeded
-            && let Some(stats) = &job.stats
-        {
-            for operator in &stats.operators {
-                if let Some(fingerprint) = operator.fingerprint
-                    && operator.cache_hits > 0
-                {
-                    let fingerprint = fingerprint.to_string();
-                    *next.cache_hits.entry(fingerprint.clone()).or_default() += operator.cache_hits;
-                    next.cache_last_used.insert(fingerprint, next.time_ms);
-                }
-            }
-        }
     }
-    for (fingerprint, entries) in &next.state.cache {
-        if previous.state.cache.get(fingerprint) != Some(entries) {
-            next.cache_last_used
-                .insert(fingerprint.clone(), next.time_ms);
-        }
-    }
-    next.cache_last_used
-        .retain(|fingerprint, _| next.state.cache.contains_key(fingerprint));
-    next.cache_hits
-        .retain(|fingerprint, _| next.state.cache.contains_key(fingerprint));
     // Drivers report every `node.progress_interval_ms`, not once per snapshot: a rate is
     // taken between two reports that changed the rows, and held until the next one, so it
     // does not read 0 between reports.
@@ -503,12 +497,7 @@ fn sample(snapshot: &Snapshot) -> Sample {
             .rows_per_s
             .values()
             .fold(0.0, |sum, rate| sum + rate),
-        running_jobs: snapshot
-            .state
-            .jobs
-            .values()
-            .filter(|job| job.status == JobStatus::Running)
-            .count() as u64,
+        running_jobs: snapshot.state.job_counts.running,
         tasks_running: snapshot
             .progress
             .values()
@@ -563,8 +552,6 @@ pub(crate) async fn run(
             progress: BTreeMap::new(),
             rows_per_s: BTreeMap::new(),
             row_marks: BTreeMap::new(),
-            cache_last_used: previous.cache_last_used.clone(),
-            cache_hits: previous.cache_hits.clone(),
             driver_seen: previous.driver_seen.clone(),
         };
         if leader_id.is_some() {

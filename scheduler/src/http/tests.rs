@@ -371,9 +371,7 @@ fn snapshot_of(state: ClusterState, leader: Option<u64>, time_ms: u64) -> Snapsh
         progress: BTreeMap::new(),
         rows_per_s: BTreeMap::new(),
         row_marks: BTreeMap::new(),
-        cache_last_used: BTreeMap::new(),
-        cache_hits: BTreeMap::new(),
-        driver_seen: BTreeMap::new(),
+        driver_seen: floe_api::state::OrdMap::new(),
     }
 }
 

@@ -21,19 +21,22 @@ impl<S: LogStore> RaftLoop<S> {
         if !self.is_leader() {
             return;
         }
-        if stalled {
-            tracing::warn!(
-                replica = self.id,
-                "this replica was stalled; every node gets a full timeout from now"
-            );
-            self.last_seen.clear();
-        }
         let timeout = self.config.node_timeout();
         let mut silent = Vec::new();
-        for node in self.state.alive_nodes() {
-            let last = *self.last_seen.entry(node.id).or_insert(now);
-            if now.duration_since(last) > timeout && !self.dying.contains(&node.id) {
-                silent.push(node.id);
+        {
+            let mut beats = self.beats.lock();
+            if stalled {
+                tracing::warn!(
+                    replica = self.id,
+                    "this replica was stalled; every node gets a full timeout from now"
+                );
+                beats.last_seen.clear();
+            }
+            for node in self.state.alive_nodes() {
+                let last = *beats.last_seen.entry(node.id).or_insert(now);
+                if now.duration_since(last) > timeout && !self.dying.contains(&node.id) {
+                    silent.push(node.id);
+                }
             }
         }
         for node in silent {
@@ -74,12 +77,11 @@ impl<S: LogStore> RaftLoop<S> {
             // Ranked once per call rather than once per job, so a burst of submissions costs
             // one pass over the nodes; the jobs go round the nodes least utilized first.
             if candidates.is_empty() {
+                let beats = self.beats.lock();
                 candidates = self
                     .state
                     .alive_nodes()
-                    .filter(|node| {
-                        !self.dying.contains(&node.id) && self.usage.contains_key(&node.id)
-                    })
+                    .filter(|node| !self.dying.contains(&node.id) && beats.heard_from(node.id))
                     .map(|node| {
                         let load = self.leases.view().utilization(node.id).unwrap_or(f64::MAX);
                         (load, node.id)

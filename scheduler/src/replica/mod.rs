@@ -13,17 +13,19 @@
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, jobs' placement leases and the
-//! placement queue are the leader's soft state; a node's death is committed.
+//! placement queue are the leader's soft state; a node's death is committed. Heartbeats do
+//! not enter the loop at all: the RPC front answers them (the `heartbeats` module says how).
 //!
 //! The files by concern: this one starts the replica and runs the loop (ticks, Ready handling,
 //! proposals, apply, role changes, compaction); `service` is the RPC front and the loop's
-//! answers to requests; `placement` places actors and grants jobs' leases; `health`
+//! answers to requests; `heartbeats` the soft state heartbeats are recorded in and answered
+//! from; `placement` places actors and grants jobs' leases; `health`
 //! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
 //! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
 //! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
 //! Raft message before protobuf parses it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +41,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use self::config::port_of;
+use self::heartbeats::{Beats, Directory};
 use self::placement::{LeaseAsks, PlaceBatch};
 use self::raft_guard::RaftGuard;
 use self::service::Service;
@@ -50,13 +53,14 @@ use crate::{Error, Result};
 use floe_api::lease::LeaseTable;
 use floe_api::placement::PlacementQueue;
 use floe_api::scheduler_protocol::{
-    ResourceUsage, SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
+    SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
 use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
 use floe_core::wire::WireConfig;
 
 mod config;
 mod health;
+mod heartbeats;
 mod lifecycle;
 mod placement;
 mod raft_guard;
@@ -86,6 +90,8 @@ enum Input {
     /// A command of the leader's own housekeeping (a task it spawned reporting back): no peer
     /// sent it, so there is nobody to authorize.
     Housekeeping(Command),
+    /// A node's first heartbeat to this leader, recorded by the RPC front.
+    Heard(NodeId),
     Unreachable(u64),
     SnapshotSent {
         peer: u64,
@@ -99,6 +105,9 @@ enum Input {
 struct BuiltSnapshot {
     snapshot: Snapshot,
     timing: SnapshotTiming,
+    /// The jobs in the snapshot, and how many of them had finished.
+    jobs: u64,
+    finished_jobs: u64,
 }
 
 /// Whether a snapshot is being built off the Raft task; one at a time.
@@ -130,6 +139,8 @@ impl Replica {
         let notices = Notices::new();
         let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
         let applied_state = raft_loop.published.subscribe();
+        let directory = raft_loop.directory.subscribe();
+        let beats = Arc::clone(&raft_loop.beats);
         let raft_guard = RaftGuard::new(config.wire.max_frame, config.peers.keys().copied());
         let service = Arc::new(Service {
             inputs,
@@ -138,6 +149,8 @@ impl Replica {
             replicas: config.peers.keys().copied().collect(),
             authenticator: Arc::clone(&config.wire.authenticator),
             history: config.history.clone(),
+            directory,
+            beats,
         });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
         let raft_loop = tokio::spawn(raft_loop.run(receiver));
@@ -235,14 +248,17 @@ struct RaftLoop<S: LogStore> {
     queue: PlacementQueue<(u64, usize)>,
     batches: BTreeMap<u64, PlaceBatch>,
     next_batch: u64,
-    /// When each node last heartbeated (soft state; hashed, so a heartbeat costs O(1) here).
-    last_seen: HashMap<NodeId, Instant>,
+    /// Heartbeats, recorded by the RPC front (see the `heartbeats` module).
+    beats: Arc<Beats>,
+    /// What the RPC front answers heartbeats from, republished after every turn that
+    /// changed it.
+    directory: watch::Sender<Arc<Directory>>,
+    /// Nodes named by `StartDriver`s applied this turn, announced once the directory that
+    /// holds them is published.
+    unannounced_drivers: Vec<NodeId>,
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
-    /// Each node's last reported usage; a node is in it once it has heartbeated to this
-    /// replica as leader, and only then do drivers and tasks go to it.
-    usage: HashMap<NodeId, ResourceUsage>,
     /// Nodes whose death has been proposed and not yet applied.
     dying: BTreeSet<NodeId>,
     /// Pending jobs whose `StartDriver` was proposed, and when; proposed again if it has not
@@ -260,6 +276,12 @@ struct RaftLoop<S: LogStore> {
     last_published: Instant,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
+    /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
+    /// frame, so the state is held to half of it (see `lifecycle::finished_that_fit`).
+    max_frame: u64,
+    /// How many finished jobs the state can hold within that budget, as the last snapshot
+    /// measured it; the housekeeping keeps no more, whatever `jobs.keep_finished` says.
+    finished_that_fit: Option<u64>,
 }
 
 impl<S: LogStore> RaftLoop<S> {
@@ -335,9 +357,10 @@ impl<S: LogStore> RaftLoop<S> {
             queue: PlacementQueue::default(),
             batches: BTreeMap::new(),
             next_batch: 0,
-            last_seen: HashMap::new(),
+            beats: Arc::new(Beats::default()),
+            directory: watch::Sender::new(Arc::new(Directory::default())),
+            unannounced_drivers: Vec::new(),
             last_health_check: Instant::now(),
-            usage: HashMap::new(),
             dying: BTreeSet::new(),
             drivers_proposed: BTreeMap::new(),
             progress: BTreeMap::new(),
@@ -347,6 +370,8 @@ impl<S: LogStore> RaftLoop<S> {
             last_published: Instant::now(),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
+            max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
+            finished_that_fit: None,
         })
     }
 
@@ -385,6 +410,7 @@ impl<S: LogStore> RaftLoop<S> {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
             self.publish_state();
+            self.publish_directory();
         }
     }
 
@@ -430,6 +456,7 @@ impl<S: LogStore> RaftLoop<S> {
                     self.propose(command, None);
                 }
             }
+            Input::Heard(node) => self.first_heard(node),
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
             Input::SnapshotBuilt(built) => self.snapshot_build = SnapshotBuild::Built(built),
@@ -583,22 +610,11 @@ impl<S: LogStore> RaftLoop<S> {
         } else {
             LeaseTable::new(ttl, Instant::now())
         };
+        let beats = self.beats.lock();
         for node in self.state.alive_nodes() {
-            if self.usage.contains_key(&node.id) {
+            if beats.heard_from(node.id) {
                 self.leases.upsert_node(node.id, node.resources);
             }
-        }
-    }
-
-    /// A heartbeat from `node`, alive in the state: the first since this replica led puts
-    /// the node in the view (and may place what waited for room).
-    fn heard_from(&mut self, node: NodeId, usage: ResourceUsage) {
-        self.last_seen.insert(node, Instant::now());
-        if self.usage.insert(node, usage).is_none()
-            && let Some(record) = self.state.nodes.get(&node)
-        {
-            self.leases.upsert_node(node, record.resources);
-            self.retry_waiting();
         }
     }
 
@@ -645,8 +661,7 @@ impl<S: LogStore> RaftLoop<S> {
                     // Its leases, and those of the drivers it ran, go with it.
                     self.leases.remove_node(node);
                     self.leases.revoke_driver(node);
-                    self.last_seen.remove(&node);
-                    self.usage.remove(&node);
+                    self.beats.lock().forget(node);
                     self.retry_waiting();
                     if let Some(death) = self.state.deaths_after(entry.index - 1).pop() {
                         tracing::warn!(node = %death.node, reason = %death.reason, "node committed dead");
@@ -660,8 +675,7 @@ impl<S: LogStore> RaftLoop<S> {
                 (Effect::DriverStarted(job, node), outcome) => {
                     self.drivers_proposed.remove(&job);
                     if *outcome == Outcome::Applied {
-                        // No one listening is fine: the node's heartbeat carries it too.
-                        let _ = self.notices.drivers_started.send(node);
+                        self.unannounced_drivers.push(node);
                     }
                 }
                 (Effect::JobEnded(job), Outcome::Applied) => {
@@ -718,8 +732,9 @@ impl<S: LogStore> RaftLoop<S> {
             term = self.raw.raft.term,
             "raft role changed"
         );
-        self.last_seen.clear();
-        self.usage.clear();
+        self.beats
+            .lock()
+            .restart(leader.then_some(self.raw.raft.term));
         self.dying.clear();
         self.drivers_proposed.clear();
         self.progress.clear();
@@ -760,8 +775,11 @@ impl<S: LogStore> RaftLoop<S> {
 
     /// Keeps a snapshot built off the Raft task, and starts the next one once
     /// `snapshot_entries` entries were applied since the last. Only the copy of the state
-    /// (O(1): its maps are persistent) and dropping the covered entries run here; the
-    /// encoding and the fsynced file, which grow with the state, run on a blocking thread.
+    /// (O(1): its maps are persistent) and dropping the covered entries from memory run
+    /// here; the encoding, the snapshot file and the start of the next WAL, which grow with
+    /// the state, are written and fsynced on a blocking thread, and the log moves to that WAL
+    /// with its next write's own fsync (`DiskLog::persist`), so keeping a snapshot makes no
+    /// fsync on this task.
     fn maybe_compact(&mut self) -> Result<()> {
         match std::mem::replace(&mut self.snapshot_build, SnapshotBuild::Idle) {
             SnapshotBuild::Running => {
@@ -772,6 +790,8 @@ impl<S: LogStore> RaftLoop<S> {
                 let BuiltSnapshot {
                     snapshot,
                     mut timing,
+                    jobs,
+                    finished_jobs,
                 } = (*built)?;
                 let keep_started = Instant::now();
                 self.raw.mut_store().compact(snapshot)?;
@@ -787,6 +807,7 @@ impl<S: LogStore> RaftLoop<S> {
                     "snapshot taken, log compacted"
                 );
                 self.last_snapshot = Some(timing);
+                self.bound_finished_jobs(timing.bytes, jobs, finished_jobs);
             }
             SnapshotBuild::Idle => {}
         }
@@ -799,6 +820,9 @@ impl<S: LogStore> RaftLoop<S> {
         let copy_started = Instant::now();
         let state = self.state.clone();
         let copy_us = micros(copy_started.elapsed());
+        let counts = &state.job_counts;
+        let jobs = counts.total();
+        let finished_jobs = jobs - counts.pending - counts.running;
         let mut snapshot = Snapshot::default();
         let meta = snapshot.mut_metadata();
         meta.index = applied;
@@ -834,6 +858,8 @@ impl<S: LogStore> RaftLoop<S> {
                         started_at_ms,
                         finished_at_ms: 0,
                     },
+                    jobs,
+                    finished_jobs,
                 })
             });
             // The loop is gone only when the replica stops; the snapshot goes with it.

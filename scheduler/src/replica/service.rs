@@ -1,7 +1,8 @@
 //! The RPC front: the [`Handler`] clients, nodes and other replicas call, which turns Raft
-//! traffic and requests into inputs for the Raft loop and holds the watches (deaths, jobs,
-//! drivers) open until the loop announces a change; and the loop's side of each request —
-//! answered from the state, proposed, or redirected to the leader when this replica is not it.
+//! traffic and requests into inputs for the Raft loop, answers heartbeats itself (see the
+//! `heartbeats` module) and holds the watches (deaths, jobs, drivers) open until the loop
+//! announces a change; and the loop's side of each request — answered from the state,
+//! proposed, or redirected to the leader when this replica is not it.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -11,8 +12,9 @@ use std::time::{Duration, Instant};
 use floe_core::auth::{Authenticator, Principal};
 use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
 use raft::prelude::Message;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::heartbeats::{Beats, Directory, Heard};
 use super::raft_guard::RaftGuard;
 use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
@@ -39,6 +41,9 @@ pub(super) struct Service {
     pub(super) authenticator: Arc<Authenticator>,
     /// This replica's history file, read for `JobHistory`.
     pub(super) history: Option<PathBuf>,
+    /// What heartbeats and driver watches are answered from, and recorded in.
+    pub(super) directory: watch::Receiver<Arc<Directory>>,
+    pub(super) beats: Arc<Beats>,
 }
 
 fn stopped() -> RemoteError {
@@ -66,6 +71,33 @@ impl Service {
             .await
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// A heartbeat's or a driver watch's answer for `node`, from the loop's last directory:
+    /// the drivers it should run, `Rejoin` if it is not alive, or where the leader is. With
+    /// the term this replica answered as leader of.
+    fn node_drivers(
+        &self,
+        principal: &Principal,
+        request: &SchedulerRequest,
+        node: floe_core::NodeId,
+    ) -> Result<(SchedulerResponse, Option<u64>), RemoteError> {
+        // Only the node itself may ask, which depends on no state.
+        authz::authorize_scheduler(principal, request, &ClusterState::default())
+            .map_err(|refusal| forbidden(principal, refusal))?;
+        let directory = Arc::clone(&self.directory.borrow());
+        let Some(term) = directory.leading else {
+            let leader = directory.leader.clone();
+            return Ok((SchedulerResponse::NotLeader { leader }, None));
+        };
+        let response = if directory.nodes.is_alive(node) {
+            SchedulerResponse::HeartbeatAccepted {
+                drivers: directory.nodes.drivers_on(node),
+            }
+        } else {
+            SchedulerResponse::Rejoin
+        };
+        Ok((response, Some(term)))
     }
 
     /// Refuses Raft messages from anyone but a configured replica that proved the replica
@@ -181,6 +213,19 @@ impl Handler<SchedulerProtocol> for Service {
                 until_announced(&mut ended, job, wait_ms).await;
                 self.ask(principal, request).await
             }
+            SchedulerRequest::Heartbeat { node, usage } => {
+                let request = SchedulerRequest::Heartbeat { node, usage };
+                let (response, term) = self.node_drivers(principal, &request, node)?;
+                if let (SchedulerResponse::HeartbeatAccepted { .. }, Some(term)) = (&response, term)
+                    && self.beats.heard(term, node, usage) == Heard::First
+                {
+                    self.inputs
+                        .send(Input::Heard(node))
+                        .await
+                        .map_err(|_| stopped())?;
+                }
+                Ok(response)
+            }
             SchedulerRequest::WatchDrivers {
                 node,
                 known,
@@ -193,13 +238,14 @@ impl Handler<SchedulerProtocol> for Service {
                     known: known.clone(),
                     wait_ms,
                 };
-                let current = self.ask(principal, request.clone()).await?;
+                let (current, _) = self.node_drivers(principal, &request, node)?;
                 if !matches!(&current, SchedulerResponse::HeartbeatAccepted { drivers } if *drivers == known)
                 {
                     return Ok(current);
                 }
+                // Announced once the directory says so (`publish_directory`).
                 until_announced(&mut started, node, wait_ms).await;
-                self.ask(principal, request).await
+                Ok(self.node_drivers(principal, &request, node)?.0)
             }
             request @ SchedulerRequest::RegisterNode { .. } => {
                 match self.ask(principal, request).await? {
@@ -324,17 +370,6 @@ impl<S: LogStore> RaftLoop<S> {
                 Some(reply),
             ),
             SchedulerRequest::Propose(command) => self.propose(command, Some(reply)),
-            SchedulerRequest::Heartbeat { node, usage } => {
-                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    self.heard_from(node, usage);
-                    SchedulerResponse::HeartbeatAccepted {
-                        drivers: self.state.drivers_on(node),
-                    }
-                } else {
-                    SchedulerResponse::Rejoin
-                };
-                let _ = reply.send(Ok(response));
-            }
             SchedulerRequest::WatchJob { job, .. } => {
                 let record = self
                     .state
@@ -343,24 +378,15 @@ impl<S: LogStore> RaftLoop<S> {
                     .map(|record| Box::new(JobRecord::clone(record)));
                 let _ = reply.send(Ok(SchedulerResponse::Job(record)));
             }
-            SchedulerRequest::WatchDrivers { node, .. } => {
-                let response = if self.state.nodes.get(&node).is_some_and(|n| n.is_alive()) {
-                    SchedulerResponse::HeartbeatAccepted {
-                        drivers: self.state.drivers_on(node),
-                    }
-                } else {
-                    SchedulerResponse::Rejoin
-                };
-                let _ = reply.send(Ok(response));
-            }
             SchedulerRequest::ReadState => self.reads_unissued.push(reply),
             SchedulerRequest::NodeReports => {
                 let now = Instant::now();
-                let reports = self
+                let beats = self.beats.lock();
+                let reports = beats
                     .usage
                     .iter()
                     .filter_map(|(node, usage)| {
-                        let seen = self.last_seen.get(node)?;
+                        let seen = beats.last_seen.get(node)?;
                         let age = now.duration_since(*seen).as_millis();
                         Some((
                             *node,
@@ -438,10 +464,14 @@ impl<S: LogStore> RaftLoop<S> {
                 let index = self.state.cache.clone();
                 let _ = reply.send(Ok(SchedulerResponse::CacheIndex(index)));
             }
-            SchedulerRequest::Raft { .. } | SchedulerRequest::JobHistory { .. } => {
+            SchedulerRequest::Raft { .. }
+            | SchedulerRequest::JobHistory { .. }
+            | SchedulerRequest::Heartbeat { .. }
+            | SchedulerRequest::WatchDrivers { .. } => {
                 let _ = reply.send(Err(RemoteError::new(
                     RemoteErrorKind::BadRequest,
-                    "raft messages and history reads are not the raft loop's to answer",
+                    "raft messages, history reads and heartbeats are not the raft loop's to \
+                     answer",
                 )));
             }
         }

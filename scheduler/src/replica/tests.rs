@@ -1,3 +1,4 @@
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use floe_core::auth::{ClusterSecret, Credential, ReplicaSecret, Scopes, TokensFile};
@@ -400,13 +401,27 @@ fn peers_parse_and_bad_specs_say_why() {
     );
 }
 
-/// A log whose writes start failing once `fail` is set, as a full or broken disk would.
-struct FailingLog {
+/// A log whose writes start failing once `fail` is set, as a full or broken disk would, and
+/// wait while the test holds `stall`, as a slow disk would (`stalled` says one waits).
+struct FaultyLog {
     inner: MemoryLog,
     fail: Arc<std::sync::atomic::AtomicBool>,
+    stall: Arc<std::sync::Mutex<()>>,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl raft::Storage for FailingLog {
+impl FaultyLog {
+    fn new(voters: Vec<u64>) -> Self {
+        Self {
+            inner: MemoryLog::new(voters),
+            fail: Arc::default(),
+            stall: Arc::default(),
+            stalled: Arc::default(),
+        }
+    }
+}
+
+impl raft::Storage for FaultyLog {
     fn initial_state(&self) -> raft::Result<raft::RaftState> {
         self.inner.initial_state()
     }
@@ -438,12 +453,16 @@ impl raft::Storage for FailingLog {
     }
 }
 
-impl LogStore for FailingLog {
+impl LogStore for FaultyLog {
     fn persist(
         &mut self,
         entries: &[Entry],
         hard_state: Option<&raft::prelude::HardState>,
     ) -> Result<()> {
+        self.stalled.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(self.stall.lock().unwrap_or_else(PoisonError::into_inner));
+        self.stalled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Io {
                 op: "appending to",
@@ -475,11 +494,8 @@ impl LogStore for FailingLog {
 async fn a_failed_write_stops_the_replica_with_the_error() {
     let config = test_config();
     let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
-    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = FailingLog {
-        inner: MemoryLog::new(vec![1]),
-        fail: fail.clone(),
-    };
+    let store = FaultyLog::new(vec![1]);
+    let fail = Arc::clone(&store.fail);
     let replica = Replica::start(
         ReplicaConfig::new(&config, 1, peers.clone()).unwrap(),
         store,
@@ -519,6 +535,89 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
         matches!(&stopped, Err(Error::Io { source, .. }) if source.to_string() == "disk full"),
         "{stopped:?}"
     );
+}
+
+/// Heartbeats commit nothing, and are answered without the Raft task: a leader whose disk
+/// holds up every write still hears its nodes, so none is declared dead for its disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_heartbeat_is_answered_while_the_raft_task_waits_on_its_disk() {
+    let config = test_config();
+    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
+    let store = FaultyLog::new(vec![1]);
+    let (stall, stalled) = (Arc::clone(&store.stall), Arc::clone(&store.stalled));
+    let replica = Replica::start(ReplicaConfig::new(&config, 1, peers).unwrap(), store)
+        .await
+        .unwrap();
+    let replicas = [replica];
+    let (node, mut node_client) = register_node(
+        &config,
+        &replicas,
+        NodeAddresses {
+            rpc: "127.0.0.1:1".into(),
+        },
+        resources(4, 1 << 30),
+    )
+    .await;
+    let mut client = SchedulerClient::new(addrs_of(&replicas), WireConfig::client(&config))
+        .unwrap()
+        .with_retry_for(Duration::from_secs(30));
+    client
+        .propose(Command::SubmitJob {
+            spec: vec![1],
+            submission: floe_core::SubmissionId::random(),
+            name: None,
+        })
+        .await
+        .unwrap();
+    // The job's driver goes to the node once it has heartbeated.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = node_client
+            .heartbeat(node, ResourceUsage::default())
+            .await
+            .unwrap();
+        if matches!(&reply, HeartbeatReply::Accepted { drivers } if drivers.len() == 1) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{reply:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let held = stall.lock().unwrap();
+    let submitting = tokio::spawn(async move {
+        client
+            .propose(Command::SubmitJob {
+                spec: vec![2],
+                submission: floe_core::SubmissionId::random(),
+                name: None,
+            })
+            .await
+    });
+    while !stalled.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..3 {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(10),
+            node_client.heartbeat(node, ResourceUsage::default()),
+        )
+        .await
+        .expect("a heartbeat does not wait for the raft task")
+        .unwrap();
+        assert!(
+            matches!(&reply, HeartbeatReply::Accepted { drivers } if drivers.len() == 1),
+            "{reply:?}"
+        );
+    }
+    assert!(
+        stalled.load(std::sync::atomic::Ordering::SeqCst),
+        "the write was still held up"
+    );
+    drop(held);
+    assert!(matches!(
+        submitting.await.unwrap().unwrap(),
+        Outcome::JobSubmitted(_)
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -761,6 +860,56 @@ async fn the_leader_prunes_finished_jobs_and_every_replica_keeps_their_history()
     }
     beating.abort();
     drop(replicas);
+}
+
+/// A state past half of `net.max_frame` could no longer be sent to a follower that fell
+/// behind (one Raft message), nor read through `ReadState`: once a snapshot measures it past
+/// that budget, the leader moves the oldest finished jobs to the history, whatever
+/// `jobs.keep_finished` says, and the state fits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_nearing_the_frame_limit_sends_its_oldest_finished_jobs_to_the_history() {
+    let mut config = test_config();
+    config.net.max_frame = floe_core::config::ByteSize::mib(1);
+    config.jobs.keep_finished = 100_000;
+    config.scheduler.snapshot_entries = 20;
+    let (replicas, mut client) = start_cluster(&config, 1).await;
+    let budget = config.net.max_frame.bytes() / 2;
+    // 120 cancelled jobs of 16 KiB each: about 1.9 MiB of state, with no node needed.
+    let mut jobs = Vec::new();
+    for n in 0..120u32 {
+        let spec = n.to_le_bytes().repeat(4096);
+        let job = client
+            .submit_job(spec, floe_core::SubmissionId::random(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            client.propose(Command::CancelJob { job }).await.unwrap(),
+            Outcome::Applied
+        );
+        jobs.push(job);
+    }
+    let mut applied = replicas[0].applied_state();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let state = Arc::clone(&applied.borrow_and_update());
+        let bytes = state.encode().unwrap().len() as u64;
+        if bytes <= budget {
+            break state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{bytes} bytes of state, {} jobs",
+            state.jobs.len()
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), applied.changed()).await;
+    };
+    // The newest stay, the oldest went, and what stays is most of what fits.
+    let kept: Vec<JobId> = state.jobs.keys().copied().collect();
+    assert!(kept.len() >= 16 && kept.len() < jobs.len(), "{}", kept.len());
+    assert_eq!(kept, jobs[jobs.len() - kept.len()..]);
+    // Small enough to be read in one frame again.
+    let read = client.read_state().await.unwrap();
+    assert!(read.jobs.len() <= kept.len());
 }
 
 mod leases;

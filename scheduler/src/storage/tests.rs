@@ -324,33 +324,129 @@ fn a_cut_tail_under_a_recorded_commit_is_reported_and_the_log_still_starts() {
     );
 }
 
-/// A snapshot written off the Raft task with the start of the next WAL, then kept: the log
-/// swaps WAL files rather than rewriting one, and reopens with every entry.
+fn file_len(dir: &Path, name: &str) -> u64 {
+    std::fs::metadata(dir.join(name)).unwrap().len()
+}
+
+/// A snapshot written off the Raft task with the start of the next WAL, then kept: keeping it
+/// writes no file (the Raft task makes no fsync of its own for it); the next write appends
+/// what came since to the next WAL and moves to it, and the log reopens with every entry.
 #[test]
-fn a_prepared_compaction_swaps_in_the_next_wal() {
+fn a_prepared_compaction_moves_to_the_next_wal_with_the_next_write() {
     let dir = tempfile::tempdir().unwrap();
     {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 95)))
             .unwrap();
-        let before = wal_len(dir.path());
         let writer = log.snapshot_writer();
         writer
             .prepare(&snapshot(90, 1, "state@90"), &entries(91..=95, 1))
             .unwrap();
         // Appended while the snapshot was being written.
         log.persist(&entries(101..=103, 1), None).unwrap();
+        let wal_before = wal_len(dir.path());
+        let next_before = file_len(dir.path(), WAL_NEXT_FILE);
         log.compact(snapshot(90, 1, "state@90")).unwrap();
-        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
-        assert!(wal_len(dir.path()) < before / 5);
+        assert_eq!(wal_len(dir.path()), wal_before);
+        assert_eq!(file_len(dir.path(), WAL_NEXT_FILE), next_before);
+        assert_eq!(log.first_index().unwrap(), 91);
         log.persist(&entries(104..=105, 1), Some(&hard_state(1, 1, 105)))
             .unwrap();
+        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+        assert!(wal_len(dir.path()) < wal_before / 5);
+        log.persist(&entries(106..=106, 1), None).unwrap();
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.first_index().unwrap(), 91);
-    assert_eq!(all_entries(&log), expected(91..=105, 1));
+    assert_eq!(all_entries(&log), expected(91..=106, 1));
     assert_eq!(log.latest_snapshot().data.to_vec(), b"state@90");
     assert_eq!(log.initial_state().unwrap().hard_state.commit, 105);
+}
+
+/// A crash after a prepared snapshot was kept and before the next write: the entries written
+/// to the old WAL since the snapshot was copied are in `wal` only, and must come back.
+#[test]
+fn a_crash_between_keeping_a_snapshot_and_the_next_write_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 95)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=95, 1))
+            .unwrap();
+        log.persist(&entries(101..=103, 1), Some(&hard_state(1, 1, 100)))
+            .unwrap();
+        log.compact(snapshot(90, 1, "state@90")).unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(all_entries(&log), expected(91..=103, 1));
+    assert_eq!(log.initial_state().unwrap().hard_state.commit, 100);
+    assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+}
+
+/// A second snapshot prepared before the log moved to the first one's next WAL must not
+/// touch that file: it is kept by rewriting the WAL, and nothing is lost.
+#[test]
+fn a_snapshot_prepared_before_the_log_moved_to_the_last_next_wal_rewrites_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
+            .unwrap();
+        let writer = log.snapshot_writer();
+        writer
+            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=100, 1))
+            .unwrap();
+        log.compact(snapshot(50, 1, "state@50")).unwrap();
+        let next_before = std::fs::read(dir.path().join(WAL_NEXT_FILE)).unwrap();
+        // No write since: the log still has to move to the next WAL.
+        writer
+            .prepare(&snapshot(80, 1, "state@80"), &entries(81..=100, 1))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join(WAL_NEXT_FILE)).unwrap(),
+            next_before
+        );
+        log.compact(snapshot(80, 1, "state@80")).unwrap();
+        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+        log.persist(&entries(101..=102, 1), Some(&hard_state(1, 1, 102)))
+            .unwrap();
+        // The next snapshot may prepare a next WAL again.
+        writer
+            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=102, 1))
+            .unwrap();
+        log.compact(snapshot(90, 1, "state@90")).unwrap();
+        log.persist(&entries(103..=103, 1), Some(&hard_state(1, 1, 103)))
+            .unwrap();
+        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"state@90");
+    assert_eq!(all_entries(&log), expected(91..=103, 1));
+}
+
+/// A snapshot installed from the leader replaces the log, and with it a next WAL the log had
+/// yet to move to.
+#[test]
+fn an_installed_snapshot_discards_a_next_wal_not_moved_to() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=100, 1))
+            .unwrap();
+        log.compact(snapshot(50, 1, "state@50")).unwrap();
+        log.apply_snapshot(snapshot(200, 2, "leader@200")).unwrap();
+        assert!(!dir.path().join(WAL_NEXT_FILE).exists());
+        log.persist(&entries(201..=202, 2), Some(&hard_state(2, 3, 202)))
+            .unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"leader@200");
+    assert_eq!(all_entries(&log), expected(201..=202, 2));
 }
 
 /// A crash after the next WAL was prepared but before the compaction kept it: its entries
@@ -390,7 +486,9 @@ fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
             .unwrap();
         std::fs::copy(dir.path().join(WAL_FILE), &old_wal).unwrap();
         log.compact(snapshot(90, 1, "state@90")).unwrap();
-        log.persist(&entries(101..=104, 2), Some(&hard_state(2, 3, 104)))
+        log.persist(&entries(101..=102, 2), Some(&hard_state(2, 3, 102)))
+            .unwrap();
+        log.persist(&entries(103..=104, 2), Some(&hard_state(2, 3, 104)))
             .unwrap();
     }
     std::fs::rename(dir.path().join(WAL_FILE), dir.path().join(WAL_NEXT_FILE)).unwrap();
@@ -409,4 +507,26 @@ fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
     assert!(!dir.path().join(WAL_NEXT_FILE).exists());
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.last_index().unwrap(), 104);
+}
+
+/// A snapshot larger than a sync step is written in steps, and reads back whole.
+#[test]
+fn a_snapshot_written_in_sync_steps_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: String = (0..(2 * SYNC_STEP_BYTES + 12_345) / 8)
+        .map(|n| format!("{:08x}", n % 0xffff_ffff))
+        .collect();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=10, 1), Some(&hard_state(1, 1, 10)))
+            .unwrap();
+        log.snapshot_writer()
+            .prepare(&snapshot(8, 1, &data), &entries(9..=10, 1))
+            .unwrap();
+        log.compact(snapshot(8, 1, &data)).unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert!(log.latest_snapshot().data.len() > 2 * SYNC_STEP_BYTES);
+    assert_eq!(log.latest_snapshot().data.to_vec(), data.into_bytes());
+    assert_eq!(all_entries(&log), expected(9..=10, 1));
 }

@@ -763,30 +763,43 @@ function nodeRow(node) {
 }
 
 pages.jobs = {
-  mount(main) {
+  mount(main, route) {
     this.filters = el('div');
     this.pagerTop = el('div');
     this.pagerBottom = el('div');
-    const { table: t, tbody } = table('jobs-table', [['id', 'num'], 'state', 'operators', ['attempts', 'num'],
+    this.name = el('input', { type: 'search', id: 'jobs-name', size: 20, placeholder: 'name contains', value: this.params(route).name });
+    const nameForm = el('form', {
+      class: 'name-filter',
+      onsubmit: (event) => {
+        event.preventDefault();
+        location.hash = hashFor('jobs', { state: this.params(parseRoute()).state, name: this.name.value.trim() });
+      },
+    }, this.name, el('button', { type: 'submit' }, 'filter'));
+    const { table: t, tbody } = table('jobs-table', [['id', 'num'], 'name', 'state', 'operators', ['attempts', 'num'],
       'driver', 'submitted', ['duration', 'num'], ['output rows', 'num'], 'error']);
     this.tbody = tbody;
     this.empty = el('p', { class: 'empty', hidden: true }, 'no jobs');
-    setChildren(main, section('Jobs', el('div', { class: 'toolbar' }, this.filters, this.pagerTop), t, this.empty, this.pagerBottom));
+    setChildren(main, section('Jobs', el('div', { class: 'toolbar' }, this.filters, nameForm, this.pagerTop), t, this.empty, this.pagerBottom));
   },
   params(route) {
     const state = route.query.get('state');
-    return { state: JOB_STATES.includes(state) ? state : '', offset: offsetParam(route.query) };
+    return {
+      state: JOB_STATES.includes(state) ? state : '',
+      name: route.query.get('name') || '',
+      offset: offsetParam(route.query),
+    };
   },
   load(route) {
-    const { state, offset } = this.params(route);
+    const { state, name, offset } = this.params(route);
     // `all`: jobs moved to this replica's history follow the live ones.
     const q = new URLSearchParams({ offset, limit: JOBS_PER_PAGE, all: 'true' });
     if (state) q.set('state', state);
+    if (name) q.set('name', name);
     return api(`/api/jobs?${q}`);
   },
   render(data, cluster, route) {
-    const { state, offset } = this.params(route);
-    const go = (params) => { location.hash = hashFor('jobs', Object.assign({ state, offset }, params)); };
+    const { state, name, offset } = this.params(route);
+    const go = (params) => { location.hash = hashFor('jobs', Object.assign({ state, name, offset }, params)); };
     if (offset > 0 && offset >= data.total) {
       go({ offset: Math.max(0, Math.floor((data.total - 1) / JOBS_PER_PAGE) * JOBS_PER_PAGE) });
       return;
@@ -798,7 +811,7 @@ pages.jobs = {
       state, (value) => go({ state: value, offset: 0 })));
     const jobs = data.jobs || [];
     for (const holder of [this.pagerTop, this.pagerBottom]) {
-      patch(holder, [offset, jobs.length, data.total, state], () =>
+      patch(holder, [offset, jobs.length, data.total, state, name], () =>
         pager(offset, JOBS_PER_PAGE, jobs.length, data.total, (o) => go({ offset: o })));
     }
     this.empty.hidden = jobs.length > 0;
@@ -837,6 +850,7 @@ function jobRow(job) {
   const href = `#/jobs/${encodeURIComponent(job.id)}`;
   const row = el('tr', { class: 'link-row', dataset: { jobId: job.id, state: job.state } },
     num(el('a', { href }, job.id)),
+    el('td', { class: 'job-name' }, textOf(job.name)),
     el('td', null, badge(job.state), job.removed ? ` (${job.removed})` : ''),
     el('td', { class: 'ops' }, (job.operators || []).join(' → ')),
     num(fmtCount(job.attempts)),
