@@ -65,11 +65,13 @@ fn url(path: &str) -> PathBuf {
     PathBuf::from(format!("s3://lake/{path}"))
 }
 
-/// Puts a file straight into the server's storage, as another writer would have.
-fn put(server: &S3Server, key: &str, write: impl FnOnce(&Path)) -> PathBuf {
-    let path = server.object_path("lake", key);
+/// Writes a file under `local` (at `key`) and uploads it as object `key`, as another writer
+/// would have; returns the local copy.
+fn put(server: &S3Server, local: &Path, key: &str, write: impl FnOnce(&Path)) -> PathBuf {
+    let path = local.join(key);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     write(&path);
+    server.put_file("lake", key, &path);
     path
 }
 
@@ -109,19 +111,22 @@ fn object_storage_reads_and_writes_match_local_files() {
     let server = S3Server::start(&["lake"]);
     // SAFETY: the only test of this binary, before it starts any thread of its own.
     unsafe { server.export_env() };
+    let scratch = tempfile::tempdir().unwrap();
 
     // Two Parquet files of four row groups each, a CSV file, and hidden files to skip.
-    let local_a = put(&server, "data/a.parquet", |p| {
+    let local_a = put(&server, scratch.path(), "data/a.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(0, ROWS), Some(5_000))
     });
-    put(&server, "data/b.parquet", |p| {
+    put(&server, scratch.path(), "data/b.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(ROWS, ROWS), Some(5_000))
     });
-    put(&server, "data/_SUCCESS", |p| std::fs::write(p, "").unwrap());
-    put(&server, "data/.staging/c.parquet", |p| {
+    put(&server, scratch.path(), "data/_SUCCESS", |p| {
+        std::fs::write(p, "").unwrap()
+    });
+    put(&server, scratch.path(), "data/.staging/c.parquet", |p| {
         std::fs::write(p, "not parquet").unwrap()
     });
-    let local_csv = put(&server, "csv/x.csv", |p| {
+    let local_csv = put(&server, scratch.path(), "csv/x.csv", |p| {
         let mut writer = arrow::csv::Writer::new(std::fs::File::create(p).unwrap());
         writer.write(&sample(0, 500)).unwrap();
     });
@@ -188,7 +193,7 @@ fn object_storage_reads_and_writes_match_local_files() {
     // Overwriting an object changes its stamp, so the fingerprint; a plan made before
     // refuses to read it.
     let before = SourceDescription::Files(remote.files.clone()).fingerprint();
-    put(&server, "data/a.parquet", |p| {
+    put(&server, scratch.path(), "data/a.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(7, ROWS), Some(5_000))
     });
     let after = discover(FileFormat::Parquet, &[url("data/a.parquet")]).unwrap();
@@ -266,13 +271,13 @@ fn object_storage_reads_and_writes_match_local_files() {
         "{error}"
     );
 
-    partitioned_text_and_binary_objects(&server);
+    partitioned_text_and_binary_objects(&server, scratch.path());
 }
 
 /// A Hive-partitioned sink on the server, read back with its partitions discovered; a filter
 /// on them fetches only the kept directories' objects. Text and binary objects read as the
 /// same files do locally.
-fn partitioned_text_and_binary_objects(server: &S3Server) {
+fn partitioned_text_and_binary_objects(server: &S3Server, local: &Path) {
     let out = url("events");
     let partitioned = WriteSpec {
         partition_by: vec!["group".to_owned()],
@@ -322,10 +327,11 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
     );
 
     // Text (a gzipped object too) and binary objects.
-    let local = tempfile::tempdir().unwrap();
     let lines: String = (0..3_000).map(|i| format!("line {i}\n")).collect();
-    put(server, "text/a.txt", |p| std::fs::write(p, &lines).unwrap());
-    put(server, "text/b.txt.gz", |p| {
+    put(server, local, "text/a.txt", |p| {
+        std::fs::write(p, &lines).unwrap()
+    });
+    put(server, local, "text/b.txt.gz", |p| {
         let mut encoder = flate2::write::GzEncoder::new(
             std::fs::File::create(p).unwrap(),
             flate2::Compression::default(),
@@ -333,17 +339,13 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
         std::io::Write::write_all(&mut encoder, b"zipped\nlines\n").unwrap();
         encoder.finish().unwrap();
     });
-    for name in ["a.txt", "b.txt.gz"] {
-        std::fs::copy(
-            server.object_path("lake", &format!("text/{name}")),
-            local.path().join(name),
-        )
-        .unwrap();
-    }
     let (remote_rows, remote_stats) =
         read_scan(&discover(FileFormat::Text, &[url("text/")]).unwrap(), 4096).unwrap();
-    let (local_rows, _) =
-        read_scan(&discover(FileFormat::Text, &[local.path()]).unwrap(), 4096).unwrap();
+    let (local_rows, _) = read_scan(
+        &discover(FileFormat::Text, &[local.join("text")]).unwrap(),
+        4096,
+    )
+    .unwrap();
     assert_eq!(remote_rows, local_rows);
     assert_eq!(remote_stats.rows_out, 3_002);
     let (remote_files, _) = read_scan(
@@ -364,7 +366,7 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
         .collect();
     let expected: Vec<Vec<u8>> = ["a.txt", "b.txt.gz"]
         .iter()
-        .map(|name| std::fs::read(local.path().join(name)).unwrap())
+        .map(|name| std::fs::read(local.join("text").join(name)).unwrap())
         .collect();
     assert_eq!(bytes, expected);
     let paths =
