@@ -29,6 +29,41 @@ const REGION: &str = "us-east-1";
 /// Bytes per part when [`S3Server::put_file`] uploads (S3's minimum part is 5 MiB).
 const PART_BYTES: usize = 8 << 20;
 
+/// What a test server serves.
+pub struct S3ServerConfig<'a> {
+    /// Buckets only signed requests reach.
+    pub buckets: &'a [&'a str],
+    /// Buckets whose objects anyone may also read unsigned (GET and HEAD of an object, as a
+    /// public bucket serves them): what `http://` URLs are tested against. Everything else
+    /// on them (listing, writing) still needs a signature.
+    pub public_buckets: &'a [&'a str],
+}
+
+/// Lets signed requests through (the server's auth has checked their signature) and unsigned
+/// object reads of the public buckets; refuses every other unsigned request.
+struct PublicReads {
+    buckets: Vec<String>,
+}
+
+#[async_trait::async_trait]
+impl s3s::access::S3Access for PublicReads {
+    async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> s3s::S3Result<()> {
+        if cx.credentials().is_some() {
+            return Ok(());
+        }
+        let public_object = cx
+            .s3_path()
+            .as_object()
+            .is_some_and(|(bucket, _)| self.buckets.iter().any(|b| b == bucket));
+        let read = matches!(cx.s3_op().name(), "GetObject" | "HeadObject");
+        if public_object && read {
+            Ok(())
+        } else {
+            Err(s3s::s3_error!(AccessDenied, "Signature required"))
+        }
+    }
+}
+
 /// A running server; stops when dropped.
 pub struct S3Server {
     pub address: SocketAddr,
@@ -38,13 +73,20 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts a server with empty `buckets`.
+    /// Starts a server with empty `buckets`, every request signed.
     pub fn start(buckets: &[&str]) -> Self {
+        Self::start_with(&S3ServerConfig {
+            buckets,
+            public_buckets: &[],
+        })
+    }
+
+    pub fn start_with(config: &S3ServerConfig<'_>) -> Self {
         let root = tempfile::Builder::new()
             .prefix("floe-s3-")
             .tempdir()
             .unwrap();
-        for bucket in buckets {
+        for bucket in config.buckets.iter().chain(config.public_buckets) {
             std::fs::create_dir(root.path().join(bucket)).unwrap();
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -60,6 +102,13 @@ impl S3Server {
         let service = {
             let mut builder = S3ServiceBuilder::new(s3s_fs::FileSystem::new(root.path()).unwrap());
             builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+            builder.set_access(PublicReads {
+                buckets: config
+                    .public_buckets
+                    .iter()
+                    .map(|b| (*b).to_owned())
+                    .collect(),
+            });
             builder.build()
         };
         runtime.spawn(async move {
@@ -86,7 +135,7 @@ impl S3Server {
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>`; a public bucket's object is `<endpoint>/<bucket>/<key>`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.address)
     }
