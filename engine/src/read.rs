@@ -545,9 +545,17 @@ struct RemoteRowGroups {
     fetched: Arc<AtomicU64>,
     /// Row groups whose fetch has not started, in order.
     waiting: std::vec::IntoIter<usize>,
-    /// Row groups whose fetch has started, in order, with the ranges asked for.
-    started: VecDeque<(usize, Vec<Range<u64>>, Pending<Vec<Bytes>>)>,
+    /// Row groups whose fetch has started, in order.
+    started: VecDeque<RowGroupFetch>,
     current: Option<ParquetRecordBatchReader>,
+}
+
+/// A row group's column chunks on their way.
+struct RowGroupFetch {
+    row_group: usize,
+    /// The byte ranges asked for, in the order `pending` gives them.
+    ranges: Vec<Range<u64>>,
+    pending: Pending<Vec<Bytes>>,
 }
 
 impl RemoteRowGroups {
@@ -595,7 +603,11 @@ impl RemoteRowGroups {
             let pending = self
                 .object
                 .start_get_ranges(ranges.clone(), self.fetched.clone())?;
-            self.started.push_back((row_group, ranges, pending));
+            self.started.push_back(RowGroupFetch {
+                row_group,
+                ranges,
+                pending,
+            });
         }
         Ok(())
     }
@@ -603,7 +615,12 @@ impl RemoteRowGroups {
     /// The decoder of the next row group, once its chunks have arrived; `None` after the last.
     fn open_next(&mut self) -> Result<Option<ParquetRecordBatchReader>> {
         self.start_fetches()?;
-        let Some((row_group, ranges, pending)) = self.started.pop_front() else {
+        let Some(RowGroupFetch {
+            row_group,
+            ranges,
+            pending,
+        }) = self.started.pop_front()
+        else {
             return Ok(None);
         };
         self.start_fetches()?;
