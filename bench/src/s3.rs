@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
 use arrow::array::{ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{Float64Type, Int64Type};
 use floe_core::plan::{FileFormat, FileScan};
@@ -160,8 +160,7 @@ pub fn run(quick: bool) -> anyhow::Result<()> {
     let local = tempfile::tempdir()?;
     let local_file = local.path().join("events.parquet");
     write(&local_file, rows)?;
-    std::fs::copy(&local_file, server.object_path("bench", "events.parquet"))
-        .context("copying the file into the server's bucket")?;
+    server.put_file("bench", "events.parquet", &local_file);
     let bytes_in_files = std::fs::metadata(&local_file)?.len();
 
     let local_scan = discover(FileFormat::Parquet, &[&local_file])?;

@@ -11,8 +11,10 @@
 //! of the projected columns; a remote CSV or NDJSON file is fetched whole. CSV and NDJSON files
 //! named `*.gz` or `*.zst` are decompressed as they are read.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,19 +25,21 @@ use arrow::compute::{and_kleene, filter_record_batch};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
 use floe_core::expr::{BinaryOp, Expr, common_type};
 use floe_core::fingerprint::FileStamp;
 use floe_core::plan::{FileFormat, FileScan, PartitionColumn, PartitionType};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
 };
 use parquet::file::metadata::RowGroupMetaData;
 
 use crate::eval::{evaluate_predicate, literal_array, safe_cast};
 use crate::ops::Limiter;
-use crate::remote::{FetchedRanges, Object};
+use crate::remote::{FetchedRanges, Object, Pending};
 use crate::{Error, Result};
 
 /// Rows per batch a reader emits before block sizing regroups them; performance only.
@@ -523,54 +527,139 @@ fn parquet_metadata(stamp: &FileStamp) -> Result<(ArrowReaderMetadata, u64)> {
     }
 }
 
+/// Row groups of a remote Parquet object whose column chunks are fetched ahead of the one
+/// being decoded, so the network and the decoding overlap: a ranged GET costs a round trip
+/// and more, where decoding a row group from memory takes about as long. Bounds the memory
+/// held to this many row groups' projected chunks beyond the current one.
+const ROW_GROUPS_AHEAD: usize = 2;
+
 /// Reads row groups `keep` of remote Parquet object `object`: per row group, one concurrent
-/// fetch of the column chunks `mask` selects, then decoding from memory. `fetched` counts the
-/// bytes.
-fn remote_row_groups(
+/// fetch of the column chunks `mask` selects, started [`ROW_GROUPS_AHEAD`] row groups before
+/// it is decoded from memory. `fetched` counts the bytes.
+struct RemoteRowGroups {
     object: Object,
     size: u64,
     metadata: ArrowReaderMetadata,
-    keep: Vec<usize>,
     mask: ProjectionMask,
     batch_rows: usize,
     fetched: Arc<AtomicU64>,
-) -> impl Iterator<Item = Result<RecordBatch, ArrowError>> {
-    keep.into_iter().flat_map(
-        move |row_group| -> Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>> {
-            let opened = (|| -> Result<_> {
-                let chunks = metadata.metadata().row_group(row_group).columns();
-                let ranges: Vec<_> = chunks
-                    .iter()
-                    .enumerate()
-                    .filter(|(leaf, _)| mask.leaf_included(*leaf))
-                    .map(|(_, chunk)| {
-                        let (start, length) = chunk.byte_range();
-                        start..start + length
-                    })
-                    .collect();
-                let bytes = object.get_ranges(ranges.clone())?;
-                fetched.fetch_add(
-                    bytes.iter().map(|b| b.len() as u64).sum(),
-                    Ordering::Relaxed,
-                );
-                let held =
-                    FetchedRanges::new(size, ranges.iter().map(|r| r.start).zip(bytes).collect());
-                Ok(
-                    ParquetRecordBatchReaderBuilder::new_with_metadata(held, metadata.clone())
-                        .with_row_groups(vec![row_group])
-                        .with_projection(mask.clone())
-                        .with_batch_size(batch_rows)
-                        .build()?,
-                )
-            })();
-            match opened {
-                Ok(reader) => Box::new(reader),
-                Err(error) => Box::new(std::iter::once(Err(ArrowError::ExternalError(Box::new(
-                    error,
-                ))))),
+    /// Row groups whose fetch has not started, in order.
+    waiting: std::vec::IntoIter<usize>,
+    /// Row groups whose fetch has started, in order.
+    started: VecDeque<RowGroupFetch>,
+    current: Option<ParquetRecordBatchReader>,
+}
+
+/// A row group's column chunks on their way.
+struct RowGroupFetch {
+    row_group: usize,
+    /// The byte ranges asked for, in the order `pending` gives them.
+    ranges: Vec<Range<u64>>,
+    pending: Pending<Vec<Bytes>>,
+}
+
+impl RemoteRowGroups {
+    fn new(
+        object: Object,
+        size: u64,
+        metadata: ArrowReaderMetadata,
+        keep: Vec<usize>,
+        mask: ProjectionMask,
+        batch_rows: usize,
+        fetched: Arc<AtomicU64>,
+    ) -> Self {
+        Self {
+            object,
+            size,
+            metadata,
+            mask,
+            batch_rows,
+            fetched,
+            waiting: keep.into_iter(),
+            started: VecDeque::new(),
+            current: None,
+        }
+    }
+
+    /// Starts fetches until [`ROW_GROUPS_AHEAD`] + 1 are under way (or none are left).
+    fn start_fetches(&mut self) -> Result<()> {
+        while self.started.len() <= ROW_GROUPS_AHEAD {
+            let Some(row_group) = self.waiting.next() else {
+                break;
+            };
+            let ranges: Vec<_> = self
+                .metadata
+                .metadata()
+                .row_group(row_group)
+                .columns()
+                .iter()
+                .enumerate()
+                .filter(|(leaf, _)| self.mask.leaf_included(*leaf))
+                .map(|(_, chunk)| {
+                    let (start, length) = chunk.byte_range();
+                    start..start + length
+                })
+                .collect();
+            let pending = self
+                .object
+                .start_get_ranges(ranges.clone(), self.fetched.clone())?;
+            self.started.push_back(RowGroupFetch {
+                row_group,
+                ranges,
+                pending,
+            });
+        }
+        Ok(())
+    }
+
+    /// The decoder of the next row group, once its chunks have arrived; `None` after the last.
+    fn open_next(&mut self) -> Result<Option<ParquetRecordBatchReader>> {
+        self.start_fetches()?;
+        let Some(RowGroupFetch {
+            row_group,
+            ranges,
+            pending,
+        }) = self.started.pop_front()
+        else {
+            return Ok(None);
+        };
+        self.start_fetches()?;
+        let bytes = pending.wait()?;
+        let held = FetchedRanges::new(
+            self.size,
+            ranges.iter().map(|r| r.start).zip(bytes).collect(),
+        );
+        Ok(Some(
+            ParquetRecordBatchReaderBuilder::new_with_metadata(held, self.metadata.clone())
+                .with_row_groups(vec![row_group])
+                .with_projection(self.mask.clone())
+                .with_batch_size(self.batch_rows)
+                .build()?,
+        ))
+    }
+}
+
+impl Iterator for RemoteRowGroups {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(batch) = self.current.as_mut().and_then(Iterator::next) {
+                return Some(batch);
             }
-        },
-    )
+            match self.open_next() {
+                Ok(Some(reader)) => self.current = Some(reader),
+                Ok(None) => return None,
+                Err(error) => {
+                    // The caller stops at the first error; nothing more is fetched.
+                    self.waiting = Vec::new().into_iter();
+                    self.started.clear();
+                    self.current = None;
+                    return Some(Err(ArrowError::ExternalError(Box::new(error))));
+                }
+            }
+        }
+    }
 }
 
 /// The columns a scan outputs (its projection, or all), in schema order: the files'
@@ -681,7 +770,7 @@ pub fn read_file(
                 projection_indices(scan, &file_schema)?,
             );
             match Object::of(path)? {
-                Some(object) => Box::new(remote_row_groups(
+                Some(object) => Box::new(RemoteRowGroups::new(
                     object,
                     stamp.size,
                     metadata,

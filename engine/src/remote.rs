@@ -18,6 +18,7 @@ use std::future::Future;
 use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, Bytes};
@@ -61,6 +62,23 @@ impl Object {
             Some(url) => Self::parse(url).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// The object-storage prefix `path` names as a sink's directory, or `None` when it is a
+    /// local path. `http(s)://` is refused: plain HTTP has no multipart upload, and publishing
+    /// needs listing, copies and deletes, which only WebDAV servers add; floe reads HTTP(S)
+    /// and writes to `s3://`, `gs://` and `az://`.
+    pub fn sink_of(path: &Path) -> Result<Option<Self>> {
+        let object = Self::of(path)?;
+        if let Some(object) = &object
+            && matches!(object.base.split_once("://"), Some(("http" | "https", _)))
+        {
+            return Err(Error::Remote {
+                url: object.url(),
+                message: "http(s):// is read-only: write to s3://, gs:// or az://".to_owned(),
+            });
+        }
+        Ok(object)
     }
 
     fn parse(text: &str) -> Result<Self> {
@@ -215,10 +233,23 @@ impl Object {
         self.run(async move { store.get_range(&key, range).await })
     }
 
-    /// The byte ranges `ranges` of the object, fetched concurrently.
-    pub fn get_ranges(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+    /// Starts fetching the byte ranges `ranges` of the object (concurrently) and returns at
+    /// once; [`Pending::wait`] gives them. `fetched` counts their bytes as they arrive, also
+    /// when nobody waits for them any more.
+    pub fn start_get_ranges(
+        &self,
+        ranges: Vec<Range<u64>>,
+        fetched: Arc<AtomicU64>,
+    ) -> Result<Pending<Vec<Bytes>>> {
         let (store, key) = (self.store.clone(), self.key.clone());
-        self.run(async move { store.get_ranges(&key, &ranges).await })
+        start(&self.url(), async move {
+            let bytes = store.get_ranges(&key, &ranges).await?;
+            fetched.fetch_add(
+                bytes.iter().map(|b| b.len() as u64).sum(),
+                Ordering::Relaxed,
+            );
+            Ok(bytes)
+        })
     }
 
     /// Uploads local file `file` as this object with a multipart upload: the object appears
@@ -489,9 +520,33 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime> {
         })
 }
 
-/// Runs `future` on the object-storage runtime and waits for it on this thread (which may
-/// itself be a runtime's: the future never runs here, so no runtime is nested).
-fn block<T: Send + 'static, F>(url: &str, future: F) -> Result<T>
+/// An object-storage call running on the object-storage runtime. Dropping it does not stop
+/// the call: it runs to its end (bounded by the client's timeouts) and its result is dropped.
+pub struct Pending<T> {
+    url: String,
+    receiver: std::sync::mpsc::Receiver<object_store::Result<T>>,
+}
+
+impl<T> Pending<T> {
+    /// Waits for the call on this thread (which may itself be a runtime's: the call never
+    /// runs here, so no runtime is nested).
+    pub fn wait(self) -> Result<T> {
+        let url = self.url;
+        self.receiver
+            .recv()
+            .map_err(|_| Error::Remote {
+                url: url.clone(),
+                message: "the object-storage call was dropped".to_owned(),
+            })?
+            .map_err(|source| Error::RemoteStore {
+                url,
+                source: Box::new(source),
+            })
+    }
+}
+
+/// Starts `future` on the object-storage runtime.
+fn start<T: Send + 'static, F>(url: &str, future: F) -> Result<Pending<T>>
 where
     F: Future<Output = object_store::Result<T>> + Send + 'static,
 {
@@ -499,16 +554,18 @@ where
     runtime()?.spawn(async move {
         let _ = sender.send(future.await);
     });
-    receiver
-        .recv()
-        .map_err(|_| Error::Remote {
-            url: url.to_owned(),
-            message: "the object-storage call was dropped".to_owned(),
-        })?
-        .map_err(|source| Error::RemoteStore {
-            url: url.to_owned(),
-            source: Box::new(source),
-        })
+    Ok(Pending {
+        url: url.to_owned(),
+        receiver,
+    })
+}
+
+/// Runs `future` on the object-storage runtime and waits for it on this thread.
+fn block<T: Send + 'static, F>(url: &str, future: F) -> Result<T>
+where
+    F: Future<Output = object_store::Result<T>> + Send + 'static,
+{
+    start(url, future)?.wait()
 }
 
 /// Byte ranges of one object held in memory, served to the Parquet reader as if they were

@@ -144,7 +144,7 @@ fn codec(compression: Compression) -> parquet::basic::Compression {
 /// Refuses a directory that holds visible files (the `error` write mode): a missing or empty
 /// one, or one with only hidden names (`.`/`_`, which readers skip), is fine.
 pub fn check_empty(directory: &Path) -> Result<()> {
-    if let Some(prefix) = Object::of(directory)? {
+    if let Some(prefix) = Object::sink_of(directory)? {
         return match prefix.list_below()?.first() {
             Some(found) => Err(Error::OutputExists {
                 directory: directory.to_owned(),
@@ -220,7 +220,7 @@ pub fn write_task(
     schema: SchemaRef,
     batches: impl IntoIterator<Item = Result<RecordBatch>>,
 ) -> Result<Vec<PathBuf>> {
-    let remote = Object::of(&spec.directory)?;
+    let remote = Object::sink_of(&spec.directory)?;
     // A remote sink's files are written here first, then uploaded.
     let scratch = match &remote {
         Some(_) => Some(
@@ -405,7 +405,8 @@ pub fn staging_directory(target: &Path, token: &str) -> PathBuf {
 /// - `append`: each file is linked in under a name with `token` in it (`part-<token>-…`),
 ///   which fails rather than replace a file that has the name.
 pub fn publish(spec: &WriteSpec, staging: &Path, token: &str) -> Result<Vec<PathBuf>> {
-    if let (Some(target), Some(staged)) = (Object::of(&spec.directory)?, Object::of(staging)?) {
+    if let (Some(target), Some(staged)) = (Object::sink_of(&spec.directory)?, Object::of(staging)?)
+    {
         return publish_remote(spec, &target, &staged, token);
     }
     let target = &spec.directory;

@@ -16,7 +16,7 @@ use floe_core::plan::{Compression, CsvOptions, FileFormat, FileScan, WriteMode, 
 use floe_engine::read::{discover, expand_paths, read_scan};
 use floe_engine::write::{check_empty, publish, staging_directory, write_task};
 use floe_testkit::batches::int_column;
-use floe_testkit::s3::S3Server;
+use floe_testkit::s3::{S3Server, S3ServerConfig};
 
 const ROWS: i64 = 20_000;
 
@@ -65,11 +65,13 @@ fn url(path: &str) -> PathBuf {
     PathBuf::from(format!("s3://lake/{path}"))
 }
 
-/// Puts a file straight into the server's storage, as another writer would have.
-fn put(server: &S3Server, key: &str, write: impl FnOnce(&Path)) -> PathBuf {
-    let path = server.object_path("lake", key);
+/// Writes a file under `local` (at `key`) and uploads it as object `key`, as another writer
+/// would have; returns the local copy.
+fn put(server: &S3Server, local: &Path, key: &str, write: impl FnOnce(&Path)) -> PathBuf {
+    let path = local.join(key);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     write(&path);
+    server.put_file("lake", key, &path);
     path
 }
 
@@ -106,22 +108,28 @@ fn write_job(spec: &WriteSpec, token: &str, tasks: &[RecordBatch]) -> floe_engin
 
 #[test]
 fn object_storage_reads_and_writes_match_local_files() {
-    let server = S3Server::start(&["lake"]);
+    let server = S3Server::start_with(&S3ServerConfig {
+        buckets: &["lake"],
+        public_buckets: &["web"],
+    });
     // SAFETY: the only test of this binary, before it starts any thread of its own.
     unsafe { server.export_env() };
+    let scratch = tempfile::tempdir().unwrap();
 
     // Two Parquet files of four row groups each, a CSV file, and hidden files to skip.
-    let local_a = put(&server, "data/a.parquet", |p| {
+    let local_a = put(&server, scratch.path(), "data/a.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(0, ROWS), Some(5_000))
     });
-    put(&server, "data/b.parquet", |p| {
+    put(&server, scratch.path(), "data/b.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(ROWS, ROWS), Some(5_000))
     });
-    put(&server, "data/_SUCCESS", |p| std::fs::write(p, "").unwrap());
-    put(&server, "data/.staging/c.parquet", |p| {
+    put(&server, scratch.path(), "data/_SUCCESS", |p| {
+        std::fs::write(p, "").unwrap()
+    });
+    put(&server, scratch.path(), "data/.staging/c.parquet", |p| {
         std::fs::write(p, "not parquet").unwrap()
     });
-    let local_csv = put(&server, "csv/x.csv", |p| {
+    let local_csv = put(&server, scratch.path(), "csv/x.csv", |p| {
         let mut writer = arrow::csv::Writer::new(std::fs::File::create(p).unwrap());
         writer.write(&sample(0, 500)).unwrap();
     });
@@ -188,7 +196,7 @@ fn object_storage_reads_and_writes_match_local_files() {
     // Overwriting an object changes its stamp, so the fingerprint; a plan made before
     // refuses to read it.
     let before = SourceDescription::Files(remote.files.clone()).fingerprint();
-    put(&server, "data/a.parquet", |p| {
+    put(&server, scratch.path(), "data/a.parquet", |p| {
         floe_testkit::files::write_parquet(p, &sample(7, ROWS), Some(5_000))
     });
     let after = discover(FileFormat::Parquet, &[url("data/a.parquet")]).unwrap();
@@ -266,13 +274,14 @@ fn object_storage_reads_and_writes_match_local_files() {
         "{error}"
     );
 
-    partitioned_text_and_binary_objects(&server);
+    partitioned_text_and_binary_objects(&server, scratch.path());
+    plain_http_reads(&server, scratch.path());
 }
 
 /// A Hive-partitioned sink on the server, read back with its partitions discovered; a filter
 /// on them fetches only the kept directories' objects. Text and binary objects read as the
 /// same files do locally.
-fn partitioned_text_and_binary_objects(server: &S3Server) {
+fn partitioned_text_and_binary_objects(server: &S3Server, local: &Path) {
     let out = url("events");
     let partitioned = WriteSpec {
         partition_by: vec!["group".to_owned()],
@@ -322,10 +331,11 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
     );
 
     // Text (a gzipped object too) and binary objects.
-    let local = tempfile::tempdir().unwrap();
     let lines: String = (0..3_000).map(|i| format!("line {i}\n")).collect();
-    put(server, "text/a.txt", |p| std::fs::write(p, &lines).unwrap());
-    put(server, "text/b.txt.gz", |p| {
+    put(server, local, "text/a.txt", |p| {
+        std::fs::write(p, &lines).unwrap()
+    });
+    put(server, local, "text/b.txt.gz", |p| {
         let mut encoder = flate2::write::GzEncoder::new(
             std::fs::File::create(p).unwrap(),
             flate2::Compression::default(),
@@ -333,17 +343,13 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
         std::io::Write::write_all(&mut encoder, b"zipped\nlines\n").unwrap();
         encoder.finish().unwrap();
     });
-    for name in ["a.txt", "b.txt.gz"] {
-        std::fs::copy(
-            server.object_path("lake", &format!("text/{name}")),
-            local.path().join(name),
-        )
-        .unwrap();
-    }
     let (remote_rows, remote_stats) =
         read_scan(&discover(FileFormat::Text, &[url("text/")]).unwrap(), 4096).unwrap();
-    let (local_rows, _) =
-        read_scan(&discover(FileFormat::Text, &[local.path()]).unwrap(), 4096).unwrap();
+    let (local_rows, _) = read_scan(
+        &discover(FileFormat::Text, &[local.join("text")]).unwrap(),
+        4096,
+    )
+    .unwrap();
     assert_eq!(remote_rows, local_rows);
     assert_eq!(remote_stats.rows_out, 3_002);
     let (remote_files, _) = read_scan(
@@ -364,7 +370,7 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
         .collect();
     let expected: Vec<Vec<u8>> = ["a.txt", "b.txt.gz"]
         .iter()
-        .map(|name| std::fs::read(local.path().join(name)).unwrap())
+        .map(|name| std::fs::read(local.join("text").join(name)).unwrap())
         .collect();
     assert_eq!(bytes, expected);
     let paths =
@@ -372,4 +378,71 @@ fn partitioned_text_and_binary_objects(server: &S3Server) {
             .value(0)
             .to_owned();
     assert_eq!(paths, "s3://lake/text/a.txt");
+}
+
+/// `http://` URLs: the same server serves its public bucket's objects unsigned, as any HTTP
+/// server serves files (HEAD, ranged GET). Every reader reads them as the local files; a
+/// Parquet read fetches only the projected column's ranges. Plain HTTP is read-only: a sink
+/// there is refused before anything is written.
+fn plain_http_reads(server: &S3Server, local: &Path) {
+    let http = |key: &str| PathBuf::from(format!("{}/web/{key}", server.endpoint()));
+    for key in ["data/a.parquet", "csv/x.csv", "text/a.txt", "text/b.txt.gz"] {
+        server.put_file("web", key, &local.join(key));
+    }
+
+    let local_parquet = local.join("data/a.parquet");
+    let remote = discover(FileFormat::Parquet, &[http("data/a.parquet")]).unwrap();
+    let local_scan = discover(FileFormat::Parquet, &[&local_parquet]).unwrap();
+    assert_eq!(remote.file_schema, local_scan.file_schema);
+    assert!(
+        remote.files[0].version.is_some(),
+        "an HTTP object's stamp has its ETag"
+    );
+    let (rows, stats) = read_scan(&with_projection(&remote, &["id"]), 4096).unwrap();
+    let (local_rows, _) = read_scan(&with_projection(&local_scan, &["id"]), 4096).unwrap();
+    assert_eq!(int_column(&rows, "id"), int_column(&local_rows, "id"));
+    let id_bytes = floe_testkit::files::parquet_column_bytes(&local_parquet, "id");
+    assert!(
+        stats.bytes_fetched >= id_bytes && stats.bytes_fetched < id_bytes + 70_000,
+        "fetched {} over HTTP for a column of {id_bytes}",
+        stats.bytes_fetched
+    );
+
+    let csv = FileFormat::Csv(CsvOptions::default());
+    let (rows, _) = read_scan(&discover(csv.clone(), &[http("csv/x.csv")]).unwrap(), 128).unwrap();
+    let (local_rows, _) =
+        read_scan(&discover(csv, &[local.join("csv/x.csv")]).unwrap(), 128).unwrap();
+    assert_eq!(rows, local_rows);
+
+    for key in ["text/a.txt", "text/b.txt.gz"] {
+        let (rows, _) =
+            read_scan(&discover(FileFormat::Text, &[http(key)]).unwrap(), 4096).unwrap();
+        let (local_rows, _) = read_scan(
+            &discover(FileFormat::Text, &[local.join(key)]).unwrap(),
+            4096,
+        )
+        .unwrap();
+        assert_eq!(rows, local_rows, "{key}");
+        let (files, _) =
+            read_scan(&discover(FileFormat::Binary, &[http(key)]).unwrap(), 4096).unwrap();
+        let bytes =
+            arrow::array::AsArray::as_binary::<i32>(files[0].column_by_name("bytes").unwrap())
+                .value(0)
+                .to_vec();
+        assert_eq!(bytes, std::fs::read(local.join(key)).unwrap(), "{key}");
+    }
+
+    // The public bucket is no way around the signature: an unsigned read of the other fails.
+    let unsigned = PathBuf::from(format!("{}/lake/data/a.parquet", server.endpoint()));
+    assert!(discover(FileFormat::Parquet, &[unsigned]).is_err());
+
+    // A sink on plain HTTP is refused, and nothing reaches the server.
+    let sink = spec(FileFormat::Parquet, http("out"), WriteMode::Overwrite);
+    let error = write_job(&sink, "job8", &[sample(0, 10)])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("read-only"), "{error}");
+    assert!(check_empty(&http("out")).is_err());
+    assert!(!server.object_path("web", "out").exists());
+    assert!(!server.root().join("web/.out.floe-job8").exists());
 }

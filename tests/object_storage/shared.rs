@@ -39,10 +39,12 @@ fn rows(start: i64, count: i64) -> RecordBatch {
     .unwrap()
 }
 
-fn put(server: &S3Server, key: &str, write: impl FnOnce(&Path)) {
-    let path = server.object_path("lake", key);
+/// Writes a file under `local` and uploads it as object `key`, as another writer would have.
+fn put(server: &S3Server, local: &Path, key: &str, write: impl FnOnce(&Path)) {
+    let path = local.join(key);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     write(&path);
+    server.put_file("lake", key, &path);
 }
 
 /// Every file under `dir`, recursively.
@@ -69,20 +71,26 @@ pub fn a_cluster_reads_and_writes_s3_and_never_shows_the_keys(
     server: &S3Server,
     settings: &[String],
 ) {
+    let local = tempfile::tempdir().unwrap();
     for file in 0..FILES {
-        put(server, &format!("allowed/in/part-{file}.parquet"), |p| {
-            floe_testkit::files::write_parquet(
-                p,
-                &rows(file * ROWS_PER_FILE, ROWS_PER_FILE),
-                Some(1_000),
-            )
-        });
+        put(
+            server,
+            local.path(),
+            &format!("allowed/in/part-{file}.parquet"),
+            |p| {
+                floe_testkit::files::write_parquet(
+                    p,
+                    &rows(file * ROWS_PER_FILE, ROWS_PER_FILE),
+                    Some(1_000),
+                )
+            },
+        );
     }
-    put(server, "allowed/csv/data.csv", |p| {
+    put(server, local.path(), "allowed/csv/data.csv", |p| {
         let mut writer = arrow::csv::Writer::new(std::fs::File::create(p).unwrap());
         writer.write(&rows(0, 900)).unwrap();
     });
-    put(server, "secret/x.parquet", |p| {
+    put(server, local.path(), "secret/x.parquet", |p| {
         floe_testkit::files::write_parquet(p, &rows(0, 10), None)
     });
 
