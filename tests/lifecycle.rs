@@ -1,5 +1,6 @@
 //! Lifecycle across real processes: a node that restarts (or rejoins under a new id) finds its
-//! cache shards again and the next run uses them; shard files deleted behind the index's back
+//! cache shards again and the next run uses them, and a node killed while it served shards as
+//! held blocks leaves links its successor removes; shard files deleted behind the index's back
 //! cost a recomputation, never the job; a recompute replaces the old shard files rather than
 //! adding to them; a scheduler restarted on its old data directory sends work only to nodes
 //! that heartbeat to it.
@@ -149,6 +150,52 @@ async fn a_node_that_restarts_or_rejoins_indexes_its_shards_again_and_the_rerun_
     wait_for_indexed(&cluster, shards, restarted).await;
     let rejoined = run_exact(&cluster, &doubled()).await;
     assert_eq!(rejoined.compute_tasks(), 0, "{rejoined:?}");
+}
+
+/// The files in `dir`, sorted (none if it does not exist).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_links_to_the_shards_it_served_are_removed_by_the_next_node() {
+    use std::os::unix::fs::MetadataExt;
+    let mut cluster = start(1, &[]).await;
+    run_exact(&cluster, &doubled()).await;
+    let shards = shard_files(&cache_dir(&cluster, 0));
+    assert!(!shards.is_empty());
+    // Served from the cache and held: each block is the store's link to its shard file.
+    let served = run_exact(&cluster, &doubled()).await;
+    assert_eq!(served.compute_tasks(), 0, "{served:?}");
+    let fallback = cluster.dir.path().join("node-0").join("fallback");
+    let links = files(&fallback);
+    let inodes = |paths: &[PathBuf]| -> Vec<u64> {
+        let mut inodes: Vec<u64> = paths
+            .iter()
+            .map(|path| std::fs::metadata(path).unwrap().ino())
+            .collect();
+        inodes.sort_unstable();
+        inodes
+    };
+    assert_eq!(inodes(&links), inodes(&shards));
+    let old = cluster.node_status(0).await.node.unwrap();
+
+    // kill -9 leaves the links; the next node on the directory removes them with the rest of
+    // its predecessor's files, and keeps the shards.
+    cluster.kill_node(0);
+    assert!(links.iter().all(|link| link.exists()));
+    let node = cluster.start_node("node-0", &[]);
+    cluster.wait_ready(&node).await;
+    cluster.nodes[0] = Some(node);
+    assert_eq!(files(&fallback), Vec::<PathBuf>::new(), "links leaked");
+    assert_eq!(shard_files(&cache_dir(&cluster, 0)), shards);
+    wait_for_indexed(&cluster, shards.len(), old).await;
+    let again = run_exact(&cluster, &doubled()).await;
+    assert_eq!(again.compute_tasks(), 0, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -548,7 +548,7 @@ fn materialize_keeps_its_rows_in_the_object_store_owned_by_the_dataset() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_and_cache_served_results_are_not_held_after_their_job() {
+async fn sink_and_cache_served_results_hold_no_store_memory() {
     let cluster = start(1, &[]).await;
     let client = cluster.connect().await;
     assert_eq!(held(&cluster).await, (0, 0, 0, 0));
@@ -569,8 +569,8 @@ async fn sink_and_cache_served_results_are_not_held_after_their_job() {
     let first = client.submit(&big_result()).await.unwrap();
     first.wait().await.unwrap().release().await.unwrap();
     wait_until_freed(&cluster, "after the computed result was released").await;
-    // …then served from the cache: held by nobody's memory once the job ends, yet fetched
-    // exactly, and let go again after the fetch.
+    // …then served from the cache: its blocks are the shard files, mapped in place, so the
+    // held result takes no byte of the store's memory, before the fetch or after it.
     let again = client.submit(&big_result()).await.unwrap();
     let output = again.wait().await.unwrap();
     output.keep();
@@ -579,7 +579,8 @@ async fn sink_and_cache_served_results_are_not_held_after_their_job() {
         stats.iter().all(|op| op.tasks == 0) && stats.iter().any(|op| op.cache_hits > 0),
         "not served from the cache: {stats:?}"
     );
-    wait_until_freed(&cluster, "after a cache-served job ended").await;
+    let blocks = output.blocks.len() as u64;
+    assert_eq!(served_in_place(&cluster).await, (0, 0, 0, blocks));
     let mut rows = 0u64;
     let mut sum = 0i64;
     for batch in output.to_arrow().await.unwrap() {
@@ -589,11 +590,29 @@ async fn sink_and_cache_served_results_are_not_held_after_their_job() {
     }
     assert_eq!(rows, 3_000_000);
     assert_eq!(sum, 2 * (0..3_000_000i64).sum::<i64>());
-    wait_until_freed(&cluster, "after the cache-served result was fetched").await;
-    // Kept, so released through the handle.
+    assert_eq!(served_in_place(&cluster).await, (0, 0, 0, blocks));
+    // Kept, so released through the handle: the blocks' mappings and links go with it.
     again.release_output().await.unwrap();
     let reason = released_reason(again.wait().await);
     assert!(reason.contains("released by the client"), "{reason}");
+    wait_until_freed(&cluster, "after the cache-served result was released").await;
+}
+
+/// Node 0's store memory in use, spilled and in fallback objects, and its objects that are
+/// cache shards served in place (each a link in the fallback directory).
+async fn served_in_place(cluster: &TestCluster) -> (u64, u64, u64, u64) {
+    let store = cluster.node_status(0).await.store;
+    let (_, _, _, files) = held(cluster).await;
+    assert_eq!(
+        files as u64, store.shard_objects,
+        "the node's files are not its served shards' links"
+    );
+    (
+        store.used,
+        store.spilled_bytes,
+        store.fallback_bytes,
+        store.shard_objects,
+    )
 }
 
 /// `range(n)` with `id * factor`: cached outputs of a few MB, one per factor.
@@ -678,13 +697,12 @@ fn a_materialized_result_served_from_the_cache_is_read_from_its_shards() {
         &cluster,
         "after the first materialization",
     ));
-    // Served from the cache: its blocks are unloaded as the job ends, yet a job on the node
-    // that holds them reads every row (loading them again for its tasks, then unloading).
+    // Served from the cache: its blocks are the shard files mapped in place (no store
+    // memory), and a job on the node that holds them reads every row from them.
     let materialized = dataset.materialize().unwrap();
-    runtime.block_on(wait_until_freed(
-        &cluster,
-        "after a cache-served materialization",
-    ));
+    let (used, spilled, fallback, served) = runtime.block_on(served_in_place(&cluster));
+    assert_eq!((used, spilled, fallback), (0, 0, 0));
+    assert!(served > 0, "no block is served in place");
     let odd = materialized
         .filter((col("id") % lit(2i64)).eq(lit(1i64)))
         .unwrap();
@@ -703,11 +721,15 @@ fn a_materialized_result_served_from_the_cache_is_read_from_its_shards() {
     assert_eq!(rows, 1_500_000);
     let odd_ids: i64 = (0..3_000_000i64).filter(|id| id % 2 == 1).sum();
     assert_eq!(sum, 2 * odd_ids);
-    runtime.block_on(wait_until_freed(
-        &cluster,
-        "after reading the materialized result",
-    ));
+    assert_eq!(
+        runtime.block_on(served_in_place(&cluster)),
+        (0, 0, 0, served)
+    );
     drop(odd);
     drop(materialized);
+    runtime.block_on(wait_until_freed(
+        &cluster,
+        "after the materialized result was dropped",
+    ));
     drop(executor);
 }

@@ -305,8 +305,7 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         // Logs are read through the HTTP API, which calls as a member and checks the
         // caller's `read` token itself.
         | NodeRequest::ReadLogs(_)
-        | NodeRequest::JobTasks { .. }
-        | NodeRequest::UnloadCachedOutputs { .. } => forbid(format!(
+        | NodeRequest::JobTasks { .. } => forbid(format!(
             "only cluster members may send this request to a node, not {principal}"
         )),
     }

@@ -296,6 +296,8 @@ pub enum ObjectResidence {
     Memory,
     Spilled,
     Fallback,
+    /// A cache shard file served in place.
+    CacheShard,
 }
 
 impl ObjectResidence {
@@ -304,6 +306,7 @@ impl ObjectResidence {
             ObjectResidence::Memory => "memory",
             ObjectResidence::Spilled => "spilled",
             ObjectResidence::Fallback => "fallback",
+            ObjectResidence::CacheShard => "cache shard",
         }
     }
 }
@@ -387,7 +390,7 @@ pub struct ShardWrite {
     pub overwrite: bool,
 }
 
-/// A cache shard loaded into this node's store as one block.
+/// A cache shard served by this node's store as one block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardLoad {
     /// The job the loaded block belongs to (see [`TaskSpec::job`]).
@@ -429,7 +432,9 @@ pub enum NodeRequest {
     },
     /// Writes one cache shard from local blocks; answers its rows and bytes on disk.
     WriteCacheShard(ShardWrite),
-    /// Loads one cache shard as a block; `None` when the shard is gone or failed verification.
+    /// Serves one cache shard as a block: the shard file itself, mapped, is the object (nothing
+    /// is copied into the store's memory); `None` when the shard is gone or failed
+    /// verification.
     LoadCacheShard(ShardLoad),
     /// Starts hosting an actor the scheduler placed here.
     CreateActor(ActorSpec),
@@ -467,13 +472,6 @@ pub enum NodeRequest {
     /// The task table of `job`'s driver, if it ran (or runs) on this node.
     JobTasks {
         job: JobId,
-    },
-    /// Drops the bytes of a finished job's output blocks that were loaded from cache shards,
-    /// remembering each one's shard: reading one (a client's fetch, a pull, a local task)
-    /// loads it again, so the output is not held in memory between fetches. A `Free` (or
-    /// `FreeJob`) of the block forgets it.
-    UnloadCachedOutputs {
-        loads: Vec<ShardLoad>,
     },
     /// A long-poll on a streamed job's output, sent to the node running its driver: the
     /// client has read (and so acknowledges) the first `from` output blocks, and asks for
@@ -676,6 +674,10 @@ pub struct StoreUsage {
     /// Objects held in disk-backed fallback files now.
     pub fallback_bytes: u64,
     pub fallback_objects: u64,
+    /// Cache shard files served in place as objects now (the page cache's memory, not the
+    /// store's).
+    pub shard_bytes: u64,
+    pub shard_objects: u64,
 }
 
 #[cfg(test)]

@@ -73,6 +73,10 @@ const ACTOR_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest a `NextOutputs` long-poll is held: well under the 30 s read timeout a client
 /// waits for an answer with.
 const MAX_OUTPUTS_WAIT: Duration = Duration::from_secs(10);
+/// Times a cache load checks a shard again after a writer replaced it between the check and the
+/// store's link to it: a replacement is a concurrent recompute of the same output, rare, and
+/// each leaves a complete shard, so a second look normally finds the file settled.
+const SERVE_ATTEMPTS: u32 = 2;
 
 use self::transfer::Transfers;
 use self::worker::WorkerTask;
@@ -115,11 +119,6 @@ pub enum Error {
     Worker(String),
     #[error("local node: {0}")]
     LocalNode(String),
-    #[error(
-        "object {object} was unloaded at its job's end and its cache shard is gone since \
-         (evicted or cleaned); run the job again"
-    )]
-    ShardGone { object: ObjectId },
     #[error("transferring object {object}: {reason}")]
     Transfer { object: ObjectId, reason: String },
     #[error(
@@ -162,12 +161,6 @@ struct Shared {
     /// The job each task output and loaded cache shard here was made for, until it is freed,
     /// so a job's leftovers can be freed without knowing their ids (`FreeJob`).
     made_for: Mutex<BTreeMap<ObjectId, JobId>>,
-    /// Output blocks loaded from cache shards whose bytes were dropped at their job's end
-    /// (`UnloadCachedOutputs`), with the shard each is loaded again from when read, until the
-    /// block is freed.
-    unloaded: Mutex<BTreeMap<ObjectId, ShardLoad>>,
-    /// One reload at a time, so two readers of an unloaded block do not both write it.
-    reloading: Mutex<()>,
     tasks_finished: AtomicU64,
     tasks_failed: AtomicU64,
     /// Rows the tasks run here produced, since the node started.
@@ -236,10 +229,8 @@ impl Shared {
     /// task still reads goes when that task lets go of it.
     fn delete_local(&self, objects: &[ObjectId]) {
         let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
             made_for.remove(object);
-            unloaded.remove(object);
             match self.store.delete(*object) {
                 Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
                 Err(error) => tracing::warn!(%object, %error, "cannot delete an object"),
@@ -254,8 +245,6 @@ impl Shared {
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pins = Vec::with_capacity(spec.inputs.len());
-        // Unloaded cached outputs loaded again for this task, unloaded again after it.
-        let mut reloaded = Vec::new();
         for input in &spec.inputs {
             let unavailable = |error: Error| TaskFailure::InputUnavailable {
                 object: input.object,
@@ -270,8 +259,6 @@ impl Shared {
                 if copy.copy_in_use {
                     pulled.push(input.object);
                 }
-            } else if self.reload(input.object).map_err(unavailable)? {
-                reloaded.push(input.object);
             }
             pins.push(
                 self.store
@@ -300,9 +287,6 @@ impl Shared {
         let ran = self.pool.run(task, pins).await;
         *worker = ran.worker;
         let outputs = ran.result;
-        for object in reloaded {
-            self.unload_again(object);
-        }
         if outputs.is_err() {
             // No child of a failed task is leased again: a killed worker's children may still
             // be busy with the batch (or be what used the memory), and a child that crashed
@@ -369,59 +353,6 @@ impl Shared {
         let mut made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
         for object in objects {
             made_for.insert(object, job);
-        }
-    }
-
-    /// Drops the bytes of these cache-loaded output blocks, remembering their shards (one
-    /// freed meanwhile is left alone).
-    fn unload_cached_outputs(&self, loads: Vec<ShardLoad>) {
-        let made_for = self.made_for.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
-        for load in loads {
-            if !made_for.contains_key(&load.object) {
-                continue;
-            }
-            match self.store.delete(load.object) {
-                Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
-                Err(error) => {
-                    tracing::warn!(object = %load.object, %error, "cannot unload a cached output");
-                    continue;
-                }
-            }
-            unloaded.insert(load.object, load);
-        }
-    }
-
-    /// Loads `object` again from its cache shard if it was unloaded and is not here; whether
-    /// it is one of the unloaded blocks.
-    fn reload(&self, object: ObjectId) -> Result<bool> {
-        let load = self
-            .unloaded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&object)
-            .cloned();
-        let Some(load) = load else {
-            return Ok(false);
-        };
-        let _one_at_a_time = self
-            .reloading
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !self.store.contains(object) && self.load_cache_shard(&load)?.is_none() {
-            return Err(Error::ShardGone { object });
-        }
-        Ok(true)
-    }
-
-    /// Drops an unloaded block's bytes again once it has been read.
-    fn unload_again(&self, object: ObjectId) {
-        let unloaded = self.unloaded.lock().unwrap_or_else(PoisonError::into_inner);
-        if unloaded.contains_key(&object)
-            && let Err(error) = self.store.delete(object)
-            && !matches!(error, floe_objectstore::Error::NotFound { .. })
-        {
-            tracing::warn!(%object, %error, "cannot unload a cached output again");
         }
     }
 
@@ -507,33 +438,51 @@ impl Shared {
         Ok((rows, bytes))
     }
 
-    /// Loads one cache shard into the store as one block.
+    /// Serves one cache shard as one block: the store maps the shard file in place, so nothing
+    /// is copied and the block takes none of the store's memory (`ObjectStore::adopt_shard`).
+    /// `None` when the shard is gone or failed verification.
     fn load_cache_shard(&self, load: &ShardLoad) -> Result<Option<OutputRef>> {
         let shard = ShardIndex::new(load.rank, load.count)?;
         let name = ShardName {
             fingerprint: load.fingerprint,
             shard,
         };
-        let Some(opened) = self.cache.open_shard(name)? else {
-            return Ok(None);
+        let mut attempts = 0;
+        let served = loop {
+            let Some(served) = self.cache.serve_shard(name)? else {
+                return Ok(None);
+            };
+            // Loaded again under the same id (a rebuild): a copy still here is the same shard.
+            if self.store.contains(load.object) || self.store.revive(load.object) {
+                let view = self.store.get(load.object)?;
+                let checksum = self
+                    .store
+                    .checksum(load.object)
+                    .unwrap_or_else(|| xxh3_64(view.as_bytes()));
+                self.made(load.job, [load.object]);
+                return Ok(Some(OutputRef {
+                    object: load.object,
+                    size: view.len() as u64,
+                    checksum,
+                    rows: Some(served.rows),
+                }));
+            }
+            match self.store.adopt_shard(load.object, &served) {
+                Ok(_) => break served,
+                // A writer renamed a new file over the shard between the check and the link:
+                // check the new one.
+                Err(floe_objectstore::Error::ShardChanged { .. }) if attempts < SERVE_ATTEMPTS => {
+                    attempts += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
         };
-        // Loaded again under the same id (a rebuild): a copy still here is the same shard.
-        if !self.store.contains(load.object) {
-            block::write_block(
-                &self.store,
-                load.object,
-                &opened.block.schema,
-                &opened.block.batches,
-            )?;
-        }
         self.made(load.job, [load.object]);
-        let view = self.store.get(load.object)?;
-        let size = view.len() as u64;
         Ok(Some(OutputRef {
             object: load.object,
-            size,
-            checksum: xxh3_64(view.as_bytes()),
-            rows: Some(opened.manifest.rows),
+            size: served.len,
+            checksum: served.checksum,
+            rows: Some(served.rows),
         }))
     }
 
@@ -668,6 +617,7 @@ impl Shared {
                     Residence::Memory => ObjectResidence::Memory,
                     Residence::Spilled => ObjectResidence::Spilled,
                     Residence::Fallback => ObjectResidence::Fallback,
+                    Residence::CacheShard => ObjectResidence::CacheShard,
                 },
                 pins: info.pins,
                 job: made_for.get(&info.object).copied(),
@@ -679,14 +629,6 @@ impl Shared {
 struct Service(Arc<Shared>);
 
 /// Runs file work (cache shards: reads, writes, fsyncs) off the async threads.
-/// Whether a chunk read at `offset..offset + len` of `object` reaches its end.
-fn chunk_reaches_end(shared: &Shared, object: ObjectId, offset: u64, len: u64) -> bool {
-    shared
-        .store
-        .get(object)
-        .is_ok_and(|view| offset.saturating_add(len) >= view.len() as u64)
-}
-
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T, RemoteError> {
@@ -723,23 +665,10 @@ impl Handler<NodeProtocol> for Service {
                 object,
                 offset,
                 len,
-            } => {
-                let shared = Arc::clone(&self.0);
-                let reloaded = match blocking(move || shared.reload(object)).await {
-                    Ok(reloaded) => reloaded,
-                    Err(error) => return (Err(error), None),
-                };
-                match self.0.transfers.read_chunk(object, offset, len) {
-                    Ok(chunk) => {
-                        // The chunk holds the bytes it sends; the last one lets the block go.
-                        if reloaded && chunk_reaches_end(&self.0, object, offset, len) {
-                            self.0.unload_again(object);
-                        }
-                        (Ok(NodeResponse::Chunk), Some(chunk))
-                    }
-                    Err(error) => (Err(remote(error)), None),
-                }
-            }
+            } => match self.0.transfers.read_chunk(object, offset, len) {
+                Ok(chunk) => (Ok(NodeResponse::Chunk), Some(chunk)),
+                Err(error) => (Err(remote(error)), None),
+            },
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -751,16 +680,9 @@ impl Handler<NodeProtocol> for Service {
                 let (result, worker) = shared.run_task(spec).await;
                 Ok(NodeResponse::Task { result, worker })
             }
-            NodeRequest::ObjectMeta { object } => {
-                let reloading = Arc::clone(shared);
-                let reloaded = blocking(move || reloading.reload(object)).await?;
-                let meta = shared.transfers.meta(object).map_err(remote)?;
-                // Sent whole: nothing more will be read.
-                if reloaded && meta.inline.is_some() {
-                    shared.unload_again(object);
-                }
-                Ok(NodeResponse::ObjectMeta(meta))
-            }
+            NodeRequest::ObjectMeta { object } => Ok(NodeResponse::ObjectMeta(
+                shared.transfers.meta(object).map_err(remote)?,
+            )),
             NodeRequest::ReadChunk { object, .. } => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
@@ -779,24 +701,14 @@ impl Handler<NodeProtocol> for Service {
                 shared.free_job(job, &keep);
                 Ok(NodeResponse::Freed)
             }
-            NodeRequest::UnloadCachedOutputs { loads } => {
-                shared.unload_cached_outputs(loads);
-                Ok(NodeResponse::Freed)
-            }
             NodeRequest::Free { objects } => {
                 let mut made_for = shared
                     .made_for
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                let mut unloaded = shared
-                    .unloaded
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
                 for object in &objects {
                     made_for.remove(object);
-                    unloaded.remove(object);
                 }
-                drop(unloaded);
                 drop(made_for);
                 for object in objects {
                     match shared.store.delete(object) {
@@ -956,8 +868,6 @@ impl NodeAgent {
             processes: Arc::clone(&processes),
             allowed: config.data.allowed(),
             made_for: Mutex::new(BTreeMap::new()),
-            unloaded: Mutex::new(BTreeMap::new()),
-            reloading: Mutex::new(()),
             tasks_finished: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
             rows_produced: AtomicU64::new(0),
@@ -1447,5 +1357,7 @@ fn store_usage(stats: floe_objectstore::StoreStats) -> floe_api::node_protocol::
         restored_bytes_total: stats.restored_bytes_total,
         fallback_bytes: stats.fallback_bytes,
         fallback_objects: stats.fallback_objects,
+        shard_bytes: stats.shard_bytes,
+        shard_objects: stats.shard_objects,
     }
 }

@@ -17,7 +17,8 @@
 //!
 //! A chunk of an object in the store's shared-memory segment is sent with `sendfile(2)` from
 //! the segment's file, so the holder copies nothing: the kernel hands the segment's pages to
-//! the socket. The RPC server keeps the chunk's view, and so its pin, until the puller has
+//! the socket. A file-backed object (a fallback object, or a cache shard served in place) is
+//! sent from its own file the same way. The RPC server keeps the chunk's view, and so its pin, until the puller has
 //! read the reply, so the pages cannot be reused while the kernel still reads them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -147,7 +148,7 @@ impl Transfers {
         self.sent_bytes
             .fetch_add(range.len() as u64, Ordering::Relaxed);
         let location = view.location();
-        let file = self.segment_file(&location.source).map(|file| FileRange {
+        let file = self.source_file(&location.source).map(|file| FileRange {
             file,
             offset: location.payload_offset() + range.start as u64,
         });
@@ -158,11 +159,15 @@ impl Transfers {
         })
     }
 
-    /// The store's segment as a file, if `source` is that segment. Fallback objects have a
-    /// file each, not worth opening for every chunk: they are sent from their mapping.
-    fn segment_file(&self, source: &ObjectSource) -> Option<Arc<std::fs::File>> {
-        if !matches!(source, ObjectSource::Segment { .. }) {
-            return None;
+    /// The file `source` is, to send chunks from: the store's segment (opened once), or the
+    /// object's own file — a fallback object's, or a cache shard served in place — opened for
+    /// the chunk (an open costs microseconds; a chunk, milliseconds). `None` for heap memory,
+    /// or a file that cannot be opened: the chunk is then sent from the mapping.
+    fn source_file(&self, source: &ObjectSource) -> Option<Arc<std::fs::File>> {
+        match source {
+            ObjectSource::Segment { .. } => {}
+            ObjectSource::File { .. } => return source.open_file().ok().flatten().map(Arc::new),
+            ObjectSource::Heap { .. } => return None,
         }
         self.segment_file
             .get_or_init(|| match source.open_file() {

@@ -15,7 +15,10 @@
 //! - [`block`]: Arrow record batches as IPC objects, decoded without copying column data.
 //! - [`cache`]: the fingerprint cache: operator outputs as verified shard files, reused by
 //!   fingerprint, with LRU eviction under a size cap and explanations for misses.
+//!   [`ObjectStore::adopt_shard`] serves a shard as an object in place: the object's bytes
+//!   are the shard file's, mapped, not copied.
 
+mod adopt;
 mod alloc;
 pub mod block;
 pub mod cache;
@@ -30,6 +33,7 @@ use std::path::PathBuf;
 
 use floe_core::ObjectId;
 
+pub use adopt::Adoption;
 pub use pools::MemoryPools;
 pub use region::Backing;
 pub use store::{
@@ -138,6 +142,11 @@ pub enum Error {
         offset: u64,
         problem: String,
     },
+    #[error(
+        "cache shard {} changed after it was checked (another writer replaced it); check it again",
+        path.display()
+    )]
+    ShardChanged { path: PathBuf },
     #[error("location of object {object} is stale: {reason}")]
     StaleLocation { object: ObjectId, reason: String },
     #[error(transparent)]

@@ -5,6 +5,10 @@
 //! location it was given can check it found the object it asked for (and that the object is
 //! sealed) instead of trusting a possibly stale offset. The payload follows the header, so it
 //! starts 64-byte aligned.
+//!
+//! A cache shard file starts with a [`ShardPrefix`] of the same length instead, so the Arrow IPC
+//! file after it is laid out in the shard file exactly as an object's payload is in a region:
+//! the store serves a shard in place, as an object whose bytes are the file's.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -24,6 +28,7 @@ const SHM_DIR: &str = "/dev/shm";
 /// Bytes before each object's payload.
 pub const HEADER_LEN: u64 = 64;
 const MAGIC: [u8; 8] = *b"FLOEOBJ1";
+const SHARD_MAGIC: [u8; 8] = *b"FLOESHD1";
 const SEALED: u64 = 1;
 
 /// What an object header says.
@@ -65,6 +70,47 @@ impl Header {
             len: word(24..32),
             sealed: word(32..40) == SEALED,
             checksum: word(40..48),
+        })
+    }
+}
+
+/// The 64 bytes before a cache shard's payload (an Arrow IPC file). A shard is complete when
+/// its name exists (it is renamed into place), so it needs no sealed flag; it names no object,
+/// since the store may serve one shard as several objects, each under a name of its own
+/// (`ObjectStore::adopt_shard`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardPrefix {
+    /// Payload bytes after the prefix: the file's length less [`HEADER_LEN`].
+    pub len: u64,
+    /// xxh3-64 of the payload, which a transfer of the object reports without hashing it.
+    pub checksum: u64,
+}
+
+impl ShardPrefix {
+    pub fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut bytes = [0u8; HEADER_LEN as usize];
+        bytes[0..8].copy_from_slice(&SHARD_MAGIC);
+        bytes[8..16].copy_from_slice(&self.len.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        bytes
+    }
+
+    /// `None` when the bytes are not a shard prefix (a shard written before prefixes existed
+    /// starts with Arrow's magic instead).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; HEADER_LEN as usize] =
+            bytes.get(..HEADER_LEN as usize)?.try_into().ok()?;
+        if bytes[0..8] != SHARD_MAGIC || bytes[24..].iter().any(|byte| *byte != 0) {
+            return None;
+        }
+        let word = |range: std::ops::Range<usize>| {
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(&bytes[range]);
+            u64::from_le_bytes(buf)
+        };
+        Some(Self {
+            len: word(8..16),
+            checksum: word(16..24),
         })
     }
 }
@@ -220,6 +266,9 @@ pub struct FileMapping {
 enum FileMap {
     /// Created by the store: writable, and the file is removed when the mapping goes.
     Owned { _map: memmap2::MmapMut },
+    /// A cache shard under a name the store gave it for one object (a hard link): read-only,
+    /// and that name is removed when the mapping goes. The shard's own name is the cache's.
+    Linked { _map: memmap2::Mmap },
     /// Opened by a reader.
     Reader { _map: memmap2::Mmap },
 }
@@ -242,7 +291,8 @@ impl std::fmt::Debug for FileMapping {
 }
 
 // SAFETY: `ptr` is the start of the `len`-byte mapping `map` owns, of a file that is created
-// with its blocks reserved (read back as zeroes) and never truncated while it is mapped.
+// with its blocks reserved (read back as zeroes) and never truncated while it is mapped, or of
+// a cache shard, which is never modified in place at all.
 unsafe impl Region for FileMapping {
     fn base(&self) -> NonNull<u8> {
         self.ptr
@@ -289,9 +339,30 @@ impl FileMapping {
         })
     }
 
+    /// Maps `file`, opened from `path`, the store's own name (a hard link) for a cache shard
+    /// it serves as an object. The name is removed when the mapping is dropped; if this
+    /// fails, the caller still owns it.
+    pub fn linked(path: &Path, file: &File) -> Result<Self> {
+        // SAFETY: a cache shard is never modified in place (writers rename a new file over a
+        // name, eviction unlinks one), and `path` is a name only the store uses.
+        let map = unsafe { memmap2::Mmap::map(file) }
+            .map_err(io_error("map a cache shard linked as", path))?;
+        Ok(Self {
+            ptr: non_null(map.as_ptr().cast_mut(), &path.display().to_string())?,
+            len: map.len(),
+            path: path.to_owned(),
+            map: FileMap::Linked { _map: map },
+        })
+    }
+
     /// The mapped file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether this maps a cache shard served in place (not a fallback object's own file).
+    pub fn is_shard(&self) -> bool {
+        matches!(self.map, FileMap::Linked { .. })
     }
 
     /// Maps a fallback object's file read-only.
@@ -312,10 +383,10 @@ impl FileMapping {
 
 impl Drop for FileMapping {
     fn drop(&mut self) {
-        if let FileMap::Owned { .. } = &self.map
+        if let FileMap::Owned { .. } | FileMap::Linked { .. } = &self.map
             && let Err(error) = std::fs::remove_file(&self.path)
         {
-            tracing::warn!(path = %self.path.display(), %error, "cannot remove a fallback file");
+            tracing::warn!(path = %self.path.display(), %error, "cannot remove an object's file");
         }
     }
 }

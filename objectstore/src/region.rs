@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::alloc::ALIGNMENT;
-use crate::mapping::{HEADER_LEN, Header, SharedSegment};
+use crate::mapping::{HEADER_LEN, Header, ShardPrefix, SharedSegment};
 use crate::view::ObjectSource;
 use crate::{Error, Result};
 
@@ -70,6 +70,16 @@ pub(crate) unsafe trait Region: arrow::alloc::Allocation + std::fmt::Debug {
 
     /// Reads the header at `offset`, if the range lies inside the region.
     fn header_at(&self, offset: u64) -> Option<Header> {
+        Header::decode(&self.header_bytes_at(offset)?)
+    }
+
+    /// Reads the cache shard prefix at `offset`, if there is one inside the region.
+    fn shard_prefix_at(&self, offset: u64) -> Option<ShardPrefix> {
+        ShardPrefix::decode(&self.header_bytes_at(offset)?)
+    }
+
+    /// The [`HEADER_LEN`] bytes at `offset`, if they lie inside the region.
+    fn header_bytes_at(&self, offset: u64) -> Option<[u8; HEADER_LEN as usize]> {
         let end = offset.checked_add(HEADER_LEN)?;
         if end > self.len() as u64 {
             return None;
@@ -83,7 +93,7 @@ pub(crate) unsafe trait Region: arrow::alloc::Allocation + std::fmt::Debug {
                 bytes.len(),
             );
         }
-        Header::decode(&bytes)
+        Some(bytes)
     }
 
     /// Writes `header` at `offset`.

@@ -67,6 +67,12 @@ impl StoreConfig {
             fallback_dir: config.paths.fallback_dir(),
         }
     }
+
+    /// The file of a fallback object, or the store's link to a cache shard served as `object`.
+    pub(crate) fn object_file(&self, object: ObjectId) -> PathBuf {
+        self.fallback_dir
+            .join(format!("{}-{object}.object", self.name))
+    }
 }
 
 /// A snapshot of the store's use, for the node to report.
@@ -89,6 +95,10 @@ pub struct StoreStats {
     /// Objects held in disk-backed fallback files now.
     pub fallback_bytes: u64,
     pub fallback_objects: u64,
+    /// Objects that are cache shard files served in place now: pages of the page cache, not
+    /// of the store.
+    pub shard_bytes: u64,
+    pub shard_objects: u64,
 }
 
 /// Where an object's bytes are now.
@@ -97,6 +107,8 @@ pub enum Residence {
     Memory,
     Spilled,
     Fallback,
+    /// A cache shard file served in place.
+    CacheShard,
 }
 
 /// One object as [`ObjectStore::largest`] lists it.
@@ -144,6 +156,7 @@ struct Entry {
     sealed: bool,
     /// Header offset in the store's memory.
     memory: Option<u64>,
+    /// A fallback object's file, or a cache shard served in place (`adopt_shard`).
     fallback: Option<Arc<FileMapping>>,
     spilled: Option<SpillSlot>,
     refs: u64,
@@ -329,6 +342,39 @@ impl ObjectStore {
         Ok(checksum)
     }
 
+    /// Registers `mapping`, whose payload of `size` bytes follows its first [`HEADER_LEN`] and
+    /// has the xxh3-64 `checksum`, as the sealed `object` with one reference.
+    pub(crate) fn insert_file_object(
+        &self,
+        object: ObjectId,
+        size: u64,
+        mapping: Arc<FileMapping>,
+        checksum: u64,
+    ) -> Result<()> {
+        let mut state = self.inner.lock();
+        if state.objects.contains_key(&object) {
+            return Err(Error::AlreadyExists { object });
+        }
+        let last_used = state.tick();
+        state.objects.insert(
+            object,
+            Entry {
+                size,
+                sealed: true,
+                memory: None,
+                fallback: Some(mapping),
+                spilled: None,
+                refs: 1,
+                pins: 0,
+                io: None,
+                deleted: false,
+                last_used,
+                checksum: Some(checksum),
+            },
+        );
+        Ok(())
+    }
+
     /// The xxh3-64 of a live object's payload, if it was recorded when it was sealed.
     pub fn checksum(&self, object: ObjectId) -> Option<u64> {
         self.inner
@@ -475,9 +521,16 @@ impl ObjectStore {
                 stats.spilled_bytes += slot.len();
                 stats.spilled_objects += 1;
             }
-            if entry.fallback.is_some() {
-                stats.fallback_bytes += entry.size;
-                stats.fallback_objects += 1;
+            match &entry.fallback {
+                Some(mapping) if mapping.is_shard() => {
+                    stats.shard_bytes += entry.size;
+                    stats.shard_objects += 1;
+                }
+                Some(_) => {
+                    stats.fallback_bytes += entry.size;
+                    stats.fallback_objects += 1;
+                }
+                None => {}
             }
         }
         stats
@@ -505,12 +558,11 @@ impl ObjectStore {
                 Some(ObjectInfo {
                     object,
                     size: entry.size,
-                    residence: if entry.memory.is_some() {
-                        Residence::Memory
-                    } else if entry.fallback.is_some() {
-                        Residence::Fallback
-                    } else {
-                        Residence::Spilled
+                    residence: match (&entry.memory, &entry.fallback) {
+                        (Some(_), _) => Residence::Memory,
+                        (None, Some(mapping)) if mapping.is_shard() => Residence::CacheShard,
+                        (None, Some(_)) => Residence::Fallback,
+                        (None, None) => Residence::Spilled,
                     },
                     pins: entry.pins,
                 })
@@ -795,10 +847,7 @@ impl Inner {
         }
         let used = state.allocator.used();
         drop(state);
-        let path = self
-            .config
-            .fallback_dir
-            .join(format!("{}-{object}.object", self.config.name));
+        let path = self.config.object_file(object);
         let created = FileMapping::create(&path, need);
         let state = self.lock();
         let placement = match created {

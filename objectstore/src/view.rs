@@ -35,7 +35,7 @@ pub struct ObjectLocation {
 pub enum ObjectSource {
     /// The store's shared-memory segment, by its os id.
     Segment { os_id: String },
-    /// A disk-backed fallback object.
+    /// A disk-backed fallback object, or a cache shard served in place: a file of its own.
     File { path: PathBuf },
     /// The heap memory of in-memory store `store` in process `pid`
     /// ([`Backing::Heap`](crate::Backing)), which no other process can map.
@@ -205,6 +205,20 @@ impl StoreClient {
                     "found object {} of {} bytes (sealed: {}) there instead",
                     header.object, header.len, header.sealed
                 )));
+            }
+            // A cache shard served in place: the file is the store's own name for this object
+            // (so it is the object named), and a shard is complete once it has a name.
+            None if matches!(location.source, ObjectSource::File { .. }) => {
+                match region.shard_prefix_at(location.offset) {
+                    Some(prefix) if prefix.len == location.len => {}
+                    Some(prefix) => {
+                        return Err(stale(format!(
+                            "found a cache shard of {} bytes there instead",
+                            prefix.len
+                        )));
+                    }
+                    None => return Err(stale("no object header at that offset".into())),
+                }
             }
             None => return Err(stale("no object header at that offset".into())),
         }

@@ -620,7 +620,6 @@ impl FakeCluster {
                 }
             }
             // The fake keeps the bytes: it serves no fetch that would load them again.
-            NodeRequest::UnloadCachedOutputs { .. } => NodeResponse::Freed,
             NodeRequest::ReadChunk { .. }
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }

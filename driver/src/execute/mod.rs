@@ -52,7 +52,7 @@ use crate::cluster::ClusterAccess;
 use crate::leases::JobLeases;
 use crate::plan::{Planned, SourceTask, Work};
 use crate::stream::StreamHandle;
-use floe_api::node_protocol::{NodeRequest, OutputRef, ShardLoad, WorkerRef};
+use floe_api::node_protocol::{NodeRequest, OutputRef, WorkerRef};
 
 use self::aggregators::AggregatorError;
 use self::blocks::BlockInfo;
@@ -129,9 +129,6 @@ pub(crate) struct Execution<C: ClusterAccess> {
     /// this job, and never rebuilt (their lineage is another job's).
     borrowed: BTreeMap<ObjectId, BlockInfo>,
     lineage: Lineage,
-    /// Blocks loaded from cache shards, with their shards: those in the output are unloaded
-    /// at the job's end (loaded again when fetched), not held.
-    loaded: BTreeMap<ObjectId, ShardLoad>,
     /// Consumers yet to take each emitted block; it is freed when none is left.
     refs: BTreeMap<ObjectId, usize>,
     /// Blocks the job keeps to its end: the output's, and cached operators' until their
@@ -222,7 +219,6 @@ impl<C: ClusterAccess> Execution<C> {
             blocks: BTreeMap::new(),
             borrowed,
             lineage: Lineage::default(),
-            loaded: BTreeMap::new(),
             refs: BTreeMap::new(),
             pinned: BTreeSet::new(),
             running: BTreeSet::new(),
@@ -305,7 +301,6 @@ impl<C: ClusterAccess> Execution<C> {
         };
         self.describe_hot_keys().await;
         self.free_all_except(&keep).await;
-        self.unload_cached_outputs(&keep).await;
         let spilled_after = self.spilled_bytes().await;
         let outputs = if status == JobStatus::Succeeded && held {
             self.output_blocks()
@@ -442,28 +437,6 @@ impl<C: ClusterAccess> Execution<C> {
                 })) => self.stop_actors(vec![(actor, Some(node))]),
                 Ok(Some(Event::AggregatorCreated { .. } | Event::RetryAggregator { .. })) => {}
                 Ok(None) | Err(_) => return,
-            }
-        }
-    }
-
-    /// Drops the bytes of the output blocks that were loaded from cache shards: their
-    /// nodes load them again when they are fetched, so a cache-served result is not held in
-    /// memory. A node that cannot be reached keeps its copies until the output is released.
-    async fn unload_cached_outputs(&self, outputs: &BTreeSet<ObjectId>) {
-        let mut loads: BTreeMap<NodeId, Vec<ShardLoad>> = BTreeMap::new();
-        for object in outputs {
-            if let (Some(load), Some(info)) = (self.loaded.get(object), self.blocks.get(object)) {
-                loads.entry(info.node).or_default().push(load.clone());
-            }
-        }
-        for (node, loads) in loads {
-            let request = NodeRequest::UnloadCachedOutputs { loads };
-            let result = match self.cluster.address(node).await {
-                Ok(addr) => self.cluster.call_node(&addr, &request).await.map(drop),
-                Err(error) => Err(error),
-            };
-            if let Err(error) = result {
-                tracing::warn!(job = %self.job, %node, %error, "cannot unload cached output blocks");
             }
         }
     }

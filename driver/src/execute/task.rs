@@ -316,18 +316,7 @@ impl<C: ClusterAccess> Execution<C> {
                 }
             }
             Recipe::Compute { inputs, .. } => self.release_inputs(inputs),
-            Recipe::Load(shard) => {
-                for object in &bundle.blocks {
-                    let load = ShardLoad {
-                        job: self.job,
-                        fingerprint: self.ops[index].stage.fingerprint,
-                        rank: shard.rank,
-                        count: shard.count,
-                        object: *object,
-                    };
-                    self.loaded.insert(*object, load);
-                }
-            }
+            Recipe::Load(_) => {}
         }
         self.ops[index].finished.insert(launch.seq, bundle);
         self.emit_ready(index);

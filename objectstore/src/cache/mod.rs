@@ -5,12 +5,16 @@
 //! what it was computed from, and its modification time is its last use (so LRU order survives
 //! restarts and is shared by every process using the directory). Shards are written to a
 //! temporary file, fsynced and renamed, so a name only ever points at a complete file; they
-//! are verified when opened, and a bad one is removed and reported as a miss.
+//! are verified when opened, and a bad one is removed and reported as a miss. A verified file
+//! is remembered in its state (device, inode, length, modification time), so a node serving
+//! the same shard again reads only its prefix and footer.
 //!
 //! Eviction keeps the directory under a size cap, least recently used first, and never
 //! removes a shard this process has open (a [`CachedShard`]'s buffers hold a pin). Another
 //! process's open shards may be unlinked under it; its mapping stays valid, since a shard
-//! file is never modified in place.
+//! file is never modified in place. A shard served as an object ([`Cache::serve_shard`]) is
+//! not open here: the store holds it under a name of its own (a hard link), so removing the
+//! shard's name takes nothing from the object, whose bytes stay on disk until it is freed.
 
 mod manifest;
 mod shard;
@@ -32,7 +36,7 @@ use floe_core::fingerprint::{Difference, FingerprintInputs};
 use floe_core::{Config, Fingerprint};
 
 pub use manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
-pub use shard::{CachedShard, ShardIndex, ShardName, Verification};
+pub use shard::{CachedShard, ServedShard, ShardIndex, ShardName, Verification};
 
 use shard::{ShardContents, TEMP_PREFIX, VerifiedFiles};
 
@@ -425,33 +429,75 @@ impl Cache {
             });
         }
         let pin = PinGuard::new(&self.pins, name);
-        match shard::open(
+        let opened = shard::open(
             &path,
             name,
             self.config.verification,
             &self.verified,
             pin,
             columns,
-        ) {
-            Ok(opened) => {
-                // The modification time is the LRU clock; failing to advance it only makes
-                // this shard an earlier eviction candidate.
-                if let Ok(file) = fs::File::open(&path) {
-                    let _ = file.set_modified(SystemTime::now());
-                }
+        );
+        self.hit_or_miss(name, &path, opened)
+    }
+
+    /// Checks one shard for serving in place as an object (`ObjectStore::adopt_shard` maps
+    /// it): the whole file the first time this `Cache` sees it in its current state (unless it
+    /// wrote it), only its prefix and footer after that. A shard that is missing is `None`;
+    /// one that fails verification is removed and is `None` too.
+    pub fn serve_shard(&self, name: ShardName) -> Result<Option<ServedShard>> {
+        let path = self.path(&name);
+        if !path.exists() {
+            bump(&self.counters.misses, 1);
+            return Ok(None);
+        }
+        let served = shard::serve(&path, name, self.config.verification, &self.verified);
+        self.hit_or_miss(name, &path, served)
+    }
+
+    /// Counts a verified shard as a hit and advances its LRU clock, or removes a bad one.
+    fn hit_or_miss<T>(
+        &self,
+        name: ShardName,
+        path: &Path,
+        verified: std::result::Result<T, shard::Invalid>,
+    ) -> Result<Option<T>> {
+        match verified {
+            Ok(hit) => {
+                self.touch(name, path);
                 bump(&self.counters.hits, 1);
-                Ok(Some(opened))
+                Ok(Some(hit))
             }
             Err(shard::Invalid(problem)) => {
                 tracing::warn!(path = %path.display(), %problem, "removing a bad cache shard");
                 bump(&self.counters.misses, 1);
-                match fs::remove_file(&path) {
+                self.verified.forget(&name);
+                match fs::remove_file(path) {
                     Ok(()) => bump(&self.counters.corrupt_removed, 1),
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(error) => return Err(io_error("remove a bad shard", &path)(error)),
+                    Err(error) => return Err(io_error("remove a bad shard", path)(error)),
                 }
                 Ok(None)
             }
+        }
+    }
+
+    /// Sets a shard's modification time, the LRU clock, to now, and lets its verdict follow.
+    /// Failing only makes the shard an earlier eviction candidate (or verified once more).
+    fn touch(&self, name: ShardName, path: &Path) {
+        let Ok(file) = fs::File::open(path) else {
+            return;
+        };
+        let Ok(before) = file.metadata() else {
+            return;
+        };
+        if file.set_modified(SystemTime::now()).is_ok()
+            && let Ok(after) = file.metadata()
+        {
+            self.verified.touched(
+                &name,
+                shard::FileState::of(&before),
+                shard::FileState::of(&after),
+            );
         }
     }
 
@@ -478,7 +524,7 @@ impl Cache {
         if policy.reads() && self.path(&name).exists() {
             return Ok(WriteOutcome::AlreadyCached);
         }
-        let bytes = shard::write(
+        let written = shard::write(
             &self.config.dir,
             &ShardContents {
                 name,
@@ -487,8 +533,11 @@ impl Cache {
                 batches,
             },
         )?;
-        bump(&self.counters.bytes_written, bytes);
-        Ok(WriteOutcome::Written { bytes })
+        self.verified.record(name, written.verdict);
+        bump(&self.counters.bytes_written, written.bytes);
+        Ok(WriteOutcome::Written {
+            bytes: written.bytes,
+        })
     }
 
     /// Removes least recently used shards until the directory is within the cap, skipping
@@ -615,6 +664,7 @@ impl Cache {
 
     /// Removes a shard file; `false` if someone else already did.
     fn remove(&self, shard: &ShardFile) -> Result<bool> {
+        self.verified.forget(&shard.name);
         let path = self.path(&shard.name);
         match fs::remove_file(&path) {
             Ok(()) => Ok(true),

@@ -1,15 +1,26 @@
 //! One shard file: its name, its atomic write, and its verified zero-copy open.
 //!
-//! A shard is an Arrow IPC file. Its manifest is JSON in the file footer's custom metadata, and
-//! the manifest's checksum covers every byte before the end-of-stream marker (header, schema,
-//! dictionaries and record batches). The footer is written last, so the checksum can be
-//! computed while the data streams out, and there is exactly one file per shard: a reader can
-//! never pair one writer's data with another writer's manifest.
+//! A shard is a 64-byte [`ShardPrefix`] followed by an Arrow IPC file, its *payload*. The
+//! payload is laid out exactly as a block object's bytes (`crate::block`): written with 64-byte
+//! alignment from a 64-byte boundary of the file, so every buffer lies 64-byte aligned in a
+//! mapping of the file, and the store can serve the file in place as an object whose bytes are
+//! the payload (`ObjectStore::adopt_shard`). The prefix holds the payload's length and its
+//! xxh3-64, the checksum a transfer of that object reports. The manifest is JSON in the IPC
+//! footer's custom metadata; its checksum covers every payload byte before the end-of-stream
+//! marker (header, schema, dictionaries and record batches), whole and in 1 MiB pieces. The
+//! footer is written last, so the checksums are computed while the data streams out, and the
+//! prefix after it; there is exactly one file per shard, so a reader can never pair one
+//! writer's data with another writer's manifest.
+//!
+//! Verifying a shard reads all of it. A [`Verdict`] remembers, per shard name, the state of the
+//! file that passed (device, inode, length, modification time) with its checksums, so a later
+//! use of the unchanged file reads only its prefix and footer. The writer records the verdict
+//! of the file it has just written, having hashed the very bytes it wrote.
 
-use std::collections::BTreeSet;
-use std::fs::File;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, Metadata};
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,9 +39,12 @@ use xxhash_rust::xxh3::{Xxh3Default, xxh3_64, xxh3_128};
 use super::manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
 use super::{CacheError, PinGuard, Result};
 use crate::block::{self, Block};
+use crate::mapping::{HEADER_LEN, ShardPrefix};
 
 /// Length of the IPC file trailer: footer length (4 bytes) and `ARROW1`.
 const TRAILER_LEN: usize = 10;
+/// Where the payload starts in a shard file.
+const PAYLOAD_START: usize = HEADER_LEN as usize;
 /// The data bytes are checksummed in pieces this long as well as whole.
 pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
 /// Temporary files start with this, so they never parse as a shard.
@@ -96,11 +110,18 @@ pub(crate) struct ShardContents<'a> {
     pub batches: &'a [RecordBatch],
 }
 
+/// A shard [`write`] put in place.
+pub(crate) struct Written {
+    /// The file's size.
+    pub bytes: u64,
+    /// The file as written, which needs no reading to be trusted while it stays so.
+    pub verdict: Verdict,
+}
+
 /// Writes the shard to a temporary file in `dir`, fsyncs it, renames it into place (replacing
 /// any earlier file of that name) and fsyncs the directory. Until the rename nothing has the
-/// shard's name, so a crash leaves at most a temporary file that lookups ignore. Returns the
-/// file's size.
-pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
+/// shard's name, so a crash leaves at most a temporary file that lookups ignore.
+pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<Written> {
     // The IPC writer does not check this, and a mismatch would make a file that fails to
     // decode (or decodes wrongly) on every open.
     if let Some(index) = contents
@@ -134,8 +155,13 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
         source,
     };
 
+    // The alignment of a block object's payload, from a file offset that is a multiple of it.
     let options = IpcWriteOptions::try_new(64, false, MetadataVersion::V5).map_err(arrow)?;
-    let sink = ChecksumWriter::new(BufWriter::new(temp.as_file()));
+    let mut file = BufWriter::new(temp.as_file());
+    // The prefix's room; it is written last, once the payload's checksum is known.
+    file.write_all(&[0u8; PAYLOAD_START])
+        .map_err(io("write", &temp_path))?;
+    let sink = ChecksumWriter::new(file);
     let mut writer =
         FileWriter::try_new_with_options(sink, contents.schema, options).map_err(arrow)?;
     for batch in contents.batches {
@@ -157,35 +183,50 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<u64> {
     writer.write_metadata(MANIFEST_KEY, manifest.to_json()?);
     writer.finish().map_err(arrow)?;
     let sink = writer.into_inner().map_err(arrow)?;
+    let (len, payload_checksum) = sink.payload();
     sink.into_inner()
         .into_inner()
         .map_err(|error| error.into_error())
         .map_err(io("write", &temp_path))?;
+    let prefix = ShardPrefix {
+        len,
+        checksum: payload_checksum,
+    };
+    temp.as_file()
+        .write_all_at(&prefix.encode(), 0)
+        .map_err(io("write", &temp_path))?;
 
     temp.as_file().sync_all().map_err(io("fsync", &temp_path))?;
-    let size = temp
-        .as_file()
-        .metadata()
-        .map_err(io("stat", &temp_path))?
-        .len();
-    temp.persist(&path)
+    let file = temp
+        .persist(&path)
         .map_err(|error| error.error)
         .map_err(io("rename a temporary shard to", &path))?;
+    // Taken after the last write: the state the verdict holds for.
+    let metadata = file.metadata().map_err(io("stat", &path))?;
     File::open(dir)
         .and_then(|directory| directory.sync_all())
         .map_err(io("fsync the cache directory", dir))?;
-    Ok(size)
+    Ok(Written {
+        bytes: metadata.len(),
+        verdict: Verdict {
+            file: FileState::of(&metadata),
+            checksum,
+            payload_checksum,
+        },
+    })
 }
 
 /// Hashes every byte it passes on until told to stop, whole and in [`CHUNK_BYTES`] pieces, so
 /// the checksums of the data region are known before the footer (which carries them) is
-/// written.
+/// written; and every byte to the end with xxh3-64, the payload's checksum.
 struct ChecksumWriter<W> {
     inner: W,
     hasher: Option<Xxh3Default>,
     hashed: u64,
     chunk: Xxh3Default,
     chunks: Vec<u64>,
+    payload: Xxh3Default,
+    payload_len: u64,
 }
 
 impl<W: Write> ChecksumWriter<W> {
@@ -196,7 +237,14 @@ impl<W: Write> ChecksumWriter<W> {
             hashed: 0,
             chunk: Xxh3Default::new(),
             chunks: Vec::new(),
+            payload: Xxh3Default::new(),
+            payload_len: 0,
         }
+    }
+
+    /// The length and xxh3-64 of everything written so far.
+    fn payload(&self) -> (u64, u64) {
+        (self.payload_len, self.payload.digest())
     }
 
     /// Stops hashing; returns the checksum, the number of bytes it covers, and the checksum of
@@ -221,6 +269,8 @@ impl<W: Write> ChecksumWriter<W> {
 impl<W: Write> Write for ChecksumWriter<W> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let written = self.inner.write(bytes)?;
+        self.payload.update(&bytes[..written]);
+        self.payload_len += written as u64;
         if let Some(hasher) = &mut self.hasher {
             let mut rest = &bytes[..written];
             hasher.update(rest);
@@ -247,14 +297,15 @@ impl<W: Write> Write for ChecksumWriter<W> {
 /// How much of a shard to check when it is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Verification {
-    /// Everything below, plus the checksum over all the data: reads the whole file the first
-    /// time this `Cache` opens it. The file (device, inode, length) and its checksum are then
-    /// remembered, so reopening it costs no pass over the data: floe never modifies a shard
-    /// file in place, and a rewritten shard is a new file that is verified again.
+    /// Everything below, plus the checksums over all the payload: reads the whole file the
+    /// first time this `Cache` uses it in its current state. That state (device, inode, length,
+    /// modification time) and the checksums are then remembered, so using the unchanged file
+    /// again costs no pass over the data: floe never modifies a shard file in place, and a
+    /// rewritten shard is a new file that is verified again.
     #[default]
     Checksum,
-    /// Name, manifest, footer, schema and row counts; the data pages are not touched until
-    /// they are read. For trusted local disks where opening must cost nothing per byte.
+    /// Prefix, name, manifest, footer, schema and row counts; the data pages are not hashed.
+    /// For trusted local disks where opening must cost nothing per byte.
     Structure,
 }
 
@@ -267,69 +318,156 @@ pub struct CachedShard {
     pub block: Block,
 }
 
+/// A shard checked for serving in place: the store maps its file, and the object's bytes are
+/// the payload after the prefix (`ObjectStore::adopt_shard`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedShard {
+    pub name: ShardName,
+    pub path: PathBuf,
+    /// The file that was checked, so whoever maps it by name can tell it is still that file.
+    pub device: u64,
+    pub inode: u64,
+    /// The payload's length: the object's size.
+    pub len: u64,
+    /// The payload's xxh3-64.
+    pub checksum: u64,
+    pub rows: u64,
+}
+
 /// A mapped shard file; the decoded buffers own it (and its pin) through an `Arc`.
 struct MappedShard {
     _map: memmap2::Mmap,
-    _pin: PinGuard,
+    _pin: Option<PinGuard>,
 }
 
 /// Why a shard on disk is not a usable hit.
 pub(crate) struct Invalid(pub String);
 
-/// A file's identity on this host, with the checksum its manifest claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct VerifiedFile {
+/// A file's state on this host, as `fstat` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileState {
     device: u64,
     inode: u64,
     len: u64,
-    checksum: u128,
+    /// Seconds and nanoseconds. Any write in place changes it; so does the cache's own LRU
+    /// clock, which [`VerifiedFiles::touched`] follows.
+    modified: (i64, i64),
 }
 
-/// The shard files whose checksums this process has verified.
+impl FileState {
+    pub(crate) fn of(metadata: &Metadata) -> Self {
+        Self {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            len: metadata.len(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+        }
+    }
+}
+
+/// That a shard file passed verification: in which state, with which checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    file: FileState,
+    /// The manifest's checksum of the data bytes.
+    checksum: Checksum,
+    /// The prefix's checksum of the payload.
+    payload_checksum: u64,
+}
+
+/// The verdicts on the shard files this `Cache` verified (or wrote), one per shard name: a
+/// name's new file replaces its old verdict, and a shard removed through the cache takes its
+/// verdict with it, so they never outnumber the names in the directory by much.
 #[derive(Debug, Default)]
-pub(crate) struct VerifiedFiles(Mutex<BTreeSet<VerifiedFile>>);
+pub(crate) struct VerifiedFiles(Mutex<BTreeMap<ShardName, Verdict>>);
 
 impl VerifiedFiles {
-    fn contains(&self, file: &VerifiedFile) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(file)
+    fn verdicts(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardName, Verdict>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn insert(&self, file: VerifiedFile) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(file);
+    fn holds(&self, name: &ShardName, verdict: &Verdict) -> bool {
+        self.verdicts().get(name) == Some(verdict)
+    }
+
+    pub(crate) fn record(&self, name: ShardName, verdict: Verdict) {
+        self.verdicts().insert(name, verdict);
+    }
+
+    pub(crate) fn forget(&self, name: &ShardName) {
+        self.verdicts().remove(name);
+    }
+
+    /// The cache moved the file's modification time (its LRU clock) from `before` to
+    /// `after`: a verdict on the file in state `before` holds for `after`. (Had the file
+    /// changed in between, `before` is not the state the verdict names, and it is left to
+    /// fail.)
+    pub(crate) fn touched(&self, name: &ShardName, before: FileState, after: FileState) {
+        if let Some(verdict) = self.verdicts().get_mut(name)
+            && verdict.file == before
+        {
+            verdict.file = after;
+        }
     }
 }
 
-/// Maps and verifies the shard at `path`. `Ok(Err(_))` is a bad file (a miss), `Err(_)` a
-/// failure to even look at it.
-pub(crate) fn open(
-    path: &Path,
-    name: ShardName,
-    verification: Verification,
-    verified: &VerifiedFiles,
-    pin: PinGuard,
-    columns: Option<&[usize]>,
-) -> std::result::Result<CachedShard, Invalid> {
+/// A shard file mapped, its prefix and manifest read and checked against its name.
+struct Mapped {
+    state: FileState,
+    map: memmap2::Mmap,
+    prefix: ShardPrefix,
+    manifest: Manifest,
+    /// Where the checksummed data bytes end, in the payload.
+    data_end: usize,
+}
+
+impl Mapped {
+    fn payload(&self) -> &[u8] {
+        &self.map[PAYLOAD_START..]
+    }
+
+    fn verdict(&self) -> Verdict {
+        Verdict {
+            file: self.state,
+            checksum: self.manifest.checksum,
+            payload_checksum: self.prefix.checksum,
+        }
+    }
+}
+
+/// Maps the shard at `path` and checks what its prefix and manifest say against its length
+/// and `name`, reading no more than the first and last pages.
+fn map_checked(path: &Path, name: ShardName) -> std::result::Result<Mapped, Invalid> {
     let file = File::open(path).map_err(|error| Invalid(format!("cannot open: {error}")))?;
-    // The identity comes from the handle, so it is the file that gets mapped even if the
-    // name is replaced meanwhile.
+    // The state comes from the handle, so it is the file that gets mapped even if the name
+    // is replaced meanwhile.
     let metadata = file
         .metadata()
         .map_err(|error| Invalid(format!("cannot stat: {error}")))?;
     let len = metadata.len();
-    if len < TRAILER_LEN as u64 {
+    if len < (PAYLOAD_START + TRAILER_LEN) as u64 {
         return Err(Invalid(format!("only {len} bytes long")));
     }
     // SAFETY: shard files are immutable once renamed into place: writers only ever replace a
     // name with a new file, and eviction unlinks, which leaves existing mappings intact.
     let map = unsafe { memmap2::Mmap::map(&file) }
         .map_err(|error| Invalid(format!("cannot map: {error}")))?;
-    let manifest = read_manifest(&map)?;
+    let prefix = ShardPrefix::decode(&map).ok_or_else(|| {
+        Invalid(if map.starts_with(b"ARROW1") {
+            "it has no shard prefix: an older floe wrote it, so it is computed again".into()
+        } else {
+            "it has no shard prefix".into()
+        })
+    })?;
+    if prefix.len != len - PAYLOAD_START as u64 {
+        return Err(Invalid(format!(
+            "its prefix claims {} payload bytes, the file holds {}",
+            prefix.len,
+            len - PAYLOAD_START as u64
+        )));
+    }
+    let payload = &map[PAYLOAD_START..];
+    let manifest = read_manifest(payload)?;
     if manifest.fingerprint != name.fingerprint
         || manifest.rank != name.shard.rank
         || manifest.count != name.shard.count
@@ -346,58 +484,58 @@ pub(crate) fn open(
     }
     let data_end = usize::try_from(manifest.data_bytes)
         .ok()
-        .filter(|end| *end <= map.len())
+        .filter(|end| *end <= payload.len())
         .ok_or_else(|| {
             Invalid(format!(
                 "the manifest claims {} data bytes",
                 manifest.data_bytes
             ))
         })?;
-    let identity = VerifiedFile {
-        device: metadata.dev(),
-        inode: metadata.ino(),
-        len,
-        checksum: manifest.checksum.0,
-    };
-    let unchecked = verification == Verification::Checksum && !verified.contains(&identity);
-    let chunks = Chunks::of(&manifest, data_end);
-    // A projected open of a chunked shard checks only what it returns, once it is decoded;
-    // every other open checks all the data first.
-    let check_later = unchecked && columns.is_some() && chunks.is_some();
-    if unchecked && !check_later {
-        match &chunks {
-            Some(chunks) => chunks.verify(&map[..data_end], 0..chunks.checksums.len())?,
-            None => {
-                let actual = Checksum(xxh3_128(&map[..data_end]));
-                if actual != manifest.checksum {
-                    return Err(Invalid(format!(
-                        "checksum {actual} does not match the manifest's {}",
-                        manifest.checksum
-                    )));
-                }
+    Ok(Mapped {
+        state: FileState::of(&metadata),
+        map,
+        prefix,
+        manifest,
+        data_end,
+    })
+}
+
+/// Checks every byte: the data bytes against the manifest's checksums, and the whole payload
+/// against the prefix's.
+fn check_checksums(mapped: &Mapped) -> std::result::Result<(), Invalid> {
+    let payload = mapped.payload();
+    let data = &payload[..mapped.data_end];
+    match Chunks::of(&mapped.manifest, mapped.data_end) {
+        Some(chunks) => chunks.verify(data, 0..chunks.checksums.len())?,
+        None => {
+            let actual = Checksum(xxh3_128(data));
+            if actual != mapped.manifest.checksum {
+                return Err(Invalid(format!(
+                    "checksum {actual} does not match the manifest's {}",
+                    mapped.manifest.checksum
+                )));
             }
         }
     }
-    // The footer's record-batch headers, for a projected check (read before the map moves).
-    let headers = if check_later {
-        message_headers(&map)?
-    } else {
-        Vec::new()
-    };
+    let actual = xxh3_64(payload);
+    if actual != mapped.prefix.checksum {
+        return Err(Invalid(format!(
+            "its payload's checksum {actual:016x} does not match its prefix's {:016x}",
+            mapped.prefix.checksum
+        )));
+    }
+    Ok(())
+}
 
-    let ptr = NonNull::new(map.as_ptr().cast_mut())
-        .ok_or_else(|| Invalid("mapped at a null address".into()))?;
-    let base = map.as_ptr() as usize;
-    let map_len = map.len();
-    let owner = Arc::new(MappedShard {
-        _map: map,
-        _pin: pin,
-    });
-    // SAFETY: `owner` keeps the mapping alive, and the file is immutable (see above), for as
-    // long as any buffer sliced from this one lives.
-    let buffer = unsafe { Buffer::from_custom_allocation(ptr, map_len, owner) };
-    let block = block::decode(&buffer).map_err(|error| Invalid(format!("{error}")))?;
-    if let Some(end) = block_end(&buffer)?
+/// Decodes the payload in `buffer` without copying, and checks that its batches lie in the
+/// checksummed data and hold the manifest's rows and schema.
+fn decode_checked(
+    buffer: &Buffer,
+    manifest: &Manifest,
+    data_end: usize,
+) -> std::result::Result<Block, Invalid> {
+    let block = block::decode(buffer).map_err(|error| Invalid(format!("{error}")))?;
+    if let Some(end) = block_end(buffer)?
         && end > data_end
     {
         return Err(Invalid(
@@ -414,11 +552,101 @@ pub(crate) fn open(
     if FieldSummary::of(&block.schema) != manifest.schema {
         return Err(Invalid("its schema differs from its manifest's".into()));
     }
+    Ok(block)
+}
+
+/// Checks the shard at `path` for serving in place: everything a whole [`open`] checks, the
+/// first time this `Cache` sees the file in its current state (not after it wrote it: it
+/// hashed what it wrote), then only its prefix and footer.
+pub(crate) fn serve(
+    path: &Path,
+    name: ShardName,
+    verification: Verification,
+    verified: &VerifiedFiles,
+) -> std::result::Result<ServedShard, Invalid> {
+    let mapped = map_checked(path, name)?;
+    let verdict = mapped.verdict();
+    let known = verified.holds(&name, &verdict);
+    if !known && verification == Verification::Checksum {
+        check_checksums(&mapped)?;
+    }
+    let Mapped {
+        state,
+        map,
+        prefix,
+        manifest,
+        data_end,
+    } = mapped;
+    if !known {
+        let buffer = payload_buffer(map, None)?;
+        decode_checked(&buffer, &manifest, data_end)?;
+        verified.record(name, verdict);
+    }
+    Ok(ServedShard {
+        name,
+        path: path.to_owned(),
+        device: state.device,
+        inode: state.inode,
+        len: prefix.len,
+        checksum: prefix.checksum,
+        rows: manifest.rows,
+    })
+}
+
+/// The payload of `map` as an Arrow buffer that owns the mapping (and `pin`, if any).
+fn payload_buffer(
+    map: memmap2::Mmap,
+    pin: Option<PinGuard>,
+) -> std::result::Result<Buffer, Invalid> {
+    let ptr = NonNull::new(map.as_ptr().cast_mut())
+        .ok_or_else(|| Invalid("mapped at a null address".into()))?;
+    let len = map.len();
+    let owner = Arc::new(MappedShard {
+        _map: map,
+        _pin: pin,
+    });
+    // SAFETY: `owner` keeps the mapping alive, and the file is immutable (see `map_checked`),
+    // for as long as any buffer sliced from this one lives.
+    let whole = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+    Ok(whole.slice(PAYLOAD_START))
+}
+
+/// Maps and verifies the shard at `path`. `Ok(Err(_))` is a bad file (a miss), `Err(_)` a
+/// failure to even look at it.
+pub(crate) fn open(
+    path: &Path,
+    name: ShardName,
+    verification: Verification,
+    verified: &VerifiedFiles,
+    pin: PinGuard,
+    columns: Option<&[usize]>,
+) -> std::result::Result<CachedShard, Invalid> {
+    let mapped = map_checked(path, name)?;
+    let verdict = mapped.verdict();
+    let unchecked = verification == Verification::Checksum && !verified.holds(&name, &verdict);
+    let data_end = mapped.data_end;
+    let chunks_known = Chunks::of(&mapped.manifest, data_end).is_some();
+    // A projected open of a chunked shard checks only what it returns, once it is decoded;
+    // every other open checks all the data first.
+    let check_later = unchecked && columns.is_some() && chunks_known;
+    if unchecked && !check_later {
+        check_checksums(&mapped)?;
+    }
+    // The footer's record-batch headers, for a projected check (read before the map moves).
+    let headers = if check_later {
+        message_headers(mapped.payload())?
+    } else {
+        Vec::new()
+    };
+    let Mapped { map, manifest, .. } = mapped;
+    let buffer = payload_buffer(map, Some(pin))?;
+    let base = buffer.as_ptr() as usize;
+    let block = decode_checked(&buffer, &manifest, data_end)?;
     let block = match columns {
         Some(columns) => project(block, columns)?,
         None => block,
     };
-    match (&chunks, check_later) {
+    match (Chunks::of(&manifest, data_end), check_later) {
         (Some(chunks), true) => {
             // The schema message, every record batch's header, and the buffers returned.
             let mut needed = BTreeSet::new();
@@ -443,7 +671,7 @@ pub(crate) fn open(
             }
             chunks.verify(data_bytes_of(&buffer, data_end), needed)?;
         }
-        _ if verification == Verification::Checksum => verified.insert(identity),
+        _ if verification == Verification::Checksum => verified.record(name, verdict),
         _ => {}
     }
     Ok(CachedShard {

@@ -230,8 +230,16 @@ fn a_written_shard_opens_verified_and_mapped_not_copied() {
         .map(|arg| arg.name.as_str())
         .collect();
     assert_eq!(arg_names, ["expr", "factor"]);
+    // The file is a 64-byte prefix, then the payload: an Arrow IPC file whose buffers are
+    // 64-byte aligned in the mapping (the decoder refuses anything else).
     let file = fs::read(&path).unwrap();
-    let data = &file[..usize::try_from(manifest.data_bytes).unwrap()];
+    let payload = &file[64..];
+    assert!(payload.starts_with(b"ARROW1"));
+    let prefix = crate::mapping::ShardPrefix::decode(&file).expect("a shard prefix");
+    assert_eq!(prefix.len, payload.len() as u64);
+    assert_eq!(prefix.checksum, xxhash_rust::xxh3::xxh3_64(payload));
+    assert!(values.is_multiple_of(64));
+    let data = &payload[..usize::try_from(manifest.data_bytes).unwrap()];
     assert_eq!(
         manifest.checksum,
         Checksum(xxhash_rust::xxh3::xxh3_128(data))
@@ -787,7 +795,7 @@ fn a_projected_open_checks_exactly_the_pieces_it_returns() {
 
     // Every piece of the data bytes has its own checksum in the manifest.
     let manifest = shard::read_manifest_at(&path).ok().unwrap();
-    let data = &whole[..usize::try_from(manifest.data_bytes).unwrap()];
+    let data = &whole[64..64 + usize::try_from(manifest.data_bytes).unwrap()];
     let pieces: Vec<u64> = data
         .chunks(usize::try_from(manifest.chunk_bytes).unwrap())
         .map(xxhash_rust::xxh3::xxh3_64)
@@ -891,4 +899,76 @@ fn shards_to_remove_are_picked_without_removing_them_then_removed() {
     assert_eq!(left, vec![name(&entries[1], shard(0, 1))]);
     // Gone already: not counted again.
     assert_eq!(cache.remove_files(&third).unwrap().shards, 0);
+}
+
+#[test]
+fn a_served_shard_is_read_whole_once_per_state_of_its_file() {
+    let OneShard {
+        dir: _dir,
+        cache,
+        name,
+        path,
+        ..
+    } = one_shard();
+    // Written by this cache, which hashed what it wrote: serving it reads the prefix and the
+    // footer, and the object's checksum is the prefix's.
+    let served = cache.serve_shard(name).unwrap().expect("a hit");
+    let file = fs::read(&path).unwrap();
+    assert_eq!(served.len, file.len() as u64 - 64);
+    assert_eq!(served.checksum, xxhash_rust::xxh3::xxh3_64(&file[64..]));
+    assert_eq!(served.rows, 1000);
+    let metadata = fs::metadata(&path).unwrap();
+    assert_eq!(
+        (served.device, served.inode),
+        (
+            std::os::unix::fs::MetadataExt::dev(&metadata),
+            std::os::unix::fs::MetadataExt::ino(&metadata)
+        )
+    );
+
+    // What the verdict trusts: a byte changed in place with the file's state put back as it
+    // was (same inode, length and modification time) is not looked for. (That state is the
+    // one after the hit above advanced the LRU clock: the verdict followed the cache's own
+    // touch, or this serve would read the file again.)
+    let verified_at = metadata.modified().unwrap();
+    let at = file.len() / 3;
+    let writable = File::options().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&writable, &[file[at] ^ 0x08], at as u64).unwrap();
+    writable.set_modified(verified_at).unwrap();
+    drop(writable);
+    assert!(cache.serve_shard(name).unwrap().is_some());
+
+    // Any change of that state — here the modification time, which a write in place sets —
+    // makes the next use read the file whole: the damage is found and the shard removed.
+    set_last_used(&cache, &name, 1_000);
+    assert!(cache.serve_shard(name).unwrap().is_none());
+    assert!(!path.exists());
+    assert_eq!(cache.stats().unwrap().corrupt_removed, 1);
+}
+
+#[test]
+fn a_shard_written_before_prefixes_is_a_miss_and_removed() {
+    let OneShard {
+        dir,
+        inputs,
+        name,
+        path,
+        ..
+    } = one_shard();
+    // The older layout: the Arrow IPC file from the file's first byte, no prefix.
+    let whole = fs::read(&path).unwrap();
+    fs::write(&path, &whole[64..]).unwrap();
+    let cache = cache_in(dir.path(), u64::MAX);
+    assert_eq!(
+        cache
+            .lookup(inputs.fingerprint(), 1, CachePolicy::Reuse)
+            .unwrap(),
+        Lookup::FullHit { count: 1 }
+    );
+    assert!(cache.serve_shard(name).unwrap().is_none());
+    assert!(!path.exists());
+    fs::write(&path, &whole[64..]).unwrap();
+    assert!(cache.open_shard_columns(name, &[]).unwrap().is_none());
+    assert!(!path.exists());
+    assert_eq!(cache.stats().unwrap().corrupt_removed, 2);
 }
