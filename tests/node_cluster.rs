@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
     NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
-    TestTask,
+    TestTask, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
@@ -479,6 +479,158 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     );
 }
 
+/// The worker writes its output into the store's shared memory itself: the agent, which
+/// only creates and seals the object, never touches its pages (its resident shared memory
+/// does not grow with the output), and readers get the worker's bytes and checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_writes_its_output_in_place_and_the_agent_touches_none_of_it() {
+    let cluster = cluster().await;
+    let node = cluster.start_node("n", &[]);
+    cluster.wait_ready(&node).await;
+    let agent_before = process::resident_shared_bytes(node.pid());
+    let bytes = 64 << 20;
+    let spec = TaskSpec {
+        task: TaskId::new(11),
+        job: JobId::new(1),
+        kind: TaskKind::Test(TestTask::Fill { bytes, seed: 9 }),
+        inputs: Vec::new(),
+    };
+    let (outputs, worker) = match call(node.addr(), NodeRequest::RunTask(spec)).await {
+        NodeResponse::Task { result, worker } => (result.unwrap(), worker.unwrap()),
+        other => panic!("unexpected {other:?}"),
+    };
+    let pattern = fill_pattern(bytes as usize, 9);
+    assert_eq!(outputs[0].size, bytes);
+    assert_eq!(outputs[0].checksum, xxh3_64(&pattern));
+    let agent_grew = process::resident_shared_bytes(node.pid()).saturating_sub(agent_before);
+    assert!(
+        agent_grew < 4 << 20,
+        "the agent touched {agent_grew} bytes of shared memory for a {bytes}-byte output"
+    );
+    let worker_shared = process::resident_shared_bytes(worker.pid);
+    assert!(
+        worker_shared >= bytes,
+        "the worker has only {worker_shared} bytes of shared memory resident"
+    );
+    // Read back (from the segment, by sendfile) and checked against the worker's hash.
+    assert_eq!(
+        read_start(node.addr(), outputs[0].object, 4096).await,
+        pattern[..4096]
+    );
+    match call(
+        node.addr(),
+        NodeRequest::ObjectMeta {
+            object: outputs[0].object,
+        },
+    )
+    .await
+    {
+        NodeResponse::ObjectMeta(meta) => {
+            assert_eq!((meta.size, meta.checksum), (bytes, xxh3_64(&pattern)));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// A worker SIGKILLed halfway through writing its output leaves no object and no allocation
+/// behind (the store is empty again), and the task run again (same id, as the driver retries
+/// it) writes the whole output.
+/// An output larger than the whole store is created in a fallback file, which the worker maps
+/// and writes in place like the segment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_larger_than_the_store_is_written_by_its_worker_into_a_fallback_file() {
+    let cluster = cluster().await;
+    let node = cluster.start_node("small", &["memory.total=256MiB"]);
+    let ready = cluster.wait_ready(&node).await;
+    let bytes: u64 = 128 << 20;
+    assert!(bytes > ready.store.capacity, "{:?}", ready.store);
+    let output = fill(node.addr(), 3, bytes as usize, 2).await;
+    let pattern = fill_pattern(bytes as usize, 2);
+    assert_eq!((output.size, output.checksum), (bytes, xxh3_64(&pattern)));
+    let store = status(node.addr()).await.store;
+    assert_eq!((store.fallback_objects, store.fallback_bytes), (1, bytes));
+    assert_eq!(
+        read_start(node.addr(), output.object, 4096).await,
+        pattern[..4096]
+    );
+    call(
+        node.addr(),
+        NodeRequest::Free {
+            objects: vec![output.object],
+        },
+    )
+    .await;
+    assert_eq!(status(node.addr()).await.store.fallback_objects, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_writing_leaves_nothing_and_its_task_runs_again() {
+    let cluster = cluster().await;
+    let node = cluster.start_node("n", &[]);
+    cluster.wait_ready(&node).await;
+    let bytes: u64 = 32 << 20;
+    let task = TaskId::new(7);
+    let kind = TaskKind::Test(TestTask::StallMidWrite {
+        bytes,
+        seed: 5,
+        ms: 3_000,
+    });
+    let addr = node.addr().to_owned();
+    let first = {
+        let kind = kind.clone();
+        tokio::spawn(async move { run(&addr, task.get(), kind, vec![]).await })
+    };
+    let object = output_id(task, 0);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let victim = loop {
+        let status = status(node.addr()).await;
+        if let Some(running) = status.running.first()
+            && status.store.used >= bytes
+        {
+            break running.worker_pid;
+        }
+        assert!(Instant::now() < deadline, "the output was never created");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Created, being written: not readable by anyone.
+    let meta = node::connect(node.addr(), &wire())
+        .await
+        .call(&NodeRequest::ObjectMeta { object })
+        .await;
+    assert!(meta.is_err(), "an unsealed output was visible: {meta:?}");
+    process::signal(victim, "KILL");
+    let failure = first.await.unwrap().unwrap_err();
+    assert_eq!(
+        failure,
+        TaskFailure::WorkerDied {
+            reason: "killed by signal 9 (SIGKILL)".into()
+        }
+    );
+    let store = status(node.addr()).await.store;
+    assert_eq!(
+        (store.used, store.objects_in_memory, store.pinned_objects),
+        (0, 0, 0),
+        "the killed task left something in the store: {store:?}"
+    );
+
+    let outputs = run(node.addr(), task.get(), kind, vec![]).await.unwrap();
+    let pattern = fill_pattern(bytes as usize, 5);
+    assert_eq!(outputs[0].object, object);
+    assert_eq!(
+        (outputs[0].size, outputs[0].checksum),
+        (bytes, xxh3_64(&pattern))
+    );
+    assert_eq!(read_start(node.addr(), object, 4096).await, pattern[..4096]);
+    call(
+        node.addr(),
+        NodeRequest::Free {
+            objects: vec![object],
+        },
+    )
+    .await;
+    assert_eq!(status(node.addr()).await.store.used, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_task_and_is_respawned() {
     let cluster = cluster().await;
@@ -563,12 +715,10 @@ async fn a_node_given_less_memory_than_the_host_kills_a_growing_task_before_its_
         &["memory.total=256MiB", "node.memory_monitor_interval_ms=20"],
     );
     cluster.wait_ready(&node).await;
-    // The task fills 512 MiB, page by page: twice what the node may use, well within the host.
-    let fill = TaskKind::Test(TestTask::Fill {
-        bytes: 512 << 20,
-        seed: 0,
-    });
-    let failure = run(node.addr(), 1, fill, vec![]).await.unwrap_err();
+    // The task touches 512 MiB of its own memory, page by page: twice what the node may use,
+    // well within the host.
+    let grow = TaskKind::Test(TestTask::Grow { bytes: 512 << 20 });
+    let failure = run(node.addr(), 1, grow, vec![]).await.unwrap_err();
     let TaskFailure::OutOfMemory { reason } = &failure else {
         panic!("expected an out-of-memory failure, got {failure:?}");
     };

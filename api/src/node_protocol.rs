@@ -92,6 +92,12 @@ pub enum TestTask {
     Hash,
     /// One output of `bytes` bytes where byte `i` is `(i + seed) % 251`.
     Fill { bytes: u64, seed: u64 },
+    /// The output of `Fill`, written half, then a pause of `ms` milliseconds, then the rest:
+    /// a worker to kill while it writes an object.
+    StallMidWrite { bytes: u64, seed: u64, ms: u64 },
+    /// Touches `bytes` bytes of the worker's own memory, page by page; no outputs. A task
+    /// whose process grows, for the memory monitor.
+    Grow { bytes: u64 },
 }
 
 /// An input of a task: an object, and the node holding it when it is not on the node that runs

@@ -13,6 +13,7 @@ mod actors;
 mod data_dir;
 pub mod logs;
 mod monitor;
+mod outputs;
 mod pool;
 #[cfg(feature = "test-tasks")]
 mod test_tasks;
@@ -50,6 +51,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use self::actors::ActorHost;
 use self::data_dir::DataDirLock;
 pub use self::data_dir::{Holder, live_holder};
+use self::outputs::TaskOutputs;
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
@@ -284,7 +286,8 @@ impl Shared {
                 .map(|lease| lease.endpoint().clone())
                 .collect(),
         };
-        let ran = self.pool.run(task, pins).await;
+        let outputs = TaskOutputs::new(self.store.clone(), spec.task);
+        let ran = self.pool.run(task, pins, outputs).await;
         *worker = ran.worker;
         let outputs = ran.result;
         if outputs.is_err() {
@@ -298,52 +301,7 @@ impl Shared {
             // Giving a child back may reap it; keep that off the async threads.
             tokio::task::spawn_blocking(move || drop(leases));
         }
-        let outputs = outputs?;
-        let mut refs = Vec::with_capacity(outputs.len());
-        // Outputs this run put or revived: if a later one cannot be stored, the task fails and
-        // nobody would ever learn of (and free) these.
-        let mut stored = Vec::new();
-        let failed = |stored: &[ObjectId], message: String| {
-            self.delete_local(stored);
-            TaskFailure::Error { message }
-        };
-        for (index, output) in outputs.iter().enumerate() {
-            let index = u32::try_from(index)
-                .map_err(|_| failed(&stored, "a task returned more than 2^32 outputs".into()))?;
-            let object = floe_api::node_protocol::output_id(spec.task, index);
-            let bytes = &output.bytes.0;
-            // A rebuilt task's outputs keep their ids. A copy still here from an earlier run
-            // (the driver thought it lost, or a task here still reads it) holds the same
-            // bytes, tasks being deterministic: it stays.
-            let checksum = if self.store.contains(object) {
-                xxh3_64(bytes)
-            } else if self.store.revive(object) {
-                // Deleted already: deleting it again on failure leaves things as they were.
-                stored.push(object);
-                xxh3_64(bytes)
-            } else {
-                match self.store.put_checksummed(object, bytes) {
-                    Ok(checksum) => {
-                        stored.push(object);
-                        checksum
-                    }
-                    // A pull of the earlier run's copy got here first.
-                    Err(floe_objectstore::Error::AlreadyExists { .. }) => xxh3_64(bytes),
-                    Err(error) => {
-                        return Err(failed(
-                            &stored,
-                            format!("cannot store output {index}: {error}"),
-                        ));
-                    }
-                }
-            };
-            refs.push(OutputRef {
-                object,
-                size: bytes.len() as u64,
-                checksum,
-                rows: output.rows,
-            });
-        }
+        let refs = outputs?;
         self.made(job, refs.iter().map(|output| output.object));
         Ok(refs)
     }

@@ -23,10 +23,12 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::worker::{SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerOutput, WorkerTask, send};
+use super::outputs::TaskOutputs;
+use super::worker::{
+    AgentMessage, SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerTask, WrittenOutput, send,
+};
 use super::{Error, Result};
-use floe_api::node_protocol::Bytes;
-use floe_api::node_protocol::{RunningTask, TaskFailure, WorkerRef, WorkerStatus};
+use floe_api::node_protocol::{OutputRef, RunningTask, TaskFailure, WorkerRef, WorkerStatus};
 
 /// How long a new worker process has to connect and say hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -53,7 +55,7 @@ pub(crate) struct PoolOptions {
     pub storage: StorageConfig,
 }
 
-pub(crate) type JobResult = Result<Vec<WorkerOutput>, TaskFailure>;
+pub(crate) type JobResult = Result<Vec<OutputRef>, TaskFailure>;
 
 /// A task's result and the worker that ran it (none when it never reached one).
 pub(crate) struct Ran {
@@ -65,6 +67,8 @@ struct Job {
     task: WorkerTask,
     /// Views of the inputs: they keep the objects pinned while the worker reads them.
     pins: Vec<ObjectView>,
+    /// Where the worker writes its outputs.
+    outputs: TaskOutputs,
     reply: oneshot::Sender<Ran>,
 }
 
@@ -167,8 +171,9 @@ impl WorkerPool {
         })
     }
 
-    /// Runs a task on the next idle worker and returns its outputs.
-    pub async fn run(&self, task: WorkerTask, pins: Vec<ObjectView>) -> Ran {
+    /// Runs a task on the next idle worker, which writes its outputs into `outputs`, and
+    /// returns them sealed.
+    pub async fn run(&self, task: WorkerTask, pins: Vec<ObjectView>, outputs: TaskOutputs) -> Ran {
         let shutting_down = || Ran {
             result: Err(TaskFailure::ShuttingDown),
             worker: None,
@@ -182,7 +187,12 @@ impl WorkerPool {
             return shutting_down();
         };
         let (reply, answer) = oneshot::channel();
-        let job = Job { task, pins, reply };
+        let job = Job {
+            task,
+            pins,
+            outputs,
+            reply,
+        };
         if sender.send(job).await.is_err() {
             return shutting_down();
         }
@@ -479,11 +489,12 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
                 kill: Some(kill),
             },
         );
-        let (result, end) = run_job(worker, &job.task, killed).await;
+        let task = job.task.task;
+        let (result, end) = run_job(worker, job.task, job.outputs, killed).await;
         inner.running().remove(&start);
         drop(job.pins);
         if let Err(failure) = &result {
-            tracing::warn!(task = %job.task.task, pid = worker.pid, %failure, "task failed");
+            tracing::warn!(%task, pid = worker.pid, %failure, "task failed");
         }
         // The requester may have gone away; the task's outcome no longer matters then.
         let _ = job.reply.send(Ran {
@@ -499,18 +510,21 @@ async fn serve_jobs(inner: &PoolInner, worker: &mut Worker) -> SlotEnd {
     }
 }
 
-/// Runs one task; a `Some` end means the worker is gone and must be replaced.
+/// Runs one task; a `Some` end means the worker is gone and must be replaced. Its outputs'
+/// writers are dropped (on failure) only once the worker no longer writes: it said it is done,
+/// or it was waited for dead.
 async fn run_job(
     worker: &mut Worker,
-    task: &WorkerTask,
+    task: WorkerTask,
+    mut outputs: TaskOutputs,
     killed: oneshot::Receiver<Kill>,
 ) -> (JobResult, Option<SlotEnd>) {
-    let sent = send(&mut worker.stream, task).await;
+    let sent = send(&mut worker.stream, &AgentMessage::Run(task)).await;
     let reply = match sent {
         Err(error) => Err(error.to_string()),
         Ok(()) => {
             tokio::select! {
-                reply = receive_reply(&mut worker.stream) => reply,
+                reply = receive_reply(&mut worker.stream, &mut outputs) => reply,
                 status = worker.child.wait() => {
                     let reason = status.map_or_else(|error| error.to_string(), describe_exit);
                     return (Err(TaskFailure::WorkerDied { reason }), Some(SlotEnd::WorkerGone));
@@ -530,15 +544,8 @@ async fn run_job(
         }
     };
     match reply {
-        Ok(WorkerReply::Finished(outputs)) => (Ok(outputs), None),
-        Ok(WorkerReply::Failed { message, transient }) => {
-            let failure = if transient {
-                TaskFailure::Transient { message }
-            } else {
-                TaskFailure::Error { message }
-            };
-            (Err(failure), None)
-        }
+        Ok(WorkerReply::Finished(written)) => (outputs.seal(&written), None),
+        Ok(WorkerReply::Failed(failure)) => (Err(failure), None),
         Ok(WorkerReply::Confused(what)) => {
             stop(&mut worker.child).await;
             let reason = format!("the worker broke the protocol: {what}");
@@ -566,25 +573,22 @@ async fn run_job(
 
 /// How a worker answered a task.
 enum WorkerReply {
-    Finished(Vec<WorkerOutput>),
-    Failed {
-        message: String,
-        transient: bool,
-    },
+    /// Every output written, in order.
+    Finished(Vec<WrittenOutput>),
+    /// The task failed (in the worker, or for want of room in the store); the worker writes
+    /// nothing more.
+    Failed(TaskFailure),
     /// A message that makes no sense here; the worker is replaced.
     Confused(String),
 }
 
-/// Reads a task's outputs (each announced, then sent in chunks) up to its end. A socket error
-/// is `Err`.
-async fn receive_reply(stream: &mut FramedStream<UnixStream>) -> Result<WorkerReply, String> {
-    let mut outputs: Vec<WorkerOutput> = Vec::new();
-    let mut expected = 0u64;
-    let complete = |outputs: &[WorkerOutput], expected: u64| {
-        outputs
-            .last()
-            .is_none_or(|last| last.bytes.0.len() as u64 == expected)
-    };
+/// Serves a running task's worker up to its end: makes room in the store for its outputs when
+/// it asks. A socket error is `Err`.
+async fn receive_reply(
+    stream: &mut FramedStream<UnixStream>,
+    outputs: &mut TaskOutputs,
+) -> Result<WorkerReply, String> {
+    let mut placed = false;
     loop {
         let body = stream
             .recv(TASK_WAIT)
@@ -593,32 +597,30 @@ async fn receive_reply(stream: &mut FramedStream<UnixStream>) -> Result<WorkerRe
         let message = codec::decode::<WorkerMessage>(body, "worker reply")
             .map_err(|error| error.to_string())?;
         match message {
-            WorkerMessage::Output { len, rows } => {
-                if !complete(&outputs, expected) {
-                    return Ok(WorkerReply::Confused("an output ended early".into()));
+            WorkerMessage::Outputs { sizes } if !placed => {
+                placed = true;
+                let places = outputs.make_room(&sizes);
+                let answer =
+                    AgentMessage::Places(places.clone().map_err(|failure| failure.to_string()));
+                send(stream, &answer)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                // Without room the task is over: the worker goes back to waiting for the next.
+                if let Err(failure) = places {
+                    return Ok(WorkerReply::Failed(failure));
                 }
-                expected = len;
-                // The capacity grows with the chunks: a wrong length cannot make the agent
-                // allocate up front.
-                outputs.push(WorkerOutput {
-                    bytes: Bytes(Vec::new()),
-                    rows,
-                });
             }
-            WorkerMessage::Chunk(chunk) => match outputs.last_mut() {
-                Some(last) if last.bytes.0.len() as u64 + chunk.0.len() as u64 <= expected => {
-                    last.bytes.0.extend_from_slice(&chunk.0);
-                }
-                _ => return Ok(WorkerReply::Confused("a chunk past its output".into())),
-            },
-            WorkerMessage::Finished if complete(&outputs, expected) => {
-                return Ok(WorkerReply::Finished(outputs));
+            WorkerMessage::Outputs { .. } => {
+                return Ok(WorkerReply::Confused("a second output request".into()));
             }
-            WorkerMessage::Finished => {
-                return Ok(WorkerReply::Confused("the last output ended early".into()));
-            }
+            WorkerMessage::Finished { outputs } => return Ok(WorkerReply::Finished(outputs)),
             WorkerMessage::Failed { message, transient } => {
-                return Ok(WorkerReply::Failed { message, transient });
+                let failure = if transient {
+                    TaskFailure::Transient { message }
+                } else {
+                    TaskFailure::Error { message }
+                };
+                return Ok(WorkerReply::Failed(failure));
             }
             WorkerMessage::Hello { .. } => {
                 return Ok(WorkerReply::Confused("a second hello".into()));

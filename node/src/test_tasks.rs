@@ -14,29 +14,94 @@ pub(crate) enum TestTaskError {
     TooLarge { bytes: u64 },
 }
 
-/// Runs `task` over the inputs' bytes and returns its outputs' bytes.
-pub(crate) fn run(task: &TestTask, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, TestTaskError> {
+/// A test task's outputs, written where the agent says like a stage task's.
+#[derive(Debug)]
+pub(crate) enum TestOutputs {
+    None,
+    /// One output of these bytes.
+    Bytes(Vec<u8>),
+    /// One output of `len` bytes of the fill pattern, computed in place; a pause of `stall`
+    /// halfway through the writing, when set.
+    Fill {
+        len: usize,
+        seed: u64,
+        stall: Option<Duration>,
+    },
+}
+
+impl TestOutputs {
+    pub(crate) fn sizes(&self) -> Vec<u64> {
+        match self {
+            TestOutputs::None => Vec::new(),
+            TestOutputs::Bytes(bytes) => vec![bytes.len() as u64],
+            TestOutputs::Fill { len, .. } => vec![*len as u64],
+        }
+    }
+
+    /// Writes the one output into `dest`, exactly its size, and returns its xxh3-64.
+    pub(crate) fn write(&self, dest: &mut [u8]) -> u64 {
+        match self {
+            TestOutputs::None => {}
+            TestOutputs::Bytes(bytes) => dest.copy_from_slice(bytes),
+            TestOutputs::Fill { seed, stall, .. } => {
+                let half = dest.len() / 2;
+                fill(&mut dest[..half], 0, *seed);
+                if let Some(stall) = stall {
+                    std::thread::sleep(*stall);
+                }
+                fill(&mut dest[half..], half, *seed);
+            }
+        }
+        xxh3_64(dest)
+    }
+}
+
+/// Byte `i` of `dest` is byte `start + i` of the fill pattern: `(i + seed) % 251`.
+fn fill(dest: &mut [u8], start: usize, seed: u64) {
+    let seed = seed % 251;
+    for (i, byte) in (start..).zip(dest.iter_mut()) {
+        *byte = ((i as u64 % 251 + seed) % 251) as u8;
+    }
+}
+
+/// Runs `task` over the inputs' bytes and returns its outputs, to be written.
+pub(crate) fn run(task: &TestTask, inputs: &[&[u8]]) -> Result<TestOutputs, TestTaskError> {
+    let length = |bytes: u64| usize::try_from(bytes).map_err(|_| TestTaskError::TooLarge { bytes });
     match task {
         TestTask::Sleep { ms } => {
             std::thread::sleep(Duration::from_millis(*ms));
-            Ok(Vec::new())
+            Ok(TestOutputs::None)
         }
-        TestTask::Hash => Ok(vec![
+        TestTask::Hash => Ok(TestOutputs::Bytes(
             inputs
                 .iter()
                 .flat_map(|input| xxh3_64(input).to_le_bytes())
                 .collect(),
-        ]),
-        TestTask::Fill { bytes, seed } => {
-            let len =
-                usize::try_from(*bytes).map_err(|_| TestTaskError::TooLarge { bytes: *bytes })?;
-            let start = seed % 251;
-            Ok(vec![
-                (0..len)
-                    .map(|i| ((i as u64 % 251 + start) % 251) as u8)
-                    .collect(),
-            ])
+        )),
+        TestTask::Fill { bytes, seed } => Ok(TestOutputs::Fill {
+            len: length(*bytes)?,
+            seed: *seed,
+            stall: None,
+        }),
+        TestTask::Grow { bytes } => {
+            let mut memory = vec![0u8; length(*bytes)?];
+            // Written, so every page is resident; read back, so the writes are not elided.
+            for page in memory.chunks_mut(4096) {
+                page[0] = 1;
+            }
+            let touched: usize = memory
+                .iter()
+                .step_by(4096)
+                .map(|byte| usize::from(*byte))
+                .sum();
+            std::hint::black_box(touched);
+            Ok(TestOutputs::None)
         }
+        TestTask::StallMidWrite { bytes, seed, ms } => Ok(TestOutputs::Fill {
+            len: length(*bytes)?,
+            seed: *seed,
+            stall: Some(Duration::from_millis(*ms)),
+        }),
     }
 }
 
@@ -44,27 +109,43 @@ pub(crate) fn run(task: &TestTask, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>, Tes
 mod tests {
     use super::*;
 
+    fn written(outputs: &TestOutputs) -> Vec<u8> {
+        let mut bytes = vec![0; outputs.sizes()[0] as usize];
+        let checksum = outputs.write(&mut bytes);
+        assert_eq!(checksum, xxh3_64(&bytes));
+        bytes
+    }
+
     #[test]
     fn hash_outputs_each_inputs_checksum() {
         let outputs = run(&TestTask::Hash, &[b"abc", b""]).unwrap();
         let mut expected = xxh3_64(b"abc").to_le_bytes().to_vec();
         expected.extend(xxh3_64(b"").to_le_bytes());
-        assert_eq!(outputs, vec![expected]);
+        assert_eq!(written(&outputs), expected);
     }
 
     #[test]
-    fn fill_follows_its_documented_pattern() {
-        let outputs = run(
-            &TestTask::Fill {
-                bytes: 600,
-                seed: 3,
-            },
-            &[],
-        )
-        .unwrap();
-        assert_eq!(outputs[0].len(), 600);
-        assert_eq!(&outputs[0][..3], &[3, 4, 5]);
-        assert_eq!(outputs[0][248], 0, "(248 + 3) % 251");
-        assert_eq!(outputs[0][599], ((599 + 3) % 251) as u8);
+    fn fill_follows_its_documented_pattern_stalled_or_not() {
+        let fill = TestTask::Fill {
+            bytes: 600,
+            seed: 3,
+        };
+        let bytes = written(&run(&fill, &[]).unwrap());
+        assert_eq!(bytes.len(), 600);
+        assert_eq!(&bytes[..3], &[3, 4, 5]);
+        assert_eq!(bytes[248], 0, "(248 + 3) % 251");
+        assert_eq!(bytes[599], ((599 + 3) % 251) as u8);
+        let stalled = TestTask::StallMidWrite {
+            bytes: 600,
+            seed: 3,
+            ms: 1,
+        };
+        assert_eq!(written(&run(&stalled, &[]).unwrap()), bytes);
+    }
+
+    #[test]
+    fn a_sleep_has_no_outputs() {
+        let outputs = run(&TestTask::Sleep { ms: 0 }, &[]).unwrap();
+        assert!(outputs.sizes().is_empty());
     }
 }

@@ -14,7 +14,7 @@
 //! offsets and UTF-8 are checked in time proportional to their bytes), because objects come
 //! from other processes and a damaged one must not become undefined behaviour.
 
-use std::io::{Cursor, Write};
+use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -26,6 +26,9 @@ use arrow::ipc::reader::{FileDecoder, read_footer_length};
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow::ipc::{MetadataVersion, root_as_footer};
 use floe_core::ObjectId;
+use xxhash_rust::xxh3::Xxh3Default;
+
+use crate::alloc::aligned;
 
 use crate::{Error, ObjectStore, ObjectView, Result};
 
@@ -53,28 +56,69 @@ pub fn write_block(
     batches: &[RecordBatch],
 ) -> Result<u64> {
     let arrow_error = |source| Error::Block { object, source };
-    let mut counter = CountingSink(0);
-    encode(&mut counter, schema, batches).map_err(arrow_error)?;
-    let len = counter.0;
+    let len = encoded_len(schema, batches).map_err(arrow_error)?;
     let mut writer = store.create(object, len)?;
-    let mut cursor = Cursor::new(writer.as_mut_slice());
-    encode(&mut cursor, schema, batches).map_err(arrow_error)?;
-    if cursor.position() != len {
-        return Err(arrow_error(ArrowError::IpcError(format!(
-            "the encoding measured {len} bytes but wrote {}",
-            cursor.position()
-        ))));
-    }
+    encode_into(writer.as_mut_slice(), schema, batches).map_err(arrow_error)?;
     writer.seal()?;
     Ok(len)
 }
 
-/// The bytes [`write_block`] would store, for a process that hands its blocks to the store's
-/// owner rather than writing them itself (a worker).
-pub fn encode_block(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>, ArrowError> {
-    let mut bytes = Vec::new();
-    encode(&mut bytes, schema, batches)?;
-    Ok(bytes)
+/// The exact bytes `batches` take as a block. Measuring writes nothing: the IPC writer hands
+/// a counting sink the column buffers where they lie (arrow's writer is deterministic, so
+/// [`encode_into`] then writes exactly this many).
+pub fn encoded_len(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<u64, ArrowError> {
+    let mut counter = CountingSink(0);
+    encode(&mut counter, schema, batches)?;
+    Ok(counter.0)
+}
+
+/// Writes `batches` as a block into `dest`, which must be exactly [`encoded_len`] bytes (an
+/// object's mapping, usually), and returns the xxh3-64 of what it wrote, hashed as it goes
+/// while the bytes are still in the cache.
+pub fn encode_into(
+    dest: &mut [u8],
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<u64, ArrowError> {
+    let len = dest.len();
+    let mut sink = HashingSink {
+        dest,
+        written: 0,
+        hasher: Xxh3Default::new(),
+    };
+    encode(&mut sink, schema, batches)?;
+    if sink.written != len {
+        return Err(ArrowError::IpcError(format!(
+            "the encoding measured {len} bytes but wrote {}",
+            sink.written
+        )));
+    }
+    Ok(sink.hasher.digest())
+}
+
+/// Where blocks packed into one object lie: each starts 64-byte aligned, so each decodes in
+/// place like an object of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packing {
+    /// `(offset, len)` of each block in the object, in order.
+    pub parts: Vec<(u64, u64)>,
+    /// The object's size.
+    pub len: u64,
+}
+
+impl Packing {
+    /// Lays out blocks of `lens` bytes one after the other, each at the next aligned offset;
+    /// `None` if the sizes overflow.
+    pub fn of(lens: &[u64]) -> Option<Self> {
+        let mut parts = Vec::with_capacity(lens.len());
+        let mut end = 0u64;
+        for &len in lens {
+            let offset = aligned(end)?;
+            parts.push((offset, len));
+            end = offset.checked_add(len)?;
+        }
+        Some(Self { parts, len: end })
+    }
 }
 
 /// Decodes the block in `view` without copying column data.
@@ -137,6 +181,31 @@ pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
         }
     }
     Ok(Block { schema, batches })
+}
+
+/// Writes into a slice, hashing what it writes.
+struct HashingSink<'a> {
+    dest: &'a mut [u8],
+    written: usize,
+    hasher: Xxh3Default,
+}
+
+impl Write for HashingSink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let end = self
+            .written
+            .checked_add(bytes.len())
+            .filter(|end| *end <= self.dest.len())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))?;
+        self.dest[self.written..end].copy_from_slice(bytes);
+        self.hasher.update(bytes);
+        self.written = end;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Counts the bytes written to it and keeps none.

@@ -39,7 +39,7 @@ pub use region::Backing;
 pub use store::{
     FileAudit, ObjectInfo, ObjectStore, ObjectWriter, Residence, StoreConfig, StoreStats,
 };
-pub use view::{ObjectLocation, ObjectSource, ObjectView, StoreClient};
+pub use view::{ObjectLocation, ObjectSource, ObjectView, StoreClient, UnsealedObject};
 
 /// Everything the object store can fail with. Messages name the object and the sizes involved.
 #[derive(Debug, thiserror::Error)]

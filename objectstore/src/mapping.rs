@@ -271,6 +271,8 @@ enum FileMap {
     Linked { _map: memmap2::Mmap },
     /// Opened by a reader.
     Reader { _map: memmap2::Mmap },
+    /// Opened by the process the store handed the unsealed object to, to write it.
+    Writer { _map: memmap2::MmapMut },
 }
 
 // SAFETY: as for `SharedSegment`: the mapping stays put until drop and only raw pointers are
@@ -377,6 +379,28 @@ impl FileMapping {
             len: map.len(),
             path: path.to_owned(),
             map: FileMap::Reader { _map: map },
+        })
+    }
+}
+
+impl FileMapping {
+    /// Maps a fallback object's file writable, for the one process its store handed the
+    /// unsealed object to (the file stays the store's: it is not removed on drop).
+    pub fn open_writable(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_error("open a fallback file", path))?;
+        // SAFETY: the store created the file with its length reserved and never truncates it
+        // while the object exists; until the object is sealed only this process writes it.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }
+            .map_err(io_error("map a fallback file", path))?;
+        Ok(Self {
+            ptr: non_null(map.as_mut_ptr(), &path.display().to_string())?,
+            len: map.len(),
+            path: path.to_owned(),
+            map: FileMap::Writer { _map: map },
         })
     }
 }

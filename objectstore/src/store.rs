@@ -162,6 +162,10 @@ struct Entry {
     refs: u64,
     pins: u64,
     io: Option<Io>,
+    /// Its [`ObjectWriter`] is alive: someone (this process, or a worker it handed the
+    /// location to) may still write its range, so the range is not freed even if the object
+    /// is deleted meanwhile.
+    writing: bool,
     deleted: bool,
     last_used: u64,
     /// The payload's xxh3-64 when whoever sealed it knew it, so a transfer need not hash the
@@ -275,6 +279,7 @@ impl ObjectStore {
                 refs: 1,
                 pins: 0,
                 io: None,
+                writing: true,
                 deleted: false,
                 last_used: 0,
                 checksum: None,
@@ -741,7 +746,10 @@ impl State {
     /// nothing is using it.
     fn free_if_unused(&mut self, object: ObjectId) {
         let unused = self.objects.get(&object).is_some_and(|entry| {
-            (entry.deleted || entry.refs == 0) && entry.pins == 0 && entry.io.is_none()
+            (entry.deleted || entry.refs == 0)
+                && entry.pins == 0
+                && entry.io.is_none()
+                && !entry.writing
         });
         if unused {
             self.evict(object);
@@ -1093,6 +1101,20 @@ impl ObjectWriter {
         self.object
     }
 
+    /// Where the object lies, for one other process on the host to fill it in through
+    /// [`StoreClient::open_unsealed`](crate::StoreClient::open_unsealed). Its range stays this
+    /// object's while the writer lives (even if the object is deleted meanwhile), so drop or
+    /// seal the writer only once that process has stopped writing: it said it is done, or it
+    /// is dead.
+    pub fn location(&self) -> ObjectLocation {
+        ObjectLocation {
+            object: self.object,
+            source: self.region.source(),
+            offset: self.header_offset,
+            len: self.size as u64,
+        }
+    }
+
     /// The object's bytes, to fill in before sealing. They start 64-byte aligned.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the range is allocated to this object, inside a live region (held by
@@ -1112,6 +1134,10 @@ impl ObjectWriter {
     }
 
     fn seal_recording(mut self, checksum: Option<u64>) -> Result<()> {
+        let mut state = self.inner.lock();
+        let tick = state.tick();
+        // An object deleted while it was written is not sealed: the writer's drop frees it.
+        let entry = state.live_entry(self.object)?;
         let header = Header {
             object: self.object,
             len: self.size as u64,
@@ -1120,9 +1146,7 @@ impl ObjectWriter {
         };
         // SAFETY: the header range belongs to this object and only this writer writes it.
         unsafe { self.region.write_header(self.header_offset, &header) };
-        let mut state = self.inner.lock();
-        let tick = state.tick();
-        let entry = state.live_entry(self.object)?;
+        entry.writing = false;
         entry.sealed = true;
         entry.last_used = tick;
         entry.checksum = checksum;
@@ -1139,6 +1163,7 @@ impl Drop for ObjectWriter {
         if !self.sealed {
             let mut state = self.inner.lock();
             if let Some(entry) = state.objects.get_mut(&self.object) {
+                entry.writing = false;
                 entry.deleted = true;
             }
             state.free_if_unused(self.object);

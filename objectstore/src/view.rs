@@ -155,7 +155,35 @@ impl StoreClient {
     ///
     /// A location in a heap-backed store's memory is refused with [`Error::NotShared`].
     pub fn open(&self, location: &ObjectLocation) -> Result<ObjectView> {
-        let region: Arc<dyn Region> = match &location.source {
+        let region = self.region(location, Access::Read)?;
+        check_header(region.as_ref(), location, true)?;
+        let owner: Arc<dyn arrow::alloc::Allocation> = Arc::clone(&region) as _;
+        // SAFETY: the header check shows a sealed object of this length in range; the caller's
+        // pin keeps it there, and `owner` keeps the mapping alive.
+        Ok(unsafe { ObjectView::new(location.clone(), region.as_ref(), owner) })
+    }
+
+    /// The bytes of the object being written at `location` (its header names it, with this
+    /// length, not sealed), mapped writable. The store's owner handed the location out with
+    /// the object's [`ObjectWriter`](crate::ObjectWriter) alive, which keeps the range this
+    /// object's; it seals the object once this process says it is done, and this process
+    /// writes nothing after that.
+    pub fn open_unsealed(&self, location: &ObjectLocation) -> Result<UnsealedObject> {
+        let region = self.region(location, Access::Write)?;
+        check_header(region.as_ref(), location, false)?;
+        // SAFETY: the header check shows the object's range inside the region.
+        let ptr = unsafe { region.payload(location.offset) };
+        Ok(UnsealedObject {
+            object: location.object,
+            ptr,
+            len: location.len as usize,
+            _region: region,
+        })
+    }
+
+    /// The segment or file `location` lies in, mapped (segments once per client).
+    fn region(&self, location: &ObjectLocation, access: Access) -> Result<Arc<dyn Region>> {
+        Ok(match &location.source {
             ObjectSource::Segment { os_id } => {
                 let mut segments = self
                     .segments
@@ -170,7 +198,10 @@ impl StoreClient {
                     }
                 }
             }
-            ObjectSource::File { path } => Arc::new(FileMapping::open(path)?),
+            ObjectSource::File { path } => match access {
+                Access::Read => Arc::new(FileMapping::open(path)?),
+                Access::Write => Arc::new(FileMapping::open_writable(path)?),
+            },
             ObjectSource::Heap { store, pid } => {
                 return Err(Error::NotShared {
                     object: location.object,
@@ -178,53 +209,92 @@ impl StoreClient {
                     pid: *pid,
                 });
             }
-        };
-        let stale = |reason: String| Error::StaleLocation {
-            object: location.object,
-            reason,
-        };
-        let end = location
-            .offset
-            .checked_add(HEADER_LEN)
-            .and_then(|start| start.checked_add(location.len))
-            .ok_or_else(|| stale("offset and length overflow".into()))?;
-        if end > region.len() as u64 {
-            return Err(stale(format!(
-                "bytes {}..{end} lie outside the {}-byte mapping",
-                location.offset,
-                region.len()
-            )));
+        })
+    }
+}
+
+/// Whether a location is opened to read a sealed object or to write an unsealed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// Checks that the header at `location` names its object, with its length, and that the
+/// object is sealed (or, to be written, not yet).
+fn check_header(region: &dyn Region, location: &ObjectLocation, sealed: bool) -> Result<()> {
+    let stale = |reason: String| Error::StaleLocation {
+        object: location.object,
+        reason,
+    };
+    let end = location
+        .offset
+        .checked_add(HEADER_LEN)
+        .and_then(|start| start.checked_add(location.len))
+        .ok_or_else(|| stale("offset and length overflow".into()))?;
+    if end > region.len() as u64 {
+        return Err(stale(format!(
+            "bytes {}..{end} lie outside the {}-byte mapping",
+            location.offset,
+            region.len()
+        )));
+    }
+    match region.header_at(location.offset) {
+        Some(header)
+            if header.object == location.object
+                && header.len == location.len
+                && header.sealed == sealed =>
+        {
+            Ok(())
         }
-        match region.header_at(location.offset) {
-            Some(header)
-                if header.object == location.object
-                    && header.len == location.len
-                    && header.sealed => {}
-            Some(header) => {
-                return Err(stale(format!(
-                    "found object {} of {} bytes (sealed: {}) there instead",
-                    header.object, header.len, header.sealed
-                )));
+        Some(header) => Err(stale(format!(
+            "found object {} of {} bytes (sealed: {}) there instead",
+            header.object, header.len, header.sealed
+        ))),
+        // A cache shard served in place: the file is the store's own name for this object (so
+        // it is the object named), and a shard is complete, so sealed, once it has a name.
+        None if sealed && matches!(location.source, ObjectSource::File { .. }) => {
+            match region.shard_prefix_at(location.offset) {
+                Some(prefix) if prefix.len == location.len => Ok(()),
+                Some(prefix) => Err(stale(format!(
+                    "found a cache shard of {} bytes there instead",
+                    prefix.len
+                ))),
+                None => Err(stale("no object header at that offset".into())),
             }
-            // A cache shard served in place: the file is the store's own name for this object
-            // (so it is the object named), and a shard is complete once it has a name.
-            None if matches!(location.source, ObjectSource::File { .. }) => {
-                match region.shard_prefix_at(location.offset) {
-                    Some(prefix) if prefix.len == location.len => {}
-                    Some(prefix) => {
-                        return Err(stale(format!(
-                            "found a cache shard of {} bytes there instead",
-                            prefix.len
-                        )));
-                    }
-                    None => return Err(stale("no object header at that offset".into())),
-                }
-            }
-            None => return Err(stale("no object header at that offset".into())),
         }
-        let owner: Arc<dyn arrow::alloc::Allocation> = Arc::clone(&region) as _;
-        // SAFETY: the header check shows a sealed object of this length in range; the caller's
-        // pin keeps it there, and `owner` keeps the mapping alive.
-        Ok(unsafe { ObjectView::new(location.clone(), region.as_ref(), owner) })
+        None => Err(stale("no object header at that offset".into())),
+    }
+}
+
+/// An object being written, mapped in the process that writes it (see
+/// [`StoreClient::open_unsealed`]).
+pub struct UnsealedObject {
+    object: ObjectId,
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Keeps the mapping alive.
+    _region: Arc<dyn Region>,
+}
+
+impl std::fmt::Debug for UnsealedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnsealedObject")
+            .field("object", &self.object)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UnsealedObject {
+    pub fn object(&self) -> ObjectId {
+        self.object
+    }
+
+    /// The object's bytes to fill in; they start 64-byte aligned.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the range lies inside the mapping `_region` keeps alive, and the store's
+        // owner lets only this process write it until it is sealed (see `open_unsealed`).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }

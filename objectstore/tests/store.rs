@@ -17,6 +17,7 @@ use floe_core::ObjectId;
 use floe_objectstore::{Backing, Error, ObjectLocation, ObjectSource, ObjectStore, StoreClient};
 
 const CHILD_ENV: &str = "FLOE_OBJECTSTORE_TEST_LOCATIONS";
+const WRITER_ENV: &str = "FLOE_OBJECTSTORE_TEST_WRITE";
 
 fn id(n: u128) -> ObjectId {
     ObjectId::new(0xf10e_0000_0000_0000_0000_0000_0000_0000 | n)
@@ -37,6 +38,7 @@ on_every_backing!(
     a_recorded_checksum_lasts_as_long_as_its_object,
     the_files_on_disk_are_exactly_those_of_live_objects,
     the_largest_objects_and_the_pinned_ones_are_listed_where_they_lie,
+    an_object_deleted_while_it_is_written_keeps_its_range_until_its_writer_goes,
 );
 
 /// As the parent: seal objects (one in shared memory, one in a fallback file, one in a heap
@@ -134,6 +136,126 @@ fn a_child_process_reads_sealed_objects() {
         .collect();
     assert_eq!(reads, expected, "stdout: {stdout}\nstderr: {stderr}");
     assert!(output.status.success(), "{stderr}");
+}
+
+/// As the parent: create objects (one in shared memory, one in a fallback file) and hand
+/// their locations to a child process — this test binary again — which maps them writable and
+/// fills them in, as a worker writes a task's outputs; then seal them and read them back. A
+/// sealed object's location and a stale one are refused to the writer. As the child (the
+/// variable set): write each location's object, or print why it was refused.
+#[test]
+fn a_child_process_writes_objects_the_store_then_seals() {
+    if let Ok(json) = std::env::var(WRITER_ENV) {
+        let locations: Vec<ObjectLocation> = serde_json::from_str(&json).unwrap();
+        let client = StoreClient::new();
+        for location in &locations {
+            match client.open_unsealed(location) {
+                Ok(mut object) => {
+                    let bytes = contents(object.object(), location.len);
+                    object.as_mut_slice().copy_from_slice(&bytes);
+                    println!("\nwrote {}", object.object());
+                }
+                Err(error) => println!("\nrefused: {error}"),
+            }
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 2 * MIB, MIB, Backing::SharedMemory);
+    let (small, large, sealed) = (id(1), id(2), id(3));
+    store.put(sealed, b"sealed").unwrap();
+    let sealed_view = store.get(sealed).unwrap();
+    let in_memory = store.create(small, 300 * KIB).unwrap();
+    // The first writer's range is taken while it lives: the second object goes to disk.
+    let on_disk = store.create(large, 1900 * KIB).unwrap();
+    assert!(matches!(
+        in_memory.location().source,
+        ObjectSource::Segment { .. }
+    ));
+    assert!(matches!(
+        on_disk.location().source,
+        ObjectSource::File { .. }
+    ));
+    let mut stale = in_memory.location();
+    stale.object = id(99);
+    let locations = vec![
+        in_memory.location(),
+        on_disk.location(),
+        sealed_view.location().clone(),
+        stale,
+    ];
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_child_process_writes_objects_the_store_then_seals",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(WRITER_ENV, serde_json::to_string(&locations).unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.starts_with("wrote ") || line.starts_with("refused: "))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            format!("wrote {small}"),
+            format!("wrote {large}"),
+            format!(
+                "refused: location of object {sealed} is stale: found object {sealed} of 6 \
+                 bytes (sealed: true) there instead"
+            ),
+            format!(
+                "refused: location of object {} is stale: found object {small} of {} bytes \
+                 (sealed: false) there instead",
+                id(99),
+                300 * KIB
+            ),
+        ],
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    // Nobody reads an object before it is sealed; once sealed it holds the child's bytes.
+    assert!(matches!(store.get(small), Err(Error::NotSealed { .. })));
+    for (writer, len) in [(in_memory, 300 * KIB), (on_disk, 1900 * KIB)] {
+        let object = writer.object();
+        let checksum = xxhash_rust::xxh3::xxh3_64(&contents(object, len));
+        writer.seal_with_checksum(checksum).unwrap();
+        assert_eq!(
+            store.get(object).unwrap().as_bytes(),
+            &contents(object, len)[..]
+        );
+        assert_eq!(store.checksum(object), Some(checksum));
+    }
+}
+
+fn an_object_deleted_while_it_is_written_keeps_its_range_until_its_writer_goes(backing: Backing) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 4 * MIB, MIB, backing);
+    let object = id(1);
+    let mut writer = store.create(object, MIB).unwrap();
+    let used = store.stats().used;
+    store.delete(object).unwrap();
+    assert!(!store.contains(object));
+    // Someone may still write the range: it is not handed out again while the writer lives.
+    assert_eq!(store.stats().used, used);
+    let other = id(2);
+    store.put(other, &contents(other, MIB)).unwrap();
+    writer.as_mut_slice().fill(0xaa);
+    assert_eq!(
+        store.get(other).unwrap().as_bytes(),
+        &contents(other, MIB)[..],
+        "a write to the deleted object's range reached another object"
+    );
+    // A deleted object is never sealed; its writer's end frees the range.
+    assert!(matches!(writer.seal(), Err(Error::NotFound { .. })));
+    store.delete(other).unwrap();
+    assert_eq!(store.stats().used, 0);
+    assert!(matches!(store.get(object), Err(Error::NotFound { .. })));
 }
 
 fn references_and_pins_decide_when_an_object_is_freed(backing: Backing) {

@@ -35,6 +35,19 @@ pub fn is_running(pid: u32) -> bool {
         .success()
 }
 
+/// The bytes of shared memory process `pid` has resident (`RssShmem` in /proc/PID/status):
+/// the pages of mapped shared memory it touched itself.
+pub fn resident_shared_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("RssShmem:"))
+        .and_then(|value| value.trim().strip_suffix("kB"))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no RssShmem in the status of {pid}:\n{status}"));
+    kib * 1024
+}
+
 /// Live processes whose command line mentions `text`, from /proc (zombies excluded).
 pub fn processes_mentioning(text: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
