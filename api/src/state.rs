@@ -975,7 +975,6 @@ fn drivers_on(
         .collect()
 }
 
-
 /// Forgets that `node` runs `job`'s driver; a node running none leaves the index.
 fn remove_driver(drivers: &mut OrdMap<NodeId, OrdSet<JobId>>, node: NodeId, job: JobId) {
     if let Some(jobs) = drivers.get_mut(&node) {

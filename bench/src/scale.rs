@@ -178,6 +178,10 @@ impl Plan {
     }
 }
 
+/// A commit (a submission or a finish) while measuring: when it was sent, in ms since the
+/// run began, and how long it took, in ms.
+type Commit = (f64, f64);
+
 /// What the simulated nodes and submitters observed, shared by their tasks.
 #[derive(Default)]
 struct Observed {
@@ -186,9 +190,8 @@ struct Observed {
     /// Heartbeat failures are expected only while this is set.
     failing_over: AtomicBool,
     heartbeat_ms: Mutex<Vec<f64>>,
-    /// Commits (submissions and finishes) while measuring: when sent (ms since the run
-    /// began) and how long they took.
-    commits: Mutex<Vec<(f64, f64)>>,
+    /// Commits (submissions and finishes) while measuring.
+    commits: Mutex<Vec<Commit>>,
     heartbeats: AtomicU64,
     heartbeat_errors: AtomicU64,
     rejoins: AtomicU64,
@@ -709,7 +712,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let commits: Vec<(f64, f64)> = observed
+    let commits: Vec<Commit> = observed
         .commits
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -731,7 +734,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             )
         })
         .collect();
-    let (mut during, mut outside): (Vec<(f64, f64)>, Vec<(f64, f64)>) =
+    let (mut during, mut outside): (Vec<Commit>, Vec<Commit>) =
         commits.iter().partition(|(sent, latency)| {
             windows
                 .iter()
@@ -740,7 +743,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let snapshot_stall_ms = during.iter().map(|(_, latency)| *latency).reduce(f64::max);
     // Whether a snapshot adds latency, as against the disk's own tail: the commits that
     // overlapped a build against those that did not.
-    let p99_of = |commits: &mut Vec<(f64, f64)>| {
+    let p99_of = |commits: &mut Vec<Commit>| {
         let mut latencies: Vec<f64> = commits.drain(..).map(|(_, latency)| latency).collect();
         (!latencies.is_empty()).then(|| round(percentile(&mut latencies, 0.99)))
     };

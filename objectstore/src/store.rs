@@ -373,6 +373,7 @@ impl ObjectStore {
                 pins: 0,
                 io: None,
                 deleted: false,
+                writing: false,
                 last_used,
                 checksum: Some(checksum),
             },

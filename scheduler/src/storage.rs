@@ -807,7 +807,10 @@ impl LogStore for DiskLog {
         }
         if let Some(next) = self.next_wal.take() {
             self.memory.persist(entries, hard_state)?;
-            if entries.first().is_some_and(|first| first.index <= next.last) {
+            if entries
+                .first()
+                .is_some_and(|first| first.index <= next.last)
+            {
                 // Only a new leader's entries replace a suffix, and the next WAL holds
                 // committed entries only; should it happen anyway, start afresh.
                 drop(next);

@@ -285,7 +285,10 @@ fn cache_hits_are_replicated_with_the_jobs_that_made_them_and_go_with_the_entry(
             attempt: 1,
             outcome,
         };
-        assert_eq!(state.apply(index + 2, at_ms, finish), Some(Outcome::Applied));
+        assert_eq!(
+            state.apply(index + 2, at_ms, finish),
+            Some(Outcome::Applied)
+        );
     }
     assert_eq!(
         state.cache_use[&fingerprint(1)],

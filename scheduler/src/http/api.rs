@@ -864,7 +864,10 @@ async fn cache(shared: web::Data<Shared>) -> HttpResponse {
                     .iter()
                     .map(|(node, shards)| (node.to_string(), *shards))
                     .collect(),
-                last_used_ms: state.cache_use.get(fingerprint).map(|used| used.last_used_ms),
+                last_used_ms: state
+                    .cache_use
+                    .get(fingerprint)
+                    .map(|used| used.last_used_ms),
                 hits: state.cache_use.get(fingerprint).map_or(0, |used| used.hits),
                 job: made_by.map(|made| made.origin.job.to_string()),
                 operator: made_by.map(|made| made.origin.operator.clone()),

@@ -459,7 +459,8 @@ impl LogStore for FaultyLog {
         entries: &[Entry],
         hard_state: Option<&raft::prelude::HardState>,
     ) -> Result<()> {
-        self.stalled.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         drop(self.stall.lock().unwrap_or_else(PoisonError::into_inner));
         self.stalled
             .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -905,7 +906,11 @@ async fn a_state_nearing_the_frame_limit_sends_its_oldest_finished_jobs_to_the_h
     };
     // The newest stay, the oldest went, and what stays is most of what fits.
     let kept: Vec<JobId> = state.jobs.keys().copied().collect();
-    assert!(kept.len() >= 16 && kept.len() < jobs.len(), "{}", kept.len());
+    assert!(
+        kept.len() >= 16 && kept.len() < jobs.len(),
+        "{}",
+        kept.len()
+    );
     assert_eq!(kept, jobs[jobs.len() - kept.len()..]);
     // Small enough to be read in one frame again.
     let read = client.read_state().await.unwrap();
