@@ -78,6 +78,12 @@ impl TaskOutputs {
                     places.push(OutputPlace::Write(writer.location()));
                     self.slots.push(Slot::Writing(writer));
                 }
+                // A deleted object whose last writer is still finishing keeps its name until
+                // then: a retry a moment later finds it free.
+                Err(error @ floe_objectstore::Error::AlreadyExists { .. }) => {
+                    let message = format!("cannot store output {index} yet: {error}");
+                    return Err(self.abandon(TaskFailure::Transient { message }));
+                }
                 Err(error) => {
                     let message = format!("cannot store output {index}: {error}");
                     return Err(self.abandon(TaskFailure::Error { message }));
