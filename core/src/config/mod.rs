@@ -188,7 +188,17 @@ impl SchedulerConfig {
     pub fn node_timeout(&self) -> Duration {
         self.heartbeat_interval() * self.missed_heartbeats
     }
+
+    /// How long a placement lease lives without a renewal: the node timeout, at most
+    /// [`MAX_LEASE_TTL`]. A lease dies with its node anyway; the cap keeps a new leader's
+    /// grace period (a fifth of the TTL) short where nodes are given a long timeout.
+    pub fn lease_ttl(&self) -> Duration {
+        self.node_timeout().min(MAX_LEASE_TTL)
+    }
 }
+
+/// The longest a placement lease lives without a renewal (see [`SchedulerConfig::lease_ttl`]).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// `[node]`: a node agent's port, worker processes, object transfer and memory monitor. Port 0
 /// asks the OS for a free port.

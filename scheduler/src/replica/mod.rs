@@ -325,7 +325,7 @@ impl<S: LogStore> RaftLoop<S> {
             .collect();
         let state_copy = state.clone();
         // Empty until nodes heartbeat to this replica as leader (see `rebuild_view`).
-        let leases = LeaseTable::new(config.scheduler.node_timeout(), Instant::now());
+        let leases = LeaseTable::new(config.scheduler.lease_ttl(), Instant::now());
         tracing::info!(
             replica = config.id,
             applied = state.applied_index,
@@ -604,7 +604,7 @@ impl<S: LogStore> RaftLoop<S> {
     /// its node timeout. A node joins the view with its first heartbeat here. Leases start
     /// afresh: a new leader takes in those its drivers re-assert (see `floe_api::lease`).
     fn rebuild_view(&mut self) {
-        let ttl = self.config.node_timeout();
+        let ttl = self.config.lease_ttl();
         self.leases = if self.is_leader() {
             LeaseTable::new_leader(ttl, Instant::now())
         } else {

@@ -7,7 +7,8 @@ use super::*;
 use floe_api::lease::{Lease, LeaseDecision, LeaseGrants, LeaseStanding};
 use floe_core::JobId;
 
-/// Leases live one node timeout: heartbeats every 20 ms, 25 missed, so 500 ms.
+/// Leases live one node timeout (under `MAX_LEASE_TTL`): heartbeats every 20 ms, 25 missed, so
+/// 500 ms.
 fn lease_config() -> Config {
     let mut config = test_config();
     config.scheduler.heartbeat_interval_ms = 20;
@@ -16,7 +17,7 @@ fn lease_config() -> Config {
 }
 
 fn ttl(config: &Config) -> Duration {
-    config.scheduler.node_timeout()
+    config.scheduler.lease_ttl()
 }
 
 /// Replicas, a worker node with 2 CPUs, and a node with nothing to lease that drives `jobs`.
