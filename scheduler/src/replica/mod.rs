@@ -284,6 +284,17 @@ struct RaftLoop<S: LogStore> {
     finished_that_fit: Option<u64>,
 }
 
+/// Runs `write`, which waits on the disk (a WAL `fsync`), so that the worker thread it blocks
+/// first hands its queued tasks and the runtime's timers and sockets to another thread: the
+/// RPC front keeps answering heartbeats while the Raft task waits. (A blocked worker that
+/// holds the I/O driver, or a task in its LIFO slot, would otherwise stall them too.)
+fn wait_on_disk<T>(write: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
+        _ => write(),
+    }
+}
+
 impl<S: LogStore> RaftLoop<S> {
     fn new(
         config: &ReplicaConfig,
@@ -554,7 +565,8 @@ impl<S: LogStore> RaftLoop<S> {
             self.raw.mut_store().apply_snapshot(snapshot.clone())?;
             self.restore(&snapshot)?;
         }
-        self.raw.mut_store().persist(ready.entries(), ready.hs())?;
+        let store = self.raw.mut_store();
+        wait_on_disk(|| store.persist(ready.entries(), ready.hs()))?;
         // Votes and follower acknowledgements promise what is now on disk, and no earlier.
         let persisted = ready.take_persisted_messages();
         self.send(persisted);
