@@ -513,8 +513,8 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
     // During a running job (a groupby, whose aggregators are actors): every page loads, its
     // page shows running runs, and the actors page its driver and aggregators as REST does.
     // Its input is 6 range tasks of 4 batches of 8,192 rows, each batch held 3 s: two nodes
-    // of two workers run 4 of them, whose shards create and feed the aggregators after about
-    // 12 s; the last 2 keep the reduce waiting, and the aggregators' calls still, for 12 s more.
+    // of two workers run 4 of them, whose first outputs start the aggregators after about
+    // 12 s; the last 2 keep them listed, waiting for their shards, for 12 s more.
     let spec = "name = \"browser groupby\"\n[source]\nrange = 196608\n[[steps]]\nmap_batches = { udf = \"delay\", \
                 version = 1, args = { ms = 3000 } }\n[[steps]]\nwith_column = { name = \"key\", \
                 expr = \"id % 100\" }\n[[steps]]\ngroupby = [\"key\"]\nagg = [\"count(*) as n\"]\n";
@@ -549,9 +549,14 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
             })
             .collect();
         rows.sort();
-        rows.iter()
-            .any(|row| row[1] == "HashShuffleAggregator")
-            .then_some(rows)
+        // An aggregator is listed from its creation; it has a count of calls once it runs.
+        let aggregators: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|row| row[1] == "HashShuffleAggregator")
+            .collect();
+        let running =
+            !aggregators.is_empty() && aggregators.iter().all(|row| row[2].parse::<u64>().is_ok());
+        running.then_some(rows)
     };
     let actors = until_page_matches_rest(
         "the actors page to show the running job's actors and calls as REST does",
@@ -573,15 +578,18 @@ fn dashboard_shows_every_alive_node_and_the_finished_job() {
         ["—".to_owned(), "0".to_owned()],
         "no calls, first attempt"
     );
-    // Every aggregator the page shows was pushed shards (its calls as REST counts them, which
-    // the page matched above), and none had to be created again.
+    // Every aggregator the page shows has a count of calls (as REST counts them, which the
+    // page matched above; they are pushed shards only once every map task ended, a moment
+    // before the job does, so the count is not asserted here but in the driver's
+    // `progress_counts_every_aggregators_calls_while_the_reduce_runs`), and none had to be
+    // created again.
     let aggregators: Vec<&Vec<String>> = actors
         .iter()
         .filter(|row| row[1] == "HashShuffleAggregator")
         .collect();
     assert!(!aggregators.is_empty(), "{actors:?}");
     for row in &aggregators {
-        assert!(row[2].parse::<u64>().unwrap() >= 1, "{row:?}");
+        assert!(row[2].parse::<u64>().is_ok(), "{row:?}");
         assert_eq!(row[3], "0", "{row:?}");
     }
     let actors_png = session.screenshot("actors.png");

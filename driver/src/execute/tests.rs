@@ -20,7 +20,7 @@ use floe_core::plan::{
     SortKey, WriteMode, WriteSpec,
 };
 use floe_core::wire::WireConfig;
-use floe_core::{NodeId, ObjectId};
+use floe_core::{ActorId, NodeId, ObjectId};
 
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
@@ -906,6 +906,59 @@ async fn progress_counts_rows_as_tasks_finish_under_the_fused_name() {
             .iter()
             .any(|operator| operator.rows_done > 0 && operator.rows_done < n),
         "no report while the job ran: {reports:?}"
+    );
+}
+
+#[tokio::test]
+async fn progress_counts_every_aggregators_calls_while_the_reduce_runs() {
+    let fake = fake(2, 2);
+    // Slow reduces: several progress ticks (10 ms each) fall inside them.
+    fake.on_tasks(
+        u32::MAX,
+        |task| task.actor.is_some(),
+        Fault::Delay(Duration::from_millis(30)),
+    );
+    let plan = LogicalPlan::range(320)
+        .unwrap()
+        .with_column("k", col("id") % lit(7i64))
+        .unwrap()
+        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
+        .unwrap();
+    // Tiny target blocks: a partition per input bundle, so several aggregators.
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64,
+        ..(*driver_config()).clone()
+    });
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    succeeded(&record);
+    let created: BTreeSet<ActorId> = fake
+        .created_actors()
+        .iter()
+        .map(|actor| actor.actor)
+        .collect();
+    assert!(created.len() > 1, "{created:?}");
+    let reports = fake.progress_reports();
+    // Each report lists only the job's aggregators; one taken while the reduces ran lists
+    // every one that owns partitions, each counted at least the push of its shards.
+    assert!(reports.iter().all(|progress| {
+        progress
+            .actors
+            .iter()
+            .all(|actor| created.contains(&actor.actor))
+    }));
+    assert!(
+        reports.iter().any(|progress| {
+            progress.actors.len() > 1
+                && progress
+                    .actors
+                    .iter()
+                    .all(|actor| actor.calls >= 1 && actor.restarts == 0)
+        }),
+        "{:?}",
+        reports
+            .iter()
+            .map(|progress| &progress.actors)
+            .collect::<Vec<_>>()
     );
 }
 
