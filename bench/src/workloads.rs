@@ -12,7 +12,9 @@
 //! tallies, key checksums), so every result is checked against an independent computation.
 //! Each workload runs on a fresh local cluster of two `floe node`s (or on `--address`), and
 //! prints one JSON line: `seconds` (submit to finished, median of the runs), `rows`, `bytes`,
-//! `peak_rss_mb` (the cluster's processes' peak resident memory, summed), `verified`, and
+//! `peak_rss_mb` (the cluster's processes' peak resident memory, summed; sort and shuffle
+//! also `peak_pss_mb`, the cluster's proportional set size sampled while the job runs, shared
+//! pages counted once, and `peak_pss_over_data`), `verified`, and
 //! from the same run the floors: `parquet_read_s` (reading the same files with the plain
 //! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
 //! print `baseline_s`: the same work done by one process on one thread with the fastest plain
@@ -366,34 +368,86 @@ fn memcpy_gb_per_s() -> anyhow::Result<f64> {
     Ok(super::gbps(size as u64, time))
 }
 
-/// Peak resident memory of every process whose command line names `dir` (a local
-/// cluster's scheduler, nodes and workers), summed, in MiB.
-fn peak_rss_mb(dir: &Path) -> Option<f64> {
+/// The `/proc` directories of every process whose command line names `dir` (a local
+/// cluster's scheduler, nodes and workers).
+fn cluster_processes(dir: &Path) -> Vec<PathBuf> {
     let needle = dir.to_string_lossy().into_owned();
-    let mut total_kib = 0u64;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if !String::from_utf8_lossy(&cmdline).contains(&needle) {
-            continue;
-        }
-        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        if let Some(kib) = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-        {
-            total_kib += kib;
-        }
-    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|process| {
+            std::fs::read(process.join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .collect()
+}
+
+/// The value in kB of the line starting with `key` in a `/proc` file such as `status`.
+fn proc_kib(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Peak resident memory of the cluster's processes (see [`cluster_processes`]), summed, in
+/// MiB. Shared pages (the store's segment) count once per process that touched them.
+fn peak_rss_mb(dir: &Path) -> Option<f64> {
+    let total_kib: u64 = cluster_processes(dir)
+        .iter()
+        .filter_map(|process| {
+            let status = std::fs::read_to_string(process.join("status")).ok()?;
+            proc_kib(&status, "VmHWM:")
+        })
+        .sum();
     Some(total_kib as f64 / 1024.0)
+}
+
+/// Samples the cluster's proportional set size while a workload runs: every process's
+/// resident pages with each shared page divided among the processes that map it, so the
+/// store's segment counts once, summed over the cluster.
+struct PssSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PssSampler {
+    /// How often the sum is taken: reading `smaps_rollup` walks a process's page tables.
+    const EVERY: Duration = Duration::from_millis(200);
+
+    fn start(dir: &Path) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dir = dir.to_owned();
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut peak_kib = 0;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let kib: u64 = cluster_processes(&dir)
+                    .iter()
+                    .filter_map(|process| {
+                        let rollup = std::fs::read_to_string(process.join("smaps_rollup")).ok()?;
+                        proc_kib(&rollup, "Pss:")
+                    })
+                    .sum();
+                peak_kib = peak_kib.max(kib);
+                std::thread::sleep(Self::EVERY);
+            }
+            peak_kib
+        });
+        Self { stop, thread }
+    }
+
+    /// The highest sum sampled, in bytes.
+    fn peak_bytes(self) -> anyhow::Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let kib = self
+            .thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the PSS sampler panicked"))?;
+        Ok(kib * 1024)
+    }
 }
 
 // ---- running --------------------------------------------------------------------------
@@ -749,6 +803,10 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
             let target = target(config, Vec::new()).await?;
             let truth = &data.truth;
             let mut extra = Vec::new();
+            let pss = target
+                .local
+                .as_ref()
+                .map(|cluster| PssSampler::start(cluster.dir()));
             let (seconds, verified) = if workload == Workload::Sort {
                 let out = config
                     .data_dir
@@ -796,6 +854,15 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                     && first_in != first_out;
                 (measured.seconds, verified)
             };
+            if let Some(pss) = pss {
+                // Sampled over the job's runs (the sort's baseline runs in this process).
+                let peak = pss.peak_bytes()?;
+                extra.push(("peak_pss_mb", (peak as f64 / (1 << 20) as f64).into()));
+                extra.push((
+                    "peak_pss_over_data",
+                    (peak as f64 / truth.bytes as f64).into(),
+                ));
+            }
             Ok(Report {
                 workload,
                 rows: truth.rows,
