@@ -433,6 +433,22 @@ async fn an_input_lost_with_its_node_is_rebuilt_under_the_same_task_id() {
     assert_eq!(fake.stored_objects(), outputs);
 }
 
+/// Runs a sum of 320 ids over 7 keys with tiny target blocks: a partition per input bundle,
+/// so several aggregators.
+async fn run_small_groupby(fake: &Arc<FakeCluster>) -> Arc<JobRecord> {
+    let plan = LogicalPlan::range(320)
+        .unwrap()
+        .with_column("k", col("id") % lit(7i64))
+        .unwrap()
+        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
+        .unwrap();
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64,
+        ..(*driver_config()).clone()
+    });
+    run_with(fake, &spec(plan, CacheMode::NoCache), config).await
+}
+
 #[tokio::test]
 async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
     let fake = fake(3, 2);
@@ -442,18 +458,7 @@ async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
         |task| task.actor.is_some() && task.node != DRIVER_NODE,
         Fault::KillNode,
     );
-    let plan = LogicalPlan::range(320)
-        .unwrap()
-        .with_column("k", col("id") % lit(7i64))
-        .unwrap()
-        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
-        .unwrap();
-    // Tiny target blocks: a partition per input bundle, so several aggregators.
-    let config = Arc::new(DriverConfig {
-        max_block_bytes: 64,
-        ..(*driver_config()).clone()
-    });
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let record = run_small_groupby(&fake).await;
     succeeded(&record);
     let batches = fake.batches(outputs(&record));
     let got: BTreeMap<i64, i64> = column(&batches, "k")
@@ -918,18 +923,7 @@ async fn progress_counts_every_aggregators_calls_while_the_reduce_runs() {
         |task| task.actor.is_some(),
         Fault::Delay(Duration::from_millis(30)),
     );
-    let plan = LogicalPlan::range(320)
-        .unwrap()
-        .with_column("k", col("id") % lit(7i64))
-        .unwrap()
-        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
-        .unwrap();
-    // Tiny target blocks: a partition per input bundle, so several aggregators.
-    let config = Arc::new(DriverConfig {
-        max_block_bytes: 64,
-        ..(*driver_config()).clone()
-    });
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let record = run_small_groupby(&fake).await;
     succeeded(&record);
     let created: BTreeSet<ActorId> = fake
         .created_actors()
