@@ -381,6 +381,18 @@ struct State<S: LeaseService> {
     stats: LeaseStats,
 }
 
+impl<S: LeaseService> State<S> {
+    /// Takes no more tasks and stops the maintenance. An ask already sent is left to end (its
+    /// handle is answered): what it is granted then goes straight back, not lost with it.
+    fn close(&mut self) -> Option<JoinHandle<()>> {
+        self.closed = true;
+        if let Some(maintenance) = self.maintenance.take() {
+            maintenance.abort();
+        }
+        self.acquiring.take()
+    }
+}
+
 struct Shared<S: LeaseService> {
     service: Arc<S>,
     job: JobId,
@@ -542,50 +554,43 @@ impl<S: LeaseService> JobLeases<S> {
     }
 
     /// Ends the job's leases: waiting tasks are refused, background work stops and every
-    /// lease is returned.
+    /// lease is returned, those an ask under way is granted too (it is waited for, up to its
+    /// wait at the leader).
     pub async fn close(&self) {
-        let (waiters, leases) = {
+        let (waiters, leases, acquiring) = {
             let mut state = self.shared.lock();
-            state.closed = true;
-            for task in [state.acquiring.take(), state.maintenance.take()]
-                .into_iter()
-                .flatten()
-            {
-                task.abort();
-            }
+            let acquiring = state.close();
             let waiters: Vec<Waiter<S>> = state.waiting.drain(..).collect();
             let leases = state.book.drain();
             state.stats.returned += leases.len() as u64;
-            (waiters, leases)
+            (waiters, leases, acquiring)
         };
         for waiter in waiters {
             let _ = waiter.reply.send(Err(Error::LeasesClosed));
         }
-        if leases.is_empty() {
-            return;
+        return_leases(&self.shared, leases).await;
+        // An ask under way ends within its wait at the leader, and gives back what it got.
+        if let Some(acquiring) = acquiring {
+            let _ = acquiring.await;
         }
-        if let Err(error) = self
-            .shared
-            .service
-            .return_leases(self.shared.job, leases)
-            .await
-        {
-            // The job's end revokes them on the leader anyway.
-            tracing::warn!(job = %self.shared.job, %error, "returning the job's leases failed");
-        }
+    }
+}
+
+/// Returns `leases` to the leader; a failure only logs, since the job's end revokes them on
+/// the leader anyway.
+async fn return_leases<S: LeaseService>(shared: &Shared<S>, leases: Vec<LeaseId>) {
+    if leases.is_empty() {
+        return;
+    }
+    if let Err(error) = shared.service.return_leases(shared.job, leases).await {
+        tracing::warn!(job = %shared.job, %error, "returning the job's leases failed");
     }
 }
 
 impl<S: LeaseService> Drop for JobLeases<S> {
     fn drop(&mut self) {
-        let mut state = self.shared.lock();
-        state.closed = true;
-        for task in [state.acquiring.take(), state.maintenance.take()]
-            .into_iter()
-            .flatten()
-        {
-            task.abort();
-        }
+        // An ask under way finishes on its own and gives back what it got.
+        drop(self.shared.lock().close());
     }
 }
 
@@ -610,51 +615,78 @@ async fn acquire<S: LeaseService>(shared: Arc<Shared<S>>) {
             .service
             .acquire_leases(shared.job, requests, LEASE_WAIT)
             .await;
-        let mut state = shared.lock();
-        match answer {
-            Ok(grants) => {
-                state.renew_every = Some(Duration::from_millis(grants.renew_ms.max(1)));
-                for (id, decision) in ids.into_iter().zip(grants.decisions) {
-                    let position = state.waiting.iter().position(|waiter| waiter.id == id);
-                    match decision {
-                        LeaseDecision::Granted(lease) => {
-                            state.stats.granted += 1;
-                            state.book.add(lease);
-                            // The lease was placed for this task: it goes there, unless the
-                            // task found room meanwhile.
-                            if let Some(waiter) = position.and_then(|at| state.waiting.remove(at)) {
-                                state.book.take(lease.node, waiter.request.need());
-                                give(&shared, &mut state, waiter, lease.node);
-                            }
+        if let Some(late) = settle(&shared, ids, answer) {
+            return_leases(&shared, late).await;
+            return;
+        }
+    }
+}
+
+/// Hands an ask's answer to the tasks that wait for it. Once the leases are closed, what it
+/// was granted is answered instead, for the caller to give back: no task will use it.
+fn settle<S: LeaseService>(
+    shared: &Arc<Shared<S>>,
+    ids: Vec<u64>,
+    answer: Result<LeaseGrants>,
+) -> Option<Vec<LeaseId>> {
+    let mut state = shared.lock();
+    if state.closed {
+        // Closed while the ask was out: no task will use what it was granted.
+        let granted: Vec<LeaseId> = answer
+            .iter()
+            .flat_map(|grants| &grants.decisions)
+            .filter_map(|decision| match decision {
+                LeaseDecision::Granted(lease) => Some(lease.id),
+                LeaseDecision::Refused(_) | LeaseDecision::NotNow => None,
+            })
+            .collect();
+        state.stats.granted += granted.len() as u64;
+        state.stats.returned += granted.len() as u64;
+        return Some(granted);
+    }
+    match answer {
+        Ok(grants) => {
+            state.renew_every = Some(Duration::from_millis(grants.renew_ms.max(1)));
+            for (id, decision) in ids.into_iter().zip(grants.decisions) {
+                let position = state.waiting.iter().position(|waiter| waiter.id == id);
+                match decision {
+                    LeaseDecision::Granted(lease) => {
+                        state.stats.granted += 1;
+                        state.book.add(lease);
+                        // The lease was placed for this task: it goes there, unless the
+                        // task found room meanwhile.
+                        if let Some(waiter) = position.and_then(|at| state.waiting.remove(at)) {
+                            state.book.take(lease.node, waiter.request.need());
+                            give(shared, &mut state, waiter, lease.node);
                         }
-                        LeaseDecision::Refused(error) => {
-                            if let Some(waiter) = position.and_then(|at| state.waiting.remove(at)) {
-                                let _ = waiter.reply.send(Err(Error::Placement(error)));
-                            }
+                    }
+                    LeaseDecision::Refused(error) => {
+                        if let Some(waiter) = position.and_then(|at| state.waiting.remove(at)) {
+                            let _ = waiter.reply.send(Err(Error::Placement(error)));
                         }
-                        LeaseDecision::NotNow => {
-                            if let Some(waiter) = position.and_then(|at| state.waiting.get_mut(at))
-                            {
-                                waiter.reach = Reach::Anywhere;
-                            }
+                    }
+                    LeaseDecision::NotNow => {
+                        if let Some(waiter) = position.and_then(|at| state.waiting.get_mut(at)) {
+                            waiter.reach = Reach::Anywhere;
                         }
                     }
                 }
-                serve_waiting(&shared, &mut state);
             }
-            Err(error) => {
-                // The tasks asked for fail as unreachable and are launched again after a pause.
-                let error = Arc::new(error);
-                for id in ids {
-                    if let Some(at) = state.waiting.iter().position(|waiter| waiter.id == id)
-                        && let Some(waiter) = state.waiting.remove(at)
-                    {
-                        let _ = waiter.reply.send(Err(Error::LeaseAsk(Arc::clone(&error))));
-                    }
+            serve_waiting(shared, &mut state);
+        }
+        Err(error) => {
+            // The tasks asked for fail as unreachable and are launched again after a pause.
+            let error = Arc::new(error);
+            for id in ids {
+                if let Some(at) = state.waiting.iter().position(|waiter| waiter.id == id)
+                    && let Some(waiter) = state.waiting.remove(at)
+                {
+                    let _ = waiter.reply.send(Err(Error::LeaseAsk(Arc::clone(&error))));
                 }
             }
         }
     }
+    None
 }
 
 /// Renews the leases, returns idle and recalled ones and forgets revoked ones, until the job

@@ -155,3 +155,75 @@ fn a_dead_nodes_leases_are_forgotten_and_its_tasks_freeing_late_change_nothing()
     assert_eq!(book.drain().len(), 1);
     assert!(book.is_empty());
 }
+
+/// A leader that answers an ask only once the test lets it, granting one lease per request,
+/// and records what comes back.
+#[derive(Default)]
+struct GatedLeader {
+    gate: Notify,
+    asked: Notify,
+    returned: Mutex<Vec<LeaseId>>,
+}
+
+impl LeaseService for GatedLeader {
+    async fn acquire_leases(
+        &self,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        _wait: Duration,
+    ) -> Result<LeaseGrants> {
+        self.asked.notify_one();
+        self.gate.notified().await;
+        let decisions = (0..requests.len())
+            .map(|index| {
+                let mut granted = lease(100 + index as u128, 1, 1, 0);
+                granted.job = job;
+                LeaseDecision::Granted(granted)
+            })
+            .collect();
+        Ok(LeaseGrants {
+            decisions,
+            renew_ms: 1_000,
+        })
+    }
+
+    async fn renew_leases(&self, _job: JobId, leases: Vec<Lease>) -> Result<Vec<LeaseStanding>> {
+        Ok(leases.iter().map(|_| LeaseStanding::Held).collect())
+    }
+
+    async fn return_leases(&self, _job: JobId, leases: Vec<LeaseId>) -> Result<()> {
+        self.returned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(leases);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_lease_granted_to_an_ask_out_at_close_goes_back_before_close_returns() {
+    let leader = Arc::new(GatedLeader::default());
+    let leases = Arc::new(JobLeases::new(Arc::clone(&leader), JobId::new(1)));
+    let placing = tokio::spawn({
+        let leases = Arc::clone(&leases);
+        async move { leases.place(task(Strategy::Spread)).await.map(|_| ()) }
+    });
+    leader.asked.notified().await;
+    let closing = tokio::spawn({
+        let leases = Arc::clone(&leases);
+        async move { leases.close().await }
+    });
+    // The waiting task is refused at once; close waits for the ask still out.
+    assert!(matches!(placing.await.unwrap(), Err(Error::LeasesClosed)));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!closing.is_finished());
+    leader.gate.notify_one();
+    closing.await.unwrap();
+    let returned = leader
+        .returned
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(returned, [LeaseId::new(100)]);
+    assert_eq!(leases.stats().returned, 1);
+}
