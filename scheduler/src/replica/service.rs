@@ -339,7 +339,8 @@ impl<S: LogStore> RaftLoop<S> {
         // `was_leader`: a replica that just won its election answers as leader only once
         // `on_role_change` has set up the leader's soft state (leases, heartbeats) at the end
         // of the turn; before that its tables are a follower's.
-        if !answered_anywhere && !(self.is_leader() && self.was_leader) {
+        let leading = self.is_leader() && self.was_leader;
+        if !answered_anywhere && !leading {
             let _ = reply.send(Ok(self.not_leader()));
             return;
         }

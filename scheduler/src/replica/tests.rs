@@ -540,6 +540,10 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
 
 /// Heartbeats commit nothing, and are answered without the Raft task: a leader whose disk
 /// holds up every write still hears its nodes, so none is declared dead for its disk.
+#[allow(
+    clippy::await_holding_lock,
+    reason = "the held lock is the stalled disk: the log's writes wait on it while the test goes on"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_heartbeat_is_answered_while_the_raft_task_waits_on_its_disk() {
     let config = test_config();
