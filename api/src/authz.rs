@@ -15,7 +15,7 @@ use floe_core::auth::{Principal, Scope};
 
 use crate::node_protocol::NodeRequest;
 use crate::scheduler_protocol::SchedulerRequest;
-use crate::state::{ClusterState, Command, JobStatus};
+use crate::state::{ClusterState, Command};
 
 /// Why a request was refused; the message names the missing right.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,11 +114,7 @@ fn running_driver_of(
     job: floe_core::JobId,
     what: &str,
 ) -> Decision {
-    let running = state
-        .jobs
-        .get(&job)
-        .is_some_and(|record| record.status == JobStatus::Running);
-    if !running {
+    if !state.job_is_running(job) {
         return forbid(format!(
             "job {job} is not running, so {principal} may not send {what} for it"
         ));
@@ -135,11 +131,7 @@ fn late_driver_of(
     job: floe_core::JobId,
     what: &str,
 ) -> Decision {
-    let running = state
-        .jobs
-        .get(&job)
-        .is_some_and(|record| record.status == JobStatus::Running);
-    if running {
+    if state.job_is_running(job) {
         driver_of(principal, state, job, what)
     } else {
         a_node(principal, what)

@@ -648,11 +648,7 @@ impl ClusterState {
                 if !self.nodes.get(&node).is_some_and(NodeRecord::is_alive) {
                     return Outcome::Rejected(format!("node {node} is not alive"));
                 }
-                if !self
-                    .jobs
-                    .get(&job)
-                    .is_some_and(|record| record.status == JobStatus::Running)
-                {
+                if !self.job_is_running(job) {
                     return Outcome::Rejected(format!("job {job} is not running"));
                 }
                 self.add_actor(ActorRecord {
@@ -850,6 +846,13 @@ impl ClusterState {
             drivers: self.drivers.clone(),
             jobs: self.jobs.clone(),
         }
+    }
+
+    /// Whether `job` is known and running.
+    pub fn job_is_running(&self, job: JobId) -> bool {
+        self.jobs
+            .get(&job)
+            .is_some_and(|record| record.status == JobStatus::Running)
     }
 
     /// Whether `node` runs any job's driver.
