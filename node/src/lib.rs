@@ -46,7 +46,6 @@ use floe_objectstore::cache::{
 use floe_objectstore::{MemoryPools, ObjectStore, StoreConfig};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
-use xxhash_rust::xxh3::xxh3_64;
 
 use self::actors::ActorHost;
 use self::data_dir::DataDirLock;
@@ -412,15 +411,11 @@ impl Shared {
             };
             // Loaded again under the same id (a rebuild): a copy still here is the same shard.
             if self.store.contains(load.object) || self.store.revive(load.object) {
-                let view = self.store.get(load.object)?;
-                let checksum = self
-                    .store
-                    .checksum(load.object)
-                    .unwrap_or_else(|| xxh3_64(view.as_bytes()));
+                let (size, checksum) = self.store.size_and_checksum(load.object)?;
                 self.made(load.job, [load.object]);
                 return Ok(Some(OutputRef {
                     object: load.object,
-                    size: view.len() as u64,
+                    size,
                     checksum,
                     rows: Some(served.rows),
                 }));

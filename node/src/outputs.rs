@@ -12,7 +12,6 @@
 use floe_api::node_protocol::{OutputRef, TaskFailure, output_id};
 use floe_core::{ObjectId, TaskId};
 use floe_objectstore::{ObjectStore, ObjectWriter};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::worker::{OutputPlace, WrittenOutput};
 
@@ -164,12 +163,7 @@ impl TaskOutputs {
 
     /// The size and checksum of an output an earlier run stored.
     fn present(&self, object: ObjectId) -> Option<(u64, u64)> {
-        let view = self.store.get(object).ok()?;
-        let checksum = self
-            .store
-            .checksum(object)
-            .unwrap_or_else(|| xxh3_64(view.as_bytes()));
-        Some((view.len() as u64, checksum))
+        self.store.size_and_checksum(object).ok()
     }
 
     /// Drops what this run stored and has not sealed (its writers, the objects it revived),

@@ -390,6 +390,16 @@ impl ObjectStore {
             .and_then(|entry| entry.checksum)
     }
 
+    /// A sealed object's size and xxh3-64: the checksum recorded when it was sealed, else one
+    /// computed from its bytes.
+    pub fn size_and_checksum(&self, object: ObjectId) -> Result<(u64, u64)> {
+        let view = self.get(object)?;
+        let checksum = self
+            .checksum(object)
+            .unwrap_or_else(|| xxh3_64(view.as_bytes()));
+        Ok((view.len() as u64, checksum))
+    }
+
     /// A read-only view of a sealed object, restoring it from its spill file if needed. The
     /// object stays pinned in memory (neither spilled nor freed) while the view or any clone
     /// of it, or any Arrow buffer made from it, is alive.
