@@ -28,8 +28,6 @@ use arrow::ipc::{MetadataVersion, root_as_footer};
 use floe_core::ObjectId;
 use xxhash_rust::xxh3::Xxh3Default;
 
-use crate::alloc::aligned;
-
 use crate::{Error, ObjectStore, ObjectView, Result};
 
 /// Length of the IPC file trailer: footer length (4 bytes) and `ARROW1`.
@@ -58,8 +56,8 @@ pub fn write_block(
     let arrow_error = |source| Error::Block { object, source };
     let len = encoded_len(schema, batches).map_err(arrow_error)?;
     let mut writer = store.create(object, len)?;
-    encode_into(writer.as_mut_slice(), schema, batches).map_err(arrow_error)?;
-    writer.seal()?;
+    let checksum = encode_into(writer.as_mut_slice(), schema, batches).map_err(arrow_error)?;
+    writer.seal_with_checksum(checksum)?;
     Ok(len)
 }
 
@@ -94,31 +92,6 @@ pub fn encode_into(
         )));
     }
     Ok(sink.hasher.digest())
-}
-
-/// Where blocks packed into one object lie: each starts 64-byte aligned, so each decodes in
-/// place like an object of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Packing {
-    /// `(offset, len)` of each block in the object, in order.
-    pub parts: Vec<(u64, u64)>,
-    /// The object's size.
-    pub len: u64,
-}
-
-impl Packing {
-    /// Lays out blocks of `lens` bytes one after the other, each at the next aligned offset;
-    /// `None` if the sizes overflow.
-    pub fn of(lens: &[u64]) -> Option<Self> {
-        let mut parts = Vec::with_capacity(lens.len());
-        let mut end = 0u64;
-        for &len in lens {
-            let offset = aligned(end)?;
-            parts.push((offset, len));
-            end = offset.checked_add(len)?;
-        }
-        Some(Self { parts, len: end })
-    }
 }
 
 /// Decodes the block in `view` without copying column data.
