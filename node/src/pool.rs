@@ -599,15 +599,18 @@ async fn receive_reply(
         match message {
             WorkerMessage::Outputs { sizes } if !placed => {
                 placed = true;
-                let places = outputs.make_room(&sizes);
-                let answer =
-                    AgentMessage::Places(places.clone().map_err(|failure| failure.to_string()));
-                send(stream, &answer)
-                    .await
-                    .map_err(|error| error.to_string())?;
-                // Without room the task is over: the worker goes back to waiting for the next.
-                if let Err(failure) = places {
-                    return Ok(WorkerReply::Failed(failure));
+                match outputs.make_room(&sizes) {
+                    Ok(places) => send(stream, &AgentMessage::Places(Ok(places)))
+                        .await
+                        .map_err(|error| error.to_string())?,
+                    // Without room the task is over: the worker goes back to waiting for the
+                    // next.
+                    Err(failure) => {
+                        send(stream, &AgentMessage::Places(Err(failure.to_string())))
+                            .await
+                            .map_err(|error| error.to_string())?;
+                        return Ok(WorkerReply::Failed(failure));
+                    }
                 }
             }
             WorkerMessage::Outputs { .. } => {
