@@ -224,7 +224,7 @@ impl<S: LogStore> RaftLoop<S> {
     /// among equals), so that what is freed goes to the job with the smallest share.
     fn retry_lease_asks(&mut self, now: Instant) {
         let mut asks: Vec<LeaseAsk> = std::mem::take(&mut self.lease_asks).into();
-        asks.sort_by_key(|ask| self.leases.holding(ask.job).cpu_millis);
+        asks.sort_by_cached_key(|ask| self.leases.holding(ask.job).cpu_millis);
         for ask in asks {
             if let Some(ask) = self.try_ask(ask, now) {
                 self.lease_asks.push_back(ask);

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use floe_core::NodeId;
 use floe_core::auth::{Authenticator, Principal};
 use floe_core::wire::{Handler, Peer, RemoteError, RemoteErrorKind};
 use raft::prelude::Message;
@@ -20,8 +21,8 @@ use super::{Input, Notices, RaftLoop, Reply};
 use crate::storage::LogStore;
 use floe_api::authz;
 use floe_api::scheduler_protocol::{
-    LeaderHint, NodeReport, NodeSummary, ReplicaStatus, SchedulerProtocol, SchedulerRequest,
-    SchedulerResponse,
+    LeaderHint, NodeReport, NodeSummary, ReplicaStatus, ResourceUsage, SchedulerProtocol,
+    SchedulerRequest, SchedulerResponse,
 };
 use floe_api::state::{ClusterState, Command, JobRecord, JobStatus, Outcome};
 
@@ -385,22 +386,31 @@ impl<S: LogStore> RaftLoop<S> {
             SchedulerRequest::ReadState => self.reads_unissued.push(reply),
             SchedulerRequest::NodeReports => {
                 let now = Instant::now();
-                let beats = self.beats.lock();
-                let reports = beats
-                    .usage
-                    .iter()
-                    .filter_map(|(node, usage)| {
-                        let seen = beats.last_seen.get(node)?;
-                        let age = now.duration_since(*seen).as_millis();
-                        Some((
-                            *node,
+                // Copied out under the book's lock, which every heartbeat takes: the leases
+                // are looked up after it is released.
+                let heard: Vec<(NodeId, ResourceUsage, Instant)> = {
+                    let beats = self.beats.lock();
+                    beats
+                        .usage
+                        .iter()
+                        .filter_map(|(node, usage)| {
+                            Some((*node, *usage, *beats.last_seen.get(node)?))
+                        })
+                        .collect()
+                };
+                let reports = heard
+                    .into_iter()
+                    .map(|(node, usage, seen)| {
+                        let age = now.duration_since(seen).as_millis();
+                        (
+                            node,
                             NodeReport {
-                                usage: *usage,
-                                reserved: self.leases.view().used(*node).unwrap_or_default(),
-                                leases: self.leases.on_node(*node),
+                                usage,
+                                reserved: self.leases.view().used(node).unwrap_or_default(),
+                                leases: self.leases.on_node(node),
                                 age_ms: u64::try_from(age).unwrap_or(u64::MAX),
                             },
-                        ))
+                        )
                     })
                     .collect();
                 let _ = reply.send(Ok(SchedulerResponse::NodeReports(reports)));
