@@ -724,11 +724,17 @@ async fn maintain<S: LeaseService>(shared: Arc<Shared<S>>) {
             continue;
         }
         last_renewal = now;
-        let leases = shared.lock().book.all();
+        let leases = {
+            let mut state = shared.lock();
+            let leases = state.book.all();
+            if !leases.is_empty() {
+                state.stats.renewals += 1;
+            }
+            leases
+        };
         if leases.is_empty() {
             continue;
         }
-        shared.lock().stats.renewals += 1;
         match shared
             .service
             .renew_leases(shared.job, leases.clone())
