@@ -274,6 +274,7 @@ struct RaftLoop<S: LogStore> {
     jobs_submitted: bool,
     published: watch::Sender<Arc<ClusterState>>,
     last_published: Instant,
+    snapshot_schedule: SnapshotSchedule,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
     /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
@@ -379,6 +380,11 @@ impl<S: LogStore> RaftLoop<S> {
             jobs_submitted: false,
             published: watch::Sender::new(Arc::new(state_copy)),
             last_published: Instant::now(),
+            snapshot_schedule: SnapshotSchedule::new(
+                config.scheduler.snapshot_entries,
+                config.id,
+                &config.peers,
+            ),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
             max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
@@ -785,11 +791,12 @@ impl<S: LogStore> RaftLoop<S> {
         self.drop_lease_asks(&hint);
     }
 
-    /// Keeps a snapshot built off the Raft task, and starts the next one once
-    /// `snapshot_entries` entries were applied since the last. Only the copy of the state
-    /// (O(1): its maps are persistent) and dropping the covered entries from memory run
-    /// here; the encoding, the snapshot file and the start of the next WAL, which grow with
-    /// the state, are written and fsynced on a blocking thread, and the log moves to that WAL
+    /// Keeps a snapshot built off the Raft task, and starts the next one when one is due
+    /// ([`SnapshotSchedule`]). Only the copy of the state (O(1): its maps are
+    /// persistent) and setting the covered entries aside run here (they and the replaced
+    /// snapshot are freed on a blocking thread); the encoding, the
+    /// snapshot file and the start of the next WAL, which grow with the state, are written
+    /// and fsynced on a thread of lowered priority, and the log moves to that WAL
     /// with its next write's own fsync (`DiskLog::persist`), so keeping a snapshot makes no
     /// fsync on this task.
     fn maybe_compact(&mut self) -> Result<()> {
@@ -806,8 +813,9 @@ impl<S: LogStore> RaftLoop<S> {
                     finished_jobs,
                 } = (*built)?;
                 let keep_started = Instant::now();
-                self.raw.mut_store().compact(snapshot)?;
+                let compacted = self.raw.mut_store().compact(snapshot)?;
                 timing.keep_us = micros(keep_started.elapsed());
+                tokio::task::spawn_blocking(move || drop(compacted));
                 timing.finished_at_ms = now_ms();
                 tracing::info!(
                     replica = self.id,
@@ -825,7 +833,7 @@ impl<S: LogStore> RaftLoop<S> {
         }
         let applied = self.state.applied_index;
         let snapshot_index = self.raw.store().latest_snapshot().get_metadata().index;
-        if applied < snapshot_index + self.config.snapshot_entries {
+        if !self.snapshot_schedule.due(applied, snapshot_index) {
             return Ok(());
         }
         let started_at_ms = now_ms();
@@ -851,8 +859,8 @@ impl<S: LogStore> RaftLoop<S> {
         )?;
         let writer = store.snapshot_writer();
         let inputs = self.inputs.clone();
-        self.snapshot_build = SnapshotBuild::Running;
-        tokio::task::spawn_blocking(move || {
+        let build = move || {
+            lower_own_priority();
             let build_started = Instant::now();
             let built = state.encode().map_err(Error::from).and_then(|data| {
                 let bytes = data.len() as u64;
@@ -876,8 +884,66 @@ impl<S: LogStore> RaftLoop<S> {
             });
             // The loop is gone only when the replica stops; the snapshot goes with it.
             let _ = inputs.blocking_send(Input::SnapshotBuilt(Box::new(built)));
-        });
+        };
+        // A thread of its own rather than the runtime's blocking pool, since it lowers its
+        // priority for good; one per snapshot, so its cost is nothing beside the build.
+        match std::thread::Builder::new()
+            .name(format!("snapshot-{}", self.id))
+            .spawn(build)
+        {
+            Ok(_) => self.snapshot_build = SnapshotBuild::Running,
+            // Tried again after the next applied entries.
+            Err(error) => tracing::warn!(replica = self.id, %error, "cannot start a snapshot"),
+        }
         Ok(())
+    }
+}
+
+/// When a replica builds its snapshots: one every `every` applied entries, at the indexes
+/// `k · every + offset`, the offset spreading the replicas evenly by their place among the
+/// voters. Replicas then encode and write their snapshots at different times, so a commit's
+/// quorum always has a replica not building one: the builds share the machine's cores and
+/// the disk the WAL's `fsync` waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SnapshotSchedule {
+    every: u64,
+    offset: u64,
+}
+
+impl SnapshotSchedule {
+    /// The schedule of replica `id` among `voters` with a snapshot every `every` entries.
+    fn new(every: u64, id: u64, voters: &BTreeMap<u64, String>) -> Self {
+        let every = every.max(1);
+        let place = voters.keys().take_while(|voter| **voter != id).count() as u64;
+        let offset = every * place / (voters.len() as u64).max(1);
+        Self { every, offset }
+    }
+
+    /// Whether a snapshot is due at `applied`, the last being at `snapshot_index`: a
+    /// snapshot point lies after the one and at or before the other.
+    fn due(self, applied: u64, snapshot_index: u64) -> bool {
+        // The points at or below `index`, plus one (`offset < every` keeps this unsigned).
+        let points = |index: u64| (index + self.every - self.offset) / self.every;
+        points(applied) > points(snapshot_index)
+    }
+}
+
+/// How much the snapshot builder lowers its thread's CPU priority (a `nice` value): the
+/// Raft tasks of every replica on the machine, which commits wait on, preempt it; it still
+/// gets what they leave, so a build takes longer only on a machine that is busy anyway.
+const SNAPSHOT_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority by [`SNAPSHOT_NICE`] (on Linux a nice value
+/// belongs to a thread, and `nice` changes the caller's). Best effort: a build at the normal
+/// priority is still correct, only less kind to commits.
+fn lower_own_priority() {
+    // SAFETY: a system call on the calling thread's own priority; no memory is passed.
+    if unsafe { libc::nice(SNAPSHOT_NICE) } == -1 {
+        // -1 is also a valid nice value; the error says which.
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "the snapshot builder's priority may not be lowered"
+        );
     }
 }
 

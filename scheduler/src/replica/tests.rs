@@ -478,7 +478,7 @@ impl LogStore for FaultyLog {
         self.inner.apply_snapshot(snapshot)
     }
 
-    fn compact(&mut self, snapshot: Snapshot) -> Result<()> {
+    fn compact(&mut self, snapshot: Snapshot) -> Result<crate::storage::Compacted> {
         self.inner.compact(snapshot)
     }
 
@@ -922,3 +922,65 @@ async fn a_state_nearing_the_frame_limit_sends_its_oldest_finished_jobs_to_the_h
 }
 
 mod leases;
+
+/// Each replica builds one snapshot every `every` entries, at its own points: the three
+/// replicas' points are a third of the interval apart, so no two build at once.
+#[test]
+fn replicas_build_their_snapshots_at_points_a_third_of_the_interval_apart() {
+    let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, format!("r{id}"))).collect();
+    let every = 300;
+    let mut points_of = Vec::new();
+    for id in 1..=3 {
+        let schedule = SnapshotSchedule::new(every, id, &voters);
+        // Applied one entry at a time, a snapshot taken as soon as one is due.
+        let mut snapshot_index = 0;
+        let mut points = Vec::new();
+        for applied in 1..=3_000 {
+            if schedule.due(applied, snapshot_index) {
+                snapshot_index = applied;
+                points.push(applied);
+            }
+        }
+        points_of.push(points);
+    }
+    let expected = |offset: u64| -> Vec<u64> {
+        (0..=10)
+            .map(|k| k * every + offset)
+            .filter(|point| (1..=3_000).contains(point))
+            .collect()
+    };
+    assert_eq!(points_of, [expected(0), expected(100), expected(200)]);
+
+    // A snapshot taken late (or installed from the leader) moves the next to the next point,
+    // never closer than the schedule's.
+    let schedule = SnapshotSchedule::new(every, 2, &voters);
+    assert!(!schedule.due(399, 105));
+    assert!(schedule.due(400, 105));
+    assert!(!schedule.due(699, 400));
+    assert!(schedule.due(700, 400));
+    // A single replica, and an interval of 0 (taken as 1), still snapshot.
+    let alone: BTreeMap<u64, String> = [(7, "r7".to_owned())].into();
+    assert!(SnapshotSchedule::new(10, 7, &alone).due(10, 0));
+    assert!(SnapshotSchedule::new(0, 7, &alone).due(1, 0));
+}
+
+/// The snapshot builder runs below its creator's CPU priority, and lowering it leaves every
+/// other thread's alone (on Linux a nice value is a thread's).
+#[test]
+fn the_snapshot_builder_lowers_only_its_own_priority() {
+    fn own_nice() -> libc::c_int {
+        // SAFETY: reads the calling thread's priority; no memory is passed.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+    }
+    let before = own_nice();
+    let (inherited, lowered) = std::thread::spawn(|| {
+        let inherited = own_nice();
+        lower_own_priority();
+        (inherited, own_nice())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(inherited, before);
+    assert_eq!(lowered, (before + SNAPSHOT_NICE).min(19));
+    assert_eq!(own_nice(), before);
+}

@@ -530,3 +530,29 @@ fn a_snapshot_written_in_sync_steps_reads_back_whole() {
     assert_eq!(log.latest_snapshot().data.to_vec(), data.into_bytes());
     assert_eq!(all_entries(&log), expected(9..=10, 1));
 }
+
+/// Keeping a snapshot hands back what it lets go of, for the caller to free off the Raft
+/// task: the snapshot it replaces and exactly the entries it covers.
+#[test]
+fn compacting_hands_back_the_replaced_snapshot_and_the_covered_entries() {
+    let indexes = |entries: &[Entry]| entries.iter().map(|entry| entry.index).collect::<Vec<_>>();
+    let mut log = MemoryLog::new(vec![1]);
+    log.persist(&entries(1..=6, 1), Some(&hard_state(1, 1, 6)))
+        .unwrap();
+
+    let first = log.compact(snapshot(2, 1, "state@2")).unwrap();
+    assert_eq!(first._snapshot.get_metadata().index, 0);
+    assert_eq!(indexes(&first._entries), [1, 2]);
+
+    let second = log.compact(snapshot(5, 1, "state@5")).unwrap();
+    assert_eq!(second._snapshot.data.to_vec(), b"state@2");
+    assert_eq!(indexes(&second._entries), [3, 4, 5]);
+    assert_eq!(all_entries(&log), expected(6..=6, 1));
+    assert_eq!(log.snapshot(0, 2).unwrap().data.to_vec(), b"state@5");
+
+    // An older snapshot changes nothing and lets go of nothing.
+    let older = log.compact(snapshot(4, 1, "state@4")).unwrap();
+    assert!(older._entries.is_empty());
+    assert_eq!(older._snapshot.get_metadata().index, 0);
+    assert_eq!(all_entries(&log), expected(6..=6, 1));
+}
