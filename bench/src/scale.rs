@@ -458,6 +458,19 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((ticks(11)? + ticks(12)?) / TICKS_PER_SECOND)
 }
 
+/// Adds every replica's last snapshot to `snapshots`, by (replica, index).
+async fn record_snapshots(
+    cluster: &LocalSchedulers,
+    snapshots: &mut BTreeMap<(u64, u64), SnapshotTiming>,
+) -> anyhow::Result<()> {
+    for replica in 1..=REPLICAS {
+        if let Some(timing) = cluster.status(replica).await?.last_snapshot {
+            snapshots.insert((replica, timing.index), timing);
+        }
+    }
+    Ok(())
+}
+
 /// The leader's CPU share (of one core) over `window`.
 async fn leader_cpu_share(pid: u32, window: Duration) -> anyhow::Result<f64> {
     let before = cpu_seconds(pid)?;
@@ -682,13 +695,13 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             anyhow::Ok(())
         });
     }
-    let mut snapshots: BTreeMap<u64, SnapshotTiming> = BTreeMap::new();
+    // Every replica's snapshots, by (replica, index): a follower's build slows the commits
+    // it is part of the quorum of as much as the leader's.
+    let mut snapshots: BTreeMap<(u64, u64), SnapshotTiming> = BTreeMap::new();
     let measuring = Instant::now();
     let cpu_before = cpu_seconds(leader_pid)?;
     while measuring.elapsed() < plan.measure {
-        if let Some(timing) = cluster.status(leader).await?.last_snapshot {
-            snapshots.insert(timing.index, timing);
-        }
+        record_snapshots(&cluster, &mut snapshots).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let measured = measuring.elapsed();
@@ -703,9 +716,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let jobs_per_s = (observed.finished.load(Ordering::Relaxed) - finished_before) as f64
         / measured.as_secs_f64();
     until_finished(&observed, READY_TIMEOUT).await?;
-    if let Some(timing) = cluster.status(leader).await?.last_snapshot {
-        snapshots.insert(timing.index, timing);
-    }
+    record_snapshots(&cluster, &mut snapshots).await?;
 
     let mut heartbeat_ms: Vec<f64> = observed
         .heartbeat_ms
@@ -747,6 +758,11 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         let mut latencies: Vec<f64> = commits.drain(..).map(|(_, latency)| latency).collect();
         (!latencies.is_empty()).then(|| round(percentile(&mut latencies, 0.99)))
     };
+    let commit_max_outside_snapshots_ms = outside
+        .iter()
+        .map(|(_, latency)| *latency)
+        .reduce(f64::max)
+        .map(round);
     let commit_p99_during_snapshots_ms = p99_of(&mut during);
     let commit_p99_outside_snapshots_ms = p99_of(&mut outside);
     let largest = snapshots
@@ -906,6 +922,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         "snapshot_stall_ms": snapshot_stall_ms.map(round),
         "commit_p99_during_snapshots_ms": commit_p99_during_snapshots_ms,
         "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
+        "commit_max_outside_snapshots_ms": commit_max_outside_snapshots_ms,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),
