@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
-    NodeRequest, NodeResponse, NodeStatus, OutputRef, PushedShard, TaskFailure, TaskKind, TaskSpec,
-    TestTask, output_id,
+    NodeRequest, NodeResponse, NodeStatus, OutputRef, Part, PushedShard, TaskFailure, TaskKind,
+    TaskSpec, TestTask, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
@@ -122,7 +122,7 @@ async fn fill(addr: &str, task: u128, bytes: usize, seed: u64) -> OutputRef {
         bytes: bytes as u64,
         seed,
     });
-    run(addr, task, kind, vec![]).await.unwrap()[0]
+    run(addr, task, kind, vec![]).await.unwrap().remove(0)
 }
 
 /// The bytes of a `Fill` task, computed here from its documented pattern.
@@ -193,8 +193,11 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         .await
         .unwrap();
         assert_eq!(outputs.len(), 1);
-        assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(1000, seed)));
-        filled.push((*node, outputs[0]));
+        assert_eq!(
+            outputs[0].checksum,
+            Some(xxh3_64(&fill_pattern(1000, seed)))
+        );
+        filled.push((*node, outputs[0].clone()));
     }
     let status_after_a = status(a.addr()).await;
     let status_after_b = status(b.addr()).await;
@@ -208,6 +211,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         .map(|(node, output)| InputRef {
             object: output.object,
             holder: (*node != node_a).then(|| b.addr().to_owned()),
+            part: None,
         })
         .collect();
     let outputs = run(a.addr(), 200, TaskKind::Test(TestTask::Hash), inputs)
@@ -226,7 +230,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     let size = 64 << 20;
     let big = fill(a.addr(), 300, size, 11).await;
     let expected_checksum = xxh3_64(&fill_pattern(size, 11));
-    assert_eq!(big.checksum, expected_checksum);
+    assert_eq!(big.checksum, Some(expected_checksum));
     let pull = |object: ObjectId| {
         let b_addr = b.addr().to_owned();
         let holder = a.addr().to_owned();
@@ -234,7 +238,7 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
     };
     let (first, second) = (pull(big.object), pull(big.object));
     for pulled in [first.await.unwrap(), second.await.unwrap()] {
-        assert_eq!(pulled, NodeResponse::Pulled(big));
+        assert_eq!(pulled, NodeResponse::Pulled(big.clone()));
     }
     let status_b = status(b.addr()).await;
     assert_eq!(status_b.pulls_started, 1, "concurrent pulls must coalesce");
@@ -246,10 +250,12 @@ async fn two_nodes_run_tasks_and_move_objects_with_verified_checksums() {
         vec![InputRef {
             object: big.object,
             holder: None,
+            part: None,
         }],
     )
     .await
-    .unwrap()[0];
+    .unwrap()
+    .remove(0);
     let bytes = read_start(b.addr(), rehashed.object, 8).await;
     assert_eq!(bytes, expected_checksum.to_le_bytes());
 
@@ -285,6 +291,7 @@ async fn tasks_sharing_a_pulled_input_never_lose_it_to_each_other() {
                     let inputs = vec![InputRef {
                         object: input.object,
                         holder: Some(holder),
+                        part: None,
                     }];
                     let task = 1_000_000 + u128::from(round) * 100 + index;
                     run(&addr, task, TaskKind::Test(TestTask::Hash), inputs).await
@@ -338,9 +345,24 @@ async fn call_actor(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_stopped() {
     let (_cluster, a, b) = two_nodes().await;
-    // A shard on B (above the inline limit, so it moves in chunks) and one on A.
-    let remote = fill(b.addr(), 1, 300_000, 3).await;
+    // Shards are parts of map tasks' objects: two parts of one object on B (larger than a
+    // chunk together, so they move in several requests) and one of an object on A.
+    let remote = fill(b.addr(), 1, 12 << 20, 3).await;
     let local = fill(a.addr(), 2, 1_000, 4).await;
+    let remote_bytes = fill_pattern(12 << 20, 3);
+    let part_of = |bytes: &[u8], offset: usize, len: usize| Part {
+        offset: offset as u64,
+        len: len as u64,
+        rows: 0,
+        checksum: xxh3_64(&bytes[offset..offset + len]),
+    };
+    let (first, second) = (
+        part_of(&remote_bytes, 0, 6 << 20),
+        part_of(&remote_bytes, 7 << 20, 5 << 20),
+    );
+    let own = part_of(&fill_pattern(1_000, 4), 0, 1_000);
+    let objects_on_a = || async { status(a.addr()).await.store.objects_in_memory };
+    assert_eq!(objects_on_a().await, 1);
 
     let actor = ActorId::new(77);
     let spec = ActorSpec {
@@ -354,45 +376,50 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
     );
     assert_eq!(status(a.addr()).await.actors, [actor]);
 
-    // Partitions 0 and 2 are slot 0's: the remote shard is pulled into A's store.
+    // Partitions 0, 2 and 4 are slot 0's: B's two parts are pulled into one object of A's.
+    let shard = |partition, object, part, holder: Option<&str>| PushedShard {
+        partition,
+        object,
+        part,
+        holder: holder.map(str::to_owned),
+    };
     let shards = vec![
-        PushedShard {
-            partition: 0,
-            object: remote.object,
-            holder: Some(b.addr().to_owned()),
-        },
-        PushedShard {
-            partition: 2,
-            object: local.object,
-            holder: None,
-        },
+        shard(0, remote.object, first, Some(b.addr())),
+        shard(2, remote.object, second, Some(b.addr())),
+        shard(4, local.object, own, None),
     ];
     let reply = call_actor(a.addr(), actor, ActorMessage::Push(shards), false).await;
-    assert_eq!(
-        reply,
-        Ok(ActorReply::Pushed {
-            held_bytes: remote.size + local.size
-        })
-    );
-    assert_eq!(
-        read_start(a.addr(), remote.object, 300_000).await,
-        fill_pattern(300_000, 3)
-    );
-
+    let held = first.len + second.len + own.len;
+    assert_eq!(reply, Ok(ActorReply::Pushed { held_bytes: held }));
+    assert_eq!(objects_on_a().await, 2, "one object for both of B's parts");
     let described = call_actor(a.addr(), actor, ActorMessage::Describe, false).await;
     assert!(
         matches!(&described, Ok(ActorReply::Described(description))
             if description.kind == "HashShuffleAggregator"
-                && description.summary.contains(&format!("holds 2 shards, {} bytes", remote.size + local.size))),
+                && description.summary.contains(&format!("holds 3 shards, {held} bytes"))),
         "{described:?}"
     );
 
-    // Partition 1 is slot 1's.
-    let refused = PushedShard {
-        partition: 1,
-        object: local.object,
-        holder: None,
+    // A part whose bytes do not match its checksum is refused, and leaves nothing behind.
+    let corrupt = Part {
+        checksum: first.checksum ^ 1,
+        ..first
     };
+    let reply = call_actor(
+        a.addr(),
+        actor,
+        ActorMessage::Push(vec![shard(6, remote.object, corrupt, Some(b.addr()))]),
+        false,
+    )
+    .await;
+    assert!(
+        matches!(&reply, Err(ActorFailure::Pull { reason, .. }) if reason.contains("checksum")),
+        "{reply:?}"
+    );
+    assert_eq!(objects_on_a().await, 2);
+
+    // Partition 1 is slot 1's.
+    let refused = shard(1, local.object, own, None);
     let reply = call_actor(a.addr(), actor, ActorMessage::Push(vec![refused]), false).await;
     assert!(
         matches!(reply, Err(ActorFailure::Refused { .. })),
@@ -412,26 +439,21 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
         "{reply:?}"
     );
 
-    // Stopped, it drops the copy it pulled but not the shard that was A's own.
+    // Stopped, it drops the object it pulled into, but not A's own object nor B's.
     assert_eq!(
         call(a.addr(), NodeRequest::StopActor { actor }).await,
         NodeResponse::ActorStopped
     );
     assert!(status(a.addr()).await.actors.is_empty());
     let deadline = Instant::now() + Duration::from_secs(10);
-    let meta = |object| NodeRequest::ObjectMeta { object };
-    while client(a.addr())
-        .await
-        .call(&meta(remote.object))
-        .await
-        .is_ok()
-    {
+    while objects_on_a().await > 1 {
         assert!(
             Instant::now() < deadline,
             "the pulled copy was never dropped"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let meta = |object| NodeRequest::ObjectMeta { object };
     assert!(
         client(a.addr())
             .await
@@ -448,18 +470,86 @@ async fn an_aggregator_pulls_pushed_shards_into_its_store_and_drops_them_when_st
     );
 }
 
+/// A task's inputs that are parts of objects on another node (a reduce's partitions of map
+/// tasks' objects) come over together into one object, checked part by part, which goes when
+/// the task ends; a part that does not match its checksum fails the task as a lost input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_parts_on_another_node_come_together_into_one_object_it_deletes() {
+    let (_cluster, a, b) = two_nodes().await;
+    let (first, second) = (
+        fill(b.addr(), 1, 9 << 20, 1).await,
+        fill(b.addr(), 2, 4_000, 2).await,
+    );
+    let (first_bytes, second_bytes) = (fill_pattern(9 << 20, 1), fill_pattern(4_000, 2));
+    let part = |object: &OutputRef, bytes: &[u8], offset: usize, len: usize| InputRef {
+        object: object.object,
+        holder: Some(b.addr().to_owned()),
+        part: Some(Part {
+            offset: offset as u64,
+            len: len as u64,
+            rows: 0,
+            checksum: xxh3_64(&bytes[offset..offset + len]),
+        }),
+    };
+    let inputs = vec![
+        part(&first, &first_bytes, 100, 6 << 20),
+        part(&second, &second_bytes, 64, 1_000),
+        part(&first, &first_bytes, 7 << 20, 2 << 20),
+    ];
+    let expected: Vec<u8> = [
+        &first_bytes[100..100 + (6 << 20)],
+        &second_bytes[64..1_064],
+        &first_bytes[7 << 20..9 << 20],
+    ]
+    .iter()
+    .flat_map(|bytes| xxh3_64(bytes).to_le_bytes())
+    .collect();
+    let before = status(a.addr()).await.store.objects_in_memory;
+    let hashed = run(a.addr(), 3, TaskKind::Test(TestTask::Hash), inputs.clone())
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(read_start(a.addr(), hashed.object, 24).await, expected);
+    // Only the task's output stayed: the object the parts came into went with the task.
+    assert_eq!(status(a.addr()).await.store.objects_in_memory, before + 1);
+    assert_eq!(
+        status(a.addr()).await.pulls_started,
+        0,
+        "no whole object moved"
+    );
+
+    let mut corrupt = inputs;
+    if let Some(part) = &mut corrupt[1].part {
+        part.checksum ^= 1;
+    }
+    let failure = run(a.addr(), 4, TaskKind::Test(TestTask::Hash), corrupt)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&failure, TaskFailure::InputUnavailable { reason, .. } if reason.contains("checksum")),
+        "{failure:?}"
+    );
+    assert_eq!(status(a.addr()).await.store.objects_in_memory, before + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
     let (_cluster, a, b) = two_nodes().await;
     let size = 512usize << 20;
     let expected = xxh3_64(&fill_pattern(size, 5));
     let object = fill(a.addr(), 1, size, 5).await;
-    assert_eq!((object.size, object.checksum), (size as u64, expected));
+    assert_eq!(
+        (object.size, object.checksum),
+        (size as u64, Some(expected))
+    );
     let pull = NodeRequest::Pull {
         object: object.object,
         holder: a.addr().to_owned(),
     };
-    assert_eq!(call(b.addr(), pull).await, NodeResponse::Pulled(object));
+    assert_eq!(
+        call(b.addr(), pull).await,
+        NodeResponse::Pulled(object.clone())
+    );
     assert_eq!(status(b.addr()).await.pulls_started, 1);
     // B's copy, hashed there by a worker that maps it: the same bytes.
     let hashed = run(
@@ -469,10 +559,12 @@ async fn a_512_mib_object_moves_between_nodes_with_its_checksum_verified() {
         vec![InputRef {
             object: object.object,
             holder: None,
+            part: None,
         }],
     )
     .await
-    .unwrap()[0];
+    .unwrap()
+    .remove(0);
     assert_eq!(
         read_start(b.addr(), hashed.object, 8).await,
         expected.to_le_bytes()
@@ -501,7 +593,7 @@ async fn a_worker_writes_its_output_in_place_and_the_agent_touches_none_of_it() 
     };
     let pattern = fill_pattern(bytes as usize, 9);
     assert_eq!(outputs[0].size, bytes);
-    assert_eq!(outputs[0].checksum, xxh3_64(&pattern));
+    assert_eq!(outputs[0].checksum, Some(xxh3_64(&pattern)));
     let agent_grew = process::resident_shared_bytes(node.pid()).saturating_sub(agent_before);
     assert!(
         agent_grew < 4 << 20,
@@ -546,7 +638,10 @@ async fn an_output_larger_than_the_store_is_written_by_its_worker_into_a_fallbac
     assert!(bytes > ready.store.capacity, "{:?}", ready.store);
     let output = fill(node.addr(), 3, bytes as usize, 2).await;
     let pattern = fill_pattern(bytes as usize, 2);
-    assert_eq!((output.size, output.checksum), (bytes, xxh3_64(&pattern)));
+    assert_eq!(
+        (output.size, output.checksum),
+        (bytes, Some(xxh3_64(&pattern)))
+    );
     let store = status(node.addr()).await.store;
     assert_eq!((store.fallback_objects, store.fallback_bytes), (1, bytes));
     assert_eq!(
@@ -618,7 +713,7 @@ async fn a_worker_killed_while_writing_leaves_nothing_and_its_task_runs_again() 
     assert_eq!(outputs[0].object, object);
     assert_eq!(
         (outputs[0].size, outputs[0].checksum),
-        (bytes, xxh3_64(&pattern))
+        (bytes, Some(xxh3_64(&pattern)))
     );
     assert_eq!(read_start(node.addr(), object, 4096).await, pattern[..4096]);
     call(
@@ -668,7 +763,7 @@ async fn a_killed_worker_fails_its_task_and_is_respawned() {
     )
     .await
     .unwrap();
-    assert_eq!(outputs[0].checksum, xxh3_64(&fill_pattern(10, 0)));
+    assert_eq!(outputs[0].checksum, Some(xxh3_64(&fill_pattern(10, 0))));
     let after = cluster.wait_ready(&node).await;
     assert_eq!(after.workers_respawned, 1);
     assert_eq!((after.tasks_finished, after.tasks_failed), (1, 1));

@@ -61,7 +61,7 @@ async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
         NodeResponse::Task {
             result: Ok(outputs),
             ..
-        } => outputs[0],
+        } => outputs[0].clone(),
         other => panic!("unexpected {other:?}"),
     }
 }

@@ -284,6 +284,7 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
             client_with(principal, Scope::Admin, "cleaning a node's cache")
         }
         NodeRequest::RunTask(_)
+        | NodeRequest::ReadRanges { .. }
         | NodeRequest::Pull { .. }
         | NodeRequest::Free { .. }
         | NodeRequest::CancelTask { .. }

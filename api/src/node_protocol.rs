@@ -100,13 +100,29 @@ pub enum TestTask {
     Grow { bytes: u64 },
 }
 
-/// An input of a task: an object, and the node holding it when it is not on the node that runs
-/// the task (the agent pulls it first).
+/// An input of a task: an object (or one block packed in it), and the node holding it when it
+/// is not on the node that runs the task (the agent pulls it first: a whole object into an
+/// object of its own, a task's parts held by one node together into one object).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputRef {
     pub object: ObjectId,
     /// The holder's node RPC address (`host:port`).
     pub holder: Option<String>,
+    /// The block, when it is one part of the object (a shuffle map task's partition).
+    pub part: Option<Part>,
+}
+
+/// One block packed in a larger object: a shuffle map task's partition, in the one object the
+/// map task wrote for all its partitions. Its bytes start 64-byte aligned in the object, so it
+/// decodes in place like an object of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// Where its bytes are in the object.
+    pub offset: u64,
+    pub len: u64,
+    pub rows: u64,
+    /// xxh3-64 of its bytes, checked by whoever pulls them.
+    pub checksum: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,14 +135,18 @@ pub struct TaskSpec {
 }
 
 /// An object a task wrote into its node's store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputRef {
     pub object: ObjectId,
     pub size: u64,
-    /// xxh3-64 of the bytes.
-    pub checksum: u64,
-    /// The rows, when the object is a block.
+    /// xxh3-64 of the bytes, when they were hashed whole (a shuffle map task's object is
+    /// hashed part by part instead: `parts`).
+    pub checksum: Option<u64>,
+    /// The rows, when the object is a block or holds blocks.
     pub rows: Option<u64>,
+    /// The blocks packed in it, in order, when it holds several (a shuffle map task's
+    /// partitions: part `i` is partition `i`); empty for a single block.
+    pub parts: Vec<Part>,
 }
 
 /// Why a task failed. The driver retries the retryable ones elsewhere.
@@ -187,11 +207,12 @@ impl ActorKind {
     }
 }
 
-/// One map-side shard pushed to an aggregator.
+/// One map-side shard pushed to an aggregator: the partition's part of a map task's object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PushedShard {
     pub partition: u32,
     pub object: ObjectId,
+    pub part: Part,
     /// Where the shard is, if not on the aggregator's node.
     pub holder: Option<String>,
 }
@@ -423,6 +444,12 @@ pub enum NodeRequest {
         offset: u64,
         len: u64,
     },
+    /// Byte ranges of local objects (each cut at its object's end), sent one after the other
+    /// as the reply's attachment: call it with `RpcClient::call_into_parts`. How a node pulls
+    /// many blocks packed in other nodes' objects with few requests.
+    ReadRanges {
+        ranges: Vec<ByteRange>,
+    },
     /// Makes this node pull `object` from the node at `holder`.
     Pull {
         object: ObjectId,
@@ -488,6 +515,14 @@ pub enum NodeRequest {
         from: u64,
         wait_ms: u64,
     },
+}
+
+/// Bytes `offset..offset + len` of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteRange {
+    pub object: ObjectId,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// The next blocks of a streamed job's output, in output order.
@@ -638,7 +673,7 @@ pub enum NodeResponse {
         worker: Option<WorkerRef>,
     },
     ObjectMeta(ObjectMeta),
-    /// The chunk asked for follows as the reply's attachment.
+    /// The bytes asked for (a chunk, or ranges) follow as the reply's attachment.
     Chunk,
     /// The object is in this node's store, checksum verified.
     Pulled(OutputRef),

@@ -216,7 +216,7 @@ impl TransferPair {
                 result: Ok(outputs),
                 ..
             } => match outputs.as_slice() {
-                [object] => *object,
+                [object] => object.clone(),
                 other => anyhow::bail!("the range task made {} blocks, not one", other.len()),
             },
             other => anyhow::bail!("cannot create the object: {other:?}"),

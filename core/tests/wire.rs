@@ -43,6 +43,14 @@ enum EchoRequest {
         offset: u64,
         len: usize,
     },
+    /// Answered with an attachment of several parts: `len` copies of `byte` for each, then
+    /// `len` bytes of the file at `path` from `offset` (sent with sendfile).
+    Parts {
+        repeats: Vec<(u8, usize)>,
+        path: std::path::PathBuf,
+        offset: u64,
+        len: usize,
+    },
 }
 
 /// File attachments the server has dropped (only one test asks for them).
@@ -87,7 +95,9 @@ impl Handler<Echo> for EchoHandler {
             ))),
             EchoRequest::Blob(bytes) => Ok(EchoResponse::BlobLen(bytes.len())),
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
-            EchoRequest::Repeat { .. } | EchoRequest::FromFile { .. } => Err(RemoteError::new(
+            EchoRequest::Repeat { .. }
+            | EchoRequest::FromFile { .. }
+            | EchoRequest::Parts { .. } => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 "answered by handle_attached",
             )),
@@ -121,6 +131,21 @@ impl Handler<Echo> for EchoHandler {
                     None,
                 ),
             },
+            EchoRequest::Parts {
+                repeats,
+                path,
+                offset,
+                len,
+            } => {
+                let file = Arc::new(std::fs::File::open(&path).unwrap());
+                let mut attachment = rpc::Attachment::new(Vec::new());
+                for (byte, len) in repeats {
+                    attachment = attachment.then(rpc::Attachment::new(vec![byte; len]));
+                }
+                let from_file =
+                    rpc::Attachment::new(vec![0; len]).in_file(FileRange { file, offset });
+                (Ok(EchoResponse::Repeated), Some(attachment.then(from_file)))
+            }
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -741,4 +766,37 @@ async fn file_attachments_go_by_sendfile_and_live_until_the_client_has_read_them
         matches!(error, WireError::Truncated { .. } | WireError::Io { .. }),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attachment_of_several_parts_arrives_in_order_across_the_callers_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("part");
+    let content: Vec<u8> = (0..400_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &content).unwrap();
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = connect(&server, TOKEN).await.unwrap();
+    let request = EchoRequest::Parts {
+        repeats: vec![(1, 300_000), (2, 5), (3, 200_000)],
+        path,
+        offset: 100,
+        len: 300_000,
+    };
+    let mut expected = vec![1u8; 300_000];
+    expected.extend([2; 5]);
+    expected.extend([3; 200_000]);
+    expected.extend(&content[100..300_100]);
+    // Buffers that cut across the parts: the attachment is one byte stream.
+    let mut whole = vec![0u8; expected.len()];
+    let (first, rest) = whole.split_at_mut(100_000);
+    let (second, third) = rest.split_at_mut(250_007);
+    client
+        .call_into_parts(&request, &mut [first, second, third])
+        .await
+        .unwrap();
+    assert!(whole == expected, "the parts did not arrive in order");
+    // The lengths must add up.
+    let mut short = vec![0u8; expected.len() - 1];
+    let error = client.call_into(&request, &mut short).await.unwrap_err();
+    assert!(error.to_string().contains("attached bytes"), "{error}");
 }

@@ -34,6 +34,18 @@ pub struct TaskContext<'a> {
     pub batch_rows: usize,
 }
 
+/// What one task made, and how it is stored.
+#[derive(Debug)]
+pub enum TaskOutput {
+    /// Blocks, each an object of its own.
+    Blocks(Vec<RecordBatch>),
+    /// A shuffle map task's partitions, one block each (index = partition, empty ones
+    /// included), packed into one object: a shuffle makes one object per map task, not one per
+    /// map task and partition, and each reduce reads its partition's part of every map task's
+    /// object.
+    Partitions(Vec<RecordBatch>),
+}
+
 /// Runs one stage task over its input blocks (one list per input object), with the block sizes
 /// and batch rows the task names, as a worker does: an all-to-all task through its operator's
 /// exchange, a sink's part written where its stage says (no blocks come back), any other
@@ -43,7 +55,7 @@ pub fn run_stage_task(
     inputs: Vec<Vec<RecordBatch>>,
     registry: &Registry,
     processes: &[ProcessEndpoint],
-) -> Result<Vec<RecordBatch>> {
+) -> Result<TaskOutput> {
     let context = &TaskContext {
         registry,
         processes,
@@ -55,28 +67,28 @@ pub fn run_stage_task(
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
-            let batches = exchange::run(operator, &output, input, &schemas, inputs)?;
-            // The map side answers one block per partition, empty ones included: output i is
-            // partition i. A reduce output is cut to the block size range like any other.
-            match input {
-                StageInput::Reduce { .. } => context
-                    .sizing
-                    .rebalance(batches.into_iter().filter(|b| b.num_rows() > 0).collect()),
-                _ => Ok(batches),
+            match exchange::run(operator, &output, input, &schemas, inputs)? {
+                // A reduce output is cut to the block size range like any other.
+                TaskOutput::Blocks(batches) if matches!(input, StageInput::Reduce { .. }) => {
+                    let non_empty = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+                    Ok(TaskOutput::Blocks(context.sizing.rebalance(non_empty)?))
+                }
+                output => Ok(output),
             }
         }
         (StageKind::Write(spec), StageInput::Sink { index }) => {
             let schema = Arc::new(stage.schema.clone());
             let blocks = inputs.into_iter().flatten().map(Ok);
             write_task(spec, index as usize, schema, blocks)?;
-            Ok(Vec::new())
+            Ok(TaskOutput::Blocks(Vec::new()))
         }
         (_, input) => run_task(
             stage,
             input,
             inputs.into_iter().flatten().collect(),
             context,
-        ),
+        )
+        .map(TaskOutput::Blocks),
     }
 }
 

@@ -23,6 +23,7 @@ use floe_engine::exchange::random::{permute, random_partition};
 use floe_engine::exchange::repartition::split_by_position;
 use floe_engine::exchange::sort::{merge_sorted, range_boundaries, range_partition, sample_keys};
 use floe_engine::exchange::unique::unique;
+use floe_engine::task::TaskOutput;
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -546,20 +547,33 @@ fn sort_through_the_exchange(
                 rows: 7,
                 seed: i as u64,
             };
-            floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![blocks.clone()])
-                .unwrap()
+            blocks_of(
+                floe_engine::exchange::run(
+                    &operator,
+                    &schema,
+                    input,
+                    &schemas,
+                    vec![blocks.clone()],
+                )
+                .unwrap(),
+            )
         })
         .collect();
     let input = StageInput::Boundaries { partitions };
-    let boundaries =
-        floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![samples]).unwrap();
+    let boundaries = blocks_of(
+        floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![samples]).unwrap(),
+    );
     let pieces: Vec<Vec<RecordBatch>> = map_tasks
         .iter()
         .map(|blocks| {
             let input = StageInput::RangePartition { partitions };
             let inputs = vec![blocks.clone(), boundaries.clone()];
-            let pieces =
-                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap();
+            // The map side's partitions are packed into one object.
+            let TaskOutput::Partitions(pieces) =
+                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap()
+            else {
+                panic!("a map task's output is not its partitions");
+            };
             assert_eq!(pieces.len(), partitions as usize);
             pieces
         })
@@ -572,9 +586,19 @@ fn sort_through_the_exchange(
                 seed: 0,
             };
             let inputs = pieces.iter().map(|p| vec![p[partition].clone()]).collect();
-            floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap()
+            blocks_of(
+                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap(),
+            )
         })
         .collect()
+}
+
+/// The blocks of a task that makes blocks (not partitions).
+fn blocks_of(output: TaskOutput) -> Vec<RecordBatch> {
+    match output {
+        TaskOutput::Blocks(blocks) => blocks,
+        TaskOutput::Partitions(_) => panic!("expected blocks, got partitions"),
+    }
 }
 
 proptest! {

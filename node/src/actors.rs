@@ -34,8 +34,8 @@ use tracing::Instrument as _;
 
 use super::{Error, Result, Shared};
 use floe_api::node_protocol::{
-    ActorDescription, ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, NodeProtocol,
-    NodeRequest, NodeResponse, PushedShard, TaskSpec,
+    ActorDescription, ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef,
+    NodeProtocol, NodeRequest, NodeResponse, Part, PushedShard, TaskSpec,
 };
 use floe_driver::DriverConfig;
 
@@ -164,6 +164,7 @@ impl ActorHost {
             slot,
             slots: slots.max(1),
             held: BTreeMap::new(),
+            copies: BTreeMap::new(),
             reduced: BTreeSet::new(),
             node: shared.node(),
             shared: Arc::downgrade(shared),
@@ -407,21 +408,26 @@ impl Message for Call {
     type Result = Reply;
 }
 
-/// One shard an aggregator holds.
+/// One shard an aggregator holds: a partition's part of a map task's object.
 #[derive(Debug, Clone, Copy)]
 struct Held {
     bytes: u64,
-    /// Pulled here by the aggregator (so it gives back its use of the copy); otherwise the
-    /// shard was written on this node and its owner frees it.
-    pulled: bool,
+    /// Where the aggregator pulled it (an object of its own, holding the parts it pulled from
+    /// one node in one push, and where the part lies in it); `None` when the map task's object
+    /// is on this node, whose owner frees it.
+    copy: Option<(ObjectId, Part)>,
 }
 
+/// A shard by the map task's object and its place in it.
+type ShardKey = (ObjectId, u64);
+
 /// Owns a set of a hash shuffle's partitions. Map tasks' shards for them are pushed here as
-/// each map task finishes, so the bytes cross the network while other map tasks still run;
-/// the aggregator keeps them in its node's object store (which spills them under pressure:
-/// its own heap holds only their ids) and reduces each partition on its node's workers when
-/// the driver asks. Copies it pulled are dropped once their partition is reduced, or when it
-/// stops.
+/// each map task finishes, so the bytes cross the network while other map tasks still run: the
+/// shards one push names on one node are pulled together into one object of the node's store
+/// (which spills it under pressure: the aggregator's heap holds only ids). It reduces each
+/// partition on its node's workers when the driver asks, reading the shards it pulled where
+/// it keeps them. A pulled object is deleted once every partition with a shard in it is
+/// reduced, or when the aggregator stops.
 pub(crate) struct HashShuffleAggregator {
     actor: ActorId,
     job: JobId,
@@ -429,7 +435,9 @@ pub(crate) struct HashShuffleAggregator {
     /// It owns the partitions whose number is `slot` modulo `slots`.
     slot: u32,
     slots: u32,
-    held: BTreeMap<u32, BTreeMap<ObjectId, Held>>,
+    held: BTreeMap<u32, BTreeMap<ShardKey, Held>>,
+    /// Objects it pulled shards into, with the shards of unreduced partitions in each.
+    copies: BTreeMap<ObjectId, usize>,
     /// Partitions already reduced: a push that arrives for one afterwards is dropped.
     reduced: BTreeSet<u32>,
     /// Weak, so the agent's state is not kept alive by its own actors.
@@ -443,7 +451,7 @@ impl Actor for HashShuffleAggregator {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         let held = std::mem::take(&mut self.held);
-        self.drop_pulled(held.into_values().flatten());
+        self.drop_pulled(held.into_values().flat_map(BTreeMap::into_values));
     }
 }
 
@@ -539,27 +547,27 @@ impl HashShuffleAggregator {
         };
         Box::pin(work.into_actor(self).map(|(arrived, failure), act, _| {
             let mut late = Vec::new();
-            for (partition, object, held) in arrived {
+            for (partition, key, held) in arrived {
+                if let Some((copy, _)) = held.copy {
+                    *act.copies.entry(copy).or_default() += 1;
+                }
                 // Pushed after its partition was reduced (a push and a reduce run
-                // concurrently): nothing will read this copy.
+                // concurrently), or pushed twice: nothing will read this copy.
                 if act.reduced.contains(&partition) {
-                    late.push((object, held));
+                    late.push(held);
                     continue;
                 }
                 let entry = act.held.entry(partition).or_default();
-                let held = match entry.get(&object) {
-                    // Pushed twice: one use of the copy is enough.
-                    Some(before) if before.pulled && held.pulled => {
-                        late.push((object, held));
-                        *before
+                match entry.get(&key) {
+                    Some(before) if before.copy.is_some() || held.copy.is_none() => {
+                        late.push(held);
                     }
-                    Some(before) => Held {
-                        pulled: before.pulled || held.pulled,
-                        ..held
-                    },
-                    None => held,
-                };
-                entry.insert(object, held);
+                    _ => {
+                        if let Some(before) = entry.insert(key, held) {
+                            late.push(before);
+                        }
+                    }
+                }
             }
             act.drop_pulled(late);
             match failure {
@@ -573,6 +581,7 @@ impl HashShuffleAggregator {
 
     fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
         let actor = self.actor;
+        let task = self.read_held(partition, task);
         // Inputs still being pushed are joined by the task's own pulls, which wait for
         // transfers under way.
         let run = match self.spawn_on_agent(|shared| async move { shared.run_task(task).await }) {
@@ -591,21 +600,51 @@ impl HashShuffleAggregator {
             let outputs = result.map_err(ActorFailure::Task)?;
             act.reduced.insert(partition);
             let held = act.held.remove(&partition).unwrap_or_default();
-            act.drop_pulled(held);
+            act.drop_pulled(held.into_values());
             Ok(ActorReply::Reduced { outputs, worker })
         }))
     }
 
-    /// Drops the copies among `held` that this aggregator pulled; shards that were its node's
-    /// own stay for their owner to free.
-    fn drop_pulled(&self, held: impl IntoIterator<Item = (ObjectId, Held)>) {
-        let pulled: Vec<ObjectId> = held
-            .into_iter()
-            .filter(|(_, held)| held.pulled)
-            .map(|(object, _)| object)
-            .collect();
+    /// `task` reading the shards of `partition` this aggregator pulled where it keeps them;
+    /// those it does not hold yet (a push still under way) the task pulls itself.
+    fn read_held(&self, partition: u32, mut task: TaskSpec) -> TaskSpec {
+        let Some(held) = self.held.get(&partition) else {
+            return task;
+        };
+        for input in &mut task.inputs {
+            let Some(part) = input.part else {
+                continue;
+            };
+            if let Some((copy, local)) = held
+                .get(&(input.object, part.offset))
+                .and_then(|held| held.copy)
+            {
+                *input = InputRef {
+                    object: copy,
+                    holder: None,
+                    part: Some(local),
+                };
+            }
+        }
+        task
+    }
+
+    /// Lets go of `held` shards: an object this aggregator pulled shards into is deleted with
+    /// its last shard; shards on this node's own objects stay for their owner to free.
+    fn drop_pulled(&mut self, held: impl IntoIterator<Item = Held>) {
+        let mut unused = Vec::new();
+        for (copy, _) in held.into_iter().filter_map(|held| held.copy) {
+            let Some(users) = self.copies.get_mut(&copy) else {
+                continue;
+            };
+            *users -= 1;
+            if *users == 0 {
+                self.copies.remove(&copy);
+                unused.push(copy);
+            }
+        }
         if let Some(shared) = self.shared.upgrade() {
-            shared.transfers.release(&pulled);
+            shared.delete_local(&unused);
         }
     }
 
@@ -618,39 +657,61 @@ impl HashShuffleAggregator {
     }
 }
 
-/// Pulls each shard not on this node yet. Returns what arrived, and the first failure (the
-/// shards after it are not tried: the driver's reduce pulls whatever is missing anyway).
+/// Pulls the shards not on this node yet, those held by one node together into one object.
+/// Returns what arrived (partition, shard, where it is held), and the first failure (the
+/// shards of the other nodes are still tried; the driver's reduce pulls whatever is missing
+/// anyway).
 async fn pull_shards(
     shared: &Shared,
     actor: ActorId,
     shards: Vec<PushedShard>,
-) -> (Vec<(u32, ObjectId, Held)>, Option<ActorFailure>) {
+) -> (Vec<(u32, ShardKey, Held)>, Option<ActorFailure>) {
     let mut arrived = Vec::with_capacity(shards.len());
+    let mut by_holder: BTreeMap<String, Vec<PushedShard>> = BTreeMap::new();
     for shard in shards {
-        let failed = |reason: String| ActorFailure::Pull {
-            actor,
-            object: shard.object,
-            reason,
-        };
-        let held = match &shard.holder {
-            Some(holder) => match shared.transfers.pull(shard.object, holder).await {
-                Ok(pulled) => Held {
-                    bytes: pulled.output.size,
-                    pulled: pulled.copy_in_use,
+        match &shard.holder {
+            Some(holder) => by_holder.entry(holder.clone()).or_default().push(shard),
+            None => arrived.push((
+                shard.partition,
+                (shard.object, shard.part.offset),
+                Held {
+                    bytes: shard.part.len,
+                    copy: None,
                 },
-                Err(error) => return (arrived, Some(failed(error.to_string()))),
-            },
-            None => match shared.store.get(shard.object) {
-                Ok(view) => Held {
-                    bytes: view.len() as u64,
-                    pulled: false,
-                },
-                Err(error) => return (arrived, Some(failed(error.to_string()))),
-            },
-        };
-        arrived.push((shard.partition, shard.object, held));
+            )),
+        }
     }
-    (arrived, None)
+    let mut failure = None;
+    for (holder, shards) in by_holder {
+        let parts: Vec<(ObjectId, Part)> = shards
+            .iter()
+            .map(|shard| (shard.object, shard.part))
+            .collect();
+        match shared.transfers.pull_parts(&holder, &parts).await {
+            Ok(pulled) => {
+                for (shard, local) in shards.iter().zip(pulled.parts) {
+                    arrived.push((
+                        shard.partition,
+                        (shard.object, shard.part.offset),
+                        Held {
+                            bytes: shard.part.len,
+                            copy: Some((pulled.object, local)),
+                        },
+                    ));
+                }
+            }
+            Err(error) => {
+                failure.get_or_insert(ActorFailure::Pull {
+                    actor,
+                    object: parts
+                        .first()
+                        .map_or(ObjectId::new(0), |(object, _)| *object),
+                    reason: error.to_string(),
+                });
+            }
+        }
+    }
+    (arrived, failure)
 }
 
 /// A job's driver, as an actor: the driver itself runs as a task on the agent's runtime (it is

@@ -54,8 +54,9 @@ use self::outputs::TaskOutputs;
 use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
-    LARGEST_OBJECTS, NodeProtocol, NodeRequest, NodeResponse, NodeStatus, ObjectResidence,
-    ObjectSummary, OutputRef, ShardLoad, ShardWrite, TaskFailure, TaskKind, TaskSpec, WorkerRef,
+    InputRef, LARGEST_OBJECTS, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
+    ObjectResidence, ObjectSummary, OutputRef, Part, ShardLoad, ShardWrite, TaskFailure, TaskKind,
+    TaskSpec, WorkerRef,
 };
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
@@ -80,7 +81,7 @@ const MAX_OUTPUTS_WAIT: Duration = Duration::from_secs(10);
 const SERVE_ATTEMPTS: u32 = 2;
 
 use self::transfer::Transfers;
-use self::worker::WorkerTask;
+use self::worker::{InputPlace, WorkerTask};
 
 /// Everything the agent can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -219,10 +220,14 @@ impl Shared {
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
-        let result = self.run_with_inputs(spec, &mut pulled, worker).await;
+        let mut part_copies = Vec::new();
+        let result = self
+            .run_with_inputs(spec, &mut pulled, &mut part_copies, worker)
+            .await;
         // This task's uses of copies pulled from other nodes (their owners free the
-        // originals).
+        // originals), and the objects it pulled parts into, which are its own.
         self.transfers.release(&pulled);
+        self.delete_local(&part_copies);
         result
     }
 
@@ -243,14 +248,26 @@ impl Shared {
         &self,
         spec: TaskSpec,
         pulled: &mut Vec<ObjectId>,
+        part_copies: &mut Vec<ObjectId>,
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
+        let copied = self.pull_parts(&spec.inputs, part_copies).await?;
         let mut pins = Vec::with_capacity(spec.inputs.len());
-        for input in &spec.inputs {
+        let mut parts = Vec::with_capacity(spec.inputs.len());
+        for (index, input) in spec.inputs.iter().enumerate() {
             let unavailable = |error: Error| TaskFailure::InputUnavailable {
                 object: input.object,
                 reason: error.to_string(),
             };
+            if let Some(&(copy, part)) = copied.get(&index) {
+                let view = self
+                    .store
+                    .get(copy)
+                    .map_err(|error| unavailable(error.into()))?;
+                pins.push(view);
+                parts.push(Some(part));
+                continue;
+            }
             if let Some(holder) = &input.holder {
                 let copy = self
                     .transfers
@@ -266,6 +283,7 @@ impl Shared {
                     .get(input.object)
                     .map_err(|error| unavailable(error.into()))?,
             );
+            parts.push(input.part);
         }
         let job = spec.job;
         let mut leases = match &spec.kind {
@@ -279,7 +297,14 @@ impl Shared {
         let task = WorkerTask {
             task: spec.task,
             kind: spec.kind,
-            inputs: pins.iter().map(|view| view.location().clone()).collect(),
+            inputs: pins
+                .iter()
+                .zip(parts)
+                .map(|(view, part)| InputPlace {
+                    location: view.location().clone(),
+                    part,
+                })
+                .collect(),
             processes: leases
                 .iter()
                 .map(|lease| lease.endpoint().clone())
@@ -303,6 +328,49 @@ impl Shared {
         let refs = outputs?;
         self.made(job, refs.iter().map(|output| output.object));
         Ok(refs)
+    }
+
+    /// Pulls the inputs that are parts of objects on other nodes, those of one holder together
+    /// into one object here (`part_copies` gets it, for the caller to delete). Returns where
+    /// each of those inputs (by index) now lies.
+    async fn pull_parts(
+        &self,
+        inputs: &[InputRef],
+        part_copies: &mut Vec<ObjectId>,
+    ) -> Result<BTreeMap<usize, (ObjectId, Part)>, TaskFailure> {
+        let mut by_holder: BTreeMap<&str, Vec<(usize, ObjectId, Part)>> = BTreeMap::new();
+        for (index, input) in inputs.iter().enumerate() {
+            if let (Some(holder), Some(part)) = (&input.holder, input.part) {
+                by_holder
+                    .entry(holder.as_str())
+                    .or_default()
+                    .push((index, input.object, part));
+            }
+        }
+        let mut copied = BTreeMap::new();
+        for (holder, wanted) in by_holder {
+            let parts: Vec<(ObjectId, Part)> = wanted
+                .iter()
+                .map(|&(_, object, part)| (object, part))
+                .collect();
+            match self.transfers.pull_parts(holder, &parts).await {
+                Ok(pulled) => {
+                    part_copies.push(pulled.object);
+                    for ((index, _, _), part) in wanted.iter().zip(pulled.parts) {
+                        copied.insert(*index, (pulled.object, part));
+                    }
+                }
+                Err(error) => {
+                    let objects: Vec<ObjectId> = parts.iter().map(|(object, _)| *object).collect();
+                    let object = self.transfers.first_missing(holder, &objects).await;
+                    return Err(TaskFailure::InputUnavailable {
+                        object,
+                        reason: error.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(copied)
     }
 
     /// Records that `objects` were made for `job`.
@@ -416,8 +484,9 @@ impl Shared {
                 return Ok(Some(OutputRef {
                     object: load.object,
                     size,
-                    checksum,
+                    checksum: Some(checksum),
                     rows: Some(served.rows),
+                    parts: Vec::new(),
                 }));
             }
             match self.store.adopt_shard(load.object, &served) {
@@ -434,8 +503,9 @@ impl Shared {
         Ok(Some(OutputRef {
             object: load.object,
             size: served.len,
-            checksum: served.checksum,
+            checksum: Some(served.checksum),
             rows: Some(served.rows),
+            parts: Vec::new(),
         }))
     }
 
@@ -622,6 +692,10 @@ impl Handler<NodeProtocol> for Service {
                 Ok(chunk) => (Ok(NodeResponse::Chunk), Some(chunk)),
                 Err(error) => (Err(remote(error)), None),
             },
+            NodeRequest::ReadRanges { ranges } => match self.0.transfers.read_ranges(&ranges) {
+                Ok(bytes) => (Ok(NodeResponse::Chunk), Some(bytes)),
+                Err(error) => (Err(remote(error)), None),
+            },
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -639,6 +713,10 @@ impl Handler<NodeProtocol> for Service {
             NodeRequest::ReadChunk { object, .. } => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
+            )),
+            NodeRequest::ReadRanges { .. } => Err(RemoteError::new(
+                RemoteErrorKind::Internal,
+                "ranges are answered with an attachment",
             )),
             NodeRequest::Pull { object, holder } => {
                 let pulled = shared

@@ -115,24 +115,24 @@ impl TaskOutputs {
                 Slot::Writing(writer) => {
                     let object = writer.object();
                     let size = writer.location().len;
-                    match output.checksum {
-                        Some(checksum) => writer
-                            .seal_with_checksum(checksum)
-                            .map(|()| (object, size, checksum, true))
-                            .map_err(|error| TaskFailure::Transient {
-                                message: format!("cannot seal output {object}: {error}"),
-                            }),
-                        None => Err(TaskFailure::Error {
-                            message: format!("the worker left output {object} unwritten"),
-                        }),
-                    }
+                    // A packed object is hashed part by part, not whole.
+                    let sealed = match (output.checksum, output.parts.is_empty()) {
+                        (Some(checksum), _) => writer.seal_with_checksum(checksum),
+                        (None, false) => writer.seal(),
+                        (None, true) => Err(floe_objectstore::Error::NotSealed { object }),
+                    };
+                    sealed
+                        .map(|()| (object, size, output.checksum, true))
+                        .map_err(|error| TaskFailure::Transient {
+                            message: format!("cannot seal output {object}: {error}"),
+                        })
                 }
                 Slot::Present { object, revived } => {
                     if revived {
                         kept.push(object);
                     }
                     // One an earlier run still writes is not there yet: a later retry finds it.
-                    self.present(object)
+                    self.present(object, !output.parts.is_empty())
                         .map(|(size, checksum)| (object, size, checksum, false))
                         .ok_or_else(|| TaskFailure::Transient {
                             message: format!("output {object} is not readable in the store"),
@@ -149,6 +149,7 @@ impl TaskOutputs {
                         size,
                         checksum,
                         rows: output.rows,
+                        parts: output.parts.clone(),
                     });
                 }
                 Err(failure) => {
@@ -161,9 +162,15 @@ impl TaskOutputs {
         Ok(refs)
     }
 
-    /// The size and checksum of an output an earlier run stored.
-    fn present(&self, object: ObjectId) -> Option<(u64, u64)> {
-        self.store.size_and_checksum(object).ok()
+    /// The size and checksum of an output an earlier run stored (a packed one's parts carry
+    /// theirs: it is not hashed whole).
+    fn present(&self, object: ObjectId, packed: bool) -> Option<(u64, Option<u64>)> {
+        if packed {
+            let view = self.store.get(object).ok()?;
+            return Some((view.len() as u64, self.store.checksum(object)));
+        }
+        let (size, checksum) = self.store.size_and_checksum(object).ok()?;
+        Some((size, Some(checksum)))
     }
 
     /// Drops what this run stored and has not sealed (its writers, the objects it revived),

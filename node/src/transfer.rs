@@ -32,6 +32,7 @@ use std::task::Poll;
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
 use floe_core::wire::{Attachment, FileRange, RpcClient, WireConfig};
+use floe_objectstore::block::Packing;
 use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
@@ -39,7 +40,7 @@ use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
 
 use super::{Error, Result};
 use floe_api::node_protocol::{
-    Bytes, NodeProtocol, NodeRequest, NodeResponse, ObjectMeta, OutputRef,
+    ByteRange, Bytes, NodeProtocol, NodeRequest, NodeResponse, ObjectMeta, OutputRef, Part,
 };
 
 /// Room a chunk reply needs besides its bytes (request id, enum tags, length prefix).
@@ -49,7 +50,7 @@ type SharedPull = Arc<OnceCell<Result<OutputRef, String>>>;
 
 /// A pulled object, and whether whoever asked holds a use of a copy pulled here (which it
 /// gives back with [`Transfers::release`]) or the object is this node's own.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Pulled {
     pub output: OutputRef,
     pub copy_in_use: bool,
@@ -147,16 +148,7 @@ impl Transfers {
         })?;
         self.sent_bytes
             .fetch_add(range.len() as u64, Ordering::Relaxed);
-        let location = view.location();
-        let file = self.source_file(&location.source).map(|file| FileRange {
-            file,
-            offset: location.payload_offset() + range.start as u64,
-        });
-        let attachment = Attachment::new(ViewRange { view, range });
-        Ok(match file {
-            Some(file) => attachment.in_file(file),
-            None => attachment,
-        })
+        Ok(self.attach(view, range))
     }
 
     /// The file `source` is, to send chunks from: the store's segment (opened once), or the
@@ -180,13 +172,228 @@ impl Transfers {
             .clone()
     }
 
+    /// Byte ranges of local objects, one after the other, as one attachment that keeps the
+    /// objects pinned until the puller has read it. Each range must lie inside its object, and
+    /// together they must fit in a frame with the reply.
+    pub fn read_ranges(&self, ranges: &[ByteRange]) -> Result<Attachment> {
+        let total = ranges
+            .iter()
+            .try_fold(0u64, |total, range| total.checked_add(range.len))
+            .filter(|total| *total <= (self.wire.max_frame as u64).saturating_sub(REPLY_ENVELOPE));
+        let Some(total) = total else {
+            let object = ranges
+                .first()
+                .map_or(ObjectId::new(0), |range| range.object);
+            return Err(Error::Transfer {
+                object,
+                reason: format!(
+                    "{} ranges are more than a {}-byte frame holds",
+                    ranges.len(),
+                    self.wire.max_frame
+                ),
+            });
+        };
+        let mut attachment: Option<Attachment> = None;
+        for range in ranges {
+            let view = self.store.get(range.object)?;
+            let size = view.len() as u64;
+            let bytes = range
+                .offset
+                .checked_add(range.len)
+                .filter(|end| *end <= size)
+                .map(|end| range.offset as usize..end as usize)
+                .ok_or_else(|| Error::Transfer {
+                    object: range.object,
+                    reason: format!(
+                        "bytes {}..+{} lie outside the object's {size} bytes",
+                        range.offset, range.len
+                    ),
+                })?;
+            let part = self.attach(view, bytes);
+            attachment = Some(match attachment {
+                Some(attachment) => attachment.then(part),
+                None => part,
+            });
+        }
+        self.sent_bytes.fetch_add(total, Ordering::Relaxed);
+        Ok(attachment.unwrap_or_else(|| Attachment::new(Vec::new())))
+    }
+
+    /// `range` of a pinned object's bytes as an attachment: sent with `sendfile` from the
+    /// store's segment file when the object lies in it.
+    fn attach(&self, view: ObjectView, range: Range<usize>) -> Attachment {
+        let location = view.location();
+        let file = self.source_file(&location.source).map(|file| FileRange {
+            file,
+            offset: location.payload_offset() + range.start as u64,
+        });
+        let attachment = Attachment::new(ViewRange { view, range });
+        match file {
+            Some(file) => attachment.in_file(file),
+            None => attachment,
+        }
+    }
+
+    /// Pulls `parts` (each a part of an object on `holder`) here into one new object, each at
+    /// an aligned offset, with `ReadRanges` requests of up to a chunk each over parallel
+    /// connections: a reduce's blocks held by one node take one object and a few requests,
+    /// however many map tasks made them. Each part's xxh3 is checked as it arrives, in order;
+    /// a mismatch abandons the object.
+    pub async fn pull_parts(
+        &self,
+        holder: &str,
+        parts: &[(ObjectId, Part)],
+    ) -> Result<PulledParts> {
+        let first = parts
+            .first()
+            .map_or(ObjectId::new(0), |(object, _)| *object);
+        let lens: Vec<u64> = parts.iter().map(|(_, part)| part.len).collect();
+        let packing = Packing::of(&lens).ok_or_else(|| Error::Transfer {
+            object: first,
+            reason: "the parts' sizes overflow an object".into(),
+        })?;
+        let copy = ObjectId::random();
+        let mut writer = self.store.create(copy, packing.len)?;
+        let local: Vec<Part> = parts
+            .iter()
+            .zip(&packing.parts)
+            .map(|((_, part), &(offset, _))| Part { offset, ..*part })
+            .collect();
+        self.fetch_parts(holder, parts, &packing, writer.as_mut_slice())
+            .await?;
+        writer.seal()?;
+        self.received_bytes
+            .fetch_add(lens.iter().sum::<u64>(), Ordering::Relaxed);
+        Ok(PulledParts {
+            object: copy,
+            parts: local,
+        })
+    }
+
+    /// Reads `parts` into their places in `dest` (as `packing` lays them out) and checks each.
+    async fn fetch_parts(
+        &self,
+        holder: &str,
+        parts: &[(ObjectId, Part)],
+        packing: &Packing,
+        dest: &mut [u8],
+    ) -> Result<()> {
+        // Each part's destination, cut into pieces of at most a chunk, in order.
+        let chunk = self.chunk as usize;
+        let mut pieces: Vec<Piece<'_>> = Vec::new();
+        let mut rest = dest;
+        let mut at = 0u64;
+        for (index, ((object, part), &(offset, len))) in
+            parts.iter().zip(&packing.parts).enumerate()
+        {
+            let (padding, tail) = rest.split_at_mut((offset - at) as usize);
+            padding.fill(0);
+            let (mut bytes, tail) = tail.split_at_mut(len as usize);
+            rest = tail;
+            at = offset + len;
+            let mut from = part.offset;
+            while !bytes.is_empty() {
+                let (piece, after) = bytes.split_at_mut(bytes.len().min(chunk));
+                let piece_len = piece.len() as u64;
+                pieces.push(Piece {
+                    part: index,
+                    range: ByteRange {
+                        object: *object,
+                        offset: from,
+                        len: piece_len,
+                    },
+                    dest: piece,
+                });
+                from += piece_len;
+                bytes = after;
+            }
+        }
+        // Pieces grouped into requests of about a chunk each.
+        let mut requests: VecDeque<(usize, Vec<Piece<'_>>)> = VecDeque::new();
+        let mut current: Vec<Piece<'_>> = Vec::new();
+        let mut current_len = 0;
+        for piece in pieces {
+            if current_len + piece.dest.len() > chunk && !current.is_empty() {
+                requests.push_back((requests.len(), std::mem::take(&mut current)));
+                current_len = 0;
+            }
+            current_len += piece.dest.len();
+            current.push(piece);
+        }
+        if !current.is_empty() {
+            requests.push_back((requests.len(), current));
+        }
+        let connections =
+            ((self.max_in_flight / self.chunk) as usize).clamp(1, requests.len().max(1));
+        let mut clients = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
+        }
+        let queue = Mutex::new(requests);
+        let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let readers: Vec<_> = clients
+            .into_iter()
+            .map(|client| read_ranges(client, &queue, arrived.clone()))
+            .collect();
+        drop(arrived);
+        let check_in_order = async {
+            let mut hashers: Vec<Xxh3Default> = parts.iter().map(|_| Xxh3Default::new()).collect();
+            let mut waiting = BTreeMap::new();
+            let mut next = 0;
+            while let Some((index, request)) = arrivals.recv().await {
+                waiting.insert(index, request);
+                while let Some(request) = waiting.remove(&next) {
+                    for piece in request {
+                        let Piece { part, dest, .. } = piece;
+                        hashers[part].update(dest);
+                    }
+                    next += 1;
+                }
+            }
+            for (hasher, (object, part)) in hashers.iter().zip(parts) {
+                let actual = hasher.digest();
+                if actual != part.checksum {
+                    return Err(Error::ChecksumMismatch {
+                        object: *object,
+                        expected: part.checksum,
+                        actual,
+                    });
+                }
+            }
+            Ok(())
+        };
+        tokio::try_join!(join_all(readers), check_in_order)?;
+        Ok(())
+    }
+
+    /// The first of `objects` that `holder` cannot describe (it does not have it, or does not
+    /// answer): what a failed pull of their parts names as lost.
+    pub async fn first_missing(&self, holder: &str, objects: &[ObjectId]) -> ObjectId {
+        let first = objects.first().copied().unwrap_or(ObjectId::new(0));
+        let Ok(mut client) = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await
+        else {
+            return first;
+        };
+        for object in objects {
+            match client
+                .call(&NodeRequest::ObjectMeta { object: *object })
+                .await
+            {
+                Ok(NodeResponse::ObjectMeta(_)) => {}
+                _ => return *object,
+            }
+        }
+        first
+    }
+
     fn local(&self, object: ObjectId, copy_in_use: bool) -> Result<Pulled> {
         let meta = self.meta(object)?;
         let output = OutputRef {
             object,
             size: meta.size,
-            checksum: meta.checksum,
+            checksum: Some(meta.checksum),
             rows: None,
+            parts: Vec::new(),
         };
         Ok(Pulled {
             output,
@@ -333,8 +540,9 @@ impl Transfers {
                 Ok(OutputRef {
                     object,
                     size: meta.size,
-                    checksum: meta.checksum,
+                    checksum: Some(meta.checksum),
                     rows: None,
+                    parts: Vec::new(),
                 })
             }
         }
@@ -415,6 +623,54 @@ impl AsRef<[u8]> for ViewRange {
     }
 }
 
+/// Parts of objects on another node, pulled into one object here ([`Transfers::pull_parts`]).
+#[derive(Debug, Clone)]
+pub(crate) struct PulledParts {
+    /// The new object, this node's own: whoever pulled it deletes it when done.
+    pub object: ObjectId,
+    /// Where each part lies in it, in the order they were asked for.
+    pub parts: Vec<Part>,
+}
+
+/// One piece of a part being pulled: where it comes from and where it goes.
+struct Piece<'a> {
+    part: usize,
+    range: ByteRange,
+    dest: &'a mut [u8],
+}
+
+/// One connection's part of pulling parts: takes the next request until none is left and reads
+/// its ranges straight into their places, then hands them on to be checked.
+async fn read_ranges<'a>(
+    mut client: RpcClient<NodeProtocol>,
+    queue: &Mutex<VecDeque<(usize, Vec<Piece<'a>>)>>,
+    arrived: UnboundedSender<(usize, Vec<Piece<'a>>)>,
+) -> Result<()> {
+    loop {
+        let next = queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        let Some((index, mut pieces)) = next else {
+            return Ok(());
+        };
+        let request = NodeRequest::ReadRanges {
+            ranges: pieces.iter().map(|piece| piece.range).collect(),
+        };
+        let object = pieces
+            .first()
+            .map_or(ObjectId::new(0), |piece| piece.range.object);
+        let mut dests: Vec<&mut [u8]> = pieces.iter_mut().map(|piece| &mut *piece.dest).collect();
+        match client.call_into_parts(&request, &mut dests).await? {
+            NodeResponse::Chunk => {}
+            other => return Err(unexpected(object, &other)),
+        }
+        drop(dests);
+        // The receiver only stops early when the transfer has failed anyway.
+        let _ = arrived.send((index, pieces));
+    }
+}
+
 /// One connection's part of a transfer: takes the next chunk until none is left, reads it
 /// straight into its place in the object, then hands it on to be hashed.
 async fn read_chunks<'a>(
@@ -489,8 +745,9 @@ fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
     Ok(OutputRef {
         object,
         size,
-        checksum,
+        checksum: Some(checksum),
         rows: None,
+        parts: Vec::new(),
     })
 }
 
@@ -548,7 +805,7 @@ mod tests {
         let mut writer = store.create(object, 4).unwrap();
         writer.as_mut_slice().copy_from_slice(b"abcd");
         let sealed = seal_verified(writer, xxh3_64(b"abcd")).unwrap();
-        assert_eq!((sealed.size, sealed.checksum), (4, xxh3_64(b"abcd")));
+        assert_eq!((sealed.size, sealed.checksum), (4, Some(xxh3_64(b"abcd"))));
         assert_eq!(store.get(object).unwrap().as_bytes(), b"abcd");
     }
 
@@ -566,12 +823,10 @@ mod tests {
         let meta = transfers.meta(large).unwrap();
         assert_eq!((meta.size, meta.inline), (10, None));
 
-        assert_eq!(
-            transfers.read_chunk(large, 3, 4).unwrap().as_bytes(),
-            b"3456"
-        );
-        let tail = transfers.read_chunk(large, 8, 100).unwrap();
-        assert_eq!(tail.as_bytes(), b"89");
+        let bytes =
+            |attachment: Attachment| attachment.parts().flatten().copied().collect::<Vec<u8>>();
+        assert_eq!(bytes(transfers.read_chunk(large, 3, 4).unwrap()), b"3456");
+        assert_eq!(bytes(transfers.read_chunk(large, 8, 100).unwrap()), b"89");
         assert!(transfers.read_chunk(large, 11, 1).is_err());
         assert!(matches!(
             transfers.meta(ObjectId::new(3)),

@@ -19,13 +19,15 @@ use arrow::record_batch::RecordBatch;
 use floe_core::TaskId;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::{FramedStream, WireError, codec};
-use floe_objectstore::block::{encode_into, encoded_len, read_block};
+use floe_objectstore::block::{
+    Packing, encode_into, encoded_checksum, encoded_len, read_block, read_block_at,
+};
 use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
-use floe_api::node_protocol::TaskKind;
-use floe_engine::task::run_stage_task;
+use floe_api::node_protocol::{Part, TaskKind};
+use floe_engine::task::{TaskOutput, run_stage_task};
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 
@@ -70,9 +72,17 @@ impl From<crate::test_tasks::TestTaskError> for WorkerTaskFailure {
 pub(crate) struct WorkerTask {
     pub task: TaskId,
     pub kind: TaskKind,
-    pub inputs: Vec<ObjectLocation>,
+    pub inputs: Vec<InputPlace>,
     /// The process-UDF children the agent leased for this task, one per UDF it calls.
     pub processes: Vec<ProcessEndpoint>,
+}
+
+/// Where one input block is: an object, or one part of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InputPlace {
+    pub location: ObjectLocation,
+    /// The block's bytes in the object, when it is one of several packed there.
+    pub part: Option<Part>,
 }
 
 /// What the agent sends a worker.
@@ -113,13 +123,15 @@ pub(crate) enum WorkerMessage {
 }
 
 /// One output as its worker wrote it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct WrittenOutput {
-    /// The rows, when the object is a block.
+    /// The rows, when the object is a block or holds blocks.
     pub rows: Option<u64>,
     /// The xxh3-64 of its bytes, hashed while they were written; `None` when the worker did
-    /// not write it ([`OutputPlace::Present`]).
+    /// not write it ([`OutputPlace::Present`]) or hashed it part by part.
     pub checksum: Option<u64>,
+    /// The blocks packed in it (a map task's partitions), each hashed on its own.
+    pub parts: Vec<Part>,
 }
 
 /// Frames on the socket are small (tasks, sizes, places), and reads never wait on a slow peer,
@@ -240,25 +252,19 @@ async fn write_outputs(
     };
     let mut written = Vec::with_capacity(count);
     for (index, place) in places.iter().enumerate() {
-        let checksum = match place {
-            OutputPlace::Present => None,
-            OutputPlace::Write(location) => {
-                let wrote = client
-                    .open_unsealed(location)
-                    .map_err(|error| {
-                        WorkerTaskFailure::permanent(format!("cannot map output {index}: {error}"))
-                    })
-                    .and_then(|mut object| outputs.write(index, object.as_mut_slice()));
-                match wrote {
-                    Ok(checksum) => Some(checksum),
-                    Err(failure) => return Ok(Some(failure.into())),
-                }
-            }
+        let output = match place {
+            OutputPlace::Present => outputs.unwritten(index),
+            OutputPlace::Write(location) => client
+                .open_unsealed(location)
+                .map_err(|error| {
+                    WorkerTaskFailure::permanent(format!("cannot map output {index}: {error}"))
+                })
+                .and_then(|mut object| outputs.write(index, object.as_mut_slice())),
         };
-        written.push(WrittenOutput {
-            rows: outputs.rows(index),
-            checksum,
-        });
+        match output {
+            Ok(output) => written.push(output),
+            Err(failure) => return Ok(Some(failure.into())),
+        }
     }
     Ok(Some(WorkerMessage::Finished { outputs: written }))
 }
@@ -271,55 +277,144 @@ impl From<WorkerTaskFailure> for WorkerMessage {
 
 /// A task's outputs, made and measured, waiting for the agent to say where they go.
 enum Outputs {
-    /// Blocks, each with its encoded size.
+    /// Blocks, each an object of its own, with its encoded size.
     Blocks(Vec<(RecordBatch, u64)>),
+    /// A map task's partitions, packed into one object as `packing` lays them out.
+    Packed {
+        blocks: Vec<RecordBatch>,
+        packing: Packing,
+    },
     #[cfg(feature = "test-tasks")]
     Test(crate::test_tasks::TestOutputs),
 }
 
 impl Outputs {
-    fn blocks(batches: Vec<RecordBatch>) -> Result<Self, WorkerTaskFailure> {
-        batches
-            .into_iter()
-            .map(|batch| {
-                let len = encoded_len(&batch.schema(), std::slice::from_ref(&batch))
+    fn new(output: TaskOutput) -> Result<Self, WorkerTaskFailure> {
+        let measure =
+            |batch: &RecordBatch| encoded_len(&batch.schema(), std::slice::from_ref(batch));
+        match output {
+            TaskOutput::Blocks(batches) => batches
+                .into_iter()
+                .map(|batch| {
+                    let len = measure(&batch).map_err(cannot_encode)?;
+                    Ok((batch, len))
+                })
+                .collect::<Result<_, _>>()
+                .map(Outputs::Blocks),
+            TaskOutput::Partitions(blocks) => {
+                let lens = blocks
+                    .iter()
+                    .map(measure)
+                    .collect::<Result<Vec<u64>, _>>()
                     .map_err(cannot_encode)?;
-                Ok((batch, len))
-            })
-            .collect::<Result<_, _>>()
-            .map(Outputs::Blocks)
+                let packing = Packing::of(&lens).ok_or_else(|| {
+                    WorkerTaskFailure::permanent("a map task's partitions overflow an object")
+                })?;
+                Ok(Outputs::Packed { blocks, packing })
+            }
+        }
     }
 
     fn sizes(&self) -> Vec<u64> {
         match self {
             Outputs::Blocks(blocks) => blocks.iter().map(|(_, len)| *len).collect(),
+            Outputs::Packed { packing, .. } => vec![packing.len],
             #[cfg(feature = "test-tasks")]
             Outputs::Test(outputs) => outputs.sizes(),
         }
     }
 
-    fn rows(&self, index: usize) -> Option<u64> {
-        match self {
-            Outputs::Blocks(blocks) => blocks.get(index).map(|(batch, _)| batch.num_rows() as u64),
+    /// Output `index` as the agent learns of it when an earlier run left it in the store: a
+    /// packed output's parts are hashed as if written (the bytes are the same).
+    fn unwritten(&self, index: usize) -> Result<WrittenOutput, WorkerTaskFailure> {
+        let (rows, parts) = match self {
+            Outputs::Blocks(blocks) => (
+                blocks.get(index).map(|(batch, _)| batch.num_rows() as u64),
+                Vec::new(),
+            ),
+            Outputs::Packed { blocks, packing } => {
+                let parts = blocks
+                    .iter()
+                    .zip(&packing.parts)
+                    .map(|(batch, &(offset, len))| {
+                        let checksum =
+                            encoded_checksum(&batch.schema(), std::slice::from_ref(batch))
+                                .map_err(cannot_encode)?;
+                        Ok(Part {
+                            offset,
+                            len,
+                            rows: batch.num_rows() as u64,
+                            checksum,
+                        })
+                    })
+                    .collect::<Result<Vec<Part>, WorkerTaskFailure>>()?;
+                (Some(rows(blocks)), parts)
+            }
             #[cfg(feature = "test-tasks")]
-            Outputs::Test(_) => None,
-        }
+            Outputs::Test(_) => (None, Vec::new()),
+        };
+        Ok(WrittenOutput {
+            rows,
+            checksum: None,
+            parts,
+        })
     }
 
-    /// Writes output `index` into `dest` (exactly its size) and returns its xxh3-64.
-    fn write(&self, index: usize, dest: &mut [u8]) -> Result<u64, WorkerTaskFailure> {
+    /// Writes output `index` into `dest` (exactly its size), hashing it as it goes.
+    fn write(&self, index: usize, dest: &mut [u8]) -> Result<WrittenOutput, WorkerTaskFailure> {
         match self {
             Outputs::Blocks(blocks) => {
                 let (batch, _) = blocks
                     .get(index)
                     .ok_or_else(|| WorkerTaskFailure::permanent(format!("no output {index}")))?;
-                encode_into(dest, &batch.schema(), std::slice::from_ref(batch))
-                    .map_err(cannot_encode)
+                let checksum = encode_into(dest, &batch.schema(), std::slice::from_ref(batch))
+                    .map_err(cannot_encode)?;
+                Ok(WrittenOutput {
+                    rows: Some(batch.num_rows() as u64),
+                    checksum: Some(checksum),
+                    parts: Vec::new(),
+                })
+            }
+            Outputs::Packed { blocks, packing } => {
+                let mut parts = Vec::with_capacity(blocks.len());
+                let mut end = 0;
+                for (batch, &(offset, len)) in blocks.iter().zip(&packing.parts) {
+                    let (start, stop) = (offset as usize, (offset + len) as usize);
+                    // The padding too, so the object's bytes do not depend on what the memory
+                    // held before.
+                    dest[end..start].fill(0);
+                    let checksum = encode_into(
+                        &mut dest[start..stop],
+                        &batch.schema(),
+                        std::slice::from_ref(batch),
+                    )
+                    .map_err(cannot_encode)?;
+                    parts.push(Part {
+                        offset,
+                        len,
+                        rows: batch.num_rows() as u64,
+                        checksum,
+                    });
+                    end = stop;
+                }
+                Ok(WrittenOutput {
+                    rows: Some(rows(blocks)),
+                    checksum: None,
+                    parts,
+                })
             }
             #[cfg(feature = "test-tasks")]
-            Outputs::Test(outputs) => Ok(outputs.write(dest)),
+            Outputs::Test(outputs) => Ok(WrittenOutput {
+                rows: None,
+                checksum: Some(outputs.write(dest)),
+                parts: Vec::new(),
+            }),
         }
     }
+}
+
+fn rows(blocks: &[RecordBatch]) -> u64 {
+    blocks.iter().map(|batch| batch.num_rows() as u64).sum()
 }
 
 fn cannot_encode(error: arrow::error::ArrowError) -> WorkerTaskFailure {
@@ -334,34 +429,55 @@ fn run(
     let views = task
         .inputs
         .iter()
-        .map(|location| client.open(location))
+        .map(|input| client.open(&input.location))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| WorkerTaskFailure::permanent(format!("cannot map an input: {error}")))?;
     match &task.kind {
-        TaskKind::Stage(stage_task) => run_stage(stage_task, &views, registry, &task.processes),
+        TaskKind::Stage(stage_task) => {
+            run_stage(stage_task, &task.inputs, &views, registry, &task.processes)
+        }
         #[cfg(feature = "test-tasks")]
         TaskKind::Test(test_task) => {
-            let inputs: Vec<&[u8]> = views.iter().map(|view| view.as_bytes()).collect();
+            let inputs = task
+                .inputs
+                .iter()
+                .zip(&views)
+                .map(|(input, view)| match input.part {
+                    Some(part) => usize::try_from(part.offset)
+                        .ok()
+                        .zip(usize::try_from(part.offset + part.len).ok())
+                        .and_then(|(start, end)| view.as_bytes().get(start..end))
+                        .ok_or_else(|| {
+                            WorkerTaskFailure::permanent("a part lies outside its object")
+                        }),
+                    None => Ok(view.as_bytes()),
+                })
+                .collect::<Result<Vec<&[u8]>, _>>()?;
             Ok(Outputs::Test(crate::test_tasks::run(test_task, &inputs)?))
         }
     }
 }
 
-/// Runs one stage task over its input blocks; each output batch becomes one block.
+/// Runs one stage task over its input blocks (`views` of the objects `inputs` name).
 fn run_stage(
     task: &StageTask,
+    inputs: &[InputPlace],
     views: &[ObjectView],
     registry: &Registry,
     processes: &[ProcessEndpoint],
 ) -> Result<Outputs, WorkerTaskFailure> {
     let mut per_input = Vec::with_capacity(views.len());
-    for view in views {
-        let block = read_block(view).map_err(|error| {
+    for (input, view) in inputs.iter().zip(views) {
+        let block = match input.part {
+            Some(part) => read_block_at(view, part.offset, part.len),
+            None => read_block(view),
+        };
+        let block = block.map_err(|error| {
             WorkerTaskFailure::permanent(format!("cannot decode an input: {error}"))
         })?;
         per_input.push(block.batches);
     }
-    Outputs::blocks(run_stage_task(task, per_input, registry, processes)?)
+    Outputs::new(run_stage_task(task, per_input, registry, processes)?)
 }
 
 pub(crate) async fn send<T: Serialize>(

@@ -1,4 +1,6 @@
-//! Arrow blocks: record batches stored as one Arrow IPC file per object.
+//! Arrow blocks: record batches stored as one Arrow IPC file per object, or several blocks
+//! packed into one object at 64-byte aligned offsets ([`Packing`]: a shuffle map task's
+//! partitions), each read in place on its own ([`read_block_at`]).
 //!
 //! Writing serializes straight into the object's shared memory: a first pass over a counting
 //! sink measures the encoding (the IPC writer is deterministic), so the object is created at
@@ -28,6 +30,7 @@ use arrow::ipc::{MetadataVersion, root_as_footer};
 use floe_core::ObjectId;
 use xxhash_rust::xxh3::Xxh3Default;
 
+use crate::alloc::aligned;
 use crate::{Error, ObjectStore, ObjectView, Result};
 
 /// Length of the IPC file trailer: footer length (4 bytes) and `ARROW1`.
@@ -94,10 +97,65 @@ pub fn encode_into(
     Ok(sink.hasher.digest())
 }
 
+/// The xxh3-64 of the bytes [`encode_into`] would write, without writing them anywhere (for
+/// a block someone else already stored).
+pub fn encoded_checksum(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<u64, ArrowError> {
+    let mut sink = HashingCounter(Xxh3Default::new());
+    encode(&mut sink, schema, batches)?;
+    Ok(sink.0.digest())
+}
+
+/// Where blocks packed into one object lie: each starts 64-byte aligned, so each decodes in
+/// place like an object of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packing {
+    /// `(offset, len)` of each block in the object, in order.
+    pub parts: Vec<(u64, u64)>,
+    /// The object's size.
+    pub len: u64,
+}
+
+impl Packing {
+    /// Lays out blocks of `lens` bytes one after the other, each at the next aligned offset;
+    /// `None` if the sizes overflow.
+    pub fn of(lens: &[u64]) -> Option<Self> {
+        let mut parts = Vec::with_capacity(lens.len());
+        let mut end = 0u64;
+        for &len in lens {
+            let offset = aligned(end)?;
+            parts.push((offset, len));
+            end = offset.checked_add(len)?;
+        }
+        Some(Self { parts, len: end })
+    }
+}
+
 /// Decodes the block in `view` without copying column data.
 pub fn read_block(view: &ObjectView) -> Result<Block> {
     let object = view.object();
     decode(&view.to_buffer()).map_err(|source| Error::Block { object, source })
+}
+
+/// Decodes the block packed at bytes `offset..offset + len` of `view` (see [`Packing`])
+/// without copying column data.
+pub fn read_block_at(view: &ObjectView, offset: u64, len: u64) -> Result<Block> {
+    let object = view.object();
+    let range = usize::try_from(offset)
+        .ok()
+        .zip(usize::try_from(len).ok())
+        .filter(|(start, len)| start.checked_add(*len).is_some_and(|end| end <= view.len()));
+    let Some((start, len)) = range else {
+        let problem = format!(
+            "bytes {offset}..+{len} lie outside the object's {} bytes",
+            view.len()
+        );
+        return Err(Error::Block {
+            object,
+            source: ArrowError::IpcError(problem),
+        });
+    };
+    decode(&view.to_buffer().slice_with_length(start, len))
+        .map_err(|source| Error::Block { object, source })
 }
 
 fn encode<W: Write>(
@@ -173,6 +231,20 @@ impl Write for HashingSink<'_> {
         self.dest[self.written..end].copy_from_slice(bytes);
         self.hasher.update(bytes);
         self.written = end;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Hashes the bytes written to it and keeps none.
+struct HashingCounter(Xxh3Default);
+
+impl Write for HashingCounter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
         Ok(bytes.len())
     }
 

@@ -176,29 +176,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FramedStream<S> {
 }
 
 impl FramedStream<Connection> {
-    /// Like [`Self::send_with_tail`]. On a plain TCP connection a tail that also lies in a
-    /// file (`file`) goes out with `sendfile(2)`, and the kernel may read the file's pages
-    /// after this returns: the caller keeps them unchanged until the peer has read the frame.
-    /// Inside TLS the bytes must be encrypted, so they are written from `tail`.
+    /// Like [`Self::send_with_tail`], with a tail of several `parts` sent one after the other.
+    /// On a plain TCP connection a part that also lies in a file goes out with `sendfile(2)`,
+    /// and the kernel may read the file's pages after this returns: the caller keeps them
+    /// unchanged until the peer has read the frame. Inside TLS the bytes must be encrypted, so
+    /// they are written from the part's bytes.
     pub async fn send_with_attachment(
         &mut self,
         fill: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
-        tail: &[u8],
-        file: Option<&FileRange>,
+        parts: &[(&[u8], Option<&FileRange>)],
     ) -> Result<(), WireError> {
-        self.fill_head(fill, tail.len())?;
+        let tail_len = parts
+            .iter()
+            .try_fold(0usize, |total, (bytes, _)| total.checked_add(bytes.len()))
+            .ok_or(WireError::FrameTooLarge {
+                len: u64::MAX,
+                max: self.max_frame as u64,
+            })?;
+        self.fill_head(fill, tail_len)?;
         let write = async {
-            match (&mut self.stream, file) {
-                (Connection::Plain(socket), Some(range)) => {
-                    socket.write_all(&self.buffer).await?;
-                    send_file(socket, range, tail.len()).await
-                }
-                (stream, _) => {
-                    stream.write_all(&self.buffer).await?;
-                    stream.write_all(tail).await?;
-                    stream.flush().await
+            self.stream.write_all(&self.buffer).await?;
+            for (bytes, file) in parts {
+                match (&mut self.stream, file) {
+                    (Connection::Plain(socket), Some(range)) => {
+                        send_file(socket, range, bytes.len()).await?;
+                    }
+                    (stream, _) => stream.write_all(bytes).await?,
                 }
             }
+            self.stream.flush().await
         };
         timed_write(self.write_timeout, write).await
     }

@@ -110,9 +110,14 @@ pub trait Handler<P: Protocol>: Send + Sync + 'static {
     }
 }
 
-/// Bytes sent after a response without being copied into the frame buffer: usually a pinned
-/// view of some memory, kept alive until the client has read them.
+/// Bytes sent after a response without being copied into the frame buffer: usually pinned
+/// views of some memory, kept alive until the client has read them. It may have several
+/// parts (ranges of several objects), sent one after the other.
 pub struct Attachment {
+    parts: Vec<AttachedPart>,
+}
+
+struct AttachedPart {
     bytes: Box<dyn AsRef<[u8]> + Send>,
     file: Option<FileRange>,
 }
@@ -129,28 +134,51 @@ pub struct FileRange {
 impl Attachment {
     pub fn new(bytes: impl AsRef<[u8]> + Send + 'static) -> Self {
         Self {
-            bytes: Box::new(bytes),
-            file: None,
+            parts: vec![AttachedPart {
+                bytes: Box::new(bytes),
+                file: None,
+            }],
         }
     }
 
-    /// Says that the attachment's bytes are also `range` of a file. The caller promises that
-    /// those file bytes equal the attachment's and stay unchanged while it lives.
-    pub fn in_file(self, range: FileRange) -> Self {
-        Self {
-            file: Some(range),
-            ..self
+    /// Says that the last part's bytes are also `range` of a file. The caller promises that
+    /// those file bytes equal the part's and stay unchanged while it lives.
+    pub fn in_file(mut self, range: FileRange) -> Self {
+        if let Some(last) = self.parts.last_mut() {
+            last.file = Some(range);
         }
+        self
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
-        (*self.bytes).as_ref()
+    /// This attachment followed by `next`'s parts.
+    pub fn then(mut self, next: Attachment) -> Self {
+        self.parts.extend(next.parts);
+        self
+    }
+
+    /// The parts' bytes, in order.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts.iter().map(|part| (*part.bytes).as_ref())
+    }
+
+    /// Bytes in all parts.
+    pub fn len(&self) -> usize {
+        self.parts().map(<[u8]>::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 impl std::fmt::Debug for Attachment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Attachment({} bytes)", self.as_bytes().len())
+        write!(
+            f,
+            "Attachment({} bytes in {} parts)",
+            self.len(),
+            self.parts.len()
+        )
     }
 }
 
@@ -281,13 +309,23 @@ impl<P: Protocol> RpcClient<P> {
         request: &P::Request,
         dest: &mut [u8],
     ) -> Result<P::Response, WireError> {
+        self.call_into_parts(request, &mut [dest]).await
+    }
+
+    /// Like [`Self::call_into`], reading the attachment into `dests` one after the other: it
+    /// must be exactly as long as they are together.
+    pub async fn call_into_parts(
+        &mut self,
+        request: &P::Request,
+        dests: &mut [&mut [u8]],
+    ) -> Result<P::Response, WireError> {
         let (version, mut stream) = self.usable_stream().await?;
         let id = self.next_id;
         self.next_id += 1;
         stream
             .send_with(|out| encode_request::<P>(id, request, out))
             .await?;
-        let reply = receive_attached::<P, _>(&mut stream, id, dest, &self.config).await?;
+        let reply = receive_attached::<P, _>(&mut stream, id, dests, &self.config).await?;
         self.stream = Some((version, stream));
         reply.map_err(WireError::Remote)
     }
@@ -296,9 +334,10 @@ impl<P: Protocol> RpcClient<P> {
 async fn receive_attached<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut FramedStream<S>,
     id: u64,
-    dest: &mut [u8],
+    dests: &mut [&mut [u8]],
     config: &WireConfig,
 ) -> Result<Result<P::Response, RemoteError>, WireError> {
+    let expected: usize = dests.iter().map(|dest| dest.len()).sum();
     let malformed = |message: String| WireError::Decode {
         what: "response",
         message,
@@ -318,8 +357,7 @@ async fn receive_attached<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
         )?;
         return match reply {
             Ok(_) => Err(malformed(format!(
-                "expected {} attached bytes, the response has none",
-                dest.len()
+                "expected {expected} attached bytes, the response has none"
             ))),
             Err(error) => Ok(Err(error)),
         };
@@ -341,14 +379,15 @@ async fn receive_attached<P: Protocol, S: AsyncRead + AsyncWrite + Unpin>(
                 "a {encoded_len}-byte response in a {len}-byte frame"
             ))
         })?;
-    if attached != dest.len() {
+    if attached != expected {
         return Err(malformed(format!(
-            "expected {} attached bytes, got {attached}",
-            dest.len()
+            "expected {expected} attached bytes, got {attached}"
         )));
     }
     let reply = codec::decode(stream.recv_part(encoded_len).await?, "response")?;
-    stream.recv_part_into(dest).await?;
+    for dest in dests.iter_mut() {
+        stream.recv_part_into(dest).await?;
+    }
     Ok(reply)
 }
 
@@ -563,11 +602,15 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
                     .await
             }
             Some(attachment) => {
+                let parts: Vec<(&[u8], Option<&FileRange>)> = attachment
+                    .parts
+                    .iter()
+                    .map(|part| ((*part.bytes).as_ref(), part.file.as_ref()))
+                    .collect();
                 stream
                     .send_with_attachment(
                         |out| encode_attached_response::<P>(id, &reply, out),
-                        attachment.as_bytes(),
-                        attachment.file.as_ref(),
+                        &parts,
                     )
                     .await
             }

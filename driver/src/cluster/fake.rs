@@ -17,8 +17,8 @@ use arrow::record_batch::RecordBatch;
 use floe_api::lease::{Lease, LeaseDecision, LeaseGrants, LeaseStanding, LeaseTable};
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, Bytes, NodeRequest, NodeResponse,
-    NodeStatus, ObjectMeta, OutputRef, ShardLoad, ShardWrite, StoreUsage, TaskFailure, TaskSpec,
-    output_id,
+    NodeStatus, ObjectMeta, OutputRef, Part, ShardLoad, ShardWrite, StoreUsage, TaskFailure,
+    TaskSpec, output_id,
 };
 use floe_api::placement::{Decision, PlacementRequest};
 use floe_api::scheduler_protocol::NodeSummary;
@@ -31,7 +31,7 @@ use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
 use floe_core::{ActorId, Fingerprint, JobId, LeaseId, NodeId, ObjectId, SubmissionId, TaskId};
 use floe_engine::blocks::data_bytes;
-use floe_engine::task::run_stage_task;
+use floe_engine::task::{TaskOutput, run_stage_task};
 use floe_engine::udf::Registry;
 use tokio::sync::Notify;
 
@@ -120,14 +120,39 @@ struct StoredBlock {
     node: NodeId,
     /// The job it was made for.
     job: JobId,
-    batch: RecordBatch,
+    content: Content,
     bytes: u64,
+}
+
+/// What an object holds.
+enum Content {
+    Block(RecordBatch),
+    /// A map task's partitions; the fake's part offsets are their indexes.
+    Packed(Vec<RecordBatch>),
+}
+
+impl StoredBlock {
+    /// The block, or its part `part`.
+    fn read(&self, part: Option<Part>) -> Option<&RecordBatch> {
+        match (&self.content, part) {
+            (Content::Block(batch), None) => Some(batch),
+            (Content::Packed(batches), Some(part)) => {
+                batches.get(usize::try_from(part.offset).ok()?)
+            }
+            _ => None,
+        }
+    }
+
+    fn block(&self) -> Option<&RecordBatch> {
+        self.read(None)
+    }
 }
 
 struct HostedAggregator {
     node: NodeId,
-    /// Copies of the shards pushed to it, which outlive their holders (as pulled shards do).
-    held: BTreeMap<ObjectId, RecordBatch>,
+    /// Copies of the shards pushed to it (by object and part offset), which outlive their
+    /// holders (as pulled shards do).
+    held: BTreeMap<(ObjectId, u64), RecordBatch>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -213,24 +238,58 @@ impl Inner {
     ) -> OutputRef {
         let bytes = data_bytes(&batch);
         let rows = batch.num_rows() as u64;
+        self.keep(object, node, job, Content::Block(batch), bytes);
+        OutputRef {
+            object,
+            size: bytes,
+            checksum: None,
+            rows: Some(rows),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Stores a map task's partitions as one object, as a node does.
+    fn store_packed(
+        &mut self,
+        object: ObjectId,
+        node: NodeId,
+        job: JobId,
+        batches: Vec<RecordBatch>,
+    ) -> OutputRef {
+        let parts: Vec<Part> = (0u64..)
+            .zip(&batches)
+            .map(|(index, batch)| Part {
+                offset: index,
+                len: data_bytes(batch),
+                rows: batch.num_rows() as u64,
+                checksum: 0,
+            })
+            .collect();
+        let bytes = parts.iter().map(|part| part.len).sum();
+        let rows = parts.iter().map(|part| part.rows).sum();
+        self.keep(object, node, job, Content::Packed(batches), bytes);
+        OutputRef {
+            object,
+            size: bytes,
+            checksum: None,
+            rows: Some(rows),
+            parts,
+        }
+    }
+
+    fn keep(&mut self, object: ObjectId, node: NodeId, job: JobId, content: Content, bytes: u64) {
         self.discard(object);
         self.blocks.insert(
             object,
             StoredBlock {
                 node,
                 job,
-                batch,
+                content,
                 bytes,
             },
         );
         self.stored_bytes += bytes;
         self.max_stored_bytes = self.max_stored_bytes.max(self.stored_bytes);
-        OutputRef {
-            object,
-            size: bytes,
-            checksum: 0,
-            rows: Some(rows),
-        }
     }
 
     fn discard(&mut self, object: ObjectId) {
@@ -463,7 +522,7 @@ impl FakeCluster {
         let inner = self.lock();
         objects
             .into_iter()
-            .map(|object| inner.blocks[&object].batch.clone())
+            .filter_map(|object| inner.blocks[&object].block().cloned())
             .collect()
     }
 
@@ -621,6 +680,7 @@ impl FakeCluster {
             }
             // The fake keeps the bytes: it serves no fetch that would load them again.
             NodeRequest::ReadChunk { .. }
+            | NodeRequest::ReadRanges { .. }
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }
             | NodeRequest::ReadLogs(_)
@@ -671,13 +731,13 @@ impl FakeCluster {
             .blocks
             .get(&object)
             .filter(|block| block.node == node)
-            .ok_or_else(|| refused(format!("no object {object} on node {node}")))?;
+            .and_then(StoredBlock::block)
+            .ok_or_else(|| refused(format!("no block {object} on node {node}")))?;
         let mut bytes = Vec::new();
-        let mut writer =
-            arrow::ipc::writer::FileWriter::try_new(&mut bytes, block.batch.schema_ref())
-                .map_err(|error| refused(error.to_string()))?;
+        let mut writer = arrow::ipc::writer::FileWriter::try_new(&mut bytes, block.schema_ref())
+            .map_err(|error| refused(error.to_string()))?;
         writer
-            .write(&block.batch)
+            .write(block)
             .and_then(|()| writer.finish())
             .map_err(|error| refused(error.to_string()))?;
         drop(writer);
@@ -696,8 +756,9 @@ impl FakeCluster {
                 .blocks
                 .get(object)
                 .filter(|block| block.node == node)
+                .and_then(StoredBlock::block)
                 .ok_or_else(|| refused(format!("shard block {object} is not on node {node}")))?;
-            batches.push(block.batch.clone());
+            batches.push(block.clone());
         }
         let schema = Arc::new(write.schema.clone());
         let shard = arrow::compute::concat_batches(&schema, &batches)
@@ -741,11 +802,11 @@ impl FakeCluster {
         match message {
             ActorMessage::Push(shards) => {
                 let mut inner = self.lock();
-                let copies: Vec<(ObjectId, RecordBatch)> = shards
+                let copies: Vec<((ObjectId, u64), RecordBatch)> = shards
                     .iter()
                     .filter_map(|shard| {
-                        let block = inner.blocks.get(&shard.object)?;
-                        Some((shard.object, block.batch.clone()))
+                        let block = inner.blocks.get(&shard.object)?.read(Some(shard.part))?;
+                        Some(((shard.object, shard.part.offset), block.clone()))
                     })
                     .collect();
                 let hosted = inner.aggregators.get_mut(&actor).ok_or_else(gone)?;
@@ -832,13 +893,15 @@ impl FakeCluster {
             }
             // A reduce through an aggregator reads the shards pushed to it where it keeps them.
             let held = actor.and_then(|actor| inner.aggregators.get(&actor));
-            objects
+            spec.inputs
                 .iter()
-                .map(|object| {
-                    held.and_then(|hosted| hosted.held.get(object))
-                        .or_else(|| inner.blocks.get(object).map(|block| &block.batch))
+                .map(|input| {
+                    let shard = input.part.map(|part| (input.object, part.offset));
+                    held.zip(shard)
+                        .and_then(|(hosted, shard)| hosted.held.get(&shard))
+                        .or_else(|| inner.blocks.get(&input.object)?.read(input.part))
                         .map(|batch| vec![batch.clone()])
-                        .ok_or(*object)
+                        .ok_or(input.object)
                 })
                 .collect::<std::result::Result<Vec<_>, ObjectId>>()
         };
@@ -861,13 +924,16 @@ impl FakeCluster {
             if !inner.is_alive(node) {
                 return Ran::NodeDied;
             }
-            result.map(|batches| {
-                (0u32..)
+            result.map(|output| match output {
+                TaskOutput::Blocks(batches) => (0u32..)
                     .zip(batches)
                     .map(|(index, batch)| {
                         inner.store(output_id(spec.task, index), node, spec.job, batch)
                     })
-                    .collect()
+                    .collect(),
+                TaskOutput::Partitions(batches) => {
+                    vec![inner.store_packed(output_id(spec.task, 0), node, spec.job, batches)]
+                }
             })
         };
         self.record(node, spec, task, actor, outputs)

@@ -31,7 +31,7 @@ use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, UNREACHABLE_PAUSE};
 use crate::cluster::ClusterAccess;
 use crate::{Error, Result};
 use floe_api::node_protocol::{
-    ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, PushedShard,
+    ActorKind, ActorMessage, ActorReply, ActorSpec, NodeRequest, NodeResponse, Part, PushedShard,
 };
 
 /// At most this many aggregators per shuffle (Ray's cap).
@@ -242,29 +242,39 @@ pub async fn start_on<C: ClusterAccess>(
     }
 }
 
-/// Sends `shards` (partition, object, node holding it) to `actor` on `actor_node`, through
-/// the driver's own node, which routes the call. A failed push only costs the reduce a pull.
+/// One shard to push: a partition's part of a map task's object, and the node holding it.
+#[derive(Debug, Clone, Copy)]
+pub struct Shard {
+    pub partition: u32,
+    pub object: ObjectId,
+    pub part: Part,
+    pub holder: NodeId,
+}
+
+/// Sends `shards` to `actor` on `actor_node`, through the driver's own node, which routes the
+/// call. A failed push only costs the reduce a pull.
 pub async fn push<C: ClusterAccess>(
     cluster: Arc<C>,
     via: NodeId,
     actor: ActorId,
     actor_node: NodeId,
-    shards: Vec<(u32, ObjectId, NodeId)>,
+    shards: Vec<Shard>,
 ) {
     let mut pushed = Vec::with_capacity(shards.len());
-    for (partition, object, holder) in shards {
-        let holder = if holder == actor_node {
+    for shard in shards {
+        let holder = if shard.holder == actor_node {
             None
         } else {
-            match cluster.address(holder).await {
+            match cluster.address(shard.holder).await {
                 Ok(addr) => Some(addr),
                 // Lost with its node: the reduce has it rebuilt.
                 Err(_) => continue,
             }
         };
         pushed.push(PushedShard {
-            partition,
-            object,
+            partition: shard.partition,
+            object: shard.object,
+            part: shard.part,
             holder,
         });
     }
@@ -601,8 +611,18 @@ impl<C: ClusterAccess> Execution<C> {
                 let Some(object) = outputs.get(partition as usize) else {
                     continue;
                 };
-                if let Some(info) = self.blocks.get(object) {
-                    shards.push((partition, *object, info.node));
+                // Map outputs are packed: each shard is its map task's object's part.
+                if let Some((info, packed)) = self
+                    .blocks
+                    .get(object)
+                    .and_then(|info| Some((info, info.packed?)))
+                {
+                    shards.push(Shard {
+                        partition,
+                        object: packed.object,
+                        part: packed.part,
+                        holder: info.node,
+                    });
                 }
             }
         }

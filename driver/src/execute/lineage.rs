@@ -9,7 +9,7 @@ use floe_api::node_protocol::NodeRequest;
 use floe_core::{NodeId, ObjectId, TaskId};
 
 use super::Execution;
-use super::task::Launch;
+use super::task::{Launch, Recipe};
 use crate::cluster::ClusterAccess;
 
 /// How long rebuilding output blocks lost at the end of a job may take before the job fails
@@ -108,7 +108,7 @@ impl<C: ClusterAccess> Execution<C> {
             ));
             return;
         }
-        let avoid = self.blocks.get(&object).map(|info| info.node);
+        let avoid = self.node_of(object);
         self.start(
             op,
             Launch {
@@ -119,6 +119,27 @@ impl<C: ClusterAccess> Execution<C> {
                 rebuild: true,
             },
         );
+    }
+
+    /// Rebuilds the inputs of `launch` on nodes known dead: a task that found one input lost
+    /// with its node would otherwise find the others one failed run at a time.
+    pub(super) fn rebuild_inputs_on_dead_nodes(&mut self, launch: &Launch) {
+        let Recipe::Compute { inputs, .. } = &launch.recipe else {
+            return;
+        };
+        let alive: BTreeSet<NodeId> = self.cluster.alive_nodes().into_iter().collect();
+        let lost: Vec<ObjectId> = inputs
+            .iter()
+            .filter(|block| !self.borrowed.contains_key(block))
+            .filter(|block| {
+                self.node_of(**block)
+                    .is_some_and(|node| !alive.contains(&node))
+            })
+            .copied()
+            .collect();
+        for block in lost {
+            self.rebuild(block);
+        }
     }
 
     /// Rebuilds output blocks whose node died after they were made, so the job never ends

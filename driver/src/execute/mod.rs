@@ -55,7 +55,7 @@ use crate::stream::StreamHandle;
 use floe_api::node_protocol::{NodeRequest, OutputRef, WorkerRef};
 
 use self::aggregators::AggregatorError;
-use self::blocks::BlockInfo;
+use self::blocks::{BlockInfo, Container};
 use self::budget::Limits;
 use self::cache::CacheWriteError;
 pub(crate) use self::cache::{StaleShard, remove_old_shards};
@@ -125,6 +125,8 @@ pub(crate) struct Execution<C: ClusterAccess> {
     ops: Vec<OperatorState>,
     output: usize,
     blocks: BTreeMap<ObjectId, BlockInfo>,
+    /// Objects holding several of the blocks (shuffle map tasks' outputs).
+    containers: BTreeMap<ObjectId, Container>,
     /// Blocks of earlier jobs' held outputs that materialized sources read: never freed by
     /// this job, and never rebuilt (their lineage is another job's).
     borrowed: BTreeMap<ObjectId, BlockInfo>,
@@ -190,11 +192,7 @@ impl<C: ClusterAccess> Execution<C> {
             .filter_map(|task| match task {
                 SourceTask::Borrow(block) => Some((
                     block.object,
-                    BlockInfo {
-                        node: block.node,
-                        rows: block.rows,
-                        bytes: block.bytes,
-                    },
+                    BlockInfo::whole(block.node, block.rows, block.bytes),
                 )),
                 _ => None,
             })
@@ -217,6 +215,7 @@ impl<C: ClusterAccess> Execution<C> {
             ops,
             output: planned.output,
             blocks: BTreeMap::new(),
+            containers: BTreeMap::new(),
             borrowed,
             lineage: Lineage::default(),
             refs: BTreeMap::new(),
@@ -416,11 +415,8 @@ impl<C: ClusterAccess> Execution<C> {
                     // Outputs of tasks that finished anyway are freed with the rest.
                     if let (Ok(outputs), Some(node)) = (result, node) {
                         for output in outputs {
-                            let info = BlockInfo {
-                                node,
-                                rows: output.rows.unwrap_or(0),
-                                bytes: output.size,
-                            };
+                            let info =
+                                BlockInfo::whole(node, output.rows.unwrap_or(0), output.size);
                             self.blocks.insert(output.object, info);
                         }
                     }

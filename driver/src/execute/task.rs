@@ -260,23 +260,19 @@ impl<C: ClusterAccess> Execution<C> {
         node: NodeId,
         outputs: Vec<OutputRef>,
     ) {
-        let mut bundle = Bundle::default();
-        for output in &outputs {
-            self.blocks.insert(
-                output.object,
-                BlockInfo {
-                    node,
-                    rows: output.rows.unwrap_or(0),
-                    bytes: output.size,
-                },
-            );
-            self.lineage
-                .record(output.object, index, launch.seq, launch.task);
-            bundle.blocks.push(output.object);
-        }
+        let maker = (index, launch.seq, launch.task);
+        let bundle = Bundle {
+            blocks: self.record_outputs(maker, node, &outputs, launch.rebuild),
+        };
         if launch.rebuild {
             self.ops[index].stats.rebuilt += 1;
-            for (op, waiting) in self.lineage.rebuilt(index, launch.seq, &bundle.blocks) {
+            // Tasks wait for a lost block, or for the lost object holding it.
+            let made: Vec<ObjectId> = outputs
+                .iter()
+                .map(|output| output.object)
+                .chain(bundle.blocks.iter().copied())
+                .collect();
+            for (op, waiting) in self.lineage.rebuilt(index, launch.seq, &made) {
                 self.requeue(op, waiting);
             }
             return;
@@ -343,6 +339,7 @@ impl<C: ClusterAccess> Execution<C> {
             RunFailure::Failed(TaskFailure::InputUnavailable { object, reason }) => {
                 tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
                 self.rebuild(object);
+                self.rebuild_inputs_on_dead_nodes(&launch);
                 self.lineage.wait_for(object, index, launch);
             }
             RunFailure::Failed(TaskFailure::Cancelled) => {}
@@ -576,12 +573,17 @@ impl<C: ClusterAccess> TaskRun<C> {
             .await
             .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
         let mut refs = Vec::with_capacity(objects.len());
-        for (object, info) in inputs {
+        for (block, info) in inputs {
+            // A block packed in a larger object is that object's part.
+            let (object, part) = match info.and_then(|info| info.packed) {
+                Some(packed) => (packed.object, Some(packed.part)),
+                None => (*block, None),
+            };
             let holder = match info {
                 Some(info) if info.node != node => {
                     Some(self.cluster.address(info.node).await.map_err(|_| {
                         RunFailure::Failed(TaskFailure::InputUnavailable {
-                            object: *object,
+                            object,
                             reason: format!("its node {} is gone", info.node),
                         })
                     })?)
@@ -589,8 +591,9 @@ impl<C: ClusterAccess> TaskRun<C> {
                 _ => None,
             };
             refs.push(InputRef {
-                object: *object,
+                object,
                 holder,
+                part,
             });
         }
         let spec = TaskSpec {

@@ -1025,3 +1025,229 @@ async fn a_streamed_output_is_held_back_while_unread_and_freed_as_it_is_acknowle
     );
     assert!(config.streams.is_empty());
 }
+
+/// `range(n)` sorted by `k = (id * 7919) % 1009` descending, then `id`, with blocks small
+/// enough that the sort runs several map tasks and partitions.
+fn shuffled_sort(n: u64) -> (LogicalPlan, Arc<DriverConfig>) {
+    let plan = stored_range(n)
+        .with_column("k", (col("id") * lit(7919i64)) % lit(1009i64))
+        .unwrap()
+        .sort(vec![SortKey::desc("k"), SortKey::asc("id")])
+        .unwrap();
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 256,
+        ..(*driver_config()).clone()
+    });
+    (plan, config)
+}
+
+/// The rows of [`shuffled_sort`], computed here.
+fn expected_sort(n: i64) -> Vec<i64> {
+    let mut ids: Vec<i64> = (0..n).collect();
+    ids.sort_by_key(|id| (std::cmp::Reverse((id * 7919) % 1009), *id));
+    ids
+}
+
+fn is_map_side(task: &crate::cluster::fake::RanTask) -> bool {
+    matches!(
+        task.input,
+        StageInput::RangePartition { .. } | StageInput::Partition { .. }
+    )
+}
+
+#[tokio::test]
+async fn a_shuffle_makes_one_object_per_map_task_freed_once_every_partition_was_read() {
+    let fake = fake(2, 2);
+    let n = 600;
+    let (plan, config) = shuffled_sort(n);
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    succeeded(&record);
+    let batches = fake.batches(outputs(&record));
+    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    let tasks = fake.tasks();
+    let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
+    let reduces = tasks
+        .iter()
+        .filter(|task| matches!(task.input, StageInput::Reduce { .. }))
+        .count();
+    assert!(
+        maps.len() > 1 && reduces > 1,
+        "{} maps, {reduces} reduces",
+        maps.len()
+    );
+    // One object per map task, however many partitions it split its rows into.
+    assert!(maps.iter().all(|task| task.outputs.len() == 1));
+    // Each freed once, after the last reduce read its part: only the output is left.
+    let freed = fake.freed();
+    for map in &maps {
+        let times = freed
+            .iter()
+            .filter(|object| **object == map.outputs[0])
+            .count();
+        assert_eq!(times, 1, "a map task's object was freed {times} times");
+    }
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+#[tokio::test]
+async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
+    let fake = fake(3, 2);
+    // The first reduce that reads a map task's object on a third node loses that node.
+    fake.on_tasks(
+        1,
+        |task| {
+            matches!(task.task.input, StageInput::Reduce { .. })
+                && task
+                    .input_nodes
+                    .iter()
+                    .flatten()
+                    .any(|node| *node != task.node && *node != DRIVER_NODE)
+        },
+        Fault::KillInputHolder,
+    );
+    let n = 600;
+    let (plan, config) = shuffled_sort(n);
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    succeeded(&record);
+    let batches = fake.batches(outputs(&record));
+    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    assert!(
+        stats(&record, "sort").rebuilt >= 1,
+        "{:?}",
+        stats(&record, "sort")
+    );
+    // The rebuilt map task ran under its task id again, so its object kept its id.
+    let tasks = fake.tasks();
+    let lost = tasks
+        .iter()
+        .find_map(|task| match &task.failure {
+            Some(TaskFailure::InputUnavailable { object, .. }) => Some(*object),
+            _ => None,
+        })
+        .expect("a reduce lost an input");
+    let makers: Vec<_> = tasks
+        .iter()
+        .filter(|task| is_map_side(task) && task.outputs.contains(&lost))
+        .collect();
+    assert!(makers.len() >= 2, "the lost object was not made again");
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+/// What a job's shuffle made: its map tasks, the partitions each split its rows into, and the
+/// objects its map tasks made.
+struct ShuffleCounts {
+    maps: usize,
+    partitions: usize,
+    map_objects: usize,
+}
+
+fn shuffle_counts(fake: &FakeCluster) -> ShuffleCounts {
+    let tasks = fake.tasks();
+    let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
+    let partitions = maps
+        .iter()
+        .map(|task| match task.input {
+            StageInput::Partition { partitions, .. }
+            | StageInput::RangePartition { partitions } => partitions as usize,
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0);
+    ShuffleCounts {
+        maps: maps.len(),
+        partitions,
+        map_objects: maps.iter().map(|task| task.outputs.len()).sum(),
+    }
+}
+
+#[tokio::test]
+async fn every_shuffle_makes_objects_in_proportion_to_its_tasks_not_maps_times_partitions() {
+    let n: i64 = 2_000;
+    let small = Arc::new(DriverConfig {
+        max_block_bytes: 512,
+        ..(*driver_config()).clone()
+    });
+    let keyed = || {
+        stored_range(n as u64)
+            .with_column("k", col("id") % lit(13i64))
+            .unwrap()
+    };
+    let shuffles = [
+        ("hash repartition", keyed().repartition(8, &["k"]).unwrap()),
+        ("random_shuffle", keyed().random_shuffle(Some(7)).unwrap()),
+        (
+            "sort",
+            keyed()
+                .sort(vec![SortKey::asc("k"), SortKey::desc("id")])
+                .unwrap(),
+        ),
+        (
+            "groupby",
+            keyed()
+                .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
+                .unwrap(),
+        ),
+    ];
+    for (name, plan) in shuffles {
+        let fake = fake(2, 2);
+        let record = run_with(&fake, &spec(plan, CacheMode::NoCache), Arc::clone(&small)).await;
+        succeeded(&record);
+        let batches = fake.batches(outputs(&record));
+        // Checked against the rows computed here.
+        match name {
+            "groupby" => {
+                let got: BTreeMap<i64, i64> = column(&batches, "k")
+                    .into_iter()
+                    .zip(column(&batches, "sum_id"))
+                    .collect();
+                let mut want: BTreeMap<i64, i64> = BTreeMap::new();
+                for id in 0..n {
+                    *want.entry(id % 13).or_default() += id;
+                }
+                assert_eq!(got, want, "{name}");
+            }
+            "sort" => {
+                let mut want: Vec<i64> = (0..n).collect();
+                want.sort_by_key(|id| (id % 13, std::cmp::Reverse(*id)));
+                assert_eq!(column(&batches, "id"), want, "{name}");
+            }
+            _ => {
+                let mut got = column(&batches, "id");
+                got.sort_unstable();
+                assert_eq!(got, (0..n).collect::<Vec<_>>(), "{name}");
+            }
+        }
+        let counts = shuffle_counts(&fake);
+        assert!(
+            counts.maps > 2 && counts.partitions > 2,
+            "{name}: {} maps into {} partitions",
+            counts.maps,
+            counts.partitions
+        );
+        // The map side made one object per map task, not one per map task and partition.
+        assert_eq!(counts.map_objects, counts.maps, "{name}");
+        // A hash shuffle pushes each map task's shards in one call per aggregator.
+        let pushes = fake.pushes().len();
+        let aggregators = fake.created_actors().len();
+        assert!(
+            pushes <= counts.maps * aggregators.max(1),
+            "{name}: {pushes} pushes"
+        );
+        // Each map task's object is freed once, and only the output is left.
+        let freed = fake.freed();
+        for map in fake.tasks().iter().filter(|task| is_map_side(task)) {
+            let times = freed
+                .iter()
+                .filter(|object| **object == map.outputs[0])
+                .count();
+            assert_eq!(
+                times, 1,
+                "{name}: a map task's object was freed {times} times"
+            );
+        }
+        let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+        assert_eq!(fake.stored_objects(), outputs, "{name}");
+    }
+}

@@ -34,6 +34,7 @@ use arrow::record_batch::RecordBatch;
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{Operator, SortKey};
 
+use crate::task::TaskOutput;
 use crate::{Error, Result};
 
 /// Rows sampled per output partition for a sort's range boundaries, over all input blocks.
@@ -201,14 +202,15 @@ pub(crate) fn all_columns(schema: &Schema) -> Vec<String> {
 }
 
 /// What an all-to-all task produces: for the map side, exactly one batch per partition (index
-/// = partition, possibly empty); for the reduce side, the output rows.
+/// = partition, possibly empty), packed into one object; for the reduce side, the output rows;
+/// for the sample, boundaries and hot-key tasks, one block.
 pub fn run(
     operator: &Operator,
     output: &SchemaRef,
     input: StageInput,
     input_schemas: &[SchemaRef],
     inputs: Vec<Vec<RecordBatch>>,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<TaskOutput> {
     let unsupported = || Error::StageInput {
         stage: operator.name().to_owned(),
         input: input.to_string(),
@@ -239,29 +241,31 @@ pub fn run(
                 seed,
                 boundaries: None,
             };
-            exchange.partition(&task, inputs.into_iter().flatten().collect())
+            exchange
+                .partition(&task, inputs.into_iter().flatten().collect())
+                .map(TaskOutput::Partitions)
         }
         StageInput::Sample { rows, seed } => {
             let keys = sort_keys()?;
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(vec![sort::sample(
+            Ok(TaskOutput::Blocks(vec![sort::sample(
                 &batches,
                 &first_schema()?,
                 keys,
                 rows,
                 seed,
-            )?])
+            )?]))
         }
         StageInput::Boundaries { partitions } => {
             let keys = sort_keys()?;
             let key_schema = key_schema(first_schema()?.as_ref(), keys)?;
             let samples: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(vec![sort::range_boundaries(
+            Ok(TaskOutput::Blocks(vec![sort::range_boundaries(
                 &samples,
                 &key_schema,
                 keys,
                 partitions,
-            )?])
+            )?]))
         }
         StageInput::RangePartition { partitions } => {
             let keys = sort_keys()?;
@@ -279,7 +283,9 @@ pub fn run(
                 seed: 0,
                 boundaries: Some(&boundaries),
             };
-            exchange.partition(&task, inputs.into_iter().flatten().collect())
+            exchange
+                .partition(&task, inputs.into_iter().flatten().collect())
+                .map(TaskOutput::Partitions)
         }
         StageInput::Reduce { left, seed, .. } => {
             let task = ReduceTask {
@@ -289,14 +295,16 @@ pub fn run(
                 output,
                 seed,
             };
-            Ok(vec![exchange.reduce(task)?])
+            Ok(TaskOutput::Blocks(vec![exchange.reduce(task)?]))
         }
         StageInput::HotKey { left } => {
             let columns = exchange.key_columns(first_schema()?.as_ref());
             let mut inputs = inputs;
             inputs.truncate(left as usize);
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(vec![keys::most_frequent_key(&batches, &columns)?])
+            Ok(TaskOutput::Blocks(vec![keys::most_frequent_key(
+                &batches, &columns,
+            )?]))
         }
         _ => Err(unsupported()),
     }
