@@ -142,12 +142,14 @@ fn expected() -> (i64, i64) {
 }
 
 /// The files mapped into this process whose path ends with `path`'s file name.
+/// This process's mappings of the file at `path`, by its whole path: the tests run in
+/// parallel in one process, and their shards share file names.
 fn mappings_of(path: &Path) -> usize {
-    let file_name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let path = path.to_string_lossy().into_owned();
     fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
-        .filter(|line| line.ends_with(&file_name))
+        .filter(|line| line.ends_with(&path))
         .count()
 }
 
