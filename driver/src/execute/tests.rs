@@ -404,13 +404,7 @@ async fn an_input_lost_with_its_node_is_rebuilt_under_the_same_task_id() {
     assert_doubled(&fake, succeeded(&record), 400);
     assert!(stats(&record, "range").rebuilt >= 1);
     let tasks = fake.tasks();
-    let lost = tasks
-        .iter()
-        .find_map(|task| match &task.failure {
-            Some(TaskFailure::InputUnavailable { object, .. }) => Some(*object),
-            _ => None,
-        })
-        .expect("a map lost its input");
+    let lost = lost_input(&tasks).expect("a map lost its input");
     // The range task that made the lost block ran twice under one task id: the rebuilt
     // block has the lost block's object id.
     let mut runs_by_task: BTreeMap<_, Vec<NodeId>> = BTreeMap::new();
@@ -1119,13 +1113,7 @@ async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
     );
     // The rebuilt map task ran under its task id again, so its object kept its id.
     let tasks = fake.tasks();
-    let lost = tasks
-        .iter()
-        .find_map(|task| match &task.failure {
-            Some(TaskFailure::InputUnavailable { object, .. }) => Some(*object),
-            _ => None,
-        })
-        .expect("a reduce lost an input");
+    let lost = lost_input(&tasks).expect("a reduce lost an input");
     let makers: Vec<_> = tasks
         .iter()
         .filter(|task| is_map_side(task) && task.outputs.contains(&lost))
@@ -1250,4 +1238,12 @@ async fn every_shuffle_makes_objects_in_proportion_to_its_tasks_not_maps_times_p
         let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
         assert_eq!(fake.stored_objects(), outputs, "{name}");
     }
+}
+
+/// The object the first task that lost an input found missing.
+fn lost_input(tasks: &[crate::cluster::fake::RanTask]) -> Option<ObjectId> {
+    tasks.iter().find_map(|task| match &task.failure {
+        Some(TaskFailure::InputUnavailable { object, .. }) => Some(*object),
+        _ => None,
+    })
 }
