@@ -65,6 +65,9 @@ pub(super) struct ShuffleState {
     pub(super) hot_partition: Option<HotPartition>,
     /// The block naming its most frequent key.
     pub(super) hot_key_block: Option<ObjectId>,
+    /// The skewed partition's blocks are read by its reduce and by the hot-key task: how many
+    /// of the two have not finished (its blocks are freed when both have).
+    pub(super) hot_readers_left: u8,
     /// A hash shuffle's aggregator actors, from its first input until it closes.
     pub(super) aggregators: Option<Aggregators>,
 }
@@ -84,6 +87,7 @@ impl ShuffleState {
             left_maps: 0,
             hot_partition: None,
             hot_key_block: None,
+            hot_readers_left: 0,
             aggregators: None,
         }
     }
@@ -302,6 +306,7 @@ impl<C: ClusterAccess> Execution<C> {
         let left = u32::try_from(shuffle.left_maps).unwrap_or(u32::MAX);
         if let Some(hot) = hot {
             shuffle.hot_partition = Some(hot);
+            shuffle.hot_readers_left = 2;
             let inputs = shuffle
                 .map_outputs
                 .values()
@@ -418,6 +423,16 @@ impl<C: ClusterAccess> Execution<C> {
         Err(HotKeyError::Empty)
     }
 
+    /// The skewed partition's reduce or its hot-key task finished reading `inputs` (the
+    /// partition's blocks): they are freed once both have.
+    pub(super) fn hot_reader_done(&mut self, index: usize, inputs: &[ObjectId]) {
+        let left = &mut self.ops[index].shuffle.hot_readers_left;
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.free_now(inputs);
+        }
+    }
+
     /// A shuffle's sample, boundaries or partition task finished: its outputs feed the next
     /// phase rather than the operator's output.
     pub(super) fn map_side_done(&mut self, index: usize, launch: &Launch, outputs: Vec<ObjectId>) {
@@ -427,6 +442,9 @@ impl<C: ClusterAccess> Execution<C> {
         let shuffle = &mut op.shuffle;
         if launch.seq >= HOT_KEY_SEQ {
             shuffle.hot_key_block = outputs.first().copied();
+            if let Recipe::Compute { inputs, .. } = &launch.recipe {
+                self.hot_reader_done(index, inputs);
+            }
         } else if launch.seq >= PARTITION_SEQ {
             shuffle.map_outputs.insert(launch.seq, outputs);
             if let Recipe::Compute { inputs, .. } = &launch.recipe {

@@ -301,13 +301,15 @@ impl<C: ClusterAccess> Execution<C> {
         }
         match &launch.recipe {
             // A reduce's inputs are its partition's blocks, read by no other task (but the
-            // hot-key task, for a skewed partition: those wait for the job's end).
+            // hot-key task, for a skewed partition).
             Recipe::Compute {
                 input: StageInput::Reduce { partition, .. },
                 inputs,
             } => {
                 let hot = self.ops[index].shuffle.hot_partition;
-                if hot.is_none_or(|hot| hot.partition != *partition) {
+                if hot.is_some_and(|hot| hot.partition == *partition) {
+                    self.hot_reader_done(index, inputs);
+                } else {
                     self.free_now(inputs);
                 }
             }

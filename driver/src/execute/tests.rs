@@ -12,7 +12,7 @@ use floe_api::node_protocol::TaskFailure;
 use floe_api::placement::Strategy;
 use floe_api::state::{Command, JobRecord, JobStatus, Resources};
 use floe_core::config::{ClusterSecret, Config, TimeoutsConfig};
-use floe_core::expr::{col, lit};
+use floe_core::expr::{col, lit, when};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{
@@ -1080,6 +1080,97 @@ async fn a_shuffle_makes_one_object_per_map_task_freed_once_every_partition_was_
             .count();
         assert_eq!(times, 1, "a map task's object was freed {times} times");
     }
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+#[tokio::test]
+async fn a_skewed_shuffles_map_objects_are_freed_once_read_not_at_the_jobs_end() {
+    let fake = fake(2, 2);
+    // Every map takes a while, so the maps after the sort run on well after its last reduce.
+    fake.on_tasks(u32::MAX, is_map, Fault::Delay(Duration::from_millis(40)));
+    let n: i64 = 200_000;
+    // k = id for one row in ten, else 0: sorted by k alone, one partition holds nine rows in
+    // ten (over 1 MiB, many times the median), which its reduce and the hot-key task read.
+    let plan = stored_range(n as u64)
+        .with_column(
+            "k",
+            when((col("id") % lit(10i64)).eq(lit(9i64)), col("id"), lit(0i64)),
+        )
+        .unwrap()
+        .sort(vec![SortKey::asc("k")])
+        .unwrap()
+        .cache()
+        .unwrap()
+        .with_column("double", col("id") * lit(2i64))
+        .unwrap();
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64 << 10,
+        ..(*driver_config()).clone()
+    });
+    let job = fake.submit(&spec(plan, CacheMode::NoCache), DRIVER_NODE);
+    let driver = tokio::spawn(crate::drive(Arc::clone(&config), Arc::clone(&fake), job, 1));
+    // The maps that had finished when the last map object was freed.
+    let mut maps_finished_at_free = None;
+    while !driver.is_finished() {
+        let tasks = fake.tasks();
+        let map_objects: Vec<ObjectId> = tasks
+            .iter()
+            .filter(|task| is_map_side(task))
+            .flat_map(|task| task.outputs.iter().copied())
+            .collect();
+        let stored = fake.stored_objects();
+        let reduced = tasks
+            .iter()
+            .any(|task| matches!(task.input, StageInput::Reduce { .. }));
+        if reduced && map_objects.iter().all(|object| !stored.contains(object)) {
+            maps_finished_at_free = Some(tasks.iter().filter(|task| task.stage == "map").count());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::timeout(JOB_TIMEOUT, driver)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let record = fake.job(job);
+    succeeded(&record);
+    assert!(
+        stats(&record, "sort").hot_key.is_some(),
+        "the sort found no skewed partition: {:?}",
+        stats(&record, "sort")
+    );
+    let batches = fake.batches(outputs(&record));
+    let mut want: Vec<(i64, i64)> = (0..n)
+        .map(|id| (if id % 10 == 9 { id } else { 0 }, id))
+        .collect();
+    want.sort_unstable();
+    let mut got: Vec<(i64, i64)> = column(&batches, "k")
+        .into_iter()
+        .zip(column(&batches, "id"))
+        .collect();
+    let keys: Vec<i64> = got.iter().map(|(k, _)| *k).collect();
+    assert!(keys.is_sorted(), "the rows are not in key order");
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert_eq!(
+        column(&batches, "double"),
+        column(&batches, "id")
+            .iter()
+            .map(|id| id * 2)
+            .collect::<Vec<_>>()
+    );
+    // The map objects went while maps after the sort were still to finish.
+    let maps = fake
+        .tasks()
+        .iter()
+        .filter(|task| task.stage == "map")
+        .count();
+    let at_free =
+        maps_finished_at_free.expect("the map objects were never freed while the job ran");
+    assert!(at_free < maps, "freed after {at_free} of {maps} maps");
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
     assert_eq!(fake.stored_objects(), outputs);
 }
