@@ -518,7 +518,8 @@ async fn a_tasks_parts_on_another_node_come_together_into_one_object_it_deletes(
         "no whole object moved"
     );
 
-    let mut corrupt = inputs;
+    // A part that arrives corrupt names its own object as lost, not the first one pulled.
+    let mut corrupt = inputs.clone();
     if let Some(part) = &mut corrupt[1].part {
         part.checksum ^= 1;
     }
@@ -526,7 +527,21 @@ async fn a_tasks_parts_on_another_node_come_together_into_one_object_it_deletes(
         .await
         .unwrap_err();
     assert!(
-        matches!(&failure, TaskFailure::InputUnavailable { reason, .. } if reason.contains("checksum")),
+        matches!(&failure, TaskFailure::InputUnavailable { object, reason }
+            if *object == second.object && reason.contains("checksum")),
+        "{failure:?}"
+    );
+    assert_eq!(status(a.addr()).await.store.objects_in_memory, before + 1);
+
+    // A part of an object the holder no longer has names that object.
+    let gone = ObjectId::new(0x60_4e);
+    let mut missing = inputs;
+    missing[2].object = gone;
+    let failure = run(a.addr(), 5, TaskKind::Test(TestTask::Hash), missing)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&failure, TaskFailure::InputUnavailable { object, .. } if *object == gone),
         "{failure:?}"
     );
     assert_eq!(status(a.addr()).await.store.objects_in_memory, before + 1);

@@ -444,9 +444,11 @@ pub enum NodeRequest {
         offset: u64,
         len: u64,
     },
-    /// Byte ranges of local objects (each cut at its object's end), sent one after the other
-    /// as the reply's attachment: call it with `RpcClient::call_into_parts`. How a node pulls
-    /// many blocks packed in other nodes' objects with few requests.
+    /// Byte ranges of local objects (each inside its object, else the request is refused; an
+    /// empty one asks whether the object is here), sent one after the other as the reply's
+    /// attachment: call it with `RpcClient::call_into_parts`. How a node pulls many blocks
+    /// packed in other nodes' objects with few requests. A holder answers a bounded
+    /// number of ranges (its `MAX_RANGES_PER_READ`) and a frame of bytes per request.
     ReadRanges {
         ranges: Vec<ByteRange>,
     },

@@ -360,17 +360,34 @@ impl Shared {
                         copied.insert(*index, (pulled.object, part));
                     }
                 }
-                Err(error) => {
-                    let objects: Vec<ObjectId> = parts.iter().map(|(object, _)| *object).collect();
-                    let object = self.transfers.first_missing(holder, &objects).await;
-                    return Err(TaskFailure::InputUnavailable {
-                        object,
-                        reason: error.to_string(),
-                    });
-                }
+                Err(error) => return Err(self.part_pull_failure(holder, &parts, error).await),
             }
         }
         Ok(copied)
+    }
+
+    /// What a failed pull of `parts` from `holder` makes of the task: the object that arrived
+    /// corrupt, or the first the holder no longer has, is lost (the driver rebuilds it); when
+    /// every object is still there the failure was here or on the way (this store full, a
+    /// connection cut), and the task is retried as it is.
+    async fn part_pull_failure(
+        &self,
+        holder: &str,
+        parts: &[(ObjectId, Part)],
+        error: Error,
+    ) -> TaskFailure {
+        let reason = error.to_string();
+        let lost = match error {
+            Error::ChecksumMismatch { object, .. } => Some(object),
+            _ => {
+                let objects: Vec<ObjectId> = parts.iter().map(|(object, _)| *object).collect();
+                self.transfers.first_missing(holder, &objects).await
+            }
+        };
+        match lost {
+            Some(object) => TaskFailure::InputUnavailable { object, reason },
+            None => TaskFailure::Transient { message: reason },
+        }
     }
 
     /// Records that `objects` were made for `job`.

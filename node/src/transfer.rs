@@ -46,6 +46,11 @@ use floe_api::node_protocol::{
 /// Room a chunk reply needs besides its bytes (request id, enum tags, length prefix).
 const REPLY_ENVELOPE: u64 = 4096;
 
+/// The most ranges one `ReadRanges` may ask for. Each pins its object until the reply is sent,
+/// so the count bounds what one request makes the holder keep; a puller cuts its requests at
+/// this many ranges as it cuts them at a chunk of bytes.
+const MAX_RANGES_PER_READ: usize = 4096;
+
 type SharedPull = Arc<OnceCell<Result<OutputRef, String>>>;
 
 /// A pulled object, and whether whoever asked holds a use of a copy pulled here (which it
@@ -148,7 +153,8 @@ impl Transfers {
         })?;
         self.sent_bytes
             .fetch_add(range.len() as u64, Ordering::Relaxed);
-        Ok(self.attach(view, range))
+        let file = self.source_file(&view.location().source);
+        Ok(attach(view, range, file))
     }
 
     /// The file `source` is, to send chunks from: the store's segment (opened once), or the
@@ -173,26 +179,35 @@ impl Transfers {
     }
 
     /// Byte ranges of local objects, one after the other, as one attachment that keeps the
-    /// objects pinned until the puller has read it. Each range must lie inside its object, and
-    /// together they must fit in a frame with the reply.
+    /// objects pinned until the puller has read it. Each range must lie inside its object
+    /// (an empty one only asks whether the object is here); together they must fit in a
+    /// frame with the reply, and be at most [`MAX_RANGES_PER_READ`].
     pub fn read_ranges(&self, ranges: &[ByteRange]) -> Result<Attachment> {
+        let frame = (self.wire.max_frame as u64).saturating_sub(REPLY_ENVELOPE);
         let total = ranges
             .iter()
             .try_fold(0u64, |total, range| total.checked_add(range.len))
-            .filter(|total| *total <= (self.wire.max_frame as u64).saturating_sub(REPLY_ENVELOPE));
-        let Some(total) = total else {
-            let object = ranges
+            .filter(|total| *total <= frame);
+        let refused = |reason: String| Error::Transfer {
+            object: ranges
                 .first()
-                .map_or(ObjectId::new(0), |range| range.object);
-            return Err(Error::Transfer {
-                object,
-                reason: format!(
-                    "{} ranges are more than a {}-byte frame holds",
-                    ranges.len(),
-                    self.wire.max_frame
-                ),
-            });
+                .map_or(ObjectId::new(0), |range| range.object),
+            reason,
         };
+        let Some(total) = total else {
+            return Err(refused(format!(
+                "{} ranges ask for more than the {frame} bytes a reply's frame holds",
+                ranges.len()
+            )));
+        };
+        if ranges.len() > MAX_RANGES_PER_READ {
+            return Err(refused(format!(
+                "{} ranges are more than the {MAX_RANGES_PER_READ} one request may ask for",
+                ranges.len()
+            )));
+        }
+        // An object's own file is opened once, however many of its ranges are asked for.
+        let mut files: HashMap<ObjectId, Option<Arc<std::fs::File>>> = HashMap::new();
         let mut attachment: Option<Attachment> = None;
         for range in ranges {
             let view = self.store.get(range.object)?;
@@ -209,7 +224,11 @@ impl Transfers {
                         range.offset, range.len
                     ),
                 })?;
-            let part = self.attach(view, bytes);
+            let file = files
+                .entry(range.object)
+                .or_insert_with(|| self.source_file(&view.location().source))
+                .clone();
+            let part = attach(view, bytes, file);
             attachment = Some(match attachment {
                 Some(attachment) => attachment.then(part),
                 None => part,
@@ -217,21 +236,6 @@ impl Transfers {
         }
         self.sent_bytes.fetch_add(total, Ordering::Relaxed);
         Ok(attachment.unwrap_or_else(|| Attachment::new(Vec::new())))
-    }
-
-    /// `range` of a pinned object's bytes as an attachment: sent with `sendfile` from the
-    /// store's segment file when the object lies in it.
-    fn attach(&self, view: ObjectView, range: Range<usize>) -> Attachment {
-        let location = view.location();
-        let file = self.source_file(&location.source).map(|file| FileRange {
-            file,
-            offset: location.payload_offset() + range.start as u64,
-        });
-        let attachment = Attachment::new(ViewRange { view, range });
-        match file {
-            Some(file) => attachment.in_file(file),
-            None => attachment,
-        }
     }
 
     /// Pulls `parts` (each a part of an object on `holder`) here into one new object, each at
@@ -308,12 +312,15 @@ impl Transfers {
                 bytes = after;
             }
         }
-        // Pieces grouped into requests of about a chunk each.
+        // Pieces grouped into requests of about a chunk each (and at most as many ranges as a
+        // holder answers).
         let mut requests: VecDeque<(usize, Vec<Piece<'_>>)> = VecDeque::new();
         let mut current: Vec<Piece<'_>> = Vec::new();
         let mut current_len = 0;
         for piece in pieces {
-            if current_len + piece.dest.len() > chunk && !current.is_empty() {
+            let full =
+                current_len + piece.dest.len() > chunk || current.len() == MAX_RANGES_PER_READ;
+            if full && !current.is_empty() {
                 requests.push_back((requests.len(), std::mem::take(&mut current)));
                 current_len = 0;
             }
@@ -366,24 +373,28 @@ impl Transfers {
         Ok(())
     }
 
-    /// The first of `objects` that `holder` cannot describe (it does not have it, or does not
-    /// answer): what a failed pull of their parts names as lost.
-    pub async fn first_missing(&self, holder: &str, objects: &[ObjectId]) -> ObjectId {
-        let first = objects.first().copied().unwrap_or(ObjectId::new(0));
+    /// The first of `objects` that `holder` no longer has, asked with an empty range of each
+    /// (nothing is read or hashed); all of them when it does not answer at all. `None`: it
+    /// has every one.
+    pub async fn first_missing(&self, holder: &str, objects: &[ObjectId]) -> Option<ObjectId> {
         let Ok(mut client) = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await
         else {
-            return first;
+            return objects.first().copied();
         };
-        for object in objects {
-            match client
-                .call(&NodeRequest::ObjectMeta { object: *object })
-                .await
-            {
-                Ok(NodeResponse::ObjectMeta(_)) => {}
-                _ => return *object,
+        for &object in objects {
+            let request = NodeRequest::ReadRanges {
+                ranges: vec![ByteRange {
+                    object,
+                    offset: 0,
+                    len: 0,
+                }],
+            };
+            match client.call_into_parts(&request, &mut []).await {
+                Ok(NodeResponse::Chunk) => {}
+                _ => return Some(object),
             }
         }
-        first
+        None
     }
 
     fn local(&self, object: ObjectId, copy_in_use: bool) -> Result<Pulled> {
@@ -751,6 +762,17 @@ fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
     })
 }
 
+/// `range` of a pinned object's bytes as an attachment: sent with `sendfile` from `file` (the
+/// object's source file, see [`Transfers::source_file`]) when there is one.
+fn attach(view: ObjectView, range: Range<usize>, file: Option<Arc<std::fs::File>>) -> Attachment {
+    let offset = view.location().payload_offset() + range.start as u64;
+    let attachment = Attachment::new(ViewRange { view, range });
+    match file {
+        Some(file) => attachment.in_file(FileRange { file, offset }),
+        None => attachment,
+    }
+}
+
 fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
     let shown = format!("{response:?}");
     Error::Transfer {
@@ -832,5 +854,52 @@ mod tests {
             transfers.meta(ObjectId::new(3)),
             Err(Error::Store(floe_objectstore::Error::NotFound { .. }))
         ));
+    }
+
+    #[test]
+    fn ranges_are_answered_only_inside_their_objects_and_within_the_bounds_of_a_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let transfers = transfers(dir.path());
+        let (first, second) = (ObjectId::new(1), ObjectId::new(2));
+        transfers.store.put(first, b"0123456789").unwrap();
+        transfers.store.put(second, b"abcdef").unwrap();
+        let range = |object, offset, len| ByteRange {
+            object,
+            offset,
+            len,
+        };
+        let bytes =
+            |attachment: Attachment| attachment.parts().flatten().copied().collect::<Vec<u8>>();
+
+        let read = transfers
+            .read_ranges(&[range(first, 2, 3), range(second, 0, 2), range(first, 9, 1)])
+            .unwrap();
+        assert_eq!(bytes(read), b"234ab9");
+        // An empty range only asks whether the object is here.
+        assert!(bytes(transfers.read_ranges(&[range(second, 0, 0)]).unwrap()).is_empty());
+        assert!(matches!(
+            transfers.read_ranges(&[range(ObjectId::new(3), 0, 0)]),
+            Err(Error::Store(floe_objectstore::Error::NotFound { .. }))
+        ));
+        // Past the end, overflowing, more than a frame, or too many ranges: refused whole.
+        for ranges in [
+            vec![range(first, 8, 3)],
+            vec![range(first, u64::MAX, 2)],
+            vec![range(first, 0, u64::MAX), range(second, 0, 2)],
+            vec![range(first, 0, transfers.wire.max_frame as u64)],
+            vec![range(first, 0, 1); MAX_RANGES_PER_READ + 1],
+        ] {
+            let refused = transfers.read_ranges(&ranges);
+            assert!(
+                matches!(refused, Err(Error::Transfer { .. })),
+                "{} ranges were answered",
+                ranges.len()
+            );
+        }
+        assert!(
+            transfers
+                .read_ranges(&vec![range(first, 0, 1); MAX_RANGES_PER_READ])
+                .is_ok()
+        );
     }
 }
