@@ -7,11 +7,13 @@
 //! be allocated over memory a live worker may still write. The writers are dropped (the objects
 //! abandoned, their memory freed) when the task fails — and only once its worker has stopped
 //! writing: it said so, or it is dead. An output an earlier run of the task left in the store
-//! stays as it is (tasks are deterministic) and is not written again.
+//! stays as it is (tasks are deterministic) and is not written again; a packed one is checked
+//! against this run's parts first, since readers find each part by this run's table.
 
-use floe_api::node_protocol::{OutputRef, TaskFailure, output_id};
+use floe_api::node_protocol::{OutputRef, Part, TaskFailure, output_id};
 use floe_core::{ObjectId, TaskId};
 use floe_objectstore::{ObjectStore, ObjectWriter};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::worker::{OutputPlace, WrittenOutput};
 
@@ -131,12 +133,8 @@ impl TaskOutputs {
                     if revived {
                         kept.push(object);
                     }
-                    // One an earlier run still writes is not there yet: a later retry finds it.
-                    self.present(object, !output.parts.is_empty())
+                    self.present(object, &output.parts)
                         .map(|(size, checksum)| (object, size, checksum, false))
-                        .ok_or_else(|| TaskFailure::Transient {
-                            message: format!("output {object} is not readable in the store"),
-                        })
                 }
             };
             match sealed {
@@ -162,15 +160,37 @@ impl TaskOutputs {
         Ok(refs)
     }
 
-    /// The size and checksum of an output an earlier run stored (a packed one's parts carry
-    /// theirs: it is not hashed whole).
-    fn present(&self, object: ObjectId, packed: bool) -> Option<(u64, Option<u64>)> {
-        if packed {
-            let view = self.store.get(object).ok()?;
-            return Some((view.len() as u64, self.store.checksum(object)));
+    /// The size and checksum of an output an earlier run stored. A packed one is not hashed
+    /// whole: each part this run made must lie in it and hash the same, or the two runs
+    /// disagree (the task is not deterministic) and a reader of the parts this run reports
+    /// would read other bytes.
+    fn present(&self, object: ObjectId, parts: &[Part]) -> Result<(u64, Option<u64>), TaskFailure> {
+        // One an earlier run still writes is not there yet: a later retry finds it.
+        let unreadable = || TaskFailure::Transient {
+            message: format!("output {object} is not readable in the store"),
+        };
+        if parts.is_empty() {
+            let (size, checksum) = self
+                .store
+                .size_and_checksum(object)
+                .map_err(|_| unreadable())?;
+            return Ok((size, Some(checksum)));
         }
-        let (size, checksum) = self.store.size_and_checksum(object).ok()?;
-        Some((size, Some(checksum)))
+        let view = self.store.get(object).map_err(|_| unreadable())?;
+        let bytes = view.as_bytes();
+        let same = |part: &Part| {
+            let start = usize::try_from(part.offset).ok()?;
+            let end = start.checked_add(usize::try_from(part.len).ok()?)?;
+            Some(xxh3_64(bytes.get(start..end)?) == part.checksum)
+        };
+        if let Some(index) = parts.iter().position(|part| same(part) != Some(true)) {
+            let message = format!(
+                "output {object}, stored by an earlier run of the task, differs from this \
+                 run's in part {index}: the task does not make the same bytes twice"
+            );
+            return Err(TaskFailure::Error { message });
+        }
+        Ok((bytes.len() as u64, self.store.checksum(object)))
     }
 
     /// Drops what this run stored and has not sealed (its writers, the objects it revived),
@@ -206,5 +226,81 @@ impl Drop for TaskOutputs {
         if !self.slots.is_empty() {
             self.abandon(TaskFailure::Cancelled);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_objectstore::{Backing, StoreConfig};
+
+    use super::*;
+
+    fn store(dir: &std::path::Path) -> ObjectStore {
+        let config = StoreConfig {
+            name: "outputs-unit".into(),
+            capacity: 1 << 20,
+            spill_threshold: 1.0,
+            min_spilling_size: 1 << 20,
+            spill_dir: dir.join("spill"),
+            fallback_dir: dir.join("fallback"),
+        };
+        ObjectStore::open_with(config, Backing::Heap).unwrap()
+    }
+
+    fn part(bytes: &[u8], offset: usize, len: usize) -> Part {
+        Part {
+            offset: offset as u64,
+            len: len as u64,
+            rows: 1,
+            checksum: xxh3_64(&bytes[offset..offset + len]),
+        }
+    }
+
+    #[test]
+    fn a_packed_output_an_earlier_run_stored_is_kept_only_if_its_parts_match_this_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let task = TaskId::new(9);
+        let object = output_id(task, 0);
+        let stored = b"first partition.second one";
+        store.put(object, stored).unwrap();
+        let rerun = |parts: Vec<Part>| {
+            let mut outputs = TaskOutputs::new(store.clone(), task);
+            let places = outputs.make_room(&[stored.len() as u64]).unwrap();
+            assert!(matches!(places[..], [OutputPlace::Present]));
+            outputs.seal(&[WrittenOutput {
+                rows: Some(2),
+                checksum: None,
+                parts,
+            }])
+        };
+
+        let same = vec![part(stored, 0, 16), part(stored, 16, 10)];
+        let refs = rerun(same.clone()).unwrap();
+        assert_eq!(
+            (refs[0].object, refs[0].size),
+            (object, stored.len() as u64)
+        );
+        assert_eq!(refs[0].parts, same);
+
+        // This run laid its rows out otherwise: its parts are not the stored bytes, or lie
+        // past their end.
+        let other = b"second one......first partition";
+        let past_the_end = Part {
+            offset: 20,
+            ..part(stored, 16, 10)
+        };
+        for parts in [
+            vec![part(other, 0, 10), part(other, 16, 10)],
+            vec![part(stored, 0, 16), past_the_end],
+        ] {
+            let failure = rerun(parts).unwrap_err();
+            assert!(
+                matches!(&failure, TaskFailure::Error { message } if message.contains("differs")),
+                "{failure:?}"
+            );
+        }
+        // What the earlier run stored stays (readers of its parts may still read it).
+        assert_eq!(store.get(object).unwrap().as_bytes(), stored);
     }
 }
