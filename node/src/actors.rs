@@ -542,48 +542,53 @@ impl HashShuffleAggregator {
                     actor,
                     reason: format!("its pull task failed: {error}"),
                 };
-                (Vec::new(), Some(failure))
+                (Vec::new(), Some(failure), Unclaimed::default())
             })
         };
-        Box::pin(work.into_actor(self).map(|(arrived, failure), act, _| {
-            let mut late = Vec::new();
-            for (partition, key, held) in arrived {
-                if let Some((copy, _)) = held.copy {
-                    *act.copies.entry(copy).or_default() += 1;
-                }
-                // Pushed after its partition was reduced (a push and a reduce run
-                // concurrently), or pushed twice: nothing will read this copy.
-                if act.reduced.contains(&partition) {
-                    late.push(held);
-                    continue;
-                }
-                let entry = act.held.entry(partition).or_default();
-                match entry.get(&key) {
-                    Some(before) if before.copy.is_some() || held.copy.is_none() => {
-                        late.push(held);
-                    }
-                    _ => {
-                        if let Some(before) = entry.insert(key, held) {
-                            late.push(before);
+        Box::pin(
+            work.into_actor(self)
+                .map(|(arrived, failure, unclaimed), act, _| {
+                    let mut late = Vec::new();
+                    for (partition, key, held) in arrived {
+                        if let Some((copy, _)) = held.copy {
+                            *act.copies.entry(copy).or_default() += 1;
+                        }
+                        // Pushed after its partition was reduced (a push and a reduce run
+                        // concurrently), or pushed twice: nothing will read this copy.
+                        if act.reduced.contains(&partition) {
+                            late.push(held);
+                            continue;
+                        }
+                        let entry = act.held.entry(partition).or_default();
+                        match entry.get(&key) {
+                            Some(before) if before.copy.is_some() || held.copy.is_none() => {
+                                late.push(held);
+                            }
+                            _ => {
+                                if let Some(before) = entry.insert(key, held) {
+                                    late.push(before);
+                                }
+                            }
                         }
                     }
-                }
-            }
-            act.drop_pulled(late);
-            match failure {
-                Some(failure) => Err(failure),
-                None => Ok(ActorReply::Pushed {
-                    held_bytes: act.held_bytes(),
+                    unclaimed.claim();
+                    act.drop_pulled(late);
+                    match failure {
+                        Some(failure) => Err(failure),
+                        None => Ok(ActorReply::Pushed {
+                            held_bytes: act.held_bytes(),
+                        }),
+                    }
                 }),
-            }
-        }))
+        )
     }
 
     fn reduce(&mut self, partition: u32, task: TaskSpec) -> actix::ResponseActFuture<Self, Reply> {
         let actor = self.actor;
         let task = self.read_held(partition, task);
-        // Inputs still being pushed are joined by the task's own pulls, which wait for
-        // transfers under way.
+        // Inputs still being pushed are pulled again by the task itself: a part pull shares
+        // nothing with a push under way, so a reduce that overtakes its push pulls those
+        // bytes twice.
         let run = match self.spawn_on_agent(|shared| async move { shared.run_task(task).await }) {
             Ok(run) => run,
             Err(failure) => return Box::pin(actix::fut::ready(Err(failure))),
@@ -662,10 +667,14 @@ impl HashShuffleAggregator {
 /// shards of the other nodes are still tried; the driver's reduce pulls whatever is missing
 /// anyway).
 async fn pull_shards(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     actor: ActorId,
     shards: Vec<PushedShard>,
-) -> (Vec<(u32, ShardKey, Held)>, Option<ActorFailure>) {
+) -> (Vec<(u32, ShardKey, Held)>, Option<ActorFailure>, Unclaimed) {
+    let mut unclaimed = Unclaimed {
+        shared: Arc::downgrade(shared),
+        copies: Vec::new(),
+    };
     let mut arrived = Vec::with_capacity(shards.len());
     let mut by_holder: BTreeMap<String, Vec<PushedShard>> = BTreeMap::new();
     for shard in shards {
@@ -689,6 +698,7 @@ async fn pull_shards(
             .collect();
         match shared.transfers.pull_parts(&holder, &parts).await {
             Ok(pulled) => {
+                unclaimed.copies.push(pulled.object);
                 for (shard, local) in shards.iter().zip(pulled.parts) {
                     arrived.push((
                         shard.partition,
@@ -711,7 +721,32 @@ async fn pull_shards(
             }
         }
     }
-    (arrived, failure)
+    (arrived, failure, unclaimed)
+}
+
+/// Copies a push pulled that its aggregator has not taken yet: deleted when dropped unless
+/// claimed, so a push whose aggregator stopped before it finished leaves nothing behind.
+#[derive(Default)]
+struct Unclaimed {
+    shared: Weak<Shared>,
+    copies: Vec<ObjectId>,
+}
+
+impl Unclaimed {
+    /// The aggregator holds the copies now (and deletes them).
+    fn claim(mut self) {
+        self.copies.clear();
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade()
+            && !self.copies.is_empty()
+        {
+            shared.delete_local(&self.copies);
+        }
+    }
 }
 
 /// A job's driver, as an actor: the driver itself runs as a task on the agent's runtime (it is
