@@ -127,9 +127,36 @@ pub(crate) fn sort_columns(batch: &RecordBatch, keys: &[SortKey]) -> Result<Vec<
 
 /// The row indices of `rows` in sorted order; equal rows keep their order.
 pub(crate) fn sorted_order(rows: &Rows) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..rows.num_rows()).collect();
-    order.sort_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
-    order
+    let mut keyed: Vec<(u128, usize)> = (0..rows.num_rows())
+        .map(|index| (row_prefix(rows.row(index).as_ref()), index))
+        .collect();
+    let width = keyed.first().map_or(0, |_| rows.row(0).as_ref().len());
+    let whole = width <= PREFIX_BYTES
+        && (0..rows.num_rows()).all(|index| rows.row(index).as_ref().len() == width);
+    if whole {
+        // Every row is its prefix: integer compares alone give the rows' order, and the
+        // index breaks ties as a stable sort would.
+        keyed.sort_unstable();
+    } else {
+        keyed.sort_unstable_by(|&(a, i), &(b, j)| {
+            a.cmp(&b)
+                .then_with(|| rows.row(i).cmp(&rows.row(j)))
+                .then(i.cmp(&j))
+        });
+    }
+    keyed.into_iter().map(|(_, index)| index).collect()
+}
+
+/// How many of a row's leading bytes [`row_prefix`] keeps.
+const PREFIX_BYTES: usize = 16;
+
+/// A row's first [`PREFIX_BYTES`] bytes as a big-endian integer (zero-padded): prefixes
+/// compare as the rows' leading bytes do, so rows whose prefixes differ compare the same way.
+fn row_prefix(row: &[u8]) -> u128 {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    let len = row.len().min(PREFIX_BYTES);
+    prefix[..len].copy_from_slice(&row[..len]);
+    u128::from_be_bytes(prefix)
 }
 
 /// The rows of a set of batches numbered by their distinct key values.
@@ -239,4 +266,67 @@ pub fn most_frequent_key(batches: &[RecordBatch], columns: &[String]) -> Result<
             Arc::new(arrow::array::Int64Array::from(vec![count])),
         ],
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+
+    use super::*;
+
+    /// `sorted_order` against a stable sort comparing whole rows.
+    fn check(columns: Vec<ArrayRef>, options: SortOptions) {
+        let fields = columns
+            .iter()
+            .map(|column| SortField::new_with_options(column.data_type().clone(), options))
+            .collect();
+        let rows = RowConverter::new(fields)
+            .unwrap()
+            .convert_columns(&columns)
+            .unwrap();
+        let mut want: Vec<usize> = (0..rows.num_rows()).collect();
+        want.sort_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
+        assert_eq!(sorted_order(&rows), want);
+    }
+
+    #[test]
+    fn rows_sort_by_their_prefixes_as_whole_rows_do_and_ties_keep_their_order() {
+        let mut random = super::super::columns::SplitMix64::new(11);
+        let mut draw = |n: u64| (random.next_u64() % n) as i64;
+        // Rows of one width within the prefix: integers, with many repeats and nulls.
+        let ints: Vec<Option<i64>> = (0..5_000)
+            .map(|_| (draw(10) > 0).then(|| draw(50) - 25))
+            .collect();
+        // Wider rows: two integer keys (18 bytes).
+        let pairs: Vec<i64> = (0..5_000).map(|_| draw(7)).collect();
+        // Rows of varying width: strings sharing long prefixes, and empty ones.
+        let texts: Vec<Option<String>> = (0..5_000)
+            .map(|_| match draw(8) {
+                0 => None,
+                1 => Some(String::new()),
+                n => Some(format!("{}{}", "p".repeat(15 + n as usize), draw(30))),
+            })
+            .collect();
+        for options in [
+            SortOptions::default(),
+            SortOptions {
+                descending: true,
+                nulls_first: false,
+            },
+        ] {
+            check(vec![Arc::new(Int64Array::from(ints.clone()))], options);
+            check(
+                vec![
+                    Arc::new(Int64Array::from(pairs.clone())),
+                    Arc::new(Int64Array::from(ints.clone())),
+                ],
+                options,
+            );
+            check(vec![Arc::new(StringArray::from(texts.clone()))], options);
+        }
+        check(
+            vec![Arc::new(Int64Array::from(Vec::<i64>::new()))],
+            SortOptions::default(),
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! Sort: a range-partitioned exchange. The map side samples sort keys, picks `n - 1` range
 //! boundaries from the samples, sorts its blocks and splits them at the boundaries; each reduce
 //! task merges its partition's sorted runs, so partition `i`'s rows all sort before partition
-//! `i + 1`'s. Both sides sort the keys in Arrow's row format and gather every row once.
+//! `i + 1`'s. Both sides encode the keys in Arrow's row format, sort the rows by their leading
+//! bytes as integers (whole rows only break ties) and gather every row once.
 
 use std::collections::BTreeSet;
 
@@ -126,22 +127,25 @@ struct SortedRows {
 
 impl SortedRows {
     /// Encodes the key columns of all `batches` into one row buffer and sorts the row
-    /// positions by it. The sort is a stable merge sort that finds runs, so batches that are
-    /// already sorted cost a merge, not a sort.
+    /// positions by it ([`sorted_order`]: integer compares of each row's leading bytes).
     fn of(batches: &[RecordBatch], schema: &Schema, keys: &[SortKey]) -> Result<Self> {
         let converter = sort_converter(schema, keys)?;
         let total = batches.iter().map(RecordBatch::num_rows).sum();
         let mut encoded = converter.empty_rows(total, 0);
         let mut starts = Vec::with_capacity(batches.len());
-        let mut order = Vec::with_capacity(total);
-        for (index, batch) in batches.iter().enumerate() {
+        for batch in batches {
             starts.push(encoded.num_rows());
             converter.append(&mut encoded, &sort_columns(batch, keys)?)?;
-            order.extend((0..batch.num_rows()).map(|row| (index, row)));
         }
-        order.sort_by(|&(a, i), &(b, j)| {
-            encoded.row(starts[a] + i).cmp(&encoded.row(starts[b] + j))
-        });
+        let order = sorted_order(&encoded)
+            .into_iter()
+            .map(|position| {
+                // The last batch starting at or before the position holds it (empty batches
+                // share their start with the next).
+                let batch = starts.partition_point(|&start| start <= position) - 1;
+                (batch, position - starts[batch])
+            })
+            .collect();
         Ok(Self {
             keys: encoded,
             starts,
