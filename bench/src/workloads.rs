@@ -13,8 +13,8 @@
 //! Each workload runs on a fresh local cluster of two `floe node`s (or on `--address`), and
 //! prints one JSON line: `seconds` (submit to finished, median of the runs), `rows`, `bytes`,
 //! `peak_rss_mb` (the cluster's processes' peak resident memory, summed; sort and shuffle
-//! also `peak_pss_mb`, the cluster's proportional set size sampled while the job runs, shared
-//! pages counted once, and `peak_pss_over_data`), `verified`, and
+//! also `peak_pss_mb`, the cluster's proportional set size sampled during one more run of the
+//! job, untimed, shared pages counted once, and `peak_pss_over_data`), `verified`, and
 //! from the same run the floors: `parquet_read_s` (reading the same files with the plain
 //! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
 //! print `baseline_s`: the same work done by one process on one thread with the fastest plain
@@ -511,6 +511,56 @@ async fn run_job(
     })
 }
 
+/// The job of `sort` or `shuffle` over the *records* table, run and checked once per call.
+enum RecordsJob {
+    /// Sorts by key into Parquet files under `out`, read back to check.
+    Sort { dataset: Dataset, out: PathBuf },
+    /// random_shuffle; `first_in` is the input's first keys, which the output must not keep.
+    Shuffle {
+        dataset: Dataset,
+        first_in: Vec<i64>,
+    },
+}
+
+impl RecordsJob {
+    /// Runs the job once: its time from submit to end, and whether its result is right.
+    async fn run(&self, client: &Client, truth: &RecordsTruth) -> anyhow::Result<(Duration, bool)> {
+        match self {
+            RecordsJob::Sort { dataset, out } => {
+                if out.exists() {
+                    std::fs::remove_dir_all(out)?;
+                }
+                let measured = run_job(client, dataset, &no_cache(), 1).await?;
+                Ok((measured.seconds, verify_sorted_files(out, truth)?))
+            }
+            RecordsJob::Shuffle { dataset, first_in } => {
+                let measured = run_job(client, dataset, &no_cache(), 1).await?;
+                let batches = measured.output.to_arrow().await?;
+                let checksums = key_checksums(&batches)?;
+                // A permutation: the same keys, in another order than the input's.
+                let first_out: Vec<i64> = batches
+                    .iter()
+                    .flat_map(|b| {
+                        int64s(b, "key")
+                            .map(|k| k.values().to_vec())
+                            .unwrap_or_default()
+                    })
+                    .take(100)
+                    .collect();
+                let verified = checksums == (truth.rows, truth.key_sum, truth.key_xor)
+                    && *first_in != first_out;
+                Ok((measured.seconds, verified))
+            }
+        }
+    }
+
+    fn clean_up(&self) {
+        if let RecordsJob::Sort { out, .. } = self {
+            std::fs::remove_dir_all(out).ok();
+        }
+    }
+}
+
 pub(crate) fn no_cache() -> JobOptions {
     JobOptions {
         cache: CacheMode::NoCache,
@@ -803,59 +853,42 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
             let target = target(config, Vec::new()).await?;
             let truth = &data.truth;
             let mut extra = Vec::new();
-            let pss = target
-                .local
-                .as_ref()
-                .map(|cluster| PssSampler::start(cluster.dir()));
-            let (seconds, verified) = if workload == Workload::Sort {
+            let job = if workload == Workload::Sort {
                 let out = config
                     .data_dir
                     .join(format!("sorted-{}", std::process::id()));
                 let dataset = Dataset::read_parquet(&data.files)?
                     .sort(vec![SortKey::asc("key")])?
                     .write_parquet(&out, WriteOptions::default())?;
-                let mut times = Vec::new();
-                let mut verified = true;
-                for _ in 0..runs {
-                    if out.exists() {
-                        std::fs::remove_dir_all(&out)?;
-                    }
-                    let measured = run_job(&target.client, &dataset, &no_cache(), 1).await?;
-                    times.push(measured.seconds);
-                    verified &= verify_sorted_files(&out, truth)?;
-                }
-                std::fs::remove_dir_all(&out).ok();
-                times.sort();
+                RecordsJob::Sort { dataset, out }
+            } else {
+                let dataset = Dataset::read_parquet(&data.files)?.random_shuffle(Some(7))?;
+                let first_in = int64s(&plain[0], "key")?.values()[..100].to_vec();
+                RecordsJob::Shuffle { dataset, first_in }
+            };
+            let mut times = Vec::new();
+            let mut verified = true;
+            for _ in 0..runs {
+                let (time, right) = job.run(&target.client, truth).await?;
+                times.push(time);
+                verified &= right;
+            }
+            times.sort();
+            let seconds = times[times.len() / 2];
+            if let RecordsJob::Sort { .. } = job {
                 let baseline = sort_baseline(&data.files)?;
                 extra.push(("baseline_s", baseline.as_secs_f64().into()));
-                let seconds = times[times.len() / 2];
                 extra.push((
                     "vs_baseline",
                     (seconds.as_secs_f64() / baseline.as_secs_f64()).into(),
                 ));
-                (seconds, verified)
-            } else {
-                let dataset = Dataset::read_parquet(&data.files)?.random_shuffle(Some(7))?;
-                let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
-                let batches = measured.output.to_arrow().await?;
-                let checksums = key_checksums(&batches)?;
-                // A permutation: the same keys, in another order than the input's.
-                let first_in: Vec<i64> = int64s(&plain[0], "key")?.values()[..100].to_vec();
-                let first_out: Vec<i64> = batches
-                    .iter()
-                    .flat_map(|b| {
-                        int64s(b, "key")
-                            .map(|k| k.values().to_vec())
-                            .unwrap_or_default()
-                    })
-                    .take(100)
-                    .collect();
-                let verified = checksums == (truth.rows, truth.key_sum, truth.key_xor)
-                    && first_in != first_out;
-                (measured.seconds, verified)
-            };
-            if let Some(pss) = pss {
-                // Sampled over the job's runs (the sort's baseline runs in this process).
+            }
+            if let Some(cluster) = &target.local {
+                // Peak memory in a run of its own: sampling walks every process's page
+                // tables, which takes a third of a core and would slow the timed runs.
+                let pss = PssSampler::start(cluster.dir());
+                let (_, right) = job.run(&target.client, truth).await?;
+                verified &= right;
                 let peak = pss.peak_bytes()?;
                 extra.push(("peak_pss_mb", (peak as f64 / (1 << 20) as f64).into()));
                 extra.push((
@@ -863,6 +896,7 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                     (peak as f64 / truth.bytes as f64).into(),
                 ));
             }
+            job.clean_up();
             Ok(Report {
                 workload,
                 rows: truth.rows,
