@@ -987,6 +987,7 @@ impl NodeAgent {
             tokio::spawn(sweep_actors(Arc::clone(&shared), scheduler_client()?)),
             tokio::spawn(monitor::run_monitor(
                 pool,
+                shared.store.clone(),
                 pools,
                 config.node.memory_monitor_threshold,
                 config.node.memory_monitor_interval(),
@@ -1238,9 +1239,10 @@ async fn heartbeats(
     }
     loop {
         ticks.tick().await;
+        let store = shared.store.clone();
         let (tree, cpu_ticks) = tokio::task::spawn_blocking(move || {
             (
-                monitor::process_tree_memory(agent),
+                monitor::process_tree_memory(agent, &store),
                 monitor::process_tree_cpu_ticks(agent),
             )
         })

@@ -10,16 +10,19 @@
 //! driver retries it. So a container's OOM killer, which acts at the cgroup limit, never gets
 //! to the agent first.
 //!
-//! A process's memory is its proportional share (PSS) of anonymous and shared memory, from
-//! `/proc/<pid>/smaps_rollup`: a page of the object store's segment that the agent and a worker
-//! both map counts once, and mapped files (the binary, cache shards being read) not at all,
-//! since the kernel can drop them.
+//! The tree's memory is its processes' private heaps (`RssAnon` of `/proc/<pid>/status`) and
+//! the object store's resident pages (counted once, however many processes map them); mapped
+//! files (the binary, cache shards being read) do not count, since the kernel can drop them.
+//! Both readings cost the same whatever the processes map: the kernel keeps the counters.
+//! (`smaps_rollup`'s proportional sizes would walk every page table at every reading: with a
+//! few GB of the store mapped by each worker, a fifth of the host's CPU at four readings a
+//! second.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use floe_objectstore::MemoryPools;
+use floe_objectstore::{MemoryPools, ObjectStore};
 
 use super::pool::WorkerPool;
 
@@ -42,17 +45,16 @@ impl TreeMemory {
     }
 }
 
-/// The memory of process `root` and all its descendants. Processes that exit while they are
-/// read are left out.
-pub(crate) fn process_tree_memory(root: u32) -> TreeMemory {
-    let mut tree = TreeMemory::default();
-    for pid in descendants_and_self(root) {
-        if let Some(process) = process_memory(pid) {
-            tree.anonymous += process.anonymous;
-            tree.shared += process.shared;
-        }
+/// The memory of process `root` and all its descendants, with `store`'s pages as the shared
+/// part. Processes that exit while they are read are left out.
+pub(crate) fn process_tree_memory(root: u32, store: &ObjectStore) -> TreeMemory {
+    TreeMemory {
+        anonymous: descendants_and_self(root)
+            .into_iter()
+            .filter_map(anonymous_memory)
+            .sum(),
+        shared: store.resident_bytes().unwrap_or(0),
     }
-    tree
 }
 
 /// CPU time the process tree of `root` has used, in clock ticks (`utime + stime` of each
@@ -121,27 +123,18 @@ fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn process_memory(pid: u32) -> Option<TreeMemory> {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    Some(parse_rollup(&rollup))
+/// A process's private memory: `RssAnon` of `/proc/<pid>/status`, in bytes.
+fn anonymous_memory(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_rss_anon(&status)
 }
 
-/// The proportional anonymous and shared memory of a `smaps_rollup`; kernels before 5.9 have
-/// no `Pss_Anon`, and their `Anonymous` (unshared for a process that did not fork) stands in.
-fn parse_rollup(rollup: &str) -> TreeMemory {
-    let field = |name: &str| {
-        rollup.lines().find_map(|line| {
-            let value = line.strip_prefix(name)?.strip_prefix(':')?;
-            let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
-            Some(kib * 1024)
-        })
-    };
-    TreeMemory {
-        anonymous: field("Pss_Anon")
-            .or_else(|| field("Anonymous"))
-            .unwrap_or(0),
-        shared: field("Pss_Shmem").unwrap_or(0),
-    }
+fn parse_rss_anon(status: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix("RssAnon:")?;
+        let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
+        Some(kib * 1024)
+    })
 }
 
 /// The memory monitor's limit: `threshold` of what the node's memory leaves besides the
@@ -152,6 +145,7 @@ fn limit(pools: &MemoryPools, threshold: f64) -> u64 {
 
 pub(crate) async fn run_monitor(
     pool: Arc<WorkerPool>,
+    store: ObjectStore,
     pools: MemoryPools,
     threshold: f64,
     interval: Duration,
@@ -163,7 +157,9 @@ pub(crate) async fn run_monitor(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let Ok(used) = tokio::task::spawn_blocking(move || process_tree_memory(agent)).await else {
+        let store = store.clone();
+        let reading = tokio::task::spawn_blocking(move || process_tree_memory(agent, &store));
+        let Ok(used) = reading.await else {
             continue;
         };
         let used = used.total();
@@ -198,19 +194,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_rollup_gives_proportional_anonymous_and_shared_memory() {
-        let rollup = "55bb-7ffe ---p 00000000 00:00 0 [rollup]\nRss: 9000 kB\nPss: 5000 kB\n\
-                      Pss_Anon: 1200 kB\nPss_File: 100 kB\nPss_Shmem: 300 kB\nAnonymous: 1500 kB\n";
-        assert_eq!(
-            parse_rollup(rollup),
-            TreeMemory {
-                anonymous: 1200 * 1024,
-                shared: 300 * 1024
-            }
-        );
-        // An older kernel's: no Pss_Anon, no Pss_Shmem.
-        let old = "Rss: 9000 kB\nPss: 5000 kB\nAnonymous: 1500 kB\n";
-        assert_eq!(parse_rollup(old).anonymous, 1500 * 1024);
+    fn a_status_gives_the_private_memory() {
+        let status = "Name:\tfloe\nVmRSS:\t  9000 kB\nRssAnon:\t  1200 kB\nRssFile:\t  100 kB\n\
+                      RssShmem:\t  7700 kB\n";
+        assert_eq!(parse_rss_anon(status), Some(1200 * 1024));
+        assert_eq!(parse_rss_anon("Name:\tfloe\n"), None);
     }
 
     #[test]
@@ -224,11 +212,36 @@ mod tests {
         assert!(tree.contains(&me) && tree.contains(&child.id()), "{tree:?}");
         assert!(!tree.contains(&1));
         // 64 MiB touched here shows in the tree's heap.
-        let before = process_tree_memory(me).anonymous;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::open_with(
+            floe_objectstore::StoreConfig {
+                name: format!("monitor-unit-{me}"),
+                capacity: 64 << 20,
+                spill_threshold: 1.0,
+                min_spilling_size: 1 << 20,
+                spill_dir: dir.path().join("spill"),
+                fallback_dir: dir.path().join("fallback"),
+            },
+            floe_objectstore::Backing::SharedMemory,
+        )
+        .unwrap();
+        let before = process_tree_memory(me, &store);
         let held = vec![1u8; 64 << 20];
-        let after = process_tree_memory(me).anonymous;
-        assert!(after >= before + (60 << 20), "{before} → {after}");
+        let after = process_tree_memory(me, &store);
+        assert!(
+            after.anonymous >= before.anonymous + (60 << 20),
+            "{before:?} → {after:?}"
+        );
         drop(held);
+        // 16 MiB written into the store's segment shows as its shared memory, once.
+        store
+            .put(floe_core::ObjectId::new(1), &vec![7u8; 16 << 20])
+            .unwrap();
+        let stored = process_tree_memory(me, &store);
+        assert!(
+            stored.shared >= before.shared + (16 << 20) && stored.shared <= 64 << 20,
+            "{before:?} → {stored:?}"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
     }

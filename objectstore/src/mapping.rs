@@ -157,6 +157,13 @@ unsafe impl Region for SharedSegment {
             os_id: self.shmem.get_os_id().to_owned(),
         }
     }
+
+    fn resident_bytes(&self) -> Option<u64> {
+        // tmpfs allocates a file's blocks as its pages are first written, and counts them.
+        let path = Self::path_of(self.shmem.get_os_id());
+        let metadata = std::fs::metadata(path).ok()?;
+        Some(std::os::unix::fs::MetadataExt::blocks(&metadata) * 512)
+    }
 }
 
 impl SharedSegment {

@@ -59,6 +59,13 @@ pub(crate) unsafe trait Region: arrow::alloc::Allocation + std::fmt::Debug {
     /// objects in it say, and what a [`StoreClient`](crate::StoreClient) opens.
     fn source(&self) -> ObjectSource;
 
+    /// The bytes of the region that hold memory now: the pages ever written, which stay with
+    /// the region for reuse (a segment's pages in `/dev/shm`). `None` for heap memory, which
+    /// its process's own heap already counts.
+    fn resident_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Where the payload of the object whose header is at `header_offset` starts.
     ///
     /// # Safety

@@ -516,6 +516,13 @@ impl ObjectStore {
             .is_some_and(|entry| !entry.deleted)
     }
 
+    /// The bytes of the store's memory that hold pages now (every page ever written: freed
+    /// objects' pages stay for reuse): what the store costs the host, counted once however
+    /// many processes map it. `None` for a heap-backed store, whose process's heap counts it.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        self.inner.memory.resident_bytes()
+    }
+
     pub fn stats(&self) -> StoreStats {
         let state = self.inner.lock();
         let mut stats = StoreStats {
