@@ -314,62 +314,52 @@ impl Transfers {
         }
         // Pieces grouped into requests of about a chunk each (and at most as many ranges as a
         // holder answers).
-        let mut requests: VecDeque<(usize, Vec<Piece<'_>>)> = VecDeque::new();
-        let mut current: Vec<Piece<'_>> = Vec::new();
+        let mut groups: Vec<Vec<Piece<'_>>> = Vec::new();
         let mut current_len = 0;
         for piece in pieces {
-            let full =
-                current_len + piece.dest.len() > chunk || current.len() == MAX_RANGES_PER_READ;
-            if full && !current.is_empty() {
-                requests.push_back((requests.len(), std::mem::take(&mut current)));
-                current_len = 0;
+            let full = groups.last().is_none_or(|group| {
+                current_len + piece.dest.len() > chunk || group.len() == MAX_RANGES_PER_READ
+            });
+            current_len = if full { 0 } else { current_len } + piece.dest.len();
+            match groups.last_mut() {
+                Some(group) if !full => group.push(piece),
+                _ => groups.push(vec![piece]),
             }
-            current_len += piece.dest.len();
-            current.push(piece);
         }
-        if !current.is_empty() {
-            requests.push_back((requests.len(), current));
-        }
+        let requests: Vec<Request<'_, usize>> = groups
+            .into_iter()
+            .filter_map(|group| {
+                let object = group.first()?.range.object;
+                let ranges = group.iter().map(|piece| piece.range).collect();
+                let pieces = group
+                    .into_iter()
+                    .map(|piece| (piece.part, piece.dest))
+                    .collect();
+                Some(Request {
+                    object,
+                    ask: NodeRequest::ReadRanges { ranges },
+                    pieces,
+                })
+            })
+            .collect();
         let connections =
             ((self.max_in_flight / self.chunk) as usize).clamp(1, requests.len().max(1));
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections {
             clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
         }
-        let queue = Mutex::new(requests);
-        let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
-        let readers: Vec<_> = clients
-            .into_iter()
-            .map(|client| read_ranges(client, &queue, arrived.clone()))
-            .collect();
-        drop(arrived);
-        let check_in_order = async {
-            let mut hashers: Vec<Xxh3Default> = parts.iter().map(|_| Xxh3Default::new()).collect();
-            let mut waiting = BTreeMap::new();
-            let mut next = 0;
-            while let Some((index, request)) = arrivals.recv().await {
-                waiting.insert(index, request);
-                while let Some(request) = waiting.remove(&next) {
-                    for piece in request {
-                        let Piece { part, dest, .. } = piece;
-                        hashers[part].update(dest);
-                    }
-                    next += 1;
-                }
+        let mut hashers: Vec<Xxh3Default> = parts.iter().map(|_| Xxh3Default::new()).collect();
+        read_in_order(clients, requests, |part, bytes| hashers[part].update(bytes)).await?;
+        for (hasher, (object, part)) in hashers.iter().zip(parts) {
+            let actual = hasher.digest();
+            if actual != part.checksum {
+                return Err(Error::ChecksumMismatch {
+                    object: *object,
+                    expected: part.checksum,
+                    actual,
+                });
             }
-            for (hasher, (object, part)) in hashers.iter().zip(parts) {
-                let actual = hasher.digest();
-                if actual != part.checksum {
-                    return Err(Error::ChecksumMismatch {
-                        object: *object,
-                        expected: part.checksum,
-                        actual,
-                    });
-                }
-            }
-            Ok(())
-        };
-        tokio::try_join!(join_all(readers), check_in_order)?;
+        }
         Ok(())
     }
 
@@ -578,38 +568,23 @@ impl Transfers {
         }
         // `chunk` is at most a frame's size, which fits in usize.
         let chunk = self.chunk as usize;
-        let actual = {
-            // Connections take the next chunk when they are free, so a slow one holds up
-            // only the chunk it is reading.
-            let pieces: Mutex<VecDeque<(usize, &mut [u8])>> = Mutex::new(
-                writer
-                    .as_mut_slice()
-                    .chunks_mut(chunk)
-                    .enumerate()
-                    .collect(),
-            );
-            let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
-            let readers: Vec<_> = clients
-                .into_iter()
-                .map(|client| read_chunks(client, object, chunk, &pieces, arrived.clone()))
-                .collect();
-            drop(arrived);
-            let hash_in_order = async {
-                let mut hasher = Xxh3Default::new();
-                let mut waiting = BTreeMap::new();
-                let mut next = 0;
-                while let Some((index, piece)) = arrivals.recv().await {
-                    waiting.insert(index, piece);
-                    while let Some(piece) = waiting.remove(&next) {
-                        hasher.update(piece);
-                        next += 1;
-                    }
-                }
-                Ok(hasher.digest())
-            };
-            let ((), actual) = tokio::try_join!(join_all(readers), hash_in_order)?;
-            actual
-        };
+        let requests = writer
+            .as_mut_slice()
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(index, piece)| Request {
+                object,
+                ask: NodeRequest::ReadChunk {
+                    object,
+                    offset: (index * chunk) as u64,
+                    len: piece.len() as u64,
+                },
+                pieces: vec![((), piece)],
+            })
+            .collect();
+        let mut hasher = Xxh3Default::new();
+        read_in_order(clients, requests, |(), bytes| hasher.update(bytes)).await?;
+        let actual = hasher.digest();
         if actual != meta.checksum {
             // Dropping the unsealed writer abandons the object.
             return Err(Error::ChecksumMismatch {
@@ -650,66 +625,76 @@ struct Piece<'a> {
     dest: &'a mut [u8],
 }
 
-/// One connection's part of pulling parts: takes the next request until none is left and reads
-/// its ranges straight into their places, then hands them on to be checked.
-async fn read_ranges<'a>(
+/// One request of a pull: what it asks the holder for, and where each piece of the reply's
+/// attachment goes (with what the checker needs to know of it), in order.
+struct Request<'a, T> {
+    /// The object it names first, for errors.
+    object: ObjectId,
+    ask: NodeRequest,
+    pieces: Vec<(T, &'a mut [u8])>,
+}
+
+/// Reads `requests` over `clients` — each connection takes the next request when it is free,
+/// so a slow one holds up only the request it is reading — straight into their places, and
+/// hands every piece to `check` in request order (each as soon as those before it are in).
+async fn read_in_order<T>(
+    clients: Vec<RpcClient<NodeProtocol>>,
+    requests: Vec<Request<'_, T>>,
+    mut check: impl FnMut(T, &[u8]),
+) -> Result<()> {
+    let queue = Mutex::new(requests.into_iter().enumerate().collect::<VecDeque<_>>());
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let readers: Vec<_> = clients
+        .into_iter()
+        .map(|client| read_requests(client, &queue, arrived.clone()))
+        .collect();
+    drop(arrived);
+    let in_order = async {
+        let mut waiting = BTreeMap::new();
+        let mut next = 0;
+        while let Some((index, request)) = arrivals.recv().await {
+            waiting.insert(index, request);
+            while let Some(request) = waiting.remove(&next) {
+                let Request { pieces, .. } = request;
+                for (tag, bytes) in pieces {
+                    check(tag, bytes);
+                }
+                next += 1;
+            }
+        }
+        Ok(())
+    };
+    tokio::try_join!(join_all(readers), in_order)?;
+    Ok(())
+}
+
+/// One connection's part of [`read_in_order`]: takes the next request until none is left and
+/// reads its reply into the request's pieces, then hands it on to be checked.
+async fn read_requests<'a, T>(
     mut client: RpcClient<NodeProtocol>,
-    queue: &Mutex<VecDeque<(usize, Vec<Piece<'a>>)>>,
-    arrived: UnboundedSender<(usize, Vec<Piece<'a>>)>,
+    queue: &Mutex<VecDeque<(usize, Request<'a, T>)>>,
+    arrived: UnboundedSender<(usize, Request<'a, T>)>,
 ) -> Result<()> {
     loop {
         let next = queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front();
-        let Some((index, mut pieces)) = next else {
+        let Some((index, mut request)) = next else {
             return Ok(());
         };
-        let request = NodeRequest::ReadRanges {
-            ranges: pieces.iter().map(|piece| piece.range).collect(),
-        };
-        let object = pieces
-            .first()
-            .map_or(ObjectId::new(0), |piece| piece.range.object);
-        let mut dests: Vec<&mut [u8]> = pieces.iter_mut().map(|piece| &mut *piece.dest).collect();
-        match client.call_into_parts(&request, &mut dests).await? {
+        let mut dests: Vec<&mut [u8]> = request
+            .pieces
+            .iter_mut()
+            .map(|(_, dest)| &mut **dest)
+            .collect();
+        match client.call_into_parts(&request.ask, &mut dests).await? {
             NodeResponse::Chunk => {}
-            other => return Err(unexpected(object, &other)),
+            other => return Err(unexpected(request.object, &other)),
         }
         drop(dests);
         // The receiver only stops early when the transfer has failed anyway.
-        let _ = arrived.send((index, pieces));
-    }
-}
-
-/// One connection's part of a transfer: takes the next chunk until none is left, reads it
-/// straight into its place in the object, then hands it on to be hashed.
-async fn read_chunks<'a>(
-    mut client: RpcClient<NodeProtocol>,
-    object: ObjectId,
-    chunk: usize,
-    pieces: &Mutex<VecDeque<(usize, &'a mut [u8])>>,
-    arrived: UnboundedSender<(usize, &'a mut [u8])>,
-) -> Result<()> {
-    loop {
-        let next = pieces
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop_front();
-        let Some((index, piece)) = next else {
-            return Ok(());
-        };
-        let request = NodeRequest::ReadChunk {
-            object,
-            offset: (index * chunk) as u64,
-            len: piece.len() as u64,
-        };
-        match client.call_into(&request, piece).await? {
-            NodeResponse::Chunk => {}
-            other => return Err(unexpected(object, &other)),
-        }
-        // The receiver only stops early when the transfer has failed anyway.
-        let _ = arrived.send((index, piece));
+        let _ = arrived.send((index, request));
     }
 }
 
