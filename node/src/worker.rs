@@ -151,9 +151,34 @@ pub struct WorkerOptions {
     pub max_frame: usize,
 }
 
+/// Freed heap a worker keeps for its next allocations instead of handing it back to the OS:
+/// a page written again costs nothing, a fresh one a fault and zeroing (on this VM fresh
+/// memory is written at 0.3–0.75 GB/s against 8–12 GB/s reused, DESIGN.md). One task's
+/// working set (a block decoded, its keys sorted, its rows gathered) fits, so the next task
+/// reuses it; `floe-bench sort` took a quarter less time with it (docs/BENCHMARKS.md).
+#[cfg(target_env = "gnu")]
+const KEPT_FREE_HEAP: libc::c_int = 256 << 20;
+/// Allocations from this size up get a mapping of their own, unmapped when freed; smaller
+/// ones come from the heap and are reused. glibc's largest setting (it would otherwise start
+/// at 128 KiB and move up only as large blocks are freed).
+#[cfg(target_env = "gnu")]
+const OWN_MAPPING_FROM: libc::c_int = 32 << 20;
+
+/// Makes glibc's allocator keep freed memory for reuse ([`KEPT_FREE_HEAP`]).
+fn keep_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's settings; it is called before the worker
+    // starts its threads.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_MAPPING_FROM);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, KEPT_FREE_HEAP);
+    }
+}
+
 /// Runs a worker until its agent closes the socket; UDFs in its tasks come from `udfs`.
 pub fn run_worker(options: &WorkerOptions, udfs: Arc<Registry>) -> Result<()> {
     die_with_agent()?;
+    keep_freed_heap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
