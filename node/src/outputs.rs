@@ -161,9 +161,11 @@ impl TaskOutputs {
     }
 
     /// The size and checksum of an output an earlier run stored. A packed one is not hashed
-    /// whole: each part this run made must lie in it and hash the same, or the two runs
-    /// disagree (the task is not deterministic) and a reader of the parts this run reports
-    /// would read other bytes.
+    /// whole: each part this run made must lie in it and hash the same. If not (the stored
+    /// copy was damaged, or the task does not make the same bytes twice), a reader of the
+    /// parts this run reports would read other bytes: the stored copy is deleted (readers
+    /// holding it keep it until they are done) and the task fails to be retried, which writes
+    /// this run's bytes.
     fn present(&self, object: ObjectId, parts: &[Part]) -> Result<(u64, Option<u64>), TaskFailure> {
         // One an earlier run still writes is not there yet: a later retry finds it.
         let unreadable = || TaskFailure::Transient {
@@ -184,11 +186,13 @@ impl TaskOutputs {
             Some(xxh3_64(bytes.get(start..end)?) == part.checksum)
         };
         if let Some(index) = parts.iter().position(|part| same(part) != Some(true)) {
+            drop(view);
+            self.delete(&[object]);
             let message = format!(
                 "output {object}, stored by an earlier run of the task, differs from this \
-                 run's in part {index}: the task does not make the same bytes twice"
+                 run's in part {index}; deleted, to be written again"
             );
-            return Err(TaskFailure::Error { message });
+            return Err(TaskFailure::Transient { message });
         }
         Ok((bytes.len() as u64, self.store.checksum(object)))
     }
@@ -294,13 +298,23 @@ mod tests {
             vec![part(other, 0, 10), part(other, 16, 10)],
             vec![part(stored, 0, 16), past_the_end],
         ] {
+            if !store.contains(object) {
+                store.put(object, stored).unwrap();
+            }
+            let reader = store.get(object).unwrap();
             let failure = rerun(parts).unwrap_err();
             assert!(
-                matches!(&failure, TaskFailure::Error { message } if message.contains("differs")),
+                matches!(&failure, TaskFailure::Transient { message } if message.contains("differs")),
                 "{failure:?}"
             );
+            // The stale copy is gone for new readers; one that held it still reads it whole.
+            assert!(!store.contains(object));
+            assert_eq!(reader.as_bytes(), stored);
+            drop(reader);
+            // The retry finds no copy and writes its own.
+            let mut outputs = TaskOutputs::new(store.clone(), task);
+            let places = outputs.make_room(&[other.len() as u64]).unwrap();
+            assert!(matches!(places[..], [OutputPlace::Write(_)]), "{places:?}");
         }
-        // What the earlier run stored stays (readers of its parts may still read it).
-        assert_eq!(store.get(object).unwrap().as_bytes(), stored);
     }
 }
