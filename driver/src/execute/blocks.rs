@@ -95,14 +95,8 @@ impl<C: ClusterAccess> Execution<C> {
         rebuild: bool,
     ) -> Vec<ObjectId> {
         let mut blocks = Vec::with_capacity(outputs.len());
-        let mut stale: BTreeMap<NodeId, Vec<ObjectId>> = BTreeMap::new();
         for output in outputs {
             self.lineage.record(output.object, op, seq, task);
-            // Rebuilt elsewhere while the first copy is still stored (it arrived corrupt): the
-            // first is never named again, so it goes now.
-            if let Some(old) = self.node_of(output.object).filter(|old| *old != node) {
-                stale.entry(old).or_default().push(output.object);
-            }
             if output.parts.is_empty() {
                 let info = BlockInfo::whole(node, output.rows.unwrap_or(0), output.size);
                 self.blocks.insert(output.object, info);
@@ -132,7 +126,9 @@ impl<C: ClusterAccess> Execution<C> {
             if live == 0 {
                 // Rebuilt with none of its blocks wanted any more.
                 self.containers.remove(&output.object);
-                stale.entry(node).or_default().push(output.object);
+                let free = BTreeMap::from([(node, vec![output.object])]);
+                let cluster = Arc::clone(&self.cluster);
+                tokio::spawn(async move { cluster.free(free).await });
                 continue;
             }
             let container = Container {
@@ -140,10 +136,6 @@ impl<C: ClusterAccess> Execution<C> {
                 blocks_left: live,
             };
             self.containers.insert(output.object, container);
-        }
-        if !stale.is_empty() {
-            let cluster = Arc::clone(&self.cluster);
-            tokio::spawn(async move { cluster.free(stale).await });
         }
         blocks
     }
