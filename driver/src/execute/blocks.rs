@@ -85,8 +85,9 @@ impl BlockInfo {
 impl<C: ClusterAccess> Execution<C> {
     /// Records the outputs task `seq` (task id `task`) of operator `op` made on `node`, and
     /// returns its blocks, in order: one per output, or one per part of a packed output. A
-    /// `rebuild` made them before: blocks freed since are not wanted again, the others are now
-    /// on `node`. Every object and block is recorded in the lineage.
+    /// `rebuild` made them before: blocks freed since are not wanted again unless a rebuild
+    /// was asked for them (a task that read them must run again), the others are now on
+    /// `node`. Every object and block is recorded in the lineage.
     pub(super) fn record_outputs(
         &mut self,
         (op, seq, task): (usize, u64, floe_core::TaskId),
@@ -108,7 +109,10 @@ impl<C: ClusterAccess> Execution<C> {
                 let block = packed_block_id(output.object, index);
                 self.lineage.record(block, op, seq, task);
                 blocks.push(block);
-                if rebuild && !self.blocks.contains_key(&block) {
+                if rebuild
+                    && !self.blocks.contains_key(&block)
+                    && !self.lineage.is_rebuilding(block)
+                {
                     continue;
                 }
                 live += 1;

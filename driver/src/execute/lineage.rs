@@ -54,6 +54,11 @@ impl Lineage {
             .any(|(waiting, _)| *waiting == op)
     }
 
+    /// Whether a rebuild of `object` was asked for and has not finished.
+    pub(super) fn is_rebuilding(&self, object: ObjectId) -> bool {
+        self.rebuilding.contains(&object)
+    }
+
     /// Task `seq` of operator `op` made `objects` again: the tasks waiting for them.
     pub(super) fn rebuilt(
         &mut self,
@@ -121,9 +126,10 @@ impl<C: ClusterAccess> Execution<C> {
         );
     }
 
-    /// Rebuilds the inputs of `launch` on nodes known dead: a task that found one input lost
-    /// with its node would otherwise find the others one failed run at a time.
-    pub(super) fn rebuild_inputs_on_dead_nodes(&mut self, launch: &Launch) {
+    /// Rebuilds the inputs of `launch` that are freed or on nodes known dead: a task that
+    /// found one input lost would otherwise find the others one failed run at a time. (A
+    /// freed input is read again when a task whose output was lost runs again.)
+    pub(super) fn rebuild_lost_inputs(&mut self, launch: &Launch) {
         let Recipe::Compute { inputs, .. } = &launch.recipe else {
             return;
         };
@@ -133,7 +139,7 @@ impl<C: ClusterAccess> Execution<C> {
             .filter(|block| !self.borrowed.contains_key(block))
             .filter(|block| {
                 self.node_of(**block)
-                    .is_some_and(|node| !alive.contains(&node))
+                    .is_none_or(|node| !alive.contains(&node))
             })
             .copied()
             .collect();

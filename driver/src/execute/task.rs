@@ -341,7 +341,7 @@ impl<C: ClusterAccess> Execution<C> {
             RunFailure::Failed(TaskFailure::InputUnavailable { object, reason }) => {
                 tracing::info!(job = %self.job, operator = %name, %object, %reason, "rebuilding a lost input");
                 self.rebuild(object);
-                self.rebuild_inputs_on_dead_nodes(&launch);
+                self.rebuild_lost_inputs(&launch);
                 self.lineage.wait_for(object, index, launch);
             }
             RunFailure::Failed(TaskFailure::Cancelled) => {}

@@ -1214,6 +1214,64 @@ async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
     assert_eq!(fake.stored_objects(), outputs);
 }
 
+#[tokio::test]
+async fn a_reduce_output_lost_after_its_inputs_were_freed_is_rebuilt_from_rebuilt_maps() {
+    let fake = fake(3, 2);
+    // A late reduce on a node other than the driver's kills that node: the reduces that
+    // finished there lost their outputs, and the map objects they read were freed.
+    fake.on_tasks(
+        1,
+        |task| {
+            matches!(task.task.input, StageInput::Reduce { partition, .. } if partition >= 8)
+                && task.node != DRIVER_NODE
+        },
+        Fault::KillNode,
+    );
+    // Slow reduces fill the driver's node, so the others take some.
+    fake.on_tasks(
+        u32::MAX,
+        |task| matches!(task.task.input, StageInput::Reduce { .. }),
+        Fault::Delay(Duration::from_millis(30)),
+    );
+    let n = 600;
+    let (plan, config) = shuffled_sort(n);
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    succeeded(&record);
+    let batches = fake.batches(outputs(&record));
+    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    // Some reduce ran again after its first run had succeeded, and some map ran again for it.
+    let tasks = fake.tasks();
+    let reduces_done: Vec<u32> = tasks
+        .iter()
+        .filter(|task| task.failure.is_none())
+        .filter_map(|task| match task.input {
+            StageInput::Reduce { partition, .. } => Some(partition),
+            _ => None,
+        })
+        .collect();
+    for task in &tasks {
+        eprintln!(
+            "{} {:?} {:?} out={}",
+            task.node,
+            task.input,
+            task.failure,
+            task.outputs.len()
+        );
+    }
+    let unique: BTreeSet<u32> = reduces_done.iter().copied().collect();
+    assert!(
+        unique.len() < reduces_done.len(),
+        "no reduce output was rebuilt"
+    );
+    assert!(
+        stats(&record, "sort").rebuilt >= 2,
+        "{:?}",
+        stats(&record, "sort")
+    );
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
 /// What a job's shuffle made: its map tasks, the partitions each split its rows into, and the
 /// objects its map tasks made.
 struct ShuffleCounts {
