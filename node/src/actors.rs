@@ -32,6 +32,7 @@ use tokio::runtime::Handle;
 use tokio::task::{AbortHandle, JoinHandle};
 use tracing::Instrument as _;
 
+use super::transfer::PulledParts;
 use super::{Error, Result, Shared};
 use floe_api::node_protocol::{
     ActorDescription, ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef,
@@ -542,12 +543,12 @@ impl HashShuffleAggregator {
                     actor,
                     reason: format!("its pull task failed: {error}"),
                 };
-                (Vec::new(), Some(failure), Unclaimed::default())
+                (Vec::new(), Some(failure), Vec::new())
             })
         };
         Box::pin(
             work.into_actor(self)
-                .map(|(arrived, failure, unclaimed), act, _| {
+                .map(|(arrived, failure, pulled), act, _| {
                     let mut late = Vec::new();
                     for (partition, key, held) in arrived {
                         if let Some((copy, _)) = held.copy {
@@ -571,7 +572,11 @@ impl HashShuffleAggregator {
                             }
                         }
                     }
-                    unclaimed.claim();
+                    // The aggregator owns the copies now (and deletes them); had it stopped
+                    // before the push finished, dropping `pulled` would have.
+                    for copy in pulled {
+                        copy.keep();
+                    }
                     act.drop_pulled(late);
                     match failure {
                         Some(failure) => Err(failure),
@@ -663,18 +668,19 @@ impl HashShuffleAggregator {
 }
 
 /// Pulls the shards not on this node yet, those held by one node together into one object.
-/// Returns what arrived (partition, shard, where it is held), and the first failure (the
+/// Returns what arrived (partition, shard, where it is held), the first failure (the
 /// shards of the other nodes are still tried; the driver's reduce pulls whatever is missing
-/// anyway).
+/// anyway), and the objects pulled into, deleted if dropped before the aggregator keeps them.
 async fn pull_shards(
     shared: &Arc<Shared>,
     actor: ActorId,
     shards: Vec<PushedShard>,
-) -> (Vec<(u32, ShardKey, Held)>, Option<ActorFailure>, Unclaimed) {
-    let mut unclaimed = Unclaimed {
-        shared: Arc::downgrade(shared),
-        copies: Vec::new(),
-    };
+) -> (
+    Vec<(u32, ShardKey, Held)>,
+    Option<ActorFailure>,
+    Vec<PulledParts>,
+) {
+    let mut copies = Vec::new();
     let mut arrived = Vec::with_capacity(shards.len());
     let mut by_holder: BTreeMap<String, Vec<PushedShard>> = BTreeMap::new();
     for shard in shards {
@@ -698,17 +704,17 @@ async fn pull_shards(
             .collect();
         match shared.transfers.pull_parts(&holder, &parts).await {
             Ok(pulled) => {
-                unclaimed.copies.push(pulled.object);
-                for (shard, local) in shards.iter().zip(pulled.parts) {
+                for (shard, local) in shards.iter().zip(pulled.parts()) {
                     arrived.push((
                         shard.partition,
                         (shard.object, shard.part.offset),
                         Held {
                             bytes: shard.part.len,
-                            copy: Some((pulled.object, local)),
+                            copy: Some((pulled.object(), *local)),
                         },
                     ));
                 }
+                copies.push(pulled);
             }
             Err(error) => {
                 failure.get_or_insert(ActorFailure::Pull {
@@ -721,32 +727,7 @@ async fn pull_shards(
             }
         }
     }
-    (arrived, failure, unclaimed)
-}
-
-/// Copies a push pulled that its aggregator has not taken yet: deleted when dropped unless
-/// claimed, so a push whose aggregator stopped before it finished leaves nothing behind.
-#[derive(Default)]
-struct Unclaimed {
-    shared: Weak<Shared>,
-    copies: Vec<ObjectId>,
-}
-
-impl Unclaimed {
-    /// The aggregator holds the copies now (and deletes them).
-    fn claim(mut self) {
-        self.copies.clear();
-    }
-}
-
-impl Drop for Unclaimed {
-    fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade()
-            && !self.copies.is_empty()
-        {
-            shared.delete_local(&self.copies);
-        }
-    }
+    (arrived, failure, copies)
 }
 
 /// A job's driver, as an actor: the driver itself runs as a task on the agent's runtime (it is

@@ -80,7 +80,7 @@ const MAX_OUTPUTS_WAIT: Duration = Duration::from_secs(10);
 /// each leaves a complete shard, so a second look normally finds the file settled.
 const SERVE_ATTEMPTS: u32 = 2;
 
-use self::transfer::Transfers;
+use self::transfer::{PulledParts, Transfers};
 use self::worker::{InputPlace, WorkerTask};
 
 /// Everything the agent can fail with.
@@ -220,14 +220,14 @@ impl Shared {
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
+        // The objects this task pulls parts into, its own: deleted when this is dropped.
         let mut part_copies = Vec::new();
         let result = self
             .run_with_inputs(spec, &mut pulled, &mut part_copies, worker)
             .await;
         // This task's uses of copies pulled from other nodes (their owners free the
-        // originals), and the objects it pulled parts into, which are its own.
+        // originals).
         self.transfers.release(&pulled);
-        self.delete_local(&part_copies);
         result
     }
 
@@ -248,7 +248,7 @@ impl Shared {
         &self,
         spec: TaskSpec,
         pulled: &mut Vec<ObjectId>,
-        part_copies: &mut Vec<ObjectId>,
+        part_copies: &mut Vec<PulledParts>,
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let copied = self.pull_parts(&spec.inputs, part_copies).await?;
@@ -331,12 +331,12 @@ impl Shared {
     }
 
     /// Pulls the inputs that are parts of objects on other nodes, those of one holder together
-    /// into one object here (`part_copies` gets it, for the caller to delete). Returns where
-    /// each of those inputs (by index) now lies.
+    /// into one object here (`part_copies` gets it: the object goes when the caller drops it).
+    /// Returns where each of those inputs (by index) now lies.
     async fn pull_parts(
         &self,
         inputs: &[InputRef],
-        part_copies: &mut Vec<ObjectId>,
+        part_copies: &mut Vec<PulledParts>,
     ) -> Result<BTreeMap<usize, (ObjectId, Part)>, TaskFailure> {
         let mut by_holder: BTreeMap<&str, Vec<(usize, ObjectId, Part)>> = BTreeMap::new();
         for (index, input) in inputs.iter().enumerate() {
@@ -355,10 +355,10 @@ impl Shared {
                 .collect();
             match self.transfers.pull_parts(holder, &parts).await {
                 Ok(pulled) => {
-                    part_copies.push(pulled.object);
-                    for ((index, _, _), part) in wanted.iter().zip(pulled.parts) {
-                        copied.insert(*index, (pulled.object, part));
+                    for ((index, _, _), part) in wanted.iter().zip(pulled.parts()) {
+                        copied.insert(*index, (pulled.object(), *part));
                     }
+                    part_copies.push(pulled);
                 }
                 Err(error) => return Err(self.part_pull_failure(holder, &parts, error).await),
             }

@@ -271,6 +271,7 @@ impl Transfers {
         Ok(PulledParts {
             object: copy,
             parts: local,
+            owner: Some(self.store.clone()),
         })
     }
 
@@ -610,12 +611,49 @@ impl AsRef<[u8]> for ViewRange {
 }
 
 /// Parts of objects on another node, pulled into one object here ([`Transfers::pull_parts`]).
-#[derive(Debug, Clone)]
+/// The object is this node's own and nobody else knows of it: it is deleted when this is
+/// dropped (readers that still hold it keep its bytes until they let go), unless [`keep`]
+/// hands it to an owner that deletes it later.
+///
+/// [`keep`]: PulledParts::keep
+#[derive(Debug)]
 pub(crate) struct PulledParts {
-    /// The new object, this node's own: whoever pulled it deletes it when done.
-    pub object: ObjectId,
-    /// Where each part lies in it, in the order they were asked for.
-    pub parts: Vec<Part>,
+    object: ObjectId,
+    parts: Vec<Part>,
+    /// The store to delete the object from, while this owns it.
+    owner: Option<ObjectStore>,
+}
+
+impl PulledParts {
+    /// The object the parts were pulled into.
+    pub fn object(&self) -> ObjectId {
+        self.object
+    }
+
+    /// Where each part lies in the object, in the order they were asked for.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// Hands the object to the caller, who deletes it from now on.
+    pub fn keep(mut self) -> ObjectId {
+        self.owner = None;
+        self.object
+    }
+}
+
+impl Drop for PulledParts {
+    fn drop(&mut self) {
+        let Some(store) = &self.owner else {
+            return;
+        };
+        match store.delete(self.object) {
+            Ok(()) | Err(floe_objectstore::Error::NotFound { .. }) => {}
+            Err(error) => {
+                tracing::warn!(object = %self.object, %error, "cannot delete pulled parts");
+            }
+        }
+    }
 }
 
 /// One piece of a part being pulled: where it comes from and where it goes.
@@ -814,6 +852,33 @@ mod tests {
         let sealed = seal_verified(writer, xxh3_64(b"abcd")).unwrap();
         assert_eq!((sealed.size, sealed.checksum), (4, Some(xxh3_64(b"abcd"))));
         assert_eq!(store.get(object).unwrap().as_bytes(), b"abcd");
+    }
+
+    #[test]
+    fn pulled_parts_are_deleted_when_dropped_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = transfers(dir.path()).store;
+        let pulled = |object| {
+            store.put(object, b"parts").unwrap();
+            PulledParts {
+                object,
+                parts: Vec::new(),
+                owner: Some(store.clone()),
+            }
+        };
+        let (dropped, read_while_dropped, kept) =
+            (ObjectId::new(1), ObjectId::new(2), ObjectId::new(3));
+        drop(pulled(dropped));
+        assert!(!store.contains(dropped));
+        // A reader still holding the object keeps its bytes until it lets go.
+        let copy = pulled(read_while_dropped);
+        let view = store.get(read_while_dropped).unwrap();
+        drop(copy);
+        assert_eq!(view.as_bytes(), b"parts");
+        drop(view);
+        assert!(!store.contains(read_while_dropped));
+        assert_eq!(pulled(kept).keep(), kept);
+        assert!(store.contains(kept));
     }
 
     #[test]
