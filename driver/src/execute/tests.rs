@@ -1042,6 +1042,17 @@ fn expected_sort(n: i64) -> Vec<i64> {
     ids
 }
 
+/// Runs [`shuffled_sort`] of `n` rows uncached, and checks that it succeeds with every row in
+/// [`expected_sort`]'s order.
+async fn run_exact_sort(fake: &Arc<FakeCluster>, n: u64) -> Arc<JobRecord> {
+    let (plan, config) = shuffled_sort(n);
+    let record = run_with(fake, &spec(plan, CacheMode::NoCache), config).await;
+    succeeded(&record);
+    let batches = fake.batches(outputs(&record));
+    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    record
+}
+
 fn is_map_side(task: &crate::cluster::fake::RanTask) -> bool {
     matches!(
         task.input,
@@ -1052,12 +1063,7 @@ fn is_map_side(task: &crate::cluster::fake::RanTask) -> bool {
 #[tokio::test]
 async fn a_shuffle_makes_one_object_per_map_task_freed_once_every_partition_was_read() {
     let fake = fake(2, 2);
-    let n = 600;
-    let (plan, config) = shuffled_sort(n);
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
-    succeeded(&record);
-    let batches = fake.batches(outputs(&record));
-    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    let record = run_exact_sort(&fake, 600).await;
     let tasks = fake.tasks();
     let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
     let reduces = tasks
@@ -1191,12 +1197,7 @@ async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
         },
         Fault::KillInputHolder,
     );
-    let n = 600;
-    let (plan, config) = shuffled_sort(n);
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
-    succeeded(&record);
-    let batches = fake.batches(outputs(&record));
-    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    let record = run_exact_sort(&fake, 600).await;
     assert!(
         stats(&record, "sort").rebuilt >= 1,
         "{:?}",
@@ -1233,12 +1234,7 @@ async fn a_reduce_output_lost_after_its_inputs_were_freed_is_rebuilt_from_rebuil
         |task| matches!(task.task.input, StageInput::Reduce { .. }),
         Fault::Delay(Duration::from_millis(30)),
     );
-    let n = 600;
-    let (plan, config) = shuffled_sort(n);
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
-    succeeded(&record);
-    let batches = fake.batches(outputs(&record));
-    assert_eq!(column(&batches, "id"), expected_sort(n as i64));
+    let record = run_exact_sort(&fake, 600).await;
     // Some reduce ran again after its first run had succeeded, and some map ran again for it.
     let tasks = fake.tasks();
     let reduces_done: Vec<u32> = tasks
