@@ -239,12 +239,19 @@ fn prune(plan: &LogicalPlan, required: Option<Vec<String>>) -> Result<LogicalPla
         // unions need matching sides, caches and sinks keep whole rows.
         _ => plan.inputs().iter().map(|_| None).collect(),
     };
-    let inputs = plan
+    let mut inputs = plan
         .inputs()
         .iter()
         .zip(child_required)
         .map(|(input, required)| prune(input, required))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Operator::Aggregate { keys, aggregations } = operator {
+        let used = union_names(
+            keys.clone(),
+            aggregations.iter().filter_map(|a| a.column.clone()),
+        );
+        inputs[0] = narrowed(&inputs[0], &used)?;
+    }
     if inputs
         .iter()
         .zip(plan.inputs())
@@ -272,6 +279,23 @@ fn prune(plan: &LogicalPlan, required: Option<Vec<String>>) -> Result<LogicalPla
         Operator::Rename { pairs } if pairs.is_empty() => Ok(inputs[0].clone()),
         _ => LogicalPlan::new(operator, inputs),
     }
+}
+
+/// `input` with only the columns in `used`, in its own order: an aggregate's input blocks
+/// cross the shuffle, so columns made on the way (`with_column`) that the aggregate does not
+/// read are dropped in the stage that made them rather than stored and moved.
+fn narrowed(input: &LogicalPlan, used: &[String]) -> Result<LogicalPlan, PlanError> {
+    let columns: Vec<&str> = input
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.name().as_str())
+        .filter(|name| used.iter().any(|used| used == name))
+        .collect();
+    if columns.len() == input.schema().fields().len() || columns.is_empty() {
+        return Ok(input.clone());
+    }
+    input.select(&columns)
 }
 
 /// Moves limits towards the data: merges adjacent limits, swaps a limit below operators that

@@ -758,6 +758,57 @@ fn projections_move_into_reads() {
 }
 
 #[test]
+fn an_aggregate_takes_only_the_columns_it_reads_from_the_stage_before_it() {
+    // `total` is made from `price`, and only `total` is summed: `price` is dropped right
+    // after `total` is made, in the stage that reads it, instead of crossing the shuffle.
+    let plan = sales()
+        .with_column("total", col("price") * lit(2.0))
+        .unwrap()
+        .aggregate(
+            &["region"],
+            vec![Aggregation::of(AggFunction::Sum, "total")],
+        )
+        .unwrap();
+    let optimized = PushProjections.apply(&plan).unwrap();
+    let ops: Vec<&'static str> = chain(&optimized)
+        .iter()
+        .map(|n| n.operator().name())
+        .collect();
+    assert_eq!(
+        ops,
+        vec!["read_parquet", "with_column", "select", "aggregate"]
+    );
+    let input = &optimized.inputs()[0];
+    let names: Vec<&str> = input
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.name().as_str())
+        .collect();
+    assert_eq!(names, ["region", "total"]);
+    assert_eq!(
+        read_of(&optimized).projection,
+        Some(vec!["region".to_owned(), "price".to_owned()])
+    );
+    assert_eq!(optimized.schema(), plan.schema());
+    // Applied again, the rule changes nothing.
+    let again = PushProjections.apply(&optimized).unwrap();
+    assert_eq!(again.fingerprint(), optimized.fingerprint());
+    // A count of rows reads no column: its input is left whole rather than emptied.
+    let counted = sales()
+        .with_column("total", col("price") * lit(2.0))
+        .unwrap()
+        .aggregate(&[], vec![Aggregation::count_rows("n")])
+        .unwrap();
+    let optimized = PushProjections.apply(&counted).unwrap();
+    assert!(
+        chain(&optimized)
+            .iter()
+            .all(|n| !matches!(n.operator(), Operator::Select { .. }))
+    );
+}
+
+#[test]
 fn limits_move_down_and_merge() {
     let plan = sales()
         .with_column("x", col("qty") + lit(1))
