@@ -18,7 +18,9 @@ use floe_core::plan::{AggFunction, Aggregation};
 use super::columns::{
     interleave_or_null, interleave_picks, is_null, named_columns, primitive, with_row_count,
 };
-use super::keys::{Grouping, hash_partition, hash_partitions, key_converter, normalize_key};
+use super::keys::{
+    GroupIds, Grouping, hash_partition, hash_partitions, key_converter, normalize_key,
+};
 use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
@@ -70,13 +72,16 @@ pub(crate) fn aggregate_column(
     batches: &[RecordBatch],
     input: &Schema,
     aggregation: &Aggregation,
-    ids: &[Vec<usize>],
+    ids: &GroupIds,
     groups: usize,
 ) -> Result<ArrayRef> {
     let Some(name) = &aggregation.column else {
         let mut counts = vec![0_i64; groups];
-        for &id in ids.iter().flatten() {
-            counts[id] += 1;
+        for (batch, rows) in batches.iter().map(RecordBatch::num_rows).enumerate() {
+            match ids {
+                GroupIds::One => counts[0] += rows as i64,
+                GroupIds::PerRow(_) => ids.for_each(batch, rows, |_, id| counts[id] += 1),
+            }
         }
         return Ok(Arc::new(Int64Array::from(counts)));
     };
@@ -85,15 +90,31 @@ pub(crate) fn aggregate_column(
     Ok(match aggregation.function {
         AggFunction::Count => {
             let mut counts = vec![0_i64; groups];
-            for (array, ids) in values.iter().zip(ids) {
+            for (batch, array) in values.iter().enumerate() {
                 let nulls = array.logical_nulls();
-                for (row, &id) in ids.iter().enumerate() {
-                    if !is_null(nulls.as_ref(), row) {
-                        counts[id] += 1;
+                match ids {
+                    GroupIds::One => {
+                        let null_count = nulls.as_ref().map_or(0, |nulls| nulls.null_count());
+                        counts[0] += (array.len() - null_count) as i64;
                     }
+                    GroupIds::PerRow(_) => ids.for_each(batch, array.len(), |row, id| {
+                        if !is_null(nulls.as_ref(), row) {
+                            counts[id] += 1;
+                        }
+                    }),
                 }
             }
             Arc::new(Int64Array::from(counts))
+        }
+        AggFunction::Sum if data_type.is_floating() && matches!(ids, GroupIds::One) => {
+            let mut total: Option<f64> = None;
+            for array in &values {
+                let cast = safe_cast(array, &DataType::Float64)?;
+                if let Some(sum) = arrow::compute::sum(primitive::<Float64Type>(&cast)?) {
+                    *total.get_or_insert(0.0) += sum;
+                }
+            }
+            Arc::new(Float64Array::from(vec![total]))
         }
         AggFunction::Sum if data_type.is_floating() => {
             let mut sums: Vec<Option<f64>> = vec![None; groups];
@@ -147,13 +168,13 @@ pub(crate) fn aggregate_column(
                 .collect::<Result<Vec<Rows>>>()?;
             let mut seen: HashSet<(usize, &[u8])> = HashSet::new();
             let mut counts = vec![0_i64; groups];
-            for ((array, rows), ids) in values.iter().zip(&encoded).zip(ids) {
+            for (batch, (array, rows)) in values.iter().zip(&encoded).enumerate() {
                 let nulls = array.logical_nulls();
-                for (row, &id) in ids.iter().enumerate() {
+                ids.for_each(batch, array.len(), |row, id| {
                     if !is_null(nulls.as_ref(), row) && seen.insert((id, rows.row(row).data())) {
                         counts[id] += 1;
                     }
-                }
+                });
             }
             Arc::new(Int64Array::from(counts))
         }
@@ -163,15 +184,19 @@ pub(crate) fn aggregate_column(
 /// Calls `visit(group, value)` for every non-null value of `values` cast to `T`.
 pub(crate) fn for_each_value<T: ArrowPrimitiveType>(
     values: &[ArrayRef],
-    ids: &[Vec<usize>],
+    ids: &GroupIds,
     mut visit: impl FnMut(usize, T::Native),
 ) -> Result<()> {
-    for (array, ids) in values.iter().zip(ids) {
+    for (batch, array) in values.iter().enumerate() {
         let cast = safe_cast(array, &T::DATA_TYPE)?;
-        for (&id, value) in ids.iter().zip(primitive::<T>(&cast)?.iter()) {
-            if let Some(value) = value {
-                visit(id, value);
-            }
+        let typed = primitive::<T>(&cast)?;
+        match (ids, typed.nulls()) {
+            (GroupIds::One, None) => typed.values().iter().for_each(|value| visit(0, *value)),
+            _ => ids.for_each(batch, typed.len(), |row, id| {
+                if typed.is_valid(row) {
+                    visit(id, typed.value(row));
+                }
+            }),
         }
     }
     Ok(())
@@ -181,7 +206,7 @@ pub(crate) fn for_each_value<T: ArrowPrimitiveType>(
 /// the result does not depend on the order of the values.
 pub(crate) fn integer_sum<T: ArrowPrimitiveType>(
     values: &[ArrayRef],
-    ids: &[Vec<usize>],
+    ids: &GroupIds,
     groups: usize,
 ) -> Result<PrimitiveArray<T>>
 where
@@ -203,7 +228,7 @@ where
 pub(crate) fn extreme(
     values: &[ArrayRef],
     data_type: &DataType,
-    ids: &[Vec<usize>],
+    ids: &GroupIds,
     groups: usize,
     keep: Ordering,
 ) -> Result<ArrayRef> {
@@ -213,11 +238,11 @@ pub(crate) fn extreme(
         .map(|array| converter.convert_columns(std::slice::from_ref(array)))
         .collect::<Result<Vec<Rows>, ArrowError>>()?;
     let mut best: Vec<Option<(usize, usize)>> = vec![None; groups];
-    for (batch, (array, ids)) in values.iter().zip(ids).enumerate() {
+    for (batch, array) in values.iter().enumerate() {
         let nulls = array.logical_nulls();
-        for (row, &id) in ids.iter().enumerate() {
+        ids.for_each(batch, array.len(), |row, id| {
             if is_null(nulls.as_ref(), row) {
-                continue;
+                return;
             }
             let better = best[id].is_none_or(|(best_batch, best_row)| {
                 encoded[batch]
@@ -228,7 +253,7 @@ pub(crate) fn extreme(
             if better {
                 best[id] = Some((batch, row));
             }
-        }
+        });
     }
     interleave_or_null(values.to_vec(), data_type, best.into_iter())
 }

@@ -5,8 +5,8 @@
 //! are equal hash and compare alike whatever their width: integers become `Int64`, floats
 //! `Float64` with `-0.0` folded into `0.0` and every NaN into one NaN.
 
-use std::cmp::Reverse;
 use std::collections::HashMap;
+use std::cmp::Reverse;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef};
@@ -161,8 +161,8 @@ fn row_prefix(row: &[u8]) -> u128 {
 
 /// The rows of a set of batches numbered by their distinct key values.
 pub(crate) struct Grouping {
-    /// Each row's group, batch by batch; groups are numbered in order of first appearance.
-    pub(crate) ids: Vec<Vec<usize>>,
+    /// Each row's group; groups are numbered in order of first appearance.
+    pub(crate) ids: GroupIds,
     /// The (batch, row) where each group first appears.
     pub(crate) first: Vec<(usize, usize)>,
 }
@@ -177,7 +177,7 @@ impl Grouping {
                 .position(|batch| batch.num_rows() > 0)
                 .map(|batch| (batch, 0));
             return Ok(Self {
-                ids: batches.iter().map(|b| vec![0; b.num_rows()]).collect(),
+                ids: GroupIds::One,
                 first: first.into_iter().collect(),
             });
         }
@@ -204,7 +204,32 @@ impl Grouping {
             }
             ids.push(batch_ids);
         }
-        Ok(Self { ids, first })
+        Ok(Self {
+            ids: GroupIds::PerRow(ids),
+            first,
+        })
+    }
+}
+
+/// Each row's group.
+pub(crate) enum GroupIds {
+    /// No keys: every row is in group 0 (nothing is stored per row).
+    One,
+    /// Each row's group, batch by batch.
+    PerRow(Vec<Vec<usize>>),
+}
+
+impl GroupIds {
+    /// Calls `visit(row, group)` for each of the `rows` rows of batch `batch`.
+    #[inline]
+    pub(crate) fn for_each(&self, batch: usize, rows: usize, mut visit: impl FnMut(usize, usize)) {
+        match self {
+            Self::One => (0..rows).for_each(|row| visit(row, 0)),
+            Self::PerRow(ids) => ids[batch]
+                .iter()
+                .enumerate()
+                .for_each(|(row, &id)| visit(row, id)),
+        }
     }
 }
 

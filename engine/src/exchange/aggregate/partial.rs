@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Float64Array, Int64Array};
+use arrow::compute::cast;
 use arrow::compute::kernels::numeric::mul;
-use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::{AggFunction, Aggregation};
@@ -243,12 +243,16 @@ pub fn partial_aggregate(
     keys: &[String],
     aggregations: &[Aggregation],
 ) -> Result<RecordBatch> {
-    let all = concat_batches(input, batches)?;
-    let prepared = with_float_inputs(&all, aggregations)?;
-    let (partials, schema) = partial_plan(&prepared.schema(), keys, aggregations)?;
+    // Batch by batch: concatenating them first would copy every input byte once more.
+    let prepared = batches
+        .iter()
+        .map(|batch| with_float_inputs(batch, aggregations))
+        .collect::<Result<Vec<_>>>()?;
+    let prepared_schema = Arc::new(float_inputs_schema(input, aggregations)?);
+    let (partials, schema) = partial_plan(&prepared_schema, keys, aggregations)?;
     let partial = aggregate(
-        std::slice::from_ref(&prepared),
-        &prepared.schema(),
+        &prepared,
+        &prepared_schema,
         keys,
         &partials,
         &Arc::new(schema),
