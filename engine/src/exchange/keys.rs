@@ -5,7 +5,7 @@
 //! are equal hash and compare alike whatever their width: integers become `Int64`, floats
 //! `Float64` with `-0.0` folded into `0.0` and every NaN into one NaN.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::cmp::Reverse;
 use std::sync::Arc;
 
@@ -190,7 +190,8 @@ impl Grouping {
             .iter()
             .map(|batch| Ok(converter.convert_columns(&normalized_columns(batch, keys)?)?))
             .collect::<Result<Vec<Rows>>>()?;
-        let mut numbers: HashMap<&[u8], usize> = HashMap::new();
+        // Every row's key is hashed: foldhash (seeded per process) rather than SipHash.
+        let mut numbers: HashMap<&[u8], usize> = HashMap::default();
         let mut first = Vec::new();
         let mut ids = Vec::with_capacity(encoded.len());
         for (batch, rows) in encoded.iter().enumerate() {
@@ -253,7 +254,7 @@ pub fn most_frequent_key(batches: &[RecordBatch], columns: &[String]) -> Result<
         .collect::<Result<Vec<_>>>()?;
     let converter = RowConverter::new(types.into_iter().map(SortField::new).collect())?;
     // Row bytes → (rows seen, where the first one is).
-    let mut counts: HashMap<Vec<u8>, (i64, usize, usize)> = HashMap::new();
+    let mut counts: HashMap<Vec<u8>, (i64, usize, usize)> = HashMap::default();
     for (batch_index, batch) in batches.iter().enumerate() {
         let keys = columns
             .iter()
