@@ -185,6 +185,11 @@ impl Grouping {
             .iter()
             .map(|key| Ok(input.field_with_name(key)?.data_type()))
             .collect::<Result<Vec<_>>>()?;
+        if let [key] = keys
+            && normalized_type(types[0]) == DataType::Int64
+        {
+            return Self::of_integers(batches, key);
+        }
         let converter = key_converter(types.into_iter())?;
         let encoded = batches
             .iter()
@@ -203,6 +208,41 @@ impl Grouping {
                 });
                 batch_ids.push(id);
             }
+            ids.push(batch_ids);
+        }
+        Ok(Self {
+            ids: GroupIds::PerRow(ids),
+            first,
+        })
+    }
+}
+
+impl Grouping {
+    /// Groups by one integer key (normalized to Int64) by its values: no row encoding, and
+    /// nulls are a group of their own.
+    fn of_integers(batches: &[RecordBatch], key: &str) -> Result<Self> {
+        let mut numbers: HashMap<i64, usize> = HashMap::default();
+        let mut null_group = None;
+        let mut first = Vec::new();
+        let mut ids = Vec::with_capacity(batches.len());
+        for (batch, record) in batches.iter().enumerate() {
+            let normalized = normalize_key(column(record, key)?)?;
+            let values = primitive::<Int64Type>(&normalized)?;
+            let mut new_group = |row: usize| {
+                first.push((batch, row));
+                first.len() - 1
+            };
+            let batch_ids = (0..values.len())
+                .map(|row| {
+                    if values.is_null(row) {
+                        *null_group.get_or_insert_with(|| new_group(row))
+                    } else {
+                        *numbers
+                            .entry(values.value(row))
+                            .or_insert_with(|| new_group(row))
+                    }
+                })
+                .collect();
             ids.push(batch_ids);
         }
         Ok(Self {
@@ -299,6 +339,64 @@ mod tests {
     use arrow::array::{Int64Array, StringArray};
 
     use super::*;
+
+    #[test]
+    fn an_integer_key_groups_its_rows_as_the_encoded_rows_do() {
+        let int32 = |values: Vec<Option<i32>>| -> ArrayRef {
+            Arc::new(arrow::array::Int32Array::from(values))
+        };
+        let uint64 = |values: Vec<Option<u64>>| -> ArrayRef {
+            Arc::new(arrow::array::UInt64Array::from(values))
+        };
+        for batches in [
+            vec![
+                int32(vec![Some(3), None, Some(-1), Some(3)]),
+                int32(vec![None, Some(-1), Some(7)]),
+            ],
+            vec![
+                uint64(vec![Some(u64::MAX), Some(0), None]),
+                uint64(vec![Some(0), Some(u64::MAX), Some(1 << 63)]),
+            ],
+        ] {
+            let schema = Arc::new(Schema::new(vec![arrow::datatypes::Field::new(
+                "k",
+                batches[0].data_type().clone(),
+                true,
+            )]));
+            let batches: Vec<RecordBatch> = batches
+                .into_iter()
+                .map(|column| RecordBatch::try_new(schema.clone(), vec![column]).unwrap())
+                .collect();
+            let keys = ["k".to_owned()];
+            let fast = Grouping::of(&batches, &schema, &keys).unwrap();
+            // The general path: rows encoded by the key converter.
+            let converter = key_converter(std::iter::once(schema.field(0).data_type())).unwrap();
+            let mut numbers: std::collections::HashMap<Vec<u8>, usize> = Default::default();
+            let mut want_ids = Vec::new();
+            let mut want_first = Vec::new();
+            for (batch, record) in batches.iter().enumerate() {
+                let rows = converter
+                    .convert_columns(&normalized_columns(record, &keys).unwrap())
+                    .unwrap();
+                let ids: Vec<usize> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(row, key)| {
+                        *numbers.entry(key.data().to_vec()).or_insert_with(|| {
+                            want_first.push((batch, row));
+                            want_first.len() - 1
+                        })
+                    })
+                    .collect();
+                want_ids.push(ids);
+            }
+            let GroupIds::PerRow(ids) = fast.ids else {
+                panic!("a keyed grouping numbers every row");
+            };
+            assert_eq!(ids, want_ids);
+            assert_eq!(fast.first, want_first);
+        }
+    }
 
     /// `sorted_order` against a stable sort comparing whole rows.
     fn check(columns: Vec<ArrayRef>, options: SortOptions) {
