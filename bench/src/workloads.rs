@@ -485,7 +485,9 @@ struct Measured {
     output: floe_client::JobOutput,
 }
 
-/// Runs `dataset` `runs` times and keeps the median time and the last output.
+/// Runs `dataset` `runs` times and keeps the median time and the last output. Each run's
+/// result is released before the next starts, so every run finds the same store: one still
+/// holding the last result would hold up to twice the data.
 async fn run_job(
     client: &Client,
     dataset: &Dataset,
@@ -493,8 +495,11 @@ async fn run_job(
     runs: usize,
 ) -> anyhow::Result<Measured> {
     let mut times = Vec::new();
-    let mut last = None;
+    let mut last: Option<floe_client::JobOutput> = None;
     for _ in 0..runs.max(1) {
+        if let Some(previous) = last.take() {
+            previous.release().await?;
+        }
         let started = Instant::now();
         let output = client
             .submit_with(dataset, options.clone())
