@@ -220,11 +220,7 @@ impl Shared {
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
         let mut pulled = Vec::new();
-        // The objects this task pulls parts into, its own: deleted when this is dropped.
-        let mut part_copies = Vec::new();
-        let result = self
-            .run_with_inputs(spec, &mut pulled, &mut part_copies, worker)
-            .await;
+        let result = self.run_with_inputs(spec, &mut pulled, worker).await;
         // This task's uses of copies pulled from other nodes (their owners free the
         // originals).
         self.transfers.release(&pulled);
@@ -248,10 +244,10 @@ impl Shared {
         &self,
         spec: TaskSpec,
         pulled: &mut Vec<ObjectId>,
-        part_copies: &mut Vec<PulledParts>,
         worker: &mut Option<WorkerRef>,
     ) -> Result<Vec<OutputRef>, TaskFailure> {
-        let copied = self.pull_parts(&spec.inputs, part_copies).await?;
+        // The objects this task pulls parts into are its own: deleted when it returns.
+        let (copied, _part_copies) = self.pull_parts(&spec.inputs).await?;
         let mut pins = Vec::with_capacity(spec.inputs.len());
         let mut parts = Vec::with_capacity(spec.inputs.len());
         for (index, input) in spec.inputs.iter().enumerate() {
@@ -331,13 +327,12 @@ impl Shared {
     }
 
     /// Pulls the inputs that are parts of objects on other nodes, those of one holder together
-    /// into one object here (`part_copies` gets it: the object goes when the caller drops it).
-    /// Returns where each of those inputs (by index) now lies.
+    /// into one object here. Returns where each of those inputs (by index) now lies, and the
+    /// objects pulled into (each goes when its `PulledParts` is dropped).
     async fn pull_parts(
         &self,
         inputs: &[InputRef],
-        part_copies: &mut Vec<PulledParts>,
-    ) -> Result<BTreeMap<usize, (ObjectId, Part)>, TaskFailure> {
+    ) -> Result<(BTreeMap<usize, (ObjectId, Part)>, Vec<PulledParts>), TaskFailure> {
         let mut by_holder: BTreeMap<&str, Vec<(usize, ObjectId, Part)>> = BTreeMap::new();
         for (index, input) in inputs.iter().enumerate() {
             if let (Some(holder), Some(part)) = (&input.holder, input.part) {
@@ -348,6 +343,7 @@ impl Shared {
             }
         }
         let mut copied = BTreeMap::new();
+        let mut part_copies = Vec::new();
         for (holder, wanted) in by_holder {
             let parts: Vec<(ObjectId, Part)> = wanted
                 .iter()
@@ -363,7 +359,7 @@ impl Shared {
                 Err(error) => return Err(self.part_pull_failure(holder, &parts, error).await),
             }
         }
-        Ok(copied)
+        Ok((copied, part_copies))
     }
 
     /// What a failed pull of `parts` from `holder` makes of the task: the object that arrived
