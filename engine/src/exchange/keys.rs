@@ -185,70 +185,86 @@ impl Grouping {
             .iter()
             .map(|key| Ok(input.field_with_name(key)?.data_type()))
             .collect::<Result<Vec<_>>>()?;
-        if let [key] = keys
-            && normalized_type(types[0]) == DataType::Int64
-        {
-            return Self::of_integers(batches, key);
+        match keys {
+            [key] if normalized_type(types[0]) == DataType::Int64 => {
+                Self::of_integers(batches, key)
+            }
+            _ => Self::of_encoded(batches, &types, keys),
         }
-        let converter = key_converter(types.into_iter())?;
+    }
+
+    /// Groups by the keys' rows encoded by the key converter: any key columns.
+    fn of_encoded(batches: &[RecordBatch], types: &[&DataType], keys: &[String]) -> Result<Self> {
+        let converter = key_converter(types.iter().copied())?;
         let encoded = batches
             .iter()
             .map(|batch| Ok(converter.convert_columns(&normalized_columns(batch, keys)?)?))
             .collect::<Result<Vec<Rows>>>()?;
-        // Every row's key is hashed: foldhash (seeded per process) rather than SipHash.
-        let mut numbers: HashMap<&[u8], usize> = HashMap::default();
-        let mut first = Vec::new();
-        let mut ids = Vec::with_capacity(encoded.len());
-        for (batch, rows) in encoded.iter().enumerate() {
-            let mut batch_ids = Vec::with_capacity(rows.num_rows());
-            for (row, key) in rows.iter().enumerate() {
-                let id = *numbers.entry(key.data()).or_insert_with(|| {
-                    first.push((batch, row));
-                    first.len() - 1
-                });
-                batch_ids.push(id);
-            }
-            ids.push(batch_ids);
-        }
-        Ok(Self {
-            ids: GroupIds::PerRow(ids),
-            first,
-        })
+        let mut numbering = Numbering::default();
+        let ids = encoded
+            .iter()
+            .enumerate()
+            .map(|(batch, rows)| {
+                (0..rows.num_rows())
+                    .map(|row| numbering.id(rows.row(row).data(), (batch, row)))
+                    .collect()
+            })
+            .collect();
+        Ok(numbering.grouping(ids))
     }
-}
 
-impl Grouping {
     /// Groups by one integer key (normalized to Int64) by its values: no row encoding, and
     /// nulls are a group of their own.
     fn of_integers(batches: &[RecordBatch], key: &str) -> Result<Self> {
-        let mut numbers: HashMap<i64, usize> = HashMap::default();
-        let mut null_group = None;
-        let mut first = Vec::new();
+        let mut numbering = Numbering::default();
         let mut ids = Vec::with_capacity(batches.len());
         for (batch, record) in batches.iter().enumerate() {
             let normalized = normalize_key(column(record, key)?)?;
             let values = primitive::<Int64Type>(&normalized)?;
-            let mut new_group = |row: usize| {
-                first.push((batch, row));
-                first.len() - 1
-            };
             let batch_ids = (0..values.len())
                 .map(|row| {
-                    if values.is_null(row) {
-                        *null_group.get_or_insert_with(|| new_group(row))
-                    } else {
-                        *numbers
-                            .entry(values.value(row))
-                            .or_insert_with(|| new_group(row))
-                    }
+                    let value = values.is_valid(row).then(|| values.value(row));
+                    numbering.id(value, (batch, row))
                 })
                 .collect();
             ids.push(batch_ids);
         }
-        Ok(Self {
-            ids: GroupIds::PerRow(ids),
-            first,
+        Ok(numbering.grouping(ids))
+    }
+}
+
+/// Distinct keys numbered in order of first appearance.
+struct Numbering<K> {
+    // Every row's key is hashed: foldhash (seeded per process) rather than SipHash.
+    numbers: HashMap<K, usize>,
+    /// The (batch, row) where each group first appears.
+    first: Vec<(usize, usize)>,
+}
+
+impl<K> Default for Numbering<K> {
+    fn default() -> Self {
+        Self {
+            numbers: HashMap::default(),
+            first: Vec::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Numbering<K> {
+    /// The group of `key`, seen at `at`: a new one if it was not seen before.
+    fn id(&mut self, key: K, at: (usize, usize)) -> usize {
+        *self.numbers.entry(key).or_insert_with(|| {
+            self.first.push(at);
+            self.first.len() - 1
         })
+    }
+
+    /// The grouping whose rows got `ids`.
+    fn grouping(self, ids: Vec<Vec<usize>>) -> Grouping {
+        Grouping {
+            ids: GroupIds::PerRow(ids),
+            first: self.first,
+        }
     }
 }
 
@@ -370,29 +386,13 @@ mod tests {
             let keys = ["k".to_owned()];
             let fast = Grouping::of(&batches, &schema, &keys).unwrap();
             // The general path: rows encoded by the key converter.
-            let converter = key_converter(std::iter::once(schema.field(0).data_type())).unwrap();
-            let mut numbers: std::collections::HashMap<Vec<u8>, usize> = Default::default();
-            let mut want_ids = Vec::new();
-            let mut want_first = Vec::new();
-            for (batch, record) in batches.iter().enumerate() {
-                let rows = converter
-                    .convert_columns(&normalized_columns(record, &keys).unwrap())
-                    .unwrap();
-                let ids: Vec<usize> = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(row, key)| {
-                        *numbers.entry(key.data().to_vec()).or_insert_with(|| {
-                            want_first.push((batch, row));
-                            want_first.len() - 1
-                        })
-                    })
-                    .collect();
-                want_ids.push(ids);
-            }
-            let GroupIds::PerRow(ids) = fast.ids else {
+            let encoded =
+                Grouping::of_encoded(&batches, &[schema.field(0).data_type()], &keys).unwrap();
+            let (GroupIds::PerRow(ids), GroupIds::PerRow(want_ids)) = (fast.ids, encoded.ids)
+            else {
                 panic!("a keyed grouping numbers every row");
             };
+            let want_first = encoded.first;
             assert_eq!(ids, want_ids);
             assert_eq!(fast.first, want_first);
         }
