@@ -11,7 +11,7 @@
 //! [`super::physical::FuseRowOperators`].
 
 use super::operator::{FileScan, Operator};
-use super::{LogicalPlan, MAX_EXPR_DEPTH, MAX_PLAN_DEPTH, PlanError};
+use super::{Aggregation, LogicalPlan, MAX_EXPR_DEPTH, MAX_PLAN_DEPTH, PlanError};
 use crate::expr::Expr;
 
 /// One rewrite of the logical plan.
@@ -230,10 +230,9 @@ fn prune(plan: &LogicalPlan, required: Option<Vec<String>>) -> Result<LogicalPla
             keys.iter().map(|k| k.column.clone()),
         ))],
         Operator::Repartition { keys, .. } => vec![Some(union_names(needed(), keys.clone()))],
-        Operator::Aggregate { keys, aggregations } => vec![Some(union_names(
-            keys.clone(),
-            aggregations.iter().filter_map(|a| a.column.clone()),
-        ))],
+        Operator::Aggregate { keys, aggregations } => {
+            vec![Some(aggregate_reads(keys, aggregations))]
+        }
         Operator::Unique { columns } if !columns.is_empty() => vec![Some(columns.clone())],
         // Everything else needs all of its inputs' columns: UDFs may read any, joins and
         // unions need matching sides, caches and sinks keep whole rows.
@@ -246,11 +245,7 @@ fn prune(plan: &LogicalPlan, required: Option<Vec<String>>) -> Result<LogicalPla
         .map(|(input, required)| prune(input, required))
         .collect::<Result<Vec<_>, _>>()?;
     if let Operator::Aggregate { keys, aggregations } = operator {
-        let used = union_names(
-            keys.clone(),
-            aggregations.iter().filter_map(|a| a.column.clone()),
-        );
-        inputs[0] = narrowed(&inputs[0], &used)?;
+        inputs[0] = narrowed(&inputs[0], &aggregate_reads(keys, aggregations))?;
     }
     if inputs
         .iter()
@@ -279,6 +274,14 @@ fn prune(plan: &LogicalPlan, required: Option<Vec<String>>) -> Result<LogicalPla
         Operator::Rename { pairs } if pairs.is_empty() => Ok(inputs[0].clone()),
         _ => LogicalPlan::new(operator, inputs),
     }
+}
+
+/// The columns an aggregate reads: its keys and its aggregations' columns.
+fn aggregate_reads(keys: &[String], aggregations: &[Aggregation]) -> Vec<String> {
+    union_names(
+        keys.to_vec(),
+        aggregations.iter().filter_map(|a| a.column.clone()),
+    )
 }
 
 /// `input` with only the columns in `used`, in its own order: an aggregate's input blocks
