@@ -778,14 +778,7 @@ fn an_aggregate_takes_only_the_columns_it_reads_from_the_stage_before_it() {
         ops,
         vec!["read_parquet", "with_column", "select", "aggregate"]
     );
-    let input = &optimized.inputs()[0];
-    let names: Vec<&str> = input
-        .schema()
-        .fields()
-        .iter()
-        .map(|field| field.name().as_str())
-        .collect();
-    assert_eq!(names, ["region", "total"]);
+    assert_eq!(names(&optimized.inputs()[0]), ["region", "total"]);
     assert_eq!(
         read_of(&optimized).projection,
         Some(vec!["region".to_owned(), "price".to_owned()])
