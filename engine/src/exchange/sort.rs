@@ -200,9 +200,12 @@ pub fn sample(
     rows: u32,
     seed: u64,
 ) -> Result<RecordBatch> {
-    let all = arrow::compute::concat_batches(schema, batches)?;
+    // Only the key columns are joined: copying whole blocks to draw a few keys cost a sort
+    // more than its boundaries are worth.
+    let key_schema = key_schema(schema, keys)?;
+    let all = concat_batches(batches, &key_schema)?;
     if all.num_rows() == 0 {
-        return Ok(RecordBatch::new_empty(key_schema(schema, keys)?));
+        return Ok(RecordBatch::new_empty(key_schema));
     }
     sample_keys(&all, keys, rows as usize, seed)
 }
