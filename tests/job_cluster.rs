@@ -908,7 +908,7 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
 async fn killing_a_node_while_a_shuffle_reduces_still_gives_every_row() {
     // Progress every 50 ms, so the test sees the reduce phase begin.
     let mut cluster = start(3, &["node.progress_interval_ms=50"]).await;
-    // A sort: its reduce tasks merge sorted runs, the slowest reduce there is.
+    // A sort: its reduce tasks sort their partitions, the slowest reduce there is.
     let n = 2_000_000i64;
     let dataset = Dataset::range(n as u64)
         .unwrap()

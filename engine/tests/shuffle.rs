@@ -21,7 +21,7 @@ use floe_engine::exchange::join::{JoinSide, join};
 use floe_engine::exchange::keys::{hash_partition, most_frequent_key};
 use floe_engine::exchange::random::{permute, random_partition};
 use floe_engine::exchange::repartition::split_by_position;
-use floe_engine::exchange::sort::{merge_sorted, range_boundaries, range_partition, sample_keys};
+use floe_engine::exchange::sort::{range_boundaries, range_partition, sample_keys, sort_batches};
 use floe_engine::exchange::unique::unique;
 use floe_engine::task::TaskOutput;
 use proptest::prelude::*;
@@ -448,7 +448,7 @@ fn sort_rows_of(batch: &RecordBatch) -> Vec<SortRow> {
 }
 
 /// The distributed sort in one process: sample each block, pick boundaries, range-partition
-/// each block, merge each partition's pieces, and concatenate the partitions in order.
+/// each block, sort each partition's pieces, and concatenate the partitions in order.
 fn distributed_sort(
     blocks: &[RecordBatch],
     schema: &SchemaRef,
@@ -474,14 +474,14 @@ fn distributed_sort(
     }
     parts
         .iter()
-        .map(|pieces| merge_sorted(pieces, schema, keys).unwrap())
+        .map(|pieces| sort_batches(pieces, schema, keys).unwrap())
         .collect()
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
-    /// Sample, boundaries, range partition and merge give the input stably sorted by both
+    /// Sample, boundaries, range partition and sort give the input stably sorted by both
     /// keys, whatever their directions and null placement.
     #[test]
     fn distributed_sort_matches_a_stable_sort(
@@ -673,7 +673,7 @@ fn sort_kernels_handle_empty_input_and_a_single_row() {
     let pieces = range_partition(&empty, &keys, &boundaries, 4).unwrap();
     assert_eq!(pieces.len(), 4);
     assert!(pieces.iter().all(|p| p.num_rows() == 0));
-    let merged = merge_sorted(&[], &schema, &keys).unwrap();
+    let merged = sort_batches(&[], &schema, &keys).unwrap();
     assert_eq!(merged.num_rows(), 0);
     assert_eq!(merged.schema(), schema);
 
@@ -692,12 +692,13 @@ fn range_partition_sends_rows_past_the_boundaries_to_the_last_partition() {
     let boundaries = batch(vec![("a", int64s([Some(2), Some(5)]))]);
     let pieces = range_partition(&input, &keys, &boundaries, 5).unwrap();
     let values: Vec<Vec<Option<i64>>> = pieces.iter().map(|p| ints(p, "a")).collect();
+    // Each partition keeps the input's (descending) order: the reduce sorts.
     let expected: Vec<Vec<Option<i64>>> = vec![
-        (0..=2).map(Some).collect(),
-        (3..=5).map(Some).collect(),
+        (0..=2).rev().map(Some).collect(),
+        (3..=5).rev().map(Some).collect(),
         vec![],
         vec![],
-        (6..=9).map(Some).collect(),
+        (6..=9).rev().map(Some).collect(),
     ];
     assert_eq!(values, expected);
 }

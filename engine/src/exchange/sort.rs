@@ -1,8 +1,9 @@
 //! Sort: a range-partitioned exchange. The map side samples sort keys, picks `n - 1` range
-//! boundaries from the samples, sorts its blocks and splits them at the boundaries; each reduce
-//! task merges its partition's sorted runs, so partition `i`'s rows all sort before partition
-//! `i + 1`'s. Both sides encode the keys in Arrow's row format, sort the rows by their leading
-//! bytes as integers (whole rows only break ties) and gather every row once.
+//! boundaries from the samples and splits its blocks at the boundaries, keeping their row
+//! order; each reduce task sorts its partition, so partition `i`'s rows all sort before
+//! partition `i + 1`'s. Both sides encode the keys in Arrow's row format and gather every row
+//! once; the reduce sorts the rows by their leading bytes as integers (whole rows only break
+//! ties).
 
 use std::collections::BTreeSet;
 
@@ -10,7 +11,7 @@ use arrow::array::UInt64Array;
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use arrow::row::{Row, Rows};
+use arrow::row::Row;
 use floe_core::plan::SortKey;
 
 use super::columns::{SplitMix64, concat_batches, gather, partition_count, scale};
@@ -82,11 +83,11 @@ pub fn range_boundaries(
     Ok(take_record_batch(&all, &picked)?)
 }
 
-/// Sorts `batch` by `keys` (stably) and splits it by `boundaries` into exactly `n` sorted
-/// batches: a row goes to the first partition i (i < min(boundaries.num_rows(), n - 1)) whose
-/// boundary sorts at or after the row's key, else to the last partition n - 1. The partitions
-/// between the boundaries' and the last stay empty. Partition i's rows all sort at or before
-/// partition i + 1's.
+/// Splits `batch` by `boundaries` into exactly `n` batches, each keeping `batch`'s row order:
+/// a row goes to the first partition i (i < min(boundaries.num_rows(), n - 1)) whose boundary
+/// sorts at or after the row's key, else to the last partition n - 1. The partitions between
+/// the boundaries' and the last stay empty. Every row of partition i sorts at or before every
+/// row of partition i + 1.
 pub fn range_partition(
     batch: &RecordBatch,
     keys: &[SortKey],
@@ -102,60 +103,31 @@ pub fn range_partition(
     )
 }
 
-/// Merges batches that are each sorted by `keys` into one sorted batch of `schema`; equal keys
-/// keep the input order, batch by batch. (Any batches will do: this is a stable sort of their
-/// concatenation, which finds the sorted runs and merges them.)
-pub fn merge_sorted(
+/// The rows of `batches` (of `schema`) stably sorted by `keys`, as one batch: equal keys keep
+/// the input order, batch by batch.
+pub fn sort_batches(
     batches: &[RecordBatch],
     schema: &SchemaRef,
     keys: &[SortKey],
 ) -> Result<RecordBatch> {
-    let sorted = SortedRows::of(batches, schema, keys)?;
-    gather(batches, schema, &sorted.order)
-}
-
-/// The rows of a set of batches in the order of a set of sort keys.
-struct SortedRows {
-    /// Every row's key in Arrow's row format (whose byte order is the sort order), batch
-    /// after batch.
-    keys: Rows,
-    /// Where each batch's rows start in `keys`.
-    starts: Vec<usize>,
-    /// Every row as (batch, row), stably sorted: equal keys keep the input order.
-    order: Vec<(usize, usize)>,
-}
-
-impl SortedRows {
-    /// Encodes the key columns of all `batches` into one row buffer and sorts the row
-    /// positions by it ([`sorted_order`]: integer compares of each row's leading bytes).
-    fn of(batches: &[RecordBatch], schema: &Schema, keys: &[SortKey]) -> Result<Self> {
-        let converter = sort_converter(schema, keys)?;
-        let total = batches.iter().map(RecordBatch::num_rows).sum();
-        let mut encoded = converter.empty_rows(total, 0);
-        let mut starts = Vec::with_capacity(batches.len());
-        for batch in batches {
-            starts.push(encoded.num_rows());
-            converter.append(&mut encoded, &sort_columns(batch, keys)?)?;
-        }
-        let order = sorted_order(&encoded)
-            .into_iter()
-            .map(|position| {
-                // The last batch starting at or before the position holds it (empty batches
-                // share their start with the next).
-                let batch = starts.partition_point(|&start| start <= position) - 1;
-                (batch, position - starts[batch])
-            })
-            .collect();
-        Ok(Self {
-            keys: encoded,
-            starts,
-            order,
+    let converter = sort_converter(schema, keys)?;
+    let total = batches.iter().map(RecordBatch::num_rows).sum();
+    let mut encoded = converter.empty_rows(total, 0);
+    let mut starts = Vec::with_capacity(batches.len());
+    for batch in batches {
+        starts.push(encoded.num_rows());
+        converter.append(&mut encoded, &sort_columns(batch, keys)?)?;
+    }
+    let order: Vec<(usize, usize)> = sorted_order(&encoded)
+        .into_iter()
+        .map(|position| {
+            // The last batch starting at or before the position holds it (empty batches
+            // share their start with the next).
+            let batch = starts.partition_point(|&start| start <= position) - 1;
+            (batch, position - starts[batch])
         })
-    }
-
-    fn key(&self, (batch, row): (usize, usize)) -> Row<'_> {
-        self.keys.row(self.starts[batch] + row)
-    }
+        .collect();
+    gather(batches, schema, &order)
 }
 
 /// `Operator::Sort`.
@@ -183,7 +155,7 @@ impl Exchange for Sort<'_> {
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
         let schema = task.schema(0)?.clone();
-        merge_sorted(&task.into_batches(), &schema, self.keys)
+        sort_batches(&task.into_batches(), &schema, self.keys)
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {
@@ -210,8 +182,11 @@ pub fn sample(
     sample_keys(&all, keys, rows as usize, seed)
 }
 
-/// Sorts `batches` (of `schema`) stably by `keys` and splits them at `boundaries` into
-/// `partitions` sorted blocks, as [`range_partition`] splits one batch.
+/// Splits `batches` (of `schema`) at `boundaries` into `partitions` blocks, as
+/// [`range_partition`] splits one batch; each block keeps the input order, batch by batch.
+///
+/// The map side does not sort: each reduce sorts its partition anyway, and a stable sort of
+/// pieces that kept their input order gives equal keys the order of the whole input.
 pub fn partition_by_range(
     batches: &[RecordBatch],
     schema: &SchemaRef,
@@ -220,20 +195,27 @@ pub fn partition_by_range(
     partitions: u32,
 ) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(partitions)?;
-    let sorted = SortedRows::of(batches, schema, keys)?;
-    let bounds = sort_converter(schema, keys)?.convert_columns(boundaries.columns())?;
-    let mut cuts = vec![0];
-    for bound in bounds.iter().take(parts - 1) {
-        let previous = cuts.last().copied().unwrap_or(0);
-        let end = sorted
-            .order
-            .partition_point(|&pick| sorted.key(pick) <= bound);
-        cuts.push(end.max(previous));
+    let converter = sort_converter(schema, keys)?;
+    let bounds = converter.convert_columns(boundaries.columns())?;
+    let bounds: Vec<Row<'_>> = bounds.iter().take(parts - 1).collect();
+    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let mut picks: Vec<Vec<(usize, usize)>> = (0..parts)
+        .map(|_| Vec::with_capacity(total / parts))
+        .collect();
+    for (index, batch) in batches.iter().enumerate() {
+        let rows = converter.convert_columns(&sort_columns(batch, keys)?)?;
+        for (row, key) in rows.iter().enumerate() {
+            let below = bounds.partition_point(|bound| *bound < key);
+            let partition = if below < bounds.len() {
+                below
+            } else {
+                parts - 1
+            };
+            picks[partition].push((index, row));
+        }
     }
-    let last_cut = cuts.last().copied().unwrap_or(0);
-    cuts.resize(parts, last_cut);
-    cuts.push(sorted.order.len());
-    cuts.windows(2)
-        .map(|cut| gather(batches, schema, &sorted.order[cut[0]..cut[1]]))
+    picks
+        .iter()
+        .map(|picks| gather(batches, schema, picks))
         .collect()
 }
