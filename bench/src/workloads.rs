@@ -1216,7 +1216,8 @@ fn verify_sorted_files(dir: &Path, truth: &RecordsTruth) -> anyhow::Result<bool>
 }
 
 /// One process, one thread: read the files (all columns, as the job does), sort everything
-/// with Arrow's sort indices and one `take`, and write it as Parquet like the job.
+/// with Arrow's sort indices and one `take`, and write it as Parquet like the job (whose
+/// default codec is zstd at its default level).
 fn sort_baseline(files: &[PathBuf]) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let (_, batches) = parquet_read(files)?;
@@ -1231,9 +1232,11 @@ fn sort_baseline(files: &[PathBuf]) -> anyhow::Result<Duration> {
         None,
     )?;
     let sorted = take_record_batch(&all, &indices)?;
-    // The job's writer has default properties too.
     let out = tempfile::tempfile()?;
-    let mut writer = ArrowWriter::try_new(out, schema, None)?;
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(Default::default()))
+        .build();
+    let mut writer = ArrowWriter::try_new(out, schema, Some(properties))?;
     writer.write(&sorted)?;
     writer.close()?;
     let elapsed = started.elapsed();
