@@ -94,6 +94,8 @@ pub(crate) struct RanTask {
     /// The stage kind's name (`range`, `map`, `all_to_all`, …).
     pub stage: &'static str,
     pub input: StageInput,
+    /// Where each input block was when it ran (`None`: in no store).
+    pub input_nodes: Vec<Option<NodeId>>,
     pub actor: Option<ActorId>,
     /// The blocks it made (none when it failed).
     pub outputs: Vec<ObjectId>,
@@ -947,11 +949,18 @@ impl FakeCluster {
         actor: Option<ActorId>,
         result: std::result::Result<Vec<OutputRef>, TaskFailure>,
     ) -> Ran {
-        self.lock().history.tasks.push(RanTask {
+        let mut inner = self.lock();
+        let input_nodes = spec
+            .inputs
+            .iter()
+            .map(|input| inner.blocks.get(&input.object).map(|block| block.node))
+            .collect();
+        inner.history.tasks.push(RanTask {
             task: spec.task,
             node,
             stage: task.stage.kind.name(),
             input: task.input,
+            input_nodes,
             actor,
             outputs: result
                 .iter()

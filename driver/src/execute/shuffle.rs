@@ -226,8 +226,29 @@ impl<C: ClusterAccess> Execution<C> {
             .collect()
     }
 
+    /// The bundles a sort samples, grouped as `map_groups` does but each group from the
+    /// blocks of one node: a sample task reads whole blocks for a few keys, so a group that
+    /// spanned nodes pulled a block across for nothing. Unlike the map tasks' groups, these
+    /// need not keep the input order: which rows are sampled moves the boundaries, never the
+    /// sorted result.
+    fn sample_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
+        let mut by_node: BTreeMap<Option<NodeId>, Vec<Bundle>> = BTreeMap::new();
+        for bundle in bundles {
+            let node = bundle
+                .blocks
+                .first()
+                .and_then(|block| self.blocks.get(block))
+                .map(|info| info.node);
+            by_node.entry(node).or_default().push(bundle.clone());
+        }
+        by_node
+            .values()
+            .flat_map(|bundles| self.map_groups(bundles))
+            .collect()
+    }
+
     fn start_sampling(&mut self, index: usize) {
-        let groups = self.map_groups(&self.ops[index].shuffle.sides[0]);
+        let groups = self.sample_groups(&self.ops[index].shuffle.sides[0]);
         let shuffle = &mut self.ops[index].shuffle;
         let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
         let per_group = total.div_ceil(groups.len().max(1) as u64).max(1);

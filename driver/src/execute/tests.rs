@@ -1061,6 +1061,28 @@ fn is_map_side(task: &crate::cluster::fake::RanTask) -> bool {
 }
 
 #[tokio::test]
+async fn a_sort_samples_each_nodes_blocks_where_they_lie() {
+    let fake = fake(2, 2);
+    run_exact_sort(&fake, 600).await;
+    let tasks = fake.tasks();
+    let samples: Vec<_> = tasks
+        .iter()
+        .filter(|task| matches!(task.input, StageInput::Sample { .. }))
+        .collect();
+    let sampled_nodes: BTreeSet<NodeId> = samples
+        .iter()
+        .flat_map(|task| task.input_nodes.iter().flatten().copied())
+        .collect();
+    assert_eq!(sampled_nodes.len(), 2, "the blocks lay on both nodes");
+    for sample in samples {
+        // Every input on one node, which placement prefers: placed there, the task pulls
+        // nothing to be sampled.
+        let nodes: BTreeSet<Option<NodeId>> = sample.input_nodes.iter().copied().collect();
+        assert!(nodes.len() == 1 && !nodes.contains(&None), "{sample:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_shuffle_makes_one_object_per_map_task_freed_once_every_partition_was_read() {
     let fake = fake(2, 2);
     let record = run_exact_sort(&fake, 600).await;
