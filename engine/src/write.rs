@@ -45,9 +45,59 @@ use crate::{Error, Result};
 
 /// One format's open file.
 enum FormatWriter {
-    Parquet(ArrowWriter<File>),
-    Csv(arrow::csv::Writer<BufWriter<File>>),
-    Json(arrow::json::LineDelimitedWriter<BufWriter<File>>),
+    Parquet(ArrowWriter<Writeback>),
+    Csv(arrow::csv::Writer<BufWriter<Writeback>>),
+    Json(arrow::json::LineDelimitedWriter<BufWriter<Writeback>>),
+}
+
+/// Bytes a [`Writeback`] lets pile up before it starts writing them to disk.
+const WRITEBACK_BYTES: u64 = 8 << 20;
+
+/// A file that starts writing its pages to disk every [`WRITEBACK_BYTES`], so the `fsync` that
+/// ends it waits for the last stretch only: a 128 MiB file synced at once held its worker
+/// 0.1–0.3 s after the task's work was done.
+struct Writeback {
+    file: File,
+    written: u64,
+    started_to: u64,
+}
+
+impl Writeback {
+    fn new(file: File) -> Self {
+        Self {
+            file,
+            written: 0,
+            started_to: 0,
+        }
+    }
+}
+
+impl Write for Writeback {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(bytes)?;
+        self.written += n as u64;
+        let pending = self.written - self.started_to;
+        if pending >= WRITEBACK_BYTES {
+            use std::os::fd::AsRawFd;
+            // Only queues the range for writing, never waits for it to reach the disk; a
+            // failure is harmless, as the `fsync` that ends the file writes what is left.
+            // SAFETY: the descriptor is this file's own, open for the call.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.started_to as libc::off64_t,
+                    pending as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.started_to = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 impl FormatWriter {
@@ -66,6 +116,7 @@ impl FormatWriter {
             .create_new(true)
             .open(path)
             .map_err(Error::io(path))?;
+        let file = Writeback::new(file);
         Ok(match &spec.format {
             FileFormat::Parquet => {
                 let properties = WriterProperties::builder()
@@ -123,7 +174,7 @@ impl FormatWriter {
                 })?
             }
         };
-        let mut file = file;
+        let mut file = file.file;
         file.flush().map_err(Error::io(path))?;
         file.sync_all().map_err(Error::io(path))
     }
@@ -595,4 +646,35 @@ fn sync_directory(directory: &Path) -> Result<()> {
     File::open(directory)
         .and_then(|dir| dir.sync_all())
         .map_err(Error::io(directory))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::{WRITEBACK_BYTES, Writeback};
+
+    #[test]
+    fn a_writeback_file_keeps_every_byte_and_starts_writing_each_full_stretch() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("out");
+        let mut file = Writeback::new(std::fs::File::create(&path).unwrap());
+        let chunk: Vec<u8> = (0..(1 << 20) + 1).map(|i| (i % 251) as u8).collect();
+        let mut expected = Vec::new();
+        while (expected.len() as u64) < 2 * WRITEBACK_BYTES + 3 {
+            file.write_all(&chunk).unwrap();
+            expected.extend_from_slice(&chunk);
+        }
+        // Two full stretches were handed to the disk; what follows waits for the `fsync`.
+        assert!(
+            file.started_to >= 2 * WRITEBACK_BYTES,
+            "{}",
+            file.started_to
+        );
+        assert!(file.written - file.started_to < WRITEBACK_BYTES);
+        assert_eq!(file.written, expected.len() as u64);
+        file.flush().unwrap();
+        file.file.sync_all().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
 }
