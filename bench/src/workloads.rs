@@ -19,7 +19,7 @@
 //! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
 //! print `baseline_s`: the same work done by one process on one thread with the fastest plain
 //! code (Arrow's sort indices and `take`; a hash map over the column slices), reading only the
-//! columns the job reads. Spill reads every row back, checks it, and prints the read-back
+//! columns the job reads, the median of as many runs as the job's. Spill reads every row back, checks it, and prints the read-back
 //! rate. A workload whose result is wrong makes the bench fail (exit non-zero).
 
 use std::collections::{BTreeMap, HashMap};
@@ -775,7 +775,7 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
                         .agg(aggregations)?;
                     let measured = run_job(&target.client, &dataset, &no_cache(), runs).await?;
                     let verified = verify_groups(&measured.output.to_arrow().await?, truth)?;
-                    let baseline = groupby_baseline(&data.files, truth)?;
+                    let baseline = median_time(runs, || groupby_baseline(&data.files, truth))?;
                     extra.push(("baseline_s", baseline.as_secs_f64().into()));
                     extra.push((
                         "vs_baseline",
@@ -881,7 +881,7 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
             times.sort();
             let seconds = times[times.len() / 2];
             if let RecordsJob::Sort { .. } = job {
-                let baseline = sort_baseline(&data.files)?;
+                let baseline = median_time(runs, || sort_baseline(&data.files))?;
                 extra.push(("baseline_s", baseline.as_secs_f64().into()));
                 extra.push((
                     "vs_baseline",
