@@ -60,8 +60,9 @@ pub(crate) enum Fault {
     /// The node the task runs on (for a reduce through an aggregator: the aggregator's node)
     /// dies as the task starts.
     KillNode,
-    /// The node holding the task's first input held elsewhere dies before the task reads it.
-    KillInputHolder,
+    /// The first node other than the task's and `spare` that holds one of its inputs dies
+    /// before the task reads it (`spare` is usually the driver's, which a test keeps alive).
+    KillInputHolder { spare: NodeId },
     /// The task finishes only after this long.
     Delay(Duration),
 }
@@ -866,12 +867,12 @@ impl FakeCluster {
             let fault = inner.fault_for(&view);
             let victim = match &fault {
                 Some(Fault::KillNode) => Some(node),
-                Some(Fault::KillInputHolder) => view
+                Some(Fault::KillInputHolder { spare }) => view
                     .input_nodes
                     .iter()
                     .flatten()
                     .copied()
-                    .find(|held| *held != node),
+                    .find(|held| *held != node && held != spare),
                 _ => None,
             };
             (fault, victim)
@@ -886,7 +887,7 @@ impl FakeCluster {
             }
             Some(Fault::KillNode) => return Ran::NodeDied,
             Some(Fault::Delay(pause)) => tokio::time::sleep(pause).await,
-            Some(Fault::KillInputHolder) | None => {}
+            Some(Fault::KillInputHolder { .. }) | None => {}
         }
         let inputs = {
             let inner = self.lock();

@@ -398,7 +398,7 @@ async fn an_input_lost_with_its_node_is_rebuilt_under_the_same_task_id() {
                     .flatten()
                     .any(|node| *node != task.node && *node != DRIVER_NODE)
         },
-        Fault::KillInputHolder,
+        Fault::KillInputHolder { spare: DRIVER_NODE },
     );
     let record = run(&fake, &spec(doubled(stored_range(400)), CacheMode::NoCache)).await;
     assert_doubled(&fake, succeeded(&record), 400);
@@ -1217,7 +1217,7 @@ async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
                     .flatten()
                     .any(|node| *node != task.node && *node != DRIVER_NODE)
         },
-        Fault::KillInputHolder,
+        Fault::KillInputHolder { spare: DRIVER_NODE },
     );
     let record = run_exact_sort(&fake, 600).await;
     assert!(
