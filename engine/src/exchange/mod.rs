@@ -176,24 +176,37 @@ pub(crate) fn route_each(
     batches: &[RecordBatch],
     mut assign: impl FnMut(&RecordBatch, u64) -> Result<Vec<usize>>,
 ) -> Result<Vec<RecordBatch>> {
-    let parts = columns::partition_count(task.partitions)?;
-    let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); parts];
     let mut offset = task.offset;
+    route_rows(batches, task.schema, task.partitions, |batch| {
+        let assigned = assign(batch, offset);
+        offset += batch.num_rows() as u64;
+        assigned
+    })
+}
+
+/// [`route_each`] without row offsets: `assign(block)` names each row's partition.
+pub(crate) fn route_rows(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    partitions: u32,
+    mut assign: impl FnMut(&RecordBatch) -> Result<Vec<usize>>,
+) -> Result<Vec<RecordBatch>> {
+    let parts = columns::partition_count(partitions)?;
+    let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); parts];
     for (index, batch) in batches.iter().enumerate() {
-        for (row, partition) in assign(batch, offset)?.into_iter().enumerate() {
+        for (row, partition) in assign(batch)?.into_iter().enumerate() {
             picks
                 .get_mut(partition)
                 .ok_or_else(|| columns::invalid(format!("no partition {partition} of {parts}")))?
                 .push((index, row));
         }
-        offset += batch.num_rows() as u64;
     }
     picks
         .iter()
         .map(|picks| match batches {
             // One block going whole to one partition: no copy.
             [batch] if picks.len() == batch.num_rows() => Ok(batch.clone()),
-            _ => columns::gather(batches, task.schema, picks),
+            _ => columns::gather(batches, schema, picks),
         })
         .collect()
 }

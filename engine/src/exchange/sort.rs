@@ -16,7 +16,7 @@ use floe_core::plan::SortKey;
 
 use super::columns::{SplitMix64, concat_batches, gather, partition_count, scale};
 use super::keys::{sort_columns, sort_converter, sorted_order};
-use super::{Exchange, MapTask, ReduceTask, Routing, key_schema};
+use super::{Exchange, MapTask, ReduceTask, Routing, key_schema, route_rows};
 use crate::{Error, Result};
 
 /// Up to `count` rows of `batch` drawn without replacement with a PRNG seeded with `seed`,
@@ -198,24 +198,18 @@ pub fn partition_by_range(
     let converter = sort_converter(schema, keys)?;
     let bounds = converter.convert_columns(boundaries.columns())?;
     let bounds: Vec<Row<'_>> = bounds.iter().take(parts - 1).collect();
-    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut picks: Vec<Vec<(usize, usize)>> = (0..parts)
-        .map(|_| Vec::with_capacity(total / parts))
-        .collect();
-    for (index, batch) in batches.iter().enumerate() {
+    route_rows(batches, schema, partitions, |batch| {
         let rows = converter.convert_columns(&sort_columns(batch, keys)?)?;
-        for (row, key) in rows.iter().enumerate() {
-            let below = bounds.partition_point(|bound| *bound < key);
-            let partition = if below < bounds.len() {
-                below
-            } else {
-                parts - 1
-            };
-            picks[partition].push((index, row));
-        }
-    }
-    picks
-        .iter()
-        .map(|picks| gather(batches, schema, picks))
-        .collect()
+        Ok(rows
+            .iter()
+            .map(|key| {
+                let below = bounds.partition_point(|bound| *bound < key);
+                if below < bounds.len() {
+                    below
+                } else {
+                    parts - 1
+                }
+            })
+            .collect())
+    })
 }
