@@ -16,7 +16,8 @@
 //! also `peak_pss_mb`, the cluster's proportional set size sampled during one more run of the
 //! job, untimed, shared pages counted once, and `peak_pss_over_data`), `verified`, and
 //! from the same run the floors: `parquet_read_s` (reading the same files with the plain
-//! parquet reader, in this process, one thread) and `memcpy_gb_per_s`. Sort and groupby also
+//! parquet reader, in this process, one thread; like `parquet_read_columns_s`, the median of
+//! as many reads as the job's runs) and `memcpy_gb_per_s`. Sort and groupby also
 //! print `baseline_s`: the same work done by one process on one thread with the fastest plain
 //! code (Arrow's sort indices and `take`; a hash map over the column slices), reading only the
 //! columns the job reads, the median of as many runs as the job's. Spill reads every row back, checks it, and prints the read-back
@@ -330,6 +331,13 @@ fn parquet_read(files: &[PathBuf]) -> anyhow::Result<(Duration, Vec<RecordBatch>
         }
     }
     Ok((started.elapsed(), batches))
+}
+
+/// The read floor: the median of `runs` plain reads of every file, after the read that
+/// gave the data (a first read can find the files cold, and one read on a shared machine
+/// can be far off, where the job's time is a median too).
+fn read_floor(files: &[PathBuf], runs: usize) -> anyhow::Result<Duration> {
+    median_time(runs, || Ok(parquet_read(files)?.0))
 }
 
 /// Reads only `columns` of every file with the plain parquet reader (the floor for a job
@@ -722,14 +730,15 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
         | Workload::Rerun
         | Workload::Pyudf => {
             let data = events(config, rows)?;
-            let (parquet_read, plain) = parquet_read(&data.files)?;
+            let (_, plain) = parquet_read(&data.files)?;
+            let parquet_read = read_floor(&data.files, runs)?;
             // The plan reads only the columns it uses; so does this floor.
             let used: &[&str] = match workload {
                 Workload::Groupby => &["group", "value"],
                 Workload::Repartition | Workload::Rerun => &["user_id", "group", "value", "text"],
                 _ => &["value"],
             };
-            let columns_read = parquet_read_columns(&data.files, used)?;
+            let columns_read = median_time(runs, || parquet_read_columns(&data.files, used))?;
             // The UDF's script is written into the data directory: the local nodes run scripts
             // from there (a remote cluster's nodes need it in their own `node.udf_roots`).
             let settings = match workload {
@@ -854,7 +863,8 @@ async fn run_one(workload: Workload, config: &RunConfig) -> anyhow::Result<Repor
         }
         Workload::Sort | Workload::Shuffle => {
             let data = records(config, rows)?;
-            let (parquet_read, plain) = parquet_read(&data.files)?;
+            let (_, plain) = parquet_read(&data.files)?;
+            let parquet_read = read_floor(&data.files, runs)?;
             let target = target(config, Vec::new()).await?;
             let truth = &data.truth;
             let mut extra = Vec::new();
