@@ -875,15 +875,15 @@ impl FakeCluster {
                     .find(|held| *held != node && held != spare),
                 _ => None,
             };
-            (fault, victim)
+            (fault, victim, view.input_nodes)
         };
-        let (fault, victim) = fault;
+        let (fault, victim, input_nodes) = fault;
         if let Some(victim) = victim {
             self.kill_node(victim);
         }
         match fault {
             Some(Fault::Fail(failure)) => {
-                return self.record(node, spec, task, actor, Err(failure));
+                return self.record(node, spec, task, actor, input_nodes, Err(failure));
             }
             Some(Fault::KillNode) => return Ran::NodeDied,
             Some(Fault::Delay(pause)) => tokio::time::sleep(pause).await,
@@ -915,7 +915,7 @@ impl FakeCluster {
                     object,
                     reason: "it is in no store".into(),
                 };
-                return self.record(node, spec, task, actor, Err(failure));
+                return self.record(node, spec, task, actor, input_nodes, Err(failure));
             }
         };
         let result =
@@ -939,7 +939,7 @@ impl FakeCluster {
                 }
             })
         };
-        self.record(node, spec, task, actor, outputs)
+        self.record(node, spec, task, actor, input_nodes, outputs)
     }
 
     fn record(
@@ -948,15 +948,10 @@ impl FakeCluster {
         spec: &TaskSpec,
         task: &StageTask,
         actor: Option<ActorId>,
+        input_nodes: Vec<Option<NodeId>>,
         result: std::result::Result<Vec<OutputRef>, TaskFailure>,
     ) -> Ran {
-        let mut inner = self.lock();
-        let input_nodes = spec
-            .inputs
-            .iter()
-            .map(|input| inner.blocks.get(&input.object).map(|block| block.node))
-            .collect();
-        inner.history.tasks.push(RanTask {
+        self.lock().history.tasks.push(RanTask {
             task: spec.task,
             node,
             stage: task.stage.kind.name(),
