@@ -103,6 +103,27 @@ struct NodeLeases {
     peak: Resources,
 }
 
+/// One waiting task's ask to the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// A lease for the task's whole need.
+    Whole(PlacementRequest),
+    /// A lease for only the heap the task lacks on `node`, where the job's leases have its
+    /// CPU free (`request` pins that node and asks for no CPU).
+    Heap {
+        node: NodeId,
+        request: PlacementRequest,
+    },
+}
+
+impl Ask {
+    fn request(&self) -> &PlacementRequest {
+        match self {
+            Ask::Whole(request) | Ask::Heap { request, .. } => request,
+        }
+    }
+}
+
 /// Which leases a task may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reach {
@@ -150,13 +171,26 @@ impl LeaseBook {
     /// Places `request` in the leases by the placement policy and reserves it there; `None`
     /// when it fits no lease within `reach`.
     pub fn place(&mut self, request: &PlacementRequest, reach: Reach) -> Option<NodeId> {
-        let local = match (request.strategy, reach) {
-            (_, Reach::Anywhere) | (Strategy::Spread, _) => request.clone(),
+        let local = self.within_reach(request, reach)?;
+        match self.view.place_one(&local) {
+            Ok(Decision::Placed(node)) => {
+                self.note_peak(node);
+                Some(node)
+            }
+            Ok(Decision::Wait) | Err(_) => None,
+        }
+    }
+
+    /// `request` as the leases may take it within `reach`; `None` when the policy wants it
+    /// on a node the job holds no lease on.
+    fn within_reach(&self, request: &PlacementRequest, reach: Reach) -> Option<PlacementRequest> {
+        match (request.strategy, reach) {
+            (_, Reach::Anywhere) | (Strategy::Spread, _) => Some(request.clone()),
             // Only that node, at first: the leader decides whether another may do instead.
-            (Strategy::NodeAffinity { node, .. }, Reach::FirstChoice) => PlacementRequest {
+            (Strategy::NodeAffinity { node, .. }, Reach::FirstChoice) => Some(PlacementRequest {
                 strategy: Strategy::NodeAffinity { node, soft: false },
                 ..request.clone()
-            },
+            }),
             (Strategy::Default, Reach::FirstChoice) => {
                 let holder = request
                     .preferred
@@ -166,16 +200,65 @@ impl LeaseBook {
                 if holder.is_some_and(|holder| !self.nodes.contains_key(&holder)) {
                     return None;
                 }
-                request.clone()
+                Some(request.clone())
             }
-        };
-        match self.view.place_one(&local) {
-            Ok(Decision::Placed(node)) => {
-                self.note_peak(node);
-                Some(node)
-            }
-            Ok(Decision::Wait) | Err(_) => None,
         }
+    }
+
+    /// What to ask the leader for, for each waiting task in order. A task whose CPU the
+    /// job's leases have free somewhere within its reach, but not its heap, asks only for the
+    /// heap it lacks there: a lease for its whole need could not be granted while the job's
+    /// own leases hold that CPU, so it would wait for one of its own tasks to end. Waiters
+    /// take the free CPU in turn, so two never count on the same room.
+    pub fn asks<'a>(
+        &self,
+        waiting: impl IntoIterator<Item = (&'a PlacementRequest, Reach, bool)>,
+    ) -> Vec<Ask> {
+        let mut room = self.view.clone();
+        waiting
+            .into_iter()
+            .map(|(request, reach, heap_asks)| {
+                let whole = Ask::Whole(request.clone());
+                if !heap_asks || request.memory_hint == 0 {
+                    return whole;
+                }
+                let Some(local) = self.within_reach(request, reach) else {
+                    return whole;
+                };
+                let cpu_only = PlacementRequest {
+                    memory_hint: 0,
+                    ..local
+                };
+                let Ok(Decision::Placed(node)) = room.place_one(&cpu_only) else {
+                    return whole;
+                };
+                let (total, used) = (room.total(node), room.used(node));
+                let free_heap = total.zip(used).map_or(0, |(total, used)| {
+                    total.heap_bytes.saturating_sub(used.heap_bytes)
+                });
+                let lacking = request.memory_hint.saturating_sub(free_heap);
+                room.reserve(
+                    node,
+                    Resources {
+                        cpu_millis: 0,
+                        heap_bytes: request.memory_hint.min(free_heap),
+                    },
+                );
+                if lacking == 0 {
+                    return whole;
+                }
+                Ask::Heap {
+                    node,
+                    request: PlacementRequest {
+                        cpu_millis: 0,
+                        memory_hint: lacking,
+                        strategy: Strategy::NodeAffinity { node, soft: false },
+                        preferred: Vec::new(),
+                        requester: request.requester,
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Reserves `need` on `node` whether or not it fits (a lease granted for that task).
@@ -365,6 +448,9 @@ struct Waiter<S: LeaseService> {
     request: PlacementRequest,
     /// Widened once the leader had no room for it.
     reach: Reach,
+    /// Whether it may ask for only the heap it lacks: not once the leader refused such an
+    /// ask or had no room for it (it asks for its whole need then, as any other task).
+    heap_asks: bool,
     reply: oneshot::Sender<Result<Slot<S>>>,
 }
 
@@ -532,6 +618,7 @@ impl<S: LeaseService> JobLeases<S> {
                 id,
                 request,
                 reach: Reach::FirstChoice,
+                heap_asks: true,
                 reply,
             });
             if state.acquiring.is_none() {
@@ -597,25 +684,26 @@ impl<S: LeaseService> Drop for JobLeases<S> {
 /// Asks the leader for leases for the waiting tasks, batch after batch, until none waits.
 async fn acquire<S: LeaseService>(shared: Arc<Shared<S>>) {
     loop {
-        let (ids, requests): (Vec<u64>, Vec<PlacementRequest>) = {
+        let (ids, asks): (Vec<u64>, Vec<Ask>) = {
             let mut state = shared.lock();
             if state.waiting.is_empty() || state.closed {
                 state.acquiring = None;
                 return;
             }
             state.stats.asks += 1;
-            state
-                .waiting
-                .iter()
-                .take(MAX_ASK)
-                .map(|waiter| (waiter.id, waiter.request.clone()))
-                .unzip()
+            let waiting = state.waiting.iter().take(MAX_ASK);
+            let ids = waiting.clone().map(|waiter| waiter.id).collect();
+            let asks = state
+                .book
+                .asks(waiting.map(|waiter| (&waiter.request, waiter.reach, waiter.heap_asks)));
+            (ids, asks)
         };
+        let requests = asks.iter().map(|ask| ask.request().clone()).collect();
         let answer = shared
             .service
             .acquire_leases(shared.job, requests, LEASE_WAIT)
             .await;
-        if let Some(late) = settle(&shared, ids, answer) {
+        if let Some(late) = settle(&shared, ids, &asks, answer) {
             return_leases(&shared, late).await;
             return;
         }
@@ -627,6 +715,7 @@ async fn acquire<S: LeaseService>(shared: Arc<Shared<S>>) {
 fn settle<S: LeaseService>(
     shared: &Arc<Shared<S>>,
     ids: Vec<u64>,
+    asks: &[Ask],
     answer: Result<LeaseGrants>,
 ) -> Option<Vec<LeaseId>> {
     let mut state = shared.lock();
@@ -647,8 +736,25 @@ fn settle<S: LeaseService>(
     match answer {
         Ok(grants) => {
             state.renew_every = Some(Duration::from_millis(grants.renew_ms.max(1)));
-            for (id, decision) in ids.into_iter().zip(grants.decisions) {
+            for ((id, ask), decision) in ids.into_iter().zip(asks).zip(grants.decisions) {
                 let position = state.waiting.iter().position(|waiter| waiter.id == id);
+                if let Ask::Heap { .. } = ask {
+                    match decision {
+                        // The task takes the room like any waiter, below: its CPU may have
+                        // gone to another task meanwhile, and then it waits on.
+                        LeaseDecision::Granted(lease) => {
+                            state.stats.granted += 1;
+                            state.book.add(lease);
+                        }
+                        LeaseDecision::Refused(_) | LeaseDecision::NotNow => {
+                            if let Some(waiter) = position.and_then(|at| state.waiting.get_mut(at))
+                            {
+                                waiter.heap_asks = false;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 match decision {
                     LeaseDecision::Granted(lease) => {
                         state.stats.granted += 1;

@@ -227,3 +227,162 @@ async fn a_lease_granted_to_an_ask_out_at_close_goes_back_before_close_returns()
     assert_eq!(returned, [LeaseId::new(100)]);
     assert_eq!(leases.stats().returned, 1);
 }
+
+#[test]
+fn a_task_lacking_only_heap_where_its_cpu_is_leased_asks_for_that_heap_alone() {
+    const MIB: u64 = 1 << 20;
+    let mut book = LeaseBook::new();
+    book.add(lease(1, 1, 2, 600 * MIB));
+    let mut hinted = task(Strategy::Default);
+    hinted.memory_hint = 300 * MIB;
+    assert_eq!(book.place(&hinted, Reach::FirstChoice), Some(node(1)));
+    let mut bigger = hinted.clone();
+    bigger.memory_hint = 400 * MIB;
+    assert_eq!(book.place(&bigger, Reach::FirstChoice), None);
+    let heap_only = |lacking: u64| Ask::Heap {
+        node: node(1),
+        request: PlacementRequest {
+            cpu_millis: 0,
+            memory_hint: lacking,
+            strategy: Strategy::NodeAffinity {
+                node: node(1),
+                soft: false,
+            },
+            preferred: Vec::new(),
+            requester: None,
+        },
+    };
+    // One CPU is free with 300 MiB: the first waiter asks for its last 100 MiB; the second
+    // finds no CPU left and asks for all of its need; one that may no longer ask for heap
+    // alone asks for its whole need too.
+    let asks = book.asks([
+        (&bigger, Reach::FirstChoice, true),
+        (&bigger, Reach::FirstChoice, true),
+        (&bigger, Reach::FirstChoice, false),
+    ]);
+    assert_eq!(
+        asks,
+        [
+            heap_only(100 * MIB),
+            Ask::Whole(bigger.clone()),
+            Ask::Whole(bigger.clone())
+        ]
+    );
+    // Asking changed nothing; once granted, the heap makes room for the task.
+    assert_eq!(book.place(&bigger, Reach::FirstChoice), None);
+    book.add(Lease {
+        resources: Resources {
+            cpu_millis: 0,
+            heap_bytes: 100 * MIB,
+        },
+        ..lease(2, 1, 0, 0)
+    });
+    assert_eq!(book.place(&bigger, Reach::FirstChoice), Some(node(1)));
+    // With no CPU free anywhere, nothing but the whole need can be asked for.
+    assert_eq!(
+        book.asks([(&bigger, Reach::FirstChoice, true)]),
+        [Ask::Whole(bigger.clone())]
+    );
+}
+
+/// A leader with one node of two CPUs and plenty of heap: it grants what fits at once and
+/// answers `NotNow` otherwise, and records every request.
+struct OneNodeLeader {
+    view: Mutex<ResourceView>,
+    next: Mutex<u128>,
+    asked: Mutex<Vec<PlacementRequest>>,
+}
+
+impl OneNodeLeader {
+    fn new() -> Self {
+        let mut view = ResourceView::new();
+        view.upsert_node(
+            node(1),
+            Resources {
+                cpu_millis: 2000,
+                heap_bytes: 8 * GIB,
+            },
+        );
+        Self {
+            view: Mutex::new(view),
+            next: Mutex::new(0),
+            asked: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl LeaseService for OneNodeLeader {
+    async fn acquire_leases(
+        &self,
+        job: JobId,
+        requests: Vec<PlacementRequest>,
+        _wait: Duration,
+    ) -> Result<LeaseGrants> {
+        // An answer without a pause would let an asking loop hold the test's one thread.
+        tokio::task::yield_now().await;
+        let mut view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        let decisions = requests
+            .iter()
+            .map(|request| match view.place_one(request) {
+                Ok(Decision::Placed(node)) => {
+                    *next += 1;
+                    LeaseDecision::Granted(Lease {
+                        id: LeaseId::new(*next),
+                        job,
+                        node,
+                        resources: request.need(),
+                    })
+                }
+                Ok(Decision::Wait) => LeaseDecision::NotNow,
+                Err(error) => LeaseDecision::Refused(error),
+            })
+            .collect();
+        self.asked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(requests);
+        Ok(LeaseGrants {
+            decisions,
+            renew_ms: 60_000,
+        })
+    }
+
+    async fn renew_leases(&self, _job: JobId, leases: Vec<Lease>) -> Result<Vec<LeaseStanding>> {
+        Ok(leases.iter().map(|_| LeaseStanding::Held).collect())
+    }
+
+    async fn return_leases(&self, _job: JobId, _leases: Vec<LeaseId>) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_task_needing_more_heap_than_its_leases_hold_starts_beside_the_running_one() {
+    const MIB: u64 = 1 << 20;
+    let leader = Arc::new(OneNodeLeader::new());
+    let leases = JobLeases::new(Arc::clone(&leader), JobId::new(1));
+    let with_hint = |hint: u64| PlacementRequest {
+        memory_hint: hint,
+        ..task(Strategy::Default)
+    };
+    let first = leases.place(with_hint(300 * MIB)).await.unwrap();
+    let second = leases.place(with_hint(300 * MIB)).await.unwrap();
+    drop(second);
+    // The job's leases hold both CPUs and 600 MiB, one task runs in them: a 400 MiB task
+    // gets the missing 100 MiB and starts now, not when the running task ends.
+    let bigger = tokio::time::timeout(Duration::from_secs(5), leases.place(with_hint(400 * MIB)))
+        .await
+        .expect("placed while the first task still runs")
+        .unwrap();
+    assert_eq!(bigger.node(), node(1));
+    let asked = leader
+        .asked
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let last = asked.last().unwrap();
+    assert_eq!((last.cpu_millis, last.memory_hint), (0, 100 * MIB));
+    drop((first, bigger));
+    leases.close().await;
+}
