@@ -238,6 +238,13 @@ async fn wait_for_tasks(cluster: &TestCluster, job: JobId, operator: Option<&str
         if done >= tasks {
             return;
         }
+        // Progress is only kept while the job runs: a job that ended first is not waited for.
+        let status = cluster.state().await.jobs[&job].status.clone();
+        assert!(
+            !status.is_finished(),
+            "job {job} ended ({status:?}) before {tasks} tasks were seen done: its slow stage \
+             was too quick for the test"
+        );
         assert!(Instant::now() < deadline, "job {job} made no progress");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -581,7 +588,9 @@ async fn assert_groups_of_13(cluster: &TestCluster, record: &JobRecord, n: i64) 
 async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
     let mut cluster = start(3, &[]).await;
     let n = 400_000i64;
-    let totals = groups_of_13(n, 100);
+    // Slow enough that the last tasks still run when the test sees ten done, whatever the
+    // load (with all six workers busy, the thirteenth runs alone after two waves of six).
+    let totals = groups_of_13(n, 400);
     let job = cluster.submit(&totals, JobOptions::default()).await;
     // Kill while the last of the 13 slow tasks feeding the shuffle run: the shuffle cannot
     // have started (it needs all of them), and its inputs on the victim are lost, so its
