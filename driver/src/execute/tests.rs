@@ -1206,6 +1206,13 @@ async fn a_skewed_shuffles_map_objects_are_freed_once_read_not_at_the_jobs_end()
 #[tokio::test]
 async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
     let fake = fake(3, 2);
+    // Map tasks that take a while run side by side, in leases on every node (tasks that end
+    // at once could all run in the two CPUs of one node's lease).
+    fake.on_tasks(
+        u32::MAX,
+        |task| matches!(task.task.input, StageInput::RangePartition { .. }),
+        Fault::Delay(Duration::from_millis(20)),
+    );
     // The first reduce that reads a map task's object on a third node loses that node.
     fake.on_tasks(
         1,
