@@ -108,18 +108,15 @@ struct NodeLeases {
 pub enum Ask {
     /// A lease for the task's whole need.
     Whole(PlacementRequest),
-    /// A lease for only the heap the task lacks on `node`, where the job's leases have its
-    /// CPU free (`request` pins that node and asks for no CPU).
-    Heap {
-        node: NodeId,
-        request: PlacementRequest,
-    },
+    /// A lease for only the heap the task lacks on a node where the job's leases have its
+    /// CPU free: no CPU, pinned to that node by hard affinity.
+    Heap(PlacementRequest),
 }
 
 impl Ask {
     fn request(&self) -> &PlacementRequest {
         match self {
-            Ask::Whole(request) | Ask::Heap { request, .. } => request,
+            Ask::Whole(request) | Ask::Heap(request) => request,
         }
     }
 }
@@ -247,16 +244,13 @@ impl LeaseBook {
                 if lacking == 0 {
                     return whole;
                 }
-                Ask::Heap {
-                    node,
-                    request: PlacementRequest {
-                        cpu_millis: 0,
-                        memory_hint: lacking,
-                        strategy: Strategy::NodeAffinity { node, soft: false },
-                        preferred: Vec::new(),
-                        requester: request.requester,
-                    },
-                }
+                Ask::Heap(PlacementRequest {
+                    cpu_millis: 0,
+                    memory_hint: lacking,
+                    strategy: Strategy::NodeAffinity { node, soft: false },
+                    preferred: Vec::new(),
+                    requester: request.requester,
+                })
             })
             .collect()
     }
@@ -738,7 +732,7 @@ fn settle<S: LeaseService>(
             state.renew_every = Some(Duration::from_millis(grants.renew_ms.max(1)));
             for ((id, ask), decision) in ids.into_iter().zip(asks).zip(grants.decisions) {
                 let position = state.waiting.iter().position(|waiter| waiter.id == id);
-                if let Ask::Heap { .. } = ask {
+                if let Ask::Heap(_) = ask {
                     match decision {
                         // The task takes the room like any waiter, below: its CPU may have
                         // gone to another task meanwhile, and then it waits on.

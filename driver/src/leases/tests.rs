@@ -2,7 +2,9 @@
 //! leader's policy, and which leases go back when.
 
 use super::*;
+use floe_api::lease::LeaseTable;
 
+const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 fn node(id: u64) -> NodeId {
@@ -230,7 +232,6 @@ async fn a_lease_granted_to_an_ask_out_at_close_goes_back_before_close_returns()
 
 #[test]
 fn a_task_lacking_only_heap_where_its_cpu_is_leased_asks_for_that_heap_alone() {
-    const MIB: u64 = 1 << 20;
     let mut book = LeaseBook::new();
     book.add(lease(1, 1, 2, 600 * MIB));
     let mut hinted = task(Strategy::Default);
@@ -239,9 +240,8 @@ fn a_task_lacking_only_heap_where_its_cpu_is_leased_asks_for_that_heap_alone() {
     let mut bigger = hinted.clone();
     bigger.memory_hint = 400 * MIB;
     assert_eq!(book.place(&bigger, Reach::FirstChoice), None);
-    let heap_only = |lacking: u64| Ask::Heap {
-        node: node(1),
-        request: PlacementRequest {
+    let heap_only = |lacking: u64| {
+        Ask::Heap(PlacementRequest {
             cpu_millis: 0,
             memory_hint: lacking,
             strategy: Strategy::NodeAffinity {
@@ -250,7 +250,7 @@ fn a_task_lacking_only_heap_where_its_cpu_is_leased_asks_for_that_heap_alone() {
             },
             preferred: Vec::new(),
             requester: None,
-        },
+        })
     };
     // One CPU is free with 300 MiB: the first waiter asks for its last 100 MiB; the second
     // finds no CPU left and asks for all of its need; one that may no longer ask for heap
@@ -285,27 +285,28 @@ fn a_task_lacking_only_heap_where_its_cpu_is_leased_asks_for_that_heap_alone() {
     );
 }
 
-/// A leader with one node of two CPUs and plenty of heap: it grants what fits at once and
-/// answers `NotNow` otherwise, and records every request.
+/// A leader with one node of two CPUs and plenty of heap, granting from the leader's own
+/// `LeaseTable`: what fits at once, `NotNow` otherwise. It records every request.
 struct OneNodeLeader {
-    view: Mutex<ResourceView>,
-    next: Mutex<u128>,
+    table: Mutex<LeaseTable>,
     asked: Mutex<Vec<PlacementRequest>>,
 }
 
+/// The node the one-node leader's leases are on, which also runs the driver.
+const LEADER_NODE: u64 = 1;
+
 impl OneNodeLeader {
     fn new() -> Self {
-        let mut view = ResourceView::new();
-        view.upsert_node(
-            node(1),
+        let mut table = LeaseTable::new(Duration::from_secs(60), std::time::Instant::now());
+        table.upsert_node(
+            node(LEADER_NODE),
             Resources {
                 cpu_millis: 2000,
                 heap_bytes: 8 * GIB,
             },
         );
         Self {
-            view: Mutex::new(view),
-            next: Mutex::new(0),
+            table: Mutex::new(table),
             asked: Mutex::new(Vec::new()),
         }
     }
@@ -320,23 +321,17 @@ impl LeaseService for OneNodeLeader {
     ) -> Result<LeaseGrants> {
         // An answer without a pause would let an asking loop hold the test's one thread.
         tokio::task::yield_now().await;
-        let mut view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = std::time::Instant::now();
         let decisions = requests
             .iter()
-            .map(|request| match view.place_one(request) {
-                Ok(Decision::Placed(node)) => {
-                    *next += 1;
-                    LeaseDecision::Granted(Lease {
-                        id: LeaseId::new(*next),
-                        job,
-                        node,
-                        resources: request.need(),
-                    })
-                }
-                Ok(Decision::Wait) => LeaseDecision::NotNow,
-                Err(error) => LeaseDecision::Refused(error),
-            })
+            .map(
+                |request| match table.grant(job, node(LEADER_NODE), request, now) {
+                    Ok(Some(lease)) => LeaseDecision::Granted(lease),
+                    Ok(None) => LeaseDecision::NotNow,
+                    Err(error) => LeaseDecision::Refused(error),
+                },
+            )
             .collect();
         self.asked
             .lock()
@@ -352,14 +347,17 @@ impl LeaseService for OneNodeLeader {
         Ok(leases.iter().map(|_| LeaseStanding::Held).collect())
     }
 
-    async fn return_leases(&self, _job: JobId, _leases: Vec<LeaseId>) -> Result<()> {
+    async fn return_leases(&self, job: JobId, leases: Vec<LeaseId>) -> Result<()> {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in leases {
+            table.give_back(job, node(LEADER_NODE), id);
+        }
         Ok(())
     }
 }
 
 #[tokio::test]
 async fn a_task_needing_more_heap_than_its_leases_hold_starts_beside_the_running_one() {
-    const MIB: u64 = 1 << 20;
     let leader = Arc::new(OneNodeLeader::new());
     let leases = JobLeases::new(Arc::clone(&leader), JobId::new(1));
     let with_hint = |hint: u64| PlacementRequest {
