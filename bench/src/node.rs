@@ -180,6 +180,7 @@ fn range_task(task: TaskId, rows: u64) -> anyhow::Result<TaskSpec> {
             min_block_bytes: bytes,
             max_block_bytes: bytes,
             batch_rows: u32::try_from(rows.max(1)).context("too many rows for one batch")?,
+            sink: None,
         })),
         inputs: Vec::new(),
     })

@@ -8,6 +8,8 @@
 //! fingerprint). Lookups walk down from the output: an operator whose shards are all cached
 //! (in any shard count) becomes a source of cache loads and nothing below it runs; a source
 //! operator with some of its shards cached loads those and computes only the missing ones.
+//! Without caching, a sink that is the output is fused into the operator feeding it
+//! ([`fuse_sink`]).
 
 use floe_core::plan::task::StageInput;
 use std::collections::BTreeMap;
@@ -19,7 +21,7 @@ use floe_core::fingerprint::FingerprintInputs;
 use floe_core::job::{CacheMode, JobSpec, OutputBlock};
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
-use floe_core::plan::{LogicalPlan, PlanError};
+use floe_core::plan::{LogicalPlan, PlanError, WriteSpec};
 
 use super::DriverConfig;
 
@@ -90,6 +92,9 @@ pub(crate) struct PlannedOperator {
     pub cache_hits: u64,
     /// Whether the job runs it (an operator below a full cache hit does not).
     pub needed: bool,
+    /// The job's sink, fused into this operator (see [`fuse_sink`]): the tasks that make its
+    /// output rows write them there.
+    pub sink: Option<WriteSpec>,
 }
 
 /// The job's operators in topological order; the last one needed is the output.
@@ -171,10 +176,13 @@ pub(crate) fn plan(
             cache: None,
             cache_hits: 0,
             needed: false,
+            sink: None,
         });
     }
-    let output = physical.output.0;
-    if spec.options.cache != CacheMode::NoCache {
+    let mut output = physical.output.0;
+    if spec.options.cache == CacheMode::NoCache {
+        output = fuse_sink(&mut operators, output);
+    } else {
         // A sink's files are not cache shards; what it writes is, so that adding a sink to a
         // pipeline whose result is cached loads that result instead of computing it again.
         let mut cached = Vec::new();
@@ -226,6 +234,37 @@ fn collect_nodes(plan: &LogicalPlan, nodes: &mut BTreeMap<Fingerprint, LogicalPl
     for input in plan.inputs() {
         collect_nodes(input, nodes);
     }
+}
+
+/// Fuses the sink that is the job's output into the operator feeding it, when that operator
+/// runs a task per output bundle (a source, a map or a shuffle's reduces) and nothing else
+/// reads it: each of those tasks then writes the rows it made as its part of the sink, so they
+/// never pass through the object store — Ray fuses a write into the map before it. Only
+/// without caching: a cached operator's output must be blocks, for its shards. Returns the
+/// output operator.
+fn fuse_sink(operators: &mut Vec<PlannedOperator>, output: usize) -> usize {
+    let sink = &operators[output];
+    let (StageKind::Write(spec), &[producer]) = (&sink.stage.kind, sink.inputs.as_slice()) else {
+        return output;
+    };
+    let readers = operators
+        .iter()
+        .filter(|operator| operator.inputs.contains(&producer))
+        .count();
+    let runs_a_task_per_bundle = matches!(
+        operators[producer].work,
+        Work::Source(_) | Work::Map | Work::AllToAll
+    );
+    // The sink is removed from the list, which must not renumber any other operator.
+    if output + 1 != operators.len() || readers != 1 || !runs_a_task_per_bundle {
+        return output;
+    }
+    let spec = spec.clone();
+    operators.pop();
+    let fused = &mut operators[producer];
+    fused.name = format!("{}{}write", fused.name, floe_core::job::FUSED_SEPARATOR);
+    fused.sink = Some(spec);
+    producer
 }
 
 /// `range(n)` cut into tasks by `n` alone, so equal plans cut equally.

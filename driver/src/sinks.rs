@@ -43,8 +43,9 @@ pub(crate) fn stage_sinks(
     let token = format!("job{job}-{attempt}-{started_ms:x}");
     let mut sinks = Vec::new();
     for operator in &mut planned.operators {
-        let StageKind::Write(spec) = &mut operator.stage.kind else {
-            continue;
+        let spec = match (&mut operator.stage.kind, &mut operator.sink) {
+            (StageKind::Write(spec), _) | (_, Some(spec)) => spec,
+            _ => continue,
         };
         let staging = floe_engine::write::staging_directory(&spec.directory, &token);
         allowed.check(&spec.directory)?;

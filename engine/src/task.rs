@@ -49,7 +49,8 @@ pub enum TaskOutput {
 /// Runs one stage task over its input blocks (one list per input object), with the block sizes
 /// and batch rows the task names, as a worker does: an all-to-all task through its operator's
 /// exchange, a sink's part written where its stage says (no blocks come back), any other
-/// through [`run_task`].
+/// through [`run_task`]. A task with a fused sink writes the rows it made as its part of that
+/// sink and returns no blocks.
 pub fn run_stage_task(
     task: &StageTask,
     inputs: Vec<Vec<RecordBatch>>,
@@ -63,13 +64,22 @@ pub fn run_stage_task(
         batch_rows: task.batch_rows.max(1) as usize,
     };
     let stage = &task.stage;
-    match (&stage.kind, task.input) {
+    if task.sink.is_some() && !task.input.makes_output_rows() {
+        return Err(Error::SinkWithoutRows {
+            stage: stage.kind.name().to_owned(),
+            input: task.input.to_string(),
+        });
+    }
+    let output = match (&stage.kind, task.input) {
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
             match exchange::run(operator, &output, input, &schemas, inputs)? {
-                // A reduce output is cut to the block size range like any other.
-                TaskOutput::Blocks(batches) if matches!(input, StageInput::Reduce { .. }) => {
+                // A reduce output is cut to the block size range like any other (a sink cuts
+                // its own files).
+                TaskOutput::Blocks(batches)
+                    if matches!(input, StageInput::Reduce { .. }) && task.sink.is_none() =>
+                {
                     let non_empty = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
                     Ok(TaskOutput::Blocks(context.sizing.rebalance(non_empty)?))
                 }
@@ -89,6 +99,26 @@ pub fn run_stage_task(
             context,
         )
         .map(TaskOutput::Blocks),
+    }?;
+    let Some(sink) = &task.sink else {
+        return Ok(output);
+    };
+    match output {
+        TaskOutput::Blocks(batches) => {
+            let schema = Arc::new(stage.schema.clone());
+            write_task(
+                &sink.spec,
+                sink.index as usize,
+                schema,
+                batches.into_iter().map(Ok),
+            )?;
+            Ok(TaskOutput::Blocks(Vec::new()))
+        }
+        // Refused above: no task making output rows makes partitions.
+        TaskOutput::Partitions(_) => Err(Error::SinkWithoutRows {
+            stage: stage.kind.name().to_owned(),
+            input: task.input.to_string(),
+        }),
     }
 }
 

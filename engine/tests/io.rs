@@ -9,11 +9,15 @@ use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{col, lit};
+use floe_core::plan::physical::PhysicalPlan;
+use floe_core::plan::task::{SinkPart, StageInput, StageTask};
 use floe_core::plan::{
     Compression, CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, WriteMode, WriteSpec,
     optimizer::Optimizer,
 };
 use floe_engine::read::{discover, expand_paths, read_scan};
+use floe_engine::task::{TaskOutput, run_stage_task};
+use floe_engine::udf::Registry;
 use floe_engine::write::{file_name, write_task};
 
 /// `rows` rows: id = i, group = "g{i % 3}", value = i * 0.5.
@@ -445,4 +449,69 @@ fn gzip_and_zstd_csv_and_json_read_as_the_plain_files() {
             assert_eq!(rows, expected, "{}", compressed.display());
         }
     }
+}
+
+/// A task of `plan`'s output stage on `input`, writing what it makes as part 4 of a Parquet
+/// sink in `dir`.
+fn task_writing(plan: &LogicalPlan, input: StageInput, dir: &Path) -> StageTask {
+    let physical = PhysicalPlan::from_logical(plan);
+    let stage = physical.stage(physical.output).clone();
+    let input_schemas = stage
+        .inputs
+        .iter()
+        .map(|input| physical.stage(*input).schema.clone())
+        .collect();
+    StageTask {
+        stage,
+        input,
+        input_schemas,
+        min_block_bytes: 1,
+        max_block_bytes: 1 << 20,
+        batch_rows: 16,
+        sink: Some(SinkPart {
+            spec: spec(FileFormat::Parquet, dir, 1 << 30),
+            index: 4,
+        }),
+    }
+}
+
+#[test]
+fn a_task_with_a_fused_sink_writes_its_rows_as_its_part_and_returns_no_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let plan = LogicalPlan::range(100).unwrap();
+    let task = task_writing(&plan, StageInput::Range { start: 10, end: 50 }, &out);
+    let registry = Registry::with_builtins();
+    let TaskOutput::Blocks(blocks) = run_stage_task(&task, Vec::new(), &registry, &[]).unwrap()
+    else {
+        panic!("a range task made partitions");
+    };
+    assert!(blocks.is_empty(), "{} blocks came back", blocks.len());
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["part-00004-00000.parquet".to_owned()]);
+    let (read, _) = read_scan(&discover(FileFormat::Parquet, &[&out]).unwrap(), 1024).unwrap();
+    assert_eq!(ids(&read), (10..50).collect::<Vec<_>>());
+
+    // A shuffle's map side makes partitions for the reduces, not rows of the output: it is
+    // refused a sink, and writes nothing.
+    let elsewhere = dir.path().join("map");
+    let shuffled = plan.repartition(2, &["id"]).unwrap();
+    let map = task_writing(
+        &shuffled,
+        StageInput::Partition {
+            partitions: 2,
+            side: 0,
+            offset: 0,
+            total: 10,
+            seed: 0,
+        },
+        &elsewhere,
+    );
+    let blocks = floe_engine::task::range_batches(0, 10, 16).unwrap();
+    let refused = run_stage_task(&map, vec![blocks], &registry, &[]).unwrap_err();
+    assert!(refused.to_string().contains("no output rows"), "{refused}");
+    assert!(!elsewhere.exists());
 }

@@ -1128,6 +1128,7 @@ fn check_paths(allowed: &AllowedPaths, task: &StageTask) -> Result<(), TaskFailu
         StageKind::Write(spec) => vec![spec.directory.as_path()],
         _ => Vec::new(),
     };
+    paths.extend(task.sink.iter().map(|sink| sink.spec.directory.as_path()));
     for op in &stage.row_ops {
         if let Operator::ProcessUdf(udf) = op {
             paths.extend(udf.files.iter().map(|file| file.path.as_path()));
@@ -1405,5 +1406,53 @@ fn store_usage(stats: floe_objectstore::StoreStats) -> floe_api::node_protocol::
         fallback_objects: stats.fallback_objects,
         shard_bytes: stats.shard_bytes,
         shard_objects: stats.shard_objects,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_core::config::AllowedPaths;
+    use floe_core::plan::physical::PhysicalPlan;
+    use floe_core::plan::task::{SinkPart, StageInput, StageTask};
+    use floe_core::plan::{
+        Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan, WriteMode, WriteSpec,
+    };
+
+    use super::check_paths;
+
+    /// A range task whose rows are written, by the task itself, into `directory`.
+    fn range_task_writing_to(directory: &std::path::Path) -> StageTask {
+        let plan = PhysicalPlan::from_logical(&LogicalPlan::range(10).unwrap());
+        StageTask {
+            stage: plan.stage(plan.output).clone(),
+            input: StageInput::Range { start: 0, end: 10 },
+            input_schemas: Vec::new(),
+            min_block_bytes: 1,
+            max_block_bytes: 1 << 20,
+            batch_rows: 10,
+            sink: Some(SinkPart {
+                spec: WriteSpec {
+                    format: FileFormat::Parquet,
+                    directory: directory.to_owned(),
+                    target_file_size: DEFAULT_TARGET_FILE_SIZE,
+                    mode: WriteMode::Overwrite,
+                    compression: Compression::Zstd,
+                    partition_by: Vec::new(),
+                },
+                index: 0,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_sink_fused_into_a_task_is_checked_against_the_allowed_paths() {
+        let allowed = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let paths = AllowedPaths::under(&[allowed.path().to_owned()]);
+        let outside = range_task_writing_to(&elsewhere.path().join("out"));
+        let refused = check_paths(&paths, &outside).unwrap_err().to_string();
+        assert!(refused.contains("outside data.allowed_paths"), "{refused}");
+        let inside = range_task_writing_to(&allowed.path().join("out"));
+        check_paths(&paths, &inside).unwrap();
     }
 }

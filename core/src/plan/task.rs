@@ -4,6 +4,7 @@
 use arrow_schema::Schema;
 use serde::{Deserialize, Serialize};
 
+use super::operator::WriteSpec;
 use super::physical::Stage;
 
 /// A stage task: the stage (its source or input handling and fused row-wise operators) and
@@ -18,6 +19,17 @@ pub struct StageTask {
     pub min_block_bytes: u64,
     pub max_block_bytes: u64,
     pub batch_rows: u32,
+    /// A sink fused into the stage: the task writes the rows it makes as this part of the sink
+    /// and returns no blocks, so they never pass through the object store.
+    pub sink: Option<SinkPart>,
+}
+
+/// Part `index` of a sink, written by the task that makes its rows (a sink's parts are
+/// numbered in the order of its input, so its files are named in that order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SinkPart {
+    pub spec: WriteSpec,
+    pub index: u32,
 }
 
 /// What one task of a stage works on.
@@ -60,6 +72,27 @@ pub enum StageInput {
     /// A skewed partition's most frequent key (over its first `left` inputs, the left side's
     /// for a join), as one row: `key` (the values, printed) and `rows`.
     HotKey { left: u32 },
+}
+
+impl StageInput {
+    /// Whether a task on this input makes rows of its stage's output (a source's, a map's, a
+    /// shuffle's reduce), rather than a shuffle's map-side pieces or a sink's files: only such
+    /// a task can write a sink fused into its stage.
+    pub fn makes_output_rows(&self) -> bool {
+        match self {
+            StageInput::File(_)
+            | StageInput::Range { .. }
+            | StageInput::Inline
+            | StageInput::Blocks
+            | StageInput::Reduce { .. } => true,
+            StageInput::Sink { .. }
+            | StageInput::Partition { .. }
+            | StageInput::RangePartition { .. }
+            | StageInput::Sample { .. }
+            | StageInput::Boundaries { .. }
+            | StageInput::HotKey { .. } => false,
+        }
+    }
 }
 
 impl std::fmt::Display for StageInput {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use floe_core::ObjectId;
 use floe_core::job::OperatorStats;
+use floe_core::plan::WriteSpec;
 use floe_core::plan::physical::Stage;
 use floe_core::plan::task::StageInput;
 
@@ -70,6 +71,9 @@ pub(super) struct OperatorState {
     /// The operators reading this one, each with the input slot it reads it in.
     pub(super) consumers: Vec<(usize, usize)>,
     pub(super) cache: Option<CacheTarget>,
+    /// The job's sink, when it is fused into this operator: the tasks making its output write
+    /// it.
+    pub(super) sink: Option<WriteSpec>,
     /// Tasks ready to start, in order.
     pub(super) ready: VecDeque<Launch>,
     pub(super) next_seq: u64,
@@ -138,6 +142,7 @@ impl OperatorState {
             inputs,
             consumers: Vec::new(),
             cache: operator.cache,
+            sink: operator.sink,
             next_seq: ready.len() as u64,
             ready,
             work: operator.work,

@@ -12,8 +12,9 @@ use floe_api::node_protocol::{
     ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
+use floe_core::plan::WriteSpec;
 use floe_core::plan::physical::{Stage, StageKind};
-use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::plan::task::{SinkPart, StageInput, StageTask};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
@@ -174,6 +175,7 @@ impl<C: ClusterAccess> Execution<C> {
             config: Arc::clone(&self.config),
             stage: Arc::clone(&self.ops[index].stage),
             input_schemas: Arc::clone(&self.ops[index].input_schemas),
+            sink: sink_part(self.ops[index].sink.as_ref(), &launch),
             strategy: self.strategy(index, &inputs, launch.avoid),
             aggregator,
         };
@@ -418,6 +420,21 @@ impl<C: ClusterAccess> Execution<C> {
     }
 }
 
+/// The part of an operator's fused `sink` that `launch` writes: a task making the operator's
+/// output rows writes them as the part numbered by its place in the output; a shuffle's
+/// map-side tasks write nothing.
+fn sink_part(sink: Option<&WriteSpec>, launch: &Launch) -> Option<SinkPart> {
+    let spec = sink?;
+    // Cache loads never run with a fused sink: it is fused only when nothing is cached.
+    let Recipe::Compute { input, .. } = &launch.recipe else {
+        return None;
+    };
+    input.makes_output_rows().then(|| SinkPart {
+        spec: spec.clone(),
+        index: u32::try_from(launch.seq).unwrap_or(u32::MAX),
+    })
+}
+
 /// The bytes a task reads: its input blocks, else the file, ids or rows its source stage
 /// reads. Its memory hint, since the task's working set grows with what it reads (decoded
 /// batches, the output it builds, a reduce's concatenated partition).
@@ -454,6 +471,8 @@ struct TaskRun<C: ClusterAccess> {
     config: Arc<DriverConfig>,
     stage: Arc<Stage>,
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
+    /// The part of the operator's fused sink this task writes.
+    sink: Option<SinkPart>,
     strategy: Strategy,
     /// A hash shuffle's reduce runs through the partition's aggregator, on its node.
     aggregator: Option<(ActorId, NodeId)>,
@@ -608,6 +627,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                 min_block_bytes: self.config.min_block_bytes,
                 max_block_bytes: self.config.max_block_bytes,
                 batch_rows: self.config.batch_rows,
+                sink: self.sink.clone(),
             })),
             inputs: refs,
         };

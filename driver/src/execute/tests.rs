@@ -845,6 +845,62 @@ async fn six_rows_sort_in_one_partition_and_write_one_file() {
     assert_eq!((files.len(), rows), (1, 6), "{files:?}");
 }
 
+/// The ids in the Parquet files of `directory`, in file-name order.
+fn written_ids(directory: &std::path::Path) -> Vec<i64> {
+    let (names, _) = files_and_rows(directory);
+    let mut ids = Vec::new();
+    for name in names {
+        let file = std::fs::File::open(directory.join(name)).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        ids.extend(column(&batches, "id"));
+    }
+    ids
+}
+
+#[tokio::test]
+async fn without_caching_a_sorts_reduces_write_the_sink_and_store_no_rows() {
+    let fake = fake(2, 2);
+    let n = 500;
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("sorted");
+    let (plan, config) = shuffled_sort(n);
+    let sunk = written(plan.clone(), &target, WriteMode::Error);
+    let record = run_with(&fake, &spec(sunk, CacheMode::NoCache), config.clone()).await;
+    let stats = succeeded(&record).stats.as_ref().unwrap();
+    let names: Vec<&str> = stats.operators.iter().map(|op| op.name.as_str()).collect();
+    assert!(names.contains(&"sort→write"), "{names:?}");
+    let tasks = fake.tasks();
+    assert!(
+        !tasks.iter().any(|task| task.stage == "write"),
+        "a write task ran"
+    );
+    let reduces: Vec<_> = tasks
+        .iter()
+        .filter(|task| matches!(task.input, StageInput::Reduce { .. }))
+        .collect();
+    assert!(reduces.len() > 1, "one partition: {}", reduces.len());
+    assert!(reduces.iter().all(|task| task.outputs.is_empty()));
+    // One file per reduce, named in partition order: read in name order, the rows are sorted.
+    assert_eq!(written_ids(&target), expected_sort(n as i64));
+    assert!(outputs(&record).is_empty());
+
+    // Cached, the sort's output is kept as blocks (its shards) and the sink runs apart.
+    let cached_target = out.path().join("cached");
+    let sunk = written(plan, &cached_target, WriteMode::Error);
+    let before = fake.tasks().len();
+    succeeded(&*run_with(&fake, &spec(sunk, CacheMode::Reuse), config).await);
+    assert!(
+        fake.tasks()[before..]
+            .iter()
+            .any(|task| task.stage == "write")
+    );
+    assert_eq!(written_ids(&cached_target), expected_sort(n as i64));
+}
+
 #[tokio::test]
 async fn a_sink_outside_the_allowed_paths_is_refused_before_any_task() {
     let fake = fake(1, 2);
