@@ -1,13 +1,18 @@
 //! What every exchange does with columns and batches: look columns up by name, gather and
-//! interleave rows, split a batch by a partition per row, and draw seeded random numbers.
+//! interleave rows, split batches by a partition per row, and draw seeded random numbers.
+
+use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, UInt64Array, new_empty_array,
-    new_null_array,
+    Array, ArrayRef, ArrowPrimitiveType, BooleanBufferBuilder, GenericByteArray, OffsetSizeTrait,
+    PrimitiveArray, UInt64Array, downcast_primitive, new_empty_array, new_null_array,
 };
-use arrow::buffer::NullBuffer;
+use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::{concat, interleave, take_record_batch};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{
+    ArrowNativeType, BinaryType, ByteArrayType, DataType, LargeBinaryType, LargeUtf8Type,
+    SchemaRef, Utf8Type,
+};
 use arrow::error::ArrowError;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
@@ -180,4 +185,349 @@ pub(crate) fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&Prim
 /// Whether row `row` is null in `nulls` (a missing buffer has no nulls).
 pub(crate) fn is_null(nulls: Option<&NullBuffer>, row: usize) -> bool {
     nulls.is_some_and(|nulls| nulls.is_null(row))
+}
+
+/// The rows of `batches` (of `schema`) split into `parts` batches: row r of batch b goes to
+/// partition `partitions[b][r]`, and each partition keeps the input order.
+///
+/// One pass over each column writes every row into its partition's buffers. Gathering each
+/// partition on its own (`interleave`) read every column once per partition, through a
+/// (batch, row) pair per row, which cost a hash shuffle's map side most of its time.
+pub(crate) fn scatter(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    partitions: &[Vec<usize>],
+    parts: usize,
+) -> Result<Vec<RecordBatch>> {
+    if partitions.len() != batches.len() {
+        return Err(invalid("a partition list per batch is needed"));
+    }
+    let mut counts = vec![0usize; parts];
+    for (batch, assigned) in batches.iter().zip(partitions) {
+        if assigned.len() != batch.num_rows() {
+            return Err(invalid(format!(
+                "{} partitions for a batch of {} rows",
+                assigned.len(),
+                batch.num_rows()
+            )));
+        }
+        for &partition in assigned {
+            *counts
+                .get_mut(partition)
+                .ok_or_else(|| invalid(format!("no partition {partition} of {parts}")))? += 1;
+        }
+    }
+    if let [batch] = batches
+        && let Some(whole) = counts.iter().position(|&rows| rows == batch.num_rows())
+    {
+        // One block going whole to one partition: no copy.
+        return Ok((0..parts)
+            .map(|partition| {
+                if partition == whole {
+                    batch.clone()
+                } else {
+                    batch.slice(0, 0)
+                }
+            })
+            .collect());
+    }
+    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(schema.fields().len()); parts];
+    for field in schema.fields() {
+        let values = named_columns(batches, field.name())?;
+        let split = scatter_column(&values, field.data_type(), partitions, &counts)?;
+        for (partition, array) in columns.iter_mut().zip(split) {
+            partition.push(array);
+        }
+    }
+    columns
+        .into_iter()
+        .zip(counts)
+        .map(|(columns, rows)| with_row_count(schema, columns, rows))
+        .collect()
+}
+
+/// One column of [`scatter`]: `values` (one array per batch) split by `partitions`, into
+/// arrays of `counts` rows.
+fn scatter_column(
+    values: &[ArrayRef],
+    data_type: &DataType,
+    partitions: &[Vec<usize>],
+    counts: &[usize],
+) -> Result<Vec<ArrayRef>> {
+    macro_rules! primitive_helper {
+        ($t:ty, $values:ident, $partitions:ident, $counts:ident, $data_type:ident) => {
+            scatter_primitive::<$t>($values, $partitions, $counts, $data_type)
+        };
+    }
+    downcast_primitive! {
+        data_type => (primitive_helper, values, partitions, counts, data_type),
+        DataType::Utf8 => scatter_bytes::<Utf8Type>(values, partitions, counts),
+        DataType::LargeUtf8 => scatter_bytes::<LargeUtf8Type>(values, partitions, counts),
+        DataType::Binary => scatter_bytes::<BinaryType>(values, partitions, counts),
+        DataType::LargeBinary => scatter_bytes::<LargeBinaryType>(values, partitions, counts),
+        _ => {
+            // Other types (booleans, views, nested, dictionaries) are rare in shuffles: each
+            // partition is gathered on its own.
+            let mut picks: Vec<Vec<(usize, usize)>> =
+                counts.iter().map(|&rows| Vec::with_capacity(rows)).collect();
+            for (array, assigned) in partitions.iter().enumerate() {
+                for (row, &partition) in assigned.iter().enumerate() {
+                    picks[partition].push((array, row));
+                }
+            }
+            picks
+                .iter()
+                .map(|picks| interleave_picks(values, data_type, picks))
+                .collect()
+        }
+    }
+}
+
+fn scatter_primitive<T: ArrowPrimitiveType>(
+    values: &[ArrayRef],
+    partitions: &[Vec<usize>],
+    counts: &[usize],
+    data_type: &DataType,
+) -> Result<Vec<ArrayRef>> {
+    let mut split: Vec<Vec<T::Native>> = counts
+        .iter()
+        .map(|&rows| Vec::with_capacity(rows))
+        .collect();
+    for (array, assigned) in values.iter().zip(partitions) {
+        for (value, &partition) in primitive::<T>(array)?.values().iter().zip(assigned) {
+            split[partition].push(*value);
+        }
+    }
+    Ok(split
+        .into_iter()
+        .zip(scatter_nulls(values, partitions, counts))
+        .map(|(split, nulls)| {
+            let array = PrimitiveArray::<T>::new(ScalarBuffer::from(split), nulls)
+                .with_data_type(data_type.clone());
+            Arc::new(array) as ArrayRef
+        })
+        .collect())
+}
+
+fn scatter_bytes<T: ByteArrayType>(
+    values: &[ArrayRef],
+    partitions: &[Vec<usize>],
+    counts: &[usize],
+) -> Result<Vec<ArrayRef>> {
+    let arrays = values
+        .iter()
+        .map(|array| {
+            array
+                .as_any()
+                .downcast_ref::<GenericByteArray<T>>()
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "expected {}, got {}",
+                        T::DATA_TYPE,
+                        array.data_type()
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut bytes = vec![0usize; counts.len()];
+    for (array, assigned) in arrays.iter().zip(partitions) {
+        for (ends, &partition) in array.value_offsets().windows(2).zip(assigned) {
+            bytes[partition] += ends[1].as_usize() - ends[0].as_usize();
+        }
+    }
+    let mut split: Vec<(Vec<T::Offset>, Vec<u8>)> = counts
+        .iter()
+        .zip(&bytes)
+        .map(|(&rows, &bytes)| {
+            let mut offsets = Vec::with_capacity(rows + 1);
+            offsets.push(T::Offset::usize_as(0));
+            (offsets, Vec::with_capacity(bytes))
+        })
+        .collect();
+    for (array, assigned) in arrays.iter().zip(partitions) {
+        let data = array.value_data();
+        for (ends, &partition) in array.value_offsets().windows(2).zip(assigned) {
+            let (offsets, values) = &mut split[partition];
+            values.extend_from_slice(&data[ends[0].as_usize()..ends[1].as_usize()]);
+            offsets.push(T::Offset::from_usize(values.len()).ok_or_else(|| {
+                invalid(format!(
+                    "a partition holds over {} bytes of {}",
+                    T::Offset::MAX_OFFSET,
+                    T::DATA_TYPE
+                ))
+            })?);
+        }
+    }
+    Ok(split
+        .into_iter()
+        .zip(scatter_nulls(values, partitions, counts))
+        .map(|((offsets, values), nulls)| {
+            let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+            // SAFETY: every value is a whole value of an array of type `T`, copied byte for
+            // byte (so valid UTF-8 when `T` is a string type), and the offsets were pushed
+            // as each value's end, so they are in order and within `values`.
+            let array = unsafe {
+                GenericByteArray::<T>::new_unchecked(offsets, Buffer::from_vec(values), nulls)
+            };
+            Arc::new(array) as ArrayRef
+        })
+        .collect())
+}
+
+/// The validity of [`scatter`]'s partitions of `values`: `None` for a partition without nulls.
+fn scatter_nulls(
+    values: &[ArrayRef],
+    partitions: &[Vec<usize>],
+    counts: &[usize],
+) -> Vec<Option<NullBuffer>> {
+    if values.iter().all(|array| array.null_count() == 0) {
+        return vec![None; counts.len()];
+    }
+    let mut valid: Vec<BooleanBufferBuilder> = counts
+        .iter()
+        .map(|&rows| BooleanBufferBuilder::new(rows))
+        .collect();
+    for (array, assigned) in values.iter().zip(partitions) {
+        for (row, &partition) in assigned.iter().enumerate() {
+            valid[partition].append(array.is_valid(row));
+        }
+    }
+    valid
+        .into_iter()
+        .map(|mut valid| {
+            Some(NullBuffer::new(valid.finish())).filter(|nulls| nulls.null_count() > 0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{
+        BooleanArray, Decimal128Array, Float64Array, Int64Array, LargeBinaryArray, StringArray,
+        TimestampMillisecondArray,
+    };
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    /// `rows` rows of every kind of column [`scatter`] treats apart (nulls in some), starting
+    /// at `start`.
+    fn mixed(schema: &SchemaRef, start: i64, rows: i64) -> RecordBatch {
+        let ids = start..start + rows;
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter(
+                ids.clone().map(|i| (i % 7 != 0).then_some(i)),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                ids.clone().map(|i| i as f64 / 4.0),
+            )),
+            Arc::new(StringArray::from_iter(
+                ids.clone()
+                    .map(|i| (i % 5 != 0).then(|| "é".repeat((i % 9) as usize))),
+            )),
+            Arc::new(LargeBinaryArray::from_iter_values(
+                ids.clone().map(|i| i.to_le_bytes()),
+            )),
+            Arc::new(BooleanArray::from_iter(
+                ids.clone().map(|i| (i % 3 != 0).then_some(i % 2 == 0)),
+            )),
+            Arc::new(
+                TimestampMillisecondArray::from_iter_values(ids.clone())
+                    .with_timezone("Europe/Paris"),
+            ),
+            Arc::new(
+                Decimal128Array::from_iter_values(ids.map(i128::from))
+                    .with_precision_and_scale(12, 2)
+                    .unwrap(),
+            ),
+        ];
+        RecordBatch::try_new(schema.clone(), columns).unwrap()
+    }
+
+    fn mixed_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("int", DataType::Int64, true),
+            Field::new("float", DataType::Float64, false),
+            Field::new("text", DataType::Utf8, true),
+            Field::new("bytes", DataType::LargeBinary, false),
+            Field::new("flag", DataType::Boolean, true),
+            Field::new(
+                "at",
+                DataType::Timestamp(
+                    arrow::datatypes::TimeUnit::Millisecond,
+                    Some("Europe/Paris".into()),
+                ),
+                false,
+            ),
+            Field::new("amount", DataType::Decimal128(12, 2), false),
+        ]))
+    }
+
+    #[test]
+    fn scattered_partitions_equal_each_partitions_rows_taken_in_input_order() {
+        let schema = mixed_schema();
+        let batches = vec![
+            mixed(&schema, 0, 40),
+            mixed(&schema, 40, 0),
+            mixed(&schema, 40, 23),
+        ];
+        let parts = 5;
+        let mut random = SplitMix64::new(11);
+        let partitions: Vec<Vec<usize>> = batches
+            .iter()
+            .map(|batch| {
+                (0..batch.num_rows())
+                    .map(|_| scale(random.next_u64(), parts))
+                    .collect()
+            })
+            .collect();
+        let split = scatter(&batches, &schema, &partitions, parts).unwrap();
+        assert_eq!(split.len(), parts);
+        for (partition, got) in split.iter().enumerate() {
+            // The independent answer: arrow's `take` of the partition's rows of each batch,
+            // concatenated in batch order.
+            let pieces: Vec<RecordBatch> = batches
+                .iter()
+                .zip(&partitions)
+                .map(|(batch, assigned)| {
+                    let rows: Vec<u64> = (0..assigned.len())
+                        .filter(|&row| assigned[row] == partition)
+                        .map(|row| row as u64)
+                        .collect();
+                    take_record_batch(batch, &UInt64Array::from(rows)).unwrap()
+                })
+                .collect();
+            let expected = arrow::compute::concat_batches(&schema, &pieces).unwrap();
+            assert_eq!(got, &expected, "partition {partition}");
+        }
+        let rows: usize = split.iter().map(RecordBatch::num_rows).sum();
+        assert_eq!(rows, 63);
+    }
+
+    #[test]
+    fn a_batch_going_whole_to_one_partition_is_not_copied_and_bad_partitions_are_refused() {
+        let schema = mixed_schema();
+        let batch = mixed(&schema, 0, 10);
+        let split = scatter(std::slice::from_ref(&batch), &schema, &[vec![2; 10]], 3).unwrap();
+        assert_eq!(
+            split[2].column(2).to_data().buffers()[1].as_ptr(),
+            batch.column(2).to_data().buffers()[1].as_ptr()
+        );
+        assert_eq!((split[0].num_rows(), split[1].num_rows()), (0, 0));
+
+        let refused = scatter(std::slice::from_ref(&batch), &schema, &[vec![3; 10]], 3);
+        assert!(
+            refused
+                .unwrap_err()
+                .to_string()
+                .contains("no partition 3 of 3")
+        );
+        let short = scatter(std::slice::from_ref(&batch), &schema, &[vec![0; 9]], 3);
+        assert!(
+            short
+                .unwrap_err()
+                .to_string()
+                .contains("9 partitions for a batch of 10 rows")
+        );
+    }
 }

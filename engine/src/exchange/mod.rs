@@ -192,23 +192,11 @@ pub(crate) fn route_rows(
     mut assign: impl FnMut(&RecordBatch) -> Result<Vec<usize>>,
 ) -> Result<Vec<RecordBatch>> {
     let parts = columns::partition_count(partitions)?;
-    let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); parts];
-    for (index, batch) in batches.iter().enumerate() {
-        for (row, partition) in assign(batch)?.into_iter().enumerate() {
-            picks
-                .get_mut(partition)
-                .ok_or_else(|| columns::invalid(format!("no partition {partition} of {parts}")))?
-                .push((index, row));
-        }
-    }
-    picks
+    let assigned = batches
         .iter()
-        .map(|picks| match batches {
-            // One block going whole to one partition: no copy.
-            [batch] if picks.len() == batch.num_rows() => Ok(batch.clone()),
-            _ => columns::gather(batches, schema, picks),
-        })
-        .collect()
+        .map(&mut assign)
+        .collect::<Result<Vec<_>>>()?;
+    columns::scatter(batches, schema, &assigned, parts)
 }
 
 /// Every column name of `schema`, in order.
