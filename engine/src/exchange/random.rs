@@ -81,3 +81,57 @@ impl Exchange for RandomShuffle {
         Vec::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use arrow::array::{Array, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    /// Every order of four rows (in two blocks) comes out about equally often over many seeds,
+    /// each row whole.
+    #[test]
+    fn every_order_of_the_rows_is_about_equally_likely() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+        ]));
+        let block = |ids: [i64; 2]| {
+            let names = StringArray::from_iter_values(ids.iter().map(|id| format!("row {id}")));
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(ids.to_vec())), Arc::new(names)],
+            )
+            .unwrap()
+        };
+        let blocks = [block([0, 1]), block([2, 3])];
+        const DRAWS: u64 = 24 * 200;
+        let mut seen: BTreeMap<Vec<i64>, u64> = BTreeMap::new();
+        for seed in 0..DRAWS {
+            let permuted = permute(&blocks, &schema, seed).unwrap();
+            let ids = permuted
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            let names = permuted
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            for row in 0..ids.len() {
+                assert_eq!(names.value(row), format!("row {}", ids.value(row)));
+            }
+            *seen.entry(ids.values().to_vec()).or_default() += 1;
+        }
+        assert_eq!(seen.len(), 24, "{seen:?}");
+        // 200 expected per order, with a standard deviation of 14: ±60 is over four.
+        for (order, count) in &seen {
+            assert!((140..=260).contains(count), "{order:?} drawn {count} times");
+        }
+    }
+}
