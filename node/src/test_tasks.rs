@@ -7,6 +7,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use floe_api::node_protocol::TestTask;
 
+/// Pages (4 KiB) a `Grow` task touches between two pauses of a millisecond: one MiB.
+const GROW_PAGES_BETWEEN_PAUSES: usize = 256;
+
 /// Why a test task failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TestTaskError {
@@ -85,9 +88,14 @@ pub(crate) fn run(task: &TestTask, inputs: &[&[u8]]) -> Result<TestOutputs, Test
         }),
         TestTask::Grow { bytes } => {
             let mut memory = vec![0u8; length(*bytes)?];
-            // Written, so every page is resident; read back, so the writes are not elided.
-            for page in memory.chunks_mut(4096) {
+            // Written, so every page is resident; read back, so the writes are not elided. A
+            // pause after each MiB keeps the growth near 1 GiB/s however fast the host faults
+            // pages in, so a memory monitor sampling every 20 ms sees it before it runs far.
+            for (index, page) in memory.chunks_mut(4096).enumerate() {
                 page[0] = 1;
+                if index % GROW_PAGES_BETWEEN_PAUSES == GROW_PAGES_BETWEEN_PAUSES - 1 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
             let touched: usize = memory
                 .iter()
