@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, BooleanBufferBuilder, GenericByteArray, OffsetSizeTrait,
-    PrimitiveArray, UInt64Array, downcast_primitive, new_empty_array, new_null_array,
+    PrimitiveArray, downcast_primitive, new_empty_array, new_null_array,
 };
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::compute::{concat, interleave, take_record_batch};
+use arrow::compute::{concat, interleave};
 use arrow::datatypes::{
     ArrowNativeType, BinaryType, ByteArrayType, DataType, LargeBinaryType, LargeUtf8Type,
     SchemaRef, Utf8Type,
@@ -53,27 +53,6 @@ impl SplitMix64 {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-}
-
-/// Row `r` of `batch` goes to partition `partitions[r]` (each below `parts`).
-pub(crate) fn split_rows(
-    batch: &RecordBatch,
-    partitions: &[usize],
-    parts: usize,
-) -> Result<Vec<RecordBatch>> {
-    let mut rows: Vec<Vec<u64>> = vec![Vec::new(); parts];
-    for (row, &partition) in partitions.iter().enumerate() {
-        rows[partition].push(row as u64);
-    }
-    rows.into_iter()
-        .map(|rows| {
-            if rows.len() == batch.num_rows() {
-                // Every row (or none, of an empty batch): no copy.
-                return Ok(batch.clone());
-            }
-            Ok(take_record_batch(batch, &UInt64Array::from(rows))?)
-        })
-        .collect()
 }
 
 pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
@@ -404,8 +383,9 @@ fn scatter_nulls(
 mod tests {
     use arrow::array::{
         BooleanArray, Decimal128Array, Float64Array, Int64Array, LargeBinaryArray, StringArray,
-        TimestampMillisecondArray,
+        TimestampMillisecondArray, UInt64Array,
     };
+    use arrow::compute::take_record_batch;
     use arrow::datatypes::{Field, Schema};
 
     use super::*;

@@ -17,7 +17,7 @@ use arrow::row::{RowConverter, Rows, SortField};
 use floe_core::plan::SortKey;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::columns::{column, invalid, partition_count, primitive, scale, split_rows};
+use super::columns::{column, invalid, partition_count, primitive, scale, scatter};
 use crate::Result;
 use crate::eval::safe_cast;
 
@@ -28,7 +28,13 @@ use crate::eval::safe_cast;
 /// goes to partition 0. Always returns exactly `n` batches with `batch`'s schema.
 pub fn hash_partition(batch: &RecordBatch, keys: &[String], n: u32) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(n)?;
-    split_rows(batch, &hash_partitions(batch, keys, parts)?, parts)
+    let partitions = hash_partitions(batch, keys, parts)?;
+    scatter(
+        std::slice::from_ref(batch),
+        batch.schema_ref(),
+        &[partitions],
+        parts,
+    )
 }
 
 /// The partition (below `parts`) of each row of `batch`, as [`hash_partition`] routes it.

@@ -4,7 +4,7 @@
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
-use super::columns::{SplitMix64, gather, partition_count, scale, split_rows};
+use super::columns::{SplitMix64, gather, partition_count, scale, scatter};
 use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
 use crate::Result;
 use floe_core::plan::SeedChoice;
@@ -13,9 +13,10 @@ use floe_core::plan::SeedChoice;
 /// the split is the same on every run. Returns `n` batches.
 pub fn random_partition(batch: &RecordBatch, n: u32, seed: u64) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(n)?;
-    split_rows(
-        batch,
-        &random_partitions(batch.num_rows(), parts, seed),
+    scatter(
+        std::slice::from_ref(batch),
+        batch.schema_ref(),
+        &[random_partitions(batch.num_rows(), parts, seed)],
         parts,
     )
 }
