@@ -23,6 +23,10 @@ use crate::udf::process::{ProcessEndpoint, ProcessSessions};
 use crate::write::write_task;
 use crate::{Error, Result};
 
+/// Rows a reduce that reorders its input gathers at a time for a sink fused into it: a few
+/// megabytes of typical rows, so the copy stays small and the writer is called seldom.
+const SINK_CHUNK_ROWS: usize = 64 * 1024;
+
 /// Everything a task needs besides its stage and input.
 #[derive(Clone, Copy)]
 pub struct TaskContext<'a> {
@@ -71,15 +75,24 @@ pub fn run_stage_task(
         });
     }
     let output = match (&stage.kind, task.input) {
+        (StageKind::AllToAll(operator), input @ StageInput::Reduce { .. })
+            if let Some(sink) = &task.sink =>
+        {
+            // Written a chunk at a time: a sorted or permuted partition goes into its files
+            // without a whole sorted copy beside its input blocks.
+            let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
+            let output = Arc::new(stage.schema.clone());
+            let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
+            let chunks = reduced.chunks(SINK_CHUNK_ROWS);
+            write_task(&sink.spec, sink.index as usize, output, chunks)?;
+            return Ok(TaskOutput::Blocks(Vec::new()));
+        }
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
             match exchange::run(operator, &output, input, &schemas, inputs)? {
-                // A reduce output is cut to the block size range like any other (a sink cuts
-                // its own files).
-                TaskOutput::Blocks(batches)
-                    if matches!(input, StageInput::Reduce { .. }) && task.sink.is_none() =>
-                {
+                // A reduce output is cut to the block size range like any other.
+                TaskOutput::Blocks(batches) if matches!(input, StageInput::Reduce { .. }) => {
                     let non_empty = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
                     Ok(TaskOutput::Blocks(context.sizing.rebalance(non_empty)?))
                 }

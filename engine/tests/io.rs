@@ -12,8 +12,8 @@ use floe_core::expr::{col, lit};
 use floe_core::plan::physical::PhysicalPlan;
 use floe_core::plan::task::{SinkPart, StageInput, StageTask};
 use floe_core::plan::{
-    Compression, CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, WriteMode, WriteSpec,
-    optimizer::Optimizer,
+    Compression, CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, SortKey, WriteMode,
+    WriteSpec, optimizer::Optimizer,
 };
 use floe_engine::read::{discover, expand_paths, read_scan};
 use floe_engine::task::{TaskOutput, run_stage_task};
@@ -514,4 +514,62 @@ fn a_task_with_a_fused_sink_writes_its_rows_as_its_part_and_returns_no_blocks() 
     let refused = run_stage_task(&map, vec![blocks], &registry, &[]).unwrap_err();
     assert!(refused.to_string().contains("no output rows"), "{refused}");
     assert!(!elsewhere.exists());
+}
+
+/// A sort's or a random shuffle's reduce with a fused sink writes its partition a chunk at a
+/// time: the file holds the rows in the order the whole-partition kernels give, over more
+/// rows than one chunk.
+#[test]
+fn a_reordering_reduce_writes_its_sink_in_the_order_of_the_whole_partition() {
+    let rows = 150_000i64;
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    // A permutation of 0..rows in three blocks, one per map task.
+    let blocks: Vec<RecordBatch> = (0..3)
+        .map(|block| {
+            let ids = (block * rows / 3..(block + 1) * rows / 3).map(|i| i * 7919 % rows);
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(ids))],
+            )
+            .unwrap()
+        })
+        .collect();
+    let registry = Registry::with_builtins();
+    let dir = tempfile::tempdir().unwrap();
+    let range = LogicalPlan::range(rows as u64).unwrap();
+    let reduce = StageInput::Reduce {
+        partition: 0,
+        left: 0,
+        seed: 99,
+    };
+    let permuted = floe_engine::exchange::random::permute(&blocks, &schema, 99).unwrap();
+    for (name, plan, expected) in [
+        (
+            "sorted",
+            range.sort(vec![SortKey::asc("id")]).unwrap(),
+            (0..rows).collect::<Vec<_>>(),
+        ),
+        (
+            "shuffled",
+            range.random_shuffle(Some(5)).unwrap(),
+            ids(std::slice::from_ref(&permuted)),
+        ),
+    ] {
+        let out = dir.path().join(name);
+        let task = task_writing(&plan, reduce, &out);
+        let inputs = blocks.iter().map(|block| vec![block.clone()]).collect();
+        let TaskOutput::Blocks(returned) = run_stage_task(&task, inputs, &registry, &[]).unwrap()
+        else {
+            panic!("a reduce made partitions");
+        };
+        assert!(
+            returned.is_empty(),
+            "{name}: {} blocks came back",
+            returned.len()
+        );
+        let (read, _) = read_scan(&discover(FileFormat::Parquet, &[&out]).unwrap(), 4096).unwrap();
+        assert_eq!(ids(&read), expected, "{name}");
+    }
+    // The permutation is not the identity, so the shuffled check compares an order.
+    assert_ne!(ids(&[permuted]), ids(&blocks));
 }

@@ -21,7 +21,7 @@ use super::columns::{
 use super::keys::{
     GroupIds, Grouping, hash_partition, hash_partitions, key_converter, normalize_key,
 };
-use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
 
@@ -284,7 +284,7 @@ impl Exchange for Aggregate<'_> {
         })
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let input = task.schema(0)?.clone();
         let output = task.output.clone();
         let batches = task.into_batches();
@@ -296,9 +296,10 @@ impl Exchange for Aggregate<'_> {
                 self.keys,
                 self.aggregations,
                 &output,
-            );
+            )
+            .map(Reduced::Rows);
         }
-        aggregate(&batches, &input, self.keys, self.aggregations, &output)
+        aggregate(&batches, &input, self.keys, self.aggregations, &output).map(Reduced::Rows)
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {

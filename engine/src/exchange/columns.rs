@@ -102,6 +102,41 @@ pub(crate) fn gather(
     with_row_count(schema, columns, picks.len())
 }
 
+/// Rows of `batches` (of `schema`) in a new order, not yet copied: `picks` lists each output
+/// row's (batch, row). A sink writes such rows a chunk at a time, so a partition is never held
+/// whole twice (its input blocks and a sorted copy) while its files are written.
+pub struct Reordering {
+    batches: Vec<RecordBatch>,
+    schema: SchemaRef,
+    picks: Vec<(usize, usize)>,
+}
+
+impl Reordering {
+    pub(crate) fn new(
+        batches: Vec<RecordBatch>,
+        schema: SchemaRef,
+        picks: Vec<(usize, usize)>,
+    ) -> Self {
+        Self {
+            batches,
+            schema,
+            picks,
+        }
+    }
+
+    /// Every row, gathered into one batch.
+    pub fn gather_all(&self) -> Result<RecordBatch> {
+        gather(&self.batches, &self.schema, &self.picks)
+    }
+
+    /// The rows in order, gathered `rows` at a time (at least one per chunk).
+    pub fn chunks(&self, rows: usize) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
+        self.picks
+            .chunks(rows.max(1))
+            .map(|picks| gather(&self.batches, &self.schema, picks))
+    }
+}
+
 /// All rows of `batches`, one after the other, as one batch of `schema`.
 pub(crate) fn concat_batches(batches: &[RecordBatch], schema: &SchemaRef) -> Result<RecordBatch> {
     let columns = schema

@@ -15,7 +15,7 @@ use super::columns::{
     column, interleave_or_null, interleave_picks, invalid, is_null, named_columns, with_row_count,
 };
 use super::keys::{hash_partitions, key_converter, normalize_key};
-use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
 
@@ -258,7 +258,7 @@ impl Exchange for Join<'_> {
         })
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let left_schema = task.schema(0)?.clone();
         let right_schema = task.schema(1)?.clone();
         let output = task.output.clone();
@@ -283,6 +283,7 @@ impl Exchange for Join<'_> {
             self.how,
             &output,
         )
+        .map(Reduced::Rows)
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {

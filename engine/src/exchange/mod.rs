@@ -27,6 +27,8 @@ pub mod repartition;
 pub mod sort;
 pub mod unique;
 
+pub use columns::Reordering;
+
 use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
@@ -114,10 +116,36 @@ pub trait Exchange {
     fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>>;
 
     /// One partition's output rows.
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch>;
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced>;
 
     /// The columns whose most frequent value explains a skewed partition (of `input`).
     fn key_columns(&self, input: &Schema) -> Vec<String>;
+}
+
+/// One partition's output rows, as a reduce task makes them.
+pub enum Reduced {
+    /// Rows made anew (aggregates, joined or distinct rows, a partition's blocks joined).
+    Rows(RecordBatch),
+    /// The partition's input rows in a new order (sorted, permuted), not yet gathered.
+    Reordered(Reordering),
+}
+
+impl Reduced {
+    /// The rows as one batch.
+    pub fn into_batch(self) -> Result<RecordBatch> {
+        match self {
+            Reduced::Rows(batch) => Ok(batch),
+            Reduced::Reordered(reordering) => reordering.gather_all(),
+        }
+    }
+
+    /// The rows in order, `rows` at a time when they are still to be gathered.
+    pub fn chunks(&self, rows: usize) -> Box<dyn Iterator<Item = Result<RecordBatch>> + '_> {
+        match self {
+            Reduced::Rows(batch) => Box::new(std::iter::once(Ok(batch.clone()))),
+            Reduced::Reordered(reordering) => Box::new(reordering.chunks(rows)),
+        }
+    }
 }
 
 /// The exchange of an all-to-all operator; `None` for any other operator.
@@ -290,16 +318,9 @@ pub fn run(
                 .partition(&task, inputs.into_iter().flatten().collect())
                 .map(TaskOutput::Partitions)
         }
-        StageInput::Reduce { left, seed, .. } => {
-            let task = ReduceTask {
-                inputs,
-                left: left as usize,
-                input_schemas,
-                output,
-                seed,
-            };
-            Ok(TaskOutput::Blocks(vec![exchange.reduce(task)?]))
-        }
+        StageInput::Reduce { .. } => Ok(TaskOutput::Blocks(vec![
+            reduce(operator, output, input, input_schemas, inputs)?.into_batch()?,
+        ])),
         StageInput::HotKey { left } => {
             let columns = exchange.key_columns(first_schema()?.as_ref());
             let mut inputs = inputs;
@@ -311,6 +332,32 @@ pub fn run(
         }
         _ => Err(unsupported()),
     }
+}
+
+/// A reduce task's output rows, as [`run`] makes them for [`StageInput::Reduce`], but not yet
+/// gathered when the exchange only reorders its input: for a sink to write a chunk at a time.
+pub fn reduce(
+    operator: &Operator,
+    output: &SchemaRef,
+    input: StageInput,
+    input_schemas: &[SchemaRef],
+    inputs: Vec<Vec<RecordBatch>>,
+) -> Result<Reduced> {
+    let unsupported = || Error::StageInput {
+        stage: operator.name().to_owned(),
+        input: input.to_string(),
+    };
+    let (Some(exchange), StageInput::Reduce { left, seed, .. }) = (exchange_for(operator), input)
+    else {
+        return Err(unsupported());
+    };
+    exchange.reduce(ReduceTask {
+        inputs,
+        left: left as usize,
+        input_schemas,
+        output,
+        seed,
+    })
 }
 
 /// The sort key columns of `schema`, in key order.

@@ -4,8 +4,8 @@
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
-use super::columns::{SplitMix64, gather, partition_count, scale, scatter};
-use super::{Exchange, MapTask, ReduceTask, Routing, route_each};
+use super::columns::{SplitMix64, partition_count, scale, scatter};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, route_each};
 use crate::Result;
 use floe_core::plan::SeedChoice;
 
@@ -31,6 +31,11 @@ fn random_partitions(rows: usize, parts: usize, seed: u64) -> Vec<usize> {
 /// with `seed`, so the same seed gives the same order). The permutation is drawn over (block,
 /// row) positions and the rows are gathered once, without concatenating the blocks first.
 pub fn permute(batches: &[RecordBatch], schema: &SchemaRef, seed: u64) -> Result<RecordBatch> {
+    permutation(batches.to_vec(), schema.clone(), seed).gather_all()
+}
+
+/// The order [`permute`] gathers the rows in.
+fn permutation(batches: Vec<RecordBatch>, schema: SchemaRef, seed: u64) -> Reordering {
     let mut random = SplitMix64::new(seed);
     let mut order: Vec<(usize, usize)> = batches
         .iter()
@@ -41,7 +46,7 @@ pub fn permute(batches: &[RecordBatch], schema: &SchemaRef, seed: u64) -> Result
         let other = scale(random.next_u64(), last + 1);
         order.swap(last, other);
     }
-    gather(batches, schema, &order)
+    Reordering::new(batches, schema, order)
 }
 
 /// `Operator::RandomShuffle`.
@@ -72,10 +77,14 @@ impl Exchange for RandomShuffle {
         })
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let schema = task.schema(0)?.clone();
         let seed = task.seed;
-        permute(&task.into_batches(), &schema, seed)
+        Ok(Reduced::Reordered(permutation(
+            task.into_batches(),
+            schema,
+            seed,
+        )))
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {

@@ -6,7 +6,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::columns::{invalid, partition_count};
 use super::keys::hash_partitions;
-use super::{Exchange, MapTask, ReduceTask, Routing, route_each, split_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_each, split_each};
 use crate::Result;
 
 /// Equal-sized split without keys: `batch` holds the global rows `offset..offset+rows` of a
@@ -73,12 +73,12 @@ impl Exchange for Repartition<'_> {
         })
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let schema = task.schema(0)?.clone();
-        Ok(arrow::compute::concat_batches(
+        Ok(Reduced::Rows(arrow::compute::concat_batches(
             &schema,
             &task.into_batches(),
-        )?)
+        )?))
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {

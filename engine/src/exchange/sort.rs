@@ -14,9 +14,9 @@ use arrow::record_batch::RecordBatch;
 use arrow::row::Row;
 use floe_core::plan::SortKey;
 
-use super::columns::{SplitMix64, concat_batches, gather, partition_count, scale};
+use super::columns::{SplitMix64, concat_batches, partition_count, scale};
 use super::keys::{sort_columns, sort_converter, sorted_order};
-use super::{Exchange, MapTask, ReduceTask, Routing, key_schema, route_rows};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, route_rows};
 use crate::{Error, Result};
 
 /// Up to `count` rows of `batch` drawn without replacement with a PRNG seeded with `seed`,
@@ -110,11 +110,20 @@ pub fn sort_batches(
     schema: &SchemaRef,
     keys: &[SortKey],
 ) -> Result<RecordBatch> {
-    let converter = sort_converter(schema, keys)?;
+    sort_order(batches.to_vec(), schema.clone(), keys)?.gather_all()
+}
+
+/// The stable order of the rows of `batches` by `keys`, not yet gathered.
+fn sort_order(
+    batches: Vec<RecordBatch>,
+    schema: SchemaRef,
+    keys: &[SortKey],
+) -> Result<Reordering> {
+    let converter = sort_converter(&schema, keys)?;
     let total = batches.iter().map(RecordBatch::num_rows).sum();
     let mut encoded = converter.empty_rows(total, 0);
     let mut starts = Vec::with_capacity(batches.len());
-    for batch in batches {
+    for batch in &batches {
         starts.push(encoded.num_rows());
         converter.append(&mut encoded, &sort_columns(batch, keys)?)?;
     }
@@ -127,7 +136,7 @@ pub fn sort_batches(
             (batch, position - starts[batch])
         })
         .collect();
-    gather(batches, schema, &order)
+    Ok(Reordering::new(batches, schema, order))
 }
 
 /// `Operator::Sort`.
@@ -153,9 +162,9 @@ impl Exchange for Sort<'_> {
         )
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let schema = task.schema(0)?.clone();
-        sort_batches(&task.into_batches(), &schema, self.keys)
+        sort_order(task.into_batches(), schema, self.keys).map(Reduced::Reordered)
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {

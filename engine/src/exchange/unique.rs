@@ -6,7 +6,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::columns::gather;
 use super::keys::{Grouping, hash_partitions};
-use super::{Exchange, MapTask, ReduceTask, Routing, all_columns, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, all_columns, route_each};
 use crate::Result;
 
 /// Distinct rows over `columns` (all columns when empty) of `batches` (of schema `input`),
@@ -56,10 +56,10 @@ impl Exchange for Unique<'_> {
         })
     }
 
-    fn reduce(&self, task: ReduceTask<'_>) -> Result<RecordBatch> {
+    fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let input = task.schema(0)?.clone();
         let output = task.output.clone();
-        unique(&task.into_batches(), &input, self.columns, &output)
+        unique(&task.into_batches(), &input, self.columns, &output).map(Reduced::Rows)
     }
 
     fn key_columns(&self, input: &Schema) -> Vec<String> {
