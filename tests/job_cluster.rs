@@ -105,6 +105,31 @@ async fn a_read_filter_map_write_pipeline_runs_on_both_nodes_and_matches() {
         4,
         "one read task per file: {stats:?}"
     );
+    // The write tasks' rows reach the stats from the worker processes that wrote them.
+    assert_eq!(operator(&stats, "write").rows, expected.len() as u64);
+    // Uncached, the sink runs in the read tasks: their rows are still the rows written.
+    let uncached = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let fused_output = cluster.dir.path().join("fused");
+    let fused = Dataset::read_csv(&[&input])
+        .unwrap()
+        .filter((col("value") % lit(3i64)).eq(lit(0i64)))
+        .unwrap()
+        .write_parquet(&fused_output, WriteOptions::default())
+        .unwrap();
+    let stats = cluster.run(&fused, uncached).await.stats.unwrap();
+    let read = operator(&stats, "read");
+    assert!(read.name.ends_with("write"), "{stats:?}");
+    assert_eq!(read.rows, expected.len() as u64);
+    assert_eq!(
+        read_parquet_dir(&fused_output)
+            .iter()
+            .map(|batch| batch.num_rows())
+            .sum::<usize>(),
+        expected.len()
+    );
     for index in 0..2 {
         assert!(
             cluster.node_status(index).await.tasks_finished > 0,

@@ -110,7 +110,7 @@ async fn run(
                 let worker = worker.expect("a successful task names its worker");
                 assert!(worker.pid > 0, "{worker:?}");
             }
-            result
+            result.map(|done| done.outputs)
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -603,7 +603,7 @@ async fn a_worker_writes_its_output_in_place_and_the_agent_touches_none_of_it() 
         inputs: Vec::new(),
     };
     let (outputs, worker) = match call(node.addr(), NodeRequest::RunTask(spec)).await {
-        NodeResponse::Task { result, worker } => (result.unwrap(), worker.unwrap()),
+        NodeResponse::Task { result, worker } => (result.unwrap().outputs, worker.unwrap()),
         other => panic!("unexpected {other:?}"),
     };
     let pattern = fill_pattern(bytes as usize, 9);

@@ -59,9 +59,8 @@ async fn fill(addr: &str, task: u128, bytes: u64) -> OutputRef {
     };
     match floe_testkit::node::call(addr, &wire(), &NodeRequest::RunTask(spec)).await {
         NodeResponse::Task {
-            result: Ok(outputs),
-            ..
-        } => outputs[0].clone(),
+            result: Ok(done), ..
+        } => done.outputs[0].clone(),
         other => panic!("unexpected {other:?}"),
     }
 }

@@ -374,9 +374,8 @@ async fn a_node_frees_what_was_made_for_a_job_and_keeps_the_rest() {
         };
         match floe_testkit::node::call(&addr, &wire, &NodeRequest::RunTask(spec)).await {
             NodeResponse::Task {
-                result: Ok(outputs),
-                ..
-            } => made.push(outputs[0].object),
+                result: Ok(done), ..
+            } => made.push(done.outputs[0].object),
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -149,6 +149,22 @@ pub struct OutputRef {
     pub parts: Vec<Part>,
 }
 
+/// What a task that succeeded made: its output objects, in order, and the rows it wrote to a
+/// sink (a write task's part, or a sink fused into the task), which lie in files, not objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDone {
+    pub outputs: Vec<OutputRef>,
+    pub written_rows: u64,
+}
+
+impl TaskDone {
+    /// The rows the task made: those in its objects and those it wrote.
+    pub fn rows(&self) -> u64 {
+        let in_objects: u64 = self.outputs.iter().filter_map(|output| output.rows).sum();
+        in_objects + self.written_rows
+    }
+}
+
 /// Why a task failed. The driver retries the retryable ones elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum TaskFailure {
@@ -236,9 +252,9 @@ pub enum ActorReply {
     Pushed {
         held_bytes: u64,
     },
-    /// The partition's outputs, and the worker process that ran its reduce.
+    /// What the partition's reduce made, and the worker process that ran it.
     Reduced {
-        outputs: Vec<OutputRef>,
+        done: TaskDone,
         worker: Option<WorkerRef>,
     },
     Described(ActorDescription),
@@ -671,7 +687,7 @@ pub enum NodeResponse {
     /// A task's outcome, and the worker process that ran it (none when it never reached
     /// one: cancelled while queued, an input that could not be pulled).
     Task {
-        result: Result<Vec<OutputRef>, TaskFailure>,
+        result: Result<TaskDone, TaskFailure>,
         worker: Option<WorkerRef>,
     },
     ObjectMeta(ObjectMeta),

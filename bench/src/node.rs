@@ -214,9 +214,8 @@ impl TransferPair {
         let spec = range_task(TaskId::new(1), size / 8)?;
         let object = match bench.call(&holder, &NodeRequest::RunTask(spec)).await? {
             NodeResponse::Task {
-                result: Ok(outputs),
-                ..
-            } => match outputs.as_slice() {
+                result: Ok(done), ..
+            } => match done.outputs.as_slice() {
                 [object] => object.clone(),
                 other => anyhow::bail!("the range task made {} blocks, not one", other.len()),
             },
@@ -517,9 +516,8 @@ fn task_id(kind: usize, run: usize, client: usize, index: usize) -> TaskId {
 async fn run_empty(connection: &mut RpcClient<NodeProtocol>, spec: TaskSpec) -> anyhow::Result<()> {
     match connection.call(&NodeRequest::RunTask(spec)).await? {
         NodeResponse::Task {
-            result: Ok(outputs),
-            ..
-        } if outputs.is_empty() => Ok(()),
+            result: Ok(done), ..
+        } if done.outputs.is_empty() => Ok(()),
         other => anyhow::bail!("an empty task failed: {other:?}"),
     }
 }

@@ -7,12 +7,12 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use arrow::array::Int64Array;
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::physical::{Stage, StageKind};
-use floe_core::plan::task::{StageInput, StageTask};
+use floe_core::plan::task::{SinkPart, StageInput, StageTask};
 
 use crate::blocks::BlockSizing;
 use crate::exchange;
@@ -48,13 +48,15 @@ pub enum TaskOutput {
     /// map task and partition, and each reduce reads its partition's part of every map task's
     /// object.
     Partitions(Vec<RecordBatch>),
+    /// No blocks: the task wrote its rows, this many, as its part of a sink.
+    Written { rows: u64 },
 }
 
 /// Runs one stage task over its input blocks (one list per input object), with the block sizes
 /// and batch rows the task names, as a worker does: an all-to-all task through its operator's
-/// exchange, a sink's part written where its stage says (no blocks come back), any other
+/// exchange, a sink's part written where its stage says ([`TaskOutput::Written`]), any other
 /// through [`run_task`]. A task with a fused sink writes the rows it made as its part of that
-/// sink and returns no blocks.
+/// sink and returns how many it wrote.
 pub fn run_stage_task(
     task: &StageTask,
     inputs: Vec<Vec<RecordBatch>>,
@@ -83,9 +85,7 @@ pub fn run_stage_task(
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
             let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
-            let chunks = reduced.chunks(SINK_CHUNK_ROWS);
-            write_task(&sink.spec, sink.index as usize, output, chunks)?;
-            return Ok(TaskOutput::Blocks(Vec::new()));
+            return write_part(sink, output, reduced.chunks(SINK_CHUNK_ROWS));
         }
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
@@ -102,8 +102,11 @@ pub fn run_stage_task(
         (StageKind::Write(spec), StageInput::Sink { index }) => {
             let schema = Arc::new(stage.schema.clone());
             let blocks = inputs.into_iter().flatten().map(Ok);
-            write_task(spec, index as usize, schema, blocks)?;
-            Ok(TaskOutput::Blocks(Vec::new()))
+            let part = SinkPart {
+                spec: spec.clone(),
+                index,
+            };
+            return write_part(&part, schema, blocks);
         }
         (_, input) => run_task(
             stage,
@@ -119,20 +122,30 @@ pub fn run_stage_task(
     match output {
         TaskOutput::Blocks(batches) => {
             let schema = Arc::new(stage.schema.clone());
-            write_task(
-                &sink.spec,
-                sink.index as usize,
-                schema,
-                batches.into_iter().map(Ok),
-            )?;
-            Ok(TaskOutput::Blocks(Vec::new()))
+            write_part(sink, schema, batches.into_iter().map(Ok))
         }
-        // Refused above: no task making output rows makes partitions.
-        TaskOutput::Partitions(_) => Err(Error::SinkWithoutRows {
+        // Refused above: no task making output rows makes partitions, and only a sink writes.
+        TaskOutput::Partitions(_) | TaskOutput::Written { .. } => Err(Error::SinkWithoutRows {
             stage: stage.kind.name().to_owned(),
             input: task.input.to_string(),
         }),
     }
+}
+
+/// Writes `batches` (of `schema`) as `part` of its sink; the task's output is the rows written.
+fn write_part(
+    part: &SinkPart,
+    schema: SchemaRef,
+    batches: impl IntoIterator<Item = Result<RecordBatch>>,
+) -> Result<TaskOutput> {
+    let mut rows = 0u64;
+    let counted = batches.into_iter().inspect(|batch| {
+        if let Ok(batch) = batch {
+            rows += batch.num_rows() as u64;
+        }
+    });
+    write_task(&part.spec, part.index as usize, schema, counted)?;
+    Ok(TaskOutput::Written { rows })
 }
 
 /// Runs one task of a row-wise `stage` on `input` (its `blocks` for map and limit stages) and

@@ -597,7 +597,7 @@ fn sort_through_the_exchange(
 fn blocks_of(output: TaskOutput) -> Vec<RecordBatch> {
     match output {
         TaskOutput::Blocks(blocks) => blocks,
-        TaskOutput::Partitions(_) => panic!("expected blocks, got partitions"),
+        other => panic!("expected blocks, got {other:?}"),
     }
 }
 

@@ -607,11 +607,11 @@ impl HashShuffleAggregator {
             })
         };
         Box::pin(work.into_actor(self).map(move |(result, worker), act, _| {
-            let outputs = result.map_err(ActorFailure::Task)?;
+            let done = result.map_err(ActorFailure::Task)?;
             act.reduced.insert(partition);
             let held = act.held.remove(&partition).unwrap_or_default();
             act.drop_pulled(held.into_values());
-            Ok(ActorReply::Reduced { outputs, worker })
+            Ok(ActorReply::Reduced { done, worker })
         }))
     }
 

@@ -55,8 +55,8 @@ use self::pool::{PoolOptions, WorkerPool};
 use crate::udf_pools::{Lease, PoolsConfig, ProcessPools};
 use floe_api::node_protocol::{
     InputRef, LARGEST_OBJECTS, NodeProtocol, NodeRequest, NodeResponse, NodeStatus,
-    ObjectResidence, ObjectSummary, OutputRef, Part, ShardLoad, ShardWrite, TaskFailure, TaskKind,
-    TaskSpec, WorkerRef,
+    ObjectResidence, ObjectSummary, OutputRef, Part, ShardLoad, ShardWrite, TaskDone, TaskFailure,
+    TaskKind, TaskSpec, WorkerRef,
 };
 use floe_core::config::AllowedPaths;
 use floe_core::plan::physical::StageKind;
@@ -190,10 +190,7 @@ impl Shared {
     }
 
     /// Runs a task; its outcome, and the worker that ran it if it reached one.
-    async fn run_task(
-        &self,
-        spec: TaskSpec,
-    ) -> (Result<Vec<OutputRef>, TaskFailure>, Option<WorkerRef>) {
+    async fn run_task(&self, spec: TaskSpec) -> (Result<TaskDone, TaskFailure>, Option<WorkerRef>) {
         // Its lines carry `job=ID` for `/api/jobs/ID/logs`.
         let span = tracing::info_span!("task", job = %spec.job, task = %spec.task);
         let mut worker = None;
@@ -202,10 +199,9 @@ impl Shared {
             .instrument(span)
             .await;
         match &result {
-            Ok(outputs) => {
+            Ok(done) => {
                 self.tasks_finished.fetch_add(1, Ordering::Relaxed);
-                let rows: u64 = outputs.iter().filter_map(|output| output.rows).sum();
-                self.rows_produced.fetch_add(rows, Ordering::Relaxed);
+                self.rows_produced.fetch_add(done.rows(), Ordering::Relaxed);
             }
             Err(_) => {
                 self.tasks_failed.fetch_add(1, Ordering::Relaxed);
@@ -218,7 +214,7 @@ impl Shared {
         &self,
         spec: TaskSpec,
         worker: &mut Option<WorkerRef>,
-    ) -> Result<Vec<OutputRef>, TaskFailure> {
+    ) -> Result<TaskDone, TaskFailure> {
         let mut pulled = Vec::new();
         let result = self.run_with_inputs(spec, &mut pulled, worker).await;
         // This task's uses of copies pulled from other nodes (their owners free the
@@ -245,7 +241,7 @@ impl Shared {
         spec: TaskSpec,
         pulled: &mut Vec<ObjectId>,
         worker: &mut Option<WorkerRef>,
-    ) -> Result<Vec<OutputRef>, TaskFailure> {
+    ) -> Result<TaskDone, TaskFailure> {
         // The objects this task pulls parts into are its own: deleted when it returns.
         let (copied, _part_copies) = self.pull_parts(&spec.inputs).await?;
         let mut pins = Vec::with_capacity(spec.inputs.len());
@@ -321,9 +317,9 @@ impl Shared {
             // Giving a child back may reap it; keep that off the async threads.
             tokio::task::spawn_blocking(move || drop(leases));
         }
-        let refs = outputs?;
-        self.made(job, refs.iter().map(|output| output.object));
-        Ok(refs)
+        let done = outputs?;
+        self.made(job, done.outputs.iter().map(|output| output.object));
+        Ok(done)
     }
 
     /// Pulls the inputs that are parts of objects on other nodes, those of one holder together

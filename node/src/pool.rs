@@ -28,7 +28,7 @@ use super::worker::{
     AgentMessage, SOCKET_FRAME_TIMEOUT, WorkerMessage, WorkerTask, WrittenOutput, send,
 };
 use super::{Error, Result};
-use floe_api::node_protocol::{OutputRef, RunningTask, TaskFailure, WorkerRef, WorkerStatus};
+use floe_api::node_protocol::{RunningTask, TaskDone, TaskFailure, WorkerRef, WorkerStatus};
 
 /// How long a new worker process has to connect and say hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -55,7 +55,7 @@ pub(crate) struct PoolOptions {
     pub storage: StorageConfig,
 }
 
-pub(crate) type JobResult = Result<Vec<OutputRef>, TaskFailure>;
+pub(crate) type JobResult = Result<TaskDone, TaskFailure>;
 
 /// A task's result and the worker that ran it (none when it never reached one).
 pub(crate) struct Ran {
@@ -544,7 +544,16 @@ async fn run_job(
         }
     };
     match reply {
-        Ok(WorkerReply::Finished(written)) => (outputs.seal(&written), None),
+        Ok(WorkerReply::Finished {
+            outputs: written,
+            written_rows,
+        }) => {
+            let done = outputs.seal(&written).map(|outputs| TaskDone {
+                outputs,
+                written_rows,
+            });
+            (done, None)
+        }
         Ok(WorkerReply::Failed(failure)) => (Err(failure), None),
         Ok(WorkerReply::Confused(what)) => {
             stop(&mut worker.child).await;
@@ -573,8 +582,11 @@ async fn run_job(
 
 /// How a worker answered a task.
 enum WorkerReply {
-    /// Every output written, in order.
-    Finished(Vec<WrittenOutput>),
+    /// Every output written, in order, and the rows written to a sink.
+    Finished {
+        outputs: Vec<WrittenOutput>,
+        written_rows: u64,
+    },
     /// The task failed (in the worker, or for want of room in the store); the worker writes
     /// nothing more.
     Failed(TaskFailure),
@@ -616,7 +628,15 @@ async fn receive_reply(
             WorkerMessage::Outputs { .. } => {
                 return Ok(WorkerReply::Confused("a second output request".into()));
             }
-            WorkerMessage::Finished { outputs } => return Ok(WorkerReply::Finished(outputs)),
+            WorkerMessage::Finished {
+                outputs,
+                written_rows,
+            } => {
+                return Ok(WorkerReply::Finished {
+                    outputs,
+                    written_rows,
+                });
+            }
             WorkerMessage::Failed { message, transient } => {
                 let failure = if transient {
                     TaskFailure::Transient { message }

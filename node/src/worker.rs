@@ -113,8 +113,12 @@ pub(crate) enum WorkerMessage {
     /// The task's outputs are ready to be written: each one's exact size, in order. The agent
     /// answers with [`AgentMessage::Places`]. A task without outputs skips this.
     Outputs { sizes: Vec<u64> },
-    /// The task succeeded and every output is written, in order.
-    Finished { outputs: Vec<WrittenOutput> },
+    /// The task succeeded and every output is written, in order; `written_rows` it wrote to
+    /// a sink.
+    Finished {
+        outputs: Vec<WrittenOutput>,
+        written_rows: u64,
+    },
     Failed {
         message: String,
         /// Whether running the task again may succeed.
@@ -255,9 +259,13 @@ async fn write_outputs(
     outputs: &Outputs,
 ) -> Result<Option<WorkerMessage>> {
     let sizes = outputs.sizes();
+    let written_rows = outputs.written_rows();
     if sizes.is_empty() {
         let outputs = Vec::new();
-        return Ok(Some(WorkerMessage::Finished { outputs }));
+        return Ok(Some(WorkerMessage::Finished {
+            outputs,
+            written_rows,
+        }));
     }
     let count = sizes.len();
     send(stream, &WorkerMessage::Outputs { sizes }).await?;
@@ -291,7 +299,10 @@ async fn write_outputs(
             Err(failure) => return Ok(Some(failure.into())),
         }
     }
-    Ok(Some(WorkerMessage::Finished { outputs: written }))
+    Ok(Some(WorkerMessage::Finished {
+        outputs: written,
+        written_rows,
+    }))
 }
 
 impl From<WorkerTaskFailure> for WorkerMessage {
@@ -309,6 +320,8 @@ enum Outputs {
         blocks: Vec<RecordBatch>,
         packing: Packing,
     },
+    /// No objects: the task wrote this many rows to a sink.
+    Written { rows: u64 },
     #[cfg(feature = "test-tasks")]
     Test(crate::test_tasks::TestOutputs),
 }
@@ -337,6 +350,15 @@ impl Outputs {
                 })?;
                 Ok(Outputs::Packed { blocks, packing })
             }
+            TaskOutput::Written { rows } => Ok(Outputs::Written { rows }),
+        }
+    }
+
+    /// The rows the task wrote to a sink rather than into objects.
+    fn written_rows(&self) -> u64 {
+        match self {
+            Outputs::Written { rows } => *rows,
+            _ => 0,
         }
     }
 
@@ -344,6 +366,7 @@ impl Outputs {
         match self {
             Outputs::Blocks(blocks) => blocks.iter().map(|(_, len)| *len).collect(),
             Outputs::Packed { packing, .. } => vec![packing.len],
+            Outputs::Written { .. } => Vec::new(),
             #[cfg(feature = "test-tasks")]
             Outputs::Test(outputs) => outputs.sizes(),
         }
@@ -375,6 +398,7 @@ impl Outputs {
                     .collect::<Result<Vec<Part>, WorkerTaskFailure>>()?;
                 (Some(rows(blocks)), parts)
             }
+            Outputs::Written { .. } => return Err(no_output(index)),
             #[cfg(feature = "test-tasks")]
             Outputs::Test(_) => (None, Vec::new()),
         };
@@ -389,9 +413,7 @@ impl Outputs {
     fn write(&self, index: usize, dest: &mut [u8]) -> Result<WrittenOutput, WorkerTaskFailure> {
         match self {
             Outputs::Blocks(blocks) => {
-                let (batch, _) = blocks
-                    .get(index)
-                    .ok_or_else(|| WorkerTaskFailure::permanent(format!("no output {index}")))?;
+                let (batch, _) = blocks.get(index).ok_or_else(|| no_output(index))?;
                 let checksum = encode_into(dest, &batch.schema(), std::slice::from_ref(batch))
                     .map_err(cannot_encode)?;
                 Ok(WrittenOutput {
@@ -428,6 +450,7 @@ impl Outputs {
                     parts,
                 })
             }
+            Outputs::Written { .. } => Err(no_output(index)),
             #[cfg(feature = "test-tasks")]
             Outputs::Test(outputs) => Ok(WrittenOutput {
                 rows: None,
@@ -440,6 +463,10 @@ impl Outputs {
 
 fn rows(blocks: &[RecordBatch]) -> u64 {
     blocks.iter().map(|batch| batch.num_rows() as u64).sum()
+}
+
+fn no_output(index: usize) -> WorkerTaskFailure {
+    WorkerTaskFailure::permanent(format!("no output {index}"))
 }
 
 fn cannot_encode(error: arrow::error::ArrowError) -> WorkerTaskFailure {

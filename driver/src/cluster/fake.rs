@@ -17,8 +17,8 @@ use arrow::record_batch::RecordBatch;
 use floe_api::lease::{Lease, LeaseDecision, LeaseGrants, LeaseStanding, LeaseTable};
 use floe_api::node_protocol::{
     ActorFailure, ActorKind, ActorMessage, ActorReply, Bytes, NodeRequest, NodeResponse,
-    NodeStatus, ObjectMeta, OutputRef, Part, ShardLoad, ShardWrite, StoreUsage, TaskFailure,
-    TaskSpec, output_id,
+    NodeStatus, ObjectMeta, OutputRef, Part, ShardLoad, ShardWrite, StoreUsage, TaskDone,
+    TaskFailure, TaskSpec, output_id,
 };
 use floe_api::placement::{Decision, PlacementRequest};
 use floe_api::scheduler_protocol::NodeSummary;
@@ -338,7 +338,7 @@ impl Inner {
 
 /// How running a task on a node ended.
 enum Ran {
-    Finished(std::result::Result<Vec<OutputRef>, TaskFailure>),
+    Finished(std::result::Result<TaskDone, TaskFailure>),
     /// The node died under it.
     NodeDied,
 }
@@ -829,10 +829,7 @@ impl FakeCluster {
                     .map(|hosted| hosted.node)
                     .ok_or_else(gone)?;
                 match self.run(node, task, Some(actor)).await {
-                    Ran::Finished(Ok(outputs)) => Ok(ActorReply::Reduced {
-                        outputs,
-                        worker: None,
-                    }),
+                    Ran::Finished(Ok(done)) => Ok(ActorReply::Reduced { done, worker: None }),
                     Ran::Finished(Err(failure)) => Err(ActorFailure::Task(failure)),
                     Ran::NodeDied => Err(gone()),
                 }
@@ -928,15 +925,28 @@ impl FakeCluster {
                 return Ran::NodeDied;
             }
             result.map(|output| match output {
-                TaskOutput::Blocks(batches) => (0u32..)
-                    .zip(batches)
-                    .map(|(index, batch)| {
-                        inner.store(output_id(spec.task, index), node, spec.job, batch)
-                    })
-                    .collect(),
-                TaskOutput::Partitions(batches) => {
-                    vec![inner.store_packed(output_id(spec.task, 0), node, spec.job, batches)]
-                }
+                TaskOutput::Blocks(batches) => TaskDone {
+                    outputs: (0u32..)
+                        .zip(batches)
+                        .map(|(index, batch)| {
+                            inner.store(output_id(spec.task, index), node, spec.job, batch)
+                        })
+                        .collect(),
+                    written_rows: 0,
+                },
+                TaskOutput::Partitions(batches) => TaskDone {
+                    outputs: vec![inner.store_packed(
+                        output_id(spec.task, 0),
+                        node,
+                        spec.job,
+                        batches,
+                    )],
+                    written_rows: 0,
+                },
+                TaskOutput::Written { rows } => TaskDone {
+                    outputs: Vec::new(),
+                    written_rows: rows,
+                },
             })
         };
         self.record(node, spec, task, actor, input_nodes, outputs)
@@ -949,7 +959,7 @@ impl FakeCluster {
         task: &StageTask,
         actor: Option<ActorId>,
         input_nodes: Vec<Option<NodeId>>,
-        result: std::result::Result<Vec<OutputRef>, TaskFailure>,
+        result: std::result::Result<TaskDone, TaskFailure>,
     ) -> Ran {
         self.lock().history.tasks.push(RanTask {
             task: spec.task,
@@ -960,7 +970,7 @@ impl FakeCluster {
             actor,
             outputs: result
                 .iter()
-                .flatten()
+                .flat_map(|done| &done.outputs)
                 .map(|output| output.object)
                 .collect(),
             failure: result.as_ref().err().cloned(),

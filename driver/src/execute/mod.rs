@@ -52,7 +52,7 @@ use crate::cluster::ClusterAccess;
 use crate::leases::JobLeases;
 use crate::plan::{Planned, SourceTask, Work};
 use crate::stream::StreamHandle;
-use floe_api::node_protocol::{NodeRequest, OutputRef, WorkerRef};
+use floe_api::node_protocol::{NodeRequest, TaskDone, WorkerRef};
 
 use self::aggregators::AggregatorError;
 use self::blocks::{BlockInfo, Container};
@@ -89,7 +89,7 @@ enum Event {
         launch: Launch,
         node: Option<NodeId>,
         worker: Option<WorkerRef>,
-        result: Result<Vec<OutputRef>, RunFailure>,
+        result: Result<TaskDone, RunFailure>,
     },
     /// A cache shard of operator `op` was written from `blocks` and recorded, or not.
     CacheWritten {
@@ -364,8 +364,8 @@ impl<C: ClusterAccess> Execution<C> {
                 self.ops[op].running -= 1;
                 self.record_end(&launch, node, worker, &result);
                 match result {
-                    Ok(outputs) => match node {
-                        Some(node) => self.task_succeeded(op, launch, node, outputs),
+                    Ok(done) => match node {
+                        Some(node) => self.task_succeeded(op, launch, node, done),
                         None => self.fail(op, "a task reported no node".into()),
                     },
                     Err(error) => self.task_failed(op, launch, node, error),
@@ -413,8 +413,8 @@ impl<C: ClusterAccess> Execution<C> {
                     self.running.remove(&launch.task);
                     self.ops[op].running = self.ops[op].running.saturating_sub(1);
                     // Outputs of tasks that finished anyway are freed with the rest.
-                    if let (Ok(outputs), Some(node)) = (result, node) {
-                        for output in outputs {
+                    if let (Ok(done), Some(node)) = (result, node) {
+                        for output in done.outputs {
                             let info =
                                 BlockInfo::whole(node, output.rows.unwrap_or(0), output.size);
                             self.blocks.insert(output.object, info);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use floe_api::node_protocol::{
-    ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, OutputRef,
-    ShardLoad, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
+    ActorFailure, ActorMessage, ActorReply, InputRef, NodeRequest, NodeResponse, ShardLoad,
+    TaskDone, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::WriteSpec;
@@ -231,12 +231,12 @@ impl<C: ClusterAccess> Execution<C> {
         launch: &Launch,
         node: Option<NodeId>,
         worker: Option<WorkerRef>,
-        result: &Result<Vec<OutputRef>, RunFailure>,
+        result: &Result<TaskDone, RunFailure>,
     ) {
         let (rows, bytes, error) = match result {
-            Ok(outputs) => (
-                outputs.iter().filter_map(|output| output.rows).sum(),
-                outputs.iter().map(|output| output.size).sum(),
+            Ok(done) => (
+                done.rows(),
+                done.outputs.iter().map(|output| output.size).sum(),
                 None,
             ),
             Err(failure) => (0, 0, Some(failure.to_string())),
@@ -260,8 +260,10 @@ impl<C: ClusterAccess> Execution<C> {
         index: usize,
         launch: Launch,
         node: NodeId,
-        outputs: Vec<OutputRef>,
+        done: TaskDone,
     ) {
+        let rows = done.rows();
+        let outputs = done.outputs;
         let maker = (index, launch.seq, launch.task);
         let bundle = Bundle {
             blocks: self.record_outputs(maker, node, &outputs, launch.rebuild),
@@ -288,7 +290,7 @@ impl<C: ClusterAccess> Execution<C> {
         if matches!(launch.recipe, Recipe::Compute { .. }) {
             op.stats.tasks += 1;
         }
-        op.stats.rows += outputs.iter().filter_map(|output| output.rows).sum::<u64>();
+        op.stats.rows += rows;
         op.stats.bytes += outputs.iter().map(|output| output.size).sum::<u64>();
         op.ended = Some(Instant::now());
         // A source's shard count is known up front: its shards are written as they finish.
@@ -486,7 +488,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         launch: &Launch,
         inputs: &[(ObjectId, Option<BlockInfo>)],
         worker: &mut Option<WorkerRef>,
-    ) -> (Option<NodeId>, Result<Vec<OutputRef>, RunFailure>) {
+    ) -> (Option<NodeId>, Result<TaskDone, RunFailure>) {
         let unreachable =
             |error: &dyn std::fmt::Display| RunFailure::Unreachable(error.to_string());
         match &launch.recipe {
@@ -512,7 +514,10 @@ impl<C: ClusterAccess> TaskRun<C> {
                     .call_node(&addr, &NodeRequest::LoadCacheShard(load))
                     .await
                 {
-                    Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(vec![output]),
+                    Ok(NodeResponse::CacheLoaded(Some(output))) => Ok(TaskDone {
+                        outputs: vec![output],
+                        written_rows: 0,
+                    }),
                     Ok(NodeResponse::CacheLoaded(None)) => Err(RunFailure::StaleCache(format!(
                         "cached shard {rank} of {count} of {} is missing or damaged on node {node}",
                         self.stage.fingerprint
@@ -587,7 +592,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         objects: &[ObjectId],
         inputs: &[(ObjectId, Option<BlockInfo>)],
         worker: &mut Option<WorkerRef>,
-    ) -> Result<Vec<OutputRef>, RunFailure> {
+    ) -> Result<TaskDone, RunFailure> {
         let addr = self
             .cluster
             .address(node)
@@ -668,12 +673,9 @@ impl<C: ClusterAccess> TaskRun<C> {
                 *worker = ran;
                 result.map_err(RunFailure::Failed)
             }
-            Ok(NodeResponse::Actor(Ok(ActorReply::Reduced {
-                outputs,
-                worker: ran,
-            }))) => {
+            Ok(NodeResponse::Actor(Ok(ActorReply::Reduced { done, worker: ran }))) => {
                 *worker = ran;
-                Ok(outputs)
+                Ok(done)
             }
             Ok(NodeResponse::Actor(Err(ActorFailure::Task(failure)))) => {
                 Err(RunFailure::Failed(failure))

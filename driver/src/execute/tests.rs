@@ -871,8 +871,13 @@ async fn without_caching_a_sorts_reduces_write_the_sink_and_store_no_rows() {
     let sunk = written(plan.clone(), &target, WriteMode::Error);
     let record = run_with(&fake, &spec(sunk, CacheMode::NoCache), config.clone()).await;
     let stats = succeeded(&record).stats.as_ref().unwrap();
-    let names: Vec<&str> = stats.operators.iter().map(|op| op.name.as_str()).collect();
-    assert!(names.contains(&"sort→write"), "{names:?}");
+    let fused = stats
+        .operators
+        .iter()
+        .find(|op| op.name == "sort→write")
+        .unwrap_or_else(|| panic!("no fused operator: {stats:?}"));
+    // Its rows are the rows its tasks wrote: none came back as blocks.
+    assert_eq!(fused.rows, n);
     let tasks = fake.tasks();
     assert!(
         !tasks.iter().any(|task| task.stage == "write"),
@@ -892,7 +897,10 @@ async fn without_caching_a_sorts_reduces_write_the_sink_and_store_no_rows() {
     let cached_target = out.path().join("cached");
     let sunk = written(plan, &cached_target, WriteMode::Error);
     let before = fake.tasks().len();
-    succeeded(&*run_with(&fake, &spec(sunk, CacheMode::Reuse), config).await);
+    let record = run_with(&fake, &spec(sunk, CacheMode::Reuse), config).await;
+    let stats = succeeded(&record).stats.as_ref().unwrap();
+    let write = stats.operators.iter().find(|op| op.name == "write");
+    assert_eq!(write.map(|op| op.rows), Some(n), "{stats:?}");
     assert!(
         fake.tasks()[before..]
             .iter()
