@@ -11,8 +11,9 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
+use floe_core::plan::WriteSpec;
 use floe_core::plan::physical::{Stage, StageKind};
-use floe_core::plan::task::{SinkPart, StageInput, StageTask};
+use floe_core::plan::task::{StageInput, StageTask};
 
 use crate::blocks::BlockSizing;
 use crate::exchange;
@@ -85,7 +86,12 @@ pub fn run_stage_task(
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
             let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
-            return write_part(sink, output, reduced.chunks(SINK_CHUNK_ROWS));
+            return write_part(
+                &sink.spec,
+                sink.index,
+                output,
+                reduced.chunks(SINK_CHUNK_ROWS),
+            );
         }
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
@@ -102,11 +108,7 @@ pub fn run_stage_task(
         (StageKind::Write(spec), StageInput::Sink { index }) => {
             let schema = Arc::new(stage.schema.clone());
             let blocks = inputs.into_iter().flatten().map(Ok);
-            let part = SinkPart {
-                spec: spec.clone(),
-                index,
-            };
-            return write_part(&part, schema, blocks);
+            return write_part(spec, index, schema, blocks);
         }
         (_, input) => run_task(
             stage,
@@ -122,7 +124,7 @@ pub fn run_stage_task(
     match output {
         TaskOutput::Blocks(batches) => {
             let schema = Arc::new(stage.schema.clone());
-            write_part(sink, schema, batches.into_iter().map(Ok))
+            write_part(&sink.spec, sink.index, schema, batches.into_iter().map(Ok))
         }
         // Refused above: no task making output rows makes partitions, and only a sink writes.
         TaskOutput::Partitions(_) | TaskOutput::Written { .. } => Err(Error::SinkWithoutRows {
@@ -132,9 +134,11 @@ pub fn run_stage_task(
     }
 }
 
-/// Writes `batches` (of `schema`) as `part` of its sink; the task's output is the rows written.
+/// Writes `batches` (of `schema`) as part `index` of the sink `spec`; the task's output is the
+/// rows written.
 fn write_part(
-    part: &SinkPart,
+    spec: &WriteSpec,
+    index: u32,
     schema: SchemaRef,
     batches: impl IntoIterator<Item = Result<RecordBatch>>,
 ) -> Result<TaskOutput> {
@@ -144,7 +148,7 @@ fn write_part(
             rows += batch.num_rows() as u64;
         }
     });
-    write_task(&part.spec, part.index as usize, schema, counted)?;
+    write_task(spec, index as usize, schema, counted)?;
     Ok(TaskOutput::Written { rows })
 }
 

@@ -476,7 +476,7 @@ fn task_writing(plan: &LogicalPlan, input: StageInput, dir: &Path) -> StageTask 
 }
 
 #[test]
-fn a_task_with_a_fused_sink_writes_its_rows_as_its_part_and_returns_no_blocks() {
+fn a_task_with_a_fused_sink_writes_its_rows_as_its_part_and_returns_their_count() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let plan = LogicalPlan::range(100).unwrap();

@@ -545,4 +545,43 @@ mod tests {
                 .contains("9 partitions for a batch of 10 rows")
         );
     }
+
+    /// A reordering gathered a chunk at a time gives the rows of the whole gather, in order,
+    /// in chunks of at most the size asked for.
+    #[test]
+    fn a_reordering_gathers_in_chunks_what_it_gathers_whole() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let block = |ids: std::ops::Range<i64>| {
+            let names = StringArray::from_iter(
+                ids.clone()
+                    .map(|id| (id % 3 != 0).then(|| format!("row {id}"))),
+            );
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(ids)), Arc::new(names)],
+            )
+            .unwrap()
+        };
+        let batches = vec![block(0..40), block(40..100)];
+        // Every row once, in an order that hops between the blocks (37 is prime to 100).
+        let picks: Vec<(usize, usize)> = (0..100)
+            .map(|i| match (i * 37) % 100 {
+                row @ 0..40 => (0, row),
+                row => (1, row - 40),
+            })
+            .collect();
+        let reordering = Reordering::new(batches, schema.clone(), picks);
+        let whole = reordering.gather_all().unwrap();
+        assert_eq!(whole.num_rows(), 100);
+        for size in [1, 7, 33, 100, 1000] {
+            let chunks: Vec<RecordBatch> = reordering.chunks(size).map(Result::unwrap).collect();
+            assert_eq!(chunks.len(), 100usize.div_ceil(size), "chunks of {size}");
+            assert!(chunks.iter().all(|chunk| chunk.num_rows() <= size));
+            let joined = concat_batches(&chunks, &schema).unwrap();
+            assert_eq!(joined, whole, "chunks of {size}");
+        }
+    }
 }

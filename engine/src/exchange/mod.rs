@@ -124,7 +124,7 @@ pub trait Exchange {
 
 /// One partition's output rows, as a reduce task makes them.
 pub enum Reduced {
-    /// Rows made anew (aggregates, joined or distinct rows, a partition's blocks joined).
+    /// Rows made anew (aggregates, joined or distinct rows, a partition's blocks concatenated).
     Rows(RecordBatch),
     /// The partition's input rows in a new order (sorted, permuted), not yet gathered.
     Reordered(Reordering),
@@ -139,9 +139,11 @@ impl Reduced {
         }
     }
 
-    /// The rows in order, `rows` at a time when they are still to be gathered.
+    /// The rows in order, `rows` at a time when they are still to be gathered; no batch for
+    /// no rows (as a reduce's empty output makes no block).
     pub fn chunks(&self, rows: usize) -> Box<dyn Iterator<Item = Result<RecordBatch>> + '_> {
         match self {
+            Reduced::Rows(batch) if batch.num_rows() == 0 => Box::new(std::iter::empty()),
             Reduced::Rows(batch) => Box::new(std::iter::once(Ok(batch.clone()))),
             Reduced::Reordered(reordering) => Box::new(reordering.chunks(rows)),
         }
