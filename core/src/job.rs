@@ -133,6 +133,7 @@ pub struct OperatorStats {
     pub retries: u64,
     /// Tasks run again to rebuild blocks lost with a node.
     pub rebuilt: u64,
+    /// Rows the operator made: in its output blocks, or written to a sink by its tasks.
     pub rows: u64,
     pub bytes: u64,
     /// Shards served from the cache.

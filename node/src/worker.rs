@@ -113,8 +113,8 @@ pub(crate) enum WorkerMessage {
     /// The task's outputs are ready to be written: each one's exact size, in order. The agent
     /// answers with [`AgentMessage::Places`]. A task without outputs skips this.
     Outputs { sizes: Vec<u64> },
-    /// The task succeeded and every output is written, in order; `written_rows` it wrote to
-    /// a sink.
+    /// The task succeeded and every output is written, in order; `written_rows` are the rows
+    /// it wrote to a sink.
     Finished {
         outputs: Vec<WrittenOutput>,
         written_rows: u64,

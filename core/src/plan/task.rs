@@ -20,7 +20,7 @@ pub struct StageTask {
     pub max_block_bytes: u64,
     pub batch_rows: u32,
     /// A sink fused into the stage: the task writes the rows it makes as this part of the sink
-    /// and returns no blocks, so they never pass through the object store.
+    /// and returns only their count, so they never pass through the object store.
     pub sink: Option<SinkPart>,
 }
 
@@ -55,8 +55,8 @@ pub enum StageInput {
         total: u64,
         seed: u64,
     },
-    /// Sort map side: sort the input blocks and split them at the boundaries in the last
-    /// input block into `partitions` sorted blocks.
+    /// Sort map side: split the input blocks, rows in input order, at the boundaries (the
+    /// last input) into `partitions` blocks; each reduce sorts its partition.
     RangePartition { partitions: u32 },
     /// Sort: up to `rows` sampled sort-key rows of the input blocks, as one block.
     Sample { rows: u32, seed: u64 },
