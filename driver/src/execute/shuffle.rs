@@ -32,8 +32,13 @@ const HOT_PARTITION_MIN_BYTES: u64 = 1 << 20;
 /// up to this many.
 const MAX_DEFAULT_PARTITIONS: usize = 200;
 
-/// Map tasks a shuffle runs per CPU of the cluster (see `Execution::map_groups`).
-const MAP_TASKS_PER_CPU: u64 = 2;
+/// Map tasks a shuffle runs per CPU of the cluster (see `Execution::map_groups`). Four, so a
+/// read of a few files per CPU maps each file's blocks in a task of their own: such a task
+/// runs where its blocks lie, pulls nothing, and frees about as much store as it writes
+/// (with two per CPU, a sort of sixteen files on four CPUs pulled half its input across nodes
+/// and its map outputs lay past the freed reads, making a third of its peak memory). A sort's
+/// sample tasks are grouped the same way, node by node.
+const MAP_TASKS_PER_CPU: u64 = 4;
 
 /// Where a shuffle is: inputs are collected until every input has ended, then (for a sort)
 /// sampled and bounded, then partitioned, then reduced.
@@ -209,9 +214,9 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     /// A shuffle side's bundles, merged in order into groups that each become one map task:
-    /// a few map tasks per CPU, so each writes one block per partition for many bundles
-    /// rather than every bundle writing one per partition (a 256-bundle, 200-partition
-    /// shuffle would otherwise make 51,200 tiny objects).
+    /// a few map tasks per CPU, so each splits many bundles at once rather than every bundle
+    /// making its own map object and parts (a 256-bundle, 200-partition shuffle would
+    /// otherwise make 51,200 tiny parts), and a few bundles go one to a task.
     fn map_groups(&self, bundles: &[Bundle]) -> Vec<Bundle> {
         let groups = (self.limits.concurrency_cap * MAP_TASKS_PER_CPU).max(1) as usize;
         let per_group = bundles.len().div_ceil(groups).max(1);

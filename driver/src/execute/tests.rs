@@ -1146,6 +1146,54 @@ async fn a_sort_samples_each_nodes_blocks_where_they_lie() {
     }
 }
 
+/// With at most four input bundles per CPU, each map task takes one bundle and runs where it
+/// lies: a shuffle's map side pulls nothing.
+#[tokio::test]
+async fn a_shuffle_of_a_few_bundles_per_cpu_maps_each_bundle_where_it_lies() {
+    // Sixteen range tasks (four bundles per CPU), spread over both nodes.
+    let n = 16 * 4 * u64::from(BATCH_ROWS);
+    let shuffles = [
+        (
+            "random_shuffle",
+            stored_range(n).random_shuffle(Some(3)).unwrap(),
+        ),
+        (
+            "sort",
+            stored_range(n).sort(vec![SortKey::desc("id")]).unwrap(),
+        ),
+    ];
+    for (name, plan) in shuffles {
+        let fake = fake(2, 2);
+        let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+        succeeded(&record);
+        let mut ids = column(&fake.batches(outputs(&record)), "id");
+        if name == "random_shuffle" {
+            ids.sort_unstable();
+            assert_eq!(ids, (0..n as i64).collect::<Vec<_>>(), "{name}");
+        } else {
+            assert_eq!(ids, (0..n as i64).rev().collect::<Vec<_>>(), "{name}");
+        }
+        let tasks = fake.tasks();
+        let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
+        assert_eq!(maps.len(), 16, "{name}");
+        let mut nodes = BTreeSet::new();
+        for map in maps {
+            // A sort's map task also reads the boundaries, its last input, from wherever
+            // they were made.
+            let bundle = match map.input {
+                StageInput::RangePartition { .. } => &map.input_nodes[..map.input_nodes.len() - 1],
+                _ => &map.input_nodes[..],
+            };
+            assert!(
+                !bundle.is_empty() && bundle.iter().all(|node| *node == Some(map.node)),
+                "{name}: {map:?}"
+            );
+            nodes.insert(map.node);
+        }
+        assert_eq!(nodes.len(), 2, "{name}: the bundles lay on both nodes");
+    }
+}
+
 #[tokio::test]
 async fn a_shuffle_makes_one_object_per_map_task_freed_once_every_partition_was_read() {
     let fake = fake(2, 2);
