@@ -44,6 +44,12 @@ use crate::{Error, Result};
 /// one reduce of a sort get 2.5 times the rows of another); the samples cost next to nothing.
 pub const SAMPLE_ROWS_PER_PARTITION: u32 = 100;
 
+/// Bytes of a reduce's output block when its rows are a reordering of its input (sorted,
+/// permuted): under half of glibc's 32 MiB own-mapping threshold (`node::worker`), so each
+/// column buffer of a block comes from the worker's kept heap, warm, where one block of the
+/// whole partition (a shuffle's is over 100 MB) was mapped anew, page by page, in every task.
+const REORDERED_BLOCK_BYTES: u64 = 16 << 20;
+
 /// How an exchange's map side sends rows to partitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routing<'a> {
@@ -131,14 +137,6 @@ pub enum Reduced {
 }
 
 impl Reduced {
-    /// The rows as one batch.
-    pub fn into_batch(self) -> Result<RecordBatch> {
-        match self {
-            Reduced::Rows(batch) => Ok(batch),
-            Reduced::Reordered(reordering) => reordering.gather_all(),
-        }
-    }
-
     /// The rows in order, `rows` at a time when they are still to be gathered; no batch for
     /// no rows (as a reduce's empty output makes no block).
     pub fn chunks(&self, rows: usize) -> Box<dyn Iterator<Item = Result<RecordBatch>> + '_> {
@@ -320,9 +318,14 @@ pub fn run(
                 .partition(&task, inputs.into_iter().flatten().collect())
                 .map(TaskOutput::Partitions)
         }
-        StageInput::Reduce { .. } => Ok(TaskOutput::Blocks(vec![
-            reduce(operator, output, input, input_schemas, inputs)?.into_batch()?,
-        ])),
+        StageInput::Reduce { .. } => {
+            match reduce(operator, output, input, input_schemas, inputs)? {
+                Reduced::Rows(batch) => Ok(TaskOutput::Blocks(vec![batch])),
+                Reduced::Reordered(reordering) => Ok(TaskOutput::Blocks(
+                    reordering.gather_in(REORDERED_BLOCK_BYTES)?,
+                )),
+            }
+        }
         StageInput::HotKey { left } => {
             let columns = exchange.key_columns(first_schema()?.as_ref());
             let mut inputs = inputs;
@@ -438,5 +441,77 @@ mod tests {
             columns: vec!["k".to_owned()],
         };
         assert!(exchange_for(&select).is_none());
+    }
+
+    /// A permuted partition larger than a block is gathered into several blocks of about
+    /// `REORDERED_BLOCK_BYTES`, which hold the permutation's rows in its order.
+    #[test]
+    fn a_reordered_partition_is_gathered_into_blocks_under_the_mapping_threshold() {
+        use arrow::array::{Array, Int64Array, StringArray};
+        use arrow::datatypes::DataType;
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("payload", DataType::Utf8, false),
+        ]));
+        // Two map tasks' pieces, 40 MB of rows in all.
+        let piece = |ids: std::ops::Range<i64>| {
+            let payloads =
+                StringArray::from_iter_values(ids.clone().map(|id| format!("{id:0>92}")));
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(ids)),
+                    Arc::new(payloads),
+                ],
+            )
+            .unwrap()
+        };
+        let pieces = vec![piece(0..200_000), piece(200_000..400_000)];
+        // The reduce's seed is the task's; the operator's is the map side's.
+        let operator = Operator::RandomShuffle {
+            seed: SeedChoice::Unresolved,
+        };
+        let input = StageInput::Reduce {
+            partition: 0,
+            left: 0,
+            seed: 17,
+        };
+        let inputs = pieces.iter().map(|piece| vec![piece.clone()]).collect();
+        let TaskOutput::Blocks(blocks) = run(
+            &operator,
+            &schema,
+            input,
+            std::slice::from_ref(&schema),
+            inputs,
+        )
+        .unwrap() else {
+            panic!("a reduce made partitions");
+        };
+        assert!(blocks.len() >= 2, "{} blocks", blocks.len());
+        for block in &blocks {
+            let bytes = crate::blocks::data_bytes(block);
+            assert!(
+                bytes <= REORDERED_BLOCK_BYTES + 200,
+                "a block of {bytes} bytes"
+            );
+        }
+        let ids = |batches: &[RecordBatch]| -> Vec<i64> {
+            batches
+                .iter()
+                .flat_map(|batch| {
+                    let ids = batch
+                        .column(0)
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap();
+                    ids.values().to_vec()
+                })
+                .collect()
+        };
+        let whole = random::permute(&pieces, &schema, 17).unwrap();
+        assert_eq!(ids(&blocks), ids(std::slice::from_ref(&whole)));
+        assert_eq!(blocks.iter().map(|b| b.num_rows()).sum::<usize>(), 400_000);
+        assert!(blocks.iter().all(|b| b.column(1).null_count() == 0));
     }
 }
