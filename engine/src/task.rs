@@ -24,10 +24,6 @@ use crate::udf::process::{ProcessEndpoint, ProcessSessions};
 use crate::write::write_task;
 use crate::{Error, Result};
 
-/// Rows a reduce that reorders its input gathers at a time for a sink fused into it: a few
-/// megabytes of typical rows, so the copy stays small and the writer is called seldom.
-const SINK_CHUNK_ROWS: usize = 64 * 1024;
-
 /// Everything a task needs besides its stage and input.
 #[derive(Clone, Copy)]
 pub struct TaskContext<'a> {
@@ -78,24 +74,16 @@ pub fn run_stage_task(
         });
     }
     let output = match (&stage.kind, task.input) {
-        (StageKind::AllToAll(operator), input @ StageInput::Reduce { .. })
-            if let Some(sink) = &task.sink =>
-        {
-            // Written a chunk at a time: a sorted or permuted partition goes into its files
-            // without a whole sorted copy beside its input blocks.
-            let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
-            let output = Arc::new(stage.schema.clone());
-            let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
-            return write_part(
-                &sink.spec,
-                sink.index,
-                output,
-                reduced.chunks(SINK_CHUNK_ROWS),
-            );
-        }
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
+            if let (StageInput::Reduce { .. }, Some(sink)) = (input, &task.sink) {
+                // Written a chunk at a time: a sorted or permuted partition goes into its
+                // files without a whole sorted copy beside its input blocks.
+                let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
+                let chunks = reduced.chunks(exchange::REORDERED_CHUNK_BYTES);
+                return write_part(&sink.spec, sink.index, output, chunks);
+            }
             match exchange::run(operator, &output, input, &schemas, inputs)? {
                 // A reduce output is cut to the block size range like any other.
                 TaskOutput::Blocks(batches) if matches!(input, StageInput::Reduce { .. }) => {

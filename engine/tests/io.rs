@@ -516,9 +516,10 @@ fn a_task_with_a_fused_sink_writes_its_rows_as_its_part_and_returns_their_count(
     assert!(!elsewhere.exists());
 }
 
-/// A sort's or a random shuffle's reduce with a fused sink writes its partition a chunk at a
-/// time: the file holds the rows in the order the whole-partition kernels give, over more
-/// rows than one chunk.
+/// A sort's or a random shuffle's reduce with a fused sink writes its partition through the
+/// chunked gather: the file holds the rows in the order the whole-partition kernels give
+/// (`a_reordered_partition_is_gathered_into_blocks_under_the_mapping_threshold` crosses
+/// chunks with the same gather).
 #[test]
 fn a_reordering_reduce_writes_its_sink_in_the_order_of_the_whole_partition() {
     let rows = 150_000i64;

@@ -129,17 +129,16 @@ impl Reordering {
         gather(&self.batches, &self.schema, &self.picks)
     }
 
-    /// The rows in order, gathered into batches of about `bytes` each (the input's bytes per
-    /// row times the rows of a batch; at least one row each).
-    pub fn gather_in(&self, bytes: u64) -> Result<Vec<RecordBatch>> {
+    /// The rows that hold about `bytes` of the input (its bytes per row; all of them when
+    /// the input has no bytes).
+    pub fn rows_in(&self, bytes: u64) -> usize {
         let input_bytes: u64 = self.batches.iter().map(crate::blocks::data_bytes).sum();
         let input_rows: u64 = self.batches.iter().map(|b| b.num_rows() as u64).sum();
-        let rows = (u128::from(input_rows) * u128::from(bytes))
+        (u128::from(input_rows) * u128::from(bytes))
             .checked_div(u128::from(input_bytes))
             .map_or(usize::MAX, |rows| {
                 usize::try_from(rows).unwrap_or(usize::MAX)
-            });
-        self.chunks(rows).collect()
+            })
     }
 
     /// The rows in order, gathered `rows` at a time (at least one per chunk).

@@ -44,11 +44,12 @@ use crate::{Error, Result};
 /// one reduce of a sort get 2.5 times the rows of another); the samples cost next to nothing.
 pub const SAMPLE_ROWS_PER_PARTITION: u32 = 100;
 
-/// Bytes of a reduce's output block when its rows are a reordering of its input (sorted,
-/// permuted): under half of glibc's 32 MiB own-mapping threshold (`node::worker`), so each
-/// column buffer of a block comes from the worker's kept heap, warm, where one block of the
-/// whole partition (a shuffle's is over 100 MB) was mapped anew, page by page, in every task.
-const REORDERED_BLOCK_BYTES: u64 = 16 << 20;
+/// Bytes of a reduce's output rows gathered at a time when they are a reordering of its input
+/// (sorted, permuted), as blocks or for a sink: under half of glibc's 32 MiB own-mapping
+/// threshold (`node::worker`), so each column buffer comes from the worker's kept heap, warm,
+/// where one gather of the whole partition (a shuffle's is over 100 MB) was mapped anew, page
+/// by page, in every task, and held beside its input until written.
+pub const REORDERED_CHUNK_BYTES: u64 = 16 << 20;
 
 /// How an exchange's map side sends rows to partitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,13 +138,15 @@ pub enum Reduced {
 }
 
 impl Reduced {
-    /// The rows in order, `rows` at a time when they are still to be gathered; no batch for
-    /// no rows (as a reduce's empty output makes no block).
-    pub fn chunks(&self, rows: usize) -> Box<dyn Iterator<Item = Result<RecordBatch>> + '_> {
+    /// The rows in order, gathered about `bytes` at a time when they are still to be
+    /// gathered; no batch for no rows (as a reduce's empty output makes no block).
+    pub fn chunks(&self, bytes: u64) -> Box<dyn Iterator<Item = Result<RecordBatch>> + '_> {
         match self {
             Reduced::Rows(batch) if batch.num_rows() == 0 => Box::new(std::iter::empty()),
             Reduced::Rows(batch) => Box::new(std::iter::once(Ok(batch.clone()))),
-            Reduced::Reordered(reordering) => Box::new(reordering.chunks(rows)),
+            Reduced::Reordered(reordering) => {
+                Box::new(reordering.chunks(reordering.rows_in(bytes)))
+            }
         }
     }
 }
@@ -319,12 +322,11 @@ pub fn run(
                 .map(TaskOutput::Partitions)
         }
         StageInput::Reduce { .. } => {
-            match reduce(operator, output, input, input_schemas, inputs)? {
-                Reduced::Rows(batch) => Ok(TaskOutput::Blocks(vec![batch])),
-                Reduced::Reordered(reordering) => Ok(TaskOutput::Blocks(
-                    reordering.gather_in(REORDERED_BLOCK_BYTES)?,
-                )),
-            }
+            let reduced = reduce(operator, output, input, input_schemas, inputs)?;
+            let blocks = reduced
+                .chunks(REORDERED_CHUNK_BYTES)
+                .collect::<Result<_>>()?;
+            Ok(TaskOutput::Blocks(blocks))
         }
         StageInput::HotKey { left } => {
             let columns = exchange.key_columns(first_schema()?.as_ref());
@@ -444,7 +446,7 @@ mod tests {
     }
 
     /// A permuted partition larger than a block is gathered into several blocks of about
-    /// `REORDERED_BLOCK_BYTES`, which hold the permutation's rows in its order.
+    /// `REORDERED_CHUNK_BYTES`, which hold the permutation's rows in its order.
     #[test]
     fn a_reordered_partition_is_gathered_into_blocks_under_the_mapping_threshold() {
         use arrow::array::{Array, Int64Array, StringArray};
@@ -492,7 +494,7 @@ mod tests {
         for block in &blocks {
             let bytes = crate::blocks::data_bytes(block);
             assert!(
-                bytes <= REORDERED_BLOCK_BYTES + 200,
+                bytes <= REORDERED_CHUNK_BYTES + 200,
                 "a block of {bytes} bytes"
             );
         }
