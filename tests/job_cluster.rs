@@ -941,8 +941,11 @@ async fn a_job_survives_kill_9_of_a_worker_process() {
 async fn killing_a_node_while_a_shuffle_reduces_still_gives_every_row() {
     // Progress every 50 ms, so the test sees the reduce phase begin.
     let mut cluster = start(3, &["node.progress_interval_ms=50"]).await;
-    // A sort: its reduce tasks sort their partitions, the slowest reduce there is.
-    let n = 2_000_000i64;
+    // A sort: its reduce tasks sort their partitions, the slowest reduce there is. Enough rows
+    // that the reduces outlast a 50 ms progress report and the kill: with 2,000,000, reduces
+    // that gather warm memory sometimes all finished first (the job ended before the test saw
+    // a reduce output, or the killed node had nothing left to lose).
+    let n = 4_000_000i64;
     let dataset = Dataset::range(n as u64)
         .unwrap()
         .with_column("k", col("id") % lit(1_009i64))
