@@ -181,6 +181,7 @@ fn range_task(task: TaskId, rows: u64) -> anyhow::Result<TaskSpec> {
             max_block_bytes: bytes,
             batch_rows: u32::try_from(rows.max(1)).context("too many rows for one batch")?,
             sink: None,
+            source: None,
         })),
         inputs: Vec::new(),
     })

@@ -23,12 +23,18 @@ use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
 use floe_core::plan::{LogicalPlan, PlanError, WriteSpec};
 
+use floe_engine::exchange::{Routing, exchange_for};
+use floe_engine::udf::process::process_udfs;
+
 use super::DriverConfig;
 
 /// Range sources are cut into tasks of at least this many reader batches.
 const RANGE_BATCHES_PER_TASK: u64 = 4;
 /// At most this many tasks for one range source.
 const RANGE_MAX_TASKS: u64 = 256;
+/// A read of more files than this is not fused into a shuffle's map side: each file would be a
+/// map task of its own, with a part for every partition.
+const MAX_FUSED_MAP_TASKS: usize = 64;
 
 /// One task of a source operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +76,14 @@ pub(crate) enum Work {
     AllToAll,
 }
 
+/// A read fused into a shuffle's map side ([`fuse_source`]): the read's stage, and the input
+/// of each of its tasks, which are the shuffle's map tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct MapSource {
+    pub stage: Stage,
+    pub tasks: Vec<StageInput>,
+}
+
 /// Where a cached operator's shards go.
 #[derive(Debug, Clone)]
 pub(crate) struct CacheTarget {
@@ -95,6 +109,8 @@ pub(crate) struct PlannedOperator {
     /// The job's sink, fused into this operator (see [`fuse_sink`]): the tasks that make its
     /// output rows write them there.
     pub sink: Option<WriteSpec>,
+    /// A shuffle's read, fused into its map side (see [`fuse_source`]).
+    pub map_source: Option<MapSource>,
 }
 
 /// The job's operators in topological order; the last one needed is the output.
@@ -177,6 +193,7 @@ pub(crate) fn plan(
             cache_hits: 0,
             needed: false,
             sink: None,
+            map_source: None,
         });
     }
     let mut output = physical.output.0;
@@ -217,6 +234,7 @@ pub(crate) fn plan(
             });
         }
     }
+    fuse_sources(&mut operators, &mut output);
     mark_needed(
         &mut operators,
         output,
@@ -265,6 +283,93 @@ fn fuse_sink(operators: &mut Vec<PlannedOperator>, output: usize) -> usize {
     fused.name = format!("{}{}write", fused.name, floe_core::job::FUSED_SEPARATOR);
     fused.sink = Some(spec);
     producer
+}
+
+/// Fuses each read that only a hash or random shuffle reads into that shuffle's map side
+/// ([`fuse_source`]), and renumbers the operators after the reads it removes.
+fn fuse_sources(operators: &mut Vec<PlannedOperator>, output: &mut usize) {
+    let mut index = 0;
+    while index < operators.len() {
+        match fuse_source(operators, index) {
+            Some(removed) => {
+                operators.remove(removed);
+                for operator in operators.iter_mut() {
+                    for input in &mut operator.inputs {
+                        if *input > removed {
+                            *input -= 1;
+                        }
+                    }
+                }
+                if *output > removed {
+                    *output -= 1;
+                }
+                // The shuffle moved down one place, and it is fused now.
+            }
+            None => index += 1,
+        }
+    }
+}
+
+/// Fuses the read feeding shuffle `index` into the shuffle's map side when nothing else reads
+/// it, nothing caches it, and the shuffle splits rows without first looking at all of them
+/// (by key hash or at random, one input): each of the read's tasks then splits the rows it
+/// reads into the shuffle's partitions itself, so they are never written to the object store
+/// as the read's blocks and read back by a map task (Ray fuses a read into the map before a
+/// shuffle the same way). A read of many files keeps its own operator, so the map tasks can
+/// take several files' blocks each. Returns the read's index, to be removed.
+fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize> {
+    let shuffle = &operators[index];
+    let (Work::AllToAll, StageKind::AllToAll(operator), &[producer], None) = (
+        &shuffle.work,
+        &shuffle.stage.kind,
+        shuffle.inputs.as_slice(),
+        &shuffle.map_source,
+    ) else {
+        return None;
+    };
+    let splits_as_it_reads = exchange_for(operator)
+        .is_some_and(|exchange| matches!(exchange.routing(), Routing::Hash | Routing::Random));
+    let read = &operators[producer];
+    let readers = operators
+        .iter()
+        .filter(|operator| operator.inputs.contains(&producer))
+        .count();
+    let Work::Source(tasks) = &read.work else {
+        return None;
+    };
+    let files: Vec<StageInput> = tasks
+        .iter()
+        .map(|task| match task {
+            SourceTask::Compute(input @ StageInput::File(_)) => Some(*input),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let fusable = splits_as_it_reads
+        && readers == 1
+        && matches!(read.stage.kind, StageKind::Read(_))
+        && read.cache.is_none()
+        && read.sink.is_none()
+        && files.len() <= MAX_FUSED_MAP_TASKS
+        // The agent leases process-UDF children for a task's own stage only.
+        && process_udfs(&read.stage.row_ops).is_ok_and(|udfs| udfs.is_empty());
+    if !fusable {
+        return None;
+    }
+    let map_source = MapSource {
+        stage: read.stage.clone(),
+        tasks: files,
+    };
+    let name = format!(
+        "{}{}{}",
+        read.name,
+        floe_core::job::FUSED_SEPARATOR,
+        shuffle.name
+    );
+    let shuffle = &mut operators[index];
+    shuffle.name = name;
+    shuffle.inputs.clear();
+    shuffle.map_source = Some(map_source);
+    Some(producer)
 }
 
 /// `range(n)` cut into tasks by `n` alone, so equal plans cut equally.

@@ -89,6 +89,13 @@ pub enum Error {
     ExchangeInput { missing: &'static str },
     #[error("a {stage} stage cannot run on {input}")]
     StageInput { stage: String, input: String },
+    #[error("a {stage} task on {input} cannot take its rows from a fused {fused} stage: {reason}")]
+    FusedSource {
+        stage: String,
+        input: String,
+        fused: String,
+        reason: &'static str,
+    },
     #[error("a {stage} task on {input} makes no output rows to write to a sink")]
     SinkWithoutRows { stage: String, input: String },
     #[error("a scan of {0} files has more than a stage can number ({max})", max = u32::MAX)]

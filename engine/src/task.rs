@@ -1,7 +1,8 @@
 //! One task of a stage: produce or take blocks, apply the stage's fused row-wise operators,
 //! and size the output blocks; or, for an all-to-all stage, one map or reduce task of its
-//! exchange. [`run_stage_task`] is the function a worker process calls for every task; the
-//! in-process executor calls [`run_task`] for row-wise stages.
+//! exchange, whose map side may read its rows from a source fused into it.
+//! [`run_stage_task`] is the function a worker process calls for every task; the in-process
+//! executor calls [`run_task`] for row-wise stages.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::exchange;
 use crate::ops::{Limiter, RowOpContext, apply_row_ops};
 use crate::read::read_file;
 use crate::udf::Registry;
-use crate::udf::process::{ProcessEndpoint, ProcessSessions};
+use crate::udf::process::{ProcessEndpoint, ProcessSessions, process_udfs};
 use crate::write::write_task;
 use crate::{Error, Result};
 
@@ -53,7 +54,8 @@ pub enum TaskOutput {
 /// and batch rows the task names, as a worker does: an all-to-all task through its operator's
 /// exchange, a sink's part written where its stage says ([`TaskOutput::Written`]), any other
 /// through [`run_task`]. A task with a fused sink writes the rows it made as its part of that
-/// sink and returns how many it wrote.
+/// sink and returns how many it wrote; a map task with a fused source splits the rows it reads
+/// from that source instead of input blocks.
 pub fn run_stage_task(
     task: &StageTask,
     inputs: Vec<Vec<RecordBatch>>,
@@ -73,6 +75,31 @@ pub fn run_stage_task(
             input: task.input.to_string(),
         });
     }
+    let inputs = match &task.source {
+        None => inputs,
+        Some(source) => {
+            let refuse = |reason| Error::FusedSource {
+                stage: stage.kind.name().to_owned(),
+                input: task.input.to_string(),
+                fused: source.stage.kind.name().to_owned(),
+                reason,
+            };
+            if !matches!(
+                (&stage.kind, task.input),
+                (StageKind::AllToAll(_), StageInput::Partition { .. })
+            ) {
+                return Err(refuse("only a shuffle's map side reads a fused source"));
+            }
+            if !inputs.iter().all(Vec::is_empty) {
+                return Err(refuse("the task has input blocks too"));
+            }
+            // The agent leases process-UDF children for the task's own stage only.
+            if !process_udfs(&source.stage.row_ops)?.is_empty() {
+                return Err(refuse("a fused source calls no process UDFs"));
+            }
+            vec![make_rows(&source.stage, source.input, Vec::new(), context)?]
+        }
+    };
     let output = match (&stage.kind, task.input) {
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
@@ -148,6 +175,19 @@ pub fn run_task(
     blocks: Vec<RecordBatch>,
     context: &TaskContext,
 ) -> Result<Vec<RecordBatch>> {
+    context
+        .sizing
+        .rebalance(make_rows(stage, input, blocks, context)?)
+}
+
+/// The non-empty batches a task of a row-wise `stage` makes on `input`, as they come (not
+/// yet sized into blocks: a shuffle's map side splits them at once).
+fn make_rows(
+    stage: &Stage,
+    input: StageInput,
+    blocks: Vec<RecordBatch>,
+    context: &TaskContext,
+) -> Result<Vec<RecordBatch>> {
     let batches = match (&stage.kind, input) {
         (StageKind::Read(scan), StageInput::File(index)) => {
             read_file(scan, index as usize, context.batch_rows)?.0
@@ -180,11 +220,10 @@ pub fn run_task(
         .into_iter()
         .map(|batch| apply_row_ops(batch, &stage.row_ops, row_context))
         .collect::<Result<Vec<_>>>()?;
-    let non_empty = transformed
+    Ok(transformed
         .into_iter()
         .filter(|b| b.num_rows() > 0)
-        .collect();
-    context.sizing.rebalance(non_empty)
+        .collect())
 }
 
 /// The ids `start..end` as `Int64` batches of at most `batch_rows` rows.

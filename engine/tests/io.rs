@@ -10,7 +10,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use floe_core::expr::{col, lit};
 use floe_core::plan::physical::PhysicalPlan;
-use floe_core::plan::task::{SinkPart, StageInput, StageTask};
+use floe_core::plan::task::{FusedSource, SinkPart, StageInput, StageTask};
 use floe_core::plan::{
     Compression, CsvOptions, FileFormat, FileScan, LogicalPlan, Operator, SortKey, WriteMode,
     WriteSpec, optimizer::Optimizer,
@@ -472,6 +472,7 @@ fn task_writing(plan: &LogicalPlan, input: StageInput, dir: &Path) -> StageTask 
             spec: spec(FileFormat::Parquet, dir, 1 << 30),
             index: 4,
         }),
+        source: None,
     }
 }
 
@@ -569,4 +570,86 @@ fn a_reordering_reduce_writes_its_sink_in_the_order_of_the_whole_partition() {
     }
     // The permutation is not the identity, so the shuffled check compares an order.
     assert_ne!(ids(&[permuted]), ids(&blocks));
+}
+
+/// A random shuffle's map task over a file of `sample(0, 1000)`, read by the task itself.
+fn map_task_reading(path: &Path, input: StageInput) -> StageTask {
+    let scan = discover(FileFormat::Parquet, &[path]).unwrap();
+    let plan = LogicalPlan::read(scan)
+        .unwrap()
+        .random_shuffle(Some(3))
+        .unwrap();
+    let physical = PhysicalPlan::from_logical(&plan);
+    let shuffle = physical.stage(physical.output).clone();
+    let read = physical.stage(shuffle.inputs[0]).clone();
+    StageTask {
+        input_schemas: vec![read.schema.clone()],
+        stage: shuffle,
+        input,
+        min_block_bytes: 1,
+        max_block_bytes: 1 << 20,
+        batch_rows: 64,
+        sink: None,
+        source: Some(FusedSource {
+            stage: read,
+            input: StageInput::File(0),
+        }),
+    }
+}
+
+#[test]
+fn a_map_task_with_a_fused_read_splits_the_rows_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.parquet");
+    write_parquet(&path);
+    let registry = Registry::with_builtins();
+    let split = StageInput::Partition {
+        partitions: 3,
+        side: 0,
+        offset: 0,
+        total: 0,
+        seed: 11,
+    };
+    let task = map_task_reading(&path, split);
+    let TaskOutput::Partitions(parts) =
+        run_stage_task(&task, vec![Vec::new()], &registry, &[]).unwrap()
+    else {
+        panic!("a map task makes partitions");
+    };
+    assert_eq!(parts.len(), 3);
+    assert!(parts.iter().all(|part| part.num_rows() > 0));
+    let mut ids: Vec<i64> = parts
+        .iter()
+        .flat_map(|part| {
+            let ids = part.column_by_name("id").unwrap();
+            ids.as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..1000).collect::<Vec<_>>());
+
+    // Only a map side reads a fused source, and from nothing else.
+    let reduce = StageInput::Reduce {
+        partition: 0,
+        left: 1,
+        seed: 11,
+    };
+    let refused = run_stage_task(&map_task_reading(&path, reduce), Vec::new(), &registry, &[]);
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("only a shuffle's map side reads a fused source"),
+        "{message}"
+    );
+    let blocks = vec![vec![sample(0, 3)]];
+    let refused = run_stage_task(&task, blocks, &registry, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("the task has input blocks too"),
+        "{refused}"
+    );
 }

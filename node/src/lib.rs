@@ -1112,24 +1112,29 @@ async fn watch_drivers(shared: Arc<Shared>, mut client: SchedulerClient) {
 }
 
 /// Refuses a stage task that would read or write outside `data.allowed_paths`: its input
-/// files, its sink directory, its process UDFs' files. The scheduler checks submitted specs
+/// files (a fused source's too), its sink directory, its process UDFs' files. The scheduler checks submitted specs
 /// too, but a plan can also come from a client library, so the node checks every task.
 fn check_paths(allowed: &AllowedPaths, task: &StageTask) -> Result<(), TaskFailure> {
     if !allowed.is_restricted() {
         return Ok(());
     }
-    let stage = &task.stage;
-    let mut paths: Vec<&std::path::Path> = match &stage.kind {
-        StageKind::Read(scan) => scan.files.iter().map(|file| file.path.as_path()).collect(),
-        StageKind::Write(spec) => vec![spec.directory.as_path()],
-        _ => Vec::new(),
-    };
-    paths.extend(task.sink.iter().map(|sink| sink.spec.directory.as_path()));
-    for op in &stage.row_ops {
-        if let Operator::ProcessUdf(udf) = op {
-            paths.extend(udf.files.iter().map(|file| file.path.as_path()));
+    let mut paths: Vec<&std::path::Path> = Vec::new();
+    let fused = task.source.iter().map(|source| &source.stage);
+    for stage in std::iter::once(&task.stage).chain(fused) {
+        match &stage.kind {
+            StageKind::Read(scan) => {
+                paths.extend(scan.files.iter().map(|file| file.path.as_path()))
+            }
+            StageKind::Write(spec) => paths.push(spec.directory.as_path()),
+            _ => {}
+        }
+        for op in &stage.row_ops {
+            if let Operator::ProcessUdf(udf) = op {
+                paths.extend(udf.files.iter().map(|file| file.path.as_path()));
+            }
         }
     }
+    paths.extend(task.sink.iter().map(|sink| sink.spec.directory.as_path()));
     for path in paths {
         allowed.check(path).map_err(|error| TaskFailure::Error {
             message: error.to_string(),
@@ -1407,11 +1412,14 @@ fn store_usage(stats: floe_objectstore::StoreStats) -> floe_api::node_protocol::
 
 #[cfg(test)]
 mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
     use floe_core::config::AllowedPaths;
+    use floe_core::fingerprint::FileStamp;
     use floe_core::plan::physical::PhysicalPlan;
-    use floe_core::plan::task::{SinkPart, StageInput, StageTask};
+    use floe_core::plan::task::{FusedSource, SinkPart, StageInput, StageTask};
     use floe_core::plan::{
-        Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan, WriteMode, WriteSpec,
+        Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, FileScan, LogicalPlan, WriteMode,
+        WriteSpec,
     };
 
     use super::check_paths;
@@ -1437,7 +1445,55 @@ mod tests {
                 },
                 index: 0,
             }),
+            source: None,
         }
+    }
+
+    /// A random shuffle's map task whose rows come from `file`, read by the task itself.
+    fn shuffle_map_task_reading(file: &std::path::Path) -> StageTask {
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+        let stamp = FileStamp {
+            path: file.to_owned(),
+            size: 1,
+            modified_secs: 0,
+            modified_nanos: 0,
+            version: None,
+        };
+        let read = LogicalPlan::read(FileScan::new(FileFormat::Parquet, vec![stamp], schema));
+        let plan = PhysicalPlan::from_logical(&read.unwrap().random_shuffle(Some(1)).unwrap());
+        let shuffle = plan.stage(plan.output).clone();
+        let source = plan.stage(shuffle.inputs[0]).clone();
+        StageTask {
+            input_schemas: vec![source.schema.clone()],
+            stage: shuffle,
+            input: StageInput::Partition {
+                partitions: 2,
+                side: 0,
+                offset: 0,
+                total: 0,
+                seed: 1,
+            },
+            min_block_bytes: 1,
+            max_block_bytes: 1 << 20,
+            batch_rows: 10,
+            sink: None,
+            source: Some(FusedSource {
+                stage: source,
+                input: StageInput::File(0),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_source_fused_into_a_task_is_checked_against_the_allowed_paths() {
+        let allowed = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let paths = AllowedPaths::under(&[allowed.path().to_owned()]);
+        let outside = shuffle_map_task_reading(&elsewhere.path().join("in.parquet"));
+        let refused = check_paths(&paths, &outside).unwrap_err().to_string();
+        assert!(refused.contains("outside data.allowed_paths"), "{refused}");
+        let inside = shuffle_map_task_reading(&allowed.path().join("in.parquet"));
+        check_paths(&paths, &inside).unwrap();
     }
 
     #[test]

@@ -22,6 +22,18 @@ pub struct StageTask {
     /// A sink fused into the stage: the task writes the rows it makes as this part of the sink
     /// and returns only their count, so they never pass through the object store.
     pub sink: Option<SinkPart>,
+    /// A read fused into a shuffle's map side: the task makes its rows by running this
+    /// source stage on its own input, then splits them as `input` (a `Partition`) says, so the
+    /// read's rows never pass through the object store.
+    pub source: Option<FusedSource>,
+}
+
+/// The source stage of a map task fused with it, and the part of it the task reads (a read
+/// stage's `File`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FusedSource {
+    pub stage: Stage,
+    pub input: StageInput,
 }
 
 /// Part `index` of a sink, written by the task that makes its rows (a sink's parts are

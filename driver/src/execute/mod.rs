@@ -169,10 +169,13 @@ impl<C: ClusterAccess> Execution<C> {
                 .iter()
                 .map(|input| input.producer)
                 .collect();
-            let schemas = producers
-                .iter()
-                .map(|producer| ops[*producer].stage.schema.clone())
-                .collect();
+            let schemas = match &ops[index].map_source {
+                Some(source) => vec![source.stage.schema.clone()],
+                None => producers
+                    .iter()
+                    .map(|producer| ops[*producer].stage.schema.clone())
+                    .collect(),
+            };
             ops[index].input_schemas = Arc::new(schemas);
             if ops[index].phase == OperatorPhase::Skipped {
                 continue;

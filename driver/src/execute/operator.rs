@@ -17,7 +17,7 @@ use super::blocks::Bundle;
 use super::shuffle::{ShufflePhase, ShuffleState};
 use super::task::{Launch, Recipe, compute};
 use crate::cluster::ClusterAccess;
-use crate::plan::{CacheTarget, PlannedOperator, SourceTask, Work};
+use crate::plan::{CacheTarget, MapSource, PlannedOperator, SourceTask, Work};
 
 /// Where an operator is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,8 @@ pub(super) struct OperatorState {
     /// The job's sink, when it is fused into this operator: the tasks making its output write
     /// it.
     pub(super) sink: Option<WriteSpec>,
+    /// A shuffle's read fused into its map side: its map tasks read the files themselves.
+    pub(super) map_source: Option<Arc<MapSource>>,
     /// Tasks ready to start, in order.
     pub(super) ready: VecDeque<Launch>,
     pub(super) next_seq: u64,
@@ -111,11 +113,13 @@ impl OperatorState {
                     SourceTask::Compute(input) => Recipe::Compute {
                         input,
                         inputs: Vec::new(),
+                        source: None,
                     },
                     SourceTask::Load(shard) => Recipe::Load(shard),
                     SourceTask::Borrow(block) => Recipe::Compute {
                         input: StageInput::Blocks,
                         inputs: vec![block.object],
+                        source: None,
                     },
                 };
                 ready.push_back(Launch::first(seq, recipe));
@@ -138,11 +142,15 @@ impl OperatorState {
             } else {
                 OperatorPhase::Skipped
             },
-            shuffle: ShuffleState::new(inputs.len()),
+            // A fused read is the shuffle's one input side.
+            shuffle: ShuffleState::new(
+                inputs.len().max(usize::from(operator.map_source.is_some())),
+            ),
             inputs,
             consumers: Vec::new(),
             cache: operator.cache,
             sink: operator.sink,
+            map_source: operator.map_source.map(Arc::new),
             next_seq: ready.len() as u64,
             ready,
             work: operator.work,

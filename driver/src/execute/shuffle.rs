@@ -13,7 +13,7 @@ use floe_engine::exchange::{Exchange, Routing, SAMPLE_ROWS_PER_PARTITION, exchan
 use super::Execution;
 use super::aggregators::Aggregators;
 use super::blocks::Bundle;
-use super::task::{Launch, Recipe, compute};
+use super::task::{Launch, Recipe, compute, input_bytes};
 use crate::cluster::ClusterAccess;
 
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
@@ -159,16 +159,29 @@ impl<C: ClusterAccess> Execution<C> {
                 if !op.inputs_ended() {
                     return;
                 }
-                let bundles: usize = op.shuffle.sides.iter().map(Vec::len).sum();
-                let bytes: u64 = op
-                    .shuffle
-                    .sides
-                    .iter()
-                    .flatten()
-                    .flat_map(|bundle| &bundle.blocks)
-                    .filter_map(|block| self.blocks.get(block))
-                    .map(|info| info.bytes)
-                    .sum();
+                let (bundles, bytes) = match &op.map_source {
+                    // What the read's tasks would have made: one bundle per file, its bytes
+                    // those of the files.
+                    Some(source) => (
+                        source.tasks.len(),
+                        source
+                            .tasks
+                            .iter()
+                            .map(|input| input_bytes(&source.stage, input, &[]))
+                            .sum(),
+                    ),
+                    None => (
+                        op.shuffle.sides.iter().map(Vec::len).sum(),
+                        op.shuffle
+                            .sides
+                            .iter()
+                            .flatten()
+                            .flat_map(|bundle| &bundle.blocks)
+                            .filter_map(|block| self.blocks.get(block))
+                            .map(|info| info.bytes)
+                            .sum(),
+                    ),
+                };
                 let target = self.config.max_block_bytes;
                 op.shuffle.partitions = exchange
                     .fixed_partitions()
@@ -276,6 +289,24 @@ impl<C: ClusterAccess> Execution<C> {
         let mut launches = Vec::new();
         let shuffle = &self.ops[index].shuffle;
         let mut left_maps = 0;
+        if let Some(source) = &self.ops[index].map_source {
+            // Each of the fused read's tasks is a map task; the split by row position needs
+            // the rows before it, so it is never fused.
+            for (task, input) in (0u64..).zip(&source.tasks) {
+                let recipe = Recipe::Compute {
+                    input: StageInput::Partition {
+                        partitions: shuffle.partitions,
+                        side: 0,
+                        offset: 0,
+                        total: 0,
+                        seed: seed ^ task.rotate_left(32),
+                    },
+                    inputs: Vec::new(),
+                    source: Some(*input),
+                };
+                launches.push(Launch::first(PARTITION_SEQ + task, recipe));
+            }
+        }
         for (side, bundles) in shuffle.sides.iter().enumerate() {
             let bundles = self.map_groups(bundles);
             let rows = |bundle: &Bundle| -> u64 {

@@ -14,7 +14,7 @@ use floe_api::node_protocol::{
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_core::plan::WriteSpec;
 use floe_core::plan::physical::{Stage, StageKind};
-use floe_core::plan::task::{SinkPart, StageInput, StageTask};
+use floe_core::plan::task::{FusedSource, SinkPart, StageInput, StageTask};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
@@ -26,7 +26,7 @@ use super::{Event, Execution, MAX_UNREACHABLE_RETRIES, TASK_CPU_MILLIS, UNREACHA
 use crate::DriverConfig;
 use crate::cluster::ClusterAccess;
 use crate::leases::JobLeases;
-use crate::plan::{ShardToLoad, Work};
+use crate::plan::{MapSource, ShardToLoad, Work};
 use crate::tasks::RunEnd;
 
 /// Row-wise tasks whose inputs are smaller than this are spread; larger ones go where their
@@ -39,13 +39,23 @@ pub(super) enum Recipe {
     Compute {
         input: StageInput,
         inputs: Vec<ObjectId>,
+        /// A shuffle map task's input in the read fused into it (its file), read instead of
+        /// input blocks.
+        source: Option<StageInput>,
     },
     Load(ShardToLoad),
 }
 
 /// A first run of a task that computes `input` from `inputs`.
 pub(super) fn compute(seq: u64, input: StageInput, inputs: Vec<ObjectId>) -> Launch {
-    Launch::first(seq, Recipe::Compute { input, inputs })
+    Launch::first(
+        seq,
+        Recipe::Compute {
+            input,
+            inputs,
+            source: None,
+        },
+    )
 }
 
 /// One run of a task of an operator.
@@ -162,10 +172,27 @@ impl<C: ClusterAccess> Execution<C> {
                 .collect(),
             Recipe::Load(_) => Vec::new(),
         };
-        let input_bytes = match &launch.recipe {
-            Recipe::Compute { input, .. } => input_bytes(&self.ops[index].stage, input, &inputs),
-            Recipe::Load(_) => 0,
+        let map_source = self.ops[index].map_source.clone();
+        let input_bytes = match (&launch.recipe, &map_source) {
+            (
+                Recipe::Compute {
+                    source: Some(input),
+                    ..
+                },
+                Some(map_source),
+            ) => input_bytes(&map_source.stage, input, &inputs),
+            (Recipe::Compute { input, .. }, _) => {
+                input_bytes(&self.ops[index].stage, input, &inputs)
+            }
+            (Recipe::Load(_), _) => 0,
         };
+        let reads_itself = matches!(
+            launch.recipe,
+            Recipe::Compute {
+                source: Some(_),
+                ..
+            }
+        );
         let run = TaskRun {
             cluster: Arc::clone(&self.cluster),
             leases: Arc::clone(&self.leases),
@@ -176,7 +203,8 @@ impl<C: ClusterAccess> Execution<C> {
             stage: Arc::clone(&self.ops[index].stage),
             input_schemas: Arc::clone(&self.ops[index].input_schemas),
             sink: sink_part(self.ops[index].sink.as_ref(), &launch),
-            strategy: self.strategy(index, &inputs, launch.avoid),
+            map_source,
+            strategy: self.strategy(index, &inputs, launch.avoid, reads_itself),
             aggregator,
         };
         let events = self.events_tx.clone();
@@ -193,11 +221,15 @@ impl<C: ClusterAccess> Execution<C> {
         });
     }
 
+    /// Where a task goes: away from `avoid` (where it failed), else spread when it reads a
+    /// source itself (`reads_itself`, as a read's tasks are) or its input is small, else by
+    /// default, near its input.
     fn strategy(
         &self,
         index: usize,
         inputs: &[(ObjectId, Option<BlockInfo>)],
         avoid: Option<NodeId>,
+        reads_itself: bool,
     ) -> Strategy {
         if let Some(avoid) = avoid {
             let others: Vec<NodeId> = self
@@ -219,6 +251,7 @@ impl<C: ClusterAccess> Execution<C> {
             .filter_map(|(_, info)| info.map(|info| info.bytes))
             .sum();
         match self.ops[index].work {
+            _ if reads_itself => Strategy::Spread,
             Work::Source(_) => Strategy::Spread,
             Work::Map if input_bytes < SPREAD_MAX_INPUT_BYTES => Strategy::Spread,
             _ => Strategy::Default,
@@ -309,6 +342,7 @@ impl<C: ClusterAccess> Execution<C> {
             Recipe::Compute {
                 input: StageInput::Reduce { partition, .. },
                 inputs,
+                ..
             } => {
                 let hot = self.ops[index].shuffle.hot_partition;
                 if hot.is_some_and(|hot| hot.partition == *partition) {
@@ -440,7 +474,11 @@ fn sink_part(sink: Option<&WriteSpec>, launch: &Launch) -> Option<SinkPart> {
 /// The bytes a task reads: its input blocks, else the file, ids or rows its source stage
 /// reads. Its memory hint, since the task's working set grows with what it reads (decoded
 /// batches, the output it builds, a reduce's concatenated partition).
-fn input_bytes(stage: &Stage, input: &StageInput, inputs: &[(ObjectId, Option<BlockInfo>)]) -> u64 {
+pub(super) fn input_bytes(
+    stage: &Stage,
+    input: &StageInput,
+    inputs: &[(ObjectId, Option<BlockInfo>)],
+) -> u64 {
     /// One `Int64` id of a range stage.
     const ID_BYTES: u64 = 8;
     let blocks: u64 = inputs
@@ -475,6 +513,8 @@ struct TaskRun<C: ClusterAccess> {
     input_schemas: Arc<Vec<arrow::datatypes::Schema>>,
     /// The part of the operator's fused sink this task writes.
     sink: Option<SinkPart>,
+    /// The read fused into the operator's map side, whose file a map task reads.
+    map_source: Option<Arc<MapSource>>,
     strategy: Strategy,
     /// A hash shuffle's reduce runs through the partition's aggregator, on its node.
     aggregator: Option<(ActorId, NodeId)>,
@@ -527,10 +567,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                 };
                 (Some(*node), result)
             }
-            Recipe::Compute {
-                input,
-                inputs: objects,
-            } => {
+            Recipe::Compute { input, source, .. } => {
                 let mut preferred: BTreeMap<NodeId, u64> = BTreeMap::new();
                 for (_, info) in inputs {
                     if let Some(info) = info {
@@ -574,8 +611,14 @@ impl<C: ClusterAccess> TaskRun<C> {
                 };
                 let node = slot.node();
                 self.config.tasks.placed(self.job, launch.task, node);
+                let fused = source
+                    .zip(self.map_source.as_ref())
+                    .map(|(input, map_source)| FusedSource {
+                        stage: map_source.stage.clone(),
+                        input,
+                    });
                 let result = self
-                    .run_on(node, launch.task, *input, objects, inputs, worker)
+                    .run_on(node, launch.task, *input, fused, inputs, worker)
                     .await;
                 // The room goes to the next task at once.
                 drop(slot);
@@ -589,7 +632,7 @@ impl<C: ClusterAccess> TaskRun<C> {
         node: NodeId,
         task: TaskId,
         input: StageInput,
-        objects: &[ObjectId],
+        source: Option<FusedSource>,
         inputs: &[(ObjectId, Option<BlockInfo>)],
         worker: &mut Option<WorkerRef>,
     ) -> Result<TaskDone, RunFailure> {
@@ -598,7 +641,7 @@ impl<C: ClusterAccess> TaskRun<C> {
             .address(node)
             .await
             .map_err(|error| RunFailure::Unreachable(error.to_string()))?;
-        let mut refs = Vec::with_capacity(objects.len());
+        let mut refs = Vec::with_capacity(inputs.len());
         for (block, info) in inputs {
             // A block packed in a larger object is that object's part.
             let (object, part) = match info.and_then(|info| info.packed) {
@@ -633,6 +676,7 @@ impl<C: ClusterAccess> TaskRun<C> {
                 max_block_bytes: self.config.max_block_bytes,
                 batch_rows: self.config.batch_rows,
                 sink: self.sink.clone(),
+                source,
             })),
             inputs: refs,
         };

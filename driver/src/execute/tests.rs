@@ -1533,3 +1533,204 @@ fn lost_input(tasks: &[crate::cluster::fake::RanTask]) -> Option<ObjectId> {
         _ => None,
     })
 }
+
+/// A read of `files` Parquet files of `rows_per_file` rows each, written into `dir`: `id`
+/// counts up across the files.
+fn read_of_files(dir: &std::path::Path, files: i64, rows_per_file: i64) -> LogicalPlan {
+    let paths: Vec<_> = (0..files)
+        .map(|file| {
+            let ids =
+                Int64Array::from_iter_values(file * rows_per_file..(file + 1) * rows_per_file);
+            let batch = RecordBatch::try_from_iter([("id", Arc::new(ids) as _)]).unwrap();
+            let path = dir.join(format!("part-{file:02}.parquet"));
+            let out = std::fs::File::create(&path).unwrap();
+            let mut writer =
+                parquet::arrow::ArrowWriter::try_new(out, batch.schema(), None).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            path
+        })
+        .collect();
+    LogicalPlan::read(floe_engine::read::discover(FileFormat::Parquet, &paths).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_read_only_a_shuffle_reads_is_split_by_its_own_tasks_as_they_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (5, 40);
+    let plan = read_of_files(dir.path(), files, rows)
+        .random_shuffle(Some(9))
+        .unwrap();
+    let fake = fake(2, 2);
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    assert_ne!(ids, (0..files * rows).collect::<Vec<_>>(), "not shuffled");
+    ids.sort_unstable();
+    assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
+    // One operator: each map task read its file and split the rows it read.
+    let names: Vec<&str> = record
+        .stats
+        .as_ref()
+        .unwrap()
+        .operators
+        .iter()
+        .map(|op| op.name.as_str())
+        .collect();
+    assert_eq!(names, ["read→random_shuffle"]);
+    let tasks = fake.tasks();
+    assert!(tasks.iter().all(|task| task.stage != "read"), "{tasks:?}");
+    let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
+    assert_eq!(maps.len(), files as usize);
+    assert!(
+        maps.iter()
+            .all(|map| map.input_nodes.is_empty() && map.outputs.len() == 1)
+    );
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+#[tokio::test]
+async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (6, 40);
+    let plan = read_of_files(dir.path(), files, rows)
+        .random_shuffle(Some(4))
+        .unwrap();
+    let fake = fake(3, 2);
+    // Map tasks that take a while run side by side, on every node.
+    fake.on_tasks(
+        u32::MAX,
+        |task| task.task.source.is_some(),
+        Fault::Delay(Duration::from_millis(20)),
+    );
+    // The first reduce that reads a map task's object on a third node loses that node.
+    fake.on_tasks(
+        1,
+        |task| {
+            matches!(task.task.input, StageInput::Reduce { .. })
+                && task
+                    .input_nodes
+                    .iter()
+                    .flatten()
+                    .any(|node| *node != task.node && *node != DRIVER_NODE)
+        },
+        Fault::KillInputHolder { spare: DRIVER_NODE },
+    );
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    ids.sort_unstable();
+    assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
+    assert!(
+        stats(&record, "read").rebuilt >= 1,
+        "{:?}",
+        stats(&record, "read")
+    );
+    // The map task that made the lost object read its file again, under its task id, so the
+    // object kept its id.
+    let tasks = fake.tasks();
+    let lost = lost_input(&tasks).expect("a reduce lost an input");
+    let makers: Vec<_> = tasks
+        .iter()
+        .filter(|task| is_map_side(task) && task.outputs.contains(&lost))
+        .collect();
+    assert_eq!(makers.len(), 2, "the lost object was not made again");
+    assert!(makers.iter().all(|map| map.input_nodes.is_empty()));
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+/// The operators `plan` runs, by name, without caching (`Recompute` for the cached ones).
+fn planned_names(plan: LogicalPlan, cache: CacheMode) -> Vec<String> {
+    let planned =
+        crate::plan::plan(&spec(plan, cache), &Default::default(), &driver_config()).unwrap();
+    planned
+        .operators
+        .into_iter()
+        .map(|operator| operator.name)
+        .collect()
+}
+
+/// A read of `files` files that are never opened (planning only stamps them).
+fn read_of_stamps(files: usize) -> LogicalPlan {
+    let stamps = (0..files)
+        .map(|file| floe_core::fingerprint::FileStamp {
+            path: format!("/data/part-{file:03}.parquet").into(),
+            size: 1 << 20,
+            modified_secs: 0,
+            modified_nanos: 0,
+            version: None,
+        })
+        .collect();
+    let schema = arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
+        arrow::datatypes::Field::new("k", arrow::datatypes::DataType::Int64, false),
+    ]);
+    let scan = floe_core::plan::FileScan::new(FileFormat::Parquet, stamps, schema);
+    LogicalPlan::read(scan).unwrap()
+}
+
+#[test]
+fn only_a_read_that_a_hash_or_random_shuffle_alone_reads_is_fused_into_it() {
+    let read = read_of_stamps(4);
+    let sum = || vec![Aggregation::of(AggFunction::Sum, "id")];
+    let none = CacheMode::NoCache;
+    let fused = [
+        (
+            read.random_shuffle(Some(1)).unwrap(),
+            none,
+            "read→random_shuffle",
+        ),
+        (
+            read.repartition(3, &["k"]).unwrap(),
+            none,
+            "read→repartition",
+        ),
+        (
+            read.aggregate(&["k"], sum()).unwrap(),
+            none,
+            "read→aggregate",
+        ),
+        // Caching keeps the shuffle's output, not the read's.
+        (
+            read.unique(&["k"]).unwrap(),
+            CacheMode::Reuse,
+            "read→unique",
+        ),
+    ];
+    for (plan, cache, name) in fused {
+        assert_eq!(planned_names(plan, cache), [name]);
+    }
+    let apart = [
+        // A sort samples all its rows first; a split by position counts them first.
+        (
+            read.sort(vec![SortKey::asc("id")]).unwrap(),
+            none,
+            vec!["read", "sort"],
+        ),
+        (
+            read.repartition(3, &[]).unwrap(),
+            none,
+            vec!["read", "repartition"],
+        ),
+        // The read is read twice, or cached for later jobs.
+        (
+            read.union(&read).unwrap().random_shuffle(Some(1)).unwrap(),
+            none,
+            vec!["read", "union", "random_shuffle"],
+        ),
+        (
+            read.cache().unwrap().random_shuffle(Some(1)).unwrap(),
+            CacheMode::Reuse,
+            vec!["read", "cache", "random_shuffle"],
+        ),
+        // Each of 65 files would be a map task with a part for every partition.
+        (
+            read_of_stamps(65).random_shuffle(Some(1)).unwrap(),
+            none,
+            vec!["read", "random_shuffle"],
+        ),
+    ];
+    for (plan, cache, names) in apart {
+        assert_eq!(planned_names(plan, cache), names);
+    }
+}
