@@ -14,6 +14,7 @@
 use floe_core::plan::task::StageInput;
 use std::collections::BTreeMap;
 
+use arrow::datatypes::{Field, Schema};
 use floe_api::state::{CacheEntry, CacheIndex};
 use floe_core::Fingerprint;
 use floe_core::NodeId;
@@ -21,7 +22,7 @@ use floe_core::fingerprint::FingerprintInputs;
 use floe_core::job::{CacheMode, JobSpec, OutputBlock};
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
-use floe_core::plan::{LogicalPlan, PlanError, WriteSpec};
+use floe_core::plan::{LogicalPlan, PlanError, SortKey, WriteSpec};
 
 use floe_engine::exchange::{Routing, exchange_for};
 use floe_engine::udf::process::process_udfs;
@@ -82,6 +83,9 @@ pub(crate) enum Work {
 pub(crate) struct MapSource {
     pub stage: Stage,
     pub tasks: Vec<StageInput>,
+    /// For a sort: the read narrowed to the sort keys' columns, which its sample tasks read
+    /// (a file each) before its map tasks read the whole rows.
+    pub keys_only: Option<Stage>,
 }
 
 /// Where a cached operator's shards go.
@@ -311,12 +315,14 @@ fn fuse_sources(operators: &mut Vec<PlannedOperator>, output: &mut usize) {
 }
 
 /// Fuses the read feeding shuffle `index` into the shuffle's map side when nothing else reads
-/// it, nothing caches it, and the shuffle splits rows without first looking at all of them
-/// (by key hash or at random, one input): each of the read's tasks then splits the rows it
-/// reads into the shuffle's partitions itself, so they are never written to the object store
-/// as the read's blocks and read back by a map task (Ray fuses a read into the map before a
-/// shuffle the same way). A read of many files keeps its own operator, so the map tasks can
-/// take several files' blocks each. Returns the read's index, to be removed.
+/// it, nothing caches it, and the shuffle splits rows without counting them first (by key
+/// hash, at random, or by sort-key range, one input): each of the read's tasks then splits
+/// the rows it reads into the shuffle's partitions itself, so they are never written to the
+/// object store as the read's blocks and read back by a map task (Ray fuses a read into the
+/// map before a shuffle the same way). A sort's sample tasks read only the key columns of a
+/// file each ([`keys_only`]), so a sort is fused only when its read is a plain one. A read of
+/// many files keeps its own operator, so the map tasks can take several files' blocks each.
+/// Returns the read's index, to be removed.
 fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize> {
     let shuffle = &operators[index];
     let (Work::AllToAll, StageKind::AllToAll(operator), &[producer], None) = (
@@ -327,9 +333,15 @@ fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize>
     ) else {
         return None;
     };
-    let splits_as_it_reads = exchange_for(operator)
-        .is_some_and(|exchange| matches!(exchange.routing(), Routing::Hash | Routing::Random));
     let read = &operators[producer];
+    let (splits_as_it_reads, keys_only) = match exchange_for(operator)?.routing() {
+        Routing::Hash | Routing::Random => (true, None),
+        Routing::Range(keys) => match keys_only(&read.stage, keys) {
+            Some(stage) => (true, Some(stage)),
+            None => (false, None),
+        },
+        Routing::Position => (false, None),
+    };
     let readers = operators
         .iter()
         .filter(|operator| operator.inputs.contains(&producer))
@@ -358,6 +370,7 @@ fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize>
     let map_source = MapSource {
         stage: read.stage.clone(),
         tasks: files,
+        keys_only,
     };
     let name = format!(
         "{}{}{}",
@@ -370,6 +383,38 @@ fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize>
     shuffle.inputs.clear();
     shuffle.map_source = Some(map_source);
     Some(producer)
+}
+
+/// The read `stage` narrowed to the columns of the sort `keys`, for the sort's sample tasks:
+/// `None` unless the stage is a plain read (no row-wise operators, predicate or limit) whose
+/// columns include every key.
+fn keys_only(stage: &Stage, keys: &[SortKey]) -> Option<Stage> {
+    let StageKind::Read(scan) = &stage.kind else {
+        return None;
+    };
+    if !stage.row_ops.is_empty() || scan.predicate.is_some() || scan.limit.is_some() {
+        return None;
+    }
+    let is_key = |name: &String| keys.iter().any(|key| key.column == *name);
+    let fields: Vec<Field> = stage
+        .schema
+        .fields()
+        .iter()
+        .filter(|field| is_key(field.name()))
+        .map(|field| field.as_ref().clone())
+        .collect();
+    let missing = |key: &SortKey| !fields.iter().any(|field| *field.name() == key.column);
+    if keys.iter().any(missing) {
+        return None;
+    }
+    let mut narrowed = scan.clone();
+    // In schema order, as a scan's projection is.
+    narrowed.projection = Some(fields.iter().map(|field| field.name().clone()).collect());
+    Some(Stage {
+        kind: StageKind::Read(narrowed),
+        schema: Schema::new(fields),
+        ..stage.clone()
+    })
 }
 
 /// `range(n)` cut into tasks by `n` alone, so equal plans cut equally.

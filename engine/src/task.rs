@@ -84,20 +84,24 @@ pub fn run_stage_task(
                 fused: source.stage.kind.name().to_owned(),
                 reason,
             };
-            if !matches!(
-                (&stage.kind, task.input),
-                (StageKind::AllToAll(_), StageInput::Partition { .. })
-            ) {
-                return Err(refuse("only a shuffle's map side reads a fused source"));
-            }
-            if !inputs.iter().all(Vec::is_empty) {
-                return Err(refuse("the task has input blocks too"));
+            // Input objects besides the rows it reads: a sort's map task has its boundaries.
+            let besides = match (&stage.kind, task.input) {
+                (
+                    StageKind::AllToAll(_),
+                    StageInput::Partition { .. } | StageInput::Sample { .. },
+                ) => 0,
+                (StageKind::AllToAll(_), StageInput::RangePartition { .. }) => 1,
+                _ => return Err(refuse("only a shuffle's map side reads a fused source")),
+            };
+            if inputs.len() != besides {
+                return Err(refuse("it takes no input blocks but a sort's boundaries"));
             }
             // The agent leases process-UDF children for the task's own stage only.
             if !process_udfs(&source.stage.row_ops)?.is_empty() {
                 return Err(refuse("a fused source calls no process UDFs"));
             }
-            vec![make_rows(&source.stage, source.input, Vec::new(), context)?]
+            let rows = make_rows(&source.stage, source.input, Vec::new(), context)?;
+            std::iter::once(rows).chain(inputs).collect()
         }
     };
     let output = match (&stage.kind, task.input) {

@@ -266,18 +266,36 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     fn start_sampling(&mut self, index: usize) {
-        let groups = self.sample_groups(&self.ops[index].shuffle.sides[0]);
-        let shuffle = &mut self.ops[index].shuffle;
+        // What each sample task reads: a file's keys of a fused read, else a group of input
+        // bundles from one node.
+        let groups: Vec<(Option<StageInput>, Vec<ObjectId>)> = match &self.ops[index].map_source {
+            Some(source) => source
+                .tasks
+                .iter()
+                .map(|file| (Some(*file), Vec::new()))
+                .collect(),
+            None => self
+                .sample_groups(&self.ops[index].shuffle.sides[0])
+                .into_iter()
+                .map(|bundle| (None, bundle.blocks))
+                .collect(),
+        };
+        let shuffle = &self.ops[index].shuffle;
         let total = u64::from(shuffle.partitions) * u64::from(SAMPLE_ROWS_PER_PARTITION);
         let per_group = total.div_ceil(groups.len().max(1) as u64).max(1);
         let rows = u32::try_from(per_group).unwrap_or(u32::MAX);
         let launches: Vec<Launch> = (0u64..)
-            .zip(&groups)
-            .map(|(i, bundle)| {
-                let input = StageInput::Sample { rows, seed: i };
-                compute(SAMPLE_SEQ + i, input, bundle.blocks.clone())
+            .zip(groups)
+            .map(|(i, (source, inputs))| {
+                let recipe = Recipe::Compute {
+                    input: StageInput::Sample { rows, seed: i },
+                    inputs,
+                    source,
+                };
+                Launch::first(SAMPLE_SEQ + i, recipe)
             })
             .collect();
+        let shuffle = &mut self.ops[index].shuffle;
         shuffle.sample_tasks = launches.len() as u64;
         shuffle.phase = ShufflePhase::Sampling;
         self.ops[index].ready.extend(launches);
@@ -292,17 +310,29 @@ impl<C: ClusterAccess> Execution<C> {
         if let Some(source) = &self.ops[index].map_source {
             // Each of the fused read's tasks is a map task; the split by row position needs
             // the rows before it, so it is never fused.
-            for (task, input) in (0u64..).zip(&source.tasks) {
+            for (task, file) in (0u64..).zip(&source.tasks) {
+                let (input, inputs) = match shuffle.boundaries {
+                    Some(boundaries) if ranged => (
+                        StageInput::RangePartition {
+                            partitions: shuffle.partitions,
+                        },
+                        vec![boundaries],
+                    ),
+                    _ => (
+                        StageInput::Partition {
+                            partitions: shuffle.partitions,
+                            side: 0,
+                            offset: 0,
+                            total: 0,
+                            seed: seed ^ task.rotate_left(32),
+                        },
+                        Vec::new(),
+                    ),
+                };
                 let recipe = Recipe::Compute {
-                    input: StageInput::Partition {
-                        partitions: shuffle.partitions,
-                        side: 0,
-                        offset: 0,
-                        total: 0,
-                        seed: seed ^ task.rotate_left(32),
-                    },
-                    inputs: Vec::new(),
-                    source: Some(*input),
+                    input,
+                    inputs,
+                    source: Some(*file),
                 };
                 launches.push(Launch::first(PARTITION_SEQ + task, recipe));
             }

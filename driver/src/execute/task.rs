@@ -613,9 +613,13 @@ impl<C: ClusterAccess> TaskRun<C> {
                 self.config.tasks.placed(self.job, launch.task, node);
                 let fused = source
                     .zip(self.map_source.as_ref())
-                    .map(|(input, map_source)| FusedSource {
-                        stage: map_source.stage.clone(),
-                        input,
+                    .map(|(file, map_source)| FusedSource {
+                        // A sort's sample task reads only the keys.
+                        stage: match (input, &map_source.keys_only) {
+                            (StageInput::Sample { .. }, Some(keys)) => keys.clone(),
+                            _ => map_source.stage.clone(),
+                        },
+                        input: file,
                     });
                 let result = self
                     .run_on(node, launch.task, *input, fused, inputs, worker)

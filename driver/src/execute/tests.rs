@@ -1670,7 +1670,7 @@ fn read_of_stamps(files: usize) -> LogicalPlan {
 }
 
 #[test]
-fn only_a_read_that_a_hash_or_random_shuffle_alone_reads_is_fused_into_it() {
+fn only_a_read_that_one_shuffle_alone_reads_is_fused_into_its_map_side() {
     let read = read_of_stamps(4);
     let sum = || vec![Aggregation::of(AggFunction::Sum, "id")];
     let none = CacheMode::NoCache;
@@ -1696,16 +1696,25 @@ fn only_a_read_that_a_hash_or_random_shuffle_alone_reads_is_fused_into_it() {
             CacheMode::Reuse,
             "read→unique",
         ),
+        (
+            read.sort(vec![SortKey::desc("k")]).unwrap(),
+            none,
+            "read→sort",
+        ),
     ];
     for (plan, cache, name) in fused {
         assert_eq!(planned_names(plan, cache), [name]);
     }
     let apart = [
-        // A sort samples all its rows first; a split by position counts them first.
+        // A split by position counts the rows first; a sort's samples read only the keys of
+        // a plain read.
         (
-            read.sort(vec![SortKey::asc("id")]).unwrap(),
+            read.with_column("j", col("k") + lit(1i64))
+                .unwrap()
+                .sort(vec![SortKey::asc("j")])
+                .unwrap(),
             none,
-            vec!["read", "sort"],
+            vec!["read→with_column", "sort"],
         ),
         (
             read.repartition(3, &[]).unwrap(),
@@ -1733,4 +1742,57 @@ fn only_a_read_that_a_hash_or_random_shuffle_alone_reads_is_fused_into_it() {
     for (plan, cache, names) in apart {
         assert_eq!(planned_names(plan, cache), names);
     }
+}
+
+#[tokio::test]
+async fn a_sort_fused_with_its_read_samples_the_keys_of_each_file_then_splits_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (4, 50);
+    let plan = read_of_files(dir.path(), files, rows)
+        .sort(vec![SortKey::desc("id")])
+        .unwrap();
+    let fake = fake(2, 2);
+    // The columns each fused sample task reads.
+    let sampled: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = Arc::clone(&sampled);
+    fake.on_tasks(
+        u32::MAX,
+        move |task| {
+            if let (StageInput::Sample { .. }, Some(source)) = (task.task.input, &task.task.source)
+            {
+                let columns = source
+                    .stage
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone());
+                seen.lock().unwrap().push(columns.collect());
+            }
+            false
+        },
+        Fault::Delay(Duration::ZERO),
+    );
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    assert_eq!(ids, (0..files * rows).rev().collect::<Vec<_>>());
+    let names: Vec<&str> = record
+        .stats
+        .as_ref()
+        .unwrap()
+        .operators
+        .iter()
+        .map(|op| op.name.as_str())
+        .collect();
+    assert_eq!(names, ["read→sort"]);
+    assert_eq!(
+        *sampled.lock().unwrap(),
+        vec![vec!["id".to_owned()]; files as usize]
+    );
+    let tasks = fake.tasks();
+    let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
+    assert_eq!(maps.len(), files as usize);
+    // A map task's one input block is the boundaries: it read its rows from its file.
+    assert!(maps.iter().all(|map| map.input_nodes.len() == 1));
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
 }
