@@ -13,7 +13,7 @@ use floe_engine::exchange::{Exchange, Routing, SAMPLE_ROWS_PER_PARTITION, exchan
 use super::Execution;
 use super::aggregators::Aggregators;
 use super::blocks::Bundle;
-use super::task::{Launch, Recipe, compute, input_bytes};
+use super::task::{Launch, Recipe, compute};
 use crate::cluster::ClusterAccess;
 
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
@@ -160,16 +160,10 @@ impl<C: ClusterAccess> Execution<C> {
                     return;
                 }
                 let (bundles, bytes) = match &op.map_source {
-                    // What the read's tasks would have made: one bundle per file, its bytes
-                    // those of the files.
-                    Some(source) => (
-                        source.tasks.len(),
-                        source
-                            .tasks
-                            .iter()
-                            .map(|input| input_bytes(&source.stage, input, &[]))
-                            .sum(),
-                    ),
+                    // A fused read's rows are not read yet, and its files' sizes understate
+                    // them when compressed (a Parquet file can hold ten times its size): one
+                    // partition per file, as many as the rule gives a read of large files.
+                    Some(source) => (source.tasks.len(), u64::MAX),
                     None => (
                         op.shuffle.sides.iter().map(Vec::len).sum(),
                         op.shuffle

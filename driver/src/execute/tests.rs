@@ -1585,6 +1585,12 @@ async fn a_read_only_a_shuffle_reads_is_split_by_its_own_tasks_as_they_read() {
         maps.iter()
             .all(|map| map.input_nodes.is_empty() && map.outputs.len() == 1)
     );
+    // One partition per file: the files' sizes do not tell how many bytes their rows take.
+    let reduces = tasks
+        .iter()
+        .filter(|task| matches!(task.input, StageInput::Reduce { .. }))
+        .count();
+    assert_eq!(reduces, files as usize);
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
     assert_eq!(fake.stored_objects(), outputs);
 }
