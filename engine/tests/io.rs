@@ -544,7 +544,7 @@ fn a_reordering_reduce_writes_its_sink_in_the_order_of_the_whole_partition() {
         left: 0,
         seed: 99,
     };
-    let permuted = floe_engine::exchange::random::permute(&blocks, &schema, 99).unwrap();
+    let permuted = floe_engine::exchange::random::interleave(&blocks, &schema, 99).unwrap();
     for (name, plan, expected) in [
         (
             "sorted",

@@ -19,7 +19,7 @@ use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
 use floe_engine::exchange::aggregate::aggregate;
 use floe_engine::exchange::join::{JoinSide, join};
 use floe_engine::exchange::keys::{hash_partition, most_frequent_key};
-use floe_engine::exchange::random::{permute, random_partition};
+use floe_engine::exchange::random::{interleave, random_partition};
 use floe_engine::exchange::repartition::split_by_position;
 use floe_engine::exchange::sort::{range_boundaries, range_partition, sample_keys, sort_batches};
 use floe_engine::exchange::unique::unique;
@@ -1023,8 +1023,8 @@ fn unique_treats_signed_zeros_and_nans_as_one_value_each() {
 // ---------------------------------------------------------------------------------------------
 // random shuffle
 
-/// Random partitioning of each block (seeded per block, as the executor does), then a
-/// permutation of each partition: the ids in output order.
+/// Random partitioning of each block (seeded per block, each part in an order of its own, as
+/// the executor does), then each partition's parts interleaved: the ids in output order.
 fn shuffled_ids(blocks: &[RecordBatch], n: u32, seed: u64) -> Vec<i64> {
     let schema = blocks[0].schema();
     let mut parts = vec![Vec::new(); n as usize];
@@ -1040,7 +1040,7 @@ fn shuffled_ids(blocks: &[RecordBatch], n: u32, seed: u64) -> Vec<i64> {
     parts
         .iter()
         .flat_map(|pieces| {
-            let permuted = permute(pieces, &schema, seed).unwrap();
+            let permuted = interleave(pieces, &schema, seed).unwrap();
             assert_eq!(permuted.schema(), schema);
             ints(&permuted, "id").into_iter().map(Option::unwrap)
         })
@@ -1086,7 +1086,7 @@ fn shuffle_kernels_handle_empty_input_and_a_single_row() {
             .iter()
             .all(|p| p.num_rows() == 0 && p.schema() == schema)
     );
-    assert_eq!(permute(&[], &schema, 7).unwrap().num_rows(), 0);
+    assert_eq!(interleave(&[], &schema, 7).unwrap().num_rows(), 0);
     let one = batch(vec![("id", int64s([Some(5)]))]);
     assert_eq!(shuffled_ids(&[one], 4, 9), vec![5]);
 }

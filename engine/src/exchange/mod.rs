@@ -511,7 +511,7 @@ mod tests {
                 })
                 .collect()
         };
-        let whole = random::permute(&pieces, &schema, 17).unwrap();
+        let whole = random::interleave(&pieces, &schema, 17).unwrap();
         assert_eq!(ids(&blocks), ids(std::slice::from_ref(&whole)));
         assert_eq!(blocks.iter().map(|b| b.num_rows()).sum::<usize>(), 400_000);
         assert!(blocks.iter().all(|b| b.column(1).null_count() == 0));

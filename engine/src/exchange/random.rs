@@ -1,5 +1,10 @@
-//! Random shuffle: each row goes to a partition drawn from the task's seed, and each reduce
-//! task permutes its partition with a seeded Fisher-Yates shuffle, so a seed fixes the order.
+//! Random shuffle: each row goes to a partition drawn from the task's seed, each map task
+//! puts each of its parts in a random order of its own (seeded Fisher-Yates), and each reduce
+//! interleaves its partition's parts at random, reading each part in its order. A part is
+//! permuted while it is small, where it lies in the cache; the reduce then reads its parts
+//! front to back instead of gathering every row from anywhere in the partition. The result is
+//! a uniformly random order of the partition: every interleaving is as likely as any other,
+//! and so is every order of each part. A seed fixes the order.
 
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -9,17 +14,40 @@ use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, route_e
 use crate::Result;
 use floe_core::plan::SeedChoice;
 
-/// Random partitioning: each row goes to a partition drawn from a PRNG seeded with `seed`, so
-/// the split is the same on every run. Returns `n` batches.
+/// A map task's random partitioning of one block: each row goes to a partition drawn from a
+/// PRNG seeded with `seed`, and each partition's rows are put in a random order drawn from
+/// `seed` too, so the split is the same on every run. Returns `n` batches.
 pub fn random_partition(batch: &RecordBatch, n: u32, seed: u64) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(n)?;
-    scatter(
+    let split = scatter(
         std::slice::from_ref(batch),
         batch.schema_ref(),
         &[random_partitions(batch.num_rows(), parts, seed)],
         parts,
-    )
+    )?;
+    permute_parts(split, batch.schema_ref(), seed)
 }
+
+/// Each of a map task's `parts` (of `schema`) in a random order of its own, drawn from
+/// `seed`.
+fn permute_parts(
+    parts: Vec<RecordBatch>,
+    schema: &SchemaRef,
+    seed: u64,
+) -> Result<Vec<RecordBatch>> {
+    // Apart from the partitions' stream, which is seeded with `seed` and row offsets.
+    let mut seeds = SplitMix64::new(seed.rotate_left(32) ^ PART_ORDER_SEED);
+    parts
+        .into_iter()
+        .map(|part| {
+            let order = permutation(vec![part], schema.clone(), seeds.next_u64());
+            order.gather_all()
+        })
+        .collect()
+}
+
+/// Mixed into a map task's seed for the orders of its parts.
+const PART_ORDER_SEED: u64 = 0x5851_F42D_4C95_7F2D;
 
 /// The partition (below `parts`) of each of `rows` rows, as [`random_partition`] draws it.
 fn random_partitions(rows: usize, parts: usize, seed: u64) -> Vec<usize> {
@@ -27,14 +55,41 @@ fn random_partitions(rows: usize, parts: usize, seed: u64) -> Vec<usize> {
     (0..rows).map(|_| scale(random.next_u64(), parts)).collect()
 }
 
-/// A permutation of the rows of the concatenation of `batches` (Fisher-Yates with a PRNG seeded
-/// with `seed`, so the same seed gives the same order). The permutation is drawn over (block,
-/// row) positions and the rows are gathered once, without concatenating the blocks first.
-pub fn permute(batches: &[RecordBatch], schema: &SchemaRef, seed: u64) -> Result<RecordBatch> {
-    permutation(batches.to_vec(), schema.clone(), seed).gather_all()
+/// A reduce's order of its partition: the rows of `batches` interleaved at random (drawn from
+/// a PRNG seeded with `seed`, so the same seed gives the same order), each batch read in its
+/// own order. When each batch's rows are in a uniformly random order of their own, as a map
+/// task leaves its parts, every order of all the rows is equally likely.
+pub fn interleave(batches: &[RecordBatch], schema: &SchemaRef, seed: u64) -> Result<RecordBatch> {
+    interleaving(batches.to_vec(), schema.clone(), seed).gather_all()
 }
 
-/// The order [`permute`] gathers the rows in.
+/// The order [`interleave`] gathers the rows in: each output row's batch is drawn by a
+/// Fisher-Yates shuffle of the batch numbers (one per row), and takes that batch's next row.
+fn interleaving(batches: Vec<RecordBatch>, schema: SchemaRef, seed: u64) -> Reordering {
+    let mut random = SplitMix64::new(seed);
+    let mut sources: Vec<usize> = batches
+        .iter()
+        .enumerate()
+        .flat_map(|(index, batch)| std::iter::repeat_n(index, batch.num_rows()))
+        .collect();
+    for last in (1..sources.len()).rev() {
+        let other = scale(random.next_u64(), last + 1);
+        sources.swap(last, other);
+    }
+    let mut next = vec![0; batches.len()];
+    let order = sources
+        .into_iter()
+        .map(|index| {
+            let row = next[index];
+            next[index] += 1;
+            (index, row)
+        })
+        .collect();
+    Reordering::new(batches, schema, order)
+}
+
+/// A uniformly random order of the rows of `batches` (Fisher-Yates over (block, row)
+/// positions with a PRNG seeded with `seed`).
 fn permutation(batches: Vec<RecordBatch>, schema: SchemaRef, seed: u64) -> Reordering {
     let mut random = SplitMix64::new(seed);
     let mut order: Vec<(usize, usize)> = batches
@@ -68,19 +123,20 @@ impl Exchange for RandomShuffle {
 
     fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
         let parts = partition_count(task.partitions)?;
-        route_each(task, &batches, |batch, offset| {
+        let split = route_each(task, &batches, |batch, offset| {
             Ok(random_partitions(
                 batch.num_rows(),
                 parts,
                 task.seed ^ offset,
             ))
-        })
+        })?;
+        permute_parts(split, task.schema, task.seed)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let schema = task.schema(0)?.clone();
         let seed = task.seed;
-        Ok(Reduced::Reordered(permutation(
+        Ok(Reduced::Reordered(interleaving(
             task.into_batches(),
             schema,
             seed,
@@ -102,8 +158,9 @@ mod tests {
 
     use super::*;
 
-    /// Every order of four rows (in two blocks) comes out about equally often over many seeds,
-    /// each row whole.
+    /// Every order of four rows (two map tasks' blocks of two, into one partition) comes out
+    /// about equally often over many seeds, each row whole: the map tasks' orders of their
+    /// parts and the reduce's interleaving make every order equally likely.
     #[test]
     fn every_order_of_the_rows_is_about_equally_likely() {
         let schema = Arc::new(Schema::new(vec![
@@ -122,7 +179,12 @@ mod tests {
         const DRAWS: u64 = 24 * 200;
         let mut seen: BTreeMap<Vec<i64>, u64> = BTreeMap::new();
         for seed in 0..DRAWS {
-            let permuted = permute(&blocks, &schema, seed).unwrap();
+            let parts: Vec<RecordBatch> = blocks
+                .iter()
+                .zip([seed, !seed])
+                .flat_map(|(block, map_seed)| random_partition(block, 1, map_seed).unwrap())
+                .collect();
+            let permuted = interleave(&parts, &schema, seed.rotate_left(7)).unwrap();
             let ids = permuted
                 .column(0)
                 .as_any()
