@@ -301,31 +301,34 @@ impl<C: ClusterAccess> Execution<C> {
         let mut launches = Vec::new();
         let shuffle = &self.ops[index].shuffle;
         let mut left_maps = 0;
+        // Map task `task`'s split of its side's rows `offset..` of `total`, and the block it
+        // reads besides its rows (a sort's boundaries).
+        let split = |task: u64, side: u8, offset: u64, total: u64| match shuffle.boundaries {
+            Some(boundaries) if ranged => (
+                StageInput::RangePartition {
+                    partitions: shuffle.partitions,
+                },
+                Some(boundaries),
+            ),
+            _ => (
+                StageInput::Partition {
+                    partitions: shuffle.partitions,
+                    side,
+                    offset,
+                    total,
+                    seed: seed ^ task.rotate_left(32),
+                },
+                None,
+            ),
+        };
         if let Some(source) = &self.ops[index].map_source {
-            // Each of the fused read's tasks is a map task; the split by row position needs
-            // the rows before it, so it is never fused.
+            // Each of the fused read's tasks is a map task; a split by row position needs
+            // the rows' places, so it is never fused.
             for (task, file) in (0u64..).zip(&source.tasks) {
-                let (input, inputs) = match shuffle.boundaries {
-                    Some(boundaries) if ranged => (
-                        StageInput::RangePartition {
-                            partitions: shuffle.partitions,
-                        },
-                        vec![boundaries],
-                    ),
-                    _ => (
-                        StageInput::Partition {
-                            partitions: shuffle.partitions,
-                            side: 0,
-                            offset: 0,
-                            total: 0,
-                            seed: seed ^ task.rotate_left(32),
-                        },
-                        Vec::new(),
-                    ),
-                };
+                let (input, boundaries) = split(task, 0, 0, 0);
                 let recipe = Recipe::Compute {
                     input,
-                    inputs,
+                    inputs: boundaries.into_iter().collect(),
                     source: Some(*file),
                 };
                 launches.push(Launch::first(PARTITION_SEQ + task, recipe));
@@ -344,23 +347,12 @@ impl<C: ClusterAccess> Execution<C> {
             let total: u64 = bundles.iter().map(rows).sum();
             let mut offset = 0;
             for bundle in &bundles {
-                let seq = PARTITION_SEQ + launches.len() as u64;
+                let task = launches.len() as u64;
+                let side = u8::try_from(side).unwrap_or(u8::MAX);
+                let (input, boundaries) = split(task, side, offset, total);
                 let mut inputs = bundle.blocks.clone();
-                let input = match shuffle.boundaries {
-                    Some(boundaries) if ranged => {
-                        inputs.push(boundaries);
-                        StageInput::RangePartition {
-                            partitions: shuffle.partitions,
-                        }
-                    }
-                    _ => StageInput::Partition {
-                        partitions: shuffle.partitions,
-                        side: u8::try_from(side).unwrap_or(u8::MAX),
-                        offset,
-                        total,
-                        seed: seed ^ (seq - PARTITION_SEQ).rotate_left(32),
-                    },
-                };
+                inputs.extend(boundaries);
+                let seq = PARTITION_SEQ + task;
                 offset += rows(bundle);
                 launches.push(compute(seq, input, inputs));
             }
