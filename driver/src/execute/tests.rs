@@ -1318,14 +1318,33 @@ async fn a_skewed_shuffles_map_objects_are_freed_once_read_not_at_the_jobs_end()
 #[tokio::test]
 async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
     let fake = fake(3, 2);
-    // Map tasks that take a while run side by side, in leases on every node (tasks that end
-    // at once could all run in the two CPUs of one node's lease).
-    fake.on_tasks(
-        u32::MAX,
-        |task| matches!(task.task.input, StageInput::RangePartition { .. }),
-        Fault::Delay(Duration::from_millis(20)),
+    lose_a_map_object_to_a_reduce(&fake, |task| {
+        matches!(task.task.input, StageInput::RangePartition { .. })
+    });
+    let record = run_exact_sort(&fake, 600).await;
+    assert!(
+        stats(&record, "sort").rebuilt >= 1,
+        "{:?}",
+        stats(&record, "sort")
     );
-    // The first reduce that reads a map task's object on a third node loses that node.
+    // The rebuilt map task ran under its task id again, so its object kept its id.
+    let tasks = fake.tasks();
+    assert!(
+        makers_of_the_lost_input(&tasks).len() >= 2,
+        "the lost object was not made again"
+    );
+    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+    assert_eq!(fake.stored_objects(), outputs);
+}
+
+/// Map tasks for which `is_map` holds take a while, so they run side by side, in leases on
+/// every node (tasks that end at once could all run in the two CPUs of one node's lease); the
+/// first reduce that reads a map task's object on a third node loses that node.
+fn lose_a_map_object_to_a_reduce(
+    fake: &FakeCluster,
+    is_map: impl Fn(&TaskView<'_>) -> bool + Send + 'static,
+) {
+    fake.on_tasks(u32::MAX, is_map, Fault::Delay(Duration::from_millis(20)));
     fake.on_tasks(
         1,
         |task| {
@@ -1338,22 +1357,17 @@ async fn a_map_object_lost_with_its_node_is_rebuilt_and_the_sort_stays_exact() {
         },
         Fault::KillInputHolder { spare: DRIVER_NODE },
     );
-    let record = run_exact_sort(&fake, 600).await;
-    assert!(
-        stats(&record, "sort").rebuilt >= 1,
-        "{:?}",
-        stats(&record, "sort")
-    );
-    // The rebuilt map task ran under its task id again, so its object kept its id.
-    let tasks = fake.tasks();
-    let lost = lost_input(&tasks).expect("a reduce lost an input");
-    let makers: Vec<_> = tasks
+}
+
+/// The runs of the map task that made the input a reduce found lost.
+fn makers_of_the_lost_input(
+    tasks: &[crate::cluster::fake::RanTask],
+) -> Vec<&crate::cluster::fake::RanTask> {
+    let lost = lost_input(tasks).expect("a reduce lost an input");
+    tasks
         .iter()
         .filter(|task| is_map_side(task) && task.outputs.contains(&lost))
-        .collect();
-    assert!(makers.len() >= 2, "the lost object was not made again");
-    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
-    assert_eq!(fake.stored_objects(), outputs);
+        .collect()
 }
 
 #[tokio::test]
@@ -1603,25 +1617,7 @@ async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
         .random_shuffle(Some(4))
         .unwrap();
     let fake = fake(3, 2);
-    // Map tasks that take a while run side by side, on every node.
-    fake.on_tasks(
-        u32::MAX,
-        |task| task.task.source.is_some(),
-        Fault::Delay(Duration::from_millis(20)),
-    );
-    // The first reduce that reads a map task's object on a third node loses that node.
-    fake.on_tasks(
-        1,
-        |task| {
-            matches!(task.task.input, StageInput::Reduce { .. })
-                && task
-                    .input_nodes
-                    .iter()
-                    .flatten()
-                    .any(|node| *node != task.node && *node != DRIVER_NODE)
-        },
-        Fault::KillInputHolder { spare: DRIVER_NODE },
-    );
+    lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
     let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
     ids.sort_unstable();
@@ -1634,18 +1630,14 @@ async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
     // The map task that made the lost object read its file again, under its task id, so the
     // object kept its id.
     let tasks = fake.tasks();
-    let lost = lost_input(&tasks).expect("a reduce lost an input");
-    let makers: Vec<_> = tasks
-        .iter()
-        .filter(|task| is_map_side(task) && task.outputs.contains(&lost))
-        .collect();
+    let makers = makers_of_the_lost_input(&tasks);
     assert_eq!(makers.len(), 2, "the lost object was not made again");
     assert!(makers.iter().all(|map| map.input_nodes.is_empty()));
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
     assert_eq!(fake.stored_objects(), outputs);
 }
 
-/// The operators `plan` runs, by name, without caching (`Recompute` for the cached ones).
+/// The names of the operators `plan` runs with `cache`.
 fn planned_names(plan: LogicalPlan, cache: CacheMode) -> Vec<String> {
     let planned =
         crate::plan::plan(&spec(plan, cache), &Default::default(), &driver_config()).unwrap();
