@@ -1548,6 +1548,12 @@ fn lost_input(tasks: &[crate::cluster::fake::RanTask]) -> Option<ObjectId> {
     })
 }
 
+/// The names of the operators the job ran, in order.
+fn operator_names(record: &JobRecord) -> Vec<&str> {
+    let stats = record.stats.as_ref().expect("the job has stats");
+    stats.operators.iter().map(|op| op.name.as_str()).collect()
+}
+
 /// A read of `files` Parquet files of `rows_per_file` rows each, written into `dir`: `id`
 /// counts up across the files.
 fn read_of_files(dir: &std::path::Path, files: i64, rows_per_file: i64) -> LogicalPlan {
@@ -1582,15 +1588,7 @@ async fn a_read_only_a_shuffle_reads_is_split_by_its_own_tasks_as_they_read() {
     ids.sort_unstable();
     assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
     // One operator: each map task read its file and split the rows it read.
-    let names: Vec<&str> = record
-        .stats
-        .as_ref()
-        .unwrap()
-        .operators
-        .iter()
-        .map(|op| op.name.as_str())
-        .collect();
-    assert_eq!(names, ["read→random_shuffle"]);
+    assert_eq!(operator_names(&record), ["read→random_shuffle"]);
     let tasks = fake.tasks();
     assert!(tasks.iter().all(|task| task.stage != "read"), "{tasks:?}");
     let maps: Vec<_> = tasks.iter().filter(|task| is_map_side(task)).collect();
@@ -1773,15 +1771,7 @@ async fn a_sort_fused_with_its_read_samples_the_keys_of_each_file_then_splits_it
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
     let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
     assert_eq!(ids, (0..files * rows).rev().collect::<Vec<_>>());
-    let names: Vec<&str> = record
-        .stats
-        .as_ref()
-        .unwrap()
-        .operators
-        .iter()
-        .map(|op| op.name.as_str())
-        .collect();
-    assert_eq!(names, ["read→sort"]);
+    assert_eq!(operator_names(&record), ["read→sort"]);
     assert_eq!(
         *sampled.lock().unwrap(),
         vec![vec!["id".to_owned()]; files as usize]
