@@ -123,10 +123,14 @@ pub(super) struct HotPartition {
 /// Ray's rule for a shuffle the user gave no partition count: one partition per target block
 /// of input bytes (`data.max_block_size`), at least one, and at most one per input bundle
 /// (the parallelism the input already has) and [`MAX_DEFAULT_PARTITIONS`], so six rows sort
-/// in one partition however many files they came from.
-fn default_partitions(bundles: usize, bytes: u64, target_block_bytes: u64) -> u32 {
-    let by_size = usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX);
+/// in one partition however many files they came from. `bytes` is `None` when the input's
+/// size is not known before it is read (a fused read: its files' sizes understate compressed
+/// rows, a Parquet file can hold ten times its size): then one partition per bundle.
+fn default_partitions(bundles: usize, bytes: Option<u64>, target_block_bytes: u64) -> u32 {
     let most = bundles.clamp(1, MAX_DEFAULT_PARTITIONS);
+    let by_size = bytes.map_or(most, |bytes| {
+        usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX)
+    });
     u32::try_from(by_size.clamp(1, most)).unwrap_or(1)
 }
 
@@ -159,21 +163,21 @@ impl<C: ClusterAccess> Execution<C> {
                 if !op.inputs_ended() {
                     return;
                 }
+                // A fused read's bundles are its files, whose rows are not read yet.
                 let (bundles, bytes) = match &op.map_source {
-                    // A fused read's rows are not read yet, and its files' sizes understate
-                    // them when compressed (a Parquet file can hold ten times its size): one
-                    // partition per file, as many as the rule gives a read of large files.
-                    Some(source) => (source.tasks.len(), u64::MAX),
+                    Some(source) => (source.tasks.len(), None),
                     None => (
                         op.shuffle.sides.iter().map(Vec::len).sum(),
-                        op.shuffle
-                            .sides
-                            .iter()
-                            .flatten()
-                            .flat_map(|bundle| &bundle.blocks)
-                            .filter_map(|block| self.blocks.get(block))
-                            .map(|info| info.bytes)
-                            .sum(),
+                        Some(
+                            op.shuffle
+                                .sides
+                                .iter()
+                                .flatten()
+                                .flat_map(|bundle| &bundle.blocks)
+                                .filter_map(|block| self.blocks.get(block))
+                                .map(|info| info.bytes)
+                                .sum(),
+                        ),
                     ),
                 };
                 let target = self.config.max_block_bytes;
