@@ -360,7 +360,6 @@ fn fuse_source(operators: &mut [PlannedOperator], index: usize) -> Option<usize>
         && readers == 1
         && matches!(read.stage.kind, StageKind::Read(_))
         && read.cache.is_none()
-        && read.sink.is_none()
         && files.len() <= MAX_FUSED_MAP_TASKS
         // The agent leases process-UDF children for a task's own stage only.
         && process_udfs(&read.stage.row_ops).is_ok_and(|udfs| udfs.is_empty());
