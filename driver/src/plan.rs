@@ -14,7 +14,6 @@
 use floe_core::plan::task::StageInput;
 use std::collections::BTreeMap;
 
-use arrow::datatypes::{Field, Schema};
 use floe_api::state::{CacheEntry, CacheIndex};
 use floe_core::Fingerprint;
 use floe_core::NodeId;
@@ -22,7 +21,7 @@ use floe_core::fingerprint::FingerprintInputs;
 use floe_core::job::{CacheMode, JobSpec, OutputBlock};
 use floe_core::plan::optimizer::Optimizer;
 use floe_core::plan::physical::{PhysicalPlan, Stage, StageKind};
-use floe_core::plan::{LogicalPlan, PlanError, SortKey, WriteSpec};
+use floe_core::plan::{FileScan, LogicalPlan, PlanError, SortKey, WriteSpec};
 
 use floe_engine::exchange::{Routing, exchange_for};
 use floe_engine::udf::process::process_udfs;
@@ -394,24 +393,25 @@ fn keys_only(stage: &Stage, keys: &[SortKey]) -> Option<Stage> {
     if !stage.row_ops.is_empty() || scan.predicate.is_some() || scan.limit.is_some() {
         return None;
     }
-    let is_key = |name: &String| keys.iter().any(|key| key.column == *name);
-    let fields: Vec<Field> = stage
+    // In schema order, as a scan's projection is.
+    let columns: Vec<String> = stage
         .schema
         .fields()
         .iter()
-        .filter(|field| is_key(field.name()))
-        .map(|field| field.as_ref().clone())
+        .map(|field| field.name().clone())
+        .filter(|name| keys.iter().any(|key| key.column == *name))
         .collect();
-    let missing = |key: &SortKey| !fields.iter().any(|field| *field.name() == key.column);
-    if keys.iter().any(missing) {
+    if keys.iter().any(|key| !columns.contains(&key.column)) {
         return None;
     }
-    let mut narrowed = scan.clone();
-    // In schema order, as a scan's projection is.
-    narrowed.projection = Some(fields.iter().map(|field| field.name().clone()).collect());
+    let narrowed = FileScan {
+        projection: Some(columns),
+        ..scan.clone()
+    };
+    let schema = LogicalPlan::read(narrowed.clone()).ok()?.schema().clone();
     Some(Stage {
         kind: StageKind::Read(narrowed),
-        schema: Schema::new(fields),
+        schema,
         ..stage.clone()
     })
 }
