@@ -76,18 +76,33 @@ pub struct TestClusterConfig {
     pub tls: TlsConfig,
 }
 
+/// The secrets every cluster of this test process shares, in a directory of their own.
+static CREDENTIALS: std::sync::OnceLock<LocalCredentials> = std::sync::OnceLock::new();
+
+/// Removes the shared credentials' directory as the test process exits: a static is never
+/// dropped, and each test binary run would otherwise leave a tokens file in the temp dir.
+extern "C" fn remove_credentials() {
+    if let Some(dir) = CREDENTIALS.get().and_then(|c| c.tokens_file.parent()) {
+        // Nothing is left to report a failure to.
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 impl TestClusterConfig {
     /// One scheduler replica, nodes of two workers, default settings, and the secrets every
     /// cluster of this test process shares (so configs built twice agree).
     pub fn new(binary: impl Into<PathBuf>) -> Self {
-        static CREDENTIALS: std::sync::OnceLock<LocalCredentials> = std::sync::OnceLock::new();
         let credentials = CREDENTIALS.get_or_init(|| {
-            // The tokens file outlives every cluster of the process.
+            // The tokens file outlives every cluster of the process; it is removed at exit.
             let dir = tempfile::Builder::new()
                 .prefix("floe-test-credentials-")
                 .tempdir()
                 .unwrap()
                 .keep();
+            // SAFETY: `remove_credentials` is a plain function that neither unwinds nor
+            // calls `exit`, as `atexit` asks.
+            let registered = unsafe { libc::atexit(remove_credentials) };
+            assert_eq!(registered, 0, "atexit refused the credentials' removal");
             LocalCredentials::generate(&dir).unwrap()
         });
         Self {
