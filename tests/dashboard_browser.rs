@@ -30,12 +30,16 @@ const WAIT: Duration = Duration::from_secs(60);
 struct Driver {
     child: Child,
     addr: String,
+    /// The temp dir of chromedriver and its browsers (profiles, shared-memory files), removed
+    /// after the driver is killed: a session killed with it leaves its files there.
+    _temp: tempfile::TempDir,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // `_temp` is removed after this, as the fields drop.
     }
 }
 
@@ -57,8 +61,13 @@ impl Driver {
             .local_addr()
             .unwrap()
             .port();
+        let temp = tempfile::Builder::new()
+            .prefix("floe-browser-")
+            .tempdir()
+            .unwrap();
         let child = Command::new(binary)
             .arg(format!("--port={port}"))
+            .env("TMPDIR", temp.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -66,6 +75,7 @@ impl Driver {
         let driver = Self {
             child,
             addr: format!("127.0.0.1:{port}"),
+            _temp: temp,
         };
         wait_for("chromedriver to listen", WAIT, || {
             std::net::TcpStream::connect(&driver.addr).ok()
