@@ -15,6 +15,7 @@ use super::aggregators::Aggregators;
 use super::blocks::Bundle;
 use super::task::{Launch, Recipe, compute};
 use crate::cluster::ClusterAccess;
+use crate::plan::MapSource;
 
 /// Sequence numbers of a shuffle's map-side tasks sit above every reduce partition's (a
 /// reduce task's sequence number is its partition, which is its place in the output).
@@ -123,15 +124,34 @@ pub(super) struct HotPartition {
 /// Ray's rule for a shuffle the user gave no partition count: one partition per target block
 /// of input bytes (`data.max_block_size`), at least one, and at most one per input bundle
 /// (the parallelism the input already has) and [`MAX_DEFAULT_PARTITIONS`], so six rows sort
-/// in one partition however many files they came from. `bytes` is `None` when the input's
-/// size is not known before it is read (a fused read: its files' sizes understate compressed
-/// rows, a Parquet file can hold ten times its size): then one partition per bundle.
-fn default_partitions(bundles: usize, bytes: Option<u64>, target_block_bytes: u64) -> u32 {
+/// in one partition however many files they came from.
+fn default_partitions(bundles: usize, bytes: u64, target_block_bytes: u64) -> u32 {
     let most = bundles.clamp(1, MAX_DEFAULT_PARTITIONS);
-    let by_size = bytes.map_or(most, |bytes| {
-        usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX)
-    });
+    let by_size = usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX);
     u32::try_from(by_size.clamp(1, most)).unwrap_or(1)
+}
+
+/// How many bytes a fused read's rows are taken to fill per byte of its files, whose rows
+/// are not read when the partitions are counted. Columnar files often hold their rows in a
+/// tenth of the memory, so an estimate of one would give a compressed read a single reduce;
+/// one partition per file, the most the rule gives, gave many tiny partitions to a read of
+/// many small files.
+const FUSED_READ_BYTES_PER_FILE_BYTE: u64 = 4;
+
+/// What a fused read's rows are taken to fill (see [`FUSED_READ_BYTES_PER_FILE_BYTE`]).
+fn fused_read_bytes(source: &MapSource) -> u64 {
+    let StageKind::Read(scan) = &source.stage.kind else {
+        return 0;
+    };
+    source
+        .tasks
+        .iter()
+        .filter_map(|input| match input {
+            StageInput::File(index) => scan.files.get(*index as usize).map(|file| file.size),
+            _ => None,
+        })
+        .fold(0, u64::saturating_add)
+        .saturating_mul(FUSED_READ_BYTES_PER_FILE_BYTE)
 }
 
 impl<C: ClusterAccess> Execution<C> {
@@ -165,19 +185,17 @@ impl<C: ClusterAccess> Execution<C> {
                 }
                 // A fused read's bundles are its files, whose rows are not read yet.
                 let (bundles, bytes) = match &op.map_source {
-                    Some(source) => (source.tasks.len(), None),
+                    Some(source) => (source.tasks.len(), fused_read_bytes(source)),
                     None => (
                         op.shuffle.sides.iter().map(Vec::len).sum(),
-                        Some(
-                            op.shuffle
-                                .sides
-                                .iter()
-                                .flatten()
-                                .flat_map(|bundle| &bundle.blocks)
-                                .filter_map(|block| self.blocks.get(block))
-                                .map(|info| info.bytes)
-                                .sum(),
-                        ),
+                        op.shuffle
+                            .sides
+                            .iter()
+                            .flatten()
+                            .flat_map(|bundle| &bundle.blocks)
+                            .filter_map(|block| self.blocks.get(block))
+                            .map(|info| info.bytes)
+                            .sum(),
                     ),
                 };
                 let target = self.config.max_block_bytes;

@@ -1597,14 +1597,51 @@ async fn a_read_only_a_shuffle_reads_is_split_by_its_own_tasks_as_they_read() {
         maps.iter()
             .all(|map| map.input_nodes.is_empty() && map.outputs.len() == 1)
     );
-    // One partition per file: the files' sizes do not tell how many bytes their rows take.
-    let reduces = tasks
-        .iter()
-        .filter(|task| matches!(task.input, StageInput::Reduce { .. }))
-        .count();
-    assert_eq!(reduces, files as usize);
+    // 200 rows in five small files fill one partition, as they would unfused.
+    assert_eq!(reduces(&tasks), 1);
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
     assert_eq!(fake.stored_objects(), outputs);
+}
+
+/// The reduce tasks among `tasks`.
+fn reduces(tasks: &[crate::cluster::fake::RanTask]) -> usize {
+    tasks
+        .iter()
+        .filter(|task| matches!(task.input, StageInput::Reduce { .. }))
+        .count()
+}
+
+/// A fused read's rows are not read when its shuffle's partitions are counted: they are
+/// taken to fill four times its files' sizes, and the rule gives at most one partition per
+/// file.
+#[tokio::test]
+async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (5, 40);
+    let plan = read_of_files(dir.path(), files, rows)
+        .random_shuffle(Some(9))
+        .unwrap();
+    let bytes: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().metadata().unwrap().len())
+        .sum();
+    // Four times the files' bytes, a partition per block of it, at most one per file.
+    for (max_block_bytes, expected) in [(bytes * 4, 1), (bytes, 4), (bytes / 2, 5), (64, 5)] {
+        let config = Arc::new(DriverConfig {
+            max_block_bytes,
+            ..(*driver_config()).clone()
+        });
+        let fake = fake(2, 2);
+        let record = run_with(&fake, &spec(plan.clone(), CacheMode::NoCache), config).await;
+        let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+        ids.sort_unstable();
+        assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
+        assert_eq!(
+            reduces(&fake.tasks()),
+            expected,
+            "blocks of {max_block_bytes} bytes, files of {bytes} bytes in all"
+        );
+    }
 }
 
 #[tokio::test]
