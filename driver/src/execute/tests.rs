@@ -1611,6 +1611,43 @@ fn reduces(tasks: &[crate::cluster::fake::RanTask]) -> usize {
         .count()
 }
 
+/// A read with a predicate and a row-wise operator fused into an aggregate's map tasks: each
+/// map task filters and extends its file's rows before it splits them, and the aggregators
+/// get every group.
+#[tokio::test]
+async fn a_fused_read_applies_its_row_operators_before_an_aggregate_splits_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (4, 50);
+    let plan = read_of_files(dir.path(), files, rows)
+        .filter((col("id") % lit(3i64)).not_eq(lit(0i64)))
+        .unwrap()
+        .with_column("k", col("id") % lit(4i64))
+        .unwrap()
+        .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
+        .unwrap();
+    let config = Arc::new(DriverConfig {
+        max_block_bytes: 64,
+        ..(*driver_config()).clone()
+    });
+    let fake = fake(2, 2);
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    // The filter went into the read as its predicate.
+    assert_eq!(operator_names(&record), ["read→with_column→aggregate"]);
+    let batches = fake.batches(outputs(succeeded(&record)));
+    let got: BTreeMap<i64, i64> = column(&batches, "k")
+        .into_iter()
+        .zip(column(&batches, "sum_id"))
+        .collect();
+    let mut want: BTreeMap<i64, i64> = BTreeMap::new();
+    for id in (0..files * rows).filter(|id| id % 3 != 0) {
+        *want.entry(id % 4).or_default() += id;
+    }
+    assert_eq!(got, want);
+    let maps: Vec<_> = fake.tasks().into_iter().filter(is_map_side).collect();
+    assert_eq!(maps.len(), files as usize);
+    assert!(maps.iter().all(|map| map.input_nodes.is_empty()));
+}
+
 /// A fused read's rows are not read when its shuffle's partitions are counted: they are
 /// taken to fill four times its files' sizes, and the rule gives at most one partition per
 /// file.
