@@ -130,6 +130,9 @@ impl Exchange for RandomShuffle {
                 task.seed ^ offset,
             ))
         })?;
+        // The input is split: freed before the parts are permuted, so the task holds two
+        // copies of its rows at most, not three.
+        drop(batches);
         permute_parts(split, task.schema, task.seed)
     }
 
