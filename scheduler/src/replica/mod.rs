@@ -933,9 +933,20 @@ impl SnapshotSchedule {
 /// gets what they leave, so a build takes longer only on a machine that is busy anyway.
 const SNAPSHOT_NICE: libc::c_int = 10;
 
-/// Lowers the calling thread's CPU priority by [`SNAPSHOT_NICE`] (on Linux a nice value
-/// belongs to a thread, and `nice` changes the caller's). Best effort: a build at the normal
-/// priority is still correct, only less kind to commits.
+/// The snapshot builder's I/O priority: the idle class, whose requests a block scheduler that
+/// keeps classes apart (`mq-deadline`, `bfq`) sends to the disk only when no other request
+/// waits, so the WAL's writes and `fsync`s, which every commit waits on, go first.
+const SNAPSHOT_IOPRIO: libc::c_int = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
+
+// From linux/ioprio.h, which the libc crate does not carry.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+const IOPRIO_CLASS_IDLE: libc::c_int = 3;
+const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+
+/// Lowers the calling thread's CPU priority by [`SNAPSHOT_NICE`] and its I/O priority to
+/// [`SNAPSHOT_IOPRIO`] (on Linux both belong to a thread, and both calls change the
+/// caller's). Best effort: a build at the normal priorities is still correct, only less kind
+/// to commits.
 fn lower_own_priority() {
     // SAFETY: a system call on the calling thread's own priority; no memory is passed.
     if unsafe { libc::nice(SNAPSHOT_NICE) } == -1 {
@@ -943,6 +954,15 @@ fn lower_own_priority() {
         tracing::debug!(
             error = %std::io::Error::last_os_error(),
             "the snapshot builder's priority may not be lowered"
+        );
+    }
+    // SAFETY: as above; `who` 0 is the calling thread.
+    let set =
+        unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, SNAPSHOT_IOPRIO) };
+    if set == -1 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "the snapshot builder's I/O priority may not be lowered"
         );
     }
 }

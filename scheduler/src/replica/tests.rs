@@ -967,23 +967,30 @@ fn replicas_build_their_snapshots_at_points_a_third_of_the_interval_apart() {
     assert!(SnapshotSchedule::new(0, 7, &alone).due(1, 0));
 }
 
-/// The snapshot builder runs below its creator's CPU priority, and lowering it leaves every
-/// other thread's alone (on Linux a nice value is a thread's).
+/// The snapshot builder runs below its creator's CPU and I/O priorities, and lowering them
+/// leaves every other thread's alone (on Linux both are a thread's).
 #[test]
 fn the_snapshot_builder_lowers_only_its_own_priority() {
-    fn own_nice() -> libc::c_int {
-        // SAFETY: reads the calling thread's priority; no memory is passed.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+    fn own_priorities() -> (libc::c_int, libc::c_long) {
+        // SAFETY: reads the calling thread's priorities; no memory is passed.
+        unsafe {
+            (
+                libc::getpriority(libc::PRIO_PROCESS, 0),
+                libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0),
+            )
+        }
     }
-    let before = own_nice();
+    let before = own_priorities();
     let (inherited, lowered) = std::thread::spawn(|| {
-        let inherited = own_nice();
+        let inherited = own_priorities();
         lower_own_priority();
-        (inherited, own_nice())
+        (inherited, own_priorities())
     })
     .join()
     .unwrap();
     assert_eq!(inherited, before);
-    assert_eq!(lowered, (before + SNAPSHOT_NICE).min(19));
-    assert_eq!(own_nice(), before);
+    assert_eq!(lowered.0, (before.0 + SNAPSHOT_NICE).min(19));
+    assert_eq!(lowered.1, libc::c_long::from(SNAPSHOT_IOPRIO));
+    assert_ne!(before.1, lowered.1);
+    assert_eq!(own_priorities(), before);
 }
