@@ -436,11 +436,33 @@ async fn run_small_groupby(fake: &Arc<FakeCluster>) -> Arc<JobRecord> {
         .unwrap()
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
-    let config = Arc::new(DriverConfig {
+    run_with(fake, &spec(plan, CacheMode::NoCache), tiny_blocks()).await
+}
+
+/// The test driver's configuration with 64-byte target blocks, so that a shuffle gets a
+/// partition per input bundle.
+fn tiny_blocks() -> Arc<DriverConfig> {
+    Arc::new(DriverConfig {
         max_block_bytes: 64,
         ..(*driver_config()).clone()
-    });
-    run_with(fake, &spec(plan, CacheMode::NoCache), config).await
+    })
+}
+
+/// Each `k` of an aggregate's output with its `sum_id`.
+fn sums_by_k(batches: &[RecordBatch]) -> BTreeMap<i64, i64> {
+    column(batches, "k")
+        .into_iter()
+        .zip(column(batches, "sum_id"))
+        .collect()
+}
+
+/// The sum of the `ids` of each `id % modulus`: what [`sums_by_k`] must read.
+fn sums_of(ids: impl Iterator<Item = i64>, modulus: i64) -> BTreeMap<i64, i64> {
+    let mut sums = BTreeMap::new();
+    for id in ids {
+        *sums.entry(id % modulus).or_default() += id;
+    }
+    sums
 }
 
 #[tokio::test]
@@ -455,15 +477,7 @@ async fn a_dead_aggregators_partitions_alone_are_pushed_to_its_replacement() {
     let record = run_small_groupby(&fake).await;
     succeeded(&record);
     let batches = fake.batches(outputs(&record));
-    let got: BTreeMap<i64, i64> = column(&batches, "k")
-        .into_iter()
-        .zip(column(&batches, "sum_id"))
-        .collect();
-    let mut want: BTreeMap<i64, i64> = BTreeMap::new();
-    for id in 0..320 {
-        *want.entry(id % 7).or_default() += id;
-    }
-    assert_eq!(got, want);
+    assert_eq!(sums_by_k(&batches), sums_of(0..320, 7));
     let aggregate = stats(&record, "aggregate");
     assert!(aggregate.aggregators_recreated >= 1, "{aggregate:?}");
     // Every replacement was pushed only the partitions its slot owns.
@@ -1486,15 +1500,7 @@ async fn every_shuffle_makes_objects_in_proportion_to_its_tasks_not_maps_times_p
         // Checked against the rows computed here.
         match name {
             "groupby" => {
-                let got: BTreeMap<i64, i64> = column(&batches, "k")
-                    .into_iter()
-                    .zip(column(&batches, "sum_id"))
-                    .collect();
-                let mut want: BTreeMap<i64, i64> = BTreeMap::new();
-                for id in 0..n {
-                    *want.entry(id % 13).or_default() += id;
-                }
-                assert_eq!(got, want, "{name}");
+                assert_eq!(sums_by_k(&batches), sums_of(0..n, 13), "{name}");
             }
             "sort" => {
                 let mut want: Vec<i64> = (0..n).collect();
@@ -1625,24 +1631,13 @@ async fn a_fused_read_applies_its_row_operators_before_an_aggregate_splits_its_r
         .unwrap()
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
-    let config = Arc::new(DriverConfig {
-        max_block_bytes: 64,
-        ..(*driver_config()).clone()
-    });
     let fake = fake(2, 2);
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), config).await;
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), tiny_blocks()).await;
     // The filter went into the read as its predicate.
     assert_eq!(operator_names(&record), ["read→with_column→aggregate"]);
     let batches = fake.batches(outputs(succeeded(&record)));
-    let got: BTreeMap<i64, i64> = column(&batches, "k")
-        .into_iter()
-        .zip(column(&batches, "sum_id"))
-        .collect();
-    let mut want: BTreeMap<i64, i64> = BTreeMap::new();
-    for id in (0..files * rows).filter(|id| id % 3 != 0) {
-        *want.entry(id % 4).or_default() += id;
-    }
-    assert_eq!(got, want);
+    let kept = (0..files * rows).filter(|id| id % 3 != 0);
+    assert_eq!(sums_by_k(&batches), sums_of(kept, 4));
     let maps: Vec<_> = fake.tasks().into_iter().filter(is_map_side).collect();
     assert_eq!(maps.len(), files as usize);
     assert!(maps.iter().all(|map| map.input_nodes.is_empty()));
