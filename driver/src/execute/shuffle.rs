@@ -13,7 +13,7 @@ use floe_engine::exchange::{Exchange, Routing, SAMPLE_ROWS_PER_PARTITION, exchan
 use super::Execution;
 use super::aggregators::Aggregators;
 use super::blocks::Bundle;
-use super::task::{Launch, Recipe, compute};
+use super::task::{Launch, Recipe, compute, input_bytes};
 use crate::cluster::ClusterAccess;
 use crate::plan::MapSource;
 
@@ -126,8 +126,8 @@ pub(super) struct HotPartition {
 /// (the parallelism the input already has) and [`MAX_DEFAULT_PARTITIONS`], so six rows sort
 /// in one partition however many files they came from.
 fn default_partitions(bundles: usize, bytes: u64, target_block_bytes: u64) -> u32 {
-    let most = bundles.clamp(1, MAX_DEFAULT_PARTITIONS);
     let by_size = usize::try_from(bytes.div_ceil(target_block_bytes.max(1))).unwrap_or(usize::MAX);
+    let most = bundles.clamp(1, MAX_DEFAULT_PARTITIONS);
     u32::try_from(by_size.clamp(1, most)).unwrap_or(1)
 }
 
@@ -140,16 +140,10 @@ const FUSED_READ_BYTES_PER_FILE_BYTE: u64 = 4;
 
 /// What a fused read's rows are taken to fill (see [`FUSED_READ_BYTES_PER_FILE_BYTE`]).
 fn fused_read_bytes(source: &MapSource) -> u64 {
-    let StageKind::Read(scan) = &source.stage.kind else {
-        return 0;
-    };
     source
         .tasks
         .iter()
-        .filter_map(|input| match input {
-            StageInput::File(index) => scan.files.get(*index as usize).map(|file| file.size),
-            _ => None,
-        })
+        .map(|file| input_bytes(&source.stage, file, &[]))
         .fold(0, u64::saturating_add)
         .saturating_mul(FUSED_READ_BYTES_PER_FILE_BYTE)
 }

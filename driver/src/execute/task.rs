@@ -474,7 +474,11 @@ fn sink_part(sink: Option<&WriteSpec>, launch: &Launch) -> Option<SinkPart> {
 /// The bytes a task reads: its input blocks, else the file, ids or rows its source stage
 /// reads. Its memory hint, since the task's working set grows with what it reads (decoded
 /// batches, the output it builds, a reduce's concatenated partition).
-fn input_bytes(stage: &Stage, input: &StageInput, inputs: &[(ObjectId, Option<BlockInfo>)]) -> u64 {
+pub(super) fn input_bytes(
+    stage: &Stage,
+    input: &StageInput,
+    inputs: &[(ObjectId, Option<BlockInfo>)],
+) -> u64 {
     /// One `Int64` id of a range stage.
     const ID_BYTES: u64 = 8;
     let blocks: u64 = inputs
