@@ -436,14 +436,14 @@ async fn run_small_groupby(fake: &Arc<FakeCluster>) -> Arc<JobRecord> {
         .unwrap()
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
-    run_with(fake, &spec(plan, CacheMode::NoCache), tiny_blocks()).await
+    run_with(fake, &spec(plan, CacheMode::NoCache), blocks_of(64)).await
 }
 
-/// The test driver's configuration with 64-byte target blocks, so that a shuffle gets a
-/// partition per input bundle.
-fn tiny_blocks() -> Arc<DriverConfig> {
+/// The test driver's configuration with target blocks of `max_block_bytes` (64 bytes give a
+/// shuffle a partition per input bundle).
+fn blocks_of(max_block_bytes: u64) -> Arc<DriverConfig> {
     Arc::new(DriverConfig {
-        max_block_bytes: 64,
+        max_block_bytes,
         ..(*driver_config()).clone()
     })
 }
@@ -1632,7 +1632,7 @@ async fn a_fused_read_applies_its_row_operators_before_an_aggregate_splits_its_r
         .aggregate(&["k"], vec![Aggregation::of(AggFunction::Sum, "id")])
         .unwrap();
     let fake = fake(2, 2);
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), tiny_blocks()).await;
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), blocks_of(64)).await;
     // The filter went into the read as its predicate.
     assert_eq!(operator_names(&record), ["read→with_column→aggregate"]);
     let batches = fake.batches(outputs(succeeded(&record)));
@@ -1659,11 +1659,8 @@ async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
         .sum();
     // Four times the files' bytes, a partition per block of it, at most one per file.
     for (max_block_bytes, expected) in [(bytes * 4, 1), (bytes, 4), (bytes / 2, 5), (64, 5)] {
-        let config = Arc::new(DriverConfig {
-            max_block_bytes,
-            ..(*driver_config()).clone()
-        });
         let fake = fake(2, 2);
+        let config = blocks_of(max_block_bytes);
         let record = run_with(&fake, &spec(plan.clone(), CacheMode::NoCache), config).await;
         let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
         ids.sort_unstable();
