@@ -975,7 +975,7 @@ fn the_snapshot_builder_lowers_only_its_own_priority() {
         // SAFETY: reads the calling thread's priorities; no memory is passed.
         unsafe {
             (
-                libc::getpriority(libc::PRIO_PROCESS, 0),
+                libc::sched_getscheduler(0),
                 libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0),
             )
         }
@@ -989,7 +989,8 @@ fn the_snapshot_builder_lowers_only_its_own_priority() {
     .join()
     .unwrap();
     assert_eq!(inherited, before);
-    assert_eq!(lowered.0, (before.0 + SNAPSHOT_NICE).min(19));
+    assert_eq!(lowered.0, SNAPSHOT_POLICY);
+    assert_ne!(before.0, lowered.0);
     assert_eq!(lowered.1, libc::c_long::from(SNAPSHOT_IOPRIO));
     assert_ne!(before.1, lowered.1);
     assert_eq!(own_priorities(), before);
