@@ -706,6 +706,50 @@ async fn a_task_may_run_longer_than_the_rpc_read_timeout() {
     assert_eq!(output_rows(&record), 100);
 }
 
+/// A repartition's reduce stores each map task's part as it is, not concatenated: an output
+/// block holds several batches, every row arrives exactly once, and each key lies in one block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repartitions_blocks_hold_the_map_tasks_parts_as_they_are() {
+    let cluster = start(1, &[]).await;
+    let n = 200_000;
+    let dataset = Dataset::range(n as u64)
+        .unwrap()
+        .with_column("k", col("id") % lit(97i64))
+        .unwrap()
+        .repartition_by(4, &["k"])
+        .unwrap();
+    let options = JobOptions {
+        cache: CacheMode::NoCache,
+        ..JobOptions::default()
+    };
+    let record = cluster.run(&dataset, options).await;
+    let output = cluster.connect().await.job(record.id).wait().await.unwrap();
+    let mut reader = output.stream();
+    let mut batches_per_block = std::collections::BTreeMap::<u64, usize>::new();
+    let mut block_of_key = std::collections::BTreeMap::new();
+    let mut ids = Vec::new();
+    while let Some(batch) = reader.next_batch().await.unwrap() {
+        let block = reader.blocks_read();
+        *batches_per_block.entry(block).or_default() += 1;
+        let batch = [batch];
+        for (id, k) in int_column(&batch, "id")
+            .into_iter()
+            .zip(int_column(&batch, "k"))
+        {
+            assert_eq!(k, id % 97);
+            assert_eq!(*block_of_key.entry(k).or_insert(block), block, "key {k}");
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n).collect::<Vec<i64>>());
+    assert!(batches_per_block.len() <= 4, "{batches_per_block:?}");
+    assert!(
+        batches_per_block.values().all(|&batches| batches > 1),
+        "a block of one batch: {batches_per_block:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_shuffle_names_its_hot_key_in_the_stats() {
     let cluster = start(1, &[]).await;

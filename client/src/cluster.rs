@@ -781,6 +781,12 @@ pub struct BlockReader {
 }
 
 impl BlockReader {
+    /// Blocks read so far (the batches [`BlockReader::next_batch`] returns come from the
+    /// last of them).
+    pub fn blocks_read(&self) -> u64 {
+        self.next as u64
+    }
+
     /// The next batch, or `None` after the last block.
     pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         loop {

@@ -99,6 +99,28 @@ impl BlockSizing {
         Ok(output)
     }
 
+    /// Groups consecutive batches into blocks, as many to a block as fit under the maximum (a
+    /// batch over it on its own), without concatenating them: an object holds its block's
+    /// batches one after the other.
+    pub fn group(&self, batches: impl IntoIterator<Item = RecordBatch>) -> Vec<Vec<RecordBatch>> {
+        let mut blocks = Vec::new();
+        let mut run: Vec<RecordBatch> = Vec::new();
+        let mut run_bytes = 0;
+        for batch in batches {
+            let bytes = data_bytes(&batch);
+            if !run.is_empty() && run_bytes + bytes > self.max_bytes {
+                blocks.push(std::mem::take(&mut run));
+                run_bytes = 0;
+            }
+            run_bytes += bytes;
+            run.push(batch);
+        }
+        if !run.is_empty() {
+            blocks.push(run);
+        }
+        blocks
+    }
+
     /// Both: coalesce tiny batches, then split oversized ones.
     pub fn rebalance(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
         Ok(self

@@ -39,8 +39,9 @@ pub struct TaskContext<'a> {
 /// What one task made, and how it is stored.
 #[derive(Debug)]
 pub enum TaskOutput {
-    /// Blocks, each an object of its own.
-    Blocks(Vec<RecordBatch>),
+    /// Blocks, each an object of its own holding these batches in order (one, unless a
+    /// reduce keeps its input parts as they are: [`exchange::Reduced::Parts`]).
+    Blocks(Vec<Vec<RecordBatch>>),
     /// A shuffle map task's partitions, one block each (index = partition, empty ones
     /// included), packed into one object: a shuffle makes one object per map task, not one per
     /// map task and partition, and each reduce reads its partition's part of every map task's
@@ -108,20 +109,18 @@ pub fn run_stage_task(
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
-            if let (StageInput::Reduce { .. }, Some(sink)) = (input, &task.sink) {
-                // Written a chunk at a time: a sorted or permuted partition goes into its
-                // files without a whole sorted copy beside its input blocks.
+            if !matches!(input, StageInput::Reduce { .. }) {
+                exchange::run(operator, input, &schemas, inputs)
+            } else {
                 let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
-                let chunks = reduced.chunks(exchange::REORDERED_CHUNK_BYTES);
-                return write_part(&sink.spec, sink.index, output, chunks);
-            }
-            match exchange::run(operator, &output, input, &schemas, inputs)? {
-                // A reduce output is cut to the block size range like any other.
-                TaskOutput::Blocks(batches) if matches!(input, StageInput::Reduce { .. }) => {
-                    let non_empty = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
-                    Ok(TaskOutput::Blocks(context.sizing.rebalance(non_empty)?))
+                if let Some(sink) = &task.sink {
+                    // Written a chunk at a time: a sorted or permuted partition goes into its
+                    // files without a whole sorted copy beside its input blocks.
+                    let chunks = reduced.chunks(exchange::REORDERED_CHUNK_BYTES);
+                    return write_part(&sink.spec, sink.index, output, chunks);
                 }
-                output => Ok(output),
+                // A reduce output is cut to the block size range like any other.
+                Ok(TaskOutput::Blocks(reduced.into_blocks(&context.sizing)?))
             }
         }
         (StageKind::Write(spec), StageInput::Sink { index }) => {
@@ -135,15 +134,16 @@ pub fn run_stage_task(
             inputs.into_iter().flatten().collect(),
             context,
         )
-        .map(TaskOutput::Blocks),
+        .map(|batches| TaskOutput::Blocks(batches.into_iter().map(|b| vec![b]).collect())),
     }?;
     let Some(sink) = &task.sink else {
         return Ok(output);
     };
     match output {
-        TaskOutput::Blocks(batches) => {
+        TaskOutput::Blocks(blocks) => {
             let schema = Arc::new(stage.schema.clone());
-            write_part(&sink.spec, sink.index, schema, batches.into_iter().map(Ok))
+            let batches = blocks.into_iter().flatten().map(Ok);
+            write_part(&sink.spec, sink.index, schema, batches)
         }
         // Refused above: no task making output rows makes partitions, and only a sink writes.
         TaskOutput::Partitions(_) | TaskOutput::Written { .. } => Err(Error::SinkWithoutRows {

@@ -331,6 +331,38 @@ fn ints(rows: i64) -> RecordBatch {
 }
 
 #[test]
+fn grouped_batches_fill_blocks_up_to_the_maximum_without_a_copy() {
+    let sizing = BlockSizing::new(100, 1000).unwrap();
+    // 40, 400, 480 and 160 bytes: the first three fit 1000 (920); the fourth starts a block.
+    let batches = vec![ints(5), ints(50), ints(60), ints(20)];
+    let buffers: Vec<*const u8> = batches
+        .iter()
+        .map(|batch| batch.column(0).to_data().buffers()[0].as_ptr())
+        .collect();
+    let blocks = sizing.group(batches);
+    let rows: Vec<Vec<usize>> = blocks
+        .iter()
+        .map(|block| block.iter().map(RecordBatch::num_rows).collect())
+        .collect();
+    assert_eq!(rows, vec![vec![5, 50, 60], vec![20]]);
+    // The batches are the inputs themselves, not copies.
+    let grouped: Vec<*const u8> = blocks
+        .iter()
+        .flatten()
+        .map(|batch| batch.column(0).to_data().buffers()[0].as_ptr())
+        .collect();
+    assert_eq!(grouped, buffers);
+    // A batch over the maximum is a block of its own; nothing makes no block.
+    let rows: Vec<usize> = sizing
+        .group(vec![ints(200), ints(5)])
+        .iter()
+        .map(Vec::len)
+        .collect();
+    assert_eq!(rows, vec![1, 1]);
+    assert!(sizing.group(Vec::new()).is_empty());
+}
+
+#[test]
 fn oversized_blocks_split_and_tiny_ones_coalesce() {
     // 8 bytes per row: 1000 rows are 8000 bytes.
     assert_eq!(data_bytes(&ints(1000)), 8000);

@@ -16,6 +16,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
+use floe_engine::blocks::BlockSizing;
 use floe_engine::exchange::aggregate::aggregate;
 use floe_engine::exchange::join::{JoinSide, join};
 use floe_engine::exchange::keys::{hash_partition, most_frequent_key};
@@ -548,21 +549,14 @@ fn sort_through_the_exchange(
                 seed: i as u64,
             };
             blocks_of(
-                floe_engine::exchange::run(
-                    &operator,
-                    &schema,
-                    input,
-                    &schemas,
-                    vec![blocks.clone()],
-                )
-                .unwrap(),
+                floe_engine::exchange::run(&operator, input, &schemas, vec![blocks.clone()])
+                    .unwrap(),
             )
         })
         .collect();
     let input = StageInput::Boundaries { partitions };
-    let boundaries = blocks_of(
-        floe_engine::exchange::run(&operator, &schema, input, &schemas, vec![samples]).unwrap(),
-    );
+    let boundaries =
+        blocks_of(floe_engine::exchange::run(&operator, input, &schemas, vec![samples]).unwrap());
     let pieces: Vec<Vec<RecordBatch>> = map_tasks
         .iter()
         .map(|blocks| {
@@ -570,7 +564,7 @@ fn sort_through_the_exchange(
             let inputs = vec![blocks.clone(), boundaries.clone()];
             // The map side's partitions are packed into one object.
             let TaskOutput::Partitions(pieces) =
-                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap()
+                floe_engine::exchange::run(&operator, input, &schemas, inputs).unwrap()
             else {
                 panic!("a map task's output is not its partitions");
             };
@@ -586,17 +580,20 @@ fn sort_through_the_exchange(
                 seed: 0,
             };
             let inputs = pieces.iter().map(|p| vec![p[partition].clone()]).collect();
-            blocks_of(
-                floe_engine::exchange::run(&operator, &schema, input, &schemas, inputs).unwrap(),
-            )
+            floe_engine::exchange::reduce(&operator, &schema, input, &schemas, inputs)
+                .unwrap()
+                .into_blocks(&BlockSizing::default())
+                .unwrap()
+                .into_iter()
+                .flatten()
         })
         .collect()
 }
 
-/// The blocks of a task that makes blocks (not partitions).
+/// The batches of a task that makes blocks (not partitions).
 fn blocks_of(output: TaskOutput) -> Vec<RecordBatch> {
     match output {
-        TaskOutput::Blocks(blocks) => blocks,
+        TaskOutput::Blocks(blocks) => blocks.into_iter().flatten().collect(),
         other => panic!("expected blocks, got {other:?}"),
     }
 }

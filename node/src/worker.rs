@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use floe_core::TaskId;
 use floe_core::plan::task::StageTask;
@@ -313,8 +314,8 @@ impl From<WorkerTaskFailure> for WorkerMessage {
 
 /// A task's outputs, made and measured, waiting for the agent to say where they go.
 enum Outputs {
-    /// Blocks, each an object of its own, with its encoded size.
-    Blocks(Vec<(RecordBatch, u64)>),
+    /// Blocks, each an object of its own holding its batches, with its encoded size.
+    Blocks(Vec<(Vec<RecordBatch>, u64)>),
     /// A map task's partitions, packed into one object as `packing` lays them out.
     Packed {
         blocks: Vec<RecordBatch>,
@@ -331,11 +332,12 @@ impl Outputs {
         let measure =
             |batch: &RecordBatch| encoded_len(&batch.schema(), std::slice::from_ref(batch));
         match output {
-            TaskOutput::Blocks(batches) => batches
+            TaskOutput::Blocks(blocks) => blocks
                 .into_iter()
-                .map(|batch| {
-                    let len = measure(&batch).map_err(cannot_encode)?;
-                    Ok((batch, len))
+                .map(|batches| {
+                    let len = block_schema(&batches)
+                        .and_then(|schema| encoded_len(&schema, &batches).map_err(cannot_encode))?;
+                    Ok((batches, len))
                 })
                 .collect::<Result<_, _>>()
                 .map(Outputs::Blocks),
@@ -377,7 +379,7 @@ impl Outputs {
     fn unwritten(&self, index: usize) -> Result<WrittenOutput, WorkerTaskFailure> {
         let (rows, parts) = match self {
             Outputs::Blocks(blocks) => (
-                blocks.get(index).map(|(batch, _)| batch.num_rows() as u64),
+                blocks.get(index).map(|(batches, _)| rows(batches)),
                 Vec::new(),
             ),
             Outputs::Packed { blocks, packing } => {
@@ -413,11 +415,11 @@ impl Outputs {
     fn write(&self, index: usize, dest: &mut [u8]) -> Result<WrittenOutput, WorkerTaskFailure> {
         match self {
             Outputs::Blocks(blocks) => {
-                let (batch, _) = blocks.get(index).ok_or_else(|| no_output(index))?;
-                let checksum = encode_into(dest, &batch.schema(), std::slice::from_ref(batch))
-                    .map_err(cannot_encode)?;
+                let (batches, _) = blocks.get(index).ok_or_else(|| no_output(index))?;
+                let checksum =
+                    encode_into(dest, &block_schema(batches)?, batches).map_err(cannot_encode)?;
                 Ok(WrittenOutput {
-                    rows: Some(batch.num_rows() as u64),
+                    rows: Some(rows(batches)),
                     checksum: Some(checksum),
                     parts: Vec::new(),
                 })
@@ -463,6 +465,14 @@ impl Outputs {
 
 fn rows(blocks: &[RecordBatch]) -> u64 {
     blocks.iter().map(|batch| batch.num_rows() as u64).sum()
+}
+
+/// The schema of a block's batches (the engine makes no block without a batch).
+fn block_schema(batches: &[RecordBatch]) -> Result<SchemaRef, WorkerTaskFailure> {
+    batches
+        .first()
+        .map(RecordBatch::schema)
+        .ok_or_else(|| WorkerTaskFailure::permanent("a task made a block of no batches"))
 }
 
 fn no_output(index: usize) -> WorkerTaskFailure {

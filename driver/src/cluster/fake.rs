@@ -925,10 +925,14 @@ impl FakeCluster {
                 return Ran::NodeDied;
             }
             result.map(|output| match output {
-                TaskOutput::Blocks(batches) => TaskDone {
+                TaskOutput::Blocks(blocks) => TaskDone {
                     outputs: (0u32..)
-                        .zip(batches)
-                        .map(|(index, batch)| {
+                        .zip(blocks)
+                        .map(|(index, batches)| {
+                            // The fake keeps a block as one batch; a node keeps its batches.
+                            let batch =
+                                arrow::compute::concat_batches(&batches[0].schema(), &batches)
+                                    .expect("a block's batches share their schema");
                             inner.store(output_id(spec.task, index), node, spec.job, batch)
                         })
                         .collect(),

@@ -36,6 +36,7 @@ use arrow::record_batch::RecordBatch;
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{Operator, SortKey};
 
+use crate::blocks::BlockSizing;
 use crate::task::TaskOutput;
 use crate::{Error, Result};
 
@@ -131,10 +132,14 @@ pub trait Exchange {
 
 /// One partition's output rows, as a reduce task makes them.
 pub enum Reduced {
-    /// Rows made anew (aggregates, joined or distinct rows, a partition's blocks concatenated).
+    /// Rows made anew (aggregates, joined or distinct rows).
     Rows(RecordBatch),
     /// The partition's input rows in a new order (sorted, permuted), not yet gathered.
     Reordered(Reordering),
+    /// The partition's input parts, in map-task order, as they are (a repartition moves rows
+    /// and makes none): they go into the output objects one after the other, never
+    /// concatenated first, so each row is copied once, into the store.
+    Parts(Vec<RecordBatch>),
 }
 
 impl Reduced {
@@ -147,7 +152,34 @@ impl Reduced {
             Reduced::Reordered(reordering) => {
                 Box::new(reordering.chunks(reordering.rows_in(bytes)))
             }
+            Reduced::Parts(parts) => Box::new(
+                parts
+                    .iter()
+                    .filter(|part| part.num_rows() > 0)
+                    .map(|part| Ok(part.clone())),
+            ),
         }
+    }
+
+    /// The rows as output blocks sized by `sizing`, each the batches of one object: rows
+    /// made or gathered are sized like any task's output; parts are grouped, as many to a
+    /// block as fit under the maximum ([`BlockSizing::group`]).
+    pub fn into_blocks(self, sizing: &BlockSizing) -> Result<Vec<Vec<RecordBatch>>> {
+        if let Reduced::Parts(parts) = self {
+            let pieces = parts
+                .into_iter()
+                .filter(|part| part.num_rows() > 0)
+                .flat_map(|part| sizing.split(part));
+            return Ok(sizing.group(pieces));
+        }
+        let batches = self
+            .chunks(REORDERED_CHUNK_BYTES)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(sizing
+            .rebalance(batches)?
+            .into_iter()
+            .map(|batch| vec![batch])
+            .collect())
     }
 }
 
@@ -235,12 +267,11 @@ pub(crate) fn all_columns(schema: &Schema) -> Vec<String> {
     schema.fields().iter().map(|f| f.name().clone()).collect()
 }
 
-/// What an all-to-all task produces: for the map side, exactly one batch per partition (index
-/// = partition, possibly empty), packed into one object; for the reduce side, the output rows;
-/// for the sample, boundaries and hot-key tasks, one block.
+/// What an all-to-all task other than a reduce produces: for the map side, exactly one batch
+/// per partition (index = partition, possibly empty), packed into one object; for the sample,
+/// boundaries and hot-key tasks, one block. A reduce's rows come from [`reduce`].
 pub fn run(
     operator: &Operator,
-    output: &SchemaRef,
     input: StageInput,
     input_schemas: &[SchemaRef],
     inputs: Vec<Vec<RecordBatch>>,
@@ -282,24 +313,24 @@ pub fn run(
         StageInput::Sample { rows, seed } => {
             let keys = sort_keys()?;
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![sort::sample(
+            Ok(TaskOutput::Blocks(vec![vec![sort::sample(
                 &batches,
                 &first_schema()?,
                 keys,
                 rows,
                 seed,
-            )?]))
+            )?]]))
         }
         StageInput::Boundaries { partitions } => {
             let keys = sort_keys()?;
             let key_schema = key_schema(first_schema()?.as_ref(), keys)?;
             let samples: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![sort::range_boundaries(
+            Ok(TaskOutput::Blocks(vec![vec![sort::range_boundaries(
                 &samples,
                 &key_schema,
                 keys,
                 partitions,
-            )?]))
+            )?]]))
         }
         StageInput::RangePartition { partitions } => {
             let keys = sort_keys()?;
@@ -321,28 +352,21 @@ pub fn run(
                 .partition(&task, inputs.into_iter().flatten().collect())
                 .map(TaskOutput::Partitions)
         }
-        StageInput::Reduce { .. } => {
-            let reduced = reduce(operator, output, input, input_schemas, inputs)?;
-            let blocks = reduced
-                .chunks(REORDERED_CHUNK_BYTES)
-                .collect::<Result<_>>()?;
-            Ok(TaskOutput::Blocks(blocks))
-        }
         StageInput::HotKey { left } => {
             let columns = exchange.key_columns(first_schema()?.as_ref());
             let mut inputs = inputs;
             inputs.truncate(left as usize);
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![keys::most_frequent_key(
+            Ok(TaskOutput::Blocks(vec![vec![keys::most_frequent_key(
                 &batches, &columns,
-            )?]))
+            )?]]))
         }
         _ => Err(unsupported()),
     }
 }
 
-/// A reduce task's output rows, as [`run`] makes them for [`StageInput::Reduce`], but not yet
-/// gathered when the exchange only reorders its input: for a sink to write a chunk at a time.
+/// A reduce task's output rows, not yet gathered when the exchange only reorders its input:
+/// sized into blocks ([`Reduced::into_blocks`]), or written to a sink a chunk at a time.
 pub fn reduce(
     operator: &Operator,
     output: &SchemaRef,
@@ -445,6 +469,70 @@ mod tests {
         assert!(exchange_for(&select).is_none());
     }
 
+    /// A repartition's reduce moves each map task's part into its output as it is: the
+    /// parts' own buffers, in map-task order, as many to a block as fit under the maximum,
+    /// so a row is copied once (into the store) and the partition is never concatenated.
+    #[test]
+    fn a_repartitions_reduce_keeps_its_parts_in_blocks_under_the_maximum() {
+        use arrow::array::{Array, Int64Array};
+        use arrow::datatypes::DataType;
+
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let part = |values: std::ops::Range<i64>| {
+            let array = Int64Array::from_iter_values(values);
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(array)]).unwrap()
+        };
+        // Four map tasks' parts of 800, 0, 800 and 1,600 bytes.
+        let parts = vec![part(0..100), part(0..0), part(100..200), part(200..400)];
+        let buffers: Vec<*const u8> = parts
+            .iter()
+            .filter(|part| part.num_rows() > 0)
+            .map(|part| part.column(0).to_data().buffers()[0].as_ptr())
+            .collect();
+        let operator = Operator::Repartition {
+            partitions: 4,
+            keys: vec!["v".to_owned()],
+        };
+        let input = StageInput::Reduce {
+            partition: 0,
+            left: 0,
+            seed: 0,
+        };
+        let inputs = parts.into_iter().map(|part| vec![part]).collect();
+        let reduced = reduce(
+            &operator,
+            &schema,
+            input,
+            std::slice::from_ref(&schema),
+            inputs,
+        )
+        .unwrap();
+        let blocks = reduced
+            .into_blocks(&BlockSizing::new(1, 2_000).unwrap())
+            .unwrap();
+        let rows: Vec<Vec<usize>> = blocks
+            .iter()
+            .map(|block| block.iter().map(RecordBatch::num_rows).collect())
+            .collect();
+        // 800 + 800 fit 2,000 bytes; the 1,600-byte part starts a block of its own.
+        assert_eq!(rows, vec![vec![100, 100], vec![200]]);
+        let batches: Vec<&RecordBatch> = blocks.iter().flatten().collect();
+        let moved: Vec<*const u8> = batches
+            .iter()
+            .map(|batch| batch.column(0).to_data().buffers()[0].as_ptr())
+            .collect();
+        assert_eq!(moved, buffers);
+        let values: Vec<i64> = batches
+            .iter()
+            .flat_map(|batch| {
+                let values = batch.column(0).as_any().downcast_ref::<Int64Array>();
+                values.unwrap().values().to_vec()
+            })
+            .collect();
+        assert_eq!(values, (0..400).collect::<Vec<_>>());
+        assert!(batches.iter().all(|batch| batch.schema() == schema));
+    }
+
     /// A permuted partition larger than a block is gathered into several blocks of about
     /// `REORDERED_CHUNK_BYTES`, which hold the permutation's rows in its order.
     #[test]
@@ -480,16 +568,18 @@ mod tests {
             seed: 17,
         };
         let inputs = pieces.iter().map(|piece| vec![piece.clone()]).collect();
-        let TaskOutput::Blocks(blocks) = run(
+        let blocks = reduce(
             &operator,
             &schema,
             input,
             std::slice::from_ref(&schema),
             inputs,
         )
-        .unwrap() else {
-            panic!("a reduce made partitions");
-        };
+        .unwrap()
+        .into_blocks(&BlockSizing::default())
+        .unwrap();
+        assert!(blocks.iter().all(|block| block.len() == 1));
+        let blocks: Vec<RecordBatch> = blocks.into_iter().flatten().collect();
         assert!(blocks.len() >= 2, "{} blocks", blocks.len());
         for block in &blocks {
             let bytes = crate::blocks::data_bytes(block);

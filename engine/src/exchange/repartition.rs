@@ -4,7 +4,7 @@
 use arrow::datatypes::Schema;
 use arrow::record_batch::RecordBatch;
 
-use super::columns::{invalid, partition_count};
+use super::columns::{invalid, partition_count, with_row_count};
 use super::keys::hash_partitions;
 use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_each, split_each};
 use crate::Result;
@@ -75,10 +75,11 @@ impl Exchange for Repartition<'_> {
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
         let schema = task.schema(0)?.clone();
-        Ok(Reduced::Rows(arrow::compute::concat_batches(
-            &schema,
-            &task.into_batches(),
-        )?))
+        task.into_batches()
+            .into_iter()
+            .map(|part| with_row_count(&schema, part.columns().to_vec(), part.num_rows()))
+            .collect::<Result<_>>()
+            .map(Reduced::Parts)
     }
 
     fn key_columns(&self, _input: &Schema) -> Vec<String> {
