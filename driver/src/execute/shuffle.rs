@@ -131,21 +131,16 @@ fn default_partitions(bundles: usize, bytes: u64, target_block_bytes: u64) -> u3
     u32::try_from(by_size.clamp(1, most)).unwrap_or(1)
 }
 
-/// How many bytes a fused read's rows are taken to fill per byte of its files, whose rows
-/// are not read when the partitions are counted. Columnar files often hold their rows in a
-/// tenth of the memory, so an estimate of one would give a compressed read a single reduce;
-/// one partition per file, the most the rule gives, gave many tiny partitions to a read of
-/// many small files.
-const FUSED_READ_BYTES_PER_FILE_BYTE: u64 = 4;
-
-/// What a fused read's rows are taken to fill (see [`FUSED_READ_BYTES_PER_FILE_BYTE`]).
+/// What a fused read's rows are taken to fill, before they are read: its tasks' input bytes
+/// (for Parquet files, a multiple of their sizes). Were it the files' sizes, a compressed read
+/// would get a single reduce; one partition per file, the most the rule gives, gave many tiny
+/// partitions to a read of many small files.
 fn fused_read_bytes(source: &MapSource) -> u64 {
     source
         .tasks
         .iter()
         .map(|file| input_bytes(&source.stage, file, &[]))
         .fold(0, u64::saturating_add)
-        .saturating_mul(FUSED_READ_BYTES_PER_FILE_BYTE)
 }
 
 impl<C: ClusterAccess> Execution<C> {

@@ -12,9 +12,9 @@ use floe_api::node_protocol::{
     TaskDone, TaskFailure, TaskKind, TaskRecord, TaskRunState, TaskSpec, WorkerRef, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_core::plan::WriteSpec;
 use floe_core::plan::physical::{Stage, StageKind};
 use floe_core::plan::task::{FusedSource, SinkPart, StageInput, StageTask};
+use floe_core::plan::{FileFormat, WriteSpec};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_engine::udf::process::process_udfs;
 
@@ -471,9 +471,15 @@ fn sink_part(sink: Option<&WriteSpec>, launch: &Launch) -> Option<SinkPart> {
     })
 }
 
-/// The bytes a task reads: its input blocks, else the file, ids or rows its source stage
-/// reads. Its memory hint, since the task's working set grows with what it reads (decoded
-/// batches, the output it builds, a reduce's concatenated partition).
+/// How many bytes a Parquet file's rows are taken to fill decoded, per byte of the file,
+/// before they are read: a columnar file holds them encoded and compressed (a file of
+/// repeated values decodes to ten times its size and more). Rows of text formats take about
+/// their own bytes.
+const PARQUET_BYTES_PER_FILE_BYTE: u64 = 4;
+
+/// The bytes a task reads: its input blocks, else the rows of the file it reads (as decoded:
+/// [`PARQUET_BYTES_PER_FILE_BYTE`]), or its ids or inline rows. Its memory hint, since the
+/// task's working set grows with what it reads (decoded batches, the output it builds).
 pub(super) fn input_bytes(
     stage: &Stage,
     input: &StageInput,
@@ -487,7 +493,12 @@ pub(super) fn input_bytes(
         .sum();
     let source = match (&stage.kind, input) {
         (StageKind::Read(scan), StageInput::File(index)) => {
-            scan.files.get(*index as usize).map_or(0, |file| file.size)
+            let per_file_byte = match scan.format {
+                FileFormat::Parquet => PARQUET_BYTES_PER_FILE_BYTE,
+                _ => 1,
+            };
+            let file = scan.files.get(*index as usize);
+            file.map_or(0, |file| file.size.saturating_mul(per_file_byte))
         }
         (_, StageInput::Range { start, end }) => {
             end.saturating_sub(*start).saturating_mul(ID_BYTES)

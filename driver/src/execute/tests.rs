@@ -16,8 +16,8 @@ use floe_core::expr::{col, lit, when};
 use floe_core::job::{CacheMode, JobOptions, JobSpec, OperatorStats};
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{
-    AggFunction, Aggregation, Compression, DEFAULT_TARGET_FILE_SIZE, FileFormat, LogicalPlan,
-    SortKey, WriteMode, WriteSpec,
+    AggFunction, Aggregation, Compression, CsvOptions, DEFAULT_TARGET_FILE_SIZE, FileFormat,
+    LogicalPlan, SortKey, WriteMode, WriteSpec,
 };
 use floe_core::wire::WireConfig;
 use floe_core::{ActorId, NodeId, ObjectId};
@@ -1643,9 +1643,38 @@ async fn a_fused_read_applies_its_row_operators_before_an_aggregate_splits_its_r
     assert!(maps.iter().all(|map| map.input_nodes.is_empty()));
 }
 
+/// A read task's memory hint is what its file's rows are taken to fill decoded: four times a
+/// Parquet file's size (it holds them compressed), a CSV file's own size.
+#[tokio::test]
+async fn a_read_tasks_memory_hint_is_its_files_rows_as_decoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = read_of_files(dir.path(), 1, 40);
+    let parquet_bytes = std::fs::metadata(dir.path().join("part-00.parquet"))
+        .unwrap()
+        .len();
+    let csv_path = dir.path().join("rows.csv");
+    let lines: String = (0..40).map(|id| format!("{id}\n")).collect();
+    std::fs::write(&csv_path, format!("id\n{lines}")).unwrap();
+    let csv_bytes = std::fs::metadata(&csv_path).unwrap().len();
+    let csv = floe_engine::read::discover(FileFormat::Csv(CsvOptions::default()), &[&csv_path]);
+    let csv = LogicalPlan::read(csv.unwrap()).unwrap();
+    for (plan, hint) in [(parquet, 4 * parquet_bytes), (csv, csv_bytes)] {
+        let fake = fake(1, 2);
+        let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+        let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+        assert_eq!(ids, (0..40).collect::<Vec<_>>());
+        let hints: Vec<u64> = fake
+            .lease_grants()
+            .iter()
+            .map(|(request, _)| request.memory_hint)
+            .collect();
+        assert_eq!(hints, vec![hint]);
+    }
+}
+
 /// A fused read's rows are not read when its shuffle's partitions are counted: they are
-/// taken to fill four times its files' sizes, and the rule gives at most one partition per
-/// file.
+/// taken to fill four times its Parquet files' sizes, and the rule gives at most one
+/// partition per file.
 #[tokio::test]
 async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
     let dir = tempfile::tempdir().unwrap();
