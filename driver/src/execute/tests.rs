@@ -1709,12 +1709,20 @@ async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
     let plan = read_of_files(dir.path(), files, rows)
         .random_shuffle(Some(4))
         .unwrap();
+    // The rows in the order a run without a fault gives them.
+    let clean = fake(3, 2);
+    let record = run(&clean, &spec(plan.clone(), CacheMode::NoCache)).await;
+    let expected = column(&clean.batches(outputs(succeeded(&record))), "id");
     let fake = fake(3, 2);
     lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
-    let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
-    ids.sort_unstable();
-    assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
+    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    // The map task read and split its file again into the same parts in the same orders, so
+    // the shuffle's order is the seed's, row for row.
+    assert_eq!(ids, expected);
+    let mut sorted = ids;
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..files * rows).collect::<Vec<_>>());
     assert!(
         stats(&record, "read").rebuilt >= 1,
         "{:?}",
@@ -1728,6 +1736,155 @@ async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
     assert!(makers.iter().all(|map| map.input_nodes.is_empty()));
     let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
     assert_eq!(fake.stored_objects(), outputs);
+}
+
+/// A fused sort whose map object is lost with its node: the map task reads its file and
+/// splits it by the same boundaries again, and the output is every row, sorted.
+#[tokio::test]
+async fn a_fused_sorts_lost_map_object_is_read_and_split_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (6, 40);
+    let plan = read_of_files(dir.path(), files, rows)
+        .sort(vec![SortKey::desc("id")])
+        .unwrap();
+    let fake = fake(3, 2);
+    lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), blocks_of(256)).await;
+    assert_eq!(operator_names(&record), ["read→sort"]);
+    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    assert_eq!(ids, (0..files * rows).rev().collect::<Vec<_>>());
+    assert!(
+        stats(&record, "read").rebuilt >= 1,
+        "{:?}",
+        stats(&record, "read")
+    );
+    let tasks = fake.tasks();
+    let makers = makers_of_the_lost_input(&tasks);
+    assert_eq!(makers.len(), 2, "the lost object was not made again");
+    assert!(
+        makers
+            .iter()
+            .all(|map| matches!(map.input, StageInput::RangePartition { .. }))
+    );
+}
+
+/// A fused shuffle's output is cached like any shuffle's: run again, the job loads its
+/// shards and gives the same rows in the same order, and no task reads a file or splits rows.
+#[tokio::test]
+async fn a_cached_fused_shuffle_is_loaded_again_without_reading_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, rows) = (4, 40);
+    let plan = read_of_files(dir.path(), files, rows)
+        .random_shuffle(Some(3))
+        .unwrap();
+    let fake = fake(2, 2);
+    let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
+    assert_eq!(operator_names(&first), ["read→random_shuffle"]);
+    let expected = column(&fake.batches(outputs(succeeded(&first))), "id");
+    let ran = fake.tasks().len();
+    let second = run(&fake, &spec(plan, CacheMode::Reuse)).await;
+    let ids = column(&fake.batches(outputs(succeeded(&second))), "id");
+    assert_eq!(ids, expected);
+    let tasks = fake.tasks();
+    let again: Vec<_> = tasks[ran..]
+        .iter()
+        .filter(|task| is_map_side(task) || matches!(task.input, StageInput::Reduce { .. }))
+        .collect();
+    assert!(again.is_empty(), "the shuffle ran again: {again:?}");
+    let loaded = stats(&second, "read");
+    assert!(
+        loaded.cache_hits > 0 && loaded.cache_misses == 0,
+        "{loaded:?}"
+    );
+}
+
+/// `partitions` Hive partitions `k=0`, `k=1`, … under `dir`, each one Parquet file of `rows`
+/// ids (partition k holds ids k·rows up to (k+1)·rows) and their doubles, `twice`; discovered.
+fn hive_files(dir: &std::path::Path, partitions: i64, rows: i64) -> floe_core::plan::FileScan {
+    for k in 0..partitions {
+        let partition = dir.join(format!("k={k}"));
+        std::fs::create_dir(&partition).unwrap();
+        let ids = Int64Array::from_iter_values(k * rows..(k + 1) * rows);
+        let twice = Int64Array::from_iter_values((k * rows..(k + 1) * rows).map(|id| 2 * id));
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(ids) as _),
+            ("twice", Arc::new(twice) as _),
+        ])
+        .unwrap();
+        let out = std::fs::File::create(partition.join("part.parquet")).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(out, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    floe_engine::read::discover(FileFormat::Parquet, &[dir]).unwrap()
+}
+
+/// A fused sort by a Hive partition key and a file column: its sample tasks read only the
+/// keys of each file (the partition key from the file's path), and the output is in order.
+#[tokio::test]
+async fn a_fused_sort_by_a_hive_key_and_a_file_column_samples_both_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (partitions, rows) = (4, 30);
+    let plan = LogicalPlan::read(hive_files(dir.path(), partitions, rows))
+        .unwrap()
+        .sort(vec![SortKey::desc("k"), SortKey::asc("id")])
+        .unwrap();
+    let fake = fake(2, 2);
+    // The columns each fused sample task reads, in name order.
+    let sampled: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = Arc::clone(&sampled);
+    fake.on_tasks(
+        u32::MAX,
+        move |task| {
+            if let (StageInput::Sample { .. }, Some(source)) = (task.task.input, &task.task.source)
+            {
+                let fields = source.stage.schema.fields().iter();
+                let mut columns: Vec<String> = fields.map(|f| f.name().clone()).collect();
+                columns.sort();
+                seen.lock().unwrap().push(columns);
+            }
+            false
+        },
+        Fault::Delay(Duration::ZERO),
+    );
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), blocks_of(256)).await;
+    assert_eq!(operator_names(&record), ["read→sort"]);
+    let batches = fake.batches(outputs(succeeded(&record)));
+    let rows_out: Vec<(i64, i64, i64)> = column(&batches, "k")
+        .into_iter()
+        .zip(column(&batches, "id"))
+        .zip(column(&batches, "twice"))
+        .map(|((k, id), twice)| (k, id, twice))
+        .collect();
+    let expected: Vec<(i64, i64, i64)> = (0..partitions)
+        .rev()
+        .flat_map(|k| (k * rows..(k + 1) * rows).map(move |id| (k, id, 2 * id)))
+        .collect();
+    assert_eq!(rows_out, expected);
+    let keys = vec!["id".to_owned(), "k".to_owned()];
+    assert_eq!(*sampled.lock().unwrap(), vec![keys; partitions as usize]);
+}
+
+/// A fused shuffle whose read keeps no file (its predicate rules out every Hive partition)
+/// runs no map task and succeeds with no rows.
+#[tokio::test]
+async fn a_fused_shuffle_over_a_read_of_no_files_gives_no_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let scan = hive_files(dir.path(), 2, 10);
+    assert_eq!(scan.files.len(), 2);
+    let plan = LogicalPlan::read(scan)
+        .unwrap()
+        .filter(col("k").eq(lit(7i64)))
+        .unwrap()
+        .random_shuffle(Some(1))
+        .unwrap();
+    let fake = fake(2, 2);
+    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+    let batches = fake.batches(outputs(succeeded(&record)));
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    assert_eq!(operator_names(&record), ["read→random_shuffle"]);
+    let tasks = fake.tasks();
+    assert!(tasks.iter().all(|task| !is_map_side(task)), "{tasks:?}");
 }
 
 /// The names of the operators `plan` runs with `cache`.
