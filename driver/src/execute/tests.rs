@@ -110,6 +110,11 @@ fn outputs(record: &JobRecord) -> Vec<ObjectId> {
     record.outputs.iter().map(|output| output.object).collect()
 }
 
+/// The ids of a succeeded job's output, in order, as `fake` stores them.
+fn output_ids(fake: &FakeCluster, record: &JobRecord) -> Vec<i64> {
+    column(&fake.batches(outputs(succeeded(record))), "id")
+}
+
 /// Column `name` of `batches`, in order.
 fn column(batches: &[RecordBatch], name: &str) -> Vec<i64> {
     batches
@@ -1580,16 +1585,20 @@ fn read_of_files(dir: &std::path::Path, files: i64, rows_per_file: i64) -> Logic
     LogicalPlan::read(floe_engine::read::discover(FileFormat::Parquet, &paths).unwrap()).unwrap()
 }
 
+/// A random shuffle, seeded with `seed`, of a read of `files` files (see [`read_of_files`]).
+fn shuffled_files(dir: &std::path::Path, files: i64, rows: i64, seed: u64) -> LogicalPlan {
+    let read = read_of_files(dir, files, rows);
+    read.random_shuffle(Some(seed)).unwrap()
+}
+
 #[tokio::test]
 async fn a_read_only_a_shuffle_reads_is_split_by_its_own_tasks_as_they_read() {
     let dir = tempfile::tempdir().unwrap();
     let (files, rows) = (5, 40);
-    let plan = read_of_files(dir.path(), files, rows)
-        .random_shuffle(Some(9))
-        .unwrap();
+    let plan = shuffled_files(dir.path(), files, rows, 9);
     let fake = fake(2, 2);
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
-    let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    let mut ids = output_ids(&fake, &record);
     assert_ne!(ids, (0..files * rows).collect::<Vec<_>>(), "not shuffled");
     ids.sort_unstable();
     assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
@@ -1661,7 +1670,7 @@ async fn a_read_tasks_memory_hint_is_its_files_rows_as_decoded() {
     for (plan, hint) in [(parquet, 4 * parquet_bytes), (csv, csv_bytes)] {
         let fake = fake(1, 2);
         let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
-        let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+        let ids = output_ids(&fake, &record);
         assert_eq!(ids, (0..40).collect::<Vec<_>>());
         let hints: Vec<u64> = fake
             .lease_grants()
@@ -1679,9 +1688,7 @@ async fn a_read_tasks_memory_hint_is_its_files_rows_as_decoded() {
 async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let (files, rows) = (5, 40);
-    let plan = read_of_files(dir.path(), files, rows)
-        .random_shuffle(Some(9))
-        .unwrap();
+    let plan = shuffled_files(dir.path(), files, rows, 9);
     let bytes: u64 = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|entry| entry.unwrap().metadata().unwrap().len())
@@ -1691,7 +1698,7 @@ async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
         let fake = fake(2, 2);
         let config = blocks_of(max_block_bytes);
         let record = run_with(&fake, &spec(plan.clone(), CacheMode::NoCache), config).await;
-        let mut ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+        let mut ids = output_ids(&fake, &record);
         ids.sort_unstable();
         assert_eq!(ids, (0..files * rows).collect::<Vec<_>>());
         assert_eq!(
@@ -1702,70 +1709,44 @@ async fn a_fused_reads_partitions_are_counted_from_its_files_sizes() {
     }
 }
 
+/// A fused shuffle's or sort's map object lost with its node: the map task that made it
+/// reads its file and splits it again, under its task id (so the object keeps its id), into
+/// the same parts in the same orders, so the output is the one a run without a fault gives,
+/// row for row.
 #[tokio::test]
 async fn a_fused_map_object_lost_with_its_node_is_read_and_split_again() {
-    let dir = tempfile::tempdir().unwrap();
     let (files, rows) = (6, 40);
-    let plan = read_of_files(dir.path(), files, rows)
-        .random_shuffle(Some(4))
-        .unwrap();
-    // The rows in the order a run without a fault gives them.
-    let clean = fake(3, 2);
-    let record = run(&clean, &spec(plan.clone(), CacheMode::NoCache)).await;
-    let expected = column(&clean.batches(outputs(succeeded(&record))), "id");
-    let fake = fake(3, 2);
-    lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
-    let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
-    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
-    // The map task read and split its file again into the same parts in the same orders, so
-    // the shuffle's order is the seed's, row for row.
-    assert_eq!(ids, expected);
-    let mut sorted = ids;
-    sorted.sort_unstable();
-    assert_eq!(sorted, (0..files * rows).collect::<Vec<_>>());
-    assert!(
-        stats(&record, "read").rebuilt >= 1,
-        "{:?}",
-        stats(&record, "read")
-    );
-    // The map task that made the lost object read its file again, under its task id, so the
-    // object kept its id.
-    let tasks = fake.tasks();
-    let makers = makers_of_the_lost_input(&tasks);
-    assert_eq!(makers.len(), 2, "the lost object was not made again");
-    assert!(makers.iter().all(|map| map.input_nodes.is_empty()));
-    let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
-    assert_eq!(fake.stored_objects(), outputs);
-}
-
-/// A fused sort whose map object is lost with its node: the map task reads its file and
-/// splits it by the same boundaries again, and the output is every row, sorted.
-#[tokio::test]
-async fn a_fused_sorts_lost_map_object_is_read_and_split_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let (files, rows) = (6, 40);
-    let plan = read_of_files(dir.path(), files, rows)
+    let (shuffle_dir, sort_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sorted = read_of_files(sort_dir.path(), files, rows)
         .sort(vec![SortKey::desc("id")])
         .unwrap();
-    let fake = fake(3, 2);
-    lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
-    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), blocks_of(256)).await;
-    assert_eq!(operator_names(&record), ["read→sort"]);
-    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
-    assert_eq!(ids, (0..files * rows).rev().collect::<Vec<_>>());
-    assert!(
-        stats(&record, "read").rebuilt >= 1,
-        "{:?}",
-        stats(&record, "read")
-    );
-    let tasks = fake.tasks();
-    let makers = makers_of_the_lost_input(&tasks);
-    assert_eq!(makers.len(), 2, "the lost object was not made again");
-    assert!(
-        makers
-            .iter()
-            .all(|map| matches!(map.input, StageInput::RangePartition { .. }))
-    );
+    let shuffled = shuffled_files(shuffle_dir.path(), files, rows, 4);
+    // A shuffle's map task reads no block; a sort's reads its boundaries.
+    for (plan, blocks_read) in [(shuffled, 0), (sorted, 1)] {
+        let clean = fake(3, 2);
+        let record = run(&clean, &spec(plan.clone(), CacheMode::NoCache)).await;
+        let expected = output_ids(&clean, &record);
+        let fake = fake(3, 2);
+        lose_a_map_object_to_a_reduce(&fake, |task| task.task.source.is_some());
+        let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
+        let ids = output_ids(&fake, &record);
+        assert_eq!(ids, expected);
+        let mut sorted = ids;
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..files * rows).collect::<Vec<_>>());
+        let read = stats(&record, "read");
+        assert!(read.rebuilt >= 1, "{read:?}");
+        let tasks = fake.tasks();
+        let makers = makers_of_the_lost_input(&tasks);
+        assert_eq!(makers.len(), 2, "the lost object was not made again");
+        assert!(
+            makers
+                .iter()
+                .all(|map| map.input_nodes.len() == blocks_read)
+        );
+        let outputs: BTreeSet<ObjectId> = outputs(&record).into_iter().collect();
+        assert_eq!(fake.stored_objects(), outputs);
+    }
 }
 
 /// A fused shuffle's output is cached like any shuffle's: run again, the job loads its
@@ -1774,16 +1755,14 @@ async fn a_fused_sorts_lost_map_object_is_read_and_split_again() {
 async fn a_cached_fused_shuffle_is_loaded_again_without_reading_its_files() {
     let dir = tempfile::tempdir().unwrap();
     let (files, rows) = (4, 40);
-    let plan = read_of_files(dir.path(), files, rows)
-        .random_shuffle(Some(3))
-        .unwrap();
+    let plan = shuffled_files(dir.path(), files, rows, 3);
     let fake = fake(2, 2);
     let first = run(&fake, &spec(plan.clone(), CacheMode::Reuse)).await;
     assert_eq!(operator_names(&first), ["read→random_shuffle"]);
-    let expected = column(&fake.batches(outputs(succeeded(&first))), "id");
+    let expected = output_ids(&fake, &first);
     let ran = fake.tasks().len();
     let second = run(&fake, &spec(plan, CacheMode::Reuse)).await;
-    let ids = column(&fake.batches(outputs(succeeded(&second))), "id");
+    let ids = output_ids(&fake, &second);
     assert_eq!(ids, expected);
     let tasks = fake.tasks();
     let again: Vec<_> = tasks[ran..]
@@ -1796,6 +1775,27 @@ async fn a_cached_fused_shuffle_is_loaded_again_without_reading_its_files() {
         loaded.cache_hits > 0 && loaded.cache_misses == 0,
         "{loaded:?}"
     );
+}
+
+/// The columns each fused sample task `fake` runs reads, in name order, one list per task.
+fn sampled_columns(fake: &FakeCluster) -> Arc<std::sync::Mutex<Vec<Vec<String>>>> {
+    let sampled: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = Arc::clone(&sampled);
+    fake.on_tasks(
+        u32::MAX,
+        move |task| {
+            if let (StageInput::Sample { .. }, Some(source)) = (task.task.input, &task.task.source)
+            {
+                let fields = source.stage.schema.fields().iter();
+                let mut columns: Vec<String> = fields.map(|f| f.name().clone()).collect();
+                columns.sort();
+                seen.lock().unwrap().push(columns);
+            }
+            false
+        },
+        Fault::Delay(Duration::ZERO),
+    );
+    sampled
 }
 
 /// `partitions` Hive partitions `k=0`, `k=1`, … under `dir`, each one Parquet file of `rows`
@@ -1830,23 +1830,7 @@ async fn a_fused_sort_by_a_hive_key_and_a_file_column_samples_both_keys() {
         .sort(vec![SortKey::desc("k"), SortKey::asc("id")])
         .unwrap();
     let fake = fake(2, 2);
-    // The columns each fused sample task reads, in name order.
-    let sampled: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
-    let seen = Arc::clone(&sampled);
-    fake.on_tasks(
-        u32::MAX,
-        move |task| {
-            if let (StageInput::Sample { .. }, Some(source)) = (task.task.input, &task.task.source)
-            {
-                let fields = source.stage.schema.fields().iter();
-                let mut columns: Vec<String> = fields.map(|f| f.name().clone()).collect();
-                columns.sort();
-                seen.lock().unwrap().push(columns);
-            }
-            false
-        },
-        Fault::Delay(Duration::ZERO),
-    );
+    let sampled = sampled_columns(&fake);
     let record = run_with(&fake, &spec(plan, CacheMode::NoCache), blocks_of(256)).await;
     assert_eq!(operator_names(&record), ["read→sort"]);
     let batches = fake.batches(outputs(succeeded(&record)));
@@ -2000,28 +1984,9 @@ async fn a_sort_fused_with_its_read_samples_the_keys_of_each_file_then_splits_it
         .sort(vec![SortKey::desc("id")])
         .unwrap();
     let fake = fake(2, 2);
-    // The columns each fused sample task reads.
-    let sampled: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
-    let seen = Arc::clone(&sampled);
-    fake.on_tasks(
-        u32::MAX,
-        move |task| {
-            if let (StageInput::Sample { .. }, Some(source)) = (task.task.input, &task.task.source)
-            {
-                let columns = source
-                    .stage
-                    .schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().clone());
-                seen.lock().unwrap().push(columns.collect());
-            }
-            false
-        },
-        Fault::Delay(Duration::ZERO),
-    );
+    let sampled = sampled_columns(&fake);
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
-    let ids = column(&fake.batches(outputs(succeeded(&record))), "id");
+    let ids = output_ids(&fake, &record);
     assert_eq!(ids, (0..files * rows).rev().collect::<Vec<_>>());
     assert_eq!(operator_names(&record), ["read→sort"]);
     assert_eq!(
