@@ -504,6 +504,62 @@ async fn submit(
     Ok(())
 }
 
+/// Clients submitting jobs during the measured window.
+const STREAM_CLIENTS: u64 = 8;
+
+/// The measured window's stream of jobs: `clients` clients, each submitting a job every
+/// `every` until `stop`.
+struct StreamJobs {
+    addrs: Vec<String>,
+    wire: WireConfig,
+    clients: u64,
+    every: Duration,
+    spec: Arc<[u8]>,
+    observed: Arc<Observed>,
+    began: Instant,
+    stop: Arc<AtomicBool>,
+}
+
+impl StreamJobs {
+    /// Connects every client with a job of its own, says so on `connected`, and streams once
+    /// `start` comes (not at all if the bench drops it).
+    async fn run(
+        self,
+        connected: tokio::sync::oneshot::Sender<()>,
+        start: tokio::sync::oneshot::Receiver<()>,
+    ) -> anyhow::Result<()> {
+        let mut clients = Vec::new();
+        for _ in 0..self.clients {
+            let client = SchedulerClient::new(self.addrs.clone(), self.wire.clone())?;
+            let mut client = client.with_retry_for(READY_TIMEOUT);
+            submit(&mut client, &self.spec, None, &self.observed, self.began).await?;
+            clients.push(client);
+        }
+        // The bench waits on the other end; gone, it has failed already.
+        let _ = connected.send(());
+        if start.await.is_err() {
+            return Ok(());
+        }
+        let mut stream = JoinSet::new();
+        for mut client in clients {
+            let (spec, observed) = (Arc::clone(&self.spec), Arc::clone(&self.observed));
+            let (stop, every, began) = (Arc::clone(&self.stop), self.every, self.began);
+            stream.spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                while !stop.load(Ordering::Relaxed) {
+                    ticks.tick().await;
+                    submit(&mut client, &spec, None, &observed, began).await?;
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(joined) = stream.join_next().await {
+            joined??;
+        }
+        Ok(())
+    }
+}
+
 /// Waits until every submitted job has finished (or `timeout` passes).
 async fn until_finished(observed: &Observed, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
@@ -673,38 +729,45 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let prefill = prefilling.elapsed();
     let prefilled = observed.finished.load(Ordering::Relaxed);
 
-    // The stream's clients, each connected to the leader by a job of its own before the
-    // window: a client connects on its first call, and is redirected when it asked a
-    // follower, which is no commit's latency (it made the longest "commit" of most runs).
-    let submitters_in_stream = 8u64;
-    let mut stream_clients = Vec::new();
-    for _ in 0..submitters_in_stream {
-        let mut client = cluster.client()?.with_retry_for(READY_TIMEOUT);
-        submit(&mut client, &spec, None, &observed, began).await?;
-        stream_clients.push(client);
-    }
+    // The stream's clients run on a runtime of their own, as a client's process would: on
+    // this runtime, which simulates the nodes, a commit's reply waited its turn behind the
+    // simulation's tasks. Each connects to the leader with a job of its own before the window
+    // (a client connects on its first call, and is redirected when it asked a follower,
+    // which is no commit's latency).
+    let stream_stop = Arc::new(AtomicBool::new(false));
+    let (connected, stream_connected) = tokio::sync::oneshot::channel();
+    let (start_stream, started) = tokio::sync::oneshot::channel();
+    let stream = {
+        let jobs = StreamJobs {
+            addrs: cluster.addrs(),
+            wire: cluster.wire(),
+            clients: STREAM_CLIENTS,
+            every: Duration::from_secs_f64(STREAM_CLIENTS as f64 / plan.stream_rate as f64),
+            spec: Arc::clone(&spec),
+            observed: Arc::clone(&observed),
+            began,
+            stop: Arc::clone(&stream_stop),
+        };
+        std::thread::Builder::new()
+            .name("stream-clients".to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(jobs.run(connected, started))
+            })?
+    };
+    stream_connected
+        .await
+        .context("the stream's clients did not connect")?;
     until_finished(&observed, READY_TIMEOUT).await?;
 
     // The measured window: a steady stream of jobs.
     observed.measuring.store(true, Ordering::Relaxed);
     let grants_before = observed.grants.load(Ordering::Relaxed);
     let finished_before = observed.finished.load(Ordering::Relaxed);
-    let stream_stop = Arc::new(AtomicBool::new(false));
-    let mut stream = JoinSet::new();
-    for mut client in stream_clients {
-        let observed = Arc::clone(&observed);
-        let spec = Arc::clone(&spec);
-        let stream_stop = Arc::clone(&stream_stop);
-        let every = Duration::from_secs_f64(submitters_in_stream as f64 / plan.stream_rate as f64);
-        stream.spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            while !stream_stop.load(Ordering::Relaxed) {
-                ticks.tick().await;
-                submit(&mut client, &spec, None, &observed, began).await?;
-            }
-            anyhow::Ok(())
-        });
-    }
+    // Gone only if the stream's thread failed, which joining it below reports.
+    let _ = start_stream.send(());
     // Every replica's snapshots, by (replica, index): a follower's build slows the commits
     // it is part of the quorum of as much as the leader's.
     let mut snapshots: BTreeMap<(u64, u64), SnapshotTiming> = BTreeMap::new();
@@ -717,9 +780,9 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let measured = measuring.elapsed();
     let stream_cpu_share = (cpu_seconds(leader_pid)? - cpu_before) / measured.as_secs_f64();
     stream_stop.store(true, Ordering::Relaxed);
-    while let Some(joined) = stream.join_next().await {
-        joined??;
-    }
+    tokio::task::spawn_blocking(move || stream.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the stream's thread panicked"))??;
     observed.measuring.store(false, Ordering::Relaxed);
     let grants_per_s =
         (observed.grants.load(Ordering::Relaxed) - grants_before) as f64 / measured.as_secs_f64();
