@@ -38,14 +38,10 @@ fn permute_parts(parts: Vec<RecordBatch>, seed: u64) -> Result<Vec<RecordBatch>>
     parts
         .into_iter()
         .map(|part| {
-            let mut random = SplitMix64::new(seeds.next_u64());
             let rows = u32::try_from(part.num_rows())
                 .map_err(|_| invalid("a map task's part holds over 2^32 rows"))?;
             let mut order: Vec<u32> = (0..rows).collect();
-            for last in (1..order.len()).rev() {
-                let other = scale(random.next_u64(), last + 1);
-                order.swap(last, other);
-            }
+            fisher_yates(&mut order, seeds.next_u64());
             let order = arrow::array::UInt32Array::from(order);
             Ok(arrow::compute::take_record_batch(&part, &order)?)
         })
@@ -61,6 +57,16 @@ fn random_partitions(rows: usize, parts: usize, seed: u64) -> Vec<usize> {
     (0..rows).map(|_| scale(random.next_u64(), parts)).collect()
 }
 
+/// Puts `items` in a uniformly random order (Fisher-Yates) drawn from a PRNG seeded with
+/// `seed`, so the same seed gives the same order.
+fn fisher_yates<T>(items: &mut [T], seed: u64) {
+    let mut random = SplitMix64::new(seed);
+    for last in (1..items.len()).rev() {
+        let other = scale(random.next_u64(), last + 1);
+        items.swap(last, other);
+    }
+}
+
 /// A reduce's order of its partition: the rows of `batches` interleaved at random (drawn from
 /// a PRNG seeded with `seed`, so the same seed gives the same order), each batch read in its
 /// own order. When each batch's rows are in a uniformly random order of their own, as a map
@@ -72,16 +78,12 @@ pub fn interleave(batches: &[RecordBatch], schema: &SchemaRef, seed: u64) -> Res
 /// The order [`interleave`] gathers the rows in: each output row's batch is drawn by a
 /// Fisher-Yates shuffle of the batch numbers (one per row), and takes that batch's next row.
 fn interleaving(batches: Vec<RecordBatch>, schema: SchemaRef, seed: u64) -> Reordering {
-    let mut random = SplitMix64::new(seed);
     let mut sources: Vec<usize> = batches
         .iter()
         .enumerate()
         .flat_map(|(index, batch)| std::iter::repeat_n(index, batch.num_rows()))
         .collect();
-    for last in (1..sources.len()).rev() {
-        let other = scale(random.next_u64(), last + 1);
-        sources.swap(last, other);
-    }
+    fisher_yates(&mut sources, seed);
     let mut next = vec![0; batches.len()];
     let order = sources
         .into_iter()
