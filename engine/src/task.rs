@@ -109,9 +109,7 @@ pub fn run_stage_task(
         (StageKind::AllToAll(operator), input) => {
             let schemas: Vec<_> = task.input_schemas.iter().cloned().map(Arc::new).collect();
             let output = Arc::new(stage.schema.clone());
-            if !matches!(input, StageInput::Reduce { .. }) {
-                exchange::run(operator, input, &schemas, inputs)
-            } else {
+            if matches!(input, StageInput::Reduce { .. }) {
                 let reduced = exchange::reduce(operator, &output, input, &schemas, inputs)?;
                 if let Some(sink) = &task.sink {
                     // Written a chunk at a time: a sorted or permuted partition goes into its
@@ -121,6 +119,8 @@ pub fn run_stage_task(
                 }
                 // A reduce output is cut to the block size range like any other.
                 Ok(TaskOutput::Blocks(reduced.into_blocks(&context.sizing)?))
+            } else {
+                exchange::run(operator, input, &schemas, inputs)
             }
         }
         (StageKind::Write(spec), StageInput::Sink { index }) => {
