@@ -507,12 +507,11 @@ async fn submit(
 /// Clients submitting jobs during the measured window.
 const STREAM_CLIENTS: u64 = 8;
 
-/// The measured window's stream of jobs: `clients` clients, each submitting a job every
-/// `every` until `stop`.
+/// The measured window's stream of jobs: each of `clients` (not connected yet: a client
+/// connects on its first call, on the runtime that makes it) submits a job every `every`
+/// until `stop`.
 struct StreamJobs {
-    addrs: Vec<String>,
-    wire: WireConfig,
-    clients: u64,
+    clients: Vec<SchedulerClient>,
     every: Duration,
     spec: Arc<[u8]>,
     observed: Arc<Observed>,
@@ -528,12 +527,9 @@ impl StreamJobs {
         connected: tokio::sync::oneshot::Sender<()>,
         start: tokio::sync::oneshot::Receiver<()>,
     ) -> anyhow::Result<()> {
-        let mut clients = Vec::new();
-        for _ in 0..self.clients {
-            let client = SchedulerClient::new(self.addrs.clone(), self.wire.clone())?;
-            let mut client = client.with_retry_for(READY_TIMEOUT);
-            submit(&mut client, &self.spec, None, &self.observed, self.began).await?;
-            clients.push(client);
+        let mut clients = self.clients;
+        for client in &mut clients {
+            submit(client, &self.spec, None, &self.observed, self.began).await?;
         }
         // The bench waits on the other end; gone, it has failed already.
         let _ = connected.send(());
@@ -738,10 +734,11 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
     let (connected, stream_connected) = tokio::sync::oneshot::channel();
     let (start_stream, started) = tokio::sync::oneshot::channel();
     let stream = {
+        let clients = (0..STREAM_CLIENTS)
+            .map(|_| Ok(cluster.client()?.with_retry_for(READY_TIMEOUT)))
+            .collect::<anyhow::Result<_>>()?;
         let jobs = StreamJobs {
-            addrs: cluster.addrs(),
-            wire: cluster.wire(),
-            clients: STREAM_CLIENTS,
+            clients,
             every: Duration::from_secs_f64(STREAM_CLIENTS as f64 / plan.stream_rate as f64),
             spec: Arc::clone(&spec),
             observed: Arc::clone(&observed),
