@@ -184,18 +184,18 @@ pub struct ReplicaStatus {
     pub last_snapshot: Option<SnapshotTiming>,
 }
 
-/// How a replica built a snapshot of its state: a copy on the Raft task, the encoding and
+/// How a replica built a snapshot of its state: a copy on the Raft loop, the encoding and
 /// the fsynced file off it, then dropping the covered log entries on it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotTiming {
     pub index: u64,
     /// The encoded state.
     pub bytes: u64,
-    /// Copying the state, on the Raft task.
+    /// Copying the state, on the Raft loop.
     pub copy_us: u64,
-    /// Encoding the copy and writing the snapshot file, off the Raft task.
+    /// Encoding the copy and writing the snapshot file, off the Raft loop.
     pub build_ms: u64,
-    /// Dropping the covered entries, on the Raft task (the log files are written off it).
+    /// Dropping the covered entries, on the Raft loop (the log files are written off it).
     pub keep_us: u64,
     /// When the copy was taken and when the snapshot was kept, in milliseconds since the
     /// Unix epoch on the replica's clock.

@@ -838,7 +838,7 @@ impl ClusterState {
         drivers_on(&self.drivers, &self.jobs, node)
     }
 
-    /// The nodes and who drives what, for answering heartbeats off the Raft task; O(1).
+    /// The nodes and who drives what, for answering heartbeats off the Raft loop; O(1).
     pub fn node_directory(&self) -> NodeDirectory {
         NodeDirectory {
             applied_index: self.applied_index,

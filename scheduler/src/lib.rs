@@ -52,8 +52,10 @@ pub enum Error {
     Wire(#[from] WireError),
     #[error("invalid --peers: {0}")]
     Peers(String),
-    #[error("the raft task panicked: {0}")]
-    RaftTaskPanicked(String),
+    #[error("cannot start the raft thread: {0}")]
+    RaftThreadStart(#[source] std::io::Error),
+    #[error("the raft thread panicked: {0}")]
+    RaftThreadPanicked(String),
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
     #[error(transparent)]

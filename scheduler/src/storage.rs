@@ -38,7 +38,7 @@ pub trait LogStore: Storage + Send + 'static {
     /// already wrote is not written again.
     fn compact(&mut self, snapshot: Snapshot) -> Result<Compacted>;
 
-    /// Writes snapshots durably off the Raft task, so a large state's encoding and fsync
+    /// Writes snapshots durably off the Raft loop, so a large state's encoding and fsync
     /// never hold up commits; [`LogStore::compact`] then only drops the covered entries.
     fn snapshot_writer(&self) -> SnapshotWriter {
         SnapshotWriter::InMemory
@@ -53,7 +53,7 @@ pub trait LogStore: Storage + Send + 'static {
 
 /// What keeping a snapshot let go of: the snapshot it replaced and the entries it covers.
 /// The replaced snapshot is the whole state encoded (14 MB at 100,000 jobs), and freeing it
-/// on the Raft task took 6–33 ms of every snapshot kept in `floe-bench scale`: the caller
+/// on the Raft loop took 6–33 ms of every snapshot kept in `floe-bench scale`: the caller
 /// drops it where that delays no commit.
 #[derive(Debug, Default)]
 pub struct Compacted {
@@ -286,7 +286,7 @@ pub enum SnapshotWriter {
         dir: PathBuf,
         written: Arc<Mutex<Written>>,
         /// The log kept a prepared next WAL and has not moved to it yet: its file must not be
-        /// touched until it has (see [`DiskLog::persist`]). Outside the lock, so the Raft task
+        /// touched until it has (see [`DiskLog::persist`]). Outside the lock, so the Raft loop
         /// saying it moved never waits for a snapshot being written.
         switching: Arc<AtomicBool>,
     },
@@ -464,7 +464,7 @@ const TAG_SNAPSHOT: u8 = 3;
 const WAL_FILE: &str = "wal";
 /// The WAL being started after a snapshot; renamed over [`WAL_FILE`] once complete. Recovery
 /// reads it after `wal` when the rename did not last (the directory is not fsynced on the
-/// Raft task).
+/// Raft loop).
 const WAL_NEXT_FILE: &str = "wal.next";
 const SNAPSHOT_FILE: &str = "snapshot";
 const LOCK_FILE: &str = "lock";

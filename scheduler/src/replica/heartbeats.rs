@@ -1,4 +1,4 @@
-//! Heartbeats, answered off the Raft task.
+//! Heartbeats, answered off the Raft loop.
 //!
 //! A heartbeat commits nothing: it proves a node alive to the leader, reports the node's usage
 //! and is answered with the drivers the node should run. So the RPC front answers it, and the

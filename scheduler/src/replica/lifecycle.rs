@@ -110,7 +110,7 @@ impl<S: LogStore> RaftLoop<S> {
                     .push(block.object);
             }
             self.freeing.insert(*job, now);
-            tokio::spawn(free_on_nodes(
+            self.runtime.spawn(free_on_nodes(
                 *job,
                 by_node,
                 self.node_wire.clone(),

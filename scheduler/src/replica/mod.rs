@@ -1,7 +1,10 @@
 //! One scheduler replica.
 //!
-//! A single task owns the raft-rs `RawNode` and the [`ClusterState`]; everything else talks
-//! to it through one channel: Raft messages from other replicas, client and node requests,
+//! A single loop owns the raft-rs `RawNode` and the [`ClusterState`], on a thread of its own
+//! (a current-thread runtime): the WAL's `fsync` then blocks nothing else, and a proposal or
+//! a peer's acknowledgement wakes it at once instead of waiting its turn behind the RPC
+//! front's tasks. The network work it starts (peer senders, calls to nodes) runs on the
+//! replica's runtime. Everything else talks to it through one channel: Raft messages from other replicas, client and node requests,
 //! and transport reports. Each turn of its loop drains whatever is queued (so proposals that
 //! arrive together share one Ready and one fsync), ticks Raft on a timer, and handles the
 //! Ready in raft-rs's order: send the leader's messages, install a snapshot, append entries
@@ -38,7 +41,6 @@ use floe_core::{JobId, NodeId};
 use raft::prelude::{Entry, EntryType, Message, Snapshot};
 use raft::{GetEntriesContext, RawNode, ReadOnlyOption, SnapshotStatus, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 
 use self::config::port_of;
 use self::heartbeats::{Beats, Directory};
@@ -97,7 +99,7 @@ enum Input {
         peer: u64,
         status: SnapshotStatus,
     },
-    /// A snapshot built off the Raft task (see [`RaftLoop::maybe_compact`]).
+    /// A snapshot built off the Raft loop (see [`RaftLoop::maybe_compact`]).
     SnapshotBuilt(Box<Result<BuiltSnapshot>>),
 }
 
@@ -110,7 +112,7 @@ struct BuiltSnapshot {
     finished_jobs: u64,
 }
 
-/// Whether a snapshot is being built off the Raft task; one at a time.
+/// Whether a snapshot is being built off the Raft loop; one at a time.
 enum SnapshotBuild {
     Idle,
     Running,
@@ -122,8 +124,51 @@ pub struct Replica {
     local_addr: SocketAddr,
     applied_state: watch::Receiver<Arc<ClusterState>>,
     _server: RpcServer,
-    /// Taken by [`Replica::wait`]; aborted on drop otherwise.
-    raft_loop: Option<JoinHandle<Result<()>>>,
+    raft_thread: RaftThread,
+}
+
+/// The Raft loop's thread, as its owner holds it.
+struct RaftThread {
+    /// Dropped to stop the loop, which selects on the other end; no message is ever sent.
+    _stop: oneshot::Sender<()>,
+    /// How the loop ended: its error, or a panic's message.
+    ended: oneshot::Receiver<Result<()>>,
+}
+
+impl RaftThread {
+    /// Runs `raft_loop` on a thread of its own until it fails or the returned handle drops.
+    fn start<S: LogStore>(
+        id: u64,
+        raft_loop: RaftLoop<S>,
+        inputs: mpsc::Receiver<Input>,
+    ) -> Result<Self> {
+        let (stop, stopped) = oneshot::channel();
+        let (report, ended) = oneshot::channel();
+        let run = move || {
+            let run = std::panic::AssertUnwindSafe(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(Error::RaftThreadStart)?
+                    .block_on(raft_loop.run(inputs, stopped))
+            });
+            let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|message| (*message).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_owned());
+                Err(Error::RaftThreadPanicked(message))
+            });
+            // Nobody waits on a replica that was dropped.
+            let _ = report.send(result);
+        };
+        std::thread::Builder::new()
+            .name(format!("raft-{id}"))
+            .spawn(run)
+            .map_err(Error::RaftThreadStart)?;
+        Ok(Self { _stop: stop, ended })
+    }
 }
 
 impl Replica {
@@ -137,7 +182,13 @@ impl Replica {
         let bind = SocketAddr::new(config.bind_host, port_of(own)?);
         let (inputs, receiver) = mpsc::channel(MAX_INPUTS_PER_TURN * 4);
         let notices = Notices::new();
-        let raft_loop = RaftLoop::new(&config, store, inputs.clone(), notices.clone())?;
+        let raft_loop = RaftLoop::new(
+            &config,
+            store,
+            inputs.clone(),
+            notices.clone(),
+            tokio::runtime::Handle::current(),
+        )?;
         let applied_state = raft_loop.published.subscribe();
         let directory = raft_loop.directory.subscribe();
         let beats = Arc::clone(&raft_loop.beats);
@@ -153,12 +204,12 @@ impl Replica {
             beats,
         });
         let server = RpcServer::bind::<SchedulerProtocol, _>(bind, service, config.wire).await?;
-        let raft_loop = tokio::spawn(raft_loop.run(receiver));
+        let raft_thread = RaftThread::start(config.id, raft_loop, receiver)?;
         Ok(Self {
             local_addr: server.local_addr(),
             applied_state,
             _server: server,
-            raft_loop: Some(raft_loop),
+            raft_thread,
         })
     }
 
@@ -173,23 +224,13 @@ impl Replica {
     }
 
     /// Resolves when the Raft loop stops, which only a fatal error (a failed write) causes.
-    pub async fn wait(mut self) -> Result<()> {
-        let Some(raft_loop) = self.raft_loop.take() else {
-            return Ok(());
-        };
-        match raft_loop.await {
-            Ok(result) => result,
-            Err(error) => Err(Error::RaftTaskPanicked(error.to_string())),
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        // The loop owns the peer senders, so their tasks end with it.
-        if let Some(raft_loop) = self.raft_loop.take() {
-            raft_loop.abort();
-        }
+    pub async fn wait(self) -> Result<()> {
+        let Self { raft_thread, .. } = self;
+        let RaftThread { _stop: stop, ended } = raft_thread;
+        let ended = ended.await;
+        drop(stop);
+        // The thread reports even a panic; no report means it never ran to its end.
+        ended.unwrap_or_else(|_| Err(Error::RaftThreadPanicked("no report".to_owned())))
     }
 }
 
@@ -223,6 +264,9 @@ struct RaftLoop<S: LogStore> {
     node_wire: WireConfig,
     /// Where the loop's own requests (commits after freeing outputs on nodes) come back in.
     inputs: mpsc::Sender<Input>,
+    /// The replica's runtime, for the work the loop starts and does not wait on (calls to
+    /// nodes, freeing a replaced log): the loop's own thread runs only the loop.
+    runtime: tokio::runtime::Handle,
     history: Option<HistoryWriter>,
     raw: RawNode<S>,
     /// Whether this replica may vote and campaign (see the `standing` module).
@@ -285,23 +329,13 @@ struct RaftLoop<S: LogStore> {
     finished_that_fit: Option<u64>,
 }
 
-/// Runs `write`, which waits on the disk (a WAL `fsync`), so that the worker thread it blocks
-/// first hands its queued tasks and the runtime's timers and sockets to another thread: the
-/// RPC front keeps answering heartbeats while the Raft task waits. (A blocked worker that
-/// holds the I/O driver, or a task in its LIFO slot, would otherwise stall them too.)
-fn wait_on_disk<T>(write: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
-        _ => write(),
-    }
-}
-
 impl<S: LogStore> RaftLoop<S> {
     fn new(
         config: &ReplicaConfig,
         store: S,
         inputs: mpsc::Sender<Input>,
         notices: Notices,
+        runtime: tokio::runtime::Handle,
     ) -> Result<Self> {
         let snapshot = store.latest_snapshot();
         let state = if snapshot.get_metadata().index == 0 {
@@ -351,6 +385,7 @@ impl<S: LogStore> RaftLoop<S> {
             nodes_config: config.nodes.clone(),
             node_wire: config.node_wire.clone(),
             inputs: inputs.clone(),
+            runtime,
             history: config.history.clone().map(HistoryWriter::new),
             raw,
             standing,
@@ -392,13 +427,19 @@ impl<S: LogStore> RaftLoop<S> {
         })
     }
 
-    async fn run(mut self, mut inputs: mpsc::Receiver<Input>) -> Result<()> {
+    /// Turns until `stop`'s sender drops (the replica was dropped) or a write fails.
+    async fn run(
+        mut self,
+        mut inputs: mpsc::Receiver<Input>,
+        mut stop: oneshot::Receiver<()>,
+    ) -> Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(self.config.raft_tick_ms));
         let mut health = tokio::time::interval(self.config.heartbeat_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = &mut stop => return Ok(()),
                 input = inputs.recv() => {
                     let Some(input) = input else { return Ok(()) };
                     self.handle(input);
@@ -571,8 +612,8 @@ impl<S: LogStore> RaftLoop<S> {
             self.raw.mut_store().apply_snapshot(snapshot.clone())?;
             self.restore(&snapshot)?;
         }
-        let store = self.raw.mut_store();
-        wait_on_disk(|| store.persist(ready.entries(), ready.hs()))?;
+        // Blocks this loop's own thread only (see the module docs).
+        self.raw.mut_store().persist(ready.entries(), ready.hs())?;
         // Votes and follower acknowledgements promise what is now on disk, and no earlier.
         let persisted = ready.take_persisted_messages();
         self.send(persisted);
@@ -791,7 +832,7 @@ impl<S: LogStore> RaftLoop<S> {
         self.drop_lease_asks(&hint);
     }
 
-    /// Keeps a snapshot built off the Raft task, and starts the next one when one is due
+    /// Keeps a snapshot built off the Raft loop, and starts the next one when one is due
     /// ([`SnapshotSchedule`]). Only the copy of the state (O(1): its maps are
     /// persistent) and setting the covered entries aside run here (they and the replaced
     /// snapshot are freed on a blocking thread); the encoding, the
@@ -815,7 +856,7 @@ impl<S: LogStore> RaftLoop<S> {
                 let keep_started = Instant::now();
                 let compacted = self.raw.mut_store().compact(snapshot)?;
                 timing.keep_us = micros(keep_started.elapsed());
-                tokio::task::spawn_blocking(move || drop(compacted));
+                self.runtime.spawn_blocking(move || drop(compacted));
                 timing.finished_at_ms = now_ms();
                 tracing::info!(
                     replica = self.id,
@@ -931,7 +972,7 @@ impl SnapshotSchedule {
 /// The snapshot builder's CPU scheduling policy: `SCHED_IDLE` runs only on a core no other
 /// thread wants, and a thread that wakes preempts it at once. A nice value is
 /// weaker on Linux's EEVDF scheduler: a woken thread may wait out the niced builder's
-/// slice, and a commit wakes several threads in turn (RPC front, Raft task, peer senders, a
+/// slice, and a commit wakes several threads in turn (RPC front, Raft loop, peer senders, a
 /// follower's). In `floe-bench scale` the commits overlapping a build had a p99 of 4.5–6.8 ms
 /// against 5.9–11.0 ms at nice +10 (three alternated runs each), builds no slower.
 const SNAPSHOT_POLICY: libc::c_int = libc::SCHED_IDLE;

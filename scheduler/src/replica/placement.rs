@@ -16,7 +16,7 @@ use floe_core::wire::{RemoteError, RemoteErrorKind};
 use floe_core::{JobId, LeaseId, NodeId};
 
 /// Most leases one request may ask for, renew or return: a driver asks for what its runnable
-/// tasks need, far fewer; the bound keeps one request from holding the Raft task for long.
+/// tasks need, far fewer; the bound keeps one request from holding the Raft loop for long.
 pub(super) const MAX_LEASES_PER_REQUEST: usize = 4096;
 /// The longest an `AcquireLeases` waits for room, so it stays within the caller's timeouts.
 const MAX_LEASE_WAIT: Duration = Duration::from_secs(10);

@@ -403,11 +403,13 @@ fn peers_parse_and_bad_specs_say_why() {
 
 /// A log whose writes start failing once `fail` is set, as a full or broken disk would, and
 /// wait while the test holds `stall`, as a slow disk would (`stalled` says one waits).
+/// `writers` names the threads its writes came from.
 struct FaultyLog {
     inner: MemoryLog,
     fail: Arc<std::sync::atomic::AtomicBool>,
     stall: Arc<std::sync::Mutex<()>>,
     stalled: Arc<std::sync::atomic::AtomicBool>,
+    writers: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl FaultyLog {
@@ -417,6 +419,7 @@ impl FaultyLog {
             fail: Arc::default(),
             stall: Arc::default(),
             stalled: Arc::default(),
+            writers: Arc::default(),
         }
     }
 }
@@ -459,6 +462,14 @@ impl LogStore for FaultyLog {
         entries: &[Entry],
         hard_state: Option<&raft::prelude::HardState>,
     ) -> Result<()> {
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_owned();
+        self.writers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(thread);
         self.stalled
             .store(true, std::sync::atomic::Ordering::SeqCst);
         drop(self.stall.lock().unwrap_or_else(PoisonError::into_inner));
@@ -538,14 +549,14 @@ async fn a_failed_write_stops_the_replica_with_the_error() {
     );
 }
 
-/// Heartbeats commit nothing, and are answered without the Raft task: a leader whose disk
+/// Heartbeats commit nothing, and are answered without the Raft loop: a leader whose disk
 /// holds up every write still hears its nodes, so none is declared dead for its disk.
 #[allow(
     clippy::await_holding_lock,
     reason = "the held lock is the stalled disk: the log's writes wait on it while the test goes on"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn a_heartbeat_is_answered_while_the_raft_task_waits_on_its_disk() {
+async fn a_heartbeat_is_answered_while_the_raft_loop_waits_on_its_disk() {
     let config = test_config();
     let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
     let store = FaultyLog::new(vec![1]);
@@ -607,7 +618,7 @@ async fn a_heartbeat_is_answered_while_the_raft_task_waits_on_its_disk() {
             node_client.heartbeat(node, ResourceUsage::default()),
         )
         .await
-        .expect("a heartbeat does not wait for the raft task")
+        .expect("a heartbeat does not wait for the raft loop")
         .unwrap();
         assert!(
             matches!(&reply, HeartbeatReply::Accepted { drivers } if drivers.len() == 1),
@@ -645,6 +656,51 @@ async fn a_dropped_replica_stops_serving() {
             .await
             .is_err()
     );
+}
+
+/// The Raft loop writes the log on a thread of its own, never on the runtime's, and owns it:
+/// dropping the replica ends the thread, which frees the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raft_loop_writes_on_its_own_thread_which_ends_with_the_replica() {
+    let config = test_config();
+    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
+    let store = FaultyLog::new(vec![1]);
+    let (owned, writers) = (Arc::clone(&store.fail), Arc::clone(&store.writers));
+    let replica = Replica::start(
+        ReplicaConfig::new(&config, 1, peers.clone()).unwrap(),
+        store,
+    )
+    .await
+    .unwrap();
+    let mut client = SchedulerClient::new(
+        peers.values().cloned().collect(),
+        WireConfig::client(&config),
+    )
+    .unwrap()
+    .with_retry_for(Duration::from_secs(10));
+    client
+        .propose(Command::SubmitJob {
+            spec: vec![1],
+            submission: floe_core::SubmissionId::random(),
+            name: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        *writers.lock().unwrap(),
+        BTreeSet::from(["raft-1".to_owned()])
+    );
+    assert!(Arc::strong_count(&owned) > 1, "the loop holds the log");
+
+    drop(replica);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&owned) > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the raft thread still holds the log 5 s after the replica was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// CVE-2025-53605's shape (nested start groups) and a message from a peer id that is not a

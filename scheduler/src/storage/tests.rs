@@ -328,8 +328,8 @@ fn file_len(dir: &Path, name: &str) -> u64 {
     std::fs::metadata(dir.join(name)).unwrap().len()
 }
 
-/// A snapshot written off the Raft task with the start of the next WAL, then kept: keeping it
-/// writes no file (the Raft task makes no fsync of its own for it); the next write appends
+/// A snapshot written off the Raft loop with the start of the next WAL, then kept: keeping it
+/// writes no file (the Raft loop makes no fsync of its own for it); the next write appends
 /// what came since to the next WAL and moves to it, and the log reopens with every entry.
 #[test]
 fn a_prepared_compaction_moves_to_the_next_wal_with_the_next_write() {
