@@ -178,9 +178,23 @@ impl Plan {
     }
 }
 
-/// A commit (a submission or a finish) while measuring: when it was sent, in ms since the
-/// run began, and how long it took, in ms.
-type Commit = (f64, f64);
+/// Which command a measured commit carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommitKind {
+    /// A client's `SubmitJob`, from the stream's own runtime.
+    Submit,
+    /// A driver's `FinishJob`, from the simulated drivers' runtime.
+    Finish,
+}
+
+/// A commit while measuring: what it carried, when it was sent (ms since the run began) and
+/// how long it took (ms).
+#[derive(Debug, Clone, Copy)]
+struct Commit {
+    kind: CommitKind,
+    sent_ms: f64,
+    latency_ms: f64,
+}
 
 /// What the simulated nodes and submitters observed, shared by their tasks.
 #[derive(Default)]
@@ -208,13 +222,17 @@ impl Observed {
             .push(value);
     }
 
-    fn record_commit(&self, began: Instant, sent: Instant) {
+    fn record_commit(&self, kind: CommitKind, began: Instant, sent: Instant) {
         if self.measuring.load(Ordering::Relaxed) {
-            let at = millis(sent.duration_since(began));
+            let commit = Commit {
+                kind,
+                sent_ms: millis(sent.duration_since(began)),
+                latency_ms: millis(sent.elapsed()),
+            };
             self.commits
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push((at, millis(sent.elapsed())));
+                .push(commit);
         }
     }
 }
@@ -300,15 +318,23 @@ impl SimulatedNode {
     }
 
     /// Heartbeats every second until `stop`, handing the drivers each heartbeat names to the
-    /// node's driver task, so a burst of jobs never delays a heartbeat.
-    async fn run(self, observed: Arc<Observed>, began: Instant, stop: Arc<AtomicBool>) {
+    /// node's driver task on `drivers` (see [`DRIVERS_THREAD`]), so a burst of jobs never
+    /// delays a heartbeat.
+    async fn run(
+        self,
+        drivers: tokio::runtime::Handle,
+        observed: Arc<Observed>,
+        began: Instant,
+        stop: Arc<AtomicBool>,
+    ) {
         let Self {
             id,
             mut client,
-            drivers,
+            drivers: driver_client,
         } = self;
         let (assign, assigned) = tokio::sync::mpsc::unbounded_channel();
-        let driving = tokio::spawn(drive(id, drivers, assigned, Arc::clone(&observed), began));
+        let observer = Arc::clone(&observed);
+        let driving = drivers.spawn(drive(id, driver_client, assigned, observer, began));
         // Spread the nodes over the second, as independently started agents are.
         let offset = Duration::from_millis(id.get() * 7919 % 1000);
         tokio::time::sleep(offset).await;
@@ -425,7 +451,7 @@ async fn run_driver(
             outcome,
         })
         .await?;
-    observed.record_commit(began, sent);
+    observed.record_commit(CommitKind::Finish, began, sent);
     match answer {
         Outcome::Applied => observed.finished.fetch_add(1, Ordering::Relaxed),
         _ => observed.finish_rejected.fetch_add(1, Ordering::Relaxed),
@@ -499,17 +525,23 @@ async fn submit(
     client
         .submit_job(spec.to_vec(), SubmissionId::random(), name)
         .await?;
-    observed.record_commit(began, sent);
+    observed.record_commit(CommitKind::Submit, began, sent);
     observed.submitted.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
+
+/// The thread of the runtime the simulated nodes' drivers run on. A real driver runs in its
+/// node agent's process, beside one heartbeat loop; on this process's runtime, which
+/// simulates every node, a `FinishJob`'s reply would wait its turn behind a thousand
+/// heartbeat tasks, and that wait is the bench's, not the leader's.
+const DRIVERS_THREAD: &str = "simulated-drivers";
 
 /// Clients submitting jobs during the measured window.
 const STREAM_CLIENTS: u64 = 8;
 
 /// The measured window's stream of jobs: each of `clients` (not connected yet: a client
-/// connects on its first call, on the runtime that makes it) submits a job every `every`
-/// until `stop`.
+/// connects on its first call, on the runtime that makes it) submits a job every `every`,
+/// the clients spread evenly over the period, until `stop`.
 struct StreamJobs {
     clients: Vec<SchedulerClient>,
     every: Duration,
@@ -537,11 +569,16 @@ impl StreamJobs {
             return Ok(());
         }
         let mut stream = JoinSet::new();
-        for mut client in clients {
+        let starting = tokio::time::Instant::now();
+        let count = u32::try_from(clients.len()).unwrap_or(u32::MAX);
+        for (place, mut client) in (0..count).zip(clients) {
             let (spec, observed) = (Arc::clone(&self.spec), Arc::clone(&self.observed));
             let (stop, every, began) = (Arc::clone(&self.stop), self.every, self.began);
+            // Independent clients do not submit in step: each starts its own fraction of a
+            // period later, so the leader sees a steady stream rather than bursts of eight.
+            let first = starting + every * place / count;
             stream.spawn(async move {
-                let mut ticks = tokio::time::interval(every);
+                let mut ticks = tokio::time::interval_at(first, every);
                 while !stop.load(Ordering::Relaxed) {
                     ticks.tick().await;
                     submit(&mut client, &spec, None, &observed, began).await?;
@@ -592,8 +629,15 @@ pub fn run(
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(scale(&plan, &dir));
+    let drivers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(DRIVERS_THREAD)
+        .enable_all()
+        .build()
+        .context("cannot start the drivers' runtime")?;
+    let result = runtime.block_on(scale(&plan, &dir, drivers.handle()));
     runtime.shutdown_timeout(Duration::from_secs(1));
+    drivers.shutdown_timeout(Duration::from_secs(1));
     // Best effort: a leftover directory is visible and harmless.
     let _ = std::fs::remove_dir_all(&dir);
     let line = result?;
@@ -603,7 +647,11 @@ pub fn run(
     Ok(())
 }
 
-async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+async fn scale(
+    plan: &Plan,
+    dir: &std::path::Path,
+    drivers: &tokio::runtime::Handle,
+) -> anyhow::Result<serde_json::Value> {
     let began = Instant::now();
     let credentials = LocalCredentials::generate(dir)?;
     let mut cluster = LocalSchedulers::start(LocalSchedulersConfig {
@@ -656,10 +704,11 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         let rpc = server_addrs[index % NODE_SERVERS].clone();
         let observed = Arc::clone(&observed);
         let stop = Arc::clone(&stop);
+        let drivers = drivers.clone();
         pending.spawn(async move {
             let node = SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
                 .await?;
-            anyhow::Ok(tokio::spawn(node.run(observed, began, stop)))
+            anyhow::Ok(tokio::spawn(node.run(drivers, observed, began, stop)))
         });
     }
     while let Some(joined) = pending.join_next().await {
@@ -798,7 +847,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let mut commit_ms: Vec<f64> = commits.iter().map(|(_, latency)| *latency).collect();
+    let mut commit_ms: Vec<f64> = commits.iter().map(|commit| commit.latency_ms).collect();
     // Snapshots built within the window, on the bench's clock (same host, same wall clock).
     let since_epoch = |at_ms: u64| {
         let now_ms = std::time::SystemTime::now()
@@ -815,26 +864,44 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
             )
         })
         .collect();
-    let (mut during, mut outside): (Vec<Commit>, Vec<Commit>) =
-        commits.iter().partition(|(sent, latency)| {
-            windows
-                .iter()
-                .any(|(start, end)| *sent <= *end && sent + latency >= *start)
-        });
-    let snapshot_stall_ms = during.iter().map(|(_, latency)| *latency).reduce(f64::max);
+    let (during, outside): (Vec<Commit>, Vec<Commit>) = commits.iter().partition(|commit| {
+        windows.iter().any(|(start, end)| {
+            commit.sent_ms <= *end && commit.sent_ms + commit.latency_ms >= *start
+        })
+    });
+    let latencies = |commits: &[Commit], kind: Option<CommitKind>| -> Vec<f64> {
+        commits
+            .iter()
+            .filter(|commit| kind.is_none_or(|kind| commit.kind == kind))
+            .map(|commit| commit.latency_ms)
+            .collect()
+    };
+    let longest = |latencies: &[f64]| latencies.iter().copied().reduce(f64::max);
     // Whether a snapshot adds latency, as against the disk's own tail: the commits that
     // overlapped a build against those that did not.
-    let p99_of = |commits: &mut Vec<Commit>| {
-        let mut latencies: Vec<f64> = commits.drain(..).map(|(_, latency)| latency).collect();
+    let p99_of = |mut latencies: Vec<f64>| {
         (!latencies.is_empty()).then(|| round(percentile(&mut latencies, 0.99)))
     };
-    let commit_max_outside_snapshots_ms = outside
-        .iter()
-        .map(|(_, latency)| *latency)
-        .reduce(f64::max)
-        .map(round);
-    let commit_p99_during_snapshots_ms = p99_of(&mut during);
-    let commit_p99_outside_snapshots_ms = p99_of(&mut outside);
+    let snapshot_stall_ms = longest(&latencies(&during, None));
+    let commit_max_outside_snapshots_ms = longest(&latencies(&outside, None)).map(round);
+    let commit_p99_during_snapshots_ms = p99_of(latencies(&during, None));
+    let commit_p99_outside_snapshots_ms = p99_of(latencies(&outside, None));
+    // Each command apart: a submission comes from a client's runtime, a finish from a
+    // driver's, so a tail that only one of them has is the bench's, not the leader's.
+    let by_kind = |kind: CommitKind| {
+        let mut all = latencies(&commits, Some(kind));
+        json!({
+            "commits": all.len(),
+            "p50_ms": (!all.is_empty()).then(|| round(percentile(&mut all, 0.5))),
+            "p99_ms": p99_of(all),
+            "snapshot_stall_ms": longest(&latencies(&during, Some(kind))).map(round),
+            "max_outside_snapshots_ms": longest(&latencies(&outside, Some(kind))).map(round),
+        })
+    };
+    let commits_by_kind = json!({
+        "submit": by_kind(CommitKind::Submit),
+        "finish": by_kind(CommitKind::Finish),
+    });
     let largest = snapshots
         .values()
         .max_by_key(|timing| timing.index)
@@ -993,6 +1060,7 @@ async fn scale(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<serde_json:
         "commit_p99_during_snapshots_ms": commit_p99_during_snapshots_ms,
         "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
         "commit_max_outside_snapshots_ms": commit_max_outside_snapshots_ms,
+        "commits_by_kind": commits_by_kind,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),
