@@ -502,24 +502,31 @@ impl LogStore for FaultyLog {
     }
 }
 
+/// A single replica on `store`, and a client of it that retries for `retry`.
+async fn start_alone(
+    config: &Config,
+    store: FaultyLog,
+    retry: Duration,
+) -> (Replica, SchedulerClient) {
+    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
+    let replica = Replica::start(ReplicaConfig::new(config, 1, peers.clone()).unwrap(), store)
+        .await
+        .unwrap();
+    let client = SchedulerClient::new(
+        peers.values().cloned().collect(),
+        WireConfig::client(config),
+    )
+    .unwrap()
+    .with_retry_for(retry);
+    (replica, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_stops_the_replica_with_the_error() {
     let config = test_config();
-    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
     let store = FaultyLog::new(vec![1]);
     let fail = Arc::clone(&store.fail);
-    let replica = Replica::start(
-        ReplicaConfig::new(&config, 1, peers.clone()).unwrap(),
-        store,
-    )
-    .await
-    .unwrap();
-    let mut client = SchedulerClient::new(
-        peers.values().cloned().collect(),
-        WireConfig::client(&config),
-    )
-    .unwrap()
-    .with_retry_for(Duration::from_secs(1));
+    let (replica, mut client) = start_alone(&config, store, Duration::from_secs(1)).await;
     client
         .propose(Command::SubmitJob {
             spec: vec![1],
@@ -663,27 +670,11 @@ async fn a_dropped_replica_stops_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_raft_loop_writes_on_its_own_thread_which_ends_with_the_replica() {
     let config = test_config();
-    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
     let store = FaultyLog::new(vec![1]);
     let (owned, writers) = (Arc::clone(&store.fail), Arc::clone(&store.writers));
-    let replica = Replica::start(
-        ReplicaConfig::new(&config, 1, peers.clone()).unwrap(),
-        store,
-    )
-    .await
-    .unwrap();
-    let mut client = SchedulerClient::new(
-        peers.values().cloned().collect(),
-        WireConfig::client(&config),
-    )
-    .unwrap()
-    .with_retry_for(Duration::from_secs(10));
+    let (replica, mut client) = start_alone(&config, store, Duration::from_secs(10)).await;
     client
-        .propose(Command::SubmitJob {
-            spec: vec![1],
-            submission: floe_core::SubmissionId::random(),
-            name: None,
-        })
+        .submit_job(vec![1], floe_core::SubmissionId::random(), None)
         .await
         .unwrap();
     assert_eq!(
