@@ -4,15 +4,16 @@
 //! (a current-thread runtime): the WAL's `fsync` then blocks nothing else, and a proposal or
 //! a peer's acknowledgement wakes it at once instead of waiting its turn behind the RPC
 //! front's tasks. The network work it starts (peer senders, calls to nodes) runs on the
-//! replica's runtime. Everything else talks to it through one channel: Raft messages from other replicas, client and node requests,
-//! and transport reports. Each turn of its loop drains whatever is queued (so proposals that
-//! arrive together share one Ready and one fsync), ticks Raft on a timer, and handles the
-//! Ready in raft-rs's order: send the leader's messages, install a snapshot, append entries
-//! and hard state durably, only then send the messages that required persistence, apply
-//! committed entries, advance. A failed write ends the loop with the error, which
-//! [`Replica::wait`] returns: a replica that cannot persist must not keep voting. A replica
-//! whose log lost entries it had acknowledged stays out of elections until the leader has sent
-//! them again (the `standing` module says why, and how it tells).
+//! replica's runtime. Everything else talks to it through one channel: Raft messages from
+//! other replicas, client and node requests, and transport reports. Each turn of its loop
+//! drains whatever is queued (so proposals that arrive together share one Ready and one
+//! fsync), ticks Raft on a timer, and handles the Ready in raft-rs's order: send the
+//! leader's messages, install a snapshot, append entries and hard state durably, only then
+//! send the messages that required persistence, apply committed entries, advance. A failed
+//! write ends the loop with the error, which [`Replica::wait`] returns: a replica that cannot
+//! persist must not keep voting. A replica whose log lost entries it had acknowledged stays
+//! out of elections until the leader has sent them again (the `standing` module says why,
+//! and how it tells).
 //!
 //! Linearizable reads use ReadIndex: a batch of reads gets one read index, and is answered
 //! once the state machine has applied up to it. Heartbeats, jobs' placement leases and the
@@ -225,10 +226,8 @@ impl Replica {
 
     /// Resolves when the Raft loop stops, which only a fatal error (a failed write) causes.
     pub async fn wait(self) -> Result<()> {
-        let Self { raft_thread, .. } = self;
-        let RaftThread { _stop: stop, ended } = raft_thread;
-        let ended = ended.await;
-        drop(stop);
+        // The rest of `self`, the stop sender with it, lives until this returns.
+        let ended = self.raft_thread.ended.await;
         // The thread reports even a panic; no report means it never ran to its end.
         ended.unwrap_or_else(|_| Err(Error::RaftThreadPanicked("no report".to_owned())))
     }
