@@ -536,6 +536,10 @@ async fn submit(
 /// heartbeat tasks, and that wait is the bench's, not the leader's.
 const DRIVERS_THREAD: &str = "simulated-drivers";
 
+/// The thread of the runtime the stream's clients run on, as a client's own process would:
+/// on the simulation's runtime a commit's reply waited its turn behind the nodes' tasks.
+const CLIENTS_THREAD: &str = "stream-clients";
+
 /// Clients submitting jobs during the measured window.
 const STREAM_CLIENTS: u64 = 8;
 
@@ -629,15 +633,14 @@ pub fn run(
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let drivers = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name(DRIVERS_THREAD)
-        .enable_all()
-        .build()
-        .context("cannot start the drivers' runtime")?;
-    let result = runtime.block_on(scale(&plan, &dir, drivers.handle()));
+    let apart = Apart {
+        drivers: runtime_of_its_own(DRIVERS_THREAD)?,
+        clients: runtime_of_its_own(CLIENTS_THREAD)?,
+    };
+    let result = runtime.block_on(scale(&plan, &dir, &apart));
     runtime.shutdown_timeout(Duration::from_secs(1));
-    drivers.shutdown_timeout(Duration::from_secs(1));
+    apart.drivers.shutdown_timeout(Duration::from_secs(1));
+    apart.clients.shutdown_timeout(Duration::from_secs(1));
     // Best effort: a leftover directory is visible and harmless.
     let _ = std::fs::remove_dir_all(&dir);
     let line = result?;
@@ -647,10 +650,27 @@ pub fn run(
     Ok(())
 }
 
+/// The runtimes apart from the simulation's, each a thread of its own (see
+/// [`DRIVERS_THREAD`] and [`CLIENTS_THREAD`]).
+struct Apart {
+    drivers: tokio::runtime::Runtime,
+    clients: tokio::runtime::Runtime,
+}
+
+/// A runtime of one thread named `name`.
+fn runtime_of_its_own(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the runtime {name}"))
+}
+
 async fn scale(
     plan: &Plan,
     dir: &std::path::Path,
-    drivers: &tokio::runtime::Handle,
+    apart: &Apart,
 ) -> anyhow::Result<serde_json::Value> {
     let began = Instant::now();
     let credentials = LocalCredentials::generate(dir)?;
@@ -704,7 +724,7 @@ async fn scale(
         let rpc = server_addrs[index % NODE_SERVERS].clone();
         let observed = Arc::clone(&observed);
         let stop = Arc::clone(&stop);
-        let drivers = drivers.clone();
+        let drivers = apart.drivers.handle().clone();
         pending.spawn(async move {
             let node = SimulatedNode::register(addrs, credentials.member_wire(), &credentials, rpc)
                 .await?;
@@ -774,11 +794,9 @@ async fn scale(
     let prefill = prefilling.elapsed();
     let prefilled = observed.finished.load(Ordering::Relaxed);
 
-    // The stream's clients run on a runtime of their own, as a client's process would: on
-    // this runtime, which simulates the nodes, a commit's reply waited its turn behind the
-    // simulation's tasks. Each connects to the leader with a job of its own before the window
-    // (a client connects on its first call, and is redirected when it asked a follower,
-    // which is no commit's latency).
+    // The stream's clients run on a runtime of their own (see `CLIENTS_THREAD`). Each connects
+    // to the leader with a job of its own before the window (a client connects on its first
+    // call, and is redirected when it asked a follower, which is no commit's latency).
     let stream_stop = Arc::new(AtomicBool::new(false));
     let (connected, stream_connected) = tokio::sync::oneshot::channel();
     let (start_stream, started) = tokio::sync::oneshot::channel();
@@ -794,14 +812,7 @@ async fn scale(
             began,
             stop: Arc::clone(&stream_stop),
         };
-        std::thread::Builder::new()
-            .name("stream-clients".to_owned())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(jobs.run(connected, started))
-            })?
+        apart.clients.spawn(jobs.run(connected, started))
     };
     stream_connected
         .await
@@ -812,7 +823,7 @@ async fn scale(
     observed.measuring.store(true, Ordering::Relaxed);
     let grants_before = observed.grants.load(Ordering::Relaxed);
     let finished_before = observed.finished.load(Ordering::Relaxed);
-    // Gone only if the stream's thread failed, which joining it below reports.
+    // Gone only if the stream failed, which awaiting it below reports.
     let _ = start_stream.send(());
     // Every replica's snapshots, by (replica, index): a follower's build slows the commits
     // it is part of the quorum of as much as the leader's.
@@ -826,9 +837,7 @@ async fn scale(
     let measured = measuring.elapsed();
     let stream_cpu_share = (cpu_seconds(leader_pid)? - cpu_before) / measured.as_secs_f64();
     stream_stop.store(true, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || stream.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("the stream's thread panicked"))??;
+    stream.await??;
     observed.measuring.store(false, Ordering::Relaxed);
     let grants_per_s =
         (observed.grants.load(Ordering::Relaxed) - grants_before) as f64 / measured.as_secs_f64();
@@ -879,21 +888,21 @@ async fn scale(
     let longest = |latencies: &[f64]| latencies.iter().copied().reduce(f64::max);
     // Whether a snapshot adds latency, as against the disk's own tail: the commits that
     // overlapped a build against those that did not.
-    let p99_of = |mut latencies: Vec<f64>| {
-        (!latencies.is_empty()).then(|| round(percentile(&mut latencies, 0.99)))
+    let quantile = |mut latencies: Vec<f64>, fraction: f64| {
+        (!latencies.is_empty()).then(|| round(percentile(&mut latencies, fraction)))
     };
     let snapshot_stall_ms = longest(&latencies(&during, None));
     let commit_max_outside_snapshots_ms = longest(&latencies(&outside, None)).map(round);
-    let commit_p99_during_snapshots_ms = p99_of(latencies(&during, None));
-    let commit_p99_outside_snapshots_ms = p99_of(latencies(&outside, None));
+    let commit_p99_during_snapshots_ms = quantile(latencies(&during, None), 0.99);
+    let commit_p99_outside_snapshots_ms = quantile(latencies(&outside, None), 0.99);
     // Each command apart: a submission comes from a client's runtime, a finish from a
     // driver's, so a tail that only one of them has is the bench's, not the leader's.
     let by_kind = |kind: CommitKind| {
-        let mut all = latencies(&commits, Some(kind));
+        let all = latencies(&commits, Some(kind));
         json!({
             "commits": all.len(),
-            "p50_ms": (!all.is_empty()).then(|| round(percentile(&mut all, 0.5))),
-            "p99_ms": p99_of(all),
+            "p50_ms": quantile(all.clone(), 0.5),
+            "p99_ms": quantile(all, 0.99),
             "snapshot_stall_ms": longest(&latencies(&during, Some(kind))).map(round),
             "max_outside_snapshots_ms": longest(&latencies(&outside, Some(kind))).map(round),
         })
