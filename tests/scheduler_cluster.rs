@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use floe_api::client::{HeartbeatReply, SchedulerClient};
-use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::scheduler_protocol::{LogWrites, ResourceUsage};
 use floe_api::state::{Command, NodeAddresses, Outcome, Resources};
 use floe_client::local::LocalSchedulers;
 use floe_core::JobId;
@@ -120,6 +120,50 @@ async fn a_full_restart_restores_state_without_applying_anything_twice() {
             .unwrap();
         assert_eq!(status.applied_commands, 21, "replica {id}");
     }
+}
+
+/// Each replica counts and times the writes its Raft loop makes to its log, and keeps only
+/// slow ones, each with a time within the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_times_its_log_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(&dir, &[]);
+    let started_ms = now_ms();
+    cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    let mut client = cluster.client().unwrap();
+    for plan in 0..10 {
+        submit(&mut client, plan).await;
+    }
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await.unwrap();
+    for id in 1..=3 {
+        let status = cluster
+            .wait_for_status(id, LEADER_TIMEOUT, |status| status.applied_commands >= 10)
+            .await
+            .unwrap();
+        let writes = &status.log_writes;
+        // The leader appends each submission on its own: each waited for the one before.
+        let least = if id == leader { 10 } else { 1 };
+        assert!(writes.writes >= least, "replica {id}: {writes:?}");
+        assert!(writes.total_us > 0, "replica {id}: {writes:?}");
+        assert!(writes.slow.len() as u64 <= writes.writes, "replica {id}");
+        for slow in &writes.slow {
+            assert!(
+                slow.took_us >= LogWrites::SLOW_MS * 1_000,
+                "replica {id}: {slow:?}"
+            );
+            assert!(
+                (started_ms..=now_ms()).contains(&slow.finished_at_ms),
+                "replica {id}: {slow:?}"
+            );
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    u64::try_from(since_epoch.as_millis()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

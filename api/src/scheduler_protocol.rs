@@ -182,6 +182,36 @@ pub struct ReplicaStatus {
     pub snapshot_index: u64,
     /// The last snapshot this replica built of its own state since it started.
     pub last_snapshot: Option<SnapshotTiming>,
+    /// Its Raft loop's writes to its log since it started.
+    pub log_writes: LogWrites,
+}
+
+/// A replica's writes to its Raft log (a Ready's entries and hard state, appended and
+/// fsynced on the Raft loop): what every commit waits on its disk for. The slow ones say when
+/// a commit's latency was the disk's.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LogWrites {
+    pub writes: u64,
+    /// All of them together, for the mean.
+    pub total_us: u64,
+    /// The latest writes that took at least [`LogWrites::SLOW_MS`], oldest first; at most
+    /// [`LogWrites::SLOW_KEPT`].
+    pub slow: Vec<SlowLogWrite>,
+}
+
+impl LogWrites {
+    /// A write this long is kept in `slow`: several times a quiet disk's fdatasync.
+    pub const SLOW_MS: u64 = 10;
+    /// Slow writes kept: a minute or more of a disk that stalls every few seconds.
+    pub const SLOW_KEPT: usize = 256;
+}
+
+/// One slow log write: how long it took and when it ended, in milliseconds since the Unix
+/// epoch on the replica's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowLogWrite {
+    pub took_us: u64,
+    pub finished_at_ms: u64,
 }
 
 /// How a replica built a snapshot of its state: a copy on the Raft loop, the encoding and
