@@ -13,6 +13,9 @@
 //!
 //! Each part is a module with a `run` function and a variant of [`Bench`].
 
+// `bench scale` prints one JSON object of about 60 figures; `json!` recurses once per token.
+#![recursion_limit = "256"]
+
 mod cache;
 mod dataset;
 mod node;

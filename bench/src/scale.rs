@@ -19,7 +19,9 @@
 //! taken meanwhile), reads of the full state (`state_bytes`, `GET /api/jobs`), and a failover
 //! (the leader killed, timed until the new leader commits). Before the failover every GET
 //! endpoint of the HTTP API and the dashboard's files are timed on the leader ([`ENDPOINTS`]).
-//! It prints one JSON line with every figure. A lost heartbeat (a node told to register
+//! Each replica's status gives its Raft log's writes (count, mean, the slow ones and when), so
+//! the slowest commits are set against the slow writes that overlapped them (`log_writes`):
+//! the three replicas share one disk here. It prints one JSON line with every figure. A lost heartbeat (a node told to register
 //! again, or a heartbeat failing outside the failover), a job that never finishes, an
 //! endpoint that does not answer 200, job totals that differ from a count of the state, or a
 //! node missing after the failover fails the run; a missed target is only reported.
@@ -845,6 +847,10 @@ async fn scale(
         / measured.as_secs_f64();
     until_finished(&observed, READY_TIMEOUT).await?;
     record_snapshots(&cluster, &mut snapshots).await?;
+    let mut log_writes = BTreeMap::new();
+    for replica in 1..=REPLICAS {
+        log_writes.insert(replica, cluster.status(replica).await?.log_writes);
+    }
 
     let mut heartbeat_ms: Vec<f64> = observed
         .heartbeat_ms
@@ -910,6 +916,82 @@ async fn scale(
     let commits_by_kind = json!({
         "submit": by_kind(CommitKind::Submit),
         "finish": by_kind(CommitKind::Finish),
+    });
+    // Each replica's slow log writes on the bench's clock, as (start, end, ms): a commit
+    // waits for the leader's write and a follower's, so a slow commit that overlapped slow
+    // writes on two replicas waited on the disk.
+    let slow_writes: BTreeMap<u64, Vec<(f64, f64, f64)>> = log_writes
+        .iter()
+        .map(|(replica, writes)| {
+            let spans = writes
+                .slow
+                .iter()
+                .map(|write| {
+                    let end = since_epoch(write.finished_at_ms);
+                    let took_ms = write.took_us as f64 / 1e3;
+                    (end - took_ms, end, took_ms)
+                })
+                .collect();
+            (*replica, spans)
+        })
+        .collect();
+    let measured_from = commits.iter().map(|commit| commit.sent_ms).reduce(f64::min);
+    let measured_to = commits
+        .iter()
+        .map(|commit| commit.sent_ms + commit.latency_ms)
+        .reduce(f64::max);
+    let log_writes_json: serde_json::Map<String, serde_json::Value> = log_writes
+        .iter()
+        .map(|(replica, writes)| {
+            let in_window: Vec<f64> = slow_writes[replica]
+                .iter()
+                .filter(|(start, end, _)| {
+                    measured_from.is_some_and(|from| *end >= from)
+                        && measured_to.is_some_and(|to| *start <= to)
+                })
+                .map(|(_, _, took_ms)| *took_ms)
+                .collect();
+            let figures = json!({
+                "writes": writes.writes,
+                "mean_ms": (writes.writes > 0)
+                    .then(|| round3(writes.total_us as f64 / writes.writes as f64 / 1e3)),
+                "slow_in_window": in_window.len(),
+                "longest_in_window_ms": longest(&in_window).map(round),
+            });
+            (replica.to_string(), figures)
+        })
+        .collect();
+    // The longest of a replica's slow writes that overlapped `commit`, per replica.
+    let writes_during = |commit: &Commit| -> serde_json::Value {
+        let (from, to) = (commit.sent_ms, commit.sent_ms + commit.latency_ms);
+        let per_replica: serde_json::Map<String, serde_json::Value> = slow_writes
+            .iter()
+            .map(|(replica, spans)| {
+                let overlapping: Vec<f64> = spans
+                    .iter()
+                    .filter(|(start, end, _)| *end >= from && *start <= to)
+                    .map(|(_, _, took_ms)| *took_ms)
+                    .collect();
+                (replica.to_string(), json!(longest(&overlapping).map(round)))
+            })
+            .collect();
+        json!({
+            "ms": round(commit.latency_ms),
+            "kind": format!("{:?}", commit.kind).to_lowercase(),
+            "slow_log_writes_ms": per_replica,
+        })
+    };
+    let slowest = |commits: &[Commit]| {
+        commits
+            .iter()
+            .max_by(|a, b| a.latency_ms.total_cmp(&b.latency_ms))
+            .map(writes_during)
+    };
+    let log_writes = json!({
+        "leader": leader,
+        "replicas": log_writes_json,
+        "slowest_commit_during_snapshots": slowest(&during),
+        "slowest_commit_outside_snapshots": slowest(&outside),
     });
     let largest = snapshots
         .values()
@@ -1070,6 +1152,7 @@ async fn scale(
         "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
         "commit_max_outside_snapshots_ms": commit_max_outside_snapshots_ms,
         "commits_by_kind": commits_by_kind,
+        "log_writes": log_writes,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),
