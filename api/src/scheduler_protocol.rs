@@ -182,34 +182,37 @@ pub struct ReplicaStatus {
     pub snapshot_index: u64,
     /// The last snapshot this replica built of its own state since it started.
     pub last_snapshot: Option<SnapshotTiming>,
-    /// Its Raft loop's writes to its log since it started.
-    pub log_writes: LogWrites,
+    /// Its Raft loop's writes to its WAL since it started.
+    pub wal_writes: WalWrites,
 }
 
-/// A replica's writes to its Raft log (a Ready's entries and hard state, appended and
-/// fsynced on the Raft loop): what every commit waits on its disk for. The slow ones say when
-/// a commit's latency was the disk's.
+/// A replica's writes to its Raft log's WAL since it started: each Ready's entries and hard
+/// state, appended and fsynced on the Raft loop (the first after a kept snapshot also moves
+/// the log to the next WAL); a snapshot installed from the leader is not counted. Every
+/// commit waits for the leader's write and a follower's, so the slow ones say when a commit's
+/// latency was the disk's.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct LogWrites {
+pub struct WalWrites {
     pub writes: u64,
     /// All of them together, for the mean.
     pub total_us: u64,
-    /// The latest writes that took at least [`LogWrites::SLOW_MS`], oldest first; at most
-    /// [`LogWrites::SLOW_KEPT`].
-    pub slow: Vec<SlowLogWrite>,
+    /// How many took at least [`WalWrites::SLOW_MS`], kept in `slow` or not.
+    pub slow_writes: u64,
+    /// The latest of those, oldest first; at most [`WalWrites::SLOW_KEPT`].
+    pub slow: Vec<SlowWalWrite>,
 }
 
-impl LogWrites {
-    /// A write this long is kept in `slow`: several times a quiet disk's fdatasync.
+impl WalWrites {
+    /// A write this long is slow: several times a quiet disk's fdatasync.
     pub const SLOW_MS: u64 = 10;
     /// Slow writes kept: a minute or more of a disk that stalls every few seconds.
     pub const SLOW_KEPT: usize = 256;
 }
 
-/// One slow log write: how long it took and when it ended, in milliseconds since the Unix
+/// One slow WAL write: how long it took and when it ended, in milliseconds since the Unix
 /// epoch on the replica's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SlowLogWrite {
+pub struct SlowWalWrite {
     pub took_us: u64,
     pub finished_at_ms: u64,
 }

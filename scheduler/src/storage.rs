@@ -24,11 +24,20 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{Error, Result};
 
+/// What [`LogStore::persist`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persisted {
+    /// Entries or a hard state were written and made durable.
+    Written,
+    /// There was nothing to write.
+    Nothing,
+}
+
 /// A Raft log that can be written durably. Reads come from raft-rs's [`Storage`].
 pub trait LogStore: Storage + Send + 'static {
     /// Appends `entries` (replacing any conflicting suffix) and records `hard_state`; both are
     /// durable when this returns.
-    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()>;
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<Persisted>;
 
     /// Replaces the whole log by a snapshot received from the leader.
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()>;
@@ -250,12 +259,15 @@ impl Storage for MemoryLog {
 }
 
 impl LogStore for MemoryLog {
-    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<Persisted> {
+        if entries.is_empty() && hard_state.is_none() {
+            return Ok(Persisted::Nothing);
+        }
         self.append(entries).map_err(Error::LogInvariant)?;
         if let Some(hard_state) = hard_state {
             self.hard_state = hard_state.clone();
         }
-        Ok(())
+        Ok(Persisted::Written)
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
@@ -818,9 +830,9 @@ impl Storage for DiskLog {
 }
 
 impl LogStore for DiskLog {
-    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
+    fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<Persisted> {
         if entries.is_empty() && hard_state.is_none() {
-            return Ok(());
+            return Ok(Persisted::Nothing);
         }
         if let Some(next) = self.next_wal.take() {
             self.memory.persist(entries, hard_state)?;
@@ -832,9 +844,11 @@ impl LogStore for DiskLog {
                 // committed entries only; should it happen anyway, start afresh.
                 drop(next);
                 self.snapshot_file.discard_next_wal()?;
-                return self.rewrite_wal();
+                self.rewrite_wal()?;
+                return Ok(Persisted::Written);
             }
-            return self.switch_to_next_wal(next);
+            self.switch_to_next_wal(next)?;
+            return Ok(Persisted::Written);
         }
         self.buffer.clear();
         for entry in entries {
@@ -853,7 +867,8 @@ impl LogStore for DiskLog {
         self.wal
             .sync_data()
             .map_err(|source| Error::io("syncing", wal_path())(source))?;
-        self.memory.persist(entries, hard_state)
+        self.memory.persist(entries, hard_state)?;
+        Ok(Persisted::Written)
     }
 
     fn apply_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {

@@ -27,7 +27,7 @@
 //! decides node deaths and places job drivers; `lifecycle` lets go of what finished jobs and
 //! dead nodes leave behind; `transport` carries Raft messages to peers; `config` is what a
 //! replica starts with; `standing` decides whether it may vote; `raft_guard` checks a peer's
-//! Raft message before protobuf parses it; `log_writes` times the loop's log writes.
+//! Raft message before protobuf parses it; `wal_writes` times the loop's WAL writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -45,14 +45,14 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use self::config::port_of;
 use self::heartbeats::{Beats, Directory};
-use self::log_writes::LogWriteTimes;
 use self::placement::{LeaseAsks, PlaceBatch};
 use self::raft_guard::RaftGuard;
 use self::service::Service;
 use self::standing::Standing;
 use self::transport::spawn_peer_sender;
+use self::wal_writes::WalWriteTimes;
 use crate::history::HistoryWriter;
-use crate::storage::LogStore;
+use crate::storage::{LogStore, Persisted};
 use crate::{Error, Result};
 use floe_api::lease::LeaseTable;
 use floe_api::placement::PlacementQueue;
@@ -66,12 +66,12 @@ mod config;
 mod health;
 mod heartbeats;
 mod lifecycle;
-mod log_writes;
 mod placement;
 mod raft_guard;
 mod service;
 mod standing;
 mod transport;
+mod wal_writes;
 
 pub use self::config::{ReplicaConfig, parse_peers};
 
@@ -322,7 +322,7 @@ struct RaftLoop<S: LogStore> {
     snapshot_schedule: SnapshotSchedule,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
-    log_writes: LogWriteTimes,
+    wal_writes: WalWriteTimes,
     /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
     /// frame, so the state is held to half of it (see `lifecycle::finished_that_fit`).
     max_frame: u64,
@@ -424,7 +424,7 @@ impl<S: LogStore> RaftLoop<S> {
             ),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
-            log_writes: LogWriteTimes::default(),
+            wal_writes: WalWriteTimes::default(),
             max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
             finished_that_fit: None,
         })
@@ -616,11 +616,9 @@ impl<S: LogStore> RaftLoop<S> {
             self.restore(&snapshot)?;
         }
         // Blocks this loop's own thread only (see the module docs).
-        let writes = !ready.entries().is_empty() || ready.hs().is_some();
         let write_started = Instant::now();
-        self.raw.mut_store().persist(ready.entries(), ready.hs())?;
-        if writes {
-            self.log_writes.record(write_started.elapsed(), now_ms());
+        if self.raw.mut_store().persist(ready.entries(), ready.hs())? == Persisted::Written {
+            self.wal_writes.record(write_started.elapsed(), now_ms());
         }
         // Votes and follower acknowledgements promise what is now on disk, and no earlier.
         let persisted = ready.take_persisted_messages();

@@ -514,7 +514,7 @@ impl<S: LogStore> RaftLoop<S> {
             first_index: store.first_index().unwrap_or(0),
             snapshot_index: store.latest_snapshot().get_metadata().index,
             last_snapshot: self.last_snapshot,
-            log_writes: self.log_writes.report(),
+            wal_writes: self.wal_writes.report(),
         }
     }
 }

@@ -9,7 +9,7 @@ use super::*;
 use crate::storage::MemoryLog;
 use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::placement::{PlacementError, PlacementRequest, Strategy};
-use floe_api::scheduler_protocol::ResourceUsage;
+use floe_api::scheduler_protocol::{ResourceUsage, WalWrites};
 use floe_api::state::{JobOutcome, JobStatus, NodeAddresses, NodeMemory, Resources};
 
 fn free_port() -> u16 {
@@ -461,7 +461,7 @@ impl LogStore for FaultyLog {
         &mut self,
         entries: &[Entry],
         hard_state: Option<&raft::prelude::HardState>,
-    ) -> Result<()> {
+    ) -> Result<Persisted> {
         let thread = std::thread::current()
             .name()
             .unwrap_or("unnamed")
@@ -641,6 +641,62 @@ async fn a_heartbeat_is_answered_while_the_raft_loop_waits_on_its_disk() {
         submitting.await.unwrap().unwrap(),
         Outcome::JobSubmitted(_)
     ));
+}
+
+/// A write the disk holds up is counted as slow and kept with how long it took and when it
+/// ended, in the replica's status.
+#[allow(
+    clippy::await_holding_lock,
+    reason = "the held lock is the stalled disk: the log's writes wait on it while the test goes on"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_wal_write_is_reported_with_how_long_it_took_and_when() {
+    let config = test_config();
+    let store = FaultyLog::new(vec![1]);
+    let (stall, stalled) = (Arc::clone(&store.stall), Arc::clone(&store.stalled));
+    let (replica, mut client) = start_alone(&config, store, Duration::from_secs(30)).await;
+    let submit = |spec: u8| Command::SubmitJob {
+        spec: vec![spec],
+        submission: floe_core::SubmissionId::random(),
+        name: None,
+    };
+    client.propose(submit(1)).await.unwrap();
+    let addr = replica.local_addr().to_string();
+    let status = || SchedulerClient::status_of(&addr, WireConfig::client(&config));
+    let before = status().await.unwrap().wal_writes;
+    assert!(before.writes > 0, "{before:?}");
+
+    let held = stall.lock().unwrap();
+    let stalled_from_ms = now_ms();
+    let submitting = tokio::spawn(async move { client.propose(submit(2)).await });
+    while !stalled.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let held_for = Duration::from_millis(3 * WalWrites::SLOW_MS);
+    tokio::time::sleep(held_for).await;
+    drop(held);
+    assert!(matches!(
+        submitting.await.unwrap().unwrap(),
+        Outcome::JobSubmitted(_)
+    ));
+    let after = status().await.unwrap().wal_writes;
+    let until_ms = now_ms();
+
+    assert!(after.writes > before.writes, "{after:?}");
+    assert!(
+        after.total_us >= before.total_us + micros(held_for),
+        "{after:?}"
+    );
+    assert!(after.slow_writes > before.slow_writes, "{after:?}");
+    let held_up = after
+        .slow
+        .iter()
+        .find(|write| write.took_us >= micros(held_for))
+        .unwrap_or_else(|| panic!("no slow write of the held length: {after:?}"));
+    assert!(
+        (stalled_from_ms..=until_ms).contains(&held_up.finished_at_ms),
+        "{held_up:?} not within {stalled_from_ms}..={until_ms}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
