@@ -19,9 +19,9 @@
 //! taken meanwhile), reads of the full state (`state_bytes`, `GET /api/jobs`), and a failover
 //! (the leader killed, timed until the new leader commits). Before the failover every GET
 //! endpoint of the HTTP API and the dashboard's files are timed on the leader ([`ENDPOINTS`]).
-//! Each replica's status gives its Raft log's writes (count, mean, the slow ones and when), so
-//! the slowest commits are set against the slow writes that overlapped them (`log_writes`):
-//! the three replicas share one disk here. It prints one JSON line with every figure. A lost heartbeat (a node told to register
+//! Each replica's status gives its WAL writes (count, mean, the slow ones and when), so the
+//! slowest commits are set against the slow writes that overlapped them (`wal_writes`): the
+//! three replicas share one disk here. It prints one JSON line with every figure. A lost heartbeat (a node told to register
 //! again, or a heartbeat failing outside the failover), a job that never finishes, an
 //! endpoint that does not answer 200, job totals that differ from a count of the state, or a
 //! node missing after the failover fails the run; a missed target is only reported.
@@ -37,7 +37,7 @@ use floe_api::client::{HeartbeatReply, SchedulerClient};
 use floe_api::lease::LeaseDecision;
 use floe_api::node_protocol::{NodeProtocol, NodeRequest, NodeResponse, NodeStatus};
 use floe_api::placement::{PlacementRequest, Strategy};
-use floe_api::scheduler_protocol::{ResourceUsage, SnapshotTiming};
+use floe_api::scheduler_protocol::{ResourceUsage, SnapshotTiming, WalWrites};
 use floe_api::state::{
     Command, JobOutcome, JobStatus, NodeAddresses, NodeMemory, Outcome, Resources,
 };
@@ -499,6 +499,15 @@ async fn record_snapshots(
     Ok(())
 }
 
+/// Every replica's WAL writes since it started, by replica.
+async fn wal_writes_of(cluster: &LocalSchedulers) -> anyhow::Result<BTreeMap<u64, WalWrites>> {
+    let mut writes = BTreeMap::new();
+    for replica in 1..=REPLICAS {
+        writes.insert(replica, cluster.status(replica).await?.wal_writes);
+    }
+    Ok(writes)
+}
+
 /// The leader's CPU share (of one core) over `window`.
 async fn leader_cpu_share(pid: u32, window: Duration) -> anyhow::Result<f64> {
     let before = cpu_seconds(pid)?;
@@ -830,6 +839,9 @@ async fn scale(
     // Every replica's snapshots, by (replica, index): a follower's build slows the commits
     // it is part of the quorum of as much as the leader's.
     let mut snapshots: BTreeMap<(u64, u64), SnapshotTiming> = BTreeMap::new();
+    // Each replica's WAL writes as the window starts, so its figures cover the window alone.
+    let wal_before = wal_writes_of(&cluster).await?;
+    let window_from_ms = millis(began.elapsed());
     let measuring = Instant::now();
     let cpu_before = cpu_seconds(leader_pid)?;
     while measuring.elapsed() < plan.measure {
@@ -847,10 +859,8 @@ async fn scale(
         / measured.as_secs_f64();
     until_finished(&observed, READY_TIMEOUT).await?;
     record_snapshots(&cluster, &mut snapshots).await?;
-    let mut log_writes = BTreeMap::new();
-    for replica in 1..=REPLICAS {
-        log_writes.insert(replica, cluster.status(replica).await?.log_writes);
-    }
+    let wal_after = wal_writes_of(&cluster).await?;
+    let window_to_ms = millis(began.elapsed());
 
     let mut heartbeat_ms: Vec<f64> = observed
         .heartbeat_ms
@@ -917,10 +927,10 @@ async fn scale(
         "submit": by_kind(CommitKind::Submit),
         "finish": by_kind(CommitKind::Finish),
     });
-    // Each replica's slow log writes on the bench's clock, as (start, end, ms): a commit
+    // Each replica's slow WAL writes on the bench's clock, as (start, end, ms): a commit
     // waits for the leader's write and a follower's, so a slow commit that overlapped slow
     // writes on two replicas waited on the disk.
-    let slow_writes: BTreeMap<u64, Vec<(f64, f64, f64)>> = log_writes
+    let slow_writes: BTreeMap<u64, Vec<(f64, f64, f64)>> = wal_after
         .iter()
         .map(|(replica, writes)| {
             let spans = writes
@@ -935,28 +945,25 @@ async fn scale(
             (*replica, spans)
         })
         .collect();
-    let measured_from = commits.iter().map(|commit| commit.sent_ms).reduce(f64::min);
-    let measured_to = commits
+    // The window's writes: the counts' difference, and the slow ones kept that fall in it
+    // (`slow_kept` below `slow` means the oldest of them were let go).
+    let per_replica_figures: serde_json::Map<String, serde_json::Value> = wal_after
         .iter()
-        .map(|commit| commit.sent_ms + commit.latency_ms)
-        .reduce(f64::max);
-    let log_writes_json: serde_json::Map<String, serde_json::Value> = log_writes
-        .iter()
-        .map(|(replica, writes)| {
-            let in_window: Vec<f64> = slow_writes[replica]
+        .map(|(replica, after)| {
+            let before = wal_before.get(replica).cloned().unwrap_or_default();
+            let writes = after.writes.saturating_sub(before.writes);
+            let total_us = after.total_us.saturating_sub(before.total_us);
+            let kept: Vec<f64> = slow_writes[replica]
                 .iter()
-                .filter(|(start, end, _)| {
-                    measured_from.is_some_and(|from| *end >= from)
-                        && measured_to.is_some_and(|to| *start <= to)
-                })
+                .filter(|(start, end, _)| *end >= window_from_ms && *start <= window_to_ms)
                 .map(|(_, _, took_ms)| *took_ms)
                 .collect();
             let figures = json!({
-                "writes": writes.writes,
-                "mean_ms": (writes.writes > 0)
-                    .then(|| round3(writes.total_us as f64 / writes.writes as f64 / 1e3)),
-                "slow_in_window": in_window.len(),
-                "longest_in_window_ms": longest(&in_window).map(round),
+                "writes": writes,
+                "mean_ms": (writes > 0).then(|| round3(total_us as f64 / writes as f64 / 1e3)),
+                "slow": after.slow_writes.saturating_sub(before.slow_writes),
+                "slow_kept": kept.len(),
+                "longest_kept_ms": longest(&kept).map(round),
             });
             (replica.to_string(), figures)
         })
@@ -978,7 +985,7 @@ async fn scale(
         json!({
             "ms": round(commit.latency_ms),
             "kind": format!("{:?}", commit.kind).to_lowercase(),
-            "slow_log_writes_ms": per_replica,
+            "slow_wal_writes_ms": per_replica,
         })
     };
     let slowest = |commits: &[Commit]| {
@@ -987,9 +994,9 @@ async fn scale(
             .max_by(|a, b| a.latency_ms.total_cmp(&b.latency_ms))
             .map(writes_during)
     };
-    let log_writes = json!({
+    let wal_figures = json!({
         "leader": leader,
-        "replicas": log_writes_json,
+        "replicas": per_replica_figures,
         "slowest_commit_during_snapshots": slowest(&during),
         "slowest_commit_outside_snapshots": slowest(&outside),
     });
@@ -1152,7 +1159,7 @@ async fn scale(
         "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
         "commit_max_outside_snapshots_ms": commit_max_outside_snapshots_ms,
         "commits_by_kind": commits_by_kind,
-        "log_writes": log_writes,
+        "wal_writes": wal_figures,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
         "api_jobs_ms": round(api_jobs_ms),
