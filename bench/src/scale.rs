@@ -830,7 +830,10 @@ async fn scale(
         .context("the stream's clients did not connect")?;
     until_finished(&observed, READY_TIMEOUT).await?;
 
-    // The measured window: a steady stream of jobs.
+    // The measured window: a steady stream of jobs. Each replica's WAL writes are read at
+    // its edges, so their figures cover the window alone.
+    let window_from_ms = millis(began.elapsed());
+    let wal_before = wal_writes_of(&cluster).await?;
     observed.measuring.store(true, Ordering::Relaxed);
     let grants_before = observed.grants.load(Ordering::Relaxed);
     let finished_before = observed.finished.load(Ordering::Relaxed);
@@ -839,9 +842,6 @@ async fn scale(
     // Every replica's snapshots, by (replica, index): a follower's build slows the commits
     // it is part of the quorum of as much as the leader's.
     let mut snapshots: BTreeMap<(u64, u64), SnapshotTiming> = BTreeMap::new();
-    // Each replica's WAL writes as the window starts, so its figures cover the window alone.
-    let wal_before = wal_writes_of(&cluster).await?;
-    let window_from_ms = millis(began.elapsed());
     let measuring = Instant::now();
     let cpu_before = cpu_seconds(leader_pid)?;
     while measuring.elapsed() < plan.measure {
@@ -853,14 +853,14 @@ async fn scale(
     stream_stop.store(true, Ordering::Relaxed);
     stream.await??;
     observed.measuring.store(false, Ordering::Relaxed);
+    let wal_after = wal_writes_of(&cluster).await?;
+    let window_to_ms = millis(began.elapsed());
     let grants_per_s =
         (observed.grants.load(Ordering::Relaxed) - grants_before) as f64 / measured.as_secs_f64();
     let jobs_per_s = (observed.finished.load(Ordering::Relaxed) - finished_before) as f64
         / measured.as_secs_f64();
     until_finished(&observed, READY_TIMEOUT).await?;
     record_snapshots(&cluster, &mut snapshots).await?;
-    let wal_after = wal_writes_of(&cluster).await?;
-    let window_to_ms = millis(began.elapsed());
 
     let mut heartbeat_ms: Vec<f64> = observed
         .heartbeat_ms
