@@ -21,8 +21,9 @@
 //! endpoint of the HTTP API and the dashboard's files are timed on the leader ([`ENDPOINTS`]).
 //! Each replica's status gives its WAL writes (count, mean, the slow ones and when), so the
 //! slowest commits are set against the slow writes that overlapped them (`wal_writes`): the
-//! three replicas share one disk here. It prints one JSON line with every figure. A lost heartbeat (a node told to register
-//! again, or a heartbeat failing outside the failover), a job that never finishes, an
+//! three replicas share one disk here. It prints one JSON line with every figure. A lost
+//! heartbeat (a node told to register again, or a heartbeat failing outside the failover), a
+//! job that never finishes, an
 //! endpoint that does not answer 200, job totals that differ from a count of the state, or a
 //! node missing after the failover fails the run; a missed target is only reported.
 
@@ -927,10 +928,10 @@ async fn scale(
         "submit": by_kind(CommitKind::Submit),
         "finish": by_kind(CommitKind::Finish),
     });
-    // Each replica's slow WAL writes on the bench's clock, as (start, end, ms): a commit
-    // waits for the leader's write and a follower's, so a slow commit that overlapped slow
-    // writes on two replicas waited on the disk.
-    let slow_writes: BTreeMap<u64, Vec<(f64, f64, f64)>> = wal_after
+    // Each replica's slow WAL writes on the bench's clock, as (start, end): a commit waits
+    // for the leader's write and a follower's, so a slow commit that overlapped slow writes
+    // on two replicas waited on the disk.
+    let slow_writes: BTreeMap<u64, Vec<(f64, f64)>> = wal_after
         .iter()
         .map(|(replica, writes)| {
             let spans = writes
@@ -938,26 +939,29 @@ async fn scale(
                 .iter()
                 .map(|write| {
                     let end = since_epoch(write.finished_at_ms);
-                    let took_ms = write.took_us as f64 / 1e3;
-                    (end - took_ms, end, took_ms)
+                    (end - write.took_us as f64 / 1e3, end)
                 })
                 .collect();
             (*replica, spans)
         })
         .collect();
+    // How long each of `spans` took that overlapped `from..=to`.
+    let overlapping = |spans: &[(f64, f64)], from: f64, to: f64| -> Vec<f64> {
+        spans
+            .iter()
+            .filter(|(start, end)| *end >= from && *start <= to)
+            .map(|(start, end)| end - start)
+            .collect()
+    };
     // The window's writes: the counts' difference, and the slow ones kept that fall in it
     // (`slow_kept` below `slow` means the oldest of them were let go).
     let per_replica_figures: serde_json::Map<String, serde_json::Value> = wal_after
         .iter()
         .map(|(replica, after)| {
-            let before = wal_before.get(replica).cloned().unwrap_or_default();
+            let before = &wal_before[replica];
             let writes = after.writes.saturating_sub(before.writes);
             let total_us = after.total_us.saturating_sub(before.total_us);
-            let kept: Vec<f64> = slow_writes[replica]
-                .iter()
-                .filter(|(start, end, _)| *end >= window_from_ms && *start <= window_to_ms)
-                .map(|(_, _, took_ms)| *took_ms)
-                .collect();
+            let kept = overlapping(&slow_writes[replica], window_from_ms, window_to_ms);
             let figures = json!({
                 "writes": writes,
                 "mean_ms": (writes > 0).then(|| round3(total_us as f64 / writes as f64 / 1e3)),
@@ -974,12 +978,8 @@ async fn scale(
         let per_replica: serde_json::Map<String, serde_json::Value> = slow_writes
             .iter()
             .map(|(replica, spans)| {
-                let overlapping: Vec<f64> = spans
-                    .iter()
-                    .filter(|(start, end, _)| *end >= from && *start <= to)
-                    .map(|(_, _, took_ms)| *took_ms)
-                    .collect();
-                (replica.to_string(), json!(longest(&overlapping).map(round)))
+                let took = overlapping(spans, from, to);
+                (replica.to_string(), json!(longest(&took).map(round)))
             })
             .collect();
         json!({
