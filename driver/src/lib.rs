@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::{NodeRequest, StreamEnd};
-use floe_api::state::{Command, JobOutcome, JobStatus, Outcome};
+use floe_api::state::{CacheIndex, Command, JobOutcome, JobStatus, Outcome};
 use floe_core::config::AllowedPaths;
 use floe_core::job::{CacheMode, JobSpec, JobStats, ResultDelivery};
 use floe_core::wire::WireConfig;
@@ -165,7 +165,13 @@ async fn plan_and_run<C: ClusterAccess>(
     let mut plans = 0;
     loop {
         plans += 1;
-        let cache = cluster.cache_index().await?;
+        // Only reusing reads the index: a job that recomputes or skips the cache plans
+        // without it.
+        let cache = if spec.options.cache == CacheMode::Reuse {
+            cluster.cache_index().await?
+        } else {
+            CacheIndex::default()
+        };
         let mut operators = match plan::plan(spec, &cache, config) {
             Ok(operators) => operators,
             Err(error) => return Ok(failed(attempt, error.to_string())),

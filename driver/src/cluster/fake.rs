@@ -183,6 +183,8 @@ struct History {
     commands: Vec<(Command, Outcome)>,
     progress: Vec<JobProgress>,
     reads: SchedulerReads,
+    /// `Status` calls to nodes.
+    node_statuses: u64,
 }
 
 /// How often the driver asked the scheduler for each thing, and the most records one
@@ -462,6 +464,11 @@ impl FakeCluster {
         self.lock().history.reads
     }
 
+    /// How many `Status` calls nodes answered.
+    pub(crate) fn node_statuses(&self) -> u64 {
+        self.lock().history.node_statuses
+    }
+
     /// The job's record in the replicated state.
     pub(crate) fn job(&self, job: JobId) -> Arc<JobRecord> {
         Arc::clone(&self.lock().state.jobs[&job])
@@ -602,7 +609,10 @@ impl FakeCluster {
 
     async fn handle(&self, node: NodeId, request: &NodeRequest) -> Result<NodeResponse> {
         let response = match request {
-            NodeRequest::Status => self.status(node),
+            NodeRequest::Status => {
+                self.lock().history.node_statuses += 1;
+                self.status(node)
+            }
             NodeRequest::Free { objects } => {
                 let mut inner = self.lock();
                 for object in objects {

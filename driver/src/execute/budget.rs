@@ -9,6 +9,9 @@ use super::{Execution, TASK_CPU_MILLIS};
 use crate::cluster::ClusterAccess;
 use crate::plan::Work;
 
+/// Nodes whose status one sweep asks at once.
+const STATUS_READS_AT_ONCE: usize = 16;
+
 /// What the job may have in flight.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
@@ -41,7 +44,9 @@ impl Limits {
 
 impl<C: ClusterAccess> Execution<C> {
     /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
-    pub(super) async fn size_budget(&mut self) -> crate::Result<()> {
+    /// Returns the bytes those stores have spilled since they opened, which the job's own
+    /// spill is counted from: one read of the nodes serves both.
+    pub(super) async fn size_budget(&mut self) -> crate::Result<u64> {
         let nodes = self.cluster.read_nodes().await?;
         let cpus: u64 = nodes
             .iter()
@@ -53,15 +58,11 @@ impl<C: ClusterAccess> Execution<C> {
             .map(|node| node.resources.heap_bytes)
             .max()
             .unwrap_or(0);
-        let capacity: u64 = self
-            .stores(&nodes)
-            .await
-            .iter()
-            .map(|store| store.capacity)
-            .sum();
+        let stores = self.stores(&nodes).await;
+        let capacity: u64 = stores.iter().map(|store| store.capacity).sum();
         self.limits.budget_bytes =
             (capacity / 1000).saturating_mul(u64::from(self.options.object_store_budget_permille));
-        Ok(())
+        Ok(stores.iter().map(|store| store.spilled_bytes_total).sum())
     }
 
     /// Bytes the alive nodes' stores have spilled since they opened.
@@ -76,16 +77,18 @@ impl<C: ClusterAccess> Execution<C> {
             .sum()
     }
 
-    /// The object stores of `nodes`, as those that answer report them.
+    /// The object stores of `nodes`, as those that answer report them. A few nodes are asked
+    /// at once, so a job's start and end cost a few round trips however many nodes there are.
     async fn stores(&self, nodes: &[NodeSummary]) -> Vec<StoreUsage> {
-        let mut stores = Vec::new();
-        for node in nodes {
-            if let Ok(NodeResponse::Status(status)) = self
-                .cluster
-                .call_node(&node.rpc, &NodeRequest::Status)
-                .await
-            {
-                stores.push(status.store);
+        let mut stores = Vec::with_capacity(nodes.len());
+        for some in nodes.chunks(STATUS_READS_AT_ONCE) {
+            let asked = some
+                .iter()
+                .map(|node| self.cluster.call_node(&node.rpc, &NodeRequest::Status));
+            for answer in futures::future::join_all(asked).await {
+                if let Ok(NodeResponse::Status(status)) = answer {
+                    stores.push(status.store);
+                }
             }
         }
         stores

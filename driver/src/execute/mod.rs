@@ -236,11 +236,17 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     pub async fn run(mut self) -> Finished {
-        let spilled_before = self.spilled_bytes().await;
-        if let Err(error) = self.size_budget().await {
-            self.failure = Some(format!("cannot read the cluster's resources: {error}"));
-        }
-        let mut progress = tokio::time::interval(self.config.progress_interval);
+        let spilled_before = match self.size_budget().await {
+            Ok(spilled) => spilled,
+            Err(error) => {
+                self.failure = Some(format!("cannot read the cluster's resources: {error}"));
+                0
+            }
+        };
+        // The first report comes one interval in: the start has just read the nodes, and a
+        // job that ends sooner has nothing to report.
+        let period = self.config.progress_interval;
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut cancelled = false;
         loop {

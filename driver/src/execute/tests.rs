@@ -699,14 +699,58 @@ async fn a_driver_reads_what_it_needs_however_many_jobs_the_cluster_ran() {
     let record = run(&fake, &spec(plan, CacheMode::NoCache)).await;
     succeeded(&record);
     let reads = fake.scheduler_reads();
-    // Each tick asks only for deaths since the last one; the job and the cache index are
-    // read once, the nodes a few times (the budget, spill counts, the outputs' holders).
+    // Each tick asks only for deaths since the last one; the job is read once, the cache
+    // index not at all (the job does not use the cache), the nodes three times (the budget
+    // and spill count at the start, the outputs' holders and the spill count at the end).
     assert!(reads.death_checks >= 5, "{reads:?}");
     assert_eq!(reads.jobs, 1, "{reads:?}");
-    assert_eq!(reads.cache_indexes, 1, "{reads:?}");
-    assert!(reads.node_lists <= 4, "{reads:?}");
+    assert_eq!(reads.cache_indexes, 0, "{reads:?}");
+    assert_eq!(reads.node_lists, 3, "{reads:?}");
     // No answer carried more than the three nodes: the 20,000 finished jobs were never read.
     assert!(reads.largest_answer <= 3, "{reads:?}");
+}
+
+#[tokio::test]
+async fn a_job_shorter_than_a_progress_interval_reads_the_cluster_only_to_start_and_end() {
+    let fake = fake(3, 2);
+    let mut config = (*driver_config()).clone();
+    config.progress_interval = Duration::from_secs(3600);
+    let plan = LogicalPlan::range(10).unwrap();
+    let record = run_with(&fake, &spec(plan, CacheMode::NoCache), Arc::new(config)).await;
+    assert_eq!(output_ids(&fake, &record), (0..10).collect::<Vec<_>>());
+    let reads = fake.scheduler_reads();
+    // No progress tick came: nothing reported, no deaths asked for.
+    assert!(fake.progress_reports().is_empty());
+    assert_eq!(reads.death_checks, 0, "{reads:?}");
+    assert_eq!(reads.jobs, 1, "{reads:?}");
+    assert_eq!(reads.cache_indexes, 0, "{reads:?}");
+    // The nodes are read to size the budget (which also counts the spill so far), to check
+    // the output's holder, and to count the spill at the end.
+    assert_eq!(reads.node_lists, 3, "{reads:?}");
+    // Each of the three nodes is asked for its status once at each end, and the output's one
+    // holder once more.
+    assert_eq!(fake.node_statuses(), 3 + 1 + 3);
+}
+
+#[tokio::test]
+async fn a_job_that_reuses_the_cache_reads_its_index_and_others_do_not() {
+    let fake = fake(2, 2);
+    let plan = doubled(LogicalPlan::range(64).unwrap());
+    for (cache, index_reads) in [
+        (CacheMode::NoCache, 0),
+        (CacheMode::Recompute, 0),
+        (CacheMode::Reuse, 1),
+    ] {
+        let before = fake.scheduler_reads().cache_indexes;
+        let record = run(&fake, &spec(plan.clone(), cache)).await;
+        assert_doubled(&fake, succeeded(&record), 64);
+        let reads = fake.scheduler_reads();
+        assert_eq!(
+            reads.cache_indexes - before,
+            index_reads,
+            "{cache:?}: {reads:?}"
+        );
+    }
 }
 
 #[tokio::test]
