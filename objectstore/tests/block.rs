@@ -12,8 +12,11 @@ use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, Strin
 use arrow::datatypes::{DataType, Field, Schema};
 use common::{MIB, on_every_backing, store_in};
 use floe_core::ObjectId;
-use floe_objectstore::block::{read_block, write_block};
+use floe_objectstore::block::{
+    encode_into, encoded_checksum, encoded_len, read_block, write_block,
+};
 use floe_objectstore::{Backing, Error, StoreClient};
+use xxhash_rust::xxh3::xxh3_64;
 
 on_every_backing!(
     decoded_column_buffers_lie_inside_the_mapping,
@@ -137,4 +140,39 @@ fn an_object_that_is_not_a_block_is_an_error_naming_it(backing: Backing) {
         "{error}"
     );
     assert!(error.to_string().contains(&object.to_string()));
+}
+
+/// The checksum a block is sealed with is the xxh3-64 of its bytes, whether its column buffers
+/// are smaller than one step of the copy-and-hash, exactly one, or many steps and a part.
+#[test]
+fn a_blocks_checksum_is_the_hash_of_the_bytes_written_whatever_its_buffer_sizes() {
+    for rows in [0, 1, 1_000, 1_024, 5_000, 200_001] {
+        // One schema for both, whether or not a batch happens to hold a null score.
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("score", DataType::Float64, true),
+            Field::new("name", DataType::Utf8, false),
+        ]));
+        let batches: Vec<RecordBatch> = [sample(rows, 7), sample(rows / 3, rows)]
+            .iter()
+            .map(|batch| RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).unwrap())
+            .collect();
+        let mut dest = vec![0u8; encoded_len(&schema, &batches).unwrap() as usize];
+        let checksum = encode_into(&mut dest, &schema, &batches).unwrap();
+        assert_eq!(checksum, xxh3_64(&dest), "{rows} rows");
+        assert_eq!(
+            encoded_checksum(&schema, &batches).unwrap(),
+            checksum,
+            "{rows} rows"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), 64 * MIB, MIB, Backing::SharedMemory);
+        let object = ObjectId::new(5);
+        write_block(&store, object, &schema, &batches).unwrap();
+        let view = store.get(object).unwrap();
+        assert_eq!(view.as_bytes(), dest.as_slice(), "{rows} rows");
+        assert_eq!(store.checksum(object), Some(checksum), "{rows} rows");
+        assert_eq!(read_block(&view).unwrap().batches, batches, "{rows} rows");
+    }
 }
