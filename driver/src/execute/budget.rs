@@ -46,7 +46,7 @@ impl<C: ClusterAccess> Execution<C> {
     /// The in-flight budget and the concurrency cap, from the alive nodes' stores and CPUs.
     /// Returns the bytes those stores have spilled since they opened, which the job's own
     /// spill is counted from: one read of the nodes serves both.
-    pub(super) async fn size_budget(&mut self) -> crate::Result<u64> {
+    pub(super) async fn size_budget_and_count_spill(&mut self) -> crate::Result<u64> {
         let nodes = self.cluster.read_nodes().await?;
         let cpus: u64 = nodes
             .iter()
@@ -77,8 +77,9 @@ impl<C: ClusterAccess> Execution<C> {
             .sum()
     }
 
-    /// The object stores of `nodes`, as those that answer report them. A few nodes are asked
-    /// at once, so a job's start and end cost a few round trips however many nodes there are.
+    /// The object stores of `nodes`, as those that answer report them. Up to
+    /// [`STATUS_READS_AT_ONCE`] nodes are asked at once, so a job's start and end cost one
+    /// round trip per that many nodes, not one per node.
     async fn stores(&self, nodes: &[NodeSummary]) -> Vec<StoreUsage> {
         let mut stores = Vec::with_capacity(nodes.len());
         for some in nodes.chunks(STATUS_READS_AT_ONCE) {

@@ -236,7 +236,7 @@ impl<C: ClusterAccess> Execution<C> {
     }
 
     pub async fn run(mut self) -> Finished {
-        let spilled_before = match self.size_budget().await {
+        let spilled_before = match self.size_budget_and_count_spill().await {
             Ok(spilled) => spilled,
             Err(error) => {
                 self.failure = Some(format!("cannot read the cluster's resources: {error}"));
@@ -244,7 +244,8 @@ impl<C: ClusterAccess> Execution<C> {
             }
         };
         // The first report comes one interval in: the start has just read the nodes, and a
-        // job that ends sooner has nothing to report.
+        // job that ends sooner has nothing to report. A cancel, seen on a tick, is still seen
+        // at most one interval after it is asked for.
         let period = self.config.progress_interval;
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -208,7 +208,7 @@ impl Handler<SchedulerProtocol> for Service {
                 let request = SchedulerRequest::WatchJob { job, wait_ms };
                 let current = self.ask(principal, request.clone()).await?;
                 let running = matches!(&current, SchedulerResponse::Job(Some(record)) if !record.status.is_finished());
-                // A zero wait is a plain read (a driver reading its job): one read answers it.
+                // A zero wait is a plain read (a driver reading its job, say): one read answers it.
                 if !running || wait_ms == 0 {
                     return Ok(current);
                 }
