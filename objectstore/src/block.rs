@@ -216,9 +216,8 @@ pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
 
 /// How many bytes [`HashingSink`] copies before it hashes them: small enough that the step
 /// and its copy stay in a core's L1 cache (32 KiB or more on today's x86 cores), large enough
-/// that the calls cost nothing. Copying and hashing 48 MiB
-/// in 12 MiB writes took 8.3–8.7 ms in steps of 8 KiB against 14.2–14.6 ms a write at a time
-/// (release, a 2-core Intel Xeon VM).
+/// that the calls cost nothing. Copying and hashing 48 MiB in 12 MiB writes took 8.3–8.7 ms
+/// in steps of 8 KiB against 14.2–14.6 ms a write at a time (release, a 2-core Intel Xeon VM).
 const HASH_STEP: usize = 8 << 10;
 
 /// Writes into a slice, hashing what it writes.

@@ -146,13 +146,13 @@ fn an_object_that_is_not_a_block_is_an_error_naming_it(backing: Backing) {
 /// are smaller than one step of the copy-and-hash, exactly one, or many steps and a part.
 #[test]
 fn a_blocks_checksum_is_the_hash_of_the_bytes_written_whatever_its_buffer_sizes() {
+    // One schema for every batch, whether or not it happens to hold a null score.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("score", DataType::Float64, true),
+        Field::new("name", DataType::Utf8, false),
+    ]));
     for rows in [0, 1, 1_000, 1_024, 5_000, 200_001] {
-        // One schema for both, whether or not a batch happens to hold a null score.
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("score", DataType::Float64, true),
-            Field::new("name", DataType::Utf8, false),
-        ]));
         let batches: Vec<RecordBatch> = [sample(rows, 7), sample(rows / 3, rows)]
             .iter()
             .map(|batch| RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).unwrap())
