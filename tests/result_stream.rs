@@ -1,6 +1,7 @@
 //! Streamed results on real processes: a job's output reaches the client while the job still
 //! runs, in order and equal to an independent computation; a client that lags holds
-//! production (the final operator waits for its acknowledgements); a client that stops
+//! production (the final operator waits for its acknowledgements); a stream read to its end
+//! leaves its job ended (the record says so at once); a client that stops
 //! reading cancels the job and leaves no block in any store; a job failing mid-stream ends
 //! the stream with its error. And `GET /api/jobs/ID/result`: a held result as an Arrow IPC
 //! stream (decoded and compared), a quick look as JSON rows, and the 404, 409 and 410 errors.
@@ -158,6 +159,30 @@ async fn a_reader_that_stops_mid_stream_cancels_the_job_and_no_block_stays_held(
     let (batches, error) = read_all(&mut next).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(int_column(&batches, "id").len() as u64, 2 * ROWS_PER_TASK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_read_to_its_end_leaves_its_job_ended() {
+    let cluster = start(1).await;
+    let client = cluster.connect().await;
+    // The driver says the output is complete just before it commits the job's success: a
+    // small job, read at once after its end, finds that window if the stream does not wait.
+    for n in 1..=20i64 {
+        let mut stream = client
+            .stream_with(&Dataset::range(n as u64).unwrap(), streamed(64 << 20))
+            .await
+            .unwrap();
+        let (batches, error) = read_all(&mut stream).await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(int_column(&batches, "id"), (0..n).collect::<Vec<_>>());
+        let job = client.job(stream.job());
+        let stats = job.stats().await.unwrap();
+        assert!(
+            stats.is_some(),
+            "job {} has not ended after its stream",
+            stream.job()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,10 @@ const DRIVER_WAIT: Duration = Duration::from_millis(200);
 /// The pause before asking again when the driver's node has no stream open yet (the driver
 /// is planning), or no longer (it is committing the outcome).
 const NO_STREAM_PAUSE: Duration = Duration::from_millis(50);
+/// How long the end of a stream waits for the driver to commit the job's success: it says
+/// the output is complete just before it proposes that, so this is one commit, not a wait
+/// on the job.
+const FINISH_WAIT: Duration = Duration::from_secs(1);
 
 /// The default buffer of a streamed result: the output bytes a driver lets wait for the
 /// client before it pauses the final operator. Large enough to keep every node busy on
@@ -97,8 +101,9 @@ impl ResultStream {
         self.read
     }
 
-    /// The next batch, as soon as the job has produced it; `None` after the last one. An
-    /// error (the job failed, was cancelled, a block was lost) ends the stream.
+    /// The next batch, as soon as the job has produced it; `None` after the last one, once
+    /// the job's record says it ended (or a second passed without that). An error (the job
+    /// failed, was cancelled, a block was lost) ends the stream.
     pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         let next = self.next_inner().await;
         if next.is_err() {
@@ -131,10 +136,33 @@ impl ResultStream {
                 continue;
             }
             if self.complete {
+                self.await_finish().await;
                 self.source = Source::Ended;
                 return Ok(None);
             }
             self.poll(POLL_WAIT).await?;
+        }
+    }
+
+    /// Waits for the job's record to say it ended, so whoever read the whole result sees the
+    /// job ended (its stats, its status) as soon as the stream says so. Every block is read
+    /// whatever happens here: a driver that dies before its commit only leaves the record
+    /// behind, and that is not the reader's error.
+    async fn await_finish(&self) {
+        let watched = self
+            .inner
+            .scheduler
+            .lock()
+            .await
+            .watch_job(self.job, FINISH_WAIT)
+            .await;
+        match watched {
+            Ok(Some(record)) if record.status.is_finished() => {}
+            Ok(record) => {
+                let status = record.map(|record| record.status.name());
+                tracing::debug!(job = %self.job, ?status, "the job's end is not committed yet");
+            }
+            Err(error) => tracing::debug!(job = %self.job, %error, "cannot read the job's end"),
         }
     }
 
