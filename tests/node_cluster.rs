@@ -16,6 +16,7 @@ use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
 use floe_client::local::LocalNode;
 use floe_core::config::ByteSize;
+use floe_core::hash::xxh3_64;
 use floe_core::wire::{RpcClient, WireConfig};
 use floe_core::{ActorId, JobId, NodeId, ObjectId, TaskId};
 use floe_testkit::cluster::{
@@ -23,7 +24,6 @@ use floe_testkit::cluster::{
     register_node,
 };
 use floe_testkit::{node, process};
-use xxhash_rust::xxh3::xxh3_64;
 
 /// One scheduler replica; nodes of two workers with 4 GiB of memory (a 1.2 GiB store) and
 /// 128 MiB frames. The memory monitor counts a 512 MiB object twice while a worker fills it (its

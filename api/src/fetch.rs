@@ -4,8 +4,8 @@
 //! result blocks this way.
 
 use floe_core::ObjectId;
+use floe_core::hash::xxh3_64;
 use floe_core::wire::RpcClient;
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::node_protocol::{NodeProtocol, NodeRequest, NodeResponse};
 

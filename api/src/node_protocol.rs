@@ -3,12 +3,12 @@
 
 use arrow_schema::Schema;
 use floe_core::fingerprint::FingerprintInputs;
+use floe_core::hash::xxh3_128;
 use floe_core::job::OutputBlock;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::Protocol;
 use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use xxhash_rust::xxh3::xxh3_128;
 
 /// The id of a task's `index`-th output: derived from the task id (as Ray derives return
 /// object ids), so a retried task names its outputs the same way.

@@ -76,7 +76,7 @@ fn random_u128() -> u128 {
     seed.extend(nanos.to_le_bytes());
     seed.extend(std::process::id().to_le_bytes());
     seed.extend(count.to_le_bytes());
-    xxhash_rust::xxh3::xxh3_128(&seed)
+    crate::hash::xxh3_128(&seed)
 }
 
 macro_rules! unique_id {

@@ -9,6 +9,7 @@
 //!   casts, null handling) with type inference against an Arrow schema.
 //! - [`job`]: a submitted job (plan and options), its progress, stats and output blocks.
 //! - [`plan`]: the Dataset logical plan, its optimizer rules and the physical stages.
+//! - [`hash`]: xxh3, the one hash of checksums, object names, fingerprints and partitions.
 //! - [`fingerprint`]: 128-bit content addresses of sources and transforms, and the lineage
 //!   kept beside them so a cache miss can be explained.
 //! - [`wire`]: the internal RPC protocol — framing, handshake, the bincode codec and a typed
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod expr;
 pub mod fingerprint;
+pub mod hash;
 pub mod ids;
 pub mod job;
 pub mod location;

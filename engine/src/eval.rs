@@ -27,7 +27,7 @@ use arrow::row::{RowConverter, SortField};
 use floe_core::expr::{
     BinaryOp, Expr, Scalar, StringFunction, arithmetic_type, common_type, is_string,
 };
-use xxhash_rust::xxh3::xxh3_64;
+use floe_core::hash::xxh3_64;
 
 use crate::{Error, Result};
 

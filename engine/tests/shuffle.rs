@@ -14,6 +14,7 @@ use arrow::array::{
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use floe_core::hash::xxh3_64;
 use floe_core::plan::task::StageInput;
 use floe_core::plan::{AggFunction, Aggregation, JoinType, LogicalPlan, SortKey};
 use floe_engine::blocks::BlockSizing;
@@ -26,7 +27,6 @@ use floe_engine::exchange::sort::{range_boundaries, range_partition, sample_keys
 use floe_engine::exchange::unique::unique;
 use floe_engine::task::TaskOutput;
 use proptest::prelude::*;
-use xxhash_rust::xxh3::xxh3_64;
 
 const CASES: u32 = 64;
 

@@ -11,9 +11,9 @@
 //! against this run's parts first, since readers find each part by this run's table.
 
 use floe_api::node_protocol::{OutputRef, Part, TaskFailure, output_id};
+use floe_core::hash::xxh3_64;
 use floe_core::{ObjectId, TaskId};
 use floe_objectstore::{ObjectStore, ObjectWriter};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::worker::{OutputPlace, WrittenOutput};
 

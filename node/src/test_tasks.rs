@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use xxhash_rust::xxh3::xxh3_64;
+use floe_core::hash::xxh3_64;
 
 use floe_api::node_protocol::TestTask;
 

@@ -31,12 +31,12 @@ use std::task::Poll;
 
 use floe_core::ObjectId;
 use floe_core::config::NodeConfig;
+use floe_core::hash::{Xxh3_64, xxh3_64};
 use floe_core::wire::{Attachment, FileRange, RpcClient, WireConfig};
 use floe_objectstore::block::Packing;
 use floe_objectstore::{ObjectSource, ObjectStore, ObjectView, ObjectWriter};
 use tokio::sync::OnceCell;
 use tokio::sync::mpsc::UnboundedSender;
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
 
 use super::{Error, Result};
 use floe_api::node_protocol::{
@@ -349,7 +349,7 @@ impl Transfers {
         for _ in 0..connections {
             clients.push(RpcClient::connect(holder, self.wire.clone()).await?);
         }
-        let mut hashers: Vec<Xxh3Default> = parts.iter().map(|_| Xxh3Default::new()).collect();
+        let mut hashers: Vec<Xxh3_64> = parts.iter().map(|_| Xxh3_64::new()).collect();
         read_in_order(clients, requests, |part, bytes| hashers[part].update(bytes)).await?;
         for (hasher, (object, part)) in hashers.iter().zip(parts) {
             let actual = hasher.digest();
@@ -583,7 +583,7 @@ impl Transfers {
                 pieces: vec![((), piece)],
             })
             .collect();
-        let mut hasher = Xxh3Default::new();
+        let mut hasher = Xxh3_64::new();
         read_in_order(clients, requests, |(), bytes| hasher.update(bytes)).await?;
         let actual = hasher.digest();
         if actual != meta.checksum {

@@ -28,7 +28,7 @@ use arrow::ipc::reader::{FileDecoder, read_footer_length};
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow::ipc::{MetadataVersion, root_as_footer};
 use floe_core::ObjectId;
-use xxhash_rust::xxh3::Xxh3Default;
+use floe_core::hash::Xxh3_64;
 
 use crate::alloc::aligned;
 use crate::{Error, ObjectStore, ObjectView, Result};
@@ -85,7 +85,7 @@ pub fn encode_into(
     let mut sink = HashingSink {
         dest,
         written: 0,
-        hasher: Xxh3Default::new(),
+        hasher: Xxh3_64::new(),
     };
     encode(&mut sink, schema, batches)?;
     if sink.written != len {
@@ -100,7 +100,7 @@ pub fn encode_into(
 /// The xxh3-64 of the bytes [`encode_into`] would write, without writing them anywhere (for
 /// a block someone else already stored).
 pub fn encoded_checksum(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<u64, ArrowError> {
-    let mut sink = HashingCounter(Xxh3Default::new());
+    let mut sink = HashingCounter(Xxh3_64::new());
     encode(&mut sink, schema, batches)?;
     Ok(sink.0.digest())
 }
@@ -224,7 +224,7 @@ const HASH_STEP: usize = 8 << 10;
 struct HashingSink<'a> {
     dest: &'a mut [u8],
     written: usize,
-    hasher: Xxh3Default,
+    hasher: Xxh3_64,
 }
 
 impl Write for HashingSink<'_> {
@@ -252,7 +252,7 @@ impl Write for HashingSink<'_> {
 }
 
 /// Hashes the bytes written to it and keeps none.
-struct HashingCounter(Xxh3Default);
+struct HashingCounter(Xxh3_64);
 
 impl Write for HashingCounter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use floe_core::ObjectId;
-use xxhash_rust::xxh3::Xxh3;
+use floe_core::hash::Xxh3_64;
 
 use crate::mapping::{HEADER_LEN, Header, create_new_file, disk_error, io_error};
 use crate::{Error, Result};
@@ -94,7 +94,7 @@ impl SpillSlot {
             }
             None => return Err(corrupt("no record header at the indexed offset".into())),
         }
-        let mut hasher = Xxh3::new();
+        let mut hasher = Xxh3_64::new();
         let mut position = self.offset + HEADER_LEN;
         for chunk in destination.chunks_mut(CHUNK) {
             self.file
@@ -144,7 +144,7 @@ pub fn write_spill_file(path: &Path, objects: &[(ObjectId, &[u8])]) -> Result<Ve
         writer
             .write_all(&[0u8; HEADER_LEN as usize])
             .map_err(&write_error)?;
-        let mut hasher = Xxh3::new();
+        let mut hasher = Xxh3_64::new();
         for chunk in payload.chunks(CHUNK) {
             hasher.update(chunk);
             writer.write_all(chunk).map_err(&write_error)?;

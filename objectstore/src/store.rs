@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use floe_core::hash::xxh3_64;
 use floe_core::{Config, ObjectId};
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::alloc::{Allocator, aligned};
 use crate::mapping::{FileMapping, HEADER_LEN, Header, SharedSegment, available_space};

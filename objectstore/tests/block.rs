@@ -12,11 +12,11 @@ use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, Strin
 use arrow::datatypes::{DataType, Field, Schema};
 use common::{MIB, on_every_backing, store_in};
 use floe_core::ObjectId;
+use floe_core::hash::xxh3_64;
 use floe_objectstore::block::{
     encode_into, encoded_checksum, encoded_len, read_block, write_block,
 };
 use floe_objectstore::{Backing, Error, StoreClient};
-use xxhash_rust::xxh3::xxh3_64;
 
 on_every_backing!(
     decoded_column_buffers_lie_inside_the_mapping,

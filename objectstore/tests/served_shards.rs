@@ -21,6 +21,7 @@ use common::{MIB, config_in, files_in, on_every_backing, store_in};
 use floe_core::ObjectId;
 use floe_core::config::ByteSize;
 use floe_core::fingerprint::{Args, FingerprintInputs, SourceDescription, TransformDescription};
+use floe_core::hash::xxh3_64;
 use floe_objectstore::block::read_block;
 use floe_objectstore::cache::{
     Cache, CacheConfig, CachePolicy, ServedShard, ShardIndex, ShardName, Verification,
@@ -28,7 +29,6 @@ use floe_objectstore::cache::{
 use floe_objectstore::{
     Adoption, Backing, Error, ObjectLocation, ObjectSource, ObjectStore, StoreClient,
 };
-use xxhash_rust::xxh3::xxh3_64;
 
 const CHILD_ENV: &str = "FLOE_SERVED_SHARD_TEST_LOCATION";
 

@@ -56,7 +56,7 @@ fn a_child_process_reads_sealed_objects() {
                     "\nread {} {} {:016x}",
                     view.object(),
                     view.len(),
-                    xxhash_rust::xxh3::xxh3_64(view.as_bytes())
+                    floe_core::hash::xxh3_64(view.as_bytes())
                 ),
                 Err(error) => println!("\nrefused: {error}"),
             }
@@ -115,7 +115,7 @@ fn a_child_process_reads_sealed_objects() {
         .map(|&(object, len)| {
             format!(
                 "read {object} {len} {:016x}",
-                xxhash_rust::xxh3::xxh3_64(&contents(object, len))
+                floe_core::hash::xxh3_64(&contents(object, len))
             )
         })
         .chain([
@@ -223,7 +223,7 @@ fn a_child_process_writes_objects_the_store_then_seals() {
     assert!(matches!(store.get(small), Err(Error::NotSealed { .. })));
     for (writer, len) in [(in_memory, 300 * KIB), (on_disk, 1900 * KIB)] {
         let object = writer.object();
-        let checksum = xxhash_rust::xxh3::xxh3_64(&contents(object, len));
+        let checksum = floe_core::hash::xxh3_64(&contents(object, len));
         writer.seal_with_checksum(checksum).unwrap();
         assert_eq!(
             store.get(object).unwrap().as_bytes(),
@@ -347,7 +347,7 @@ fn a_recorded_checksum_lasts_as_long_as_its_object(backing: Backing) {
     let (hashed, plain) = (id(1), id(2));
     let bytes = contents(hashed, 2 * MIB);
     let checksum = store.put_checksummed(hashed, &bytes).unwrap();
-    assert_eq!(checksum, xxhash_rust::xxh3::xxh3_64(&bytes));
+    assert_eq!(checksum, floe_core::hash::xxh3_64(&bytes));
     store.put(plain, &contents(plain, KIB)).unwrap();
     assert_eq!(store.checksum(hashed), Some(checksum));
     assert_eq!(store.checksum(plain), None, "nobody hashed it");

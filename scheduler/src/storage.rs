@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use floe_core::hash::xxh3_64;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{Error, Result};
 

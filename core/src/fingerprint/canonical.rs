@@ -5,15 +5,15 @@
 //! are fixed-width little-endian; byte strings and sequences are prefixed with their length, so
 //! `("ab", "c")` and `("a", "bc")` encode differently.
 
-use xxhash_rust::xxh3::Xxh3Default;
+use crate::hash::Xxh3_128;
 
 use super::Fingerprint;
 
-pub(crate) struct CanonicalHasher(Xxh3Default);
+pub(crate) struct CanonicalHasher(Xxh3_128);
 
 impl CanonicalHasher {
     pub(crate) fn new(domain: &str) -> Self {
-        let mut hasher = Self(Xxh3Default::new());
+        let mut hasher = Self(Xxh3_128::new());
         hasher.bytes(domain.as_bytes());
         hasher
     }
@@ -55,6 +55,6 @@ impl CanonicalHasher {
     }
 
     pub(crate) fn finish(&self) -> Fingerprint {
-        Fingerprint::new(self.0.digest128())
+        Fingerprint::new(self.0.digest())
     }
 }

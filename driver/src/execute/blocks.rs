@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use floe_api::node_protocol::{OutputRef, Part};
+use floe_core::hash::xxh3_128;
 use floe_core::job::OutputBlock;
 use floe_core::{NodeId, ObjectId};
-use xxhash_rust::xxh3::xxh3_128;
 
 use super::Execution;
 use crate::cluster::ClusterAccess;

@@ -14,8 +14,8 @@ use arrow::compute::SortOptions;
 use arrow::datatypes::{DataType, Float64Type, Int64Type, Schema, UInt64Type};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, Rows, SortField};
+use floe_core::hash::xxh3_64;
 use floe_core::plan::SortKey;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::columns::{column, invalid, partition_count, primitive, scale, scatter};
 use crate::Result;

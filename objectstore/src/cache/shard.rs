@@ -34,7 +34,7 @@ use arrow::ipc::root_as_footer;
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use floe_core::Fingerprint;
 use floe_core::fingerprint::FingerprintInputs;
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64, xxh3_128};
+use floe_core::hash::{Xxh3_64, Xxh3_128, xxh3_64, xxh3_128};
 
 use super::manifest::{Checksum, FieldSummary, MANIFEST_KEY, Manifest};
 use super::{CacheError, PinGuard, Result};
@@ -221,11 +221,11 @@ pub(crate) fn write(dir: &Path, contents: &ShardContents<'_>) -> Result<Written>
 /// written; and every byte to the end with xxh3-64, the payload's checksum.
 struct ChecksumWriter<W> {
     inner: W,
-    hasher: Option<Xxh3Default>,
+    hasher: Option<Xxh3_128>,
     hashed: u64,
-    chunk: Xxh3Default,
+    chunk: Xxh3_64,
     chunks: Vec<u64>,
-    payload: Xxh3Default,
+    payload: Xxh3_64,
     payload_len: u64,
 }
 
@@ -233,11 +233,11 @@ impl<W: Write> ChecksumWriter<W> {
     fn new(inner: W) -> Self {
         Self {
             inner,
-            hasher: Some(Xxh3Default::new()),
+            hasher: Some(Xxh3_128::new()),
             hashed: 0,
-            chunk: Xxh3Default::new(),
+            chunk: Xxh3_64::new(),
             chunks: Vec::new(),
-            payload: Xxh3Default::new(),
+            payload: Xxh3_64::new(),
             payload_len: 0,
         }
     }
@@ -250,7 +250,7 @@ impl<W: Write> ChecksumWriter<W> {
     /// Stops hashing; returns the checksum, the number of bytes it covers, and the checksum of
     /// each piece.
     fn finish_checksum(&mut self) -> (Checksum, u64, Vec<u64>) {
-        let digest = self.hasher.take().map_or(0, |hasher| hasher.digest128());
+        let digest = self.hasher.take().map_or(0, |hasher| hasher.digest());
         if !self.hashed.is_multiple_of(CHUNK_BYTES) {
             self.chunks.push(self.chunk.digest());
         }

@@ -237,13 +237,10 @@ fn a_written_shard_opens_verified_and_mapped_not_copied() {
     assert!(payload.starts_with(b"ARROW1"));
     let prefix = crate::mapping::ShardPrefix::decode(&file).expect("a shard prefix");
     assert_eq!(prefix.len, payload.len() as u64);
-    assert_eq!(prefix.checksum, xxhash_rust::xxh3::xxh3_64(payload));
+    assert_eq!(prefix.checksum, floe_core::hash::xxh3_64(payload));
     assert!(values.is_multiple_of(64));
     let data = &payload[..usize::try_from(manifest.data_bytes).unwrap()];
-    assert_eq!(
-        manifest.checksum,
-        Checksum(xxhash_rust::xxh3::xxh3_128(data))
-    );
+    assert_eq!(manifest.checksum, Checksum(floe_core::hash::xxh3_128(data)));
     assert_eq!(
         manifest
             .schema
@@ -798,7 +795,7 @@ fn a_projected_open_checks_exactly_the_pieces_it_returns() {
     let data = &whole[64..64 + usize::try_from(manifest.data_bytes).unwrap()];
     let pieces: Vec<u64> = data
         .chunks(usize::try_from(manifest.chunk_bytes).unwrap())
-        .map(xxhash_rust::xxh3::xxh3_64)
+        .map(floe_core::hash::xxh3_64)
         .collect();
     assert!(pieces.len() > 8, "{} pieces", pieces.len());
     assert_eq!(manifest.chunk_checksums, pieces);
@@ -915,7 +912,7 @@ fn a_served_shard_is_read_whole_once_per_state_of_its_file() {
     let served = cache.serve_shard(name).unwrap().expect("a hit");
     let file = fs::read(&path).unwrap();
     assert_eq!(served.len, file.len() as u64 - 64);
-    assert_eq!(served.checksum, xxhash_rust::xxh3::xxh3_64(&file[64..]));
+    assert_eq!(served.checksum, floe_core::hash::xxh3_64(&file[64..]));
     assert_eq!(served.rows, 1000);
     let metadata = fs::metadata(&path).unwrap();
     assert_eq!(
