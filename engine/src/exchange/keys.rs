@@ -158,7 +158,7 @@ const PREFIX_BYTES: usize = 16;
 
 /// A row's first [`PREFIX_BYTES`] bytes as a big-endian integer (zero-padded): prefixes
 /// compare as the rows' leading bytes do, so rows whose prefixes differ compare the same way.
-fn row_prefix(row: &[u8]) -> u128 {
+pub(crate) fn row_prefix(row: &[u8]) -> u128 {
     let mut prefix = [0u8; PREFIX_BYTES];
     let len = row.len().min(PREFIX_BYTES);
     prefix[..len].copy_from_slice(&row[..len]);
