@@ -30,58 +30,50 @@ pub fn xxh3_128(bytes: &[u8]) -> u128 {
     twox_hash::XxHash3_128::oneshot(bytes)
 }
 
-/// An xxh3-64 of bytes given in pieces: the same value as [`xxh3_64`] of them joined.
-#[derive(Clone, Default)]
-pub struct Xxh3_64(twox_hash::XxHash3_64);
+/// A hasher of bytes given in pieces, whose digest is the one-shot hash of them joined.
+macro_rules! streaming_hasher {
+    ($(#[$doc:meta])* $name:ident($inner:ty) -> $digest:ty, $finish:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Default)]
+        pub struct $name($inner);
+
+        impl $name {
+            pub fn new() -> Self {
+                Self::default()
+            }
+
+            pub fn update(&mut self, bytes: &[u8]) {
+                self.0.write(bytes);
+            }
+
+            /// The hash of everything given so far (the hasher can go on).
+            pub fn digest(&self) -> $digest {
+                self.0.$finish()
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(stringify!($name))
+            }
+        }
+    };
+}
+
+streaming_hasher!(
+    /// An xxh3-64 of bytes given in pieces: the same value as [`xxh3_64`] of them joined.
+    Xxh3_64(twox_hash::XxHash3_64) -> u64, finish
+);
+
+streaming_hasher!(
+    /// An xxh3-128 of bytes given in pieces: the same value as [`xxh3_128`] of them joined.
+    Xxh3_128(twox_hash::XxHash3_128) -> u128, finish_128
+);
 
 impl Xxh3_64 {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.0.write(bytes);
-    }
-
-    /// The hash of everything given so far (the hasher can go on).
-    pub fn digest(&self) -> u64 {
-        self.0.finish()
-    }
-
     /// Starts again, as if new.
     pub fn reset(&mut self) {
         *self = Self::new();
-    }
-}
-
-impl std::fmt::Debug for Xxh3_64 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Xxh3_64")
-    }
-}
-
-/// An xxh3-128 of bytes given in pieces: the same value as [`xxh3_128`] of them joined.
-#[derive(Clone, Default)]
-pub struct Xxh3_128(twox_hash::XxHash3_128);
-
-impl Xxh3_128 {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.0.write(bytes);
-    }
-
-    /// The hash of everything given so far (the hasher can go on).
-    pub fn digest(&self) -> u128 {
-        self.0.finish_128()
-    }
-}
-
-impl std::fmt::Debug for Xxh3_128 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Xxh3_128")
     }
 }
 
