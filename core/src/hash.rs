@@ -5,50 +5,46 @@
 //! hashes through this module, and its tests pin the values to the reference algorithm's:
 //! changing the implementation behind it must change no hash.
 //!
-//! Two implementations of the one algorithm sit behind it. `twox-hash` picks its AVX2 or SSE2
-//! kernel at run time, so on large inputs, where blocks, pieces and files are checksummed, it
-//! hashes at about 40 GB/s from the L1 cache against 25 for `xxhash-rust`'s portable build.
-//! Inputs of at most 240 bytes have no striped loop to vectorise, and there `xxhash-rust` is
-//! the quicker: a row of 16–40 bytes, as a hash partition's key, took 25–60% less time.
-
-use std::hash::Hasher as _;
-
-/// The longest input xxh3 hashes without its striped loop.
-const UNSTRIPED_MAX: usize = 240;
+//! The implementation is `xxhash-rust`'s. `twox-hash`, whose AVX2 kernel hashes long inputs
+//! about 1.7 times as fast, was tried (BENCHMARKS.md, session 26): no workload moved beyond
+//! its noise, and its generic streaming code, instantiated here, ran 26 times slower in the
+//! unoptimized builds the tests use, enough for spilling nodes to miss their heartbeats.
 
 /// The xxh3-64 of `bytes`.
 pub fn xxh3_64(bytes: &[u8]) -> u64 {
-    if bytes.len() <= UNSTRIPED_MAX {
-        xxhash_rust::xxh3::xxh3_64(bytes)
-    } else {
-        twox_hash::XxHash3_64::oneshot(bytes)
-    }
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// The xxh3-128 of `bytes`.
 pub fn xxh3_128(bytes: &[u8]) -> u128 {
-    twox_hash::XxHash3_128::oneshot(bytes)
+    xxhash_rust::xxh3::xxh3_128(bytes)
 }
 
 /// A hasher of bytes given in pieces, whose digest is the one-shot hash of them joined.
 macro_rules! streaming_hasher {
-    ($(#[$doc:meta])* $name:ident($inner:ty) -> $digest:ty, $finish:ident) => {
+    ($(#[$doc:meta])* $name:ident -> $digest:ty, $finish:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Default)]
-        pub struct $name($inner);
+        #[derive(Clone)]
+        pub struct $name(xxhash_rust::xxh3::Xxh3Default);
 
         impl $name {
             pub fn new() -> Self {
-                Self::default()
+                Self(xxhash_rust::xxh3::Xxh3Default::new())
             }
 
             pub fn update(&mut self, bytes: &[u8]) {
-                self.0.write(bytes);
+                self.0.update(bytes);
             }
 
             /// The hash of everything given so far (the hasher can go on).
             pub fn digest(&self) -> $digest {
                 self.0.$finish()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
             }
         }
 
@@ -62,18 +58,18 @@ macro_rules! streaming_hasher {
 
 streaming_hasher!(
     /// An xxh3-64 of bytes given in pieces: the same value as [`xxh3_64`] of them joined.
-    Xxh3_64(twox_hash::XxHash3_64) -> u64, finish
+    Xxh3_64 -> u64, digest
 );
 
 streaming_hasher!(
     /// An xxh3-128 of bytes given in pieces: the same value as [`xxh3_128`] of them joined.
-    Xxh3_128(twox_hash::XxHash3_128) -> u128, finish_128
+    Xxh3_128 -> u128, digest128
 );
 
 impl Xxh3_64 {
     /// Starts again, as if new.
     pub fn reset(&mut self) {
-        *self = Self::new();
+        self.0.reset();
     }
 }
 
@@ -88,8 +84,8 @@ mod tests {
             .collect()
     }
 
-    /// The reference algorithm's values (xxHash's own for the empty input; the others from
-    /// `xxhash-rust`, the implementation floe used before), at every length where xxh3
+    /// The reference algorithm's values (xxHash's own for the empty input; the others agreed
+    /// by `xxhash-rust` and `twox-hash`, two implementations), at every length where xxh3
     /// changes its code path: 0, 1–3, 4–8, 9–16, 17–128, 129–240, then striped blocks.
     /// Hashes written by earlier builds (WAL records, spill files, shards) must still verify.
     const REFERENCE: [(usize, u64, u128); 15] = [
