@@ -219,9 +219,10 @@ impl ResultStream {
             .await?
             .ok_or(Error::UnknownJob(self.job))?;
         match &record.status {
-            // It succeeds only once every block is acknowledged: nothing is left to read.
+            // It succeeds only once every block is acknowledged: nothing is left to read, and
+            // the record already says the job ended.
             JobStatus::Succeeded => {
-                self.complete = true;
+                self.source = Source::Ended;
                 Ok(())
             }
             JobStatus::Failed { message } => Err(Error::JobFailed {
