@@ -25,9 +25,10 @@
 //! a reader listing the prefix while an `overwrite` publishes may see some new objects beside
 //! old ones not yet deleted.
 
+mod direct;
+
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,64 +41,15 @@ use floe_core::plan::{Compression, FileFormat, WriteMode, WriteSpec};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 
+use self::direct::DirectFile;
 use crate::remote::Object;
 use crate::{Error, Result};
 
 /// One format's open file.
 enum FormatWriter {
-    Parquet(ArrowWriter<Writeback>),
-    Csv(arrow::csv::Writer<BufWriter<Writeback>>),
-    Json(arrow::json::LineDelimitedWriter<BufWriter<Writeback>>),
-}
-
-/// Bytes a [`Writeback`] lets pile up before it starts writing them to disk.
-const WRITEBACK_BYTES: u64 = 8 << 20;
-
-/// A file that starts writing its pages to disk every [`WRITEBACK_BYTES`], so the `fsync` that
-/// ends it waits for the last stretch only: a 128 MiB file synced at once held its worker
-/// 0.1–0.3 s after the task's work was done.
-struct Writeback {
-    file: File,
-    written: u64,
-    started_to: u64,
-}
-
-impl Writeback {
-    fn new(file: File) -> Self {
-        Self {
-            file,
-            written: 0,
-            started_to: 0,
-        }
-    }
-}
-
-impl Write for Writeback {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.write(bytes)?;
-        self.written += n as u64;
-        let pending = self.written - self.started_to;
-        if pending >= WRITEBACK_BYTES {
-            use std::os::fd::AsRawFd;
-            // Only queues the range for writing, never waits for it to reach the disk; a
-            // failure is harmless, as the `fsync` that ends the file writes what is left.
-            // SAFETY: the descriptor is this file's own, open for the call.
-            unsafe {
-                libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    self.started_to as libc::off64_t,
-                    pending as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
-            self.started_to = self.written;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.file.flush()
-    }
+    Parquet(ArrowWriter<DirectFile>),
+    Csv(arrow::csv::Writer<DirectFile>),
+    Json(arrow::json::LineDelimitedWriter<DirectFile>),
 }
 
 impl FormatWriter {
@@ -111,12 +63,7 @@ impl FormatWriter {
             }
             _ => {}
         }
-        let file = File::options()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(Error::io(path))?;
-        let file = Writeback::new(file);
+        let file = DirectFile::create_new(path).map_err(Error::io(path))?;
         Ok(match &spec.format {
             FileFormat::Parquet => {
                 let properties = WriterProperties::builder()
@@ -132,11 +79,9 @@ impl FormatWriter {
                 arrow::csv::WriterBuilder::new()
                     .with_header(options.has_header)
                     .with_delimiter(options.delimiter)
-                    .build(BufWriter::new(file)),
+                    .build(file),
             ),
-            FileFormat::Json => {
-                FormatWriter::Json(arrow::json::LineDelimitedWriter::new(BufWriter::new(file)))
-            }
+            FileFormat::Json => FormatWriter::Json(arrow::json::LineDelimitedWriter::new(file)),
             // The plan refuses such a sink; a hand-made spec is refused here.
             FileFormat::Text | FileFormat::Binary => {
                 return Err(Error::BadFile {
@@ -160,23 +105,15 @@ impl FormatWriter {
     fn finish(self, path: &Path) -> Result<()> {
         let file = match self {
             FormatWriter::Parquet(writer) => writer.into_inner()?,
-            FormatWriter::Csv(writer) => {
-                writer.into_inner().into_inner().map_err(|e| Error::Io {
-                    path: path.to_owned(),
-                    source: e.into_error(),
-                })?
-            }
+            FormatWriter::Csv(writer) => writer.into_inner(),
             FormatWriter::Json(mut writer) => {
                 writer.finish()?;
-                writer.into_inner().into_inner().map_err(|e| Error::Io {
-                    path: path.to_owned(),
-                    source: e.into_error(),
-                })?
+                writer.into_inner()
             }
         };
-        let mut file = file.file;
-        file.flush().map_err(Error::io(path))?;
-        file.sync_all().map_err(Error::io(path))
+        file.finish()
+            .and_then(|file| file.sync_all())
+            .map_err(Error::io(path))
     }
 }
 
@@ -646,35 +583,4 @@ fn sync_directory(directory: &Path) -> Result<()> {
     File::open(directory)
         .and_then(|dir| dir.sync_all())
         .map_err(Error::io(directory))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::Write;
-
-    use super::{WRITEBACK_BYTES, Writeback};
-
-    #[test]
-    fn a_writeback_file_keeps_every_byte_and_starts_writing_each_full_stretch() {
-        let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("out");
-        let mut file = Writeback::new(std::fs::File::create(&path).unwrap());
-        let chunk: Vec<u8> = (0..(1 << 20) + 1).map(|i| (i % 251) as u8).collect();
-        let mut expected = Vec::new();
-        while (expected.len() as u64) < 2 * WRITEBACK_BYTES + 3 {
-            file.write_all(&chunk).unwrap();
-            expected.extend_from_slice(&chunk);
-        }
-        // Two full stretches were handed to the disk; what follows waits for the `fsync`.
-        assert!(
-            file.started_to >= 2 * WRITEBACK_BYTES,
-            "{}",
-            file.started_to
-        );
-        assert!(file.written - file.started_to < WRITEBACK_BYTES);
-        assert_eq!(file.written, expected.len() as u64);
-        file.flush().unwrap();
-        file.file.sync_all().unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), expected);
-    }
 }
