@@ -41,7 +41,7 @@ use floe_core::plan::{Compression, FileFormat, WriteMode, WriteSpec};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 
-use self::direct::DirectFile;
+use self::direct::{DirectFile, Io};
 use crate::remote::Object;
 use crate::{Error, Result};
 
@@ -53,7 +53,7 @@ enum FormatWriter {
 }
 
 impl FormatWriter {
-    fn create(spec: &WriteSpec, path: &Path, schema: &SchemaRef) -> Result<Self> {
+    fn create(spec: &WriteSpec, path: &Path, schema: &SchemaRef, io: Io) -> Result<Self> {
         // A temporary file left by an earlier attempt goes first; then the file is created
         // new, never opened through whatever has the name (a symlink planted there would
         // otherwise send the write out of the sink directory).
@@ -63,7 +63,7 @@ impl FormatWriter {
             }
             _ => {}
         }
-        let file = DirectFile::create_new(path).map_err(Error::io(path))?;
+        let file = DirectFile::create_new(path, io).map_err(Error::io(path))?;
         Ok(match &spec.format {
             FileFormat::Parquet => {
                 let properties = WriterProperties::builder()
@@ -223,6 +223,11 @@ pub fn write_task(
         Some(scratch) => scratch.path(),
         None => &spec.directory,
     };
+    // An upload reads each scratch file back at once, from the page cache if it is there.
+    let io = match scratch {
+        Some(_) => Io::PageCache,
+        None => Io::Direct,
+    };
     std::fs::create_dir_all(directory).map_err(Error::io(directory))?;
     let mut pending = Pending {
         files: Vec::new(),
@@ -239,7 +244,7 @@ pub fn write_task(
                 std::fs::create_dir_all(&within).map_err(Error::io(&within))?;
                 let name = file_name(&spec.format, task, slot.files);
                 let temporary = within.join(format!(".tmp-{name}"));
-                let writer = FormatWriter::create(spec, &temporary, &partitions.file_schema)?;
+                let writer = FormatWriter::create(spec, &temporary, &partitions.file_schema, io)?;
                 pending.files.push((temporary, within.join(name)));
                 slot.files += 1;
                 slot.current = Some((writer, 0, pending.files.len() - 1));

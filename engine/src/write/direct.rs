@@ -5,31 +5,53 @@
 //! a new 800 MB file took 2.2 s of system time on the benchmark host, against 0.24 s into pages
 //! just freed, and that copy was a fifth of a 1 GB sort's CPU. A sink file is synced before it
 //! is published and seldom read back at once, so its bytes go from a reused, aligned buffer
-//! straight to the disk (`O_DIRECT`), and the kernel copies none of them. Where the file system
-//! refuses direct I/O, the file is written through the page cache, a buffer at a time.
+//! straight to the disk (`O_DIRECT`): the kernel copies none but the last block's tail. Each
+//! write then waits for the disk, while the task's other files and the node's other tasks
+//! keep the cores busy.
+//!
+//! A process lends at most [`WARM_BUFFERS`] such buffers at once, so a task writing hundreds of
+//! partition directories holds a few MiB of them: its other files, and files the caller reads
+//! back at once (a remote sink's uploads), go through the page cache from small buffers, as do
+//! files on a file system that refuses direct I/O.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// What direct I/O asks the buffer's address, the file offsets and the lengths to be a
 /// multiple of: 4 KiB, the largest logical block size of common disks.
 const ALIGN: usize = 4096;
 
-/// The bytes gathered before each write: a direct write of 1 MiB ran at 1.8 GB/s on the
-/// benchmark host (256 KiB: 1.1 GB/s), and a task keeps one buffer per open file.
-pub(super) const BUFFER_BYTES: usize = 1 << 20;
+/// The bytes a warm buffer gathers before each write: a direct write of 1 MiB ran at 1.8 GB/s
+/// on the benchmark host (256 KiB: 1.1 GB/s).
+const WARM_BUFFER_BYTES: usize = 1 << 20;
 
-/// How many free buffers the process keeps for its next files.
-const SPARE_BUFFERS: usize = 4;
+/// How many warm buffers a process lends at once; it keeps them all once made.
+const WARM_BUFFERS: usize = 4;
 
-/// Free buffers, kept so that their pages stay faulted in: fresh memory costs this VM 0.3–0.75
-/// GB/s to touch, reused memory 8–12 GB/s.
+/// The buffer of a file written through the page cache: what `BufWriter` holds, times eight.
+const SMALL_BUFFER_BYTES: usize = 64 << 10;
+
+/// Warm buffers lent out.
+static LENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Warm buffers not lent, kept so that their pages stay faulted in: fresh memory costs this VM
+/// 0.3–0.75 GB/s to touch, reused memory 8–12 GB/s.
 static SPARES: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-/// [`BUFFER_BYTES`] aligned to [`ALIGN`], taken from the spares and given back when dropped.
+/// The path a file's bytes take to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Io {
+    /// Straight from the buffer (`O_DIRECT`).
+    Direct,
+    /// Through the page cache.
+    PageCache,
+}
+
+/// [`WARM_BUFFER_BYTES`] aligned to [`ALIGN`], lent from the spares and given back on drop.
 struct WarmBuffer {
     /// Holds the aligned bytes at `start`; a `Vec`'s heap address never moves, so neither do they.
     storage: Vec<u8>,
@@ -37,104 +59,150 @@ struct WarmBuffer {
 }
 
 impl WarmBuffer {
-    fn take() -> Self {
+    /// A buffer, unless [`WARM_BUFFERS`] are lent already.
+    fn lend() -> Option<Self> {
+        LENT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
+            (lent < WARM_BUFFERS).then_some(lent + 1)
+        })
+        .ok()?;
         let spare = SPARES.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let storage = spare.unwrap_or_else(|| vec![0; BUFFER_BYTES + ALIGN]);
+        let storage = spare.unwrap_or_else(|| vec![0; WARM_BUFFER_BYTES + ALIGN]);
         let start = storage.as_ptr().align_offset(ALIGN);
-        Self { storage, start }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.storage[self.start..self.start + BUFFER_BYTES]
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + BUFFER_BYTES]
+        Some(Self { storage, start })
     }
 }
 
 impl Drop for WarmBuffer {
     fn drop(&mut self) {
-        let mut spares = SPARES.lock().unwrap_or_else(PoisonError::into_inner);
-        if spares.len() < SPARE_BUFFERS {
-            spares.push(std::mem::take(&mut self.storage));
+        let storage = std::mem::take(&mut self.storage);
+        SPARES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(storage);
+        LENT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Where a file gathers its bytes.
+enum Buffer {
+    Warm(WarmBuffer),
+    Small(Box<[u8]>),
+}
+
+impl Buffer {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buffer::Warm(warm) => &warm.storage[warm.start..warm.start + WARM_BUFFER_BYTES],
+            Buffer::Small(small) => small,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Warm(warm) => &mut warm.storage[warm.start..warm.start + WARM_BUFFER_BYTES],
+            Buffer::Small(small) => small,
         }
     }
 }
 
-/// A new file written a buffer at a time, directly to the disk where its file system allows.
+/// A new file written a buffer at a time, directly to the disk where it can be.
 /// Its bytes are all in the file only once [`DirectFile::finish`] returned: `flush` writes
 /// nothing, as a direct write must end on a block boundary.
 pub(super) struct DirectFile {
     file: File,
-    buffer: WarmBuffer,
+    buffer: Buffer,
     /// The bytes of `buffer` not yet written.
     filled: usize,
-    /// Whether the file is open with `O_DIRECT`.
-    direct: bool,
+    io: Io,
 }
 
 impl DirectFile {
     /// Creates the file at `path`, which must not exist: it is never opened through a name
-    /// that is already there (a symlink planted there would send the write elsewhere).
-    pub(super) fn create_new(path: &Path) -> io::Result<Self> {
+    /// that is already there (a symlink planted there would send the write elsewhere). Its
+    /// bytes take the path `wanted` when a warm buffer is free and the file system allows.
+    pub(super) fn create_new(path: &Path, wanted: Io) -> io::Result<Self> {
         let file = File::options().write(true).create_new(true).open(path)?;
+        let warm = match wanted {
+            Io::Direct => WarmBuffer::lend(),
+            Io::PageCache => None,
+        };
+        let buffer = match warm {
+            Some(warm) => Buffer::Warm(warm),
+            None => Buffer::Small(vec![0; SMALL_BUFFER_BYTES].into_boxed_slice()),
+        };
         let mut created = Self {
             file,
-            buffer: WarmBuffer::take(),
+            buffer,
             filled: 0,
-            direct: false,
+            io: Io::PageCache,
         };
-        // A file system without direct I/O (tmpfs before Linux 6.6, some FUSE ones) refuses
-        // the flag; the file is then written through the page cache.
-        created.direct = created.set_direct(true).is_ok();
+        if let Buffer::Warm(_) = created.buffer {
+            // A file system without direct I/O (tmpfs before Linux 6.6, some FUSE ones)
+            // refuses the flag; the file then goes through the page cache.
+            let _refused = created.set_io(Io::Direct);
+        }
         Ok(created)
     }
 
-    /// Whether the file is being written directly to the disk.
+    /// The path the file's bytes take now.
     #[cfg(test)]
-    pub(super) fn is_direct(&self) -> bool {
-        self.direct
+    fn io(&self) -> Io {
+        self.io
     }
 
     /// Writes what is buffered and returns the file, whose bytes may still have to be synced.
     pub(super) fn finish(mut self) -> io::Result<File> {
-        let whole_blocks = if self.direct {
-            self.filled / ALIGN * ALIGN
-        } else {
-            self.filled
+        let whole_blocks = match self.io {
+            Io::Direct => self.filled / ALIGN * ALIGN,
+            Io::PageCache => self.filled,
         };
         self.write_out(whole_blocks)?;
         if self.filled > 0 {
             // The tail is shorter than a block: it goes through the page cache.
-            self.set_direct(false)?;
+            self.set_io(Io::PageCache)?;
             self.write_out(self.filled)?;
         }
         Ok(self.file)
     }
 
-    /// Writes the first `len` buffered bytes and moves the rest to the front.
+    /// Writes the first `len` buffered bytes and moves the rest to the front, also when the
+    /// write fails part-way: what reached the file never leaves the buffer a second time.
     fn write_out(&mut self, len: usize) -> io::Result<()> {
         let mut written = 0;
+        let mut result = Ok(());
         while written < len {
             match self.file.write(&self.buffer.bytes()[written..len]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(0) => {
+                    result = Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the file took no more bytes",
+                    ));
+                    break;
+                }
                 Ok(n) => written += n,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 // A disk with stricter alignment than `ALIGN`, or a short direct write that
                 // left the offset between blocks: the rest goes through the page cache.
-                Err(error) if self.direct && error.raw_os_error() == Some(libc::EINVAL) => {
-                    self.set_direct(false)?;
+                Err(error)
+                    if self.io == Io::Direct && error.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    if let Err(error) = self.set_io(Io::PageCache) {
+                        result = Err(error);
+                        break;
+                    }
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
             }
         }
-        self.buffer.bytes_mut().copy_within(len..self.filled, 0);
-        self.filled -= len;
-        Ok(())
+        self.buffer.bytes_mut().copy_within(written..self.filled, 0);
+        self.filled -= written;
+        result
     }
 
-    fn set_direct(&mut self, direct: bool) -> io::Result<()> {
+    fn set_io(&mut self, io: Io) -> io::Result<()> {
         let fd = self.file.as_raw_fd();
         // SAFETY: the descriptor is this file's own and open for both calls, which read and
         // set its status flags only.
@@ -142,16 +210,15 @@ impl DirectFile {
         if flags < 0 {
             return Err(io::Error::last_os_error());
         }
-        let flags = if direct {
-            flags | libc::O_DIRECT
-        } else {
-            flags & !libc::O_DIRECT
+        let flags = match io {
+            Io::Direct => flags | libc::O_DIRECT,
+            Io::PageCache => flags & !libc::O_DIRECT,
         };
         // SAFETY: as above.
         if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        self.direct = direct;
+        self.io = io;
         Ok(())
     }
 }
@@ -159,10 +226,11 @@ impl DirectFile {
 impl Write for DirectFile {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
         // A full buffer is written before more is taken, so an error takes no bytes.
-        if self.filled == BUFFER_BYTES {
-            self.write_out(BUFFER_BYTES)?;
+        let capacity = self.buffer.bytes().len();
+        if self.filled == capacity {
+            self.write_out(capacity)?;
         }
-        let n = bytes.len().min(BUFFER_BYTES - self.filled);
+        let n = bytes.len().min(capacity - self.filled);
         self.buffer.bytes_mut()[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
         self.filled += n;
         Ok(n)
@@ -173,56 +241,78 @@ impl Write for DirectFile {
     }
 }
 
+/// These tests need their temporary directory on a disk file system that takes direct I/O
+/// and refuses a direct write at an offset between blocks (ext4 and XFS do; CI's is ext4).
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::sync::{Mutex, PoisonError};
 
-    use super::{ALIGN, BUFFER_BYTES, DirectFile};
+    use super::{ALIGN, Buffer, DirectFile, Io, WARM_BUFFER_BYTES, WARM_BUFFERS, WarmBuffer};
+
+    /// The tests lend the process's warm buffers, so they run one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
     /// Pieces of awkward sizes: a byte, a block and a byte, several buffers and a byte, and so
     /// on, numbered on from `from` bytes.
     fn pieces(from: usize) -> Vec<Vec<u8>> {
         let mut offset = from;
-        [1, ALIGN + 1, 3 * BUFFER_BYTES + 1, BUFFER_BYTES - 2, 7]
-            .into_iter()
-            .map(|len| {
-                let piece = (offset..offset + len).map(|i| (i % 251) as u8).collect();
-                offset += len;
-                piece
-            })
-            .collect()
+        [
+            1,
+            ALIGN + 1,
+            3 * WARM_BUFFER_BYTES + 1,
+            WARM_BUFFER_BYTES - 2,
+            7,
+        ]
+        .into_iter()
+        .map(|len| {
+            let piece = (offset..offset + len).map(|i| (i % 251) as u8).collect();
+            offset += len;
+            piece
+        })
+        .collect()
+    }
+
+    fn write_pieces(file: &mut DirectFile) {
+        for piece in pieces(0) {
+            file.write_all(&piece).unwrap();
+        }
     }
 
     #[test]
     fn a_direct_file_keeps_every_byte() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("out");
-        let mut file = DirectFile::create_new(&path).unwrap();
-        // The tests' temporary directory lies on a disk file system wherever they run.
-        assert!(file.is_direct(), "{} refused O_DIRECT", path.display());
-        for piece in pieces(0) {
-            file.write_all(&piece).unwrap();
-        }
-        assert!(file.is_direct(), "a direct write was refused");
+        let mut file = DirectFile::create_new(&path, Io::Direct).unwrap();
+        assert_eq!(file.io(), Io::Direct, "{} refused O_DIRECT", path.display());
+        write_pieces(&mut file);
+        assert_eq!(file.io(), Io::Direct, "a direct write was refused");
         file.finish().unwrap().sync_all().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), pieces(0).concat());
     }
 
     #[test]
     fn a_refused_direct_write_goes_through_the_page_cache() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("out");
-        let mut file = DirectFile::create_new(&path).unwrap();
+        let mut file = DirectFile::create_new(&path, Io::Direct).unwrap();
         // One byte written through the page cache leaves the offset between blocks, where
         // the disk refuses the next direct write.
-        file.set_direct(false).unwrap();
+        file.set_io(Io::PageCache).unwrap();
         file.write_all(&[0]).unwrap();
         file.write_out(1).unwrap();
-        file.set_direct(true).unwrap();
+        file.set_io(Io::Direct).unwrap();
         for piece in pieces(1) {
             file.write_all(&piece).unwrap();
         }
-        assert!(!file.is_direct(), "the misaligned direct write was taken");
+        assert_eq!(
+            file.io(),
+            Io::PageCache,
+            "the misaligned direct write was taken"
+        );
         file.finish().unwrap().sync_all().unwrap();
         let mut expected = vec![0];
         expected.extend(pieces(1).concat());
@@ -230,12 +320,93 @@ mod tests {
     }
 
     #[test]
-    fn an_existing_name_is_never_opened() {
+    fn files_past_the_warm_buffers_go_through_the_page_cache_and_the_buffers_come_back() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("taken");
-        std::fs::write(&path, b"old").unwrap();
-        let error = DirectFile::create_new(&path).err().unwrap();
-        assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists);
-        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        let paths: Vec<_> = (0..=WARM_BUFFERS)
+            .map(|n| directory.path().join(format!("out-{n}")))
+            .collect();
+        let mut files: Vec<DirectFile> = paths
+            .iter()
+            .map(|path| DirectFile::create_new(path, Io::Direct).unwrap())
+            .collect();
+        let ios: Vec<Io> = files.iter().map(DirectFile::io).collect();
+        let mut expected = vec![Io::Direct; WARM_BUFFERS];
+        expected.push(Io::PageCache);
+        assert_eq!(ios, expected);
+        assert!(matches!(files[WARM_BUFFERS].buffer, Buffer::Small(_)));
+        for file in &mut files {
+            write_pieces(file);
+        }
+        for file in files {
+            file.finish().unwrap().sync_all().unwrap();
+        }
+        for path in &paths {
+            assert_eq!(std::fs::read(path).unwrap(), pieces(0).concat());
+        }
+        // Every buffer is back: as many files as before get one again.
+        let again: Vec<WarmBuffer> = (0..WARM_BUFFERS)
+            .map(|_| WarmBuffer::lend().expect("a warm buffer was not given back"))
+            .collect();
+        assert!(WarmBuffer::lend().is_none());
+        drop(again);
+    }
+
+    #[test]
+    fn a_file_asked_to_use_the_page_cache_keeps_every_byte() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("out");
+        let mut file = DirectFile::create_new(&path, Io::PageCache).unwrap();
+        assert_eq!(file.io(), Io::PageCache);
+        assert!(matches!(file.buffer, Buffer::Small(_)));
+        write_pieces(&mut file);
+        file.finish().unwrap().sync_all().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), pieces(0).concat());
+    }
+
+    fn set_nonblocking(file: &std::fs::File, nonblocking: bool) {
+        let fd = file.as_raw_fd();
+        // SAFETY: the descriptor is the pipe's own and open; only its status flags change.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            let flags = if nonblocking {
+                flags | libc::O_NONBLOCK
+            } else {
+                flags & !libc::O_NONBLOCK
+            };
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags), 0);
+        }
+    }
+
+    #[test]
+    fn bytes_written_before_a_failure_are_not_written_again() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+        // A pipe that refuses to wait takes its capacity (64 KiB) of a 1 MiB write, then fails.
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let pipe = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
+        set_nonblocking(&pipe, true);
+        let mut file = DirectFile {
+            file: pipe,
+            buffer: Buffer::Warm(WarmBuffer::lend().unwrap()),
+            filled: 0,
+            io: Io::PageCache,
+        };
+        let bytes: Vec<u8> = (0..WARM_BUFFER_BYTES).map(|i| (i % 251) as u8).collect();
+        file.write_all(&bytes).unwrap();
+        let error = file.write_out(WARM_BUFFER_BYTES).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock);
+        assert!(file.filled < WARM_BUFFER_BYTES, "the pipe took nothing");
+        let reading = std::thread::spawn(move || {
+            let mut read = Vec::new();
+            reader.read_to_end(&mut read).unwrap();
+            read
+        });
+        set_nonblocking(&file.file, false);
+        drop(file.finish().unwrap());
+        assert!(
+            reading.join().unwrap() == bytes,
+            "bytes were lost or written twice"
+        );
     }
 }
