@@ -247,12 +247,32 @@ impl Write for DirectFile {
 mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
-    use std::sync::{Mutex, PoisonError};
+    use std::path::PathBuf;
+    use std::sync::{Mutex, MutexGuard, PoisonError};
 
     use super::{ALIGN, Buffer, DirectFile, Io, WARM_BUFFER_BYTES, WARM_BUFFERS, WarmBuffer};
 
     /// The tests lend the process's warm buffers, so they run one at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    /// A temporary directory, and this test's turn with the warm buffers.
+    struct Scratch {
+        _turn: MutexGuard<'static, ()>,
+        directory: tempfile::TempDir,
+    }
+
+    impl Scratch {
+        fn new() -> Self {
+            Self {
+                _turn: ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner),
+                directory: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.directory.path().join(name)
+        }
+    }
 
     /// Pieces of awkward sizes: a byte, a block and a byte, several buffers and a byte, and so
     /// on, numbered on from `from` bytes.
@@ -282,9 +302,8 @@ mod tests {
 
     #[test]
     fn a_direct_file_keeps_every_byte() {
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-        let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("out");
+        let scratch = Scratch::new();
+        let path = scratch.path("out");
         let mut file = DirectFile::create_new(&path, Io::Direct).unwrap();
         assert_eq!(file.io(), Io::Direct, "{} refused O_DIRECT", path.display());
         write_pieces(&mut file);
@@ -295,9 +314,8 @@ mod tests {
 
     #[test]
     fn a_refused_direct_write_goes_through_the_page_cache() {
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-        let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("out");
+        let scratch = Scratch::new();
+        let path = scratch.path("out");
         let mut file = DirectFile::create_new(&path, Io::Direct).unwrap();
         // One byte written through the page cache leaves the offset between blocks, where
         // the disk refuses the next direct write.
@@ -321,10 +339,9 @@ mod tests {
 
     #[test]
     fn files_past_the_warm_buffers_go_through_the_page_cache_and_the_buffers_come_back() {
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-        let directory = tempfile::tempdir().unwrap();
+        let scratch = Scratch::new();
         let paths: Vec<_> = (0..=WARM_BUFFERS)
-            .map(|n| directory.path().join(format!("out-{n}")))
+            .map(|n| scratch.path(&format!("out-{n}")))
             .collect();
         let mut files: Vec<DirectFile> = paths
             .iter()
@@ -354,9 +371,8 @@ mod tests {
 
     #[test]
     fn a_file_asked_to_use_the_page_cache_keeps_every_byte() {
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-        let directory = tempfile::tempdir().unwrap();
-        let path = directory.path().join("out");
+        let scratch = Scratch::new();
+        let path = scratch.path("out");
         let mut file = DirectFile::create_new(&path, Io::PageCache).unwrap();
         assert_eq!(file.io(), Io::PageCache);
         assert!(matches!(file.buffer, Buffer::Small(_)));
@@ -381,7 +397,7 @@ mod tests {
 
     #[test]
     fn bytes_written_before_a_failure_are_not_written_again() {
-        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+        let _scratch = Scratch::new();
         // A pipe that refuses to wait takes its capacity (64 KiB) of a 1 MiB write, then fails.
         let (mut reader, writer) = std::io::pipe().unwrap();
         let pipe = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
