@@ -16,9 +16,9 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// What direct I/O asks the buffer's address, the file offsets and the lengths to be a
@@ -35,12 +35,18 @@ const WARM_BUFFERS: usize = 4;
 /// The buffer of a file written through the page cache: what `BufWriter` holds, times eight.
 const SMALL_BUFFER_BYTES: usize = 64 << 10;
 
-/// Warm buffers lent out.
-static LENT: AtomicUsize = AtomicUsize::new(0);
+/// The process's warm buffers.
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    lent: 0,
+    spares: Vec::new(),
+});
 
-/// Warm buffers not lent, kept so that their pages stay faulted in: fresh memory costs this VM
-/// 0.3–0.75 GB/s to touch, reused memory 8–12 GB/s.
-static SPARES: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+struct Pool {
+    lent: usize,
+    /// Buffers not lent, kept so that their pages stay faulted in: fresh memory costs this VM
+    /// 0.3–0.75 GB/s to touch, reused memory 8–12 GB/s.
+    spares: Vec<Vec<u8>>,
+}
 
 /// The path a file's bytes take to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,25 +67,29 @@ struct WarmBuffer {
 impl WarmBuffer {
     /// A buffer, unless [`WARM_BUFFERS`] are lent already.
     fn lend() -> Option<Self> {
-        LENT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
-            (lent < WARM_BUFFERS).then_some(lent + 1)
-        })
-        .ok()?;
-        let spare = SPARES.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let spare = {
+            let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+            if pool.lent == WARM_BUFFERS {
+                return None;
+            }
+            pool.lent += 1;
+            pool.spares.pop()
+        };
         let storage = spare.unwrap_or_else(|| vec![0; WARM_BUFFER_BYTES + ALIGN]);
         let start = storage.as_ptr().align_offset(ALIGN);
         Some(Self { storage, start })
+    }
+
+    fn aligned(&self) -> Range<usize> {
+        self.start..self.start + WARM_BUFFER_BYTES
     }
 }
 
 impl Drop for WarmBuffer {
     fn drop(&mut self) {
-        let storage = std::mem::take(&mut self.storage);
-        SPARES
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(storage);
-        LENT.fetch_sub(1, Ordering::AcqRel);
+        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.spares.push(std::mem::take(&mut self.storage));
+        pool.lent -= 1;
     }
 }
 
@@ -92,14 +102,17 @@ enum Buffer {
 impl Buffer {
     fn bytes(&self) -> &[u8] {
         match self {
-            Buffer::Warm(warm) => &warm.storage[warm.start..warm.start + WARM_BUFFER_BYTES],
+            Buffer::Warm(warm) => &warm.storage[warm.aligned()],
             Buffer::Small(small) => small,
         }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
-            Buffer::Warm(warm) => &mut warm.storage[warm.start..warm.start + WARM_BUFFER_BYTES],
+            Buffer::Warm(warm) => {
+                let aligned = warm.aligned();
+                &mut warm.storage[aligned]
+            }
             Buffer::Small(small) => small,
         }
     }
@@ -169,58 +182,59 @@ impl DirectFile {
     /// write fails part-way: what reached the file never leaves the buffer a second time.
     fn write_out(&mut self, len: usize) -> io::Result<()> {
         let mut written = 0;
-        let mut result = Ok(());
-        while written < len {
-            match self.file.write(&self.buffer.bytes()[written..len]) {
+        let result = self.write_prefix(len, &mut written);
+        self.buffer.bytes_mut().copy_within(written..self.filled, 0);
+        self.filled -= written;
+        result
+    }
+
+    /// Writes buffered bytes from `*written` up to `len`, counting them in `*written`.
+    fn write_prefix(&mut self, len: usize, written: &mut usize) -> io::Result<()> {
+        while *written < len {
+            match self.file.write(&self.buffer.bytes()[*written..len]) {
                 Ok(0) => {
-                    result = Err(io::Error::new(
+                    return Err(io::Error::new(
                         io::ErrorKind::WriteZero,
                         "the file took no more bytes",
                     ));
-                    break;
                 }
-                Ok(n) => written += n,
+                Ok(n) => *written += n,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 // A disk with stricter alignment than `ALIGN`, or a short direct write that
                 // left the offset between blocks: the rest goes through the page cache.
                 Err(error)
                     if self.io == Io::Direct && error.raw_os_error() == Some(libc::EINVAL) =>
                 {
-                    if let Err(error) = self.set_io(Io::PageCache) {
-                        result = Err(error);
-                        break;
-                    }
+                    self.set_io(Io::PageCache)?;
                 }
-                Err(error) => {
-                    result = Err(error);
-                    break;
-                }
+                Err(error) => return Err(error),
             }
         }
-        self.buffer.bytes_mut().copy_within(written..self.filled, 0);
-        self.filled -= written;
-        result
+        Ok(())
     }
 
     fn set_io(&mut self, io: Io) -> io::Result<()> {
-        let fd = self.file.as_raw_fd();
-        // SAFETY: the descriptor is this file's own and open for both calls, which read and
-        // set its status flags only.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = match io {
-            Io::Direct => flags | libc::O_DIRECT,
-            Io::PageCache => flags & !libc::O_DIRECT,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_status_flag(&self.file, libc::O_DIRECT, io == Io::Direct)?;
         self.io = io;
         Ok(())
     }
+}
+
+/// Sets or clears one of `file`'s status flags (`O_DIRECT`, `O_NONBLOCK`, …).
+fn set_status_flag(file: &File, flag: libc::c_int, on: bool) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: the descriptor is `file`'s own and open for both calls, which read and set its
+    // status flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = if on { flags | flag } else { flags & !flag };
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Write for DirectFile {
@@ -246,11 +260,12 @@ impl Write for DirectFile {
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
     use std::path::PathBuf;
     use std::sync::{Mutex, MutexGuard, PoisonError};
 
-    use super::{ALIGN, Buffer, DirectFile, Io, WARM_BUFFER_BYTES, WARM_BUFFERS, WarmBuffer};
+    use super::{
+        ALIGN, Buffer, DirectFile, Io, WARM_BUFFER_BYTES, WARM_BUFFERS, WarmBuffer, set_status_flag,
+    };
 
     /// The tests lend the process's warm buffers, so they run one at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -381,27 +396,13 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), pieces(0).concat());
     }
 
-    fn set_nonblocking(file: &std::fs::File, nonblocking: bool) {
-        let fd = file.as_raw_fd();
-        // SAFETY: the descriptor is the pipe's own and open; only its status flags change.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            let flags = if nonblocking {
-                flags | libc::O_NONBLOCK
-            } else {
-                flags & !libc::O_NONBLOCK
-            };
-            assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags), 0);
-        }
-    }
-
     #[test]
     fn bytes_written_before_a_failure_are_not_written_again() {
         let _scratch = Scratch::new();
         // A pipe that refuses to wait takes its capacity (64 KiB) of a 1 MiB write, then fails.
         let (mut reader, writer) = std::io::pipe().unwrap();
         let pipe = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
-        set_nonblocking(&pipe, true);
+        set_status_flag(&pipe, libc::O_NONBLOCK, true).unwrap();
         let mut file = DirectFile {
             file: pipe,
             buffer: Buffer::Warm(WarmBuffer::lend().unwrap()),
@@ -418,7 +419,7 @@ mod tests {
             reader.read_to_end(&mut read).unwrap();
             read
         });
-        set_nonblocking(&file.file, false);
+        set_status_flag(&file.file, libc::O_NONBLOCK, false).unwrap();
         drop(file.finish().unwrap());
         assert!(
             reading.join().unwrap() == bytes,
