@@ -18,6 +18,7 @@ use floe_core::plan::task::{StageInput, StageTask};
 
 use crate::blocks::BlockSizing;
 use crate::exchange;
+use crate::exchange::gathered::GatheredBlock;
 use crate::ops::{Limiter, RowOpContext, apply_row_ops};
 use crate::read::read_file;
 use crate::udf::Registry;
@@ -39,16 +40,74 @@ pub struct TaskContext<'a> {
 /// What one task made, and how it is stored.
 #[derive(Debug)]
 pub enum TaskOutput {
-    /// Blocks, each an object of its own holding these batches in order (one, unless a
-    /// reduce keeps its input parts as they are: [`exchange::Reduced::Parts`]).
-    Blocks(Vec<Vec<RecordBatch>>),
+    /// Blocks, each an object of its own.
+    Blocks(Vec<OutputBlock>),
     /// A shuffle map task's partitions, one block each (index = partition, empty ones
     /// included), packed into one object: a shuffle makes one object per map task, not one per
     /// map task and partition, and each reduce reads its partition's part of every map task's
     /// object.
-    Partitions(Vec<RecordBatch>),
+    Partitions(Vec<OutputBlock>),
     /// No blocks: the task wrote its rows, this many, as its part of a sink.
     Written { rows: u64 },
+}
+
+/// One output block's rows, as a task hands them over to be written.
+#[derive(Debug)]
+pub enum OutputBlock {
+    /// These batches, one after the other (one, unless a reduce keeps its input parts as
+    /// they are: [`exchange::Reduced::Parts`]).
+    Batches(Vec<RecordBatch>),
+    /// Rows picked out of the task's input, gathered only as the block is written.
+    Gathered(GatheredBlock),
+}
+
+impl OutputBlock {
+    pub fn num_rows(&self) -> usize {
+        match self {
+            OutputBlock::Batches(batches) => batches.iter().map(RecordBatch::num_rows).sum(),
+            OutputBlock::Gathered(block) => block.num_rows(),
+        }
+    }
+
+    /// The batches to hand the IPC writer, stand-ins included (see [`GatheredBlock`]): encode
+    /// them with [`OutputBlock::write_in_place`] as the hook for stand-ins.
+    pub fn encoded_batches(&self) -> &[RecordBatch] {
+        match self {
+            OutputBlock::Batches(batches) => batches,
+            OutputBlock::Gathered(block) => std::slice::from_ref(block.layout()),
+        }
+    }
+
+    /// Writes a stand-in's real bytes in its place ([`GatheredBlock::write_in_place`]).
+    pub fn write_in_place(
+        &self,
+        stand_in: &[u8],
+        dest: &mut [u8],
+        written: &mut dyn FnMut(&[u8]),
+    ) -> Result<()> {
+        match self {
+            OutputBlock::Gathered(block) => block.write_in_place(stand_in, dest, written),
+            OutputBlock::Batches(_) => {
+                Err(Error::from(arrow::error::ArrowError::InvalidArgumentError(
+                    "a block of batches has no stand-ins".to_owned(),
+                )))
+            }
+        }
+    }
+
+    /// The rows as batches, gathered if they are still to be.
+    pub fn into_batches(self) -> Result<Vec<RecordBatch>> {
+        match self {
+            OutputBlock::Batches(batches) => Ok(batches),
+            OutputBlock::Gathered(block) => Ok(vec![block.gather()?]),
+        }
+    }
+}
+
+impl From<RecordBatch> for OutputBlock {
+    fn from(batch: RecordBatch) -> Self {
+        OutputBlock::Batches(vec![batch])
+    }
 }
 
 /// Runs one stage task over its input blocks (one list per input object), with the block sizes
@@ -134,7 +193,7 @@ pub fn run_stage_task(
             inputs.into_iter().flatten().collect(),
             context,
         )
-        .map(|batches| TaskOutput::Blocks(batches.into_iter().map(|b| vec![b]).collect())),
+        .map(|batches| TaskOutput::Blocks(batches.into_iter().map(OutputBlock::from).collect())),
     }?;
     let Some(sink) = &task.sink else {
         return Ok(output);
@@ -142,7 +201,13 @@ pub fn run_stage_task(
     match output {
         TaskOutput::Blocks(blocks) => {
             let schema = Arc::new(stage.schema.clone());
-            let batches = blocks.into_iter().flatten().map(Ok);
+            let batches = blocks
+                .into_iter()
+                .map(OutputBlock::into_batches)
+                .flat_map(|batches| match batches {
+                    Ok(batches) => batches.into_iter().map(Ok).collect(),
+                    Err(error) => vec![Err(error)],
+                });
             write_part(&sink.spec, sink.index, schema, batches)
         }
         // Refused above: no task making output rows makes partitions, and only a sink writes.

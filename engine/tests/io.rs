@@ -617,6 +617,10 @@ fn a_map_task_with_a_fused_read_splits_the_rows_it_reads() {
     };
     assert_eq!(parts.len(), 3);
     assert!(parts.iter().all(|part| part.num_rows() > 0));
+    let parts: Vec<RecordBatch> = parts
+        .into_iter()
+        .flat_map(|part| part.into_batches().unwrap())
+        .collect();
     let mut ids: Vec<i64> = parts
         .iter()
         .flat_map(|part| {

@@ -570,6 +570,13 @@ fn sort_through_the_exchange(
             };
             assert_eq!(pieces.len(), partitions as usize);
             pieces
+                .into_iter()
+                .map(|piece| {
+                    let mut batches = piece.into_batches().unwrap();
+                    assert_eq!(batches.len(), 1, "a partition is one block of one batch");
+                    batches.pop().unwrap()
+                })
+                .collect()
         })
         .collect();
     (0..partitions as usize)
@@ -585,7 +592,7 @@ fn sort_through_the_exchange(
                 .into_blocks(&BlockSizing::default())
                 .unwrap()
                 .into_iter()
-                .flatten()
+                .flat_map(|block| block.into_batches().unwrap())
         })
         .collect()
 }
@@ -593,7 +600,10 @@ fn sort_through_the_exchange(
 /// The batches of a task that makes blocks (not partitions).
 fn blocks_of(output: TaskOutput) -> Vec<RecordBatch> {
     match output {
-        TaskOutput::Blocks(blocks) => blocks.into_iter().flatten().collect(),
+        TaskOutput::Blocks(blocks) => blocks
+            .into_iter()
+            .flat_map(|block| block.into_batches().unwrap())
+            .collect(),
         other => panic!("expected blocks, got {other:?}"),
     }
 }

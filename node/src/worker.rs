@@ -16,19 +16,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use floe_core::TaskId;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::{FramedStream, WireError, codec};
 use floe_objectstore::block::{
-    Packing, encode_into, encoded_checksum, encoded_len, read_block, read_block_at,
+    LateBuffers, Packing, encode_into, encoded_checksum, encoded_len, read_block, read_block_at,
 };
 use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
 use floe_api::node_protocol::{Part, TaskKind};
-use floe_engine::task::{TaskOutput, run_stage_task};
+use floe_engine::exchange::gathered::GatheredBlock;
+use floe_engine::task::{OutputBlock, TaskOutput, run_stage_task};
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 
@@ -314,11 +316,11 @@ impl From<WorkerTaskFailure> for WorkerMessage {
 
 /// A task's outputs, made and measured, waiting for the agent to say where they go.
 enum Outputs {
-    /// Blocks, each an object of its own holding its batches, with its encoded size.
-    Blocks(Vec<(Vec<RecordBatch>, u64)>),
+    /// Blocks, each an object of its own, with its encoded size.
+    Blocks(Vec<(OutputBlock, u64)>),
     /// A map task's partitions, packed into one object as `packing` lays them out.
     Packed {
-        blocks: Vec<RecordBatch>,
+        blocks: Vec<OutputBlock>,
         packing: Packing,
     },
     /// No objects: the task wrote this many rows to a sink.
@@ -329,24 +331,20 @@ enum Outputs {
 
 impl Outputs {
     fn new(output: TaskOutput) -> Result<Self, WorkerTaskFailure> {
-        let measure =
-            |batch: &RecordBatch| encoded_len(&batch.schema(), std::slice::from_ref(batch));
         match output {
             TaskOutput::Blocks(blocks) => blocks
                 .into_iter()
-                .map(|batches| {
-                    let len = block_schema(&batches)
-                        .and_then(|schema| encoded_len(&schema, &batches).map_err(cannot_encode))?;
-                    Ok((batches, len))
+                .map(|block| {
+                    let len = Encoding::of(&block)?.len()?;
+                    Ok((block, len))
                 })
                 .collect::<Result<_, _>>()
                 .map(Outputs::Blocks),
             TaskOutput::Partitions(blocks) => {
                 let lens = blocks
                     .iter()
-                    .map(measure)
-                    .collect::<Result<Vec<u64>, _>>()
-                    .map_err(cannot_encode)?;
+                    .map(|block| Encoding::of(block)?.len())
+                    .collect::<Result<Vec<u64>, _>>()?;
                 let packing = Packing::of(&lens).ok_or_else(|| {
                     WorkerTaskFailure::permanent("a map task's partitions overflow an object")
                 })?;
@@ -379,22 +377,19 @@ impl Outputs {
     fn unwritten(&self, index: usize) -> Result<WrittenOutput, WorkerTaskFailure> {
         let (rows, parts) = match self {
             Outputs::Blocks(blocks) => (
-                blocks.get(index).map(|(batches, _)| rows(batches)),
+                blocks.get(index).map(|(block, _)| block.num_rows() as u64),
                 Vec::new(),
             ),
             Outputs::Packed { blocks, packing } => {
                 let parts = blocks
                     .iter()
                     .zip(&packing.parts)
-                    .map(|(batch, &(offset, len))| {
-                        let checksum =
-                            encoded_checksum(&batch.schema(), std::slice::from_ref(batch))
-                                .map_err(cannot_encode)?;
+                    .map(|(block, &(offset, len))| {
                         Ok(Part {
                             offset,
                             len,
-                            rows: batch.num_rows() as u64,
-                            checksum,
+                            rows: block.num_rows() as u64,
+                            checksum: Encoding::of(block)?.checksum()?,
                         })
                     })
                     .collect::<Result<Vec<Part>, WorkerTaskFailure>>()?;
@@ -415,34 +410,26 @@ impl Outputs {
     fn write(&self, index: usize, dest: &mut [u8]) -> Result<WrittenOutput, WorkerTaskFailure> {
         match self {
             Outputs::Blocks(blocks) => {
-                let (batches, _) = blocks.get(index).ok_or_else(|| no_output(index))?;
-                let checksum =
-                    encode_into(dest, &block_schema(batches)?, batches).map_err(cannot_encode)?;
+                let (block, _) = blocks.get(index).ok_or_else(|| no_output(index))?;
                 Ok(WrittenOutput {
-                    rows: Some(rows(batches)),
-                    checksum: Some(checksum),
+                    rows: Some(block.num_rows() as u64),
+                    checksum: Some(Encoding::of(block)?.write(dest)?),
                     parts: Vec::new(),
                 })
             }
             Outputs::Packed { blocks, packing } => {
                 let mut parts = Vec::with_capacity(blocks.len());
                 let mut end = 0;
-                for (batch, &(offset, len)) in blocks.iter().zip(&packing.parts) {
+                for (block, &(offset, len)) in blocks.iter().zip(&packing.parts) {
                     let (start, stop) = (offset as usize, (offset + len) as usize);
                     // The padding too, so the object's bytes do not depend on what the memory
                     // held before.
                     dest[end..start].fill(0);
-                    let checksum = encode_into(
-                        &mut dest[start..stop],
-                        &batch.schema(),
-                        std::slice::from_ref(batch),
-                    )
-                    .map_err(cannot_encode)?;
                     parts.push(Part {
                         offset,
                         len,
-                        rows: batch.num_rows() as u64,
-                        checksum,
+                        rows: block.num_rows() as u64,
+                        checksum: Encoding::of(block)?.write(&mut dest[start..stop])?,
                     });
                     end = stop;
                 }
@@ -463,23 +450,66 @@ impl Outputs {
     }
 }
 
-fn rows(blocks: &[RecordBatch]) -> u64 {
-    blocks.iter().map(|batch| batch.num_rows() as u64).sum()
+fn rows(blocks: &[OutputBlock]) -> u64 {
+    blocks.iter().map(|block| block.num_rows() as u64).sum()
 }
 
-/// The schema of a block's batches (the engine makes no block without a batch).
-fn block_schema(batches: &[RecordBatch]) -> Result<SchemaRef, WorkerTaskFailure> {
-    batches
-        .first()
-        .map(RecordBatch::schema)
-        .ok_or_else(|| WorkerTaskFailure::permanent("a task made a block of no batches"))
+/// One output block as the IPC encoder takes it: its schema, the batches to encode, and the
+/// block itself for any stand-ins among them.
+struct Encoding<'a> {
+    block: &'a OutputBlock,
+    schema: SchemaRef,
+}
+
+impl<'a> Encoding<'a> {
+    /// The engine makes no block without a batch.
+    fn of(block: &'a OutputBlock) -> Result<Self, WorkerTaskFailure> {
+        let schema = block
+            .encoded_batches()
+            .first()
+            .map(RecordBatch::schema)
+            .ok_or_else(|| WorkerTaskFailure::permanent("a task made a block of no batches"))?;
+        Ok(Self { block, schema })
+    }
+
+    fn len(&self) -> Result<u64, WorkerTaskFailure> {
+        encoded_len(&self.schema, self.block.encoded_batches()).map_err(cannot_encode)
+    }
+
+    fn checksum(&self) -> Result<u64, WorkerTaskFailure> {
+        encoded_checksum(&self.schema, self.block.encoded_batches(), Some(self))
+            .map_err(cannot_encode)
+    }
+
+    /// Writes the block into `dest` (exactly [`Self::len`] bytes); returns its checksum.
+    fn write(&self, dest: &mut [u8]) -> Result<u64, WorkerTaskFailure> {
+        encode_into(dest, &self.schema, self.block.encoded_batches(), Some(self))
+            .map_err(cannot_encode)
+    }
+}
+
+impl LateBuffers for Encoding<'_> {
+    fn is_stand_in(&self, buffer: &[u8]) -> bool {
+        matches!(self.block, OutputBlock::Gathered(_)) && GatheredBlock::is_stand_in(buffer)
+    }
+
+    fn write_in_place(
+        &self,
+        stand_in: &[u8],
+        dest: &mut [u8],
+        written: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), ArrowError> {
+        self.block
+            .write_in_place(stand_in, dest, written)
+            .map_err(|error| ArrowError::ExternalError(Box::new(error)))
+    }
 }
 
 fn no_output(index: usize) -> WorkerTaskFailure {
     WorkerTaskFailure::permanent(format!("no output {index}"))
 }
 
-fn cannot_encode(error: arrow::error::ArrowError) -> WorkerTaskFailure {
+fn cannot_encode(error: ArrowError) -> WorkerTaskFailure {
     WorkerTaskFailure::permanent(format!("cannot encode an output block: {error}"))
 }
 

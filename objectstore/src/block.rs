@@ -6,7 +6,9 @@
 //! sink measures the encoding (the IPC writer is deterministic), so the object is created at
 //! its exact size and no intermediate buffer of the block's size is ever allocated. Buffers are
 //! padded to 64 bytes, and objects start 64-byte aligned, so every column buffer of the decoded
-//! batches is aligned in place.
+//! batches is aligned in place. A batch may stand in for some of its buffers ([`LateBuffers`]):
+//! their real bytes are written into the object where the writer reaches them, so rows picked
+//! from other blocks are copied once, straight into the object.
 //!
 //! Reading wraps the object's bytes in an Arrow [`Buffer`] that owns a pin on the object, and
 //! decodes with [`FileDecoder`]: column buffers are slices of the mapping, no column data is
@@ -59,7 +61,8 @@ pub fn write_block(
     let arrow_error = |source| Error::Block { object, source };
     let len = encoded_len(schema, batches).map_err(arrow_error)?;
     let mut writer = store.create(object, len)?;
-    let checksum = encode_into(writer.as_mut_slice(), schema, batches).map_err(arrow_error)?;
+    let checksum =
+        encode_into(writer.as_mut_slice(), schema, batches, None).map_err(arrow_error)?;
     writer.seal_with_checksum(checksum)?;
     Ok(len)
 }
@@ -73,19 +76,39 @@ pub fn encoded_len(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<u64, A
     Ok(counter.0)
 }
 
+/// Buffers whose bytes are written only as their block is: the batches handed to the encoder
+/// hold stand-ins of the right length for them, and the encoder asks for each one's real bytes
+/// in its place (a shuffle gathers rows straight into an object this way: see
+/// `floe_engine::exchange::gathered`).
+pub trait LateBuffers {
+    /// Whether `buffer`, as the IPC writer hands it over, is a stand-in.
+    fn is_stand_in(&self, buffer: &[u8]) -> bool;
+
+    /// Writes the real bytes of `stand_in` into `dest` (as long), calling `written` with
+    /// each piece of them once it is complete, in order.
+    fn write_in_place(
+        &self,
+        stand_in: &[u8],
+        dest: &mut [u8],
+        written: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), ArrowError>;
+}
+
 /// Writes `batches` as a block into `dest`, which must be exactly [`encoded_len`] bytes (an
 /// object's mapping, usually), and returns the xxh3-64 of what it wrote, hashed as it goes
-/// while the bytes are still in the cache.
+/// while the bytes are still in the cache. Stand-ins in `batches` are written by `late`.
 pub fn encode_into(
     dest: &mut [u8],
     schema: &SchemaRef,
     batches: &[RecordBatch],
+    late: Option<&dyn LateBuffers>,
 ) -> Result<u64, ArrowError> {
     let len = dest.len();
     let mut sink = HashingSink {
         dest,
         written: 0,
         hasher: Xxh3_64::new(),
+        late,
     };
     encode(&mut sink, schema, batches)?;
     if sink.written != len {
@@ -99,10 +122,17 @@ pub fn encode_into(
 
 /// The xxh3-64 of the bytes [`encode_into`] would write, without writing them anywhere (for
 /// a block someone else already stored).
-pub fn encoded_checksum(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<u64, ArrowError> {
-    let mut sink = HashingCounter(Xxh3_64::new());
+pub fn encoded_checksum(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    late: Option<&dyn LateBuffers>,
+) -> Result<u64, ArrowError> {
+    let mut sink = HashingCounter {
+        hasher: Xxh3_64::new(),
+        late,
+    };
     encode(&mut sink, schema, batches)?;
-    Ok(sink.0.digest())
+    Ok(sink.hasher.digest())
 }
 
 /// Where blocks packed into one object lie: each starts 64-byte aligned, so each decodes in
@@ -225,6 +255,7 @@ struct HashingSink<'a> {
     dest: &'a mut [u8],
     written: usize,
     hasher: Xxh3_64,
+    late: Option<&'a dyn LateBuffers>,
 }
 
 impl Write for HashingSink<'_> {
@@ -234,13 +265,19 @@ impl Write for HashingSink<'_> {
             .checked_add(bytes.len())
             .filter(|end| *end <= self.dest.len())
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))?;
-        // A step at a time, so the hash reads what the copy just brought into the L1 cache:
-        // the IPC writer hands over whole column buffers of megabytes, and hashing one after
-        // copying it would read it from memory a second time.
         let dest = &mut self.dest[self.written..end];
-        for (to, from) in dest.chunks_mut(HASH_STEP).zip(bytes.chunks(HASH_STEP)) {
-            to.copy_from_slice(from);
-            self.hasher.update(from);
+        if let Some(late) = self.late.filter(|late| late.is_stand_in(bytes)) {
+            let hasher = &mut self.hasher;
+            late.write_in_place(bytes, dest, &mut |piece| hasher.update(piece))
+                .map_err(std::io::Error::other)?;
+        } else {
+            // A step at a time, so the hash reads what the copy just brought into the L1
+            // cache: the IPC writer hands over whole column buffers of megabytes, and hashing
+            // one after copying it would read it from memory a second time.
+            for (to, from) in dest.chunks_mut(HASH_STEP).zip(bytes.chunks(HASH_STEP)) {
+                to.copy_from_slice(from);
+                self.hasher.update(from);
+            }
         }
         self.written = end;
         Ok(bytes.len())
@@ -251,12 +288,23 @@ impl Write for HashingSink<'_> {
     }
 }
 
-/// Hashes the bytes written to it and keeps none.
-struct HashingCounter(Xxh3_64);
+/// Hashes the bytes written to it and keeps none (a stand-in's real bytes pass through a
+/// buffer of their own).
+struct HashingCounter<'a> {
+    hasher: Xxh3_64,
+    late: Option<&'a dyn LateBuffers>,
+}
 
-impl Write for HashingCounter {
+impl Write for HashingCounter<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.update(bytes);
+        if let Some(late) = self.late.filter(|late| late.is_stand_in(bytes)) {
+            let mut real = vec![0; bytes.len()];
+            let hasher = &mut self.hasher;
+            late.write_in_place(bytes, &mut real, &mut |piece| hasher.update(piece))
+                .map_err(std::io::Error::other)?;
+        } else {
+            self.hasher.update(bytes);
+        }
         Ok(bytes.len())
     }
 

@@ -158,10 +158,10 @@ fn a_blocks_checksum_is_the_hash_of_the_bytes_written_whatever_its_buffer_sizes(
             .map(|batch| RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).unwrap())
             .collect();
         let mut dest = vec![0u8; encoded_len(&schema, &batches).unwrap() as usize];
-        let checksum = encode_into(&mut dest, &schema, &batches).unwrap();
+        let checksum = encode_into(&mut dest, &schema, &batches, None).unwrap();
         assert_eq!(checksum, xxh3_64(&dest), "{rows} rows");
         assert_eq!(
-            encoded_checksum(&schema, &batches).unwrap(),
+            encoded_checksum(&schema, &batches, None).unwrap(),
             checksum,
             "{rows} rows"
         );
@@ -175,4 +175,79 @@ fn a_blocks_checksum_is_the_hash_of_the_bytes_written_whatever_its_buffer_sizes(
         assert_eq!(store.checksum(object), Some(checksum), "{rows} rows");
         assert_eq!(read_block(&view).unwrap().batches, batches, "{rows} rows");
     }
+}
+
+/// Late buffers: a batch whose `id` values are a stand-in (here zeros, recognized by address)
+/// encodes to the bytes of the batch with the real values, hashed the same way, whether
+/// written or only hashed.
+#[test]
+fn a_late_buffers_real_bytes_are_written_and_hashed_in_its_place() {
+    use arrow::buffer::Buffer;
+    use floe_objectstore::block::LateBuffers;
+
+    struct Late {
+        stand_in: Buffer,
+        real: Buffer,
+    }
+    impl LateBuffers for Late {
+        fn is_stand_in(&self, buffer: &[u8]) -> bool {
+            buffer.as_ptr() == self.stand_in.as_ptr()
+        }
+
+        fn write_in_place(
+            &self,
+            stand_in: &[u8],
+            dest: &mut [u8],
+            written: &mut dyn FnMut(&[u8]),
+        ) -> Result<(), arrow::error::ArrowError> {
+            assert_eq!(stand_in.len(), self.real.len());
+            // In two pieces, as a gather reports them.
+            let half = dest.len() / 2;
+            dest[..half].copy_from_slice(&self.real[..half]);
+            written(&dest[..half]);
+            dest[half..].copy_from_slice(&self.real[half..]);
+            written(&dest[half..]);
+            Ok(())
+        }
+    }
+
+    let real = sample(10_000, 3);
+    let schema = real.schema();
+    let zeros: ArrayRef = Arc::new(Int64Array::from(vec![0; 10_000]));
+    let mut columns = real.columns().to_vec();
+    columns[0] = zeros.clone();
+    let layout = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    let late = Late {
+        stand_in: zeros.to_data().buffers()[0].clone(),
+        real: real.column(0).to_data().buffers()[0].clone(),
+    };
+
+    let expected_len = encoded_len(&schema, std::slice::from_ref(&real)).unwrap();
+    assert_eq!(
+        encoded_len(&schema, std::slice::from_ref(&layout)).unwrap(),
+        expected_len
+    );
+    let mut expected = vec![0u8; expected_len as usize];
+    encode_into(&mut expected, &schema, std::slice::from_ref(&real), None).unwrap();
+    let mut dest = vec![0u8; expected_len as usize];
+    let checksum = encode_into(
+        &mut dest,
+        &schema,
+        std::slice::from_ref(&layout),
+        Some(&late),
+    )
+    .unwrap();
+    assert!(
+        dest == expected,
+        "the late values were not written in place"
+    );
+    assert_eq!(checksum, xxh3_64(&expected));
+    assert_eq!(
+        encoded_checksum(&schema, std::slice::from_ref(&layout), Some(&late)).unwrap(),
+        checksum
+    );
+    // Without the hook, the stand-in's zeros are what gets written.
+    let mut plain = vec![0u8; expected_len as usize];
+    encode_into(&mut plain, &schema, std::slice::from_ref(&layout), None).unwrap();
+    assert!(plain != expected);
 }

@@ -31,7 +31,7 @@ use floe_core::plan::task::{StageInput, StageTask};
 use floe_core::wire::{RemoteError, RemoteErrorKind, WireError};
 use floe_core::{ActorId, Fingerprint, JobId, LeaseId, NodeId, ObjectId, SubmissionId, TaskId};
 use floe_engine::blocks::data_bytes;
-use floe_engine::task::{TaskOutput, run_stage_task};
+use floe_engine::task::{OutputBlock, TaskOutput, run_stage_task};
 use floe_engine::udf::Registry;
 use tokio::sync::Notify;
 
@@ -925,8 +925,9 @@ impl FakeCluster {
                 return self.record(node, spec, task, actor, input_nodes, Err(failure));
             }
         };
-        let result =
-            run_stage_task(task, inputs, &self.registry, &[]).map_err(|error| TaskFailure::Error {
+        let result = run_stage_task(task, inputs, &self.registry, &[])
+            .and_then(FakeOutput::of)
+            .map_err(|error| TaskFailure::Error {
                 message: error.to_string(),
             });
         let outputs = {
@@ -935,7 +936,7 @@ impl FakeCluster {
                 return Ran::NodeDied;
             }
             result.map(|output| match output {
-                TaskOutput::Blocks(blocks) => TaskDone {
+                FakeOutput::Blocks(blocks) => TaskDone {
                     outputs: (0u32..)
                         .zip(blocks)
                         .map(|(index, batches)| {
@@ -948,7 +949,7 @@ impl FakeCluster {
                         .collect(),
                     written_rows: 0,
                 },
-                TaskOutput::Partitions(batches) => TaskDone {
+                FakeOutput::Partitions(batches) => TaskDone {
                     outputs: vec![inner.store_packed(
                         output_id(spec.task, 0),
                         node,
@@ -957,7 +958,7 @@ impl FakeCluster {
                     )],
                     written_rows: 0,
                 },
-                TaskOutput::Written { rows } => TaskDone {
+                FakeOutput::Written { rows } => TaskDone {
                     outputs: Vec::new(),
                     written_rows: rows,
                 },
@@ -990,6 +991,37 @@ impl FakeCluster {
             failure: result.as_ref().err().cloned(),
         });
         Ran::Finished(result)
+    }
+}
+
+/// A task's output as the fake keeps it: every block gathered into batches.
+enum FakeOutput {
+    Blocks(Vec<Vec<RecordBatch>>),
+    Partitions(Vec<RecordBatch>),
+    Written { rows: u64 },
+}
+
+impl FakeOutput {
+    fn of(output: TaskOutput) -> floe_engine::Result<Self> {
+        Ok(match output {
+            TaskOutput::Blocks(blocks) => FakeOutput::Blocks(
+                blocks
+                    .into_iter()
+                    .map(OutputBlock::into_batches)
+                    .collect::<floe_engine::Result<_>>()?,
+            ),
+            TaskOutput::Partitions(blocks) => FakeOutput::Partitions(
+                blocks
+                    .into_iter()
+                    .map(|block| {
+                        let batches = block.into_batches()?;
+                        let schema = batches[0].schema();
+                        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+                    })
+                    .collect::<floe_engine::Result<_>>()?,
+            ),
+            TaskOutput::Written { rows } => FakeOutput::Written { rows },
+        })
     }
 }
 

@@ -15,9 +15,10 @@ use super::columns::{
     column, interleave_or_null, interleave_picks, invalid, is_null, named_columns, with_row_count,
 };
 use super::keys::{hash_partitions, key_converter, normalize_key};
-use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, output_blocks, route_each};
 use crate::Result;
 use crate::eval::safe_cast;
+use crate::task::OutputBlock;
 
 /// One side of a join: its rows, their schema (needed when there are no rows) and its keys.
 #[derive(Debug, Clone, Copy)]
@@ -247,7 +248,7 @@ impl Exchange for Join<'_> {
         Routing::Hash
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
         let keys = if task.side == 0 {
             self.left_keys
         } else {
@@ -256,6 +257,7 @@ impl Exchange for Join<'_> {
         route_each(task, &batches, |batch, _| {
             hash_partitions(batch, keys, task.partitions as usize)
         })
+        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

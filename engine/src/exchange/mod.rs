@@ -20,6 +20,7 @@
 
 pub mod aggregate;
 mod columns;
+pub mod gathered;
 pub mod join;
 pub mod keys;
 pub mod random;
@@ -37,7 +38,7 @@ use floe_core::plan::task::StageInput;
 use floe_core::plan::{Operator, SortKey};
 
 use crate::blocks::BlockSizing;
-use crate::task::TaskOutput;
+use crate::task::{OutputBlock, TaskOutput};
 use crate::{Error, Result};
 
 /// Rows sampled per output partition for a sort's range boundaries, over all input blocks.
@@ -45,11 +46,12 @@ use crate::{Error, Result};
 /// one reduce of a sort get 2.5 times the rows of another); the samples cost next to nothing.
 pub const SAMPLE_ROWS_PER_PARTITION: u32 = 100;
 
-/// Bytes of a reduce's output rows gathered at a time when they are a reordering of its input
-/// (sorted, permuted), as blocks or for a sink: under half of glibc's 32 MiB own-mapping
-/// threshold (`node::worker`), so each column buffer comes from the worker's kept heap, warm,
-/// where one gather of the whole partition (a shuffle's is over 100 MB) was mapped anew, page
-/// by page, in every task, and held beside its input until written.
+/// Bytes of a reduce's output rows to a block, or gathered at a time for a sink, when they are
+/// a reordering of its input (sorted, permuted). For a sink, the chunk's column buffers stay
+/// under half of glibc's 32 MiB own-mapping threshold (`node::worker`), so they come from the
+/// worker's kept heap, warm, where one gather of the whole partition (a shuffle's is over 100
+/// MB) was mapped anew, page by page, in every task. Blocks are gathered straight into their
+/// objects, and this size keeps them as they were.
 pub const REORDERED_CHUNK_BYTES: u64 = 16 << 20;
 
 /// How an exchange's map side sends rows to partitions.
@@ -121,7 +123,7 @@ pub trait Exchange {
     }
 
     /// Splits a map task's blocks into exactly `task.partitions` blocks (index = partition).
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>>;
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>>;
 
     /// One partition's output rows.
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced>;
@@ -161,26 +163,42 @@ impl Reduced {
         }
     }
 
-    /// The rows as output blocks sized by `sizing`, each the batches of one object: rows
-    /// made or gathered are sized like any task's output; parts are grouped, as many to a
-    /// block as fit under the maximum ([`BlockSizing::group`]).
-    pub fn into_blocks(self, sizing: &BlockSizing) -> Result<Vec<Vec<RecordBatch>>> {
-        if let Reduced::Parts(parts) = self {
-            let pieces = parts
-                .into_iter()
-                .filter(|part| part.num_rows() > 0)
-                .flat_map(|part| sizing.split(part));
-            return Ok(sizing.group(pieces));
+    /// The rows as output blocks sized by `sizing`, one object each: rows made are sized
+    /// like any task's output; reordered rows are cut into blocks of about
+    /// `REORDERED_CHUNK_BYTES` (within the sizing's range), each gathered only as its object
+    /// is written; parts are grouped, as many to a block as fit under the maximum
+    /// ([`BlockSizing::group`]).
+    pub fn into_blocks(self, sizing: &BlockSizing) -> Result<Vec<OutputBlock>> {
+        match self {
+            Reduced::Rows(batch) if batch.num_rows() == 0 => Ok(Vec::new()),
+            Reduced::Rows(batch) => Ok(output_blocks(sizing.rebalance(vec![batch])?)),
+            Reduced::Reordered(reordering) => {
+                let bytes = REORDERED_CHUNK_BYTES.clamp(sizing.min_bytes(), sizing.max_bytes());
+                let rows = reordering.rows_in(bytes);
+                Ok(reordering
+                    .blocks(rows)?
+                    .into_iter()
+                    .map(OutputBlock::Gathered)
+                    .collect())
+            }
+            Reduced::Parts(parts) => {
+                let pieces = parts
+                    .into_iter()
+                    .filter(|part| part.num_rows() > 0)
+                    .flat_map(|part| sizing.split(part));
+                Ok(sizing
+                    .group(pieces)
+                    .into_iter()
+                    .map(OutputBlock::Batches)
+                    .collect())
+            }
         }
-        let batches = self
-            .chunks(REORDERED_CHUNK_BYTES)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(sizing
-            .rebalance(batches)?
-            .into_iter()
-            .map(|batch| vec![batch])
-            .collect())
     }
+}
+
+/// A block of each batch.
+pub(crate) fn output_blocks(batches: Vec<RecordBatch>) -> Vec<OutputBlock> {
+    batches.into_iter().map(OutputBlock::from).collect()
 }
 
 /// The exchange of an all-to-all operator; `None` for any other operator.
@@ -313,24 +331,21 @@ pub fn run(
         StageInput::Sample { rows, seed } => {
             let keys = sort_keys()?;
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![vec![sort::sample(
+            Ok(TaskOutput::Blocks(vec![OutputBlock::from(sort::sample(
                 &batches,
                 &first_schema()?,
                 keys,
                 rows,
                 seed,
-            )?]]))
+            )?)]))
         }
         StageInput::Boundaries { partitions } => {
             let keys = sort_keys()?;
             let key_schema = key_schema(first_schema()?.as_ref(), keys)?;
             let samples: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![vec![sort::range_boundaries(
-                &samples,
-                &key_schema,
-                keys,
-                partitions,
-            )?]]))
+            Ok(TaskOutput::Blocks(vec![OutputBlock::from(
+                sort::range_boundaries(&samples, &key_schema, keys, partitions)?,
+            )]))
         }
         StageInput::RangePartition { partitions } => {
             let keys = sort_keys()?;
@@ -357,9 +372,9 @@ pub fn run(
             let mut inputs = inputs;
             inputs.truncate(left as usize);
             let batches: Vec<RecordBatch> = inputs.into_iter().flatten().collect();
-            Ok(TaskOutput::Blocks(vec![vec![keys::most_frequent_key(
-                &batches, &columns,
-            )?]]))
+            Ok(TaskOutput::Blocks(vec![OutputBlock::from(
+                keys::most_frequent_key(&batches, &columns)?,
+            )]))
         }
         _ => Err(unsupported()),
     }
@@ -510,6 +525,13 @@ mod tests {
         let blocks = reduced
             .into_blocks(&BlockSizing::new(1, 2_000).unwrap())
             .unwrap();
+        let blocks: Vec<Vec<RecordBatch>> = blocks
+            .into_iter()
+            .map(|block| match block {
+                OutputBlock::Batches(batches) => batches,
+                OutputBlock::Gathered(block) => panic!("parts are kept, not gathered: {block:?}"),
+            })
+            .collect();
         let rows: Vec<Vec<usize>> = blocks
             .iter()
             .map(|block| block.iter().map(RecordBatch::num_rows).collect())
@@ -578,8 +600,15 @@ mod tests {
         .unwrap()
         .into_blocks(&BlockSizing::default())
         .unwrap();
-        assert!(blocks.iter().all(|block| block.len() == 1));
-        let blocks: Vec<RecordBatch> = blocks.into_iter().flatten().collect();
+        let blocks: Vec<RecordBatch> = blocks
+            .into_iter()
+            .map(|block| {
+                assert!(matches!(block, OutputBlock::Gathered(_)), "{block:?}");
+                let mut batches = block.into_batches().unwrap();
+                assert_eq!(batches.len(), 1);
+                batches.pop().unwrap()
+            })
+            .collect();
         assert!(blocks.len() >= 2, "{} blocks", blocks.len());
         for block in &blocks {
             let bytes = crate::blocks::data_bytes(block);

@@ -9,9 +9,11 @@
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
-use super::columns::{SplitMix64, invalid, partition_count, scale, scatter};
+use super::columns::{SplitMix64, partition_count, scale, scatter};
+use super::gathered::{GatheredBlock, Picks};
 use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, route_each};
 use crate::Result;
+use crate::task::OutputBlock;
 use floe_core::plan::SeedChoice;
 
 /// A map task's random partitioning of one block: each row goes to a partition drawn from a
@@ -25,25 +27,25 @@ pub fn random_partition(batch: &RecordBatch, n: u32, seed: u64) -> Result<Vec<Re
         &[random_partitions(batch.num_rows(), parts, seed)],
         parts,
     )?;
-    permute_parts(split, seed)
+    permute_parts(split, seed)?
+        .into_iter()
+        .map(|part| part.gather())
+        .collect()
 }
 
 /// Each of a map task's `parts` in a random order of its own (seeded Fisher-Yates), drawn
-/// from `seed`. A part is one array per column, so its rows are taken by row number (arrow's
-/// `take`), which gathered a part in two thirds of the time `interleave`'s (array, row) pairs
-/// took (16 parts of 40,000 rows of an id and a 92-byte string: 16 against 25 ms).
-fn permute_parts(parts: Vec<RecordBatch>, seed: u64) -> Result<Vec<RecordBatch>> {
+/// from `seed`, gathered only as the part is written into the map task's object.
+fn permute_parts(parts: Vec<RecordBatch>, seed: u64) -> Result<Vec<GatheredBlock>> {
     // Apart from the partitions' stream, which is seeded with `seed` and row offsets.
     let mut seeds = SplitMix64::new(seed.rotate_left(32) ^ PART_ORDER_SEED);
     parts
         .into_iter()
         .map(|part| {
-            let rows = u32::try_from(part.num_rows())
-                .map_err(|_| invalid("a map task's part holds over 2^32 rows"))?;
-            let mut order: Vec<u32> = (0..rows).collect();
+            let mut order: Vec<(usize, usize)> = (0..part.num_rows()).map(|row| (0, row)).collect();
             fisher_yates(&mut order, seeds.next_u64());
-            let order = arrow::array::UInt32Array::from(order);
-            Ok(arrow::compute::take_record_batch(&part, &order)?)
+            let rows = order.len();
+            let picks = Picks::new(order.into(), 0..rows);
+            GatheredBlock::new(std::slice::from_ref(&part), part.schema_ref(), picks)
         })
         .collect()
 }
@@ -113,7 +115,7 @@ impl Exchange for RandomShuffle {
         }
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
         let parts = partition_count(task.partitions)?;
         let split = route_each(task, &batches, |batch, offset| {
             Ok(random_partitions(
@@ -125,7 +127,10 @@ impl Exchange for RandomShuffle {
         // The input is split: freed before the parts are permuted, so the task holds two
         // copies of its rows at most, not three.
         drop(batches);
-        permute_parts(split, task.seed)
+        Ok(permute_parts(split, task.seed)?
+            .into_iter()
+            .map(OutputBlock::Gathered)
+            .collect())
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

@@ -16,7 +16,11 @@ use floe_core::plan::SortKey;
 
 use super::columns::{SplitMix64, concat_batches, partition_count, scale};
 use super::keys::{row_prefix, sort_columns, sort_converter, sorted_order};
-use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, route_rows};
+use super::{
+    Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, output_blocks,
+    route_rows,
+};
+use crate::task::OutputBlock;
 use crate::{Error, Result};
 
 /// Up to `count` rows of `batch` drawn without replacement with a PRNG seeded with `seed`,
@@ -149,7 +153,7 @@ impl Exchange for Sort<'_> {
         Routing::Range(self.keys)
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
         let boundaries = task.boundaries.ok_or(Error::ExchangeInput {
             missing: "the sort's range boundaries",
         })?;
@@ -160,6 +164,7 @@ impl Exchange for Sort<'_> {
             boundaries,
             task.partitions,
         )
+        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

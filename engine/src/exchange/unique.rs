@@ -6,8 +6,11 @@ use arrow::record_batch::RecordBatch;
 
 use super::columns::gather;
 use super::keys::{Grouping, hash_partitions};
-use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, all_columns, route_each};
+use super::{
+    Exchange, MapTask, ReduceTask, Reduced, Routing, all_columns, output_blocks, route_each,
+};
 use crate::Result;
+use crate::task::OutputBlock;
 
 /// Distinct rows over `columns` (all columns when empty) of `batches` (of schema `input`),
 /// giving `output` (the projection to `columns`, or the whole row): each distinct row's first
@@ -49,11 +52,12 @@ impl Exchange for Unique<'_> {
         Routing::Hash
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
         let columns = self.distinct_columns(task.schema);
         route_each(task, &batches, |batch, _| {
             hash_partitions(batch, &columns, task.partitions as usize)
         })
+        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
