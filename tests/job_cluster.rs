@@ -610,7 +610,9 @@ async fn assert_groups_of_13(cluster: &TestCluster, record: &JobRecord, n: i64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_node_mid_shuffle_still_gives_the_right_groups() {
-    let mut cluster = start(3, &[]).await;
+    // Progress every 50 ms, not every 500: the window between the tenth task's end and the
+    // job's is about one slow task long, and one run under load saw no report inside it.
+    let mut cluster = start(3, &["node.progress_interval_ms=50"]).await;
     let n = 400_000i64;
     // Slow enough that the last tasks still run when the test sees ten done, whatever the
     // load (with all six workers busy, the thirteenth runs alone after two waves of six).
