@@ -69,29 +69,12 @@ impl OutputBlock {
         }
     }
 
-    /// The batches to hand the IPC writer, stand-ins included (see [`GatheredBlock`]): encode
-    /// them with [`OutputBlock::write_in_place`] as the hook for stand-ins.
+    /// The batches to hand the IPC writer, stand-ins included: encode them with
+    /// [`GatheredBlock::write_in_place`] as the hook for a gathered block's stand-ins.
     pub fn encoded_batches(&self) -> &[RecordBatch] {
         match self {
             OutputBlock::Batches(batches) => batches,
             OutputBlock::Gathered(block) => std::slice::from_ref(block.layout()),
-        }
-    }
-
-    /// Writes a stand-in's real bytes in its place ([`GatheredBlock::write_in_place`]).
-    pub fn write_in_place(
-        &self,
-        stand_in: &[u8],
-        dest: &mut [u8],
-        written: &mut dyn FnMut(&[u8]),
-    ) -> Result<()> {
-        match self {
-            OutputBlock::Gathered(block) => block.write_in_place(stand_in, dest, written),
-            OutputBlock::Batches(_) => {
-                Err(Error::from(arrow::error::ArrowError::InvalidArgumentError(
-                    "a block of batches has no stand-ins".to_owned(),
-                )))
-            }
         }
     }
 

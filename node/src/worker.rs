@@ -499,9 +499,14 @@ impl LateBuffers for Encoding<'_> {
         dest: &mut [u8],
         written: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ArrowError> {
-        self.block
-            .write_in_place(stand_in, dest, written)
-            .map_err(|error| ArrowError::ExternalError(Box::new(error)))
+        match self.block {
+            OutputBlock::Gathered(block) => block
+                .write_in_place(stand_in, dest, written)
+                .map_err(|error| ArrowError::ExternalError(Box::new(error))),
+            OutputBlock::Batches(_) => Err(ArrowError::InvalidArgumentError(
+                "a block of batches has no stand-ins".to_owned(),
+            )),
+        }
     }
 }
 
