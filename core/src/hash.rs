@@ -10,6 +10,13 @@
 //! its noise, and its generic streaming code, instantiated here, ran 26 times slower in the
 //! unoptimized builds the tests use, enough for spilling nodes to miss their heartbeats.
 
+/// How many bytes to copy before hashing them, where bytes are copied and hashed in one pass:
+/// small enough that the piece is still in a core's L1 cache (32 KiB or more on today's x86
+/// cores) when it is hashed, large enough that the calls cost nothing. Copying and hashing 48
+/// MiB in 12 MiB writes took 8.3–8.7 ms in steps of 8 KiB against 14.2–14.6 ms a write at a
+/// time (release, a 2-core Intel Xeon VM).
+pub const STEP_BYTES: usize = 8 << 10;
+
 /// The xxh3-64 of `bytes`.
 pub fn xxh3_64(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)

@@ -184,14 +184,11 @@ pub fn run_stage_task(
     match output {
         TaskOutput::Blocks(blocks) => {
             let schema = Arc::new(stage.schema.clone());
-            let batches = blocks
-                .into_iter()
-                .map(OutputBlock::into_batches)
-                .flat_map(|batches| match batches {
-                    Ok(batches) => batches.into_iter().map(Ok).collect(),
-                    Err(error) => vec![Err(error)],
-                });
-            write_part(&sink.spec, sink.index, schema, batches)
+            let mut batches = Vec::new();
+            for block in blocks {
+                batches.extend(block.into_batches()?);
+            }
+            write_part(&sink.spec, sink.index, schema, batches.into_iter().map(Ok))
         }
         // Refused above: no task making output rows makes partitions, and only a sink writes.
         TaskOutput::Partitions(_) | TaskOutput::Written { .. } => Err(Error::SinkWithoutRows {

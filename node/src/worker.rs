@@ -11,6 +11,7 @@
 //! that dies while writing leaves nothing: the agent drops the unsealed objects once the
 //! process is gone.
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,7 @@ use crate::{Error, Result};
 
 /// Why a task failed in this worker, as the worker reports it to its agent
 /// ([`WorkerMessage::Failed`]).
+#[derive(Debug)]
 struct WorkerTaskFailure {
     message: String,
     /// Whether running the task again may succeed.
@@ -454,8 +456,8 @@ fn rows(blocks: &[OutputBlock]) -> u64 {
     blocks.iter().map(|block| block.num_rows() as u64).sum()
 }
 
-/// One output block as the IPC encoder takes it: its schema, the batches to encode, and the
-/// block itself for any stand-ins among them.
+/// One output block as the IPC encoder takes it: its schema, the batches to encode, and, for
+/// rows gathered as they are written, the block that writes its stand-ins.
 struct Encoding<'a> {
     block: &'a OutputBlock,
     schema: SchemaRef,
@@ -477,20 +479,67 @@ impl<'a> Encoding<'a> {
     }
 
     fn checksum(&self) -> Result<u64, WorkerTaskFailure> {
-        encoded_checksum(&self.schema, self.block.encoded_batches(), Some(self))
-            .map_err(cannot_encode)
+        let late = self.late();
+        let checksum = encoded_checksum(&self.schema, self.block.encoded_batches(), late.hook())
+            .map_err(cannot_encode)?;
+        late.check()?;
+        Ok(checksum)
     }
 
     /// Writes the block into `dest` (exactly [`Self::len`] bytes); returns its checksum.
     fn write(&self, dest: &mut [u8]) -> Result<u64, WorkerTaskFailure> {
-        encode_into(dest, &self.schema, self.block.encoded_batches(), Some(self))
-            .map_err(cannot_encode)
+        let late = self.late();
+        let checksum = encode_into(
+            dest,
+            &self.schema,
+            self.block.encoded_batches(),
+            late.hook(),
+        )
+        .map_err(cannot_encode)?;
+        late.check()?;
+        Ok(checksum)
+    }
+
+    fn late(&self) -> Late<'a> {
+        Late {
+            block: match self.block {
+                OutputBlock::Gathered(block) => Some(block),
+                OutputBlock::Batches(_) => None,
+            },
+            served: Cell::new(0),
+        }
     }
 }
 
-impl LateBuffers for Encoding<'_> {
+/// A gathered block's stand-ins as the encoder meets them, counted: every one must have been
+/// written in its place, or its zeros would go out hashed as if they were the rows (were the
+/// IPC writer ever to read a buffer itself, to compress or buffer it).
+struct Late<'a> {
+    block: Option<&'a GatheredBlock>,
+    served: Cell<usize>,
+}
+
+impl Late<'_> {
+    fn hook(&self) -> Option<&dyn LateBuffers> {
+        self.block.map(|_| self as &dyn LateBuffers)
+    }
+
+    fn check(&self) -> Result<(), WorkerTaskFailure> {
+        let expected = self.block.map_or(0, GatheredBlock::stand_ins);
+        if self.served.get() == expected {
+            Ok(())
+        } else {
+            Err(WorkerTaskFailure::permanent(format!(
+                "the encoder wrote {} of a gathered block's {expected} stand-ins",
+                self.served.get()
+            )))
+        }
+    }
+}
+
+impl LateBuffers for Late<'_> {
     fn is_stand_in(&self, buffer: &[u8]) -> bool {
-        matches!(self.block, OutputBlock::Gathered(_)) && GatheredBlock::is_stand_in(buffer)
+        self.block.is_some() && GatheredBlock::is_stand_in(buffer)
     }
 
     fn write_in_place(
@@ -499,14 +548,14 @@ impl LateBuffers for Encoding<'_> {
         dest: &mut [u8],
         written: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ArrowError> {
-        match self.block {
-            OutputBlock::Gathered(block) => block
-                .write_in_place(stand_in, dest, written)
-                .map_err(|error| ArrowError::ExternalError(Box::new(error))),
-            OutputBlock::Batches(_) => Err(ArrowError::InvalidArgumentError(
-                "a block of batches has no stand-ins".to_owned(),
-            )),
-        }
+        let block = self.block.ok_or_else(|| {
+            ArrowError::InvalidArgumentError("a block of batches has no stand-ins".to_owned())
+        })?;
+        block
+            .write_in_place(stand_in, dest, written)
+            .map_err(|error| ArrowError::ExternalError(Box::new(error)))?;
+        self.served.set(self.served.get() + 1);
+        Ok(())
     }
 }
 
@@ -585,4 +634,102 @@ pub(crate) async fn send<T: Serialize>(
         .send_with(|out| codec::encode_into(message, out))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use floe_core::plan::task::StageInput;
+    use floe_core::plan::{Operator, SeedChoice};
+    use floe_engine::blocks::BlockSizing;
+
+    use super::*;
+
+    /// A random shuffle's reduce output: one gathered block of 5,000 rows out of two parts.
+    fn gathered_block() -> OutputBlock {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("payload", DataType::Utf8, true),
+        ]));
+        let part = |ids: std::ops::Range<i64>| {
+            let payloads = ids
+                .clone()
+                .map(|id| (id % 9 != 0).then(|| format!("row {id}")));
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(ids)),
+                    Arc::new(StringArray::from_iter(payloads)),
+                ],
+            )
+            .unwrap()
+        };
+        // A permutation of both parts, under 16 MiB: one block.
+        let reduced = floe_engine::exchange::reduce(
+            &Operator::RandomShuffle {
+                seed: SeedChoice::Unresolved,
+            },
+            &schema,
+            StageInput::Reduce {
+                partition: 0,
+                left: 0,
+                seed: 3,
+            },
+            std::slice::from_ref(&schema),
+            vec![vec![part(0..2_000)], vec![part(2_000..5_000)]],
+        );
+        let mut blocks = reduced
+            .unwrap()
+            .into_blocks(&BlockSizing::default())
+            .unwrap();
+        assert_eq!(blocks.len(), 1);
+        blocks.pop().unwrap()
+    }
+
+    /// The worker writes a gathered block as the bytes of its rows gathered first, and its
+    /// checksum is the hash of those bytes, written or only hashed.
+    #[test]
+    fn a_gathered_block_is_written_as_its_gathered_rows() {
+        let block = gathered_block();
+        assert!(matches!(block, OutputBlock::Gathered(_)));
+        let encoding = Encoding::of(&block).unwrap();
+        let mut dest = vec![0; encoding.len().unwrap() as usize];
+        let checksum = encoding.write(&mut dest).unwrap();
+
+        let rows = match &block {
+            OutputBlock::Gathered(gathered) => gathered.gather().unwrap(),
+            OutputBlock::Batches(_) => unreachable!(),
+        };
+        let mut expected = vec![0; dest.len()];
+        encode_into(
+            &mut expected,
+            &rows.schema(),
+            std::slice::from_ref(&rows),
+            None,
+        )
+        .unwrap();
+        assert!(
+            dest == expected,
+            "the written block is not its gathered rows"
+        );
+        assert_eq!(checksum, floe_core::hash::xxh3_64(&expected));
+        assert_eq!(encoding.checksum().unwrap(), checksum);
+    }
+
+    /// A stand-in the encoder did not have written in its place is an error, not zeros
+    /// hashed as rows: here the block is encoded without the hook, as a writer that read its
+    /// buffers itself would encode it.
+    #[test]
+    fn a_stand_in_left_unwritten_fails_the_block() {
+        let block = gathered_block();
+        let encoding = Encoding::of(&block).unwrap();
+        let late = encoding.late();
+        let mut dest = vec![0; encoding.len().unwrap() as usize];
+        encode_into(&mut dest, &encoding.schema, block.encoded_batches(), None).unwrap();
+        let error = late.check().unwrap_err();
+        assert!(error.message.contains("stand-ins"), "{}", error.message);
+    }
 }

@@ -30,7 +30,7 @@ use arrow::ipc::reader::{FileDecoder, read_footer_length};
 use arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow::ipc::{MetadataVersion, root_as_footer};
 use floe_core::ObjectId;
-use floe_core::hash::Xxh3_64;
+use floe_core::hash::{STEP_BYTES, Xxh3_64};
 
 use crate::alloc::aligned;
 use crate::{Error, ObjectStore, ObjectView, Result};
@@ -130,6 +130,7 @@ pub fn encoded_checksum(
     let mut sink = HashingCounter {
         hasher: Xxh3_64::new(),
         late,
+        scratch: Vec::new(),
     };
     encode(&mut sink, schema, batches)?;
     Ok(sink.hasher.digest())
@@ -188,6 +189,8 @@ pub fn read_block_at(view: &ObjectView, offset: u64, len: u64) -> Result<Block> 
         .map_err(|source| Error::Block { object, source })
 }
 
+/// Uncompressed and straight into `sink`: arrow's writer then hands the sink each buffer as
+/// it lies, so a [`LateBuffers`] stand-in reaches the sink, never the writer's own reads.
 fn encode<W: Write>(
     sink: W,
     schema: &SchemaRef,
@@ -244,12 +247,6 @@ pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
     Ok(Block { schema, batches })
 }
 
-/// How many bytes [`HashingSink`] copies before it hashes them: small enough that the step
-/// and its copy stay in a core's L1 cache (32 KiB or more on today's x86 cores), large enough
-/// that the calls cost nothing. Copying and hashing 48 MiB in 12 MiB writes took 8.3–8.7 ms
-/// in steps of 8 KiB against 14.2–14.6 ms a write at a time (release, a 2-core Intel Xeon VM).
-const HASH_STEP: usize = 8 << 10;
-
 /// Writes into a slice, hashing what it writes.
 struct HashingSink<'a> {
     dest: &'a mut [u8],
@@ -274,7 +271,7 @@ impl Write for HashingSink<'_> {
             // A step at a time, so the hash reads what the copy just brought into the L1
             // cache: the IPC writer hands over whole column buffers of megabytes, and hashing
             // one after copying it would read it from memory a second time.
-            for (to, from) in dest.chunks_mut(HASH_STEP).zip(bytes.chunks(HASH_STEP)) {
+            for (to, from) in dest.chunks_mut(STEP_BYTES).zip(bytes.chunks(STEP_BYTES)) {
                 to.copy_from_slice(from);
                 self.hasher.update(from);
             }
@@ -288,19 +285,20 @@ impl Write for HashingSink<'_> {
     }
 }
 
-/// Hashes the bytes written to it and keeps none (a stand-in's real bytes pass through a
-/// buffer of their own).
+/// Hashes the bytes written to it and keeps none (a stand-in's real bytes pass through one
+/// scratch buffer).
 struct HashingCounter<'a> {
     hasher: Xxh3_64,
     late: Option<&'a dyn LateBuffers>,
+    scratch: Vec<u8>,
 }
 
 impl Write for HashingCounter<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         if let Some(late) = self.late.filter(|late| late.is_stand_in(bytes)) {
-            let mut real = vec![0; bytes.len()];
+            self.scratch.resize(bytes.len(), 0);
             let hasher = &mut self.hasher;
-            late.write_in_place(bytes, &mut real, &mut |piece| hasher.update(piece))
+            late.write_in_place(bytes, &mut self.scratch, &mut |piece| hasher.update(piece))
                 .map_err(std::io::Error::other)?;
         } else {
             self.hasher.update(bytes);

@@ -1015,7 +1015,11 @@ impl FakeOutput {
                     .into_iter()
                     .map(|block| {
                         let batches = block.into_batches()?;
-                        let schema = batches[0].schema();
+                        let schema = batches.first().map(RecordBatch::schema).ok_or_else(|| {
+                            arrow::error::ArrowError::InvalidArgumentError(
+                                "a partition of no batches".to_owned(),
+                            )
+                        })?;
                         Ok(arrow::compute::concat_batches(&schema, &batches)?)
                     })
                     .collect::<floe_engine::Result<_>>()?,

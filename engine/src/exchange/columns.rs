@@ -16,7 +16,7 @@ use arrow::datatypes::{
 use arrow::error::ArrowError;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 
-use super::gathered::{GatheredBlock, Picks};
+use super::gathered::{GatheredBlock, Picks, Sources};
 use crate::{Error, Result};
 
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
@@ -152,13 +152,14 @@ impl Reordering {
     /// The rows in order, `rows` to a block (at least one), each block gathered only as it is
     /// written; no block for no rows.
     pub(crate) fn blocks(self, rows: usize) -> Result<Vec<GatheredBlock>> {
+        let sources = Sources::new(&self.batches, &self.schema)?;
         let total = self.picks.len();
-        let picks: Arc<[(usize, usize)]> = self.picks.into();
+        let picks = Arc::new(self.picks);
         (0..total)
             .step_by(rows.max(1))
             .map(|start| {
                 let rows = Picks::new(picks.clone(), start..total.min(start + rows.max(1)));
-                GatheredBlock::new(&self.batches, &self.schema, rows)
+                GatheredBlock::new(&sources, rows)
             })
             .collect()
     }

@@ -22,7 +22,10 @@
 //! memory behind it). Zero bytes are a valid value of every type a stand-in stands for, so the
 //! layout is a valid batch even if read. Within a block the stand-ins lie one after the other
 //! in the mapping, so each one's address names its column, and an address in the mapping that
-//! names no stand-in exactly (a sliced one, or another block's) is an error, never zeros.
+//! names none of the block's stand-ins exactly (a sliced one) is an error, never zeros. The
+//! worker's encoder also counts the stand-ins it had written against the block's
+//! ([`GatheredBlock::stand_ins`]): one the IPC writer read itself (were it ever to compress or
+//! buffer what it writes) would otherwise go out as zeros, hashed as written.
 
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -32,6 +35,8 @@ use arrow::array::{Array, ArrayData, ArrayRef, BooleanBufferBuilder, RecordBatch
 use arrow::buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::{DataType, SchemaRef};
 
+use floe_core::hash::STEP_BYTES;
+
 use super::columns::{interleave_picks, invalid, named_columns, with_row_count};
 use crate::Result;
 
@@ -39,17 +44,58 @@ use crate::Result;
 /// one reordering share one list.
 #[derive(Clone)]
 pub(crate) struct Picks {
-    all: Arc<[(usize, usize)]>,
+    all: Arc<Vec<(usize, usize)>>,
     rows: Range<usize>,
 }
 
 impl Picks {
-    pub(crate) fn new(all: Arc<[(usize, usize)]>, rows: Range<usize>) -> Self {
+    pub(crate) fn new(all: Arc<Vec<(usize, usize)>>, rows: Range<usize>) -> Self {
         Self { all, rows }
     }
 
     fn as_slice(&self) -> &[(usize, usize)] {
         &self.all[self.rows.clone()]
+    }
+}
+
+/// The batches a reordering picks its rows from, column by column (found by name), shared by
+/// all of its blocks.
+pub(crate) struct Sources {
+    schema: SchemaRef,
+    /// Each source batch's rows.
+    rows: Vec<usize>,
+    /// For each column of `schema`, every source's array and its data.
+    columns: Vec<(Vec<ArrayRef>, Vec<ArrayData>)>,
+}
+
+impl Sources {
+    /// The columns of `schema` in each of `batches`.
+    pub(crate) fn new(batches: &[RecordBatch], schema: &SchemaRef) -> Result<Arc<Self>> {
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|field| {
+                let arrays = named_columns(batches, field.name())?;
+                let data = arrays.iter().map(|array| array.to_data()).collect();
+                Ok((arrays, data))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Arc::new(Self {
+            schema: schema.clone(),
+            rows: batches.iter().map(RecordBatch::num_rows).collect(),
+            columns,
+        }))
+    }
+
+    /// An error unless every pick names a row of a source.
+    fn check(&self, picks: &[(usize, usize)]) -> Result<()> {
+        let inside =
+            |&(batch, row): &(usize, usize)| self.rows.get(batch).is_some_and(|&rows| row < rows);
+        if picks.iter().all(inside) {
+            Ok(())
+        } else {
+            Err(no_such_row())
+        }
     }
 }
 
@@ -62,37 +108,37 @@ pub struct GatheredBlock {
 }
 
 impl GatheredBlock {
-    /// The rows at `picks` of `sources`, as a block of `schema`, whose columns are found in the
-    /// sources by name.
-    pub(crate) fn new(sources: &[RecordBatch], schema: &SchemaRef, picks: Picks) -> Result<Self> {
+    /// The rows at `picks` of `sources`, as a block of the sources' schema.
+    pub(crate) fn new(sources: &Arc<Sources>, picks: Picks) -> Result<Self> {
+        sources.check(picks.as_slice())?;
         let rows = picks.as_slice().len();
         let mut fills = Vec::new();
-        let mut stand_ins = 0;
-        let columns = schema
+        // Where the next stand-in starts in the stand-in space.
+        let mut next_at = 0;
+        let columns = sources
+            .schema
             .fields()
             .iter()
+            .zip(&sources.columns)
             .enumerate()
-            .map(|(column, field)| {
-                let values = named_columns(sources, field.name())?;
-                let kind = FillKind::of(field.data_type(), &values);
-                let data: Vec<ArrayData> = values.iter().map(|array| array.to_data()).collect();
-                let Some(kind) = kind else {
-                    return interleave_picks(&values, field.data_type(), picks.as_slice());
+            .map(|(column, (field, (arrays, data)))| {
+                let Some(kind) = FillKind::of(field.data_type(), arrays) else {
+                    return interleave_picks(arrays, field.data_type(), picks.as_slice());
                 };
-                let nulls = gathered_nulls(&data, picks.as_slice())?;
-                let (offsets, len) = kind.layout(&data, picks.as_slice())?;
+                let nulls = gathered_nulls(data, picks.as_slice())?;
+                let (offsets, len) = kind.layout(data, picks.as_slice())?;
                 let fill = Fill {
-                    at: stand_ins,
+                    at: next_at,
                     len,
                     column,
-                    sources: data,
+                    sources: sources.clone(),
                     picks: picks.clone(),
                     kind,
                 };
-                let values = match stand_in(stand_ins, len) {
+                let values = match stand_in(next_at, len) {
                     Some(stand_in) => {
                         // Each stand-in starts aligned, as arrow requires of its values.
-                        stand_ins = (stand_ins + len).next_multiple_of(64);
+                        next_at = (next_at + len).next_multiple_of(64);
                         fills.push(fill);
                         stand_in
                     }
@@ -112,9 +158,14 @@ impl GatheredBlock {
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
         Ok(Self {
-            layout: with_row_count(schema, columns, rows)?,
+            layout: with_row_count(&sources.schema, columns, rows)?,
             fills,
         })
+    }
+
+    /// How many stand-ins the layout holds: an encoder must have had each one written.
+    pub fn stand_ins(&self) -> usize {
+        self.fills.len()
     }
 
     pub fn num_rows(&self) -> usize {
@@ -203,7 +254,10 @@ impl FillKind {
         match data_type {
             DataType::Utf8 | DataType::Binary => Some(Self::Bytes),
             DataType::LargeUtf8 | DataType::LargeBinary => Some(Self::LargeBytes),
-            other => other.primitive_width().map(Self::Fixed),
+            other => other
+                .primitive_width()
+                .filter(|width| [1, 2, 4, 8, 16, 32].contains(width))
+                .map(Self::Fixed),
         }
     }
 
@@ -236,7 +290,9 @@ fn offsets<O: arrow::array::OffsetSizeTrait>(
     offsets.push(end);
     for &(batch, row) in picks {
         let (start, stop) = value_range(&sources, batch, row)?;
-        end = O::from_usize(stop - start)
+        end = stop
+            .checked_sub(start)
+            .and_then(O::from_usize)
             .and_then(|len| end.checked_add(&len))
             .ok_or_else(|| invalid("a gathered column's values overflow its offsets"))?;
         offsets.push(end);
@@ -278,18 +334,12 @@ struct Fill {
     /// Where the stand-in starts in the stand-in space, and its length.
     at: usize,
     len: usize,
-    /// The column's index in the block.
+    /// The column's index in the block and its sources.
     column: usize,
-    /// The column of each source batch.
-    sources: Vec<ArrayData>,
+    sources: Arc<Sources>,
     picks: Picks,
     kind: FillKind,
 }
-
-/// Bytes gathered between two calls of a fill's `written`: small enough that a piece is still
-/// in a core's L1 cache when the sink hashes it, large enough that the calls cost nothing (the
-/// object store's sink hashes in steps of this size too).
-const PIECE_BYTES: usize = 8 << 10;
 
 impl Fill {
     /// The real bytes, in a buffer of their own (aligned, as arrow requires of values).
@@ -297,6 +347,11 @@ impl Fill {
         let mut bytes = MutableBuffer::from_len_zeroed(self.len);
         self.write(&mut bytes, &mut |_| {})?;
         Ok(bytes.into())
+    }
+
+    /// The column of each source batch.
+    fn data(&self) -> &[ArrayData] {
+        &self.sources.columns[self.column].1
     }
 
     fn write(&self, dest: &mut [u8], written: &mut dyn FnMut(&[u8])) -> Result<()> {
@@ -322,7 +377,7 @@ impl Fill {
         written: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
         let sources: Vec<&[[u8; WIDTH]]> = self
-            .sources
+            .data()
             .iter()
             .map(|data| {
                 let (values, _) = data.buffers()[0].as_slice().as_chunks::<WIDTH>();
@@ -335,7 +390,7 @@ impl Fill {
         if places.len() != picks.len() || !rest.is_empty() {
             return Err(invalid("a fixed-width stand-in is not its rows' width"));
         }
-        let rows_per_piece = (PIECE_BYTES / WIDTH).max(1);
+        let rows_per_piece = (STEP_BYTES / WIDTH).max(1);
         for (places, picks) in places
             .chunks_mut(rows_per_piece)
             .zip(picks.chunks(rows_per_piece))
@@ -358,13 +413,9 @@ impl Fill {
         dest: &mut [u8],
         written: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
-        let offsets: Vec<&[O]> = self
-            .sources
-            .iter()
-            .map(|data| data.buffer::<O>(0))
-            .collect();
+        let offsets: Vec<&[O]> = self.data().iter().map(|data| data.buffer::<O>(0)).collect();
         let values: Vec<&[u8]> = self
-            .sources
+            .data()
             .iter()
             .map(|data| data.buffers()[1].as_slice())
             .collect();
@@ -380,7 +431,7 @@ impl Fill {
                 .ok_or_else(|| invalid("a byte-array stand-in is shorter than its values"))?;
             place.copy_from_slice(value);
             end += value.len();
-            if end - reported >= PIECE_BYTES {
+            if end - reported >= STEP_BYTES {
                 written(&dest[reported..end]);
                 reported = end;
             }
@@ -402,6 +453,8 @@ const STAND_IN_SPACE: usize = 1 << 36;
 /// Reserved once, the first time a block is gathered, and kept for the process's life.
 struct StandInSpace {
     base: usize,
+    /// Every stand-in's owner, which frees nothing: the space outlives them all.
+    owner: Arc<Never>,
 }
 
 impl StandInSpace {
@@ -414,7 +467,7 @@ impl StandInSpace {
     }
 }
 
-/// Owns nothing: the stand-in space outlives every buffer that points into it.
+/// Owns nothing.
 struct Never;
 
 fn stand_in_space() -> Option<&'static StandInSpace> {
@@ -442,6 +495,7 @@ fn stand_in_space() -> Option<&'static StandInSpace> {
             }
             Some(StandInSpace {
                 base: base as usize,
+                owner: Arc::new(Never),
             })
         })
         .as_ref()
@@ -456,7 +510,7 @@ fn stand_in(at: usize, len: usize) -> Option<Buffer> {
     }
     let start = NonNull::new(space.at(at).cast_mut())?;
     // SAFETY: `at..at + len` lies inside the mapping, which is readable and never unmapped.
-    Some(unsafe { Buffer::from_custom_allocation(start, len, Arc::new(Never)) })
+    Some(unsafe { Buffer::from_custom_allocation(start, len, space.owner.clone()) })
 }
 
 fn no_such_row() -> crate::Error {
@@ -475,7 +529,7 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
     use arrow::ipc::writer::FileWriter;
 
-    use super::{GatheredBlock, Picks};
+    use super::{GatheredBlock, Picks, Sources};
     use crate::exchange::columns::{SplitMix64, gather, scale};
 
     /// Two sources of every kind of column: fixed widths of 1, 4, 8 and 16 bytes, strings and
@@ -574,11 +628,11 @@ mod tests {
     #[test]
     fn a_gathered_block_encodes_to_the_bytes_of_its_rows_gathered_first() {
         let (schema, sources) = sources();
+        let shared = Sources::new(&sources, &schema).unwrap();
         for (rows, seed) in [(0, 1), (1, 2), (7, 3), (4_000, 4), (20_000, 5)] {
             let picks = random_picks(&sources, rows, seed);
             let expected = gather(&sources, &schema, &picks).unwrap();
-            let block =
-                GatheredBlock::new(&sources, &schema, Picks::new(picks.into(), 0..rows)).unwrap();
+            let block = GatheredBlock::new(&shared, Picks::new(Arc::new(picks), 0..rows)).unwrap();
             assert_eq!(block.gather().unwrap(), expected, "{rows} rows");
 
             let mut plain = Vec::new();
@@ -595,11 +649,8 @@ mod tests {
             let fills: usize = block.fills.iter().map(|fill| fill.len).sum();
             assert_eq!(sink.reported.len(), fills, "{rows} rows");
             if rows > 1 {
-                assert_eq!(
-                    block.fills.len(),
-                    7,
-                    "every column but the booleans stands in"
-                );
+                let stand_ins = block.stand_ins();
+                assert_eq!(stand_ins, 7, "every column but the booleans stands in");
             }
         }
     }
@@ -608,63 +659,58 @@ mod tests {
     #[test]
     fn a_block_holds_only_its_own_range_of_the_picks() {
         let (schema, sources) = sources();
+        let shared = Sources::new(&sources, &schema).unwrap();
         let picks = random_picks(&sources, 900, 9);
-        let all: Arc<[(usize, usize)]> = picks.clone().into();
-        let block = GatheredBlock::new(&sources, &schema, Picks::new(all, 300..650)).unwrap();
+        let all = Arc::new(picks.clone());
+        let block = GatheredBlock::new(&shared, Picks::new(all, 300..650)).unwrap();
         let expected = gather(&sources, &schema, &picks[300..650]).unwrap();
         assert_eq!(block.gather().unwrap(), expected);
     }
 
-    /// A stand-in handed over sliced, or one that is another block's, is refused: its place
-    /// is never left holding zeros.
+    /// A stand-in handed over sliced, or of another length than its place, is refused: its
+    /// place is never left holding zeros.
     #[test]
     fn a_stand_in_that_is_not_the_blocks_own_is_refused() {
         let (schema, sources) = sources();
-        let picks: Arc<[(usize, usize)]> = random_picks(&sources, 500, 11).into();
-        let block =
-            GatheredBlock::new(&sources, &schema, Picks::new(picks.clone(), 0..500)).unwrap();
+        let shared = Sources::new(&sources, &schema).unwrap();
+        let picks = Arc::new(random_picks(&sources, 500, 11));
+        let block = GatheredBlock::new(&shared, Picks::new(picks.clone(), 0..500)).unwrap();
         let values = block.layout().column(2).to_data().buffers()[0].clone();
         assert!(GatheredBlock::is_stand_in(&values));
-        let mut place = vec![0; values.len()];
-        block
-            .write_in_place(&values, &mut place, &mut |_| {})
-            .unwrap();
+        let write = |stand_in: &[u8], len: usize| {
+            let mut place = vec![0; len];
+            block
+                .write_in_place(stand_in, &mut place, &mut |_| {})
+                .map(|()| place)
+        };
+        let place = write(&values, values.len()).unwrap();
         assert!(place.iter().any(|byte| *byte != 0));
-
-        let sliced = &values[8..];
-        let mut place = vec![0; sliced.len()];
-        assert!(
-            block
-                .write_in_place(sliced, &mut place, &mut |_| {})
-                .is_err()
-        );
-        let mut short = vec![0; values.len() - 1];
-        assert!(
-            block
-                .write_in_place(&values, &mut short, &mut |_| {})
-                .is_err()
-        );
-
-        // Another block lays its stand-ins out at the same addresses, with other lengths.
-        let other = GatheredBlock::new(&sources, &schema, Picks::new(picks, 0..499)).unwrap();
+        assert!(write(&values[8..], values.len() - 8).is_err());
+        assert!(write(&values, values.len() - 1).is_err());
+        // A block of one row fewer lays its stand-ins out at the same addresses, shorter.
+        let other = GatheredBlock::new(&shared, Picks::new(picks, 0..499)).unwrap();
         let theirs = other.layout().column(2).to_data().buffers()[0].clone();
-        let mut place = vec![0; theirs.len()];
-        assert!(
-            block
-                .write_in_place(&theirs, &mut place, &mut |_| {})
-                .is_err()
-        );
+        assert!(write(&theirs, theirs.len()).is_err());
         // An ordinary buffer is no stand-in.
         assert!(!GatheredBlock::is_stand_in(&place));
     }
 
-    /// A pick past a source's rows is an error, not a panic.
+    /// A pick past a source's rows is an error, not a panic: with every column type, and with
+    /// fixed-width columns without nulls alone, which read no offsets or nulls to notice it.
     #[test]
     fn a_pick_outside_the_sources_is_an_error() {
         let (schema, sources) = sources();
-        for pick in [(2, 0), (1, 2_500), (0, 3_000)] {
-            let picks: Arc<[(usize, usize)]> = vec![(0, 1), pick].into();
-            assert!(GatheredBlock::new(&sources, &schema, Picks::new(picks, 0..2)).is_err());
+        let fixed = Arc::new(schema.project(&[0, 3, 4]).unwrap());
+        let projected: Vec<RecordBatch> = sources
+            .iter()
+            .map(|batch| batch.project(&[0, 3, 4]).unwrap())
+            .collect();
+        for (schema, sources) in [(&schema, &sources), (&fixed, &projected)] {
+            let shared = Sources::new(sources, schema).unwrap();
+            for pick in [(2, 0), (1, 2_500), (0, 3_000)] {
+                let picks = Arc::new(vec![(0, 1), pick]);
+                assert!(GatheredBlock::new(&shared, Picks::new(picks, 0..2)).is_err());
+            }
         }
     }
 }

@@ -1,16 +1,19 @@
 //! Random shuffle: each row goes to a partition drawn from the task's seed, each map task
 //! puts each of its parts in a random order of its own (seeded Fisher-Yates), and each reduce
 //! interleaves its partition's parts at random, reading each part in its order. A part is
-//! permuted while it is small, where it lies in the cache; the reduce then reads its parts
-//! front to back instead of gathering every row from anywhere in the partition. The result is
+//! permuted on its own, a few megabytes at a time that stay in the cache, as the map task's
+//! object is written; the reduce then reads its parts front to back instead of gathering
+//! every row from anywhere in the partition. The result is
 //! a uniformly random order of the partition: every interleaving is as likely as any other,
 //! and so is every order of each part. A seed fixes the order.
+
+use std::sync::Arc;
 
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::columns::{SplitMix64, partition_count, scale, scatter};
-use super::gathered::{GatheredBlock, Picks};
+use super::gathered::{GatheredBlock, Picks, Sources};
 use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, route_each};
 use crate::Result;
 use crate::task::OutputBlock;
@@ -44,8 +47,8 @@ fn permute_parts(parts: Vec<RecordBatch>, seed: u64) -> Result<Vec<GatheredBlock
             let mut order: Vec<(usize, usize)> = (0..part.num_rows()).map(|row| (0, row)).collect();
             fisher_yates(&mut order, seeds.next_u64());
             let rows = order.len();
-            let picks = Picks::new(order.into(), 0..rows);
-            GatheredBlock::new(std::slice::from_ref(&part), part.schema_ref(), picks)
+            let sources = Sources::new(std::slice::from_ref(&part), part.schema_ref())?;
+            GatheredBlock::new(&sources, Picks::new(Arc::new(order), 0..rows))
         })
         .collect()
 }
@@ -124,8 +127,8 @@ impl Exchange for RandomShuffle {
                 task.seed ^ offset,
             ))
         })?;
-        // The input is split: freed before the parts are permuted, so the task holds two
-        // copies of its rows at most, not three.
+        // The input is split: freed now, so the task holds one copy of its rows (the parts,
+        // permuted only as they are written) and their orders.
         drop(batches);
         Ok(permute_parts(split, task.seed)?
             .into_iter()
