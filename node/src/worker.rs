@@ -480,33 +480,31 @@ impl<'a> Encoding<'a> {
 
     fn checksum(&self) -> Result<u64, WorkerTaskFailure> {
         let late = self.late();
-        let checksum = encoded_checksum(&self.schema, self.block.encoded_batches(), late.hook())
+        let hook = late.as_ref().map(|late| late as &dyn LateBuffers);
+        let checksum = encoded_checksum(&self.schema, self.block.encoded_batches(), hook)
             .map_err(cannot_encode)?;
-        late.check()?;
+        late.map_or(Ok(()), |late| late.check())?;
         Ok(checksum)
     }
 
     /// Writes the block into `dest` (exactly [`Self::len`] bytes); returns its checksum.
     fn write(&self, dest: &mut [u8]) -> Result<u64, WorkerTaskFailure> {
         let late = self.late();
-        let checksum = encode_into(
-            dest,
-            &self.schema,
-            self.block.encoded_batches(),
-            late.hook(),
-        )
-        .map_err(cannot_encode)?;
-        late.check()?;
+        let hook = late.as_ref().map(|late| late as &dyn LateBuffers);
+        let checksum = encode_into(dest, &self.schema, self.block.encoded_batches(), hook)
+            .map_err(cannot_encode)?;
+        late.map_or(Ok(()), |late| late.check())?;
         Ok(checksum)
     }
 
-    fn late(&self) -> Late<'a> {
-        Late {
-            block: match self.block {
-                OutputBlock::Gathered(block) => Some(block),
-                OutputBlock::Batches(_) => None,
-            },
-            served: Cell::new(0),
+    /// The hook for a gathered block's stand-ins; none for a block of batches.
+    fn late(&self) -> Option<Late<'a>> {
+        match self.block {
+            OutputBlock::Gathered(block) => Some(Late {
+                block,
+                served: Cell::new(0),
+            }),
+            OutputBlock::Batches(_) => None,
         }
     }
 }
@@ -515,17 +513,13 @@ impl<'a> Encoding<'a> {
 /// written in its place, or its zeros would go out hashed as if they were the rows (were the
 /// IPC writer ever to read a buffer itself, to compress or buffer it).
 struct Late<'a> {
-    block: Option<&'a GatheredBlock>,
+    block: &'a GatheredBlock,
     served: Cell<usize>,
 }
 
 impl Late<'_> {
-    fn hook(&self) -> Option<&dyn LateBuffers> {
-        self.block.map(|_| self as &dyn LateBuffers)
-    }
-
     fn check(&self) -> Result<(), WorkerTaskFailure> {
-        let expected = self.block.map_or(0, GatheredBlock::stand_ins);
+        let expected = self.block.stand_ins();
         if self.served.get() == expected {
             Ok(())
         } else {
@@ -539,7 +533,7 @@ impl Late<'_> {
 
 impl LateBuffers for Late<'_> {
     fn is_stand_in(&self, buffer: &[u8]) -> bool {
-        self.block.is_some() && GatheredBlock::is_stand_in(buffer)
+        GatheredBlock::is_stand_in(buffer)
     }
 
     fn write_in_place(
@@ -548,10 +542,7 @@ impl LateBuffers for Late<'_> {
         dest: &mut [u8],
         written: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ArrowError> {
-        let block = self.block.ok_or_else(|| {
-            ArrowError::InvalidArgumentError("a block of batches has no stand-ins".to_owned())
-        })?;
-        block
+        self.block
             .write_in_place(stand_in, dest, written)
             .map_err(|error| ArrowError::ExternalError(Box::new(error)))?;
         self.served.set(self.served.get() + 1);
@@ -726,7 +717,7 @@ mod tests {
     fn a_stand_in_left_unwritten_fails_the_block() {
         let block = gathered_block();
         let encoding = Encoding::of(&block).unwrap();
-        let late = encoding.late();
+        let late = encoding.late().unwrap();
         let mut dest = vec![0; encoding.len().unwrap() as usize];
         encode_into(&mut dest, &encoding.schema, block.encoded_batches(), None).unwrap();
         let error = late.check().unwrap_err();

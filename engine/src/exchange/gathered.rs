@@ -105,6 +105,8 @@ pub struct GatheredBlock {
     /// The block as the IPC writer sees it: real small buffers, stand-ins for the rest.
     layout: RecordBatch,
     fills: Vec<Fill>,
+    sources: Arc<Sources>,
+    picks: Picks,
 }
 
 impl GatheredBlock {
@@ -131,8 +133,6 @@ impl GatheredBlock {
                     at: next_at,
                     len,
                     column,
-                    sources: sources.clone(),
-                    picks: picks.clone(),
                     kind,
                 };
                 let values = match stand_in(next_at, len) {
@@ -143,7 +143,7 @@ impl GatheredBlock {
                         stand_in
                     }
                     // No room or no rows: gathered ahead into a buffer of its own.
-                    None => fill.gather()?,
+                    None => fill.gather(sources, picks.as_slice())?,
                 };
                 let buffers = offsets.into_iter().chain([values]).collect();
                 let builder = ArrayData::builder(field.data_type().clone())
@@ -160,6 +160,8 @@ impl GatheredBlock {
         Ok(Self {
             layout: with_row_count(&sources.schema, columns, rows)?,
             fills,
+            sources: sources.clone(),
+            picks,
         })
     }
 
@@ -206,7 +208,7 @@ impl GatheredBlock {
                 "a stand-in's bytes and their place differ in length",
             ));
         }
-        fill.write(dest, written)
+        fill.write(&self.sources, self.picks.as_slice(), dest, written)
     }
 
     /// The rows, gathered into a batch of their own.
@@ -216,7 +218,7 @@ impl GatheredBlock {
             let data = columns[fill.column].to_data();
             let mut buffers = data.buffers().to_vec();
             let last = buffers.len() - 1;
-            buffers[last] = fill.gather()?;
+            buffers[last] = fill.gather(&self.sources, self.picks.as_slice())?;
             // Checked in full: the values are real now, UTF-8 included.
             columns[fill.column] = make_array(data.into_builder().buffers(buffers).build()?);
         }
@@ -329,121 +331,120 @@ fn gathered_nulls(data: &[ArrayData], picks: &[(usize, usize)]) -> Result<Option
     Ok(Some(NullBuffer::new(valid.finish())).filter(|nulls| nulls.null_count() > 0))
 }
 
-/// One stand-in's column: where its real bytes come from.
+/// One stand-in's column: where it lies and how its values are gathered (from the block's
+/// sources and picks).
 struct Fill {
     /// Where the stand-in starts in the stand-in space, and its length.
     at: usize,
     len: usize,
-    /// The column's index in the block and its sources.
+    /// The column's index in the block.
     column: usize,
-    sources: Arc<Sources>,
-    picks: Picks,
     kind: FillKind,
 }
 
 impl Fill {
     /// The real bytes, in a buffer of their own (aligned, as arrow requires of values).
-    fn gather(&self) -> Result<Buffer> {
+    fn gather(&self, sources: &Sources, picks: &[(usize, usize)]) -> Result<Buffer> {
         let mut bytes = MutableBuffer::from_len_zeroed(self.len);
-        self.write(&mut bytes, &mut |_| {})?;
+        self.write(sources, picks, &mut bytes, &mut |_| {})?;
         Ok(bytes.into())
     }
 
-    /// The column of each source batch.
-    fn data(&self) -> &[ArrayData] {
-        &self.sources.columns[self.column].1
-    }
-
-    fn write(&self, dest: &mut [u8], written: &mut dyn FnMut(&[u8])) -> Result<()> {
-        let picks = self.picks.as_slice();
+    fn write(
+        &self,
+        sources: &Sources,
+        picks: &[(usize, usize)],
+        dest: &mut [u8],
+        written: &mut dyn FnMut(&[u8]),
+    ) -> Result<()> {
+        // The column of each source batch.
+        let data = &sources.columns[self.column].1;
         match self.kind {
-            FillKind::Fixed(1) => self.write_fixed::<1>(picks, dest, written),
-            FillKind::Fixed(2) => self.write_fixed::<2>(picks, dest, written),
-            FillKind::Fixed(4) => self.write_fixed::<4>(picks, dest, written),
-            FillKind::Fixed(8) => self.write_fixed::<8>(picks, dest, written),
-            FillKind::Fixed(16) => self.write_fixed::<16>(picks, dest, written),
-            FillKind::Fixed(32) => self.write_fixed::<32>(picks, dest, written),
+            FillKind::Fixed(1) => write_fixed::<1>(data, picks, dest, written),
+            FillKind::Fixed(2) => write_fixed::<2>(data, picks, dest, written),
+            FillKind::Fixed(4) => write_fixed::<4>(data, picks, dest, written),
+            FillKind::Fixed(8) => write_fixed::<8>(data, picks, dest, written),
+            FillKind::Fixed(16) => write_fixed::<16>(data, picks, dest, written),
+            FillKind::Fixed(32) => write_fixed::<32>(data, picks, dest, written),
             FillKind::Fixed(_) => Err(invalid("a fixed-width type of an unknown width")),
-            FillKind::Bytes => self.write_bytes::<i32>(picks, dest, written),
-            FillKind::LargeBytes => self.write_bytes::<i64>(picks, dest, written),
+            FillKind::Bytes => write_bytes::<i32>(data, picks, dest, written),
+            FillKind::LargeBytes => write_bytes::<i64>(data, picks, dest, written),
         }
     }
+}
 
-    /// Copies `WIDTH` bytes a row: one move each, no call.
-    fn write_fixed<const WIDTH: usize>(
-        &self,
-        picks: &[(usize, usize)],
-        dest: &mut [u8],
-        written: &mut dyn FnMut(&[u8]),
-    ) -> Result<()> {
-        let sources: Vec<&[[u8; WIDTH]]> = self
-            .data()
-            .iter()
-            .map(|data| {
-                let (values, _) = data.buffers()[0].as_slice().as_chunks::<WIDTH>();
-                values
-                    .get(data.offset()..data.offset() + data.len())
-                    .ok_or_else(|| invalid("a source's values are shorter than its rows"))
-            })
-            .collect::<Result<_>>()?;
-        let (places, rest) = dest.as_chunks_mut::<WIDTH>();
-        if places.len() != picks.len() || !rest.is_empty() {
-            return Err(invalid("a fixed-width stand-in is not its rows' width"));
-        }
-        let rows_per_piece = (STEP_BYTES / WIDTH).max(1);
-        for (places, picks) in places
-            .chunks_mut(rows_per_piece)
-            .zip(picks.chunks(rows_per_piece))
-        {
-            for (place, &(batch, row)) in places.iter_mut().zip(picks) {
-                *place = *sources
-                    .get(batch)
-                    .and_then(|values| values.get(row))
-                    .ok_or_else(no_such_row)?;
-            }
-            written(places.as_flattened());
-        }
-        Ok(())
+/// Copies `WIDTH` bytes a row: one move each, no call.
+fn write_fixed<const WIDTH: usize>(
+    data: &[ArrayData],
+    picks: &[(usize, usize)],
+    dest: &mut [u8],
+    written: &mut dyn FnMut(&[u8]),
+) -> Result<()> {
+    let sources: Vec<&[[u8; WIDTH]]> = data
+        .iter()
+        .map(|data| {
+            let (values, _) = data.buffers()[0].as_slice().as_chunks::<WIDTH>();
+            values
+                .get(data.offset()..data.offset() + data.len())
+                .ok_or_else(|| invalid("a source's values are shorter than its rows"))
+        })
+        .collect::<Result<_>>()?;
+    let (places, rest) = dest.as_chunks_mut::<WIDTH>();
+    if places.len() != picks.len() || !rest.is_empty() {
+        return Err(invalid("a fixed-width stand-in is not its rows' width"));
     }
+    let rows_per_piece = (STEP_BYTES / WIDTH).max(1);
+    for (places, picks) in places
+        .chunks_mut(rows_per_piece)
+        .zip(picks.chunks(rows_per_piece))
+    {
+        for (place, &(batch, row)) in places.iter_mut().zip(picks) {
+            *place = *sources
+                .get(batch)
+                .and_then(|values| values.get(row))
+                .ok_or_else(no_such_row)?;
+        }
+        written(places.as_flattened());
+    }
+    Ok(())
+}
 
-    /// Copies each value's bytes to where the gathered offsets put it.
-    fn write_bytes<O: arrow::array::OffsetSizeTrait>(
-        &self,
-        picks: &[(usize, usize)],
-        dest: &mut [u8],
-        written: &mut dyn FnMut(&[u8]),
-    ) -> Result<()> {
-        let offsets: Vec<&[O]> = self.data().iter().map(|data| data.buffer::<O>(0)).collect();
-        let values: Vec<&[u8]> = self
-            .data()
-            .iter()
-            .map(|data| data.buffers()[1].as_slice())
-            .collect();
-        let mut end = 0;
-        let mut reported = 0;
-        for &(batch, row) in picks {
-            let (start, stop) = value_range(&offsets, batch, row)?;
-            let value = values[batch]
-                .get(start..stop)
-                .ok_or_else(|| invalid("a source's offsets lie outside its values"))?;
-            let place = dest
-                .get_mut(end..end + value.len())
-                .ok_or_else(|| invalid("a byte-array stand-in is shorter than its values"))?;
-            place.copy_from_slice(value);
-            end += value.len();
-            if end - reported >= STEP_BYTES {
-                written(&dest[reported..end]);
-                reported = end;
-            }
-        }
-        if end != dest.len() {
-            return Err(invalid("a byte-array stand-in is longer than its values"));
-        }
-        if end > reported {
+/// Copies each value's bytes to where the gathered offsets put it.
+fn write_bytes<O: arrow::array::OffsetSizeTrait>(
+    data: &[ArrayData],
+    picks: &[(usize, usize)],
+    dest: &mut [u8],
+    written: &mut dyn FnMut(&[u8]),
+) -> Result<()> {
+    let offsets: Vec<&[O]> = data.iter().map(|data| data.buffer::<O>(0)).collect();
+    let values: Vec<&[u8]> = data
+        .iter()
+        .map(|data| data.buffers()[1].as_slice())
+        .collect();
+    let mut end = 0;
+    let mut reported = 0;
+    for &(batch, row) in picks {
+        let (start, stop) = value_range(&offsets, batch, row)?;
+        let value = values[batch]
+            .get(start..stop)
+            .ok_or_else(|| invalid("a source's offsets lie outside its values"))?;
+        let place = dest
+            .get_mut(end..end + value.len())
+            .ok_or_else(|| invalid("a byte-array stand-in is shorter than its values"))?;
+        place.copy_from_slice(value);
+        end += value.len();
+        if end - reported >= STEP_BYTES {
             written(&dest[reported..end]);
+            reported = end;
         }
-        Ok(())
     }
+    if end != dest.len() {
+        return Err(invalid("a byte-array stand-in is longer than its values"));
+    }
+    if end > reported {
+        written(&dest[reported..end]);
+    }
+    Ok(())
 }
 
 /// Address space for stand-ins: 64 GiB of it, and no memory.
