@@ -143,6 +143,30 @@ fn a_child_process_reads_sealed_objects() {
 /// fills them in, as a worker writes a task's outputs; then seal them and read them back. A
 /// sealed object's location and a stale one are refused to the writer. As the child (the
 /// variable set): write each location's object, or print why it was refused.
+/// A writer maps its object's pages in ahead, in one call, rather than taking a page fault
+/// for each page as it first writes it: the pages hold memory as soon as the object is opened
+/// to write, before a byte of it is written.
+#[test]
+fn an_object_opened_to_write_holds_its_pages_before_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), 16 * MIB, MIB, Backing::SharedMemory);
+    let writer = store.create(id(1), 8 * MIB).unwrap();
+    // The store wrote the object's header, on a page of its own.
+    let resident = || store.resident_bytes().unwrap();
+    assert!(resident() < MIB, "{} bytes resident", resident());
+    let mut object = StoreClient::new()
+        .open_unsealed(&writer.location())
+        .unwrap();
+    assert!(resident() >= 8 * MIB, "{} bytes resident", resident());
+    let bytes = contents(object.object(), 8 * MIB);
+    object.as_mut_slice().copy_from_slice(&bytes);
+    drop(object);
+    writer
+        .seal_with_checksum(floe_core::hash::xxh3_64(&bytes))
+        .unwrap();
+    assert_eq!(store.get(id(1)).unwrap().as_bytes(), &bytes[..]);
+}
+
 #[test]
 fn a_child_process_writes_objects_the_store_then_seals() {
     if let Ok(json) = std::env::var(WRITER_ENV) {
