@@ -442,20 +442,21 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
-/// Maps the pages of the `len` bytes at `start` into this process for writing, in one call,
-/// where writing them would take a page fault each (a fault costs about as much as writing
-/// the page). For a range about to be written whole, such as a new object's. Best effort: a
-/// kernel older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to fault.
-pub(crate) fn populate_for_write(start: NonNull<u8>, len: usize) {
+/// Maps the pages of the `len` bytes at `start`, in segment `os_id`, into this process for
+/// writing, in one call, where writing them would take a page fault each (a fault costs about
+/// as much as writing the page). For a range about to be written whole, such as a new
+/// object's. A kernel older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to
+/// fault; a segment whose file system is full is an error here, not a `SIGBUS` on the write.
+pub(crate) fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()> {
     if len == 0 {
-        return;
+        return Ok(());
     }
     // SAFETY: `sysconf` only reads the process's constants.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let first = start.as_ptr() as usize & !(page - 1);
     let end = start.as_ptr() as usize + len;
-    // SAFETY: populating changes no byte of the range, which the caller has mapped (the
-    // pages around its ends belong to the same mapping, or the call fails harmlessly).
+    // SAFETY: the caller has the range mapped. Populating faults pages in and changes no byte,
+    // neither the range's nor those of the header and neighbours that share its end pages.
     let status = unsafe {
         libc::madvise(
             first as *mut libc::c_void,
@@ -463,9 +464,20 @@ pub(crate) fn populate_for_write(start: NonNull<u8>, len: usize) {
             libc::MADV_POPULATE_WRITE,
         )
     };
-    if status != 0 {
-        tracing::trace!(error = %std::io::Error::last_os_error(), "cannot populate pages");
+    let error = std::io::Error::last_os_error();
+    if status == 0 || error.raw_os_error() == Some(libc::EINVAL) {
+        return Ok(());
     }
+    let reason = match error.raw_os_error() {
+        // What a write would have died of, with `SIGBUS`.
+        Some(libc::EFAULT) => format!("/dev/shm has no room for {len} bytes of pages"),
+        _ => error.to_string(),
+    };
+    Err(Error::SharedMemory {
+        name: os_id.to_owned(),
+        action: "populate",
+        reason,
+    })
 }
 
 /// Maps an I/O error on `path` to [`Error::DiskFull`] when the disk is full (naming the bytes

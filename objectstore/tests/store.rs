@@ -18,6 +18,7 @@ use floe_objectstore::{Backing, Error, ObjectLocation, ObjectSource, ObjectStore
 
 const CHILD_ENV: &str = "FLOE_OBJECTSTORE_TEST_LOCATIONS";
 const WRITER_ENV: &str = "FLOE_OBJECTSTORE_TEST_WRITE";
+const FULL_SHM_ENV: &str = "FLOE_OBJECTSTORE_TEST_FULL_SHM";
 
 fn id(n: u128) -> ObjectId {
     ObjectId::new(0xf10e_0000_0000_0000_0000_0000_0000_0000 | n)
@@ -138,11 +139,6 @@ fn a_child_process_reads_sealed_objects() {
     assert!(output.status.success(), "{stderr}");
 }
 
-/// As the parent: create objects (one in shared memory, one in a fallback file) and hand
-/// their locations to a child process — this test binary again — which maps them writable and
-/// fills them in, as a worker writes a task's outputs; then seal them and read them back. A
-/// sealed object's location and a stale one are refused to the writer. As the child (the
-/// variable set): write each location's object, or print why it was refused.
 /// A writer maps its object's pages in ahead, in one call, rather than taking a page fault
 /// for each page as it first writes it: the pages hold memory as soon as the object is opened
 /// to write, before a byte of it is written.
@@ -151,7 +147,7 @@ fn an_object_opened_to_write_holds_its_pages_before_it_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(dir.path(), 16 * MIB, MIB, Backing::SharedMemory);
     let writer = store.create(id(1), 8 * MIB).unwrap();
-    // The store wrote the object's header, on a page of its own.
+    // The store wrote the object's header, and so the page it lies on.
     let resident = || store.resident_bytes().unwrap();
     assert!(resident() < MIB, "{} bytes resident", resident());
     let mut object = StoreClient::new()
@@ -167,6 +163,69 @@ fn an_object_opened_to_write_holds_its_pages_before_it_is_written() {
     assert_eq!(store.get(id(1)).unwrap().as_bytes(), &bytes[..]);
 }
 
+/// A writer whose segment's file system has filled up since its store was made gets an
+/// error naming the segment when it opens its object, where writing the object would have
+/// killed it with `SIGBUS`. The child (this test binary again, the variable set) runs in a
+/// mount namespace of its own with a 4 MiB tmpfs on /dev/shm, which needs root.
+#[test]
+fn a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash() {
+    if std::env::var_os(FULL_SHM_ENV).is_some() {
+        // SAFETY: plain syscalls; this process is single-threaded here (one test, one thread).
+        unsafe {
+            assert_eq!(libc::unshare(libc::CLONE_NEWNS), 0, "unshare");
+            let (none, no_data) = (std::ptr::null(), std::ptr::null());
+            let root = c"/".as_ptr();
+            let flags = libc::MS_REC | libc::MS_PRIVATE;
+            assert_eq!(libc::mount(none, root, none, flags, no_data), 0, "private");
+            let (shm, tmpfs) = (c"/dev/shm".as_ptr(), c"tmpfs".as_ptr());
+            let size = c"size=4m".as_ptr().cast();
+            assert_eq!(libc::mount(tmpfs, shm, tmpfs, 0, size), 0, "mount");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), 2 * MIB, MIB, Backing::SharedMemory);
+        let writer = store.create(id(1), 3 * MIB / 2).unwrap();
+        // Another user of /dev/shm takes all but 1 MiB of it.
+        std::fs::write("/dev/shm/filler", vec![1u8; 3 * MIB as usize]).unwrap();
+        match StoreClient::new().open_unsealed(&writer.location()) {
+            Ok(_) => println!("\nopened"),
+            Err(error) => println!("\nrefused: {error}"),
+        }
+        return;
+    }
+    // SAFETY: `geteuid` only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: mounting a small /dev/shm needs root; CI runs as root");
+        return;
+    }
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FULL_SHM_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let line = stdout.lines().find(|line| line.starts_with("refused: "));
+    let expected = format!("/dev/shm has no room for {} bytes of pages", 3 * MIB / 2);
+    assert!(
+        line.is_some_and(
+            |line| line.starts_with("refused: cannot populate shared memory")
+                && line.ends_with(&expected)
+        ),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+}
+
+/// As the parent: create objects (one in shared memory, one in a fallback file) and hand
+/// their locations to a child process — this test binary again — which maps them writable and
+/// fills them in, as a worker writes a task's outputs; then seal them and read them back. A
+/// sealed object's location and a stale one are refused to the writer. As the child (the
+/// variable set): write each location's object, or print why it was refused.
 #[test]
 fn a_child_process_writes_objects_the_store_then_seals() {
     if let Ok(json) = std::env::var(WRITER_ENV) {
