@@ -74,7 +74,7 @@ impl TaskOutputs {
                 places.push(OutputPlace::Present);
                 continue;
             }
-            match self.store.create(object, size) {
+            match self.store.create_for_another_process(object, size) {
                 Ok(writer) => {
                     places.push(OutputPlace::Write(writer.location()));
                     self.slots.push(Slot::Writing(writer));

@@ -158,6 +158,25 @@ unsafe impl Region for SharedSegment {
         }
     }
 
+    fn populate_for_write(&self, offset: u64, len: u64) -> Result<()> {
+        let in_range = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.len as u64);
+        if !in_range {
+            return Err(Error::SharedMemory {
+                name: self.shmem.get_os_id().to_owned(),
+                action: "populate",
+                reason: format!(
+                    "bytes {offset}..+{len} lie outside the {}-byte segment",
+                    self.len
+                ),
+            });
+        }
+        // SAFETY: in range (checked above).
+        let start = unsafe { self.ptr.add(offset as usize) };
+        populate_for_write(self.shmem.get_os_id(), start, len as usize)
+    }
+
     fn resident_bytes(&self) -> Option<u64> {
         // tmpfs allocates a file's blocks as its pages are first written, and counts them.
         let path = Self::path_of(self.shmem.get_os_id());
@@ -442,12 +461,10 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
-/// Maps the pages of the `len` bytes at `start`, in segment `os_id`, into this process for
-/// writing, in one call, where writing them would take a page fault each (a fault costs about
-/// as much as writing the page). For a range about to be written whole, such as a new
-/// object's. A kernel older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to
-/// fault; a segment whose file system is full is an error here, not a `SIGBUS` on the write.
-pub(crate) fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()> {
+/// [`Region::populate_for_write`] for the `len` bytes at `start` in segment `os_id`. A page
+/// fault costs about as much as writing the page. A kernel older than 5.14, which lacks
+/// `MADV_POPULATE_WRITE`, leaves the pages to fault.
+fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()> {
     if len == 0 {
         return Ok(());
     }

@@ -259,10 +259,27 @@ impl ObjectStore {
         }
     }
 
-    /// Starts a new object of `size` bytes with one reference. Its bytes are written through
-    /// the returned writer and become readable when it is sealed; dropping the writer unsealed
-    /// abandons the object.
+    /// Starts a new object of `size` bytes with one reference, for this process to write. Its
+    /// bytes are written through the returned writer and become readable when it is sealed;
+    /// dropping the writer unsealed abandons the object. Its pages are mapped in ahead, so a
+    /// store whose /dev/shm has filled up since it was made refuses here.
     pub fn create(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
+        self.create_written_by(object, size, Writer::ThisProcess)
+    }
+
+    /// [`Self::create`] for an object another process writes, through its location
+    /// ([`StoreClient::open_unsealed`](crate::StoreClient::open_unsealed)), which maps the
+    /// pages it writes in itself. Only the header's are mapped in here.
+    pub fn create_for_another_process(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
+        self.create_written_by(object, size, Writer::AnotherProcess)
+    }
+
+    fn create_written_by(
+        &self,
+        object: ObjectId,
+        size: u64,
+        writer: Writer,
+    ) -> Result<ObjectWriter> {
         let inner = &self.inner;
         let mut state = inner.lock();
         if state.objects.contains_key(&object) {
@@ -308,18 +325,11 @@ impl ObjectStore {
             }
         };
         drop(state);
-        let header = Header {
-            object,
-            len: size,
-            sealed: false,
-            checksum: 0,
-        };
-        // SAFETY: the range was just allocated to this object and nobody else writes it.
-        unsafe { region.write_header(header_offset, &header) };
         // SAFETY: `header_offset + HEADER_LEN + size` lies inside the region (the range was
         // sized by `region_len`).
         let payload = unsafe { region.payload(header_offset) }.as_ptr();
-        Ok(ObjectWriter {
+        // Dropped unsealed, as on any error below, it abandons the object and frees its range.
+        let written = ObjectWriter {
             inner: Arc::clone(inner),
             object,
             payload,
@@ -327,7 +337,23 @@ impl ObjectStore {
             header_offset,
             region,
             sealed: false,
-        })
+        };
+        let mapped_in = match writer {
+            Writer::ThisProcess => HEADER_LEN + size,
+            Writer::AnotherProcess => HEADER_LEN,
+        };
+        written
+            .region
+            .populate_for_write(header_offset, mapped_in)?;
+        let header = Header {
+            object,
+            len: size,
+            sealed: false,
+            checksum: 0,
+        };
+        // SAFETY: the range was just allocated to this object and nobody else writes it.
+        unsafe { written.region.write_header(header_offset, &header) };
+        Ok(written)
     }
 
     /// Creates, writes and seals an object holding `bytes`.
@@ -1018,12 +1044,19 @@ impl Inner {
             Placement::Memory(offset) => (Arc::clone(&self.memory), *offset),
             Placement::Fallback(mapping) => (Arc::clone(mapping) as _, 0),
         };
-        // SAFETY: the range was just allocated for this restore and nobody else can reach it
-        // until the entry points at it below.
-        let destination = unsafe {
-            std::slice::from_raw_parts_mut(region.payload(header_offset).as_ptr(), size as usize)
-        };
-        let restored = slot.restore_into(object, destination);
+        let restored = region
+            .populate_for_write(header_offset, HEADER_LEN + size)
+            .and_then(|()| {
+                // SAFETY: the range was just allocated for this restore and nobody else can
+                // reach it until the entry points at it below.
+                let destination = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        region.payload(header_offset).as_ptr(),
+                        size as usize,
+                    )
+                };
+                slot.restore_into(object, destination)
+            });
         let mut state = self.lock();
         if let Err(error) = restored {
             if let Placement::Memory(offset) = placement
@@ -1174,6 +1207,13 @@ impl ObjectWriter {
         self.sealed = true;
         Ok(())
     }
+}
+
+/// Which process writes a new object's bytes: the one whose pages are mapped in ahead.
+#[derive(Debug, Clone, Copy)]
+enum Writer {
+    ThisProcess,
+    AnotherProcess,
 }
 
 impl Drop for ObjectWriter {

@@ -167,18 +167,14 @@ impl StoreClient {
     /// length, not sealed), mapped writable. The store's owner handed the location out with
     /// the object's [`ObjectWriter`](crate::ObjectWriter) alive, which keeps the range this
     /// object's; it seals the object once this process says it is done, and this process
-    /// writes nothing after that. The object is about to be written whole, so a segment's
-    /// pages are mapped in now, in one call, instead of faulting in one at a time.
+    /// writes nothing after that. The object is about to be written whole, so its pages are
+    /// mapped in now, in one call, instead of faulting in one at a time.
     pub fn open_unsealed(&self, location: &ObjectLocation) -> Result<UnsealedObject> {
         let region = self.region(location, Access::Write)?;
         check_header(region.as_ref(), location, false)?;
+        region.populate_for_write(location.offset + HEADER_LEN, location.len)?;
         // SAFETY: the header check shows the object's range inside the region.
         let ptr = unsafe { region.payload(location.offset) };
-        // Not a fallback file's: its blocks are reserved, and its pages would only be dirtied
-        // ahead of a write-back, which protects them again.
-        if let ObjectSource::Segment { os_id } = &location.source {
-            crate::mapping::populate_for_write(os_id, ptr, location.len as usize)?;
-        }
         Ok(UnsealedObject {
             object: location.object,
             ptr,

@@ -141,13 +141,13 @@ fn a_child_process_reads_sealed_objects() {
 
 /// A writer maps its object's pages in ahead, in one call, rather than taking a page fault
 /// for each page as it first writes it: the pages hold memory as soon as the object is opened
-/// to write, before a byte of it is written.
+/// to write, before a byte of it is written. An object made for another process to write has
+/// only its header's page mapped in by the store; one the store's process writes, all of them.
 #[test]
 fn an_object_opened_to_write_holds_its_pages_before_it_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(dir.path(), 16 * MIB, MIB, Backing::SharedMemory);
-    let writer = store.create(id(1), 8 * MIB).unwrap();
-    // The store wrote the object's header, and so the page it lies on.
+    let writer = store.create_for_another_process(id(1), 8 * MIB).unwrap();
     let resident = || store.resident_bytes().unwrap();
     assert!(resident() < MIB, "{} bytes resident", resident());
     let mut object = StoreClient::new()
@@ -161,14 +161,18 @@ fn an_object_opened_to_write_holds_its_pages_before_it_is_written() {
         .seal_with_checksum(floe_core::hash::xxh3_64(&bytes))
         .unwrap();
     assert_eq!(store.get(id(1)).unwrap().as_bytes(), &bytes[..]);
+    let _own = store.create(id(2), 4 * MIB).unwrap();
+    assert!(resident() >= 12 * MIB, "{} bytes resident", resident());
 }
 
-/// A writer whose segment's file system has filled up since its store was made gets an
-/// error naming the segment when it opens its object, where writing the object would have
-/// killed it with `SIGBUS`. The child (this test binary again, the variable set) runs in a
-/// mount namespace of its own with a 4 MiB tmpfs on /dev/shm, which needs root.
+/// When a segment's file system has filled up since its store was made, writing an object is
+/// refused with an error naming the segment, where the write would have killed the writer
+/// with `SIGBUS`: a worker opening an object the store made for it, and the store's own
+/// process creating one. The refused object leaves nothing behind: once there is room again,
+/// the same object is made, written and read. The child (this test binary again, the variable
+/// set) runs in a mount namespace of its own with an 8 MiB tmpfs on /dev/shm, which needs root.
 #[test]
-fn a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash() {
+fn a_full_dev_shm_refuses_writes_with_an_error_not_a_crash() {
     if std::env::var_os(FULL_SHM_ENV).is_some() {
         // SAFETY: plain syscalls; this process is single-threaded here (one test, one thread).
         unsafe {
@@ -178,18 +182,32 @@ fn a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash() {
             let flags = libc::MS_REC | libc::MS_PRIVATE;
             assert_eq!(libc::mount(none, root, none, flags, no_data), 0, "private");
             let (shm, tmpfs) = (c"/dev/shm".as_ptr(), c"tmpfs".as_ptr());
-            let size = c"size=4m".as_ptr().cast();
+            let size = c"size=8m".as_ptr().cast();
             assert_eq!(libc::mount(tmpfs, shm, tmpfs, 0, size), 0, "mount");
         }
         let dir = tempfile::tempdir().unwrap();
-        let store = store_in(dir.path(), 2 * MIB, MIB, Backing::SharedMemory);
-        let writer = store.create(id(1), 3 * MIB / 2).unwrap();
-        // Another user of /dev/shm takes all but 1 MiB of it.
-        std::fs::write("/dev/shm/filler", vec![1u8; 3 * MIB as usize]).unwrap();
-        match StoreClient::new().open_unsealed(&writer.location()) {
-            Ok(_) => println!("\nopened"),
-            Err(error) => println!("\nrefused: {error}"),
-        }
+        let store = store_in(dir.path(), 6 * MIB, MIB, Backing::SharedMemory);
+        let for_worker = store.create_for_another_process(id(1), 2 * MIB).unwrap();
+        // Another user of /dev/shm takes all but about 1 MiB of it.
+        let filler = "/dev/shm/filler";
+        std::fs::write(filler, vec![1u8; 7 * MIB as usize]).unwrap();
+        let refused = |what: &str, result: Result<(), Error>| match result {
+            Ok(()) => println!("\n{what}: done"),
+            Err(error) => println!("\n{what}: refused: {error}"),
+        };
+        let opened = StoreClient::new().open_unsealed(&for_worker.location());
+        refused("open", opened.map(drop));
+        refused("create", store.create(id(2), 2 * MIB).map(drop));
+        std::fs::remove_file(filler).unwrap();
+        let mut writer = store.create(id(2), 2 * MIB).unwrap();
+        let bytes = contents(id(2), 2 * MIB);
+        writer.as_mut_slice().copy_from_slice(&bytes);
+        writer.seal().unwrap();
+        let read = store.get(id(2)).unwrap().as_bytes() == &bytes[..];
+        refused(
+            "again",
+            read.then_some(()).ok_or(Error::NotFound { object: id(2) }),
+        );
         return;
     }
     // SAFETY: `geteuid` only reads the process's credentials.
@@ -200,7 +218,7 @@ fn a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash() {
     let output = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash",
+            "a_full_dev_shm_refuses_writes_with_an_error_not_a_crash",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -210,15 +228,17 @@ fn a_full_dev_shm_is_an_error_when_an_object_is_opened_to_write_not_a_crash() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let line = stdout.lines().find(|line| line.starts_with("refused: "));
-    let expected = format!("/dev/shm has no room for {} bytes of pages", 3 * MIB / 2);
-    assert!(
-        line.is_some_and(
-            |line| line.starts_with("refused: cannot populate shared memory")
-                && line.ends_with(&expected)
-        ),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.contains(": done") || line.contains(": refused: "))
+        .collect();
+    let no_room = |bytes: u64| format!("/dev/shm has no room for {bytes} bytes of pages");
+    assert_eq!(lines.len(), 3, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(lines[0].starts_with("open: refused: cannot populate shared memory segment"));
+    assert!(lines[0].ends_with(&no_room(2 * MIB)), "{}", lines[0]);
+    assert!(lines[1].starts_with("create: refused: cannot populate shared memory segment"));
+    assert!(lines[1].ends_with(&no_room(2 * MIB + 64)), "{}", lines[1]);
+    assert_eq!(lines[2], "again: done");
 }
 
 /// As the parent: create objects (one in shared memory, one in a fallback file) and hand
