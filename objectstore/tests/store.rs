@@ -24,6 +24,28 @@ fn id(n: u128) -> ObjectId {
     ObjectId::new(0xf10e_0000_0000_0000_0000_0000_0000_0000 | n)
 }
 
+/// Runs test `test` of this binary again in a child process, with the environment `variable`
+/// set, checks that it succeeded, and returns the lines of its output that start with one of
+/// `prefixes`: what the child reports.
+fn child_reports(test: &str, variable: (&str, &str), prefixes: &[&str]) -> Vec<String> {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(variable.0, variable.1)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    stdout
+        .lines()
+        .filter(|line| prefixes.iter().any(|prefix| line.starts_with(prefix)))
+        .map(str::to_owned)
+        .collect()
+}
+
 on_every_backing!(
     references_and_pins_decide_when_an_object_is_freed,
     errors_name_the_object,
@@ -95,22 +117,11 @@ fn a_child_process_reads_sealed_objects() {
         in_heap.location().clone(),
     ];
 
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_child_process_reads_sealed_objects",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, serde_json::to_string(&locations).unwrap())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let reads: Vec<&str> = stdout
-        .lines()
-        .filter(|line| line.starts_with("read ") || line.starts_with("refused: "))
-        .collect();
+    let reads = child_reports(
+        "a_child_process_reads_sealed_objects",
+        (CHILD_ENV, &serde_json::to_string(&locations).unwrap()),
+        &["read ", "refused: "],
+    );
     let expected: Vec<String> = [(small, 300 * KIB), (large, 1900 * KIB)]
         .iter()
         .map(|&(object, len)| {
@@ -135,8 +146,7 @@ fn a_child_process_reads_sealed_objects() {
             ),
         ])
         .collect();
-    assert_eq!(reads, expected, "stdout: {stdout}\nstderr: {stderr}");
-    assert!(output.status.success(), "{stderr}");
+    assert_eq!(reads, expected);
 }
 
 /// A writer maps its object's pages in ahead, in one call, rather than taking a page fault
@@ -215,25 +225,13 @@ fn a_full_dev_shm_refuses_writes_with_an_error_not_a_crash() {
         eprintln!("SKIPPED: mounting a small /dev/shm needs root; CI runs as root");
         return;
     }
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_full_dev_shm_refuses_writes_with_an_error_not_a_crash",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(FULL_SHM_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let lines: Vec<&str> = stdout
-        .lines()
-        .filter(|line| line.contains(": done") || line.contains(": refused: "))
-        .collect();
+    let lines = child_reports(
+        "a_full_dev_shm_refuses_writes_with_an_error_not_a_crash",
+        (FULL_SHM_ENV, "1"),
+        &["open: ", "create: ", "again: "],
+    );
     let no_room = |bytes: u64| format!("/dev/shm has no room for {bytes} bytes of pages");
-    assert_eq!(lines.len(), 3, "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines[0].starts_with("open: refused: cannot populate shared memory segment"));
     assert!(lines[0].ends_with(&no_room(2 * MIB)), "{}", lines[0]);
     assert!(lines[1].starts_with("create: refused: cannot populate shared memory segment"));
@@ -287,23 +285,11 @@ fn a_child_process_writes_objects_the_store_then_seals() {
         sealed_view.location().clone(),
         stale,
     ];
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_child_process_writes_objects_the_store_then_seals",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(WRITER_ENV, serde_json::to_string(&locations).unwrap())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let lines: Vec<&str> = stdout
-        .lines()
-        .filter(|line| line.starts_with("wrote ") || line.starts_with("refused: "))
-        .collect();
+    let lines = child_reports(
+        "a_child_process_writes_objects_the_store_then_seals",
+        (WRITER_ENV, &serde_json::to_string(&locations).unwrap()),
+        &["wrote ", "refused: "],
+    );
     assert_eq!(
         lines,
         [
@@ -319,8 +305,7 @@ fn a_child_process_writes_objects_the_store_then_seals() {
                 id(99),
                 300 * KIB
             ),
-        ],
-        "stdout: {stdout}\nstderr: {stderr}"
+        ]
     );
     // Nobody reads an object before it is sealed; once sealed it holds the child's bytes.
     assert!(matches!(store.get(small), Err(Error::NotSealed { .. })));
