@@ -257,7 +257,7 @@ impl Transfers {
             reason: "the parts' sizes overflow an object".into(),
         })?;
         let copy = ObjectId::random();
-        let mut writer = self.store.create(copy, packing.len)?;
+        let mut writer = self.create_off_runtime(copy, packing.len).await?;
         let local: Vec<Part> = parts
             .iter()
             .zip(&packing.parts)
@@ -511,13 +511,25 @@ impl Transfers {
             .inspect_err(|_| self.release(&[object]))
     }
 
+    /// Creates `object` for this agent to write, on a blocking thread: mapping in a large
+    /// object's pages takes milliseconds, which would stall the runtime's other tasks.
+    async fn create_off_runtime(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
+        let store = self.store.clone();
+        let created = tokio::task::spawn_blocking(move || store.create(object, size)).await;
+        let created = created.map_err(|error| Error::Transfer {
+            object,
+            reason: format!("creating its copy stopped: {error}"),
+        })?;
+        Ok(created?)
+    }
+
     async fn fetch(&self, object: ObjectId, holder: &str) -> Result<OutputRef> {
         let mut client = RpcClient::<NodeProtocol>::connect(holder, self.wire.clone()).await?;
         let meta = match client.call(&NodeRequest::ObjectMeta { object }).await? {
             NodeResponse::ObjectMeta(meta) => meta,
             other => return Err(unexpected(object, &other)),
         };
-        let writer = self.store.create(object, meta.size)?;
+        let writer = self.create_off_runtime(object, meta.size).await?;
         match meta.inline {
             Some(Bytes(bytes)) => {
                 let mut writer = writer;

@@ -461,9 +461,9 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
-/// [`Region::populate_for_write`] for the `len` bytes at `start` in segment `os_id`. A page
-/// fault costs about as much as writing the page. A kernel older than 5.14, which lacks
-/// `MADV_POPULATE_WRITE`, leaves the pages to fault.
+/// [`Region::populate_for_write`] for the `len` bytes at `start` in segment `os_id`. A kernel
+/// older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to fault (and a full
+/// /dev/shm to a `SIGBUS`).
 fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()> {
     if len == 0 {
         return Ok(());
@@ -487,7 +487,7 @@ fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()>
     }
     let reason = match error.raw_os_error() {
         // What a write would have died of, with `SIGBUS`.
-        Some(libc::EFAULT) => format!("/dev/shm has no room for {len} bytes of pages"),
+        Some(libc::EFAULT) => format!("/dev/shm has no room for a {len}-byte write"),
         _ => error.to_string(),
     };
     Err(Error::SharedMemory {

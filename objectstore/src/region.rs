@@ -67,9 +67,10 @@ pub(crate) unsafe trait Region: arrow::alloc::Allocation + std::fmt::Debug {
     }
 
     /// Maps in, for writing, the pages of the `len` bytes at `offset`, which the caller is about
-    /// to write whole: one call instead of a page fault a page, and a file system with no room
-    /// left for them is an error here, not a `SIGBUS` on the write. Nothing to do for the
-    /// process's own heap, or for a file whose blocks are reserved.
+    /// to write whole: one call instead of a page fault a page (a fault costs about as much as
+    /// writing the page), and a file system with no room left for them is an error here, not a
+    /// `SIGBUS` on the write. Nothing to do for the process's own heap, or for a file whose
+    /// blocks are reserved.
     fn populate_for_write(&self, offset: u64, len: u64) -> Result<()> {
         let _ = (offset, len);
         Ok(())

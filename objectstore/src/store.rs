@@ -264,21 +264,21 @@ impl ObjectStore {
     /// dropping the writer unsealed abandons the object. Its pages are mapped in ahead, so a
     /// store whose /dev/shm has filled up since it was made refuses here.
     pub fn create(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
-        self.create_written_by(object, size, Writer::ThisProcess)
+        self.create_written_by(object, size, WrittenBy::ThisProcess)
     }
 
     /// [`Self::create`] for an object another process writes, through its location
     /// ([`StoreClient::open_unsealed`](crate::StoreClient::open_unsealed)), which maps the
     /// pages it writes in itself. Only the header's are mapped in here.
     pub fn create_for_another_process(&self, object: ObjectId, size: u64) -> Result<ObjectWriter> {
-        self.create_written_by(object, size, Writer::AnotherProcess)
+        self.create_written_by(object, size, WrittenBy::AnotherProcess)
     }
 
     fn create_written_by(
         &self,
         object: ObjectId,
         size: u64,
-        writer: Writer,
+        written_by: WrittenBy,
     ) -> Result<ObjectWriter> {
         let inner = &self.inner;
         let mut state = inner.lock();
@@ -329,7 +329,7 @@ impl ObjectStore {
         // sized by `region_len`).
         let payload = unsafe { region.payload(header_offset) }.as_ptr();
         // Dropped unsealed, as on any error below, it abandons the object and frees its range.
-        let written = ObjectWriter {
+        let writer = ObjectWriter {
             inner: Arc::clone(inner),
             object,
             payload,
@@ -338,13 +338,13 @@ impl ObjectStore {
             region,
             sealed: false,
         };
-        let mapped_in = match writer {
-            Writer::ThisProcess => HEADER_LEN + size,
-            Writer::AnotherProcess => HEADER_LEN,
+        let populated_len = match written_by {
+            WrittenBy::ThisProcess => HEADER_LEN + size,
+            WrittenBy::AnotherProcess => HEADER_LEN,
         };
-        written
+        writer
             .region
-            .populate_for_write(header_offset, mapped_in)?;
+            .populate_for_write(header_offset, populated_len)?;
         let header = Header {
             object,
             len: size,
@@ -352,8 +352,8 @@ impl ObjectStore {
             checksum: 0,
         };
         // SAFETY: the range was just allocated to this object and nobody else writes it.
-        unsafe { written.region.write_header(header_offset, &header) };
-        Ok(written)
+        unsafe { writer.region.write_header(header_offset, &header) };
+        Ok(writer)
     }
 
     /// Creates, writes and seals an object holding `bytes`.
@@ -1209,9 +1209,9 @@ impl ObjectWriter {
     }
 }
 
-/// Which process writes a new object's bytes: the one whose pages are mapped in ahead.
+/// Which process writes a new object's bytes: the store's maps all its pages in ahead.
 #[derive(Debug, Clone, Copy)]
-enum Writer {
+enum WrittenBy {
     ThisProcess,
     AnotherProcess,
 }

@@ -230,7 +230,7 @@ fn a_full_dev_shm_refuses_writes_with_an_error_not_a_crash() {
         (FULL_SHM_ENV, "1"),
         &["open: ", "create: ", "again: "],
     );
-    let no_room = |bytes: u64| format!("/dev/shm has no room for {bytes} bytes of pages");
+    let no_room = |bytes: u64| format!("/dev/shm has no room for a {bytes}-byte write");
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines[0].starts_with("open: refused: cannot populate shared memory segment"));
     assert!(lines[0].ends_with(&no_room(2 * MIB)), "{}", lines[0]);
