@@ -479,33 +479,31 @@ impl<'a> Encoding<'a> {
     }
 
     fn checksum(&self) -> Result<u64, WorkerTaskFailure> {
-        let late = self.late();
-        let hook = late.as_ref().map(|late| late as &dyn LateBuffers);
-        let checksum = encoded_checksum(&self.schema, self.block.encoded_batches(), hook)
-            .map_err(cannot_encode)?;
-        late.map_or(Ok(()), |late| late.check())?;
-        Ok(checksum)
+        self.encode(|batches, hook| encoded_checksum(&self.schema, batches, hook))
     }
 
     /// Writes the block into `dest` (exactly [`Self::len`] bytes); returns its checksum.
     fn write(&self, dest: &mut [u8]) -> Result<u64, WorkerTaskFailure> {
-        let late = self.late();
-        let hook = late.as_ref().map(|late| late as &dyn LateBuffers);
-        let checksum = encode_into(dest, &self.schema, self.block.encoded_batches(), hook)
-            .map_err(cannot_encode)?;
-        late.map_or(Ok(()), |late| late.check())?;
-        Ok(checksum)
+        self.encode(|batches, hook| encode_into(dest, &self.schema, batches, hook))
     }
 
-    /// The hook for a gathered block's stand-ins; none for a block of batches.
-    fn late(&self) -> Option<Late<'a>> {
-        match self.block {
+    /// Runs `encode` over the block's batches with the hook for a gathered block's stand-ins
+    /// (none for a block of batches), then checks that it wrote every stand-in.
+    fn encode(
+        &self,
+        encode: impl FnOnce(&[RecordBatch], Option<&dyn LateBuffers>) -> Result<u64, ArrowError>,
+    ) -> Result<u64, WorkerTaskFailure> {
+        let late = match self.block {
             OutputBlock::Gathered(block) => Some(Late {
                 block,
                 served: Cell::new(0),
             }),
             OutputBlock::Batches(_) => None,
-        }
+        };
+        let hook = late.as_ref().map(|late| late as &dyn LateBuffers);
+        let checksum = encode(self.block.encoded_batches(), hook).map_err(cannot_encode)?;
+        late.map_or(Ok(()), |late| late.check())?;
+        Ok(checksum)
     }
 }
 
@@ -717,10 +715,10 @@ mod tests {
     fn a_stand_in_left_unwritten_fails_the_block() {
         let block = gathered_block();
         let encoding = Encoding::of(&block).unwrap();
-        let late = encoding.late().unwrap();
         let mut dest = vec![0; encoding.len().unwrap() as usize];
-        encode_into(&mut dest, &encoding.schema, block.encoded_batches(), None).unwrap();
-        let error = late.check().unwrap_err();
+        let error = encoding
+            .encode(|batches, _hook| encode_into(&mut dest, &encoding.schema, batches, None))
+            .unwrap_err();
         assert!(error.message.contains("stand-ins"), "{}", error.message);
     }
 }

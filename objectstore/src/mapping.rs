@@ -158,23 +158,50 @@ unsafe impl Region for SharedSegment {
         }
     }
 
+    /// A kernel older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to fault
+    /// (and a full /dev/shm to a `SIGBUS`).
     fn populate_for_write(&self, offset: u64, len: u64) -> Result<()> {
-        let in_range = offset
+        let failed = |reason: String| Error::SharedMemory {
+            name: self.shmem.get_os_id().to_owned(),
+            action: "populate",
+            reason,
+        };
+        let end = offset
             .checked_add(len)
-            .is_some_and(|end| end <= self.len as u64);
-        if !in_range {
-            return Err(Error::SharedMemory {
-                name: self.shmem.get_os_id().to_owned(),
-                action: "populate",
-                reason: format!(
-                    "bytes {offset}..+{len} lie outside the {}-byte segment",
-                    self.len
-                ),
-            });
+            .filter(|end| *end <= self.len as u64);
+        if end.is_none() {
+            return Err(failed(format!(
+                "bytes {offset}..+{len} lie outside the {}-byte segment",
+                self.len
+            )));
         }
-        // SAFETY: in range (checked above).
-        let start = unsafe { self.ptr.add(offset as usize) };
-        populate_for_write(self.shmem.get_os_id(), start, len as usize)
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: `sysconf` only reads the process's constants.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = self.ptr.as_ptr() as usize + offset as usize;
+        let first = start & !(page - 1);
+        // SAFETY: the range lies in the mapping (checked above). Populating faults pages in and
+        // changes no byte, neither the range's nor those of the header and neighbours that
+        // share its end pages.
+        let status = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                start + len as usize - first,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        let error = std::io::Error::last_os_error();
+        match error.raw_os_error() {
+            _ if status == 0 => Ok(()),
+            Some(libc::EINVAL) => Ok(()),
+            // What a write would have died of, with `SIGBUS`.
+            Some(libc::EFAULT) => Err(failed(format!(
+                "/dev/shm has no room for a {len}-byte write"
+            ))),
+            _ => Err(failed(error.to_string())),
+        }
     }
 
     fn resident_bytes(&self) -> Option<u64> {
@@ -459,42 +486,6 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::from_raw_os_error(status))
     }
-}
-
-/// [`Region::populate_for_write`] for the `len` bytes at `start` in segment `os_id`. A kernel
-/// older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to fault (and a full
-/// /dev/shm to a `SIGBUS`).
-fn populate_for_write(os_id: &str, start: NonNull<u8>, len: usize) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    // SAFETY: `sysconf` only reads the process's constants.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let first = start.as_ptr() as usize & !(page - 1);
-    let end = start.as_ptr() as usize + len;
-    // SAFETY: the caller has the range mapped. Populating faults pages in and changes no byte,
-    // neither the range's nor those of the header and neighbours that share its end pages.
-    let status = unsafe {
-        libc::madvise(
-            first as *mut libc::c_void,
-            end - first,
-            libc::MADV_POPULATE_WRITE,
-        )
-    };
-    let error = std::io::Error::last_os_error();
-    if status == 0 || error.raw_os_error() == Some(libc::EINVAL) {
-        return Ok(());
-    }
-    let reason = match error.raw_os_error() {
-        // What a write would have died of, with `SIGBUS`.
-        Some(libc::EFAULT) => format!("/dev/shm has no room for a {len}-byte write"),
-        _ => error.to_string(),
-    };
-    Err(Error::SharedMemory {
-        name: os_id.to_owned(),
-        action: "populate",
-        reason,
-    })
 }
 
 /// Maps an I/O error on `path` to [`Error::DiskFull`] when the disk is full (naming the bytes

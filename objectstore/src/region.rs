@@ -71,8 +71,7 @@ pub(crate) unsafe trait Region: arrow::alloc::Allocation + std::fmt::Debug {
     /// writing the page), and a file system with no room left for them is an error here, not a
     /// `SIGBUS` on the write. Nothing to do for the process's own heap, or for a file whose
     /// blocks are reserved.
-    fn populate_for_write(&self, offset: u64, len: u64) -> Result<()> {
-        let _ = (offset, len);
+    fn populate_for_write(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
 
