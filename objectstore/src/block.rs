@@ -19,6 +19,7 @@
 //! from other processes and a damaged one must not become undefined behaviour.
 
 use std::io::Write;
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -118,6 +119,42 @@ pub fn encode_into(
         )));
     }
     Ok(sink.hasher.digest())
+}
+
+/// A stand-in's place in the bytes [`lay_out_into`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandInPlace {
+    /// The stand-in's address, which names it to whoever made it.
+    pub stand_in: usize,
+    pub place: Range<usize>,
+}
+
+/// Writes `batches` as a block into `dest`, which must be exactly [`encoded_len`] bytes, but
+/// leaves the place of every buffer `is_stand_in` names as it was, and returns those places in
+/// order, for the caller to fill (a map task splits its rows straight into them: see
+/// `floe_engine::exchange::scattered`). It hashes nothing: the block is whole only once the
+/// caller has filled them.
+pub fn lay_out_into(
+    dest: &mut [u8],
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    is_stand_in: &dyn Fn(&[u8]) -> bool,
+) -> Result<Vec<StandInPlace>, ArrowError> {
+    let len = dest.len();
+    let mut sink = PlacingSink {
+        dest,
+        written: 0,
+        is_stand_in,
+        places: Vec::new(),
+    };
+    encode(&mut sink, schema, batches)?;
+    if sink.written != len {
+        return Err(ArrowError::IpcError(format!(
+            "the encoding measured {len} bytes but wrote {}",
+            sink.written
+        )));
+    }
+    Ok(sink.places)
 }
 
 /// The xxh3-64 of the bytes [`encode_into`] would write, without writing them anywhere (for
@@ -275,6 +312,38 @@ impl Write for HashingSink<'_> {
                 to.copy_from_slice(from);
                 self.hasher.update(from);
             }
+        }
+        self.written = end;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes into a slice, but for stand-ins, whose places it notes.
+struct PlacingSink<'a> {
+    dest: &'a mut [u8],
+    written: usize,
+    is_stand_in: &'a dyn Fn(&[u8]) -> bool,
+    places: Vec<StandInPlace>,
+}
+
+impl Write for PlacingSink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let end = self
+            .written
+            .checked_add(bytes.len())
+            .filter(|end| *end <= self.dest.len())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))?;
+        if (self.is_stand_in)(bytes) {
+            self.places.push(StandInPlace {
+                stand_in: bytes.as_ptr() as usize,
+                place: self.written..end,
+            });
+        } else {
+            self.dest[self.written..end].copy_from_slice(bytes);
         }
         self.written = end;
         Ok(bytes.len())
