@@ -19,6 +19,7 @@ use floe_core::plan::task::{StageInput, StageTask};
 use crate::blocks::BlockSizing;
 use crate::exchange;
 use crate::exchange::gathered::GatheredBlock;
+use crate::exchange::scattered::ScatteredRows;
 use crate::ops::{Limiter, RowOpContext, apply_row_ops};
 use crate::read::read_file;
 use crate::udf::Registry;
@@ -42,13 +43,49 @@ pub struct TaskContext<'a> {
 pub enum TaskOutput {
     /// Blocks, each an object of its own.
     Blocks(Vec<OutputBlock>),
-    /// A shuffle map task's partitions, one block each (index = partition, empty ones
-    /// included), packed into one object: a shuffle makes one object per map task, not one per
-    /// map task and partition, and each reduce reads its partition's part of every map task's
-    /// object.
-    Partitions(Vec<OutputBlock>),
+    /// A shuffle map task's partitions, packed into one object: a shuffle makes one object per
+    /// map task, not one per map task and partition, and each reduce reads its partition's part
+    /// of every map task's object.
+    Partitions(Partitions),
     /// No blocks: the task wrote its rows, this many, as its part of a sink.
     Written { rows: u64 },
+}
+
+/// A map task's partitions (index = partition, empty ones included), as it hands them over to
+/// be packed into its object.
+#[derive(Debug)]
+pub enum Partitions {
+    /// One block each.
+    Blocks(Vec<OutputBlock>),
+    /// Rows routed but not yet split: each partition is laid out, and every row is written
+    /// into its partition's place in the object in one pass over the input.
+    Scattered(ScatteredRows),
+}
+
+impl Partitions {
+    /// How many partitions there are.
+    pub fn len(&self) -> usize {
+        match self {
+            Partitions::Blocks(blocks) => blocks.len(),
+            Partitions::Scattered(rows) => rows.layouts().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Each partition's rows, as batches, split or gathered if they are still to be.
+    pub fn into_batches(self) -> Result<Vec<Vec<RecordBatch>>> {
+        match self {
+            Partitions::Blocks(blocks) => {
+                blocks.into_iter().map(OutputBlock::into_batches).collect()
+            }
+            Partitions::Scattered(rows) => {
+                Ok(rows.split()?.into_iter().map(|part| vec![part]).collect())
+            }
+        }
+    }
 }
 
 /// One output block's rows, as a task hands them over to be written.

@@ -570,9 +570,10 @@ fn sort_through_the_exchange(
             };
             assert_eq!(pieces.len(), partitions as usize);
             pieces
+                .into_batches()
+                .unwrap()
                 .into_iter()
-                .map(|piece| {
-                    let mut batches = piece.into_batches().unwrap();
+                .map(|mut batches| {
                     assert_eq!(batches.len(), 1, "a partition is one block of one batch");
                     batches.pop().unwrap()
                 })

@@ -23,7 +23,8 @@ use floe_core::TaskId;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::{FramedStream, WireError, codec};
 use floe_objectstore::block::{
-    LateBuffers, Packing, encode_into, encoded_checksum, encoded_len, read_block, read_block_at,
+    LateBuffers, Packing, StandInPlace, encode_into, encoded_checksum, encoded_len, lay_out_into,
+    read_block, read_block_at,
 };
 use floe_objectstore::{ObjectLocation, ObjectView, StoreClient};
 use serde::{Deserialize, Serialize};
@@ -31,7 +32,8 @@ use tokio::net::UnixStream;
 
 use floe_api::node_protocol::{Part, TaskKind};
 use floe_engine::exchange::gathered::GatheredBlock;
-use floe_engine::task::{OutputBlock, TaskOutput, run_stage_task};
+use floe_engine::exchange::scattered::ScatteredRows;
+use floe_engine::task::{OutputBlock, Partitions, TaskOutput, run_stage_task};
 use floe_engine::udf::Registry;
 use floe_engine::udf::process::ProcessEndpoint;
 
@@ -325,6 +327,12 @@ enum Outputs {
         blocks: Vec<OutputBlock>,
         packing: Packing,
     },
+    /// A map task's partitions, split only as they are written into one object, which
+    /// `packing` lays out (each part is a partition's layout as encoded).
+    Scattered {
+        rows: ScatteredRows,
+        packing: Packing,
+    },
     /// No objects: the task wrote this many rows to a sink.
     Written { rows: u64 },
     #[cfg(feature = "test-tasks")]
@@ -342,15 +350,25 @@ impl Outputs {
                 })
                 .collect::<Result<_, _>>()
                 .map(Outputs::Blocks),
-            TaskOutput::Partitions(blocks) => {
+            TaskOutput::Partitions(Partitions::Blocks(blocks)) => {
                 let lens = blocks
                     .iter()
                     .map(|block| Encoding::of(block)?.len())
                     .collect::<Result<Vec<u64>, _>>()?;
-                let packing = Packing::of(&lens).ok_or_else(|| {
-                    WorkerTaskFailure::permanent("a map task's partitions overflow an object")
-                })?;
+                let packing = packing_of(&lens)?;
                 Ok(Outputs::Packed { blocks, packing })
+            }
+            TaskOutput::Partitions(Partitions::Scattered(rows)) => {
+                let lens = rows
+                    .layouts()
+                    .iter()
+                    .map(|layout| {
+                        encoded_len(layout.schema_ref(), std::slice::from_ref(layout))
+                            .map_err(cannot_encode)
+                    })
+                    .collect::<Result<Vec<u64>, _>>()?;
+                let packing = packing_of(&lens)?;
+                Ok(Outputs::Scattered { rows, packing })
             }
             TaskOutput::Written { rows } => Ok(Outputs::Written { rows }),
         }
@@ -367,7 +385,9 @@ impl Outputs {
     fn sizes(&self) -> Vec<u64> {
         match self {
             Outputs::Blocks(blocks) => blocks.iter().map(|(_, len)| *len).collect(),
-            Outputs::Packed { packing, .. } => vec![packing.len],
+            Outputs::Packed { packing, .. } | Outputs::Scattered { packing, .. } => {
+                vec![packing.len]
+            }
             Outputs::Written { .. } => Vec::new(),
             #[cfg(feature = "test-tasks")]
             Outputs::Test(outputs) => outputs.sizes(),
@@ -396,6 +416,12 @@ impl Outputs {
                     })
                     .collect::<Result<Vec<Part>, WorkerTaskFailure>>()?;
                 (Some(rows(blocks)), parts)
+            }
+            Outputs::Scattered { rows, packing } => {
+                // Split into memory of its own, only to hash the parts.
+                let mut scratch = vec![0; packing.len as usize];
+                let parts = write_scattered(rows, packing, &mut scratch)?;
+                (Some(parts.iter().map(|part| part.rows).sum()), parts)
             }
             Outputs::Written { .. } => return Err(no_output(index)),
             #[cfg(feature = "test-tasks")]
@@ -441,6 +467,14 @@ impl Outputs {
                     parts,
                 })
             }
+            Outputs::Scattered { rows, packing } => {
+                let parts = write_scattered(rows, packing, dest)?;
+                Ok(WrittenOutput {
+                    rows: Some(parts.iter().map(|part| part.rows).sum()),
+                    checksum: None,
+                    parts,
+                })
+            }
             Outputs::Written { .. } => Err(no_output(index)),
             #[cfg(feature = "test-tasks")]
             Outputs::Test(outputs) => Ok(WrittenOutput {
@@ -450,6 +484,52 @@ impl Outputs {
             }),
         }
     }
+}
+
+fn packing_of(lens: &[u64]) -> Result<Packing, WorkerTaskFailure> {
+    Packing::of(lens)
+        .ok_or_else(|| WorkerTaskFailure::permanent("a map task's partitions overflow an object"))
+}
+
+/// Writes a map task's scattered partitions into `dest` (`packing.len` bytes): each layout
+/// into its part, the padding between parts zeroed, then every row into its partition's
+/// place; each part is hashed once it is whole.
+fn write_scattered(
+    rows: &ScatteredRows,
+    packing: &Packing,
+    dest: &mut [u8],
+) -> Result<Vec<Part>, WorkerTaskFailure> {
+    let mut places = Vec::new();
+    let mut end = 0;
+    for (layout, &(offset, len)) in rows.layouts().iter().zip(&packing.parts) {
+        let (start, stop) = (offset as usize, (offset + len) as usize);
+        dest[end..start].fill(0);
+        let placed = lay_out_into(
+            &mut dest[start..stop],
+            layout.schema_ref(),
+            std::slice::from_ref(layout),
+            &ScatteredRows::is_stand_in,
+        )
+        .map_err(cannot_encode)?;
+        places.extend(placed.into_iter().map(|StandInPlace { stand_in, place }| {
+            (stand_in, start + place.start..start + place.end)
+        }));
+        end = stop;
+    }
+    rows.write_into(dest, &places).map_err(|error| {
+        WorkerTaskFailure::permanent(format!("cannot split a map task's rows: {error}"))
+    })?;
+    Ok(rows
+        .layouts()
+        .iter()
+        .zip(&packing.parts)
+        .map(|(layout, &(offset, len))| Part {
+            offset,
+            len,
+            rows: layout.num_rows() as u64,
+            checksum: floe_core::hash::xxh3_64(&dest[offset as usize..(offset + len) as usize]),
+        })
+        .collect())
 }
 
 fn rows(blocks: &[OutputBlock]) -> u64 {
@@ -629,7 +709,10 @@ pub(crate) async fn send<T: Serialize>(
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Int64Array, StringArray};
+    use arrow::array::{
+        ArrayRef, BooleanArray, Decimal128Array, Float64Array, Int8Array, Int64Array,
+        LargeBinaryArray, StringArray,
+    };
     use arrow::datatypes::{DataType, Field, Schema};
     use floe_core::plan::task::StageInput;
     use floe_core::plan::{Operator, SeedChoice};
@@ -720,5 +803,180 @@ mod tests {
             .encode(|batches, _hook| encode_into(&mut dest, &encoding.schema, batches, None))
             .unwrap_err();
         assert!(error.message.contains("stand-ins"), "{}", error.message);
+    }
+
+    /// A hash repartition's map output: 20,000 rows of every kind of column the split writes
+    /// late or ahead (nulls in some), in two batches, the second sliced, routed into 7
+    /// partitions.
+    fn scattered_rows() -> ScatteredRows {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("small", DataType::Int8, false),
+            Field::new("x", DataType::Float64, false),
+            Field::new("d", DataType::Decimal128(20, 2), true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("blob", DataType::LargeBinary, false),
+            Field::new("flag", DataType::Boolean, true),
+        ]));
+        let batch = |ids: std::ops::Range<i64>| {
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from_iter(
+                    ids.clone().map(|i| (i % 11 != 0).then_some(i)),
+                )),
+                Arc::new(Int8Array::from_iter_values(ids.clone().map(|i| i as i8))),
+                Arc::new(Float64Array::from_iter_values(
+                    ids.clone().map(|i| i as f64 / 3.0),
+                )),
+                Arc::new(
+                    Decimal128Array::from_iter(
+                        ids.clone()
+                            .map(|i| (i % 5 != 0).then_some(i128::from(i) * 7)),
+                    )
+                    .with_precision_and_scale(20, 2)
+                    .unwrap(),
+                ),
+                Arc::new(StringArray::from_iter(
+                    ids.clone()
+                        .map(|i| (i % 7 != 0).then(|| "é".repeat((i % 13) as usize))),
+                )),
+                Arc::new(LargeBinaryArray::from_iter_values(
+                    ids.clone().map(|i| vec![i as u8; (i % 4) as usize]),
+                )),
+                Arc::new(BooleanArray::from_iter(
+                    ids.map(|i| (i % 3 != 0).then_some(i % 2 == 0)),
+                )),
+            ];
+            RecordBatch::try_new(schema.clone(), columns).unwrap()
+        };
+        let input = vec![batch(0..8_000), batch(7_000..20_000).slice(1_000, 12_000)];
+        let operator = Operator::Repartition {
+            partitions: 7,
+            keys: vec!["k".to_owned()],
+        };
+        let split = StageInput::Partition {
+            partitions: 7,
+            side: 0,
+            offset: 0,
+            total: 0,
+            seed: 0,
+        };
+        let output = floe_engine::exchange::run(
+            &operator,
+            split,
+            std::slice::from_ref(&schema),
+            vec![input],
+        )
+        .unwrap();
+        let TaskOutput::Partitions(Partitions::Scattered(rows)) = output else {
+            panic!("a hash repartition's map output is not scattered: {output:?}");
+        };
+        rows
+    }
+
+    /// A map task's scattered partitions are written as the bytes of its rows split first and
+    /// then packed, and each part's checksum is the hash of those bytes, whether written into
+    /// the object or, for an object already there, into memory of its own.
+    #[test]
+    fn scattered_partitions_are_written_as_their_rows_split_first() {
+        let rows = scattered_rows();
+        let split = rows.split().unwrap();
+        // Each row's id, from its `x`: the input holds ids 0..20,000 once each.
+        let mut ids: Vec<i64> = split
+            .iter()
+            .flat_map(|part| {
+                let xs = part.column(2).as_any().downcast_ref::<Float64Array>();
+                let xs = xs.unwrap().values().to_vec();
+                xs.into_iter().map(|x| (x * 3.0).round() as i64)
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            (0..20_000).collect::<Vec<_>>(),
+            "the split lost or made rows"
+        );
+        assert!(split.iter().all(|part| part.num_rows() > 0));
+
+        let outputs = Outputs::new(TaskOutput::Partitions(Partitions::Scattered(rows))).unwrap();
+        assert!(matches!(outputs, Outputs::Scattered { .. }));
+        let size = outputs.sizes()[0] as usize;
+        // Memory that held something else: every byte must be written.
+        let mut dest = vec![0xa5; size];
+        let written = outputs.write(0, &mut dest).unwrap();
+
+        let lens: Vec<u64> = split
+            .iter()
+            .map(|part| encoded_len(part.schema_ref(), std::slice::from_ref(part)).unwrap())
+            .collect();
+        let packing = Packing::of(&lens).unwrap();
+        assert_eq!(packing.len as usize, size);
+        let mut expected = vec![0; size];
+        for (part, &(offset, len)) in split.iter().zip(&packing.parts) {
+            let place = &mut expected[offset as usize..(offset + len) as usize];
+            encode_into(place, part.schema_ref(), std::slice::from_ref(part), None).unwrap();
+        }
+        assert!(dest == expected, "the written object is not its split rows");
+        assert_eq!(written.parts.len(), 7);
+        for ((part, &(offset, len)), rows) in written.parts.iter().zip(&packing.parts).zip(&split) {
+            assert_eq!((part.offset, part.len), (offset, len));
+            assert_eq!(part.rows, rows.num_rows() as u64);
+            let bytes = &expected[offset as usize..(offset + len) as usize];
+            assert_eq!(part.checksum, floe_core::hash::xxh3_64(bytes));
+        }
+        assert_eq!(written.rows, Some(20_000));
+        assert_eq!(outputs.unwritten(0).unwrap().parts, written.parts);
+    }
+
+    /// The rows are written only into exactly the places of the layouts' stand-ins, in the
+    /// order the encoder met them: any other list is an error, and nothing is written.
+    #[test]
+    fn scattered_rows_refuse_places_that_are_not_their_stand_ins() {
+        let rows = scattered_rows();
+        let outputs = Outputs::new(TaskOutput::Partitions(Partitions::Scattered(rows))).unwrap();
+        let Outputs::Scattered { rows, packing } = &outputs else {
+            unreachable!();
+        };
+        let mut dest = vec![0; packing.len as usize];
+        let mut places = Vec::new();
+        for (layout, &(offset, len)) in rows.layouts().iter().zip(&packing.parts) {
+            let (start, stop) = (offset as usize, (offset + len) as usize);
+            let placed = lay_out_into(
+                &mut dest[start..stop],
+                layout.schema_ref(),
+                std::slice::from_ref(layout),
+                &ScatteredRows::is_stand_in,
+            )
+            .unwrap();
+            places.extend(placed.into_iter().map(|StandInPlace { stand_in, place }| {
+                (stand_in, start + place.start..start + place.end)
+            }));
+        }
+        // 7 partitions, each with 6 columns written late (the booleans are split ahead).
+        assert_eq!(places.len(), 42);
+        let laid_out = dest.clone();
+        let mut swapped = places.clone();
+        swapped.swap(3, 4);
+        let mut overlapping = places.clone();
+        overlapping[21].1 = overlapping[20].1.clone();
+        let refused = [
+            ("one missing", places[..places.len() - 1].to_vec()),
+            (
+                "one too many",
+                [places.clone(), vec![places[0].clone()]].concat(),
+            ),
+            ("two swapped", swapped),
+            ("two overlapping", overlapping),
+            ("none", Vec::new()),
+        ];
+        for (case, places) in refused {
+            let error = rows.write_into(&mut dest, &places);
+            assert!(error.is_err(), "{case}: accepted");
+            assert!(dest == laid_out, "{case}: written before it was refused");
+        }
+        let too_short = places.last().unwrap().1.end - 1;
+        assert!(rows.write_into(&mut dest[..too_short], &places).is_err());
+        assert!(dest == laid_out);
+        rows.write_into(&mut dest, &places).unwrap();
+        assert!(dest != laid_out);
     }
 }

@@ -1010,11 +1010,11 @@ impl FakeOutput {
                     .map(OutputBlock::into_batches)
                     .collect::<floe_engine::Result<_>>()?,
             ),
-            TaskOutput::Partitions(blocks) => FakeOutput::Partitions(
-                blocks
+            TaskOutput::Partitions(partitions) => FakeOutput::Partitions(
+                partitions
+                    .into_batches()?
                     .into_iter()
-                    .map(|block| {
-                        let batches = block.into_batches()?;
+                    .map(|batches| {
                         let schema = batches.first().map(RecordBatch::schema).ok_or_else(|| {
                             arrow::error::ArrowError::InvalidArgumentError(
                                 "a partition of no batches".to_owned(),

@@ -21,10 +21,10 @@ use super::columns::{
 use super::keys::{
     GroupIds, Grouping, hash_partition, hash_partitions, key_converter, normalize_key,
 };
-use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, output_blocks, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, partition_blocks, route_scattered};
 use crate::Result;
 use crate::eval::safe_cast;
-use crate::task::OutputBlock;
+use crate::task::Partitions;
 
 /// Groups all rows of `batches` (of schema `input`) by `keys` and computes `aggregations`,
 /// giving exactly `output`: the keys (each group's first row's values), then one column per
@@ -274,16 +274,15 @@ impl Exchange for Aggregate<'_> {
         self.keys.is_empty().then_some(1)
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         if partial::supports_partial(self.aggregations) {
             let partial =
                 partial::partial_aggregate(&batches, task.schema, self.keys, self.aggregations)?;
-            return hash_partition(&partial, self.keys, task.partitions).map(output_blocks);
+            return hash_partition(&partial, self.keys, task.partitions).map(partition_blocks);
         }
-        route_each(task, &batches, |batch, _| {
+        route_scattered(task, batches, |batch| {
             hash_partitions(batch, self.keys, task.partitions as usize)
         })
-        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

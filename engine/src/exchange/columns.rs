@@ -241,24 +241,7 @@ pub(crate) fn scatter(
     partitions: &[Vec<usize>],
     parts: usize,
 ) -> Result<Vec<RecordBatch>> {
-    if partitions.len() != batches.len() {
-        return Err(invalid("a partition list per batch is needed"));
-    }
-    let mut counts = vec![0usize; parts];
-    for (batch, assigned) in batches.iter().zip(partitions) {
-        if assigned.len() != batch.num_rows() {
-            return Err(invalid(format!(
-                "{} partitions for a batch of {} rows",
-                assigned.len(),
-                batch.num_rows()
-            )));
-        }
-        for &partition in assigned {
-            *counts
-                .get_mut(partition)
-                .ok_or_else(|| invalid(format!("no partition {partition} of {parts}")))? += 1;
-        }
-    }
+    let counts = row_counts(batches, partitions, parts)?;
     if let [batch] = batches
         && let Some(whole) = counts.iter().position(|&rows| rows == batch.num_rows())
     {
@@ -288,9 +271,37 @@ pub(crate) fn scatter(
         .collect()
 }
 
+/// How many rows `partitions` (each row's partition, one list per batch) sends to each of
+/// `parts` partitions; an error unless it names one partition below `parts` for every row.
+pub(crate) fn row_counts(
+    batches: &[RecordBatch],
+    partitions: &[Vec<usize>],
+    parts: usize,
+) -> Result<Vec<usize>> {
+    if partitions.len() != batches.len() {
+        return Err(invalid("a partition list per batch is needed"));
+    }
+    let mut counts = vec![0usize; parts];
+    for (batch, assigned) in batches.iter().zip(partitions) {
+        if assigned.len() != batch.num_rows() {
+            return Err(invalid(format!(
+                "{} partitions for a batch of {} rows",
+                assigned.len(),
+                batch.num_rows()
+            )));
+        }
+        for &partition in assigned {
+            *counts
+                .get_mut(partition)
+                .ok_or_else(|| invalid(format!("no partition {partition} of {parts}")))? += 1;
+        }
+    }
+    Ok(counts)
+}
+
 /// One column of [`scatter`]: `values` (one array per batch) split by `partitions`, into
 /// arrays of `counts` rows.
-fn scatter_column(
+pub(crate) fn scatter_column(
     values: &[ArrayRef],
     data_type: &DataType,
     partitions: &[Vec<usize>],
@@ -417,7 +428,7 @@ fn scatter_bytes<T: ByteArrayType>(
 }
 
 /// The validity of [`scatter`]'s partitions of `values`: `None` for a partition without nulls.
-fn scatter_nulls(
+pub(crate) fn scatter_nulls(
     values: &[ArrayRef],
     partitions: &[Vec<usize>],
     counts: &[usize],

@@ -237,7 +237,7 @@ impl std::fmt::Debug for GatheredBlock {
 
 /// How a column's values are gathered.
 #[derive(Clone, Copy)]
-enum FillKind {
+pub(crate) enum FillKind {
     /// Fixed-width values of this many bytes.
     Fixed(usize),
     /// Variable-length values behind 32-bit offsets (`Utf8`, `Binary`).
@@ -249,7 +249,7 @@ enum FillKind {
 impl FillKind {
     /// The kind for a column of `data_type` whose arrays are `values`; `None` for a type
     /// gathered ahead (booleans, nested and dictionary types, views) or arrays of another type.
-    fn of(data_type: &DataType, values: &[ArrayRef]) -> Option<Self> {
+    pub(crate) fn of(data_type: &DataType, values: &[ArrayRef]) -> Option<Self> {
         if values.iter().any(|array| array.data_type() != data_type) {
             return None;
         }
@@ -513,14 +513,14 @@ const STAND_IN_SPACE: usize = 1 << 36;
 
 /// The read-only mapping of zero pages every stand-in is a slice of (see the module's doc).
 /// Reserved once, the first time a block is gathered, and kept for the process's life.
-struct StandInSpace {
+pub(crate) struct StandInSpace {
     base: usize,
     /// Every stand-in's owner, which frees nothing: the space outlives them all.
     owner: Arc<Never>,
 }
 
 impl StandInSpace {
-    fn at(&self, offset: usize) -> *const u8 {
+    pub(crate) fn at(&self, offset: usize) -> *const u8 {
         (self.base + offset) as *const u8
     }
 
@@ -532,7 +532,7 @@ impl StandInSpace {
 /// Owns nothing.
 struct Never;
 
-fn stand_in_space() -> Option<&'static StandInSpace> {
+pub(crate) fn stand_in_space() -> Option<&'static StandInSpace> {
     static SPACE: OnceLock<Option<StandInSpace>> = OnceLock::new();
     SPACE
         .get_or_init(|| {
@@ -565,7 +565,7 @@ fn stand_in_space() -> Option<&'static StandInSpace> {
 
 /// A stand-in of `len` bytes at `at` in the stand-in space; `None` if it would not fit, there
 /// is no space, or there are no bytes to stand in for (an empty buffer reaches no sink).
-fn stand_in(at: usize, len: usize) -> Option<Buffer> {
+pub(crate) fn stand_in(at: usize, len: usize) -> Option<Buffer> {
     let space = stand_in_space()?;
     if len == 0 || at.checked_add(len)? > STAND_IN_SPACE {
         return None;

@@ -15,10 +15,10 @@ use super::columns::{
     column, interleave_or_null, interleave_picks, invalid, is_null, named_columns, with_row_count,
 };
 use super::keys::{hash_partitions, key_converter, normalize_key};
-use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, output_blocks, route_each};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, route_scattered};
 use crate::Result;
 use crate::eval::safe_cast;
-use crate::task::OutputBlock;
+use crate::task::Partitions;
 
 /// One side of a join: its rows, their schema (needed when there are no rows) and its keys.
 #[derive(Debug, Clone, Copy)]
@@ -248,16 +248,15 @@ impl Exchange for Join<'_> {
         Routing::Hash
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         let keys = if task.side == 0 {
             self.left_keys
         } else {
             self.right_keys
         };
-        route_each(task, &batches, |batch, _| {
+        route_scattered(task, batches, |batch| {
             hash_partitions(batch, keys, task.partitions as usize)
         })
-        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

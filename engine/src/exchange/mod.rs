@@ -25,6 +25,7 @@ pub mod join;
 pub mod keys;
 pub mod random;
 pub mod repartition;
+pub mod scattered;
 pub mod sort;
 pub mod unique;
 
@@ -38,7 +39,7 @@ use floe_core::plan::task::StageInput;
 use floe_core::plan::{Operator, SortKey};
 
 use crate::blocks::BlockSizing;
-use crate::task::{OutputBlock, TaskOutput};
+use crate::task::{OutputBlock, Partitions, TaskOutput};
 use crate::{Error, Result};
 
 /// Rows sampled per output partition for a sort's range boundaries, over all input blocks.
@@ -122,8 +123,8 @@ pub trait Exchange {
         0
     }
 
-    /// Splits a map task's blocks into exactly `task.partitions` blocks (index = partition).
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>>;
+    /// Splits a map task's blocks into exactly `task.partitions` partitions.
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions>;
 
     /// One partition's output rows.
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced>;
@@ -201,6 +202,11 @@ pub(crate) fn output_blocks(batches: Vec<RecordBatch>) -> Vec<OutputBlock> {
     batches.into_iter().map(OutputBlock::from).collect()
 }
 
+/// A partition of each batch.
+pub(crate) fn partition_blocks(batches: Vec<RecordBatch>) -> Partitions {
+    Partitions::Blocks(output_blocks(batches))
+}
+
 /// The exchange of an all-to-all operator; `None` for any other operator.
 pub fn exchange_for(operator: &Operator) -> Option<Box<dyn Exchange + '_>> {
     Some(match operator {
@@ -263,6 +269,18 @@ pub(crate) fn route_each(
         offset += batch.num_rows() as u64;
         assigned
     })
+}
+
+/// [`route_each`] without row offsets, the rows split only as they are written into the map
+/// task's object ([`scattered`]): `assign(block)` names each row's partition.
+pub(crate) fn route_scattered(
+    task: &MapTask<'_>,
+    batches: Vec<RecordBatch>,
+    assign: impl FnMut(&RecordBatch) -> Result<Vec<usize>>,
+) -> Result<Partitions> {
+    let parts = columns::partition_count(task.partitions)?;
+    let assigned = batches.iter().map(assign).collect::<Result<Vec<_>>>()?;
+    scattered::ScatteredRows::route(batches, task.schema, assigned, parts)
 }
 
 /// [`route_each`] without row offsets: `assign(block)` names each row's partition.

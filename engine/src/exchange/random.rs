@@ -16,7 +16,7 @@ use super::columns::{SplitMix64, partition_count, scale, scatter};
 use super::gathered::{GatheredBlock, Picks, Sources};
 use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, route_each};
 use crate::Result;
-use crate::task::OutputBlock;
+use crate::task::{OutputBlock, Partitions};
 use floe_core::plan::SeedChoice;
 
 /// A map task's random partitioning of one block: each row goes to a partition drawn from a
@@ -118,7 +118,7 @@ impl Exchange for RandomShuffle {
         }
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         let parts = partition_count(task.partitions)?;
         let split = route_each(task, &batches, |batch, offset| {
             Ok(random_partitions(
@@ -130,10 +130,12 @@ impl Exchange for RandomShuffle {
         // The input is split: freed now, so the task holds one copy of its rows (the parts,
         // permuted only as they are written) and their orders.
         drop(batches);
-        Ok(permute_parts(split, task.seed)?
-            .into_iter()
-            .map(OutputBlock::Gathered)
-            .collect())
+        Ok(Partitions::Blocks(
+            permute_parts(split, task.seed)?
+                .into_iter()
+                .map(OutputBlock::Gathered)
+                .collect(),
+        ))
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

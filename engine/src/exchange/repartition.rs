@@ -7,10 +7,10 @@ use arrow::record_batch::RecordBatch;
 use super::columns::{invalid, partition_count, with_row_count};
 use super::keys::hash_partitions;
 use super::{
-    Exchange, MapTask, ReduceTask, Reduced, Routing, output_blocks, route_each, split_each,
+    Exchange, MapTask, ReduceTask, Reduced, Routing, partition_blocks, route_scattered, split_each,
 };
 use crate::Result;
-use crate::task::OutputBlock;
+use crate::task::Partitions;
 
 /// Equal-sized split without keys: `batch` holds the global rows `offset..offset+rows` of a
 /// dataset of `total` rows; global row r goes to partition floor(r * n / total). Returns `n`
@@ -65,17 +65,16 @@ impl Exchange for Repartition<'_> {
         Some(self.partitions)
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         if self.keys.is_empty() {
             return split_each(task, batches, |batch, offset| {
                 split_by_position(batch, offset, task.total, task.partitions)
             })
-            .map(output_blocks);
+            .map(partition_blocks);
         }
-        route_each(task, &batches, |batch, _| {
+        route_scattered(task, batches, |batch| {
             hash_partitions(batch, self.keys, task.partitions as usize)
         })
-        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

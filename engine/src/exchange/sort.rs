@@ -17,10 +17,10 @@ use floe_core::plan::SortKey;
 use super::columns::{SplitMix64, concat_batches, partition_count, scale};
 use super::keys::{row_prefix, sort_columns, sort_converter, sorted_order};
 use super::{
-    Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, output_blocks,
+    Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, partition_blocks,
     route_rows,
 };
-use crate::task::OutputBlock;
+use crate::task::Partitions;
 use crate::{Error, Result};
 
 /// Up to `count` rows of `batch` drawn without replacement with a PRNG seeded with `seed`,
@@ -153,7 +153,7 @@ impl Exchange for Sort<'_> {
         Routing::Range(self.keys)
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         let boundaries = task.boundaries.ok_or(Error::ExchangeInput {
             missing: "the sort's range boundaries",
         })?;
@@ -164,7 +164,7 @@ impl Exchange for Sort<'_> {
             boundaries,
             task.partitions,
         )
-        .map(output_blocks)
+        .map(partition_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {

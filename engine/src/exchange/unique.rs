@@ -6,11 +6,9 @@ use arrow::record_batch::RecordBatch;
 
 use super::columns::gather;
 use super::keys::{Grouping, hash_partitions};
-use super::{
-    Exchange, MapTask, ReduceTask, Reduced, Routing, all_columns, output_blocks, route_each,
-};
+use super::{Exchange, MapTask, ReduceTask, Reduced, Routing, all_columns, route_scattered};
 use crate::Result;
-use crate::task::OutputBlock;
+use crate::task::Partitions;
 
 /// Distinct rows over `columns` (all columns when empty) of `batches` (of schema `input`),
 /// giving `output` (the projection to `columns`, or the whole row): each distinct row's first
@@ -52,12 +50,11 @@ impl Exchange for Unique<'_> {
         Routing::Hash
     }
 
-    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Vec<OutputBlock>> {
+    fn partition(&self, task: &MapTask<'_>, batches: Vec<RecordBatch>) -> Result<Partitions> {
         let columns = self.distinct_columns(task.schema);
-        route_each(task, &batches, |batch, _| {
+        route_scattered(task, batches, |batch| {
             hash_partitions(batch, &columns, task.partitions as usize)
         })
-        .map(output_blocks)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
