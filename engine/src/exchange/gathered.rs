@@ -145,16 +145,9 @@ impl GatheredBlock {
                     // No room or no rows: gathered ahead into a buffer of its own.
                     None => fill.gather(sources, picks.as_slice())?,
                 };
-                let buffers = offsets.into_iter().chain([values]).collect();
-                let builder = ArrayData::builder(field.data_type().clone())
-                    .len(rows)
-                    .nulls(nulls)
-                    .buffers(buffers);
-                // SAFETY: the offsets start at 0, rise with each value's length and end at the
-                // values' length (`FillKind::layout`); fixed-width values are `rows` wide. The
-                // values are the gathered ones, copied from valid arrays, or a stand-in's zero
-                // bytes, a valid value of every such type (and valid UTF-8).
-                Ok(make_array(unsafe { builder.build_unchecked() }))
+                // The offsets come from `FillKind::layout`; the values are the gathered ones,
+                // copied from valid arrays, or a stand-in.
+                Ok(laid_out(field.data_type(), rows, nulls, offsets, values))
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
         Ok(Self {
@@ -313,6 +306,26 @@ fn value_range<O: arrow::array::OffsetSizeTrait>(
         .and_then(|offsets| offsets.get(row..=row.checked_add(1)?))
         .ok_or_else(no_such_row)?;
     Ok((offsets[0].as_usize(), offsets[1].as_usize()))
+}
+
+/// A column of `rows` values of `data_type` as a layout holds it: `offsets` (byte arrays only)
+/// start at 0, rise with each value's length and end at the length of `values`, and fixed-width
+/// `values` are `rows` wide; the values are real ones, copied from valid arrays, or a
+/// stand-in, whose zero bytes are a valid value of every such type (and valid UTF-8).
+pub(crate) fn laid_out(
+    data_type: &DataType,
+    rows: usize,
+    nulls: Option<NullBuffer>,
+    offsets: Option<Buffer>,
+    values: Buffer,
+) -> ArrayRef {
+    let builder = ArrayData::builder(data_type.clone())
+        .len(rows)
+        .nulls(nulls)
+        .buffers(offsets.into_iter().chain([values]).collect());
+    // SAFETY: as the callers promise above: the offsets are in order and within the values,
+    // and every value is valid for its type.
+    make_array(unsafe { builder.build_unchecked() })
 }
 
 /// The gathered column's validity: `None` when no picked row is null.
@@ -551,7 +564,7 @@ pub(crate) fn stand_in_space() -> Option<&'static StandInSpace> {
             if base == libc::MAP_FAILED {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
-                    "cannot reserve address space for gathered blocks; gathering ahead instead"
+                    "cannot reserve address space for stand-ins; gathering and splitting rows ahead instead"
                 );
                 return None;
             }

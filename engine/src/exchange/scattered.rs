@@ -7,8 +7,8 @@
 //! [`super::gathered::GatheredBlock`]: real small buffers, a stand-in of the right length for
 //! each values buffer) is encoded into its place in the object with every stand-in's place
 //! left unwritten; and then one pass over each column of the input writes every row's value
-//! into its partition's place ([`ScatteredRows::write_into`]). Each byte is written once and
-//! read once, as the split alone did; the worker hashes each part once it is whole.
+//! into its partition's place ([`ScatteredRows::write_into`]). Each value is copied once, as
+//! the split alone copied it; the worker then hashes each part whole, reading it once more.
 //!
 //! Columns of other types (booleans, nested and dictionary types, views) are split ahead into
 //! arrays of their own, as [`super::columns::scatter`] does, and encoded as they are.
@@ -19,14 +19,14 @@
 
 use std::ops::Range;
 
-use arrow::array::{Array, ArrayData, ArrayRef, OffsetSizeTrait, RecordBatch, make_array};
-use arrow::buffer::{Buffer, MutableBuffer, NullBuffer};
+use arrow::array::{Array, ArrayData, ArrayRef, OffsetSizeTrait, RecordBatch};
+use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::SchemaRef;
 
 use super::columns::{
     invalid, named_columns, row_counts, scatter, scatter_column, scatter_nulls, with_row_count,
 };
-use super::gathered::{FillKind, GatheredBlock, stand_in, stand_in_space};
+use super::gathered::{FillKind, GatheredBlock, laid_out, stand_in, stand_in_space};
 use crate::Result;
 use crate::task::{OutputBlock, Partitions};
 
@@ -91,8 +91,11 @@ impl ScatteredRows {
     /// Writes every partition's values into `object`, where the encoder put the layouts'
     /// stand-ins: `places` holds each stand-in's address and its place in `object`, in the
     /// order the encoder met them (the partitions' layouts one after the other, each column
-    /// by column). An error, with nothing written, unless they are exactly the layouts'
-    /// stand-ins; afterwards every byte of every place is written.
+    /// by column). An error, with nothing written, unless they name exactly the layouts'
+    /// stand-ins, in order, each as long as its stand-in and none overlapping another or
+    /// lying outside `object` (where in its part the encoder put each one, only the encoder
+    /// knows). Once it returns, every byte of every place is written; the errors it can give
+    /// after it has begun writing are broken invariants (input that changed under it).
     pub fn write_into(&self, object: &mut [u8], places: &[(usize, Range<usize>)]) -> Result<()> {
         let space = stand_in_space().ok_or_else(|| invalid("stand-ins without their space"))?;
         let parts = self.layouts.len();
@@ -124,7 +127,7 @@ impl ScatteredRows {
                 && place.end - cut <= rest.len();
             if !fits {
                 return Err(invalid(
-                    "a stand-in's place is not where the layouts put it, or overlaps another",
+                    "a place is not the layouts' next stand-in, or overlaps another, or lies outside the object",
                 ));
             }
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(place.start - cut);
@@ -289,25 +292,6 @@ fn scatter_offsets<O: OffsetSizeTrait>(
         .zip(ends)
         .map(|(offsets, len)| (Some(Buffer::from_vec(offsets)), len))
         .collect())
-}
-
-/// One partition's column as the layout holds it.
-fn laid_out(
-    data_type: &arrow::datatypes::DataType,
-    rows: usize,
-    nulls: Option<NullBuffer>,
-    offsets: Option<Buffer>,
-    values: Buffer,
-) -> ArrayRef {
-    let builder = ArrayData::builder(data_type.clone())
-        .len(rows)
-        .nulls(nulls)
-        .buffers(offsets.into_iter().chain([values]).collect());
-    // SAFETY: the offsets start at 0, rise with each routed value's length and end at the
-    // values' length (`scatter_offsets`); fixed-width values are `rows` wide. The values are
-    // a stand-in's zero bytes, a valid value of every such type (and valid UTF-8), until the
-    // object's copy of them is written with the real ones, copied from valid arrays.
-    make_array(unsafe { builder.build_unchecked() })
 }
 
 /// Copies `WIDTH` bytes a row into its partition's place: one move each, no call.
