@@ -1,4 +1,5 @@
-//! A map task's partitions, split straight into the object that holds them.
+//! A map task's partitions, split straight into the object that holds them (every exchange
+//! that routes rows by key: by hash or, for a sort, by range).
 //!
 //! Splitting a map task's rows into heap arrays, one set per partition, and then encoding those
 //! into the task's object writes every byte twice and reads it twice more. Here the split

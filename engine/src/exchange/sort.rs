@@ -14,12 +14,10 @@ use arrow::record_batch::RecordBatch;
 use arrow::row::Row;
 use floe_core::plan::SortKey;
 
-use super::columns::{SplitMix64, concat_batches, partition_count, scale};
+use super::columns::{SplitMix64, concat_batches, partition_count, scale, scatter};
 use super::keys::{row_prefix, sort_columns, sort_converter, sorted_order};
-use super::{
-    Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema, partition_blocks,
-    route_rows,
-};
+use super::scattered::ScatteredRows;
+use super::{Exchange, MapTask, ReduceTask, Reduced, Reordering, Routing, key_schema};
 use crate::task::Partitions;
 use crate::{Error, Result};
 
@@ -157,14 +155,9 @@ impl Exchange for Sort<'_> {
         let boundaries = task.boundaries.ok_or(Error::ExchangeInput {
             missing: "the sort's range boundaries",
         })?;
-        partition_by_range(
-            &batches,
-            task.schema,
-            self.keys,
-            boundaries,
-            task.partitions,
-        )
-        .map(partition_blocks)
+        let parts = partition_count(task.partitions)?;
+        let assigned = range_partitions(&batches, task.schema, self.keys, boundaries, parts)?;
+        ScatteredRows::route(batches, task.schema, assigned, parts)
     }
 
     fn reduce(&self, task: ReduceTask<'_>) -> Result<Reduced> {
@@ -209,6 +202,19 @@ pub fn partition_by_range(
     partitions: u32,
 ) -> Result<Vec<RecordBatch>> {
     let parts = partition_count(partitions)?;
+    let assigned = range_partitions(batches, schema, keys, boundaries, parts)?;
+    scatter(batches, schema, &assigned, parts)
+}
+
+/// The partition (below `parts`) of each row of `batches`, one list per batch, as
+/// [`partition_by_range`] routes it.
+fn range_partitions(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    keys: &[SortKey],
+    boundaries: &RecordBatch,
+    parts: usize,
+) -> Result<Vec<Vec<usize>>> {
     let converter = sort_converter(schema, keys)?;
     let bounds = converter.convert_columns(boundaries.columns())?;
     // Each bound with its prefix, which decides most comparisons without a call to `memcmp`
@@ -218,7 +224,7 @@ pub fn partition_by_range(
         .take(parts - 1)
         .map(|bound| (row_prefix(bound.as_ref()), bound))
         .collect();
-    route_rows(batches, schema, partitions, |batch| {
+    let assign = |batch: &RecordBatch| -> Result<Vec<usize>> {
         let rows = converter.convert_columns(&sort_columns(batch, keys)?)?;
         Ok(rows
             .iter()
@@ -237,5 +243,6 @@ pub fn partition_by_range(
                 }
             })
             .collect())
-    })
+    };
+    batches.iter().map(assign).collect()
 }
