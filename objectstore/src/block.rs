@@ -284,6 +284,15 @@ pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
     Ok(Block { schema, batches })
 }
 
+/// Where a write of `len` bytes ends in a slice of `capacity` bytes that holds `written`; an
+/// error if it would run past the slice.
+fn end_of_write(written: usize, len: usize, capacity: usize) -> std::io::Result<usize> {
+    written
+        .checked_add(len)
+        .filter(|end| *end <= capacity)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))
+}
+
 /// Writes into a slice, hashing what it writes.
 struct HashingSink<'a> {
     dest: &'a mut [u8],
@@ -294,11 +303,7 @@ struct HashingSink<'a> {
 
 impl Write for HashingSink<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let end = self
-            .written
-            .checked_add(bytes.len())
-            .filter(|end| *end <= self.dest.len())
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))?;
+        let end = end_of_write(self.written, bytes.len(), self.dest.len())?;
         let dest = &mut self.dest[self.written..end];
         if let Some(late) = self.late.filter(|late| late.is_stand_in(bytes)) {
             let hasher = &mut self.hasher;
@@ -332,11 +337,7 @@ struct PlacingSink<'a> {
 
 impl Write for PlacingSink<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let end = self
-            .written
-            .checked_add(bytes.len())
-            .filter(|end| *end <= self.dest.len())
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::WriteZero))?;
+        let end = end_of_write(self.written, bytes.len(), self.dest.len())?;
         if (self.is_stand_in)(bytes) {
             self.places.push(StandInPlace {
                 stand_in: bytes.as_ptr() as usize,
