@@ -845,6 +845,111 @@ async fn a_node_given_less_memory_than_the_host_kills_a_growing_task_before_its_
     assert_eq!(after.workers_respawned, 1);
 }
 
+/// Writes an executable script at `path` that runs the `floe` binary under test in a mount
+/// namespace of its own with a tmpfs of `size` on /dev/shm, which the node and its workers
+/// share and nothing else sees; `None`, after saying so loudly, when this host cannot (it
+/// needs root, `unshare` and `mount`, which CI has).
+fn floe_with_own_dev_shm(path: &std::path::Path, size: &str) -> Option<std::path::PathBuf> {
+    let mount = format!("mount -t tmpfs -o size={size} tmpfs /dev/shm");
+    let probe = std::process::Command::new("unshare")
+        .args(["--mount", "sh", "-c", &mount])
+        .output();
+    if !probe.as_ref().is_ok_and(|output| output.status.success()) {
+        eprintln!(
+            "SKIPPED: cannot mount a small /dev/shm in a mount namespace (needs root, unshare \
+             and mount; CI has them): {probe:?}"
+        );
+        return None;
+    }
+    let script = format!(
+        "#!/bin/sh\nexec unshare --mount sh -c '{mount} && exec \"$0\" \"$@\"' {} \"$@\"\n",
+        env!("CARGO_BIN_EXE_floe")
+    );
+    std::fs::write(path, script).unwrap();
+    let mut permissions = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(path, permissions).unwrap();
+    Some(path.to_owned())
+}
+
+/// Takes all but `left` bytes of the /dev/shm that the process `pid` sees, with a file of its
+/// own there.
+fn fill_dev_shm_of(pid: u32, left: u64) {
+    let fill = format!(
+        "free=$(( $(stat -f -c '%a * %S' /dev/shm) )); fallocate -l $((free - {left})) \
+         /dev/shm/ballast"
+    );
+    let status = std::process::Command::new("nsenter")
+        .args(["--target", &pid.to_string(), "--mount", "sh", "-c", &fill])
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "cannot fill the node's /dev/shm: {status}"
+    );
+}
+
+/// A /dev/shm that fills up after a node started fails the tasks that needed the room, saying
+/// why, and the node carries on: neither a worker mapping its output nor the node making a
+/// pulled copy dies of `SIGBUS`. The node's store (75 MiB, `memory.object_store_min`) starts
+/// on a 96 MiB tmpfs of its own, which another file then fills to all but 8 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_dev_shm_is_full_fails_the_tasks_that_need_room_and_carries_on() {
+    let scripts = tempfile::tempdir().unwrap();
+    let Some(binary) = floe_with_own_dev_shm(&scripts.path().join("floe"), "96m") else {
+        return;
+    };
+    let cluster = cluster().await;
+    let small_config = TestClusterConfig { binary, ..config() };
+    let small = floe_testkit::cluster::start_node(
+        &small_config,
+        cluster.dir.path(),
+        &cluster.schedulers.addrs(),
+        "small-shm",
+        &["memory.total=1GiB", "memory.object_store_fraction=0.05"],
+    );
+    let holder = cluster.start_node("holder", &[]);
+    cluster.wait_ready(&small).await;
+    cluster.wait_ready(&holder).await;
+    fill_dev_shm_of(small.pid(), 8 << 20);
+
+    // A worker opening a 32 MiB output to write it.
+    let fill_32 = TaskKind::Test(TestTask::Fill {
+        bytes: 32 << 20,
+        seed: 1,
+    });
+    let failure = run(small.addr(), 1, fill_32, vec![]).await.unwrap_err();
+    assert!(
+        matches!(&failure, TaskFailure::Error { message } if message.contains("/dev/shm has no room")),
+        "{failure:?}"
+    );
+
+    // The node making its copy of a 32 MiB object held by another node.
+    let held = fill(holder.addr(), 2, 32 << 20, 2).await;
+    let input = InputRef {
+        object: held.object,
+        holder: Some(holder.addr().to_owned()),
+        part: None,
+    };
+    let failure = run(small.addr(), 3, TaskKind::Test(TestTask::Hash), vec![input])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&failure, TaskFailure::InputUnavailable { reason, .. } if reason.contains("/dev/shm has no room")),
+        "{failure:?}"
+    );
+
+    // The node and all its workers are still there, and a task that fits runs.
+    let after = cluster.wait_ready(&small).await;
+    assert_eq!(after.workers_respawned, 0, "a worker died: {after:?}");
+    let fitting = fill(small.addr(), 4, 1 << 20, 4).await;
+    let bytes = read_start(small.addr(), fitting.object, 1 << 20).await;
+    assert!(
+        bytes == fill_pattern(1 << 20, 4),
+        "the object's bytes differ"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_leaves_cleanly_and_kill_9_is_committed_dead_in_time() {
     let cluster = cluster().await;
