@@ -112,12 +112,7 @@ pub fn encode_into(
         late,
     };
     encode(&mut sink, schema, batches)?;
-    if sink.written != len {
-        return Err(ArrowError::IpcError(format!(
-            "the encoding measured {len} bytes but wrote {}",
-            sink.written
-        )));
-    }
+    wrote_all(len, sink.written)?;
     Ok(sink.hasher.digest())
 }
 
@@ -148,12 +143,7 @@ pub fn lay_out_into(
         places: Vec::new(),
     };
     encode(&mut sink, schema, batches)?;
-    if sink.written != len {
-        return Err(ArrowError::IpcError(format!(
-            "the encoding measured {len} bytes but wrote {}",
-            sink.written
-        )));
-    }
+    wrote_all(len, sink.written)?;
     Ok(sink.places)
 }
 
@@ -195,6 +185,23 @@ impl Packing {
             end = offset.checked_add(len)?;
         }
         Some(Self { parts, len: end })
+    }
+
+    /// Each part's bytes in `object` (at least [`Self::len`] bytes), in order, with the padding
+    /// between parts zeroed so that the object's bytes do not depend on what its memory held.
+    pub fn split_mut<'a>(&self, object: &'a mut [u8]) -> Vec<&'a mut [u8]> {
+        let mut parts = Vec::with_capacity(self.parts.len());
+        let mut rest = object;
+        let mut end = 0;
+        for &(offset, len) in &self.parts {
+            let (padding, tail) = rest.split_at_mut(offset as usize - end);
+            padding.fill(0);
+            let (part, tail) = tail.split_at_mut(len as usize);
+            parts.push(part);
+            rest = tail;
+            end = (offset + len) as usize;
+        }
+        parts
     }
 }
 
@@ -282,6 +289,17 @@ pub(crate) fn decode(buffer: &Buffer) -> Result<Block, ArrowError> {
         }
     }
     Ok(Block { schema, batches })
+}
+
+/// An error unless an encoding measured at `len` bytes wrote exactly that many.
+fn wrote_all(len: usize, written: usize) -> Result<(), ArrowError> {
+    if written == len {
+        Ok(())
+    } else {
+        Err(ArrowError::IpcError(format!(
+            "the encoding measured {len} bytes but wrote {written}"
+        )))
+    }
 }
 
 /// Where a write of `len` bytes ends in a slice of `capacity` bytes that holds `written`; an
