@@ -12,6 +12,7 @@
 //! process is gone.
 
 use std::cell::Cell;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -448,19 +449,16 @@ impl Outputs {
             }
             Outputs::Packed { blocks, packing } => {
                 let mut parts = Vec::with_capacity(blocks.len());
-                let mut end = 0;
-                for (block, &(offset, len)) in blocks.iter().zip(&packing.parts) {
-                    let (start, stop) = (offset as usize, (offset + len) as usize);
-                    // The padding too, so the object's bytes do not depend on what the memory
-                    // held before.
-                    dest[end..start].fill(0);
+                let places = packing.split_mut(dest);
+                for ((block, &(offset, len)), place) in
+                    blocks.iter().zip(&packing.parts).zip(places)
+                {
                     parts.push(Part {
                         offset,
                         len,
                         rows: block.num_rows() as u64,
-                        checksum: Encoding::of(block)?.write(&mut dest[start..stop])?,
+                        checksum: Encoding::of(block)?.write(place)?,
                     });
-                    end = stop;
                 }
                 Ok(WrittenOutput {
                     rows: Some(rows(blocks)),
@@ -493,30 +491,14 @@ fn packing_of(lens: &[u64]) -> Result<Packing, WorkerTaskFailure> {
 }
 
 /// Writes a map task's scattered partitions into `dest` (`packing.len` bytes): each layout
-/// into its part, the padding between parts zeroed, then every row into its partition's
-/// place; each part is hashed once it is whole.
+/// into its part, then every row into its partition's place; each part is hashed once it is
+/// whole.
 fn write_scattered(
     rows: &ScatteredRows,
     packing: &Packing,
     dest: &mut [u8],
 ) -> Result<Vec<Part>, WorkerTaskFailure> {
-    let mut places = Vec::new();
-    let mut end = 0;
-    for (layout, &(offset, len)) in rows.layouts().iter().zip(&packing.parts) {
-        let (start, stop) = (offset as usize, (offset + len) as usize);
-        dest[end..start].fill(0);
-        let placed = lay_out_into(
-            &mut dest[start..stop],
-            layout.schema_ref(),
-            std::slice::from_ref(layout),
-            &ScatteredRows::is_stand_in,
-        )
-        .map_err(cannot_encode)?;
-        places.extend(placed.into_iter().map(|StandInPlace { stand_in, place }| {
-            (stand_in, start + place.start..start + place.end)
-        }));
-        end = stop;
-    }
+    let places = lay_out_parts(rows, packing, dest)?;
     rows.write_into(dest, &places).map_err(|error| {
         WorkerTaskFailure::permanent(format!("cannot split a map task's rows: {error}"))
     })?;
@@ -531,6 +513,31 @@ fn write_scattered(
             checksum: floe_core::hash::xxh3_64(&dest[offset as usize..(offset + len) as usize]),
         })
         .collect())
+}
+
+/// Encodes each partition's layout into its part of `dest` (`packing.len` bytes, the padding
+/// between parts zeroed) and returns where its stand-ins lie in `dest`, in order.
+fn lay_out_parts(
+    rows: &ScatteredRows,
+    packing: &Packing,
+    dest: &mut [u8],
+) -> Result<Vec<(usize, Range<usize>)>, WorkerTaskFailure> {
+    let mut places = Vec::new();
+    let parts = packing.split_mut(dest);
+    for ((layout, &(offset, _)), part) in rows.layouts().iter().zip(&packing.parts).zip(parts) {
+        let start = offset as usize;
+        let placed = lay_out_into(
+            part,
+            layout.schema_ref(),
+            std::slice::from_ref(layout),
+            &ScatteredRows::is_stand_in,
+        )
+        .map_err(cannot_encode)?;
+        places.extend(placed.into_iter().map(|StandInPlace { stand_in, place }| {
+            (stand_in, start + place.start..start + place.end)
+        }));
+    }
+    Ok(places)
 }
 
 fn rows(blocks: &[OutputBlock]) -> u64 {
@@ -954,20 +961,7 @@ mod tests {
             unreachable!();
         };
         let mut dest = vec![0; packing.len as usize];
-        let mut places = Vec::new();
-        for (layout, &(offset, len)) in rows.layouts().iter().zip(&packing.parts) {
-            let (start, stop) = (offset as usize, (offset + len) as usize);
-            let placed = lay_out_into(
-                &mut dest[start..stop],
-                layout.schema_ref(),
-                std::slice::from_ref(layout),
-                &ScatteredRows::is_stand_in,
-            )
-            .unwrap();
-            places.extend(placed.into_iter().map(|StandInPlace { stand_in, place }| {
-                (stand_in, start + place.start..start + place.end)
-            }));
-        }
+        let places = lay_out_parts(rows, packing, &mut dest).unwrap();
         // The booleans are split ahead, and an empty partition has no values to stand in for.
         let filled = rows.layouts().iter().filter(|layout| layout.num_rows() > 0);
         assert_eq!(places.len(), LATE_COLUMNS * filled.count());
