@@ -242,9 +242,27 @@ pub(crate) fn scatter(
     parts: usize,
 ) -> Result<Vec<RecordBatch>> {
     let counts = row_counts(batches, partitions, parts)?;
-    if let [batch] = batches
-        && let Some(whole) = counts.iter().position(|&rows| rows == batch.num_rows())
-    {
+    scatter_counted(batches, schema, partitions, &counts)
+}
+
+/// The partition a lone batch goes to whole, when it does (then it is split with no copy).
+pub(crate) fn whole_partition(batches: &[RecordBatch], counts: &[usize]) -> Option<usize> {
+    match batches {
+        [batch] => counts.iter().position(|&rows| rows == batch.num_rows()),
+        _ => None,
+    }
+}
+
+/// [`scatter`] with the rows `partitions` sends to each partition already counted
+/// ([`row_counts`]).
+pub(crate) fn scatter_counted(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+    partitions: &[Vec<usize>],
+    counts: &[usize],
+) -> Result<Vec<RecordBatch>> {
+    let parts = counts.len();
+    if let (Some(whole), [batch]) = (whole_partition(batches, counts), batches) {
         // One block going whole to one partition: no copy.
         return Ok((0..parts)
             .map(|partition| {
@@ -259,14 +277,14 @@ pub(crate) fn scatter(
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(schema.fields().len()); parts];
     for field in schema.fields() {
         let values = named_columns(batches, field.name())?;
-        let split = scatter_column(&values, field.data_type(), partitions, &counts)?;
+        let split = scatter_column(&values, field.data_type(), partitions, counts)?;
         for (partition, array) in columns.iter_mut().zip(split) {
             partition.push(array);
         }
     }
     columns
         .into_iter()
-        .zip(counts)
+        .zip(counts.iter().copied())
         .map(|(columns, rows)| with_row_count(schema, columns, rows))
         .collect()
 }

@@ -263,12 +263,17 @@ pub(crate) fn route_each(
     batches: &[RecordBatch],
     mut assign: impl FnMut(&RecordBatch, u64) -> Result<Vec<usize>>,
 ) -> Result<Vec<RecordBatch>> {
+    let parts = columns::partition_count(task.partitions)?;
     let mut offset = task.offset;
-    route_rows(batches, task.schema, task.partitions, |batch| {
-        let assigned = assign(batch, offset);
-        offset += batch.num_rows() as u64;
-        assigned
-    })
+    let assigned = batches
+        .iter()
+        .map(|batch| {
+            let assigned = assign(batch, offset);
+            offset += batch.num_rows() as u64;
+            assigned
+        })
+        .collect::<Result<Vec<_>>>()?;
+    columns::scatter(batches, task.schema, &assigned, parts)
 }
 
 /// [`route_each`] without row offsets, the rows split only as they are written into the map
@@ -281,21 +286,6 @@ pub(crate) fn route_scattered(
     let parts = columns::partition_count(task.partitions)?;
     let assigned = batches.iter().map(assign).collect::<Result<Vec<_>>>()?;
     scattered::ScatteredRows::route(batches, task.schema, assigned, parts)
-}
-
-/// [`route_each`] without row offsets: `assign(block)` names each row's partition.
-pub(crate) fn route_rows(
-    batches: &[RecordBatch],
-    schema: &SchemaRef,
-    partitions: u32,
-    mut assign: impl FnMut(&RecordBatch) -> Result<Vec<usize>>,
-) -> Result<Vec<RecordBatch>> {
-    let parts = columns::partition_count(partitions)?;
-    let assigned = batches
-        .iter()
-        .map(&mut assign)
-        .collect::<Result<Vec<_>>>()?;
-    columns::scatter(batches, schema, &assigned, parts)
 }
 
 /// Every column name of `schema`, in order.

@@ -25,7 +25,8 @@ use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::SchemaRef;
 
 use super::columns::{
-    invalid, named_columns, row_counts, scatter, scatter_column, scatter_nulls, with_row_count,
+    invalid, named_columns, row_counts, scatter, scatter_column, scatter_counted, scatter_nulls,
+    whole_partition, with_row_count,
 };
 use super::gathered::{FillKind, GatheredBlock, laid_out, stand_in, stand_in_space};
 use crate::Result;
@@ -62,7 +63,7 @@ impl ScatteredRows {
         parts: usize,
     ) -> Result<Partitions> {
         let counts = row_counts(&batches, &assigned, parts)?;
-        let whole = matches!(&batches[..], [batch] if counts.contains(&batch.num_rows()));
+        let whole = whole_partition(&batches, &counts).is_some();
         if !whole && let Some((layouts, fills)) = lay_out(&batches, schema, &assigned, &counts)? {
             return Ok(Partitions::Scattered(Self {
                 schema: schema.clone(),
@@ -72,7 +73,7 @@ impl ScatteredRows {
                 fills,
             }));
         }
-        let split = scatter(&batches, schema, &assigned, parts)?;
+        let split = scatter_counted(&batches, schema, &assigned, &counts)?;
         Ok(Partitions::Blocks(
             split.into_iter().map(OutputBlock::from).collect(),
         ))
