@@ -102,9 +102,17 @@ enum Input {
         peer: u64,
         status: SnapshotStatus,
     },
-    /// A snapshot built off the Raft loop (see [`RaftLoop::maybe_compact`]).
-    SnapshotBuilt(Box<Result<BuiltSnapshot>>),
+    /// A snapshot built off the Raft loop (see [`RaftLoop::maybe_compact`]), and what it was
+    /// built from.
+    SnapshotBuilt(Box<Result<BuiltSnapshot>>, Box<SnapshotSource>),
 }
+
+/// What a snapshot is built from, copied on the Raft loop: the state and the committed
+/// entries after it. The builder hands it back rather than dropping it: the copy is the last
+/// owner of the nodes the loop has replaced since, and freeing memory another thread
+/// allocated takes that thread's allocator lock, which a `SCHED_IDLE` builder preempted in
+/// the middle of a free would hold until a core is idle, stalling the loop's next allocation.
+type SnapshotSource = (ClusterState, Vec<Entry>);
 
 /// A snapshot whose file is written, ready for the log to drop the entries it covers.
 struct BuiltSnapshot {
@@ -520,7 +528,10 @@ impl<S: LogStore> RaftLoop<S> {
             Input::Heard(node) => self.first_heard(node),
             Input::Unreachable(peer) => self.raw.report_unreachable(peer),
             Input::SnapshotSent { peer, status } => self.raw.report_snapshot(peer, status),
-            Input::SnapshotBuilt(built) => self.snapshot_build = SnapshotBuild::Built(built),
+            Input::SnapshotBuilt(built, source) => {
+                self.runtime.spawn_blocking(move || drop(source));
+                self.snapshot_build = SnapshotBuild::Built(built);
+            }
             Input::Request {
                 principal,
                 request,
@@ -930,7 +941,10 @@ impl<S: LogStore> RaftLoop<S> {
                 })
             });
             // The loop is gone only when the replica stops; the snapshot goes with it.
-            let _ = inputs.blocking_send(Input::SnapshotBuilt(Box::new(built)));
+            let _ = inputs.blocking_send(Input::SnapshotBuilt(
+                Box::new(built),
+                Box::new((state, entries)),
+            ));
         };
         // A thread of its own rather than the runtime's blocking pool, since it lowers its
         // priority for good; one per snapshot, so its cost is nothing beside the build.
