@@ -21,7 +21,9 @@
 //! endpoint of the HTTP API and the dashboard's files are timed on the leader ([`ENDPOINTS`]).
 //! Each replica's status gives its WAL writes (count, mean, the slow ones and when), so the
 //! slowest commits are set against the slow writes that overlapped them (`wal_writes`): the
-//! three replicas share one disk here. It prints one JSON line with every figure. A lost
+//! three replicas share one disk here. Beside the commits, two threads of this process time
+//! wakeup round trips ([`WakeupProbe`]): the host's own scheduling tail in the same window. It
+//! prints one JSON line with every figure. A lost
 //! heartbeat (a node told to register again, or a heartbeat failing outside the failover), a
 //! job that never finishes, an
 //! endpoint that does not answer 200, job totals that differ from a count of the state, or a
@@ -627,6 +629,87 @@ async fn until_finished(observed: &Observed, timeout: Duration) -> anyhow::Resul
     }
 }
 
+/// Pause between two round trips of [`WakeupProbe`]: about 15,000 trips in the measured
+/// window, for a fraction of a percent of a core.
+const PROBE_EVERY: Duration = Duration::from_millis(2);
+
+/// The host's own wakeup tail, measured beside the commits: two threads of this process
+/// bounce a byte over a socket pair, each round trip two wakeups. A commit is about ten
+/// wakeups across four processes, so when the commits' tail and this one move together the
+/// tail is the host's (on this VM, a woken thread that may not preempt waits for a 4 ms
+/// tick), and a commit tail with a quiet probe is the scheduler's.
+struct WakeupProbe {
+    stop: Arc<AtomicBool>,
+    /// Taken by [`WakeupProbe::finish`]; a probe dropped unfinished (a run that failed) only
+    /// stops, and its threads end on their own.
+    prober: Option<std::thread::JoinHandle<std::io::Result<Vec<f64>>>>,
+    echo: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl WakeupProbe {
+    fn start() -> anyhow::Result<Self> {
+        use std::io::{Read, Write};
+        let (mut near, mut far) =
+            std::os::unix::net::UnixStream::pair().context("cannot make the probe's sockets")?;
+        let echo = std::thread::Builder::new()
+            .name("wakeup-echo".into())
+            .spawn(move || {
+                let mut byte = [0u8; 1];
+                // Ends when the prober drops its end.
+                while far.read(&mut byte)? == 1 {
+                    far.write_all(&byte)?;
+                }
+                Ok(())
+            })
+            .context("cannot start the probe's echo")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let prober = std::thread::Builder::new()
+            .name("wakeup-probe".into())
+            .spawn(move || {
+                let mut trips = Vec::new();
+                let mut byte = [0u8; 1];
+                while !stopping.load(Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    near.write_all(&byte)?;
+                    near.read_exact(&mut byte)?;
+                    trips.push(millis(sent.elapsed()));
+                    std::thread::sleep(PROBE_EVERY);
+                }
+                Ok(trips)
+            })
+            .context("cannot start the probe")?;
+        Ok(Self {
+            stop,
+            prober: Some(prober),
+            echo: Some(echo),
+        })
+    }
+
+    /// Stops the probe; its round trips as JSON (count, p50, p99, longest, in ms).
+    fn finish(mut self) -> anyhow::Result<serde_json::Value> {
+        self.stop.store(true, Ordering::Relaxed);
+        let (Some(prober), Some(echo)) = (self.prober.take(), self.echo.take()) else {
+            anyhow::bail!("the probe was finished twice");
+        };
+        let joined = |what: &str| anyhow::anyhow!("the probe's {what} thread panicked");
+        let mut trips = prober.join().map_err(|_| joined("prober"))??;
+        echo.join().map_err(|_| joined("echo"))??;
+        Ok(json!({
+            "trips": trips.len(),
+            "p50_ms": round3(percentile(&mut trips, 0.5)),
+            "p99_ms": round3(percentile(&mut trips, 0.99)),
+            "max_ms": round3(percentile(&mut trips, 1.0)),
+        }))
+    }
+}
+
+impl Drop for WakeupProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 pub fn run(
     quick: bool,
     nodes: Option<usize>,
@@ -843,6 +926,7 @@ async fn scale(
     // Every replica's snapshots, by (replica, index): a follower's build slows the commits
     // it is part of the quorum of as much as the leader's.
     let mut snapshots: BTreeMap<(u64, u64), SnapshotTiming> = BTreeMap::new();
+    let probe = WakeupProbe::start()?;
     let measuring = Instant::now();
     let cpu_before = cpu_seconds(leader_pid)?;
     while measuring.elapsed() < plan.measure {
@@ -851,6 +935,7 @@ async fn scale(
     }
     let measured = measuring.elapsed();
     let stream_cpu_share = (cpu_seconds(leader_pid)? - cpu_before) / measured.as_secs_f64();
+    let host_wakeups = probe.finish()?;
     stream_stop.store(true, Ordering::Relaxed);
     stream.await??;
     observed.measuring.store(false, Ordering::Relaxed);
@@ -1159,6 +1244,7 @@ async fn scale(
         "commit_p99_outside_snapshots_ms": commit_p99_outside_snapshots_ms,
         "commit_max_outside_snapshots_ms": commit_max_outside_snapshots_ms,
         "commits_by_kind": commits_by_kind,
+        "host_wakeup_round_trip": host_wakeups,
         "wal_writes": wal_figures,
         "state_bytes": state_bytes,
         "leader_rss_bytes": leader_rss,
@@ -1253,5 +1339,24 @@ mod tests {
         }
         assert!(x > 0);
         assert!(cpu_seconds(std::process::id()).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn the_wakeup_probe_times_round_trips_until_it_is_finished() {
+        let probe = WakeupProbe::start().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let figures = probe.finish().unwrap();
+        // One trip every 2 ms at most, and at least a few in 200 ms however busy the host.
+        let trips = figures["trips"].as_u64().unwrap();
+        assert!((5..=101).contains(&trips), "{figures}");
+        let (p50, p99, max) = (
+            figures["p50_ms"].as_f64().unwrap(),
+            figures["p99_ms"].as_f64().unwrap(),
+            figures["max_ms"].as_f64().unwrap(),
+        );
+        assert!(
+            0.0 <= p50 && p50 <= p99 && p99 <= max && max < 200.0,
+            "{figures}"
+        );
     }
 }
