@@ -639,11 +639,19 @@ const PROBE_EVERY: Duration = Duration::from_millis(2);
 /// tail is the host's (on this VM, a woken thread that may not preempt waits for a 4 ms
 /// tick), and a commit tail with a quiet probe is the scheduler's.
 struct WakeupProbe {
-    stop: Arc<AtomicBool>,
-    /// Taken by [`WakeupProbe::finish`]; a probe dropped unfinished (a run that failed) only
-    /// stops, and its threads end on their own.
-    prober: Option<std::thread::JoinHandle<std::io::Result<Vec<f64>>>>,
-    echo: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    stop: StopOnDrop,
+    prober: std::thread::JoinHandle<std::io::Result<Vec<f64>>>,
+    echo: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+/// Raises its flag when dropped: a probe dropped unfinished (a run that failed) stops, and its
+/// threads end on their own (the prober's loop, then the echo at the prober's socket's end).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 impl WakeupProbe {
@@ -680,18 +688,16 @@ impl WakeupProbe {
             })
             .context("cannot start the probe")?;
         Ok(Self {
-            stop,
-            prober: Some(prober),
-            echo: Some(echo),
+            stop: StopOnDrop(stop),
+            prober,
+            echo,
         })
     }
 
     /// Stops the probe; its round trips as JSON (count, p50, p99, longest, in ms).
-    fn finish(mut self) -> anyhow::Result<serde_json::Value> {
-        self.stop.store(true, Ordering::Relaxed);
-        let (Some(prober), Some(echo)) = (self.prober.take(), self.echo.take()) else {
-            anyhow::bail!("the probe was finished twice");
-        };
+    fn finish(self) -> anyhow::Result<serde_json::Value> {
+        let Self { stop, prober, echo } = self;
+        drop(stop);
         let joined = |what: &str| anyhow::anyhow!("the probe's {what} thread panicked");
         let mut trips = prober.join().map_err(|_| joined("prober"))??;
         echo.join().map_err(|_| joined("echo"))??;
@@ -701,12 +707,6 @@ impl WakeupProbe {
             "p99_ms": round3(percentile(&mut trips, 0.99)),
             "max_ms": round3(percentile(&mut trips, 1.0)),
         }))
-    }
-}
-
-impl Drop for WakeupProbe {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -245,12 +245,17 @@ pub(crate) fn scatter(
     scatter_counted(batches, schema, partitions, &counts)
 }
 
-/// The partition a lone batch goes to whole, when it does (then it is split with no copy).
-pub(crate) fn whole_partition(batches: &[RecordBatch], counts: &[usize]) -> Option<usize> {
-    match batches {
-        [batch] => counts.iter().position(|&rows| rows == batch.num_rows()),
-        _ => None,
-    }
+/// The partition a lone batch goes to whole, and that batch, when it does (then it is split
+/// with no copy).
+pub(crate) fn whole_partition<'a>(
+    batches: &'a [RecordBatch],
+    counts: &[usize],
+) -> Option<(usize, &'a RecordBatch)> {
+    let [batch] = batches else {
+        return None;
+    };
+    let whole = counts.iter().position(|&rows| rows == batch.num_rows())?;
+    Some((whole, batch))
 }
 
 /// [`scatter`] with the rows `partitions` sends to each partition already counted
@@ -262,7 +267,7 @@ pub(crate) fn scatter_counted(
     counts: &[usize],
 ) -> Result<Vec<RecordBatch>> {
     let parts = counts.len();
-    if let (Some(whole), [batch]) = (whole_partition(batches, counts), batches) {
+    if let Some((whole, batch)) = whole_partition(batches, counts) {
         // One block going whole to one partition: no copy.
         return Ok((0..parts)
             .map(|partition| {
