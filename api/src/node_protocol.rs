@@ -8,7 +8,7 @@ use floe_core::job::OutputBlock;
 use floe_core::plan::task::StageTask;
 use floe_core::wire::Protocol;
 use floe_core::{ActorId, Fingerprint, JobId, NodeId, ObjectId, TaskId};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// The id of a task's `index`-th output: derived from the task id (as Ray derives return
 /// object ids), so a retried task names its outputs the same way.
@@ -29,33 +29,8 @@ impl Protocol for NodeProtocol {
 
 /// Object bytes on the wire, encoded as one length-prefixed byte string rather than a
 /// sequence of single bytes, so multi-megabyte chunks encode and decode at memcpy speed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Bytes(pub Vec<u8>);
-
-impl Serialize for Bytes {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Bytes {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct BytesVisitor;
-        impl serde::de::Visitor<'_> for BytesVisitor {
-            type Value = Bytes;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a byte string")
-            }
-            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Bytes, E> {
-                Ok(Bytes(bytes.to_vec()))
-            }
-            fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Bytes, E> {
-                Ok(Bytes(bytes))
-            }
-        }
-        deserializer.deserialize_byte_buf(BytesVisitor)
-    }
-}
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bytes(#[serde(with = "floe_core::wire::bytes")] pub Vec<u8>);
 
 /// What a worker process runs: one task of a plan stage, or (built with the `test-tasks`
 /// feature only) a test task.

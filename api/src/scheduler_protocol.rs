@@ -52,6 +52,7 @@ pub enum SchedulerRequest {
     /// Raft messages from another replica, each protobuf-encoded (raft-rs's own format).
     /// Only accepted from configured replicas that proved the replica secret.
     Raft {
+        #[serde(with = "floe_core::wire::bytes::list")]
         messages: Vec<Vec<u8>>,
     },
     RegisterNode {

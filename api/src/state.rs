@@ -183,6 +183,7 @@ pub struct JobRecord {
     /// renaming a job changes no fingerprint.
     pub name: Option<String>,
     /// The encoded job spec (`floe_core::job::JobSpec`), opaque to the scheduler.
+    #[serde(with = "floe_core::wire::bytes")]
     pub spec: Vec<u8>,
     pub status: JobStatus,
     /// The node running the job's driver, while one does.
@@ -303,6 +304,7 @@ pub enum Command {
         reason: String,
     },
     SubmitJob {
+        #[serde(with = "floe_core::wire::bytes")]
         spec: Vec<u8>,
         submission: SubmissionId,
         /// The job's name, if the submitter gave one.

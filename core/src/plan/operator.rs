@@ -513,6 +513,7 @@ pub enum Operator {
     /// Rows the client supplied, as Arrow IPC stream bytes (decoded by the node).
     FromBatches {
         schema: Schema,
+        #[serde(with = "crate::wire::bytes")]
         ipc: Vec<u8>,
         rows: u64,
     },

@@ -27,6 +27,7 @@ pub enum StageKind {
     },
     FromBatches {
         schema: Schema,
+        #[serde(with = "crate::wire::bytes")]
         ipc: Vec<u8>,
     },
     /// An earlier job's held output: each task takes one of its blocks as its input (pulled

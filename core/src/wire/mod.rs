@@ -1,9 +1,11 @@
 //! floe's internal RPC protocol.
 //!
-//! Layers, bottom up: [`codec`] (the only place bytes are encoded), [`frame`] (length-prefixed
-//! frames with a limit checked before allocation, and timeouts), [`handshake`] (protocol version
-//! and credential) and [`rpc`] (typed request/response over a handshaken connection).
+//! Layers, bottom up: [`codec`] (the only place bytes are encoded, with [`bytes`] for byte
+//! fields), [`frame`] (length-prefixed frames with a limit checked before allocation, and
+//! timeouts), [`handshake`] (protocol version and credential) and [`rpc`] (typed
+//! request/response over a handshaken connection).
 
+pub mod bytes;
 pub mod codec;
 pub mod depth;
 pub mod frame;
