@@ -29,8 +29,7 @@ impl Protocol for NodeProtocol {
 
 /// Object bytes on the wire, encoded as one length-prefixed byte string rather than a
 /// sequence of single bytes, so multi-megabyte chunks encode and decode at memcpy speed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bytes(#[serde(with = "floe_core::wire::bytes")] pub Vec<u8>);
+pub use floe_core::wire::bytes::Bytes;
 
 /// What a worker process runs: one task of a plan stage, or (built with the `test-tasks`
 /// feature only) a test task.

@@ -20,6 +20,11 @@ pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>
     deserializer.deserialize_byte_buf(ByteBufVisitor)
 }
 
+/// Bytes as a value of their own (object chunks on the wire, a list's items), encoded as
+/// [`serialize`] writes a byte field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bytes(#[serde(with = "crate::wire::bytes")] pub Vec<u8>);
+
 /// A list of byte strings, each as [`serialize`] writes one.
 pub mod list {
     use super::*;
@@ -42,14 +47,6 @@ pub mod list {
         }
     }
 
-    struct ByteBuf(Vec<u8>);
-
-    impl<'de> Deserialize<'de> for ByteBuf {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            super::deserialize(deserializer).map(ByteBuf)
-        }
-    }
-
     struct ListVisitor;
 
     impl<'de> Visitor<'de> for ListVisitor {
@@ -61,7 +58,7 @@ pub mod list {
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut items = Vec::with_capacity(capped(seq.size_hint()));
-            while let Some(ByteBuf(item)) = seq.next_element()? {
+            while let Some(Bytes(item)) = seq.next_element()? {
                 items.push(item);
             }
             Ok(items)
