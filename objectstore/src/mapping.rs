@@ -11,9 +11,11 @@
 //! the store serves a shard in place, as an object whose bytes are the file's.
 
 use std::fs::{File, OpenOptions};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use floe_core::ObjectId;
 use shared_memory::{Shmem, ShmemConf};
@@ -121,6 +123,8 @@ pub struct SharedSegment {
     ptr: NonNull<u8>,
     len: usize,
     shmem: Shmem,
+    /// What this mapping has populated for writing already (see [`PopulatedGranules`]).
+    populated: PopulatedGranules,
 }
 
 // SAFETY: the mapping stays valid at the same address until drop, and the segment hands out
@@ -159,49 +163,23 @@ unsafe impl Region for SharedSegment {
     }
 
     /// A kernel older than 5.14, which lacks `MADV_POPULATE_WRITE`, leaves the pages to fault
-    /// (and a full /dev/shm to a `SIGBUS`).
+    /// (and a full /dev/shm to a `SIGBUS`). Whole granules this mapping populated before are
+    /// skipped: their pages are still mapped here (see [`PopulatedGranules`]).
     fn populate_for_write(&self, offset: u64, len: u64) -> Result<()> {
-        let failed = |reason: String| Error::SharedMemory {
-            name: self.shmem.get_os_id().to_owned(),
-            action: "populate",
-            reason,
-        };
         let end = offset
             .checked_add(len)
             .filter(|end| *end <= self.len as u64);
-        if end.is_none() {
-            return Err(failed(format!(
+        let Some(end) = end else {
+            return Err(self.populate_failed(format!(
                 "bytes {offset}..+{len} lie outside the {}-byte segment",
                 self.len
             )));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: `sysconf` only reads the process's constants.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let start = self.ptr.as_ptr() as usize + offset as usize;
-        let first = start & !(page - 1);
-        // SAFETY: the range lies in the mapping (checked above). Populating faults pages in and
-        // changes no byte, neither the range's nor those of the header and neighbours that
-        // share its end pages.
-        let status = unsafe {
-            libc::madvise(
-                first as *mut libc::c_void,
-                start + len as usize - first,
-                libc::MADV_POPULATE_WRITE,
-            )
         };
-        let error = std::io::Error::last_os_error();
-        match error.raw_os_error() {
-            _ if status == 0 => Ok(()),
-            Some(libc::EINVAL) => Ok(()),
-            // What a write would have died of, with `SIGBUS`.
-            Some(libc::EFAULT) => Err(failed(format!(
-                "/dev/shm has no room for a {len}-byte write"
-            ))),
-            _ => Err(failed(error.to_string())),
+        for run in self.populated.unpopulated(offset..end) {
+            self.populate_pages(run, len)?;
         }
+        self.populated.mark(offset..end);
+        Ok(())
     }
 
     fn resident_bytes(&self) -> Option<u64> {
@@ -275,8 +253,50 @@ impl SharedSegment {
         Ok(Self {
             ptr: non_null(shmem.as_ptr(), os_id)?,
             len: shmem.len(),
+            populated: PopulatedGranules::new(shmem.len() as u64),
             shmem,
         })
+    }
+
+    fn populate_failed(&self, reason: String) -> Error {
+        Error::SharedMemory {
+            name: self.shmem.get_os_id().to_owned(),
+            action: "populate",
+            reason,
+        }
+    }
+
+    /// Populates the pages of `range` (inside the mapping) for writing, in one call; `write_len`
+    /// is the whole write's length, which an error names.
+    fn populate_pages(&self, range: Range<u64>, write_len: u64) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `sysconf` only reads the process's constants.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = self.ptr.as_ptr() as usize + range.start as usize;
+        let first = start & !(page - 1);
+        // SAFETY: the range lies in the mapping (the caller checked). Populating faults pages
+        // in and changes no byte, neither the range's nor those of the header and neighbours
+        // that share its end pages.
+        let status = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                start + (range.end - range.start) as usize - first,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        let error = std::io::Error::last_os_error();
+        match error.raw_os_error() {
+            _ if status == 0 => Ok(()),
+            Some(libc::EINVAL) => Ok(()),
+            // What a write would have died of, with `SIGBUS`.
+            Some(libc::EFAULT) => {
+                Err(self
+                    .populate_failed(format!("/dev/shm has no room for a {write_len}-byte write")))
+            }
+            _ => Err(self.populate_failed(error.to_string())),
+        }
     }
 
     /// Where Linux shows segment `os_id` (`/floe-x` is `/dev/shm/floe-x`).
@@ -304,6 +324,76 @@ impl SharedSegment {
                 action: "unlink",
                 reason: error.to_string(),
             })
+        }
+    }
+}
+
+/// The granules of a segment one mapping has populated for writing whole.
+///
+/// `MADV_POPULATE_WRITE` walks every page of its range even when all are mapped already,
+/// which took 5% of a random shuffle's CPU once every worker had written all over its
+/// store's segment. A granule populated once stays populated in this mapping, so it is
+/// populated once.
+///
+/// **Invariant:** nothing releases a segment's pages while it exists (no hole is punched,
+/// nothing is `MADV_REMOVE`d): its file keeps every page ever written, and each mapping
+/// keeps the page-table entries it populated. A page swapped out and back in is faulted in
+/// again on its next write, which needs no room in /dev/shm (its block was never freed), so
+/// it cannot raise the `SIGBUS` populating guards against.
+#[derive(Debug)]
+struct PopulatedGranules {
+    /// One bit per granule of the segment.
+    bits: Box<[AtomicU64]>,
+}
+
+impl PopulatedGranules {
+    /// 64 KiB: a range's partial granules at its ends are populated every time, sixteen pages
+    /// at most each; a small object's pages are populated as before.
+    const GRANULE: u64 = 64 << 10;
+
+    fn new(len: u64) -> Self {
+        let granules = len.div_ceil(Self::GRANULE);
+        Self {
+            bits: (0..granules.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn is_marked(&self, granule: u64) -> bool {
+        self.bits
+            .get((granule / 64) as usize)
+            .is_some_and(|word| word.load(Ordering::Relaxed) & (1 << (granule % 64)) != 0)
+    }
+
+    /// The parts of `range` still to populate, in order and without gaps between adjacent
+    /// parts: all of it but the whole granules marked populated.
+    fn unpopulated(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        let mut at = range.start;
+        while at < range.end {
+            let granule = at / Self::GRANULE;
+            let granule_end = ((granule + 1) * Self::GRANULE).min(range.end);
+            let whole = at == granule * Self::GRANULE && granule_end - at == Self::GRANULE;
+            if !(whole && self.is_marked(granule)) {
+                match runs.last_mut() {
+                    Some(run) if run.end == at => run.end = granule_end,
+                    _ => runs.push(at..granule_end),
+                }
+            }
+            at = granule_end;
+        }
+        runs
+    }
+
+    /// Records that every page of `range` is populated: marks the whole granules it covers.
+    fn mark(&self, range: Range<u64>) {
+        let first = range.start.div_ceil(Self::GRANULE);
+        let end = range.end / Self::GRANULE;
+        for granule in first..end {
+            if let Some(word) = self.bits.get((granule / 64) as usize) {
+                word.fetch_or(1 << (granule % 64), Ordering::Relaxed);
+            }
         }
     }
 }
@@ -567,6 +657,77 @@ mod tests {
         assert!(full.to_string().contains("needs 12345 bytes"), "{full}");
         let other = disk_error("write", &path, 1)(std::io::Error::from_raw_os_error(libc::EIO));
         assert!(matches!(other, Error::Io { .. }), "{other}");
+    }
+
+    /// A range is populated but for the whole granules populated before; its partial
+    /// granules at either end are populated every time.
+    #[test]
+    fn only_granules_not_populated_before_are_populated() {
+        const G: u64 = PopulatedGranules::GRANULE;
+        let granules = PopulatedGranules::new(200 * G + 5);
+        assert_eq!(granules.unpopulated(10..3 * G + 7), vec![10..3 * G + 7]);
+        granules.mark(10..3 * G + 7);
+        // Granules 1 and 2 are whole in that range; 0 and 3 are not.
+        assert!(!granules.is_marked(0) && granules.is_marked(1) && granules.is_marked(2));
+        assert!(!granules.is_marked(3));
+        assert_eq!(
+            granules.unpopulated(10..3 * G + 7),
+            vec![10..G, 3 * G..3 * G + 7]
+        );
+        assert_eq!(granules.unpopulated(G..3 * G), Vec::<Range<u64>>::new());
+        assert_eq!(granules.unpopulated(G + 1..2 * G), vec![G + 1..2 * G]);
+        assert_eq!(granules.unpopulated(0..5 * G), vec![0..G, 3 * G..5 * G]);
+        // A range inside one granule is populated whole, however often it comes.
+        granules.mark(G + 1..2 * G - 1);
+        assert_eq!(
+            granules.unpopulated(G + 1..2 * G - 1),
+            vec![G + 1..2 * G - 1]
+        );
+        assert!(granules.unpopulated(G..G).is_empty());
+        // The segment's last granule is short: it is never whole, and never marked.
+        granules.mark(0..200 * G + 5);
+        assert!(granules.is_marked(199) && !granules.is_marked(200));
+        assert_eq!(
+            granules.unpopulated(0..200 * G + 5),
+            vec![200 * G..200 * G + 5]
+        );
+    }
+
+    /// Writing into pages populated by an earlier object's populate: a second object in the
+    /// same granules is written and read whole, and the segment's file holds its pages once.
+    #[test]
+    fn a_range_populated_before_is_written_again_without_populating() {
+        const G: u64 = PopulatedGranules::GRANULE;
+        let name = format!("populate-test-{}", std::process::id());
+        let segment = SharedSegment::create_for_store(&name, (8 * G) as usize).unwrap();
+        segment.populate_for_write(0, 8 * G).unwrap();
+        assert!((0..8).all(|granule| segment.populated.is_marked(granule)));
+        assert!(segment.resident_bytes().unwrap() >= 8 * G);
+        let reader = SharedSegment::open(segment.shmem.get_os_id()).unwrap();
+        assert!(
+            !reader.populated.is_marked(0),
+            "marks are the mapping's own"
+        );
+        segment.populate_for_write(G + 3, 4 * G).unwrap();
+        // SAFETY: the range lies inside the mapping, and nothing else writes it.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                segment.ptr.as_ptr().add((G + 3) as usize),
+                4 * G as usize,
+            )
+        };
+        bytes
+            .iter_mut()
+            .enumerate()
+            .for_each(|(at, byte)| *byte = at as u8);
+        // SAFETY: as above, read through the other mapping of the same file.
+        let read = unsafe {
+            std::slice::from_raw_parts(reader.ptr.as_ptr().add((G + 3) as usize), 4 * G as usize)
+        };
+        assert!(read.iter().enumerate().all(|(at, byte)| *byte == at as u8));
+        assert_eq!(segment.resident_bytes().unwrap(), 8 * G);
+        let outside = segment.populate_for_write(7 * G, G + 1).unwrap_err();
+        assert!(outside.to_string().contains("lie outside"), "{outside}");
     }
 
     #[test]
