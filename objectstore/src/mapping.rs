@@ -342,7 +342,8 @@ impl SharedSegment {
 /// it cannot raise the `SIGBUS` populating guards against.
 #[derive(Debug)]
 struct PopulatedGranules {
-    /// One bit per granule of the segment.
+    /// One bit per granule of the segment. Read and set `Relaxed`: a bit only saves a call,
+    /// and the page tables it speaks of are the process's, whichever thread populated them.
     bits: Box<[AtomicU64]>,
 }
 
@@ -366,8 +367,8 @@ impl PopulatedGranules {
             .is_some_and(|word| word.load(Ordering::Relaxed) & (1 << (granule % 64)) != 0)
     }
 
-    /// The parts of `range` still to populate, in order and without gaps between adjacent
-    /// parts: all of it but the whole granules marked populated.
+    /// The parts of `range` still to populate, in order, adjacent parts merged: all of it but
+    /// the whole granules marked populated.
     fn unpopulated(&self, range: Range<u64>) -> Vec<Range<u64>> {
         let mut runs: Vec<Range<u64>> = Vec::new();
         let mut at = range.start;
