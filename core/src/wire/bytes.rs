@@ -56,19 +56,21 @@ pub mod list {
             f.write_str("a list of byte strings")
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut items = Vec::with_capacity(capped(seq.size_hint()));
-            while let Some(Bytes(item)) = seq.next_element()? {
-                items.push(item);
-            }
-            Ok(items)
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            let items: Vec<Bytes> = collect(seq)?;
+            Ok(items.into_iter().map(|Bytes(item)| item).collect())
         }
     }
 }
 
-/// A claimed length preallocates no more than this many elements; the rest grow as they come.
-fn capped(claimed: Option<usize>) -> usize {
-    claimed.unwrap_or(0).min(4096)
+/// Every element of `seq`. A claimed length preallocates no more than 4,096 of them; the rest
+/// grow as they come, so a peer's claim allocates nothing it does not send.
+fn collect<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(mut seq: A) -> Result<Vec<T>, A::Error> {
+    let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+    while let Some(item) = seq.next_element()? {
+        items.push(item);
+    }
+    Ok(items)
 }
 
 struct ByteBufVisitor;
@@ -89,12 +91,8 @@ impl<'de> Visitor<'de> for ByteBufVisitor {
     }
 
     /// JSON's form of a byte string: an array of numbers.
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-        let mut bytes = Vec::with_capacity(capped(seq.size_hint()));
-        while let Some(byte) = seq.next_element()? {
-            bytes.push(byte);
-        }
-        Ok(bytes)
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<u8>, A::Error> {
+        collect(seq)
     }
 }
 
