@@ -452,6 +452,11 @@ impl ClusterState {
         Ok(codec::encode(self)?)
     }
 
+    /// Appends the encoding to `out`, a buffer the caller has sized.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<()> {
+        Ok(codec::encode_into(self, out)?)
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         Ok(codec::decode(bytes, "cluster state snapshot")?)
     }

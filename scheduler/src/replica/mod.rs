@@ -917,10 +917,17 @@ impl<S: LogStore> RaftLoop<S> {
         )?;
         let writer = store.snapshot_writer();
         let inputs = self.inputs.clone();
+        // Room for the last snapshot's size and an eighth more: a buffer grown by doubling
+        // instead touches about twice the state's size of new memory, copying it on the way.
+        let capacity = self.last_snapshot.map_or(0, |last| {
+            usize::try_from(last.bytes + last.bytes / 8).unwrap_or(0)
+        });
         let build = move || {
             lower_own_priority();
             let build_started = Instant::now();
-            let built = state.encode().map_err(Error::from).and_then(|data| {
+            let mut data = Vec::with_capacity(capacity);
+            let encoded = state.encode_into(&mut data).map(|()| data);
+            let built = encoded.map_err(Error::from).and_then(|data| {
                 let bytes = data.len() as u64;
                 snapshot.data = data.into();
                 writer.prepare(&snapshot, &entries)?;

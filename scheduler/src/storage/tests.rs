@@ -531,6 +531,36 @@ fn a_snapshot_written_in_sync_steps_reads_back_whole() {
     assert_eq!(all_entries(&log), expected(9..=10, 1));
 }
 
+/// The snapshot record written in pieces around the snapshot's data reads back as the same
+/// snapshot as one encoded whole, whatever the data's length takes as a varint (one byte up
+/// to 127, two from 128, three from 16,384): the very bytes of the whole encoding.
+#[test]
+fn a_snapshot_record_in_pieces_decodes_as_the_whole_message_does() {
+    for len in [0, 1, 127, 128, 300, 16_383, 16_384, 70_000] {
+        let data: String = (0..len)
+            .map(|n| char::from(b'a' + (n % 26) as u8))
+            .collect();
+        let snapshot = snapshot(7, 3, &data);
+        let record = SnapshotRecord::of(&snapshot).unwrap();
+        let bytes: Vec<u8> = record.pieces().concat();
+        let records = read_records(Path::new("snapshot"), &bytes).unwrap();
+        assert_eq!(records.valid_len, bytes.len(), "{len} bytes of data");
+        let [(TAG_SNAPSHOT, body)] = records.records[..] else {
+            panic!("{len} bytes of data: not one snapshot record");
+        };
+        let decoded: Snapshot = decode_message(body, "snapshot").unwrap();
+        assert_eq!(decoded, snapshot, "{len} bytes of data");
+        let mut whole = Vec::new();
+        encode_record(
+            TAG_SNAPSHOT,
+            &encode_message(&snapshot, "snapshot").unwrap(),
+            &mut whole,
+        )
+        .unwrap();
+        assert_eq!(bytes, whole, "{len} bytes of data");
+    }
+}
+
 /// Keeping a snapshot hands back what it lets go of, for the caller to free off the Raft
 /// task: the snapshot it replaces and exactly the entries it covers.
 #[test]
