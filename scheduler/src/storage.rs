@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use floe_core::hash::{Xxh3_64, xxh3_64};
+use protobuf::CodedOutputStream;
+use protobuf::wire_format::WireType;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
@@ -444,21 +446,17 @@ impl<'a> SnapshotRecord<'a> {
         let mut data_prefix = vec![TAG_SNAPSHOT];
         // As protobuf does, an empty field is left out.
         if !data.is_empty() {
-            data_prefix.push(PROTOBUF_SNAPSHOT_DATA_KEY);
-            put_protobuf_varint(data.len() as u64, &mut data_prefix);
+            put_data_key(data.len(), &mut data_prefix).map_err(|error| Error::Protobuf {
+                what: "snapshot",
+                message: error.to_string(),
+            })?;
         }
-        let payload_len = data_prefix.len() + data.len() + rest.len();
-        let len = u32::try_from(payload_len).map_err(|_| {
-            Error::LogInvariant(format!("a {payload_len}-byte record is too large"))
-        })?;
+        let len = record_len(data_prefix.len() + data.len() + rest.len())?;
         let mut checksum = Xxh3_64::new();
         for piece in [&data_prefix[..], data, &rest] {
             checksum.update(piece);
         }
-        let mut header = [0; HEADER_LEN];
-        header[..4].copy_from_slice(&len.to_le_bytes());
-        header[4..8].copy_from_slice(&length_check(len).to_le_bytes());
-        header[8..].copy_from_slice(&checksum.digest().to_le_bytes());
+        let header = record_header(len, checksum.digest());
         Ok(Self {
             header,
             data_prefix,
@@ -472,17 +470,16 @@ impl<'a> SnapshotRecord<'a> {
     }
 }
 
-/// The key of `Snapshot.data` in protobuf's encoding: field 1, length-delimited.
-const PROTOBUF_SNAPSHOT_DATA_KEY: u8 = (1 << 3) | 2;
+/// The field number of `Snapshot.data` in raft's `eraftpb.proto`.
+const SNAPSHOT_DATA_FIELD: u32 = 1;
 
-/// Appends `value` as a protobuf varint: seven bits a byte, lowest first, the high bit set on
-/// every byte but the last.
-fn put_protobuf_varint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
+/// Appends what precedes `len` bytes of `Snapshot.data` in the message's encoding: the field's
+/// key and the bytes' length.
+fn put_data_key(len: usize, out: &mut Vec<u8>) -> protobuf::ProtobufResult<()> {
+    let mut stream = CodedOutputStream::vec(out);
+    stream.write_tag(SNAPSHOT_DATA_FIELD, WireType::WireTypeLengthDelimited)?;
+    stream.write_raw_varint64(len as u64)?;
+    stream.flush()
 }
 
 /// Replays the records of the WAL file at `path` (none when it does not exist) into
@@ -549,18 +546,30 @@ fn length_check(len: u32) -> u32 {
 
 /// Appends one record holding `tag` + `body` to `out`.
 fn encode_record(tag: u8, body: &[u8], out: &mut Vec<u8>) -> Result<()> {
-    let payload_len = body.len() + 1;
-    let len = u32::try_from(payload_len)
-        .map_err(|_| Error::LogInvariant(format!("a {payload_len}-byte record is too large")))?;
+    let len = record_len(body.len() + 1)?;
     let start = out.len();
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&length_check(len).to_le_bytes());
-    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&[0; HEADER_LEN]);
     out.push(tag);
     out.extend_from_slice(body);
-    let checksum = xxh3_64(&out[start + HEADER_LEN..]);
-    out[start + 8..start + HEADER_LEN].copy_from_slice(&checksum.to_le_bytes());
+    let header = record_header(len, xxh3_64(&out[start + HEADER_LEN..]));
+    out[start..start + HEADER_LEN].copy_from_slice(&header);
     Ok(())
+}
+
+/// A record's payload (tag and body) length as its header holds it.
+fn record_len(payload_len: usize) -> Result<u32> {
+    u32::try_from(payload_len)
+        .map_err(|_| Error::LogInvariant(format!("a {payload_len}-byte record is too large")))
+}
+
+/// The header of a record whose payload is `len` bytes with the xxh3-64 `checksum`: the length,
+/// 32 bits of a hash of it, and the checksum.
+fn record_header(len: u32, checksum: u64) -> [u8; HEADER_LEN] {
+    let mut header = [0; HEADER_LEN];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    header[4..8].copy_from_slice(&length_check(len).to_le_bytes());
+    header[8..].copy_from_slice(&checksum.to_le_bytes());
+    header
 }
 
 /// What reading a file of records found.
