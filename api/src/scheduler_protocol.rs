@@ -229,6 +229,9 @@ pub struct SnapshotTiming {
     pub copy_us: u64,
     /// Encoding the copy and writing the snapshot file, off the Raft loop.
     pub build_ms: u64,
+    /// The builder's CPU time: what commits pay for while it runs, whatever its priority,
+    /// where `build_ms` also counts its waits for a core.
+    pub build_cpu_ms: u64,
     /// Dropping the covered entries, on the Raft loop (the log files are written off it).
     pub keep_us: u64,
     /// When the copy was taken and when the snapshot was kept, in milliseconds since the

@@ -1199,6 +1199,7 @@ async fn scale(
     let heartbeat_p99_ms = percentile(&mut heartbeat_ms, 0.99);
     let commit_p99_ms = percentile(&mut commit_ms, 0.99);
     let snapshot_build_ms = largest.map(|timing| timing.build_ms);
+    let build_cpu_ms: Vec<u64> = snapshots.values().map(|t| t.build_cpu_ms).collect();
     let on_loop_ms = |micros: fn(&SnapshotTiming) -> u64| {
         snapshots
             .values()
@@ -1237,6 +1238,8 @@ async fn scale(
         "snapshot_index": largest.map(|timing| timing.index),
         "snapshot_bytes": largest.map(|timing| timing.bytes),
         "snapshot_build_ms": snapshot_build_ms,
+        "snapshot_build_cpu_ms": largest.map(|timing| timing.build_cpu_ms),
+        "snapshot_build_cpu_ms_all": build_cpu_ms,
         "snapshot_copy_max_ms": on_loop_ms(|timing| timing.copy_us),
         "snapshot_keep_max_ms": on_loop_ms(|timing| timing.keep_us),
         "snapshot_stall_ms": snapshot_stall_ms.map(round),

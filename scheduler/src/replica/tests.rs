@@ -1106,3 +1106,27 @@ fn the_snapshot_builder_lowers_only_its_own_priority() {
     assert_ne!(before.1, lowered.1);
     assert_eq!(own_priorities(), before);
 }
+
+/// The builder's CPU time counts its own work and not its waits nor other threads': a
+/// thread that spins for 50 ms and sleeps for 200 ms, beside another spinning for 150 ms, has
+/// used at most its 50 ms (less where it waited for a core), and clearly more than nothing.
+#[test]
+fn a_threads_cpu_time_counts_its_work_and_not_its_waits() {
+    let spin = |wall: Duration| {
+        let started = Instant::now();
+        let mut turns = 0u64;
+        while started.elapsed() < wall {
+            turns = std::hint::black_box(turns + 1);
+        }
+    };
+    let neighbour = std::thread::spawn(move || spin(Duration::from_millis(150)));
+    let started = thread_cpu_time();
+    spin(Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(200));
+    let used = thread_cpu_time().saturating_sub(started);
+    neighbour.join().unwrap();
+    assert!(
+        (Duration::from_millis(10)..Duration::from_millis(80)).contains(&used),
+        "{used:?}"
+    );
+}
