@@ -452,11 +452,6 @@ impl ClusterState {
         Ok(codec::encode(self)?)
     }
 
-    /// Appends the encoding to `out`, a buffer the caller has sized.
-    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<()> {
-        Ok(codec::encode_into(self, out)?)
-    }
-
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         Ok(codec::decode(bytes, "cluster state snapshot")?)
     }
@@ -995,10 +990,12 @@ fn remove_driver(drivers: &mut OrdMap<NodeId, OrdSet<JobId>>, node: NodeId, job:
     }
 }
 
+mod encoding;
 mod lifecycle;
 #[cfg(test)]
 mod tests;
 
+pub use self::encoding::EncodedJobs;
 pub use self::lifecycle::{
     JobSummary, MAX_PER_COMMAND, OutputRelease, ReleaseReason, Removal, utc_time,
 };

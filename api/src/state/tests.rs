@@ -134,6 +134,34 @@ fn cancelling_ends_a_pending_job_and_flags_a_running_one() {
     ));
 }
 
+/// A snapshot's encoding copies each record the last one encoded that has not changed since,
+/// and is byte for byte the whole state's encoding.
+#[test]
+fn an_encoding_copies_the_records_unchanged_since_the_last() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    for n in 1..=3 {
+        state.apply(u64::from(n) + 1, 0, submit_job(n));
+    }
+    let first = state.encode_reusing(&EncodedJobs::default(), 0).unwrap();
+    assert_eq!((first.len(), first.copied()), (3, 0));
+    assert_eq!(first.data().as_ref(), state.encode().unwrap().as_slice());
+    // `first` holds job 2's record, so starting its driver changes a copy of it.
+    let job = JobId::new(2);
+    state.apply(5, 0, Command::StartDriver { job, node: a });
+    state.apply(6, 0, submit_job(4));
+    let second = state.encode_reusing(&first, 0).unwrap();
+    assert_eq!((second.len(), second.copied()), (4, 2));
+    assert_eq!(second.data().as_ref(), state.encode().unwrap().as_slice());
+    let first_job = JobId::new(1);
+    state.apply(7, 0, Command::CancelJob { job: first_job });
+    state.apply(8, 0, Command::DeleteJob { job: first_job });
+    let third = state.encode_reusing(&second, 0).unwrap();
+    assert_eq!((third.len(), third.copied()), (3, 3));
+    assert_eq!(third.data().as_ref(), state.encode().unwrap().as_slice());
+    assert_eq!(ClusterState::decode(third.data()).unwrap(), state);
+}
+
 fn fingerprint(n: u8) -> String {
     format!("{n:032x}")
 }
@@ -668,14 +696,16 @@ proptest::proptest! {
     /// After any history of commands, the indexes `apply` keeps (counts, unfinished,
     /// drivers, ended, holding outputs, actors by job) equal the ones computed from the jobs
     /// and actors alone; no actor outlives its job's run; a copy
-    /// taken earlier is untouched by the later writes (the maps share structure); and the
-    /// snapshot round-trips.
+    /// taken earlier is untouched by the later writes (the maps share structure); an
+    /// encoding that copies the last one's records is the whole state's; and the snapshot
+    /// round-trips.
     #[test]
     fn the_indexes_apply_keeps_equal_a_scan_of_the_jobs(
         steps in proptest::collection::vec(step(), 1..120)
     ) {
         let mut state = ClusterState::default();
         let mut copies = Vec::new();
+        let mut encoded = EncodedJobs::default();
         for (index, step) in steps.iter().enumerate() {
             let at_ms = index as u64 * 10;
             let command = command_of(step, &state, at_ms);
@@ -700,6 +730,11 @@ proptest::proptest! {
             let (old, expiring) = due_by_scan(&state, at_ms);
             proptest::prop_assert_eq!(state.jobs_due_for_history(u64::MAX, 50, at_ms), old);
             proptest::prop_assert_eq!(state.outputs_due_to_expire(50, at_ms), expiring);
+            if index % 4 == 0 {
+                encoded = state.encode_reusing(&encoded, 0).unwrap();
+                let whole = state.encode().unwrap();
+                proptest::prop_assert_eq!(encoded.data().as_ref(), whole.as_slice());
+            }
         }
         for (copy, encoded) in copies {
             proptest::prop_assert_eq!(copy.encode().unwrap(), encoded);

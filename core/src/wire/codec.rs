@@ -6,7 +6,8 @@
 //! claimed length may make serde preallocate, but serde caps that at 1 MiB, which is why the
 //! frame limit (`net.max_frame`) is at least 1 MiB: no input makes a decoder allocate more
 //! than the frame limit in one piece. Every value decodes through [`super::depth::Depth`], so no
-//! input nests deeper than [`MAX_SERDE_DEPTH`] levels, whatever its types. Swapping the codec means changing only this file.
+//! input nests deeper than [`MAX_SERDE_DEPTH`] levels, whatever its types. Swapping the codec
+//! means changing only this file, and keeping the layout [`encode_len`] describes.
 
 use bincode::Options;
 use serde::Serialize;
@@ -27,6 +28,16 @@ pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Resul
     options()
         .serialize_into(out, value)
         .map_err(|error| WireError::Encode(error.to_string()))
+}
+
+/// Appends the length prefix of a map or sequence of `len` entries.
+///
+/// A struct encodes as its fields' encodings one after another, and a map as this prefix
+/// followed by each key's encoding and then its value's. `floe_api`'s snapshot encoder
+/// relies on both to copy the unchanged job records' bytes from the last snapshot; its test
+/// compares the result with [`encode`]'s.
+pub fn encode_len(len: usize, out: &mut Vec<u8>) -> Result<(), WireError> {
+    encode_into(&(len as u64), out)
 }
 
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, WireError> {

@@ -59,7 +59,7 @@ use floe_api::placement::PlacementQueue;
 use floe_api::scheduler_protocol::{
     SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
-use floe_api::state::{ClusterState, Command, LoggedCommand, NodeDeath, Outcome};
+use floe_api::state::{ClusterState, Command, EncodedJobs, LoggedCommand, NodeDeath, Outcome};
 use floe_core::wire::WireConfig;
 
 mod config;
@@ -107,17 +107,20 @@ enum Input {
     SnapshotBuilt(Box<Result<BuiltSnapshot>>, Box<SnapshotSource>),
 }
 
-/// What a snapshot is built from, copied on the Raft loop: the state and the committed
-/// entries after it. The builder hands it back rather than dropping it: the copy is the last
-/// owner of the nodes the loop has replaced since, and freeing memory another thread
-/// allocated takes that thread's allocator lock, which a `SCHED_IDLE` builder preempted in
-/// the middle of a free would hold until a core is idle, stalling the loop's next allocation.
-type SnapshotSource = (ClusterState, Vec<Entry>);
+/// What a snapshot is built from, copied on the Raft loop: the state, the committed entries
+/// after it and the last snapshot's job records. The builder hands it back rather than
+/// dropping it: it is the last owner of the nodes and records the loop has replaced since,
+/// and freeing memory another thread allocated takes that thread's allocator lock, which a
+/// `SCHED_IDLE` builder preempted in the middle of a free would hold until a core is idle,
+/// stalling the loop's next allocation.
+type SnapshotSource = (ClusterState, Vec<Entry>, EncodedJobs);
 
 /// A snapshot whose file is written, ready for the log to drop the entries it covers.
 struct BuiltSnapshot {
     snapshot: Snapshot,
     timing: SnapshotTiming,
+    /// Where the snapshot's job records lie, for the next build to copy.
+    encoded_jobs: EncodedJobs,
     /// The jobs in the snapshot, and how many of them had finished.
     jobs: u64,
     finished_jobs: u64,
@@ -330,6 +333,9 @@ struct RaftLoop<S: LogStore> {
     snapshot_schedule: SnapshotSchedule,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
+    /// The last snapshot's job records, which the next build copies rather than encodes;
+    /// with the builder while one runs.
+    encoded_jobs: EncodedJobs,
     wal_writes: WalWriteTimes,
     /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
     /// frame, so the state is held to half of it (see `lifecycle::finished_that_fit`).
@@ -432,6 +438,7 @@ impl<S: LogStore> RaftLoop<S> {
             ),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
+            encoded_jobs: EncodedJobs::default(),
             wal_writes: WalWriteTimes::default(),
             max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
             finished_that_fit: None,
@@ -867,6 +874,7 @@ impl<S: LogStore> RaftLoop<S> {
                 let BuiltSnapshot {
                     snapshot,
                     mut timing,
+                    encoded_jobs,
                     jobs,
                     finished_jobs,
                 } = (*built)?;
@@ -883,9 +891,12 @@ impl<S: LogStore> RaftLoop<S> {
                     build_ms = timing.build_ms,
                     build_cpu_ms = timing.build_cpu_ms,
                     keep_us = timing.keep_us,
+                    jobs = encoded_jobs.len(),
+                    jobs_copied = encoded_jobs.copied(),
                     "snapshot taken, log compacted"
                 );
                 self.last_snapshot = Some(timing);
+                self.encoded_jobs = encoded_jobs;
                 self.bound_finished_jobs(timing.bytes, jobs, finished_jobs);
             }
             SnapshotBuild::Idle => {}
@@ -923,15 +934,16 @@ impl<S: LogStore> RaftLoop<S> {
         let capacity = self.last_snapshot.map_or(0, |last| {
             usize::try_from(last.bytes + last.bytes / 8).unwrap_or(0)
         });
+        // A build that fails leaves none, and the next one encodes every record.
+        let last_encoded = std::mem::take(&mut self.encoded_jobs);
         let build = move || {
             lower_own_priority();
             let build_started = Instant::now();
             let cpu_started = thread_cpu_time();
-            let mut data = Vec::with_capacity(capacity);
-            let encoded = state.encode_into(&mut data).map(|()| data);
-            let built = encoded.map_err(Error::from).and_then(|data| {
-                let bytes = data.len() as u64;
-                snapshot.data = data.into();
+            let encoded = state.encode_reusing(&last_encoded, capacity);
+            let built = encoded.map_err(Error::from).and_then(|encoded_jobs| {
+                let bytes = encoded_jobs.data().len() as u64;
+                snapshot.data = encoded_jobs.data().clone();
                 writer.prepare(&snapshot, &entries)?;
                 Ok(BuiltSnapshot {
                     snapshot,
@@ -949,6 +961,7 @@ impl<S: LogStore> RaftLoop<S> {
                         started_at_ms,
                         finished_at_ms: 0,
                     },
+                    encoded_jobs,
                     jobs,
                     finished_jobs,
                 })
@@ -956,7 +969,7 @@ impl<S: LogStore> RaftLoop<S> {
             // The loop is gone only when the replica stops; the snapshot goes with it.
             let _ = inputs.blocking_send(Input::SnapshotBuilt(
                 Box::new(built),
-                Box::new((state, entries)),
+                Box::new((state, entries, last_encoded)),
             ));
         };
         // A thread of its own rather than the runtime's blocking pool, since it lowers its
