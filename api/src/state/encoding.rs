@@ -1,7 +1,8 @@
 //! The state's encoding for a snapshot, copying what the last snapshot already encoded.
 //!
-//! Most of a large state is finished jobs, whose records never change again, and encoding
-//! them was the larger part of a snapshot build's CPU time, which commits pay for whatever
+//! Most of a large state is finished jobs, whose records rarely change again (a release of
+//! their output is about all), and encoding them was the larger part of a snapshot build's
+//! CPU time, which commits pay for whatever
 //! the builder's priority (docs/BENCHMARKS.md). Each snapshot keeps where every job record's
 //! bytes lie in it ([`EncodedJobs`]); the next one copies those bytes for each record that
 //! is still the same shared record, and encodes only the others.
@@ -25,7 +26,7 @@ use super::{ClusterState, JobRecord};
 use crate::Result;
 
 /// Where each job record's encoding lies in a snapshot's data, for the next snapshot to copy.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct EncodedJobs {
     data: Bytes,
     /// The records encoded, held so that none of them changes or is freed (see the module's
@@ -37,7 +38,6 @@ pub struct EncodedJobs {
     copied: usize,
 }
 
-#[derive(Debug, Clone)]
 struct EncodedJob {
     id: JobId,
     /// The record's address, which identifies it while `EncodedJobs::_jobs` holds it.
@@ -53,12 +53,8 @@ impl EncodedJobs {
     }
 
     /// How many records' encodings are kept.
-    pub fn len(&self) -> usize {
+    pub fn records(&self) -> usize {
         self.records.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
     }
 
     /// How many records were copied from the last encoding rather than encoded.
@@ -73,7 +69,8 @@ impl ClusterState {
     /// is the result's [`EncodedJobs::data`].
     pub fn encode_reusing(&self, last: &EncodedJobs, capacity: usize) -> Result<EncodedJobs> {
         // Taken apart without `..`, so a field added to the state fails to compile here until
-        // it is encoded, in its declared order.
+        // it is encoded. Fields reordered, or given serde attributes, compile still: the
+        // tests, which compare with `encode`, catch those.
         let ClusterState {
             applied_index,
             applied_commands,
@@ -101,14 +98,14 @@ impl ClusterState {
         codec::encode_into(next_job_id, out)?;
         codec::encode_into(nodes, out)?;
         codec::encode_len(jobs.len(), out)?;
-        let mut kept = last.records.iter().peekable();
+        let mut last_records = last.records.iter().peekable();
         let mut records = Vec::with_capacity(jobs.len());
         let mut copied = 0;
         for (id, record) in jobs {
             codec::encode_into(id, out)?;
-            while kept.next_if(|kept| kept.id < *id).is_some() {}
+            while last_records.next_if(|kept| kept.id < *id).is_some() {}
             let start = out.len();
-            match kept.next_if(|kept| kept.id == *id) {
+            match last_records.next_if(|kept| kept.id == *id) {
                 Some(kept) if kept.address == Arc::as_ptr(record).addr() => {
                     out.extend_from_slice(&last.data[kept.start..kept.end]);
                     copied += 1;

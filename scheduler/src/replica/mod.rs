@@ -668,7 +668,11 @@ impl<S: LogStore> RaftLoop<S> {
 
     fn restore(&mut self, snapshot: &Snapshot) -> Result<()> {
         let before = self.state.applied_index;
-        self.state = ClusterState::decode(&snapshot.data)?;
+        let replaced = std::mem::replace(&mut self.state, ClusterState::decode(&snapshot.data)?);
+        // Nothing in the new state can match the last snapshot's records: both go, freed off
+        // the loop (a whole state's worth of frees).
+        let stale = std::mem::take(&mut self.encoded_jobs);
+        self.runtime.spawn_blocking(move || drop((replaced, stale)));
         tracing::info!(
             replica = self.id,
             index = self.state.applied_index,
@@ -891,8 +895,8 @@ impl<S: LogStore> RaftLoop<S> {
                     build_ms = timing.build_ms,
                     build_cpu_ms = timing.build_cpu_ms,
                     keep_us = timing.keep_us,
-                    jobs = encoded_jobs.len(),
-                    jobs_copied = encoded_jobs.copied(),
+                    jobs = encoded_jobs.records(),
+                    jobs_copied = timing.jobs_copied,
                     "snapshot taken, log compacted"
                 );
                 self.last_snapshot = Some(timing);
@@ -934,7 +938,8 @@ impl<S: LogStore> RaftLoop<S> {
         let capacity = self.last_snapshot.map_or(0, |last| {
             usize::try_from(last.bytes + last.bytes / 8).unwrap_or(0)
         });
-        // A build that fails leaves none, and the next one encodes every record.
+        // A build that fails leaves none, and the next one encodes every record. (A thread
+        // that cannot be started drops `build`, and with it this, on the loop: rare enough.)
         let last_encoded = std::mem::take(&mut self.encoded_jobs);
         let build = move || {
             lower_own_priority();
@@ -957,6 +962,7 @@ impl<S: LogStore> RaftLoop<S> {
                             thread_cpu_time().saturating_sub(cpu_started).as_millis(),
                         )
                         .unwrap_or(u64::MAX),
+                        jobs_copied: encoded_jobs.copied() as u64,
                         keep_us: 0,
                         started_at_ms,
                         finished_at_ms: 0,
@@ -1057,7 +1063,8 @@ fn lower_own_priority() {
     }
 }
 
-/// The calling thread's CPU time so far; zero where the clock cannot be read.
+/// The calling thread's CPU time so far; zero where the clock cannot be read (Linux always
+/// has it), which makes a build's CPU time read zero.
 fn thread_cpu_time() -> Duration {
     let mut now = libc::timespec {
         tv_sec: 0,
@@ -1065,6 +1072,10 @@ fn thread_cpu_time() -> Duration {
     };
     // SAFETY: `now` is a valid timespec that outlives the call.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } == -1 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "this thread's CPU time cannot be read"
+        );
         return Duration::ZERO;
     }
     Duration::new(
