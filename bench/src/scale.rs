@@ -966,20 +966,26 @@ async fn scale(
             .map_or(0.0, |since| since.as_secs_f64() * 1e3);
         millis(began.elapsed()) - (now_ms - at_ms as f64)
     };
-    let windows: Vec<(f64, f64)> = snapshots
-        .values()
-        .map(|timing| {
+    // Each build's replica and span.
+    let windows: Vec<(u64, f64, f64)> = snapshots
+        .iter()
+        .map(|((replica, _), timing)| {
             (
+                *replica,
                 since_epoch(timing.started_at_ms),
                 since_epoch(timing.finished_at_ms),
             )
         })
         .collect();
-    let (during, outside): (Vec<Commit>, Vec<Commit>) = commits.iter().partition(|commit| {
-        windows.iter().any(|(start, end)| {
-            commit.sent_ms <= *end && commit.sent_ms + commit.latency_ms >= *start
-        })
-    });
+    let builds_overlapping = |commit: &Commit| {
+        let (sent, done) = (commit.sent_ms, commit.sent_ms + commit.latency_ms);
+        windows
+            .iter()
+            .filter(move |(_, start, end)| sent <= *end && done >= *start)
+    };
+    let (during, outside): (Vec<Commit>, Vec<Commit>) = commits
+        .iter()
+        .partition(|commit| builds_overlapping(commit).next().is_some());
     let latencies = |commits: &[Commit], kind: Option<CommitKind>| -> Vec<f64> {
         commits
             .iter()
@@ -1067,10 +1073,22 @@ async fn scale(
                 (replica.to_string(), json!(longest(&took).map(round)))
             })
             .collect();
+        // Where in each build it overlapped the commit was sent, so a tail that sits in
+        // one phase of the builds (encoding first, the files last) points at that phase.
+        let builds: Vec<serde_json::Value> = builds_overlapping(commit)
+            .map(|(replica, start, end)| {
+                json!({
+                    "replica": replica,
+                    "sent_after_start_ms": round(commit.sent_ms - start),
+                    "build_ms": round(end - start),
+                })
+            })
+            .collect();
         json!({
             "ms": round(commit.latency_ms),
             "kind": format!("{:?}", commit.kind).to_lowercase(),
             "slow_wal_writes_ms": per_replica,
+            "builds": builds,
         })
     };
     let slowest = |commits: &[Commit]| {
@@ -1199,7 +1217,12 @@ async fn scale(
     let heartbeat_p99_ms = percentile(&mut heartbeat_ms, 0.99);
     let commit_p99_ms = percentile(&mut commit_ms, 0.99);
     let snapshot_build_ms = largest.map(|timing| timing.build_ms);
-    let build_cpu_ms: Vec<u64> = snapshots.values().map(|t| t.build_cpu_ms).collect();
+    let builds_cpu_ms: Vec<serde_json::Value> = snapshots
+        .iter()
+        .map(|((replica, index), timing)| {
+            json!({ "replica": replica, "index": index, "cpu_ms": timing.build_cpu_ms })
+        })
+        .collect();
     let on_loop_ms = |micros: fn(&SnapshotTiming) -> u64| {
         snapshots
             .values()
@@ -1239,7 +1262,8 @@ async fn scale(
         "snapshot_bytes": largest.map(|timing| timing.bytes),
         "snapshot_build_ms": snapshot_build_ms,
         "snapshot_build_cpu_ms": largest.map(|timing| timing.build_cpu_ms),
-        "snapshot_build_cpu_ms_all": build_cpu_ms,
+        "snapshot_build_cpu_ms_all": builds_cpu_ms,
+        "snapshot_jobs_copied": largest.map(|timing| timing.jobs_copied),
         "snapshot_copy_max_ms": on_loop_ms(|timing| timing.copy_us),
         "snapshot_keep_max_ms": on_loop_ms(|timing| timing.keep_us),
         "snapshot_stall_ms": snapshot_stall_ms.map(round),
