@@ -678,6 +678,15 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io("syncing directory", dir))
 }
 
+/// Closes a WAL that was renamed over on a thread of its own. Its last close frees the file's
+/// blocks and page cache, which took 4.5–6 ms in `floe-bench scale`: on the Raft loop, that
+/// is a commit's write waiting. A thread that cannot be started leaves the close to this one.
+fn close_elsewhere(replaced: File) {
+    let _ = std::thread::Builder::new()
+        .name("wal-close".into())
+        .spawn(move || drop(replaced));
+}
+
 /// A next WAL prepared by the snapshot writer and kept with its snapshot: it holds the
 /// committed entries after the snapshot up to `last`, durably, and nothing else yet.
 #[derive(Debug)]
@@ -847,7 +856,7 @@ impl DiskLog {
             .map_err(Error::io("syncing", &next_path))?;
         let wal_path = self.dir.join(WAL_FILE);
         std::fs::rename(&next_path, &wal_path).map_err(Error::io("renaming", &next_path))?;
-        self.wal = next.file;
+        close_elsewhere(std::mem::replace(&mut self.wal, next.file));
         self.snapshot_file.switched();
         Ok(())
     }
@@ -863,10 +872,11 @@ impl DiskLog {
         }
         write_atomically(&self.dir, WAL_FILE, &[&bytes])?;
         let wal_path = self.dir.join(WAL_FILE);
-        self.wal = OpenOptions::new()
+        let wal = OpenOptions::new()
             .append(true)
             .open(&wal_path)
             .map_err(Error::io("opening", &wal_path))?;
+        close_elsewhere(std::mem::replace(&mut self.wal, wal));
         Ok(())
     }
 }

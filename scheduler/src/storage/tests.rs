@@ -355,12 +355,32 @@ fn a_prepared_compaction_moves_to_the_next_wal_with_the_next_write() {
         assert!(!dir.path().join(WAL_NEXT_FILE).exists());
         assert!(wal_len(dir.path()) < wal_before / 5);
         log.persist(&entries(106..=106, 1), None).unwrap();
+        // The WAL renamed over is closed, off this thread, soon after.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !deleted_files_open_under(dir.path()).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the old WAL is still open"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.first_index().unwrap(), 91);
     assert_eq!(all_entries(&log), expected(91..=106, 1));
     assert_eq!(log.latest_snapshot().data.to_vec(), b"state@90");
     assert_eq!(log.initial_state().unwrap().hard_state.commit, 105);
+}
+
+/// The files under `dir` that this process holds open after they were removed or renamed over.
+fn deleted_files_open_under(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| {
+            target.starts_with(dir) && target.to_string_lossy().ends_with(" (deleted)")
+        })
+        .collect()
 }
 
 /// A crash after a prepared snapshot was kept and before the next write: the entries written
