@@ -103,10 +103,11 @@ impl ClusterState {
         let mut copied = 0;
         for (id, record) in jobs {
             codec::encode_into(id, out)?;
+            let address = Arc::as_ptr(record).addr();
             while last_records.next_if(|kept| kept.id < *id).is_some() {}
             let start = out.len();
             match last_records.next_if(|kept| kept.id == *id) {
-                Some(kept) if kept.address == Arc::as_ptr(record).addr() => {
+                Some(kept) if kept.address == address => {
                     out.extend_from_slice(&last.data[kept.start..kept.end]);
                     copied += 1;
                 }
@@ -114,7 +115,7 @@ impl ClusterState {
             }
             records.push(EncodedJob {
                 id: *id,
-                address: Arc::as_ptr(record).addr(),
+                address,
                 start,
                 end: out.len(),
             });

@@ -956,12 +956,8 @@ impl<S: LogStore> RaftLoop<S> {
                         index: applied,
                         bytes,
                         copy_us,
-                        build_ms: u64::try_from(build_started.elapsed().as_millis())
-                            .unwrap_or(u64::MAX),
-                        build_cpu_ms: u64::try_from(
-                            thread_cpu_time().saturating_sub(cpu_started).as_millis(),
-                        )
-                        .unwrap_or(u64::MAX),
+                        build_ms: millis(build_started.elapsed()),
+                        build_cpu_ms: millis(thread_cpu_time().saturating_sub(cpu_started)),
                         jobs_copied: encoded_jobs.copied() as u64,
                         keep_us: 0,
                         started_at_ms,
@@ -1082,6 +1078,10 @@ fn thread_cpu_time() -> Duration {
         u64::try_from(now.tv_sec).unwrap_or(0),
         u32::try_from(now.tv_nsec).unwrap_or(0),
     )
+}
+
+fn millis(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn micros(elapsed: Duration) -> u64 {
