@@ -8,6 +8,7 @@
 mod cache_cli;
 mod cli;
 mod demo;
+mod logging;
 mod node;
 mod scheduler;
 mod token_cli;
@@ -18,10 +19,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use floe_core::config::{ConfigLoader, LogFormat, Service};
+use floe_core::config::{ConfigLoader, Service};
 pub use floe_engine::udf::Registry;
-use floe_node::logs::{LogFiles, RotatingLog};
-use tracing_subscriber::EnvFilter;
 
 /// floe: a distributed data-processing cluster.
 ///
@@ -154,7 +153,7 @@ fn run_cli(cli: Cli, udfs: Arc<Registry>) -> anyhow::Result<()> {
         Command::Worker(args) => Some(args.log_file()),
         _ => None,
     };
-    init_tracing(config.log.format, log_file)?;
+    let _log = logging::init(config.log.format, log_file)?;
     tracing::debug!(?config, "configuration loaded");
     // Every process that may touch object storage (clients list and read footers, drivers
     // publish sinks, workers read and write) builds its stores with these settings.
@@ -226,63 +225,8 @@ fn block_on<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> an
 /// whose output is a listing: servers must never be killed by a peer closing a pipe.
 fn end_quietly_when_stdout_closes() {
     // SAFETY: setting a signal's disposition to its default is async-signal-safe and touches
-    // no Rust state; it runs before any other thread is started.
+    // no Rust state.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-fn init_tracing(format: LogFormat, log_file: Option<node::LogFile>) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env().or_else(|error| {
-        if std::env::var_os(EnvFilter::DEFAULT_ENV).is_some() {
-            Err(error).context("RUST_LOG is not a valid filter")
-        } else {
-            Ok(EnvFilter::new("info"))
-        }
-    })?;
-    let file = log_file
-        .map(|file| {
-            RotatingLog::open(&file.dir, &file.name, LogFiles::default())
-                .with_context(|| format!("cannot open the log file {}", file.dir.display()))
-        })
-        .transpose()?;
-    // Colours only for a person at a terminal: log files and journald get plain text.
-    let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    if file.is_some() {
-        // A panic's message reaches the log file too, where the dashboard reads it.
-        let default_hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            tracing::error!("panicked: {info}");
-            default_hook(info);
-        }));
-    }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(move || StderrAndFile(file.clone()));
-    let installed = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-    installed.map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
-}
-
-/// Writes each log line to stderr and, for nodes and workers, to their rotated log file,
-/// which the dashboard reads.
-struct StderrAndFile(Option<RotatingLog>);
-
-impl std::io::Write for StderrAndFile {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        // A closed stderr (a detached agent) must not stop the file from getting the line.
-        let _ = std::io::stderr().write_all(bytes);
-        match &mut self.0 {
-            Some(file) => file.write_all(bytes).map(|()| bytes.len()),
-            None => Ok(bytes.len()),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
-        self.0.as_mut().map_or(Ok(()), std::io::Write::flush)
     }
 }
