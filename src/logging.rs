@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvError, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -145,11 +145,29 @@ impl LogQueue {
     }
 }
 
-/// The writer thread: writes each line in order; after any that follow dropped ones, logs how
-/// many were dropped (that event is queued like any other).
+/// The writer thread: writes each line in order, and logs how many were dropped each time it
+/// has caught up with the queue (so that event finds room in it).
 fn write_lines(receiver: &Receiver<Message>, mut sink: impl Write, dropped: &AtomicU64) {
     let mut reported = 0;
-    while let Ok(message) = receiver.recv() {
+    loop {
+        let message = match receiver.try_recv() {
+            Ok(message) => message,
+            Err(TryRecvError::Empty) => {
+                let total = dropped.load(Ordering::Relaxed);
+                if total > reported {
+                    tracing::warn!(
+                        lines = total - reported,
+                        "log lines were dropped: writing the log fell behind"
+                    );
+                    reported = total;
+                }
+                match receiver.recv() {
+                    Ok(message) => message,
+                    Err(RecvError) => return,
+                }
+            }
+            Err(TryRecvError::Disconnected) => return,
+        };
         match message {
             // A failed write has nowhere to be reported; the next line may succeed.
             Message::Line(line) => {
@@ -159,14 +177,6 @@ fn write_lines(receiver: &Receiver<Message>, mut sink: impl Write, dropped: &Ato
                 let _ = sink.flush();
                 let _ = done.send(());
             }
-        }
-        let total = dropped.load(Ordering::Relaxed);
-        if total > reported {
-            tracing::warn!(
-                lines = total - reported,
-                "log lines were dropped: writing the log fell behind"
-            );
-            reported = total;
         }
     }
 }
@@ -309,6 +319,45 @@ mod tests {
         if let Some(last) = written.get(CAPACITY) {
             assert!((CAPACITY..SENT).any(|n| *last == line(n)), "{last:?}");
         }
+    }
+
+    #[test]
+    fn the_writer_logs_how_many_lines_it_dropped_once_it_catches_up() {
+        const SENT: usize = 50;
+        let sink = GatedSink::default();
+        let queue = LogQueue::start(sink.clone(), 4).unwrap();
+        // The only global subscriber of this test binary: the writer thread's own event goes
+        // through it, back into the queue, like every other event of the process.
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(queue.clone())
+            .with_ansi(false)
+            .with_env_filter(EnvFilter::new("floe::logging=warn"))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        let closed = sink.gate.lock().unwrap();
+        for n in 0..SENT {
+            queue.push(line(n));
+        }
+        drop(closed);
+        let dropped = queue.dropped.load(Ordering::Relaxed);
+        assert!(dropped > 0, "a queue of 4 holds {SENT} lines");
+        let notice = format!("log lines were dropped: writing the log fell behind lines={dropped}");
+        let deadline = Instant::now() + FLUSH_WAIT;
+        let reported = loop {
+            assert!(queue.flush(FLUSH_WAIT));
+            let lines = sink.lines.lock().unwrap().clone();
+            let notices: Vec<String> = lines
+                .iter()
+                .map(|line| String::from_utf8_lossy(line).into_owned())
+                .filter(|line| line.contains("dropped"))
+                .collect();
+            if !notices.is_empty() || Instant::now() > deadline {
+                break notices;
+            }
+        };
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert!(reported[0].contains("WARN"), "{}", reported[0]);
+        assert!(reported[0].contains(&notice), "{}", reported[0]);
     }
 
     #[test]
