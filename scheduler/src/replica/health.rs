@@ -94,8 +94,7 @@ impl<S: LogStore> RaftLoop<S> {
             }
             let node = candidates[placed % candidates.len()].1;
             placed += 1;
-            // Debug, not info: this runs on the Raft loop once a job, and a log line written
-            // while its file's page is under writeback waited 3–10 ms (`floe-bench scale`).
+            // Debug, not info: at info the leader's log would grow by a line a job.
             tracing::debug!(%job, %node, "placing a job driver");
             self.drivers_proposed.insert(job, now);
             self.propose(Command::StartDriver { job, node }, None);

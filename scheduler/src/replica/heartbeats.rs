@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use floe_api::scheduler_protocol::{LeaderHint, ResourceUsage};
+use floe_api::scheduler_protocol::{LeaderHint, ResourceUsage, SchedulerResponse};
 use floe_api::state::NodeDirectory;
 use floe_core::NodeId;
 
@@ -103,7 +103,8 @@ impl Book {
 impl<S: LogStore> RaftLoop<S> {
     /// Republishes the directory when what it says changed (the applied state, this
     /// replica's role or the leader it knows of), then announces the drivers started this
-    /// turn, so a driver watch woken by one finds it in the directory.
+    /// turn and answers the commands applied, so a driver watch woken by one finds it in the
+    /// directory, and a node's heartbeat right after its registration finds it alive.
     pub(super) fn publish_directory(&mut self) {
         let leading = self.is_leader().then_some(self.raw.raft.term);
         let leader = self.leader_hint();
@@ -121,6 +122,9 @@ impl<S: LogStore> RaftLoop<S> {
         for node in self.unannounced_drivers.drain(..) {
             // No one listening is fine: the node's heartbeat carries it too.
             let _ = self.notices.drivers_started.send(node);
+        }
+        for (reply, outcome) in self.unsent_replies.drain(..) {
+            let _ = reply.send(Ok(SchedulerResponse::Committed(outcome)));
         }
     }
 

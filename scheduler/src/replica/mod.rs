@@ -312,6 +312,9 @@ struct RaftLoop<S: LogStore> {
     /// Nodes named by `StartDriver`s applied this turn, announced once the directory that
     /// holds them is published.
     unannounced_drivers: Vec<NodeId>,
+    /// The answers to commands applied this turn, sent once the directory that holds their
+    /// effects is published: a node that registers and heartbeats at once is found alive.
+    unsent_replies: Vec<(Reply, Outcome)>,
     /// When the health check last ran: a gap of half a node timeout means this replica
     /// itself was stalled (frozen, starved), so the nodes' silence in that gap is not theirs.
     last_health_check: Instant,
@@ -423,6 +426,7 @@ impl<S: LogStore> RaftLoop<S> {
             beats: Arc::new(Beats::default()),
             directory: watch::Sender::new(Arc::new(Directory::default())),
             unannounced_drivers: Vec::new(),
+            unsent_replies: Vec::new(),
             last_health_check: Instant::now(),
             dying: BTreeSet::new(),
             drivers_proposed: BTreeMap::new(),
@@ -482,11 +486,13 @@ impl<S: LogStore> RaftLoop<S> {
             let durable_last = self.raw.store().last_index()?;
             self.standing
                 .settle(self.id, self.raw.raft.raft_log.committed, durable_last);
+            // Answers this turn's commands; before the placing, which changes nothing the
+            // directory holds, so that no answer waits for it.
+            self.publish_directory();
             if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
             self.publish_state();
-            self.publish_directory();
         }
     }
 
@@ -786,7 +792,7 @@ impl<S: LogStore> RaftLoop<S> {
             if let Some(seq) = entry.context.get(8..16).and_then(|seq| seq.try_into().ok()) {
                 let key = (entry.term, u64::from_be_bytes(seq));
                 if let Some(reply) = self.proposals.remove(&key) {
-                    let _ = reply.send(Ok(SchedulerResponse::Committed(outcome)));
+                    self.unsent_replies.push((reply, outcome));
                 }
             }
         }

@@ -158,6 +158,77 @@ async fn proposals_commit_on_every_replica_and_reads_see_them() {
     }
 }
 
+/// A committed command is answered only once the directory heartbeats are answered from
+/// holds its effect: a node that registers and heartbeats at once is found alive, not told to
+/// rejoin. (CI once saw a node register again 2 ms after it registered.) The loop is driven
+/// by hand, so the check is of the order, not of a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_answer_waits_for_the_directory_that_holds_its_effect() {
+    let config = test_config();
+    let peers: BTreeMap<u64, String> = [(1, format!("127.0.0.1:{}", free_port()))].into();
+    let replica_config = ReplicaConfig::new(&config, 1, peers).unwrap();
+    let (inputs, _unread) = mpsc::channel(16);
+    let mut raft_loop = RaftLoop::new(
+        &replica_config,
+        MemoryLog::new(vec![1]),
+        inputs,
+        Notices::new(),
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    raft_loop.raw.campaign().unwrap();
+    for _ in 0..10 {
+        if raft_loop.was_leader {
+            break;
+        }
+        raft_loop.on_ready().unwrap();
+    }
+    assert!(raft_loop.was_leader, "a single voter leads at once");
+    raft_loop.publish_directory();
+    let directory = raft_loop.directory.subscribe();
+
+    let (reply, mut answer) = oneshot::channel();
+    raft_loop.handle(Input::Request {
+        principal: Principal::Member,
+        request: SchedulerRequest::RegisterNode {
+            addresses: NodeAddresses {
+                rpc: "127.0.0.1:1".into(),
+            },
+            resources: resources(4, 1 << 30),
+            memory: NodeMemory::default(),
+            labels: BTreeMap::new(),
+        },
+        reply,
+    });
+    for _ in 0..10 {
+        if !raft_loop.state.nodes.is_empty() {
+            break;
+        }
+        raft_loop.on_ready().unwrap();
+    }
+    let node = *raft_loop
+        .state
+        .nodes
+        .keys()
+        .next()
+        .expect("the registration applied");
+    assert!(!directory.borrow().nodes.is_alive(node));
+    assert!(
+        answer.try_recv().is_err(),
+        "answered before the directory holds the node"
+    );
+
+    raft_loop.publish_directory();
+    assert!(directory.borrow().nodes.is_alive(node));
+    assert!(
+        matches!(
+            answer.try_recv(),
+            Ok(Ok(SchedulerResponse::Committed(Outcome::NodeRegistered(id)))) if id == node
+        ),
+        "answered once it does"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     let config = test_config();
