@@ -486,13 +486,11 @@ impl<S: LogStore> RaftLoop<S> {
             let durable_last = self.raw.store().last_index()?;
             self.standing
                 .settle(self.id, self.raw.raft.raft_log.committed, durable_last);
-            // Answers this turn's commands; before the placing, which changes nothing the
-            // directory holds, so that no answer waits for it.
-            self.publish_directory();
             if std::mem::take(&mut self.jobs_submitted) && self.is_leader() {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
             self.publish_state();
+            self.publish_directory();
         }
     }
 
@@ -669,6 +667,9 @@ impl<S: LogStore> RaftLoop<S> {
         self.raw.advance_apply();
         self.on_role_change();
         self.serve_reads();
+        // Answers the commands just applied, before keeping a built snapshot (its WAL swap
+        // would hold every answer of the turn) and before the rest of the turn.
+        self.publish_directory();
         self.maybe_compact()
     }
 
