@@ -306,7 +306,7 @@ struct RaftLoop<S: LogStore> {
     next_batch: u64,
     /// Heartbeats, recorded by the RPC front (see the `heartbeats` module).
     beats: Arc<Beats>,
-    /// What the RPC front answers heartbeats from, republished after every turn that
+    /// What the RPC front answers heartbeats from, republished after every Ready that
     /// changed it.
     directory: watch::Sender<Arc<Directory>>,
     /// Nodes named by `StartDriver`s applied this turn, announced once the directory that
@@ -490,7 +490,6 @@ impl<S: LogStore> RaftLoop<S> {
                 self.place_drivers(Instant::now(), self.config.node_timeout());
             }
             self.publish_state();
-            self.publish_directory();
         }
     }
 
@@ -667,8 +666,10 @@ impl<S: LogStore> RaftLoop<S> {
         self.raw.advance_apply();
         self.on_role_change();
         self.serve_reads();
-        // Answers the commands just applied, before keeping a built snapshot (its WAL swap
-        // would hold every answer of the turn) and before the rest of the turn.
+        // Everything the directory holds changes only in a Ready (the applied state, and the
+        // role and leader, which raft-rs reports as its soft state), so it is published here
+        // alone: the commands just applied are answered before a built snapshot is kept (its
+        // WAL swap would hold every answer of the turn) and before the rest of the turn.
         self.publish_directory();
         self.maybe_compact()
     }
