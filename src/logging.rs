@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvError, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -152,6 +152,7 @@ fn write_lines(receiver: &Receiver<Message>, mut sink: impl Write, dropped: &Ato
     loop {
         let message = match receiver.try_recv() {
             Ok(message) => message,
+            Err(TryRecvError::Disconnected) => return,
             Err(TryRecvError::Empty) => {
                 let total = dropped.load(Ordering::Relaxed);
                 if total > reported {
@@ -161,12 +162,9 @@ fn write_lines(receiver: &Receiver<Message>, mut sink: impl Write, dropped: &Ato
                     );
                     reported = total;
                 }
-                match receiver.recv() {
-                    Ok(message) => message,
-                    Err(RecvError) => return,
-                }
+                let Ok(message) = receiver.recv() else { return };
+                message
             }
-            Err(TryRecvError::Disconnected) => return,
         };
         match message {
             // A failed write has nowhere to be reported; the next line may succeed.
