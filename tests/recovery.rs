@@ -1,6 +1,7 @@
 //! Restarts after damage, with real processes: a node SIGKILLed with objects in shared memory
-//! and on disk, restarted on the same data directory (and a second node refused there), and a
-//! scheduler replica restarted after its raft log lost its last 100 bytes.
+//! and on disk, restarted on the same data directory (and a second node refused there); one
+//! restarted at its address, which retires its old id at once; and a scheduler replica
+//! restarted after its raft log lost its last 100 bytes.
 
 // Helpers outside #[test] fns fail the test loudly when their set-up fails; that is the point.
 #![allow(clippy::unwrap_used)]
@@ -10,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::{NodeRequest, NodeResponse, TaskKind};
 use floe_api::node_protocol::{OutputRef, TaskSpec, TestTask};
-use floe_api::state::{Command, Outcome};
-use floe_client::local::{LocalNode, LocalSchedulers};
+use floe_api::state::{ClusterState, Command, Liveness, Outcome};
+use floe_client::local::{LocalNode, LocalNodeConfig, LocalSchedulers};
 use floe_core::config::ByteSize;
 use floe_core::wire::WireConfig;
-use floe_core::{SubmissionId, TaskId};
+use floe_core::{NodeId, SubmissionId, TaskId};
 use floe_testkit::cluster::{TestClusterConfig, start_schedulers};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -166,6 +167,86 @@ async fn a_killed_nodes_segment_spill_files_and_socket_are_removed_by_the_next_n
         record.starts_with(&format!("pid={}\n", third.pid())),
         "{record}"
     );
+}
+
+/// A node SIGKILLed and restarted on its data directory at the same address, well inside the
+/// node timeout: its new registration names the old id (from the lock record), and the
+/// scheduler marks the old id dead in the same commit. Before, the old id stayed "alive" until
+/// its heartbeats were missed, at the address the new node serves under another id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_its_address_retires_its_old_id_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(1);
+    // Dead only after a minute without heartbeats: far longer than this test.
+    config.settings.extend([
+        "scheduler.heartbeat_interval_ms=1000".to_owned(),
+        "scheduler.missed_heartbeats=60".to_owned(),
+    ]);
+    let schedulers = start_schedulers(&config, dir.path());
+    schedulers.wait_for_leader(READY_TIMEOUT).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let node_config = LocalNodeConfig {
+        binary: config.binary.clone(),
+        schedulers: schedulers.addrs(),
+        dir: dir.path().to_owned(),
+        name: "node".into(),
+        credentials: config.credentials.clone(),
+        settings: config
+            .settings
+            .iter()
+            .chain(&config.node_settings)
+            .cloned()
+            .collect(),
+    };
+    let lock_record = || std::fs::read_to_string(dir.path().join("node/node.lock")).unwrap();
+    let mut client = schedulers.client().unwrap();
+
+    let mut first = LocalNode::start_on(&node_config, port).unwrap();
+    first.wait_ready(&wire(), 2, READY_TIMEOUT).await.unwrap();
+    let state = client.read_state().await.unwrap();
+    let old = only_alive_node(&state);
+    assert_eq!(state.nodes[&old].addresses.rpc, first.addr());
+    assert!(
+        lock_record().contains(&format!("\nnode={}\n", old.get())),
+        "{}",
+        lock_record()
+    );
+    first.signal("KILL").unwrap();
+    assert!(!first.wait().unwrap());
+    assert!(client.read_state().await.unwrap().nodes[&old].is_alive());
+
+    let second = LocalNode::start_on(&node_config, port).unwrap();
+    second.wait_ready(&wire(), 2, READY_TIMEOUT).await.unwrap();
+    let state = client.read_state().await.unwrap();
+    let new = only_alive_node(&state);
+    assert_ne!(new, old);
+    assert_eq!(state.nodes[&new].addresses.rpc, second.addr());
+    match &state.nodes[&old].liveness {
+        Liveness::Dead { reason, .. } => assert_eq!(
+            *reason,
+            format!(
+                "replaced by node {new}, which registered at its address {}",
+                second.addr()
+            )
+        ),
+        Liveness::Alive => panic!("node {old} is still alive"),
+    }
+    assert!(
+        lock_record().contains(&format!("\nnode={}\n", new.get())),
+        "{}",
+        lock_record()
+    );
+}
+
+/// The one alive node of `state`.
+fn only_alive_node(state: &ClusterState) -> NodeId {
+    let alive: Vec<NodeId> = state.alive_nodes().map(|node| node.id).collect();
+    assert_eq!(alive.len(), 1, "{:?}", state.nodes);
+    alive[0]
 }
 
 /// Submits `count` jobs whose specs are 300 bytes each (so one raft entry is longer than the

@@ -175,6 +175,7 @@ fn a_client_token_cannot_propose_internal_commands() {
                 resources: Resources::default(),
                 memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
+                replaces: None,
             },
             Command::StartDriver { job, node },
             Command::RegisterActor {
@@ -337,6 +338,7 @@ fn a_node_acts_only_for_itself_and_never_as_a_replica() {
                     resources,
                     NodeMemory::default(),
                     BTreeMap::new(),
+                    None,
                 )
                 .await
                 .unwrap();

@@ -156,9 +156,16 @@ pub fn authorize_scheduler(
                 "raft messages are only accepted from replicas, not {other}"
             )),
         },
-        SchedulerRequest::RegisterNode { .. } => match principal {
-            Principal::Member | Principal::Node(_) => Ok(()),
-            other => forbid(format!(
+        SchedulerRequest::RegisterNode { replaces, .. } => match (principal, replaces) {
+            // A member's claim to replace a node holds only at that node's own address, which
+            // `apply` checks.
+            (Principal::Member, _) => Ok(()),
+            (Principal::Node(own), Some(old)) if own != old => forbid(format!(
+                "a node may only replace itself (node {own} registered as the replacement of \
+                 node {old})"
+            )),
+            (Principal::Node(_), _) => Ok(()),
+            (other, _) => forbid(format!(
                 "only cluster members (the cluster secret) may register a node, not {other}"
             )),
         },
@@ -308,7 +315,10 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
 /// this summary agrees with the functions above.
 pub const RIGHTS: &[(&str, &str)] = &[
     ("Raft", "replicas"),
-    ("RegisterNode (request)", "members"),
+    (
+        "RegisterNode (request)",
+        "members; nodes, replacing only themselves",
+    ),
     ("Heartbeat", "the node itself"),
     ("WatchDrivers", "the node itself"),
     ("Place", "registered nodes"),

@@ -230,21 +230,28 @@ impl SchedulerClient {
         }
     }
 
+    /// Registers a node; `replaces` is the id the same agent had before, if any (see
+    /// `Command::RegisterNode`).
     pub async fn register_node(
         &mut self,
         addresses: NodeAddresses,
         resources: Resources,
         memory: NodeMemory,
         labels: BTreeMap<String, String>,
+        replaces: Option<NodeId>,
     ) -> Result<(NodeId, NodeTicket)> {
         let request = SchedulerRequest::RegisterNode {
             addresses,
             resources,
             memory,
             labels,
+            replaces,
         };
         match self.call(&request).await? {
             SchedulerResponse::NodeRegistered { node, ticket } => Ok((node, ticket)),
+            SchedulerResponse::Committed(Outcome::Rejected(reason)) => {
+                Err(Error::RegistrationRefused(reason))
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -38,6 +38,8 @@ pub enum Error {
     Peers(String),
     #[error("no scheduler replica answered: {0}")]
     NoReplica(String),
+    #[error("the scheduler refused the node's registration: {0}")]
+    RegistrationRefused(String),
     #[error(transparent)]
     Placement(#[from] placement::PlacementError),
 }

@@ -55,11 +55,14 @@ pub enum SchedulerRequest {
         #[serde(with = "floe_core::wire::bytes::list")]
         messages: Vec<Vec<u8>>,
     },
+    /// Registers a node; `replaces` is the id the same agent had before (see
+    /// `Command::RegisterNode`).
     RegisterNode {
         addresses: NodeAddresses,
         resources: Resources,
         memory: NodeMemory,
         labels: BTreeMap<String, String>,
+        replaces: Option<NodeId>,
     },
     Heartbeat {
         node: NodeId,

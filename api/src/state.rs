@@ -293,11 +293,15 @@ pub struct LoggedCommand {
 /// A change to the cluster state, proposed through Raft.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
+    /// Registers a node under a new id. `replaces` names the id the same agent had before
+    /// (told to rejoin, or restarted on its data directory at the same address): if that node
+    /// is still alive at the same RPC address, it is marked dead in the same commit.
     RegisterNode {
         addresses: NodeAddresses,
         resources: Resources,
         memory: NodeMemory,
         labels: BTreeMap<String, String>,
+        replaces: Option<NodeId>,
     },
     MarkNodeDead {
         node: NodeId,
@@ -486,9 +490,30 @@ impl ClusterState {
                 resources,
                 memory,
                 labels,
+                replaces,
             } => {
+                let id = NodeId::new(self.next_node_id + 1);
+                if let Some(old) = replaces {
+                    match self.nodes.get(&old) {
+                        Some(record) if record.is_alive() && record.addresses != addresses => {
+                            return Outcome::Rejected(format!(
+                                "node {old} is alive at {}, not at {}: a node replaces only \
+                                 its own predecessor at its address",
+                                record.addresses.rpc, addresses.rpc
+                            ));
+                        }
+                        Some(record) if record.is_alive() => {
+                            let reason = format!(
+                                "replaced by node {id}, which registered at its address {}",
+                                addresses.rpc
+                            );
+                            self.mark_dead(index, at_ms, old, reason);
+                        }
+                        // Dead already, or gone from the state: nothing is left to retire.
+                        _ => {}
+                    }
+                }
                 self.next_node_id += 1;
-                let id = NodeId::new(self.next_node_id);
                 self.nodes.insert(
                     id,
                     NodeRecord {

@@ -548,6 +548,7 @@ impl BenchDriver {
                 Resources::default(),
                 NodeMemory::default(),
                 BTreeMap::new(),
+                None,
             )
             .await?;
         wire.identity.set(Credential::Node {

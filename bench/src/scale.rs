@@ -306,6 +306,7 @@ impl SimulatedNode {
                     system_reserve_bytes: 2 << 30,
                 },
                 BTreeMap::new(),
+                None,
             )
             .await?;
         // From now on every connection of this node presents its ticket, as an agent's does.

@@ -9,12 +9,15 @@
 //! fallback files) and its worker socket. The next node on the directory reads that record,
 //! removes those remains, logs what it removed and writes its own record. Once serving, the
 //! node adds its RPC address, so `floe cache clean` on the host can ask the live node to
-//! clean (the node tells the cache index first).
+//! clean (the node tells the cache index first), and once registered its node id, so the
+//! next node on the directory, at the same address, registers as its replacement and the
+//! scheduler retires the old id at once instead of after missed heartbeats.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
+use floe_core::NodeId;
 use floe_objectstore::{ObjectStore, StoreConfig};
 
 use crate::{Error, Result};
@@ -24,8 +27,11 @@ const LOCK_FILE: &str = "node.lock";
 /// The lock on a node's data directory; released when dropped or when the process dies.
 #[derive(Debug)]
 pub struct DataDirLock {
-    file: File,
-    path: std::path::PathBuf,
+    /// Holds the lock; records are written through files of their own (see [`record_in`]).
+    _file: File,
+    dir: std::path::PathBuf,
+    /// The record of the node that held the directory before, if it left one.
+    predecessor: Option<Holder>,
 }
 
 /// What a node records about itself in its lock file.
@@ -38,6 +44,8 @@ pub struct Holder {
     pub socket: String,
     /// The node's RPC address, once it serves.
     pub rpc: Option<String>,
+    /// The id the scheduler gave the node, once it registered.
+    pub node: Option<NodeId>,
 }
 
 impl Holder {
@@ -46,8 +54,11 @@ impl Holder {
             .rpc
             .as_ref()
             .map_or_else(String::new, |rpc| format!("rpc={rpc}\n"));
+        let node = self
+            .node
+            .map_or_else(String::new, |node| format!("node={}\n", node.get()));
         format!(
-            "pid={}\nstore={}\nsocket={}\n{rpc}",
+            "pid={}\nstore={}\nsocket={}\n{rpc}{node}",
             self.pid, self.store, self.socket
         )
     }
@@ -57,7 +68,7 @@ impl Holder {
         if text.trim().is_empty() {
             return Ok(None);
         }
-        let (mut pid, mut store, mut socket, mut rpc) = (None, None, None, None);
+        let (mut pid, mut store, mut socket, mut rpc, mut node) = (None, None, None, None, None);
         for line in text.lines().filter(|line| !line.trim().is_empty()) {
             let (key, value) = line
                 .split_once('=')
@@ -67,6 +78,7 @@ impl Holder {
                 "store" => &mut store,
                 "socket" => &mut socket,
                 "rpc" => &mut rpc,
+                "node" => &mut node,
                 other => return Err(format!("unknown key {other:?}")),
             };
             if slot.replace(value.to_owned()).is_some() {
@@ -87,6 +99,12 @@ impl Holder {
             store: store.ok_or_else(|| missing("store"))?,
             socket,
             rpc,
+            node: node
+                .map(|node| match node.parse() {
+                    Ok(id) if id > 0 => Ok(NodeId::new(id)),
+                    _ => Err(format!("node {node:?} is not a node id")),
+                })
+                .transpose()?,
         }))
     }
 }
@@ -125,24 +143,44 @@ impl DataDirLock {
             path: path.clone(),
             problem,
         })?;
-        if let Some(predecessor) = predecessor {
-            remove_remains(dir, &predecessor, store)?;
+        if let Some(predecessor) = &predecessor {
+            remove_remains(dir, predecessor, store)?;
         }
-        let mut lock = Self { file, path };
-        lock.record(holder)?;
-        Ok(lock)
+        record_in(dir, holder)?;
+        Ok(Self {
+            _file: file,
+            dir: dir.to_owned(),
+            predecessor,
+        })
+    }
+
+    /// The record the node before this one on the directory left, if any: it is dead.
+    pub fn predecessor(&self) -> Option<&Holder> {
+        self.predecessor.as_ref()
     }
 
     /// Replaces the lock file's record with `holder`.
-    pub fn record(&mut self, holder: &Holder) -> Result<()> {
-        let io = |action| io_error(action, &self.path);
-        let file = &mut self.file;
-        file.set_len(0).map_err(io("truncate"))?;
-        file.seek(SeekFrom::Start(0)).map_err(io("rewind"))?;
-        file.write_all(holder.encode().as_bytes())
-            .and_then(|()| file.sync_data())
-            .map_err(io("write"))
+    pub fn record(&self, holder: &Holder) -> Result<()> {
+        record_in(&self.dir, holder)
     }
+}
+
+/// Replaces the record in the lock file of `dir`, which this process holds, with `holder`.
+/// It writes through a file of its own: the lock is an `flock` on the [`DataDirLock`]'s open
+/// file, which only closing that file releases. So the agent's registration records its id
+/// through this without holding a handle that would keep the directory locked.
+pub fn record_in(dir: &Path, holder: &Holder) -> Result<()> {
+    let path = dir.join(LOCK_FILE);
+    let io = |action| io_error(action, &path);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(io("open"))?;
+    file.set_len(0).map_err(io("truncate"))?;
+    file.seek(SeekFrom::Start(0)).map_err(io("rewind"))?;
+    file.write_all(holder.encode().as_bytes())
+        .and_then(|()| file.sync_data())
+        .map_err(io("write"))
 }
 
 /// The record of the live node holding `dir`, or `None` when no node holds it.
@@ -238,6 +276,7 @@ mod tests {
             store: format!("node-{pid}"),
             socket: format!("node-{pid}.sock"),
             rpc: None,
+            node: None,
         }
     }
 
@@ -259,9 +298,18 @@ mod tests {
         assert_eq!(Holder::decode(&record.encode()), Ok(Some(record.clone())));
         let serving = Holder {
             rpc: Some("127.0.0.1:7000".into()),
-            ..record
+            ..record.clone()
         };
-        assert_eq!(Holder::decode(&serving.encode()), Ok(Some(serving)));
+        assert_eq!(Holder::decode(&serving.encode()), Ok(Some(serving.clone())));
+        let registered = Holder {
+            node: Some(NodeId::new(12)),
+            ..serving
+        };
+        assert_eq!(
+            registered.encode(),
+            "pid=42\nstore=node-42\nsocket=node-42.sock\nrpc=127.0.0.1:7000\nnode=12\n"
+        );
+        assert_eq!(Holder::decode(&registered.encode()), Ok(Some(registered)));
         assert_eq!(Holder::decode(""), Ok(None));
         for (text, problem) in [
             ("pid=1\nstore=a\n", "no socket"),
@@ -269,6 +317,8 @@ mod tests {
             ("pid=1\nstore=a\nsocket=s\ncolour=red\n", "unknown key"),
             ("pid=1\npid=2\nstore=a\nsocket=s\n", "twice"),
             ("pid=1\nstore=a\nsocket=../../etc/x\n", "not a file name"),
+            ("pid=1\nstore=a\nsocket=s\nnode=0\n", "not a node id"),
+            ("pid=1\nstore=a\nsocket=s\nnode=-3\n", "not a node id"),
             ("garbage\n", "not key=value"),
         ] {
             let error = Holder::decode(text).unwrap_err();
@@ -296,17 +346,27 @@ mod tests {
             "{message}"
         );
         // The live holder's record, with its address once it serves, is readable meanwhile.
-        let mut first = first;
         let serving = Holder {
             rpc: Some("127.0.0.1:7000".into()),
             ..holder(std::process::id())
         };
         first.record(&serving).unwrap();
-        assert_eq!(live_holder(dir.path()).unwrap(), Some(serving));
+        assert_eq!(live_holder(dir.path()).unwrap(), Some(serving.clone()));
+        // Once registered, its id, recorded through a file of its own: the lock holds.
+        let serving_registered = Holder {
+            node: Some(NodeId::new(3)),
+            ..serving
+        };
+        record_in(dir.path(), &serving_registered).unwrap();
+        assert_eq!(
+            live_holder(dir.path()).unwrap(),
+            Some(serving_registered.clone())
+        );
         // Released with its holder: the next claim reads the record and takes over.
         drop(first);
         assert_eq!(live_holder(dir.path()).unwrap(), None);
-        DataDirLock::claim(dir.path(), &holder(7), &store).unwrap();
+        let second = DataDirLock::claim(dir.path(), &holder(7), &store).unwrap();
+        assert_eq!(second.predecessor(), Some(&serving_registered));
         let record = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
         assert_eq!(record, holder(7).encode());
     }

@@ -859,9 +859,10 @@ impl NodeAgent {
             store: store_config.name.clone(),
             socket: format!("node-{pid}.sock"),
             rpc: None,
+            node: None,
         };
         // Before anything of this node exists: a second node on the directory stops here.
-        let mut data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
+        let data_dir_lock = DataDirLock::claim(data_dir, &holder, &store_config)?;
         let store = ObjectStore::open(store_config)?;
         let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
         let cpus = u32::try_from(cpus).unwrap_or(u32::MAX);
@@ -924,10 +925,18 @@ impl NodeAgent {
             wire.clone(),
         )
         .await?;
-        data_dir_lock.record(&Holder {
+        let holder = Holder {
             rpc: Some(server.local_addr().to_string()),
             ..holder
-        })?;
+        };
+        data_dir_lock.record(&holder)?;
+        // A killed predecessor at this very address may still count as alive: this node
+        // registers as its replacement. At another address it is left to its heartbeat
+        // timeout (nothing answers there).
+        let replaces = data_dir_lock
+            .predecessor()
+            .filter(|predecessor| predecessor.rpc == holder.rpc)
+            .and_then(|predecessor| predecessor.node);
         let registration = Registration {
             identity: wire.identity.clone(),
             secret: config.cluster.secret.clone(),
@@ -943,9 +952,11 @@ impl NodeAgent {
                 object_store_bytes: pools.object_store,
                 system_reserve_bytes: pools.system_reserve,
             },
+            data_dir: data_dir.clone(),
+            holder,
         };
         let mut client = scheduler_client()?;
-        let node = registration.register(&mut client).await?;
+        let node = registration.register(&mut client, replaces).await?;
         shared.node.store(node.get(), Ordering::Relaxed);
         let batch_rows = u32::try_from(floe_engine::read::DEFAULT_BATCH_ROWS).unwrap_or(u32::MAX);
         let _ = shared.driver_config.set(Arc::new(DriverConfig {
@@ -1060,16 +1071,27 @@ struct Registration {
     addresses: NodeAddresses,
     resources: Resources,
     memory: NodeMemory,
+    data_dir: PathBuf,
+    /// The data directory's lock record, to which each registration adds the node's id.
+    holder: Holder,
 }
 
 impl Registration {
-    async fn register(&self, client: &mut SchedulerClient) -> Result<NodeId> {
+    /// Registers the node; `replaces` is the id this agent had before (see
+    /// `Command::RegisterNode`), which the scheduler retires if it is still alive. The new id
+    /// goes into the data directory's lock record, for the next node there to replace.
+    async fn register(
+        &self,
+        client: &mut SchedulerClient,
+        replaces: Option<NodeId>,
+    ) -> Result<NodeId> {
         let (node, ticket) = client
             .register_node(
                 self.addresses.clone(),
                 self.resources,
                 self.memory,
                 BTreeMap::new(),
+                replaces,
             )
             .await?;
         self.identity.set(Credential::Node {
@@ -1077,6 +1099,14 @@ impl Registration {
             id: node,
             ticket,
         });
+        let holder = Holder {
+            node: Some(node),
+            ..self.holder.clone()
+        };
+        if let Err(error) = data_dir::record_in(&self.data_dir, &holder) {
+            // Only a restart within the node timeout needs it, to retire this id at once.
+            tracing::warn!(%node, %error, "cannot record the node's id in its data directory");
+        }
         Ok(node)
     }
 }
@@ -1290,16 +1320,18 @@ async fn heartbeats(
         };
         match client.heartbeat(node, usage).await {
             Ok(HeartbeatReply::Accepted { drivers }) => shared.sync_drivers(&drivers),
-            Ok(HeartbeatReply::Rejoin) => match registration.register(&mut client).await {
-                Ok(new) => {
-                    tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");
-                    shared.node.store(new.get(), Ordering::Relaxed);
-                    // Replacing the set aborts an indexing under the old id.
-                    indexing = tokio::task::JoinSet::new();
-                    indexing.spawn(index_cache(Arc::clone(&shared), new));
+            Ok(HeartbeatReply::Rejoin) => {
+                match registration.register(&mut client, Some(node)).await {
+                    Ok(new) => {
+                        tracing::warn!(old = %node, %new, "the scheduler declared this node dead; registered again");
+                        shared.node.store(new.get(), Ordering::Relaxed);
+                        // Replacing the set aborts an indexing under the old id.
+                        indexing = tokio::task::JoinSet::new();
+                        indexing.spawn(index_cache(Arc::clone(&shared), new));
+                    }
+                    Err(error) => tracing::error!(%error, "cannot register again"),
                 }
-                Err(error) => tracing::error!(%error, "cannot register again"),
-            },
+            }
             Err(error) => tracing::warn!(%node, %error, "heartbeat failed"),
         }
     }

@@ -156,7 +156,13 @@ pub async fn register_node(
     let member = credentials.member_wire();
     let mut client = SchedulerClient::new(schedulers.addrs(), member.clone()).unwrap();
     let (node, ticket) = client
-        .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
+        .register_node(
+            addresses,
+            resources,
+            NodeMemory::default(),
+            BTreeMap::new(),
+            None,
+        )
         .await
         .unwrap();
     let as_node = member.with_credential(Credential::Node {

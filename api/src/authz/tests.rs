@@ -121,6 +121,7 @@ fn every_command_lists_who_may_propose_it() {
                 resources: Resources::default(),
                 memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
+                replaces: None,
             },
             &[],
         ),
@@ -245,8 +246,21 @@ fn every_request_lists_who_may_send_it() {
                 resources: Resources::default(),
                 memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
+                replaces: None,
             },
             &[MEMBER, DRIVER, OTHER_NODE],
+        ),
+        // A node registers as the replacement of itself only; a member, restarted with no
+        // ticket, as that of any node (`apply` holds it to the node's own address).
+        (
+            SchedulerRequest::RegisterNode {
+                addresses: NodeAddresses::default(),
+                resources: Resources::default(),
+                memory: NodeMemory::default(),
+                labels: BTreeMap::new(),
+                replaces: Some(NodeId::new(2)),
+            },
+            &[MEMBER, OTHER_NODE],
         ),
         (
             SchedulerRequest::Heartbeat {

@@ -14,6 +14,7 @@ fn register(state: &mut ClusterState, index: u64, rpc: &str) -> NodeId {
                 },
                 memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
+                replaces: None,
             },
         )
         .unwrap();
@@ -237,6 +238,75 @@ fn a_death_drops_what_lived_on_the_node_and_requeues_its_drivers() {
         Some(Outcome::Rejected(_))
     ));
     assert_eq!(register(&mut state, 11, "a:1").get(), 3);
+}
+
+/// A registration naming the node it replaces, at `rpc`.
+fn replacement(rpc: &str, replaces: NodeId) -> Command {
+    Command::RegisterNode {
+        addresses: NodeAddresses { rpc: rpc.into() },
+        resources: Resources::default(),
+        memory: NodeMemory::default(),
+        labels: BTreeMap::new(),
+        replaces: Some(replaces),
+    }
+}
+
+#[test]
+fn a_registration_retires_the_live_node_it_replaces_at_its_address_only() {
+    let mut state = ClusterState::default();
+    let a = register(&mut state, 1, "a:1");
+    let b = register(&mut state, 2, "b:1");
+    state.apply(3, 0, submit_job(7));
+    let job = JobId::new(1);
+    state.apply(4, 0, Command::StartDriver { job, node: a });
+
+    // `a` restarted on its data directory at its address: the new id and `a`'s death are one
+    // commit, and `a`'s driver is queued again as after any death.
+    let c = match state.apply(5, 70, replacement("a:1", a)) {
+        Some(Outcome::NodeRegistered(c)) => c,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(c.get(), 3);
+    assert!(state.nodes[&c].is_alive());
+    assert_eq!(
+        state.nodes[&a].liveness,
+        Liveness::Dead {
+            index: 5,
+            at_ms: 70,
+            reason: "replaced by node 3, which registered at its address a:1".into()
+        }
+    );
+    assert_eq!(state.deaths_after(4).len(), 1);
+    let record = &state.jobs[&job];
+    assert_eq!(
+        (record.status.clone(), record.driver),
+        (JobStatus::Pending, None)
+    );
+
+    // A claim on a live node at another address is refused and changes nothing: no node
+    // retires another one by naming it.
+    let before = state.clone();
+    let refused = state.apply(6, 0, replacement("c:1", b));
+    assert_eq!(
+        refused,
+        Some(Outcome::Rejected(
+            "node 2 is alive at b:1, not at c:1: a node replaces only its own predecessor at \
+             its address"
+                .into()
+        ))
+    );
+    assert_eq!(state.nodes, before.nodes);
+    assert!(state.nodes[&b].is_alive());
+
+    // Naming a node dead already, or one the state never had, only registers.
+    for (index, named) in [(7, a), (8, NodeId::new(99))] {
+        assert!(matches!(
+            state.apply(index, 0, replacement("a:1", named)),
+            Some(Outcome::NodeRegistered(_))
+        ));
+    }
+    assert!(state.nodes[&c].is_alive() && state.nodes[&b].is_alive());
+    assert_eq!(state.deaths_after(5), vec![]);
 }
 
 #[test]
@@ -584,6 +654,7 @@ fn command_of(step: &Step, state: &ClusterState, at_ms: u64) -> Command {
             resources: Resources::default(),
             memory: NodeMemory::default(),
             labels: BTreeMap::new(),
+            replaces: None,
         },
         Step::Submit(n) => submit_job(n),
         Step::Start { job, node } => Command::StartDriver {

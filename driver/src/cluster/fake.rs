@@ -380,6 +380,7 @@ impl FakeCluster {
                 resources,
                 memory: NodeMemory::default(),
                 labels: BTreeMap::new(),
+                replaces: None,
             });
             assert_eq!(registered, Outcome::NodeRegistered(NodeId::new(number)));
             inner.leases.upsert_node(NodeId::new(number), resources);

@@ -59,7 +59,9 @@ use floe_api::placement::PlacementQueue;
 use floe_api::scheduler_protocol::{
     SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
-use floe_api::state::{ClusterState, Command, EncodedJobs, LoggedCommand, NodeDeath, Outcome};
+use floe_api::state::{
+    ClusterState, Command, EncodedJobs, Liveness, LoggedCommand, NodeDeath, Outcome,
+};
 use floe_core::wire::WireConfig;
 
 mod config;
@@ -713,6 +715,20 @@ impl<S: LogStore> RaftLoop<S> {
         }
     }
 
+    /// What follows `node`'s death, committed at log `index`: its leases, and those of the
+    /// drivers it ran, go with it, and the death is announced.
+    fn node_died(&mut self, node: NodeId, index: u64) {
+        self.dying.remove(&node);
+        self.leases.remove_node(node);
+        self.leases.revoke_driver(node);
+        self.beats.lock().forget(node);
+        self.retry_waiting();
+        if let Some(death) = self.state.deaths_after(index - 1).pop() {
+            tracing::warn!(node = %death.node, reason = %death.reason, "node committed dead");
+            let _ = self.notices.deaths.send(death);
+        }
+    }
+
     fn apply(&mut self, entries: Vec<Entry>) {
         for entry in entries {
             if entry.data.is_empty() || entry.get_entry_type() != EntryType::EntryNormal {
@@ -732,7 +748,11 @@ impl<S: LogStore> RaftLoop<S> {
                 }
             };
             let effect = match &command {
-                Command::RegisterNode { resources, .. } => Effect::Registered(*resources),
+                Command::RegisterNode {
+                    resources,
+                    replaces,
+                    ..
+                } => Effect::Registered(*resources, *replaces),
                 Command::MarkNodeDead { node, .. } => Effect::Died(*node),
                 Command::SubmitJob { .. } => Effect::Submitted,
                 Command::StartDriver { job, node } => Effect::DriverStarted(*job, *node),
@@ -747,22 +767,19 @@ impl<S: LogStore> RaftLoop<S> {
                 self.record_history(summaries);
             }
             match (effect, &outcome) {
-                (Effect::Registered(resources), Outcome::NodeRegistered(node)) => {
+                (Effect::Registered(resources, replaces), Outcome::NodeRegistered(node)) => {
+                    // The node it replaces, if it was alive, died in the same command.
+                    if let Some(old) = replaces
+                        && self.state.nodes.get(&old).is_some_and(|record| {
+                            matches!(record.liveness, Liveness::Dead { index, .. } if index == entry.index)
+                        })
+                    {
+                        self.node_died(old, entry.index);
+                    }
                     self.leases.upsert_node(*node, resources);
                     self.retry_waiting();
                 }
-                (Effect::Died(node), Outcome::Applied) => {
-                    self.dying.remove(&node);
-                    // Its leases, and those of the drivers it ran, go with it.
-                    self.leases.remove_node(node);
-                    self.leases.revoke_driver(node);
-                    self.beats.lock().forget(node);
-                    self.retry_waiting();
-                    if let Some(death) = self.state.deaths_after(entry.index - 1).pop() {
-                        tracing::warn!(node = %death.node, reason = %death.reason, "node committed dead");
-                        let _ = self.notices.deaths.send(death);
-                    }
-                }
+                (Effect::Died(node), Outcome::Applied) => self.node_died(node, entry.index),
                 (Effect::Died(node), _) => {
                     self.dying.remove(&node);
                 }
@@ -1106,7 +1123,8 @@ fn now_ms() -> u64 {
 }
 
 enum Effect {
-    Registered(floe_api::state::Resources),
+    /// A node registered, replacing the named one, if any.
+    Registered(floe_api::state::Resources, Option<NodeId>),
     Died(NodeId),
     Submitted,
     DriverStarted(JobId, NodeId),

@@ -366,12 +366,14 @@ impl<S: LogStore> RaftLoop<S> {
                 resources,
                 memory,
                 labels,
+                replaces,
             } => self.propose(
                 Command::RegisterNode {
                     addresses,
                     resources,
                     memory,
                     labels,
+                    replaces,
                 },
                 Some(reply),
             ),

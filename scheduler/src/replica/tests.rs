@@ -97,7 +97,13 @@ async fn register_node_wire(
     let member = WireConfig::member(config);
     let mut client = SchedulerClient::new(addrs_of(replicas), member.clone()).unwrap();
     let (node, ticket) = client
-        .register_node(addresses, resources, NodeMemory::default(), BTreeMap::new())
+        .register_node(
+            addresses,
+            resources,
+            NodeMemory::default(),
+            BTreeMap::new(),
+            None,
+        )
         .await
         .unwrap();
     let as_node = member.with_credential(Credential::Node {
@@ -196,6 +202,7 @@ async fn a_commands_answer_waits_for_the_directory_that_holds_its_effect() {
             resources: resources(4, 1 << 30),
             memory: NodeMemory::default(),
             labels: BTreeMap::new(),
+            replaces: None,
         },
         reply,
     });
@@ -291,13 +298,15 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
             .unwrap(),
         HeartbeatReply::Rejoin
     );
-    // A node registers again under its old ticket.
+    // A node registers again under its old ticket, as the replacement of its dead id: the
+    // live node at the same address, which it does not name, stays.
     let (again, _) = quiet_client
         .register_node(
             addresses,
             resources(4, 1 << 30),
             NodeMemory::default(),
             BTreeMap::new(),
+            Some(quiet),
         )
         .await
         .unwrap();
@@ -305,6 +314,35 @@ async fn a_silent_node_is_committed_dead_and_must_rejoin() {
     let state = client.read_state().await.unwrap();
     assert!(!state.nodes[&quiet].is_alive());
     assert!(state.nodes[&chatty].is_alive() && state.nodes[&again].is_alive());
+
+    // A live node that registers as its own replacement (an agent told to rejoin by mistake)
+    // dies in that commit, as any death: announced, its report and leases gone, its
+    // heartbeats answered with a rejoin.
+    let (replacement, _) = chatty_client
+        .register_node(
+            state.nodes[&chatty].addresses.clone(),
+            resources(4, 1 << 30),
+            NodeMemory::default(),
+            BTreeMap::new(),
+            Some(chatty),
+        )
+        .await
+        .unwrap();
+    let announced = client
+        .watch_deaths(deaths[0].index, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert_eq!(announced[0].node, chatty);
+    assert_eq!(
+        announced[0].reason,
+        format!("replaced by node {replacement}, which registered at its address 127.0.0.1:1")
+    );
+    assert!(!client.node_reports().await.unwrap().contains_key(&chatty));
+    assert_eq!(
+        chatty_client.heartbeat(chatty, usage).await.unwrap(),
+        HeartbeatReply::Rejoin
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,7 @@ impl Log {
             },
             memory: NodeMemory::default(),
             labels: BTreeMap::new(),
+            replaces: None,
         };
         match self.apply(0, command) {
             Outcome::NodeRegistered(node) => node,
