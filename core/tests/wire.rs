@@ -51,6 +51,19 @@ enum EchoRequest {
         offset: u64,
         len: usize,
     },
+    /// Answered plainly, with an attachment that only holds a [`Held`].
+    Hold,
+}
+
+/// Holds nothing but counts its drops in [`HELD_DROPPED`] (only one test asks for it).
+struct Held;
+
+static HELD_DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD_DROPPED.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// File attachments the server has dropped (only one test asks for them).
@@ -97,7 +110,8 @@ impl Handler<Echo> for EchoHandler {
             EchoRequest::Fail(kind) => Err(RemoteError::new(kind, "asked to fail")),
             EchoRequest::Repeat { .. }
             | EchoRequest::FromFile { .. }
-            | EchoRequest::Parts { .. } => Err(RemoteError::new(
+            | EchoRequest::Parts { .. }
+            | EchoRequest::Hold => Err(RemoteError::new(
                 RemoteErrorKind::Internal,
                 "answered by handle_attached",
             )),
@@ -146,6 +160,10 @@ impl Handler<Echo> for EchoHandler {
                     rpc::Attachment::new(vec![0; len]).in_file(FileRange { file, offset });
                 (Ok(EchoResponse::Repeated), Some(attachment.then(from_file)))
             }
+            EchoRequest::Hold => (
+                Ok(EchoResponse::Repeated),
+                Some(rpc::Attachment::holding(Held)),
+            ),
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -708,6 +726,32 @@ async fn attachments_arrive_in_the_callers_memory_and_mismatches_are_errors() {
             .unwrap(),
         EchoResponse::Said("Member says again".into())
     );
+}
+
+/// An attachment that only holds something (a node's loan) sends a plain response, and lives
+/// as a sent one does: until the connection's next request, or its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holding_attachment_sends_nothing_and_lives_until_the_next_request() {
+    let server = start_server(wire_config(TOKEN)).await;
+    let mut client = connect(&server, TOKEN).await.unwrap();
+    assert_eq!(
+        client.call(&EchoRequest::Hold).await.unwrap(),
+        EchoResponse::Repeated
+    );
+    assert_eq!(HELD_DROPPED.load(Ordering::SeqCst), 0);
+    client.call(&EchoRequest::Say("next".into())).await.unwrap();
+    assert_eq!(HELD_DROPPED.load(Ordering::SeqCst), 1);
+
+    client.call(&EchoRequest::Hold).await.unwrap();
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while HELD_DROPPED.load(Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held value outlived its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

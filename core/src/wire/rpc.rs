@@ -112,9 +112,12 @@ pub trait Handler<P: Protocol>: Send + Sync + 'static {
 
 /// Bytes sent after a response without being copied into the frame buffer: usually pinned
 /// views of some memory, kept alive until the client has read them. It may have several
-/// parts (ranges of several objects), sent one after the other.
+/// parts (ranges of several objects), sent one after the other. Or, made with
+/// [`Attachment::holding`], no bytes at all: only something kept alive (pins of memory the
+/// client reads by other means) until the client's next request, with a plain response.
 pub struct Attachment {
     parts: Vec<AttachedPart>,
+    held: Option<Box<dyn Send>>,
 }
 
 struct AttachedPart {
@@ -138,7 +141,22 @@ impl Attachment {
                 bytes: Box::new(bytes),
                 file: None,
             }],
+            held: None,
         }
+    }
+
+    /// Sends nothing after a plain response, and keeps `keep` until the connection's next
+    /// request or its end, as a sent attachment's bytes are kept.
+    pub fn holding(keep: impl Send + 'static) -> Self {
+        Self {
+            parts: Vec::new(),
+            held: Some(Box::new(keep)),
+        }
+    }
+
+    /// Whether this attachment only holds something and sends no frame of its own.
+    fn only_holds(&self) -> bool {
+        self.parts.is_empty() && self.held.is_some()
     }
 
     /// Says that the last part's bytes are also `range` of a file. The caller promises that
@@ -153,6 +171,10 @@ impl Attachment {
     /// This attachment followed by `next`'s parts.
     pub fn then(mut self, next: Attachment) -> Self {
         self.parts.extend(next.parts);
+        self.held = match (self.held, next.held) {
+            (Some(first), Some(second)) => Some(Box::new((first, second))),
+            (first, second) => first.or(second),
+        };
         self
     }
 
@@ -595,7 +617,10 @@ async fn serve_connection<P: Protocol, H: Handler<P>>(
                 None,
             ),
         };
-        let sent = match &attachment {
+        let sent = match attachment
+            .as_ref()
+            .filter(|attachment| !attachment.only_holds())
+        {
             None => {
                 stream
                     .send_with(|out| encode_response::<P>(id, &reply, out))
