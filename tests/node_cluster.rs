@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use floe_api::node_protocol::{
-    ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, InputRef, NodeProtocol,
-    NodeRequest, NodeResponse, NodeStatus, OutputRef, Part, PushedShard, TaskFailure, TaskKind,
-    TaskSpec, TestTask, output_id,
+    ActorFailure, ActorKind, ActorMessage, ActorReply, ActorSpec, ByteRange, InputRef,
+    NodeProtocol, NodeRequest, NodeResponse, NodeStatus, OutputRef, Part, PushedShard, TaskFailure,
+    TaskKind, TaskSpec, TestTask, output_id,
 };
 use floe_api::placement::{PlacementRequest, Strategy};
 use floe_api::state::{ClusterState, Liveness, NodeAddresses, Resources};
@@ -517,6 +517,11 @@ async fn a_tasks_parts_on_another_node_come_together_into_one_object_it_deletes(
         0,
         "no whole object moved"
     );
+    // Both nodes run on this host: the parts were read from `b`'s segment, not a socket.
+    assert_eq!(
+        status(a.addr()).await.borrowed_bytes,
+        (6 << 20) + 1_000 + (2 << 20)
+    );
 
     // A part that arrives corrupt names its own object as lost, not the first one pulled.
     let mut corrupt = inputs.clone();
@@ -545,6 +550,59 @@ async fn a_tasks_parts_on_another_node_come_together_into_one_object_it_deletes(
         "{failure:?}"
     );
     assert_eq!(status(a.addr()).await.store.objects_in_memory, before + 1);
+}
+
+/// A loan keeps what it lends pinned for as long as the borrower's connection lasts: freed
+/// meanwhile, the object's bytes stay in the holder's segment where the loan says, and the
+/// connection's end lets them go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loan_pins_its_ranges_until_the_borrowers_connection_ends() {
+    use std::os::unix::fs::FileExt;
+
+    let (_cluster, _a, b) = two_nodes().await;
+    let lent = fill(b.addr(), 1, 4 << 20, 7).await;
+    let bytes = fill_pattern(4 << 20, 7);
+    let mut borrower = client(b.addr()).await;
+    let request = NodeRequest::LendRanges {
+        ranges: vec![ByteRange {
+            object: lent.object,
+            offset: 1_000,
+            len: 3 << 20,
+        }],
+    };
+    let loan = match borrower.call(&request).await.unwrap() {
+        NodeResponse::Lent(loan) => loan,
+        other => panic!("unexpected {other:?}"),
+    };
+    let used = status(b.addr()).await.store.used;
+    assert!(matches!(
+        call(
+            b.addr(),
+            NodeRequest::Free {
+                objects: vec![lent.object]
+            }
+        )
+        .await,
+        NodeResponse::Freed
+    ));
+    let segment = std::fs::File::open(format!("/dev/shm{}", loan.segment)).unwrap();
+    let mut read = vec![0u8; 3 << 20];
+    segment.read_exact_at(&mut read, loan.offsets[0]).unwrap();
+    assert!(
+        read == bytes[1_000..1_000 + (3 << 20)],
+        "the lent bytes changed"
+    );
+    assert_eq!(status(b.addr()).await.store.used, used, "freed while lent");
+
+    drop(borrower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(b.addr()).await.store.used + (4 << 20) > used {
+        assert!(
+            Instant::now() < deadline,
+            "the loan outlived its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

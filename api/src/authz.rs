@@ -292,6 +292,7 @@ pub fn authorize_node(principal: &Principal, request: &NodeRequest) -> Decision 
         }
         NodeRequest::RunTask(_)
         | NodeRequest::ReadRanges { .. }
+        | NodeRequest::LendRanges { .. }
         | NodeRequest::Pull { .. }
         | NodeRequest::Free { .. }
         | NodeRequest::CancelTask { .. }

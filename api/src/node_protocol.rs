@@ -374,6 +374,9 @@ pub struct NodeStatus {
     pub workers_respawned: u64,
     /// Pulls that transferred an object (coalesced requests count once).
     pub pulls_started: u64,
+    /// Object bytes pulled from the segments of other nodes on this host, read in place
+    /// rather than over a socket (`LendRanges`).
+    pub borrowed_bytes: u64,
     pub store: StoreUsage,
     /// The actors this node hosts.
     pub actors: Vec<ActorId>,
@@ -440,6 +443,13 @@ pub enum NodeRequest {
     /// packed in other nodes' objects with few requests. A holder answers a bounded
     /// number of ranges (its `MAX_RANGES_PER_READ`) and a frame of bytes per request.
     ReadRanges {
+        ranges: Vec<ByteRange>,
+    },
+    /// Where byte ranges of local objects lie in this node's shared-memory segment, for a node
+    /// on the same host to read them itself instead of over a socket. The objects stay pinned
+    /// until the connection's next request or its end; the same bounds as `ReadRanges`.
+    /// Refused unless every object is in the segment (not spilled, nor in a file of its own).
+    LendRanges {
         ranges: Vec<ByteRange>,
     },
     /// Makes this node pull `object` from the node at `holder`.
@@ -515,6 +525,22 @@ pub struct ByteRange {
     pub object: ObjectId,
     pub offset: u64,
     pub len: u64,
+}
+
+/// Where the ranges a `LendRanges` asked for lie on the holder's host: all in its store's
+/// shared-memory segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loan {
+    /// The host's boot id (`/proc/sys/kernel/random/boot_id`): the segment's name means this
+    /// segment only to a process under the same running kernel.
+    pub host: String,
+    /// The segment's name (`/floe-<store>`), and its file's device and inode numbers: a file
+    /// by that name with other numbers (another mount of /dev/shm) is not this segment.
+    pub segment: String,
+    pub device: u64,
+    pub inode: u64,
+    /// For each range asked for, in order, the offset of its first byte in the segment.
+    pub offsets: Vec<u64>,
 }
 
 /// The next blocks of a streamed job's output, in output order.
@@ -667,6 +693,7 @@ pub enum NodeResponse {
     ObjectMeta(ObjectMeta),
     /// The bytes asked for (a chunk, or ranges) follow as the reply's attachment.
     Chunk,
+    Lent(Loan),
     /// The object is in this node's store, checksum verified.
     Pulled(OutputRef),
     Freed,

@@ -261,6 +261,7 @@ impl Handler<NodeProtocol> for SimulatedNodes {
                 tasks_failed: 0,
                 workers_respawned: 0,
                 pulls_started: 0,
+                borrowed_bytes: 0,
                 store: Default::default(),
                 actors: Vec::new(),
                 worker_slots: Vec::new(),

@@ -626,6 +626,7 @@ impl Shared {
             tasks_failed: self.tasks_failed.load(Ordering::Relaxed),
             workers_respawned: self.pool.respawned(),
             pulls_started: self.transfers.pulls_started(),
+            borrowed_bytes: self.transfers.borrowed_bytes(),
             store: store_usage(self.store.stats()),
             actors: self.actors.hosted(),
             worker_slots: self.pool.slots(),
@@ -705,6 +706,10 @@ impl Handler<NodeProtocol> for Service {
                 Ok(bytes) => (Ok(NodeResponse::Chunk), Some(bytes)),
                 Err(error) => (Err(remote(error)), None),
             },
+            NodeRequest::LendRanges { ranges } => match self.0.transfers.lend_ranges(&ranges) {
+                Ok((loan, pins)) => (Ok(NodeResponse::Lent(loan)), Some(pins)),
+                Err(error) => (Err(remote(error)), None),
+            },
             other => (self.handle(peer, other).await, None),
         }
     }
@@ -723,10 +728,12 @@ impl Handler<NodeProtocol> for Service {
                 RemoteErrorKind::Internal,
                 format!("chunks of {object} are answered with an attachment"),
             )),
-            NodeRequest::ReadRanges { .. } => Err(RemoteError::new(
-                RemoteErrorKind::Internal,
-                "ranges are answered with an attachment",
-            )),
+            NodeRequest::ReadRanges { .. } | NodeRequest::LendRanges { .. } => {
+                Err(RemoteError::new(
+                    RemoteErrorKind::Internal,
+                    "ranges are answered with an attachment",
+                ))
+            }
             NodeRequest::Pull { object, holder } => {
                 let pulled = shared
                     .transfers

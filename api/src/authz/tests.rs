@@ -8,6 +8,7 @@ use floe_core::job::JobStats;
 use floe_core::{ActorId, JobId, NodeId, ObjectId, SubmissionId, TaskId};
 
 use super::*;
+use crate::node_protocol::ByteRange;
 use crate::scheduler_protocol::ResourceUsage;
 use crate::state::{
     ActorRecord, CachedShard, JobOutcome, JobRecord, JobStatus, Liveness, NodeAddresses,
@@ -405,6 +406,17 @@ fn clients_may_only_fetch_results_from_nodes() {
             members,
         ),
         (NodeRequest::StopActor { actor: ACTOR }, members),
+        // A loan pins objects and names the holder's segment: for nodes, never clients.
+        (
+            NodeRequest::LendRanges {
+                ranges: vec![ByteRange {
+                    object,
+                    offset: 0,
+                    len: 1,
+                }],
+            },
+            members,
+        ),
     ];
     for (request, allowed) in requests {
         let name = format!("{request:?}");

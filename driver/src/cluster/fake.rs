@@ -695,6 +695,7 @@ impl FakeCluster {
             // The fake keeps the bytes: it serves no fetch that would load them again.
             NodeRequest::ReadChunk { .. }
             | NodeRequest::ReadRanges { .. }
+            | NodeRequest::LendRanges { .. }
             | NodeRequest::Pull { .. }
             | NodeRequest::CleanCache { .. }
             | NodeRequest::ReadLogs(_)
@@ -724,6 +725,7 @@ impl FakeCluster {
             tasks_failed: 0,
             workers_respawned: 0,
             pulls_started: 0,
+            borrowed_bytes: 0,
             store: StoreUsage {
                 capacity: inner.config.store_bytes_per_node,
                 used,

@@ -155,6 +155,8 @@ struct LiveJson {
     tasks_failed: u64,
     workers_respawned: u64,
     pulls_started: u64,
+    /// Object bytes pulled from other nodes on this host by reading their segments.
+    borrowed_bytes: u64,
     /// The node's process tree's CPU use, as a share of its CPUs (0 to 1).
     cpu_utilization: f64,
     heap_used_bytes: u64,
@@ -232,6 +234,7 @@ fn live_json(status: NodeStatus) -> LiveJson {
         tasks_failed: status.tasks_failed,
         workers_respawned: status.workers_respawned,
         pulls_started: status.pulls_started,
+        borrowed_bytes: status.borrowed_bytes,
         store: StoreJson {
             capacity_bytes: store.capacity,
             used_bytes: store.used,

@@ -1370,7 +1370,8 @@ pages.node = {
       return section('Workers and tasks',
         el('p', { id: 'node-workers' }, `${fmtCount(live.workers)} workers ready, ${fmtCount(live.running.length)} running a task; `
           + `${fmtCount(live.tasks_finished)} tasks finished, ${fmtCount(live.tasks_failed)} failed, `
-          + `${fmtCount(live.workers_respawned)} workers restarted, ${fmtCount(live.pulls_started)} pulls; `
+          + `${fmtCount(live.workers_respawned)} workers restarted, ${fmtCount(live.pulls_started)} pulls, `
+          + `${fmtBytes(live.borrowed_bytes)} read in place from nodes on this host; `
           + `${fmtCount(live.actors.length)} actors hosted (`, el('a', { href: '#/actors' }, 'actors'), ')'),
         t);
     });
