@@ -447,8 +447,9 @@ pub enum NodeRequest {
     },
     /// Where byte ranges of local objects lie in this node's shared-memory segment, for a node
     /// on the same host to read them itself instead of over a socket. The objects stay pinned
-    /// until the connection's next request or its end; the same bounds as `ReadRanges`.
-    /// Refused unless every object is in the segment (not spilled, nor in a file of its own).
+    /// until the connection's next request or its end. At most as many ranges as `ReadRanges`,
+    /// of any length (no frame carries them). Refused unless every object is in the segment
+    /// (not spilled, nor in a file of its own).
     LendRanges {
         ranges: Vec<ByteRange>,
     },

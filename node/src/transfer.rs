@@ -224,7 +224,8 @@ impl Transfers {
     /// (an empty one only asks whether the object is here); together they must fit in a
     /// frame with the reply, and be at most [`MAX_RANGES_PER_READ`].
     pub fn read_ranges(&self, ranges: &[ByteRange]) -> Result<Attachment> {
-        let total = self.check_ranges(ranges)?;
+        let total = self.total_within_frame(ranges)?;
+        check_count(ranges)?;
         // An object's own file is opened once, however many of its ranges are asked for.
         let mut files: HashMap<ObjectId, Option<Arc<std::fs::File>>> = HashMap::new();
         let mut attachment: Option<Attachment> = None;
@@ -246,10 +247,11 @@ impl Transfers {
 
     /// Where `ranges` of local objects lie in this node's segment, for a node on the same host
     /// to read them itself, and an attachment that keeps the objects pinned until that node's
-    /// next request or the connection's end. The bounds of [`Self::read_ranges`]; refused
-    /// unless every range's object lies in the segment.
+    /// next request or the connection's end. At most as many ranges as
+    /// [`Self::read_ranges`] (each pins its object), of any length (no frame carries them);
+    /// refused unless every range's object lies in the segment.
     pub fn lend_ranges(&self, ranges: &[ByteRange]) -> Result<(Loan, Attachment)> {
-        self.check_ranges(ranges)?;
+        check_count(ranges)?;
         let refused = |object: ObjectId, reason: &str| Error::Transfer {
             object,
             reason: format!("cannot lend it: {reason}"),
@@ -296,33 +298,22 @@ impl Transfers {
         Ok((loan, Attachment::holding(views)))
     }
 
-    /// The total length of `ranges` if one request may ask for them: at most
-    /// [`MAX_RANGES_PER_READ`], together within a reply's frame.
-    fn check_ranges(&self, ranges: &[ByteRange]) -> Result<u64> {
+    /// The total length of `ranges` if a reply's frame holds it.
+    fn total_within_frame(&self, ranges: &[ByteRange]) -> Result<u64> {
         let frame = (self.wire.max_frame as u64).saturating_sub(REPLY_ENVELOPE);
-        let total = ranges
+        ranges
             .iter()
             .try_fold(0u64, |total, range| total.checked_add(range.len))
-            .filter(|total| *total <= frame);
-        let refused = |reason: String| Error::Transfer {
-            object: ranges
-                .first()
-                .map_or(ObjectId::new(0), |range| range.object),
-            reason,
-        };
-        let Some(total) = total else {
-            return Err(refused(format!(
-                "{} ranges ask for more than the {frame} bytes a reply's frame holds",
-                ranges.len()
-            )));
-        };
-        if ranges.len() > MAX_RANGES_PER_READ {
-            return Err(refused(format!(
-                "{} ranges are more than the {MAX_RANGES_PER_READ} one request may ask for",
-                ranges.len()
-            )));
-        }
-        Ok(total)
+            .filter(|total| *total <= frame)
+            .ok_or_else(|| {
+                refused_request(
+                    ranges,
+                    format!(
+                        "{} ranges ask for more than the {frame} bytes a reply's frame holds",
+                        ranges.len()
+                    ),
+                )
+            })
     }
 
     /// `range`'s object, pinned, and the range's bytes in it, which must lie inside it.
@@ -986,6 +977,31 @@ fn seal_verified(mut writer: ObjectWriter, expected: u64) -> Result<OutputRef> {
 
 /// `range` of a pinned object's bytes as an attachment: sent with `sendfile` from `file` (the
 /// object's source file, see [`Transfers::source_file`]) when there is one.
+/// An error unless one request may ask for this many ranges: at most
+/// [`MAX_RANGES_PER_READ`].
+fn check_count(ranges: &[ByteRange]) -> Result<()> {
+    if ranges.len() > MAX_RANGES_PER_READ {
+        return Err(refused_request(
+            ranges,
+            format!(
+                "{} ranges are more than the {MAX_RANGES_PER_READ} one request may ask for",
+                ranges.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A request for `ranges` refused for `reason`, named by its first range's object.
+fn refused_request(ranges: &[ByteRange], reason: String) -> Error {
+    Error::Transfer {
+        object: ranges
+            .first()
+            .map_or(ObjectId::new(0), |range| range.object),
+        reason,
+    }
+}
+
 /// `dest` cut into each part's place as `packing` lays them out, the padding before each
 /// zeroed.
 fn part_places<'a>(packing: &Packing, mut dest: &'a mut [u8]) -> Vec<&'a mut [u8]> {
@@ -1088,7 +1104,7 @@ fn unexpected(object: ObjectId, response: &NodeResponse) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use floe_core::config::{ClusterSecret, Config};
+    use floe_core::config::{ByteSize, ClusterSecret, Config};
     use floe_objectstore::{Backing, StoreConfig};
 
     use super::*;
@@ -1116,7 +1132,7 @@ mod tests {
     fn shared_transfers(dir: &std::path::Path, name: &str) -> Transfers {
         let store = ObjectStore::open(StoreConfig {
             name: format!("{name}-{}", std::process::id()),
-            capacity: 1 << 20,
+            capacity: 4 << 20,
             spill_threshold: 1.0,
             min_spilling_size: 1 << 20,
             spill_dir: dir.join("spill"),
@@ -1125,6 +1141,7 @@ mod tests {
         .unwrap();
         let mut config = Config::default();
         config.cluster.secret = ClusterSecret::new("unit");
+        config.net.max_frame = ByteSize::mib(1);
         Transfers::new(store, WireConfig::member(&config), &config.node)
     }
 
@@ -1204,6 +1221,25 @@ mod tests {
         }
         // A loan past the segment's end is not read.
         assert!(read_lent(&segment, &[u64::MAX - 2], &mut [&mut three]).is_err());
+
+        // No frame carries lent bytes: a range past a frame is lent, not read.
+        let large = ObjectId::new(3);
+        let bytes: Vec<u8> = (0..2 << 20).map(|i| (i % 251) as u8).collect();
+        transfers.store.put(large, &bytes).unwrap();
+        let whole = [range(large, 0, 2 << 20)];
+        assert!(matches!(
+            transfers.read_ranges(&whole),
+            Err(Error::Transfer { .. })
+        ));
+        let (loan, _pins) = transfers.lend_ranges(&whole).unwrap();
+        let mut read = vec![0u8; 2 << 20];
+        read_lent(&segment, &loan.offsets, &mut [&mut read]).unwrap();
+        assert!(read == bytes, "not the object's bytes");
+        assert!(
+            transfers
+                .lend_ranges(&vec![range(large, 0, 1); MAX_RANGES_PER_READ + 1])
+                .is_err()
+        );
     }
 
     #[test]
