@@ -1128,6 +1128,14 @@ mod tests {
         Transfers::new(store, WireConfig::member(&config), &config.node)
     }
 
+    fn range(object: ObjectId, offset: u64, len: u64) -> ByteRange {
+        ByteRange {
+            object,
+            offset,
+            len,
+        }
+    }
+
     /// A store in shared memory (a segment in /dev/shm), named for this test process.
     fn shared_transfers(dir: &std::path::Path, name: &str) -> Transfers {
         let store = ObjectStore::open(StoreConfig {
@@ -1155,11 +1163,6 @@ mod tests {
         let (first, second) = (ObjectId::new(1), ObjectId::new(2));
         transfers.store.put(first, b"0123456789").unwrap();
         transfers.store.put(second, b"abcdef").unwrap();
-        let range = |object, offset, len| ByteRange {
-            object,
-            offset,
-            len,
-        };
         let (loan, pins) = transfers
             .lend_ranges(&[range(first, 2, 3), range(second, 1, 4)])
             .unwrap();
@@ -1248,12 +1251,8 @@ mod tests {
         let transfers = transfers(dir.path());
         let object = ObjectId::new(1);
         transfers.store.put(object, b"in the heap").unwrap();
-        let ranges = [ByteRange {
-            object,
-            offset: 0,
-            len: 3,
-        }];
-        let Err(Error::Transfer { reason, .. }) = transfers.lend_ranges(&ranges) else {
+        let Err(Error::Transfer { reason, .. }) = transfers.lend_ranges(&[range(object, 0, 3)])
+        else {
             panic!("a heap object was lent");
         };
         assert!(
@@ -1343,11 +1342,6 @@ mod tests {
         let (first, second) = (ObjectId::new(1), ObjectId::new(2));
         transfers.store.put(first, b"0123456789").unwrap();
         transfers.store.put(second, b"abcdef").unwrap();
-        let range = |object, offset, len| ByteRange {
-            object,
-            offset,
-            len,
-        };
         let bytes =
             |attachment: Attachment| attachment.parts().flatten().copied().collect::<Vec<u8>>();
 
