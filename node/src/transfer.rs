@@ -108,9 +108,18 @@ pub(crate) struct Transfers {
     /// share): pulled from over sockets without asking for a loan. Bounded by
     /// [`MAX_REMOTE_HOLDERS`].
     remote_holders: Mutex<std::collections::HashSet<String>>,
-    /// The store's segment opened as a file when a chunk from it is first sent (`None` if
-    /// that failed: chunks are then sent from memory). A store has one segment for life.
-    segment_file: OnceLock<Option<Arc<std::fs::File>>>,
+    /// The store's segment opened as a file when a chunk from it is first sent or lent (`None`
+    /// if that failed: chunks are then sent from memory, and nothing is lent). A store has one
+    /// segment for life.
+    segment_file: OnceLock<Option<SegmentFile>>,
+}
+
+/// The store's segment as a file, with what names it in a [`Loan`].
+struct SegmentFile {
+    file: Arc<std::fs::File>,
+    os_id: String,
+    device: u64,
+    inode: u64,
 }
 
 impl Transfers {
@@ -204,19 +213,37 @@ impl Transfers {
     /// or a file that cannot be opened: the chunk is then sent from the mapping.
     fn source_file(&self, source: &ObjectSource) -> Option<Arc<std::fs::File>> {
         match source {
-            ObjectSource::Segment { .. } => {}
-            ObjectSource::File { .. } => return source.open_file().ok().flatten().map(Arc::new),
-            ObjectSource::Heap { .. } => return None,
+            ObjectSource::Segment { os_id } => {
+                self.segment_file(os_id).map(|segment| segment.file.clone())
+            }
+            ObjectSource::File { .. } => source.open_file().ok().flatten().map(Arc::new),
+            ObjectSource::Heap { .. } => None,
         }
+    }
+
+    /// The store's segment, `os_id`, opened when first asked for.
+    fn segment_file(&self, os_id: &str) -> Option<&SegmentFile> {
         self.segment_file
-            .get_or_init(|| match source.open_file() {
-                Ok(file) => file.map(Arc::new),
-                Err(error) => {
-                    tracing::warn!(%error, "sending chunks from memory: cannot open the segment");
-                    None
-                }
+            .get_or_init(|| {
+                let source = ObjectSource::Segment {
+                    os_id: os_id.to_owned(),
+                };
+                let file = match source.open_file() {
+                    Ok(file) => file?,
+                    Err(error) => {
+                        tracing::warn!(%error, "sending chunks from memory: cannot open the segment");
+                        return None;
+                    }
+                };
+                let metadata = file.metadata().ok()?;
+                Some(SegmentFile {
+                    file: Arc::new(file),
+                    os_id: os_id.to_owned(),
+                    device: metadata.dev(),
+                    inode: metadata.ino(),
+                })
             })
-            .clone()
+            .as_ref()
     }
 
     /// Byte ranges of local objects, one after the other, as one attachment that keeps the
@@ -263,36 +290,32 @@ impl Transfers {
             .host
             .clone()
             .ok_or_else(|| refused(first, "this node cannot read its host's boot id"))?;
-        let mut segment: Option<(String, Arc<std::fs::File>)> = None;
         let mut views = Vec::with_capacity(ranges.len());
         let mut offsets = Vec::with_capacity(ranges.len());
         for range in ranges {
             let (view, bytes) = self.view_of(range)?;
-            let source = &view.location().source;
-            let ObjectSource::Segment { os_id } = source else {
+            if !matches!(view.location().source, ObjectSource::Segment { .. }) {
                 return Err(refused(
                     range.object,
                     "it is not in the store's segment (spilled, or in a file of its own)",
                 ));
-            };
-            if segment.is_none() {
-                let file = self
-                    .source_file(source)
-                    .ok_or_else(|| refused(range.object, "the segment cannot be opened"))?;
-                segment = Some((os_id.clone(), file));
             }
             offsets.push(view.location().payload_offset() + bytes.start as u64);
             views.push(view);
         }
-        let (segment, file) = segment.ok_or_else(|| refused(first, "no range was asked for"))?;
-        let metadata = file
-            .metadata()
-            .map_err(|error| refused(first, &format!("the segment's file: {error}")))?;
+        let Some(view) = views.first() else {
+            return Err(refused(first, "no range was asked for"));
+        };
+        let segment = match &view.location().source {
+            ObjectSource::Segment { os_id } => self.segment_file(os_id),
+            _ => None,
+        }
+        .ok_or_else(|| refused(first, "the segment cannot be opened"))?;
         let loan = Loan {
             host,
-            segment,
-            device: metadata.dev(),
-            inode: metadata.ino(),
+            segment: segment.os_id.clone(),
+            device: segment.device,
+            inode: segment.inode,
             offsets,
         };
         Ok((loan, Attachment::holding(views)))
