@@ -225,7 +225,10 @@ impl SchedulerClient {
     /// A linearizable read of the cluster state.
     pub async fn read_state(&mut self) -> Result<ClusterState> {
         match self.call(&SchedulerRequest::ReadState).await? {
-            SchedulerResponse::State(state) => Ok(*state),
+            SchedulerResponse::State(mut state) => {
+                state.index_submissions();
+                Ok(*state)
+            }
             other => Err(unexpected(other)),
         }
     }

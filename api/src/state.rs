@@ -405,9 +405,10 @@ pub enum Outcome {
 /// ([`OrdMap`], [`OrdSet`]), so a clone is O(1) and a later write copies one path of the
 /// tree, never the whole map. They iterate in key order like `BTreeMap`, and encode the same.
 ///
-/// `unfinished`, `drivers`, `job_counts`, `ended` and `holding_outputs` are indexes derived
-/// from `jobs`, and `actors_by_job` from `actors`, kept by `apply` (and by
-/// [`ClusterState::reindex`] for a state built by hand).
+/// `submissions`, `unfinished`, `drivers`, `job_counts`, `ended` and `holding_outputs` are
+/// indexes derived from `jobs`, and `actors_by_job` from `actors`, kept by `apply` (and by
+/// [`ClusterState::reindex`] for a state built by hand); of them only `submissions` is left
+/// out of the encoding and rebuilt by a decode.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
     /// The last log index applied; saved with the state so a restart never applies an entry
@@ -421,7 +422,11 @@ pub struct ClusterState {
     /// Shared records, so the path a write copies holds pointers rather than specs and
     /// outputs; `apply` copies a record on write.
     pub jobs: OrdMap<JobId, Arc<JobRecord>>,
-    /// Which job each submission became, so a retried submission finds its job.
+    /// Which job each submission became, so a retried submission finds its job. Derived from
+    /// the jobs and not encoded: its keys are random, so the jobs submitted between two
+    /// snapshots would change every chunk of it (`state/encoding.rs`). Every decode rebuilds
+    /// it ([`ClusterState::decode`], [`crate::client::SchedulerClient::read_state`]).
+    #[serde(skip)]
     pub submissions: OrdMap<SubmissionId, JobId>,
     pub actors: OrdMap<ActorId, ActorRecord>,
     /// Bounded by the cached fingerprints, not by jobs; a plain map.
@@ -457,7 +462,18 @@ impl ClusterState {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        Ok(codec::decode(bytes, "cluster state snapshot")?)
+        let mut state: Self = codec::decode(bytes, "cluster state snapshot")?;
+        state.index_submissions();
+        Ok(state)
+    }
+
+    /// Rebuilds `submissions`, which is not encoded, from the jobs.
+    pub fn index_submissions(&mut self) {
+        self.submissions = self
+            .jobs
+            .values()
+            .map(|job| (job.submission, job.id))
+            .collect();
     }
 
     /// Records that the entry at `index` was applied without a command (an empty entry a new
@@ -931,11 +947,12 @@ impl ClusterState {
         }
     }
 
-    /// Recomputes the indexes derived from `jobs` (`unfinished`, `drivers`, `job_counts`,
-    /// `ended`, `holding_outputs`) and from `actors` (`actors_by_job`), for a state whose
+    /// Recomputes the indexes derived from `jobs` (`submissions`, `unfinished`, `drivers`,
+    /// `job_counts`, `ended`, `holding_outputs`) and from `actors` (`actors_by_job`), for a state whose
     /// jobs and actors were set field by field rather than applied (test fixtures); `apply`
     /// keeps them without it.
     pub fn reindex(&mut self) {
+        self.index_submissions();
         self.unfinished = OrdSet::new();
         self.drivers = OrdMap::new();
         self.job_counts = JobCounts::default();

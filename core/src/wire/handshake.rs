@@ -20,7 +20,7 @@ use super::{FramedStream, WireError, codec, within};
 use crate::auth::{Authenticator, Credential, Principal};
 
 /// Bumped whenever any message layout changes; peers must match exactly.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 pub const MAGIC: [u8; 4] = *b"FLOE";
 /// The frame limit until the peer has presented a valid credential.
 pub const HANDSHAKE_MAX_FRAME: usize = 4096;
