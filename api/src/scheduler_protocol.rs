@@ -235,8 +235,10 @@ pub struct SnapshotTiming {
     /// The builder's CPU time: what commits pay for while it runs, whatever its priority,
     /// where `build_ms` also counts its waits for a core.
     pub build_cpu_ms: u64,
-    /// How many job records the build copied from the last snapshot instead of encoding.
-    pub jobs_copied: u64,
+    /// Bytes of the encoding the build copied from the last snapshot instead of encoding.
+    pub reused_bytes: u64,
+    /// Bytes the build wrote to new piece files: the pieces no earlier snapshot had stored.
+    pub written_bytes: u64,
     /// Dropping the covered entries, on the Raft loop (the log files are written off it).
     pub keep_us: u64,
     /// When the copy was taken and when the snapshot was kept, in milliseconds since the

@@ -1037,7 +1037,7 @@ mod lifecycle;
 #[cfg(test)]
 mod tests;
 
-pub use self::encoding::EncodedJobs;
+pub use self::encoding::{EncodedState, Piece};
 pub use self::lifecycle::{
     JobSummary, MAX_PER_COMMAND, OutputRelease, ReleaseReason, Removal, utc_time,
 };

@@ -1222,7 +1222,13 @@ async fn scale(
     let builds_cpu_ms: Vec<serde_json::Value> = snapshots
         .iter()
         .map(|((replica, index), timing)| {
-            json!({ "replica": replica, "index": index, "cpu_ms": timing.build_cpu_ms })
+            json!({
+                "replica": replica,
+                "index": index,
+                "cpu_ms": timing.build_cpu_ms,
+                "build_ms": timing.build_ms,
+                "written_bytes": timing.written_bytes,
+            })
         })
         .collect();
     let on_loop_ms = |micros: fn(&SnapshotTiming) -> u64| {
@@ -1265,7 +1271,8 @@ async fn scale(
         "snapshot_build_ms": snapshot_build_ms,
         "snapshot_build_cpu_ms": largest.map(|timing| timing.build_cpu_ms),
         "snapshot_build_cpu_ms_all": builds_cpu_ms,
-        "snapshot_jobs_copied": largest.map(|timing| timing.jobs_copied),
+        "snapshot_reused_bytes": largest.map(|timing| timing.reused_bytes),
+        "snapshot_written_bytes": largest.map(|timing| timing.written_bytes),
         "snapshot_copy_max_ms": on_loop_ms(|timing| timing.copy_us),
         "snapshot_keep_max_ms": on_loop_ms(|timing| timing.keep_us),
         "snapshot_stall_ms": snapshot_stall_ms.map(round),

@@ -11,14 +11,21 @@
 //! tail is cut off) from damage in the middle of the log (an error: entries that may have been
 //! acknowledged must never silently disappear). A cut tail is reported as a [`LostTail`], which
 //! tells the replica whether it provably lost entries it had acknowledged.
+//!
+//! A snapshot file holds either the whole snapshot in one record (one installed from the
+//! leader) or a manifest: the snapshot without its data, then where each piece of the data
+//! lies in the piece files (`snapshot.pieces.<index>`, records too, each written by the build
+//! of the snapshot at that index). A build writes only the pieces no earlier manifest holds,
+//! so a large state that changed a little writes a little ([`SnapshotWriter::prepare`]).
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, btree_map};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use floe_core::hash::{Xxh3_64, xxh3_64};
+use floe_core::hash::{Xxh3_64, xxh3_64, xxh3_128};
 use protobuf::CodedOutputStream;
 use protobuf::wire_format::WireType;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot};
@@ -313,7 +320,44 @@ pub struct Written {
     snapshot: u64,
     /// A next WAL prepared for the snapshot at `.0`, holding its entries up to `.1`.
     next_wal: Option<(u64, u64)>,
+    /// The pieces the snapshot file's manifest names (none for a snapshot in one record).
+    pieces: StoredPieces,
 }
+
+/// A run of a snapshot's data, named by the xxh3-128 of its bytes: the snapshot store keeps
+/// each piece once, whichever snapshots share it.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotPiece<'a> {
+    pub bytes: &'a [u8],
+    pub hash: u128,
+}
+
+/// What [`SnapshotWriter::prepare`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// Bytes of the snapshot's data written to new piece files; the rest were already stored.
+    pub written_bytes: u64,
+}
+
+/// Where the pieces of the snapshot file's manifest lie, and the piece files they are in.
+#[derive(Debug, Default)]
+struct StoredPieces {
+    at: HashMap<u128, PieceLocation>,
+    /// Each piece file the manifest names, and its length.
+    files: BTreeMap<u64, u64>,
+}
+
+/// A piece's record: in the piece file of the snapshot at `file`, at `offset`, its bytes
+/// `len` long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PieceLocation {
+    file: u64,
+    offset: u64,
+    len: u32,
+}
+
+/// The bytes of a piece's place in a manifest: file, offset, length and hash.
+const MANIFEST_PIECE_LEN: usize = 8 + 8 + 4 + 16;
 
 impl SnapshotWriter {
     /// Writes `snapshot` unless the file already holds it or a newer one.
@@ -325,26 +369,34 @@ impl SnapshotWriter {
         write_snapshot_file(dir, &mut written, snapshot)
     }
 
-    /// Writes `snapshot`, then the start of the WAL that follows it: `entries`, the committed
-    /// ones after the snapshot. Keeping the snapshot ([`LogStore::compact`]) then writes
-    /// nothing: the log's next write appends what came since to this file instead of the
-    /// WAL, with the one fsync that write makes anyway, and renames it over the WAL.
-    pub fn prepare(&self, snapshot: &Snapshot, entries: &[Entry]) -> Result<()> {
+    /// Writes `snapshot`, whose data is `pieces` joined, then the start of the WAL that
+    /// follows it: `entries`, the committed ones after the snapshot. Only the pieces the
+    /// store does not hold yet are written (one new piece file, synced, then the manifest);
+    /// piece files no manifest names any more are removed. Keeping the snapshot
+    /// ([`LogStore::compact`]) then writes nothing: the log's next write appends what came
+    /// since to the next WAL instead of the WAL, with the one fsync that write makes anyway,
+    /// and renames it over the WAL.
+    pub fn prepare(
+        &self,
+        snapshot: &Snapshot,
+        pieces: &[SnapshotPiece],
+        entries: &[Entry],
+    ) -> Result<Prepared> {
         let SnapshotWriter::File {
             dir,
             written,
             switching,
         } = self
         else {
-            return Ok(());
+            return Ok(Prepared::default());
         };
         let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
-        write_snapshot_file(dir, &mut written, snapshot)?;
+        let prepared = write_snapshot_pieces(dir, &mut written, snapshot, pieces)?;
         let index = snapshot.get_metadata().index;
         if written.snapshot != index || switching.load(Ordering::SeqCst) {
             // A newer snapshot was installed meanwhile, or the log has yet to move to the last
             // next WAL: keeping this snapshot rewrites the WAL instead.
-            return Ok(());
+            return Ok(prepared);
         }
         let mut bytes = Vec::new();
         for entry in entries {
@@ -356,7 +408,7 @@ impl SnapshotWriter {
         sync_dir(dir)?;
         let last = entries.last().map_or(index, |entry| entry.index);
         written.next_wal = Some((index, last));
-        Ok(())
+        Ok(prepared)
     }
 
     /// The last entry of the next WAL prepared for the snapshot at `index`, if one is; the
@@ -418,7 +470,221 @@ fn write_snapshot_file(dir: &Path, written: &mut Written, snapshot: &Snapshot) -
     write_atomically(dir, SNAPSHOT_FILE, &record.pieces())?;
     written.snapshot = index;
     written.next_wal = None;
+    written.pieces = StoredPieces::default();
+    remove_piece_files_but(dir, &BTreeMap::new())
+}
+
+/// Writes `snapshot` as a manifest of `pieces` (its data joined) unless the file already
+/// holds it or a newer one: the pieces the store lacks go to a new piece file named by the
+/// snapshot's index, synced with its directory entry before the manifest that names it
+/// replaces the last; then the piece files the manifest does not name are removed.
+///
+/// A piece file may hold pieces of earlier snapshots no longer used: one whose pieces in
+/// this snapshot take less than half of it is not named again, its pieces written anew
+/// instead, so the piece files a manifest names hold less than twice its data (and the
+/// new file), and a piece file is copied at most once per halving.
+fn write_snapshot_pieces(
+    dir: &Path,
+    written: &mut Written,
+    snapshot: &Snapshot,
+    pieces: &[SnapshotPiece],
+) -> Result<Prepared> {
+    let index = snapshot.get_metadata().index;
+    if index <= written.snapshot {
+        return Ok(Prepared::default());
+    }
+    let data_len: usize = pieces.iter().map(|piece| piece.bytes.len()).sum();
+    if data_len != snapshot.data.len() {
+        return Err(Error::LogInvariant(format!(
+            "a snapshot's {} bytes of data were given as {data_len} bytes of pieces",
+            snapshot.data.len()
+        )));
+    }
+    let stored = std::mem::take(&mut written.pieces);
+    let mut used: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut counted = HashSet::new();
+    for piece in pieces {
+        if let Some(at) = stored.at.get(&piece.hash)
+            && counted.insert(piece.hash)
+        {
+            *used.entry(at.file).or_default() += piece_record_len(at.len);
+        }
+    }
+    let kept_files: BTreeSet<u64> = used
+        .into_iter()
+        .filter(|(file, used)| 2 * used >= stored.files[file])
+        .map(|(file, _)| file)
+        .collect();
+    let mut located = StoredPieces::default();
+    let mut records: Vec<[u8; HEADER_LEN + 1]> = Vec::new();
+    let mut new_pieces: Vec<&[u8]> = Vec::new();
+    let mut file_len = 0u64;
+    let mut manifest = Vec::new();
+    let mut without_data = Snapshot::default();
+    without_data.set_metadata(snapshot.get_metadata().clone());
+    let meta = encode_message(&without_data, "snapshot")?;
+    manifest.extend_from_slice(&record_len(meta.len())?.to_le_bytes());
+    manifest.extend_from_slice(&meta);
+    for piece in pieces {
+        let stored_at = stored
+            .at
+            .get(&piece.hash)
+            .filter(|at| kept_files.contains(&at.file));
+        let at = match located.at.get(&piece.hash).or(stored_at) {
+            Some(at) => *at,
+            None => {
+                let len = record_len(piece.bytes.len())?;
+                let mut checksum = Xxh3_64::new();
+                checksum.update(&[TAG_PIECE]);
+                checksum.update(piece.bytes);
+                let mut record = [0; HEADER_LEN + 1];
+                record[..HEADER_LEN].copy_from_slice(&record_header(len + 1, checksum.digest()));
+                record[HEADER_LEN] = TAG_PIECE;
+                records.push(record);
+                new_pieces.push(piece.bytes);
+                let at = PieceLocation {
+                    file: index,
+                    offset: file_len,
+                    len,
+                };
+                file_len += piece_record_len(len);
+                at
+            }
+        };
+        let file_size = if at.file == index {
+            0
+        } else {
+            stored.files[&at.file]
+        };
+        located.files.insert(at.file, file_size);
+        located.at.insert(piece.hash, at);
+        manifest.extend_from_slice(&at.file.to_le_bytes());
+        manifest.extend_from_slice(&at.offset.to_le_bytes());
+        manifest.extend_from_slice(&at.len.to_le_bytes());
+        manifest.extend_from_slice(&piece.hash.to_le_bytes());
+    }
+    if !new_pieces.is_empty() {
+        let path = dir.join(piece_file_name(index));
+        let mut file = File::create(&path).map_err(Error::io("creating", &path))?;
+        let slices: Vec<&[u8]> = records
+            .iter()
+            .zip(&new_pieces)
+            .flat_map(|(record, bytes)| [&record[..], bytes])
+            .collect();
+        write_synced(&mut file, &path, &slices)?;
+        // The manifest's rename must never outlast the piece file's name after a crash.
+        sync_dir(dir)?;
+        located.files.insert(index, file_len);
+    }
+    let mut record = Vec::with_capacity(HEADER_LEN + 1 + manifest.len());
+    encode_record(TAG_MANIFEST, &manifest, &mut record)?;
+    write_atomically(dir, SNAPSHOT_FILE, &[&record])?;
+    remove_piece_files_but(dir, &located.files)?;
+    written.snapshot = index;
+    written.next_wal = None;
+    written.pieces = located;
+    Ok(Prepared {
+        written_bytes: new_pieces.iter().map(|bytes| bytes.len() as u64).sum(),
+    })
+}
+
+/// The bytes of a piece's record in its file.
+fn piece_record_len(len: u32) -> u64 {
+    (HEADER_LEN + 1) as u64 + u64::from(len)
+}
+
+fn piece_file_name(index: u64) -> String {
+    format!("{PIECE_FILE_PREFIX}{index}")
+}
+
+/// Removes every piece file but `kept`'s: those no manifest names (a crash may have left
+/// one between a piece file and its manifest).
+fn remove_piece_files_but(dir: &Path, kept: &BTreeMap<u64, u64>) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(Error::io("listing", dir))?;
+    for entry in entries {
+        let entry = entry.map_err(Error::io("listing", dir))?;
+        let name = entry.file_name();
+        let Some(file) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(PIECE_FILE_PREFIX))
+            .and_then(|index| index.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if !kept.contains_key(&file) {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(Error::io("removing", &path))?;
+        }
+    }
     Ok(())
+}
+
+/// Reads the snapshot a manifest describes (see [`write_snapshot_pieces`]), and where its
+/// pieces lie.
+fn read_manifest(dir: &Path, manifest: &[u8]) -> Result<(Snapshot, StoredPieces)> {
+    let path = dir.join(SNAPSHOT_FILE);
+    let corrupt = |reason: String| Error::Corrupt {
+        path: path.clone(),
+        offset: 0,
+        reason,
+    };
+    let (meta_len, rest) = manifest
+        .split_first_chunk::<4>()
+        .ok_or_else(|| corrupt("a manifest cut short".into()))?;
+    let meta_len = u32::from_le_bytes(*meta_len) as usize;
+    let (meta, places) = rest
+        .split_at_checked(meta_len)
+        .ok_or_else(|| corrupt("a manifest cut short".into()))?;
+    if places.len() % MANIFEST_PIECE_LEN != 0 {
+        return Err(corrupt("a manifest's piece list is cut short".into()));
+    }
+    let mut snapshot: Snapshot = decode_message(meta, "snapshot")?;
+    let mut stored = StoredPieces::default();
+    let mut files: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut data = Vec::new();
+    for place in places.chunks_exact(MANIFEST_PIECE_LEN) {
+        let field = |from: usize, to: usize| &place[from..to];
+        let at = PieceLocation {
+            file: u64::from_le_bytes(field(0, 8).try_into().expect("8 bytes")),
+            offset: u64::from_le_bytes(field(8, 16).try_into().expect("8 bytes")),
+            len: u32::from_le_bytes(field(16, 20).try_into().expect("4 bytes")),
+        };
+        let hash = u128::from_le_bytes(field(20, 36).try_into().expect("16 bytes"));
+        let file_path = dir.join(piece_file_name(at.file));
+        let bytes = match files.entry(at.file) {
+            btree_map::Entry::Occupied(read) => read.into_mut(),
+            btree_map::Entry::Vacant(unread) => {
+                let bytes = std::fs::read(&file_path).map_err(Error::io("reading", &file_path))?;
+                stored.files.insert(at.file, bytes.len() as u64);
+                unread.insert(bytes)
+            }
+        };
+        let start = usize::try_from(at.offset).unwrap_or(usize::MAX);
+        let end = start.saturating_add(HEADER_LEN + 1 + at.len as usize);
+        let record = bytes.get(start..end).unwrap_or_default();
+        let records = read_records(&file_path, record)?;
+        let piece = match records.records[..] {
+            [(TAG_PIECE, piece)] if records.valid_len == record.len() => piece,
+            _ => {
+                return Err(Error::Corrupt {
+                    path: file_path,
+                    offset: at.offset,
+                    reason: "no whole piece record where the manifest says".into(),
+                });
+            }
+        };
+        if xxh3_128(piece) != hash {
+            return Err(Error::Corrupt {
+                path: file_path,
+                offset: at.offset,
+                reason: "a piece whose bytes are not the ones the manifest names".into(),
+            });
+        }
+        data.extend_from_slice(piece);
+        stored.at.insert(hash, at);
+    }
+    snapshot.data = data.into();
+    Ok((snapshot, stored))
 }
 
 /// A snapshot's one record, as [`encode_record`] would lay it out around its protobuf
@@ -531,12 +797,15 @@ const HEADER_LEN: usize = 16;
 const TAG_ENTRY: u8 = 1;
 const TAG_HARD_STATE: u8 = 2;
 const TAG_SNAPSHOT: u8 = 3;
+const TAG_MANIFEST: u8 = 4;
+const TAG_PIECE: u8 = 5;
 const WAL_FILE: &str = "wal";
 /// The WAL being started after a snapshot; renamed over [`WAL_FILE`] once complete. Recovery
 /// reads it after `wal` when the rename did not last (the directory is not fsynced on the
 /// Raft loop).
 const WAL_NEXT_FILE: &str = "wal.next";
 const SNAPSHOT_FILE: &str = "snapshot";
+const PIECE_FILE_PREFIX: &str = "snapshot.pieces.";
 const LOCK_FILE: &str = "lock";
 
 fn length_check(len: u32) -> u32 {
@@ -730,20 +999,28 @@ impl DiskLog {
             }
         }
         let mut memory = MemoryLog::new(voters);
+        let mut pieces = StoredPieces::default();
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         match std::fs::read(&snapshot_path) {
             Ok(bytes) => {
                 let records = read_records(&snapshot_path, &bytes)?;
                 // The snapshot is renamed into place whole, so anything short of one complete
                 // record is damage, not a torn write.
-                let [(TAG_SNAPSHOT, body)] = records.records[..] else {
-                    return Err(Error::Corrupt {
-                        path: snapshot_path,
-                        offset: records.valid_len as u64,
-                        reason: "expected exactly one snapshot record".into(),
-                    });
+                let snapshot = match records.records[..] {
+                    [(TAG_SNAPSHOT, body)] => decode_message(body, "snapshot")?,
+                    [(TAG_MANIFEST, body)] => {
+                        let (snapshot, stored) = read_manifest(dir, body)?;
+                        pieces = stored;
+                        snapshot
+                    }
+                    _ => {
+                        return Err(Error::Corrupt {
+                            path: snapshot_path,
+                            offset: records.valid_len as u64,
+                            reason: "expected exactly one snapshot or manifest record".into(),
+                        });
+                    }
                 };
-                let snapshot: Snapshot = decode_message(body, "snapshot")?;
                 memory
                     .install_snapshot(snapshot)
                     .map_err(Error::LogInvariant)?;
@@ -751,6 +1028,7 @@ impl DiskLog {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(Error::io("reading", &snapshot_path)(error)),
         }
+        remove_piece_files_but(dir, &pieces.files)?;
         let wal_path = dir.join(WAL_FILE);
         let (len, valid_len) = replay_wal(&wal_path, &mut memory)?;
         let next_path = dir.join(WAL_NEXT_FILE);
@@ -805,6 +1083,7 @@ impl DiskLog {
             written: Arc::new(Mutex::new(Written {
                 snapshot: memory.snapshot_index(),
                 next_wal: None,
+                pieces,
             })),
             switching: Arc::default(),
         };

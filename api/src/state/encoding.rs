@@ -1,73 +1,107 @@
-//! The state's encoding for a snapshot, copying what the last snapshot already encoded.
+//! The state's encoding for a snapshot, cut into pieces the next snapshot shares.
 //!
-//! Most of a large state is finished jobs, whose records rarely change again (a release of
-//! their output is about all), and encoding them was the larger part of a snapshot build's
-//! CPU time, which commits pay for whatever
-//! the builder's priority (docs/BENCHMARKS.md). Each snapshot keeps where every job record's
-//! bytes lie in it ([`EncodedJobs`]); the next one copies those bytes for each record that
-//! is still the same shared record, and encodes only the others.
+//! A snapshot build's cost used to grow with the whole state: every map walked, every byte
+//! copied, written and synced, while commits beside it paid for the CPU and the disk queue it
+//! took (docs/SCALING.md). Between two snapshots only a small part of a large state changes
+//! (new jobs, finished ones, jobs leaving for the history), so the encoding is cut into
+//! [`Piece`]s: each map the state grows with is cut into chunks of about
+//! [`CHUNK_TARGET_BYTES`] of consecutive entries, and the next encoding finds the chunks whose
+//! entries changed with `diff` between the map it encoded and the current one (which skips
+//! every subtree the two share), encodes only those again and copies the others' bytes. The
+//! snapshot store writes only the pieces it does not hold yet (their xxh3-128 names them).
 //!
-//! Invariant: the result is byte for byte [`ClusterState::encode`]'s. It holds because
-//! [`EncodedJobs`] holds the jobs map it encoded (an O(1) copy), so every record whose bytes
-//! it kept stays alive and shared: `apply`'s copy-on-write (`Arc::make_mut`) copies such a
-//! record before changing it, and no other record can be allocated at its address. A record
-//! at a kept address is the kept record, unchanged. Records are matched by address alone,
-//! never read: taking a reference to each (`Arc::clone`) would touch every record's
-//! counter, a cache miss each, which cost more than encoding them.
+//! Invariants:
+//! - The pieces tile [`EncodedState::data`], which is byte for byte [`ClusterState::encode`]'s.
+//! - A chunk holds the encoding of every entry whose key lies between its `first` key
+//!   (inclusive; the map's start for the first chunk) and the next chunk's `first`
+//!   (exclusive; the map's end for the last chunk). A chunk none of whose keys were added,
+//!   changed or removed therefore still holds exactly those entries' encoding.
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use floe_core::JobId;
+use floe_core::hash::xxh3_128;
 use floe_core::wire::codec;
-use imbl::OrdMap;
+use floe_core::{ActorId, JobId, NodeId};
+use imbl::{OrdMap, OrdSet, ordmap, ordset};
+use serde::Serialize;
 
-use super::{ClusterState, JobRecord};
+use super::{ActorRecord, ClusterState, JobRecord, NodeRecord};
 use crate::Result;
 
-/// Where each job record's encoding lies in a snapshot's data, for the next snapshot to copy.
+/// Bytes of entries a chunk holds before it is cut (a run of changed chunks is encoded again
+/// as one range and cut anew, so chunks shrunk by removals merge). Smaller chunks mean less
+/// written for entries changed here and there (each changed entry rewrites its chunk), more
+/// pieces for the store to track: at 100,000 jobs (14 MB) this is about 220 pieces. The
+/// tests cut a few entries a chunk, so that their small states have many.
+const CHUNK_TARGET_BYTES: usize = if cfg!(test) { 256 } else { 64 << 10 };
+
+/// A run of an encoding's bytes, `start..end` in its data, named by their xxh3-128.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub start: usize,
+    pub end: usize,
+    pub hash: u128,
+}
+
+/// A state's encoding and its pieces, kept for the next encoding to share.
 #[derive(Default)]
-pub struct EncodedJobs {
+pub struct EncodedState {
     data: Bytes,
-    /// The records encoded, held so that none of them changes or is freed (see the module's
-    /// invariant).
-    _jobs: OrdMap<JobId, Arc<JobRecord>>,
-    /// In job id order, as the state's jobs iterate.
-    records: Vec<EncodedJob>,
-    /// How many of the records were copied from the last encoding rather than encoded.
-    copied: usize,
+    pieces: Vec<Piece>,
+    /// How each map was cut; `None` for an encoding that shares nothing (the default).
+    chunks: Option<Box<Chunks>>,
+    /// Bytes of `data` copied from the last encoding rather than encoded.
+    reused_bytes: usize,
 }
 
-struct EncodedJob {
-    id: JobId,
-    /// The record's address, which identifies it while `EncodedJobs::_jobs` holds it.
-    address: usize,
-    start: usize,
-    end: usize,
-}
-
-impl EncodedJobs {
+impl EncodedState {
     /// The whole state's encoding.
     pub fn data(&self) -> &Bytes {
         &self.data
     }
 
-    /// How many records' encodings are kept.
-    pub fn records(&self) -> usize {
-        self.records.len()
+    /// The pieces that tile [`EncodedState::data`], in order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
     }
 
-    /// How many records were copied from the last encoding rather than encoded.
-    pub fn copied(&self) -> usize {
-        self.copied
+    /// Bytes copied from the last encoding rather than encoded.
+    pub fn reused_bytes(&self) -> usize {
+        self.reused_bytes
     }
 }
 
+/// How each map that grows with the state was cut, with the map as it was encoded (an O(1)
+/// copy) for the next encoding's `diff`.
+struct Chunks {
+    nodes: ChunkedMap<OrdMap<NodeId, NodeRecord>>,
+    jobs: ChunkedMap<OrdMap<JobId, Arc<JobRecord>>>,
+    actors: ChunkedMap<OrdMap<ActorId, ActorRecord>>,
+    unfinished: ChunkedMap<OrdSet<JobId>>,
+    drivers: ChunkedMap<OrdMap<NodeId, OrdSet<JobId>>>,
+    ended: ChunkedMap<OrdSet<(u64, JobId)>>,
+    holding_outputs: ChunkedMap<OrdSet<(u64, JobId)>>,
+    actors_by_job: ChunkedMap<OrdMap<JobId, OrdSet<ActorId>>>,
+}
+
+struct ChunkedMap<C: Collection> {
+    encoded: C,
+    /// In key order; see the module's second invariant.
+    chunks: Vec<Chunk<C::Key>>,
+}
+
+struct Chunk<K> {
+    first: K,
+    piece: Piece,
+}
+
 impl ClusterState {
-    /// Encodes the state into a buffer of `capacity` bytes, copying from `last` each job
-    /// record it holds unchanged; the encoding, the same bytes as [`ClusterState::encode`]'s,
-    /// is the result's [`EncodedJobs::data`].
-    pub fn encode_reusing(&self, last: &EncodedJobs, capacity: usize) -> Result<EncodedJobs> {
+    /// Encodes the state, copying from `last` the bytes of every chunk none of whose entries
+    /// changed since; the result's [`EncodedState::data`] is the same bytes as
+    /// [`ClusterState::encode`]'s.
+    pub fn encode_reusing(&self, last: &EncodedState) -> Result<EncodedState> {
         // Taken apart without `..`, so a field added to the state fails to compile here until
         // it is encoded (or, like `submissions`, named as not encoded). Fields reordered, or
         // given serde attributes, compile still: the tests, which compare with `encode`,
@@ -91,51 +125,299 @@ impl ClusterState {
             actors_by_job,
             cache_use,
         } = self;
-        let mut data = Vec::with_capacity(capacity);
-        let out = &mut data;
-        codec::encode_into(applied_index, out)?;
-        codec::encode_into(applied_commands, out)?;
-        codec::encode_into(next_node_id, out)?;
-        codec::encode_into(next_job_id, out)?;
-        codec::encode_into(nodes, out)?;
-        codec::encode_len(jobs.len(), out)?;
-        let mut last_records = last.records.iter().peekable();
-        let mut records = Vec::with_capacity(jobs.len());
-        let mut copied = 0;
-        for (id, record) in jobs {
-            codec::encode_into(id, out)?;
-            let address = Arc::as_ptr(record).addr();
-            while last_records.next_if(|kept| kept.id < *id).is_some() {}
-            let start = out.len();
-            match last_records.next_if(|kept| kept.id == *id) {
-                Some(kept) if kept.address == address => {
-                    out.extend_from_slice(&last.data[kept.start..kept.end]);
-                    copied += 1;
-                }
-                _ => codec::encode_into(&**record, out)?,
-            }
-            records.push(EncodedJob {
-                id: *id,
-                address,
-                start,
-                end: out.len(),
-            });
-        }
-        codec::encode_into(actors, out)?;
-        codec::encode_into(cache, out)?;
-        codec::encode_into(unfinished, out)?;
-        codec::encode_into(drivers, out)?;
-        codec::encode_into(outputs_to_free, out)?;
-        codec::encode_into(job_counts, out)?;
-        codec::encode_into(ended, out)?;
-        codec::encode_into(holding_outputs, out)?;
-        codec::encode_into(actors_by_job, out)?;
-        codec::encode_into(cache_use, out)?;
-        Ok(EncodedJobs {
-            data: Bytes::from(data),
-            _jobs: jobs.clone(),
-            records,
-            copied,
+        let previous = last.chunks.as_deref();
+        // Room for the last encoding and an eighth more: a buffer grown by doubling instead
+        // touches about twice the state's size of new memory, copying it on the way.
+        let capacity = last.data.len() + last.data.len() / 8;
+        let mut encoder = Encoder::new(&last.data, capacity);
+        encoder.value(applied_index)?;
+        encoder.value(applied_commands)?;
+        encoder.value(next_node_id)?;
+        encoder.value(next_job_id)?;
+        let nodes = encoder.map(nodes, previous.map(|chunks| &chunks.nodes))?;
+        let jobs = encoder.map(jobs, previous.map(|chunks| &chunks.jobs))?;
+        let actors = encoder.map(actors, previous.map(|chunks| &chunks.actors))?;
+        encoder.value(cache)?;
+        let unfinished = encoder.map(unfinished, previous.map(|chunks| &chunks.unfinished))?;
+        let drivers = encoder.map(drivers, previous.map(|chunks| &chunks.drivers))?;
+        encoder.value(outputs_to_free)?;
+        encoder.value(job_counts)?;
+        let ended = encoder.map(ended, previous.map(|chunks| &chunks.ended))?;
+        let holding_outputs = encoder.map(
+            holding_outputs,
+            previous.map(|chunks| &chunks.holding_outputs),
+        )?;
+        let actors_by_job =
+            encoder.map(actors_by_job, previous.map(|chunks| &chunks.actors_by_job))?;
+        encoder.value(cache_use)?;
+        let (data, pieces, reused_bytes) = encoder.finish();
+        Ok(EncodedState {
+            data,
+            pieces,
+            chunks: Some(Box::new(Chunks {
+                nodes,
+                jobs,
+                actors,
+                unfinished,
+                drivers,
+                ended,
+                holding_outputs,
+                actors_by_job,
+            })),
+            reused_bytes,
         })
+    }
+}
+
+/// Writes an encoding and cuts it into pieces: the bytes between two chunks are one piece.
+struct Encoder<'a> {
+    out: Vec<u8>,
+    pieces: Vec<Piece>,
+    /// Where the bytes not yet in a piece start.
+    loose_from: usize,
+    last: &'a [u8],
+    reused_bytes: usize,
+}
+
+impl<'a> Encoder<'a> {
+    fn new(last: &'a [u8], capacity: usize) -> Self {
+        Self {
+            out: Vec::with_capacity(capacity),
+            pieces: Vec::new(),
+            loose_from: 0,
+            last,
+            reused_bytes: 0,
+        }
+    }
+
+    fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
+        Ok(codec::encode_into(value, &mut self.out)?)
+    }
+
+    /// Ends a piece at the end of the output, unless it would be empty.
+    fn cut(&mut self) -> Option<Piece> {
+        let (start, end) = (self.loose_from, self.out.len());
+        if start == end {
+            return None;
+        }
+        let piece = Piece {
+            start,
+            end,
+            hash: xxh3_128(&self.out[start..end]),
+        };
+        self.pieces.push(piece);
+        self.loose_from = end;
+        Some(piece)
+    }
+
+    fn finish(mut self) -> (Bytes, Vec<Piece>, usize) {
+        self.cut();
+        (Bytes::from(self.out), self.pieces, self.reused_bytes)
+    }
+
+    /// Copies a piece of the last encoding.
+    fn copy(&mut self, piece: Piece) -> Piece {
+        self.cut();
+        let start = self.out.len();
+        self.out
+            .extend_from_slice(&self.last[piece.start..piece.end]);
+        let copied = Piece {
+            start,
+            end: self.out.len(),
+            hash: piece.hash,
+        };
+        self.pieces.push(copied);
+        self.loose_from = copied.end;
+        self.reused_bytes += copied.end - copied.start;
+        copied
+    }
+
+    /// Encodes `map` (its length, then its entries in chunks), copying from the last
+    /// encoding each chunk of `last` none of whose entries changed.
+    fn map<C: Collection>(
+        &mut self,
+        map: &C,
+        last: Option<&ChunkedMap<C>>,
+    ) -> Result<ChunkedMap<C>> {
+        codec::encode_len(map.entries(), &mut self.out)?;
+        let mut chunks = Vec::new();
+        let Some(last) = last.filter(|last| !last.chunks.is_empty()) else {
+            self.encode_range(map, Bound::Unbounded, Bound::Unbounded, &mut chunks)?;
+            return Ok(ChunkedMap {
+                encoded: map.clone(),
+                chunks,
+            });
+        };
+        let mut changed = vec![false; last.chunks.len()];
+        map.changes(&last.encoded, &mut |key| {
+            let covering = last.chunks.partition_point(|chunk| chunk.first <= *key);
+            changed[covering.saturating_sub(1)] = true;
+        });
+        let mut index = 0;
+        while index < last.chunks.len() {
+            let chunk = &last.chunks[index];
+            if !changed[index] {
+                let piece = self.copy(chunk.piece);
+                chunks.push(Chunk {
+                    first: chunk.first.clone(),
+                    piece,
+                });
+                index += 1;
+                continue;
+            }
+            // A run of changed chunks is encoded as one range and cut anew.
+            let run_end = changed[index..]
+                .iter()
+                .position(|changed| !changed)
+                .map_or(last.chunks.len(), |unchanged| index + unchanged);
+            let from = match index {
+                0 => Bound::Unbounded,
+                _ => Bound::Included(&chunk.first),
+            };
+            let to = last
+                .chunks
+                .get(run_end)
+                .map_or(Bound::Unbounded, |next| Bound::Excluded(&next.first));
+            self.encode_range(map, from, to, &mut chunks)?;
+            index = run_end;
+        }
+        Ok(ChunkedMap {
+            encoded: map.clone(),
+            chunks,
+        })
+    }
+
+    fn encode_range<C: Collection>(
+        &mut self,
+        map: &C,
+        from: Bound<&C::Key>,
+        to: Bound<&C::Key>,
+        chunks: &mut Vec<Chunk<C::Key>>,
+    ) -> Result<()> {
+        let mut cutter = ChunkCutter {
+            encoder: self,
+            chunks,
+            open: None,
+        };
+        map.encode_range(from, to, &mut cutter)?;
+        cutter.close();
+        Ok(())
+    }
+}
+
+/// Cuts a range of entries into chunks of about [`CHUNK_TARGET_BYTES`].
+struct ChunkCutter<'e, 'a, K> {
+    encoder: &'e mut Encoder<'a>,
+    chunks: &'e mut Vec<Chunk<K>>,
+    /// The open chunk's first key.
+    open: Option<K>,
+}
+
+impl<K: Clone> ChunkCutter<'_, '_, K> {
+    fn entry(&mut self, key: &K, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+        if self.open.is_none() {
+            // The bytes before the chunk (a length, small fields) are a piece of their own.
+            self.encoder.cut();
+            self.open = Some(key.clone());
+        }
+        encode(&mut self.encoder.out)?;
+        if self.encoder.out.len() - self.encoder.loose_from >= CHUNK_TARGET_BYTES {
+            self.close();
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        if let Some(first) = self.open.take()
+            && let Some(piece) = self.encoder.cut()
+        {
+            self.chunks.push(Chunk { first, piece });
+        }
+    }
+}
+
+/// A persistent map or set whose encoding is a length and then its entries in key order.
+trait Collection: Clone {
+    type Key: Ord + Clone;
+
+    fn entries(&self) -> usize;
+
+    /// Calls `changed` with the key of every entry added, changed or removed since `last`.
+    fn changes(&self, last: &Self, changed: &mut dyn FnMut(&Self::Key));
+
+    /// Encodes the entries whose keys lie between `from` and `to`, in key order.
+    fn encode_range(
+        &self,
+        from: Bound<&Self::Key>,
+        to: Bound<&Self::Key>,
+        cutter: &mut ChunkCutter<'_, '_, Self::Key>,
+    ) -> Result<()>;
+}
+
+impl<K, V> Collection for OrdMap<K, V>
+where
+    K: Ord + Clone + Serialize,
+    V: Clone + Eq + Serialize,
+{
+    type Key = K;
+
+    fn entries(&self) -> usize {
+        self.len()
+    }
+
+    fn changes(&self, last: &Self, changed: &mut dyn FnMut(&K)) {
+        for item in last.diff(self) {
+            match item {
+                ordmap::DiffItem::Add(key, _)
+                | ordmap::DiffItem::Remove(key, _)
+                | ordmap::DiffItem::Update { new: (key, _), .. } => changed(key),
+            }
+        }
+    }
+
+    fn encode_range(
+        &self,
+        from: Bound<&K>,
+        to: Bound<&K>,
+        cutter: &mut ChunkCutter<'_, '_, K>,
+    ) -> Result<()> {
+        for (key, value) in self.range::<_, K>((from, to)) {
+            cutter.entry(key, |out| {
+                codec::encode_into(key, out)?;
+                Ok(codec::encode_into(value, out)?)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl<A> Collection for OrdSet<A>
+where
+    A: Ord + Clone + Serialize,
+{
+    type Key = A;
+
+    fn entries(&self) -> usize {
+        self.len()
+    }
+
+    fn changes(&self, last: &Self, changed: &mut dyn FnMut(&A)) {
+        for item in last.diff(self) {
+            match item {
+                ordset::DiffItem::Add(key) | ordset::DiffItem::Remove(key) => changed(key),
+            }
+        }
+    }
+
+    fn encode_range(
+        &self,
+        from: Bound<&A>,
+        to: Bound<&A>,
+        cutter: &mut ChunkCutter<'_, '_, A>,
+    ) -> Result<()> {
+        for key in self.range::<_, A>((from, to)) {
+            cutter.entry(key, |out| Ok(codec::encode_into(key, out)?))?;
+        }
+        Ok(())
     }
 }

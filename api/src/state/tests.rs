@@ -135,32 +135,73 @@ fn cancelling_ends_a_pending_job_and_flags_a_running_one() {
     ));
 }
 
-/// A snapshot's encoding copies each record the last one encoded that has not changed since,
-/// and is byte for byte the whole state's encoding.
+/// A snapshot's encoding copies every chunk of entries unchanged since the last one, encodes
+/// the others, and is byte for byte the whole state's encoding, in pieces that tile it.
 #[test]
-fn an_encoding_copies_the_records_unchanged_since_the_last() {
+fn an_encoding_copies_the_chunks_unchanged_since_the_last() {
     let mut state = ClusterState::default();
     let a = register(&mut state, 1, "a:1");
-    for n in 1..=3 {
-        state.apply(u64::from(n) + 1, 0, submit_job(n));
+    let mut index = 1;
+    let mut apply = |state: &mut ClusterState, command| {
+        index += 1;
+        state.apply(index, 0, command).unwrap()
+    };
+    let submit = |n: u32| Command::SubmitJob {
+        spec: vec![1],
+        submission: SubmissionId::new(u128::from(n)),
+        name: None,
+    };
+    for n in 0..1_500 {
+        apply(&mut state, submit(n));
     }
-    let first = state.encode_reusing(&EncodedJobs::default(), 0).unwrap();
-    assert_eq!((first.records(), first.copied()), (3, 0));
-    assert_eq!(first.data().as_ref(), state.encode().unwrap().as_slice());
-    // `first` holds job 2's record, so starting its driver changes a copy of it.
-    let job = JobId::new(2);
-    state.apply(5, 0, Command::StartDriver { job, node: a });
-    state.apply(6, 0, submit_job(4));
-    let second = state.encode_reusing(&first, 0).unwrap();
-    assert_eq!((second.records(), second.copied()), (4, 2));
-    assert_eq!(second.data().as_ref(), state.encode().unwrap().as_slice());
-    let first_job = JobId::new(1);
-    state.apply(7, 0, Command::CancelJob { job: first_job });
-    state.apply(8, 0, Command::DeleteJob { job: first_job });
-    let third = state.encode_reusing(&second, 0).unwrap();
-    assert_eq!((third.records(), third.copied()), (3, 3));
-    assert_eq!(third.data().as_ref(), state.encode().unwrap().as_slice());
+    let first = state.encode_reusing(&EncodedState::default()).unwrap();
+    assert_tiles_the_encoding(&first, &state);
+    assert_eq!(first.reused_bytes(), 0);
+    assert!(
+        first.pieces().len() > 100,
+        "{} pieces",
+        first.pieces().len()
+    );
+    // A job in the middle starts, one more is submitted, the first goes.
+    let (middle, first_job) = (JobId::new(750), JobId::new(1));
+    apply(
+        &mut state,
+        Command::StartDriver {
+            job: middle,
+            node: a,
+        },
+    );
+    apply(&mut state, submit(1_500));
+    apply(&mut state, Command::CancelJob { job: first_job });
+    apply(&mut state, Command::DeleteJob { job: first_job });
+    let second = state.encode_reusing(&first).unwrap();
+    assert_tiles_the_encoding(&second, &state);
+    let encoded = second.data().len() - second.reused_bytes();
+    assert!(
+        encoded < second.data().len() / 8,
+        "{encoded} of {} bytes encoded again",
+        second.data().len()
+    );
+    // Nothing changed: only the small fields between the maps are encoded again.
+    let third = state.encode_reusing(&second).unwrap();
+    assert_tiles_the_encoding(&third, &state);
+    let encoded = third.data().len() - third.reused_bytes();
+    assert!(encoded < 100, "{encoded} bytes encoded again");
     assert_eq!(ClusterState::decode(third.data()).unwrap(), state);
+}
+
+/// `encoded` is `state`'s encoding, and its pieces tile it, each named by its bytes' hash.
+fn assert_tiles_the_encoding(encoded: &EncodedState, state: &ClusterState) {
+    assert_eq!(encoded.data().as_ref(), state.encode().unwrap().as_slice());
+    let mut end = 0;
+    for piece in encoded.pieces() {
+        assert_eq!(piece.start, end);
+        assert!(piece.end > piece.start);
+        let bytes = &encoded.data()[piece.start..piece.end];
+        assert_eq!(piece.hash, floe_core::hash::xxh3_128(bytes));
+        end = piece.end;
+    }
+    assert_eq!(end, encoded.data().len());
 }
 
 fn fingerprint(n: u8) -> String {
@@ -768,7 +809,7 @@ proptest::proptest! {
     /// drivers, ended, holding outputs, actors by job) equal the ones computed from the jobs
     /// and actors alone; no actor outlives its job's run; a copy
     /// taken earlier is untouched by the later writes (the maps share structure); an
-    /// encoding that copies the last one's records is the whole state's; and the snapshot
+    /// encoding that copies the last one's unchanged chunks is the whole state's; and the snapshot
     /// round-trips.
     #[test]
     fn the_indexes_apply_keeps_equal_a_scan_of_the_jobs(
@@ -776,7 +817,7 @@ proptest::proptest! {
     ) {
         let mut state = ClusterState::default();
         let mut copies = Vec::new();
-        let mut encoded = EncodedJobs::default();
+        let mut encoded = EncodedState::default();
         for (index, step) in steps.iter().enumerate() {
             let at_ms = index as u64 * 10;
             let command = command_of(step, &state, at_ms);
@@ -802,9 +843,8 @@ proptest::proptest! {
             proptest::prop_assert_eq!(state.jobs_due_for_history(u64::MAX, 50, at_ms), old);
             proptest::prop_assert_eq!(state.outputs_due_to_expire(50, at_ms), expiring);
             if index % 4 == 0 {
-                encoded = state.encode_reusing(&encoded, 0).unwrap();
-                let whole = state.encode().unwrap();
-                proptest::prop_assert_eq!(encoded.data().as_ref(), whole.as_slice());
+                encoded = state.encode_reusing(&encoded).unwrap();
+                assert_tiles_the_encoding(&encoded, &state);
             }
         }
         for (copy, encoded) in copies {

@@ -52,7 +52,7 @@ use self::standing::Standing;
 use self::transport::spawn_peer_sender;
 use self::wal_writes::WalWriteTimes;
 use crate::history::HistoryWriter;
-use crate::storage::{LogStore, Persisted};
+use crate::storage::{LogStore, Persisted, SnapshotPiece};
 use crate::{Error, Result};
 use floe_api::lease::LeaseTable;
 use floe_api::placement::PlacementQueue;
@@ -60,7 +60,7 @@ use floe_api::scheduler_protocol::{
     SchedulerProtocol, SchedulerRequest, SchedulerResponse, SnapshotTiming,
 };
 use floe_api::state::{
-    ClusterState, Command, EncodedJobs, Liveness, LoggedCommand, NodeDeath, Outcome,
+    ClusterState, Command, EncodedState, Liveness, LoggedCommand, NodeDeath, Outcome,
 };
 use floe_core::wire::WireConfig;
 
@@ -110,19 +110,19 @@ enum Input {
 }
 
 /// What a snapshot is built from, copied on the Raft loop: the state, the committed entries
-/// after it and the last snapshot's job records. The builder hands it back rather than
+/// after it and the last snapshot's encoding. The builder hands it back rather than
 /// dropping it: it is the last owner of the nodes and records the loop has replaced since,
 /// and freeing memory another thread allocated takes that thread's allocator lock, which a
 /// `SCHED_IDLE` builder preempted in the middle of a free would hold until a core is idle,
 /// stalling the loop's next allocation.
-type SnapshotSource = (ClusterState, Vec<Entry>, EncodedJobs);
+type SnapshotSource = (ClusterState, Vec<Entry>, EncodedState);
 
 /// A snapshot whose file is written, ready for the log to drop the entries it covers.
 struct BuiltSnapshot {
     snapshot: Snapshot,
     timing: SnapshotTiming,
-    /// Where the snapshot's job records lie, for the next build to copy.
-    encoded_jobs: EncodedJobs,
+    /// The snapshot's encoding in pieces, for the next build to share.
+    encoded: EncodedState,
     /// The jobs in the snapshot, and how many of them had finished.
     jobs: u64,
     finished_jobs: u64,
@@ -338,9 +338,9 @@ struct RaftLoop<S: LogStore> {
     snapshot_schedule: SnapshotSchedule,
     snapshot_build: SnapshotBuild,
     last_snapshot: Option<SnapshotTiming>,
-    /// The last snapshot's job records, which the next build copies rather than encodes;
-    /// with the builder while one runs.
-    encoded_jobs: EncodedJobs,
+    /// The last snapshot's encoding, whose unchanged pieces the next build copies rather
+    /// than encodes; with the builder while one runs.
+    encoded: EncodedState,
     wal_writes: WalWriteTimes,
     /// `net.max_frame`: a snapshot sent to a follower and a `ReadState` answer must fit in one
     /// frame, so the state is held to half of it (see `lifecycle::finished_that_fit`).
@@ -444,7 +444,7 @@ impl<S: LogStore> RaftLoop<S> {
             ),
             snapshot_build: SnapshotBuild::Idle,
             last_snapshot: None,
-            encoded_jobs: EncodedJobs::default(),
+            encoded: EncodedState::default(),
             wal_writes: WalWriteTimes::default(),
             max_frame: u64::try_from(config.wire.max_frame).unwrap_or(u64::MAX),
             finished_that_fit: None,
@@ -681,7 +681,7 @@ impl<S: LogStore> RaftLoop<S> {
         let replaced = std::mem::replace(&mut self.state, ClusterState::decode(&snapshot.data)?);
         // Nothing in the new state can match the last snapshot's records: both go, freed off
         // the loop (a whole state's worth of frees).
-        let stale = std::mem::take(&mut self.encoded_jobs);
+        let stale = std::mem::take(&mut self.encoded);
         self.runtime.spawn_blocking(move || drop((replaced, stale)));
         tracing::info!(
             replica = self.id,
@@ -903,7 +903,7 @@ impl<S: LogStore> RaftLoop<S> {
                 let BuiltSnapshot {
                     snapshot,
                     mut timing,
-                    encoded_jobs,
+                    encoded,
                     jobs,
                     finished_jobs,
                 } = (*built)?;
@@ -920,12 +920,12 @@ impl<S: LogStore> RaftLoop<S> {
                     build_ms = timing.build_ms,
                     build_cpu_ms = timing.build_cpu_ms,
                     keep_us = timing.keep_us,
-                    jobs = encoded_jobs.records(),
-                    jobs_copied = timing.jobs_copied,
+                    reused_bytes = timing.reused_bytes,
+                    written_bytes = timing.written_bytes,
                     "snapshot taken, log compacted"
                 );
                 self.last_snapshot = Some(timing);
-                self.encoded_jobs = encoded_jobs;
+                self.encoded = encoded;
                 self.bound_finished_jobs(timing.bytes, jobs, finished_jobs);
             }
             SnapshotBuild::Idle => {}
@@ -958,37 +958,41 @@ impl<S: LogStore> RaftLoop<S> {
         )?;
         let writer = store.snapshot_writer();
         let inputs = self.inputs.clone();
-        // Room for the last snapshot's size and an eighth more: a buffer grown by doubling
-        // instead touches about twice the state's size of new memory, copying it on the way.
-        let capacity = self.last_snapshot.map_or(0, |last| {
-            usize::try_from(last.bytes + last.bytes / 8).unwrap_or(0)
-        });
-        // A build that fails leaves none, and the next one encodes every record. (A thread
-        // that cannot be started drops `build`, and with it this, on the loop: rare enough.)
-        let last_encoded = std::mem::take(&mut self.encoded_jobs);
+        // A build that fails leaves none, and the next one encodes everything. (A thread that
+        // cannot be started drops `build`, and with it this, on the loop: rare enough.)
+        let last_encoded = std::mem::take(&mut self.encoded);
         let build = move || {
             lower_own_priority();
             let build_started = Instant::now();
             let cpu_started = thread_cpu_time();
-            let encoded = state.encode_reusing(&last_encoded, capacity);
-            let built = encoded.map_err(Error::from).and_then(|encoded_jobs| {
-                let bytes = encoded_jobs.data().len() as u64;
-                snapshot.data = encoded_jobs.data().clone();
-                writer.prepare(&snapshot, &entries)?;
+            let encoded = state.encode_reusing(&last_encoded);
+            let built = encoded.map_err(Error::from).and_then(|encoded| {
+                let data = encoded.data();
+                snapshot.data = data.clone();
+                let pieces: Vec<SnapshotPiece> = encoded
+                    .pieces()
+                    .iter()
+                    .map(|piece| SnapshotPiece {
+                        bytes: &data[piece.start..piece.end],
+                        hash: piece.hash,
+                    })
+                    .collect();
+                let prepared = writer.prepare(&snapshot, &pieces, &entries)?;
                 Ok(BuiltSnapshot {
-                    snapshot,
                     timing: SnapshotTiming {
                         index: applied,
-                        bytes,
+                        bytes: data.len() as u64,
                         copy_us,
                         build_ms: millis(build_started.elapsed()),
                         build_cpu_ms: millis(thread_cpu_time().saturating_sub(cpu_started)),
-                        jobs_copied: encoded_jobs.copied() as u64,
+                        reused_bytes: encoded.reused_bytes() as u64,
+                        written_bytes: prepared.written_bytes,
                         keep_us: 0,
                         started_at_ms,
                         finished_at_ms: 0,
                     },
-                    encoded_jobs,
+                    snapshot,
+                    encoded,
                     jobs,
                     finished_jobs,
                 })

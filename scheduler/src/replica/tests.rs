@@ -1149,10 +1149,10 @@ async fn a_state_nearing_the_frame_limit_sends_its_oldest_finished_jobs_to_the_h
     assert!(read.jobs.len() <= kept.len());
 }
 
-/// A replica's next snapshot copies the job records unchanged since its last one instead of
-/// encoding them again: its status says how many it copied.
+/// A replica's next snapshot copies the pieces of its encoding unchanged since its last one
+/// instead of encoding them again: its status says how many bytes it copied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replicas_next_snapshot_copies_the_records_unchanged_since_its_last() {
+async fn a_replicas_next_snapshot_copies_the_pieces_unchanged_since_its_last() {
     let mut config = test_config();
     config.scheduler.snapshot_entries = 10;
     let (replicas, mut client) = start_cluster(&config, 1).await;
@@ -1171,17 +1171,19 @@ async fn a_replicas_next_snapshot_copies_the_records_unchanged_since_its_last() 
         let status = SchedulerClient::status_of(&addr, wire.clone())
             .await
             .unwrap();
-        let copied = status
-            .last_snapshot
-            .map_or(0, |snapshot| snapshot.jobs_copied);
-        if copied > 0 {
+        if let Some(snapshot) = status.last_snapshot
+            && snapshot.reused_bytes > 0
+        {
             // Not the jobs submitted since the snapshot before.
-            assert!(copied < submitted, "{copied} of {submitted}");
+            assert!(
+                snapshot.reused_bytes < snapshot.bytes,
+                "{snapshot:?} after {submitted} jobs"
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "no snapshot copied a record: {:?}",
+            "no snapshot copied a piece: {:?}",
             status.last_snapshot
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

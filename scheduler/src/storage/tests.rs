@@ -37,6 +37,19 @@ fn snapshot(index: u64, term: u64, data: &str) -> Snapshot {
     snapshot
 }
 
+/// Prepares `snapshot` with its data as one piece.
+fn prepare_whole(
+    writer: &SnapshotWriter,
+    snapshot: &Snapshot,
+    entries: &[Entry],
+) -> Result<Prepared> {
+    let piece = SnapshotPiece {
+        bytes: &snapshot.data,
+        hash: xxh3_128(&snapshot.data),
+    };
+    writer.prepare(snapshot, &[piece], entries)
+}
+
 fn all_entries(log: &impl Storage) -> Vec<(u64, u64, Vec<u8>)> {
     let low = log.first_index().unwrap();
     let high = log.last_index().unwrap() + 1;
@@ -339,9 +352,7 @@ fn a_prepared_compaction_moves_to_the_next_wal_with_the_next_write() {
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 95)))
             .unwrap();
         let writer = log.snapshot_writer();
-        writer
-            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=95, 1))
-            .unwrap();
+        prepare_whole(&writer, &snapshot(90, 1, "state@90"), &entries(91..=95, 1)).unwrap();
         // Appended while the snapshot was being written.
         log.persist(&entries(101..=103, 1), None).unwrap();
         let wal_before = wal_len(dir.path());
@@ -392,9 +403,12 @@ fn a_crash_between_keeping_a_snapshot_and_the_next_write_loses_nothing() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 95)))
             .unwrap();
-        log.snapshot_writer()
-            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=95, 1))
-            .unwrap();
+        prepare_whole(
+            &log.snapshot_writer(),
+            &snapshot(90, 1, "state@90"),
+            &entries(91..=95, 1),
+        )
+        .unwrap();
         log.persist(&entries(101..=103, 1), Some(&hard_state(1, 1, 100)))
             .unwrap();
         log.compact(snapshot(90, 1, "state@90")).unwrap();
@@ -415,15 +429,11 @@ fn a_snapshot_prepared_before_the_log_moved_to_the_last_next_wal_rewrites_the_wa
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
             .unwrap();
         let writer = log.snapshot_writer();
-        writer
-            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=100, 1))
-            .unwrap();
+        prepare_whole(&writer, &snapshot(50, 1, "state@50"), &entries(51..=100, 1)).unwrap();
         log.compact(snapshot(50, 1, "state@50")).unwrap();
         let next_before = std::fs::read(dir.path().join(WAL_NEXT_FILE)).unwrap();
         // No write since: the log still has to move to the next WAL.
-        writer
-            .prepare(&snapshot(80, 1, "state@80"), &entries(81..=100, 1))
-            .unwrap();
+        prepare_whole(&writer, &snapshot(80, 1, "state@80"), &entries(81..=100, 1)).unwrap();
         assert_eq!(
             std::fs::read(dir.path().join(WAL_NEXT_FILE)).unwrap(),
             next_before
@@ -433,9 +443,7 @@ fn a_snapshot_prepared_before_the_log_moved_to_the_last_next_wal_rewrites_the_wa
         log.persist(&entries(101..=102, 1), Some(&hard_state(1, 1, 102)))
             .unwrap();
         // The next snapshot may prepare a next WAL again.
-        writer
-            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=102, 1))
-            .unwrap();
+        prepare_whole(&writer, &snapshot(90, 1, "state@90"), &entries(91..=102, 1)).unwrap();
         log.compact(snapshot(90, 1, "state@90")).unwrap();
         log.persist(&entries(103..=103, 1), Some(&hard_state(1, 1, 103)))
             .unwrap();
@@ -455,9 +463,12 @@ fn an_installed_snapshot_discards_a_next_wal_not_moved_to() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
             .unwrap();
-        log.snapshot_writer()
-            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=100, 1))
-            .unwrap();
+        prepare_whole(
+            &log.snapshot_writer(),
+            &snapshot(50, 1, "state@50"),
+            &entries(51..=100, 1),
+        )
+        .unwrap();
         log.compact(snapshot(50, 1, "state@50")).unwrap();
         log.apply_snapshot(snapshot(200, 2, "leader@200")).unwrap();
         assert!(!dir.path().join(WAL_NEXT_FILE).exists());
@@ -478,9 +489,12 @@ fn a_next_wal_left_by_an_unfinished_compaction_loses_nothing() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 2, 100)))
             .unwrap();
-        log.snapshot_writer()
-            .prepare(&snapshot(50, 1, "state@50"), &entries(51..=60, 1))
-            .unwrap();
+        prepare_whole(
+            &log.snapshot_writer(),
+            &snapshot(50, 1, "state@50"),
+            &entries(51..=60, 1),
+        )
+        .unwrap();
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(all_entries(&log), expected(51..=100, 1));
@@ -501,9 +515,12 @@ fn a_swap_whose_rename_did_not_last_is_recovered_from_both_files() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=100, 1), Some(&hard_state(1, 1, 100)))
             .unwrap();
-        log.snapshot_writer()
-            .prepare(&snapshot(90, 1, "state@90"), &entries(91..=100, 1))
-            .unwrap();
+        prepare_whole(
+            &log.snapshot_writer(),
+            &snapshot(90, 1, "state@90"),
+            &entries(91..=100, 1),
+        )
+        .unwrap();
         std::fs::copy(dir.path().join(WAL_FILE), &old_wal).unwrap();
         log.compact(snapshot(90, 1, "state@90")).unwrap();
         log.persist(&entries(101..=102, 2), Some(&hard_state(2, 3, 102)))
@@ -540,9 +557,12 @@ fn a_snapshot_written_in_sync_steps_reads_back_whole() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=10, 1), Some(&hard_state(1, 1, 10)))
             .unwrap();
-        log.snapshot_writer()
-            .prepare(&snapshot(8, 1, &data), &entries(9..=10, 1))
-            .unwrap();
+        prepare_whole(
+            &log.snapshot_writer(),
+            &snapshot(8, 1, &data),
+            &entries(9..=10, 1),
+        )
+        .unwrap();
         log.compact(snapshot(8, 1, &data)).unwrap();
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
@@ -605,4 +625,166 @@ fn compacting_hands_back_the_replaced_snapshot_and_the_covered_entries() {
     assert!(older._entries.is_empty());
     assert_eq!(older._snapshot.get_metadata().index, 0);
     assert_eq!(all_entries(&log), expected(6..=6, 1));
+}
+
+/// A snapshot of `pieces` joined, with the pieces as [`SnapshotWriter::prepare`] takes them.
+fn in_pieces(index: u64, pieces: &[&str]) -> (Snapshot, Vec<(Vec<u8>, u128)>) {
+    let snapshot = snapshot(index, 1, &pieces.concat());
+    let pieces = pieces
+        .iter()
+        .map(|piece| (piece.as_bytes().to_vec(), xxh3_128(piece.as_bytes())))
+        .collect();
+    (snapshot, pieces)
+}
+
+fn prepare_pieces(log: &DiskLog, index: u64, pieces: &[&str]) -> Prepared {
+    let (snapshot, pieces) = in_pieces(index, pieces);
+    let pieces: Vec<SnapshotPiece> = pieces
+        .iter()
+        .map(|(bytes, hash)| SnapshotPiece { bytes, hash: *hash })
+        .collect();
+    let entries = log
+        .entries(
+            index + 1,
+            log.last_index().unwrap() + 1,
+            None,
+            GetEntriesContext::empty(false),
+        )
+        .unwrap();
+    log.snapshot_writer()
+        .prepare(&snapshot, &pieces, &entries)
+        .unwrap()
+}
+
+/// The piece files in `dir`, by the index of the snapshot that wrote each.
+fn piece_files(dir: &Path) -> Vec<u64> {
+    let mut files: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix(PIECE_FILE_PREFIX)?.parse().ok()
+        })
+        .collect();
+    files.sort_unstable();
+    files
+}
+
+/// A snapshot in pieces writes only the pieces the store lacks, reads back whole after a
+/// reopen, and leaves no piece file its manifest does not name.
+#[test]
+fn a_snapshot_in_pieces_writes_only_the_pieces_the_store_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = ("a".repeat(1_000), "b".repeat(1_000), "c".repeat(1_000));
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+            .unwrap();
+        let first = prepare_pieces(&log, 10, &[&a, &b, &c]);
+        assert_eq!(first.written_bytes, 3_000);
+        log.compact(in_pieces(10, &[&a, &b, &c]).0).unwrap();
+        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+        // One piece changed, one repeated: only the new piece is written.
+        let second = prepare_pieces(&log, 20, &[&a, "B", &c, &a]);
+        assert_eq!(second.written_bytes, 1);
+        assert_eq!(piece_files(dir.path()), [10, 20]);
+        log.compact(in_pieces(20, &[&a, "B", &c, &a]).0).unwrap();
+        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+    }
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        let snapshot = log.latest_snapshot();
+        assert_eq!(snapshot.get_metadata().index, 20);
+        assert_eq!(
+            snapshot.data.to_vec(),
+            [&a, "B", &c, &a].concat().into_bytes()
+        );
+        assert_eq!(all_entries(&log), expected(21..=30, 1));
+        // The store kept where its pieces lie: a reopened log writes only what is new.
+        let third = prepare_pieces(&log, 25, &[&a, "B", &c, "d"]);
+        assert_eq!(third.written_bytes, 1);
+        log.compact(in_pieces(25, &[&a, "B", &c, "d"]).0).unwrap();
+        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+        // Nothing shared: every earlier piece file goes.
+        let fourth = prepare_pieces(&log, 28, &["x", "y"]);
+        assert_eq!(fourth.written_bytes, 2);
+        assert_eq!(piece_files(dir.path()), [28]);
+        log.compact(in_pieces(28, &["x", "y"]).0).unwrap();
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"xy");
+    assert_eq!(all_entries(&log), expected(29..=30, 1));
+}
+
+/// A piece file less than half of which the snapshot uses is not named again: its pieces are
+/// written anew, and it goes; one used at least half stays.
+#[test]
+fn pieces_in_files_mostly_unused_are_written_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "x".repeat(10_000);
+    let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+        .unwrap();
+    prepare_pieces(&log, 10, &[&big, "small"]);
+    log.compact(in_pieces(10, &[&big, "small"]).0).unwrap();
+    log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+    let prepared = prepare_pieces(&log, 20, &["small", "new"]);
+    assert_eq!(prepared.written_bytes, 8);
+    assert_eq!(piece_files(dir.path()), [20]);
+    log.compact(in_pieces(20, &["small", "new"]).0).unwrap();
+    log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+    let prepared = prepare_pieces(&log, 25, &["small", "newer"]);
+    assert_eq!(prepared.written_bytes, 5);
+    assert_eq!(piece_files(dir.path()), [20, 25]);
+}
+
+/// A piece whose bytes changed on disk, or a piece file gone, fails the reopen rather than
+/// giving raft a wrong state; a piece file no manifest names (a crash before its manifest)
+/// is removed.
+#[test]
+fn a_damaged_or_missing_piece_fails_the_reopen_and_an_unnamed_one_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+            .unwrap();
+        prepare_pieces(&log, 10, &["one", "two"]);
+        log.compact(in_pieces(10, &["one", "two"]).0).unwrap();
+    }
+    std::fs::write(dir.path().join(piece_file_name(99)), b"left by a crash").unwrap();
+    drop(DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap());
+    assert_eq!(piece_files(dir.path()), [10]);
+
+    let path = dir.path().join(piece_file_name(10));
+    let good = std::fs::read(&path).unwrap();
+    let mut damaged = good.clone();
+    *damaged.last_mut().unwrap() ^= 1;
+    std::fs::write(&path, &damaged).unwrap();
+    let error = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap_err();
+    assert!(matches!(error, Error::Corrupt { .. }), "{error}");
+
+    std::fs::remove_file(&path).unwrap();
+    let error = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap_err();
+    assert!(matches!(error, Error::Io { .. }), "{error}");
+
+    std::fs::write(&path, &good).unwrap();
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"onetwo");
+}
+
+/// A snapshot installed from the leader is written whole, and the piece files go.
+#[test]
+fn an_installed_snapshot_replaces_the_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+            .unwrap();
+        prepare_pieces(&log, 10, &["one", "two"]);
+        log.compact(in_pieces(10, &["one", "two"]).0).unwrap();
+        log.apply_snapshot(snapshot(40, 2, "from the leader"))
+            .unwrap();
+        assert_eq!(piece_files(dir.path()), Vec::<u64>::new());
+    }
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(log.latest_snapshot().data.to_vec(), b"from the leader");
 }
