@@ -10,8 +10,14 @@
 //! every subtree the two share), encodes only those again and copies the others' bytes. The
 //! snapshot store writes only the pieces it does not hold yet (their xxh3-128 names them).
 //!
+//! Where a chunk ends depends on its entries alone (a hash of each entry's key decides,
+//! [`ends_chunk`]), not on the encodings before: a map's chunks are the same whether it was
+//! encoded from scratch or from the last encoding, so a replica restarted on its snapshot
+//! store, whose first build has no last encoding, still finds most pieces stored.
+//!
 //! Invariants:
-//! - The pieces tile [`EncodedState::data`], which is byte for byte [`ClusterState::encode`]'s.
+//! - The pieces tile [`EncodedState::data`], which is byte for byte [`ClusterState::encode`]'s,
+//!   and are the same as an encoding from scratch would cut.
 //! - A chunk holds the encoding of every entry whose key lies between its `first` key
 //!   (inclusive; the map's start for the first chunk) and the next chunk's `first`
 //!   (exclusive; the map's end for the last chunk). A chunk none of whose keys were added,
@@ -21,7 +27,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use floe_core::hash::xxh3_128;
+use floe_core::hash::{xxh3_64, xxh3_128};
 use floe_core::wire::codec;
 use floe_core::{ActorId, JobId, NodeId};
 use imbl::{OrdMap, OrdSet, ordmap, ordset};
@@ -30,12 +36,14 @@ use serde::Serialize;
 use super::{ActorRecord, ClusterState, JobRecord, NodeRecord};
 use crate::Result;
 
-/// Bytes of entries a chunk holds before it is cut (a run of changed chunks is encoded again
-/// as one range and cut anew, so chunks shrunk by removals merge). Smaller chunks mean less
-/// written for entries changed here and there (each changed entry rewrites its chunk), more
-/// pieces for the store to track: at 100,000 jobs (14 MB) this is about 220 pieces. The
-/// tests cut a few entries a chunk, so that their small states have many.
+/// Bytes of entries a chunk holds on average. Smaller chunks mean less written for entries
+/// changed here and there (each changed entry rewrites its chunk), more pieces for the store
+/// to track: at 100,000 jobs (12 MB) this is about 190 pieces. The tests cut a few entries a
+/// chunk, so that their small states have many.
 const CHUNK_TARGET_BYTES: usize = if cfg!(test) { 256 } else { 64 << 10 };
+
+/// A chunk that reaches this size ends after its entry whatever [`ends_chunk`] says.
+const CHUNK_MAX_BYTES: usize = 8 * CHUNK_TARGET_BYTES;
 
 /// A run of an encoding's bytes, `start..end` in its data, named by their xxh3-128.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,21 +273,33 @@ impl<'a> Encoder<'a> {
                 index += 1;
                 continue;
             }
-            // A run of changed chunks is encoded as one range and cut anew.
-            let run_end = changed[index..]
-                .iter()
-                .position(|changed| !changed)
-                .map_or(last.chunks.len(), |unchanged| index + unchanged);
-            let from = match index {
+            // A run of changed chunks is encoded again as one range from its first chunk's
+            // start. Where the range ends with no chunk ended, the chunk after it joins the
+            // run: its entries would have been in the same chunk from scratch.
+            let mut cutter = ChunkCutter::new(self, &mut chunks);
+            let mut from = match index {
                 0 => Bound::Unbounded,
                 _ => Bound::Included(&chunk.first),
             };
-            let to = last
-                .chunks
-                .get(run_end)
-                .map_or(Bound::Unbounded, |next| Bound::Excluded(&next.first));
-            self.encode_range(map, from, to, &mut chunks)?;
-            index = run_end;
+            let mut end = index;
+            loop {
+                end += changed[end..]
+                    .iter()
+                    .position(|changed| !changed)
+                    .unwrap_or(changed.len() - end);
+                let to = last
+                    .chunks
+                    .get(end)
+                    .map_or(Bound::Unbounded, |next| Bound::Excluded(&next.first));
+                map.encode_range(from, to, &mut cutter)?;
+                if !cutter.is_open() || end == last.chunks.len() {
+                    break;
+                }
+                from = Bound::Included(&last.chunks[end].first);
+                end += 1;
+            }
+            cutter.close();
+            index = end;
         }
         Ok(ChunkedMap {
             encoded: map.clone(),
@@ -294,11 +314,7 @@ impl<'a> Encoder<'a> {
         to: Bound<&C::Key>,
         chunks: &mut Vec<Chunk<C::Key>>,
     ) -> Result<()> {
-        let mut cutter = ChunkCutter {
-            encoder: self,
-            chunks,
-            open: None,
-        };
+        let mut cutter = ChunkCutter::new(self, chunks);
         map.encode_range(from, to, &mut cutter)?;
         cutter.close();
         Ok(())
@@ -313,15 +329,39 @@ struct ChunkCutter<'e, 'a, K> {
     open: Option<K>,
 }
 
-impl<K: Clone> ChunkCutter<'_, '_, K> {
-    fn entry(&mut self, key: &K, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+impl<'e, 'a, K: Clone> ChunkCutter<'e, 'a, K> {
+    fn new(encoder: &'e mut Encoder<'a>, chunks: &'e mut Vec<Chunk<K>>) -> Self {
+        Self {
+            encoder,
+            chunks,
+            open: None,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Encodes an entry with `encode_key` and then `encode_value`, and ends the chunk after
+    /// it where [`ends_chunk`] says, or where the chunk reached [`CHUNK_MAX_BYTES`].
+    fn entry(
+        &mut self,
+        key: &K,
+        encode_key: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+        encode_value: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
         if self.open.is_none() {
             // The bytes before the chunk (a length, small fields) are a piece of their own.
             self.encoder.cut();
             self.open = Some(key.clone());
         }
-        encode(&mut self.encoder.out)?;
-        if self.encoder.out.len() - self.encoder.loose_from >= CHUNK_TARGET_BYTES {
+        let out = &mut self.encoder.out;
+        let start = out.len();
+        encode_key(out)?;
+        let key_hash = xxh3_64(&out[start..]);
+        encode_value(out)?;
+        let chunk_len = out.len() - self.encoder.loose_from;
+        if ends_chunk(key_hash, out.len() - start) || chunk_len >= CHUNK_MAX_BYTES {
             self.close();
         }
         Ok(())
@@ -334,6 +374,13 @@ impl<K: Clone> ChunkCutter<'_, '_, K> {
             self.chunks.push(Chunk { first, piece });
         }
     }
+}
+
+/// Whether a chunk ends after an entry of `len` bytes whose key's encoding hashes to
+/// `key_hash`: with a probability of `len` in [`CHUNK_TARGET_BYTES`], so that chunks hold
+/// about that many bytes whatever the size of their entries.
+fn ends_chunk(key_hash: u64, len: usize) -> bool {
+    u128::from(key_hash) * (CHUNK_TARGET_BYTES as u128) < (len as u128) << 64
 }
 
 /// A persistent map or set whose encoding is a length and then its entries in key order.
@@ -382,10 +429,11 @@ where
         cutter: &mut ChunkCutter<'_, '_, K>,
     ) -> Result<()> {
         for (key, value) in self.range::<_, K>((from, to)) {
-            cutter.entry(key, |out| {
-                codec::encode_into(key, out)?;
-                Ok(codec::encode_into(value, out)?)
-            })?;
+            cutter.entry(
+                key,
+                |out| Ok(codec::encode_into(key, out)?),
+                |out| Ok(codec::encode_into(value, out)?),
+            )?;
         }
         Ok(())
     }
@@ -416,7 +464,7 @@ where
         cutter: &mut ChunkCutter<'_, '_, A>,
     ) -> Result<()> {
         for key in self.range::<_, A>((from, to)) {
-            cutter.entry(key, |out| Ok(codec::encode_into(key, out)?))?;
+            cutter.entry(key, |out| Ok(codec::encode_into(key, out)?), |_| Ok(()))?;
         }
         Ok(())
     }

@@ -809,7 +809,8 @@ proptest::proptest! {
     /// drivers, ended, holding outputs, actors by job) equal the ones computed from the jobs
     /// and actors alone; no actor outlives its job's run; a copy
     /// taken earlier is untouched by the later writes (the maps share structure); an
-    /// encoding that copies the last one's unchanged chunks is the whole state's; and the snapshot
+    /// encoding that copies the last one's unchanged chunks is the whole state's, cut as one
+    /// from scratch, even from a state decoded meanwhile; and the snapshot
     /// round-trips.
     #[test]
     fn the_indexes_apply_keeps_equal_a_scan_of_the_jobs(
@@ -845,6 +846,14 @@ proptest::proptest! {
             if index % 4 == 0 {
                 encoded = state.encode_reusing(&encoded).unwrap();
                 assert_tiles_the_encoding(&encoded, &state);
+                // Cut where an encoding from scratch cuts.
+                let scratch = state.encode_reusing(&EncodedState::default()).unwrap();
+                proptest::prop_assert_eq!(encoded.pieces(), scratch.pieces());
+            }
+            if index % 16 == 7 {
+                // A state that shares no structure with the last encoding's (a snapshot
+                // installed meanwhile) is still encoded right from it.
+                state = ClusterState::decode(&state.encode().unwrap()).unwrap();
             }
         }
         for (copy, encoded) in copies {

@@ -679,8 +679,9 @@ impl<S: LogStore> RaftLoop<S> {
     fn restore(&mut self, snapshot: &Snapshot) -> Result<()> {
         let before = self.state.applied_index;
         let replaced = std::mem::replace(&mut self.state, ClusterState::decode(&snapshot.data)?);
-        // Nothing in the new state can match the last snapshot's records: both go, freed off
-        // the loop (a whole state's worth of frees).
+        // The new state shares no structure with the last encoding, whose `diff` would walk
+        // every entry: both go, freed off the loop (a whole state's worth of frees), and the
+        // next build encodes from scratch.
         let stale = std::mem::take(&mut self.encoded);
         self.runtime.spawn_blocking(move || drop((replaced, stale)));
         tracing::info!(
