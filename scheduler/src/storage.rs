@@ -471,7 +471,8 @@ fn write_snapshot_file(dir: &Path, written: &mut Written, snapshot: &Snapshot) -
     written.snapshot = index;
     written.next_wal = None;
     written.pieces = StoredPieces::default();
-    remove_piece_files_but(dir, &BTreeMap::new())
+    remove_piece_files_but(dir, &BTreeMap::new());
+    Ok(())
 }
 
 /// Writes `snapshot` as a manifest of `pieces` (its data joined) unless the file already
@@ -500,11 +501,34 @@ fn write_snapshot_pieces(
             snapshot.data.len()
         )));
     }
-    let stored = std::mem::take(&mut written.pieces);
+    let (located, prepared) = write_pieces_and_manifest(dir, &written.pieces, snapshot, pieces)?;
+    written.snapshot = index;
+    written.next_wal = None;
+    written.pieces = located;
+    remove_piece_files_but(dir, &written.pieces.files);
+    Ok(prepared)
+}
+
+/// The part of [`write_snapshot_pieces`] that writes: the new piece file and the manifest,
+/// given what the store holds; returns where the manifest's pieces lie.
+fn write_pieces_and_manifest(
+    dir: &Path,
+    stored: &StoredPieces,
+    snapshot: &Snapshot,
+    pieces: &[SnapshotPiece],
+) -> Result<(StoredPieces, Prepared)> {
+    let index = snapshot.get_metadata().index;
+    // A stored piece is one of the same hash and length.
+    let stored_at = |piece: &SnapshotPiece| {
+        stored
+            .at
+            .get(&piece.hash)
+            .filter(|at| at.len as usize == piece.bytes.len())
+    };
     let mut used: BTreeMap<u64, u64> = BTreeMap::new();
     let mut counted = HashSet::new();
     for piece in pieces {
-        if let Some(at) = stored.at.get(&piece.hash)
+        if let Some(at) = stored_at(piece)
             && counted.insert(piece.hash)
         {
             *used.entry(at.file).or_default() += piece_record_len(at.len);
@@ -526,28 +550,29 @@ fn write_snapshot_pieces(
     manifest.extend_from_slice(&record_len(meta.len())?.to_le_bytes());
     manifest.extend_from_slice(&meta);
     for piece in pieces {
-        let stored_at = stored
+        let kept = stored_at(piece).filter(|at| kept_files.contains(&at.file));
+        let written = located
             .at
             .get(&piece.hash)
-            .filter(|at| kept_files.contains(&at.file));
-        let at = match located.at.get(&piece.hash).or(stored_at) {
+            .filter(|at| at.len as usize == piece.bytes.len());
+        let at = match written.or(kept) {
             Some(at) => *at,
             None => {
-                let len = record_len(piece.bytes.len())?;
                 let mut checksum = Xxh3_64::new();
                 checksum.update(&[TAG_PIECE]);
                 checksum.update(piece.bytes);
                 let mut record = [0; HEADER_LEN + 1];
-                record[..HEADER_LEN].copy_from_slice(&record_header(len + 1, checksum.digest()));
+                let header = record_header(record_len(piece.bytes.len() + 1)?, checksum.digest());
+                record[..HEADER_LEN].copy_from_slice(&header);
                 record[HEADER_LEN] = TAG_PIECE;
                 records.push(record);
                 new_pieces.push(piece.bytes);
                 let at = PieceLocation {
                     file: index,
                     offset: file_len,
-                    len,
+                    len: record_len(piece.bytes.len())?,
                 };
-                file_len += piece_record_len(len);
+                file_len += piece_record_len(at.len);
                 at
             }
         };
@@ -579,13 +604,10 @@ fn write_snapshot_pieces(
     let mut record = Vec::with_capacity(HEADER_LEN + 1 + manifest.len());
     encode_record(TAG_MANIFEST, &manifest, &mut record)?;
     write_atomically(dir, SNAPSHOT_FILE, &[&record])?;
-    remove_piece_files_but(dir, &located.files)?;
-    written.snapshot = index;
-    written.next_wal = None;
-    written.pieces = located;
-    Ok(Prepared {
+    let prepared = Prepared {
         written_bytes: new_pieces.iter().map(|bytes| bytes.len() as u64).sum(),
-    })
+    };
+    Ok((located, prepared))
 }
 
 /// The bytes of a piece's record in its file.
@@ -598,25 +620,27 @@ fn piece_file_name(index: u64) -> String {
 }
 
 /// Removes every piece file but `kept`'s: those no manifest names (a crash may have left
-/// one between a piece file and its manifest).
-fn remove_piece_files_but(dir: &Path, kept: &BTreeMap<u64, u64>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(Error::io("listing", dir))?;
-    for entry in entries {
-        let entry = entry.map_err(Error::io("listing", dir))?;
-        let name = entry.file_name();
-        let Some(file) = name
-            .to_str()
-            .and_then(|name| name.strip_prefix(PIECE_FILE_PREFIX))
-            .and_then(|index| index.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if !kept.contains_key(&file) {
-            let path = entry.path();
-            std::fs::remove_file(&path).map_err(Error::io("removing", &path))?;
+/// one between a piece file and its manifest). Called once the snapshot that names `kept` is
+/// durable, so a failure only leaves files for the next call: it is logged, not returned.
+fn remove_piece_files_but(dir: &Path, kept: &BTreeMap<u64, u64>) {
+    let removed = std::fs::read_dir(dir).and_then(|entries| {
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let unnamed = name
+                .to_str()
+                .and_then(|name| name.strip_prefix(PIECE_FILE_PREFIX))
+                .and_then(|index| index.parse::<u64>().ok())
+                .is_some_and(|file| !kept.contains_key(&file));
+            if unnamed {
+                std::fs::remove_file(entry.path())?;
+            }
         }
+        Ok(())
+    });
+    if let Err(error) = removed {
+        tracing::warn!(dir = %dir.display(), %error, "cannot remove piece files no snapshot names");
     }
-    Ok(())
 }
 
 /// Reads the snapshot a manifest describes (see [`write_snapshot_pieces`]), and where its
@@ -1028,7 +1052,7 @@ impl DiskLog {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(Error::io("reading", &snapshot_path)(error)),
         }
-        remove_piece_files_but(dir, &pieces.files)?;
+        remove_piece_files_but(dir, &pieces.files);
         let wal_path = dir.join(WAL_FILE);
         let (len, valid_len) = replay_wal(&wal_path, &mut memory)?;
         let next_path = dir.join(WAL_NEXT_FILE);

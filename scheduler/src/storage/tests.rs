@@ -627,21 +627,16 @@ fn compacting_hands_back_the_replaced_snapshot_and_the_covered_entries() {
     assert_eq!(all_entries(&log), expected(6..=6, 1));
 }
 
-/// A snapshot of `pieces` joined, with the pieces as [`SnapshotWriter::prepare`] takes them.
-fn in_pieces(index: u64, pieces: &[&str]) -> (Snapshot, Vec<(Vec<u8>, u128)>) {
+/// Prepares the snapshot at `index` of `pieces` joined, keeps it, and moves the log to its
+/// next WAL with a write of the hard state (the entries must reach `index`).
+fn snapshot_in_pieces(log: &mut DiskLog, index: u64, pieces: &[&str]) -> Prepared {
     let snapshot = snapshot(index, 1, &pieces.concat());
-    let pieces = pieces
-        .iter()
-        .map(|piece| (piece.as_bytes().to_vec(), xxh3_128(piece.as_bytes())))
-        .collect();
-    (snapshot, pieces)
-}
-
-fn prepare_pieces(log: &DiskLog, index: u64, pieces: &[&str]) -> Prepared {
-    let (snapshot, pieces) = in_pieces(index, pieces);
     let pieces: Vec<SnapshotPiece> = pieces
         .iter()
-        .map(|(bytes, hash)| SnapshotPiece { bytes, hash: *hash })
+        .map(|piece| SnapshotPiece {
+            bytes: piece.as_bytes(),
+            hash: xxh3_128(piece.as_bytes()),
+        })
         .collect();
     let entries = log
         .entries(
@@ -651,9 +646,13 @@ fn prepare_pieces(log: &DiskLog, index: u64, pieces: &[&str]) -> Prepared {
             GetEntriesContext::empty(false),
         )
         .unwrap();
-    log.snapshot_writer()
+    let prepared = log
+        .snapshot_writer()
         .prepare(&snapshot, &pieces, &entries)
-        .unwrap()
+        .unwrap();
+    log.compact(snapshot).unwrap();
+    log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
+    prepared
 }
 
 /// The piece files in `dir`, by the index of the snapshot that wrote each.
@@ -679,16 +678,12 @@ fn a_snapshot_in_pieces_writes_only_the_pieces_the_store_lacks() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
             .unwrap();
-        let first = prepare_pieces(&log, 10, &[&a, &b, &c]);
+        let first = snapshot_in_pieces(&mut log, 10, &[&a, &b, &c]);
         assert_eq!(first.written_bytes, 3_000);
-        log.compact(in_pieces(10, &[&a, &b, &c]).0).unwrap();
-        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
         // One piece changed, one repeated: only the new piece is written.
-        let second = prepare_pieces(&log, 20, &[&a, "B", &c, &a]);
+        let second = snapshot_in_pieces(&mut log, 20, &[&a, "B", &c, &a]);
         assert_eq!(second.written_bytes, 1);
         assert_eq!(piece_files(dir.path()), [10, 20]);
-        log.compact(in_pieces(20, &[&a, "B", &c, &a]).0).unwrap();
-        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
     }
     {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
@@ -700,15 +695,12 @@ fn a_snapshot_in_pieces_writes_only_the_pieces_the_store_lacks() {
         );
         assert_eq!(all_entries(&log), expected(21..=30, 1));
         // The store kept where its pieces lie: a reopened log writes only what is new.
-        let third = prepare_pieces(&log, 25, &[&a, "B", &c, "d"]);
+        let third = snapshot_in_pieces(&mut log, 25, &[&a, "B", &c, "d"]);
         assert_eq!(third.written_bytes, 1);
-        log.compact(in_pieces(25, &[&a, "B", &c, "d"]).0).unwrap();
-        log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
         // Nothing shared: every earlier piece file goes.
-        let fourth = prepare_pieces(&log, 28, &["x", "y"]);
+        let fourth = snapshot_in_pieces(&mut log, 28, &["x", "y"]);
         assert_eq!(fourth.written_bytes, 2);
         assert_eq!(piece_files(dir.path()), [28]);
-        log.compact(in_pieces(28, &["x", "y"]).0).unwrap();
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.latest_snapshot().data.to_vec(), b"xy");
@@ -724,15 +716,11 @@ fn pieces_in_files_mostly_unused_are_written_anew() {
     let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
         .unwrap();
-    prepare_pieces(&log, 10, &[&big, "small"]);
-    log.compact(in_pieces(10, &[&big, "small"]).0).unwrap();
-    log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
-    let prepared = prepare_pieces(&log, 20, &["small", "new"]);
+    snapshot_in_pieces(&mut log, 10, &[&big, "small"]);
+    let prepared = snapshot_in_pieces(&mut log, 20, &["small", "new"]);
     assert_eq!(prepared.written_bytes, 8);
     assert_eq!(piece_files(dir.path()), [20]);
-    log.compact(in_pieces(20, &["small", "new"]).0).unwrap();
-    log.persist(&[], Some(&hard_state(1, 1, 30))).unwrap();
-    let prepared = prepare_pieces(&log, 25, &["small", "newer"]);
+    let prepared = snapshot_in_pieces(&mut log, 25, &["small", "newer"]);
     assert_eq!(prepared.written_bytes, 5);
     assert_eq!(piece_files(dir.path()), [20, 25]);
 }
@@ -747,8 +735,7 @@ fn a_damaged_or_missing_piece_fails_the_reopen_and_an_unnamed_one_is_removed() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
             .unwrap();
-        prepare_pieces(&log, 10, &["one", "two"]);
-        log.compact(in_pieces(10, &["one", "two"]).0).unwrap();
+        snapshot_in_pieces(&mut log, 10, &["one", "two"]);
     }
     std::fs::write(dir.path().join(piece_file_name(99)), b"left by a crash").unwrap();
     drop(DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap());
@@ -779,12 +766,83 @@ fn an_installed_snapshot_replaces_the_pieces() {
         let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
         log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
             .unwrap();
-        prepare_pieces(&log, 10, &["one", "two"]);
-        log.compact(in_pieces(10, &["one", "two"]).0).unwrap();
+        snapshot_in_pieces(&mut log, 10, &["one", "two"]);
         log.apply_snapshot(snapshot(40, 2, "from the leader"))
             .unwrap();
         assert_eq!(piece_files(dir.path()), Vec::<u64>::new());
     }
     let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
     assert_eq!(log.latest_snapshot().data.to_vec(), b"from the leader");
+}
+
+/// A crash after a build wrote its piece file and before its manifest: the reopened log reads
+/// the last manifest, whose older piece files are all still there, and drops the new file.
+#[test]
+fn a_piece_file_whose_manifest_was_never_written_is_dropped_at_the_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = ("a".repeat(100), "b".repeat(100), "c".repeat(100));
+    {
+        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+            .unwrap();
+        snapshot_in_pieces(&mut log, 10, &[&a, &b]);
+        snapshot_in_pieces(&mut log, 20, &[&a, &c]);
+        assert_eq!(piece_files(dir.path()), [10, 20]);
+    }
+    let crashed = dir.path().join(piece_file_name(25));
+    std::fs::copy(dir.path().join(piece_file_name(20)), &crashed).unwrap();
+    let log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    assert_eq!(piece_files(dir.path()), [10, 20]);
+    assert_eq!(
+        log.latest_snapshot().data.to_vec(),
+        [a, c].concat().into_bytes()
+    );
+}
+
+/// Pieces that do not add up to the snapshot's data are refused, and a piece named like a
+/// stored one but of another length is written, not taken for it.
+#[test]
+fn pieces_are_checked_against_the_data_and_the_stored_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
+    log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+        .unwrap();
+    let writer = log.snapshot_writer();
+    let short = SnapshotPiece {
+        bytes: b"abc",
+        hash: 7,
+    };
+    let error = writer
+        .prepare(&snapshot(10, 1, "abcd"), &[short], &[])
+        .unwrap_err();
+    assert!(matches!(error, Error::LogInvariant(_)), "{error}");
+    assert_eq!(piece_files(dir.path()), Vec::<u64>::new());
+    writer
+        .prepare(&snapshot(10, 1, "abc"), &[short], &[])
+        .unwrap();
+    let longer = SnapshotPiece {
+        bytes: b"abcd",
+        hash: 7,
+    };
+    let prepared = writer
+        .prepare(&snapshot(20, 1, "abcd"), &[longer], &[])
+        .unwrap();
+    assert_eq!(prepared.written_bytes, 4);
+}
+
+/// A manifest that is not one (cut short, or its piece list cut mid-piece) fails the reopen.
+#[test]
+fn a_damaged_manifest_fails_the_reopen() {
+    for manifest in [vec![9, 0], vec![0, 0, 0, 0, 1, 2, 3]] {
+        let dir = tempfile::tempdir().unwrap();
+        drop(DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap());
+        let mut record = Vec::new();
+        encode_record(TAG_MANIFEST, &manifest, &mut record).unwrap();
+        std::fs::write(dir.path().join(SNAPSHOT_FILE), &record).unwrap();
+        let error = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap_err();
+        assert!(
+            matches!(error, Error::Corrupt { .. }),
+            "{manifest:?}: {error}"
+        );
+    }
 }
