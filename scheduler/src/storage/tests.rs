@@ -627,6 +627,14 @@ fn compacting_hands_back_the_replaced_snapshot_and_the_covered_entries() {
     assert_eq!(all_entries(&log), expected(6..=6, 1));
 }
 
+/// A log in `dir` holding entries 1 to 30, all committed.
+fn log_of_30_entries(dir: &Path) -> DiskLog {
+    let mut log = DiskLog::open(dir, vec![1, 2, 3]).unwrap();
+    log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
+        .unwrap();
+    log
+}
+
 /// Prepares the snapshot at `index` of `pieces` joined, keeps it, and moves the log to its
 /// next WAL with a write of the hard state (the entries must reach `index`).
 fn snapshot_in_pieces(log: &mut DiskLog, index: u64, pieces: &[&str]) -> Prepared {
@@ -675,9 +683,7 @@ fn a_snapshot_in_pieces_writes_only_the_pieces_the_store_lacks() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, c) = ("a".repeat(1_000), "b".repeat(1_000), "c".repeat(1_000));
     {
-        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-            .unwrap();
+        let mut log = log_of_30_entries(dir.path());
         let first = snapshot_in_pieces(&mut log, 10, &[&a, &b, &c]);
         assert_eq!(first.written_bytes, 3_000);
         // One piece changed, one repeated: only the new piece is written.
@@ -713,9 +719,7 @@ fn a_snapshot_in_pieces_writes_only_the_pieces_the_store_lacks() {
 fn pieces_in_files_mostly_unused_are_written_anew() {
     let dir = tempfile::tempdir().unwrap();
     let big = "x".repeat(10_000);
-    let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-    log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-        .unwrap();
+    let mut log = log_of_30_entries(dir.path());
     snapshot_in_pieces(&mut log, 10, &[&big, "small"]);
     let prepared = snapshot_in_pieces(&mut log, 20, &["small", "new"]);
     assert_eq!(prepared.written_bytes, 8);
@@ -732,9 +736,7 @@ fn pieces_in_files_mostly_unused_are_written_anew() {
 fn a_damaged_or_missing_piece_fails_the_reopen_and_an_unnamed_one_is_removed() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-            .unwrap();
+        let mut log = log_of_30_entries(dir.path());
         snapshot_in_pieces(&mut log, 10, &["one", "two"]);
     }
     std::fs::write(dir.path().join(piece_file_name(99)), b"left by a crash").unwrap();
@@ -763,9 +765,7 @@ fn a_damaged_or_missing_piece_fails_the_reopen_and_an_unnamed_one_is_removed() {
 fn an_installed_snapshot_replaces_the_pieces() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-            .unwrap();
+        let mut log = log_of_30_entries(dir.path());
         snapshot_in_pieces(&mut log, 10, &["one", "two"]);
         log.apply_snapshot(snapshot(40, 2, "from the leader"))
             .unwrap();
@@ -782,9 +782,7 @@ fn a_piece_file_whose_manifest_was_never_written_is_dropped_at_the_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, c) = ("a".repeat(100), "b".repeat(100), "c".repeat(100));
     {
-        let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-        log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-            .unwrap();
+        let mut log = log_of_30_entries(dir.path());
         snapshot_in_pieces(&mut log, 10, &[&a, &b]);
         snapshot_in_pieces(&mut log, 20, &[&a, &c]);
         assert_eq!(piece_files(dir.path()), [10, 20]);
@@ -804,9 +802,7 @@ fn a_piece_file_whose_manifest_was_never_written_is_dropped_at_the_reopen() {
 #[test]
 fn pieces_are_checked_against_the_data_and_the_stored_length() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = DiskLog::open(dir.path(), vec![1, 2, 3]).unwrap();
-    log.persist(&entries(1..=30, 1), Some(&hard_state(1, 1, 30)))
-        .unwrap();
+    let log = log_of_30_entries(dir.path());
     let writer = log.snapshot_writer();
     let short = SnapshotPiece {
         bytes: b"abc",
