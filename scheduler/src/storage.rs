@@ -544,9 +544,7 @@ fn write_pieces_and_manifest(
     let mut new_pieces: Vec<&[u8]> = Vec::new();
     let mut file_len = 0u64;
     let mut manifest = Vec::new();
-    let mut without_data = Snapshot::default();
-    without_data.set_metadata(snapshot.get_metadata().clone());
-    let meta = encode_message(&without_data, "snapshot")?;
+    let meta = encode_without_data(snapshot)?;
     manifest.extend_from_slice(&record_len(meta.len())?.to_le_bytes());
     manifest.extend_from_slice(&meta);
     for piece in pieces {
@@ -729,9 +727,7 @@ struct SnapshotRecord<'a> {
 
 impl<'a> SnapshotRecord<'a> {
     fn of(snapshot: &'a Snapshot) -> Result<Self> {
-        let mut without_data = Snapshot::default();
-        without_data.set_metadata(snapshot.get_metadata().clone());
-        let rest = encode_message(&without_data, "snapshot")?;
+        let rest = encode_without_data(snapshot)?;
         let data = &snapshot.data[..];
         let mut data_prefix = vec![TAG_SNAPSHOT];
         // As protobuf does, an empty field is left out.
@@ -758,6 +754,13 @@ impl<'a> SnapshotRecord<'a> {
     fn pieces(&self) -> [&[u8]; 4] {
         [&self.header, &self.data_prefix, self.data, &self.rest]
     }
+}
+
+/// `snapshot`'s message without its data (its metadata), encoded.
+fn encode_without_data(snapshot: &Snapshot) -> Result<Vec<u8>> {
+    let mut without_data = Snapshot::default();
+    without_data.set_metadata(snapshot.get_metadata().clone());
+    encode_message(&without_data, "snapshot")
 }
 
 /// The field number of `Snapshot.data` in raft's `eraftpb.proto`.
